@@ -1,0 +1,40 @@
+"""Exceptions raised by gpinfer. Every message names the problem and, where it helps, the fix."""
+
+from __future__ import annotations
+
+
+class GPInferError(Exception):
+    """Base class of all gpinfer errors."""
+
+
+class InputError(GPInferError, ValueError):
+    """Bad user input (shapes, NaN/inf, labels, option values), detected before training."""
+
+
+class UnknownNameError(GPInferError, KeyError):
+    """A method, dataset, kernel or likelihood name that no registered plugin provides."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; we want the plain message
+        return str(self.args[0]) if self.args else ""
+
+
+class PluginLoadError(GPInferError, ImportError):
+    """A registered plugin whose entry point failed to import or is not of the expected type."""
+
+
+class NumericalError(GPInferError, ArithmeticError):
+    """Numerical trouble during training: failed Cholesky, non-finite objective, divergence.
+
+    ``iteration`` and ``quantity`` name where it happened, when known.
+    """
+
+    def __init__(self, message: str, *, iteration: int | None = None, quantity: str | None = None):
+        where = []
+        if iteration is not None:
+            where.append(f"iteration {iteration}")
+        if quantity is not None:
+            where.append(f"quantity {quantity!r}")
+        suffix = f" ({', '.join(where)})" if where else ""
+        super().__init__(message + suffix)
+        self.iteration = iteration
+        self.quantity = quantity

@@ -1,0 +1,1 @@
+"""Shared numerics: Cholesky with jitter escalation, stable normal functions, quadrature."""

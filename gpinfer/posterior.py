@@ -1,0 +1,128 @@
+"""The one fitted-posterior type every method returns.
+
+A ``Posterior`` predicts latent means and variances ``[N*, L]`` at new inputs and turns them
+into class probabilities through its likelihood. Representations shared by many methods live
+here: the dense diagonal-site form (Laplace, EP, KL, VB, LR; spec binary §1.4, the "B-trick")
+and independent Gaussians over inducing values per latent (sparse EP/SEP, Power EP, VI).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.linalg import solve_triangular
+
+from gpinfer.interfaces import Likelihood
+from gpinfer.kernels.base import Kernel
+from gpinfer.numerics.cholesky import jittered_cholesky
+
+Array = np.ndarray
+
+
+class Posterior(abc.ABC):
+    """An approximate posterior over the latent functions, ready for prediction."""
+
+    def __init__(self, likelihood: Likelihood):
+        self.likelihood = likelihood
+
+    @abc.abstractmethod
+    def predict_f(self, X: Array) -> tuple[Array, Array]:
+        """Latent predictive means and variances at ``X [N*, D]``, each ``[N*, L]``."""
+
+    def _likelihood_args(self, mean: Array, var: Array) -> tuple[Array, Array]:
+        if self.likelihood.multiclass:
+            return mean, var
+        return mean[:, 0], var[:, 0]
+
+    def predict_proba(self, X: Array) -> Array:
+        """Class probabilities ``[N*, C]``; rows sum to one."""
+        return self.likelihood.predict_proba(*self._likelihood_args(*self.predict_f(X)))
+
+    def log_predictive(self, X: Array, y: Array) -> Array:
+        """``log p(y_n | x_n, data)`` for test points, ``[N*]``."""
+        return self.likelihood.log_predictive(y, *self._likelihood_args(*self.predict_f(X)))
+
+    def state(self) -> dict[str, Array]:
+        """Named arrays describing the posterior (saved as the run's artifact)."""
+        return {}
+
+
+class DenseSitePosterior(Posterior):
+    """``q(f) = N(K alpha, (K^-1 + W)^-1)`` with diagonal ``W = diag(sqrt_w**2)`` (one latent).
+
+    ``L_B`` is the Cholesky factor of ``B = I + diag(sqrt_w) K diag(sqrt_w)``.
+    Prediction: ``mu* = k*^T alpha``, ``var* = k** - ||L_B^-1 (sqrt_w * k*)||^2``.
+    """
+
+    def __init__(
+        self,
+        likelihood: Likelihood,
+        kernel: Kernel,
+        X_train: Array,
+        alpha: Array,
+        sqrt_w: Array,
+        L_B: Array,
+    ):
+        super().__init__(likelihood)
+        self.kernel = kernel
+        self.X_train = X_train
+        self.alpha = alpha
+        self.sqrt_w = sqrt_w
+        self.L_B = L_B
+
+    def predict_f(self, X: Array) -> tuple[Array, Array]:
+        Ks = self.kernel.K(self.X_train, X)  # [N, N*]
+        mean = Ks.T @ self.alpha
+        V = solve_triangular(self.L_B, self.sqrt_w[:, None] * Ks, lower=True)
+        var = self.kernel.K_diag(X) - np.sum(V * V, axis=0)
+        return mean[:, None], np.maximum(var, 1e-300)[:, None]
+
+    def state(self) -> dict[str, Array]:
+        return {"alpha": self.alpha, "sqrt_w": self.sqrt_w, "X_train": self.X_train}
+
+
+class InducingPosterior(Posterior):
+    """Independent ``q(u_l) = N(m_l, S_l)`` over inducing values for each latent ``l``.
+
+    * ``kernels``: one kernel per latent (length ``L``); ``Z``: inducing inputs per latent,
+      each ``[M_l, D]``; ``m``: means, each ``[M_l]``; ``S``: covariances, each ``[M_l, M_l]``.
+
+    Prediction (per latent): ``A = Kuu^-1 Ku*``, ``mean = A^T m``,
+    ``var = k** - diag(Ku*^T Kuu^-1 Ku*) + diag(A^T S A)``.
+    """
+
+    def __init__(
+        self,
+        likelihood: Likelihood,
+        kernels: Sequence[Kernel],
+        Z: Sequence[Array],
+        m: Sequence[Array],
+        S: Sequence[Array],
+    ):
+        super().__init__(likelihood)
+        if not (len(kernels) == len(Z) == len(m) == len(S)):
+            raise ValueError("kernels, Z, m and S need one entry per latent function")
+        self.kernels = list(kernels)
+        self.Z = [np.asarray(z) for z in Z]
+        self.m = [np.asarray(v) for v in m]
+        self.S = [np.asarray(s) for s in S]
+        self._Luu = [jittered_cholesky(k.K(z)).L for k, z in zip(self.kernels, self.Z)]
+
+    def predict_f(self, X: Array) -> tuple[Array, Array]:
+        means, variances = [], []
+        for kern, Z, m, S, Luu in zip(self.kernels, self.Z, self.m, self.S, self._Luu):
+            Kus = kern.K(Z, X)  # [M, N*]
+            V = solve_triangular(Luu, Kus, lower=True)  # Luu^-1 Ku*
+            A = solve_triangular(Luu.T, V, lower=False)  # Kuu^-1 Ku*
+            means.append(A.T @ m)
+            var = kern.K_diag(X) - np.sum(V * V, axis=0) + np.sum(A * (S @ A), axis=0)
+            variances.append(np.maximum(var, 1e-300))
+        return np.stack(means, axis=1), np.stack(variances, axis=1)
+
+    def state(self) -> dict[str, Array]:
+        out: dict[str, Array] = {}
+        for l, (Z, m, S) in enumerate(zip(self.Z, self.m, self.S)):
+            out[f"Z_{l}"], out[f"m_{l}"], out[f"S_{l}"] = Z, m, S
+        return out
