@@ -36,7 +36,7 @@ Array = np.ndarray
 
 
 class TiltedMoments(NamedTuple):
-    """Log normaliser of a tilted distribution ``p(y|f)^power N(f | mean, var)`` and its derivatives.
+    """Log normaliser of the tilted ``p(y|f)^power N(f | mean, var)`` and its derivatives.
 
     For single-latent likelihoods every field has the shape of ``mean`` (``[N]``). For
     multi-class likelihoods with an independent Gaussian per class, ``log_z`` is ``[N]`` and the
@@ -49,7 +49,7 @@ class TiltedMoments(NamedTuple):
 
 
 class ExpectedLogProb(NamedTuple):
-    """``E_{N(f | mean, var)}[log p(y | f)]`` with its derivatives (shapes as in ``TiltedMoments``)."""
+    """``E_{N(f | mean, var)}[log p(y | f)]`` and its derivatives (shapes as ``TiltedMoments``)."""
 
     value: Array
     dmean: Array
@@ -92,7 +92,7 @@ class Likelihood(abc.ABC):
 
     @abc.abstractmethod
     def tilted(self, y: Array, mean: Array, var: Array, power: float = 1.0) -> TiltedMoments:
-        """Moments of ``p(y|f)^power N(f | mean, var)``: closed form where one exists, else quadrature."""
+        """Moments of ``p(y|f)^power N(f | mean, var)``: closed form, else quadrature."""
 
     @abc.abstractmethod
     def expected_log_prob(self, y: Array, mean: Array, var: Array) -> ExpectedLogProb:
@@ -103,7 +103,7 @@ class Likelihood(abc.ABC):
         """Predictive class probabilities ``[N, C]`` (rows sum to one) under a Gaussian latent."""
 
     def log_predictive(self, y: Array, mean: Array, var: Array) -> Array:
-        """``log p(y_n | data)`` under a Gaussian latent, ``[N]``. Override for accuracy in the tails."""
+        """``log p(y_n | data)`` under a Gaussian latent, ``[N]``; override for accurate tails."""
         P = self.predict_proba(mean, var)
         return np.log(np.clip(P[np.arange(len(y)), np.asarray(y, dtype=int)], 1e-300, None))
 

@@ -70,7 +70,7 @@ class Kernel(abc.ABC):
         """
 
     def grad_inputs_diag(self, X: Array, dK_diag: Array) -> Array:
-        """Gradient of ``sum_a dK_diag_a K_diag(X)_a`` wrt ``X``, ``[N, D]`` (zero if stationary)."""
+        """Gradient of ``sum_a dK_diag_a K_diag(X)_a`` wrt ``X``, ``[N, D]`` (0 if stationary)."""
         return np.zeros_like(np.asarray(X, dtype=float))
 
     # -- composition -----------------------------------------------------------------------

@@ -10,3 +10,47 @@ JITTER_MAX = 1e-2
 JITTER_FACTOR = 10.0
 #: default number of Gauss-Hermite nodes for expectations under moderate variances
 GAUSS_HERMITE_POINTS = 40
+
+# -- likelihood numerics (normal functions, the 1-D Gaussian-integral engine, multi-class rules) --
+#: below this argument (t < -cut) probit derivatives psi'' .. psi'''' use asymptotic series
+PROBIT_ASYMPTOTIC_CUT = 10.0
+#: number of terms of those asymptotic series (in powers of 1/t^2)
+PROBIT_ASYMPTOTIC_TERMS = 18
+#: smallest latent variance used internally (larger inputs are untouched; 0 is floored to this)
+VARIANCE_FLOOR = 1e-200
+#: logistic: for |t| > cut, log sigmoid(t) equals min(t, 0) to double precision (binary §1.3)
+LOGISTIC_TAIL_CUT = 36.0
+#: probit: beyond t > cut, log Phi(t) is 0 to double precision (log Phi(9) = -1.1e-19)
+PROBIT_TAIL_CUT = 9.0
+#: Gaussian-integral engine: half-width of the integration window in standard deviations
+ENGINE_WINDOW_SD = 12.0
+#: engine: Gauss-Legendre panels in the middle part (where the likelihood varies)
+ENGINE_MIDDLE_PANELS = 96
+#: engine: Gauss-Legendre panels on each outer part (plain Gaussian expectations only)
+ENGINE_OUTER_PANELS = 32
+#: engine: Gauss-Legendre nodes per panel
+ENGINE_PANEL_NODES = 8
+#: engine: safeguarded-Newton iterations used to locate a tilted mode
+ENGINE_MODE_ITERATIONS = 60
+#: multi-class argmax probability (ep-sep §2.10): base trapezoid step, standardised variable
+ARGMAX_BASE_STEP = 0.25
+#: multi-class argmax probability: the step is halved up to this many times for unequal variances
+ARGMAX_MAX_REFINEMENTS = 8
+#: multi-class argmax probability: half-width of the trapezoid window around the integrand's mode
+ARGMAX_WINDOW = 12.0
+#: multi-class expectations (softmax, power != 1): target number of nodes of the product
+#: Gauss-Hermite rule on the (C-1)-dimensional subspace orthogonal to the ones vector
+MULTICLASS_GH_NODE_BUDGET = 8192
+#: multi-class expectations: fewest and most Gauss-Hermite nodes per dimension
+MULTICLASS_GH_MIN_ORDER = 3
+MULTICLASS_GH_MAX_ORDER = 128
+#: largest number of floats in one block of a vectorised multi-class quadrature (memory bound)
+QUADRATURE_CHUNK_FLOATS = 2**22
+#: multi-class nested expectations (argmax with noise: expected log-likelihood, power != 1), whose
+#: integrand is itself a 1-D quadrature: node budget of the outer Gauss-Hermite product rule
+MULTICLASS_NESTED_GH_NODE_BUDGET = 1024
+#: largest Gauss-Hermite rule numpy computes reliably (its weights underflow beyond ~350 nodes)
+GAUSS_HERMITE_MAX_POINTS = 300
+#: engine: extra panels, graded geometrically in |t|, on the left outer part of a link whose left
+#: tail is not linear (probit: its derivatives vary on the scale |t| there)
+ENGINE_GRADED_PANELS = 24

@@ -43,7 +43,7 @@ def assert_gradient_close(
     atol: float = 1e-7,
     name: str = "gradient",
 ) -> None:
-    """Assert that ``grad`` (analytic, shape of ``x``) matches central differences of ``f`` at ``x``."""
+    """Assert that analytic ``grad`` (shape of ``x``) matches central differences of ``f``."""
     num = numerical_gradient(f, x, eps=eps)
     grad = np.asarray(grad, dtype=float).reshape(num.shape)
     bad = np.abs(grad - num) > atol + rtol * np.maximum(np.abs(num), np.abs(grad))
@@ -51,5 +51,6 @@ def assert_gradient_close(
         idx = np.argwhere(bad)[:5].tolist()
         raise AssertionError(
             f"{name} disagrees with finite differences at {idx}: analytic "
-            f"{grad[bad][:5]}, numerical {num[bad][:5]} (max rel err {relative_error(grad, num):.3g})"
+            f"{grad[bad][:5]}, numerical {num[bad][:5]} "
+            f"(max rel err {relative_error(grad, num):.3g})"
         )

@@ -1,0 +1,133 @@
+"""Built-in synthetic datasets: Breiman's waveform and the seed-000 2-D three-class GP problem."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpinfer.data.base import Dataset
+from gpinfer.errors import InputError
+from gpinfer.numerics.cholesky import jittered_cholesky
+
+Array = np.ndarray
+
+#: number of attributes of Breiman's waveform (version 1)
+WAVEFORM_D = 21
+
+
+def waveform_base_waves() -> Array:
+    """The three triangular base waves ``h [3, 21]`` on ``t = 1..21``.
+
+    ``h1(t) = max(6 - |t - 11|, 0)``, ``h2(t) = h1(t - 4)``, ``h3(t) = h1(t + 4)``
+    (Breiman et al. 1984; ep-sep-multiclass spec §5.1).
+    """
+    t = np.arange(1, WAVEFORM_D + 1, dtype=float)
+    h1 = np.maximum(6.0 - np.abs(t - 11.0), 0.0)
+    h2 = np.maximum(6.0 - np.abs(t - 4.0 - 11.0), 0.0)
+    h3 = np.maximum(6.0 - np.abs(t + 4.0 - 11.0), 0.0)
+    return np.stack([h1, h2, h3])
+
+
+#: the two base waves mixed by each class: class 0 = (h1, h2), 1 = (h1, h3), 2 = (h2, h3)
+WAVEFORM_PAIRS = ((0, 1), (0, 2), (1, 2))
+
+
+def waveform(n: int = 1000, seed: int = 0, noise: float = 1.0) -> Dataset:
+    """Breiman's waveform data (version 1): 3 equiprobable classes, 21 attributes.
+
+    Class ``c`` with base pair ``(a, b)`` (see ``WAVEFORM_PAIRS``) gives
+    ``x = u h_a + (1 - u) h_b + noise * eps`` with ``u ~ U(0, 1)`` and ``eps ~ N(0, I_21)``.
+    Returns ``X [n, 21]`` and ``y [n]`` in ``0..2``; the same ``seed`` gives the same data.
+    """
+    n = _positive_int(n, "n", "waveform")
+    if not np.isfinite(noise) or noise < 0:
+        raise InputError(f"waveform: noise must be a finite standard deviation >= 0, got {noise}")
+    rng = np.random.default_rng(seed)
+    h = waveform_base_waves()
+    y = rng.integers(0, 3, size=n)
+    u = rng.uniform(0.0, 1.0, size=n)
+    pairs = np.asarray(WAVEFORM_PAIRS)[y]  # [n, 2]
+    X = u[:, None] * h[pairs[:, 0]] + (1.0 - u[:, None]) * h[pairs[:, 1]]
+    X = X + noise * rng.standard_normal((n, WAVEFORM_D))
+    return Dataset(
+        name="waveform",
+        X=X,
+        y=y.astype(np.int64),
+        class_names=["h1+h2", "h1+h3", "h2+h3"],
+        feature_names=[f"t{t}" for t in range(1, WAVEFORM_D + 1)],
+        description=(
+            f"Breiman's waveform (version 1), {n} points generated with seed {seed}: "
+            "3 equiprobable classes, each a random convex combination of two of three "
+            f"triangular base waves on 21 points plus N(0, {noise}^2) noise."
+        ),
+    )
+
+
+def synthetic_2d_three_class(
+    n: int = 1000,
+    seed: int = 0,
+    n_test: int = 0,
+    amplitude: float = 1.0,
+    lengthscale: float = 1.0,
+    noise: float = 1e-2,
+    n_classes: int = 3,
+    low: float = -2.5,
+    high: float = 2.5,
+) -> Dataset:
+    """The seed-000 synthetic problem (ep-sep-multiclass spec §5.3, pitfall P26).
+
+    ``x ~ U([low, high]^2)``; independent latents ``f^c ~ GP(0, k)`` with
+    ``k(x, x') = amplitude * exp(-|x - x'|^2 / (2 lengthscale^2))`` drawn jointly at the
+    ``n + n_test`` inputs; ``y = argmax_c (f^c(x) + eps^c)`` with ``eps^c ~ N(0, noise)``
+    (``noise`` is a variance). Defaults are the spec's generating values (amplitude 1,
+    length-scale 1, noise variance 1e-2, N = 1000, 3 classes).
+
+    Returns ``X [n, 2]``, ``y [n]``; with ``n_test > 0`` also ``X_test [n_test, 2]`` and
+    ``y_test`` from the same latent draw. ``extras["F"] [n, C]`` and ``extras["F_test"]`` hold
+    the noise-free latent values.
+    """
+    n = _positive_int(n, "n", "synthetic2d")
+    n_test = _positive_int(n_test, "n_test", "synthetic2d", allow_zero=True)
+    n_classes = _positive_int(n_classes, "n_classes", "synthetic2d")
+    for label, v in (("amplitude", amplitude), ("lengthscale", lengthscale)):
+        if not np.isfinite(v) or v <= 0:
+            raise InputError(f"synthetic2d: {label} must be finite and > 0, got {v}")
+    if not np.isfinite(noise) or noise < 0:
+        raise InputError(f"synthetic2d: noise must be a finite variance >= 0, got {noise}")
+    if not high > low:
+        raise InputError(f"synthetic2d: need low < high, got low={low}, high={high}")
+    rng = np.random.default_rng(seed)
+    m = n + n_test
+    X = rng.uniform(low, high, size=(m, 2))
+    sq = np.sum((X[:, None, :] - X[None, :, :]) ** 2, axis=-1)
+    K = amplitude * np.exp(-0.5 * sq / lengthscale**2)
+    L = jittered_cholesky(K, name="synthetic2d prior covariance", start=1e-10).L
+    F = L @ rng.standard_normal((m, n_classes))  # [m, C]
+    y = np.argmax(F + np.sqrt(noise) * rng.standard_normal((m, n_classes)), axis=1)
+    extras = {"F": F[:n]}
+    X_test = y_test = None
+    if n_test:
+        X_test, y_test = X[n:], y[n:].astype(np.int64)
+        extras["F_test"] = F[n:]
+    return Dataset(
+        name="synthetic2d",
+        X=X[:n],
+        y=y[:n].astype(np.int64),
+        X_test=X_test,
+        y_test=y_test,
+        class_names=[str(c) for c in range(n_classes)],
+        feature_names=["x1", "x2"],
+        description=(
+            f"2-D {n_classes}-class problem (seed paper 000, Fig. 3): x ~ U([{low}, {high}]^2), "
+            f"latents from a GP prior (RBF, amplitude {amplitude}, length-scale {lengthscale}), "
+            f"y = argmax of latents plus N(0, {noise}) noise; {n} points, seed {seed}."
+        ),
+        extras=extras,
+    )
+
+
+def _positive_int(v: int, label: str, who: str, allow_zero: bool = False) -> int:
+    ok = isinstance(v, int | np.integer) and not isinstance(v, bool)
+    if not ok or v < (0 if allow_zero else 1):
+        bound = ">= 0" if allow_zero else ">= 1"
+        raise InputError(f"{who}: {label} must be an integer {bound}, got {v!r}")
+    return int(v)

@@ -1,0 +1,300 @@
+"""A scikit-learn style estimator over every registered inference method.
+
+``GPClassifier(method="ep", M=0.1).fit(X, y).predict_proba(X_test)`` looks the method up in the
+registry (entry-point group ``gpinfer.methods``), validates the problem against what the method
+declares, builds a ``Problem`` and calls the method's ``fit``. Prediction goes through the one
+fitted-posterior type, so it never depends on the method.
+
+Shapes: ``X [N, D]``, ``y [N]`` (any label type), ``classes_ [C]``, ``predict_proba -> [N*, C]``,
+``predict_f -> (mean [N*, L], var [N*, L])`` with ``L = 1`` for binary and ``C`` for multi-class.
+"""
+
+from __future__ import annotations
+
+import copy
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils.validation import check_is_fitted
+
+from gpinfer.errors import InputError
+from gpinfer.interfaces import FitCallback, FitResult, Likelihood, Method, Problem
+from gpinfer.kernels.base import Kernel
+from gpinfer.validation import (
+    check_inducing,
+    check_method_compatible,
+    check_X,
+    check_X_y,
+    encode_labels,
+)
+
+Array = np.ndarray
+
+__all__ = ["GPClassifier"]
+
+
+def _load_method(spec: Any) -> type[Method]:
+    """The ``Method`` subclass for ``spec``: a registered name, or a ``Method`` subclass itself.
+
+    Passing the class lets a plugin author try a method before registering it.
+    """
+    from gpinfer import registry  # resolved at call time: tests may substitute load_method
+
+    if isinstance(spec, type) and issubclass(spec, Method):
+        return spec
+    if not isinstance(spec, str):
+        raise InputError(
+            f"method must be a registered method name (str) or a Method subclass; got {spec!r}"
+        )
+    return registry.load_method(spec)
+
+
+class GPClassifier(ClassifierMixin, BaseEstimator):
+    """Gaussian-process classification with any registered approximate-inference method.
+
+    Parameters
+    ----------
+    method : str
+        Registered method name (entry-point group ``gpinfer.methods``), e.g. ``"laplace"``.
+    M : None, int, float or array [M, D]
+        Inducing points: a count ``1..N``, a fraction of ``N`` in ``(0, 1]``, or initial
+        inducing inputs. Only for methods with inducing points; ``None`` = method default.
+    kernel : str or Kernel
+        A kernel name (built with ``make_kernel(name, input_dim=D, ard=False)``) or a ``Kernel``
+        object, which is copied and never modified.
+    likelihood : None, str or Likelihood
+        ``None`` picks the first entry of the method's ``likelihoods`` that suits the number of
+        classes (binary or multi-class); a name is built with ``make_likelihood``; an object is
+        copied.
+    optimize : bool
+        Whether to fit kernel parameters (and inducing inputs) as well as the approximation.
+    max_iter : int
+        Outer iterations (hyper-parameter steps, or sweeps when ``optimize`` is False).
+    batch_size : None or int
+        Mini-batch size, for methods that support mini-batches.
+    random_state : None, int or numpy Generator
+        Seed of the run's generator (``np.random.default_rng(random_state)``).
+    method_options : None or dict
+        Method-specific options (see the method's ``default_options``).
+
+    Attributes (after ``fit``)
+    --------------------------
+    classes_ [C], n_features_in_, kernel_, likelihood_, log_evidence_, n_iter_, history_,
+    posterior_, method_ (the fitted method instance), fit_result_ (its ``FitResult``).
+    """
+
+    def __init__(
+        self,
+        method: str = "laplace",
+        M: Any = None,
+        kernel: Any = "rbf",
+        likelihood: Any = None,
+        optimize: bool = True,
+        max_iter: int = 100,
+        batch_size: int | None = None,
+        random_state: Any = None,
+        method_options: Mapping[str, Any] | None = None,
+    ):
+        self.method = method
+        self.M = M
+        self.kernel = kernel
+        self.likelihood = likelihood
+        self.optimize = optimize
+        self.max_iter = max_iter
+        self.batch_size = batch_size
+        self.random_state = random_state
+        self.method_options = method_options
+
+    # -- scikit-learn plumbing ---------------------------------------------------------------
+    def __sklearn_tags__(self):
+        """Estimator tags; ``multi_class`` follows the method's ``multiclass`` declaration."""
+        tags = super().__sklearn_tags__()
+        try:
+            method_cls = _load_method(self.method)
+        except Exception:  # tags must never raise; fit reports a bad method name properly
+            return tags
+        tags.classifier_tags.multi_class = bool(method_cls.multiclass)
+        return tags
+
+    # -- building the problem -----------------------------------------------------------------
+    def _build_kernel(self, input_dim: int) -> Kernel:
+        if isinstance(self.kernel, Kernel):
+            return self.kernel.copy()
+        if isinstance(self.kernel, str):
+            from gpinfer.kernels import make_kernel
+
+            return make_kernel(self.kernel, input_dim=input_dim, ard=False)
+        raise InputError(f"kernel must be a kernel name or a Kernel object; got {self.kernel!r}")
+
+    def _likelihood_name(self) -> str | None:
+        """The likelihood name to check against the method (``None`` for an object without one)."""
+        if self.likelihood is None:
+            return None
+        if isinstance(self.likelihood, str):
+            return self.likelihood
+        if isinstance(self.likelihood, Likelihood):
+            name = getattr(self.likelihood, "name", None)
+            if isinstance(name, str) and name:
+                return name
+            from gpinfer import likelihoods
+
+            builtin = getattr(likelihoods, "BUILTIN_LIKELIHOODS", {})
+            names = [key for key, cls in builtin.items() if type(self.likelihood) is cls]
+            return names[0] if names else None  # a custom object: the caller's responsibility
+        raise InputError(
+            f"likelihood must be None, a likelihood name or a Likelihood object; "
+            f"got {self.likelihood!r}"
+        )
+
+    def _build_likelihood(self, method_cls: type[Method], n_classes: int) -> Likelihood:
+        from gpinfer.likelihoods import make_likelihood
+
+        if isinstance(self.likelihood, Likelihood):
+            likelihood = copy.deepcopy(self.likelihood)
+        elif isinstance(self.likelihood, str):
+            likelihood = make_likelihood(self.likelihood)
+        else:
+            names = list(method_cls.likelihoods)
+            if not names:
+                raise InputError(
+                    f"method {method_cls.name!r} declares no likelihoods; pass likelihood="
+                )
+            candidates = [make_likelihood(name) for name in names]
+            want_multiclass = n_classes > 2
+            suited = [lik for lik in candidates if bool(lik.multiclass) == want_multiclass]
+            likelihood = suited[0] if suited else candidates[0]
+        if likelihood.task != "classification":
+            raise InputError(
+                f"likelihood {type(likelihood).__name__} is for {likelihood.task}; "
+                "GPClassifier needs a classification likelihood"
+            )
+        if n_classes > 2 and not likelihood.multiclass:
+            raise InputError(
+                f"likelihood {type(likelihood).__name__} is binary but y has {n_classes} "
+                "classes; choose a multi-class likelihood (e.g. softmax, robustmax)"
+            )
+        return likelihood
+
+    def _check_settings(self) -> None:
+        if isinstance(self.max_iter, bool) or not isinstance(self.max_iter, numbers.Integral):
+            raise InputError(f"max_iter must be an int >= 1; got {self.max_iter!r}")
+        if self.max_iter < 1:
+            raise InputError(f"max_iter must be an int >= 1; got {self.max_iter!r}")
+        if not isinstance(self.optimize, bool | np.bool_):
+            raise InputError(f"optimize must be True or False; got {self.optimize!r}")
+        if self.method_options is not None and not isinstance(self.method_options, Mapping):
+            raise InputError(f"method_options must be a dict or None; got {self.method_options!r}")
+
+    def _rng(self) -> np.random.Generator:
+        seed = self.random_state
+        if isinstance(seed, np.random.RandomState):
+            seed = int(seed.randint(np.iinfo(np.int32).max))
+        try:
+            return np.random.default_rng(seed)
+        except (TypeError, ValueError) as exc:
+            raise InputError(
+                f"random_state must be None, an int or a numpy Generator; got {seed!r}"
+            ) from exc
+
+    # -- fit / predict ---------------------------------------------------------------------------
+    def fit(self, X: Any, y: Any, callback: FitCallback | None = None) -> GPClassifier:
+        """Fit the approximate posterior (and hyper-parameters when ``optimize``).
+
+        ``X [N, D]``, ``y [N]`` (any label type with at least two classes). Everything is
+        validated before training starts. ``callback`` receives an ``IterationInfo`` once per
+        outer iteration. Returns ``self``.
+        """
+        X, y = check_X_y(X, y)
+        classes, y_index = encode_labels(y)
+        n, d = X.shape
+        n_classes = len(classes)
+        self._check_settings()
+        method_cls = _load_method(self.method)
+        method_name = method_cls.name or getattr(self.method, "__name__", str(self.method))
+        check_method_compatible(
+            method_cls,
+            n_classes,
+            "classification",
+            self.batch_size,
+            self._likelihood_name(),
+        )
+        inducing = check_inducing(self.M, n, d, method_name, method_cls.uses_inducing_points)
+        likelihood = self._build_likelihood(method_cls, n_classes)
+        kernel = self._build_kernel(d)
+        try:
+            method = method_cls(**dict(self.method_options or {}))
+        except (TypeError, ValueError) as exc:
+            raise InputError(str(exc)) from exc
+        problem = Problem(
+            X=X,
+            y=y_index,
+            n_classes=n_classes,
+            kernel=kernel,
+            likelihood=likelihood,
+            inducing=inducing,
+            optimize=bool(self.optimize),
+            max_iter=int(self.max_iter),
+            batch_size=None if self.batch_size is None else int(self.batch_size),
+            rng=self._rng(),
+        )
+        result = method.fit(problem, callback)
+        if not isinstance(result, FitResult):
+            raise TypeError(
+                f"method {method_name!r} returned {type(result).__name__} from fit; "
+                "a method's fit must return gpinfer.interfaces.FitResult"
+            )
+        self.classes_ = classes
+        self.n_features_in_ = d
+        self.method_ = method
+        self.fit_result_ = result
+        self.posterior_ = result.posterior
+        self.kernel_ = result.kernel
+        self.likelihood_ = result.posterior.likelihood
+        self.log_evidence_ = float(result.log_evidence)
+        self.n_iter_ = int(result.n_iter)
+        self.history_ = list(result.history)
+        return self
+
+    def _validate_for_predict(self, X: Any) -> Array:
+        check_is_fitted(self)
+        X = check_X(X, "X")
+        if X.shape[1] != self.n_features_in_:
+            raise InputError(
+                f"X has {X.shape[1]} features, but {type(self).__name__} is expecting "
+                f"{self.n_features_in_} features as input"
+            )
+        return X
+
+    def predict_f(self, X: Any) -> tuple[Array, Array]:
+        """Latent predictive means and variances at ``X [N*, D]``, each ``[N*, L]``."""
+        X = self._validate_for_predict(X)
+        return self.posterior_.predict_f(X)
+
+    def predict_proba(self, X: Any) -> Array:
+        """Class probabilities ``[N*, C]``, columns ordered as ``classes_``; rows sum to one."""
+        X = self._validate_for_predict(X)
+        P = np.asarray(self.posterior_.predict_proba(X), dtype=np.float64)
+        n_classes = len(self.classes_)
+        if P.ndim == 1 or (P.ndim == 2 and P.shape[1] == 1 and n_classes == 2):
+            p1 = P.reshape(-1)
+            P = np.stack([1.0 - p1, p1], axis=1)
+        if P.shape != (X.shape[0], n_classes):
+            raise RuntimeError(
+                f"method {self.method!r} predicted probabilities of shape {P.shape}; "
+                f"expected {(X.shape[0], n_classes)}"
+            )
+        P = np.clip(P, 0.0, None)
+        return P / P.sum(axis=1, keepdims=True)
+
+    def predict_log_proba(self, X: Any) -> Array:
+        """Log class probabilities ``[N*, C]`` (``log`` of ``predict_proba``)."""
+        with np.errstate(divide="ignore"):
+            return np.log(self.predict_proba(X))
+
+    def predict(self, X: Any) -> Array:
+        """Most probable class label for each row of ``X [N*, D]``, ``[N*]`` (from ``classes_``)."""
+        P = self.predict_proba(X)
+        return self.classes_[np.argmax(P, axis=1)]

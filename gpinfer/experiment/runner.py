@@ -1,0 +1,641 @@
+"""One experiment run: validate, load and split the data, fit, evaluate, log, write result.json.
+
+``run_experiment(cfg)`` takes the composed Hydra config (``conf/config.yaml``) and does, in order:
+
+1. checks the plain settings (seed, iterations, M, batch_size, ...), the output folder and the
+   MLflow store, the method, kernel and dataset names, the method options and the problem
+   against what the method declares (classes, inducing points, mini-batches, likelihood):
+   every problem is a ``gpinfer.errors`` error naming it, raised before any training and
+   before any MLflow run exists;
+2. loads the dataset, splits it with the run's seed, standardises on the training part;
+3. starts the MLflow run (params = the flattened resolved config, tags, config artifact) and
+   fits a ``GPClassifier`` with a callback that logs the objective and elapsed time every
+   iteration and the test error and test NLL every ``eval_every`` iterations, prints
+   rate-limited progress, and stops the run on a non-finite objective;
+4. logs the final metrics and the fitted state, writes ``result.json`` and prints one line.
+
+A run that raises ends FAILED (Ctrl-C or SIGTERM: KILLED) with what it had logged kept, and its
+``result.json`` records the status, the error and the last iteration reached.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from gpinfer.errors import InputError, NumericalError
+from gpinfer.experiment import results as res
+from gpinfer.experiment import tracking
+from gpinfer.experiment.progress import ProgressPrinter
+from gpinfer.interfaces import IterationInfo
+
+Array = np.ndarray
+
+#: keys of the dataset group that the runner handles (everything else is an error)
+_DATASET_KEYS = {
+    "name",
+    "options",
+    "path",
+    "test_fraction",
+    "standardize",
+    "stratify",
+    "features",
+    "keep_classes",
+    "n_max",
+}
+#: kernel group keys that are not constructor parameters
+_KERNEL_META = {"name", "ard", "noise"}
+#: per-iteration metric names the runner owns (method extras with these names get a prefix)
+_RESERVED = {"objective", "elapsed_s", "test_error", "test_nll"}
+
+
+@dataclass
+class Settings:
+    """The validated plain settings of one run (see ``conf/config.yaml``)."""
+
+    method: str
+    likelihood: str | None
+    method_options: dict[str, Any]
+    dataset: str
+    dataset_cfg: dict[str, Any]
+    kernel: str
+    kernel_cfg: dict[str, Any]
+    optimizer: str
+    optimizer_options: dict[str, Any]
+    M: int | float | None
+    seed: int
+    iterations: int
+    optimize: bool
+    batch_size: int | None
+    eval_every: int
+    progress: dict[str, Any] = field(default_factory=dict)
+    mlflow: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Prepared:
+    """Everything checked and loaded before training starts."""
+
+    settings: Settings
+    out_dir: Path
+    method_cls: type
+    X_train: Array
+    y_train: Array
+    X_test: Array
+    y_test_index: Array
+    classes: Array
+    n_classes: int
+    M_count: int | None
+    kernel: Any
+    method_options: dict[str, Any]
+    optimizer_applied: bool
+    logger: tracking.RunLogger
+    config: dict[str, Any]
+
+
+# --------------------------------------------------------------------------------------------
+# settings
+# --------------------------------------------------------------------------------------------
+
+
+def config_to_dict(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved run config as plain containers, without the ``hydra`` node."""
+    if isinstance(cfg, DictConfig):
+        try:
+            data = OmegaConf.to_container(cfg, resolve=True)
+        except Exception as exc:  # an interpolation that cannot be resolved
+            raise InputError(f"the configuration cannot be resolved: {exc}") from exc
+    else:
+        data = OmegaConf.to_container(OmegaConf.create(dict(cfg)), resolve=True)
+    assert isinstance(data, dict)
+    data.pop("hydra", None)
+    return data
+
+
+def _group(conf: Mapping[str, Any], name: str) -> dict[str, Any]:
+    node = conf.get(name)
+    if not isinstance(node, Mapping) or not node.get("name"):
+        raise InputError(
+            f"config group {name!r} is missing or has no 'name'; choose one with {name}=<name> "
+            f"(see conf/{name}/)"
+        )
+    return dict(node)
+
+
+def _int(value: Any, key: str, minimum: int | None = None, allow_none: bool = False) -> Any:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InputError(f"{key} must be an integer; got {value!r}")
+    if minimum is not None and value < minimum:
+        raise InputError(f"{key} must be >= {minimum}; got {value!r}")
+    return int(value)
+
+
+def _mapping(value: Any, key: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InputError(f"{key} must be a mapping (key: value); got {value!r}")
+    return dict(value)
+
+
+def parse_settings(conf: Mapping[str, Any]) -> Settings:
+    """Check the plain values of the config; ``InputError`` naming the key otherwise."""
+    method = _group(conf, "method")
+    dataset = _group(conf, "dataset")
+    kernel = _group(conf, "kernel")
+    optimizer = _group(conf, "optimizer")
+    unknown = sorted(set(dataset) - _DATASET_KEYS)
+    if unknown:
+        raise InputError(
+            f"dataset config {dataset['name']!r} has unknown key(s) {unknown}; known: "
+            f"{', '.join(sorted(_DATASET_KEYS))} (generator/loader options go under "
+            "dataset.options)"
+        )
+    M = conf.get("M")
+    if M is not None and (isinstance(M, bool) or not isinstance(M, numbers.Real)):
+        raise InputError(
+            f"M must be null, a count of inducing points (M=50) or a fraction of the training "
+            f"size (M=0.1); got {M!r}"
+        )
+    optimize = conf.get("optimize", True)
+    if not isinstance(optimize, bool):
+        raise InputError(f"optimize must be true or false; got {optimize!r}")
+    likelihood = method.get("likelihood")
+    if likelihood is not None and not isinstance(likelihood, str):
+        raise InputError(f"method.likelihood must be a name or null; got {likelihood!r}")
+    tf = dataset.get("test_fraction")
+    if tf is not None and (
+        isinstance(tf, bool) or not isinstance(tf, numbers.Real) or not 0.0 < float(tf) < 1.0
+    ):
+        raise InputError(
+            f"dataset.test_fraction must be in (0, 1) or null (the dataset's standard split); "
+            f"got {tf!r}"
+        )
+    return Settings(
+        method=str(method["name"]),
+        likelihood=likelihood,
+        method_options=_mapping(method.get("options"), "method.options"),
+        dataset=str(dataset["name"]),
+        dataset_cfg=dataset,
+        kernel=str(kernel["name"]),
+        kernel_cfg=kernel,
+        optimizer=str(optimizer["name"]),
+        optimizer_options=_mapping(optimizer.get("options"), "optimizer.options"),
+        M=M,
+        seed=_int(conf.get("seed", 0), "seed", minimum=0),
+        iterations=_int(conf.get("iterations"), "iterations", minimum=1),
+        optimize=optimize,
+        batch_size=_int(conf.get("batch_size"), "batch_size", minimum=1, allow_none=True),
+        eval_every=_int(conf.get("eval_every", 10), "eval_every", minimum=1),
+        progress=_mapping(conf.get("progress"), "progress"),
+        mlflow=_mapping(conf.get("mlflow"), "mlflow"),
+    )
+
+
+def _hydra_output_dir() -> Path:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return Path(HydraConfig.get().runtime.output_dir)
+    except Exception as exc:
+        raise InputError(
+            "no output folder: run through gpinfer-run (Hydra chooses one) or pass "
+            "run_experiment(cfg, output_dir=...)"
+        ) from exc
+
+
+def _hydra_job_tags() -> dict[str, str]:
+    """Sweep bookkeeping when running under Hydra (empty otherwise)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+    except Exception:
+        return {}
+    tags = {"hydra.mode": str(hc.mode.name if hc.mode is not None else "RUN")}
+    if hc.mode == RunMode.MULTIRUN:
+        tags["hydra.job.num"] = str(hc.job.num)
+        tags["hydra.sweep.dir"] = str(hc.sweep.dir)
+        tags["hydra.overrides"] = " ".join(hc.overrides.task)
+    return tags
+
+
+# --------------------------------------------------------------------------------------------
+# everything before training
+# --------------------------------------------------------------------------------------------
+
+
+def _check_method(s: Settings) -> tuple[type, dict[str, Any], bool]:
+    """Load the method class and build its options (optimizer included when it declares one)."""
+    from gpinfer import registry
+
+    method_cls = registry.load_method(s.method)
+    options = dict(s.method_options)
+    declared = dict(getattr(method_cls, "default_options", {}) or {})
+    applied = "optimizer" in declared
+    if applied:
+        options.setdefault("optimizer", s.optimizer)
+        if "optimizer_options" in declared and s.optimizer_options:
+            options.setdefault("optimizer_options", dict(s.optimizer_options))
+        _check_optimizer(str(options["optimizer"]), options.get("optimizer_options") or {})
+    try:
+        method_cls(**options)  # rejects unknown option names with the known ones listed
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"method.options: {exc}") from exc
+    return method_cls, options, applied
+
+
+def _check_optimizer(name: str, options: Mapping[str, Any]) -> None:
+    """Build the optimiser once so that a bad name or option fails before training."""
+    try:
+        from gpinfer.optim import make_optimizer
+    except ImportError:  # pragma: no cover - the optimisers are part of the core
+        return
+    try:
+        make_optimizer(name, **dict(options))
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"optimizer {name!r}: {exc}") from exc
+
+
+def _check_kernel_name(name: str) -> None:
+    from gpinfer import registry
+
+    registry.find(registry.KERNELS, name)  # UnknownNameError with the nearest names
+
+
+def _load_split(s: Settings) -> tuple[Any, Any]:
+    """Load the dataset and split it with the run's seed (``InputError`` naming the problem)."""
+    from gpinfer.data import load_dataset, train_test_split
+
+    d = s.dataset_cfg
+    options = _mapping(d.get("options"), "dataset.options")
+    if "path" in d:
+        if d["path"] is None:
+            raise InputError(
+                f"dataset {s.dataset!r} needs a file: add dataset.path=/path/to/data.npz "
+                "(.npz, .csv or LIBSVM)"
+            )
+        options.setdefault("path", str(d["path"]))
+    for key in ("features", "keep_classes", "n_max"):
+        if d.get(key) is not None:
+            options[key] = list(d[key]) if isinstance(d[key], list | tuple) else d[key]
+    try:
+        ds = load_dataset(s.dataset, **options)
+    except (OSError, EOFError) as exc:
+        raise InputError(f"dataset {s.dataset!r} could not be read: {exc}") from exc
+    if ds.task != "classification":
+        raise InputError(
+            f"dataset {s.dataset!r} is a {ds.task} dataset; gpinfer-run does classification"
+        )
+    split = train_test_split(
+        ds,
+        test_fraction=None if d.get("test_fraction") is None else float(d["test_fraction"]),
+        seed=s.seed,
+        stratify=bool(d.get("stratify", True)),
+    )
+    return ds, split
+
+
+def prepare(
+    cfg: DictConfig | Mapping[str, Any], output_dir: str | Path | None = None
+) -> Prepared:
+    """Every check and every load that comes before training; nothing is logged yet."""
+    from gpinfer.data import Standardizer
+    from gpinfer.kernels import make_kernel
+    from gpinfer.validation import check_inducing, check_method_compatible
+
+    conf = config_to_dict(cfg)
+    s = parse_settings(conf)
+    method_cls, options, applied = _check_method(s)
+    _check_kernel_name(s.kernel)
+    out_dir = res.check_output_dir(output_dir if output_dir is not None else _hydra_output_dir())
+    uri = tracking.resolve_tracking_uri(s.mlflow.get("tracking_uri"))
+    logger = tracking.RunLogger(
+        uri,
+        experiment=s.mlflow.get("experiment") or "gpinfer",
+        artifact_location=s.mlflow.get("artifact_location"),
+        flush_every=s.mlflow.get("flush_every", 100),
+        flush_interval_s=s.mlflow.get("flush_interval_s", 2.0),
+    )
+    _, split = _load_split(s)
+
+    classes = np.unique(split.y_train)
+    n_classes = int(classes.size)
+    if n_classes < 2:
+        raise InputError(
+            f"dataset {s.dataset!r}: the training part has a single class ({classes.tolist()}); "
+            "check keep_classes / test_fraction"
+        )
+    y_test_index = np.searchsorted(classes, split.y_test)
+    unseen = (y_test_index >= n_classes) | (
+        classes[np.minimum(y_test_index, n_classes - 1)] != split.y_test
+    )
+    if np.any(unseen):
+        raise InputError(
+            f"dataset {s.dataset!r}: the test part has classes "
+            f"{sorted(set(split.y_test[unseen].tolist()))} that the training part lacks; "
+            "use a stratified split or a smaller test_fraction"
+        )
+    if split.X_test.shape[0] == 0:
+        raise InputError(f"dataset {s.dataset!r}: the test part is empty")
+
+    X_train, X_test = split.X_train, split.X_test
+    if s.dataset_cfg.get("standardize", True):
+        st = Standardizer().fit(X_train)
+        X_train, X_test = st.transform(X_train), st.transform(X_test)
+
+    n, d = X_train.shape
+    check_method_compatible(method_cls, n_classes, "classification", s.batch_size, s.likelihood)
+    inducing = check_inducing(s.M, n, d, s.method, bool(method_cls.uses_inducing_points))
+    M_count = None if inducing is None else int(inducing)
+
+    k = s.kernel_cfg
+    params = {key: v for key, v in k.items() if key not in _KERNEL_META and v is not None}
+    kernel = make_kernel(
+        s.kernel, input_dim=d, ard=bool(k.get("ard", False)), noise=k.get("noise"), **params
+    )
+    return Prepared(
+        settings=s,
+        out_dir=out_dir,
+        method_cls=method_cls,
+        X_train=X_train,
+        y_train=split.y_train,
+        X_test=X_test,
+        y_test_index=y_test_index,
+        classes=classes,
+        n_classes=n_classes,
+        M_count=M_count,
+        kernel=kernel,
+        method_options=options,
+        optimizer_applied=applied,
+        logger=logger,
+        config=conf,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# training
+# --------------------------------------------------------------------------------------------
+
+
+def evaluate_test(posterior: Any, X: Array, y_index: Array) -> dict[str, float]:
+    """Test error and mean negative log predictive of ``posterior`` at ``X [N*, D]``."""
+    from gpinfer.metrics import error_rate, nll
+
+    P = np.asarray(posterior.predict_proba(X), dtype=float)
+    if P.ndim == 2 and P.shape[1] == 1:  # p(class 1) of a binary problem as a column
+        P = P[:, 0]
+    out = {"test_error": error_rate(y_index, P)}
+    try:
+        out["test_nll"] = nll(None, log_predictive=np.asarray(posterior.log_predictive(X, y_index)))
+    except (NotImplementedError, AttributeError):
+        out["test_nll"] = nll(y_index, P)
+    return out
+
+
+class _Callback:
+    """The fit callback: metrics to MLflow, progress to the terminal, a finite-objective guard."""
+
+    def __init__(self, p: Prepared, progress: ProgressPrinter) -> None:
+        self.p = p
+        self.progress = progress
+        self.last_iteration = 0
+        self.overhead_s = 0.0  # time spent evaluating and logging (not training)
+
+    def __call__(self, info: IterationInfo) -> None:
+        t0 = time.perf_counter()
+        it = int(info.iteration)
+        self.last_iteration = it
+        objective = float(info.objective)
+        metrics: dict[str, float] = {"objective": objective, "elapsed_s": float(info.elapsed)}
+        for key, value in (info.extra or {}).items():
+            name = f"extra.{key}" if key in _RESERVED else str(key)
+            try:
+                metrics[name] = float(value)
+            except (TypeError, ValueError):
+                continue
+        every = self.p.settings.eval_every
+        if info.posterior is not None and it % every == 0:
+            metrics.update(evaluate_test(info.posterior(), self.p.X_test, self.p.y_test_index))
+        self.p.logger.log_metrics(metrics, step=it)
+        self.progress.update(it, objective, float(info.elapsed))
+        self.overhead_s += time.perf_counter() - t0
+        if not math.isfinite(objective):
+            raise NumericalError(
+                f"the objective became {objective} during training", iteration=it,
+                quantity="objective",
+            )
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM (a cluster's or a launcher's stop) into KeyboardInterrupt while training."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError):  # not allowed here
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _tags(p: Prepared) -> dict[str, str]:
+    s = p.settings
+    dist, version = tracking.plugin_distribution(s.method)
+    commit = tracking.git_commit()
+    from gpinfer import __version__ as core_version
+
+    tags = {
+        "method": s.method,
+        "method.distribution": dist,
+        "method.version": version,
+        "dataset": s.dataset,
+        "kernel": s.kernel,
+        "optimizer": s.optimizer,
+        "optimizer.applied": str(p.optimizer_applied).lower(),
+        "likelihood": s.likelihood or "default",
+        "M": "null" if s.M is None else str(s.M),
+        "seed": str(s.seed),
+        "git_commit": commit,
+        "git_dirty": tracking.git_dirty(),
+        "gpinfer.version": str(core_version),
+        "output_dir": str(p.out_dir),
+        "mlflow.source.name": "gpinfer-run",
+        "mlflow.source.type": "LOCAL",
+    }
+    if commit != "unknown":
+        tags["mlflow.source.git.commit"] = commit
+    tags.update(_hydra_job_tags())
+    return tags
+
+
+def _params(p: Prepared) -> dict[str, str]:
+    params = tracking.flatten_config(p.config)
+    params.update(
+        {
+            "data.n_train": str(p.X_train.shape[0]),
+            "data.n_test": str(p.X_test.shape[0]),
+            "data.n_features": str(p.X_train.shape[1]),
+            "data.n_classes": str(p.n_classes),
+            "M_count": "null" if p.M_count is None else str(p.M_count),
+        }
+    )
+    return params
+
+
+def _base_result(p: Prepared) -> dict[str, Any]:
+    s = p.settings
+    return {
+        "method": s.method,
+        "dataset": s.dataset,
+        "M": s.M,
+        "seed": s.seed,
+        "test_error": None,
+        "test_nll": None,
+        "log_evidence": None,
+        "train_time_s": None,
+        "n_iter": 0,
+        "peak_rss_mb": None,
+        "status": None,
+        "kernel": s.kernel,
+        "likelihood": s.likelihood,
+        "M_count": p.M_count,
+        "iterations": s.iterations,
+        "optimize": s.optimize,
+        "n_train": int(p.X_train.shape[0]),
+        "n_test": int(p.X_test.shape[0]),
+        "n_features": int(p.X_train.shape[1]),
+        "n_classes": p.n_classes,
+        "output_dir": str(p.out_dir),
+        "mlflow_run_id": p.logger.run_id,
+        "mlflow_tracking_uri": p.logger.tracking_uri,
+    }
+
+
+def run_experiment(
+    cfg: DictConfig | Mapping[str, Any],
+    *,
+    output_dir: str | Path | None = None,
+    stream: TextIO | None = None,
+    progress_stream: TextIO | None = None,
+) -> dict[str, Any]:
+    """Run one experiment (see the module docstring); returns the ``result.json`` content.
+
+    ``output_dir``: the run folder (default: Hydra's output folder for this job). ``stream``
+    receives the one-line summary (stdout), ``progress_stream`` the progress lines (stderr).
+    """
+    from gpinfer.estimator import GPClassifier
+
+    p = prepare(cfg, output_dir)
+    s = p.settings
+    res.reset_peak_rss()
+    estimator = GPClassifier(
+        method=s.method,
+        M=p.M_count,
+        kernel=p.kernel,
+        likelihood=s.likelihood,
+        optimize=s.optimize,
+        max_iter=s.iterations,
+        batch_size=s.batch_size,
+        random_state=s.seed,
+        method_options=p.method_options,
+    )
+    progress = ProgressPrinter(
+        f"{s.method}/{s.dataset} seed={s.seed}",
+        total=s.iterations,
+        start_after_s=float(s.progress.get("start_after_s", 3.0)),
+        every_s=float(s.progress.get("every_s", 2.0)),
+        stream=progress_stream,
+    )
+    callback = _Callback(p, progress)
+    config_path = p.out_dir / "config.yaml"
+    config_path.write_text(OmegaConf.to_yaml(OmegaConf.create(p.config)))
+    run_name = "-".join(
+        [s.method, s.dataset, s.kernel] + ([f"M{s.M}"] if s.M is not None else []) + [f"s{s.seed}"]
+    )
+    result = _base_result(p)
+    logger = p.logger
+    with logger.run(run_name, tags=_tags(p), params=_params(p)):
+        result["mlflow_run_id"] = logger.run_id
+        logger.log_artifact(config_path)
+        start = time.perf_counter()
+        try:
+            with _sigterm_as_interrupt():
+                estimator.fit(p.X_train, p.y_train, callback=callback)
+            wall = time.perf_counter() - start
+            final = evaluate_test(estimator.posterior_, p.X_test, p.y_test_index)
+            result.update(
+                final,
+                log_evidence=float(estimator.log_evidence_),
+                train_time_s=max(wall - callback.overhead_s, 0.0),
+                wall_time_s=wall,
+                n_iter=int(estimator.n_iter_),
+                peak_rss_mb=res.peak_rss_mb(),
+                status=tracking.FINISHED,
+            )
+            logger.log_metrics(
+                {
+                    key: result[key]
+                    for key in (
+                        "test_error",
+                        "test_nll",
+                        "log_evidence",
+                        "train_time_s",
+                        "n_iter",
+                        "peak_rss_mb",
+                    )
+                },
+                step=max(result["n_iter"], callback.last_iteration),
+            )
+            logger.flush()
+            state = tracking.collect_state(
+                estimator.fit_result_,
+                extra={"classes": p.classes, "M_count": np.asarray(p.M_count or 0)},
+            )
+            state_path = tracking.save_state(p.out_dir / "state.npz", state)
+            logger.log_artifact(state_path)
+            res.write_result(p.out_dir, result)
+            logger.log_artifact(p.out_dir / res.RESULT_FILE)
+        except BaseException as exc:
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            result.update(
+                status=tracking.KILLED if interrupted else tracking.FAILED,
+                error=f"{type(exc).__name__}: {exc}",
+                n_iter=callback.last_iteration,
+                error_iteration=getattr(exc, "iteration", None),
+                train_time_s=time.perf_counter() - start - callback.overhead_s,
+                peak_rss_mb=res.peak_rss_mb(),
+            )
+            try:
+                res.write_result(p.out_dir, result)
+                logger.log_artifact(p.out_dir / res.RESULT_FILE)
+            except Exception:  # never hide the original error
+                pass
+            raise
+    out = stream if stream is not None else sys.stdout
+    print(res.summary_line(result), file=out, flush=True)
+    return result

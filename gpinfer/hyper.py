@@ -1,0 +1,270 @@
+"""Hyper-parameters as one flat vector, and matrix gradients turned into its gradient.
+
+Every method optimises the same packed vector ``theta [P]``: for each distinct kernel its
+unconstrained parameters, then (for sparse methods) the inducing inputs of each latent
+(``Z_l [M_l, D]``, row-major), then the likelihood's unconstrained parameters. Blocks or single
+entries can be held fixed; they are then absent from ``theta``.
+
+``parameter_gradient`` applies the kernel vector-Jacobian products to an objective's
+``MatrixGradients`` (one per latent):
+
+* ``Kff [N, N]``      -> ``kernel.grad_params(X, None, G)``
+* ``Kff_diag [N]``    -> ``kernel.grad_params_diag(X, G)``
+* ``Kuu [M, M]``      -> ``kernel.grad_params(Z, None, G)`` and ``kernel.grad_inputs(Z, None, G)``
+* ``Kuf [M, N]``      -> ``kernel.grad_params(Z, X, G)`` and ``kernel.grad_inputs(Z, X, G)``
+* ``likelihood [Q]``  -> appended (summed over the latents' entries).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpinfer.interfaces import Array, Likelihood, MatrixGradients
+from gpinfer.kernels.base import Kernel
+
+BoundPair = tuple[float | None, float | None]
+
+
+@dataclass(frozen=True)
+class _Block:
+    """One contiguous piece of the full (free and fixed) parameter vector."""
+
+    kind: str  # "kernel", "inducing" or "likelihood"
+    index: int  # distinct-kernel index or latent index (0 for the likelihood)
+    start: int
+    stop: int
+
+
+class HyperParameters:
+    """Kernels (one per latent), inducing inputs and likelihood parameters as ``theta [P]``.
+
+    * ``kernels``: one kernel, or one per latent function ``L``. Passing the same object for
+      several latents ties them: it appears once in ``theta`` and its gradients add up.
+    * ``Z``: ``None`` (no inducing points), one array ``[M, D]`` (single latent), or one array
+      per latent (``[M_l, D]`` each). Stored as copies; read them back from ``self.Z``.
+    * ``likelihood``: its ``get_unconstrained()`` entries are appended (``None``: none).
+    * ``optimize=False`` holds everything fixed (``P = 0``); ``optimize_inducing`` and
+      ``optimize_likelihood`` hold those blocks fixed; ``fixed`` lists single entries by name.
+
+    Names: ``kernel.<param>`` / ``Z[m,d]`` for one latent, ``kernel[l].<param>`` /
+    ``Z[l][m,d]`` for several; ``likelihood.<param>``.
+    """
+
+    def __init__(
+        self,
+        kernels: Kernel | Sequence[Kernel],
+        likelihood: Likelihood | None = None,
+        Z: Array | Sequence[Array] | None = None,
+        *,
+        optimize: bool = True,
+        optimize_inducing: bool = True,
+        optimize_likelihood: bool = True,
+        fixed: Iterable[str] = (),
+    ):
+        self.kernels: list[Kernel] = [kernels] if isinstance(kernels, Kernel) else list(kernels)
+        if not self.kernels:
+            raise ValueError("HyperParameters needs at least one kernel")
+        self.likelihood = likelihood
+        self.Z: list[Array] | None = self._as_inducing(Z)
+
+        # distinct kernels (tied latents share one block)
+        self._distinct: list[Kernel] = []
+        self._kernel_of_latent: list[int] = []
+        for kern in self.kernels:
+            ids = [id(k) for k in self._distinct]
+            if id(kern) in ids:
+                self._kernel_of_latent.append(ids.index(id(kern)))
+            else:
+                self._kernel_of_latent.append(len(self._distinct))
+                self._distinct.append(kern)
+
+        multi = self.n_latent > 1
+        names: list[str] = []
+        free: list[bool] = []
+        blocks: list[_Block] = []
+
+        def add(kind: str, index: int, block_names: list[str], learn: bool) -> None:
+            start = len(names)
+            names.extend(block_names)
+            free.extend([learn] * len(block_names))
+            blocks.append(_Block(kind, index, start, len(names)))
+
+        for j, kern in enumerate(self._distinct):
+            prefix = f"kernel[{j}]" if len(self._distinct) > 1 else "kernel"
+            add("kernel", j, [f"{prefix}.{p}" for p in kern.param_names], optimize)
+        for l, z in enumerate(self.Z or []):
+            prefix = f"Z[{l}]" if multi else "Z"
+            zn = [f"{prefix}[{m},{d}]" for m in range(z.shape[0]) for d in range(z.shape[1])]
+            add("inducing", l, zn, optimize and optimize_inducing)
+        if likelihood is not None:
+            ln = [f"likelihood.{p}" for p in likelihood.param_names]
+            add("likelihood", 0, ln, optimize and optimize_likelihood)
+
+        fixed = set(fixed)
+        unknown = sorted(fixed - set(names))
+        if unknown:
+            raise ValueError(f"unknown hyper-parameter name(s) {unknown}; known: {names}")
+        self._all_names = names
+        self._free = np.array([f and n not in fixed for n, f in zip(names, free)], dtype=bool)
+        self._blocks = blocks
+
+    # -- construction helpers ----------------------------------------------------------------
+    def _as_inducing(self, Z: Array | Sequence[Array] | None) -> list[Array] | None:
+        if Z is None:
+            return None
+        if isinstance(Z, np.ndarray) and Z.ndim == 2:
+            Zs = [Z]
+        else:
+            Zs = list(Z)
+        Zs = [np.array(z, dtype=float) for z in Zs]
+        if len(Zs) != self.n_latent:
+            raise ValueError(f"got {len(Zs)} inducing-input arrays for {self.n_latent} latents")
+        for l, z in enumerate(Zs):
+            if z.ndim != 2:
+                raise ValueError(f"Z[{l}] must be [M, D], got shape {z.shape}")
+        return Zs
+
+    # -- sizes and names ---------------------------------------------------------------------
+    @property
+    def n_latent(self) -> int:
+        """Number of latent functions ``L`` (one kernel each)."""
+        return len(self.kernels)
+
+    @property
+    def size(self) -> int:
+        """``P``, the length of the packed (free) vector."""
+        return int(self._free.sum())
+
+    @property
+    def names(self) -> list[str]:
+        """Names of the ``P`` free entries, in packing order."""
+        return [n for n, f in zip(self._all_names, self._free) if f]
+
+    @property
+    def all_names(self) -> list[str]:
+        """Names of every entry, free or fixed."""
+        return list(self._all_names)
+
+    # -- pack / unpack -----------------------------------------------------------------------
+    def _full(self) -> Array:
+        """Every entry (free and fixed) read from the kernels, ``Z`` and the likelihood."""
+        parts: list[Array] = []
+        for block in self._blocks:
+            if block.kind == "kernel":
+                parts.append(np.asarray(self._distinct[block.index].get_unconstrained(), float))
+            elif block.kind == "inducing":
+                parts.append(self.Z[block.index].reshape(-1))
+            else:
+                parts.append(np.asarray(self.likelihood.get_unconstrained(), float).reshape(-1))
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def pack(self) -> Array:
+        """The free entries as one vector ``theta [P]``."""
+        return self._full()[self._free].copy()
+
+    def unpack(self, theta: Array) -> None:
+        """Write ``theta [P]`` into the kernels, ``Z`` and the likelihood (fixed entries kept)."""
+        theta = np.asarray(theta, dtype=float).reshape(-1)
+        if theta.size != self.size:
+            raise ValueError(f"expected {self.size} hyper-parameters, got {theta.size}")
+        full = self._full()
+        full[self._free] = theta
+        for block in self._blocks:
+            if not np.any(self._free[block.start : block.stop]):
+                continue
+            piece = full[block.start : block.stop]
+            if block.kind == "kernel":
+                self._distinct[block.index].set_unconstrained(piece.copy())
+            elif block.kind == "inducing":
+                self.Z[block.index] = piece.reshape(self.Z[block.index].shape).copy()
+            else:
+                self.likelihood.set_unconstrained(piece.copy())
+
+    def bounds(
+        self,
+        kernel: BoundPair | None = None,
+        inducing: BoundPair | None = None,
+        likelihood: BoundPair | None = None,
+    ) -> list[BoundPair]:
+        """Box bounds for the ``P`` free entries, one ``(low, high)`` pair per block kind."""
+        per_kind = {"kernel": kernel, "inducing": inducing, "likelihood": likelihood}
+        out: list[BoundPair] = [(None, None)] * len(self._all_names)
+        for block in self._blocks:
+            pair = per_kind[block.kind] or (None, None)
+            out[block.start : block.stop] = [pair] * (block.stop - block.start)
+        return [b for b, f in zip(out, self._free) if f]
+
+    def describe(self) -> dict[str, float]:
+        """Every entry by name (unconstrained values), for logging."""
+        return dict(zip(self._all_names, self._full().tolist()))
+
+    # -- gradients ---------------------------------------------------------------------------
+    def gradient(self, X: Array, grads: MatrixGradients | Sequence[MatrixGradients]) -> Array:
+        """Shortcut for ``parameter_gradient(self, X, grads)``."""
+        return parameter_gradient(self, X, grads)
+
+
+def _latent_gradients(
+    kern: Kernel, X: Array, Z: Array | None, G: MatrixGradients, latent: int
+) -> tuple[Array, Array | None]:
+    """Kernel-parameter gradient ``[P_k]`` and inducing-input gradient ``[M, D]`` of one latent."""
+    g_kern = np.zeros(kern.n_params)
+    g_Z = None
+    if G.Kff is not None:
+        g_kern += kern.grad_params(X, None, G.Kff)
+    if G.Kff_diag is not None:
+        g_kern += kern.grad_params_diag(X, G.Kff_diag)
+    if G.Kuu is not None or G.Kuf is not None:
+        if Z is None:
+            raise ValueError(f"latent {latent} has Kuu/Kuf gradients but no inducing inputs Z")
+        g_Z = np.zeros_like(Z)
+        if G.Kuu is not None:
+            g_kern += kern.grad_params(Z, None, G.Kuu)
+            g_Z += kern.grad_inputs(Z, None, G.Kuu)
+        if G.Kuf is not None:
+            g_kern += kern.grad_params(Z, X, G.Kuf)
+            g_Z += kern.grad_inputs(Z, X, G.Kuf)
+    return g_kern, g_Z
+
+
+def parameter_gradient(
+    hp: HyperParameters, X: Array, grads: MatrixGradients | Sequence[MatrixGradients]
+) -> Array:
+    """Gradient ``[P]`` of an objective wrt ``hp.pack()`` from its matrix gradients.
+
+    ``grads``: one ``MatrixGradients`` per latent (a single one for ``L = 1``); ``X [N, D]``
+    the training inputs the matrices were computed from. Likelihood entries are summed over
+    the latents that report them.
+    """
+    grads_list = [grads] if isinstance(grads, MatrixGradients) else list(grads)
+    if len(grads_list) != hp.n_latent:
+        raise ValueError(f"got {len(grads_list)} MatrixGradients for {hp.n_latent} latents")
+    full = np.zeros(len(hp.all_names))
+    kernel_grads = [np.zeros(k.n_params) for k in hp._distinct]
+    Z_grads: list[Array | None] = [None] * hp.n_latent
+    lik_grad = None
+    for l, (kern, G) in enumerate(zip(hp.kernels, grads_list)):
+        Z = hp.Z[l] if hp.Z is not None else None
+        g_kern, g_Z = _latent_gradients(kern, X, Z, G, l)
+        kernel_grads[hp._kernel_of_latent[l]] += g_kern
+        Z_grads[l] = g_Z
+        if G.likelihood is not None:
+            g_lik = np.asarray(G.likelihood, dtype=float).reshape(-1)
+            lik_grad = g_lik if lik_grad is None else lik_grad + g_lik
+    for block in hp._blocks:
+        if block.kind == "kernel":
+            full[block.start : block.stop] = kernel_grads[block.index]
+        elif block.kind == "inducing":
+            if Z_grads[block.index] is not None:
+                full[block.start : block.stop] = Z_grads[block.index].reshape(-1)
+        elif lik_grad is not None:
+            if lik_grad.size != block.stop - block.start:
+                raise ValueError(
+                    f"likelihood gradient has {lik_grad.size} entries, expected "
+                    f"{block.stop - block.start}"
+                )
+            full[block.start : block.stop] = lik_grad
+    return full[hp._free]

@@ -1,0 +1,162 @@
+"""Sums and products of kernels; their vector-Jacobian products follow by the chain rule.
+
+Parameters are the parts' parameters concatenated in order; names carry the part's index and
+class, e.g. ``0_rbf.lengthscale``, ``1_white.variance`` (nested: ``0_product.1_linear.variance``).
+Nested sums (and nested products) are flattened, so ``a + b + c`` has three parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from gpinfer.errors import InputError
+from gpinfer.kernels.base import Array, Kernel
+from gpinfer.kernels.checks import unconstrained_vector
+
+
+class Combination(Kernel):
+    """A kernel made of ``parts``; subclasses say how the parts' matrices combine."""
+
+    def __init__(self, kernels: Iterable[Kernel]):
+        owner = type(self).__name__
+        if isinstance(kernels, Kernel):
+            kernels = [kernels]
+        parts: list[Kernel] = []
+        for k in kernels:
+            if not isinstance(k, Kernel):
+                raise InputError(f"{owner} takes kernels, got {type(k).__name__}: {k!r}")
+            # flatten a + b + c into one sum (and a * b * c into one product)
+            parts.extend(k.parts if type(k) is type(self) else [k])
+        if not parts:
+            raise InputError(f"{owner} needs at least one kernel")
+        # the same object twice (k + k) would share parameters across two slots: copy it
+        seen: set[int] = set()
+        for i, part in enumerate(parts):
+            if id(part) in seen:
+                parts[i] = part.copy()
+            seen.add(id(parts[i]))
+        self.parts: list[Kernel] = parts
+
+    # -- parameters --------------------------------------------------------------------------
+    def _labels(self) -> list[str]:
+        return [f"{i}_{type(p).__name__.lower()}" for i, p in enumerate(self.parts)]
+
+    @property
+    def param_names(self) -> list[str]:
+        return [
+            f"{label}.{name}"
+            for label, part in zip(self._labels(), self.parts)
+            for name in part.param_names
+        ]
+
+    def get_unconstrained(self) -> Array:
+        return np.concatenate([p.get_unconstrained() for p in self.parts])
+
+    def set_unconstrained(self, theta: Array) -> None:
+        theta = unconstrained_vector(theta, self.n_params, type(self).__name__)
+        start = 0
+        for part in self.parts:
+            part.set_unconstrained(theta[start : start + part.n_params])
+            start += part.n_params
+
+    def describe(self) -> dict[str, float | list[float]]:
+        return {
+            f"{label}.{key}": value
+            for label, part in zip(self._labels(), self.parts)
+            for key, value in part.describe().items()
+        }
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.parts!r})"
+
+
+class Sum(Combination):
+    """``k(x, x') = sum_i k_i(x, x')``."""
+
+    def K(self, X: Array, X2: Array | None = None) -> Array:
+        return sum(p.K(X, X2) for p in self.parts)
+
+    def K_diag(self, X: Array) -> Array:
+        return sum(p.K_diag(X) for p in self.parts)
+
+    def grad_params(self, X: Array, X2: Array | None, dK: Array) -> Array:
+        return np.concatenate([p.grad_params(X, X2, dK) for p in self.parts])
+
+    def grad_params_diag(self, X: Array, dK_diag: Array) -> Array:
+        return np.concatenate([p.grad_params_diag(X, dK_diag) for p in self.parts])
+
+    def grad_inputs(self, X: Array, X2: Array | None, dK: Array) -> Array:
+        return sum(p.grad_inputs(X, X2, dK) for p in self.parts)
+
+    def grad_inputs_diag(self, X: Array, dK_diag: Array) -> Array:
+        return sum(p.grad_inputs_diag(X, dK_diag) for p in self.parts)
+
+
+def products_of_others(mats: list[Array]) -> list[Array]:
+    """For each ``i``, the elementwise product of every matrix but ``mats[i]`` (no division).
+
+    Uses prefix and suffix products, so zeros in a factor are handled exactly.
+    """
+    n = len(mats)
+    ones = np.ones_like(mats[0])
+    prefix = [ones]
+    for m in mats[:-1]:
+        prefix.append(prefix[-1] * m)
+    suffix = [ones]
+    for m in reversed(mats[1:]):
+        suffix.append(suffix[-1] * m)
+    return [prefix[i] * suffix[n - 1 - i] for i in range(n)]
+
+
+class Product(Combination):
+    """``k(x, x') = prod_i k_i(x, x')`` (elementwise); part ``i`` sees ``dK`` times the others."""
+
+    def K(self, X: Array, X2: Array | None = None) -> Array:
+        out = self.parts[0].K(X, X2)
+        for p in self.parts[1:]:
+            out = out * p.K(X, X2)
+        return out
+
+    def K_diag(self, X: Array) -> Array:
+        out = self.parts[0].K_diag(X)
+        for p in self.parts[1:]:
+            out = out * p.K_diag(X)
+        return out
+
+    def _scaled_gradients(self, X: Array, X2: Array | None, dK: Array) -> list[Array]:
+        """``dK * prod_{j != i} K_j`` for each part ``i``, ``[N, N2]`` each."""
+        others = products_of_others([p.K(X, X2) for p in self.parts])
+        dK = np.asarray(dK, dtype=float)
+        if dK.shape != others[0].shape:
+            raise InputError(
+                f"dK must have shape {others[0].shape} (that of the kernel matrix), got {dK.shape}"
+            )
+        return [dK * o for o in others]
+
+    def _scaled_diag_gradients(self, X: Array, dK_diag: Array) -> list[Array]:
+        """``dK_diag * prod_{j != i} K_diag_j`` for each part ``i``, ``[N]`` each."""
+        others = products_of_others([p.K_diag(X) for p in self.parts])
+        dK_diag = np.asarray(dK_diag, dtype=float)
+        if dK_diag.shape != others[0].shape:
+            raise InputError(
+                f"dK_diag must have shape {others[0].shape}, got {dK_diag.shape}"
+            )
+        return [dK_diag * o for o in others]
+
+    def grad_params(self, X: Array, X2: Array | None, dK: Array) -> Array:
+        scaled = self._scaled_gradients(X, X2, dK)
+        return np.concatenate([p.grad_params(X, X2, g) for p, g in zip(self.parts, scaled)])
+
+    def grad_params_diag(self, X: Array, dK_diag: Array) -> Array:
+        scaled = self._scaled_diag_gradients(X, dK_diag)
+        return np.concatenate([p.grad_params_diag(X, g) for p, g in zip(self.parts, scaled)])
+
+    def grad_inputs(self, X: Array, X2: Array | None, dK: Array) -> Array:
+        scaled = self._scaled_gradients(X, X2, dK)
+        return sum(p.grad_inputs(X, X2, g) for p, g in zip(self.parts, scaled))
+
+    def grad_inputs_diag(self, X: Array, dK_diag: Array) -> Array:
+        scaled = self._scaled_diag_gradients(X, dK_diag)
+        return sum(p.grad_inputs_diag(X, g) for p, g in zip(self.parts, scaled))

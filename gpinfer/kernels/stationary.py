@@ -1,0 +1,229 @@
+"""Stationary kernels: RBF, Matérn 3/2 and Matérn 5/2, isotropic or with ARD lengthscales.
+
+Each is ``k(x, x') = variance * g(r2)`` with the scaled squared distance
+
+    r2 = sum_d ((x_d - x'_d) / lengthscale_d)^2.
+
+The ``Stationary`` base owns the distances, the lengthscale (one, or one per input dimension),
+the variance and every vector-Jacobian product; a subclass supplies only ``g(r2)`` and
+``dg/dr2``, both finite at ``r2 = 0`` (so coincident points give finite gradients and no
+``sqrt(0)`` derivative ever appears).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable
+
+import numpy as np
+
+from gpinfer.errors import InputError
+from gpinfer.kernels.base import Array, Kernel
+from gpinfer.kernels.checks import (
+    indexed_names,
+    input_pair,
+    matrix_gradient,
+    natural_output,
+    natural_values,
+    unconstrained_vector,
+)
+
+#: sqrt(3), the Matérn 3/2 distance scale
+SQRT3 = float(np.sqrt(3.0))
+#: sqrt(5), the Matérn 5/2 distance scale
+SQRT5 = float(np.sqrt(5.0))
+
+
+
+class Stationary(Kernel):
+    """``k(x, x') = variance * g(r2)`` with isotropic (scalar) or ARD (``[D]``) lengthscales.
+
+    Parameters (unconstrained, logs): ``lengthscale`` or ``lengthscale[0..D-1]``, then
+    ``variance``.
+    """
+
+    def __init__(self, lengthscale: float | Iterable[float] = 1.0, variance: float = 1.0):
+        owner = type(self).__name__
+        ell = natural_values(lengthscale, "lengthscale", owner)
+        var = natural_values(variance, "variance", owner)
+        if var.ndim:
+            raise InputError(f"{owner} variance must be a scalar, got {var.tolist()}")
+        self._ard = ell.ndim == 1
+        self._log_lengthscale = np.log(np.atleast_1d(ell))
+        self._log_variance = float(np.log(var))
+
+    # -- the shape of the kernel, supplied by subclasses -------------------------------------
+    @abc.abstractmethod
+    def _g(self, r2: Array) -> Array:
+        """``k / variance`` as a function of ``r2 [N, N2]`` (``g(0) = 1``)."""
+
+    @abc.abstractmethod
+    def _dg_dr2(self, r2: Array) -> Array:
+        """``d g / d r2`` at ``r2 [N, N2]``, finite at ``r2 = 0``."""
+
+    # -- natural values ----------------------------------------------------------------------
+    @property
+    def ard(self) -> bool:
+        """Whether there is one lengthscale per input dimension."""
+        return self._ard
+
+    @property
+    def input_dim(self) -> int | None:
+        """``D`` for ARD lengthscales, None for an isotropic kernel (any ``D``)."""
+        return self._log_lengthscale.size if self._ard else None
+
+    @property
+    def lengthscale(self) -> float | Array:
+        """The lengthscale: a float, or ``[D]`` for ARD."""
+        ell = np.exp(self._log_lengthscale)
+        return ell.copy() if self._ard else float(ell[0])
+
+    @property
+    def variance(self) -> float:
+        """The amplitude ``sigma_f^2``."""
+        return float(np.exp(self._log_variance))
+
+    # -- parameters --------------------------------------------------------------------------
+    @property
+    def param_names(self) -> list[str]:
+        return indexed_names("lengthscale", self._log_lengthscale, self._ard) + ["variance"]
+
+    def get_unconstrained(self) -> Array:
+        return np.append(self._log_lengthscale, self._log_variance)
+
+    def set_unconstrained(self, theta: Array) -> None:
+        theta = unconstrained_vector(theta, self.n_params, type(self).__name__)
+        self._log_lengthscale = theta[:-1].copy()
+        self._log_variance = float(theta[-1])
+
+    def describe(self) -> dict[str, float | list[float]]:
+        return {
+            "lengthscale": natural_output(self._log_lengthscale, self._ard),
+            "variance": self.variance,
+        }
+
+    def __repr__(self) -> str:
+        ell = self.describe()["lengthscale"]
+        return f"{type(self).__name__}(lengthscale={ell}, variance={self.variance:.6g})"
+
+    # -- scaled squared distances ------------------------------------------------------------
+    def _scaled(self, X: object, X2: object | None) -> tuple[Array, Array | None]:
+        """Checked inputs divided by the lengthscales, ``A [N, D]`` and ``B [N2, D]`` (or None).
+
+        Both are shifted by the mean of ``X`` first (distances do not change), which keeps the
+        expanded form of ``r2`` accurate for inputs far from the origin.
+        """
+        X, X2 = input_pair(X, X2, self.input_dim, type(self).__name__)
+        ell = np.exp(self._log_lengthscale)
+        shift = X.mean(axis=0)
+        A = (X - shift) / ell
+        B = None if X2 is None else (X2 - shift) / ell
+        return A, B
+
+    @staticmethod
+    def _r2(A: Array, B: Array | None) -> Array:
+        """``r2 [N, N2]`` between rows of ``A`` and ``B`` (None: ``A`` itself, zero diagonal)."""
+        Bm = A if B is None else B
+        r2 = np.sum(A * A, axis=1)[:, None] + np.sum(Bm * Bm, axis=1)[None, :] - 2.0 * (A @ Bm.T)
+        np.maximum(r2, 0.0, out=r2)
+        if B is None:
+            np.fill_diagonal(r2, 0.0)
+        return r2
+
+    # -- covariances -------------------------------------------------------------------------
+    def K(self, X: Array, X2: Array | None = None) -> Array:
+        A, B = self._scaled(X, X2)
+        return self.variance * self._g(self._r2(A, B))
+
+    def K_diag(self, X: Array) -> Array:
+        X, _ = input_pair(X, None, self.input_dim, type(self).__name__)
+        return np.full(X.shape[0], self.variance)
+
+    # -- vector-Jacobian products ------------------------------------------------------------
+    def _distance_gradient(self, X: Array, X2: Array | None, dK: Array):
+        """Scaled inputs, ``r2``, ``dK * K`` and ``G = dK * dK/dr2`` (all ``[N, N2]``)."""
+        A, B = self._scaled(X, X2)
+        r2 = self._r2(A, B)
+        dK = matrix_gradient(dK, r2.shape)
+        var = self.variance
+        dK_times_K = dK * (var * self._g(r2))
+        G = dK * (var * self._dg_dr2(r2))
+        return A, B, r2, dK_times_K, G
+
+    def grad_params(self, X: Array, X2: Array | None, dK: Array) -> Array:
+        A, B, r2, dK_times_K, G = self._distance_gradient(X, X2, dK)
+        # d r2 / d log(lengthscale_d) = -2 (a_d - b_d)^2 with a, b the scaled inputs
+        if self._ard:
+            Bm = A if B is None else B
+            per_dim = (
+                G.sum(axis=1) @ (A * A)
+                + G.sum(axis=0) @ (Bm * Bm)
+                - 2.0 * np.einsum("nd,nd->d", A, G @ Bm)
+            )
+            d_log_ell = -2.0 * per_dim
+        else:
+            d_log_ell = np.array([-2.0 * np.sum(G * r2)])
+        return np.append(d_log_ell, np.sum(dK_times_K))
+
+    def grad_params_diag(self, X: Array, dK_diag: Array) -> Array:
+        X, _ = input_pair(X, None, self.input_dim, type(self).__name__)
+        dK_diag = matrix_gradient(dK_diag, (X.shape[0],), "dK_diag")
+        return np.append(np.zeros(self._log_lengthscale.size), self.variance * np.sum(dK_diag))
+
+    def grad_inputs(self, X: Array, X2: Array | None, dK: Array) -> Array:
+        A, B, _, _, G = self._distance_gradient(X, X2, dK)
+        if B is None:  # X is both arguments: rows and columns both count
+            G = G + G.T
+            B = A
+        # d r2_ab / d x_ad = 2 (a_d - b_d) / lengthscale_d
+        ell = np.exp(self._log_lengthscale)
+        return (2.0 / ell) * (A * G.sum(axis=1)[:, None] - G @ B)
+
+    def grad_inputs_diag(self, X: Array, dK_diag: Array) -> Array:
+        X, _ = input_pair(X, None, self.input_dim, type(self).__name__)
+        matrix_gradient(dK_diag, (X.shape[0],), "dK_diag")
+        return np.zeros_like(X)
+
+
+# --------------------------------------------------------------------------------------------
+# The kernels
+# --------------------------------------------------------------------------------------------
+
+
+class RBF(Stationary):
+    """Squared exponential: ``k = variance * exp(-r2 / 2)``."""
+
+    def _g(self, r2: Array) -> Array:
+        return np.exp(-0.5 * r2)
+
+    def _dg_dr2(self, r2: Array) -> Array:
+        return -0.5 * np.exp(-0.5 * r2)
+
+
+class Matern32(Stationary):
+    """Matérn 3/2: ``k = variance * (1 + sqrt(3) r) exp(-sqrt(3) r)``, ``r = sqrt(r2)``.
+
+    ``dg/dr2 = -(3/2) exp(-sqrt(3) r)``, finite at ``r = 0``.
+    """
+
+    def _g(self, r2: Array) -> Array:
+        s = SQRT3 * np.sqrt(r2)
+        return (1.0 + s) * np.exp(-s)
+
+    def _dg_dr2(self, r2: Array) -> Array:
+        return -1.5 * np.exp(-SQRT3 * np.sqrt(r2))
+
+
+class Matern52(Stationary):
+    """Matérn 5/2: ``k = variance * (1 + sqrt(5) r + 5 r2 / 3) exp(-sqrt(5) r)``, ``r = sqrt(r2)``.
+
+    ``dg/dr2 = -(5/6) (1 + sqrt(5) r) exp(-sqrt(5) r)``, finite at ``r = 0``.
+    """
+
+    def _g(self, r2: Array) -> Array:
+        s = SQRT5 * np.sqrt(r2)
+        return (1.0 + s + (5.0 / 3.0) * r2) * np.exp(-s)
+
+    def _dg_dr2(self, r2: Array) -> Array:
+        s = SQRT5 * np.sqrt(r2)
+        return -(5.0 / 6.0) * (1.0 + s) * np.exp(-s)

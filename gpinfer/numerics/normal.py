@@ -1,0 +1,134 @@
+"""Stable functions of the standard normal distribution.
+
+Symbols follow spec binary §1.2: ``phi`` is the standard normal density, ``Phi`` its cumulative
+distribution, ``r(t) = phi(t) / Phi(t)`` the inverse Mills ratio and ``psi(t) = log Phi(t)``.
+Every function is elementwise on arrays of any shape and accurate far in both tails:
+
+* ``log Phi`` via ``scipy.special.log_ndtr``;
+* ``r(t)`` via ``exp(log phi - log Phi)`` for ``t >= 0`` and ``sqrt(2/pi) / erfcx(-t/sqrt 2)`` for
+  ``t < 0`` (exact to rounding for every ``t``; spec ep-sep §2.4);
+* the curvature ``gamma(t) = -psi''(t) = r (t + r)`` and the higher derivatives of ``psi``, which
+  cancel catastrophically for ``t << 0``, switch to their asymptotic series below
+  ``-settings.PROBIT_ASYMPTOTIC_CUT``.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+from scipy.special import erfcx, log_ndtr
+
+from gpinfer.numerics import settings
+
+Array = np.ndarray
+
+#: ``log sqrt(2 pi)``
+LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_SQRT_HALF = math.sqrt(0.5)
+
+
+def _mills_series_coefficients(n_terms: int) -> tuple[float, ...]:
+    """Coefficients ``c_n`` of ``r(-x) = x * sum_n c_n x^(-2n)`` for ``x -> +inf``.
+
+    They invert the classical series ``Phi(-x) / phi(x) ~ (1/x) sum_n (-1)^n (2n-1)!! x^(-2n)``
+    (exact rational arithmetic): ``c = 1, 1, -2, 10, -74, 706, ...``.
+    """
+    mills = []
+    double_factorial = 1
+    for n in range(n_terms):
+        if n > 0:
+            double_factorial *= 2 * n - 1
+        mills.append(Fraction((-1) ** n * double_factorial))
+    inverse = [Fraction(1)] + [Fraction(0)] * (n_terms - 1)
+    for n in range(1, n_terms):
+        inverse[n] = -sum(mills[k] * inverse[n - k] for k in range(1, n + 1))
+    return tuple(float(c) for c in inverse)
+
+
+_MILLS_C = _mills_series_coefficients(settings.PROBIT_ASYMPTOTIC_TERMS)
+
+
+def log_phi(t: Array) -> Array:
+    """``log N(t | 0, 1)``, any shape."""
+    t = np.asarray(t, dtype=float)
+    return -0.5 * t * t - LOG_SQRT_2PI
+
+
+def log_Phi(t: Array) -> Array:
+    """``log Phi(t)``, accurate for ``t << 0`` (``~ -t^2/2``) and ``t >> 0`` (``~ -phi(t)``)."""
+    return log_ndtr(np.asarray(t, dtype=float))
+
+
+def inv_mills(t: Array) -> Array:
+    """Inverse Mills ratio ``r(t) = phi(t) / Phi(t)``, positive, ``~ -t`` for ``t << 0``."""
+    t = np.asarray(t, dtype=float)
+    out = np.empty_like(t)
+    neg = t < 0
+    # erfcx(x) = exp(x^2) erfc(x): Phi(t) = erfcx(-t/sqrt2) exp(-t^2/2) / 2 for every t
+    out[neg] = _SQRT_2_OVER_PI / erfcx(-t[neg] * _SQRT_HALF)
+    pos = ~neg
+    out[pos] = np.exp(log_phi(t[pos]) - log_ndtr(t[pos]))
+    return out
+
+
+def _asymptotic(x: Array, derivative: int) -> Array:
+    """``d^k/dx^k`` of the series ``r(-x) = sum_n c_n x^(1-2n)`` for large ``x > 0``."""
+    out = np.zeros_like(x)
+    inv_x = 1.0 / x
+    for n, c in enumerate(_MILLS_C):
+        power = 1 - 2 * n
+        coef = c
+        for i in range(derivative):
+            coef *= power - i
+        if coef != 0.0:
+            out += coef * inv_x ** (derivative - power)
+    return out
+
+
+def probit_curvature(t: Array) -> Array:
+    """``gamma(t) = -d^2/dt^2 log Phi(t) = r(t) (t + r(t))``, in ``(0, 1)``, without cancellation.
+
+    Direct formula for ``t >= -PROBIT_ASYMPTOTIC_CUT``; below, the series
+    ``1 - t^-2 + 6 t^-4 - 50 t^-6 + ...`` (spec ep-sep §2.4).
+    """
+    return -log_Phi_derivatives(t, 2)[2]
+
+
+def log_Phi_derivatives(t: Array, order: int = 4) -> tuple[Array, ...]:
+    """``(psi, psi', ..., psi^(order))`` of ``psi(t) = log Phi(t)``, ``order <= 4``, shaped like t.
+
+    Closed forms of spec binary §1.2 (with ``q = t + r``): ``psi' = r``, ``psi'' = -r q``,
+    ``psi''' = r [q (t + 2r) - 1]``,
+    ``psi'''' = r' [q (t + 2r) - 1] + r [(1 + r')(t + 2r) + q (1 + 2r')]``
+    with ``r' = -r q``. For ``t < -PROBIT_ASYMPTOTIC_CUT`` the derivatives of order >= 2 come from
+    the asymptotic series of ``r``, which does not cancel.
+    """
+    if not 0 <= order <= 4:
+        raise ValueError(f"order must be in 0..4, got {order}")
+    t = np.asarray(t, dtype=float)
+    out: list[Array] = [log_Phi(t)]
+    if order == 0:
+        return tuple(out)
+    r = inv_mills(t)
+    out.append(r)
+    if order == 1:
+        return tuple(out)
+    q = t + r
+    r1 = -r * q
+    out.append(r1)
+    if order >= 3:
+        bracket = q * (t + 2.0 * r) - 1.0
+        out.append(r * bracket)
+    if order >= 4:
+        out.append(r1 * bracket + r * ((1.0 + r1) * (t + 2.0 * r) + q * (1.0 + 2.0 * r1)))
+    far = t < -settings.PROBIT_ASYMPTOTIC_CUT
+    if np.any(far):
+        x = -t[far]
+        # with x = -t: d^k psi / dt^k = (-1)^(k-1) d^(k-1) r(-x) / dx^(k-1)
+        for k in range(2, order + 1):
+            out[k] = np.array(out[k], copy=True)
+            out[k][far] = (-1.0) ** (k - 1) * _asymptotic(x, k - 1)
+    return tuple(out)

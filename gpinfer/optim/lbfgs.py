@@ -1,0 +1,143 @@
+"""L-BFGS-B (scipy) behind the ``Optimizer`` interface: maximisation by negation at the boundary."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from numbers import Real
+
+import numpy as np
+from scipy.optimize import minimize
+
+from gpinfer.errors import InputError, NumericalError
+from gpinfer.interfaces import Array, OptimizationResult, Optimizer, ValueAndGrad
+
+#: one ``(low, high)`` pair for every coordinate, or a list of pairs (``None`` = unbounded)
+Bounds = tuple[float | None, float | None] | Sequence[tuple[float | None, float | None]]
+
+#: message reported when the callback asked to stop
+STOPPED_BY_CALLBACK = "stopped by callback"
+
+
+def check_finite(value: float, grad: Array, iteration: int, where: str = "objective") -> None:
+    """``NumericalError`` naming ``iteration`` when ``value`` or ``grad [P]`` is not finite."""
+    if not np.isfinite(value):
+        raise NumericalError(f"{where} value is {value}", iteration=iteration, quantity=where)
+    bad = ~np.isfinite(grad)
+    if np.any(bad):
+        idx = np.flatnonzero(bad)[:5].tolist()
+        raise NumericalError(
+            f"{where} gradient has non-finite entries at {idx}",
+            iteration=iteration,
+            quantity=f"{where} gradient",
+        )
+
+
+def _is_scalar_or_none(b: object) -> bool:
+    return b is None or isinstance(b, Real)
+
+
+def expand_bounds(bounds: Bounds | None, n: int) -> list[tuple[float | None, float | None]] | None:
+    """Per-coordinate bounds for ``n`` coordinates (a single pair is broadcast)."""
+    if bounds is None:
+        return None
+    bounds = list(bounds)
+    if len(bounds) == 2 and all(_is_scalar_or_none(b) for b in bounds):
+        pair = (bounds[0], bounds[1])
+        return [pair] * n
+    if len(bounds) != n:
+        raise InputError(f"L-BFGS-B got {len(bounds)} bounds for {n} parameters")
+    out = []
+    for b in bounds:
+        lo, hi = b
+        out.append((lo, hi))
+    return out
+
+
+class LBFGSB(Optimizer):
+    """Maximise with ``scipy.optimize.minimize(method="L-BFGS-B", jac=True)`` on ``-fun``.
+
+    * ``bounds``: ``None``, one ``(low, high)`` pair for all coordinates, or one pair per
+      coordinate (``None`` entries are unbounded).
+    * ``ftol``, ``gtol``, ``maxfun``, ``maxcor``, ``maxls``: scipy's options (``maxfun=None``
+      keeps scipy's default).
+
+    ``maximize`` calls ``callback(iteration, x, value)`` once per L-BFGS-B iteration; a True
+    return stops the run (``success=True``, message ``"stopped by callback"``). Reaching
+    ``max_iter`` or ``maxfun`` is a normal end (``success=True``, scipy's message kept); any
+    other end (e.g. an abnormal line-search termination) gives ``success=False`` with scipy's
+    message. A non-finite value or gradient raises ``NumericalError`` naming the iteration
+    (0 for the initial point).
+    """
+
+    def __init__(
+        self,
+        bounds: Bounds | None = None,
+        ftol: float = 2.2e-9,
+        gtol: float = 1e-5,
+        maxfun: int | None = None,
+        maxcor: int = 10,
+        maxls: int = 20,
+    ):
+        self.bounds = bounds
+        self.ftol = ftol
+        self.gtol = gtol
+        self.maxfun = maxfun
+        self.maxcor = maxcor
+        self.maxls = maxls
+
+    def maximize(
+        self,
+        fun: ValueAndGrad,
+        x0: Array,
+        max_iter: int,
+        callback: Callable[[int, Array, float], bool | None] | None = None,
+    ) -> OptimizationResult:
+        x0 = np.array(x0, dtype=float).reshape(-1)
+        bounds = expand_bounds(self.bounds, x0.size)
+        state = {"iteration": 0, "n_eval": 0, "stopped": False}
+
+        def negated(x: Array) -> tuple[float, Array]:
+            it = state["iteration"] + (1 if state["n_eval"] else 0)
+            state["n_eval"] += 1
+            value, grad = fun(np.array(x, dtype=float))
+            grad = np.asarray(grad, dtype=float).reshape(-1)
+            check_finite(float(value), grad, it)
+            return -float(value), -grad
+
+        if max_iter < 1 or x0.size == 0:
+            value, _ = negated(x0)
+            return OptimizationResult(x=x0, value=-value, n_iter=0, success=True,
+                                      message="no iterations requested")
+
+        def scipy_callback(intermediate_result) -> None:
+            state["iteration"] += 1
+            if callback is not None and callback(
+                state["iteration"], np.array(intermediate_result.x), -float(intermediate_result.fun)
+            ):
+                state["stopped"] = True
+                raise StopIteration
+
+        options: dict[str, float | int] = {
+            "maxiter": int(max_iter),
+            "ftol": self.ftol,
+            "gtol": self.gtol,
+            "maxcor": self.maxcor,
+            "maxls": self.maxls,
+        }
+        if self.maxfun is not None:
+            options["maxfun"] = int(self.maxfun)
+        res = minimize(
+            negated, x0, jac=True, method="L-BFGS-B", bounds=bounds,
+            callback=scipy_callback, options=options,
+        )
+        if state["stopped"]:
+            success, message = True, STOPPED_BY_CALLBACK
+        else:
+            success, message = res.status in (0, 1), str(res.message)
+        return OptimizationResult(
+            x=np.asarray(res.x, dtype=float),
+            value=-float(res.fun),
+            n_iter=int(res.nit),
+            success=bool(success),
+            message=message,
+        )

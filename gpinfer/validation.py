@@ -1,0 +1,320 @@
+"""Input validation done by the core before any training starts.
+
+Every check raises ``gpinfer.errors.InputError`` (a ``ValueError``) with a message that names
+the offending array or option and, where one exists, the fix. Shapes follow the glossary:
+``X [N, D]`` inputs, ``y [N]`` labels, ``Z [M, D]`` inducing inputs, ``C`` classes.
+
+The registry is imported inside the functions that need it: it is resolved at call time (so a
+test or a plugin may substitute ``gpinfer.registry.load_method``) and importing this module stays
+cheap.
+"""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gpinfer.errors import InputError
+
+if TYPE_CHECKING:
+    from gpinfer.interfaces import Method
+
+Array = np.ndarray
+
+__all__ = [
+    "check_X",
+    "check_X_y",
+    "check_inducing",
+    "check_method_compatible",
+    "encode_labels",
+]
+
+
+def _is_sparse(obj: Any) -> bool:
+    try:
+        from scipy import sparse
+    except ImportError:  # pragma: no cover - scipy is a hard dependency
+        return False
+    return sparse.issparse(obj)
+
+
+def check_X(X: Any, name: str = "X") -> Array:
+    """Validate an input matrix and return a float64 copy ``[N, D]`` (C-contiguous).
+
+    Rejects (with ``InputError``) ``None``, sparse matrices, non-numeric or complex values,
+    arrays that are not 2-D, arrays with no rows or no columns, and NaN/inf entries (the message
+    gives their count and the first bad row and column). A value that NumPy cannot turn into a
+    number at all (a dict, say) raises ``TypeError``, as ``float()`` does. The copy means a
+    method can never modify the caller's array.
+    """
+    if X is None:
+        raise InputError(f"{name} is None; expected an array of shape [N, D]")
+    if _is_sparse(X):
+        raise InputError(
+            f"{name} is a sparse matrix; sparse input is not supported, pass a dense array "
+            f"(e.g. {name}.toarray())"
+        )
+    raw = np.asarray(X)
+    if np.iscomplexobj(raw):
+        raise InputError(f"{name}: Complex data not supported; pass real-valued inputs")
+    try:
+        arr = np.array(raw, dtype=np.float64, order="C", copy=True)
+    except TypeError as exc:
+        raise TypeError(f"{name} must hold numbers only: {exc}") from exc
+    except ValueError as exc:
+        raise InputError(f"{name} must hold numbers only ({exc})") from exc
+    if arr.ndim != 2:
+        hint = (
+            f". Reshape your data with {name}.reshape(-1, 1) if it has a single feature or "
+            f"{name}.reshape(1, -1) if it is a single sample"
+            if arr.ndim == 1
+            else ""
+        )
+        raise InputError(f"{name} must be a 2-D array [N, D]; got shape {arr.shape}{hint}")
+    n, d = arr.shape
+    if n == 0:
+        raise InputError(
+            f"{name} has 0 sample(s) (shape={arr.shape}) while a minimum of 1 is required."
+        )
+    if d == 0:
+        raise InputError(
+            f"{name} has 0 feature(s) (shape={arr.shape}) while a minimum of 1 is required."
+        )
+    finite = np.isfinite(arr)
+    if not finite.all():
+        n_nan = int(np.isnan(arr).sum())
+        n_inf = int(np.isinf(arr).sum())
+        bad_rows = np.flatnonzero(~finite.all(axis=1))
+        row = int(bad_rows[0])
+        col = int(np.flatnonzero(~finite[row])[0])
+        raise InputError(
+            f"{name} contains {n_nan} NaN and {n_inf} inf value(s) in {len(bad_rows)} row(s); "
+            f"first at row {row}, column {col} ({arr[row, col]}). Remove or impute them first."
+        )
+    return arr
+
+
+def _labels_1d(y: Any) -> Array:
+    """``y`` as a 1-D array ``[N]``; a column vector ``[N, 1]`` is flattened with a warning."""
+    if y is None:
+        raise InputError(
+            "the classifier requires y to be passed, but the target y is None; "
+            "pass one label per row of X"
+        )
+    if _is_sparse(y):
+        raise InputError("y is a sparse matrix; sparse targets are not supported")
+    arr = np.asarray(y)
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        from sklearn.exceptions import DataConversionWarning
+
+        warnings.warn(
+            "A column-vector y was passed when a 1d array was expected; flattening it to [N].",
+            DataConversionWarning,
+            stacklevel=3,
+        )
+        arr = arr[:, 0]
+    if arr.ndim != 1:
+        raise InputError(f"y should be a 1d array of labels [N]; got shape {arr.shape}")
+    return arr
+
+
+def check_X_y(X: Any, y: Any) -> tuple[Array, Array]:
+    """Validate inputs and labels together: ``X [N, D]`` float64 (see ``check_X``), ``y [N]``.
+
+    ``y`` is returned as a 1-D array with its own dtype (labels are encoded by ``encode_labels``).
+    Raises ``InputError`` when the lengths differ.
+    """
+    X = check_X(X, "X")
+    y = _labels_1d(y)
+    if y.shape[0] != X.shape[0]:
+        raise InputError(
+            f"X and y have inconsistent numbers of samples: X has {X.shape[0]} rows, "
+            f"y has {y.shape[0]} labels"
+        )
+    return X, y
+
+
+def _check_label_values(y: Array) -> Array:
+    """Reject NaN/inf, complex and continuous labels; returns ``y`` ready for ``np.unique``."""
+    if np.iscomplexobj(y):
+        raise InputError("y: Complex data not supported; pass class labels")
+    if y.dtype == object:
+        is_real = np.array(
+            [isinstance(v, numbers.Real) and not isinstance(v, bool) for v in y], dtype=bool
+        )
+        if is_real.all() and y.size:
+            y = y.astype(np.float64)
+        elif is_real.any():
+            values = y[is_real].astype(np.float64)
+            if not np.isfinite(values).all():
+                raise InputError(
+                    f"y contains {int((~np.isfinite(values)).sum())} NaN/inf label(s); "
+                    "every point needs a class label"
+                )
+    if y.dtype.kind == "f":
+        bad = ~np.isfinite(y)
+        if bad.any():
+            raise InputError(
+                f"y contains {int(np.isnan(y).sum())} NaN and {int(np.isinf(y).sum())} inf "
+                f"label(s); first at index {int(np.flatnonzero(bad)[0])}. Every point needs a "
+                "class label"
+            )
+        fractional = y != np.round(y)
+        if fractional.any():
+            raise InputError(
+                f"Unknown label type: continuous (y holds non-integer values such as "
+                f"{y[fractional][0]!r}); a classifier needs class labels, not regression targets"
+            )
+    return y
+
+
+def encode_labels(y: Any) -> tuple[Array, Array]:
+    """Encode labels of any type as class indices.
+
+    ``y [N]``: labels (ints, strings, integral floats, bools, objects that sort). Returns
+    ``(classes_ [C], y_index [N])`` with ``classes_`` sorted (``np.unique``) and ``y_index``
+    int64 in ``0..C-1`` such that ``classes_[y_index]`` equals ``y``. Raises ``InputError``
+    for NaN/inf or continuous labels, mixed label types, and fewer than two classes.
+    """
+    y = _labels_1d(y)
+    original = y
+    y = _check_label_values(y)
+    try:
+        _, first, index = np.unique(y, return_index=True, return_inverse=True)
+    except TypeError as exc:
+        kinds = sorted({type(v).__name__ for v in y.tolist()})
+        raise InputError(
+            f"y mixes label types ({', '.join(kinds)}) that cannot be sorted; use one type"
+        ) from exc
+    # classes_ keep the caller's label type (an object array of ints stays ints, and so on)
+    classes = original[first]
+    if len(classes) < 2:
+        found = f"1 class ({classes.tolist()[0]!r})" if len(classes) == 1 else "no labels"
+        raise InputError(f"y has {found}; classification needs at least two classes")
+    return classes, np.asarray(index, dtype=np.int64).reshape(-1)
+
+
+def check_inducing(
+    M: Any, n: int, d: int, method_name: str, uses_inducing_points: bool
+) -> int | Array | None:
+    """Validate the inducing-point setting ``M`` for ``n`` points in ``d`` dimensions.
+
+    * ``None``: the method's default (or no inducing points) -> ``None``.
+    * ``int`` count ``1..N`` -> that count.
+    * ``float`` fraction in ``(0, 1]`` -> ``max(1, round(M * N))``.
+    * array ``[M, D]`` of initial inducing inputs (finite, ``1 <= M <= N`` rows, ``D == d``)
+      -> a float64 copy.
+
+    ``M <= 0``, ``M > N`` and anything else raise ``InputError``, as does a non-null ``M`` for a
+    method without inducing points ("method X has no inducing points; leave M unset").
+    """
+    if M is None:
+        return None
+    if not uses_inducing_points:
+        raise InputError(
+            f"method {method_name!r} has no inducing points; leave M unset (got M={M!r})"
+        )
+    if isinstance(M, bool | np.bool_) or isinstance(M, str):
+        raise InputError(
+            f"M must be a count of inducing points (int), a fraction of N in (0, 1] (float) "
+            f"or an array [M, D] of inducing inputs; got {M!r}"
+        )
+    if isinstance(M, numbers.Integral):
+        count = int(M)
+        if count <= 0:
+            raise InputError(
+                f"M must be a positive number of inducing points (a count 1..N or a fraction "
+                f"in (0, 1]); got M={count}"
+            )
+        if count > n:
+            raise InputError(
+                f"M={count} inducing points exceeds the number of training points N={n}; "
+                f"use M <= {n} or a fraction such as 0.1"
+            )
+        return count
+    if isinstance(M, numbers.Real):
+        frac = float(M)
+        if not (0.0 < frac <= 1.0):
+            raise InputError(
+                f"a float M is a fraction of N in (0, 1]; got M={frac!r}"
+                + (" (pass an int for a count of inducing points)" if frac > 1 else "")
+            )
+        return max(1, int(round(frac * n)))
+    Z = check_X(M, name="M (inducing inputs)")
+    if Z.shape[1] != d:
+        raise InputError(
+            f"inducing inputs M have {Z.shape[1]} column(s) but X has {d} feature(s); "
+            "pass an array [M, D] with the same D"
+        )
+    if Z.shape[0] > n:
+        raise InputError(f"{Z.shape[0]} inducing inputs exceed the number of training points N={n}")
+    return Z
+
+
+def _alternatives(predicate: Callable[[type[Method]], bool]) -> str:
+    """Comma-separated names of installed methods satisfying ``predicate`` (or a note)."""
+    from gpinfer import registry
+
+    names = list(registry.methods_supporting(predicate))
+    return ", ".join(names) if names else "(none installed)"
+
+
+def check_method_compatible(
+    method_cls: type[Method],
+    n_classes: int,
+    task: str,
+    batch_size: int | None,
+    likelihood_name: str | None,
+) -> None:
+    """Check a problem against what ``method_cls`` declares, before training.
+
+    Checks, in order: the task (``"classification"`` / ``"regression"``), the number of classes
+    ``C`` (more than two needs ``method_cls.multiclass``), ``batch_size`` (a positive int, and
+    only for methods with ``supports_minibatch``), and ``likelihood_name`` (``None`` skips this;
+    otherwise it must be in ``method_cls.likelihoods``). Each ``InputError`` names the installed
+    methods that would handle the problem (via ``registry.methods_supporting``).
+    """
+    name = method_cls.name or method_cls.__name__
+    tasks = (method_cls.tasks,) if isinstance(method_cls.tasks, str) else tuple(method_cls.tasks)
+    if task not in tasks:
+        alts = _alternatives(lambda m: task in _tasks_of(m))
+        raise InputError(
+            f"method {name!r} handles {' and '.join(tasks) or 'no'} problems, not {task}; "
+            f"for {task} use one of: {alts}"
+        )
+    if task == "classification" and n_classes > 2 and not method_cls.multiclass:
+        alts = _alternatives(lambda m: "classification" in _tasks_of(m) and bool(m.multiclass))
+        raise InputError(
+            f"method {name!r} handles binary problems only (Only binary classification is "
+            f"supported by {name!r}), but y has {n_classes} classes; for {n_classes} classes "
+            f"use one of: {alts}"
+        )
+    if batch_size is not None:
+        if (
+            isinstance(batch_size, bool | np.bool_)
+            or not isinstance(batch_size, numbers.Integral)
+            or batch_size < 1
+        ):
+            raise InputError(f"batch_size must be a positive int or None; got {batch_size!r}")
+        if not method_cls.supports_minibatch:
+            alts = _alternatives(lambda m: bool(m.supports_minibatch))
+            raise InputError(
+                f"method {name!r} does not train on mini-batches; leave batch_size unset, or "
+                f"for mini-batch training use one of: {alts}"
+            )
+    if likelihood_name is not None and likelihood_name not in tuple(method_cls.likelihoods):
+        accepted = ", ".join(method_cls.likelihoods) or "none"
+        alts = _alternatives(lambda m: likelihood_name in tuple(m.likelihoods))
+        raise InputError(
+            f"method {name!r} does not accept likelihood {likelihood_name!r} (it accepts: "
+            f"{accepted}); for {likelihood_name!r} use one of: {alts}"
+        )
+
+
+def _tasks_of(method_cls: type[Method]) -> tuple[str, ...]:
+    tasks = method_cls.tasks
+    return (tasks,) if isinstance(tasks, str) else tuple(tasks)

@@ -1,0 +1,186 @@
+"""``gpinfer-run`` / ``python -m gpinfer`` as real subprocesses: errors, sweeps, joblib.
+
+Every subprocess gets a temporary MLflow store (``MLFLOW_TRACKING_URI``) and temporary Hydra
+output folders, and sees the toy plugin through ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from .helpers import REPO, plugin_importable
+
+GPINFER_RUN = Path(sys.executable).with_name("gpinfer-run")
+TIMEOUT_S = 240
+
+
+def _env(tmp_path: Path, toy_site: Path) -> tuple[dict[str, str], str]:
+    """Environment for a subprocess: a fresh store in ``tmp_path``, the toy plugin importable."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": uri,
+        "PYTHONPATH": os.pathsep.join([str(toy_site), os.environ.get("PYTHONPATH", "")]),
+    }
+    env.pop("HYDRA_FULL_ERROR", None)  # the one-line error messages are under test
+    return env, uri
+
+
+def _run(args: list[str], tmp_path: Path, toy_site: Path) -> tuple[subprocess.CompletedProcess, str]:
+    """Run ``args`` in ``tmp_path`` with a fresh store; returns the process and the store URI."""
+    env, uri = _env(tmp_path, toy_site)
+    proc = subprocess.run(
+        args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    return proc, uri
+
+
+def _runs(uri: str) -> list:
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("gpinfer")
+    return [] if exp is None else client.search_runs([exp.experiment_id], max_results=100)
+
+
+def test_module_entry_point_composes_the_config(tmp_path: Path, toy_site: Path) -> None:
+    proc, _ = _run([sys.executable, "-m", "gpinfer", "--cfg", "job"], tmp_path, toy_site)
+    assert proc.returncode == 0, proc.stderr
+    for line in ("name: laplace", "name: breast_cancer", "name: rbf", "name: lbfgs", "M: null",
+                 "seed: 0", "iterations: 50", "optimize: true", "eval_every: 10",
+                 "experiment: gpinfer"):
+        assert line in proc.stdout, line
+
+
+def test_bad_name_is_one_clear_line(tmp_path: Path, toy_site: Path) -> None:
+    proc, uri = _run(
+        [str(GPINFER_RUN), "method.name=toygq", f"hydra.run.dir={tmp_path / 'run'}"],
+        tmp_path,
+        toy_site,
+    )
+    assert proc.returncode == 1
+    assert "unknown method 'toygq'" in proc.stderr and "did you mean 'toygp'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "result.json").exists()
+    assert not (tmp_path / "mlflow.db").exists()  # failed before the store was even opened
+
+
+def test_unwritable_output_folder_is_one_clear_line(tmp_path: Path, toy_site: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    for args in (
+        [f"hydra.run.dir={blocker / 'run'}"],
+        ["-m", "seed=0,1", f"hydra.sweep.dir={blocker / 'sweep'}"],
+    ):
+        proc, _ = _run([str(GPINFER_RUN), *args, "method.name=toygp"], tmp_path, toy_site)
+        assert proc.returncode == 1
+        assert "output folder" in proc.stderr and "a_file" in proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_ctrl_c_ends_the_mlflow_run_killed(tmp_path: Path, toy_site: Path) -> None:
+    reason = plugin_importable("toygp")
+    if reason:
+        pytest.skip(reason)
+    env, uri = _env(tmp_path, toy_site)
+    run_dir = tmp_path / "run"
+    err_path = tmp_path / "stderr.txt"
+    args = [str(GPINFER_RUN), "method.name=toygp", "method.likelihood=null",
+            "+method.options.sleep_s=0.05", "iterations=2000", "progress.start_after_s=0",
+            "progress.every_s=0", f"hydra.run.dir={run_dir}"]
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=err, stderr=err)
+    try:
+        deadline = time.monotonic() + 60.0
+        while "iter 3/2000" not in err_path.read_text():  # training is under way
+            assert proc.poll() is None, err_path.read_text()
+            assert time.monotonic() < deadline, err_path.read_text()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130, err_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "KILLED" and result["n_iter"] >= 3
+    client = MlflowClient(uri)
+    run = client.get_run(result["mlflow_run_id"])
+    assert run.info.status == "KILLED"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "objective")]
+    assert steps[:3] == [1, 2, 3] and len(steps) >= result["n_iter"] - 1
+
+
+def test_laplace_multirun_two_by_two(tmp_path: Path, toy_site: Path) -> None:
+    reason = plugin_importable("laplace")
+    if reason:
+        pytest.skip(reason)
+    sweep = tmp_path / "sweep"
+    proc, uri = _run(
+        [str(GPINFER_RUN), "-m", "method=laplace", "dataset=breast_cancer",
+         "kernel=rbf,matern52", "seed=0,1", "iterations=3", f"hydra.sweep.dir={sweep}"],
+        tmp_path,
+        toy_site,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = sorted(sweep.glob("*/result.json"))
+    assert len(found) == 4
+    combos = set()
+    for path in found:
+        result = json.loads(path.read_text())
+        assert result["status"] == "FINISHED" and result["method"] == "laplace"
+        assert 0.0 <= result["test_error"] <= 0.2 and result["n_iter"] >= 1
+        combos.add((result["kernel"], result["seed"]))
+    assert combos == {("rbf", 0), ("rbf", 1), ("matern52", 0), ("matern52", 1)}
+    runs = _runs(uri)
+    assert len(runs) == 4 and {r.info.status for r in runs} == {"FINISHED"}
+    assert {r.data.tags["method.distribution"] for r in runs} == {"gpinfer-laplace"}
+    assert proc.stdout.count("FINISHED: laplace on breast_cancer") == 4  # one line per run
+
+
+def test_joblib_sweep_runs_in_parallel_and_survives_a_failed_job(
+    tmp_path: Path, toy_site: Path
+) -> None:
+    reason = plugin_importable("toygp")
+    if reason:
+        pytest.skip(reason)
+    sweep = tmp_path / "sweep"
+    proc, uri = _run(
+        [str(GPINFER_RUN), "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+         "method.name=toygp", "method.likelihood=null", "+method.options.fail_at=0,3",
+         "seed=0,1", "iterations=4", f"hydra.sweep.dir={sweep}"],
+        tmp_path,
+        toy_site,
+    )
+    assert proc.returncode == 1  # two jobs failed; the sweep still ran all four
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.count("NumericalError: toy: Cholesky of B failed (iteration 3") >= 2
+    statuses = sorted(json.loads(p.read_text())["status"] for p in sweep.glob("*/result.json"))
+    assert statuses == ["FAILED", "FAILED", "FINISHED", "FINISHED"]
+    runs = _runs(uri)
+    assert sorted(r.info.status for r in runs) == statuses
+    assert {r.data.tags.get("hydra.job.num") for r in runs} == {"0", "1", "2", "3"}
+    assert "joblib" in (sweep / "multirun.yaml").read_text()
+
+
+def test_repository_conf_is_the_one_used() -> None:
+    from gpinfer.experiment.app import CONF_DIR
+
+    assert CONF_DIR == REPO / "conf" and (CONF_DIR / "config.yaml").is_file()
+    for group, names in {
+        "method": ["laplace"],
+        "kernel": ["rbf", "matern32", "matern52", "linear"],
+        "optimizer": ["lbfgs", "adam", "adadelta"],
+        "dataset": ["breast_cancer", "waveform", "wine", "iris", "digits", "synthetic2d", "file",
+                    "new_thyroid", "svmguide2", "vowel", "australian", "crabs", "ionosphere",
+                    "sonar", "german", "mnist", "ijcnn1"],
+    }.items():
+        assert sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) == sorted(names)

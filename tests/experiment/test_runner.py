@@ -1,0 +1,293 @@
+"""One run in-process (Hydra compose API): result.json, the MLflow run, failures and bad input.
+
+All runs of this module share one temporary SQLite store; output folders are temporary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from gpinfer.errors import InputError, NumericalError, UnknownNameError
+from gpinfer.experiment import results
+from gpinfer.experiment.runner import run_experiment
+
+from .helpers import TOY_DIST, TOY_VERSION, compose_cfg
+
+pytestmark = pytest.mark.usefixtures("toy_site")
+
+
+def _cfg(store_uri: str, *overrides: str):
+    """The config with the module's store; the toy methods take the default likelihood."""
+    return compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method.likelihood=null", *overrides)
+
+
+def _runs(store_uri: str) -> list:
+    client = MlflowClient(store_uri)
+    exp = client.get_experiment_by_name("gpinfer")
+    if exp is None:
+        return []
+    return client.search_runs([exp.experiment_id], max_results=1000)
+
+
+def _steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
+    return [m.step for m in client.get_metric_history(run_id, key)]
+
+
+def test_single_run_result_json_and_mlflow_run(tmp_path: Path, store_uri: str, capsys) -> None:
+    out = tmp_path / "run"
+    cfg = _cfg(store_uri, "method.name=toygp", "iterations=12", "eval_every=5", "seed=3")
+    result = run_experiment(cfg, output_dir=out)
+
+    # result.json: every field, sane values, same as the return value
+    saved = json.loads((out / "result.json").read_text())
+    assert saved == json.loads(json.dumps(result))
+    for key in results.RESULT_KEYS:
+        assert key in saved, key
+    assert (saved["method"], saved["dataset"], saved["M"], saved["seed"]) == (
+        "toygp",
+        "breast_cancer",
+        None,
+        3,
+    )
+    assert 0.0 <= saved["test_error"] < 0.2  # nearest class mean on standardised inputs
+    assert 0.0 < saved["test_nll"] < 5.0
+    assert saved["n_iter"] == 12 and saved["status"] == "FINISHED"
+    assert saved["log_evidence"] == pytest.approx(-50.0 - 100.0 / 12)
+    assert 0.0 <= saved["train_time_s"] < 60.0
+    assert 10.0 < saved["peak_rss_mb"] < 100_000.0
+    assert saved["n_train"] + saved["n_test"] == 569 and saved["n_test"] == 57
+
+    # the one-line summary
+    line = capsys.readouterr().out.strip()
+    assert "\n" not in line and "toygp on breast_cancer" in line and "test error" in line
+
+    # the MLflow run
+    client = MlflowClient(store_uri)
+    run = client.get_run(saved["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    params, tags = run.data.params, run.data.tags
+    assert params["method.name"] == "toygp"
+    assert params["dataset.name"] == "breast_cancer"
+    assert params["kernel.name"] == "rbf" and params["seed"] == "3"
+    assert params["M"] == "null" and params["data.n_train"] == "512"
+    assert tags["method"] == "toygp" and tags["dataset"] == "breast_cancer"
+    assert tags["method.distribution"] == TOY_DIST and tags["method.version"] == TOY_VERSION
+    assert re.fullmatch(r"[0-9a-f]{40}|unknown", tags["git_commit"])
+    assert tags["mlflow.runName"].startswith("toygp-breast_cancer")
+
+    # per-iteration history: objective every iteration, test metrics every eval_every and last
+    assert _steps(client, run.info.run_id, "objective") == list(range(1, 13))
+    assert _steps(client, run.info.run_id, "elapsed_s") == list(range(1, 13))
+    assert _steps(client, run.info.run_id, "step_size") == list(range(1, 13))
+    assert _steps(client, run.info.run_id, "test_error") == [5, 10, 12]
+    assert _steps(client, run.info.run_id, "test_nll") == [5, 10, 12]
+    objective = [m.value for m in client.get_metric_history(run.info.run_id, "objective")]
+    assert objective[0] == pytest.approx(-150.0) and objective[-1] == pytest.approx(-50 - 100 / 12)
+    assert run.data.metrics["test_error"] == pytest.approx(saved["test_error"])
+    assert run.data.metrics["log_evidence"] == pytest.approx(saved["log_evidence"])
+    for key in ("train_time_s", "n_iter", "peak_rss_mb", "test_nll"):
+        assert key in run.data.metrics
+
+    # artifacts: resolved config, fitted state, result.json
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "state.npz", "result.json"} <= names
+    local = Path(client.download_artifacts(run.info.run_id, "state.npz", str(tmp_path)))
+    with np.load(local, allow_pickle=False) as state:
+        assert state["means"].shape == (2, 30)
+        assert np.array_equal(state["posterior.means"], state["means"])
+        assert state["classes"].tolist() == [0, 1]
+        assert "kernel.0.theta" in state.files
+    config_text = Path(client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path)))
+    assert "name: toygp" in config_text.read_text() and "hydra" not in config_text.read_text()
+    # artifacts sit next to the SQLite file, not in the working directory
+    assert run.info.artifact_uri.startswith(
+        (Path(store_uri[len("sqlite:///") :]).parent / "mlartifacts").as_uri()
+    )
+
+
+def test_numerical_error_fails_the_run_and_keeps_its_history(tmp_path: Path, store_uri: str) -> None:
+    out = tmp_path / "run"
+    cfg = _cfg(store_uri, "method.name=toygp", "+method.options.fail_at=3", "iterations=10")
+    with pytest.raises(NumericalError, match=r"iteration 3.*'B'"):
+        run_experiment(cfg, output_dir=out)
+    saved = json.loads((out / "result.json").read_text())
+    assert saved["status"] == "FAILED" and saved["error_iteration"] == 3
+    assert saved["n_iter"] == 2 and "Cholesky" in saved["error"]
+    client = MlflowClient(store_uri)
+    run = client.get_run(saved["mlflow_run_id"])
+    assert run.info.status == "FAILED"
+    assert "iteration 3" in run.data.tags["error"] and run.data.tags["error_iteration"] == "3"
+    assert _steps(client, run.info.run_id, "objective") == [1, 2]
+    assert "config.yaml" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_ctrl_c_ends_the_run_killed_with_its_metrics(tmp_path: Path, store_uri: str) -> None:
+    out = tmp_path / "run"
+    cfg = _cfg(store_uri, "method.name=toygp", "+method.options.interrupt_at=3")
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, output_dir=out)
+    saved = json.loads((out / "result.json").read_text())
+    assert saved["status"] == "KILLED"
+    client = MlflowClient(store_uri)
+    run = client.get_run(saved["mlflow_run_id"])
+    assert run.info.status == "KILLED"
+    assert _steps(client, run.info.run_id, "objective") == [1, 2]
+
+
+def test_non_finite_objective_names_iteration_and_quantity(tmp_path: Path, store_uri: str) -> None:
+    out = tmp_path / "run"
+    cfg = _cfg(store_uri, "method.name=toygp", "+method.options.nan_at=2", "iterations=5")
+    with pytest.raises(NumericalError, match=r"objective.*iteration 2.*'objective'"):
+        run_experiment(cfg, output_dir=out)
+    run = MlflowClient(store_uri).get_run(json.loads((out / "result.json").read_text())["mlflow_run_id"])
+    assert run.info.status == "FAILED"
+    assert math.isnan(run.data.metrics["objective"])  # the bad value itself is kept
+
+
+@pytest.mark.parametrize(
+    ("override", "error", "pattern"),
+    [
+        ("method.name=toygq", UnknownNameError, r"unknown method 'toygq'.*did you mean 'toygp'"),
+        ("dataset.name=breast_cancr", UnknownNameError, r"unknown dataset 'breast_cancr'.*breast_cancer"),
+        ("kernel.name=matern53", UnknownNameError, r"unknown kernel 'matern53'.*matern5"),
+        ("+method.options.damping=0.5", InputError, r"unknown option.*damping"),
+        ("M=10", InputError, r"'toygp' has no inducing points.*M"),
+        ("batch_size=32", InputError, r"mini-batch"),
+        ("iterations=0", InputError, r"iterations must be >= 1"),
+        ("dataset.test_fraction=1.5", InputError, r"test_fraction must be in \(0, 1\)"),
+        ("method.name=toysparse +optimizer.options.foo=1", InputError, r"optimizer 'lbfgs'.*foo"),
+        ("method=laplace M=10", InputError, r"'laplace' has no inducing points; leave M unset"),
+        ("method=laplace dataset=wine", InputError, r"'laplace' handles binary problems only"),
+        ("method=laplace method.likelihood=softmax", InputError, r"does not accept likelihood"),
+    ],
+)
+def test_bad_input_fails_before_any_mlflow_run(
+    tmp_path: Path, store_uri: str, override: str, error: type, pattern: str
+) -> None:
+    before = len(_runs(store_uri))
+    base = [] if override.startswith("method=") else ["method.name=toygp"]
+    cfg = _cfg(store_uri, *base, *override.split())
+    with pytest.raises(error, match=pattern):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    runs = _runs(store_uri)
+    assert len(runs) == before  # nothing started, so nothing is left RUNNING
+    assert all(r.info.status != "RUNNING" for r in runs)
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
+def test_missing_and_malformed_data_files(tmp_path: Path, store_uri: str) -> None:
+    missing = tmp_path / "nope.npz"
+    cfg = _cfg(store_uri, "method.name=toygp", "dataset=file", f"dataset.path='{missing}'")
+    with pytest.raises(InputError, match="nope.npz"):
+        run_experiment(cfg, output_dir=tmp_path / "a")
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"this is not a zip archive")
+    cfg = _cfg(store_uri, "method.name=toygp", "dataset=file", f"dataset.path='{bad}'")
+    with pytest.raises(InputError, match="bad.npz"):
+        run_experiment(cfg, output_dir=tmp_path / "b")
+    cfg = _cfg(store_uri, "method.name=toygp", "dataset=file")
+    with pytest.raises(InputError, match=r"dataset.path="):
+        run_experiment(cfg, output_dir=tmp_path / "c")
+
+
+def test_unwritable_output_folder_and_store(tmp_path: Path, store_uri: str) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    cfg = _cfg(store_uri, "method.name=toygp")
+    with pytest.raises(InputError, match=r"output folder .*a_file.* not writable"):
+        run_experiment(cfg, output_dir=blocker / "run")
+    cfg = _cfg(f"sqlite:///{blocker}/sub/mlflow.db", "method.name=toygp")
+    with pytest.raises(InputError, match=r"MLflow store .*a_file"):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
+def test_inducing_fraction_optimizer_and_env_store(
+    tmp_path: Path, store_uri: str, toy_methods, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # MLFLOW_TRACKING_URI is honoured when the config leaves mlflow.tracking_uri null
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store_uri)
+    cfg = compose_cfg(
+        "method.name=toysparse", "method.likelihood=null", "M=0.1", "optimizer=adam", "iterations=2", "kernel=matern32",
+        "kernel.ard=true", "dataset=iris",
+    )
+    result = run_experiment(cfg, output_dir=tmp_path / "run")
+    problem = toy_methods.ToySparse.last_problem
+    assert problem.inducing == round(0.1 * 135) == result["M_count"]
+    assert result["M"] == 0.1 and result["dataset"] == "iris" and result["n_classes"] == 3
+    assert problem.n_classes == 3 and problem.max_iter == 2 and problem.optimize is True
+    assert problem.X.shape == (135, 4)
+    assert np.allclose(problem.X.mean(axis=0), 0.0, atol=1e-12)  # standardised on train
+    assert problem.kernel.n_params >= 4  # ARD: one lengthscale per input
+    run = MlflowClient(store_uri).get_run(result["mlflow_run_id"])
+    assert run.data.tags["optimizer"] == "adam" and run.data.tags["optimizer.applied"] == "true"
+    assert run.data.params["optimizer.options.learning_rate"] == "0.01"
+    assert run.data.params["M_count"] == "14"
+
+
+def test_optimize_false_and_seed_reach_the_method(tmp_path: Path, store_uri: str, toy_methods) -> None:
+    cfg = _cfg(store_uri, "method.name=toygp", "optimize=false", "iterations=1", "seed=7")
+    run_experiment(cfg, output_dir=tmp_path / "a")
+    first = toy_methods.ToyGP.last_problem
+    assert first.optimize is False
+    run_experiment(cfg, output_dir=tmp_path / "b")
+    second = toy_methods.ToyGP.last_problem
+    assert np.array_equal(first.X, second.X)  # same seed, same split
+    assert first.rng.random() == second.rng.random()
+    cfg = _cfg(store_uri, "method.name=toygp", "optimize=false", "iterations=1", "seed=8")
+    run_experiment(cfg, output_dir=tmp_path / "c")
+    assert not np.array_equal(first.X, toy_methods.ToyGP.last_problem.X)
+
+
+def test_slow_run_prints_rate_limited_progress(tmp_path: Path, store_uri: str, capsys) -> None:
+    cfg = _cfg(
+        store_uri, "method.name=toygp", "+method.options.sleep_s=0.05", "iterations=12",
+        "progress.start_after_s=0.2", "progress.every_s=0.2",
+    )
+    run_experiment(cfg, output_dir=tmp_path / "run")
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[toygp/")]
+    # 0.6 s of training: nothing in the first 0.2 s, then at most one line per 0.2 s
+    assert 1 <= len(lines) <= 3
+    assert re.search(r"iter \d+/12  objective -[\d.]+  elapsed [\d.]+ s", lines[0])
+
+
+@pytest.mark.parametrize(
+    ("name", "n_train", "n_test", "n_features", "n_classes"),
+    [
+        ("breast_cancer", 512, 57, 30, 2),
+        ("waveform", 300, 700, 21, 3),
+        ("wine", 160, 18, 13, 3),
+        ("iris", 135, 15, 4, 3),
+        ("digits", 1617, 180, 64, 10),
+        ("synthetic2d", 1000, 1000, 2, 3),
+        ("new_thyroid", 193, 22, 5, 3),
+        ("svmguide2", 352, 39, 20, 3),
+        ("vowel", 486, 54, 10, 6),
+        ("australian", 621, 69, 14, 2),
+        ("crabs", 100, 100, 6, 2),
+        ("ionosphere", 200, 151, 34, 2),
+        ("sonar", 108, 100, 60, 2),
+        ("german", 900, 100, 24, 2),
+    ],
+)
+def test_dataset_configs_load_and_split(
+    name: str, n_train: int, n_test: int, n_features: int, n_classes: int
+) -> None:
+    from gpinfer.data import data_dir, data_files
+    from gpinfer.experiment.runner import _load_split, config_to_dict, parse_settings
+
+    embedded = {"breast_cancer", "waveform", "wine", "iris", "digits", "synthetic2d"}
+    if name not in embedded and (data_dir() is None or name not in data_files()):
+        pytest.skip(f"{name}.npz is not in the shared data folder (../shared/data)")
+    settings = parse_settings(config_to_dict(compose_cfg(f"dataset={name}")))
+    _, split = _load_split(settings)
+    assert (split.n_train, split.n_test) == (n_train, n_test)
+    assert split.X_train.shape[1] == n_features
+    assert np.unique(split.y_train).tolist() == list(range(n_classes))

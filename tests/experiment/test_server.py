@@ -1,0 +1,119 @@
+"""A real ``mlflow server`` on 127.0.0.1: a run logs to it and its metrics are read back over REST."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpinfer.experiment.runner import run_experiment
+
+from .helpers import compose_cfg
+
+pytestmark = [pytest.mark.network, pytest.mark.usefixtures("toy_site")]
+
+HOST = "127.0.0.1"
+START_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 20.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - local URL
+        return response.status, response.read().decode()
+
+
+@pytest.fixture
+def mlflow_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Start ``mlflow server`` (SQLite backend, local artifacts), wait for /health, stop it after."""
+    monkeypatch.setenv("NO_PROXY", f"{HOST},localhost")
+    monkeypatch.setenv("no_proxy", f"{HOST},localhost")
+    port = _free_port()
+    url = f"http://{HOST}:{port}"
+    log_path = tmp_path / "server.log"
+    cmd = [
+        str(Path(sys.executable).with_name("mlflow")), "server",
+        "--host", HOST, "--port", str(port), "--workers", "1",
+        "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+        "--artifacts-destination", str(tmp_path / "server-artifacts"),
+    ]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"mlflow server exited with {proc.returncode}:\n{log_path.read_text()}")
+            try:
+                status, body = _get(f"{url}/health", timeout=2.0)
+                if status == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"mlflow server not healthy after {START_TIMEOUT_S} s:\n"
+                            f"{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        # the server and its workers share the new session's process group
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=STOP_TIMEOUT_S)
+
+
+def test_metrics_arrive_at_a_tracking_server(tmp_path: Path, mlflow_server: str) -> None:
+    cfg = compose_cfg(
+        f"mlflow.tracking_uri='{mlflow_server}'", "mlflow.experiment=server-test",
+        "method.name=toygp", "method.likelihood=null", "iterations=6", "eval_every=3",
+    )
+    result = run_experiment(cfg, output_dir=tmp_path / "run")
+    run_id = result["mlflow_run_id"]
+    api = f"{mlflow_server}/api/2.0/mlflow"
+
+    _, body = _get(f"{api}/metrics/get-history?run_id={run_id}&metric_key=objective")
+    history = json.loads(body)["metrics"]
+    assert [m["step"] for m in sorted(history, key=lambda m: m["step"])] == [1, 2, 3, 4, 5, 6]
+    assert min(m["value"] for m in history) == pytest.approx(-150.0)
+
+    _, body = _get(f"{api}/metrics/get-history?run_id={run_id}&metric_key=test_error")
+    assert sorted(m["step"] for m in json.loads(body)["metrics"]) == [3, 6]
+
+    _, body = _get(f"{api}/runs/get?run_id={run_id}")
+    run = json.loads(body)["run"]
+    assert run["info"]["status"] == "FINISHED"
+    tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+    assert tags["method"] == "toygp" and tags["dataset"] == "breast_cancer"
+    params = {p["key"]: p["value"] for p in run["data"]["params"]}
+    assert params["iterations"] == "6"
+
+    _, body = _get(f"{api}/artifacts/list?run_id={run_id}")
+    assert {"config.yaml", "state.npz", "result.json"} <= {
+        f["path"] for f in json.loads(body).get("files", [])
+    }

@@ -1,0 +1,163 @@
+"""HyperParameters packing and parameter_gradient against finite differences."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpinfer.hyper import HyperParameters, parameter_gradient
+from gpinfer.interfaces import ExpectedLogProb, Likelihood, MatrixGradients, TiltedMoments
+from gpinfer.kernels.stationary import RBF, Matern52
+from gpinfer.testing import assert_gradient_close
+
+
+class _ScaleLikelihood(Likelihood):
+    """A toy likelihood with two unconstrained parameters (only packing is exercised)."""
+
+    def __init__(self):
+        self.theta = np.array([0.3, -0.2])
+
+    @property
+    def param_names(self):
+        return ["a", "b"]
+
+    def get_unconstrained(self):
+        return self.theta.copy()
+
+    def set_unconstrained(self, theta):
+        self.theta = np.array(theta, dtype=float)
+
+    def log_prob(self, y, F):
+        raise NotImplementedError
+
+    def tilted(self, y, mean, var, power=1.0) -> TiltedMoments:
+        raise NotImplementedError
+
+    def expected_log_prob(self, y, mean, var) -> ExpectedLogProb:
+        raise NotImplementedError
+
+    def predict_proba(self, mean, var):
+        raise NotImplementedError
+
+
+RNG = np.random.default_rng(3)
+N, D, M = 7, 2, 4
+X = RNG.standard_normal((N, D))
+A = [RNG.standard_normal((M, N)) for _ in range(2)]
+B = [RNG.standard_normal(N) for _ in range(2)]
+C = [RNG.standard_normal((N, N)) for _ in range(2)]
+Q = np.array([1.5, -0.7])
+
+
+def toy_value(hp: HyperParameters) -> float:
+    """sum_l log|Kuu_l| + tr(A_l^T Kuf_l) + b_l . diag Kff_l + tr(C_l^T Kff_l) + q . lik."""
+    total = 0.0
+    for l, kern in enumerate(hp.kernels):
+        Z = hp.Z[l]
+        total += np.linalg.slogdet(kern.K(Z))[1]
+        total += np.sum(A[l] * kern.K(Z, X))
+        total += B[l] @ kern.K_diag(X)
+        total += np.sum(C[l] * kern.K(X))
+    if hp.likelihood is not None:
+        total += Q @ hp.likelihood.get_unconstrained()
+    return float(total)
+
+
+def toy_gradients(hp: HyperParameters) -> list[MatrixGradients]:
+    """The same objective's matrix gradients, by hand."""
+    out = []
+    for l, kern in enumerate(hp.kernels):
+        Kuu_inv = np.linalg.inv(kern.K(hp.Z[l]))
+        out.append(
+            MatrixGradients(
+                Kuu=0.5 * (Kuu_inv + Kuu_inv.T),
+                Kuf=A[l],
+                Kff_diag=B[l],
+                Kff=0.5 * (C[l] + C[l].T),
+                likelihood=Q if l == 0 else None,
+            )
+        )
+    return out
+
+
+def make_hp(**kw) -> HyperParameters:
+    kernels = kw.pop("kernels", None) or [
+        RBF(lengthscale=[0.8, 1.3], variance=1.7),
+        Matern52(lengthscale=1.1, variance=0.6),
+    ]
+    Z = [RNG.standard_normal((M, D)) for _ in kernels]
+    return HyperParameters(kernels, likelihood=kw.pop("likelihood", _ScaleLikelihood()), Z=Z, **kw)
+
+
+def check_fd(hp: HyperParameters) -> None:
+    theta0 = hp.pack()
+    grad = parameter_gradient(hp, X, toy_gradients(hp))
+    assert grad.shape == theta0.shape
+
+    def f(theta):
+        hp.unpack(theta)
+        return toy_value(hp)
+
+    assert_gradient_close(f, grad, theta0, rtol=1e-6, atol=1e-7, name="toy objective")
+    hp.unpack(theta0)
+
+
+def test_names_and_pack_roundtrip():
+    hp = make_hp()
+    names = hp.names
+    assert names[:4] == ["kernel[0].lengthscale[0]", "kernel[0].lengthscale[1]",
+                         "kernel[0].variance", "kernel[1].lengthscale"]
+    assert "Z[1][3,1]" in names and names[-2:] == ["likelihood.a", "likelihood.b"]
+    assert hp.size == len(names) == 3 + 2 + 2 * M * D + 2
+    theta = hp.pack() + 0.1
+    hp.unpack(theta)
+    np.testing.assert_allclose(hp.pack(), theta)
+    np.testing.assert_allclose(np.log(hp.kernels[0].lengthscale), np.log([0.8, 1.3]) + 0.1)
+    with pytest.raises(ValueError):
+        hp.unpack(theta[:-1])
+
+
+def test_single_latent_names():
+    hp = HyperParameters(RBF(1.0, 1.0), Z=np.zeros((2, 1)))
+    assert hp.names == ["kernel.lengthscale", "kernel.variance", "Z[0,0]", "Z[1,0]"]
+
+
+def test_gradient_matches_finite_differences():
+    check_fd(make_hp())
+
+
+def test_fixed_blocks_and_entries():
+    hp = make_hp(optimize_inducing=False, fixed=["kernel[1].variance", "likelihood.a"])
+    assert not any(n.startswith("Z") for n in hp.names)
+    assert "kernel[1].variance" not in hp.names and "likelihood.b" in hp.names
+    before = hp.kernels[1].variance
+    hp.unpack(hp.pack() + 0.2)
+    assert hp.kernels[1].variance == pytest.approx(before)
+    check_fd(hp)
+    assert make_hp(optimize=False).size == 0
+    with pytest.raises(ValueError, match="unknown hyper-parameter"):
+        make_hp(fixed=["nope"])
+
+
+def test_tied_kernel_sums_gradients():
+    k = RBF(lengthscale=[0.9, 1.2], variance=1.1)
+    hp = make_hp(kernels=[k, k], likelihood=None)
+    assert hp.names[:3] == ["kernel.lengthscale[0]", "kernel.lengthscale[1]", "kernel.variance"]
+    assert hp.size == 3 + 2 * M * D
+    check_fd(hp)
+
+
+def test_dense_only_gradient_and_bounds():
+    kern = Matern52(lengthscale=[0.7, 1.4], variance=2.0)
+    hp = HyperParameters(kern)
+    G = 0.5 * (C[0] + C[0].T)
+    grad = parameter_gradient(hp, X, MatrixGradients(Kff=G))
+
+    def f(theta):
+        hp.unpack(theta)
+        return float(np.sum(G * kern.K(X)))
+
+    assert_gradient_close(f, grad, hp.pack(), rtol=1e-6)
+    assert hp.bounds(kernel=(-5, 5)) == [(-5, 5)] * 3
+    with pytest.raises(ValueError, match="no inducing inputs"):
+        parameter_gradient(hp, X, MatrixGradients(Kuu=np.eye(2)))

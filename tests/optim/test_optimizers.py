@@ -1,0 +1,174 @@
+"""Optimisers: L-BFGS-B on concave problems, Adam/AdaDelta on a noisy quadratic, stops, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpinfer.errors import InputError, NumericalError, UnknownNameError
+from gpinfer.optim import LBFGSB, OPTIMIZERS, AdaDelta, Adam, make_optimizer
+
+A = np.array([[3.0, 0.5, 0.0], [0.5, 2.0, 0.3], [0.0, 0.3, 1.0]])
+X_STAR = np.array([1.0, -2.0, 0.5])
+
+
+def concave_quadratic(x):
+    d = x - X_STAR
+    return -0.5 * d @ A @ d + 4.0, -(A @ d)
+
+
+def neg_rosenbrock(x):
+    a, b = 1.0, 100.0
+    value = (a - x[0]) ** 2 + b * (x[1] - x[0] ** 2) ** 2
+    grad = np.array(
+        [-2 * (a - x[0]) - 4 * b * x[0] * (x[1] - x[0] ** 2), 2 * b * (x[1] - x[0] ** 2)]
+    )
+    return -value, -grad
+
+
+def test_lbfgs_concave_quadratic():
+    res = LBFGSB().maximize(concave_quadratic, np.zeros(3), max_iter=100)
+    assert res.success, res.message
+    np.testing.assert_allclose(res.x, X_STAR, atol=1e-5)
+    assert res.value == pytest.approx(4.0, abs=1e-9)
+    assert res.n_iter >= 1
+
+
+def test_lbfgs_rosenbrock():
+    res = LBFGSB(gtol=1e-9, ftol=1e-14).maximize(neg_rosenbrock, np.array([-1.2, 1.0]), 500)
+    assert res.success, res.message
+    np.testing.assert_allclose(res.x, [1.0, 1.0], atol=1e-4)
+
+
+def test_lbfgs_bounds_single_pair_and_per_coordinate():
+    res = LBFGSB(bounds=(-1.0, 0.0)).maximize(concave_quadratic, np.zeros(3), max_iter=100)
+    assert np.all(res.x <= 1e-12) and np.all(res.x >= -1.0 - 1e-12)
+    res2 = LBFGSB(bounds=[(None, None), (None, None), (None, 0.2)]).maximize(
+        concave_quadratic, np.zeros(3), max_iter=100
+    )
+    assert res2.x[2] == pytest.approx(0.2)
+    with pytest.raises(InputError, match="2 bounds for 3"):
+        LBFGSB(bounds=[(0, 1), (0, 1)]).maximize(concave_quadratic, np.zeros(3), 10)
+
+
+def test_lbfgs_callback_once_per_iteration_and_stop():
+    seen = []
+
+    def cb(it, x, value):
+        seen.append((it, value))
+        return it == 3
+
+    res = LBFGSB().maximize(neg_rosenbrock, np.array([-1.2, 1.0]), max_iter=100, callback=cb)
+    assert [s[0] for s in seen] == [1, 2, 3]
+    assert res.n_iter == 3 and res.success and res.message == "stopped by callback"
+    assert res.value == pytest.approx(seen[-1][1])
+    np.testing.assert_allclose(neg_rosenbrock(res.x)[0], res.value)
+
+
+def test_lbfgs_max_iter_is_normal_end():
+    res = LBFGSB().maximize(neg_rosenbrock, np.array([-1.2, 1.0]), max_iter=2)
+    assert res.n_iter == 2 and res.success
+    assert "ITERATIONS" in res.message.upper()
+
+
+def test_lbfgs_abnormal_termination_is_reported():
+    # a gradient that is inconsistent with the value makes the line search fail
+    def wrong(x):
+        return -float(x @ x), x.copy()
+
+    res = LBFGSB().maximize(wrong, np.ones(2), max_iter=50)
+    assert not res.success
+    assert res.message
+
+
+def test_lbfgs_nan_raises_numerical_error_with_iteration():
+    def nan_after(x):
+        if x[0] > 0.5:
+            return float("nan"), np.zeros(3)
+        return concave_quadratic(x)
+
+    with pytest.raises(NumericalError, match="iteration") as info:
+        LBFGSB().maximize(nan_after, np.zeros(3), max_iter=100)
+    assert info.value.iteration is not None and info.value.iteration >= 1
+
+    def nan_grad(x):
+        return 0.0, np.array([np.nan, 0.0])
+
+    with pytest.raises(NumericalError, match="gradient") as info:
+        LBFGSB().maximize(nan_grad, np.zeros(2), max_iter=10)
+    assert info.value.iteration == 0
+
+
+def _noisy_quadratic(seed):
+    rng = np.random.default_rng(seed)
+
+    def fun(x):
+        value, grad = concave_quadratic(x)
+        return value, grad + 0.3 * rng.standard_normal(x.shape)
+
+    return fun
+
+
+@pytest.mark.parametrize(
+    "opt, n_iter",
+    [(Adam(learning_rate=0.05), 3000), (AdaDelta(learning_rate=1.0), 3000),
+     (AdaDelta(learning_rate=0.5, momentum=0.5), 3000)],
+)
+def test_stochastic_converge_on_noisy_quadratic(opt, n_iter):
+    trace = []
+
+    def cb(it, x, value):
+        if it > n_iter - 500:
+            trace.append(x)
+
+    res = opt.maximize(_noisy_quadratic(0), np.zeros(3), max_iter=n_iter, callback=cb)
+    assert res.n_iter == n_iter and res.success
+    np.testing.assert_allclose(np.mean(trace, axis=0), X_STAR, atol=0.1)
+
+
+def test_stochastic_callback_stop_and_nan():
+    res = Adam().maximize(concave_quadratic, np.zeros(3), 100, callback=lambda it, x, v: it == 7)
+    assert res.n_iter == 7 and res.message == "stopped by callback"
+
+    def nan_at_5(x, calls=[0]):  # noqa: B006 -- a call counter
+        calls[0] += 1
+        return (float("nan") if calls[0] == 5 else 0.0), np.ones(3)
+
+    with pytest.raises(NumericalError) as info:
+        AdaDelta().maximize(nan_at_5, np.zeros(3), 100)
+    assert info.value.iteration == 5
+
+
+def test_adam_first_step_size_is_learning_rate():
+    opt = Adam(learning_rate=0.1)
+    opt.reset(np.zeros(2))
+    x = opt.step(np.zeros(2), np.array([5.0, -0.01]))
+    np.testing.assert_allclose(x, [0.1, -0.1], rtol=1e-5)
+
+
+def test_adadelta_matches_climin_recursion():
+    rho, eps, lr = 0.9, 1e-4, 0.7
+    opt = AdaDelta(rho=rho, eps=eps, learning_rate=lr)
+    opt.reset(np.zeros(1))
+    G = S = 0.0
+    x, xr = np.zeros(1), 0.0
+    for g in [2.0, -1.0, 0.5]:
+        x = opt.step(x, np.array([g]))
+        G = rho * G + (1 - rho) * g * g
+        d = lr * np.sqrt(S + eps) / np.sqrt(G + eps) * g
+        S = rho * S + (1 - rho) * d * d
+        xr += d
+        assert x[0] == pytest.approx(xr)
+
+
+def test_make_optimizer():
+    assert isinstance(make_optimizer("lbfgs", gtol=1e-7), LBFGSB)
+    assert isinstance(make_optimizer("L-BFGS-B"), LBFGSB)
+    assert make_optimizer("adam", learning_rate=0.1).learning_rate == 0.1
+    assert isinstance(make_optimizer("adadelta"), AdaDelta)
+    with pytest.raises(UnknownNameError) as info:
+        make_optimizer("sgd")
+    for name in OPTIMIZERS:
+        assert name in str(info.value)
+    with pytest.raises(InputError, match="learning_rate"):
+        make_optimizer("adam", lr=0.1)
