@@ -77,12 +77,17 @@ def task(cfg: DictConfig) -> dict[str, Any]:
     from gpinfer.experiment.runner import run_experiment
 
     try:
-        return run_experiment(cfg)
+        result = run_experiment(cfg)
     except GPInferError as exc:
         message = f"gpinfer-run: {type(exc).__name__}: {exc}"
         if _multirun():  # Hydra reports only the first failed job at the end of a sweep
             print(message, file=sys.stderr, flush=True)
         raise RunFailed(message) from None
+    if not _multirun():
+        from gpinfer.experiment.results import result_table
+
+        print(result_table(result), flush=True)
+    return result
 
 
 def _check_conf_dir() -> None:

@@ -138,3 +138,31 @@ def summary_line(result: Mapping[str, Any]) -> str:
             else ""
         )
     )
+
+
+#: rows of the result table printed after a single run: (label, result key, format)
+TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("method", "method", "s"),
+    ("dataset", "dataset", "s"),
+    ("kernel", "kernel", "s"),
+    ("test error", "test_error", ".4f"),
+    ("test NLL", "test_nll", ".4f"),
+    ("log evidence", "log_evidence", ".4f"),
+    ("iterations", "n_iter", "d"),
+    ("train time [s]", "train_time_s", ".2f"),
+    ("peak memory [MB]", "peak_rss_mb", ".0f"),
+)
+
+
+def result_table(result: Mapping[str, Any]) -> str:
+    """A short two-column table of a finished run, then where its files and MLflow store are."""
+    rows = [(label, _fmt(result.get(key), fmt)) for label, key, fmt in TABLE_ROWS]
+    width = max(len(label) for label, _ in rows)
+    lines = [f"  {label:<{width}}  {value}" for label, value in rows]
+    lines.append(f"  {'run folder':<{width}}  {result.get('output_dir', '')}")
+    if result.get("mlflow_tracking_uri"):
+        lines.append(
+            f"  {'MLflow store':<{width}}  {result['mlflow_tracking_uri']} "
+            f"(run {result.get('mlflow_run_id')}; browse with `make ui`)"
+        )
+    return "\n".join(lines)

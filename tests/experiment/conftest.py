@@ -19,9 +19,13 @@ from gpinfer import registry
 from .helpers import HERE, TOY_DIST, TOY_PKG, TOY_VERSION
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def toy_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A site folder holding the toy plugin distribution, on ``sys.path`` for the session."""
+    """A site folder holding the toy plugin distribution, on ``sys.path`` for this package.
+
+    Package scope: the toy methods leave the registry when the experiment tests are done, so
+    the suite-completeness test does not see them.
+    """
     site = tmp_path_factory.mktemp("toy_site")
     (site / TOY_PKG).mkdir()
     (site / TOY_PKG / "__init__.py").write_text("")
@@ -45,7 +49,7 @@ def toy_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     registry.refresh()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def toy_methods(toy_site: Path):
     """The imported toy module (``ToyGP``, ``ToySparse``) as the registry loads it."""
     registry.load_method("toygp")
@@ -56,22 +60,3 @@ def toy_methods(toy_site: Path):
 def store_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
     """One temporary SQLite MLflow store shared by the in-process tests (one costs ~1 s)."""
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-
-
-class _StandInLikelihood:
-    """Used only while ``gpinfer.likelihoods.make_likelihood`` does not exist yet."""
-
-    task = "classification"
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.multiclass = name not in ("probit", "logit")
-
-
-@pytest.fixture(autouse=True)
-def _likelihoods_available(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Give the estimator a ``make_likelihood`` when the likelihood module is not written yet."""
-    import gpinfer.likelihoods as likelihoods
-
-    if not hasattr(likelihoods, "make_likelihood"):
-        monkeypatch.setattr(likelihoods, "make_likelihood", _StandInLikelihood, raising=False)

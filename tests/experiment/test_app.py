@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from gpinfer import registry
+
 from .helpers import REPO, plugin_importable
 
 GPINFER_RUN = Path(sys.executable).with_name("gpinfer-run")
@@ -183,4 +185,14 @@ def test_repository_conf_is_the_one_used() -> None:
                     "new_thyroid", "svmguide2", "vowel", "australian", "crabs", "ionosphere",
                     "sonar", "german", "mnist", "ijcnn1"],
     }.items():
-        assert sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) == sorted(names)
+        present = {p.stem for p in (CONF_DIR / group).glob("*.yaml")}
+        assert set(names) <= present, f"conf/{group} lacks {sorted(set(names) - present)}"
+
+
+def test_every_registered_method_has_a_config() -> None:
+    """``gpinfer-run method=<name>`` composes for every installed method plugin."""
+    from gpinfer.experiment.app import CONF_DIR
+
+    configs = {p.stem for p in (CONF_DIR / "method").glob("*.yaml")}
+    missing = sorted(set(registry.names(registry.METHODS)) - configs)
+    assert not missing, f"registered methods without conf/method/<name>.yaml: {missing}"
