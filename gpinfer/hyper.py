@@ -202,15 +202,26 @@ class HyperParameters:
         return dict(zip(self._all_names, self._full().tolist()))
 
     # -- gradients ---------------------------------------------------------------------------
+    def inducing_is_free(self, latent: int) -> bool:
+        """Whether any inducing input of ``latent`` is learned (else its VJP is skipped)."""
+        return any(
+            bool(np.any(self._free[b.start : b.stop]))
+            for b in self._blocks
+            if b.kind == "inducing" and b.index == latent
+        )
+
     def gradient(self, X: Array, grads: MatrixGradients | Sequence[MatrixGradients]) -> Array:
         """Shortcut for ``parameter_gradient(self, X, grads)``."""
         return parameter_gradient(self, X, grads)
 
 
 def _latent_gradients(
-    kern: Kernel, X: Array, Z: Array | None, G: MatrixGradients, latent: int
+    kern: Kernel, X: Array, Z: Array | None, G: MatrixGradients, latent: int, need_Z: bool = True
 ) -> tuple[Array, Array | None]:
-    """Kernel-parameter gradient ``[P_k]`` and inducing-input gradient ``[M, D]`` of one latent."""
+    """Kernel-parameter gradient ``[P_k]`` and inducing-input gradient ``[M, D]`` of one latent.
+
+    With ``need_Z=False`` (inducing inputs held fixed) the input VJPs are not computed.
+    """
     g_kern = np.zeros(kern.n_params)
     g_Z = None
     if G.Kff is not None:
@@ -220,13 +231,15 @@ def _latent_gradients(
     if G.Kuu is not None or G.Kuf is not None:
         if Z is None:
             raise ValueError(f"latent {latent} has Kuu/Kuf gradients but no inducing inputs Z")
-        g_Z = np.zeros_like(Z)
+        g_Z = np.zeros_like(Z) if need_Z else None
         if G.Kuu is not None:
             g_kern += kern.grad_params(Z, None, G.Kuu)
-            g_Z += kern.grad_inputs(Z, None, G.Kuu)
+            if g_Z is not None:
+                g_Z += kern.grad_inputs(Z, None, G.Kuu)
         if G.Kuf is not None:
             g_kern += kern.grad_params(Z, X, G.Kuf)
-            g_Z += kern.grad_inputs(Z, X, G.Kuf)
+            if g_Z is not None:
+                g_Z += kern.grad_inputs(Z, X, G.Kuf)
     return g_kern, g_Z
 
 
@@ -248,7 +261,7 @@ def parameter_gradient(
     lik_grad = None
     for l, (kern, G) in enumerate(zip(hp.kernels, grads_list)):
         Z = hp.Z[l] if hp.Z is not None else None
-        g_kern, g_Z = _latent_gradients(kern, X, Z, G, l)
+        g_kern, g_Z = _latent_gradients(kern, X, Z, G, l, need_Z=hp.inducing_is_free(l))
         kernel_grads[hp._kernel_of_latent[l]] += g_kern
         Z_grads[l] = g_Z
         if G.likelihood is not None:

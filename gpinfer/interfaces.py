@@ -63,6 +63,8 @@ class Likelihood(abc.ABC):
     ``[N]``; multi-class likelihoods take ``[N, C]``.
     """
 
+    #: the registry name (entry point in ``gpinfer.likelihoods``), e.g. ``"probit"``
+    name: ClassVar[str] = ""
     #: ``"classification"`` or ``"regression"``
     task: ClassVar[Literal["classification", "regression"]] = "classification"
     #: whether this likelihood models more than two classes

@@ -161,3 +161,20 @@ def test_dense_only_gradient_and_bounds():
     assert hp.bounds(kernel=(-5, 5)) == [(-5, 5)] * 3
     with pytest.raises(ValueError, match="no inducing inputs"):
         parameter_gradient(hp, X, MatrixGradients(Kuu=np.eye(2)))
+
+
+def test_fixed_inducing_inputs_skip_the_input_vjp(monkeypatch):
+    """With Z held fixed the (costly) inducing-input VJP is never computed."""
+    rng = np.random.default_rng(1)
+    X, Z = rng.standard_normal((7, 2)), rng.standard_normal((3, 2))
+    kern = RBF(lengthscale=[0.9, 1.4], variance=1.3)
+    hp = HyperParameters(kern, Z=Z, optimize_inducing=False)
+    G = MatrixGradients(Kuu=np.eye(3), Kuf=np.ones((3, 7)))
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("grad_inputs called although Z is fixed")
+
+    expected = kern.grad_params(Z, None, G.Kuu) + kern.grad_params(Z, X, G.Kuf)
+    monkeypatch.setattr(kern, "grad_inputs", forbidden)
+    assert not hp.inducing_is_free(0)
+    np.testing.assert_allclose(hp.gradient(X, G), expected, rtol=1e-12)
