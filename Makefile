@@ -19,7 +19,7 @@ run: install
 	$(BIN)/gpinfer-run $(ARGS)
 
 lint: install
-	$(BIN)/ruff check gpinfer plugins tests benchmarks
+	$(BIN)/ruff check .
 
 test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -13,13 +13,14 @@ from gpinfer import errors
 
 if TYPE_CHECKING:
     from gpinfer.estimator import GPClassifier
+    from gpinfer.regressor import GPRegressor
 
 try:
     __version__: str = _metadata.version("gpinfer")
 except _metadata.PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
-__all__ = ["GPClassifier", "__version__", "errors"]
+__all__ = ["GPClassifier", "GPRegressor", "__version__", "errors"]
 
 
 def __getattr__(name: str) -> Any:
@@ -27,4 +28,8 @@ def __getattr__(name: str) -> Any:
         from gpinfer.estimator import GPClassifier
 
         return GPClassifier
+    if name == "GPRegressor":
+        from gpinfer.regressor import GPRegressor
+
+        return GPRegressor
     raise AttributeError(f"module 'gpinfer' has no attribute {name!r}")

@@ -83,7 +83,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
     Attributes (after ``fit``)
     --------------------------
     classes_ [C], n_features_in_, kernel_, likelihood_, log_evidence_, n_iter_, history_,
-    posterior_, method_ (the fitted method instance), fit_result_ (its ``FitResult``).
+    posterior_, method_ (the fitted method instance), fit_result_ (its ``FitResult``),
+    log_evidence_se_ (standard error of a Monte-Carlo evidence such as AIS, else None).
     """
 
     def __init__(
@@ -254,6 +255,8 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         self.kernel_ = result.kernel
         self.likelihood_ = result.posterior.likelihood
         self.log_evidence_ = float(result.log_evidence)
+        se = result.log_evidence_se
+        self.log_evidence_se_ = None if se is None else float(se)
         self.n_iter_ = int(result.n_iter)
         self.history_ = list(result.history)
         return self

@@ -232,14 +232,13 @@ def _latent_gradients(
         if Z is None:
             raise ValueError(f"latent {latent} has Kuu/Kuf gradients but no inducing inputs Z")
         g_Z = np.zeros_like(Z) if need_Z else None
-        if G.Kuu is not None:
-            g_kern += kern.grad_params(Z, None, G.Kuu)
+        for X2, dK in ((None, G.Kuu), (X, G.Kuf)):
+            if dK is None:
+                continue
+            g_params, g_inputs = kern.vjp(Z, X2, dK, inputs=need_Z)
+            g_kern += g_params
             if g_Z is not None:
-                g_Z += kern.grad_inputs(Z, None, G.Kuu)
-        if G.Kuf is not None:
-            g_kern += kern.grad_params(Z, X, G.Kuf)
-            if g_Z is not None:
-                g_Z += kern.grad_inputs(Z, X, G.Kuf)
+                g_Z += g_inputs
     return g_kern, g_Z
 
 

@@ -314,6 +314,7 @@ class FitResult:
     * ``n_iter``: outer iterations done; ``history``: one dict per iteration (at least
       ``objective`` and ``elapsed``).
     * ``state``: named arrays that describe the fit (saved as the run's artifact).
+    * ``log_evidence_se``: the standard error of a Monte-Carlo ``log_evidence`` (AIS), else None.
     """
 
     posterior: Posterior
@@ -322,6 +323,7 @@ class FitResult:
     n_iter: int
     history: list[dict[str, float]] = field(default_factory=list)
     state: dict[str, Array] = field(default_factory=dict)
+    log_evidence_se: float | None = None
 
 
 class Method(abc.ABC):

@@ -97,3 +97,13 @@ def test_import_machinery_records_suites(tmp_path):
     finally:
         SUITES.discard("tmp-suite-method")
         sys.modules.pop("_helper_tmp_suite", None)
+
+
+def test_every_registered_method_has_a_config() -> None:
+    """``gpinfer-run method=<name>`` composes for every installed method plugin."""
+    from gpinfer import registry
+    from gpinfer.experiment.app import CONF_DIR
+
+    configs = {p.stem for p in (CONF_DIR / "method").glob("*.yaml")}
+    missing = sorted(set(registry.names(registry.METHODS)) - configs)
+    assert not missing, f"registered methods without conf/method/<name>.yaml: {missing}"

@@ -69,6 +69,17 @@ class Kernel(abc.ABC):
         With ``X2=None`` (square matrix) ``X`` appears in both arguments and both count.
         """
 
+    def vjp(
+        self, X: Array, X2: Array | None, dK: Array, *, inputs: bool = True
+    ) -> tuple[Array, Array | None]:
+        """Both products for one matrix: ``(grad_params [P], grad_inputs [N, D] or None)``.
+
+        ``inputs=False`` skips the input gradient. Kernels that can share work between the two
+        (the distances of a stationary kernel) override this; the default calls both.
+        """
+        g_inputs = self.grad_inputs(X, X2, dK) if inputs else None
+        return self.grad_params(X, X2, dK), g_inputs
+
     def grad_inputs_diag(self, X: Array, dK_diag: Array) -> Array:
         """Gradient of ``sum_a dK_diag_a K_diag(X)_a`` wrt ``X``, ``[N, D]`` (0 if stationary)."""
         return np.zeros_like(np.asarray(X, dtype=float))

@@ -151,7 +151,12 @@ class Stationary(Kernel):
         return A, B, r2, dK_times_K, G
 
     def grad_params(self, X: Array, X2: Array | None, dK: Array) -> Array:
-        A, B, r2, dK_times_K, G = self._distance_gradient(X, X2, dK)
+        return self._params_from(*self._distance_gradient(X, X2, dK))
+
+    def _params_from(
+        self, A: Array, B: Array | None, r2: Array, dK_times_K: Array, G: Array
+    ) -> Array:
+        """Parameter gradient ``[P]`` from the pieces of ``_distance_gradient``."""
         # d r2 / d log(lengthscale_d) = -2 (a_d - b_d)^2 with a, b the scaled inputs
         if self._ard:
             Bm = A if B is None else B
@@ -172,12 +177,24 @@ class Stationary(Kernel):
 
     def grad_inputs(self, X: Array, X2: Array | None, dK: Array) -> Array:
         A, B, _, _, G = self._distance_gradient(X, X2, dK)
+        return self._inputs_from(A, B, G)
+
+    def _inputs_from(self, A: Array, B: Array | None, G: Array) -> Array:
+        """Input gradient ``[N, D]`` from the scaled inputs and ``G = dK * dK/dr2``."""
         if B is None:  # X is both arguments: rows and columns both count
             G = G + G.T
             B = A
         # d r2_ab / d x_ad = 2 (a_d - b_d) / lengthscale_d
         ell = np.exp(self._log_lengthscale)
         return (2.0 / ell) * (A * G.sum(axis=1)[:, None] - G @ B)
+
+    def vjp(
+        self, X: Array, X2: Array | None, dK: Array, *, inputs: bool = True
+    ) -> tuple[Array, Array | None]:
+        """Both gradients from one computation of the distances and ``g``, ``dg/dr2``."""
+        A, B, r2, dK_times_K, G = self._distance_gradient(X, X2, dK)
+        g_inputs = self._inputs_from(A, B, G) if inputs else None
+        return self._params_from(A, B, r2, dK_times_K, G), g_inputs
 
     def grad_inputs_diag(self, X: Array, dK_diag: Array) -> Array:
         X, _ = input_pair(X, None, self.input_dim, type(self).__name__)

@@ -29,6 +29,7 @@ Gaussian integrals:
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import NamedTuple
 
@@ -153,8 +154,8 @@ def _argmax_block(
     log_p = logsumexp(lam, axis=1)
     pi = np.exp(lam - log_p[:, None])
     A = inv_mills(z) / sd_o[:, None, :]  # r_k / sd_k, [b, n, K]
-    dmean_o = -np.einsum("bn,bnk->bk", pi, A)
-    dvar_o = -np.einsum("bn,bnk->bk", pi, A * z) / (2.0 * sd_o)
+    dmean_o = -(pi[:, None, :] @ A)[:, 0]
+    dvar_o = -(pi[:, None, :] @ (A * z))[:, 0] / (2.0 * sd_o)
     sumA = np.sum(A, axis=2)  # [b, n]
     dmean_y = np.sum(pi * sumA, axis=1)
     dvar_y = np.sum(pi * t * sumA, axis=1) / (2.0 * sd_y)
@@ -169,8 +170,7 @@ def argmax_probability(mean: Array, var: Array, y: Array) -> ArgmaxProbability:
     ``P = int N(t) prod_{k != y} Phi((m_y + sd_y t - m_k) / sd_k) dt``, trapezoid rule of step
     ``ARGMAX_BASE_STEP * 2^-j``, ``j = ceil(log2 max_k sd_y / sd_k)`` clipped to
     ``[0, ARGMAX_MAX_REFINEMENTS]``, on ``+-ARGMAX_WINDOW`` around the integrand's mode (rounded
-    to a
-    multiple of the step). Accuracy ~1e-13 for standard-deviation ratios up to ``2^8`` and
+    to a multiple of the step). Accuracy ~1e-13 for standard-deviation ratios up to ``2^8`` and
     variance ratios up to ~1e6 (spec ep-sep §2.10); beyond, it degrades gracefully.
     """
     mean = np.asarray(mean, dtype=float)
@@ -246,8 +246,9 @@ class MulticlassLikelihood(Likelihood):
         return check_labels(y, mean.shape[1], mean.shape[0]), mean, var
 
     # -- hooks ---------------------------------------------------------------------------------
+    @abc.abstractmethod
     def _log_prob(self, y: Array, F: Array) -> Array:
-        raise NotImplementedError
+        """``log p(y_n | F_n)`` ``[N]`` for validated labels ``y [N]`` and ``F [N, C]``."""
 
     def _log_prob_grad_hess(self, y: Array, F: Array) -> tuple[Array, Array, Array]:
         """``log p``, gradient and Hessian diagonal wrt ``F`` at ``F [B, Q, C]`` (``y [B]``)."""
@@ -273,9 +274,9 @@ class MulticlassLikelihood(Likelihood):
             with np.errstate(divide="ignore"):
                 lam = np.log(w) + power * lp
             log_z[sl] = logsumexp(lam, axis=1)
-            pi = np.exp(lam - log_z[sl, None])[:, :, None]
-            dmean[sl] = power * np.sum(pi * g, axis=1)
-            dvar[sl] = 0.5 * np.sum(pi * (power * h + (power * g) ** 2), axis=1)
+            pi = np.exp(lam - log_z[sl, None])[:, None, :]  # [b, 1, Q]
+            dmean[sl] = power * (pi @ g)[:, 0]
+            dvar[sl] = 0.5 * (pi @ (power * h + (power * g) ** 2))[:, 0]
         return TiltedMoments(log_z, dmean, dvar)
 
     def _gh_expected(self, y: Array, mean: Array, var: Array) -> ExpectedLogProb:
@@ -287,8 +288,8 @@ class MulticlassLikelihood(Likelihood):
             F, w = shift_invariant_rule(mean[sl], var[sl], order)
             lp, g, h = self._log_prob_grad_hess(y[sl], F)
             value[sl] = lp @ w
-            dmean[sl] = np.einsum("q,bqc->bc", w, g)
-            dvar[sl] = 0.5 * np.einsum("q,bqc->bc", w, h)
+            dmean[sl] = w @ g
+            dvar[sl] = 0.5 * (w @ h)
         return ExpectedLogProb(value, dmean, dvar)
 
     def _tilted(self, y: Array, mean: Array, var: Array, power: float) -> TiltedMoments:
@@ -359,6 +360,9 @@ class ArgmaxNoise(MulticlassLikelihood):
     != 1 with noise, and the expected log-likelihood: product Gauss-Hermite over ``f`` of
     ``log p(y|f)`` (itself ``argmax_probability`` with variances ``noise``); derivatives
     ``grad = dlogP/dmean`` and Hessian diagonal ``2 dlogP/dvar - grad^2`` (heat equation).
+    That nested route uses ``MULTICLASS_NESTED_GH_NODE_BUDGET`` outer nodes (32 per dimension at
+    ``C = 3``); measured at ``C = 3``, unit noise, against 100 nodes per dimension: errors ~1e-10
+    for latent variances ~1, ~3e-7 at ~3, ~1e-3 at ~10; cost ~15 ms per point and call.
     """
 
     name = "argmax"
@@ -513,6 +517,14 @@ class RobustMax(MulticlassLikelihood):
 # --------------------------------------------------------------------------------------------
 
 
+def _softmax(F: Array) -> tuple[Array, Array]:
+    """Softmax over the last axis of ``F [..., C]`` and the log-sum-exp ``[...]``."""
+    top = F.max(axis=-1, keepdims=True)
+    e = np.exp(F - top)
+    total = e.sum(axis=-1, keepdims=True)
+    return e / total, (top + np.log(total))[..., 0]
+
+
 class Softmax(MulticlassLikelihood):
     """``p(y | f) = exp(f_y) / sum_c exp(f_c)``; no parameters.
 
@@ -534,15 +546,11 @@ class Softmax(MulticlassLikelihood):
 
     def _log_prob_grad_hess(self, y: Array, F: Array) -> tuple[Array, Array, Array]:
         B, Q, C = F.shape
-        lse = logsumexp(F, axis=2, keepdims=True)
-        p = np.exp(F - lse)
+        p, lse = _softmax(F)
         onehot = np.zeros((B, 1, C))
         onehot[np.arange(B), 0, y] = 1.0
-        log_p = (
-            np.take_along_axis(F, y[:, None, None].repeat(Q, axis=1), axis=2)[:, :, 0]
-            - lse[:, :, 0]
-        )
-        return log_p, onehot - p, -p * (1.0 - p)
+        log_p = np.take_along_axis(F, np.broadcast_to(y[:, None, None], (B, Q, 1)), axis=2)[..., 0]
+        return log_p - lse, onehot - p, -p * (1.0 - p)
 
     @staticmethod
     def _pair(y: Array, mean: Array, var: Array) -> tuple[Array, Array, Array]:
@@ -574,5 +582,5 @@ class Softmax(MulticlassLikelihood):
         out = np.empty((N, C))
         for sl in chunk_slices(N, 3 * C * order ** (C - 1)):
             F, w = shift_invariant_rule(mean[sl], var[sl], order)
-            out[sl] = np.einsum("q,bqc->bc", w, np.exp(F - logsumexp(F, axis=2, keepdims=True)))
+            out[sl] = w @ _softmax(F)[0]
         return out

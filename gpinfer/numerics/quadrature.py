@@ -411,5 +411,6 @@ def shift_invariant_rule(mean: Array, var: Array, order: int | None = None) -> t
     G = np.einsum("ck,bc,cl->bkl", U, var, U)
     L = np.linalg.cholesky(G)  # [B, C-1, C-1]
     s, w = _product_rule(C - 1, order)
-    F = mean[:, None, :] + np.einsum("ck,bkl,ql->bqc", U, L, s)
+    UL = np.einsum("ck,bkl->blc", U, L)  # [B, C-1, C]
+    F = mean[:, None, :] + s @ UL
     return F, w

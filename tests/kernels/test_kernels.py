@@ -439,3 +439,18 @@ def test_input_errors(data):
         RBF().set_unconstrained(np.zeros(3))
     with pytest.raises(InputError, match="finite"):
         RBF().set_unconstrained(np.array([0.0, np.inf]))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("square", [True, False])
+def test_vjp_equals_the_two_separate_products(name, square, data):
+    """``vjp`` (which shares the distance computation) returns both gradients unchanged."""
+    X, X2, dK, dK_cross, _ = data
+    k = KERNELS[name]()
+    X2_, G = (None, dK) if square else (X2, dK_cross)
+    g_params, g_inputs = k.vjp(X, X2_, G)
+    np.testing.assert_allclose(g_params, k.grad_params(X, X2_, G), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(g_inputs, k.grad_inputs(X, X2_, G), rtol=1e-12, atol=1e-14)
+    g_only, none = k.vjp(X, X2_, G, inputs=False)
+    assert none is None
+    np.testing.assert_allclose(g_only, g_params, rtol=1e-12, atol=1e-14)

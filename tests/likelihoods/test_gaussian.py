@@ -10,7 +10,7 @@ from scipy import integrate
 from scipy.stats import norm
 
 from gpinfer.errors import InputError
-from gpinfer.likelihoods import Gaussian
+from gpinfer.likelihoods import Gaussian, ScalarLikelihood
 from gpinfer.testing import assert_gradient_close
 
 pytestmark = pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")
@@ -135,3 +135,35 @@ def test_bad_input():
         lik.tilted(Y[:3], MEAN, VAR)
     with pytest.raises(InputError, match="power"):
         lik.tilted(Y, MEAN, VAR, power=-1.0)
+
+
+class _QuadratureGaussian(Gaussian):
+    """A Gaussian that keeps the base class's default Gauss-Hermite strategies."""
+
+    n_gh = 120
+    _tilted = ScalarLikelihood._tilted
+    _expected_log_prob = ScalarLikelihood._expected_log_prob
+    _log_predictive = ScalarLikelihood._log_predictive
+
+
+def test_default_gauss_hermite_strategies_match_closed_forms():
+    """The base class's GH defaults (used by likelihoods without closed forms) on a known case."""
+    exact, quad = Gaussian(variance=0.8), _QuadratureGaussian(variance=0.8)
+    for power in (1.0, 0.5):
+        for a, b in zip(quad.tilted(Y, MEAN, VAR, power), exact.tilted(Y, MEAN, VAR, power)):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    for a, b in zip(quad.expected_log_prob(Y, MEAN, VAR), exact.expected_log_prob(Y, MEAN, VAR)):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    np.testing.assert_allclose(quad.log_predictive(Y, MEAN, VAR), exact.log_predictive(Y, MEAN, VAR), rtol=1e-9)
+
+
+def test_default_predict_proba_of_a_classification_likelihood():
+    """ScalarLikelihood's default predict_proba: exp(log Z) per class (probit via GH, moderate var)."""
+    from gpinfer.likelihoods import BernoulliProbit
+
+    class _GHProbit(BernoulliProbit):
+        _tilted = ScalarLikelihood._tilted
+        _predict_proba = ScalarLikelihood._predict_proba
+
+    mean, var = np.array([-1.0, 0.2, 2.0]), np.array([0.3, 0.5, 0.1])
+    np.testing.assert_allclose(_GHProbit().predict_proba(mean, var), BernoulliProbit().predict_proba(mean, var), rtol=1e-8)

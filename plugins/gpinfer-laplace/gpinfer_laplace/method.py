@@ -28,34 +28,9 @@ from gpinfer.kernels.base import Kernel
 from gpinfer.optim import make_optimizer
 from gpinfer.posterior import DenseSitePosterior
 from gpinfer.sites import DiagonalSiteAlgebra
+from gpinfer.sites.driver import binary_labels
 from gpinfer_laplace.evidence import LaplaceEvidence
 from gpinfer_laplace.sites import LaplaceSites
-
-
-def _multiclass_methods() -> str:
-    """Names of the registered multi-class methods, for error messages."""
-    try:
-        from gpinfer.registry import methods_supporting
-
-        names = methods_supporting(lambda m: m.multiclass)
-    except Exception:  # the registry is advisory here; never mask the real error
-        names = []
-    return ", ".join(names) if names else "none registered (see `gpinfer methods`)"
-
-
-def binary_labels(problem: Problem) -> Array:
-    """Labels ``[N]`` as int 0/1; ``InputError`` naming the multi-class methods otherwise."""
-    y = np.asarray(problem.y)
-    values = np.unique(y)
-    ok = y.ndim == 1 and problem.n_classes <= 2 and np.all(np.isin(values, [0, 1]))
-    if not ok:
-        shown = values[:10].tolist()
-        raise InputError(
-            f"laplace handles binary classification with labels 0/1 only; got "
-            f"n_classes={problem.n_classes} and label values {shown}. "
-            f"Multi-class methods: {_multiclass_methods()}"
-        )
-    return y.astype(np.int64)
 
 
 class Laplace(Method):
@@ -92,7 +67,7 @@ class Laplace(Method):
     # -- entry point -------------------------------------------------------------------------
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
         start = time.perf_counter()
-        y = binary_labels(problem)
+        y = binary_labels(problem, self.name)
         if problem.batch_size is not None:
             raise InputError("laplace does not support mini-batches (batch_size must be None)")
         if problem.inducing is not None:

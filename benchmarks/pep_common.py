@@ -1,0 +1,100 @@
+"""Shared pieces of the Bui et al. (2017) reproduction scripts: win fractions, plots, MLflow."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+#: alpha grid of the paper's figures (0 is VFE, 1 is EP/FITC)
+ALPHAS = (0.0, 0.1, 0.2, 0.4, 0.5, 0.6, 0.8, 1.0)
+
+
+def label(alpha: float) -> str:
+    return {0.0: "VFE", 1.0: "EP"}.get(float(alpha), f"{alpha:g}")
+
+
+def win_fraction(rows: list[dict], metric: str, a: float, b: float) -> float:
+    """Share of (data set, split, M) cases where alpha ``a`` has a lower ``metric`` than ``b``
+    (ties count one half)."""
+    by_case: dict[tuple, dict[float, float]] = defaultdict(dict)
+    for r in rows:
+        by_case[(r["dataset"], r["split"], r["M"])][r["alpha"]] = r[metric]
+    wins = [1.0 if c[a] < c[b] else 0.5 if c[a] == c[b] else 0.0
+            for c in by_case.values() if a in c and b in c]
+    return float(np.mean(wins)) if wins else float("nan")
+
+
+def summary_table(rows: list[dict], metrics: tuple[str, ...]) -> str:
+    """Mean (and standard error) of each metric per alpha, over all cases, as text."""
+    lines = ["alpha  " + "  ".join(f"{m:>18s}" for m in metrics) + "   n"]
+    for a in sorted({r["alpha"] for r in rows}):
+        sel = [r for r in rows if r["alpha"] == a]
+        cells = []
+        for m in metrics:
+            v = np.array([r[m] for r in sel], dtype=float)
+            se = v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else 0.0
+            cells.append(f"{v.mean():9.4f} ± {se:6.4f}")
+        lines.append(f"{label(a):>5s}  " + "  ".join(f"{c:>18s}" for c in cells) + f"  {len(sel)}")
+    return "\n".join(lines)
+
+
+def pairwise_text(rows: list[dict], metrics: tuple[str, ...]) -> str:
+    out = []
+    for m in metrics:
+        for a, b in ((0.5, 0.0), (0.5, 1.0), (0.0, 1.0)):
+            share = 100 * win_fraction(rows, m, a, b)
+            out.append(f"{m}: {label(a)} beats {label(b)} in {share:.0f}%")
+    return "\n".join(out)
+
+
+def plot_metric_vs_alpha(rows: list[dict], metrics: tuple[str, ...], path: Path, title: str
+                         ) -> Path:
+    """One panel per metric: mean over data sets and splits against alpha, one line per M."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4))
+    axes = np.atleast_1d(axes)
+    for ax, m in zip(axes, metrics):
+        for M in sorted({r["M"] for r in rows}):
+            alphas = sorted({r["alpha"] for r in rows if r["M"] == M})
+            means = [np.mean([r[m] for r in rows if r["M"] == M and r["alpha"] == a])
+                     for a in alphas]
+            ax.plot(alphas, means, "o-", label=f"M={M}")
+        ax.set_xlabel("alpha (0 = VFE, 1 = EP)")
+        ax.set_ylabel(m)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    import textwrap
+
+    fig.suptitle("\n".join(textwrap.wrap(title, 60 * len(metrics))), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def log_to_mlflow(experiment: str, params: dict, metrics: dict, artifacts: list[Path],
+                  tracking_uri: str | None = None) -> str:
+    """One MLflow run holding the summary metrics and the artifacts; returns its id."""
+    import mlflow
+
+    from gpinfer.experiment.tracking import resolve_tracking_uri
+
+    mlflow.set_tracking_uri(resolve_tracking_uri(tracking_uri))
+    mlflow.set_experiment(experiment)
+    with mlflow.start_run(run_name=f"{experiment}-summary") as run:
+        mlflow.log_params({k: str(v)[:250] for k, v in params.items()})
+        mlflow.log_metrics({k: float(v) for k, v in metrics.items() if np.isfinite(v)})
+        for p in artifacts:
+            mlflow.log_artifact(str(p))
+        return run.info.run_id
+
+
+def save_rows(rows: list[dict], path: Path) -> None:
+    path.write_text(json.dumps(rows, indent=1))

@@ -1,0 +1,256 @@
+"""C-dimensional Gaussian expectations with a full covariance, for the softmax likelihood.
+
+Spec ivm §2.5 and §3.3. ``u ~ N(h, A)`` with ``h [B, C]``, ``A [B, C, C]`` (full covariances, not
+only variances), likelihood ``softmax(u + beta)_y`` with intercepts ``beta [C]``.
+
+Rules (all weights positive, product Gauss-Hermite, ``order`` nodes per axis):
+
+* *full*: ``u_j = h + R s_j``, ``s_j`` a ``C``-dimensional product rule, ``R`` the **symmetric**
+  square root of ``A`` (eigendecomposition). The symmetric root makes every result exactly
+  equivariant under a permutation of the classes (a Cholesky factor would not be).
+* *reduced* (on ``1^perp``, spec §2.5 "reduced rule"): ``u_j = h + U R s_j`` with ``U [C, C-1]``
+  orthonormal on ``{sum x = 0}`` and ``R`` the symmetric root of ``U^T A U``; ``order^(C-1)`` nodes.
+  Exact for shift-invariant integrands (every softmax quantity here).
+
+Both use the frame ``W`` (``I_C`` or ``U``): with tilted weights ``omega_j``, whitened moments
+``mu_s = sum omega s``, ``Sigma_s = Cov_omega(s)``:
+``g = W R^-1 mu_s`` (then projected onto ``1^perp``, the spec's default), ``h_hat = h + A g``,
+``A_hat = A + A W R^-1 (Sigma_s - I) R^-1 W^T A``.
+
+Defaults (``default_order``, ``default_reduced``): GH-5 for ``C <= 5``, GH-3 above; the reduced
+rule from ``C >= 7``. Above ``C = 10`` a warning gives the node count (spec P29). Non-finite
+inputs or results raise ``NumericalError``; nothing returns a silent NaN.
+"""
+
+from __future__ import annotations
+
+import warnings
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+from scipy.special import logsumexp
+
+from gpinfer.errors import NumericalError
+from gpinfer.numerics.quadrature import chunk_slices, gauss_hermite, ones_complement_basis
+
+Array = np.ndarray
+
+#: relative floor on the eigenvalues of a covariance before its square root is inverted
+EIGEN_FLOOR = 1e-12
+
+
+@lru_cache(maxsize=32)
+def product_rule(dim: int, order: int) -> tuple[Array, Array]:
+    """Product Gauss-Hermite rule for ``N(0, I_dim)``: nodes ``[order^dim, dim]``, weights."""
+    x, w = gauss_hermite(order)
+    nodes = np.stack(np.meshgrid(*([x] * dim), indexing="ij"), axis=-1).reshape(-1, dim)
+    weights = np.prod(np.stack(np.meshgrid(*([w] * dim), indexing="ij"), -1).reshape(-1, dim), 1)
+    nodes.setflags(write=False)
+    weights.setflags(write=False)
+    return nodes, weights
+
+
+def default_order(C: int) -> int:
+    """Gauss-Hermite nodes per axis: 5 for ``C <= 5``, else 3 (spec §2.5 ``gh_order``)."""
+    return 5 if C <= 5 else 3
+
+
+def default_reduced(C: int) -> bool:
+    """Whether to integrate on ``1^perp`` only (recommended from ``C >= 7``)."""
+    return C >= 7
+
+
+class GaussRule(NamedTuple):
+    """Nodes ``U [B, E, C]``, weights ``w [E]``, whitened nodes ``s [E, D]``, frame ``W [C, D]``,
+    ``R^-1 [B, D, D]`` (inverse symmetric root of ``W^T A W``)."""
+
+    nodes: Array
+    weights: Array
+    s: Array
+    W: Array
+    R_inv: Array
+
+
+def _check(h: Array, A: Array) -> tuple[Array, Array]:
+    h = np.asarray(h, dtype=float)
+    A = np.asarray(A, dtype=float)
+    if h.ndim != 2 or A.shape != (h.shape[0], h.shape[1], h.shape[1]):
+        raise ValueError(f"need h [B, C] and A [B, C, C], got {h.shape} and {A.shape}")
+    if not (np.all(np.isfinite(h)) and np.all(np.isfinite(A))):
+        raise NumericalError("non-finite Gaussian mean or covariance", quantity="quadrature")
+    return h, A
+
+
+def gauss_rule(
+    h: Array, A: Array, order: int | None = None, reduced: bool | None = None
+) -> GaussRule:
+    """The product rule for ``N(h_b, A_b)``, ``b = 1..B`` (see the module docstring)."""
+    h, A = _check(h, A)
+    C = h.shape[1]
+    order = default_order(C) if order is None else int(order)
+    reduced = default_reduced(C) if reduced is None else bool(reduced)
+    W = ones_complement_basis(C) if reduced else np.eye(C)
+    D = W.shape[1]
+    if C > 10:
+        warnings.warn(f"{C}-class quadrature uses {order**D} nodes per integral", stacklevel=2)
+    G = np.einsum("ck,bcd,dl->bkl", W, A, W)
+    lam, V = np.linalg.eigh(0.5 * (G + np.swapaxes(G, 1, 2)))
+    top = np.max(lam, axis=1, keepdims=True)
+    if np.any(lam < -1e-8 * np.maximum(top, 1e-300)) or np.any(top <= 0):
+        raise NumericalError("covariance is not positive semi-definite", quantity="quadrature")
+    lam = np.maximum(lam, EIGEN_FLOOR * top)
+    R = np.einsum("bkj,bj,blj->bkl", V, np.sqrt(lam), V)
+    R_inv = np.einsum("bkj,bj,blj->bkl", V, 1.0 / np.sqrt(lam), V)
+    s, w = product_rule(D, order)
+    WR = W @ R  # [B, C, D]
+    nodes = h[:, None, :] + s @ np.swapaxes(WR, 1, 2)  # [B, E, C]
+    return GaussRule(nodes, w, s, W, R_inv)
+
+
+def _log_softmax(U: Array) -> Array:
+    Z = U - U.max(axis=-1, keepdims=True)
+    Z -= np.log(np.sum(np.exp(Z), axis=-1, keepdims=True))
+    return Z
+
+
+class SoftmaxTilted(NamedTuple):
+    """Tilted moments: ``log_z [B]``, mean shift ``g [B, C]`` (sums to zero), ``h_hat [B, C]``,
+    ``A_hat [B, C, C]``."""
+
+    log_z: Array
+    g: Array
+    h_hat: Array
+    A_hat: Array
+
+
+def softmax_tilted(
+    y: Array,
+    h: Array,
+    A: Array,
+    beta: Array | None = None,
+    order: int | None = None,
+    reduced: bool | None = None,
+) -> SoftmaxTilted:
+    """Moments of ``softmax(u + beta)_y N(u | h, A)`` (spec ivm §2.5), batched over ``B``."""
+    h, A = _check(h, A)
+    B, C = h.shape
+    y = np.asarray(y, dtype=np.int64).reshape(B)
+    beta = np.zeros(C) if beta is None else np.asarray(beta, dtype=float)
+    out = SoftmaxTilted(np.empty(B), np.empty((B, C)), np.empty((B, C)), np.empty((B, C, C)))
+    E = (order or default_order(C)) ** (
+        C - 1 if (reduced if reduced is not None else default_reduced(C)) else C
+    )
+    for sl in chunk_slices(B, 3 * E * C):
+        rule = gauss_rule(h[sl], A[sl], order, reduced)
+        f = np.take_along_axis(
+            _log_softmax(rule.nodes + beta), y[sl, None, None].repeat(rule.nodes.shape[1], 1), 2
+        )[:, :, 0]
+        lam = np.log(rule.weights)[None, :] + f
+        log_z = logsumexp(lam, axis=1)
+        om = np.exp(lam - log_z[:, None])  # [b, E]
+        mu = om @ rule.s  # [b, D]
+        Sig = np.swapaxes(om[:, :, None] * rule.s, 1, 2) @ rule.s - mu[:, :, None] * mu[:, None, :]
+        WR = np.einsum("ck,bkl->bcl", rule.W, rule.R_inv)  # [b, C, D]
+        g = np.einsum("bcl,bl->bc", WR, mu)
+        g -= g.mean(axis=1, keepdims=True)
+        AWR = np.einsum("bcd,bdl->bcl", A[sl], WR)
+        D = rule.s.shape[1]
+        A_hat = A[sl] + np.einsum("bck,bkl,bdl->bcd", AWR, Sig - np.eye(D), AWR)
+        out.log_z[sl] = log_z
+        out.g[sl] = g
+        out.h_hat[sl] = h[sl] + np.einsum("bcd,bd->bc", A[sl], g)
+        out.A_hat[sl] = 0.5 * (A_hat + np.swapaxes(A_hat, 1, 2))
+    if not all(np.all(np.isfinite(a)) for a in out):
+        raise NumericalError("non-finite tilted moments", quantity="softmax_tilted")
+    return out
+
+
+def softmax_predictive(
+    h: Array,
+    A: Array,
+    beta: Array | None = None,
+    order: int | None = None,
+    reduced: bool | None = None,
+) -> Array:
+    """``E_{N(h, A)}[softmax(u + beta)]``, ``[B, C]``; rows sum to one for any positive rule."""
+    h, A = _check(h, A)
+    B, C = h.shape
+    beta = np.zeros(C) if beta is None else np.asarray(beta, dtype=float)
+    out = np.empty((B, C))
+    for sl in chunk_slices(B, 3 * (order or default_order(C)) ** C * C):
+        rule = gauss_rule(h[sl], A[sl], order, reduced)
+        out[sl] = rule.weights @ np.exp(_log_softmax(rule.nodes + beta))
+    if not np.all(np.isfinite(out)):
+        raise NumericalError("non-finite predictive probabilities", quantity="predictive")
+    return out
+
+
+class SoftmaxExpectation(NamedTuple):
+    """``value [B] = E[log softmax(u + beta)_y]``, ``dmean [B, C] = E[delta_y - p]`` and
+    ``dcov [B, C, C] = -E[diag p - p p^T] / 2`` (Price forms, spec ivm §3.3)."""
+
+    value: Array
+    dmean: Array
+    dcov: Array
+
+
+def softmax_expected_log_prob(
+    y: Array,
+    h: Array,
+    A: Array,
+    beta: Array | None = None,
+    order: int | None = None,
+    reduced: bool | None = None,
+) -> SoftmaxExpectation:
+    """``E_{N(h, A)}[log softmax(u + beta)_y]`` and its derivatives wrt ``h`` and ``A``."""
+    h, A = _check(h, A)
+    B, C = h.shape
+    y = np.asarray(y, dtype=np.int64).reshape(B)
+    beta = np.zeros(C) if beta is None else np.asarray(beta, dtype=float)
+    value, dmean, dcov = np.empty(B), np.empty((B, C)), np.empty((B, C, C))
+    for sl in chunk_slices(B, 3 * (order or default_order(C)) ** C * C):
+        rule = gauss_rule(h[sl], A[sl], order, reduced)
+        lp = _log_softmax(rule.nodes + beta)
+        p = np.exp(lp)
+        w = rule.weights
+        rows = np.arange(sl.stop - sl.start)
+        value[sl] = lp[rows, :, y[sl]] @ w
+        Ep = w @ p
+        dmean[sl] = -Ep
+        dmean[rows + sl.start, y[sl]] += 1.0
+        Epp = np.swapaxes(w[None, :, None] * p, 1, 2) @ p
+        dcov[sl] = -0.5 * (Ep[:, :, None] * np.eye(C) - Epp)
+    if not (np.all(np.isfinite(value)) and np.all(np.isfinite(dmean))):
+        raise NumericalError("non-finite expected log-likelihood", quantity="expected_log_prob")
+    return SoftmaxExpectation(value, dmean, dcov)
+
+
+def gaussian_kl(h1: Array, A1: Array, h0: Array, A0: Array) -> Array:
+    """``KL[N(h1, A1) || N(h0, A0)]`` for batches ``[B, C]`` / ``[B, C, C]``, ``[B]``."""
+    L0 = np.linalg.cholesky(A0)
+    C = h1.shape[1]
+    X = np.linalg.solve(L0, A1)  # L0^-1 A1
+    Y = np.linalg.solve(L0, np.swapaxes(X, 1, 2))  # L0^-1 A1 L0^-T (A1 symmetric)
+    z = np.linalg.solve(L0, (h1 - h0)[:, :, None])[:, :, 0]
+    sign, logdet1 = np.linalg.slogdet(A1)
+    if np.any(sign <= 0):
+        raise NumericalError("tilted covariance is not positive definite", quantity="kl")
+    logdet0 = 2.0 * np.sum(np.log(np.diagonal(L0, axis1=1, axis2=2)), axis=1)
+    tr = np.trace(Y, axis1=1, axis2=2)
+    return 0.5 * (tr + np.sum(z * z, axis=1) - C + logdet0 - logdet1)
+
+
+__all__ = [
+    "GaussRule",
+    "SoftmaxExpectation",
+    "SoftmaxTilted",
+    "default_order",
+    "default_reduced",
+    "gauss_rule",
+    "product_rule",
+    "gaussian_kl",
+    "softmax_expected_log_prob",
+    "softmax_predictive",
+    "softmax_tilted",
+]

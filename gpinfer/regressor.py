@@ -1,0 +1,150 @@
+"""``GPRegressor``: the scikit-learn style estimator for GP regression (beside ``GPClassifier``).
+
+``GPRegressor(method="pep", M=50).fit(X, y).predict(X_test, return_std=True)`` looks the method
+up in the registry, checks that it handles regression, builds a ``Problem`` with real targets
+``y [N]`` and a Gaussian likelihood, and predicts through the fitted posterior:
+``predict -> mean [N*]`` (and ``std [N*]`` of ``y*``, noise included, with ``return_std``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.utils.validation import check_is_fitted
+
+from gpinfer.errors import InputError
+from gpinfer.estimator import GPClassifier, _load_method
+from gpinfer.interfaces import FitCallback, FitResult, Likelihood, Problem
+from gpinfer.validation import check_inducing, check_method_compatible, check_X_y
+
+Array = np.ndarray
+
+__all__ = ["GPRegressor", "check_targets"]
+
+
+def check_targets(y: Array) -> Array:
+    """Real regression targets ``[N]`` as float64; ``InputError`` for NaN/inf or non-numbers."""
+    try:
+        arr = np.asarray(y, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"regression targets y must be real numbers ({exc})") from exc
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        raise InputError(
+            f"regression targets y contain {int(np.isnan(arr).sum())} NaN and "
+            f"{int(np.isinf(arr).sum())} inf value(s); first at index {int(np.flatnonzero(bad)[0])}"
+        )
+    return arr
+
+
+class GPRegressor(RegressorMixin, BaseEstimator):
+    """Gaussian-process regression with any registered method whose ``tasks`` include regression.
+
+    Parameters are those of ``GPClassifier`` (``method``, ``M``, ``kernel``, ``likelihood``,
+    ``optimize``, ``max_iter``, ``batch_size``, ``random_state``, ``method_options``), except
+    that ``likelihood`` defaults to a Gaussian with noise variance ``0.01 var(y)`` (the reference
+    initialisation ``sigma = 0.1 std(y)``).
+
+    Attributes (after ``fit``): ``n_features_in_``, ``kernel_``, ``likelihood_``,
+    ``log_evidence_``, ``n_iter_``, ``history_``, ``posterior_``, ``method_``, ``fit_result_``.
+    """
+
+    def __init__(
+        self,
+        method: str = "pep",
+        M: Any = None,
+        kernel: Any = "rbf",
+        likelihood: Any = None,
+        optimize: bool = True,
+        max_iter: int = 100,
+        batch_size: int | None = None,
+        random_state: Any = None,
+        method_options: Any = None,
+    ):
+        self.method = method
+        self.M = M
+        self.kernel = kernel
+        self.likelihood = likelihood
+        self.optimize = optimize
+        self.max_iter = max_iter
+        self.batch_size = batch_size
+        self.random_state = random_state
+        self.method_options = method_options
+
+    # the problem-building helpers are shared with the classifier
+    _build_kernel = GPClassifier._build_kernel
+    _check_settings = GPClassifier._check_settings
+    _rng = GPClassifier._rng
+    _likelihood_name = GPClassifier._likelihood_name
+    _validate_for_predict = GPClassifier._validate_for_predict
+
+    def _build_likelihood(self, y: Array) -> Likelihood:
+        from gpinfer.likelihoods import Gaussian, make_likelihood
+
+        if self.likelihood is None:
+            return Gaussian(variance=max(0.01 * float(np.var(y)), 1e-6))
+        import copy
+
+        lik = (copy.deepcopy(self.likelihood) if isinstance(self.likelihood, Likelihood)
+               else make_likelihood(self.likelihood))
+        if lik.task != "regression":
+            raise InputError(f"likelihood {type(lik).__name__} is for {lik.task}; "
+                             "GPRegressor needs a regression likelihood (e.g. gaussian)")
+        return lik
+
+    def fit(self, X: Any, y: Any, callback: FitCallback | None = None) -> GPRegressor:
+        """Fit on ``X [N, D]`` and real targets ``y [N]``; validated before training."""
+        X, y = check_X_y(X, y)
+        y = check_targets(y)
+        n, d = X.shape
+        self._check_settings()
+        method_cls = _load_method(self.method)
+        name = method_cls.name or getattr(self.method, "__name__", str(self.method))
+        check_method_compatible(method_cls, 0, "regression", self.batch_size,
+                                self._likelihood_name() or "gaussian")
+        inducing = check_inducing(self.M, n, d, name, method_cls.uses_inducing_points)
+        likelihood = self._build_likelihood(y)
+        try:
+            method = method_cls(**dict(self.method_options or {}))
+        except (TypeError, ValueError) as exc:
+            raise InputError(str(exc)) from exc
+        problem = Problem(X=X, y=y, n_classes=0, kernel=self._build_kernel(d),
+                          likelihood=likelihood, inducing=inducing, optimize=bool(self.optimize),
+                          max_iter=int(self.max_iter),
+                          batch_size=None if self.batch_size is None else int(self.batch_size),
+                          rng=self._rng())
+        result = method.fit(problem, callback)
+        if not isinstance(result, FitResult):
+            raise TypeError(f"method {name!r} returned {type(result).__name__} from fit")
+        self.n_features_in_ = d
+        self.method_ = method
+        self.fit_result_ = result
+        self.posterior_ = result.posterior
+        self.kernel_ = result.kernel
+        self.likelihood_ = result.posterior.likelihood
+        self.log_evidence_ = float(result.log_evidence)
+        self.n_iter_ = int(result.n_iter)
+        self.history_ = list(result.history)
+        return self
+
+    def predict_f(self, X: Any) -> tuple[Array, Array]:
+        """Latent predictive means and variances at ``X [N*, D]``, each ``[N*, 1]``."""
+        X = self._validate_for_predict(X)
+        return self.posterior_.predict_f(X)
+
+    def predict(self, X: Any, return_std: bool = False) -> Array | tuple[Array, Array]:
+        """Predictive mean ``[N*]`` of ``y*``; with ``return_std`` also its std ``[N*]``
+        (latent variance plus the noise variance)."""
+        check_is_fitted(self)
+        mean, var = self.predict_f(X)
+        mean, var = mean[:, 0], var[:, 0]
+        if not return_std:
+            return mean
+        return mean, np.sqrt(var + float(self.likelihood_.variance))
+
+    def log_predictive(self, X: Any, y: Any) -> Array:
+        """``log p(y_n | x_n, data)`` for test points, ``[N*]``."""
+        mean, var = self.predict_f(X)
+        return self.likelihood_.log_predictive(check_targets(y), mean[:, 0], var[:, 0])

@@ -1,0 +1,207 @@
+"""A shared ``Method`` driver for full-GP binary methods with a dense solver (spec binary §1.6).
+
+A plugin subclasses ``DenseBinaryMethod`` and implements ``solve(K, y, likelihood, warm)``
+returning a ``DenseSolution`` (evidence, optional ``G = dL/dK``, posterior builder, warm-start
+state). The driver does the rest, as the Laplace plugin does for its own solver:
+
+* labels: binary 0/1 only (``InputError`` naming the multi-class methods), no ``M``, no batch;
+* ``problem.optimize`` False: one solve, one reported iteration;
+* ``optimizer: lbfgs | adam | adadelta``: outer schedule (inner solver to convergence,
+  warm-started, then one hyper-parameter step) — needs ``G``;
+* ``optimizer: grid`` with ``optimizer_options: {axes: [[...], [...]]}`` (``GridSearch``, cold
+  start at every node, value only).
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gpinfer.errors import InputError, NumericalError
+from gpinfer.hyper import HyperParameters, parameter_gradient
+from gpinfer.interfaces import (
+    Array,
+    FitCallback,
+    FitResult,
+    IterationInfo,
+    Likelihood,
+    MatrixGradients,
+    Method,
+    Problem,
+)
+from gpinfer.kernels.base import Kernel
+from gpinfer.optim import make_optimizer
+from gpinfer.optim.grid import GridSearch
+from gpinfer.posterior import Posterior
+
+PosteriorBuilder = Callable[[Likelihood, Kernel, Array], Posterior]
+
+
+@dataclass
+class DenseSolution:
+    """What a dense binary solver returns for one ``K``.
+
+    * ``log_evidence``: the method's own ``log Z`` estimate or bound;
+    * ``gradient``: ``None`` (no gradient) or a zero-argument callable giving ``G [N, N]``;
+    * ``posterior``: builds the fitted posterior from ``(likelihood, kernel, X [N, D])``;
+    * ``converged``, ``n_inner`` (inner iterations), ``extra`` scalars (logged as metrics);
+    * ``warm``: opaque state passed back to the next ``solve`` (warm start);
+    * ``state``: named arrays for ``FitResult.state``.
+    """
+
+    log_evidence: float
+    posterior: PosteriorBuilder
+    gradient: Callable[[], Array] | None = None
+    converged: bool = True
+    n_inner: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+    warm: Any = None
+    state: dict[str, Array] = field(default_factory=dict)
+
+
+def multiclass_methods() -> str:
+    """Names of the registered multi-class methods, for error messages."""
+    try:
+        from gpinfer.registry import methods_supporting
+
+        names = methods_supporting(lambda m: m.multiclass)
+    except Exception:  # advisory only
+        names = []
+    return ", ".join(names) if names else "none registered (see `gpinfer methods`)"
+
+
+def binary_labels(problem: Problem, method: str) -> Array:
+    """Labels ``[N]`` as int 0/1; ``InputError`` naming the multi-class methods otherwise."""
+    y = np.asarray(problem.y)
+    values = np.unique(y)
+    if not (y.ndim == 1 and problem.n_classes <= 2 and np.all(np.isin(values, [0, 1]))):
+        raise InputError(
+            f"{method} handles binary classification with labels 0/1 only; got "
+            f"n_classes={problem.n_classes} and label values {values[:10].tolist()}. "
+            f"Multi-class methods: {multiclass_methods()}"
+        )
+    return y.astype(np.int64)
+
+
+class DenseBinaryMethod(Method):
+    """Base of the dense binary methods; subclasses set ``name`` and implement ``solve``."""
+
+    tasks: ClassVar[tuple[str, ...]] = ("classification",)
+    multiclass: ClassVar[bool] = False
+    uses_inducing_points: ClassVar[bool] = False
+    supports_minibatch: ClassVar[bool] = False
+    likelihoods: ClassVar[tuple[str, ...]] = ("probit", "logit")
+    #: options every dense binary method accepts (subclasses add theirs)
+    driver_options: ClassVar[dict[str, Any]] = {"optimizer": "lbfgs", "optimizer_options": None}
+
+    @abc.abstractmethod
+    def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any) -> DenseSolution:
+        """Run the inner solver for prior ``K [N, N]`` and labels ``y [N]`` (0/1)."""
+
+    def check_problem(self, problem: Problem) -> Array:
+        """Validate the problem; return the 0/1 labels."""
+        y = binary_labels(problem, self.name)
+        if problem.batch_size is not None:
+            raise InputError(f"{self.name} does not support mini-batches (batch_size must be None)")
+        if problem.inducing is not None:
+            raise InputError(f"{self.name} uses no inducing points (inducing / M must be None)")
+        return y
+
+    def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
+        start = time.perf_counter()
+        y = self.check_problem(problem)
+        X = np.asarray(problem.X, dtype=float)
+        kernel = problem.kernel.copy()
+        hp = HyperParameters(kernel, optimize=problem.optimize)
+        history: list[dict[str, float]] = []
+        memo: dict[str, Any] = {"warm": None, "sol": None, "theta": None}
+
+        def solve_at(theta: Array | None, cold: bool = False) -> DenseSolution:
+            if theta is not None:
+                hp.unpack(theta)
+            try:
+                sol = self.solve(kernel.K(X), y, problem.likelihood,
+                                 None if cold else memo["warm"])
+            except NumericalError as err:
+                where = f" at {hp.describe()}" if hp.size else ""
+                raise NumericalError(f"{self.name}{where}: {err}", iteration=err.iteration,
+                                     quantity=err.quantity) from err
+            memo.update(warm=sol.warm, sol=sol,
+                        theta=None if theta is None else np.array(theta, dtype=float))
+            return sol
+
+        def report(it: int, sol: DenseSolution) -> None:
+            elapsed = time.perf_counter() - start
+            extra = {"inner_iterations": float(sol.n_inner), **sol.extra}
+            history.append({"objective": sol.log_evidence, "elapsed": elapsed, **extra})
+            if callback is not None:
+                snap = kernel.copy()
+                build = sol.posterior
+                callback(IterationInfo(iteration=it, objective=sol.log_evidence, elapsed=elapsed,
+                                       posterior=lambda: build(problem.likelihood, snap, X),
+                                       extra=extra))
+
+        n_iter, info = 1, {}
+        if problem.optimize and hp.size > 0:
+            n_iter, info = self._optimize(problem, hp, X, solve_at, report, memo)
+        else:
+            report(1, solve_at(None))
+        sol: DenseSolution = memo["sol"]
+        if not sol.converged:
+            warnings.warn(f"{self.name}: the inner solver did not converge "
+                          f"({sol.n_inner} iterations)", RuntimeWarning, stacklevel=2)
+        state = {"kernel_params": kernel.get_unconstrained().copy(),
+                 "converged": np.array(sol.converged), **sol.state, **info}
+        return FitResult(posterior=sol.posterior(problem.likelihood, kernel, X),
+                         log_evidence=float(sol.log_evidence), kernel=kernel, n_iter=n_iter,
+                         history=history, state=state)
+
+    def _optimize(self, problem: Problem, hp: HyperParameters, X: Array,
+                  solve_at: Callable[..., DenseSolution], report: Callable[[int, DenseSolution],
+                                                                           None],
+                  memo: dict[str, Any]) -> tuple[int, dict[str, Array]]:
+        name = str(self.options["optimizer"]).lower()
+        opts = dict(self.options["optimizer_options"] or {})
+        grid = name == "grid"
+        if grid:
+            optimizer = GridSearch(opts.pop("axes", None) or [])
+            if opts:
+                raise InputError(f"grid optimizer got unknown options {sorted(opts)}")
+        else:
+            optimizer = make_optimizer(name, **opts)
+
+        def fun(theta: Array) -> tuple[float, Array]:
+            sol = solve_at(theta, cold=grid)
+            if grid:
+                return sol.log_evidence, np.zeros_like(theta)
+            if sol.gradient is None:
+                raise InputError(f"{self.name}: this configuration has no evidence gradient; "
+                                 "use optimizer=grid or optimize=false")
+            grad = parameter_gradient(hp, X, MatrixGradients(Kff=sol.gradient()))
+            return sol.log_evidence, grad
+
+        def on_iteration(it: int, x: Array, value: float) -> bool:
+            if memo["theta"] is None or not np.array_equal(x, memo["theta"]):
+                solve_at(x, cold=grid)
+            report(it, memo["sol"])
+            return False
+
+        max_iter = int(problem.max_iter)
+        if grid:
+            max_iter = int(np.prod([len(a) for a in optimizer.axes]))
+        result = optimizer.maximize(fun, hp.pack(), max_iter, on_iteration)
+        if not result.success:
+            warnings.warn(f"{self.name}: optimizer {name!r} ended abnormally: {result.message}",
+                          RuntimeWarning, stacklevel=3)
+        if memo["theta"] is None or not np.array_equal(result.x, memo["theta"]):
+            solve_at(result.x, cold=grid)
+        info: dict[str, Array] = {"optimizer_success": np.array(result.success)}
+        if grid:
+            info["grid_values"] = optimizer.values.copy()
+        return result.n_iter, info

@@ -1,0 +1,102 @@
+"""``lr``: label regression, GP regression on the +-1 labels (spec §2.7, pitfall P23).
+
+``w = sigma_n^-2``, ``alpha = (K + sigma_n^2 I)^-1 y``; predictions squashed by the trial's
+likelihood. Evidence: the Jensen bound ``J(q_LR)``, maximised over ``sigma_n in [0.5, 2]`` by a
+bounded 1-D search on ``log sigma_n`` (or a fixed ``noise``). Gradient wrt ``K`` (all
+dependencies; ``C = (K + sigma_n^2 I)^-1``):
+
+    G = sym(s2 (C a_m) alpha^T + s2^2 C D_v C - 1/2 C + 1/2 s2 C^2 - 1/2 alpha alpha^T
+            + (C K alpha) alpha^T)
+
+and ``dJ/dsigma_n^2`` (for the envelope argument and its test).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+from scipy.optimize import minimize_scalar
+
+from gpinfer.errors import InputError
+from gpinfer.interfaces import Array, Likelihood
+from gpinfer.sites.dense import DiagonalSiteAlgebra
+from gpinfer.sites.driver import DenseBinaryMethod, DenseSolution
+from gpinfer.sites.jensen import jensen_bound
+
+
+class LRFit(NamedTuple):
+    """Label regression at one noise level: algebra, alpha, ``J(q_LR)``."""
+
+    algebra: DiagonalSiteAlgebra
+    alpha: Array
+    jensen: float
+
+
+def label_regression(K: Array, y: Array, likelihood: Likelihood, noise_var: float) -> LRFit:
+    """LR posterior and ``J(q_LR)`` for noise variance ``sigma_n^2``; ``y [N]`` 0/1."""
+    alg = DiagonalSiteAlgebra.from_kernel_matrix(K, np.full(y.shape[0], 1.0 / noise_var))
+    alpha = alg.R_matvec(2.0 * y - 1.0)
+    return LRFit(alg, alpha, jensen_bound(likelihood, y, alg, alpha))
+
+
+def lr_gradients(fit: LRFit, y: Array, likelihood: Likelihood,
+                 noise_var: float) -> tuple[Array, float]:
+    """``(dJ/dK [N, N], dJ/dsigma_n^2)`` of ``J(q_LR)`` (spec §2.7)."""
+    alg, alpha = fit.algebra, fit.alpha
+    K, s2, n = alg.K, noise_var, y.shape[0]
+    C = alg.R()
+    m = K @ alpha
+    e = likelihood.expected_log_prob(y, m, np.maximum(alg.posterior_var_diag(), 0.0))
+    a_m, a_v = e.dmean, e.dvar
+    Ca, KCa = C @ a_m, C @ (K @ alpha)
+    C2 = C @ C
+    G = (s2 * np.outer(Ca, alpha) + s2**2 * (C * a_v[None, :]) @ C - 0.5 * C + 0.5 * s2 * C2
+         - 0.5 * np.outer(alpha, alpha) + np.outer(KCa, alpha))
+    KC = K @ C
+    trC = np.trace(C)
+    dJ = (-a_m @ (KC @ alpha) + np.einsum("ij,ji->i", KC, KC) @ a_v - 0.5 * (trC - n / s2)
+          - 0.5 * (trC - s2 * np.trace(C2)) + alpha @ (KC @ alpha))
+    return 0.5 * (G + G.T), float(dJ)
+
+
+class LabelRegressionMethod(DenseBinaryMethod):
+    """Label regression; evidence ``J(q_LR)`` (and the regression evidence in ``extra``).
+
+    Options: ``noise`` (``None``: choose ``sigma_n`` in ``noise_bounds`` maximising ``J``; a
+    number: fixed ``sigma_n``), ``noise_bounds`` ((0.5, 2)), plus the driver's options.
+    """
+
+    name: ClassVar[str] = "lr"
+    default_options: ClassVar[dict[str, Any]] = {
+        **DenseBinaryMethod.driver_options, "noise": None, "noise_bounds": (0.5, 2.0),
+    }
+
+    def _noise(self, K: Array, y: Array, likelihood: Likelihood) -> float:
+        if self.options["noise"] is not None:
+            sn = float(self.options["noise"])
+            if not sn > 0:
+                raise InputError(f"lr: noise (sigma_n) must be positive, got {sn}")
+            return sn
+        lo, hi = (float(b) for b in self.options["noise_bounds"])
+        if not 0 < lo < hi:
+            raise InputError(f"lr: noise_bounds must be 0 < low < high, got {(lo, hi)}")
+        res = minimize_scalar(
+            lambda ls: -label_regression(K, y, likelihood, np.exp(2 * ls)).jensen,
+            bounds=(np.log(lo), np.log(hi)), method="bounded", options={"xatol": 1e-4})
+        return float(np.exp(res.x))
+
+    def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any) -> DenseSolution:
+        sn = self._noise(K, y, likelihood)
+        fit = label_regression(K, y, likelihood, sn**2)
+        t = 2.0 * y - 1.0
+        reg = float(-0.5 * t @ fit.alpha - 0.5 * fit.algebra.log_det_B - y.shape[0] * np.log(sn)
+                    - 0.5 * y.shape[0] * np.log(2 * np.pi))
+        alg, alpha = fit.algebra, fit.alpha
+        return DenseSolution(
+            log_evidence=fit.jensen,
+            posterior=lambda lik, kern, X: alg.posterior(lik, kern, X, alpha.copy()),
+            gradient=lambda: lr_gradients(fit, y, likelihood, sn**2)[0],
+            extra={"noise": sn, "regression_evidence": reg},
+            state={"alpha": alpha.copy(), "noise": np.array(sn)},
+        )

@@ -1,0 +1,262 @@
+"""Sparse multi-class EP and SEP (Villacampa-Calvo & Hernandez-Lobato 2017; spec ep-sep §2).
+
+One training loop serves both methods; they differ only in their site state (``RankOneSites``
+for EP, ``TiedSites`` for SEP). Batch mode (``batch_size`` None, spec §2.8.1): an iteration is one
+parallel damped sweep over all factors plus one sign-adaptive ascent step on the hyper-parameters
+(``schedule="inner"``), or EP to convergence then one step (``schedule="outer"``). Mini-batch
+mode (§2.8.3-2.8.4): an iteration is one epoch; for every batch its sites are refined
+(no damping), then one Adam step on the ``N/|batch|``-scaled gradient.
+
+Failure policy (§2.5.4): a non-finite site, an invalid cavity or a failed Cholesky restores the
+last good state (sites and hyper-parameters), halves the damping and every learning rate and
+retries; a log Z_q that falls for ``patience`` consecutive iterations also halves the damping.
+Both are reported in ``IterationInfo.extra`` (``failures``, ``damping_raises``, ``damping``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gpinfer.data.minibatch import MiniBatches
+from gpinfer.errors import InputError, NumericalError
+from gpinfer.hyper import HyperParameters
+from gpinfer.interfaces import Array, FitCallback, FitResult, IterationInfo, Method, Problem
+from gpinfer.optim.adam import Adam
+from gpinfer.optim.sign_adaptive import SignAdaptiveAscent
+from gpinfer.posterior import InducingPosterior
+from gpinfer_ep.model import all_terms, check_likelihood, class_kernels, initial_inducing
+from gpinfer_ep.state import RankOneSites, TiedSites
+
+#: failed updates tolerated in one fit before giving up
+MAX_FAILURES = 30
+
+
+class _SparseEPBase(Method):
+    """Shared options and loop of ``ep`` and ``sep``.
+
+    Options: ``damping`` (initial rho, batch mode), ``damping_decay`` (per iteration),
+    ``learning_rate`` (initial sign-adaptive step), ``adam_learning_rate`` (mini-batch),
+    ``schedule`` (``"inner"``/``"outer"``), ``outer_tol``/``outer_max_sweeps``, ``noise``
+    (white-noise variance added to the kernel if it has none; None: none), ``lengthscale_init``
+    (``"median"``: spec §2.11 heuristic; ``"kernel"``: keep), ``patience`` (decreasing steps
+    before the damping is raised), ``time_limit_s`` (stop after this much training time).
+    """
+
+    tasks: ClassVar[tuple[str, ...]] = ("classification",)
+    multiclass: ClassVar[bool] = True
+    uses_inducing_points: ClassVar[bool] = True
+    supports_minibatch: ClassVar[bool] = True
+    likelihoods: ClassVar[tuple[str, ...]] = ("argmax",)
+    default_options: ClassVar[dict[str, Any]] = {
+        "damping": 0.5,
+        "damping_decay": 0.99,
+        "learning_rate": 0.01,
+        "adam_learning_rate": 0.001,
+        "schedule": "inner",
+        "outer_tol": 1e-3,
+        "outer_max_sweeps": 1000,
+        "noise": 1.0,
+        "lengthscale_init": "median",
+        "patience": 20,
+        "time_limit_s": None,
+    }
+
+    def make_state(self, y: Array, C: int, M: int) -> RankOneSites | TiedSites:
+        raise NotImplementedError
+
+    # -- entry point -------------------------------------------------------------------------
+    def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
+        check_likelihood(problem, self.name)
+        if self.options["schedule"] not in ("inner", "outer"):
+            raise InputError(f"{self.name}: schedule must be 'inner' or 'outer'")
+        if problem.batch_size is not None and self.options["schedule"] != "inner":
+            raise InputError(f"{self.name}: mini-batch training uses the inner schedule only")
+        X, y = np.asarray(problem.X, dtype=float), np.asarray(problem.y, dtype=np.int64)
+        kernels = class_kernels(problem, self.options["noise"], self.options["lengthscale_init"])
+        Zs = initial_inducing(problem, self.name)
+        hp = HyperParameters(kernels, Z=Zs, optimize=problem.optimize)
+        state = self.make_state(y, problem.n_classes, Zs[0].shape[0])
+        run = _Run(self, problem, X, kernels, hp, state, callback)
+        if problem.batch_size is None:
+            run.batch()
+        else:
+            run.minibatch(int(problem.batch_size))
+        posterior = run.posterior()
+        return FitResult(
+            posterior=posterior,
+            log_evidence=run.value,
+            kernel=kernels,
+            n_iter=run.iteration,
+            history=run.history,
+            state={**posterior.state(), "theta": hp.pack(),
+                   "failures": np.array(run.failures), "damping": np.array(run.rho)},
+        )
+
+
+class _Run:
+    """One fit: the loop, the failure policy, reporting."""
+
+    def __init__(self, method: _SparseEPBase, problem: Problem, X: Array, kernels, hp,
+                 state, callback: FitCallback | None):
+        self.opts = method.options
+        self.name = method.name
+        self.problem, self.X, self.kernels, self.hp, self.state = problem, X, kernels, hp, state
+        self.callback = callback
+        self.start = time.perf_counter()
+        self.history: list[dict[str, float]] = []
+        self.iteration = 0
+        self.failures = 0
+        self.damping_raises = 0
+        self.rho = float(self.opts["damping"])
+        self.value = float("nan")
+        self._falling = 0
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _step_sites(self, idx: Array, rho: float, it: int) -> tuple[float, Array, float]:
+        """Refine the sites of ``idx``, then objective and gradient on ``idx``."""
+        Zs = self.hp.Z
+        Xb = self.X[idx]
+        terms = all_terms(self.kernels, Zs, Xb, iteration=it)
+        change = self.state.update(terms, idx, rho, iteration=it)
+        if self.problem.batch_size is None and self.opts["schedule"] == "outer":
+            for _ in range(int(self.opts["outer_max_sweeps"])):
+                if change < self.opts["outer_tol"]:
+                    break
+                change = self.state.update(terms, idx, rho, iteration=it)
+        scale = self.X.shape[0] / idx.shape[0]
+        value, grads = self.state.evaluate(terms, idx, scale, iteration=it)
+        grad = self.hp.gradient(Xb, grads)
+        if not np.isfinite(value) or not np.all(np.isfinite(grad)):
+            raise NumericalError("non-finite log Z_q or gradient", iteration=it,
+                                 quantity="log Z_q")
+        return value, grad, change
+
+    def _fail(self, err: NumericalError, good: tuple[object, Array], optimizer) -> None:
+        if self.iteration <= 1 and self.failures == 0 and self.problem.batch_size is None:
+            raise NumericalError(f"{self.name}: the first EP update failed: {err}",
+                                 iteration=1, quantity=err.quantity) from err
+        self.failures += 1
+        if self.failures > MAX_FAILURES:
+            raise NumericalError(f"{self.name}: {self.failures} failed updates, last: {err}",
+                                 iteration=self.iteration, quantity=err.quantity) from err
+        self.state.restore(good[0])
+        if self.hp.size:
+            self.hp.unpack(good[1])
+        self.rho *= 0.5
+        if isinstance(optimizer, SignAdaptiveAscent):
+            optimizer.halve()
+        else:
+            optimizer.learning_rate *= 0.5
+
+    def _watch(self, value: float) -> None:
+        """Raise the damping when log Z_q keeps falling (``patience`` iterations)."""
+        if np.isfinite(self.value) and value < self.value:
+            self._falling += 1
+        else:
+            self._falling = 0
+        if self._falling >= int(self.opts["patience"]):
+            self.rho *= 0.5
+            self.damping_raises += 1
+            self._falling = 0
+
+    def _report(self, value: float, change: float) -> None:
+        elapsed = time.perf_counter() - self.start
+        extra = {"damping": self.rho, "failures": float(self.failures),
+                 "damping_raises": float(self.damping_raises), "site_change": change}
+        self.history.append({"objective": value, "elapsed": elapsed, **extra})
+        if self.callback is not None:
+            self.callback(IterationInfo(self.iteration, value, elapsed, self.posterior, extra))
+
+    def _out_of_time(self) -> bool:
+        limit = self.opts["time_limit_s"]
+        return limit is not None and time.perf_counter() - self.start > float(limit)
+
+    # -- loops -------------------------------------------------------------------------------
+    def batch(self) -> None:
+        idx = np.arange(self.X.shape[0])
+        opt = SignAdaptiveAscent(learning_rate=float(self.opts["learning_rate"]))
+        theta = self.hp.pack()
+        opt.reset(theta)
+        good = (self.state.snapshot(), theta.copy())
+        while self.iteration < int(self.problem.max_iter) and not self._out_of_time():
+            self.iteration += 1
+            try:
+                value, grad, change = self._step_sites(idx, self.rho, self.iteration)
+            except NumericalError as err:
+                self._fail(err, good, opt)
+                theta = self.hp.pack()
+                continue
+            good = (self.state.snapshot(), theta.copy())
+            self._watch(value)
+            self.value = value
+            if self.hp.size:
+                theta = opt.step(theta, grad)
+                self.hp.unpack(theta)
+            self._report(value, change)
+            self.rho *= float(self.opts["damping_decay"])
+
+    def minibatch(self, size: int) -> None:
+        N = self.X.shape[0]
+        if size > N:
+            raise InputError(f"{self.name}: batch_size {size} exceeds the {N} training points")
+        opt = Adam(learning_rate=float(self.opts["adam_learning_rate"]))
+        theta = self.hp.pack()
+        opt.reset(theta)
+        batches = MiniBatches(N, size, self.problem.rng)
+        self.rho = 1.0
+        while self.iteration < int(self.problem.max_iter) and not self._out_of_time():
+            self.iteration += 1
+            values, change = [], 0.0
+            good = (self.state.snapshot(), theta.copy())  # per epoch: snapshots cost O(state)
+            for idx in batches:
+                try:
+                    value, grad, ch = self._step_sites(idx, self.rho, self.iteration)
+                except NumericalError as err:
+                    self._fail(err, good, opt)
+                    theta = self.hp.pack()
+                    continue
+                values.append(value)
+                change = max(change, ch)
+                if self.hp.size:
+                    theta = opt.step(theta, grad)
+                    self.hp.unpack(theta)
+                if self._out_of_time():
+                    break
+            if hasattr(self.state, "refresh"):
+                self.state.refresh()
+            self.value = float(np.mean(values)) if values else self.value
+            self._report(self.value, change)
+
+    # -- prediction --------------------------------------------------------------------------
+    def posterior(self) -> InducingPosterior:
+        Zs = self.hp.Z
+        terms = all_terms(self.kernels, Zs, self.X[:1])
+        m, S = [], []
+        for q, t in zip(self.state.gaussians(terms), terms):
+            mc, Vc = q.moments(t.L)
+            m.append(mc)
+            S.append(Vc)
+        return InducingPosterior(self.problem.likelihood, [k.copy() for k in self.kernels],
+                                 [z.copy() for z in Zs], m, S)
+
+
+class EP(_SparseEPBase):
+    """Sparse multi-class EP: one rank-one site per (point, non-label class) pair and role;
+    memory ``O(N M C)`` (spec §2)."""
+
+    name: ClassVar[str] = "ep"
+
+    def make_state(self, y: Array, C: int, M: int) -> RankOneSites:
+        return RankOneSites(y, C, M)
+
+
+class SEP(_SparseEPBase):
+    """Stochastic EP: sites tied per class, memory ``O(C M^2)`` whatever ``N`` (spec §2.3.1)."""
+
+    name: ClassVar[str] = "sep"
+
+    def make_state(self, y: Array, C: int, M: int) -> TiedSites:
+        return TiedSites(y, C, M)

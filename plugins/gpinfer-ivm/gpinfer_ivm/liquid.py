@@ -1,0 +1,114 @@
+"""The liquid set: an EP representation on top of the solid posterior (spec ivm §2.9.3-2.9.5).
+
+The ``k`` liquid points are treated as a small GP problem whose prior is the solid posterior
+``Q^f``: on the liquid points it is ``N(h^f, G)`` in point-major order (``[kC]``). With
+``V = blockdiag(V_i)`` (``V_i V_i^T = Pi_i``) and ``b = (b_i)``:
+
+``B_EP = I + V^T G V = L_B L_B^T``, ``N = L_B^-1 V^T G``, ``b~ = G b + h^f``,
+``theta_B = L_B^-1 V^T b~``; liquid marginals ``A = G - N^T N``, ``h = b~ - N^T theta_B``; a
+non-liquid point ``i`` with ``g_i = Cov_f(u_liquid, u_i)`` has
+``A_i = Cov_f(u_i) - Nt^T Nt``, ``h_i = h^f_i + g_i^T b - Nt^T theta_B``, ``Nt = L_B^-1 V^T g_i``.
+
+Site updates rebuild the representation (``O((kC)^3)``, the spec's default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.linalg import LinAlgError, cholesky, solve_triangular
+
+from gpinfer_ivm.projection import site_precision, site_sqrt
+from gpinfer_ivm.solid import SolidRepresentation
+
+Array = np.ndarray
+
+
+class EPRepresentation:
+    """Full posterior = solid posterior + liquid sites (see the module docstring).
+
+    ``liquid [k]``: indices of the liquid points (oldest first); ``pi``, ``b``: their sites
+    ``[k, C]``. With ``k = 0`` it is the solid posterior itself.
+    """
+
+    def __init__(self, solid: SolidRepresentation, liquid: Sequence[int], pi: Array, b: Array):
+        self.solid = solid
+        self.C = solid.C
+        self.liquid = np.asarray(liquid, dtype=np.int64)
+        self.pi = np.array(pi, dtype=float).reshape(len(self.liquid), self.C)
+        self.b = np.array(b, dtype=float).reshape(len(self.liquid), self.C)
+        self.gamma_f = solid.gamma()
+        k, C = len(self.liquid), self.C
+        self.G = solid.cross_covariances(self.liquid, self.liquid).reshape(k * C, k * C)
+        self.G = 0.5 * (self.G + self.G.T)
+        self.h_f = solid.means(self.liquid, self.gamma_f).reshape(-1)
+        self.rebuild()
+
+    @property
+    def k(self) -> int:
+        return len(self.liquid)
+
+    def rebuild(self) -> None:
+        """Recompute ``V``, ``L_B``, ``N``, ``b~``, ``theta_B`` from the current sites."""
+        k, C = self.k, self.C
+        self.V = np.zeros((k * C, k * C))
+        for a in range(k):
+            self.V[a * C : (a + 1) * C, a * C : (a + 1) * C] = site_sqrt(self.pi[a])
+        VtG = self.V.T @ self.G
+        self.LB = cholesky(np.eye(k * C) + VtG @ self.V, lower=True, check_finite=False)
+        self.N = solve_triangular(self.LB, VtG, lower=True, check_finite=False)
+        self.b_tilde = self.G @ self.b.reshape(-1) + self.h_f
+        self.theta = solve_triangular(self.LB, self.V.T @ self.b_tilde, lower=True)
+
+    def liquid_marginal(self, a: int) -> tuple[Array, Array]:
+        """Marginal ``(h [C], A [C, C])`` of liquid point ``a`` under the full posterior."""
+        sl = slice(a * self.C, (a + 1) * self.C)
+        Na = self.N[:, sl]
+        return self.b_tilde[sl] - Na.T @ self.theta, self.G[sl, sl] - Na.T @ Na
+
+    def marginals(self, idx: Array) -> tuple[Array, Array]:
+        """Marginals ``h [B, C]``, ``A [B, C, C]`` of non-liquid training points ``idx``."""
+        idx = np.asarray(idx, dtype=np.int64)
+        h = self.solid.means(idx, self.gamma_f)
+        A = self.solid.covariances(idx)
+        if self.k == 0:
+            return h, A
+        B, C = idx.size, self.C
+        g = self.solid.cross_covariances(self.liquid, idx).reshape(self.k * C, B, C)
+        Nt = solve_triangular(
+            self.LB, (self.V.T @ g.reshape(self.k * C, B * C)), lower=True, check_finite=False
+        ).reshape(self.k * C, B, C)
+        A = A - np.einsum("kbc,kbe->bce", Nt, Nt)
+        h = (
+            h
+            + np.einsum("kbc,k->bc", g, self.b.reshape(-1))
+            - np.einsum("kbc,k->bc", Nt, self.theta)
+        )
+        return h, A
+
+    def cavity(self, a: int) -> tuple[Array, Array] | None:
+        """Cavity ``(h\\i, Lambda)`` of liquid point ``a``, or ``None`` if improper (§2.9.5)."""
+        h, A = self.liquid_marginal(a)
+        Vi = site_sqrt(self.pi[a])
+        W = np.eye(self.C) - Vi.T @ A @ Vi
+        try:
+            LW = cholesky(W, lower=True, check_finite=False)
+        except LinAlgError:
+            return None
+        AV = A @ Vi
+        T = solve_triangular(LW, AV.T, lower=True, check_finite=False)  # LW^-1 V^T A
+        Lam = A + T.T @ T
+        z = h - A @ self.b[a]
+        h_cav = z + T.T @ solve_triangular(LW, Vi.T @ z, lower=True, check_finite=False)
+        return h_cav, 0.5 * (Lam + Lam.T)
+
+    def set_site(self, a: int, pi: Array, b: Array) -> None:
+        """Replace liquid site ``a`` and rebuild."""
+        self.pi[a], self.b[a] = pi, b
+        self.rebuild()
+
+    def site_change(self, a: int, pi_new: Array) -> tuple[float, float]:
+        """``(||Pi' - Pi||_F, ||Pi||_F)`` for the rejection rule of §2.9.5."""
+        P_old = site_precision(self.pi[a])
+        return float(np.linalg.norm(site_precision(pi_new) - P_old)), float(np.linalg.norm(P_old))

@@ -1,0 +1,301 @@
+"""Entry points ``ivm`` (multi-class IVM, spec ivm §2-3) and ``ivm-baseline`` (spec §4).
+
+``M`` (``problem.inducing``) is the final active-set size ``d_final`` (baseline: the budget
+``d_max`` per class; default ``min(n, 150)``). Hyper-parameters:
+
+* ``problem.optimize = False``: the paper's fixed-hyper-parameter mode, one conditional
+  inference; the callback gets one iteration per inclusion (``objective`` = cumulative
+  information score, ``posterior()`` = the current posterior with the liquid set frozen in, so
+  the runner logs learning curves of test error/NLL against the active-set size).
+* ``problem.optimize = True``: spec §3.5 round-based major/minor scheme: ``rounds`` times
+  (major step: conditional inference at the current ``theta`` with a fixed RNG seed; minor step:
+  ``minor_iter`` L-BFGS-B iterations on ``-G`` with the active set and sites frozen), keeping the
+  ``theta`` with the best major-mode ``G``; a last major step at that ``theta`` gives the result.
+  If a major step fails numerically (extreme ``theta``), the rounds stop at the best ``theta``.
+  ``theta`` = the kernels' unconstrained parameters and (``learn_intercepts``) ``beta_1..C-1``
+  (``beta_C = 0`` pins the shift invariance, spec P25).
+
+``log_evidence`` is ``-G`` (the criterion is an upper bound on ``-log p(y)`` up to quadrature).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gpinfer.errors import InputError, NumericalError
+from gpinfer.hyper import HyperParameters
+from gpinfer.interfaces import Array, FitCallback, FitResult, IterationInfo, Method, Problem
+from gpinfer.kernels.base import Kernel
+from gpinfer.numerics.gaussian_cubature import softmax_predictive
+from gpinfer.optim import make_optimizer
+from gpinfer.posterior import Posterior
+from gpinfer_ivm.baseline import run_baseline
+from gpinfer_ivm.criterion import FrozenSites, criterion
+from gpinfer_ivm.inference import IVMSettings, run_inference
+
+#: default final active-set size when ``M`` is not given
+DEFAULT_D_FINAL = 150
+
+
+class IVMPosterior(Posterior):
+    """Prediction from a representation with ``predict(X) -> (h [N*, C], A [N*, C, C])``.
+
+    ``predict_f`` returns the means and the diagonal of ``A``; ``predict_proba`` integrates the
+    softmax (with intercepts ``beta``) against the full ``C x C`` covariance (spec §2.10).
+    """
+
+    def __init__(self, likelihood, rep: Any, beta: Array, gh_order: int | None, reduced: Any):
+        super().__init__(likelihood)
+        self.rep, self.beta, self.gh_order, self.reduced = rep, beta, gh_order, reduced
+
+    def predict_f(self, X: Array) -> tuple[Array, Array]:
+        h, A = self.rep.predict(X)
+        return h, np.maximum(np.diagonal(A, axis1=1, axis2=2).copy(), 1e-300)
+
+    def predict_proba(self, X: Array) -> Array:
+        h, A = self.rep.predict(X)
+        P = softmax_predictive(h, A, self.beta, self.gh_order, self.reduced)
+        return P / P.sum(axis=1, keepdims=True)
+
+    def log_predictive(self, X: Array, y: Array) -> Array:
+        P = self.predict_proba(X)
+        return np.log(np.clip(P[np.arange(len(y)), np.asarray(y, dtype=int)], 1e-300, None))
+
+    def state(self) -> dict[str, Array]:
+        return {"beta": self.beta}
+
+
+class _ActiveSetMethod(Method):
+    """Shared plumbing: kernels per class, ``d_final``, intercepts, learning loop."""
+
+    tasks: ClassVar[tuple[str, ...]] = ("classification",)
+    multiclass = True
+    uses_inducing_points = True
+    likelihoods = ("softmax",)
+    coupled: ClassVar[bool] = True
+
+    def _d_final(self, problem: Problem) -> int:
+        M = problem.inducing
+        if M is None:
+            return min(problem.n, DEFAULT_D_FINAL)
+        if isinstance(M, np.ndarray):
+            raise InputError(
+                f"{self.name} selects its active set from the training points; pass M as a count"
+            )
+        if not 1 <= int(M) <= problem.n:
+            raise InputError(f"M (d_final) must be in 1..n={problem.n}, got {M}")
+        return int(M)
+
+    def _kernels(self, problem: Problem) -> list[Kernel]:
+        C = problem.n_classes
+        if self.options["shared_kernel"]:
+            return [problem.kernel.copy()] * C
+        return [problem.kernel.copy() for _ in range(C)]
+
+    def _beta(self, C: int) -> Array:
+        beta = self.options["intercepts"]
+        beta = np.zeros(C) if beta is None else np.asarray(beta, dtype=float)
+        if beta.shape != (C,) or not np.all(np.isfinite(beta)):
+            raise InputError(f"intercepts must be a finite list of {C} values, got {beta}")
+        return beta - beta[-1]
+
+    # -- hooks -------------------------------------------------------------------------------
+    def _infer(self, problem, kernels, beta, rng, callback) -> tuple[Any, FrozenSites]:
+        raise NotImplementedError
+
+    def _order(self, C: int) -> tuple[int | None, Any]:
+        return self.options["gh_order"], self.options["reduced"]
+
+    # -- fit ----------------------------------------------------------------------------------
+    def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
+        X, y, C = problem.X, np.asarray(problem.y, dtype=np.int64), problem.n_classes
+        if C < 2:
+            raise InputError(f"{self.name} needs at least two classes, got {C}")
+        kernels = self._kernels(problem)
+        beta = self._beta(C)
+        order, reduced = self._order(C)
+        seed = int(problem.rng.integers(2**31))
+        t0 = time.perf_counter()
+        history: list[dict[str, float]] = []
+        it = [0]
+
+        def report(objective: float, post: Callable[[], Posterior] | None, **extra: float):
+            it[0] += 1
+            history.append({"objective": objective, "elapsed": time.perf_counter() - t0, **extra})
+            if callback is not None:
+                callback(IterationInfo(it[0], objective, time.perf_counter() - t0, post, extra))
+
+        def lik():
+            return problem.likelihood
+
+        if not problem.optimize:
+            rep, sites = self._infer(problem, kernels, beta, np.random.default_rng(seed), report)
+        else:
+            rep, sites, beta = self._learn(problem, kernels, beta, seed, report)
+        crit = criterion(kernels, X, y, sites, beta, order, reduced, gradient=False)
+        report(-crit.value, None, G1=crit.g1, G2=crit.g2)
+        post = IVMPosterior(lik(), rep, beta, order, reduced)
+        state = {"beta": beta}
+        if self.coupled:
+            state.update(active=sites.I[0], pi=np.stack(sites.pi, 1), b=np.stack(sites.b, 1))
+        return FitResult(
+            posterior=post,
+            log_evidence=-crit.value,
+            kernel=kernels[0] if self.options["shared_kernel"] else kernels,
+            n_iter=it[0],
+            history=history,
+            state=state,
+        )
+
+    def _learn(self, problem, kernels, beta, seed, report):
+        """Round-based major/minor optimisation of ``G`` (spec §3.5)."""
+        X, y, C = problem.X, np.asarray(problem.y, dtype=np.int64), problem.n_classes
+        order, reduced = self._order(C)
+        hp = HyperParameters(kernels)
+        learn_beta = bool(self.options["learn_intercepts"])
+        nb = C - 1 if learn_beta else 0
+
+        def pack(b: Array) -> Array:
+            return np.concatenate([hp.pack(), b[:nb]])
+
+        def unpack(theta: Array) -> Array:
+            hp.unpack(theta[: hp.size])
+            b = beta.copy()
+            b[:nb] = theta[hp.size :]
+            return b
+
+        theta = pack(beta)
+        best: tuple[float, Array] | None = None
+        opt = make_optimizer("lbfgs", bounds=(-8.0, 8.0))
+        rounds = int(self.options["rounds"])
+        for r in range(rounds):
+            b_now = unpack(theta)
+            try:
+                rep, sites = self._infer(problem, kernels, b_now, np.random.default_rng(seed), None)
+            except NumericalError:
+                if best is None:
+                    raise
+                theta = best[1]  # fallback: the best theta so far, stop the rounds
+                break
+
+            def fun(th: Array, sites=sites) -> tuple[float, Array]:
+                b = unpack(th)
+                res = criterion(kernels, X, y, sites, b, order, reduced)
+                g = np.concatenate(res.dkernel + [res.dbeta[:nb]])
+                return -res.value, -g
+
+            major = -fun(theta)[0]
+            if best is None or major < best[0]:
+                best = (major, theta.copy())
+            report(-major, None, round=float(r), G_major=major)
+            try:
+                res = opt.maximize(fun, theta, int(self.options["minor_iter"]))
+            except NumericalError:
+                break  # keep the last theta; the best one is kept below
+            theta = np.asarray(res.x, dtype=float)
+        # a last major step at the new theta; keep it if better than the best so far
+        b_now = unpack(theta)
+        try:
+            rep, sites = self._infer(problem, kernels, b_now, np.random.default_rng(seed), None)
+            final = criterion(kernels, X, y, sites, b_now, order, reduced, gradient=False).value
+        except NumericalError:
+            final = np.inf
+        if best is not None and best[0] < final:
+            b_now = unpack(best[1])
+            rep, sites = self._infer(problem, kernels, b_now, np.random.default_rng(seed), None)
+        return rep, sites, b_now
+
+
+class IVM(_ActiveSetMethod):
+    """Multi-class IVM with a liquid set (spec ivm §2; options as in ``IVMSettings``)."""
+
+    name = "ivm"
+    coupled = True
+    default_options: ClassVar[dict[str, Any]] = {
+        "L": 25,
+        "ep_sweeps": 3,
+        "pool_size": None,
+        "retain": 0.5,
+        "n_init": None,
+        "gh_order": None,
+        "reduced": None,
+        "projection": "direct",
+        "stub_update": "drag",
+        "shared_kernel": True,
+        "intercepts": None,
+        "learn_intercepts": True,
+        "rounds": 4,
+        "minor_iter": 8,
+    }
+
+    def _infer(self, problem, kernels, beta, rng, report):
+        o = self.options
+        s = IVMSettings(
+            d_final=self._d_final(problem),
+            L=min(int(o["L"]), self._d_final(problem)),
+            ep_sweeps=int(o["ep_sweeps"]),
+            pool_size=o["pool_size"],
+            retain=float(o["retain"]),
+            n_init=o["n_init"],
+            gh_order=o["gh_order"],
+            reduced=o["reduced"],
+            projection=o["projection"],
+            stub_update=o["stub_update"],
+        )
+        if int(o["L"]) > s.d_final:
+            raise InputError(f"liquid size L={o['L']} exceeds d_final (M)={s.d_final}")
+        total = [0.0]
+
+        def cb(size: int, runner) -> None:
+            if report is None:
+                return
+            if runner.result.history:
+                total[0] += runner.result.history[-1]["score"]
+
+            def post():
+                return IVMPosterior(problem.likelihood, runner.snapshot(), beta, s.gh_order,
+                                    s.reduced)  # fmt: skip
+
+            report(total[0], post, active_size=float(size))
+
+        res = run_inference(kernels, problem.X, problem.y, beta, s, rng, cb)
+        solid = res.solid
+        sites = FrozenSites.from_restricted(solid.active.copy(), solid.pi[: solid.d].copy(),
+                                            solid.b[: solid.d].copy())  # fmt: skip
+        return solid, sites
+
+
+class IVMBaseline(_ActiveSetMethod):
+    """Independent-process baseline (spec ivm §4); ``M`` = budget ``d_max`` per class."""
+
+    name = "ivm-baseline"
+    coupled = False
+    default_options: ClassVar[dict[str, Any]] = {
+        "gh_order": 3,
+        "shared_kernel": True,
+        "intercepts": None,
+        "learn_intercepts": True,
+        "rounds": 4,
+        "minor_iter": 8,
+    }
+
+    def _order(self, C: int) -> tuple[int | None, Any]:
+        return self.options["gh_order"], False
+
+    def _infer(self, problem, kernels, beta, rng, report):
+        total = [0]
+
+        def cb(step: int, rep) -> None:
+            if report is not None:
+                total[0] = step
+                report(float(step), None, active_size=float(step))
+
+        rep = run_baseline(kernels, problem.X, np.asarray(problem.y, np.int64), beta,
+                           self._d_final(problem), rng, self.options["gh_order"], cb)  # fmt: skip
+        if report is not None and total[0] == 0:
+            report(0.0, None, active_size=0.0)
+        return rep, rep.frozen_sites()

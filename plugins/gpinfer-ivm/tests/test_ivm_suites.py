@@ -1,0 +1,92 @@
+"""The shared method battery for ``ivm`` and ``ivm-baseline``, plus method-level checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpinfer_ivm.criterion import FrozenSites, criterion
+from gpinfer_ivm.inference import IVMSettings, run_inference
+
+from gpinfer.errors import InputError
+from gpinfer.estimator import GPClassifier
+from gpinfer.kernels.stationary import RBF
+from gpinfer.testing import MethodTestSuite
+
+_OPTIONS = {"L": 4, "ep_sweeps": 1, "gh_order": 5, "rounds": 1, "minor_iter": 2}
+
+
+def _criterion_fn(X, y, coupled: bool):
+    """``G`` as a function of (log lengthscale, log variance, beta_1..C) with frozen sites."""
+    C = int(y.max()) + 1
+    kern = RBF(lengthscale=1.0, variance=1.0)
+    if coupled:
+        res = run_inference([kern] * C, X, y, np.zeros(C), IVMSettings(d_final=10, L=3),
+                            np.random.default_rng(0))  # fmt: skip
+        sites = FrozenSites.from_restricted(res.solid.active, res.solid.pi[:10],
+                                            res.solid.b[:10])  # fmt: skip
+    else:
+        from gpinfer_ivm.baseline import run_baseline
+
+        sites = run_baseline([kern] * C, X, y, np.zeros(C), 5,
+                             np.random.default_rng(0)).frozen_sites()  # fmt: skip
+
+    def evaluate(theta):
+        kern.set_unconstrained(theta[:2])
+        return criterion([kern] * C, X, y, sites, theta[2:], order=20, reduced=True)
+
+    theta0 = np.concatenate([kern.get_unconstrained(), np.zeros(C)])
+
+    def gradient(theta):
+        res = evaluate(theta)
+        return np.concatenate(res.dkernel + [res.dbeta])
+
+    return (lambda th: evaluate(th).value), gradient, theta0
+
+
+class TestIVM(MethodTestSuite):
+    method_name = "ivm"
+    n_classes = 3
+    inducing = 15
+    optimize = False
+    method_options = _OPTIONS
+    gradient_rtol = 1e-4
+
+    def objective_and_gradient(self, X, y):
+        return _criterion_fn(X, y, coupled=True)
+
+
+class TestIVMBaseline(MethodTestSuite):
+    method_name = "ivm-baseline"
+    n_classes = 3
+    inducing = 6
+    optimize = False
+    method_options = {"rounds": 1, "minor_iter": 2}
+    gradient_rtol = 1e-4
+
+    def objective_and_gradient(self, X, y):
+        return _criterion_fn(X, y, coupled=False)
+
+
+@pytest.mark.parametrize("method", ["ivm", "ivm-baseline"])
+def test_learning_improves_criterion(method):
+    from gpinfer.testing.method_suite import make_suite_data
+
+    X, y = make_suite_data(3, n=40, seed=1)
+    opts = dict(_OPTIONS) if method == "ivm" else {"rounds": 1, "minor_iter": 2}
+    opts["rounds"] = 2
+    M = 12 if method == "ivm" else 5
+    fixed = GPClassifier(method=method, M=M, optimize=False, random_state=0,
+                         kernel=RBF(lengthscale=0.2), method_options=opts).fit(X, y)  # fmt: skip
+    learned = GPClassifier(method=method, M=M, optimize=True, random_state=0,
+                           kernel=RBF(lengthscale=0.2), method_options=opts).fit(X, y)  # fmt: skip
+    assert learned.log_evidence_ > fixed.log_evidence_
+    P = learned.predict_proba(X)
+    np.testing.assert_allclose(P.sum(axis=1), 1.0, atol=1e-10)
+
+
+def test_method_rejects_liquid_larger_than_active_set():
+    from gpinfer.testing.method_suite import make_suite_data
+
+    X, y = make_suite_data(3, n=30, seed=2)
+    with pytest.raises(InputError, match="liquid size"):
+        GPClassifier(method="ivm", M=5, optimize=False, method_options={"L": 6}).fit(X, y)

@@ -1,0 +1,264 @@
+"""vi-jj, vi-taylor, vi-jj-hybrid, vi-jj-full: collapsed quadratic-site bounds (Izmailov &
+Kropotov 2017; spec jj-taylor-svi §2.9).
+
+* ``vi-jj`` / ``vi-taylor`` (Alg. 1): per outer iteration, Stage 1 runs ``n_upd`` closed-form
+  rounds (``xi`` rule, then ``q(u) <- (mu_hat, Sigma_hat)(xi)``), Stage 2 a fresh L-BFGS-B on the
+  kernel's log-parameters capped at ``maxfun`` evaluations.
+* ``vi-jj-hybrid``: Stage 2 moves ``(theta, xi)``; then ``q(u)`` is recomputed from its ``xi``.
+* ``vi-jj-full``: one L-BFGS-B run on ``(theta, xi)`` from ``xi = 1``; one iteration per
+  L-BFGS-B iteration.
+
+Inducing inputs: K-means centres (``gpinfer.inducing``), fixed unless ``learn_inducing``.
+Abnormal L-BFGS-B ends are counted in the iteration extras (``lbfgs_abnormal``), warned about and
+kept in ``FitResult.state["lbfgs_messages"]``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, ClassVar
+
+import numpy as np
+
+from gpinfer.errors import InputError
+from gpinfer.hyper import HyperParameters
+from gpinfer.inducing import inducing_inputs
+from gpinfer.interfaces import Array, FitCallback, FitResult, Method, Problem
+from gpinfer.optim import LBFGSB
+from gpinfer.reporting import IterationReporter, binary_signs
+from gpinfer_jj.bound import CollapsedObjective
+
+#: default bounds on the kernel's unconstrained (log) parameters (spec §4.2, widened)
+LOG_PARAM_BOUNDS = (float(np.log(1e-4)), float(np.log(1e6)))
+
+
+class _CollapsedVI(Method):
+    """Shared fit loop; subclasses set ``kind`` (``jj``/``taylor``) and ``xi_mode``.
+
+    Options: ``n_upd`` (Stage-1 rounds), ``maxfun`` (L-BFGS-B evaluations per Stage 2),
+    ``carry`` (``"q"``: carry ``(mu, Sigma)`` as in the paper; ``"xi"``: carry ``xi``, monotone
+    for JJ), ``init_q`` (``"identity"``: ``Sigma = I`` as in the paper; ``"prior"``), ``tol``
+    (stop when ``|dF| / max(1, |F|) < tol`` twice in a row), ``time_budget_s``, ``bounds``
+    (on every log-parameter), ``learn_inducing``, ``default_M`` (``M`` when not given),
+    ``xi_lower`` (lower bound on ``xi`` when optimised), ``damping`` (Taylor ``xi`` step).
+    """
+
+    kind: ClassVar[str] = "jj"
+    xi_mode: ClassVar[str] = "closed"  # closed | hybrid | full
+    tasks: ClassVar[tuple[str, ...]] = ("classification",)
+    multiclass: ClassVar[bool] = False
+    uses_inducing_points: ClassVar[bool] = True
+    supports_minibatch: ClassVar[bool] = False
+    likelihoods: ClassVar[tuple[str, ...]] = ("logit",)
+    default_options: ClassVar[dict[str, Any]] = {
+        "n_upd": 3,
+        "maxfun": 5,
+        "carry": "q",
+        "init_q": "identity",
+        "tol": 1e-6,
+        "time_budget_s": None,
+        "bounds": LOG_PARAM_BOUNDS,
+        "learn_inducing": False,
+        "default_M": 100,
+        "xi_lower": 1e-3,
+        "damping": 1.0,
+    }
+
+    # -- set-up ------------------------------------------------------------------------------
+    def _check_options(self) -> None:
+        o = self.options
+        if o["carry"] not in ("q", "xi"):
+            raise InputError(f"{self.name}: carry must be 'q' or 'xi', got {o['carry']!r}")
+        if o["init_q"] not in ("identity", "prior"):
+            raise InputError(f"{self.name}: init_q must be 'identity' or 'prior'")
+        if int(o["n_upd"]) < 1 or int(o["maxfun"]) < 1:
+            raise InputError(f"{self.name}: n_upd and maxfun must be >= 1")
+        if not 0.0 < float(o["damping"]) <= 1.0:
+            raise InputError(f"{self.name}: damping must be in (0, 1]")
+
+    def _objective(self, problem: Problem) -> tuple[CollapsedObjective, HyperParameters]:
+        s = binary_signs(problem.y, problem.n_classes, self.name)
+        if problem.batch_size is not None:
+            raise InputError(f"{self.name} does not support mini-batches (batch_size=None)")
+        X = np.asarray(problem.X, dtype=float)
+        Z = inducing_inputs(problem.inducing, X, problem.rng, int(self.options["default_M"]))
+        kernel = problem.kernel.copy()
+        hp = HyperParameters(kernel, Z=Z, optimize=problem.optimize,
+                             optimize_inducing=bool(self.options["learn_inducing"]))
+        return CollapsedObjective(self.kind, X, s, kernel, Z, problem.likelihood, hp), hp
+
+    def _lbfgs(self, hp: HyperParameters, n_xi: int, maxfun: int | None) -> LBFGSB:
+        bounds = hp.bounds(kernel=tuple(self.options["bounds"]))
+        bounds += [(float(self.options["xi_lower"]), None)] * n_xi
+        return LBFGSB(bounds=bounds, maxfun=maxfun)
+
+    # -- fit ---------------------------------------------------------------------------------
+    def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
+        self._check_options()
+        obj, hp = self._objective(problem)
+        rep = IterationReporter(callback, self.name)
+        log: dict[str, Any] = {"messages": [], "abnormal": 0}
+        if self.xi_mode == "full":
+            xi, value, n_iter = self._fit_full(problem, obj, hp, rep, log)
+        else:
+            xi, value, n_iter = self._fit_alternating(problem, obj, hp, rep, log)
+        if log["abnormal"]:
+            warnings.warn(
+                f"{self.name}: L-BFGS-B ended abnormally {log['abnormal']} time(s); last: "
+                f"{log['last_abnormal']}", RuntimeWarning, stacklevel=2)
+        posterior = obj.posterior(xi)
+        state = {
+            "xi": xi,
+            "Z": obj.Z.copy(),
+            "kernel_params": obj.kernel.get_unconstrained().copy(),
+            "lbfgs_abnormal": np.array(log["abnormal"]),
+            "lbfgs_messages": np.array(log["messages"] or [""]),
+            "n_eval": np.array(obj.n_eval),
+        }
+        return FitResult(posterior=posterior, log_evidence=float(value), kernel=obj.kernel,
+                         n_iter=n_iter, history=rep.history, state=state)
+
+    def _record(self, log: dict[str, Any], result) -> None:
+        log["messages"].append(result.message)
+        if not result.success:
+            log["abnormal"] += 1
+            log["last_abnormal"] = result.message
+
+    def _snapshot(self, obj: CollapsedObjective, xi: Array):
+        theta, xi = obj.hp.pack(), xi.copy()
+
+        def build():
+            saved = obj.hp.pack()
+            obj.hp.unpack(theta)
+            try:
+                return obj.posterior(xi)
+            finally:
+                obj.hp.unpack(saved)
+
+        return build
+
+    # -- Alg. 1 (vi-jj, vi-taylor) and the hybrid variant -----------------------------------
+    def _stage1(self, obj: CollapsedObjective, mu: Array, Sigma: Array, xi: Array | None
+                ) -> tuple[Array, Array, Array, float]:
+        """``n_upd`` closed-form rounds at fixed ``theta``; returns ``mu, Sigma, xi, F``."""
+        fac = obj.factors()
+        if self.options["carry"] == "xi" and xi is not None:
+            b = obj.bound(xi, fac)
+            mean, var = b.m_hat, b.S2_hat
+        else:
+            mean, var = fac.marginals(mu, Sigma)
+        eta = float(self.options["damping"]) if obj.kind == "taylor" else 1.0
+        for _ in range(int(self.options["n_upd"])):
+            target = obj.xi_rule(mean, var)
+            xi = target if xi is None or eta == 1.0 else xi + eta * (target - xi)
+            b = obj.bound(xi, fac)
+            mean, var = b.m_hat, b.S2_hat
+        return b.mu_hat, b.Sigma_hat, xi, b.value
+
+    def _fit_alternating(self, problem, obj, hp, rep, log) -> tuple[Array, float, int]:
+        M = obj.Z.shape[0]
+        if self.options["init_q"] == "identity":
+            mu, Sigma = np.zeros(M), np.eye(M)
+        else:
+            mu, Sigma = np.zeros(M), obj.kernel.K(obj.Z)
+        xi: Array | None = None
+        hybrid = self.xi_mode == "hybrid"
+        budget = self.options["time_budget_s"]
+        small_changes, prev, it, value = 0, None, 0, -np.inf
+        for it in range(1, int(problem.max_iter) + 1):
+            mu, Sigma, xi, value = self._stage1(obj, mu, Sigma, xi)
+            extra: dict[str, float] = {"stage1_bound": value}
+            if hp.size > 0:
+                n0 = obj.n_eval
+                if hybrid:
+                    x0 = np.concatenate([hp.pack(), xi])
+
+                    def fun(x: Array) -> tuple[float, Array]:
+                        return obj.value_and_grad(x[: hp.size], x[hp.size:], with_xi=True)
+                else:
+                    x0, xi_fixed = hp.pack(), xi
+
+                    def fun(x: Array, xi_fixed: Array = xi_fixed) -> tuple[float, Array]:
+                        return obj.value_and_grad(x, xi_fixed)
+                opt = self._lbfgs(hp, xi.size if hybrid else 0, int(self.options["maxfun"]))
+                result = opt.maximize(fun, x0, max_iter=10 * int(self.options["maxfun"]))
+                self._record(log, result)
+                hp.unpack(result.x[: hp.size])
+                if hybrid:
+                    xi = result.x[hp.size:].copy()
+                    b = obj.bound(xi)
+                    mu, Sigma = b.mu_hat, b.Sigma_hat
+                value = result.value
+                extra.update(nfev=float(obj.n_eval - n0), lbfgs_abnormal=float(log["abnormal"]),
+                             lbfgs_success=float(result.success))
+            rep.report(it, value, self._snapshot(obj, xi), extra)
+            if prev is not None and abs(value - prev) / max(1.0, abs(value)) < self.options["tol"]:
+                small_changes += 1
+            else:
+                small_changes = 0
+            prev = value
+            if small_changes >= 2 or (budget is not None and rep.elapsed() > float(budget)):
+                break
+        return xi, value, it
+
+    # -- vi-jj-full ----------------------------------------------------------------------------
+    def _fit_full(self, problem, obj, hp, rep, log) -> tuple[Array, float, int]:
+        n = obj.X.shape[0]
+        x0 = np.concatenate([hp.pack(), np.ones(n)])
+        budget = self.options["time_budget_s"]
+
+        def fun(x: Array) -> tuple[float, Array]:
+            return obj.value_and_grad(x[: hp.size], x[hp.size:], with_xi=True)
+
+        def on_iteration(it: int, x: Array, value: float) -> bool:
+            rep.report(it, value, self._snapshot_at(obj, hp, x),
+                       {"nfev": float(obj.n_eval)})
+            return budget is not None and rep.elapsed() > float(budget)
+
+        result = self._lbfgs(hp, n, None).maximize(fun, x0, int(problem.max_iter), on_iteration)
+        self._record(log, result)
+        hp.unpack(result.x[: hp.size])
+        xi = result.x[hp.size:].copy()
+        if not rep.history:  # no completed iteration: report the end point once
+            rep.report(1, result.value, self._snapshot(obj, xi), {"nfev": float(obj.n_eval)})
+        return xi, result.value, max(result.n_iter, 1)
+
+    def _snapshot_at(self, obj: CollapsedObjective, hp: HyperParameters, x: Array):
+        saved = hp.pack()
+        hp.unpack(x[: hp.size])
+        build = self._snapshot(obj, x[hp.size:])
+        hp.unpack(saved)
+        return build
+
+
+class ViJJ(_CollapsedVI):
+    """Alg. 1 with Jaakkola-Jordan sites (logistic likelihood)."""
+
+    name: ClassVar[str] = "vi-jj"
+    kind = "jj"
+    xi_mode = "closed"
+
+
+class ViTaylor(_CollapsedVI):
+    """Alg. 1 with second-order Taylor sites (``xi <- m``: Newton for the DTC-Laplace mode)."""
+
+    name: ClassVar[str] = "vi-taylor"
+    kind = "taylor"
+    xi_mode = "closed"
+    likelihoods: ClassVar[tuple[str, ...]] = ("logit", "probit")
+
+
+class ViJJHybrid(_CollapsedVI):
+    """Alg. 1 whose Stage 2 moves ``(theta, xi)`` with the ``xi`` gradient (§2.8)."""
+
+    name: ClassVar[str] = "vi-jj-hybrid"
+    kind = "jj"
+    xi_mode = "hybrid"
+
+
+class ViJJFull(_CollapsedVI):
+    """One L-BFGS-B run on ``(theta, xi)`` maximising the collapsed JJ bound."""
+
+    name: ClassVar[str] = "vi-jj-full"
+    kind = "jj"
+    xi_mode = "full"

@@ -1,0 +1,1 @@
+"""HMC sampling and annealed importance sampling for ``log Z`` (spec binary §3)."""

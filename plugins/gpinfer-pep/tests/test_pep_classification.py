@@ -1,0 +1,213 @@
+"""Iterative Power EP for binary classification against dense references (spec power-ep §7,
+oracles 4, 6-9, 13, 14), the stochastic variant and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _pep_dense import (  # noqa: F401  (single_thread is an autouse fixture)
+    hensman_elbo,
+    problem,
+    single_thread,
+    standard_ep_probit,
+)
+
+from gpinfer import GPClassifier
+from gpinfer.errors import InputError
+from gpinfer.hyper import HyperParameters, parameter_gradient
+from gpinfer.likelihoods import BernoulliLogit, BernoulliProbit
+from gpinfer.sites.power_tilted import scaled_tilted
+from gpinfer.sites.rank_one import InducingGeometry, RankOnePEPSites
+
+PROBIT = BernoulliProbit()
+
+
+def _sites(kern, X, y, Z, alpha, jitter=0.0, lik=PROBIT, **kw):
+    kw.setdefault("site_step", "full")
+    kw.setdefault("damping", 1.0 if kw.get("schedule") == "sequential" else 0.7)
+    sites = RankOnePEPSites(lik, y, alpha, **kw)
+    geo = InducingGeometry.build(kern.K(Z), kern.K(Z, X), kern.K_diag(X), jitter)
+    sites.set_geometry(geo, kern, Z)
+    return sites
+
+
+def test_full_inducing_set_alpha_one_is_standard_ep():  # oracle 4
+    kern, X, y, _ = problem(n=25, classification=True)
+    jitter = 1e-8 * 1.3
+    sites = _sites(kern, X, y, X.copy(), 1.0, jitter=jitter, schedule="sequential")
+    sites.run(500, tol=1e-12)
+    energy, mu, var = standard_ep_probit(kern.K(X) + jitter * np.eye(len(y)), y)
+    mean_f, var_f = sites.marginals()
+    np.testing.assert_allclose(sites.energy(with_gradients=False).value, energy, rtol=1e-6)
+    np.testing.assert_allclose(mean_f, mu, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(var_f, var, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.5, 1.0])
+def test_schedules_reach_the_same_fixed_point(alpha):  # oracle 6 and 14 (order, tau >= 0)
+    kern, X, y, Z = problem(n=30, m=6, classification=True)
+    runs = [
+        dict(schedule="sequential", site_step="power", damping=1.0),
+        dict(schedule="parallel", site_step="power", damping=0.5),
+        dict(schedule="parallel", site_step="full", damping=0.5),
+    ]
+    taus, nus = [], []
+    for kw in runs:
+        sites = _sites(kern, X, y, Z, alpha, **kw)
+        sites.run(3000, tol=1e-11)
+        assert sites.converged
+        assert np.all(sites.tau >= 0)
+        assert np.all(sites.cavity(np.arange(30)).den > 0)
+        taus.append(sites.tau)
+        nus.append(sites.nu)
+    for t, v in zip(taus[1:], nus[1:]):
+        np.testing.assert_allclose(t, taus[0], atol=1e-8)
+        np.testing.assert_allclose(v, nus[0], atol=1e-8)
+    perm = np.random.default_rng(1).permutation(30)
+    sites = _sites(kern, X[perm], y[perm], Z, alpha)
+    sites.run(3000, tol=1e-11)
+    np.testing.assert_allclose(sites.tau, taus[0][perm], atol=1e-8)
+
+
+def _energy_fn(kern, X, y, Z, alpha, tol=1e-12):
+    """(value and gradient over theta = kernel log-parameters and Z), sites re-converged with a
+    warm start at every point (spec §7 oracle 7)."""
+    hp = HyperParameters(kern, None, Z)
+    sites = _sites(kern, X, y, Z, alpha)
+
+    def value_grad(theta, converge=True):
+        hp.unpack(theta)
+        Zc = hp.Z[0]
+        sites.set_geometry(InducingGeometry.build(kern.K(Zc), kern.K(Zc, X), kern.K_diag(X),
+                                                  0.0), kern, Zc)
+        if converge:
+            sites.run(5000, tol=tol)
+        out = sites.energy()
+        return out.value, parameter_gradient(hp, X, out.gradients)
+
+    return hp, sites, value_grad
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])
+def test_gradient_at_convergence_matches_finite_differences(alpha):  # oracle 7
+    kern, X, y, Z = problem(n=25, m=4, classification=True)
+    hp, _, value_grad = _energy_fn(kern, X, y, Z, alpha)
+    theta0 = hp.pack()
+    grad = value_grad(theta0.copy())[1]
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        d = rng.normal(size=theta0.size)
+        e = 1e-5
+        fd = (value_grad(theta0 + e * d)[0] - value_grad(theta0 - e * d)[0]) / (2 * e)
+        np.testing.assert_allclose(grad @ d, fd, rtol=1e-5)
+
+
+def test_gradient_before_convergence_does_not_match():  # oracle 7 (negative)
+    kern, X, y, Z = problem(n=25, m=4, classification=True)
+    hp, sites, value_grad = _energy_fn(kern, X, y, Z, 0.5)
+    theta0 = hp.pack()
+    sites.update()  # one sweep from tau = 0, far from the fixed point
+    tau, nu = sites.tau.copy(), sites.nu.copy()
+    grad = value_grad(theta0.copy(), converge=False)[1]
+    d = np.random.default_rng(0).normal(size=theta0.size)
+    e = 1e-5
+    vals = []
+    for s in (1, -1):
+        sites.tau[:], sites.nu[:] = tau, nu
+        vals.append(value_grad(theta0 + s * e * d, converge=False)[0])
+    fd = (vals[0] - vals[1]) / (2 * e)
+    assert abs(grad @ d - fd) > 1e-3 * abs(fd)
+
+
+@pytest.mark.parametrize("lik", [PROBIT, BernoulliLogit()])
+@pytest.mark.parametrize("alpha", [0.2, 0.5, 1.0])
+def test_tilted_derivatives(lik, alpha):  # oracle 8
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 12)
+    m, v = rng.normal(size=12) * 2, rng.uniform(0.05, 20, 12)
+    a = np.full(12, alpha)
+    t = scaled_tilted(lik, y, m, v, a)
+    e = 1e-5
+    d1 = (scaled_tilted(lik, y, m + e, v, a).log_z - scaled_tilted(lik, y, m - e, v, a).log_z)
+    dv = (scaled_tilted(lik, y, m, v + e, a).log_z - scaled_tilted(lik, y, m, v - e, a).log_z)
+    np.testing.assert_allclose(t.d1, d1 / (2 * e), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(t.dv, dv / (2 * e), rtol=1e-6, atol=1e-9)
+
+
+def test_quadrature_matches_probit_closed_form():  # oracle 8
+    m, v = np.meshgrid(np.linspace(-6, 6, 13), np.logspace(-4, 3, 8))
+    m, v = m.ravel(), v.ravel()
+    for label in (0, 1):
+        y = np.full(m.size, label)
+        closed = scaled_tilted(PROBIT, y, m, v, np.ones(m.size))
+        quad = scaled_tilted(PROBIT, y, m, v, np.full(m.size, 1 - 1e-12))
+        for c, q in zip(closed[:3], quad[:3]):
+            np.testing.assert_allclose(q, c, atol=1e-8)
+
+
+def test_small_alpha_energy_approaches_hensman_elbo():  # oracle 9
+    kern, X, y, Z = problem(n=25, m=5, classification=True)
+    sites = _sites(kern, X, y, Z, 0.5)
+    sites.run(50)  # arbitrary (non-fixed-point) sites
+    tau, nu = sites.tau.copy(), sites.nu.copy()
+    m, V = sites.posterior().q_u()
+    elbo = hensman_elbo(PROBIT, y, kern, X, Z, m, V)
+    gaps = []
+    for a in (0.0, 1e-3, 1e-4):
+        s = _sites(kern, X, y, Z, a)
+        s.tau[:], s.nu[:] = tau, nu
+        s._rebuild()
+        gaps.append(abs(s.energy(with_gradients=False).value - elbo))
+    assert gaps[0] < 1e-8
+    assert gaps[2] < gaps[1] < 1e-1
+    np.testing.assert_allclose(gaps[2] / gaps[1], 0.1, rtol=0.1)
+
+
+def test_minibatch_estimator_averages_to_full_energy():  # oracle 13
+    kern, X, y, Z = problem(n=30, m=5, classification=True)
+    sites = _sites(kern, X, y, Z, 0.5)
+    sites.run(20)
+    hp = HyperParameters(kern, None, Z)
+    full = sites.energy()
+    g_full = parameter_gradient(hp, X, full.gradients)
+    batches = np.array_split(np.random.default_rng(0).permutation(30), 3)
+    vals, grads = [], []
+    for b in batches:
+        out = sites.energy(b)
+        vals.append(out.value)
+        grads.append(parameter_gradient(hp, X[b], out.gradients))
+    np.testing.assert_allclose(np.mean(vals), full.value, rtol=1e-12)
+    np.testing.assert_allclose(np.mean(grads, axis=0), g_full, rtol=1e-10, atol=1e-12)
+
+
+def test_per_point_alpha_equals_scalar():  # oracle 14
+    kern, X, y, Z = problem(n=20, m=4, classification=True)
+    a = _sites(kern, X, y, Z, 0.4)
+    b = _sites(kern, X, y, Z, np.full(20, 0.4))
+    a.run(2000, tol=1e-11)
+    b.run(2000, tol=1e-11)
+    np.testing.assert_allclose(a.energy().value, b.energy().value, rtol=1e-12)
+
+
+def test_stochastic_variant_and_bad_input():
+    kern, X, y, _ = problem(n=60, classification=True)
+    est = GPClassifier(method="pep", M=6, kernel=kern, batch_size=20, max_iter=15,
+                       random_state=0, method_options={"alpha": 0.5, "n_sweeps": 2}).fit(X, y)
+    assert est.score(X, y) > 0.7
+    assert len(est.history_) == 15
+    y3 = np.arange(60) % 3
+    with pytest.raises(InputError, match="binary"):
+        GPClassifier(method="pep", M=5).fit(X, y3)
+    with pytest.raises(InputError, match="alpha"):
+        GPClassifier(method="pep", M=5, method_options={"alpha": -0.1}).fit(X, y)
+    with pytest.raises(InputError, match="regression only"):
+        GPClassifier(method="pep", M=5, method_options={"blocks": [np.arange(60)]}).fit(X, y)
+
+
+def test_logit_likelihood_and_gauss_hermite_option():
+    kern, X, y, _ = problem(n=40, classification=True)
+    for lik, options in (("logit", {"alpha": 1.0}),
+                         ("probit", {"alpha": 0.5, "quadrature": "gauss-hermite"})):
+        est = GPClassifier(method="pep", M=5, kernel=kern, likelihood=lik, max_iter=3,
+                           random_state=0, method_options=options).fit(X, y)
+        assert np.isfinite(est.log_evidence_) and est.score(X, y) > 0.7
