@@ -12,9 +12,10 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from gpinfer.errors import InputError, NumericalError
+from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array, FitCallback, IterationInfo
 from gpinfer.posterior import Posterior
+from gpinfer.validation import check_binary_labels
 
 
 class IterationReporter:
@@ -56,11 +57,5 @@ class IterationReporter:
 
 def binary_signs(y: Array, n_classes: int, method: str) -> Array:
     """Labels ``[N]`` (class indices 0/1) as signs ``-1/+1``; ``InputError`` unless binary."""
-    y = np.asarray(y)
-    values = np.unique(y)
-    if y.ndim != 1 or n_classes != 2 or not np.all(np.isin(values, [0, 1])) or len(values) < 2:
-        raise InputError(
-            f"{method} handles binary classification with both classes 0/1 present; got "
-            f"n_classes={n_classes} and label values {values[:10].tolist()}"
-        )
-    return 2.0 * y.astype(float) - 1.0
+    labels = check_binary_labels(y, n_classes, method, require_both=True)
+    return 2.0 * labels.astype(float) - 1.0

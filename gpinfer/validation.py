@@ -263,6 +263,31 @@ def _alternatives(predicate: Callable[[type[Method]], bool]) -> str:
     return ", ".join(names) if names else "(none installed)"
 
 
+def check_binary_labels(
+    y: Any, n_classes: int, method: str, *, require_both: bool = False
+) -> Array:
+    """Class indices ``[N]`` (int64) of a binary problem, for methods that handle two classes.
+
+    Raises ``InputError`` naming the installed multi-class methods when ``y`` is not 0/1 or the
+    problem has more than two classes; with ``require_both`` both classes must be present.
+    """
+    y = np.asarray(y)
+    values = np.unique(y)
+    ok = y.ndim == 1 and n_classes <= 2 and bool(np.all(np.isin(values, [0, 1])))
+    if not ok:
+        raise InputError(
+            f"{method} handles binary classification with labels 0/1 only; got "
+            f"n_classes={n_classes} and label values {values[:10].tolist()}. "
+            f"Multi-class methods: {_alternatives(lambda m: m.multiclass)}"
+        )
+    if require_both and len(values) < 2:
+        raise InputError(
+            f"{method} needs both classes 0/1 present in y (binary classification); "
+            f"got only {values.tolist()}"
+        )
+    return y.astype(np.int64)
+
+
 def check_method_compatible(
     method_cls: type[Method],
     n_classes: int,

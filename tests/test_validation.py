@@ -11,6 +11,7 @@ from gpinfer import registry
 from gpinfer.errors import InputError
 from gpinfer.interfaces import Method
 from gpinfer.validation import (
+    check_binary_labels,
     check_inducing,
     check_method_compatible,
     check_X,
@@ -281,3 +282,20 @@ def test_wrong_task(installed):
         check_method_compatible(_Binary, 0, "regression", None, None)
     with pytest.raises(InputError, match="for classification use one of: binary_only, multi"):
         check_method_compatible(_Regression, 2, "classification", None, None)
+
+
+# --------------------------------------------------------------------------------------------
+# check_binary_labels (the one binary-label check every binary method uses)
+# --------------------------------------------------------------------------------------------
+
+
+def test_check_binary_labels_accepts_0_1_and_names_multiclass_methods_otherwise():
+    y = check_binary_labels([0, 1, 1, 0], 2, "mymethod")
+    assert y.dtype == np.int64 and y.tolist() == [0, 1, 1, 0]
+    with pytest.raises(InputError, match=r"mymethod handles binary.*Multi-class methods: .*sep"):
+        check_binary_labels([0, 1, 2], 3, "mymethod")
+    with pytest.raises(InputError, match="labels 0/1"):
+        check_binary_labels([0, 5], 2, "mymethod")
+    assert check_binary_labels([1, 1], 2, "mymethod").tolist() == [1, 1]
+    with pytest.raises(InputError, match="both classes"):
+        check_binary_labels([1, 1], 2, "mymethod", require_both=True)

@@ -39,6 +39,7 @@ from gpinfer.kernels.base import Kernel
 from gpinfer.optim import make_optimizer
 from gpinfer.optim.grid import GridSearch
 from gpinfer.posterior import Posterior
+from gpinfer.validation import check_binary_labels
 
 PosteriorBuilder = Callable[[Likelihood, Kernel, Array], Posterior]
 
@@ -65,28 +66,9 @@ class DenseSolution:
     state: dict[str, Array] = field(default_factory=dict)
 
 
-def multiclass_methods() -> str:
-    """Names of the registered multi-class methods, for error messages."""
-    try:
-        from gpinfer.registry import methods_supporting
-
-        names = methods_supporting(lambda m: m.multiclass)
-    except Exception:  # advisory only
-        names = []
-    return ", ".join(names) if names else "none registered (see `gpinfer methods`)"
-
-
 def binary_labels(problem: Problem, method: str) -> Array:
     """Labels ``[N]`` as int 0/1; ``InputError`` naming the multi-class methods otherwise."""
-    y = np.asarray(problem.y)
-    values = np.unique(y)
-    if not (y.ndim == 1 and problem.n_classes <= 2 and np.all(np.isin(values, [0, 1]))):
-        raise InputError(
-            f"{method} handles binary classification with labels 0/1 only; got "
-            f"n_classes={problem.n_classes} and label values {values[:10].tolist()}. "
-            f"Multi-class methods: {multiclass_methods()}"
-        )
-    return y.astype(np.int64)
+    return check_binary_labels(problem.y, problem.n_classes, method)
 
 
 class DenseBinaryMethod(Method):

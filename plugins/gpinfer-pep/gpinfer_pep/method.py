@@ -37,6 +37,7 @@ from gpinfer.sites.rank_one import (
     RankOnePEPSites,
     WhitenedInducingPosterior,
 )
+from gpinfer.validation import check_binary_labels
 from gpinfer_pep.collapsed import check_partition, collapsed_pep
 
 #: box bounds on the unconstrained (log) parameters, to keep L-BFGS-B line searches sane
@@ -155,13 +156,8 @@ class PowerEP(Method):
             return _Regression(self, problem, X, y, kernel, Z, callback).fit()
         if self.options["blocks"] is not None:
             raise InputError("blocks (the PITC-like variant) are for regression only")
-        y = np.asarray(problem.y)
-        if problem.n_classes != 2 or not np.all(np.isin(y, [0, 1])):
-            raise InputError(
-                f"{self.name} handles binary classification only (two classes); got "
-                f"n_classes={problem.n_classes}"
-            )
-        return _Classification(self, problem, X, y.astype(np.int64), kernel, Z, callback).fit()
+        y = check_binary_labels(problem.y, problem.n_classes, self.name, require_both=True)
+        return _Classification(self, problem, X, y, kernel, Z, callback).fit()
 
 
 class FITC(PowerEP):
