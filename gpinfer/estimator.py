@@ -52,7 +52,127 @@ def _load_method(spec: Any) -> type[Method]:
     return registry.load_method(spec)
 
 
-class GPClassifier(ClassifierMixin, BaseEstimator):
+class _GPEstimatorBase(BaseEstimator):
+    """What ``GPClassifier`` and ``GPRegressor`` share: building the problem, running the
+    method, the fitted attributes and latent prediction. Subclasses keep their own explicit
+    ``__init__`` (scikit-learn reads the parameters from its signature).
+    """
+
+    def _build_kernel(self, input_dim: int) -> Kernel:
+        if isinstance(self.kernel, Kernel):
+            return self.kernel.copy()
+        if isinstance(self.kernel, str):
+            from gpinfer.kernels import make_kernel
+
+            return make_kernel(self.kernel, input_dim=input_dim, ard=False)
+        raise InputError(f"kernel must be a kernel name or a Kernel object; got {self.kernel!r}")
+
+    def _likelihood_name(self) -> str | None:
+        """The likelihood name to check against the method (``None`` for an object without one)."""
+        if self.likelihood is None:
+            return None
+        if isinstance(self.likelihood, str):
+            return self.likelihood
+        if isinstance(self.likelihood, Likelihood):
+            name = getattr(self.likelihood, "name", None)
+            if isinstance(name, str) and name:
+                return name
+            from gpinfer import likelihoods
+
+            builtin = getattr(likelihoods, "BUILTIN_LIKELIHOODS", {})
+            names = [key for key, cls in builtin.items() if type(self.likelihood) is cls]
+            return names[0] if names else None  # a custom object: the caller's responsibility
+        raise InputError(
+            f"likelihood must be None, a likelihood name or a Likelihood object; "
+            f"got {self.likelihood!r}"
+        )
+
+    def _check_settings(self) -> None:
+        if isinstance(self.max_iter, bool) or not isinstance(self.max_iter, numbers.Integral):
+            raise InputError(f"max_iter must be an int >= 1; got {self.max_iter!r}")
+        if self.max_iter < 1:
+            raise InputError(f"max_iter must be an int >= 1; got {self.max_iter!r}")
+        if not isinstance(self.optimize, bool | np.bool_):
+            raise InputError(f"optimize must be True or False; got {self.optimize!r}")
+        if self.method_options is not None and not isinstance(self.method_options, Mapping):
+            raise InputError(f"method_options must be a dict or None; got {self.method_options!r}")
+
+    def _rng(self) -> np.random.Generator:
+        seed = self.random_state
+        if isinstance(seed, np.random.RandomState):
+            seed = int(seed.randint(np.iinfo(np.int32).max))
+        try:
+            return np.random.default_rng(seed)
+        except (TypeError, ValueError) as exc:
+            raise InputError(
+                f"random_state must be None, an int or a numpy Generator; got {seed!r}"
+            ) from exc
+
+    def _instantiate(self, method_cls: type[Method]) -> Method:
+        """The method object with ``method_options``; unknown options are an ``InputError``."""
+        try:
+            return method_cls(**dict(self.method_options or {}))
+        except (TypeError, ValueError) as exc:
+            raise InputError(str(exc)) from exc
+
+    def _problem(
+        self, X: Array, y: Array, n_classes: int, kernel: Kernel, likelihood: Likelihood,
+        inducing: int | Array | None,
+    ) -> Problem:
+        """The validated ``Problem`` handed to the method's ``fit``."""
+        return Problem(
+            X=X,
+            y=y,
+            n_classes=n_classes,
+            kernel=kernel,
+            likelihood=likelihood,
+            inducing=inducing,
+            optimize=bool(self.optimize),
+            max_iter=int(self.max_iter),
+            batch_size=None if self.batch_size is None else int(self.batch_size),
+            rng=self._rng(),
+        )
+
+    def _fit_problem(
+        self, method: Method, method_name: str, problem: Problem, callback: FitCallback | None
+    ) -> None:
+        """Run ``method.fit`` and set the fitted attributes common to every estimator."""
+        result = method.fit(problem, callback)
+        if not isinstance(result, FitResult):
+            raise TypeError(
+                f"method {method_name!r} returned {type(result).__name__} from fit; "
+                "a method's fit must return gpinfer.interfaces.FitResult"
+            )
+        self.n_features_in_ = problem.X.shape[1]
+        self.method_ = method
+        self.fit_result_ = result
+        self.posterior_ = result.posterior
+        self.kernel_ = result.kernel
+        self.likelihood_ = result.posterior.likelihood
+        self.log_evidence_ = float(result.log_evidence)
+        se = result.log_evidence_se
+        self.log_evidence_se_ = None if se is None else float(se)
+        self.n_iter_ = int(result.n_iter)
+        self.history_ = list(result.history)
+
+    def _validate_for_predict(self, X: Any) -> Array:
+        check_is_fitted(self)
+        X = check_X(X, "X")
+        if X.shape[1] != self.n_features_in_:
+            raise InputError(
+                f"X has {X.shape[1]} features, but {type(self).__name__} is expecting "
+                f"{self.n_features_in_} features as input"
+            )
+        return X
+
+    def predict_f(self, X: Any) -> tuple[Array, Array]:
+        """Latent predictive means and variances at ``X [N*, D]``, each ``[N*, L]``."""
+        X = self._validate_for_predict(X)
+        return self.posterior_.predict_f(X)
+
+
+
+class GPClassifier(ClassifierMixin, _GPEstimatorBase):
     """Gaussian-process classification with any registered approximate-inference method.
 
     Parameters
@@ -121,35 +241,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         return tags
 
     # -- building the problem -----------------------------------------------------------------
-    def _build_kernel(self, input_dim: int) -> Kernel:
-        if isinstance(self.kernel, Kernel):
-            return self.kernel.copy()
-        if isinstance(self.kernel, str):
-            from gpinfer.kernels import make_kernel
-
-            return make_kernel(self.kernel, input_dim=input_dim, ard=False)
-        raise InputError(f"kernel must be a kernel name or a Kernel object; got {self.kernel!r}")
-
-    def _likelihood_name(self) -> str | None:
-        """The likelihood name to check against the method (``None`` for an object without one)."""
-        if self.likelihood is None:
-            return None
-        if isinstance(self.likelihood, str):
-            return self.likelihood
-        if isinstance(self.likelihood, Likelihood):
-            name = getattr(self.likelihood, "name", None)
-            if isinstance(name, str) and name:
-                return name
-            from gpinfer import likelihoods
-
-            builtin = getattr(likelihoods, "BUILTIN_LIKELIHOODS", {})
-            names = [key for key, cls in builtin.items() if type(self.likelihood) is cls]
-            return names[0] if names else None  # a custom object: the caller's responsibility
-        raise InputError(
-            f"likelihood must be None, a likelihood name or a Likelihood object; "
-            f"got {self.likelihood!r}"
-        )
-
     def _build_likelihood(self, method_cls: type[Method], n_classes: int) -> Likelihood:
         from gpinfer.likelihoods import make_likelihood
 
@@ -179,27 +270,6 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
             )
         return likelihood
 
-    def _check_settings(self) -> None:
-        if isinstance(self.max_iter, bool) or not isinstance(self.max_iter, numbers.Integral):
-            raise InputError(f"max_iter must be an int >= 1; got {self.max_iter!r}")
-        if self.max_iter < 1:
-            raise InputError(f"max_iter must be an int >= 1; got {self.max_iter!r}")
-        if not isinstance(self.optimize, bool | np.bool_):
-            raise InputError(f"optimize must be True or False; got {self.optimize!r}")
-        if self.method_options is not None and not isinstance(self.method_options, Mapping):
-            raise InputError(f"method_options must be a dict or None; got {self.method_options!r}")
-
-    def _rng(self) -> np.random.Generator:
-        seed = self.random_state
-        if isinstance(seed, np.random.RandomState):
-            seed = int(seed.randint(np.iinfo(np.int32).max))
-        try:
-            return np.random.default_rng(seed)
-        except (TypeError, ValueError) as exc:
-            raise InputError(
-                f"random_state must be None, an int or a numpy Generator; got {seed!r}"
-            ) from exc
-
     # -- fit / predict ---------------------------------------------------------------------------
     def fit(self, X: Any, y: Any, callback: FitCallback | None = None) -> GPClassifier:
         """Fit the approximate posterior (and hyper-parameters when ``optimize``).
@@ -225,56 +295,11 @@ class GPClassifier(ClassifierMixin, BaseEstimator):
         inducing = check_inducing(self.M, n, d, method_name, method_cls.uses_inducing_points)
         likelihood = self._build_likelihood(method_cls, n_classes)
         kernel = self._build_kernel(d)
-        try:
-            method = method_cls(**dict(self.method_options or {}))
-        except (TypeError, ValueError) as exc:
-            raise InputError(str(exc)) from exc
-        problem = Problem(
-            X=X,
-            y=y_index,
-            n_classes=n_classes,
-            kernel=kernel,
-            likelihood=likelihood,
-            inducing=inducing,
-            optimize=bool(self.optimize),
-            max_iter=int(self.max_iter),
-            batch_size=None if self.batch_size is None else int(self.batch_size),
-            rng=self._rng(),
-        )
-        result = method.fit(problem, callback)
-        if not isinstance(result, FitResult):
-            raise TypeError(
-                f"method {method_name!r} returned {type(result).__name__} from fit; "
-                "a method's fit must return gpinfer.interfaces.FitResult"
-            )
+        method = self._instantiate(method_cls)
+        problem = self._problem(X, y_index, n_classes, kernel, likelihood, inducing)
+        self._fit_problem(method, method_name, problem, callback)
         self.classes_ = classes
-        self.n_features_in_ = d
-        self.method_ = method
-        self.fit_result_ = result
-        self.posterior_ = result.posterior
-        self.kernel_ = result.kernel
-        self.likelihood_ = result.posterior.likelihood
-        self.log_evidence_ = float(result.log_evidence)
-        se = result.log_evidence_se
-        self.log_evidence_se_ = None if se is None else float(se)
-        self.n_iter_ = int(result.n_iter)
-        self.history_ = list(result.history)
         return self
-
-    def _validate_for_predict(self, X: Any) -> Array:
-        check_is_fitted(self)
-        X = check_X(X, "X")
-        if X.shape[1] != self.n_features_in_:
-            raise InputError(
-                f"X has {X.shape[1]} features, but {type(self).__name__} is expecting "
-                f"{self.n_features_in_} features as input"
-            )
-        return X
-
-    def predict_f(self, X: Any) -> tuple[Array, Array]:
-        """Latent predictive means and variances at ``X [N*, D]``, each ``[N*, L]``."""
-        X = self._validate_for_predict(X)
-        return self.posterior_.predict_f(X)
 
     def predict_proba(self, X: Any) -> Array:
         """Class probabilities ``[N*, C]``, columns ordered as ``classes_``; rows sum to one."""

@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from gpinfer.errors import InputError
-from gpinfer.estimator import GPClassifier, _load_method
-from gpinfer.interfaces import FitCallback, FitResult, Likelihood, Problem
+from gpinfer.estimator import _GPEstimatorBase, _load_method
+from gpinfer.interfaces import FitCallback, Likelihood
 from gpinfer.validation import check_inducing, check_method_compatible, check_X_y
 
 Array = np.ndarray
@@ -39,7 +39,7 @@ def check_targets(y: Array) -> Array:
     return arr
 
 
-class GPRegressor(RegressorMixin, BaseEstimator):
+class GPRegressor(RegressorMixin, _GPEstimatorBase):
     """Gaussian-process regression with any registered method whose ``tasks`` include regression.
 
     Parameters are those of ``GPClassifier`` (``method``, ``M``, ``kernel``, ``likelihood``,
@@ -73,13 +73,6 @@ class GPRegressor(RegressorMixin, BaseEstimator):
         self.random_state = random_state
         self.method_options = method_options
 
-    # the problem-building helpers are shared with the classifier
-    _build_kernel = GPClassifier._build_kernel
-    _check_settings = GPClassifier._check_settings
-    _rng = GPClassifier._rng
-    _likelihood_name = GPClassifier._likelihood_name
-    _validate_for_predict = GPClassifier._validate_for_predict
-
     def _build_likelihood(self, y: Array) -> Likelihood:
         from gpinfer.likelihoods import Gaussian, make_likelihood
 
@@ -106,33 +99,10 @@ class GPRegressor(RegressorMixin, BaseEstimator):
                                 self._likelihood_name() or "gaussian")
         inducing = check_inducing(self.M, n, d, name, method_cls.uses_inducing_points)
         likelihood = self._build_likelihood(y)
-        try:
-            method = method_cls(**dict(self.method_options or {}))
-        except (TypeError, ValueError) as exc:
-            raise InputError(str(exc)) from exc
-        problem = Problem(X=X, y=y, n_classes=0, kernel=self._build_kernel(d),
-                          likelihood=likelihood, inducing=inducing, optimize=bool(self.optimize),
-                          max_iter=int(self.max_iter),
-                          batch_size=None if self.batch_size is None else int(self.batch_size),
-                          rng=self._rng())
-        result = method.fit(problem, callback)
-        if not isinstance(result, FitResult):
-            raise TypeError(f"method {name!r} returned {type(result).__name__} from fit")
-        self.n_features_in_ = d
-        self.method_ = method
-        self.fit_result_ = result
-        self.posterior_ = result.posterior
-        self.kernel_ = result.kernel
-        self.likelihood_ = result.posterior.likelihood
-        self.log_evidence_ = float(result.log_evidence)
-        self.n_iter_ = int(result.n_iter)
-        self.history_ = list(result.history)
+        method = self._instantiate(method_cls)
+        problem = self._problem(X, y, 0, self._build_kernel(d), likelihood, inducing)
+        self._fit_problem(method, name, problem, callback)
         return self
-
-    def predict_f(self, X: Any) -> tuple[Array, Array]:
-        """Latent predictive means and variances at ``X [N*, D]``, each ``[N*, 1]``."""
-        X = self._validate_for_predict(X)
-        return self.posterior_.predict_f(X)
 
     def predict(self, X: Any, return_std: bool = False) -> Array | tuple[Array, Array]:
         """Predictive mean ``[N*]`` of ``y*``; with ``return_std`` also its std ``[N*]``

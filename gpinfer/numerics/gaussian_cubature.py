@@ -124,6 +124,19 @@ class SoftmaxTilted(NamedTuple):
     A_hat: Array
 
 
+def _batched(
+    h: Array, A: Array, beta: Array | None, order: int | None, reduced: bool | None
+) -> tuple[Array, Array, Array, list[slice]]:
+    """Checked ``h [B, C]``, ``A [B, C, C]``, ``beta [C]`` (zeros by default) and the slices of
+    the batch processed at once (bounded by the rule's size, so memory stays bounded)."""
+    h, A = _check(h, A)
+    B, C = h.shape
+    beta = np.zeros(C) if beta is None else np.asarray(beta, dtype=float)
+    reduce = reduced if reduced is not None else default_reduced(C)
+    n_nodes = (order or default_order(C)) ** (C - 1 if reduce else C)
+    return h, A, beta, list(chunk_slices(B, 3 * n_nodes * C))
+
+
 def softmax_tilted(
     y: Array,
     h: Array,
@@ -133,15 +146,11 @@ def softmax_tilted(
     reduced: bool | None = None,
 ) -> SoftmaxTilted:
     """Moments of ``softmax(u + beta)_y N(u | h, A)`` (spec ivm §2.5), batched over ``B``."""
-    h, A = _check(h, A)
+    h, A, beta, slices = _batched(h, A, beta, order, reduced)
     B, C = h.shape
     y = np.asarray(y, dtype=np.int64).reshape(B)
-    beta = np.zeros(C) if beta is None else np.asarray(beta, dtype=float)
     out = SoftmaxTilted(np.empty(B), np.empty((B, C)), np.empty((B, C)), np.empty((B, C, C)))
-    E = (order or default_order(C)) ** (
-        C - 1 if (reduced if reduced is not None else default_reduced(C)) else C
-    )
-    for sl in chunk_slices(B, 3 * E * C):
+    for sl in slices:
         rule = gauss_rule(h[sl], A[sl], order, reduced)
         f = np.take_along_axis(
             _log_softmax(rule.nodes + beta), y[sl, None, None].repeat(rule.nodes.shape[1], 1), 2
@@ -174,11 +183,9 @@ def softmax_predictive(
     reduced: bool | None = None,
 ) -> Array:
     """``E_{N(h, A)}[softmax(u + beta)]``, ``[B, C]``; rows sum to one for any positive rule."""
-    h, A = _check(h, A)
-    B, C = h.shape
-    beta = np.zeros(C) if beta is None else np.asarray(beta, dtype=float)
-    out = np.empty((B, C))
-    for sl in chunk_slices(B, 3 * (order or default_order(C)) ** C * C):
+    h, A, beta, slices = _batched(h, A, beta, order, reduced)
+    out = np.empty(h.shape)
+    for sl in slices:
         rule = gauss_rule(h[sl], A[sl], order, reduced)
         out[sl] = rule.weights @ np.exp(_log_softmax(rule.nodes + beta))
     if not np.all(np.isfinite(out)):
@@ -204,12 +211,11 @@ def softmax_expected_log_prob(
     reduced: bool | None = None,
 ) -> SoftmaxExpectation:
     """``E_{N(h, A)}[log softmax(u + beta)_y]`` and its derivatives wrt ``h`` and ``A``."""
-    h, A = _check(h, A)
+    h, A, beta, slices = _batched(h, A, beta, order, reduced)
     B, C = h.shape
     y = np.asarray(y, dtype=np.int64).reshape(B)
-    beta = np.zeros(C) if beta is None else np.asarray(beta, dtype=float)
     value, dmean, dcov = np.empty(B), np.empty((B, C)), np.empty((B, C, C))
-    for sl in chunk_slices(B, 3 * (order or default_order(C)) ** C * C):
+    for sl in slices:
         rule = gauss_rule(h[sl], A[sl], order, reduced)
         lp = _log_softmax(rule.nodes + beta)
         p = np.exp(lp)
