@@ -93,6 +93,21 @@ class Sum(Combination):
     def grad_inputs_diag(self, X: Array, dK_diag: Array) -> Array:
         return sum(p.grad_inputs_diag(X, dK_diag) for p in self.parts)
 
+    def vjp(
+        self, X: Array, X2: Array | None, dK: Array, *, inputs: bool = True
+    ) -> tuple[Array, Array | None]:
+        return combine_vjps([p.vjp(X, X2, dK, inputs=inputs) for p in self.parts])
+
+
+def combine_vjps(
+    results: list[tuple[Array, Array | None]],
+) -> tuple[Array, Array | None]:
+    """The parts' ``(grad_params, grad_inputs)`` pairs as the combination's: parameters
+    concatenated in part order, input gradients summed (``None`` when skipped)."""
+    g_params = np.concatenate([r[0] for r in results])
+    g_inputs = [r[1] for r in results]
+    return g_params, (None if g_inputs[0] is None else sum(g_inputs))
+
 
 def products_of_others(mats: list[Array]) -> list[Array]:
     """For each ``i``, the elementwise product of every matrix but ``mats[i]`` (no division).
@@ -156,6 +171,14 @@ class Product(Combination):
     def grad_inputs(self, X: Array, X2: Array | None, dK: Array) -> Array:
         scaled = self._scaled_gradients(X, X2, dK)
         return sum(p.grad_inputs(X, X2, g) for p, g in zip(self.parts, scaled))
+
+    def vjp(
+        self, X: Array, X2: Array | None, dK: Array, *, inputs: bool = True
+    ) -> tuple[Array, Array | None]:
+        scaled = self._scaled_gradients(X, X2, dK)
+        return combine_vjps(
+            [p.vjp(X, X2, g, inputs=inputs) for p, g in zip(self.parts, scaled)]
+        )
 
     def grad_inputs_diag(self, X: Array, dK_diag: Array) -> Array:
         scaled = self._scaled_diag_gradients(X, dK_diag)

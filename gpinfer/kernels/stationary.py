@@ -154,16 +154,20 @@ class Stationary(Kernel):
         return self._params_from(*self._distance_gradient(X, X2, dK))
 
     def _params_from(
-        self, A: Array, B: Array | None, r2: Array, dK_times_K: Array, G: Array
+        self, A: Array, B: Array | None, r2: Array, dK_times_K: Array, G: Array,
+        GB: Array | None = None,
     ) -> Array:
-        """Parameter gradient ``[P]`` from the pieces of ``_distance_gradient``."""
+        """Parameter gradient ``[P]`` from the pieces of ``_distance_gradient``
+        (``GB = G @ B [N, D]`` when the caller has it already)."""
         # d r2 / d log(lengthscale_d) = -2 (a_d - b_d)^2 with a, b the scaled inputs
         if self._ard:
             Bm = A if B is None else B
+            if GB is None:
+                GB = G @ Bm
             per_dim = (
                 G.sum(axis=1) @ (A * A)
                 + G.sum(axis=0) @ (Bm * Bm)
-                - 2.0 * np.einsum("nd,nd->d", A, G @ Bm)
+                - 2.0 * np.einsum("nd,nd->d", A, GB)
             )
             d_log_ell = -2.0 * per_dim
         else:
@@ -179,22 +183,28 @@ class Stationary(Kernel):
         A, B, _, _, G = self._distance_gradient(X, X2, dK)
         return self._inputs_from(A, B, G)
 
-    def _inputs_from(self, A: Array, B: Array | None, G: Array) -> Array:
-        """Input gradient ``[N, D]`` from the scaled inputs and ``G = dK * dK/dr2``."""
+    def _inputs_from(self, A: Array, B: Array | None, G: Array, GB: Array | None = None) -> Array:
+        """Input gradient ``[N, D]`` from the scaled inputs and ``G = dK * dK/dr2``
+        (``GB = G @ B`` for a cross-covariance when the caller has it already)."""
         if B is None:  # X is both arguments: rows and columns both count
             G = G + G.T
             B = A
+            GB = None
         # d r2_ab / d x_ad = 2 (a_d - b_d) / lengthscale_d
         ell = np.exp(self._log_lengthscale)
-        return (2.0 / ell) * (A * G.sum(axis=1)[:, None] - G @ B)
+        if GB is None:
+            GB = G @ B
+        return (2.0 / ell) * (A * G.sum(axis=1)[:, None] - GB)
 
     def vjp(
         self, X: Array, X2: Array | None, dK: Array, *, inputs: bool = True
     ) -> tuple[Array, Array | None]:
-        """Both gradients from one computation of the distances and ``g``, ``dg/dr2``."""
+        """Both gradients from one computation of the distances and ``g``, ``dg/dr2`` (and,
+        for a cross-covariance with ARD, one product ``G @ B`` shared by the two)."""
         A, B, r2, dK_times_K, G = self._distance_gradient(X, X2, dK)
-        g_inputs = self._inputs_from(A, B, G) if inputs else None
-        return self._params_from(A, B, r2, dK_times_K, G), g_inputs
+        GB = G @ B if (B is not None and inputs and self._ard) else None
+        g_inputs = self._inputs_from(A, B, G, GB) if inputs else None
+        return self._params_from(A, B, r2, dK_times_K, G, GB), g_inputs
 
     def grad_inputs_diag(self, X: Array, dK_diag: Array) -> Array:
         X, _ = input_pair(X, None, self.input_dim, type(self).__name__)

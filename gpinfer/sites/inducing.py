@@ -26,6 +26,7 @@ from gpinfer.interfaces import Array, MatrixGradients
 from gpinfer.kernels.base import Kernel
 from gpinfer.likelihoods.multiclass import argmax_factor_tilted
 from gpinfer.numerics.cholesky import jittered_cholesky, tri_solve
+from gpinfer.numerics.gram import weighted_gram
 
 #: jitter added to ``Kuu`` and ``kappa`` (spec ep-sep §1.2, reference code)
 INDUCING_JITTER = 1e-10
@@ -253,7 +254,7 @@ def inducing_matrix_gradients(
     R: Array,
     a_sum: Array,
     b_sum: Array,
-    e_sum: Array,
+    e_sum: Array | None = None,
 ) -> MatrixGradients:
     """``dlogZ_q / d(Kuu, Kuf, diag Kff)`` of one class from aggregated likelihood terms.
 
@@ -261,16 +262,21 @@ def inducing_matrix_gradients(
     are held fixed in the likelihood term (EP: ``q``; SEP: the shared cavity) and
     ``R = lik.project(terms.A).R`` (``L_B^-1 A``, reused); ``a_sum``,
     ``b_sum``, ``e_sum`` ``[n]``: per-point sums ``A_i``, ``B_i`` and ``E_i`` (EP §2.7.2;
-    SEP uses ``E = 2 B``), already multiplied by any mini-batch scale. In whitened form
-    ``G_uf = L^-T X`` with ``X = w_g A_sum^T + B_g^-1 A diag(E) - 2 A diag(B)`` and
-    ``G_K = L^-T [-(I - B^-1 - w w^T)/2 - sym(A X^T) - A diag(B) A^T] L^-1``.
+    SEP uses ``E = 2 B``, which ``e_sum=None`` stands for), already multiplied by any
+    mini-batch scale. In whitened form ``G_uf = L^-T X`` with
+    ``X = w_g A_sum^T + B_g^-1 A diag(E) - 2 A diag(B)`` and
+    ``G_K = L^-T [-(I - B^-1 - w w^T)/2 - sym(A X^T) - A diag(B) A^T] L^-1``, where
+    ``A X^T = (A A_sum) w_g^T + S_E B_g^-1 - 2 S_B`` with ``S_B = A diag(B) A^T`` and
+    ``S_E = A diag(E) A^T`` (so only symmetric ``O(M^2 n)`` products are formed).
     """
     L, A = terms.L, terms.A
     M = L.shape[0]
-    BgA_E = tri_solve(lik.LB, R * e_sum, transpose=True)  # B_g^-1 A diag(E), [M, n]
+    e_vec = 2.0 * b_sum if e_sum is None else e_sum
+    BgA_E = tri_solve(lik.LB, R * e_vec, transpose=True)  # B_g^-1 A diag(E), [M, n]
     X = np.outer(lik.w, a_sum) + BgA_E - 2.0 * A * b_sum
-    AX = A @ X.T  # [M, M]
-    S_B = (A * b_sum) @ A.T
+    S_B = weighted_gram(A, b_sum)
+    S_E = 2.0 * S_B if e_sum is None else weighted_gram(A, e_sum)
+    AX = np.outer(A @ a_sum, lik.w) + lik.B_inv(S_E).T - 2.0 * S_B  # A X^T, [M, M]
     prior = -0.5 * (np.eye(M) - q.B_inv(np.eye(M)) - np.outer(q.w, q.w))
     inner = prior - 0.5 * (AX + AX.T) - S_B
     G_K = tri_solve(L, tri_solve(L, inner, transpose=True).T, transpose=True)

@@ -31,6 +31,7 @@ from gpinfer.interfaces import (
     Problem,
 )
 from gpinfer.numerics.cholesky import tri_solve
+from gpinfer.numerics.gram import weighted_gram
 from gpinfer.optim.lbfgs import LBFGSB
 from gpinfer.posterior import InducingPosterior
 from gpinfer.sites.inducing import (
@@ -80,7 +81,7 @@ class FITCSites:
         for c, t in enumerate(terms):
             den = 1.0 + tau[:, c] * t.s
             d, nup = tau[:, c] / den, nu[:, c] / den
-            q = WhitenedGaussian((t.A * d) @ t.A.T, t.A @ nup)
+            q = WhitenedGaussian(weighted_gram(t.A, d), t.A @ nup)
             p = q.project(t.A)
             mus.append(t.s * nup + p.mu / den)
             sigmas.append(t.s / den + p.v / den**2)

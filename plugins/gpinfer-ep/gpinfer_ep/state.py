@@ -21,6 +21,7 @@ import numpy as np
 
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array, MatrixGradients
+from gpinfer.numerics.gram import weighted_gram
 from gpinfer.sites.inducing import (
     ClassTerms,
     WhitenedGaussian,
@@ -57,11 +58,20 @@ class _SiteSums:
     def gaussians(self, terms: Sequence[ClassTerms], factor: Array | None = None,
                   iteration: int | None = None) -> list[WhitenedGaussian]:
         """``q_c`` (or, with ``factor [C]``, the Gaussians with scaled site sums)."""
+        return [g[0] for g in self.scaled_gaussians(terms, [factor], iteration)]
+
+    def scaled_gaussians(self, terms: Sequence[ClassTerms], factors: Sequence[Array | None],
+                         iteration: int | None = None) -> list[list[WhitenedGaussian]]:
+        """Per class, one Gaussian for each entry of ``factors`` (``None``: the site sums as
+        they are; ``[C]``: scaled per class), whitening the site sums once per class."""
         out = []
         for c, t in enumerate(terms):
             P_w, h_w = t.to_whitened(self.Lam[c], self.h[c])
-            f = 1.0 if factor is None else float(factor[c])
-            out.append(WhitenedGaussian(f * P_w, f * h_w, iteration=iteration))
+            row = []
+            for factor in factors:
+                f = 1.0 if factor is None else float(factor[c])
+                row.append(WhitenedGaussian(f * P_w, f * h_w, iteration=iteration))
+            out.append(row)
         return out
 
     def snapshot(self) -> object:
@@ -119,11 +129,11 @@ class RankOneSites(_SiteSums):
         for c, term in enumerate(terms):
             Ups = term.directions()
             if full:
-                P_w = (term.A * tau[:, c]) @ term.A.T
+                P_w = weighted_gram(term.A, tau[:, c])
                 self.Lam[c], self.h[c] = term.to_u_space(P_w, term.A @ nu[:, c])
             else:
                 U_old = self.U[c][:, idx]
-                self.Lam[c] += (Ups * tau[:, c]) @ Ups.T - (U_old * tau_old[:, c]) @ U_old.T
+                self.Lam[c] += weighted_gram(Ups, tau[:, c]) - weighted_gram(U_old, tau_old[:, c])
                 self.h[c] += Ups @ nu[:, c] - U_old @ nu_old[:, c]
                 self.Lam[c] = 0.5 * (self.Lam[c] + self.Lam[c].T)
             self.U[c][:, idx] = Ups
@@ -137,7 +147,7 @@ class RankOneSites(_SiteSums):
         nu = aggregate(self.W2, self.L2, self.y, mask)
         for c in range(self.Lam.shape[0]):
             U = self.U[c]
-            self.Lam[c] = (U * tau[:, c]) @ U.T
+            self.Lam[c] = weighted_gram(U, tau[:, c])
             self.h[c] = U @ nu[:, c]
 
     def evaluate(self, terms: Sequence[ClassTerms], idx: Array, scale: float = 1.0,
@@ -182,9 +192,15 @@ class TiedSites(_SiteSums):
         self.y = y
         self.n_factors = factor_counts(y, C) if n_factors is None else np.asarray(n_factors, float)
 
-    def _cavity_projections(self, terms: Sequence[ClassTerms], iteration: int | None):
-        qs = self.gaussians(terms, iteration=iteration)
-        cavs = self.gaussians(terms, factor=1.0 - 1.0 / self.n_factors, iteration=iteration)
+    def _cavity_projections(self, terms: Sequence[ClassTerms], iteration: int | None,
+                            with_q: bool = True):
+        """``(qs, cavs, proj, a, v, s)``: the posteriors (``None`` unless ``with_q``), the
+        shared cavities, their projections on ``A`` and the stacked means, variances and FITC
+        variances ``[n, C]``."""
+        cavity = 1.0 - 1.0 / self.n_factors
+        pairs = self.scaled_gaussians(terms, [None, cavity] if with_q else [cavity], iteration)
+        qs = [p[0] for p in pairs] if with_q else None
+        cavs = [p[-1] for p in pairs]
         proj = [cav.project(t.A) for t, cav in zip(terms, cavs)]
         a, v = _stack([p.mu for p in proj]), _stack([p.v for p in proj])
         return qs, cavs, proj, a, v, _stack([t.s for t in terms])
@@ -196,7 +212,7 @@ class TiedSites(_SiteSums):
         y = self.y[idx]
         C = len(terms)
         mask = factor_mask(y, C)
-        _, _, _, a, v, s = self._cavity_projections(terms, iteration)
+        _, _, _, a, v, s = self._cavity_projections(terms, iteration, with_q=False)
         a_y, v_y = at_label(a, y), at_label(v, y)
         t = pair_tilted(a_y, v_y + at_label(s, y), a, v + s, mask)
         W1, W2 = new_role_site(t.g_win, t.gamma, a_y, v_y)
@@ -206,7 +222,7 @@ class TiedSites(_SiteSums):
         keep = 1.0 - rho * factor_counts(y, C) / self.n_factors
         change = 0.0
         for c, term in enumerate(terms):
-            Lam_new, h_new = term.to_u_space((term.A * tau[:, c]) @ term.A.T, term.A @ nu[:, c])
+            Lam_new, h_new = term.to_u_space(weighted_gram(term.A, tau[:, c]), term.A @ nu[:, c])
             Lam = keep[c] * self.Lam[c] + rho * Lam_new
             h = keep[c] * self.h[c] + rho * h_new
             change = max(change, float(np.max(np.abs(term.L.T @ (h - self.h[c])))))
@@ -227,7 +243,6 @@ class TiedSites(_SiteSums):
         value = sum(q.log_norm_ratio() for q in qs) + scale * (float(np.sum(t.log_z)) + cav_terms)
         a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
         b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
-        grads = [inducing_matrix_gradients(term, q, cav, p.R, a_sum[:, c], b_sum[:, c],
-                                           2 * b_sum[:, c])
+        grads = [inducing_matrix_gradients(term, q, cav, p.R, a_sum[:, c], b_sum[:, c])
                  for c, (term, q, cav, p) in enumerate(zip(terms, qs, cavs, proj))]
         return value, grads
