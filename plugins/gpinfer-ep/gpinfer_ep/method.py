@@ -11,6 +11,12 @@ Failure policy (§2.5.4): a non-finite site, an invalid cavity or a failed Chole
 last good state (sites and hyper-parameters), halves the damping and every learning rate and
 retries; a log Z_q that falls for ``patience`` consecutive iterations also halves the damping.
 Both are reported in ``IterationInfo.extra`` (``failures``, ``damping_raises``, ``damping``).
+
+Optimiser coordinates (spec §2.9): the paper steps in ``log l`` with ``l = ell^2`` the *squared*
+length-scale, while the kernels' unconstrained parameter is ``log ell``. Both optimisers therefore
+act on ``xi = d * theta`` with ``d = 2`` for length-scale entries (1 elsewhere) and gradient
+``g / d``; in ``log ell`` units a sign-adaptive step is a quarter (an Adam step half) of what it
+would be in the kernels' own coordinates.
 """
 
 from __future__ import annotations
@@ -113,6 +119,19 @@ class _Run:
         self.rho = float(self.opts["damping"])
         self.value = float("nan")
         self._falling = 0
+        self.coord = self._coordinates()
+
+    # -- optimiser coordinates (spec §2.9: log of the squared length-scale) ------------------
+    def _coordinates(self) -> Array:
+        """``d [P]``: 2 for length-scale entries, 1 elsewhere (``xi = d * theta``)."""
+        return np.array([2.0 if "lengthscale" in name else 1.0
+                         for name in self.hp.names])
+
+    def _to_paper(self, theta: Array) -> Array:
+        return theta * self.coord
+
+    def _set_from_paper(self, xi: Array) -> None:
+        self.hp.unpack(xi / self.coord)
 
     # -- helpers -----------------------------------------------------------------------------
     def _step_sites(self, idx: Array, rho: float, it: int) -> tuple[float, Array, float]:
@@ -178,23 +197,23 @@ class _Run:
     def batch(self) -> None:
         idx = np.arange(self.X.shape[0])
         opt = SignAdaptiveAscent(learning_rate=float(self.opts["learning_rate"]))
-        theta = self.hp.pack()
-        opt.reset(theta)
-        good = (self.state.snapshot(), theta.copy())
+        xi = self._to_paper(self.hp.pack())
+        opt.reset(xi)
+        good = (self.state.snapshot(), self.hp.pack())
         while self.iteration < int(self.problem.max_iter) and not self._out_of_time():
             self.iteration += 1
             try:
                 value, grad, change = self._step_sites(idx, self.rho, self.iteration)
             except NumericalError as err:
                 self._fail(err, good, opt)
-                theta = self.hp.pack()
+                xi = self._to_paper(self.hp.pack())
                 continue
-            good = (self.state.snapshot(), theta.copy())
+            good = (self.state.snapshot(), self.hp.pack())
             self._watch(value)
             self.value = value
             if self.hp.size:
-                theta = opt.step(theta, grad)
-                self.hp.unpack(theta)
+                xi = opt.step(xi, grad / self.coord)
+                self._set_from_paper(xi)
             self._report(value, change)
             self.rho *= float(self.opts["damping_decay"])
 
@@ -203,26 +222,26 @@ class _Run:
         if size > N:
             raise InputError(f"{self.name}: batch_size {size} exceeds the {N} training points")
         opt = Adam(learning_rate=float(self.opts["adam_learning_rate"]))
-        theta = self.hp.pack()
-        opt.reset(theta)
+        xi = self._to_paper(self.hp.pack())
+        opt.reset(xi)
         batches = MiniBatches(N, size, self.problem.rng)
         self.rho = 1.0
         while self.iteration < int(self.problem.max_iter) and not self._out_of_time():
             self.iteration += 1
             values, change = [], 0.0
-            good = (self.state.snapshot(), theta.copy())  # per epoch: snapshots cost O(state)
+            good = (self.state.snapshot(), self.hp.pack())  # per epoch: snapshots cost O(state)
             for idx in batches:
                 try:
                     value, grad, ch = self._step_sites(idx, self.rho, self.iteration)
                 except NumericalError as err:
                     self._fail(err, good, opt)
-                    theta = self.hp.pack()
+                    xi = self._to_paper(self.hp.pack())
                     continue
                 values.append(value)
                 change = max(change, ch)
                 if self.hp.size:
-                    theta = opt.step(theta, grad)
-                    self.hp.unpack(theta)
+                    xi = opt.step(xi, grad / self.coord)
+                    self._set_from_paper(xi)
                 if self._out_of_time():
                     break
             if hasattr(self.state, "refresh"):

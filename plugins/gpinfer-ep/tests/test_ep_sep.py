@@ -340,3 +340,32 @@ def test_unseen_label_at_prediction_is_an_error():
     est = GPClassifier(method="sep", M=5, max_iter=3, random_state=0).fit(X, y)
     with pytest.raises(InputError, match="class indices"):
         est.posterior_.log_predictive(X[:3], np.array([0, 1, 3]))
+
+
+@pytest.mark.parametrize("batch_size", [None, 10])
+def test_optimiser_steps_in_log_squared_lengthscale(monkeypatch, batch_size):
+    """Spec §2.9: the step sizes act on ``log l`` with ``l = ell^2``. With a unit gradient in the
+    kernels' coordinates the first sign-adaptive step moves ``log ell`` by ``lr / 4`` and every
+    other entry by ``lr``; Adam's first step moves them by ``lr / 2`` and ``lr``."""
+    from gpinfer_ep import method as ep_method
+
+    X, y = make_suite_data(3, n=20, seed=4)
+    seen = {}
+
+    def fixed_gradient(self, idx, rho, it):
+        seen.setdefault("theta0", self.hp.pack().copy())
+        seen["names"] = list(self.hp.names)
+        return -1.0, np.ones(self.hp.size), 0.0
+
+    monkeypatch.setattr(ep_method._Run, "_step_sites", fixed_gradient)
+    lr = 0.01 if batch_size is None else 0.001
+    est = GPClassifier(method="sep", M=4, max_iter=1, batch_size=batch_size, random_state=0,
+                       method_options={"learning_rate": 0.01, "adam_learning_rate": 0.001})
+    est.fit(X, y)
+    n_steps = 1 if batch_size is None else 2  # 20 points in batches of 10
+    step = est.fit_result_.state["theta"] - seen["theta0"]
+    is_ell = np.array(["lengthscale" in n for n in seen["names"]])
+    assert is_ell.any() and (~is_ell).any()
+    ell_factor = 0.25 if batch_size is None else 0.5
+    np.testing.assert_allclose(step[is_ell], n_steps * ell_factor * lr, rtol=1e-6)
+    np.testing.assert_allclose(step[~is_ell], n_steps * lr, rtol=1e-6)
