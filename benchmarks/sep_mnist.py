@@ -3,8 +3,9 @@
 Pixels scaled to [0, 1] (no centring), median length-scale heuristic on 1000 random training
 points, white noise 1, inducing inputs drawn at random per class. Trains for ``--epochs`` epochs
 or until ``--minutes`` have passed, then reports test error, test NLL, wall time and peak
-memory (max RSS) beside the paper's SEP result (2.08 % error, 0.0725 NLL). Test error and NLL on the full test set after every epoch, with wall
-and CPU time (``--trace`` appends them as JSON lines, so an interrupted run keeps its curve).
+memory (max RSS) beside the paper's SEP result (2.08 % error, 0.0725 NLL). Test error and NLL
+on the full test set after every epoch, with wall and CPU time (``--trace`` appends them as
+JSON lines, so an interrupted run keeps its curve).
 
     nice .venv/bin/python benchmarks/sep_mnist.py --minutes 25 --threads 1 --trace t.jsonl
 """

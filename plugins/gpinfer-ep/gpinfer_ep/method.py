@@ -46,7 +46,9 @@ class _SparseEPBase(Method):
     Options: ``damping`` (initial rho, batch mode), ``damping_decay`` (per iteration),
     ``learning_rate`` (initial sign-adaptive step), ``adam_learning_rate`` (mini-batch),
     ``schedule`` (``"inner"``/``"outer"``), ``outer_tol``/``outer_max_sweeps``, ``noise``
-    (white-noise variance added to the kernel if it has none; None: none), ``lengthscale_init``
+    (white-noise variance added to the kernel if it has none; None: none), ``noise_in_Kuu``
+    (spec P10; True: the noise is on ``diag Kuu`` and in ``kappa``; False: in ``kappa``, i.e. the
+    FITC variances, only, via ``LatentNoise``), ``lengthscale_init``
     (``"median"``: spec §2.11 heuristic; ``"kernel"``: keep), ``patience`` (decreasing steps
     before the damping is raised), ``time_limit_s`` (stop after this much training time).
     """
@@ -65,6 +67,7 @@ class _SparseEPBase(Method):
         "outer_tol": 1e-3,
         "outer_max_sweeps": 1000,
         "noise": 1.0,
+        "noise_in_Kuu": True,
         "lengthscale_init": "median",
         "patience": 20,
         "time_limit_s": None,
@@ -81,7 +84,8 @@ class _SparseEPBase(Method):
         if problem.batch_size is not None and self.options["schedule"] != "inner":
             raise InputError(f"{self.name}: mini-batch training uses the inner schedule only")
         X, y = np.asarray(problem.X, dtype=float), np.asarray(problem.y, dtype=np.int64)
-        kernels = class_kernels(problem, self.options["noise"], self.options["lengthscale_init"])
+        kernels = class_kernels(problem, self.options["noise"], self.options["lengthscale_init"],
+                                self.options["noise_in_Kuu"])
         Zs = initial_inducing(problem, self.name)
         hp = HyperParameters(kernels, Z=Zs, optimize=problem.optimize)
         state = self.make_state(y, problem.n_classes, Zs[0].shape[0])

@@ -15,6 +15,7 @@ from gpinfer.kernels.stationary import Stationary
 from gpinfer.kernels.white import White
 from gpinfer.likelihoods.multiclass import ArgmaxNoise
 from gpinfer.sites.inducing import ClassTerms, class_terms
+from gpinfer_ep.noise import latent_noise
 
 #: default number of inducing points per class when ``M`` is not given
 DEFAULT_M = 50
@@ -48,13 +49,23 @@ def median_distance(X: Array, rng: np.random.Generator) -> float:
     return med if med > 0 else 1.0
 
 
-def class_kernels(problem: Problem, noise: float | None, lengthscale_init: str) -> list[Kernel]:
+def class_kernels(problem: Problem, noise: float | None, lengthscale_init: str,
+                  noise_in_Kuu: bool = True) -> list[Kernel]:
     """One kernel per class: the problem's kernel (+ ``White(noise)`` when it has none), with
     stationary length-scales set by the median heuristic when ``lengthscale_init == "median"``
-    (the median distance is assigned to the *squared* length-scale, spec P18)."""
+    (the median distance is assigned to the *squared* length-scale, spec P18).
+
+    ``noise_in_Kuu`` (spec P10): True puts the white noise on ``diag Kuu`` and in ``kappa``;
+    False turns every ``White`` term (the added one or the problem's own) into ``LatentNoise``,
+    so the noise is in ``kappa`` (the FITC variances ``s_i``) only.
+    """
+    if not isinstance(noise_in_Kuu, bool | np.bool_):
+        raise InputError(f"noise_in_Kuu must be true or false, got {noise_in_Kuu!r}")
     base = problem.kernel.copy()
     if noise is not None and not any(isinstance(p, White) for p in _parts(base)):
         base = Sum([base, White(variance=float(noise))])
+    if not noise_in_Kuu:
+        base = latent_noise(base)
     if lengthscale_init == "median":
         ell = np.sqrt(median_distance(problem.X, np.random.default_rng(0)))
         for part in _parts(base):
