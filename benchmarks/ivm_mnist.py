@@ -6,7 +6,12 @@ images are the test set and 800 the training set (pixels / 255). Shared RBF
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/ivm_mnist.py --grid 5:50 --splits 0
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/ivm_mnist.py --grid paper --splits 0
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/ivm_mnist.py --learn --splits 0
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/ivm_mnist.py --learn --splits 0 \
+        --jsonl outputs/ivm_learn/learned.jsonl   # learned (v, w, beta) from (5, 50), 4 rounds
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/ivm_mnist.py --grid 5:50 --splits 0-9 --curves \
+        --jsonl outputs/ivm_mnist/runs.jsonl        # append one JSON line per run
+    .venv/bin/python benchmarks/ivm_mnist.py --summary outputs/ivm_mnist/runs.jsonl
+        # Table 1 as mean +- sd over the splits found, beside the paper; mean learning curves
 
 Prints err / lh / minent / maxent per (v, w) beside the paper's Table 1 and writes learning
 curves (test error and mean test likelihood against |I|, every 10 inclusions) as PNGs to
@@ -16,6 +21,7 @@ curves (test error and mean test likelihood against |I|, every 10 inclusions) as
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -92,11 +98,12 @@ def run_point(v, w, split, seed, curves=False, d_final=150, L=25, sweeps=3, pool
             m = metrics(softmax_predictive(h, A, None, gh), yt)
             curve.append((size, m["err"], m["lh"]))
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     res = run_inference([kern] * 5, X, y, np.zeros(5), s, np.random.default_rng(seed), cb)
     h, A = res.solid.predict(Xt)
     m = metrics(softmax_predictive(h, A, None, gh), yt)
-    m.update(time=time.perf_counter() - t0, min_score=res.min_score, improper=res.n_improper)
+    m.update(time=time.perf_counter() - t0, cpu=time.process_time() - c0,
+             min_score=res.min_score, improper=res.n_improper)  # fmt: skip
     return m, curve
 
 
@@ -125,16 +132,24 @@ def main() -> None:
     ap.add_argument("--splits", default="0")
     ap.add_argument("--curves", action="store_true")
     ap.add_argument("--learn", action="store_true", help="learned hyper-parameters instead")
+    ap.add_argument("--rounds", type=int, default=4, help="--learn: major/minor rounds")
+    ap.add_argument("--minor-iter", type=int, default=8, help="--learn: L-BFGS-B its per round")
+    ap.add_argument("--fixed-beta", action="store_true", help="--learn: keep beta = 0")
     ap.add_argument("--baseline", action="store_true", help="ivm-baseline, d_max = 150 per class")
     ap.add_argument("--out", default="outputs/ivm_mnist")
     ap.add_argument("--gh", type=int, default=3, help="Gauss-Hermite nodes per axis")
     ap.add_argument("--pool", type=int, default=32, help="candidate pool size |J|")
+    ap.add_argument("--jsonl", default=None, help="append one JSON line per run to this file")
+    ap.add_argument("--summary", default=None, help="summarise a --jsonl file and exit")
     a = ap.parse_args()
+    if a.summary:
+        summary(Path(a.summary), Path(a.out))
+        return
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    splits = [int(s) for s in a.splits.split(",")]
+    splits = parse_splits(a.splits)
     if a.learn:
-        learn(splits)
+        learn(splits, a.rounds, a.minor_iter, not a.fixed_beta, a.jsonl)
         return
     if a.baseline:
         baseline(splits, a.grid)
@@ -160,8 +175,53 @@ def main() -> None:
             )
             if curve:
                 curves[f"(v,w)=({v:g},{w:g})"] = curve
+            if a.jsonl:
+                rec = {"v": v, "w": w, "split": split_seed, "gh": a.gh, "pool": a.pool, **m,
+                       "curve": curve}  # fmt: skip
+                with open(a.jsonl, "a") as fh:
+                    fh.write(json.dumps(rec) + "\n")
         if curves:
             plot_curves(curves, out / f"curves_split{split_seed}.png")
+
+
+def parse_splits(text: str) -> list[int]:
+    """``"0,3"`` or ``"0-9"``."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def summary(path: Path, out: Path) -> None:
+    """Table 1 (mean +- sd over splits) beside the paper, and the mean learning curves PNG."""
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    keys = sorted({(r["v"], r["w"]) for r in recs}, key=lambda k: list(PAPER).index(
+        (k[0] if k[0] % 1 else int(k[0]), int(k[1]))) if (k[0] if k[0] % 1 else int(k[0]),
+        int(k[1])) in PAPER else 99)  # fmt: skip
+    print("  v     w  #splits |  err (mean+-sd)     lh      minent  maxent |"
+          "  paper: err     lh   minent  maxent")  # fmt: skip
+    curves = {}
+    for v, w in keys:
+        rs = [r for r in recs if (r["v"], r["w"]) == (v, w)]
+        col = {k: np.array([r[k] for r in rs]) for k in ("err", "lh", "minent", "maxent", "cpu")}
+        pv = PAPER.get((v if v % 1 else int(v), int(w)), (np.nan,) * 4)
+        sd = col["err"].std(ddof=1) if len(rs) > 1 else 0.0
+        ids = sorted(r["split"] for r in rs)
+        print(
+            f"{v:4g} {w:5g} {len(rs):7d} | {col['err'].mean():.4f}+-{sd:.4f} "
+            f"{col['lh'].mean():.4f} {col['minent'].mean():.4f} {col['maxent'].mean():.4f} |"
+            f"        {pv[0]:.3f} {pv[1]:.4f} {pv[2]:.4f} {pv[3]:.4f}"
+            f"  (cpu {col['cpu'].mean():.0f}s/run, splits {ids})"
+        )
+        with_curve = [np.array(r["curve"]) for r in rs if r.get("curve")]
+        if with_curve:
+            curves[f"(v,w)=({v:g},{w:g}), mean of {len(with_curve)} splits"] = np.mean(
+                with_curve, axis=0
+            )
+    if curves:
+        plot_curves(curves, out / "curves_mean.png")
+        print(f"learning curves: {out / 'curves_mean.png'}")
 
 
 def baseline(splits: list[int], grid: str) -> None:
@@ -183,32 +243,57 @@ def baseline(splits: list[int], grid: str) -> None:
                   f"({time.perf_counter() - t0:.0f}s)", flush=True)  # fmt: skip
 
 
-def learn(splits: list[int]) -> None:
+def learn(
+    splits: list[int], rounds: int, minor_iter: int, learn_beta: bool, jsonl: str | None
+) -> None:
+    """Learned hyper-parameters (spec §3.5) from the grid point (v, w) = (5, 50), beta = 0.
+
+    Prints every major step (G, v, w, lengthscale, beta) and the final test metrics; one JSON
+    line per split (with the trajectory) is appended to ``jsonl``.
+    """
     from gpinfer.estimator import GPClassifier
 
+    p = 784
     for split_seed in splits:
         X, y, Xt, yt = mnist_even_split(split_seed)
-        opts = {"L": 25, "ep_sweeps": 3, "gh_order": 3, "pool_size": 32, "rounds": 3,
-                "minor_iter": 6}  # fmt: skip
-        t0 = time.perf_counter()
+        opts = {"L": 25, "ep_sweeps": 3, "gh_order": 3, "pool_size": 32, "rounds": rounds,
+                "minor_iter": minor_iter, "learn_intercepts": learn_beta}  # fmt: skip
+        t0, c0 = time.perf_counter(), time.process_time()
         est = GPClassifier(method="ivm", M=150, kernel=kernel_vw(5.0, 50.0), optimize=True,
                            random_state=split_seed, method_options=opts)  # fmt: skip
+        path: list[dict[str, float]] = []
 
-        def show(info, t0=t0):
-            if "G_major" in info.extra:
-                print(f"  round {info.extra['round']:.0f}: major G {info.extra['G_major']:.2f}"
-                      f"  ({time.perf_counter() - t0:.0f}s)", flush=True)  # fmt: skip
+        def show(info, t0=t0, path=path, split_seed=split_seed):
+            e = info.extra
+            if "G_major" not in e:
+                return
+            ell = float(np.exp(e["hyper.kernel.lengthscale"]))
+            v = float(np.exp(e["hyper.kernel.variance"]))
+            beta = [round(e[f"beta.{c}"], 3) for c in range(5)]
+            path.append({"G": e["G_major"], "v": v, "w": p / ell**2, "ell": ell, "beta": beta})
+            print(f"  split {split_seed} major {e['round']:.0f}: G {e['G_major']:.2f}  v {v:.3g}"
+                  f" w {p / ell**2:.3g} (ell {ell:.3g}) beta {beta}"
+                  f"  ({time.perf_counter() - t0:.0f}s)", flush=True)  # fmt: skip
 
         est.fit(X, y, callback=show)
         m = metrics(est.predict_proba(Xt), yt)
         k = est.fit_result_.kernel
+        v, ell = float(k.variance), float(k.lengthscale)
         beta = est.fit_result_.state["beta"].round(3).tolist()
+        cpu = time.process_time() - c0
         print(
             f"learned split {split_seed}: err {m['err']:.3f} lh {m['lh']:.4f} minent "
-            f"{m['minent']:.4f} maxent {m['maxent']:.4f}  kernel {k.describe()} beta {beta} "
-            f"-G {est.log_evidence_:.2f} ({time.perf_counter() - t0:.0f}s)",
+            f"{m['minent']:.4f} maxent {m['maxent']:.4f}  v {v:.3g} w {p / ell**2:.3g} "
+            f"(ell {ell:.3g}) beta {beta} G {-est.log_evidence_:.2f} "
+            f"({time.perf_counter() - t0:.0f}s wall, {cpu:.0f}s cpu)",
             flush=True,
         )
+        if jsonl:
+            rec = {"split": split_seed, "rounds": rounds, "minor_iter": minor_iter,
+                   "learn_beta": learn_beta, **m, "v": v, "w": p / ell**2, "ell": ell,
+                   "beta": beta, "G": -est.log_evidence_, "cpu": cpu, "path": path}  # fmt: skip
+            with open(jsonl, "a") as fh:
+                fh.write(json.dumps(rec) + "\n")
 
 
 if __name__ == "__main__":

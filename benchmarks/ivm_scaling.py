@@ -1,14 +1,18 @@
 """Time per inclusion of the multi-class IVM against n and C (issue 5 target: exponents <= 1.15).
 
 Synthetic Gaussian blobs in 10 dimensions; shared RBF; fixed d_final; liquid set L = 5 with one
-EP sweep; fixed candidate pool |J| = 32 (so the scoring cost does not grow with n); reduced GH-3
-rule for every C (3^(C-1) nodes). Reported per configuration: total time per inclusion, the
-part spent in the solid representation's updates (``SolidRepresentation.include``, the O(nCd)
-stub updates plus dragging) and the rest (scoring quadratures, projections, EP), and the
-log-log least-squares exponents in n (at fixed C) and in C (at fixed n).
+EP sweep; fixed candidate pool |J| = 32 (so the scoring cost does not grow with n). Quadrature:
+``--rule sobol`` (default; symmetric Sobol rule with ``--points`` nodes for every C, cost linear
+in the nodes) or ``--rule product`` (reduced GH-3, 3^(C-1) nodes: exponential in C). Stub scheme
+``--stub lazy`` (default, O(nCd) per inclusion), ``drag`` (O(nC^2 d)) or ``resolve``.
+Times are CPU seconds (``time.process_time``; the machine is shared, wall time is inflated).
+Reported per configuration: CPU time per inclusion, the part spent in the solid
+representation's updates (``SolidRepresentation.include``) and the rest (candidate marginals,
+scoring quadratures, projections, EP), and the log-log least-squares exponents in n (at fixed
+C) and in C (at fixed n).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/ivm_scaling.py [--n 1000,4000,16000]
-        [--C 3,5,10] [--d 40] [--stub drag|resolve]
+        [--C 3,5,10] [--d 40] [--stub lazy|drag|resolve] [--rule sobol|product] [--points 1024]
 """
 
 from __future__ import annotations
@@ -30,25 +34,25 @@ def blobs(n: int, C: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return means[y] + rng.standard_normal((n, 10)), y
 
 
-def time_run(n: int, C: int, d: int, stub: str) -> tuple[float, float]:
-    """Seconds per inclusion: total, and in the solid representation's ``include``."""
+def time_run(n: int, C: int, d: int, stub: str, rule: str, points: int) -> tuple[float, float]:
+    """CPU seconds per inclusion: total, and in the solid representation's ``include``."""
     X, y = blobs(n, C)
     spent = [0.0]
     original = solid_module.SolidRepresentation.include
 
     def timed(self, i, pi, b):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         original(self, i, pi, b)
-        spent[0] += time.perf_counter() - t0
+        spent[0] += time.process_time() - t0
 
     solid_module.SolidRepresentation.include = timed
     try:
-        s = IVMSettings(d_final=d, L=5, ep_sweeps=1, pool_size=32, gh_order=3, reduced=True,
-                        stub_update=stub)  # fmt: skip
-        t0 = time.perf_counter()
+        s = IVMSettings(d_final=d, L=5, ep_sweeps=1, pool_size=32, reduced=True, rule=rule,
+                        gh_order=points if rule == "sobol" else 3, stub_update=stub)  # fmt: skip
+        t0 = time.process_time()
         run_inference([RBF(lengthscale=np.sqrt(10.0), variance=2.0)] * C, X, y, np.zeros(C), s,
                       np.random.default_rng(0))  # fmt: skip
-        total = time.perf_counter() - t0
+        total = time.process_time() - t0
     finally:
         solid_module.SolidRepresentation.include = original
     return total / d, spent[0] / d
@@ -63,17 +67,20 @@ def main() -> None:
     ap.add_argument("--n", default="1000,4000,16000")
     ap.add_argument("--C", default="3,5,10")
     ap.add_argument("--d", type=int, default=40)
-    ap.add_argument("--stub", default="drag")
+    ap.add_argument("--stub", default="lazy")
+    ap.add_argument("--rule", default="sobol")
+    ap.add_argument("--points", type=int, default=1024)
     a = ap.parse_args()
     ns = [int(v) for v in a.n.split(",")]
     Cs = [int(v) for v in a.C.split(",")]
     T = np.zeros((len(ns), len(Cs)))
     S = np.zeros_like(T)
-    print(f"d_final={a.d}, L=5, 1 sweep, |J|=32, reduced GH-3, stub update {a.stub}")
+    quad = f"sobol rule, {a.points} nodes" if a.rule == "sobol" else "reduced GH-3 product"
+    print(f"d_final={a.d}, L=5, 1 sweep, |J|=32, {quad}, stub update {a.stub}; CPU seconds")
     print("     n   C | s/inclusion  representation  rest")
     for i, n in enumerate(ns):
         for j, C in enumerate(Cs):
-            T[i, j], S[i, j] = time_run(n, C, a.d, a.stub)
+            T[i, j], S[i, j] = time_run(n, C, a.d, a.stub, a.rule, a.points)
             print(f"{n:6d} {C:3d} | {T[i, j]:10.4f}  {S[i, j]:14.4f}  {T[i, j] - S[i, j]:.4f}",
                   flush=True)  # fmt: skip
     for j, C in enumerate(Cs):

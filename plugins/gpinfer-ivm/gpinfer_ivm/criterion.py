@@ -18,14 +18,14 @@ Gradient pieces per class (spec §3.3): ``E1 [n, d] = dG/dK(X, x_I)``, ``E2 [d, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.linalg import cholesky, solve_triangular
 
 from gpinfer.kernels.base import Kernel
-from gpinfer.numerics.gaussian_cubature import softmax_expected_log_prob
+from gpinfer.numerics.gaussian_cubature import SoftmaxExpectation, softmax_expected_log_prob
 
 Array = np.ndarray
 
@@ -81,8 +81,15 @@ def criterion(
     order: int | None = None,
     reduced: bool | None = None,
     gradient: bool = True,
+    rule: str = "product",
+    expected_log_lik: Callable[[Array, Array, Array], SoftmaxExpectation] | None = None,
 ) -> CriterionResult:
-    """``G`` and its gradient wrt kernel parameters and intercepts (spec §3.2-3.3, §4.6)."""
+    """``G`` and its gradient wrt kernel parameters and intercepts (spec §3.2-3.3, §4.6).
+
+    ``expected_log_lik(y, h [n, C], A [n, C, C])`` replaces the softmax expectations (value,
+    ``dmean``, ``dcov``) by another likelihood's, e.g. the exact quadratic surrogate of spec §7
+    oracle 12a; ``dbeta`` is then the softmax formula's and meaningless.
+    """
     C, n = len(kernels), X.shape[0]
     coupled = sites.coupled
     Kdiag = np.stack([kernels[c].K_diag(X) for c in range(C)])  # [C, n]
@@ -124,7 +131,10 @@ def criterion(
     if coupled:
         A = np.einsum("jdc,jde->jce", np.stack(Qr, 2), np.stack(Qr, 2))
     A[:, np.arange(C), np.arange(C)] += (Kdiag - np.stack([np.sum(M * M, 0) for M in Mm])).T
-    ex = softmax_expected_log_prob(y, h, A, beta, order, reduced)
+    if expected_log_lik is None:
+        ex = softmax_expected_log_prob(y, h, A, beta, order, reduced, rule)
+    else:
+        ex = expected_log_lik(y, h, A)
     g1 = -float(np.sum(ex.value))
     hI = [Kc[c] @ gam[c] for c in range(C)]
     quad = sum(float(gam[c] @ hI[c]) for c in range(C))

@@ -19,13 +19,14 @@ import numpy as np
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.kernels.base import Kernel
 from gpinfer.numerics.gaussian_cubature import (
+    RULES,
     gaussian_kl,
     softmax_predictive,
     softmax_tilted,
 )
 from gpinfer_ivm.liquid import EPRepresentation
 from gpinfer_ivm.projection import initial_t, restricted_projection
-from gpinfer_ivm.solid import SolidRepresentation
+from gpinfer_ivm.solid import STUB_UPDATES, SolidRepresentation
 
 Array = np.ndarray
 
@@ -42,10 +43,12 @@ class IVMSettings:
     ``d_final``: final active-set size; ``L``: liquid-set size (1 = myopic); ``ep_sweeps``;
     ``pool_size``: ``|J|`` (``None``: the spec default); ``retain``: fraction ``rho`` of the
     best-scored candidates kept in the next pool; ``n_init``: random initial picks from
-    distinct classes (``None``: ``min(3, C)``); ``gh_order``/``reduced``: quadrature
-    (``None``: ``gaussian_cubature`` defaults); ``projection``: ``"direct"`` or
-    ``"double_loop"``; ``stub_update``: ``"drag"`` or ``"resolve"``; ``order``: a fixed
-    inclusion order (tests; disables selection).
+    distinct classes (``None``: ``min(3, C)``); ``gh_order``/``reduced``/``rule``: quadrature
+    (``rule="product"``: Gauss-Hermite product, ``gh_order`` nodes per axis; ``rule="sobol"``:
+    the symmetric Sobol rule, ``gh_order`` total nodes, cost linear in the number of nodes for
+    any ``C``; ``None``: ``gaussian_cubature`` defaults); ``projection``: ``"direct"`` or
+    ``"double_loop"``; ``stub_update``: ``"lazy"`` (default), ``"drag"`` or ``"resolve"``
+    (``SolidRepresentation``); ``order``: a fixed inclusion order (tests; disables selection).
     """
 
     d_final: int
@@ -56,8 +59,9 @@ class IVMSettings:
     n_init: int | None = None
     gh_order: int | None = None
     reduced: bool | None = None
+    rule: str = "product"
     projection: str = "direct"
-    stub_update: str = "drag"
+    stub_update: str = "lazy"
     order: Sequence[int] | None = None
 
 
@@ -86,6 +90,10 @@ def check_settings(s: IVMSettings, n: int, y: Array, C: int) -> None:
         raise InputError("ep_sweeps must be >= 0 and retain in [0, 1)")
     if s.projection not in ("direct", "double_loop"):
         raise InputError(f"projection must be 'direct' or 'double_loop', got {s.projection!r}")
+    if s.rule not in RULES:
+        raise InputError(f"quadrature rule must be one of {RULES}, got {s.rule!r}")
+    if s.stub_update not in STUB_UPDATES:
+        raise InputError(f"stub_update must be one of {STUB_UPDATES}, got {s.stub_update!r}")
 
 
 class _Runner:
@@ -107,12 +115,14 @@ class _Runner:
         return self.solid.d + len(self.liquid)
 
     def tilted(self, idx: Array, h: Array, A: Array):
-        return softmax_tilted(self.y[idx], h, A, self.beta, self.s.gh_order, self.s.reduced)
+        s = self.s
+        return softmax_tilted(self.y[idx], h, A, self.beta, s.gh_order, s.reduced, s.rule)
 
     def project(self, i: int, h: Array, A: Array, t0: Array | None = None) -> tuple[Array, Array]:
         T = self.tilted(np.array([i]), h[None], A[None])
         if t0 is None:
-            p_bar = softmax_predictive(h[None], A[None], self.beta, self.s.gh_order, self.s.reduced)
+            s = self.s
+            p_bar = softmax_predictive(h[None], A[None], self.beta, s.gh_order, s.reduced, s.rule)
             t0 = initial_t(int(self.y[i]), p_bar[0])
         args = (A, T.g[0], T.h_hat[0], T.A_hat[0], t0)
         try:

@@ -4,7 +4,8 @@ The ``k`` liquid points are treated as a small GP problem whose prior is the sol
 ``Q^f``: on the liquid points it is ``N(h^f, G)`` in point-major order (``[kC]``). With
 ``V = blockdiag(V_i)`` (``V_i V_i^T = Pi_i``) and ``b = (b_i)``:
 
-``B_EP = I + V^T G V = L_B L_B^T``, ``N = L_B^-1 V^T G``, ``b~ = G b + h^f``,
+``B_EP = I + V^T G V = L_B L_B^T`` (products with ``V`` block by block),
+``N = L_B^-1 V^T G``, ``b~ = G b + h^f``,
 ``theta_B = L_B^-1 V^T b~``; liquid marginals ``A = G - N^T N``, ``h = b~ - N^T theta_B``; a
 non-liquid point ``i`` with ``g_i = Cov_f(u_liquid, u_i)`` has
 ``A_i = Cov_f(u_i) - Nt^T Nt``, ``h_i = h^f_i + g_i^T b - Nt^T theta_B``, ``Nt = L_B^-1 V^T g_i``.
@@ -52,14 +53,23 @@ class EPRepresentation:
     def rebuild(self) -> None:
         """Recompute ``V``, ``L_B``, ``N``, ``b~``, ``theta_B`` from the current sites."""
         k, C = self.k, self.C
-        self.V = np.zeros((k * C, k * C))
-        for a in range(k):
-            self.V[a * C : (a + 1) * C, a * C : (a + 1) * C] = site_sqrt(self.pi[a])
-        VtG = self.V.T @ self.G
-        self.LB = cholesky(np.eye(k * C) + VtG @ self.V, lower=True, check_finite=False)
+        self.Vb = site_sqrt(self.pi)  # [k, C, C], the diagonal blocks of V
+        G4 = self.G.reshape(k, C, k, C)
+        VtG = np.einsum("aci,acbj->aibj", self.Vb, G4)  # V^T G, block-diagonal V
+        VtGV = np.einsum("aibm,bmj->aibj", VtG, self.Vb).reshape(k * C, k * C)
+        VtG = VtG.reshape(k * C, k * C)
+        self.LB = cholesky(np.eye(k * C) + VtGV, lower=True, check_finite=False)
         self.N = solve_triangular(self.LB, VtG, lower=True, check_finite=False)
         self.b_tilde = self.G @ self.b.reshape(-1) + self.h_f
-        self.theta = solve_triangular(self.LB, self.V.T @ self.b_tilde, lower=True)
+        self.theta = solve_triangular(self.LB, self._Vt(self.b_tilde), lower=True)
+
+    def _Vt(self, Y: Array) -> Array:
+        """``V^T Y`` for ``Y [kC, ...]`` (block-diagonal ``V``)."""
+        k, C = self.k, self.C
+        if k == 0:
+            return np.zeros_like(Y)
+        Yb = Y.reshape(k, C, -1)
+        return np.einsum("aci,acm->aim", self.Vb, Yb).reshape(Y.shape)
 
     def liquid_marginal(self, a: int) -> tuple[Array, Array]:
         """Marginal ``(h [C], A [C, C])`` of liquid point ``a`` under the full posterior."""
@@ -77,7 +87,7 @@ class EPRepresentation:
         B, C = idx.size, self.C
         g = self.solid.cross_covariances(self.liquid, idx).reshape(self.k * C, B, C)
         Nt = solve_triangular(
-            self.LB, (self.V.T @ g.reshape(self.k * C, B * C)), lower=True, check_finite=False
+            self.LB, self._Vt(g.reshape(self.k * C, B * C)), lower=True, check_finite=False
         ).reshape(self.k * C, B, C)
         A = A - np.einsum("kbc,kbe->bce", Nt, Nt)
         h = (

@@ -9,9 +9,11 @@
   the runner logs learning curves of test error/NLL against the active-set size).
 * ``problem.optimize = True``: spec §3.5 round-based major/minor scheme: ``rounds`` times
   (major step: conditional inference at the current ``theta`` with a fixed RNG seed; minor step:
-  ``minor_iter`` L-BFGS-B iterations on ``-G`` with the active set and sites frozen), keeping the
-  ``theta`` with the best major-mode ``G``; a last major step at that ``theta`` gives the result.
-  If a major step fails numerically (extreme ``theta``), the rounds stop at the best ``theta``.
+  ``minor_iter`` L-BFGS-B iterations on ``-G`` with the active set and sites frozen), then a
+  last major step; the rounds stop early once the major-mode ``G`` changes by less than
+  ``major_tol * (1 + |G|)`` or a step fails numerically (extreme ``theta``; a ``RuntimeWarning``
+  names the failure). The result is the major step with the best ``G`` (its representation is
+  kept, not recomputed).
   ``theta`` = the kernels' unconstrained parameters and (``learn_intercepts``) ``beta_1..C-1``
   (``beta_C = 0`` pins the shift invariance, spec P25).
 
@@ -21,6 +23,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -48,9 +51,11 @@ class IVMPosterior(Posterior):
     softmax (with intercepts ``beta``) against the full ``C x C`` covariance (spec §2.10).
     """
 
-    def __init__(self, likelihood, rep: Any, beta: Array, gh_order: int | None, reduced: Any):
+    def __init__(self, likelihood, rep: Any, beta: Array, gh_order: int | None, reduced: Any,
+                 rule: str = "product"):  # fmt: skip
         super().__init__(likelihood)
         self.rep, self.beta, self.gh_order, self.reduced = rep, beta, gh_order, reduced
+        self.rule = rule
 
     def predict_f(self, X: Array) -> tuple[Array, Array]:
         h, A = self.rep.predict(X)
@@ -58,7 +63,7 @@ class IVMPosterior(Posterior):
 
     def predict_proba(self, X: Array) -> Array:
         h, A = self.rep.predict(X)
-        P = softmax_predictive(h, A, self.beta, self.gh_order, self.reduced)
+        P = softmax_predictive(h, A, self.beta, self.gh_order, self.reduced, self.rule)
         return P / P.sum(axis=1, keepdims=True)
 
     def log_predictive(self, X: Array, y: Array) -> Array:
@@ -110,6 +115,9 @@ class _ActiveSetMethod(Method):
     def _order(self, C: int) -> tuple[int | None, Any]:
         return self.options["gh_order"], self.options["reduced"]
 
+    def _rule(self) -> str:
+        return str(self.options.get("rule") or "product")
+
     # -- fit ----------------------------------------------------------------------------------
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
         X, y, C = problem.X, np.asarray(problem.y, dtype=np.int64), problem.n_classes
@@ -136,9 +144,9 @@ class _ActiveSetMethod(Method):
             rep, sites = self._infer(problem, kernels, beta, np.random.default_rng(seed), report)
         else:
             rep, sites, beta = self._learn(problem, kernels, beta, seed, report)
-        crit = criterion(kernels, X, y, sites, beta, order, reduced, gradient=False)
+        crit = criterion(kernels, X, y, sites, beta, order, reduced, False, self._rule())
         report(-crit.value, None, G1=crit.g1, G2=crit.g2)
-        post = IVMPosterior(lik(), rep, beta, order, reduced)
+        post = IVMPosterior(lik(), rep, beta, order, reduced, self._rule())
         state = {"beta": beta}
         if self.coupled:
             state.update(active=sites.I[0], pi=np.stack(sites.pi, 1), b=np.stack(sites.b, 1))
@@ -152,15 +160,27 @@ class _ActiveSetMethod(Method):
         )
 
     def _learn(self, problem, kernels, beta, seed, report):
-        """Round-based major/minor optimisation of ``G`` (spec §3.5)."""
+        """Round-based major/minor optimisation of ``G`` (spec §3.5).
+
+        Major steps at ``theta_0, ..., theta_R`` (``R = rounds``), each followed, except the
+        last, by ``minor_iter`` L-BFGS-B iterations on ``G`` with the active set and sites
+        frozen. The rounds stop early when two successive major-mode values differ by less than
+        ``major_tol * (1 + |G|)``, or when a step fails numerically. The result is the major step
+        with the smallest ``G``, whose representation is kept (not recomputed), and the kernels
+        are left at its ``theta``. Each major step is reported with ``G_major`` and the
+        unconstrained hyper-parameters (``hyper.<name>``, ``beta.<c>``).
+        """
         X, y, C = problem.X, np.asarray(problem.y, dtype=np.int64), problem.n_classes
         order, reduced = self._order(C)
         hp = HyperParameters(kernels)
         learn_beta = bool(self.options["learn_intercepts"])
         nb = C - 1 if learn_beta else 0
-
-        def pack(b: Array) -> Array:
-            return np.concatenate([hp.pack(), b[:nb]])
+        rounds = int(self.options["rounds"])
+        minor_iter = int(self.options["minor_iter"])
+        tol = float(self.options["major_tol"])
+        if rounds < 0 or minor_iter < 0 or not tol >= 0.0:
+            raise InputError(f"need rounds >= 0, minor_iter >= 0, major_tol >= 0; got "
+                             f"{rounds}, {minor_iter}, {tol}")  # fmt: skip
 
         def unpack(theta: Array) -> Array:
             hp.unpack(theta[: hp.size])
@@ -168,46 +188,54 @@ class _ActiveSetMethod(Method):
             b[:nb] = theta[hp.size :]
             return b
 
-        theta = pack(beta)
-        best: tuple[float, Array] | None = None
+        def named(b: Array) -> dict[str, float]:
+            out = {f"hyper.{k}": float(v) for k, v in hp.describe().items()}
+            out.update({f"beta.{c}": float(b[c]) for c in range(C)})
+            return out
+
+        theta = np.concatenate([hp.pack(), beta[:nb]])
         opt = make_optimizer("lbfgs", bounds=(-8.0, 8.0))
-        rounds = int(self.options["rounds"])
-        for r in range(rounds):
+        best: tuple[float, Array, Any, FrozenSites, Array] | None = None
+        previous: float | None = None
+        for r in range(rounds + 1):
             b_now = unpack(theta)
             try:
                 rep, sites = self._infer(problem, kernels, b_now, np.random.default_rng(seed), None)
-            except NumericalError:
+                major = criterion(kernels, X, y, sites, b_now, order, reduced, False,
+                                  self._rule()).value  # fmt: skip
+            except NumericalError as err:
                 if best is None:
                     raise
-                theta = best[1]  # fallback: the best theta so far, stop the rounds
+                _stop_warning(self.name, r, "major", err)
+                break  # extreme theta: stop at the best major step so far
+            if best is None or major < best[0]:
+                best = (major, theta.copy(), rep, sites, b_now)
+            report(-major, None, round=float(r), G_major=major, **named(b_now))
+            settled = previous is not None and abs(previous - major) <= tol * (1.0 + abs(major))
+            if r == rounds or settled:
                 break
+            previous = major
 
             def fun(th: Array, sites=sites) -> tuple[float, Array]:
                 b = unpack(th)
-                res = criterion(kernels, X, y, sites, b, order, reduced)
+                res = criterion(kernels, X, y, sites, b, order, reduced, True, self._rule())
                 g = np.concatenate(res.dkernel + [res.dbeta[:nb]])
                 return -res.value, -g
 
-            major = -fun(theta)[0]
-            if best is None or major < best[0]:
-                best = (major, theta.copy())
-            report(-major, None, round=float(r), G_major=major)
             try:
-                res = opt.maximize(fun, theta, int(self.options["minor_iter"]))
-            except NumericalError:
-                break  # keep the last theta; the best one is kept below
-            theta = np.asarray(res.x, dtype=float)
-        # a last major step at the new theta; keep it if better than the best so far
-        b_now = unpack(theta)
-        try:
-            rep, sites = self._infer(problem, kernels, b_now, np.random.default_rng(seed), None)
-            final = criterion(kernels, X, y, sites, b_now, order, reduced, gradient=False).value
-        except NumericalError:
-            final = np.inf
-        if best is not None and best[0] < final:
-            b_now = unpack(best[1])
-            rep, sites = self._infer(problem, kernels, b_now, np.random.default_rng(seed), None)
-        return rep, sites, b_now
+                theta = np.asarray(opt.maximize(fun, theta, minor_iter).x, dtype=float)
+            except NumericalError as err:
+                _stop_warning(self.name, r, "minor", err)
+                break
+        assert best is not None
+        _, theta, rep, sites, b_best = best
+        unpack(theta)  # the kept representation refers to the kernels at this theta
+        return rep, sites, b_best
+
+
+def _stop_warning(name: str, r: int, mode: str, err: Exception) -> None:
+    warnings.warn(f"{name}: hyper-parameter learning stopped in round {r} ({mode} mode): {err}; "
+                  "keeping the best major step so far", RuntimeWarning, stacklevel=3)  # fmt: skip
 
 
 class IVM(_ActiveSetMethod):
@@ -223,13 +251,15 @@ class IVM(_ActiveSetMethod):
         "n_init": None,
         "gh_order": None,
         "reduced": None,
+        "rule": "product",
         "projection": "direct",
-        "stub_update": "drag",
+        "stub_update": "lazy",
         "shared_kernel": True,
         "intercepts": None,
         "learn_intercepts": True,
         "rounds": 4,
         "minor_iter": 8,
+        "major_tol": 1e-3,
     }
 
     def _infer(self, problem, kernels, beta, rng, report):
@@ -243,6 +273,7 @@ class IVM(_ActiveSetMethod):
             n_init=o["n_init"],
             gh_order=o["gh_order"],
             reduced=o["reduced"],
+            rule=self._rule(),
             projection=o["projection"],
             stub_update=o["stub_update"],
         )
@@ -258,7 +289,7 @@ class IVM(_ActiveSetMethod):
 
             def post():
                 return IVMPosterior(problem.likelihood, runner.snapshot(), beta, s.gh_order,
-                                    s.reduced)  # fmt: skip
+                                    s.reduced, s.rule)  # fmt: skip
 
             report(total[0], post, active_size=float(size))
 
@@ -281,6 +312,7 @@ class IVMBaseline(_ActiveSetMethod):
         "learn_intercepts": True,
         "rounds": 4,
         "minor_iter": 8,
+        "major_tol": 1e-3,
     }
 
     def _order(self, C: int) -> tuple[int | None, Any]:

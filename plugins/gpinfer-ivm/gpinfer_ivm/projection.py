@@ -17,7 +17,6 @@ from typing import Literal, NamedTuple
 import numpy as np
 from scipy.linalg import cholesky, solve_triangular
 from scipy.optimize import minimize
-from scipy.special import logsumexp
 
 from gpinfer.errors import NumericalError
 
@@ -43,10 +42,11 @@ def site_precision(pi: Array) -> Array:
 
 
 def site_sqrt(pi: Array) -> Array:
-    """Square-root factor ``V [C, C]`` with ``V V^T = Pi`` (not symmetric; spec §1.3)."""
+    """Square-root factor ``V [..., C, C]`` with ``V V^T = Pi`` (not symmetric; spec §1.3)."""
     pi = np.asarray(pi, dtype=float)
-    xt = np.sqrt(pi / pi.sum())
-    return np.sqrt(pi)[:, None] * (np.eye(pi.size) - np.outer(xt, xt))
+    xt = np.sqrt(pi / pi.sum(axis=-1, keepdims=True))
+    eye = np.eye(pi.shape[-1])
+    return np.sqrt(pi)[..., :, None] * (eye - xt[..., :, None] * xt[..., None, :])
 
 
 class _Terms(NamedTuple):
@@ -57,9 +57,15 @@ class _Terms(NamedTuple):
     diag_term: Array  # the t-gradient of -log|I + A Pi| divided by pi, without c
 
 
+def _lse(t: Array) -> float:
+    """``log sum exp t`` for a small vector (plain numpy: scipy's version dominates the cost)."""
+    top = float(t.max())
+    return top + float(np.log(np.sum(np.exp(t - top))))
+
+
 def _terms(t: Array, A: Array) -> _Terms:
     """Stable pieces of ``-log|I + A Pi|`` and its gradient (spec §2.6, App. C)."""
-    kappa = logsumexp(t)
+    kappa = _lse(t)
     alpha = float(np.exp(kappa))
     x = np.exp(t - kappa)
     pi = np.exp(t)
@@ -111,7 +117,7 @@ def project_double_loop(A: Array, A_hat: Array, t0: Array) -> tuple[Array, list[
     t = np.clip(np.asarray(t0, dtype=float), np.log(PI_FLOOR), np.log(PI_CEIL))
     history = [objective(t, A, A_hat)[0]]
     for _ in range(OUTER_MAX):
-        x = np.exp(t - logsumexp(t))
+        x = np.exp(t - _lse(t))
         q = A_hat @ x
         c_q = np.diag(A_hat) - 2.0 * q + (q @ x)
         t = _lbfgs(lambda tt, c_q=c_q: majoriser(tt, A, c_q), t)

@@ -12,8 +12,16 @@ class ``c`` (``D_c = diag(pi^(c)_I)``, ``K_c = K^(c)_I``):
   ``gamma_c = b_c - P_c K_c b_c + P_c H^-1 sum_c' P_c' K_c' b_c'`` (any ``b``, no sum-to-zero
   assumption).
 
-``include`` appends one point in ``O(C d^2 + n C d)`` core/stub cost plus the dragging of the
-``Q`` stubs (spec §2.4; ``stub_update="resolve"`` re-solves ``Q`` with one BLAS-3 solve instead).
+``include`` appends one point in ``O(C d^2 + n C d)`` core/``M``-stub cost. The ``Q`` stubs are
+kept by one of three equivalent schemes (``stub_update``):
+
+* ``"lazy"`` (default): no ``Q`` buffer; ``q`` stubs are computed on demand for the points asked
+  for (candidates, liquid points), ``O(C d^2)`` each. Per inclusion this is
+  ``O(n C d + |J| C d^2)``, linear in ``n`` and ``C`` (the "delayed stub" scheme the paper
+  mentions, spec §2.2);
+* ``"drag"``: the spec §2.4 rank-one updates with dragging of all ``n`` stubs, ``O(n C^2 d)``
+  (``C`` rank-one updates each drag ``C n`` columns);
+* ``"resolve"``: one BLAS-3 triangular solve for all ``n`` stubs, ``O(n C d^2)``.
 ``from_sites`` rebuilds everything in block mode (used for learning and as a test oracle).
 Buffers are preallocated to ``capacity`` so an inclusion never copies them.
 """
@@ -32,7 +40,8 @@ from gpinfer.numerics.cholupdate import cholext, chollrup
 
 Array = np.ndarray
 
-StubUpdate = Literal["drag", "resolve"]
+StubUpdate = Literal["lazy", "drag", "resolve"]
+STUB_UPDATES = ("lazy", "drag", "resolve")
 
 
 def _tri(L: Array, B: Array, trans: bool = False) -> Array:
@@ -52,8 +61,10 @@ class SolidRepresentation:
         kernels: Sequence[Kernel],
         X: Array,
         capacity: int,
-        stub_update: StubUpdate = "drag",
+        stub_update: StubUpdate = "lazy",
     ):
+        if stub_update not in STUB_UPDATES:
+            raise ValueError(f"stub_update must be one of {STUB_UPDATES}, got {stub_update!r}")
         self.kernels = list(kernels)
         self.X = X
         self.C = len(self.kernels)
@@ -79,7 +90,7 @@ class SolidRepresentation:
         self.Bm = np.zeros((C, cap, cap))
         self.LH = np.zeros((cap, cap))
         self.M = np.zeros((C, cap, n))
-        self.Q = np.zeros((C, cap, n))
+        self.Q = np.zeros((C, cap, n)) if stub_update != "lazy" else None
 
     # -- views of the current size -------------------------------------------------------------
     @property
@@ -136,6 +147,8 @@ class SolidRepresentation:
             for c in range(C):
                 LH, _ = chollrup(LH, r_c[c], 1.0)
             Xd = None
+            if self.stub_update == "drag":  # d == 0: the new q row needs an empty X
+                Xd = np.zeros((C, 0, self.n))
         ell, lam = cholext(LH, rho @ r_c, float(rho @ rho))
         # append rows
         for c in range(C):
@@ -146,13 +159,25 @@ class SolidRepresentation:
         self.LH[d, :d], self.LH[d, d] = ell, lam
         self.KI[:, :, d] = kc
         self.I[d], self.pi[d], self.b[d] = i, pi_i, b_i
-        if Xd is not None:
+        self.d = d + 1
+        if self.stub_update == "drag":
             self.Q[:, :d] = Xd
             self.Q[:, d] = (rho[:, None] * mu - np.einsum("cdn,d->cn", Xd, ell)) / lam
-            self.d = d + 1
-        else:
-            self.d = d + 1
+        elif self.stub_update == "resolve":
             self._resolve_Q()
+
+    def q_stubs(self, idx: Array) -> Array:
+        """``q`` stubs ``[C, d, len(idx)]`` of training points ``idx`` (buffer or on demand)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        d = self.d
+        if self.Q is not None:
+            return self.Q[:, :d, idx]
+        if d == 0 or idx.size == 0:
+            return np.zeros((self.C, d, idx.size))
+        BtM = np.concatenate(
+            [self.Bm[c, :d, :d].T @ self.M[c, :d][:, idx] for c in range(self.C)], axis=1
+        )  # [d, C len]
+        return _tri(self.LH[:d, :d], BtM).reshape(d, self.C, idx.size).transpose(1, 0, 2)
 
     def _resolve_Q(self) -> None:
         """``Q_c = L_H^-1 B_c^T M_c`` by one BLAS-3 triangular solve (all classes at once)."""
@@ -170,7 +195,7 @@ class SolidRepresentation:
         """Rebuild from ``(I [d], pi [d, C], b [d, C])`` with BLAS-3 operations."""
         I = np.asarray(I, dtype=np.int64)
         d = I.size
-        rep = cls(kernels, X, max(d, 1))
+        rep = cls(kernels, X, max(d, 1), "resolve")
         rep.d = d
         rep.I[:d], rep.pi[:d], rep.b[:d] = I, pi, b
         for j, k in enumerate(rep.distinct):
@@ -224,12 +249,13 @@ class SolidRepresentation:
         eta1 = [_tri(self.L[c, :d, :d], (self.b[:d, c] - vbar) / np.sqrt(self.pi[:d, c]))
                 for c in range(C)]  # fmt: skip
         eta2 = _tri(self.LH[:d, :d], sum(self.Bm[c, :d, :d].T @ eta1[c] for c in range(C)))
-        eta4 = sum(self.Q[c, :d][:, I] @ vbar for c in range(C))
+        QI, Qj = self.q_stubs(I), self.q_stubs(idx)
+        eta4 = sum(QI[c] @ vbar for c in range(C))
         h = np.empty((idx.size, C))
         for c in range(C):
-            Mc, Qc = self.M[c, :d], self.Q[c, :d]
+            Mc = self.M[c, :d]
             eta3 = Mc[:, I] @ vbar
-            h[:, c] = (Mc[:, idx].T @ (eta1[c] - eta3) - Qc[:, idx].T @ (eta2 - eta4)
+            h[:, c] = (Mc[:, idx].T @ (eta1[c] - eta3) - Qj[c].T @ (eta2 - eta4)
                        + self.K_active(c)[idx] @ vbar)  # fmt: skip
         return h
 
@@ -238,7 +264,7 @@ class SolidRepresentation:
         idx = np.asarray(idx)
         d = self.d
         m2 = np.einsum("cdj,cdj->jc", self.M[:, :d, idx], self.M[:, :d, idx])
-        Qj = self.Q[:, :d, idx]
+        Qj = self.q_stubs(idx)
         A = np.einsum("cdj,edj->jce", Qj, Qj)
         A[:, np.arange(self.C), np.arange(self.C)] += self.Kdiag[:, idx].T - m2
         return A
@@ -249,7 +275,7 @@ class SolidRepresentation:
         d = self.d
         if idx1.size == 0 or idx2.size == 0:
             return np.zeros((idx1.size, self.C, idx2.size, self.C))
-        out = np.einsum("cdj,edk->jcke", self.Q[:, :d, idx1], self.Q[:, :d, idx2])
+        out = np.einsum("cdj,edk->jcke", self.q_stubs(idx1), self.q_stubs(idx2))
         for c in range(self.C):
             Kc = self.kernels[c].K(self.X[idx1], self.X[idx2])
             Mc = self.M[c, :d]

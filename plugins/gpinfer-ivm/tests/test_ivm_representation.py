@@ -44,9 +44,13 @@ def test_representation_equals_dense(C):
     assert np.all(np.abs(b.sum(axis=1)) > 1e-3)
     drag = SolidRepresentation(kernels, X, d, "drag")
     resolve = SolidRepresentation(kernels, X, d, "resolve")
+    lazy = SolidRepresentation(kernels, X, d, "lazy")
     for a in range(d):
         drag.include(I[a], pi[a], b[a])
         resolve.include(I[a], pi[a], b[a])
+        lazy.include(I[a], pi[a], b[a])
+        np.testing.assert_allclose(lazy.q_stubs(np.arange(n)), drag.Q[:, : a + 1], atol=1e-12)
+        np.testing.assert_allclose(lazy.means_eta(), drag.means_eta(), atol=1e-10)
         h, A, Phi = dense_posterior(kernels, X, I[: a + 1], pi[: a + 1], b[: a + 1])
         np.testing.assert_allclose(drag.means(), h, atol=1e-10)
         np.testing.assert_allclose(drag.means_eta(), h, atol=1e-10)

@@ -90,3 +90,54 @@ def test_method_rejects_liquid_larger_than_active_set():
     X, y = make_suite_data(3, n=30, seed=2)
     with pytest.raises(InputError, match="liquid size"):
         GPClassifier(method="ivm", M=5, optimize=False, method_options={"L": 6}).fit(X, y)
+
+
+def test_learning_returns_best_major_step_and_stops_at_major_tol():
+    """The kept representation belongs to the returned theta: refitting with fixed
+    hyper-parameters at the learned kernel and intercepts reproduces it (same seed). A huge
+    ``major_tol`` stops after the second major step."""
+    from gpinfer.testing.method_suite import make_suite_data
+
+    X, y = make_suite_data(3, n=40, seed=1)
+    opts = dict(_OPTIONS, rounds=2, minor_iter=2)
+    learned = GPClassifier(method="ivm", M=12, optimize=True, random_state=0,
+                           kernel=RBF(lengthscale=0.2), method_options=opts).fit(X, y)  # fmt: skip
+    rounds = [h for h in learned.fit_result_.history if "G_major" in h]
+    assert len(rounds) == 3  # rounds + 1 major steps (tolerance 1e-3 not reached here)
+    G = [h["G_major"] for h in rounds]
+    assert learned.log_evidence_ == pytest.approx(-min(G), rel=1e-12)
+    beta = learned.fit_result_.state["beta"]
+    refit = GPClassifier(method="ivm", M=12, optimize=False, random_state=0,
+                         kernel=learned.fit_result_.kernel.copy(),
+                         method_options=dict(opts, intercepts=beta.tolist())).fit(X, y)  # fmt: skip
+    np.testing.assert_array_equal(refit.fit_result_.state["active"],
+                                  learned.fit_result_.state["active"])  # fmt: skip
+    np.testing.assert_allclose(refit.log_evidence_, learned.log_evidence_, rtol=1e-10)
+    np.testing.assert_allclose(refit.predict_proba(X), learned.predict_proba(X), atol=1e-10)
+    stopped = GPClassifier(method="ivm", M=12, optimize=True, random_state=0,
+                           kernel=RBF(lengthscale=0.2),
+                           method_options=dict(opts, major_tol=1e9)).fit(X, y)  # fmt: skip
+    assert sum("G_major" in h for h in stopped.fit_result_.history) == 2
+
+
+def test_learning_failure_in_minor_mode_warns_and_keeps_best_major_step(monkeypatch):
+    import gpinfer_ivm.method as method_module
+
+    from gpinfer.errors import NumericalError
+    from gpinfer.testing.method_suite import make_suite_data
+
+    real = method_module.criterion
+
+    def failing(*args, **kwargs):
+        if args[7]:  # gradient=True: only the minor mode asks for it
+            raise NumericalError("injected", quantity="test")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(method_module, "criterion", failing)
+    X, y = make_suite_data(3, n=40, seed=1)
+    opts = dict(_OPTIONS, rounds=3, minor_iter=2)
+    with pytest.warns(RuntimeWarning, match="round 0 \\(minor mode\\).*injected"):
+        est = GPClassifier(method="ivm", M=12, optimize=True, random_state=0,
+                           kernel=RBF(lengthscale=0.2), method_options=opts).fit(X, y)  # fmt: skip
+    assert sum("G_major" in h for h in est.fit_result_.history) == 1
+    assert est.fit_result_.kernel.lengthscale == pytest.approx(0.2)
