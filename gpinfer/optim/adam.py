@@ -44,8 +44,16 @@ class Adam(StochasticAscent):
         if self.m.shape != np.shape(grad):
             self.reset(grad)
         self.t += 1
-        self.m = self.beta1 * self.m + (1.0 - self.beta1) * grad
-        self.v = self.beta2 * self.v + (1.0 - self.beta2) * grad * grad
-        m_hat = self.m / (1.0 - self.beta1**self.t)
-        v_hat = self.v / (1.0 - self.beta2**self.t)
-        return x + self.learning_rate * m_hat / (np.sqrt(v_hat) + self.eps)
+        grad = np.asarray(grad, dtype=float)
+        # in place: P can be millions (inducing inputs of every class), so avoid temporaries
+        self.m *= self.beta1
+        self.m += (1.0 - self.beta1) * grad
+        self.v *= self.beta2
+        self.v += (1.0 - self.beta2) * np.square(grad)
+        denom = np.sqrt(self.v)
+        denom *= 1.0 / np.sqrt(1.0 - self.beta2**self.t)  # sqrt(v_hat)
+        denom += self.eps
+        step = np.multiply(self.m, self.learning_rate / (1.0 - self.beta1**self.t))
+        step /= denom
+        step += x
+        return step

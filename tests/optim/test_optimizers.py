@@ -172,3 +172,19 @@ def test_make_optimizer():
         assert name in str(info.value)
     with pytest.raises(InputError, match="learning_rate"):
         make_optimizer("adam", lr=0.1)
+
+
+def test_adam_steps_match_the_textbook_formulas():
+    """Three steps against the bias-corrected update written out in full (Kingma & Ba, Alg. 1)."""
+    rng = np.random.default_rng(5)
+    lr, b1, b2, eps = 0.03, 0.8, 0.99, 1e-6
+    opt = Adam(learning_rate=lr, beta1=b1, beta2=b2, eps=eps)
+    x = rng.standard_normal(6)
+    x_ref, m, v = x.copy(), np.zeros(6), np.zeros(6)
+    for t in range(1, 4):
+        g = rng.standard_normal(6)
+        x = opt.step(x, g)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g**2
+        x_ref = x_ref + lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
+        np.testing.assert_allclose(x, x_ref, rtol=1e-13, atol=1e-15)
