@@ -4,7 +4,8 @@ jj-taylor-svi §3, ep-sep-multiclass §3.2).
 Maximises the uncollapsed ELBO over ``theta`` (kernel log-parameters, optionally inducing
 inputs), ``mu [L, M]`` and the Cholesky factors ``Lq [L, M, M]`` of ``q(u_l)``, one latent per
 class for multi-class likelihoods (robust-max, softmax), one for Bernoulli logit/probit.
-Binary expectations by ``n_quadrature``-node Gauss-Hermite; multi-class by the likelihood.
+Binary expectations by ``n_quadrature``-node Gauss-Hermite; robust-max by the fast 1-D trapezoid
+of ``gpinfer_svi.robustmax`` (default) or the likelihood's rule; softmax by the likelihood.
 
 Mini-batches (``problem.batch_size``) are reshuffled every epoch and scaled by ``N/|b|``
 (actual size of the last batch); ``None`` means full batch. Optimisers: AdaDelta (climin form,
@@ -24,6 +25,11 @@ from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.inducing import FixedInputCovariances, inducing_inputs
 from gpinfer.interfaces import Array, FitCallback, FitResult, Method, Problem
+from gpinfer.kernels.base import Kernel
+from gpinfer.kernels.combination import Combination, Sum
+from gpinfer.kernels.stationary import Stationary
+from gpinfer.kernels.white import White
+from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.optim import LBFGSB, make_optimizer
 from gpinfer.optim.lbfgs import check_finite
 from gpinfer.posterior import InducingPosterior
@@ -39,9 +45,58 @@ from gpinfer.sites.variational import (
     softmax_expectation,
     uncollapsed_elbo,
 )
+from gpinfer_svi.robustmax import robustmax_trapezoid_expectation
 
 #: objective scales (spec §3.4): the authors' "batch" scale, per datum, or the full ELBO
 SCALES = ("batch", "per_datum", "full")
+#: robust-max expectation rules: the fast absolute-accuracy trapezoid (``gpinfer_svi.robustmax``)
+#: or the likelihood's log-space rule (``RobustMax.expected_log_prob``, slower, tail-accurate)
+ROBUSTMAX_RULES = ("trapezoid", "likelihood")
+#: inducing-input initialisations: K-means centres shared by all latents (spec jj-taylor-svi), or
+#: M distinct training inputs drawn independently per latent (spec ep-sep §2.11, Table 2)
+INDUCING_INITS = ("kmeans", "random")
+#: initial q(u): Sigma = I (the paper's svi), or the prior Sigma = Kuu (spec ep-sep §2.11)
+INITS_Q = ("identity", "prior")
+#: points used by the median length-scale heuristic
+MEDIAN_SUBSET = 1000
+
+
+def _kernel_parts(kernel: Kernel) -> list[Kernel]:
+    if isinstance(kernel, Combination):
+        return [q for p in kernel.parts for q in _kernel_parts(p)]
+    return [kernel]
+
+
+def median_distance(X: Array, rng: np.random.Generator) -> float:
+    """Median pairwise Euclidean distance among at most ``MEDIAN_SUBSET`` random rows of ``X``."""
+    if X.shape[0] > MEDIAN_SUBSET:
+        X = X[rng.choice(X.shape[0], MEDIAN_SUBSET, replace=False)]
+    sq = np.sum(X * X, axis=1)
+    d2 = np.maximum(sq[:, None] + sq[None, :] - 2.0 * X @ X.T, 0.0)
+    med = float(np.median(np.sqrt(d2[np.triu_indices(X.shape[0], 1)]))) if X.shape[0] > 1 else 1.0
+    return med if med > 0 else 1.0
+
+
+def prepare_kernel(kernel: Kernel, X: Array, noise: float | None, lengthscale_init: str
+                   ) -> Kernel:
+    """A copy of ``kernel`` with ``White(noise)`` added when it has none (``noise`` not None) and,
+    for ``lengthscale_init == "median"``, every stationary length-scale set to the square root
+    of the median pairwise distance (spec ep-sep §2.11 and P18: the median distance is the
+    *squared* length-scale)."""
+    base = kernel.copy()
+    if noise is not None and not any(isinstance(p, White) for p in _kernel_parts(base)):
+        base = Sum([base, White(variance=float(noise))])
+    if lengthscale_init == "median":
+        ell = np.sqrt(median_distance(X, np.random.default_rng(0)))
+        for part in _kernel_parts(base):
+            if isinstance(part, Stationary):
+                theta = part.get_unconstrained()
+                theta[:-1] = np.log(ell)
+                part.set_unconstrained(theta)
+    elif lengthscale_init != "kernel":
+        raise InputError(f"svi: lengthscale_init must be 'kernel' or 'median', got "
+                         f"{lengthscale_init!r}")
+    return base
 
 
 class VariationalState:
@@ -49,8 +104,13 @@ class VariationalState:
 
     def __init__(self, X: Array, y: Array, likelihood, hp: HyperParameters, n_latent: int,
                  M: int, n_quadrature: int, robustmax_nodes: int | None = None,
-                 softmax_samples: int | None = None, rng: np.random.Generator | None = None):
+                 softmax_samples: int | None = None, rng: np.random.Generator | None = None,
+                 robustmax_rule: str = "trapezoid"):
         self.X, self.y, self.likelihood, self.hp = X, y, likelihood, hp
+        if robustmax_rule not in ROBUSTMAX_RULES:
+            raise InputError(f"svi: robustmax_rule must be one of {ROBUSTMAX_RULES}, got "
+                             f"{robustmax_rule!r}")
+        self.robustmax_rule = robustmax_rule
         self.L, self.M = n_latent, M
         self.tril = np.tril_indices(M)
         self.n_quadrature = n_quadrature
@@ -66,7 +126,10 @@ class VariationalState:
         self._covs: list[FixedInputCovariances] = []
         if self._fast:
             for k, Z in zip(hp.kernels, hp.Z):
-                self._covs.append(FixedInputCovariances(k, Z, X, share=(self._covs or [None])[0]))
+                first = (self._covs or [None])[0]
+                share = first if first is not None and first.Z.shape == Z.shape and \
+                    np.array_equal(first.Z, Z) else None  # distances reused only for the same Z
+                self._covs.append(FixedInputCovariances(k, Z, X, share=share))
             prefix = ["kernel"] if self.L == 1 else [f"kernel[{l}]" for l in range(self.L)]
             full = [f"{p}.{q}" for p, k in zip(prefix, hp.kernels) for q in k.param_names]
             self._theta_index = np.array([full.index(n) for n in names], dtype=np.int64)
@@ -126,8 +189,11 @@ class VariationalState:
         """The per-point expected log-likelihood on ``batch`` (``None``: all points)."""
         if self.signs is None:
             y = self.y if batch is None else self.y[batch]
-            if self.robustmax_nodes and getattr(self.likelihood, "name", "") == "robustmax":
-                return robustmax_expectation(self.likelihood.epsilon, y, self.robustmax_nodes)
+            if getattr(self.likelihood, "name", "") == "robustmax":
+                if self.robustmax_nodes:
+                    return robustmax_expectation(self.likelihood.epsilon, y, self.robustmax_nodes)
+                if self.robustmax_rule == "trapezoid":
+                    return robustmax_trapezoid_expectation(self.likelihood.epsilon, y)
             if self.softmax_samples and getattr(self.likelihood, "name", "") == "softmax":
                 return softmax_expectation(y, self.softmax_samples, self.rng)
             return likelihood_expectation(self.likelihood, y)
@@ -155,15 +221,26 @@ class SVI(Method):
     """Stochastic variational GP classification (binary and multi-class).
 
     Options: ``optimizer`` (``adadelta``, ``adam``, ``lbfgs``), ``optimizer_options``,
-    ``n_quadrature`` (binary Gauss-Hermite nodes), ``robustmax_nodes`` (``None``: the
-    likelihood's accurate adaptive rule; an integer: the faster ``robustmax_expectation``
-    Gauss-Hermite rule with that many nodes), ``softmax_samples`` (``None``: the likelihood's
-    product Gauss-Hermite rule; an integer: unbiased Monte-Carlo ``softmax_expectation`` with
-    that many draws per point), ``natural_gradient`` (``None``, or a step size in
-    ``(0, 1]``: ``q(u)`` then moves by natural-gradient steps on the unbiased ELBO estimate and
-    the optimiser moves only ``theta``; step 1 is exact for conjugate problems), ``scale``
-    (``batch``, ``per_datum``, ``full``), ``learn_inducing``, ``report_every`` (steps per
-    reported iteration), ``time_budget_s``, ``default_M``.
+    ``n_quadrature`` (binary Gauss-Hermite nodes), ``robustmax_rule`` (``"trapezoid"``, the
+    default: the fast absolute-accuracy rule of ``gpinfer_svi.robustmax``; ``"likelihood"``: the
+    likelihood's log-space adaptive rule, ~7x slower at ``C = 10``), ``robustmax_nodes``
+    (``None``, or an integer: Gauss-Hermite in ``f_y`` with that many nodes, inaccurate for many
+    classes or unequal variances; overrides ``robustmax_rule``), ``softmax_samples`` (``None``:
+    the likelihood's product Gauss-Hermite rule; an integer: unbiased Monte-Carlo
+    ``softmax_expectation`` with that many draws per point), ``natural_gradient`` (``None``, or a
+    step size in ``(0, 1]``: ``q(u)`` then moves by natural-gradient steps on the unbiased ELBO
+    estimate and the optimiser moves only ``theta``; step 1 is exact for conjugate problems),
+    ``scale`` (``batch``, ``per_datum``, ``full``), ``learn_inducing``, ``report_every`` (steps
+    per reported iteration), ``time_budget_s``, ``default_M``.
+
+    Model set-up options (defaults: the svi paper's; the Table-2 VI baseline of spec ep-sep
+    §3.2/§2.11 uses the alternatives): ``inducing_init`` (``"kmeans"``: K-means centres shared
+    by all latents; ``"random"``: ``M`` distinct training inputs drawn independently per latent
+    from the problem's generator, the same draws as ep/sep/gfitc), ``init_q`` (``"identity"``:
+    ``Sigma = I``; ``"prior"``: ``Sigma = Kuu``), ``noise`` (``None``, or a white-noise variance
+    added to the kernel when it has none), ``lengthscale_init`` (``"kernel"`` or ``"median"``:
+    squared length-scale = median pairwise distance), ``hyper_bounds`` (``None`` or
+    ``(low, high)``: L-BFGS-B box on the log kernel parameters; ``q(u)`` and ``Z`` unbounded).
     """
 
     name: ClassVar[str] = "svi"
@@ -177,6 +254,7 @@ class SVI(Method):
         "optimizer_options": None,
         "n_quadrature": SVI_GAUSS_HERMITE_POINTS,
         "robustmax_nodes": None,
+        "robustmax_rule": "trapezoid",
         "natural_gradient": None,
         "softmax_samples": None,
         "scale": "batch",
@@ -184,6 +262,11 @@ class SVI(Method):
         "report_every": None,
         "time_budget_s": None,
         "default_M": 100,
+        "inducing_init": "kmeans",
+        "init_q": "identity",
+        "noise": None,
+        "lengthscale_init": "kernel",
+        "hyper_bounds": None,
     }
 
     def _setup(self, problem: Problem) -> tuple[VariationalState, Array]:
@@ -200,17 +283,32 @@ class SVI(Method):
             n_latent = 1
         if self.options["scale"] not in SCALES:
             raise InputError(f"svi: scale must be one of {SCALES}, got {self.options['scale']!r}")
-        Z = inducing_inputs(problem.inducing, X, problem.rng, int(self.options["default_M"]))
-        kernels = [problem.kernel.copy() for _ in range(n_latent)]
-        hp = HyperParameters(kernels, Z=[Z] * n_latent, optimize=problem.optimize,
-                             optimize_inducing=bool(self.options["learn_inducing"]))
-        rm, ss = self.options["robustmax_nodes"], self.options["softmax_samples"]
-        state = VariationalState(X, y, lik, hp, n_latent, Z.shape[0],
-                                 int(self.options["n_quadrature"]),
+        o = self.options
+        for key, allowed in (("inducing_init", INDUCING_INITS), ("init_q", INITS_Q)):
+            if o[key] not in allowed:
+                raise InputError(f"svi: {key} must be one of {allowed}, got {o[key]!r}")
+        kernel = prepare_kernel(problem.kernel, X, o["noise"], str(o["lengthscale_init"]))
+        if o["inducing_init"] == "random" and not isinstance(problem.inducing, np.ndarray):
+            M = int(o["default_M"]) if problem.inducing is None else int(problem.inducing)
+            if not 1 <= M <= X.shape[0]:
+                raise InputError(f"svi: M must be in 1..N={X.shape[0]}, got {M}")
+            Zs = [X[problem.rng.choice(X.shape[0], M, replace=False)] for _ in range(n_latent)]
+        else:
+            Zs = [inducing_inputs(problem.inducing, X, problem.rng, int(o["default_M"]))] * n_latent
+        kernels = [kernel.copy() for _ in range(n_latent)]
+        hp = HyperParameters(kernels, Z=Zs, optimize=problem.optimize,
+                             optimize_inducing=bool(o["learn_inducing"]))
+        rm, ss = o["robustmax_nodes"], o["softmax_samples"]
+        M = Zs[0].shape[0]
+        state = VariationalState(X, y, lik, hp, n_latent, M, int(o["n_quadrature"]),
                                  None if rm is None else int(rm),
-                                 None if ss is None else int(ss), problem.rng)
-        M = Z.shape[0]
-        x0 = state.pack(np.zeros((n_latent, M)), np.repeat(np.eye(M)[None], n_latent, axis=0))
+                                 None if ss is None else int(ss), problem.rng,
+                                 str(o["robustmax_rule"]))
+        if o["init_q"] == "prior":
+            Lq0 = np.stack([jittered_cholesky(k.K(Z), name="Kuu").L for k, Z in zip(kernels, Zs)])
+        else:
+            Lq0 = np.repeat(np.eye(M)[None], n_latent, axis=0)
+        x0 = state.pack(np.zeros((n_latent, M)), Lq0)
         return state, x0
 
     def _scale(self, n: int, b: int) -> float:
@@ -276,6 +374,11 @@ class SVI(Method):
         return x, value, it
 
     def _fit_lbfgs(self, problem, state, x, rep, opt_options):
+        hb = self.options["hyper_bounds"]
+        if hb is not None and "bounds" not in opt_options:
+            lo, hi = (float(v) for v in hb)
+            opt_options["bounds"] = (state.hp.bounds(kernel=(lo, hi))
+                                     + [(None, None)] * (x.size - state.hp.size))
         opt = LBFGSB(**opt_options)
         n = state.X.shape[0]
         s = self._scale(n, n)
@@ -285,12 +388,14 @@ class SVI(Method):
             return s * v, s * g
 
         def on_iteration(it: int, z: Array, value: float) -> bool:
-            rep.report(it, value / s, state.snapshot(z), {})
+            rep.report(it, value / s, state.snapshot(z), {"lbfgs_abnormal": 0.0})
             return False
 
         result = opt.maximize(fun, x, int(problem.max_iter), on_iteration)
-        if not rep.history:
-            rep.report(1, result.value / s, state.snapshot(result.x), {})
+        if not rep.history or not result.success:
+            # the final point, with an abnormal end recorded in the run's metrics
+            rep.report(len(rep.history) + 1, result.value / s, state.snapshot(result.x),
+                       {"lbfgs_abnormal": float(not result.success)})
         extra = {"lbfgs_success": np.array(result.success),
                  "lbfgs_message": np.array(result.message)}
         if not result.success:

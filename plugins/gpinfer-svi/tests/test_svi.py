@@ -307,3 +307,36 @@ def test_fast_multiclass_expectations_match_the_likelihood():
     np.testing.assert_allclose(E, ref.value, atol=5e-3)
     np.testing.assert_allclose(dm, ref.dmean, atol=5e-3)
     np.testing.assert_allclose(dv, ref.dvar, atol=5e-3)
+
+
+def test_non_finite_elbo_is_a_clear_error(monkeypatch):
+    """Bad input list of the issue: a non-finite bound during L-BFGS-B (and during stochastic
+    steps) raises ``NumericalError`` naming it, never a silent NaN."""
+    from gpinfer.errors import NumericalError
+
+    def bad(self, x, batch):
+        value, grad, est = original(self, x, batch)
+        return float("nan"), grad, est
+
+    original = VariationalState.estimate
+    monkeypatch.setattr(VariationalState, "estimate", bad)
+    with pytest.raises(NumericalError, match="nan"):
+        SVI(optimizer="lbfgs").fit(_problem())
+    with pytest.raises(NumericalError, match="svi ELBO"):
+        SVI(optimizer="adam").fit(_problem(batch=20))
+
+
+def test_abnormal_lbfgs_end_is_in_the_metrics(monkeypatch):
+    original = VariationalState.estimate
+
+    def wrong_gradient(self, x, batch):
+        value, grad, est = original(self, x, batch)
+        return value, -grad, est  # not an ascent direction: the line search fails
+
+    monkeypatch.setattr(VariationalState, "estimate", wrong_gradient)
+    seen = []
+    with pytest.warns(RuntimeWarning, match="abnormally"):
+        res = SVI(optimizer="lbfgs").fit(_problem(max_iter=20), callback=seen.append)
+    assert seen[-1].extra["lbfgs_abnormal"] == 1.0
+    assert not bool(res.state["lbfgs_success"])
+    assert "ABNORMAL" in str(res.state["lbfgs_message"])

@@ -1,0 +1,158 @@
+"""Fast robust-max expected log-likelihood for svi: a plain 1-D trapezoid in the label's latent.
+
+``E[log p(y | f)] = b + (a - b) P`` with ``P = P(f_y > f_k, all k != y)`` (spec ep-sep §3.2).
+The ELBO needs ``P`` and its derivatives to an *absolute* accuracy only (never ``log P``), so
+the mode-centred log-space rule of ``gpinfer.likelihoods.multiclass.argmax_probability`` (built
+for tail-accurate ``log P`` in predictions and EP) is not needed here. With ``f_y = m_y + s_y t``:
+
+``P = int N(t) prod_{k != y} Phi(d_k + rho_k t) dt``, ``d_k = (m_y - m_k) / s_k``,
+``rho_k = s_y / s_k``,
+
+integrated by the trapezoid rule on the fixed window ``|t| <= window`` (the mass outside is
+``2 Phi(-window)``, 2.6e-12 at 7). Step: the trapezoid error for this entire integrand behaves
+like ``exp(-2 pi^2 / (h^2 kappa))`` with ``kappa = 1 + sum_k rho_k^2`` (its growth off the real
+axis), so ``h = constant / sqrt(kappa)``, rounded down to ``constant / (q / 4)`` with an integer
+``q`` so that the nodes are piecewise constant in the parameters. Many classes (``kappa ~ C``)
+or a much smaller variance of another class (a sharp ``Phi`` factor) get finer nodes; a plain
+Gauss-Hermite rule in ``t`` ignores both and fails (20 nodes at ``C = 10``: errors ~1e-4 with
+equal variances, O(1) in the derivatives with unequal ones; spec ep-sep §2.10). The derivatives
+are exact derivatives of the discretised ``P`` (spec ep-sep §3.2):
+
+``dP/dm_k = -sum W r_k / s_k``, ``dP/dv_k = -sum W r_k z_k / (2 s_k^2)``,
+``dP/dm_y = sum W sum_k r_k / s_k``, ``dP/dv_y = sum W t sum_k r_k / s_k / (2 s_y)``,
+
+with ``W_q = w_q prod_k Phi(z_qk)``, ``z_qk = d_k + rho_k t_q`` and ``r = phi / Phi``; ``W r_k``
+is formed as ``w prod_{j != k} Phi_j phi_k`` (prefix/suffix products), so it never divides by an
+underflowed ``Phi``. One ``ndtr`` and one ``exp`` per node and class: ~7x cheaper than the
+likelihood's rule at ``C = 10``, with absolute errors ~1e-9 against it (tests
+``test_robustmax_trapezoid_*``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import ndtr
+
+from gpinfer.interfaces import Array
+from gpinfer.numerics.quadrature import chunk_slices
+from gpinfer.sites.variational import ExpectationFn
+
+#: trapezoid step times ``sqrt(kappa)``, ``kappa = 1 + sum_k rho_k^2`` (see ``step_levels``)
+ROBUSTMAX_STEP_CONSTANT = 0.8
+#: half-width of the integration window in standard deviations of ``f_y``
+ROBUSTMAX_WINDOW = 7.0
+#: the step is ``constant / (STEP_QUANTUM q)`` with ``q = ceil(sqrt(kappa) / STEP_QUANTUM)``
+STEP_QUANTUM = 0.25
+#: cap of ``sqrt(kappa)`` (standard-deviation ratios beyond ~256 get no finer nodes)
+ROBUSTMAX_MAX_SQRT_KAPPA = 256.0
+
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _grid(step: float, window: float) -> tuple[Array, Array]:
+    """Trapezoid nodes ``t [n]`` on ``[-window, window]``, weights ``step N(t)`` (ends halved)."""
+    half = int(math.ceil(window / step))
+    t = step * np.arange(-half, half + 1)
+    w = step * _INV_SQRT_2PI * np.exp(-0.5 * t * t)
+    w[[0, -1]] *= 0.5
+    return t, w
+
+
+def _exclusive_products(Phi: Array) -> Array:
+    """``prod_{j != k} Phi[j]`` for every ``k`` along axis 0 of ``Phi [K, ...]`` (prefix times
+    suffix products, no division)."""
+    out = np.empty_like(Phi)
+    out[0] = 1.0
+    for k in range(1, Phi.shape[0]):
+        np.multiply(out[k - 1], Phi[k - 1], out=out[k])
+    suffix = np.ones_like(Phi[0])
+    for k in range(Phi.shape[0] - 2, -1, -1):
+        suffix *= Phi[k + 1]
+        out[k] *= suffix
+    return out
+
+
+def step_levels(rho: Array, constant: float = ROBUSTMAX_STEP_CONSTANT) -> tuple[Array, Array]:
+    """Per-row level ``q [B]`` (integer) and its step ``constant / (STEP_QUANTUM q)`` ``[B]``.
+
+    The trapezoid error of ``int N(t) prod_k Phi(d_k + rho_k t) dt`` with step ``h`` behaves like
+    ``exp(-2 pi^2 / (h^2 kappa))``, ``kappa = 1 + sum_k rho_k^2`` (the integrand's growth off the
+    real axis), so the step scales as ``1 / sqrt(kappa)``; quantised so that the nodes are
+    piecewise constant in the parameters.
+    """
+    root = np.minimum(np.sqrt(1.0 + np.sum(rho * rho, axis=1)), ROBUSTMAX_MAX_SQRT_KAPPA)
+    q = np.ceil(root / STEP_QUANTUM).astype(np.int64)
+    return q, constant / (STEP_QUANTUM * q)
+
+
+def argmax_probability_abs(
+    mean: Array, var: Array, y: Array, constant: float = ROBUSTMAX_STEP_CONSTANT,
+    window: float = ROBUSTMAX_WINDOW,
+) -> tuple[Array, Array, Array]:
+    """``P [B]``, ``dP/dmean [B, C]``, ``dP/dvar [B, C]`` for ``mean, var [B, C]``, ``y [B]``.
+
+    Trapezoid on ``|t| <= window`` with the step of ``step_levels`` (``constant`` sets the
+    accuracy: 0.9 gives ~1e-10 absolute, see the tests).
+    """
+    B, C = mean.shape
+    rows = np.arange(B)
+    sd = np.sqrt(var)
+    others = np.ones((B, C), dtype=bool)
+    others[rows, y] = False
+    m_y, sd_y = mean[rows, y], sd[rows, y]
+    sd_o = sd[others].reshape(B, C - 1)
+    d = (m_y[:, None] - mean[others].reshape(B, C - 1)) / sd_o
+    rho = sd_y[:, None] / sd_o
+    q, steps = step_levels(rho, constant)
+    # class-major layout [K, b, n]: the products and sums over classes run on whole slabs
+    d, rho, inv_sd = d.T.copy(), rho.T.copy(), 1.0 / sd_o.T
+    P = np.empty(B)
+    dm_o, dv_o = np.empty((C - 1, B)), np.empty((C - 1, B))
+    dm_y, dv_y = np.empty(B), np.empty(B)
+    for level in np.unique(q):
+        idx = np.flatnonzero(q == level)
+        t, w = _grid(float(steps[idx[0]]), window)
+        for sl in chunk_slices(idx.size, 4 * t.size * (C - 1)):
+            ii = idx[sl]
+            z = d[:, ii, None] + rho[:, ii, None] * t  # [K, b, n]
+            Phi = ndtr(z)
+            G = _exclusive_products(Phi)  # prod_{j != k} Phi_j
+            P[ii] = (G[0] * Phi[0]) @ w
+            # G_k = w prod_{j != k} Phi_j phi_k / s_k = W r_k / s_k, never dividing by Phi
+            np.multiply(z, z, out=Phi)  # reuse the buffer: phi(z) up to 1 / sqrt(2 pi)
+            Phi *= -0.5
+            np.exp(Phi, out=Phi)
+            G *= Phi
+            G *= _INV_SQRT_2PI * w
+            G *= inv_sd[:, ii, None]
+            sum_g = G.sum(axis=0)  # [b, n]
+            dm_o[:, ii] = -G.sum(axis=2)
+            dm_y[ii] = sum_g.sum(axis=1)
+            dv_y[ii] = (sum_g @ t) / (2.0 * sd_y[ii])
+            G *= z
+            dv_o[:, ii] = -G.sum(axis=2) * (0.5 * inv_sd[:, ii])
+    np.minimum(P, 1.0, out=P)
+    dmean, dvar = np.empty((B, C)), np.empty((B, C))
+    dmean[others], dvar[others] = dm_o.T.reshape(-1), dv_o.T.reshape(-1)
+    dmean[rows, y], dvar[rows, y] = dm_y, dv_y
+    return P, dmean, dvar
+
+
+def robustmax_trapezoid_expectation(
+    epsilon: float, y: Array, constant: float = ROBUSTMAX_STEP_CONSTANT,
+    window: float = ROBUSTMAX_WINDOW,
+) -> ExpectationFn:
+    """``E[log p(y | f)]`` ``[B]`` of ``RobustMax(epsilon)`` and its ``mean``/``var`` derivatives
+    ``[B, C]`` for labels ``y [B]``, by ``argmax_probability_abs``."""
+    y = np.asarray(y, dtype=np.int64)
+
+    def fn(mean: Array, var: Array) -> tuple[Array, Array, Array]:
+        C = mean.shape[1]
+        a = math.log(1.0 - epsilon + epsilon / C)
+        b = math.log(epsilon / C)
+        P, dP_dm, dP_dv = argmax_probability_abs(mean, var, y, constant, window)
+        return b + (a - b) * P, (a - b) * dP_dm, (a - b) * dP_dv
+
+    return fn
