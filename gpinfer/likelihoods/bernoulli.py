@@ -16,7 +16,7 @@ second mean-derivative of ``log Z`` from the cancellation-free Stein form) and
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import expit, log_ndtr
+from scipy.special import log_ndtr
 
 from gpinfer.interfaces import ExpectedLogProb, TiltedMoments
 from gpinfer.likelihoods.base import (
@@ -45,14 +45,19 @@ class LogisticLink(LogSigmoid):
 
     def derivatives(self, t: Array, order: int) -> tuple[Array, ...]:
         t = np.asarray(t, dtype=float)
-        out: list[Array] = [-np.logaddexp(0.0, -t)]
+        # one exponential: e = exp(-|t|), r = 1/(1+e); psi = min(t, 0) - log1p(e) (no
+        # overflow), sigma(-t) = e r (t >= 0) or r (t < 0), p (1 - p) = e r^2 for both signs
+        e = np.exp(-np.abs(t))
+        r = 1.0 / (1.0 + e)
+        out: list[Array] = [np.minimum(t, 0.0) - np.log1p(e)]
+        pos = t >= 0
         if order >= 1:
-            out.append(expit(-t))
+            out.append(np.where(pos, e * r, r))
         if order >= 2:
-            p = expit(t)
-            pq = p * expit(-t)
+            pq = e * r * r
             out.append(-pq)
             if order >= 3:
+                p = np.where(pos, r, e * r)
                 out.append(-pq * (1.0 - 2.0 * p))
             if order >= 4:
                 out.append(-pq * (1.0 - 6.0 * pq))

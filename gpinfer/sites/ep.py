@@ -15,6 +15,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+from scipy.linalg.blas import dger as blas_ger
 
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.interfaces import Array, Likelihood, SiteApproximation
@@ -135,11 +136,14 @@ class EPSites(SiteApproximation):
                 if skip[0]:
                     self.n_skipped += 1
                     continue
-                dt = t_new[0] - self.tau[i]
+                dt, dnu = t_new[0] - self.tau[i], n_new[0] - self.nu[i]
                 self.tau[i], self.nu[i] = t_new[0], n_new[0]
                 si = Sigma[:, i].copy()
-                Sigma -= (dt / (1.0 + dt * si[i])) * np.outer(si, si)
-                mu = Sigma @ self.nu
+                c = dt / (1.0 + dt * si[i])
+                # Sigma' = Sigma - c si si^T (in place) and mu' = Sigma' nu' in O(N), using
+                # si^T nu = mu_i; both are recomputed from scratch after the sweep
+                Sigma = blas_ger(-c, si, si, a=Sigma.T, overwrite_a=True).T
+                mu += si * (dnu - c * (mu[i] + si[i] * dnu))
         self.n_sweeps += 1
         self._refresh()
         new = ep_log_evidence(self.likelihood, self.y, self.algebra, self.nu)

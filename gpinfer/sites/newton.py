@@ -4,6 +4,12 @@
 a Levenberg-Marquardt shift makes ``H - mu I`` negative definite (Cholesky of its negative), the
 step ``d = -(H - mu I)^-1 g`` is backtracked (``eta = 1, 1/2, ...``) until the value does not
 decrease, and an optional projection keeps iterates feasible (e.g. ``lambda <= 0``).
+
+Stopping: ``max|g| <= tol``, or (optional ``decrement_tol``) the Newton decrement
+``g^T (-H)^-1 g`` (twice the predicted ascent to the optimum; invariant to the scaling of ``x``)
+is below ``decrement_tol`` or has stalled at round-off level (below ``DECREMENT_FLOOR`` and not
+shrinking by ``DECREMENT_STALL`` in one step). Use it where the gradient carries a large scale
+(KL: ``K alpha`` with ``K ~ sigma_f^2``) so that ``tol`` alone is below round-off.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ NewtonFunction = Callable[[Array, bool], tuple[float, Array | None, Array | None
 MAX_HALVINGS = 30
 #: relative value decrease accepted as round-off in the line search
 ROUNDOFF = 1e-12
+#: a Newton decrement below this that shrinks by less than ``DECREMENT_STALL`` is round-off
+DECREMENT_FLOOR = 1e-10
+DECREMENT_STALL = 0.1
 
 
 @dataclass
@@ -45,13 +54,19 @@ def newton_maximize(
     max_steps: int = 100,
     project: Callable[[Array], Array] | None = None,
     name: str = "newton",
+    decrement_tol: float | None = None,
 ) -> NewtonResult:
-    """Maximise ``fun`` from ``x0 [P]`` until ``max|g| <= tol`` (or ``max_steps``)."""
+    """Maximise ``fun`` from ``x0 [P]`` until ``max|g| <= tol`` (or ``max_steps``).
+
+    With ``decrement_tol`` also stop (converged) once the Newton decrement of an unshifted step
+    is ``<= decrement_tol`` or has stalled at round-off (module docstring).
+    """
     proj = project or (lambda z: z)
     x = proj(np.array(x0, dtype=float))
     shifted = 0
     value = -np.inf
     gnorm = np.inf
+    last_dec = np.inf
     for step in range(max_steps + 1):
         value, g, H = fun(x, True)
         assert g is not None and H is not None
@@ -75,6 +90,12 @@ def newton_maximize(
                                          iteration=step, quantity="Hessian") from None
         shifted += mu > 0
         d = cho_solve(factor, g, check_finite=False)
+        if decrement_tol is not None and mu == 0.0:
+            dec = float(g @ d)
+            if dec <= decrement_tol or (dec <= DECREMENT_FLOOR
+                                        and dec > DECREMENT_STALL * last_dec):
+                return NewtonResult(x, float(value), gnorm, step, True, shifted)
+            last_dec = dec
         eta = 1.0
         slack = ROUNDOFF * max(1.0, abs(value))
         for _ in range(MAX_HALVINGS):

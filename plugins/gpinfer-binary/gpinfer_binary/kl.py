@@ -61,12 +61,15 @@ class KLObjective:
 class KLMethod(DenseBinaryMethod):
     """Gaussian KL minimisation; evidence ``J(q_KL) <= log Z``, gradient ``1/2(aa^T - R)``.
 
-    Options: ``tol`` (max-norm of the gradient), ``max_newton``, plus the driver's options.
+    Options: ``tol`` (max-norm of the gradient), ``decrement_tol`` (Newton decrement, i.e. twice
+    the predicted remaining ascent of ``J`` in nats; it also stops at a round-off stall, which
+    ``tol`` alone misses when ``K alpha`` is large), ``max_newton``, plus the driver's options.
     """
 
     name: ClassVar[str] = "kl"
     default_options: ClassVar[dict[str, Any]] = {
         **DenseBinaryMethod.driver_options, "tol": 1e-8, "max_newton": 100,
+        "decrement_tol": 1e-16,
     }
 
     def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any) -> DenseSolution:
@@ -79,7 +82,7 @@ class KLMethod(DenseBinaryMethod):
         res = newton_maximize(objective, warm, tol=self.options["tol"],
                               max_steps=self.options["max_newton"],
                               project=lambda xi: np.concatenate([xi[:n], np.minimum(xi[n:], 0)]),
-                              name="KL Newton")
+                              name="KL Newton", decrement_tol=self.options["decrement_tol"])
         alg = objective.algebra(res.x)
         alpha = res.x[:n].copy()
         return DenseSolution(

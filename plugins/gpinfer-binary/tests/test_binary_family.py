@@ -15,7 +15,12 @@ from _binary_helpers import (
 from gpinfer_binary.ep import DenseEP
 from gpinfer_binary.fv import FVMethod
 from gpinfer_binary.kl import KLMethod, KLObjective
-from gpinfer_binary.lr import LabelRegressionMethod, label_regression, lr_gradients
+from gpinfer_binary.lr import (
+    LabelRegressionMethod,
+    LRNoisePath,
+    label_regression,
+    lr_gradients,
+)
 from gpinfer_binary.tap import TAPMethod
 from gpinfer_binary.vb import VBMethod, VBObjective
 from scipy.integrate import quad
@@ -215,6 +220,17 @@ def test_lr_noise_derivative():
     assert dJ == pytest.approx(num, rel=1e-5)
 
 
+@pytest.mark.parametrize("lik", ["logit", "probit"])
+def test_lr_noise_path_equals_the_cholesky_jensen_bound(lik):
+    """The O(N^2)-per-value eigen form used by the sigma_n search is the same J(q_LR)."""
+    X, y = n10_data()
+    K = se(1.0, 2.0).K(X)  # correlated, nearly singular K
+    L = LIKELIHOODS[lik]()
+    path = LRNoisePath(K, y, L)
+    for s2 in (0.25, 0.8, 4.0):
+        assert path(s2) == pytest.approx(label_regression(K, y, L, s2).jensen, abs=1e-9)
+
+
 GRADIENT_CASES = [
     (DenseEP(tol=1e-12), 1e-4), (KLMethod(tol=1e-11), 1e-5), (VBMethod(tol=1e-11), 1e-5),
     (FVMethod(tol=1e-12), 1e-4), (LabelRegressionMethod(noise=0.9), 1e-5), (TAPMethod(), 1e-4),
@@ -269,10 +285,21 @@ def test_singular_kernel_is_handled():
     X = np.linspace(-2, 2, 50)[:, None]
     y = (X[:, 0] > 0).astype(int)
     K = se(5.0, 1.0).K(X)
-    for m in (DenseEP(), KLMethod(), VBMethod(), LabelRegressionMethod(), FVMethod()):
+    for m in (DenseEP(), KLMethod(), VBMethod(), LabelRegressionMethod(), FVMethod(),
+              TAPMethod()):
         sol = m.solve(K, y, PROBIT, None)
         assert np.isfinite(sol.log_evidence), m.name
     assert FVMethod().solve(K, y, PROBIT, None).extra["ridge"] >= 1e-6
+
+
+def test_fv_ridge_escalation_is_reported():
+    """Bad input of issue 6: K + 1e-6 I indefinite (eigenvalues -1e-4) -> the ridge grows
+    tenfold until the Cholesky succeeds, and the ridge used is reported."""
+    y = np.array([1, 0, 1, 1, 0, 0])
+    K = 4.0 * np.ones((6, 6)) - 1e-4 * np.eye(6)
+    sol = FVMethod().solve(K, y, PROBIT, None)
+    assert sol.extra["ridge"] == pytest.approx(1e-3)
+    assert np.isfinite(sol.log_evidence)
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ is ``tau h(f) - 1/2 ||u||^2`` with ``h(f) = log p(y|f) + 1/2 f^T W f - nu^T f``,
 ``log Z_r = log Z_0 + sum_t (tau_t - tau_{t-1}) h(f_t)`` (Neal's order: weight with the sample
 of ``pi_{t-1}``, then move under ``pi_t``). Step sizes per temperature block come from a
 discarded pilot run (Robbins-Monro towards acceptance 0.75) and are frozen in production.
+``split_rhat`` and ``effective_sample_size`` are the posterior-sampling diagnostics of §3.5;
+``gold_checks`` evaluates the §3.6 acceptance criteria that one run can check.
 """
 
 from __future__ import annotations
@@ -96,11 +98,17 @@ def run_ais(loglik: LogLik, start: GaussianStart, T: int, R: int, rng: np.random
     """One AIS pass of ``T`` temperatures for ``R`` independent runs.
 
     With ``adapt`` the per-block step sizes move by Robbins-Monro (pilot use only).
+    ``step_sizes`` of another length than the number of blocks (a pilot with ``T < n_blocks``)
+    are mapped onto the blocks by relative position in ``t / T``.
     ``progress(block, partial_log_z)`` is called once per temperature block.
     """
     n = start.m0.shape[0]
     n_blocks = max(1, min(n_blocks, T))
-    eps = np.full(n_blocks, 0.3) if step_sizes is None else np.array(step_sizes, float)
+    if step_sizes is None:
+        eps = np.full(n_blocks, 0.3)
+    else:  # blocks cover equal fractions of t/T: map a pilot's blocks by relative position
+        given = np.asarray(step_sizes, dtype=float).reshape(-1)
+        eps = given[(np.arange(n_blocks) * given.size) // n_blocks].copy()
     taus = schedule(T)
     block_of = np.minimum((np.arange(1, T + 1) * n_blocks) // (T + 1), n_blocks - 1)
     acc_sum, acc_n = np.zeros(n_blocks), np.zeros(n_blocks)
@@ -140,3 +148,68 @@ def sample_posterior(loglik: LogLik, start: GaussianStart, F0: Array, n_samples:
         if (i + 1) % thin == 0:
             kept.append(start.m0[:, None] + start.L @ U)
     return np.concatenate(kept, axis=1), float(np.mean(acc))
+
+
+def split_rhat(chains: Array) -> Array:
+    """Split-``R-hat`` per coordinate for ``chains [N, C, S]`` (``C >= 1`` chains, ``S >= 4``).
+
+    Each chain is cut into halves (``2C`` chains of ``h = S // 2``); with ``W`` the mean
+    within-chain variance and ``B/h`` the variance of the chain means,
+    ``R-hat = sqrt(((h - 1)/h W + B/h) / W)``. Near 1 for mixed chains; ``[N]``.
+    """
+    chains = np.asarray(chains, dtype=float)
+    h = chains.shape[2] // 2
+    if h < 2:
+        raise ValueError(f"split R-hat needs at least 4 draws per chain, got {chains.shape[2]}")
+    x = np.concatenate([chains[:, :, :h], chains[:, :, h:2 * h]], axis=1)
+    W = x.var(axis=2, ddof=1).mean(axis=1)
+    b_over_h = x.mean(axis=2).var(axis=1, ddof=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.sqrt(((h - 1) / h * W + b_over_h) / W)
+
+
+def effective_sample_size(chains: Array) -> Array:
+    """Effective sample size per coordinate for ``chains [N, C, S]``, ``[N]``.
+
+    Multi-chain autocorrelation ``rho_k = 1 - (W - mean_c acov_c(k)) / var+`` (FFT
+    autocovariances; ``var+ = (S-1)/S W + var(chain means)``), summed with Geyer's initial
+    positive and monotone sequence: ``ESS = C S / (-1 + 2 sum_k P_k)``,
+    ``P_k = rho_2k + rho_2k+1`` up to the first non-positive ``P_k``.
+    """
+    chains = np.asarray(chains, dtype=float)
+    N, C, S = chains.shape
+    x = chains - chains.mean(axis=2, keepdims=True)
+    nfft = 1 << int(np.ceil(np.log2(2 * S)))
+    f = np.fft.rfft(x, n=nfft, axis=2)
+    acov = np.fft.irfft(f * np.conj(f), n=nfft, axis=2)[:, :, :S] / S  # [N, C, S]
+    W = acov[:, :, 0].mean(axis=1) * S / (S - 1)
+    between = chains.mean(axis=2).var(axis=1, ddof=1) if C > 1 else np.zeros(N)
+    var_plus = (S - 1) / S * W + between
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho = 1.0 - (W[:, None] - acov.mean(axis=1)) / var_plus[:, None]  # [N, S]
+    K = S // 2
+    P = rho[:, 0:2 * K:2] + rho[:, 1:2 * K:2]  # [N, K]
+    keep = np.cumprod(P > 0, axis=1).astype(bool)
+    P = np.minimum.accumulate(np.where(keep, P, np.inf), axis=1)
+    tau = -1.0 + 2.0 * np.sum(np.where(keep, P, 0.0), axis=1)
+    tau = np.maximum(tau, 1.0 / np.log10(max(C * S, 10)))  # Stan's cap: ESS <= CS log10(CS)
+    return C * S / tau
+
+
+#: §3.5-3.6 limits for a trustworthy gold standard
+GOLD_LIMITS = {"sd_log_z_runs": 0.2, "acceptance": (0.5, 0.95), "rhat": 1.01, "ess": 400.0}
+
+
+def gold_checks(log_z_runs: Array, weight_ess: float, acceptance: Array, rhat: float,
+                ess: float) -> dict[str, bool]:
+    """The single-run §3.6 criteria (1: run spread and weight ESS, 4: acceptance per block in
+    ``[0.5, 0.95]``) and the §3.5 sampling requirements (``R-hat < 1.01``, ``ESS >= 400``)."""
+    lo, hi = GOLD_LIMITS["acceptance"]
+    R = len(log_z_runs)
+    return {
+        "sd_log_z_runs": bool(R > 1 and np.std(log_z_runs, ddof=1) <= GOLD_LIMITS["sd_log_z_runs"]),
+        "weight_ess": bool(weight_ess >= R / 2),
+        "acceptance": bool(np.all((acceptance >= lo) & (acceptance <= hi))),
+        "rhat": bool(rhat < GOLD_LIMITS["rhat"]),
+        "ess": bool(ess >= GOLD_LIMITS["ess"]),
+    }

@@ -5,7 +5,11 @@ per-block step sizes; production AIS gives ``log Z`` (log-mean-exp of ``R`` runs
 standard error (``state["log_evidence_se"]``); HMC at ``tau = 1`` continued from the AIS end
 points gives posterior samples, Monte-Carlo marginals and Rao-Blackwellised predictions.
 Acceptance below ``min_acceptance`` in any block is a ``RuntimeWarning`` and a metric; jitter
-added to ``K`` is reported likewise.
+added to ``K`` is reported likewise. Diagnostics (spec §3.5-3.6), reported as final-iteration
+metrics (``history[-1]``, the callback's ``extra``) and in ``state``: per-block acceptance and
+its min/max, the sd of ``log Z_r`` across runs, the weight ESS, split-``R-hat`` (max over the
+latent coordinates) and ESS (min over them) of the posterior chains (one per AIS run), and
+``gold`` = all single-run checks of ``gold_checks`` passed.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from scipy.linalg import solve_triangular
+from scipy.special import logsumexp
 
 from gpinfer.errors import InputError
 from gpinfer.interfaces import (
@@ -31,13 +36,22 @@ from gpinfer.numerics.cholesky import chol_solve, jittered_cholesky
 from gpinfer.posterior import Posterior
 from gpinfer.sites.driver import DenseBinaryMethod, binary_labels
 from gpinfer.sites.ep import EPSites
-from gpinfer_mcmc.ais import GaussianStart, LogLik, run_ais, sample_posterior
+from gpinfer_mcmc.ais import (
+    GaussianStart,
+    LogLik,
+    effective_sample_size,
+    gold_checks,
+    run_ais,
+    sample_posterior,
+    split_rhat,
+)
 
-#: budget presets: temperatures T, runs R, posterior samples per chain, pilot temperatures
+#: budget presets: temperatures T, runs R, posterior samples per chain, pilot temperatures,
+#: most samples used by predictions (evenly thinned)
 BUDGETS: dict[str, dict[str, int]] = {
-    "full": {"T": 20000, "R": 5, "n_samples": 2000, "pilot_T": 2000},
-    "fast": {"T": 3000, "R": 4, "n_samples": 500, "pilot_T": 500},
-    "tiny": {"T": 200, "R": 2, "n_samples": 100, "pilot_T": 100},
+    "full": {"T": 20000, "R": 5, "n_samples": 2000, "pilot_T": 2000, "predict_samples": 2000},
+    "fast": {"T": 3000, "R": 4, "n_samples": 500, "pilot_T": 500, "predict_samples": 100},
+    "tiny": {"T": 200, "R": 2, "n_samples": 100, "pilot_T": 100, "predict_samples": 200},
 }
 
 
@@ -60,32 +74,45 @@ class MCMCPosterior(Posterior):
 
     ``mu*_s = k*^T K^-1 f_s``, ``s*^2 = k** - k*^T K^-1 k*``; ``predict_proba`` averages
     ``p(y*|mu*_s, s*^2)`` over samples; ``predict_f`` gives the mixture mean and variance.
+    Predictions use at most ``max_predict_samples`` samples, evenly thinned (each one costs a
+    1-D integral per test point for the logistic likelihood); ``None``: all of them.
     """
 
-    def __init__(self, likelihood: Likelihood, kernel: Kernel, X: Array, F: Array, L_K: Array):
+    def __init__(self, likelihood: Likelihood, kernel: Kernel, X: Array, F: Array, L_K: Array,
+                 max_predict_samples: int | None = None):
         super().__init__(likelihood)
         self.kernel, self.X, self.F, self.L_K = kernel, X, F, L_K
-        self.A = chol_solve(L_K, F)  # K^-1 F  [N, S]
+        S = F.shape[1]
+        keep = S if max_predict_samples is None else max(1, min(S, int(max_predict_samples)))
+        cols = np.unique(np.linspace(0, S - 1, keep).round().astype(int))
+        self.A = chol_solve(L_K, F[:, cols])  # K^-1 F  [N, S']
 
     def _parts(self, X: Array) -> tuple[Array, Array]:
         Ks = self.kernel.K(self.X, X)
         V = solve_triangular(self.L_K, Ks, lower=True)
         var = np.maximum(self.kernel.K_diag(X) - np.sum(V * V, axis=0), 1e-300)
-        return Ks.T @ self.A, var  # [N*, S], [N*]
+        return Ks.T @ self.A, var  # [N*, S'], [N*]
+
+    def _log_probs(self, X: Array, labels: Array) -> Array:
+        """``log p(y*_i | mu*_is, s*_i^2)`` ``[N*, S']`` for class indices ``labels [N*]``."""
+        mu, var = self._parts(X)
+        S = mu.shape[1]
+        y = np.repeat(np.asarray(labels, dtype=np.int64), S)
+        tilted = self.likelihood.tilted(y, mu.reshape(-1), np.repeat(var, S))
+        return tilted.log_z.reshape(mu.shape)
 
     def predict_f(self, X: Array) -> tuple[Array, Array]:
         mu, var = self._parts(X)
         return mu.mean(axis=1)[:, None], (var + mu.var(axis=1))[:, None]
 
     def predict_proba(self, X: Array) -> Array:
-        mu, var = self._parts(X)
-        S = mu.shape[1]
-        P = self.likelihood.predict_proba(mu.reshape(-1), np.repeat(var, S))
-        return P.reshape(mu.shape[0], S, -1).mean(axis=1)
+        p1 = np.mean(np.exp(self._log_probs(X, np.ones(np.shape(X)[0], dtype=np.int64))), axis=1)
+        return np.stack([1.0 - p1, p1], axis=1)
 
     def log_predictive(self, X: Array, y: Array) -> Array:
-        P = self.predict_proba(X)
-        return np.log(np.maximum(P[np.arange(len(y)), np.asarray(y, int)], 1e-300))
+        """``log mean_s p(y_i | mu*_is, s*_i^2)`` in log space (no ``log(1 - p)`` cancellation)."""
+        lp = self._log_probs(X, y)
+        return logsumexp(lp, axis=1) - np.log(lp.shape[1])
 
     def state(self) -> dict[str, Array]:
         return {"mean_f": self.F.mean(axis=1), "var_f": self.F.var(axis=1)}
@@ -95,14 +122,16 @@ class MCMCAIS(DenseBinaryMethod):
     """HMC + AIS at fixed hyper-parameters; ``log_evidence`` is the AIS estimate.
 
     Options: ``budget`` (``full`` | ``fast`` | ``tiny``) and overrides ``T``, ``R``,
-    ``n_samples``, ``pilot_T``; ``start`` (``ep`` | ``prior``); ``n_leapfrog`` (20);
-    ``n_blocks`` (40); ``min_acceptance`` (0.5); ``step_size`` (``None``: adapted by the pilot
-    run; a number: fixed for every block, no pilot). No gradient: ``optimize`` must be false.
+    ``n_samples``, ``pilot_T``, ``predict_samples``; ``start`` (``ep`` | ``prior``);
+    ``n_leapfrog`` (20); ``n_blocks`` (40); ``min_acceptance`` (0.5); ``step_size``
+    (``None``: adapted by the pilot run; a number: fixed for every block, no pilot).
+    No gradient: ``optimize`` must be false.
     """
 
     name: ClassVar[str] = "mcmc-ais"
     default_options: ClassVar[dict[str, Any]] = {
         "budget": "full", "T": None, "R": None, "n_samples": None, "pilot_T": None,
+        "predict_samples": None,
         "start": "ep", "n_leapfrog": 20, "n_blocks": 40, "min_acceptance": 0.5,
         "step_size": None,
     }
@@ -162,17 +191,38 @@ class MCMCAIS(DenseBinaryMethod):
             warnings.warn(f"mcmc-ais: HMC acceptance {min_acc:.2f} is below "
                           f"{o['min_acceptance']}; the estimate may be unreliable",
                           RuntimeWarning, stacklevel=2)
+        diag = self._diagnostics(res, samples, acc_post, min_acc)
+        diag.update(log_evidence_se=res.se, jitter=jitter)
         if history:
-            history[-1].update(min_acceptance=min_acc, log_evidence_se=res.se, jitter=jitter)
+            history[-1].update(diag)
+        if callback is not None:
+            callback(IterationInfo(iteration=len(history) + 1, objective=res.log_z,
+                                   elapsed=time.perf_counter() - t0, extra=diag))
         state = {"log_evidence_se": np.array(res.se), "log_z_runs": res.log_z_runs,
                  "acceptance": res.acceptance, "posterior_acceptance": np.array(acc_post),
-                 "min_acceptance": np.array(min_acc), "step_sizes": res.step_sizes,
-                 "jitter": np.array(jitter), "weight_ess": np.array(res.weight_ess),
-                 "log_z_start": np.array(start.log_z0), "mean_f": samples.mean(axis=1),
-                 "var_f": samples.var(axis=1)}
-        return FitResult(posterior=MCMCPosterior(problem.likelihood, kernel, X, samples, L_K),
+                 "step_sizes": res.step_sizes, "log_z_start": np.array(start.log_z0),
+                 "mean_f": samples.mean(axis=1), "var_f": samples.var(axis=1),
+                 **{k: np.array(v) for k, v in diag.items() if k != "log_evidence_se"}}
+        post = MCMCPosterior(problem.likelihood, kernel, X, samples, L_K,
+                             max_predict_samples=cfg["predict_samples"])
+        return FitResult(posterior=post,
                          log_evidence=res.log_z, kernel=kernel, n_iter=len(history),
                          history=history, state=state, log_evidence_se=float(res.se))
+
+    @staticmethod
+    def _diagnostics(res, samples: Array, acc_post: float, min_acc: float) -> dict[str, float]:
+        """Acceptance, run spread, weight ESS, R-hat, ESS and the ``gold`` flag (§3.5-3.6)."""
+        R = res.log_z_runs.shape[0]
+        chains = samples.reshape(samples.shape[0], -1, R).transpose(0, 2, 1)  # [N, R, S]
+        rhat = float(np.max(split_rhat(chains))) if chains.shape[2] >= 4 else np.nan
+        ess = float(np.min(effective_sample_size(chains))) if chains.shape[2] >= 4 else np.nan
+        checks = gold_checks(res.log_z_runs, res.weight_ess, res.acceptance, rhat, ess)
+        return {"min_acceptance": min_acc, "max_acceptance": float(res.acceptance.max()),
+                "posterior_acceptance": acc_post,
+                "sd_log_z_runs": float(np.std(res.log_z_runs, ddof=1)) if R > 1 else np.nan,
+                "weight_ess": float(res.weight_ess), "rhat": rhat, "ess": ess,
+                "gold": float(all(checks.values())),
+                **{f"check_{k}": float(v) for k, v in checks.items()}}
 
     def _start(self, K: Array, L_K: Array, y: Array, likelihood: Likelihood) -> GaussianStart:
         n = y.shape[0]

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpinfer_mcmc.ais import GaussianStart, run_ais
+from gpinfer_mcmc.ais import (
+    GaussianStart,
+    effective_sample_size,
+    gold_checks,
+    run_ais,
+    split_rhat,
+)
 from gpinfer_mcmc.method import MCMCAIS
 
 from gpinfer.errors import InputError
@@ -72,10 +78,28 @@ def test_ais_matches_importance_sampling_n10(lik, le, ls, is_lnz):
 
 
 def test_low_acceptance_is_reported():
+    """Bad input of issue 6: an HMC that fails to accept gives a warning and a metric."""
     with pytest.warns(RuntimeWarning, match="acceptance"):
         res = MCMCAIS(budget="tiny", T=50, step_size=8.0, n_samples=5).fit(
             _problem(BernoulliProbit(), 0.0, 2.0))
     assert float(res.state["min_acceptance"]) < 0.5
+    assert res.history[-1]["min_acceptance"] < 0.5
+    assert res.history[-1]["check_acceptance"] == 0.0 and res.history[-1]["gold"] == 0.0
+
+
+def test_bad_input_labels_and_singular_kernel():
+    """Bad input of issue 6: non-binary labels name the multi-class methods; a numerically
+    singular K gets jitter, reported as a warning and in the state/metrics."""
+    X, y = _n10()
+    bad = Problem(X=X, y=np.arange(10) % 3, n_classes=3, kernel=RBF(), optimize=False,
+                  likelihood=BernoulliProbit())
+    with pytest.raises(InputError, match="Multi-class methods"):
+        MCMCAIS(budget="tiny").fit(bad)
+    with pytest.warns(RuntimeWarning, match="jitter"):
+        res = MCMCAIS(budget="tiny", T=60, pilot_T=20, n_samples=8).fit(
+            _problem(BernoulliProbit(), 5.0, 1.0))
+    assert float(res.state["jitter"]) > 0 and res.history[-1]["jitter"] > 0
+    assert np.isfinite(res.log_evidence)
 
 
 def test_bad_options_and_optimize():
@@ -113,3 +137,49 @@ def test_estimator_exposes_the_ais_standard_error():
     clf.fit(X, y)
     assert clf.log_evidence_se_ is not None and 0.0 < clf.log_evidence_se_ < 1.0
     assert np.isfinite(clf.log_evidence_)
+
+
+def _ar1(rng, rho, n_coord, n_chains, n_draws, offsets=None):
+    """Stationary AR(1) chains ``[N, C, S]`` with lag-1 correlation ``rho`` (unit variance)."""
+    x = np.empty((n_coord, n_chains, n_draws))
+    x[:, :, 0] = rng.standard_normal((n_coord, n_chains))
+    e = np.sqrt(1 - rho**2) * rng.standard_normal((n_coord, n_chains, n_draws))
+    for t in range(1, n_draws):
+        x[:, :, t] = rho * x[:, :, t - 1] + e[:, :, t]
+    return x if offsets is None else x + np.asarray(offsets)[None, :, None]
+
+
+def test_rhat_and_ess_against_known_chains():
+    """iid draws: R-hat ~ 1, ESS ~ C S; AR(1): ESS ~ C S (1 - rho)/(1 + rho); chains stuck at
+    different means: R-hat well above 1 (spec §3.5 diagnostics)."""
+    rng = np.random.default_rng(7)
+    iid = rng.standard_normal((4, 4, 1000))
+    assert np.all(np.abs(split_rhat(iid) - 1.0) < 0.01)
+    np.testing.assert_allclose(effective_sample_size(iid), 4000, rtol=0.2)
+    ar = _ar1(rng, 0.9, 4, 4, 20000)
+    np.testing.assert_allclose(effective_sample_size(ar), 80000 * 0.1 / 1.9, rtol=0.2)
+    assert np.all(split_rhat(ar) < 1.02)
+    stuck = _ar1(rng, 0.5, 3, 4, 1000, offsets=[0.0, 0.0, 1.5, 1.5])
+    assert np.all(split_rhat(stuck) > 1.1)
+    assert np.all(effective_sample_size(stuck) < 200)
+
+
+def test_gold_checks_flag_each_criterion():
+    runs, acc = np.array([-5.0, -5.1, -4.95]), np.array([0.7, 0.8])
+    assert all(gold_checks(runs, 3.0, acc, 1.001, 900.0).values())
+    bad = gold_checks(runs * np.array([1, 1.2, 1]), 1.0, np.array([0.3, 0.99]), 1.05, 50.0)
+    assert not any(bad.values())
+
+
+def test_fit_reports_diagnostics_as_metrics_and_state():
+    """The final history entry / callback extras carry acceptance, R-hat, ESS, run sd, gold."""
+    seen = []
+    res = MCMCAIS(budget="tiny", T=200, R=3, n_samples=40).fit(
+        _problem(BernoulliProbit(), 0.0, 1.0), callback=seen.append)
+    last = res.history[-1]
+    for key in ("min_acceptance", "max_acceptance", "rhat", "ess", "sd_log_z_runs",
+                "weight_ess", "gold", "check_ess"):
+        assert key in last and key in seen[-1].extra and key in res.state
+    assert 0.5 <= last["min_acceptance"] <= last["max_acceptance"] <= 1.0
+    assert 1.0 <= last["rhat"] < 1.2 and 0 < last["ess"] <= 3 * 40 * np.log10(120)
+    assert last["check_ess"] == 0.0 and last["gold"] == 0.0  # 120 draws cannot give ESS 400
