@@ -23,10 +23,15 @@ from pathlib import Path
 import numpy as np
 from pep_common import (
     ALPHAS,
+    append_row,
+    complete_cases,
     label,
+    load_rows,
     log_to_mlflow,
     pairwise_text,
+    per_dataset_text,
     plot_metric_vs_alpha,
+    row_key,
     save_rows,
     summary_table,
     win_fraction,
@@ -55,7 +60,7 @@ def run_one(name: str, split: int, M: int, alpha: float, args) -> dict:
                         "learning_rate": args.lr, "init_lengthscale": "median",
                         "quadrature": args.quadrature},
     )
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         est.fit(Xtr, sp.y_train)
@@ -63,13 +68,18 @@ def run_one(name: str, split: int, M: int, alpha: float, args) -> dict:
     y_index = np.searchsorted(est.classes_, sp.y_test)
     return {"dataset": name, "split": split, "M": M, "alpha": alpha,
             "error": float(error_rate(y_index, P)), "nll": float(nll(y_index, P)),
-            "nlml": -float(est.log_evidence_), "time_s": time.perf_counter() - t}
+            "nlml": -float(est.log_evidence_), "time_s": time.perf_counter() - t,
+            "cpu_s": time.process_time() - cpu,
+            "n_pos_train": int(np.sum(sp.y_train == est.classes_[1])),
+            "n_train": int(Xtr.shape[0])}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
     parser.add_argument("--splits", type=int, default=3)
+    parser.add_argument("--first-split", type=int, default=1,
+                        help="start at this split (a second worker can take the upper half)")
     parser.add_argument("--M", type=int, nargs="+", default=[10, 50])
     parser.add_argument("--alphas", type=float, nargs="+", default=list(ALPHAS))
     parser.add_argument("--epochs", type=int, default=50)
@@ -80,39 +90,57 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent
                         / "outputs/bui2017_classification")
     parser.add_argument("--tracking-uri", default=None)
+    parser.add_argument("--summarise", action="store_true",
+                        help="no fits: summarise, plot and log the rows already in --out")
     parser.add_argument("--merge", type=Path, nargs="*", default=[],
                         help="rows.json files of earlier runs to include in the summary")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict] = []
+    rows_file = args.out / "rows.jsonl"  # one line per finished fit: the run resumes from it
+    rows = load_rows(rows_file, key=row_key)
+    done = {row_key(r) for r in rows}
     with threadpool_limits(1):
-        for name in args.datasets:
-            for split in range(1, args.splits + 1):
+        for split in range(args.first_split, args.splits + 1) if not args.summarise else ():
+            for name in args.datasets:
                 for M in args.M:
                     for alpha in args.alphas:
+                        if (name, split, M, float(alpha)) in done:
+                            continue
                         r = run_one(name, split, M, alpha, args)
+                        append_row(r, rows_file)
                         rows.append(r)
                         print(f"{name:10s} split={split} M={r['M']:3d} alpha={label(alpha):>4s} "
                               f"error={r['error']:.3f} nll={r['nll']:.3f} "
-                              f"({r['time_s']:.1f} s)", flush=True)
-                save_rows(rows, args.out / "rows.json")
+                              f"({r['time_s']:.1f} s, cpu {r['cpu_s']:.1f} s)", flush=True)
     for path in args.merge:
         rows += json.loads(path.read_text())
+    n_all, rows = len(rows), complete_cases(rows, args.alphas)
+    print(f"summary over {len(rows)} of {n_all} fits (cases with every alpha)")
     metrics = ("error", "nll")
-    protocol = (f"datasets={args.datasets} splits={args.splits} M={args.M} epochs={args.epochs} "
-                f"n_sweeps={args.n_sweeps} batch={args.batch} lr={args.lr}"
+    splits = sorted({r["split"] for r in rows})
+    protocol = (f"datasets={args.datasets} splits={len(splits)} (of {args.splits}) M={args.M} "
+                f"epochs={args.epochs} n_sweeps={args.n_sweeps} batch={args.batch} lr={args.lr}"
                 + (f" + merged {[str(p) for p in args.merge]}" if args.merge else ""))
-    text = "\n".join([protocol, summary_table(rows, metrics), pairwise_text(rows, metrics)])
+    cpu = sum(r.get("cpu_s", 0.0) for r in rows)
+    text = "\n".join([protocol, f"{len(rows)} fits, {cpu / 60:.1f} CPU-min",
+                      summary_table(rows, metrics), pairwise_text(rows, metrics),
+                      per_dataset_text(rows, metrics)])
     print(text)
     (args.out / "summary.txt").write_text(text + "\n")
+    save_rows(rows, args.out / "rows.json")
     png = plot_metric_vs_alpha(rows, metrics, args.out / "bui2017_classification.png",
-                               f"PEP classification (reduced: {protocol})")
+                               f"PEP classification, mean over data sets ({protocol})")
+    png_sets = plot_metric_vs_alpha(rows, metrics,
+                                    args.out / "bui2017_classification_per_dataset.png",
+                                    f"PEP classification per data set ({protocol})",
+                                    per_dataset=True)
     summary = {f"{m}_alpha{a:g}": float(np.mean([r[m] for r in rows if r["alpha"] == a]))
                for m in metrics for a in args.alphas}
     summary.update({f"win_{m}_{label(a)}_vs_{label(b)}": win_fraction(rows, m, a, b)
                     for m in metrics for a, b in ((0.5, 0.0), (0.5, 1.0), (0.0, 1.0))})
     run_id = log_to_mlflow("bui2017_classification", vars(args) | {"protocol": protocol},
-                           summary, [png, args.out / "rows.json", args.out / "summary.txt"],
+                           summary, [png, png_sets, args.out / "rows.json",
+                                    args.out / "summary.txt"],
                            args.tracking_uri)
     print(f"MLflow run {run_id}; plot {png}")
 

@@ -50,28 +50,48 @@ def pairwise_text(rows: list[dict], metrics: tuple[str, ...]) -> str:
     return "\n".join(out)
 
 
-def plot_metric_vs_alpha(rows: list[dict], metrics: tuple[str, ...], path: Path, title: str
-                         ) -> Path:
-    """One panel per metric: mean over data sets and splits against alpha, one line per M."""
+def per_dataset_text(rows: list[dict], metrics: tuple[str, ...]) -> str:
+    """Per data set: mean metric per alpha and the win fractions of 0.5 vs VFE vs EP."""
+    out = []
+    for name in sorted({r["dataset"] for r in rows}):
+        sel = [r for r in rows if r["dataset"] == name]
+        for m in metrics:
+            means = "  ".join(f"{label(a)}={np.mean([r[m] for r in sel if r['alpha'] == a]):.4f}"
+                              for a in sorted({r["alpha"] for r in sel}))
+            wins = "  ".join(f"{label(a)}>{label(b)} {100 * win_fraction(sel, m, a, b):.0f}%"
+                             for a, b in ((0.5, 0.0), (0.5, 1.0), (0.0, 1.0)))
+            out.append(f"{name:10s} {m}: {means} | wins {wins}")
+    return "\n".join(out)
+
+
+def plot_metric_vs_alpha(rows: list[dict], metrics: tuple[str, ...], path: Path, title: str,
+                         per_dataset: bool = False) -> Path:
+    """Mean metric against alpha, one line per M (with standard-error bars): one panel per
+    metric over all data sets, or with ``per_dataset`` one row of panels per data set."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4))
-    axes = np.atleast_1d(axes)
-    for ax, m in zip(axes, metrics):
-        for M in sorted({r["M"] for r in rows}):
-            alphas = sorted({r["alpha"] for r in rows if r["M"] == M})
-            means = [np.mean([r[m] for r in rows if r["M"] == M and r["alpha"] == a])
-                     for a in alphas]
-            ax.plot(alphas, means, "o-", label=f"M={M}")
-        ax.set_xlabel("alpha (0 = VFE, 1 = EP)")
-        ax.set_ylabel(m)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    import textwrap
-
+    groups = sorted({r["dataset"] for r in rows}) if per_dataset else [None]
+    fig, axes = plt.subplots(len(groups), len(metrics), squeeze=False,
+                             figsize=(4.2 * len(metrics), 3.0 * len(groups) + 0.6))
+    for g, name in enumerate(groups):
+        sel = [r for r in rows if name is None or r["dataset"] == name]
+        for ax, m in zip(axes[g], metrics):
+            for M in sorted({r["M"] for r in sel}):
+                alphas = sorted({r["alpha"] for r in sel if r["M"] == M})
+                vals = [np.array([r[m] for r in sel if r["M"] == M and r["alpha"] == a])
+                        for a in alphas]
+                se = [v.std(ddof=1) / np.sqrt(v.size) if v.size > 1 else 0.0 for v in vals]
+                ax.errorbar(alphas, [v.mean() for v in vals], yerr=se, fmt="o-", ms=3,
+                            capsize=2, label=f"M={M}")
+            ax.set_xlabel("alpha (0 = VFE, 1 = EP)")
+            ax.set_ylabel(m if name is None else f"{name}: {m}")
+            ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=7)
     fig.suptitle("\n".join(textwrap.wrap(title, 60 * len(metrics))), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -98,3 +118,38 @@ def log_to_mlflow(experiment: str, params: dict, metrics: dict, artifacts: list[
 
 def save_rows(rows: list[dict], path: Path) -> None:
     path.write_text(json.dumps(rows, indent=1))
+
+
+def load_rows(path: Path, key=None) -> list[dict]:
+    """The rows of a JSON-lines file (empty if it does not exist yet); with ``key`` (a function
+    of a row) the first row of each key only (two workers may have repeated a fit)."""
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if key is None:
+        return rows
+    first: dict = {}
+    for r in rows:
+        first.setdefault(key(r), r)
+    return list(first.values())
+
+
+def append_row(row: dict, path: Path) -> None:
+    """Append one finished result to a JSON-lines file, so an interrupted run can resume."""
+    with path.open("a") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
+def complete_cases(rows: list[dict], alphas) -> list[dict]:
+    """The rows of the (data set, split, M) cases that have a result for every alpha, so that
+    means and win fractions compare the same cases (a run stopped part-way leaves some short)."""
+    by_case: dict[tuple, set] = defaultdict(set)
+    for r in rows:
+        by_case[(r["dataset"], r["split"], r["M"])].add(float(r["alpha"]))
+    want = {float(a) for a in alphas}
+    return [r for r in rows if want <= by_case[(r["dataset"], r["split"], r["M"])]]
+
+
+def row_key(row: dict) -> tuple:
+    """What identifies one fit of a reproduction grid."""
+    return (row["dataset"], int(row["split"]), int(row["M"]), float(row["alpha"]))

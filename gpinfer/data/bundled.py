@@ -1,4 +1,5 @@
-"""scikit-learn's bundled classification sets (shipped with scikit-learn; no download)."""
+"""scikit-learn's bundled data sets (shipped with scikit-learn; no download): four
+classification sets and one regression set (diabetes)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,19 @@ def digits() -> Dataset:
 def breast_cancer() -> Dataset:
     """Wisconsin diagnostic breast cancer: ``X [569, 30]``, 2 classes (malignant = 0)."""
     return _from_sklearn("breast_cancer", skd.load_breast_cancer)
+
+
+def diabetes() -> Dataset:
+    """Efron et al.'s diabetes regression set: ``X [442, 10]`` (age, sex, BMI, blood pressure,
+    six serum measurements; scikit-learn's centred and scaled copy), ``y [442]`` real (disease
+    progression one year after baseline)."""
+    bunch = skd.load_diabetes()
+    return Dataset(
+        name="diabetes",
+        X=np.asarray(bunch.data, dtype=np.float64),
+        y=np.asarray(bunch.target, dtype=np.float64),
+        task="regression",
+        feature_names=list(bunch.feature_names),
+        description="Diabetes progression, 442 patients x 10 baseline variables (scikit-learn "
+                    "bundled copy, sklearn.datasets.load_diabetes); a regression set",
+    )

@@ -128,7 +128,8 @@ def summary_line(result: Mapping[str, Any]) -> str:
         f"{result.get('status', 'FINISHED')}: {result['method']} on {result['dataset']} "
         f"kernel={result.get('kernel', '?')} M={m_text} seed={result['seed']} | "
         f"test error {_fmt(result['test_error'], '.4f')}  "
-        f"test NLL {_fmt(result['test_nll'], '.4f')}  "
+        + (f"test RMSE {_fmt(result['test_rmse'], '.4g')}  " if "test_rmse" in result else "")
+        + f"test NLL {_fmt(result['test_nll'], '.4f')}  "
         f"log evidence {_fmt(result['log_evidence'], '.4g')} | "
         f"{result['n_iter']} iterations in {_fmt(result['train_time_s'], '.2f')} s, "
         f"peak {_fmt(result['peak_rss_mb'], '.0f')} MB | {result.get('output_dir', '')}"
@@ -146,6 +147,7 @@ TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
     ("dataset", "dataset", "s"),
     ("kernel", "kernel", "s"),
     ("test error", "test_error", ".4f"),
+    ("test RMSE", "test_rmse", ".4g"),  # regression runs only
     ("test NLL", "test_nll", ".4f"),
     ("log evidence", "log_evidence", ".4f"),
     ("iterations", "n_iter", "d"),
@@ -156,7 +158,8 @@ TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
 
 def result_table(result: Mapping[str, Any]) -> str:
     """A short two-column table of a finished run, then where its files and MLflow store are."""
-    rows = [(label, _fmt(result.get(key), fmt)) for label, key, fmt in TABLE_ROWS]
+    rows = [(label, _fmt(result.get(key), fmt)) for label, key, fmt in TABLE_ROWS
+            if key != "test_rmse" or key in result]
     width = max(len(label) for label, _ in rows)
     lines = [f"  {label:<{width}}  {value}" for label, value in rows]
     lines.append(f"  {'run folder':<{width}}  {result.get('output_dir', '')}")

@@ -11,7 +11,9 @@
 3. starts the MLflow run (params = the flattened resolved config, tags, config artifact) and
    fits a ``GPClassifier`` with a callback that logs the objective and elapsed time every
    iteration and the test error and test NLL every ``eval_every`` iterations, prints
-   rate-limited progress, and stops the run on a non-finite objective;
+   rate-limited progress, and stops the run on a non-finite objective. A regression dataset
+   (``Dataset.task == "regression"``) gets a ``GPRegressor`` on targets standardised with the
+   training part instead, and test RMSE and NLL in the original units of ``y``;
 4. logs the final metrics and the fitted state, writes ``result.json`` and prints one line.
 
 A run that raises ends FAILED (Ctrl-C or SIGTERM: KILLED) with what it had logged kept, and its
@@ -58,7 +60,7 @@ _DATASET_KEYS = {
 #: kernel group keys that are not constructor parameters
 _KERNEL_META = {"name", "ard", "noise"}
 #: per-iteration metric names the runner owns (method extras with these names get a prefix)
-_RESERVED = {"objective", "elapsed_s", "test_error", "test_nll"}
+_RESERVED = {"objective", "elapsed_s", "test_error", "test_nll", "test_rmse"}
 
 
 @dataclass
@@ -97,12 +99,17 @@ class Prepared:
     y_test_index: Array
     classes: Array
     n_classes: int
+    task: str
     M_count: int | None
     kernel: Any
     method_options: dict[str, Any]
     optimizer_applied: bool
     logger: tracking.RunLogger
     config: dict[str, Any]
+    #: regression: the training mean and std of ``y`` (the model sees ``(y - shift) / scale``;
+    #: ``y_test_index`` then holds the real test targets in their original units)
+    y_shift: float = 0.0
+    y_scale: float = 1.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -298,10 +305,6 @@ def _load_split(s: Settings) -> tuple[Any, Any]:
         ds = load_dataset(s.dataset, **options)
     except (OSError, EOFError) as exc:
         raise InputError(f"dataset {s.dataset!r} could not be read: {exc}") from exc
-    if ds.task != "classification":
-        raise InputError(
-            f"dataset {s.dataset!r} is a {ds.task} dataset; gpinfer-run does classification"
-        )
     split = train_test_split(
         ds,
         test_fraction=None if d.get("test_fraction") is None else float(d["test_fraction"]),
@@ -309,6 +312,43 @@ def _load_split(s: Settings) -> tuple[Any, Any]:
         stratify=bool(d.get("stratify", True)),
     )
     return ds, split
+
+
+def _check_classes(s: Settings, split: Any) -> tuple[Array, int, Array]:
+    """Classes of the training part ``[C]``, ``C`` and the test labels as class indices."""
+    classes = np.unique(split.y_train)
+    n_classes = int(classes.size)
+    if n_classes < 2:
+        raise InputError(
+            f"dataset {s.dataset!r}: the training part has a single class ({classes.tolist()}); "
+            "check keep_classes / test_fraction"
+        )
+    y_test_index = np.searchsorted(classes, split.y_test)
+    unseen = (y_test_index >= n_classes) | (
+        classes[np.minimum(y_test_index, n_classes - 1)] != split.y_test
+    )
+    if np.any(unseen):
+        raise InputError(
+            f"dataset {s.dataset!r}: the test part has classes "
+            f"{sorted(set(split.y_test[unseen].tolist()))} that the training part lacks; "
+            "use a stratified split or a smaller test_fraction"
+        )
+    return classes, n_classes, y_test_index
+
+
+def _check_likelihood_task(s: Settings, task: str) -> None:
+    """A named likelihood must suit the dataset's task (probit on a regression set, say)."""
+    if s.likelihood is None:
+        return
+    from gpinfer.likelihoods import make_likelihood
+
+    lik_task = make_likelihood(s.likelihood).task
+    if lik_task != task:
+        raise InputError(
+            f"method.likelihood={s.likelihood} is for {lik_task} but dataset {s.dataset!r} is "
+            f"a {task} dataset; use method.likelihood="
+            f"{'gaussian' if task == 'regression' else 'null'} (or null: the method's default)"
+        )
 
 
 def prepare(
@@ -332,25 +372,16 @@ def prepare(
         flush_every=s.mlflow.get("flush_every", 100),
         flush_interval_s=s.mlflow.get("flush_interval_s", 2.0),
     )
-    _, split = _load_split(s)
+    ds, split = _load_split(s)
+    task = ds.task
+    y_train, y_shift, y_scale = split.y_train, 0.0, 1.0
+    if task == "classification":
+        classes, n_classes, y_test_index = _check_classes(s, split)
+    else:
+        from gpinfer.regressor import check_targets
 
-    classes = np.unique(split.y_train)
-    n_classes = int(classes.size)
-    if n_classes < 2:
-        raise InputError(
-            f"dataset {s.dataset!r}: the training part has a single class ({classes.tolist()}); "
-            "check keep_classes / test_fraction"
-        )
-    y_test_index = np.searchsorted(classes, split.y_test)
-    unseen = (y_test_index >= n_classes) | (
-        classes[np.minimum(y_test_index, n_classes - 1)] != split.y_test
-    )
-    if np.any(unseen):
-        raise InputError(
-            f"dataset {s.dataset!r}: the test part has classes "
-            f"{sorted(set(split.y_test[unseen].tolist()))} that the training part lacks; "
-            "use a stratified split or a smaller test_fraction"
-        )
+        classes, n_classes = np.zeros(0), 0
+        y_train, y_test_index = check_targets(split.y_train), check_targets(split.y_test)
     if split.X_test.shape[0] == 0:
         raise InputError(f"dataset {s.dataset!r}: the test part is empty")
 
@@ -358,9 +389,14 @@ def prepare(
     if s.dataset_cfg.get("standardize", True):
         st = Standardizer().fit(X_train)
         X_train, X_test = st.transform(X_train), st.transform(X_test)
+        if task == "regression":
+            y_shift, y_scale = float(np.mean(y_train)), float(np.std(y_train)) or 1.0
+            y_train = (y_train - y_shift) / y_scale
 
     n, d = X_train.shape
-    check_method_compatible(method_cls, n_classes, "classification", s.batch_size, s.likelihood)
+    _check_likelihood_task(s, task)
+    check_method_compatible(method_cls, n_classes, task, s.batch_size,
+                            s.likelihood or ("gaussian" if task == "regression" else None))
     inducing = check_inducing(s.M, n, d, s.method, bool(method_cls.uses_inducing_points))
     M_count = None if inducing is None else int(inducing)
 
@@ -374,17 +410,20 @@ def prepare(
         out_dir=out_dir,
         method_cls=method_cls,
         X_train=X_train,
-        y_train=split.y_train,
+        y_train=y_train,
         X_test=X_test,
         y_test_index=y_test_index,
         classes=classes,
         n_classes=n_classes,
+        task=task,
         M_count=M_count,
         kernel=kernel,
         method_options=options,
         optimizer_applied=applied,
         logger=logger,
         config=conf,
+        y_shift=y_shift,
+        y_scale=y_scale,
     )
 
 
@@ -406,6 +445,24 @@ def evaluate_test(posterior: Any, X: Array, y_index: Array) -> dict[str, float]:
     except (NotImplementedError, AttributeError):
         out["test_nll"] = nll(y_index, P)
     return out
+
+
+def evaluate_regression(posterior: Any, X: Array, y: Array, shift: float = 0.0,
+                        scale: float = 1.0) -> dict[str, float]:
+    """Test RMSE and mean negative log predictive density of real targets ``y [N*]`` (original
+    units) for a ``posterior`` fitted to ``(y - shift) / scale``."""
+    mean, var = posterior.predict_f(X)
+    z = (np.asarray(y, dtype=float) - shift) / scale
+    log_p = np.asarray(posterior.likelihood.log_predictive(z, mean[:, 0], var[:, 0]))
+    return {"test_rmse": float(scale * np.sqrt(np.mean((mean[:, 0] - z) ** 2))),
+            "test_nll": float(np.log(scale) - np.mean(log_p))}
+
+
+def _evaluate(p: Prepared, posterior: Any) -> dict[str, float]:
+    """The test metrics of ``p``'s task."""
+    if p.task == "regression":
+        return evaluate_regression(posterior, p.X_test, p.y_test_index, p.y_shift, p.y_scale)
+    return evaluate_test(posterior, p.X_test, p.y_test_index)
 
 
 class _Callback:
@@ -431,7 +488,7 @@ class _Callback:
                 continue
         every = self.p.settings.eval_every
         if info.posterior is not None and it % every == 0:
-            metrics.update(evaluate_test(info.posterior(), self.p.X_test, self.p.y_test_index))
+            metrics.update(_evaluate(self.p, info.posterior()))
         self.p.logger.log_metrics(metrics, step=it)
         self.progress.update(it, objective, float(info.elapsed))
         self.overhead_s += time.perf_counter() - t0
@@ -502,8 +559,11 @@ def _params(p: Prepared) -> dict[str, str]:
             "data.n_features": str(p.X_train.shape[1]),
             "data.n_classes": str(p.n_classes),
             "M_count": "null" if p.M_count is None else str(p.M_count),
+            "data.task": p.task,
         }
     )
+    if p.task == "regression":  # log_evidence is that of the standardised targets
+        params.update({"data.y_shift": repr(p.y_shift), "data.y_scale": repr(p.y_scale)})
     return params
 
 
@@ -515,6 +575,7 @@ def _base_result(p: Prepared) -> dict[str, Any]:
         "M": s.M,
         "seed": s.seed,
         "test_error": None,
+        **({"test_rmse": None} if p.task == "regression" else {}),
         "test_nll": None,
         "log_evidence": None,
         "train_time_s": None,
@@ -549,11 +610,12 @@ def run_experiment(
     receives the one-line summary (stdout), ``progress_stream`` the progress lines (stderr).
     """
     from gpinfer.estimator import GPClassifier
+    from gpinfer.regressor import GPRegressor
 
     p = prepare(cfg, output_dir)
     s = p.settings
     res.reset_peak_rss()
-    estimator = GPClassifier(
+    estimator = (GPRegressor if p.task == "regression" else GPClassifier)(
         method=s.method,
         M=p.M_count,
         kernel=p.kernel,
@@ -587,7 +649,7 @@ def run_experiment(
             with _sigterm_as_interrupt():
                 estimator.fit(p.X_train, p.y_train, callback=callback)
             wall = time.perf_counter() - start
-            final = evaluate_test(estimator.posterior_, p.X_test, p.y_test_index)
+            final = _evaluate(p, estimator.posterior_)
             result.update(
                 final,
                 log_evidence=float(estimator.log_evidence_),
@@ -601,7 +663,7 @@ def run_experiment(
                 {
                     key: result[key]
                     for key in (
-                        "test_error",
+                        *(("test_rmse",) if p.task == "regression" else ("test_error",)),
                         "test_nll",
                         "log_evidence",
                         "train_time_s",

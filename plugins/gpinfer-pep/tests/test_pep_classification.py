@@ -211,3 +211,23 @@ def test_logit_likelihood_and_gauss_hermite_option():
         est = GPClassifier(method="pep", M=5, kernel=kern, likelihood=lik, max_iter=3,
                            random_state=0, method_options=options).fit(X, y)
         assert np.isfinite(est.log_evidence_) and est.score(X, y) > 0.7
+
+
+def test_converge_step_full_reaches_the_power_step_fixed_point_in_fewer_sweeps():
+    """Running the sites to ``tol`` with the full step (the default ``converge_step``) ends at
+    the fixed point of the power-step iteration (spec §2.6), in fewer sweeps for small alpha."""
+    kern, X, y, Z = problem(n=40, classification=True)
+
+    def fit(step):
+        return GPClassifier(method="pep", M=Z, kernel=kern, likelihood="probit", optimize=False,
+                            random_state=0,
+                            method_options={"alpha": 0.2, "tol": 1e-10, "max_sweeps": 3000,
+                                            "converge_step": step}).fit(X, y)
+
+    fast, slow = fit("full"), fit(None)
+    assert fast.history_[0]["sweeps"] < 0.5 * slow.history_[0]["sweeps"]
+    assert fast.log_evidence_ == pytest.approx(slow.log_evidence_, rel=1e-8)
+    np.testing.assert_allclose(fast.fit_result_.state["tau"], slow.fit_result_.state["tau"],
+                               rtol=1e-7, atol=1e-10)
+    with pytest.raises(InputError, match="converge_step"):
+        GPClassifier(method="pep", method_options={"converge_step": "half"}).fit(X, y)

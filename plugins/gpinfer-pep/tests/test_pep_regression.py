@@ -264,3 +264,27 @@ def test_gp_regressor_blocks_and_bad_input():
         GPRegressor(method="pep", M=5, method_options={"alpha": 1.5}).fit(X, y)
     with pytest.raises(InputError, match="partition"):
         GPRegressor(method="pep", M=5, method_options={"blocks": blocks[:2]}).fit(X, y)
+
+
+def test_energy_plateau_stops_lbfgs_early():
+    from gpinfer_pep.method import plateaued
+
+    assert not plateaued([0.0, 1.0, 2.0], 2, 0.5)  # gained 2 over the last 2 iterations
+    assert plateaued([0.0, 1.0, 1.2, 1.3], 2, 0.5)  # gained 0.3 < 0.5
+    assert not plateaued([1.0, 1.0], 2, 0.5)  # too short to judge
+    kern, X, y, _ = problem(n=60)
+
+    def fit(**opts):
+        return GPRegressor(method="pep", M=8, kernel=kern, max_iter=60, random_state=0,
+                           method_options={"alpha": 0.5, **opts}).fit(X, y)
+
+    full, stopped = fit(), fit(stop_window=3, stop_tol=1.0)
+    assert len(full.history_) > 10
+    h = [r["objective"] for r in stopped.history_]
+    # stopped at the first iteration whose 3-iteration gain is below 1 nat, not later
+    first = next(i for i in range(3, len(full.history_))
+                 if full.history_[i]["objective"] - full.history_[i - 3]["objective"] < 1.0)
+    assert len(h) == first + 1 < len(full.history_)
+    assert h == pytest.approx([r["objective"] for r in full.history_[:first + 1]], rel=1e-9)
+    with pytest.raises(InputError, match="stop_window"):
+        GPRegressor(method="pep", M=5, method_options={"stop_window": 0}).fit(X, y)
