@@ -10,17 +10,13 @@ import numpy as np
 from gpinfer.errors import InputError
 from gpinfer.interfaces import Array, Problem
 from gpinfer.kernels.base import Kernel
-from gpinfer.kernels.combination import Combination, Sum
-from gpinfer.kernels.stationary import Stationary
-from gpinfer.kernels.white import White
+from gpinfer.kernels.initialisation import prepare_kernel
 from gpinfer.likelihoods.multiclass import ArgmaxNoise
 from gpinfer.sites.inducing import ClassTerms, class_terms
 from gpinfer_ep.noise import latent_noise
 
 #: default number of inducing points per class when ``M`` is not given
 DEFAULT_M = 50
-#: points used for the median pairwise distance (spec §2.11: 1000 for MNIST)
-MEDIAN_SUBSET = 1000
 
 
 def check_likelihood(problem: Problem, method: str) -> None:
@@ -31,22 +27,6 @@ def check_likelihood(problem: Problem, method: str) -> None:
             f"{method} uses the argmax likelihood with the Gaussian noise in the kernel "
             f"(likelihood 'argmax' with noise_variance 0); got {lik!r}"
         )
-
-
-def _parts(kernel: Kernel) -> list[Kernel]:
-    if isinstance(kernel, Combination):
-        return [q for p in kernel.parts for q in _parts(p)]
-    return [kernel]
-
-
-def median_distance(X: Array, rng: np.random.Generator) -> float:
-    """Median pairwise Euclidean distance among at most ``MEDIAN_SUBSET`` random rows."""
-    if X.shape[0] > MEDIAN_SUBSET:
-        X = X[rng.choice(X.shape[0], MEDIAN_SUBSET, replace=False)]
-    sq = np.sum(X * X, axis=1)
-    d2 = np.maximum(sq[:, None] + sq[None, :] - 2.0 * X @ X.T, 0.0)
-    med = float(np.median(np.sqrt(d2[np.triu_indices(X.shape[0], 1)]))) if X.shape[0] > 1 else 1.0
-    return med if med > 0 else 1.0
 
 
 def class_kernels(problem: Problem, noise: float | None, lengthscale_init: str,
@@ -61,20 +41,9 @@ def class_kernels(problem: Problem, noise: float | None, lengthscale_init: str,
     """
     if not isinstance(noise_in_Kuu, bool | np.bool_):
         raise InputError(f"noise_in_Kuu must be true or false, got {noise_in_Kuu!r}")
-    base = problem.kernel.copy()
-    if noise is not None and not any(isinstance(p, White) for p in _parts(base)):
-        base = Sum([base, White(variance=float(noise))])
+    base = prepare_kernel(problem.kernel, problem.X, noise, lengthscale_init, owner="ep/sep/gfitc")
     if not noise_in_Kuu:
         base = latent_noise(base)
-    if lengthscale_init == "median":
-        ell = np.sqrt(median_distance(problem.X, np.random.default_rng(0)))
-        for part in _parts(base):
-            if isinstance(part, Stationary):
-                theta = part.get_unconstrained()
-                theta[:-1] = np.log(ell)
-                part.set_unconstrained(theta)
-    elif lengthscale_init != "kernel":
-        raise InputError(f"lengthscale_init must be 'median' or 'kernel', got {lengthscale_init!r}")
     return [base.copy() for _ in range(problem.n_classes)]
 
 

@@ -25,10 +25,7 @@ from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.inducing import FixedInputCovariances, inducing_inputs
 from gpinfer.interfaces import Array, FitCallback, FitResult, Method, Problem
-from gpinfer.kernels.base import Kernel
-from gpinfer.kernels.combination import Combination, Sum
-from gpinfer.kernels.stationary import Stationary
-from gpinfer.kernels.white import White
+from gpinfer.kernels.initialisation import prepare_kernel
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.optim import LBFGSB, make_optimizer
 from gpinfer.optim.lbfgs import check_finite
@@ -57,48 +54,6 @@ ROBUSTMAX_RULES = ("trapezoid", "likelihood")
 INDUCING_INITS = ("kmeans", "random")
 #: initial q(u): Sigma = I (the paper's svi), or the prior Sigma = Kuu (spec ep-sep §2.11)
 INITS_Q = ("identity", "prior")
-#: points used by the median length-scale heuristic
-MEDIAN_SUBSET = 1000
-
-
-def _kernel_parts(kernel: Kernel) -> list[Kernel]:
-    if isinstance(kernel, Combination):
-        return [q for p in kernel.parts for q in _kernel_parts(p)]
-    return [kernel]
-
-
-def median_distance(X: Array, rng: np.random.Generator) -> float:
-    """Median pairwise Euclidean distance among at most ``MEDIAN_SUBSET`` random rows of ``X``."""
-    if X.shape[0] > MEDIAN_SUBSET:
-        X = X[rng.choice(X.shape[0], MEDIAN_SUBSET, replace=False)]
-    sq = np.sum(X * X, axis=1)
-    d2 = np.maximum(sq[:, None] + sq[None, :] - 2.0 * X @ X.T, 0.0)
-    med = float(np.median(np.sqrt(d2[np.triu_indices(X.shape[0], 1)]))) if X.shape[0] > 1 else 1.0
-    return med if med > 0 else 1.0
-
-
-def prepare_kernel(kernel: Kernel, X: Array, noise: float | None, lengthscale_init: str
-                   ) -> Kernel:
-    """A copy of ``kernel`` with ``White(noise)`` added when it has none (``noise`` not None) and,
-    for ``lengthscale_init == "median"``, every stationary length-scale set to the square root
-    of the median pairwise distance (spec ep-sep §2.11 and P18: the median distance is the
-    *squared* length-scale)."""
-    base = kernel.copy()
-    if noise is not None and not any(isinstance(p, White) for p in _kernel_parts(base)):
-        base = Sum([base, White(variance=float(noise))])
-    if lengthscale_init == "median":
-        ell = np.sqrt(median_distance(X, np.random.default_rng(0)))
-        for part in _kernel_parts(base):
-            if isinstance(part, Stationary):
-                theta = part.get_unconstrained()
-                theta[:-1] = np.log(ell)
-                part.set_unconstrained(theta)
-    elif lengthscale_init != "kernel":
-        raise InputError(f"svi: lengthscale_init must be 'kernel' or 'median', got "
-                         f"{lengthscale_init!r}")
-    return base
-
-
 class VariationalState:
     """Packs ``(theta, mu, Lq)`` into one vector and evaluates the ELBO on a batch."""
 
@@ -287,7 +242,8 @@ class SVI(Method):
         for key, allowed in (("inducing_init", INDUCING_INITS), ("init_q", INITS_Q)):
             if o[key] not in allowed:
                 raise InputError(f"svi: {key} must be one of {allowed}, got {o[key]!r}")
-        kernel = prepare_kernel(problem.kernel, X, o["noise"], str(o["lengthscale_init"]))
+        kernel = prepare_kernel(problem.kernel, X, o["noise"], str(o["lengthscale_init"]),
+                                owner="svi")
         if o["inducing_init"] == "random" and not isinstance(problem.inducing, np.ndarray):
             M = int(o["default_M"]) if problem.inducing is None else int(problem.inducing)
             if not 1 <= M <= X.shape[0]:

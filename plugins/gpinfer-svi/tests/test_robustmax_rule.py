@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpinfer_svi.method import SVI, VariationalState, prepare_kernel
+from gpinfer_svi.method import SVI, VariationalState
 from gpinfer_svi.robustmax import argmax_probability_abs, robustmax_trapezoid_expectation
 from scipy.special import ndtr
 
@@ -13,6 +13,7 @@ from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters
 from gpinfer.interfaces import Problem
 from gpinfer.kernels import RBF, White
+from gpinfer.kernels.initialisation import prepare_kernel
 from gpinfer.likelihoods import RobustMax
 from gpinfer.likelihoods.multiclass import argmax_probability
 from gpinfer.sites.variational import robustmax_expectation
