@@ -162,6 +162,32 @@ def _argmax_block(
     return log_p, dmean_o, dvar_o, dmean_y, dvar_y
 
 
+class LabelContrasts(NamedTuple):
+    """The label's latent against the others, ``f_y = m_y + sd_y t``: ``others [B, C]`` (False
+    at the label), ``sd_y [B]``, and per other class ``[B, C - 1]``: ``sd_o``,
+    ``d = (m_y - m_k) / sd_k`` and ``rho = sd_y / sd_k`` (so ``P(f_y > f_k | t) =
+    Phi(d + rho t)``)."""
+
+    others: Array
+    sd_y: Array
+    sd_o: Array
+    d: Array
+    rho: Array
+
+
+def label_contrasts(mean: Array, var: Array, y: Array) -> LabelContrasts:
+    """``LabelContrasts`` of independent Gaussian latents ``N(mean, var)`` ``[B, C]``."""
+    B, C = mean.shape
+    rows = np.arange(B)
+    sd = np.sqrt(var)
+    others = np.ones((B, C), dtype=bool)
+    others[rows, y] = False
+    m_y, sd_y = mean[rows, y], sd[rows, y]
+    sd_o = sd[others].reshape(B, C - 1)
+    d = (m_y[:, None] - mean[others].reshape(B, C - 1)) / sd_o
+    return LabelContrasts(others, sd_y, sd_o, d, sd_y[:, None] / sd_o)
+
+
 def argmax_probability(mean: Array, var: Array, y: Array) -> ArgmaxProbability:
     """``log P(f_y > f_k, all k != y)``, ``f_c ~ N(mean_c, var_c)`` independent, and derivatives.
 
@@ -178,14 +204,7 @@ def argmax_probability(mean: Array, var: Array, y: Array) -> ArgmaxProbability:
     y = np.asarray(y, dtype=np.int64)
     B, C = mean.shape
     rows = np.arange(B)
-    sd = np.sqrt(var)
-    others = np.ones((B, C), dtype=bool)
-    others[rows, y] = False
-    m_y, sd_y = mean[rows, y], sd[rows, y]
-    m_o = mean[others].reshape(B, C - 1)
-    sd_o = sd[others].reshape(B, C - 1)
-    rho = sd_y[:, None] / sd_o
-    d = (m_y[:, None] - m_o) / sd_o
+    others, sd_y, sd_o, d, rho = label_contrasts(mean, var, y)
     with np.errstate(divide="ignore"):
         j = np.ceil(np.log2(np.max(rho, axis=1)))
     j = np.clip(j, 0, settings.ARGMAX_MAX_REFINEMENTS).astype(int)

@@ -36,6 +36,7 @@ import numpy as np
 from scipy.special import ndtr
 
 from gpinfer.interfaces import Array
+from gpinfer.likelihoods.multiclass import label_contrasts
 from gpinfer.numerics.quadrature import chunk_slices
 from gpinfer.sites.variational import ExpectationFn
 
@@ -98,13 +99,7 @@ def argmax_probability_abs(
     """
     B, C = mean.shape
     rows = np.arange(B)
-    sd = np.sqrt(var)
-    others = np.ones((B, C), dtype=bool)
-    others[rows, y] = False
-    m_y, sd_y = mean[rows, y], sd[rows, y]
-    sd_o = sd[others].reshape(B, C - 1)
-    d = (m_y[:, None] - mean[others].reshape(B, C - 1)) / sd_o
-    rho = sd_y[:, None] / sd_o
+    others, sd_y, sd_o, d, rho = label_contrasts(mean, var, y)
     q, steps = step_levels(rho, constant)
     # class-major layout [K, b, n]: the products and sums over classes run on whole slabs
     d, rho, inv_sd = d.T.copy(), rho.T.copy(), 1.0 / sd_o.T
