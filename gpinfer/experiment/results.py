@@ -122,8 +122,11 @@ def _fmt(value: Any, spec: str) -> str:
 
 def summary_line(result: Mapping[str, Any]) -> str:
     """The one-line summary printed at the end of a run."""
-    m = result.get("M")
-    m_text = "-" if m is None else f"{m} ({result.get('M_count')})"
+    m, count = result.get("M"), result.get("M_count")
+    if m is not None:
+        m_text = f"{m} ({count})"
+    else:  # the method chose M itself (or uses no inducing points)
+        m_text = "-" if count is None else f"default ({count})"
     return (
         f"{result.get('status', 'FINISHED')}: {result['method']} on {result['dataset']} "
         f"kernel={result.get('kernel', '?')} M={m_text} seed={result['seed']} | "

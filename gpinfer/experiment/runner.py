@@ -567,6 +567,16 @@ def _params(p: Prepared) -> dict[str, str]:
     return params
 
 
+def fitted_inducing_count(posterior: object) -> int | None:
+    """Inducing points per latent of a fitted sparse posterior (``Z [M, D]`` or a list of
+    them); None for a posterior without inducing inputs."""
+    Z = getattr(posterior, "Z", None)
+    if Z is None:
+        return None
+    first = Z[0] if isinstance(Z, list | tuple) else Z
+    return int(np.asarray(first).shape[0])
+
+
 def _base_result(p: Prepared) -> dict[str, Any]:
     s = p.settings
     return {
@@ -659,6 +669,8 @@ def run_experiment(
                 peak_rss_mb=res.peak_rss_mb(),
                 status=tracking.FINISHED,
             )
+            if p.M_count is None:  # report the number of inducing points the method chose
+                result["M_count"] = fitted_inducing_count(estimator.posterior_)
             logger.log_metrics(
                 {
                     key: result[key]

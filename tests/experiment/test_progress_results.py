@@ -66,6 +66,8 @@ def test_result_json_is_strict_json(tmp_path: Path) -> None:
     line = results.summary_line({**data, "status": "FINISHED", "M_count": 13})
     assert "\n" not in line
     assert "ep on wine" in line and "M=0.1 (13)" in line and "test NLL n/a" in line
+    assert "M=default (50) " in results.summary_line({**data, "M": None, "M_count": 50})
+    assert "M=- " in results.summary_line({**data, "M": None, "M_count": None})
 
 
 def test_output_folder_check(tmp_path: Path) -> None:
@@ -85,3 +87,13 @@ def test_peak_memory_is_per_run() -> None:
     assert grown - base > 30.0
     if results.reset_peak_rss():  # Linux: the peak starts again from the current size
         assert results.peak_rss_mb() < grown - 30.0
+
+
+def test_fitted_inducing_count_reads_the_posterior() -> None:
+    from types import SimpleNamespace
+
+    from gpinfer.experiment.runner import fitted_inducing_count
+
+    assert fitted_inducing_count(SimpleNamespace(Z=[np.zeros((7, 2)), np.zeros((7, 2))])) == 7
+    assert fitted_inducing_count(SimpleNamespace(Z=np.zeros((4, 3)))) == 4
+    assert fitted_inducing_count(object()) is None
