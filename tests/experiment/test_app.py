@@ -91,6 +91,11 @@ def test_unwritable_output_folder_is_one_clear_line(tmp_path: Path, toy_site: Pa
     assert not (tmp_path / "mlflow.db").exists()
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default disposition."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_ends_the_mlflow_run_killed(tmp_path: Path, toy_site: Path) -> None:
     reason = plugin_importable("toygp")
     if reason:
@@ -102,7 +107,10 @@ def test_ctrl_c_ends_the_mlflow_run_killed(tmp_path: Path, toy_site: Path) -> No
             "+method.options.sleep_s=0.05", "iterations=2000", "progress.start_after_s=0",
             "progress.every_s=0", f"hydra.run.dir={run_dir}"]
     with open(err_path, "w") as err:
-        proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=err, stderr=err)
+        # a test session started in the background (``cmd &`` in a script) inherits SIGINT as
+        # ignored, and Python keeps it ignored; a user's Ctrl-C is what is tested, so restore it
+        proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=err, stderr=err,
+                                preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 60.0
         while "iter 3/2000" not in err_path.read_text():  # training is under way
