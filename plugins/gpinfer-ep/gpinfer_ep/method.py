@@ -137,6 +137,11 @@ class _Run:
     def _set_from_paper(self, xi: Array) -> None:
         self.hp.unpack(xi / self.coord)
 
+    def _ascend(self, opt, grad: Array) -> None:
+        """One optimiser step in the paper's coordinates from the current hyper-parameters."""
+        if self.hp.size:
+            self._set_from_paper(opt.step(self._to_paper(self.hp.pack()), grad / self.coord))
+
     # -- helpers -----------------------------------------------------------------------------
     def _step_sites(self, idx: Array, rho: float, it: int) -> tuple[float, Array, float]:
         """Refine the sites of ``idx``, then objective and gradient on ``idx``."""
@@ -201,8 +206,7 @@ class _Run:
     def batch(self) -> None:
         idx = np.arange(self.X.shape[0])
         opt = SignAdaptiveAscent(learning_rate=float(self.opts["learning_rate"]))
-        xi = self._to_paper(self.hp.pack())
-        opt.reset(xi)
+        opt.reset(self._to_paper(self.hp.pack()))
         good = (self.state.snapshot(), self.hp.pack())
         while self.iteration < int(self.problem.max_iter) and not self._out_of_time():
             self.iteration += 1
@@ -210,14 +214,11 @@ class _Run:
                 value, grad, change = self._step_sites(idx, self.rho, self.iteration)
             except NumericalError as err:
                 self._fail(err, good, opt)
-                xi = self._to_paper(self.hp.pack())
                 continue
             good = (self.state.snapshot(), self.hp.pack())
             self._watch(value)
             self.value = value
-            if self.hp.size:
-                xi = opt.step(xi, grad / self.coord)
-                self._set_from_paper(xi)
+            self._ascend(opt, grad)
             self._report(value, change)
             self.rho *= float(self.opts["damping_decay"])
 
@@ -226,8 +227,7 @@ class _Run:
         if size > N:
             raise InputError(f"{self.name}: batch_size {size} exceeds the {N} training points")
         opt = Adam(learning_rate=float(self.opts["adam_learning_rate"]))
-        xi = self._to_paper(self.hp.pack())
-        opt.reset(xi)
+        opt.reset(self._to_paper(self.hp.pack()))
         batches = MiniBatches(N, size, self.problem.rng)
         self.rho = 1.0
         while self.iteration < int(self.problem.max_iter) and not self._out_of_time():
@@ -239,13 +239,10 @@ class _Run:
                     value, grad, ch = self._step_sites(idx, self.rho, self.iteration)
                 except NumericalError as err:
                     self._fail(err, good, opt)
-                    xi = self._to_paper(self.hp.pack())
                     continue
                 values.append(value)
                 change = max(change, ch)
-                if self.hp.size:
-                    xi = opt.step(xi, grad / self.coord)
-                    self._set_from_paper(xi)
+                self._ascend(opt, grad)
                 if self._out_of_time():
                     break
             if hasattr(self.state, "refresh"):

@@ -82,6 +82,15 @@ class _ActiveSetMethod(Method):
     uses_inducing_points = True
     likelihoods = ("softmax",)
     coupled: ClassVar[bool] = True
+    #: kernel sharing, intercepts and the hyper-parameter learning loop (both methods)
+    model_options: ClassVar[dict[str, Any]] = {
+        "shared_kernel": True,
+        "intercepts": None,
+        "learn_intercepts": True,
+        "rounds": 4,
+        "minor_iter": 8,
+        "major_tol": 1e-3,
+    }
 
     def _d_final(self, problem: Problem) -> int:
         M = problem.inducing
@@ -254,12 +263,7 @@ class IVM(_ActiveSetMethod):
         "rule": "product",
         "projection": "direct",
         "stub_update": "lazy",
-        "shared_kernel": True,
-        "intercepts": None,
-        "learn_intercepts": True,
-        "rounds": 4,
-        "minor_iter": 8,
-        "major_tol": 1e-3,
+        **_ActiveSetMethod.model_options,
     }
 
     def _infer(self, problem, kernels, beta, rng, report):
@@ -307,12 +311,7 @@ class IVMBaseline(_ActiveSetMethod):
     coupled = False
     default_options: ClassVar[dict[str, Any]] = {
         "gh_order": 3,
-        "shared_kernel": True,
-        "intercepts": None,
-        "learn_intercepts": True,
-        "rounds": 4,
-        "minor_iter": 8,
-        "major_tol": 1e-3,
+        **_ActiveSetMethod.model_options,
     }
 
     def _order(self, C: int) -> tuple[int | None, Any]:
