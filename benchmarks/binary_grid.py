@@ -11,7 +11,8 @@ recomputed (``--force`` recomputes), and AIS nodes are saved one by one and skip
 Several processes may share the work (e.g. one per ``--datasets``/``--likelihoods``): a method
 being computed is marked by ``grid_<data>_<lik>__<method>.running`` and skipped by the others
 (a killed run leaves its marker: delete it, or pass ``--force``).
-Per node both wall-clock and CPU (``time.process_time``) seconds are stored.
+Per node both wall-clock and CPU (``time.process_time``) seconds are stored. ``--workers 2``
+shares each method grid's rows between two processes (both cores of the reference machine).
 
     .venv/bin/python benchmarks/binary_grid.py --out outputs/nickisch2008_grid
     .venv/bin/python benchmarks/binary_grid.py --reduced --out outputs/nickisch2008_grid_reduced
@@ -24,6 +25,7 @@ import json
 import os
 import time
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -83,25 +85,46 @@ def run_node(method_name, options, lik, Xtr, ytr, Xte, yte, le, ls):
     }, P
 
 
-def run_method_grid(tag, m, opts, lik, data, ells, sfs):
-    """Every node of the grid for one method; dict of ``[num, num]`` arrays and best-I probs."""
+def _grid_row(m, opts, lik, data, le, sfs):
+    """One row (fixed ln ell) of a method grid: ``(metrics, P)`` or the error text per node."""
+    row = []
+    for ls in sfs:
+        try:
+            row.append(run_node(m, opts, lik, *data, le, ls))
+        except Exception as exc:  # record and go on: a failed node is data
+            row.append(f"{type(exc).__name__}: {exc}")
+    return row
+
+
+def run_method_grid(tag, m, opts, lik, data, ells, sfs, workers=1):
+    """Every node of the grid for one method; dict of ``[num, num]`` arrays and best-I probs.
+
+    ``workers > 1`` shares the rows among that many processes (wall time falls, CPU does not).
+    """
     num = len(ells)
     res = {k: np.full((num, num), np.nan) for k in KEYS}
     best, bestP = -np.inf, np.full((len(data[3]), 2), np.nan)
-    c0 = time.process_time()
-    for i, le in enumerate(ells):
-        for j, ls in enumerate(sfs):
-            try:
-                r, P = run_node(m, opts, lik, *data, le, ls)
-            except Exception as exc:  # record and go on: a failed node is data
-                print(f"  {tag} {m} ({le:.2f},{ls:.2f}) failed: {exc}", flush=True)
+    c0, t0 = time.process_time(), time.perf_counter()
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            rows = list(pool.map(_grid_row, *zip(*[(m, opts, lik, data, le, sfs)
+                                                   for le in ells])))
+    else:
+        rows = [_grid_row(m, opts, lik, data, le, sfs) for le in ells]
+    for i, row in enumerate(rows):
+        for j, node in enumerate(row):
+            if isinstance(node, str):
+                print(f"  {tag} {m} ({ells[i]:.2f},{sfs[j]:.2f}) failed: {node}", flush=True)
                 continue
+            r, P = node
             for k in KEYS:
                 res[k][i, j] = r[k]
             if r["info"] > best:
                 best, bestP = r["info"], P
-    print(f"{tag} {m}: {time.process_time() - c0:.1f} CPU s for {num}x{num}, "
-          f"max info {np.nanmax(res['info']):.3f} bits", flush=True)
+    wall = time.perf_counter() - t0
+    cpu = float(np.nansum(res["cpu"])) if workers > 1 else time.process_time() - c0
+    print(f"{tag} {m}: {cpu:.1f} CPU s, {wall:.1f} wall s ({workers} process(es)) for "
+          f"{num}x{num}, max info {np.nanmax(res['info']):.3f} bits", flush=True)
     return res, bestP
 
 
@@ -260,6 +283,8 @@ def main() -> None:
     ap.add_argument("--force", action="store_true", help="recompute finished method grids")
     ap.add_argument("--summarize", action="store_true", help="only merge saved results")
     ap.add_argument("--no-mcmc", action="store_true", help="skip the AIS sub-grid")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="processes sharing the rows of each method grid")
     ap.add_argument("--mcmc-only", action="store_true",
                     help="only the AIS sub-grid of trials whose ep-dense grid is saved")
     args = ap.parse_args()
@@ -302,7 +327,8 @@ def main() -> None:
                         print(f"{tag} {m}: {marker.name} exists, skipped", flush=True)
                         continue
                     marker.touch()
-                    res[m], bestP[m] = run_method_grid(tag, m, opts, lik, data, ells, sfs)
+                    res[m], bestP[m] = run_method_grid(tag, m, opts, lik, data, ells, sfs,
+                                                       args.workers)
                     np.savez(saved, bestP=bestP[m], **res[m])
                     marker.unlink()
             ais, ais_path = None, out / f"ais_{tag}.npz"

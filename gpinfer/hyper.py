@@ -144,6 +144,11 @@ class HyperParameters:
         return [n for n, f in zip(self._all_names, self._free) if f]
 
     @property
+    def n_entries(self) -> int:
+        """Number of entries, free or fixed."""
+        return len(self._all_names)
+
+    @property
     def all_names(self) -> list[str]:
         """Names of every entry, free or fixed."""
         return list(self._all_names)
@@ -254,7 +259,7 @@ def parameter_gradient(
     grads_list = [grads] if isinstance(grads, MatrixGradients) else list(grads)
     if len(grads_list) != hp.n_latent:
         raise ValueError(f"got {len(grads_list)} MatrixGradients for {hp.n_latent} latents")
-    full = np.zeros(len(hp.all_names))
+    full = np.zeros(hp.n_entries)
     kernel_grads = [np.zeros(k.n_params) for k in hp._distinct]
     Z_grads: list[Array | None] = [None] * hp.n_latent
     lik_grad = None

@@ -42,7 +42,8 @@ class Kernel(abc.ABC):
 
     @property
     def n_params(self) -> int:
-        return len(self.param_names)
+        """``P``, the length of ``get_unconstrained()`` (without building the names)."""
+        return int(np.size(self.get_unconstrained()))
 
     # -- covariances -----------------------------------------------------------------------
     @abc.abstractmethod

@@ -74,18 +74,29 @@ def inv_mills(t: Array) -> Array:
     return out
 
 
-def _asymptotic(x: Array, derivative: int) -> Array:
-    """``d^k/dx^k`` of the series ``r(-x) = sum_n c_n x^(1-2n)`` for large ``x > 0``."""
-    out = np.zeros_like(x)
-    inv_x = 1.0 / x
+def _series_coefficients(derivative: int) -> tuple[float, ...]:
+    """``b_n`` with ``d^k/dx^k sum_n c_n x^(1-2n) = x^(1-k) sum_n b_n x^(-2n)`` (k = derivative)."""
+    out = []
     for n, c in enumerate(_MILLS_C):
-        power = 1 - 2 * n
         coef = c
         for i in range(derivative):
-            coef *= power - i
-        if coef != 0.0:
-            out += coef * inv_x ** (derivative - power)
-    return out
+            coef *= 1 - 2 * n - i
+        out.append(coef)
+    return tuple(out)
+
+
+_SERIES_B = tuple(_series_coefficients(k) for k in range(4))
+
+
+def _asymptotic(x: Array, derivative: int) -> Array:
+    """``d^k/dx^k`` of the series ``r(-x) = sum_n c_n x^(1-2n)`` for large ``x > 0`` (Horner in
+    ``x^-2``)."""
+    z = 1.0 / (x * x)
+    coefs = _SERIES_B[derivative]
+    out = np.full_like(x, coefs[-1])
+    for b in coefs[-2::-1]:
+        out = out * z + b
+    return out * x ** (1 - derivative)
 
 
 def probit_curvature(t: Array) -> Array:

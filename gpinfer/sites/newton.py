@@ -1,9 +1,20 @@
 """Safeguarded Newton ascent shared by the KL and VB methods (spec binary §2.4, §2.5).
 
 ``newton_maximize`` maximises ``f(x)`` given a callable returning value, gradient and Hessian:
-a Levenberg-Marquardt shift makes ``H - mu I`` negative definite (Cholesky of its negative), the
-step ``d = -(H - mu I)^-1 g`` is backtracked (``eta = 1, 1/2, ...``) until the value does not
+a Levenberg-Marquardt shift makes ``H - mu D`` negative definite (Cholesky of its negative;
+``D = |diag H|``, so the shift is blind to the scale of each coordinate), the step
+``d = -(H - mu D)^-1 g`` is backtracked (``eta = 1, 1/2, ...``) until the value does not
 decrease, and an optional projection keeps iterates feasible (e.g. ``lambda <= 0``).
+
+An objective may also offer a preferred step (``direction``) for where ``-H`` is not positive
+definite, e.g. Newton's method on its stationarity equations written without the large factors
+that make ``H`` indefinite at round-off level. It is taken when it ascends (``g^T d > 0``) and a
+step of at least ``2^-PREFERRED_HALVINGS`` of it does not decrease the value; otherwise the
+shifted Hessian step is used. The Hessian may be returned lazily (a callable). ``g^T d`` of a
+preferred step is
+not a Newton decrement (far from the optimum ``d`` can be nearly orthogonal to ``g``), so such
+an objective should say when it is converged (``converged``, e.g. a small residual of its
+stationarity equations); the decrement test applies to Hessian steps only.
 
 Stopping: ``max|g| <= tol``, or (optional ``decrement_tol``) the Newton decrement
 ``g^T (-H)^-1 g`` (twice the predicted ascent to the optimum; invariant to the scaling of ``x``)
@@ -24,7 +35,14 @@ from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array
 
 #: ``fun(x, derivatives)``: value, and with ``derivatives`` also gradient ``[P]`` and Hessian
-NewtonFunction = Callable[[Array, bool], tuple[float, Array | None, Array | None]]
+#: ``[P, P]`` (or a callable returning it)
+NewtonFunction = Callable[
+    [Array, bool], tuple[float, Array | None, Array | Callable[[], Array] | None]
+]
+#: ``direction(x, g)``: a preferred step ``[P]`` at the point of the last ``fun(x, True)``
+DirectionFunction = Callable[[Array, Array], Array | None]
+#: ``converged(x)``: the objective's own stopping test at the point of the last ``fun(x, True)``
+ConvergedFunction = Callable[[Array], bool]
 
 MAX_HALVINGS = 30
 #: relative value decrease accepted as round-off in the line search
@@ -32,6 +50,8 @@ ROUNDOFF = 1e-12
 #: a Newton decrement below this that shrinks by less than ``DECREMENT_STALL`` is round-off
 DECREMENT_FLOOR = 1e-10
 DECREMENT_STALL = 0.1
+#: halvings tried on a preferred direction before falling back to the Hessian step
+PREFERRED_HALVINGS = 1
 
 
 @dataclass
@@ -55,11 +75,15 @@ def newton_maximize(
     project: Callable[[Array], Array] | None = None,
     name: str = "newton",
     decrement_tol: float | None = None,
+    direction: DirectionFunction | None = None,
+    converged: ConvergedFunction | None = None,
 ) -> NewtonResult:
     """Maximise ``fun`` from ``x0 [P]`` until ``max|g| <= tol`` (or ``max_steps``).
 
-    With ``decrement_tol`` also stop (converged) once the Newton decrement of an unshifted step
-    is ``<= decrement_tol`` or has stalled at round-off (module docstring).
+    With ``decrement_tol`` also stop (converged) once the Newton decrement ``g^T d`` of an
+    unshifted Hessian step is ``<= decrement_tol`` or has stalled at round-off (module
+    docstring). ``direction``: optional preferred step; ``converged``: optional extra stopping
+    test (module docstring).
     """
     proj = project or (lambda z: z)
     x = proj(np.array(x0, dtype=float))
@@ -74,37 +98,72 @@ def newton_maximize(
             raise NumericalError(f"{name}: non-finite objective or gradient", iteration=step,
                                  quantity="objective")
         gnorm = float(np.max(np.abs(g)))
-        if gnorm <= tol or step == max_steps:
-            return NewtonResult(x, float(value), gnorm, step, gnorm <= tol, shifted)
-        H = 0.5 * (H + H.T)
-        mu, scale = 0.0, max(float(np.max(np.abs(np.diag(H)))), 1e-12)
-        eye = np.eye(H.shape[0])
-        while True:
-            try:
-                factor = cho_factor(-(H - mu * eye), lower=True, check_finite=False)
-                break
-            except LinAlgError:
-                mu = max(2.0 * mu, 1e-8 * scale)
-                if mu > 1e12 * scale:
-                    raise NumericalError(f"{name}: Hessian could not be regularised",
-                                         iteration=step, quantity="Hessian") from None
-        shifted += mu > 0
-        d = cho_solve(factor, g, check_finite=False)
-        if decrement_tol is not None and mu == 0.0:
+        done = gnorm <= tol or (converged is not None and converged(x))
+        if done or step == max_steps:
+            return NewtonResult(x, float(value), gnorm, step, done, shifted)
+        d, mu = _shifted_newton_step(H() if callable(H) else H, g, name, step)
+        preferred = _preferred_step(direction, x, g, value, fun, proj) if mu > 0 else None
+        if preferred is not None:
+            d, x_try = preferred
+        else:
+            shifted += mu > 0
+        if decrement_tol is not None and mu == 0.0 and preferred is None:
             dec = float(g @ d)
             if dec <= decrement_tol or (dec <= DECREMENT_FLOOR
                                         and dec > DECREMENT_STALL * last_dec):
                 return NewtonResult(x, float(value), gnorm, step, True, shifted)
             last_dec = dec
-        eta = 1.0
-        slack = ROUNDOFF * max(1.0, abs(value))
-        for _ in range(MAX_HALVINGS):
-            x_try = proj(x + eta * d)
-            v_try = fun(x_try, False)[0]
-            if np.isfinite(v_try) and v_try >= value - slack:
-                break
-            eta *= 0.5
-        else:  # no ascent possible: at the optimum to working precision
-            return NewtonResult(x, float(value), gnorm, step, gnorm <= 1e3 * tol, shifted)
+        if preferred is None:
+            x_try = _backtrack(fun, proj, x, d, value, MAX_HALVINGS)
+            if x_try is None:  # no ascent possible: at the optimum to working precision
+                return NewtonResult(x, float(value), gnorm, step, gnorm <= 1e3 * tol, shifted)
         x = x_try
     return NewtonResult(x, float(value), gnorm, max_steps, False, shifted)
+
+
+def _shifted_newton_step(H: Array, g: Array, name: str, step: int) -> tuple[Array, float]:
+    """``d = -(H - mu D)^-1 g`` with the smallest ``mu`` in ``0, 1e-8, 4e-8, ...`` that works."""
+    H = 0.5 * (H + H.T)
+    diag = np.abs(np.diag(H))
+    diag = np.maximum(diag, 1e-12 * max(float(np.max(diag)), 1e-12))
+    mu = 0.0
+    while True:
+        try:
+            factor = cho_factor(-(H - np.diag(mu * diag)), lower=True, check_finite=False)
+            break
+        except LinAlgError:
+            mu = max(4.0 * mu, 1e-8)
+            if mu > 1e12:
+                raise NumericalError(f"{name}: Hessian could not be regularised",
+                                     iteration=step, quantity="Hessian") from None
+    return cho_solve(factor, g, check_finite=False), mu
+
+
+def _backtrack(
+    fun: NewtonFunction, proj: Callable[[Array], Array], x: Array, d: Array, value: float,
+    halvings: int,
+) -> Array | None:
+    """``proj(x + eta d)`` for the first ``eta = 1, 1/2, ...`` that does not lower the value."""
+    eta = 1.0
+    slack = ROUNDOFF * max(1.0, abs(value))
+    for _ in range(halvings):
+        x_try = proj(x + eta * d)
+        v_try = fun(x_try, False)[0]
+        if np.isfinite(v_try) and v_try >= value - slack:
+            return x_try
+        eta *= 0.5
+    return None
+
+
+def _preferred_step(
+    direction: DirectionFunction | None, x: Array, g: Array, value: float,
+    fun: NewtonFunction, proj: Callable[[Array], Array],
+) -> tuple[Array, Array] | None:
+    """The preferred step and the accepted point, or None when it does not ascend."""
+    if direction is None:
+        return None
+    d = direction(x, g)
+    if d is None or not np.all(np.isfinite(d)) or not float(g @ d) > 0.0:
+        return None
+    x_try = _backtrack(fun, proj, x, d, value, PREFERRED_HALVINGS + 1)
+    return None if x_try is None else (d, x_try)

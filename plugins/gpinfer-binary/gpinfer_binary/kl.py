@@ -7,10 +7,21 @@
 ``H_aa = K D_mm K - K`` (pitfall P6), ``H_al = 2 K D_mv P``,
 ``H_ll = 4 P D_vv P - 2P + 8 V o (V Dg(a_v - lambda) V)``. Initialised from (loosely converged)
 EP, safeguarded by ``gpinfer.sites.newton``; ``lambda <= 0`` by projection (P14).
+
+The step preferred to ``-H^-1 g`` is Newton's method on the stationarity equations in fixed-point
+form, ``F = [a_m - alpha, a_v - lambda] = 0`` (``g = [K F_alpha, 2 P F_lambda]``), with Jacobian
+``[[D_mm K - I, D_mv 2P], [D_vm K, D_vv 2P - I]]`` (``D_mv = E_3/2``, ``D_vv = E_4/4``): the large
+left factors ``K`` and ``P`` (``sigma_f^2`` and ``sigma_f^4``) are gone, so it converges
+quadratically where ``H`` is indefinite at round-off level (long length-scales and large
+``sigma_f``, where the Hessian step crawls). It agrees with the Newton step at the optimum, but
+far from it it is no ascent method (it can drive many ``lambda`` to the bound and stall there), so
+it replaces the Hessian step only where ``-H`` is not numerically positive definite and
+``max|F| <= FIXED_POINT_SWITCH``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -22,6 +33,9 @@ from gpinfer.sites.ep import EPSites
 from gpinfer.sites.jensen import gaussian_site_gradient
 from gpinfer.sites.newton import newton_maximize
 
+#: ``max|F|`` below which the fixed-point Newton step may replace a shifted Hessian step
+FIXED_POINT_SWITCH = 0.1
+
 
 class KLObjective:
     """``J(xi)`` with ``xi = [alpha, lambda]`` ``[2N]``, its gradient and Hessian."""
@@ -29,6 +43,7 @@ class KLObjective:
     def __init__(self, K: Array, y: Array, likelihood: Likelihood):
         self.K, self.y, self.lik = K, y, likelihood
         self.n = y.shape[0]
+        self._last: tuple[Array, tuple[Array, ...], Array, Array] | None = None
 
     def split(self, xi: Array) -> tuple[Array, Array]:
         return xi[: self.n], xi[self.n:]
@@ -36,7 +51,10 @@ class KLObjective:
     def algebra(self, xi: Array) -> DiagonalSiteAlgebra:
         return DiagonalSiteAlgebra.from_kernel_matrix(self.K, -2.0 * self.split(xi)[1])
 
-    def __call__(self, xi: Array, derivatives: bool) -> tuple[float, Array | None, Array | None]:
+    def __call__(
+        self, xi: Array, derivatives: bool
+    ) -> tuple[float, Array | None, Callable[[], Array] | None]:
+        """``J``; with ``derivatives`` also the gradient ``[2N]`` and the Hessian (lazily)."""
         alpha, lam = self.split(xi)
         alg = self.algebra(xi)
         K = self.K
@@ -50,12 +68,56 @@ class KLObjective:
             return J, None, None
         a_m, a_v = E[1], 0.5 * E[2]
         P = V * V
-        g = np.concatenate([K @ (a_m - alpha), 2.0 * P @ (a_v - lam)])
-        H_aa = (K * E[2][None, :]) @ K - K
-        H_al = (K * E[3][None, :]) @ P  # 2 K Dg(E3/2) P
-        H_ll = (P * E[4][None, :]) @ P - 2.0 * P + 8.0 * V * ((V * (a_v - lam)[None, :]) @ V)
-        H = np.block([[H_aa, H_al], [H_al.T, H_ll]])
-        return J, g, H
+        residual = np.concatenate([a_m - alpha, a_v - lam])
+        g = np.concatenate([K @ residual[: self.n], 2.0 * P @ residual[self.n:]])
+        self._last = (xi.copy(), E, P, residual)
+
+        def hessian() -> Array:
+            H_aa = (K * E[2][None, :]) @ K - K
+            H_al = (K * E[3][None, :]) @ P  # 2 K Dg(E3/2) P
+            H_ll = (P * E[4][None, :]) @ P - 2.0 * P + 8.0 * V * ((V * (a_v - lam)[None, :]) @ V)
+            return np.block([[H_aa, H_al], [H_al.T, H_ll]])
+
+        return J, g, hessian
+
+    def fixed_point_residual(self, xi: Array) -> Array:
+        """``F(xi) = [a_m - alpha, a_v - lambda]`` ``[2N]``, zero at the optimum."""
+        self(xi, True)
+        assert self._last is not None
+        return self._last[3].copy()
+
+    def fixed_point_step(self, xi: Array) -> Array | None:
+        """``-J_F^-1 F`` ``[2N]`` at ``xi`` (module docstring); None unless ``xi`` is the point of
+        the last derivative evaluation (or ``J_F`` is singular)."""
+        if self._last is None or not np.array_equal(self._last[0], xi):
+            return None
+        _, E, P, residual = self._last
+        n, K = self.n, self.K
+        eye = np.eye(n)
+        jac = np.block([[E[2][:, None] * K - eye, E[3][:, None] * P],
+                        [0.5 * E[3][:, None] * K, 0.5 * E[4][:, None] * P - eye]])
+        try:
+            return -np.linalg.solve(jac, residual)
+        except np.linalg.LinAlgError:
+            return None
+
+    def preferred_step(self, xi: Array, g: Array) -> Array | None:
+        """``fixed_point_step`` where ``max|F| <= FIXED_POINT_SWITCH`` (module docstring)."""
+        if self._last is None or not np.array_equal(self._last[0], xi):
+            return None
+        if np.max(np.abs(self._last[3])) > FIXED_POINT_SWITCH:
+            return None
+        return self.fixed_point_step(xi)
+
+    def residual_below(self, tol: float) -> Callable[[Array], bool]:
+        """Stopping test ``max|F(xi)| <= tol`` at the point of the last derivative evaluation."""
+
+        def test(xi: Array) -> bool:
+            if self._last is None or not np.array_equal(self._last[0], xi):
+                return False
+            return bool(np.max(np.abs(self._last[3])) <= tol)
+
+        return test
 
 
 class KLMethod(DenseBinaryMethod):
@@ -63,13 +125,15 @@ class KLMethod(DenseBinaryMethod):
 
     Options: ``tol`` (max-norm of the gradient), ``decrement_tol`` (Newton decrement, i.e. twice
     the predicted remaining ascent of ``J`` in nats; it also stops at a round-off stall, which
-    ``tol`` alone misses when ``K alpha`` is large), ``max_newton``, plus the driver's options.
+    ``tol`` alone misses when ``K alpha`` is large), ``fixed_point_tol`` (max-norm of
+    ``F = [a_m - alpha, a_v - lambda]``, free of the scale of ``K``), ``max_newton``, plus the
+    driver's options. Any of the three tests stops the iteration.
     """
 
     name: ClassVar[str] = "kl"
     default_options: ClassVar[dict[str, Any]] = {
         **DenseBinaryMethod.driver_options, "tol": 1e-8, "max_newton": 100,
-        "decrement_tol": 1e-16,
+        "decrement_tol": 1e-16, "fixed_point_tol": 1e-9,
     }
 
     def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any) -> DenseSolution:
@@ -82,7 +146,9 @@ class KLMethod(DenseBinaryMethod):
         res = newton_maximize(objective, warm, tol=self.options["tol"],
                               max_steps=self.options["max_newton"],
                               project=lambda xi: np.concatenate([xi[:n], np.minimum(xi[n:], 0)]),
-                              name="KL Newton", decrement_tol=self.options["decrement_tol"])
+                              name="KL Newton", decrement_tol=self.options["decrement_tol"],
+                              direction=objective.preferred_step,
+                              converged=objective.residual_below(self.options["fixed_point_tol"]))
         alg = objective.algebra(res.x)
         alpha = res.x[:n].copy()
         return DenseSolution(

@@ -25,7 +25,10 @@ from gpinfer_binary.tap import TAPMethod
 from gpinfer_binary.vb import VBMethod, VBObjective
 from scipy.integrate import quad
 from scipy.stats import norm
+from sklearn.model_selection import train_test_split
 
+from gpinfer.data import load_dataset
+from gpinfer.data.paths import data_dir
 from gpinfer.errors import InputError
 from gpinfer.interfaces import Problem
 from gpinfer.kernels import Matern32
@@ -185,11 +188,44 @@ def test_kl_fixed_point_and_derivatives():
     np.testing.assert_allclose(alpha, E[1], atol=1e-9)  # spec §7.5 item 20
     np.testing.assert_allclose(w, -E[2], atol=1e-9)
     xi = sol.warm + np.concatenate([0.05 * np.cos(np.arange(n)), -0.01 * np.ones(n)])
-    _, g, H = obj(xi, True)  # spec §7.8 item 27: away from the optimum
+    _, g, hessian = obj(xi, True)  # spec §7.8 item 27: away from the optimum
     assert_gradient_close(lambda z: obj(z, False)[0], g, xi, eps=1e-6, rtol=1e-5, atol=1e-7)
     num_H = np.stack([numerical_gradient(lambda z, i=i: obj(z, True)[1][i], xi, eps=1e-6)
                       for i in range(2 * n)])
-    np.testing.assert_allclose(H, num_H, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(hessian(), num_H, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("lik", [BernoulliLogit(), PROBIT], ids=["logit", "probit"])
+def test_kl_fixed_point_step_is_newton_on_the_stationarity_equations(lik):
+    """The preferred KL step solves ``J_F d = -F``: F's derivative along d is -F (central FD)."""
+    X, y = n10_data()
+    K = se(1.0, 2.0).K(X)
+    obj = KLObjective(K, y, lik)
+    n = len(y)
+    xi = np.concatenate([0.3 * np.sin(np.arange(n)), -0.2 - 0.05 * np.arange(n)])
+    F = obj.fixed_point_residual(xi)
+    d = obj.fixed_point_step(xi)
+    eps = 1e-6
+    slope = (obj.fixed_point_residual(xi + eps * d) - obj.fixed_point_residual(xi - eps * d))
+    np.testing.assert_allclose(slope / (2 * eps), -F, rtol=1e-5, atol=1e-8)
+    obj(xi, True)
+    assert obj.fixed_point_step(xi + 1.0) is None  # not the point last evaluated
+
+
+@pytest.mark.skipif(data_dir() is None or not (data_dir() / "ionosphere.npz").exists(),
+                    reason="no shared data")
+def test_kl_converges_quadratically_where_the_hessian_is_indefinite():
+    """Ionosphere at (ln ell, ln sigma_f) = (5, 5), probit: ``H`` is indefinite at round-off
+    level (eigenvalues ~ -1e-4 beside 3e12) and the Hessian step alone took > 100 steps."""
+    data = load_dataset("ionosphere")
+    X, _, y, _ = train_test_split(data.X, data.y, test_size=0.43, stratify=data.y,
+                                  random_state=0)
+    X = (X - X.mean(0)) / np.where(X.std(0) > 0, X.std(0), 1.0)
+    K = se(5.0, 5.0).K(X)
+    sol = KLMethod().solve(K, y, PROBIT, None)
+    assert sol.converged and sol.n_inner <= 15
+    obj = KLObjective(K, y, PROBIT)
+    assert np.max(np.abs(obj.fixed_point_residual(sol.warm))) < 1e-6
 
 
 @pytest.mark.parametrize("link", ["logit", "probit"])
