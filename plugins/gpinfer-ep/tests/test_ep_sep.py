@@ -369,3 +369,29 @@ def test_optimiser_steps_in_log_squared_lengthscale(monkeypatch, batch_size):
     ell_factor = 0.25 if batch_size is None else 0.5
     np.testing.assert_allclose(step[is_ell], n_steps * ell_factor * lr, rtol=1e-6)
     np.testing.assert_allclose(step[~is_ell], n_steps * lr, rtol=1e-6)
+
+
+def test_falling_log_zq_restores_the_best_state(monkeypatch):
+    """Divergence policy: ``patience`` iterations below the best log Z_q (not necessarily falling
+    in a row) restore the sites and hyper-parameters of the best, and halve damping and steps."""
+    from gpinfer_ep import method as ep_method
+
+    X, y = make_suite_data(3, n=30, seed=10)
+    scripted = [-50, -40, -30, -20, -10, -12, -11, -13, 0, 1, 2, 3]  # best at iteration 5
+    seen = []
+    original = ep_method._Run._step_sites
+
+    def scripted_step(self, idx, rho, it):
+        seen.append((self.hp.pack().copy(), self.state.Lam.copy()))
+        value, grad, change = original(self, idx, rho, it)
+        return float(scripted[it - 1]), grad, change
+
+    monkeypatch.setattr(ep_method._Run, "_step_sites", scripted_step)
+    est = GPClassifier(method="sep", M=5, max_iter=10, random_state=0,
+                       method_options={"patience": 3}).fit(X, y)
+    raises = [h["damping_raises"] for h in est.history_]
+    assert raises == [0.0] * 7 + [1.0] * 3  # three iterations below -10: iteration 8
+    np.testing.assert_array_equal(seen[8][0], seen[4][0])  # hyper-parameters of iteration 5
+    np.testing.assert_array_equal(seen[8][1], seen[5][1])  # sites as iteration 5 left them
+    assert not np.array_equal(seen[8][0], seen[7][0])
+    assert est.history_[7]["damping"] < 0.5 * est.history_[6]["damping"]
