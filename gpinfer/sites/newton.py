@@ -10,11 +10,10 @@ An objective may also offer a preferred step (``direction``) for where ``-H`` is
 definite, e.g. Newton's method on its stationarity equations written without the large factors
 that make ``H`` indefinite at round-off level. It is taken when it ascends (``g^T d > 0``) and a
 step of at least ``2^-PREFERRED_HALVINGS`` of it does not decrease the value; otherwise the
-shifted Hessian step is used. The Hessian may be returned lazily (a callable). ``g^T d`` of a
-preferred step is
-not a Newton decrement (far from the optimum ``d`` can be nearly orthogonal to ``g``), so such
-an objective should say when it is converged (``converged``, e.g. a small residual of its
-stationarity equations); the decrement test applies to Hessian steps only.
+shifted Hessian step is used. ``g^T d`` of a preferred step is not a Newton decrement (far from
+the optimum ``d`` can be nearly orthogonal to ``g``), so such an objective should say when it is
+converged (``converged``, e.g. a small residual of its stationarity equations); the decrement
+test applies to Hessian steps only.
 
 Stopping: ``max|g| <= tol``, or (optional ``decrement_tol``) the Newton decrement
 ``g^T (-H)^-1 g`` (twice the predicted ascent to the optimum; invariant to the scaling of ``x``)
@@ -35,10 +34,7 @@ from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array
 
 #: ``fun(x, derivatives)``: value, and with ``derivatives`` also gradient ``[P]`` and Hessian
-#: ``[P, P]`` (or a callable returning it)
-NewtonFunction = Callable[
-    [Array, bool], tuple[float, Array | None, Array | Callable[[], Array] | None]
-]
+NewtonFunction = Callable[[Array, bool], tuple[float, Array | None, Array | None]]
 #: ``direction(x, g)``: a preferred step ``[P]`` at the point of the last ``fun(x, True)``
 DirectionFunction = Callable[[Array, Array], Array | None]
 #: ``converged(x)``: the objective's own stopping test at the point of the last ``fun(x, True)``
@@ -101,7 +97,7 @@ def newton_maximize(
         done = gnorm <= tol or (converged is not None and converged(x))
         if done or step == max_steps:
             return NewtonResult(x, float(value), gnorm, step, done, shifted)
-        d, mu = _shifted_newton_step(H() if callable(H) else H, g, name, step)
+        d, mu = _shifted_newton_step(H, g, name, step)
         preferred = _preferred_step(direction, x, g, value, fun, proj) if mu > 0 else None
         if preferred is not None:
             d, x_try = preferred

@@ -51,10 +51,8 @@ class KLObjective:
     def algebra(self, xi: Array) -> DiagonalSiteAlgebra:
         return DiagonalSiteAlgebra.from_kernel_matrix(self.K, -2.0 * self.split(xi)[1])
 
-    def __call__(
-        self, xi: Array, derivatives: bool
-    ) -> tuple[float, Array | None, Callable[[], Array] | None]:
-        """``J``; with ``derivatives`` also the gradient ``[2N]`` and the Hessian (lazily)."""
+    def __call__(self, xi: Array, derivatives: bool) -> tuple[float, Array | None, Array | None]:
+        """``J``; with ``derivatives`` also the gradient ``[2N]`` and the Hessian ``[2N, 2N]``."""
         alpha, lam = self.split(xi)
         alg = self.algebra(xi)
         K = self.K
@@ -71,14 +69,10 @@ class KLObjective:
         residual = np.concatenate([a_m - alpha, a_v - lam])
         g = np.concatenate([K @ residual[: self.n], 2.0 * P @ residual[self.n:]])
         self._last = (xi.copy(), E, P, residual)
-
-        def hessian() -> Array:
-            H_aa = (K * E[2][None, :]) @ K - K
-            H_al = (K * E[3][None, :]) @ P  # 2 K Dg(E3/2) P
-            H_ll = (P * E[4][None, :]) @ P - 2.0 * P + 8.0 * V * ((V * (a_v - lam)[None, :]) @ V)
-            return np.block([[H_aa, H_al], [H_al.T, H_ll]])
-
-        return J, g, hessian
+        H_aa = (K * E[2][None, :]) @ K - K
+        H_al = (K * E[3][None, :]) @ P  # 2 K Dg(E3/2) P
+        H_ll = (P * E[4][None, :]) @ P - 2.0 * P + 8.0 * V * ((V * (a_v - lam)[None, :]) @ V)
+        return J, g, np.block([[H_aa, H_al], [H_al.T, H_ll]])
 
     def fixed_point_residual(self, xi: Array) -> Array:
         """``F(xi) = [a_m - alpha, a_v - lambda]`` ``[2N]``, zero at the optimum."""

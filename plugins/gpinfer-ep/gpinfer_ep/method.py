@@ -55,7 +55,8 @@ class _SparseEPBase(Method):
     (spec P10; True: the noise is on ``diag Kuu`` and in ``kappa``; False: in ``kappa``, i.e. the
     FITC variances, only, via ``LatentNoise``), ``lengthscale_init``
     (``"median"``: spec §2.11 heuristic; ``"kernel"``: keep), ``patience`` (iterations below
-    the best log Z_q before the best state is restored and the damping and steps are halved), ``time_limit_s`` (stop after this much training time).
+    the best log Z_q before the best state is restored and the damping and steps are halved),
+    ``time_limit_s`` (stop after this much training time).
     """
 
     tasks: ClassVar[tuple[str, ...]] = ("classification",)
