@@ -77,15 +77,23 @@ class KLObjective:
     def fixed_point_residual(self, xi: Array) -> Array:
         """``F(xi) = [a_m - alpha, a_v - lambda]`` ``[2N]``, zero at the optimum."""
         self(xi, True)
-        assert self._last is not None
-        return self._last[3].copy()
+        last = self._evaluated_at(xi)
+        assert last is not None
+        return last[3].copy()
+
+    def _evaluated_at(self, xi: Array) -> tuple[Array, tuple[Array, ...], Array, Array] | None:
+        """``(xi, E, P, F)`` of the last derivative evaluation if it was at ``xi``, else None."""
+        if self._last is None or not np.array_equal(self._last[0], xi):
+            return None
+        return self._last
 
     def fixed_point_step(self, xi: Array) -> Array | None:
         """``-J_F^-1 F`` ``[2N]`` at ``xi`` (module docstring); None unless ``xi`` is the point of
         the last derivative evaluation (or ``J_F`` is singular)."""
-        if self._last is None or not np.array_equal(self._last[0], xi):
+        last = self._evaluated_at(xi)
+        if last is None:
             return None
-        _, E, P, residual = self._last
+        _, E, P, residual = last
         n, K = self.n, self.K
         eye = np.eye(n)
         jac = np.block([[E[2][:, None] * K - eye, E[3][:, None] * P],
@@ -97,9 +105,8 @@ class KLObjective:
 
     def preferred_step(self, xi: Array, g: Array) -> Array | None:
         """``fixed_point_step`` where ``max|F| <= FIXED_POINT_SWITCH`` (module docstring)."""
-        if self._last is None or not np.array_equal(self._last[0], xi):
-            return None
-        if np.max(np.abs(self._last[3])) > FIXED_POINT_SWITCH:
+        last = self._evaluated_at(xi)
+        if last is None or np.max(np.abs(last[3])) > FIXED_POINT_SWITCH:
             return None
         return self.fixed_point_step(xi)
 
@@ -107,9 +114,8 @@ class KLObjective:
         """Stopping test ``max|F(xi)| <= tol`` at the point of the last derivative evaluation."""
 
         def test(xi: Array) -> bool:
-            if self._last is None or not np.array_equal(self._last[0], xi):
-                return False
-            return bool(np.max(np.abs(self._last[3])) <= tol)
+            last = self._evaluated_at(xi)
+            return last is not None and bool(np.max(np.abs(last[3])) <= tol)
 
         return test
 
