@@ -14,6 +14,7 @@ every evaluation (``maxiter = max_iter``). Batch only.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -160,10 +161,18 @@ class FITCSites:
         return [q.moments(t.L) for t, (q, *_rest) in zip(terms, parts)]
 
 
+class _TrialPointFailed(Exception):
+    """EP failed at a hyper-parameter value L-BFGS-B tried (not the starting point)."""
+
+
 class GFITC(Method):
     """The GFITC baseline: FITC prior, exact argmax factors, EP to convergence per L-BFGS-B
     evaluation. Options: ``ep_tol``, ``ep_max_sweeps``, ``noise``, ``lengthscale_init``
-    (as for ``ep``)."""
+    (as for ``ep``).
+
+    If EP fails at a point L-BFGS-B tries (after its own retries with more damping), training
+    stops at the last accepted iterate with a ``RuntimeWarning`` and ``stopped_on_failure = 1`` in the last
+    history entry; a failure at the starting point is an error."""
 
     name: ClassVar[str] = "gfitc"
     tasks: ClassVar[tuple[str, ...]] = ("classification",)
@@ -191,12 +200,18 @@ class GFITC(Method):
         tol, max_sweeps = float(self.options["ep_tol"]), int(self.options["ep_max_sweeps"])
         history: list[dict[str, float]] = []
         last: dict[str, Any] = {}
+        accepted: dict[str, Any] = {"theta": hp.pack()}  # the last L-BFGS-B iterate
 
         def fun(theta: Array) -> tuple[float, Array]:
             hp.unpack(theta)
             terms = all_terms(kernels, hp.Z, X)
-            sweeps = sites.run(terms, tol, max_sweeps)
-            value, grads = sites.evidence(terms)
+            try:
+                sweeps = sites.run(terms, tol, max_sweeps)
+                value, grads = sites.evidence(terms)
+            except NumericalError as err:
+                if "theta" not in last:  # the starting point: nothing to fall back on
+                    raise
+                raise _TrialPointFailed(str(err)) from err
             last.update(theta=np.array(theta), value=value, sweeps=sweeps)
             return value, hp.gradient(X, grads)
 
@@ -210,6 +225,7 @@ class GFITC(Method):
         def on_iteration(it: int, x: Array, value: float) -> bool:
             if not np.array_equal(x, last.get("theta")):
                 fun(x)
+            accepted["theta"] = np.array(x)
             elapsed = time.perf_counter() - start
             extra = {"ep_sweeps": float(last["sweeps"]), "failures": float(sites.failures)}
             history.append({"objective": value, "elapsed": elapsed, **extra})
@@ -219,10 +235,19 @@ class GFITC(Method):
 
         theta0 = hp.pack()
         if problem.optimize and hp.size:
-            result = LBFGSB().maximize(fun, theta0, int(problem.max_iter), on_iteration)
-            if not np.array_equal(result.x, last.get("theta")):
-                fun(result.x)
-            n_iter = result.n_iter
+            try:
+                result = LBFGSB().maximize(fun, theta0, int(problem.max_iter), on_iteration)
+                final, n_iter = result.x, result.n_iter
+            except _TrialPointFailed as err:
+                warnings.warn(f"gfitc: EP failed at a trial point of L-BFGS-B ({err}); training "
+                              f"stopped at iteration {len(history)}, the last accepted one",
+                              RuntimeWarning, stacklevel=2)
+                final, n_iter = accepted["theta"], len(history)
+                last.pop("theta", None)  # the failed call left its hyper-parameters in hp
+                if history:
+                    history[-1]["stopped_on_failure"] = 1.0
+            if not np.array_equal(final, last.get("theta")):
+                fun(final)
         else:
             value, _ = fun(theta0)
             on_iteration(1, theta0, value)

@@ -103,6 +103,33 @@ def test_training_increases_the_evidence():
     assert (est.predict(X) != y).mean() < 0.4
 
 
+def test_failure_at_a_trial_point_keeps_the_last_iterate(monkeypatch):
+    from gpinfer.errors import NumericalError
+
+    X, y = make_suite_data(3, n=45, seed=23)
+    original, calls = FITCSites.run, {"n": 0}
+
+    def failing(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise NumericalError("invalid cavity (1 - C1 v <= 0)", quantity="cavity")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(FITCSites, "run", failing)
+    with pytest.warns(RuntimeWarning, match="trial point of L-BFGS-B"):
+        est = GPClassifier(method="gfitc", M=6, max_iter=10, random_state=0).fit(X, y)
+    assert est.history_[-1]["stopped_on_failure"] == 1.0
+    assert est.n_iter_ == len(est.history_) < 10
+    assert np.all(np.isfinite(est.predict_proba(X)))
+    assert est.log_evidence_ == pytest.approx(est.history_[-1]["objective"], abs=1e-2)  # EP tol
+    assert (est.predict(X) != y).mean() < 0.4
+    # a failure at the first evaluation has nothing to fall back on
+    monkeypatch.setattr(FITCSites, "run", lambda self, *a, **k: (_ for _ in ()).throw(
+        NumericalError("invalid cavity", quantity="cavity")))
+    with pytest.raises(NumericalError, match="invalid cavity"):
+        GPClassifier(method="gfitc", M=6, max_iter=10, random_state=0).fit(X, y)
+
+
 class TestGFITCSuite(MethodTestSuite):
     method_name = "gfitc"
     n_classes = 3
