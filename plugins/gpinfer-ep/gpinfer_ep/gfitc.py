@@ -171,8 +171,8 @@ class GFITC(Method):
     (as for ``ep``).
 
     If EP fails at a point L-BFGS-B tries (after its own retries with more damping), training
-    stops at the last accepted iterate with a ``RuntimeWarning`` and ``stopped_on_failure = 1`` in the last
-    history entry; a failure at the starting point is an error."""
+    stops at the last accepted iterate with a ``RuntimeWarning`` and ``stopped_on_failure = 1``
+    in the last history entry; a failure at the starting point is an error."""
 
     name: ClassVar[str] = "gfitc"
     tasks: ClassVar[tuple[str, ...]] = ("classification",)
