@@ -62,15 +62,19 @@ def log_Phi(t: Array) -> Array:
     return log_ndtr(np.asarray(t, dtype=float))
 
 
-def inv_mills(t: Array) -> Array:
-    """Inverse Mills ratio ``r(t) = phi(t) / Phi(t)``, positive, ``~ -t`` for ``t << 0``."""
+def inv_mills(t: Array, log_Phi_t: Array | None = None) -> Array:
+    """Inverse Mills ratio ``r(t) = phi(t) / Phi(t)``, positive, ``~ -t`` for ``t << 0``.
+
+    ``log_Phi_t``: ``log Phi(t)`` when the caller has it already (used for ``t >= 0``).
+    """
     t = np.asarray(t, dtype=float)
     out = np.empty_like(t)
     neg = t < 0
     # erfcx(x) = exp(x^2) erfc(x): Phi(t) = erfcx(-t/sqrt2) exp(-t^2/2) / 2 for every t
     out[neg] = _SQRT_2_OVER_PI / erfcx(-t[neg] * _SQRT_HALF)
     pos = ~neg
-    out[pos] = np.exp(log_phi(t[pos]) - log_ndtr(t[pos]))
+    log_cdf = log_ndtr(t[pos]) if log_Phi_t is None else np.asarray(log_Phi_t)[pos]
+    out[pos] = np.exp(log_phi(t[pos]) - log_cdf)
     return out
 
 
@@ -123,7 +127,7 @@ def log_Phi_derivatives(t: Array, order: int = 4) -> tuple[Array, ...]:
     out: list[Array] = [log_Phi(t)]
     if order == 0:
         return tuple(out)
-    r = inv_mills(t)
+    r = inv_mills(t, out[0])
     out.append(r)
     if order == 1:
         return tuple(out)
