@@ -12,6 +12,7 @@ from gpinfer_ivm.projection import (
     site_precision,
     site_sqrt,
 )
+from ivm_test_data import spd, tilted_batch
 
 from gpinfer.numerics.gaussian_cubature import (
     gaussian_kl,
@@ -20,16 +21,11 @@ from gpinfer.numerics.gaussian_cubature import (
 from gpinfer.testing.gradcheck import numerical_gradient, relative_error
 
 
-def _spd(rng, C, scale=1.0):
-    X = rng.standard_normal((C, C))
-    return scale * (X @ X.T / C + 0.3 * np.eye(C))
-
-
 # -- oracle 7: restricted projection -------------------------------------------------------------
 def test_projection_gradient_and_algorithms():
     rng = np.random.default_rng(3)
     C, y = 4, 2
-    A = _spd(rng, C)
+    A = spd(rng, C)
     h = rng.standard_normal(C)
     T = softmax_tilted(np.array([y]), h[None], A[None], order=8)
     Ah = T.A_hat[0]
@@ -58,7 +54,7 @@ def test_projection_gradient_and_algorithms():
 
 def test_projection_c2_is_binary_adf():
     rng = np.random.default_rng(4)
-    A = _spd(rng, 2)
+    A = spd(rng, 2)
     h = rng.standard_normal(2)
     T = softmax_tilted(np.array([0]), h[None], A[None], order=40)
     pi, _ = restricted_projection(A, T.g[0], T.h_hat[0], T.A_hat[0], np.zeros(2))
@@ -71,9 +67,7 @@ def test_projection_c2_is_binary_adf():
 def test_simple_score_is_dense_kl_and_non_negative():
     rng = np.random.default_rng(5)
     C, B = 3, 20
-    A = np.stack([_spd(rng, C, s) for s in rng.uniform(0.5, 5, B)])
-    h = rng.standard_normal((B, C))
-    y = rng.integers(0, C, B)
+    A, h, y = tilted_batch(rng, C, rng.uniform(0.5, 5, B))
     T = softmax_tilted(y, h, A, order=3)
     kl = gaussian_kl(T.h_hat, T.A_hat, h, A)
     assert np.all(kl > 0)

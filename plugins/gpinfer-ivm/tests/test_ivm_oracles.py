@@ -8,6 +8,7 @@ from gpinfer_ivm.criterion import FrozenSites, criterion
 from gpinfer_ivm.inference import IVMSettings, run_inference
 from gpinfer_ivm.projection import initial_t, restricted_projection, site_precision
 from ivm_dense_reference import dense_posterior, point_block, prior_cov
+from ivm_test_data import spd, three_blobs, tilted_batch
 
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.kernels.stationary import RBF
@@ -29,11 +30,6 @@ def _problem(C, n, seed):
     return rng, X, y, kernels
 
 
-def _spd(rng, C, scale):
-    Z = rng.standard_normal((C, C))
-    return scale * (Z @ Z.T / C + 0.3 * np.eye(C))
-
-
 # -- oracle 12a: matrix-level gradient with an exact quadratic surrogate --------------------------
 def test_criterion_gradient_quadratic_surrogate_against_dense_fd():
     C, n, d = 3, 10, 5
@@ -42,7 +38,7 @@ def test_criterion_gradient_quadratic_surrogate_against_dense_fd():
     pi = rng.uniform(0.1, 2.0, (d, C))
     b = rng.standard_normal((d, C))  # does not sum to zero
     sites = FrozenSites.from_restricted(I, pi, b)
-    W = np.stack([_spd(rng, C, 0.7) for _ in range(n)])  # log P_i = -u^T W_i u / 2 + a_i^T u
+    W = np.stack([spd(rng, C, 0.7) for _ in range(n)])  # log P_i = -u^T W_i u / 2 + a_i^T u
     a = rng.standard_normal((n, C))
 
     def surrogate(_y, h, A):
@@ -160,9 +156,7 @@ def test_sobol_rule_is_positive_symmetric_and_exact_to_degree_three(dim):
 def test_sobol_rule_tilted_moments_against_high_order_product_rule():
     rng = np.random.default_rng(41)
     C, B = 3, 12
-    A = np.stack([_spd(rng, C, sc) for sc in np.linspace(0.5, 5.0, B)])
-    h = rng.standard_normal((B, C))
-    y = rng.integers(0, C, B)
+    A, h, y = tilted_batch(rng, C, np.linspace(0.5, 5.0, B))
     ref = softmax_tilted(y, h, A, None, 40, True)
     sob = softmax_tilted(y, h, A, None, None, True, rule="sobol")
     gh3 = softmax_tilted(y, h, A, None, 3, True)
@@ -178,7 +172,7 @@ def test_sobol_rule_tilted_moments_against_high_order_product_rule():
 def test_sobol_rule_against_monte_carlo_for_ten_classes():
     rng = np.random.default_rng(43)
     C = 10
-    A = _spd(rng, C, 1.0)
+    A = spd(rng, C, 1.0)
     h = 0.5 * rng.standard_normal(C)
     y = 3
     T = softmax_tilted([y], h[None], A[None], rule="sobol", reduced=True)
@@ -197,11 +191,7 @@ def test_sobol_rule_against_monte_carlo_for_ten_classes():
 
 
 def test_sobol_rule_run_behaves_like_product_rule():
-    rng = np.random.default_rng(0)
-    means = rng.normal(0.0, 1.6, (3, 5))
-    y = rng.integers(0, 3, 300)
-    X = means[y] + rng.standard_normal((300, 5))
-    k = RBF(lengthscale=np.sqrt(5.0), variance=2.0)
+    X, y, k = three_blobs(300)
     errs = {}
     for rule, order in (("sobol", None), ("product", 3)):
         s = IVMSettings(d_final=20, L=4, ep_sweeps=1, pool_size=32, gh_order=order, rule=rule)

@@ -11,6 +11,7 @@ from gpinfer_ivm.liquid import EPRepresentation
 from gpinfer_ivm.projection import initial_t, restricted_projection
 from gpinfer_ivm.solid import SolidRepresentation
 from ivm_dense_reference import dense_posterior, point_block, prior_cov
+from ivm_test_data import three_blobs
 
 from gpinfer.errors import InputError
 from gpinfer.kernels.stationary import RBF
@@ -255,11 +256,7 @@ def test_baseline_run_scores_positive_and_rows_sum_to_one():
 
 # -- oracle 14 (reduced to one data seed) and bad input ------------------------------------------
 def test_behavioural_three_blobs():
-    rng = np.random.default_rng(0)
-    means = rng.normal(0.0, 1.6, (3, 5))
-    y = rng.integers(0, 3, 540)
-    X = means[y] + rng.standard_normal((540, 5))
-    k = RBF(lengthscale=np.sqrt(5.0), variance=2.0)
+    X, y, k = three_blobs(540)
     s = IVMSettings(d_final=40, L=5, ep_sweeps=2, pool_size=80, n_init=2, gh_order=3)
     res = run_inference([k] * 3, X[:240], y[:240], np.zeros(3), s, np.random.default_rng(0))
     h, A = res.solid.predict(X[240:])
