@@ -110,8 +110,9 @@ PAPER_ERR = {
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def split(dataset: str, seed: int):
-    """Standardised train/test arrays exactly as the runner builds them."""
+def split(dataset: str, seed: int, stratify: bool = False):
+    """Standardised train/test arrays exactly as the runner builds them (unstratified by
+    default, as ``conf/experiment/villacampa2017_uci.yaml`` and spec P19)."""
     cfg = yaml.safe_load((ROOT / "conf" / "dataset" / f"{dataset}.yaml").read_text())
     options = dict(cfg.get("options") or {})
     for key in ("features", "keep_classes", "n_max"):
@@ -119,13 +120,14 @@ def split(dataset: str, seed: int):
             options[key] = cfg[key]
     ds = load_dataset(dataset, **options)
     sp = train_test_split(ds, test_fraction=cfg["test_fraction"], seed=seed,
-                          stratify=bool(cfg.get("stratify", True)))
+                          stratify=stratify)
     st = Standardizer().fit(sp.X_train)
     return st.transform(sp.X_train), sp.y_train, st.transform(sp.X_test), sp.y_test
 
 
-def run_one(method: str, dataset: str, frac: float, seed: int, iterations: int) -> dict:
-    Xtr, ytr, Xte, yte = split(dataset, seed)
+def run_one(method: str, dataset: str, frac: float, seed: int, iterations: int,
+            stratify: bool = False) -> dict:
+    Xtr, ytr, Xte, yte = split(dataset, seed, stratify)
     classes = np.unique(ytr)
     M = max(1, int(round(frac * len(ytr))))
     kernel = make_kernel("rbf", Xtr.shape[1], ard=True)
@@ -142,7 +144,8 @@ def run_one(method: str, dataset: str, frac: float, seed: int, iterations: int) 
     err = float(np.mean(np.argmax(est.predict_proba(Xte), axis=1) != yi))
     last = est.history_[-1] if est.history_ else {}
     return {"method": method, "dataset": dataset, "M_frac": frac, "M": M, "seed": seed,
-            "iterations": iterations, "test_nll": float(-np.mean(lp)), "test_error": err,
+            "iterations": iterations, "stratified": stratify,
+            "test_nll": float(-np.mean(lp)), "test_error": err,
             "train_time_s": train_s, "n_train": int(len(ytr)),
             "failures": float(last.get("failures", 0.0)),
             "n_iter": int(est.n_iter_),
@@ -189,6 +192,8 @@ def main() -> None:
     ap.add_argument("--datasets", default=",".join(DATASETS))
     ap.add_argument("--fractions", default=",".join(map(str, FRACTIONS)))
     ap.add_argument("--iterations", type=int, default=250)
+    ap.add_argument("--stratified", action="store_true",
+                    help="stratified splits (sessions 1-3); default unstratified (spec P19)")
     ap.add_argument("--summary", nargs="*", type=Path, default=None,
                     help="print the table from these JSONL files (default: --out)")
     args = ap.parse_args()
@@ -212,7 +217,7 @@ def main() -> None:
                         if (m, ds, frac, seed) in done:
                             continue
                         try:
-                            row = run_one(m, ds, frac, seed, args.iterations)
+                            row = run_one(m, ds, frac, seed, args.iterations, args.stratified)
                         except Exception as exc:  # keep the sweep going; record the failure
                             row = {"method": m, "dataset": ds, "M_frac": frac, "seed": seed,
                                    "error": f"{type(exc).__name__}: {exc}"}

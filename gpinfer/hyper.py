@@ -24,6 +24,7 @@ import numpy as np
 
 from gpinfer.interfaces import Array, Likelihood, MatrixGradients
 from gpinfer.kernels.base import Kernel
+from gpinfer.parallel import map_latents
 
 BoundPair = tuple[float | None, float | None]
 
@@ -215,9 +216,10 @@ class HyperParameters:
             if b.kind == "inducing" and b.index == latent
         )
 
-    def gradient(self, X: Array, grads: MatrixGradients | Sequence[MatrixGradients]) -> Array:
-        """Shortcut for ``parameter_gradient(self, X, grads)``."""
-        return parameter_gradient(self, X, grads)
+    def gradient(self, X: Array, grads: MatrixGradients | Sequence[MatrixGradients],
+                 n_jobs: int = 1) -> Array:
+        """Shortcut for ``parameter_gradient(self, X, grads, n_jobs)``."""
+        return parameter_gradient(self, X, grads, n_jobs)
 
 
 def _latent_gradients(
@@ -248,13 +250,16 @@ def _latent_gradients(
 
 
 def parameter_gradient(
-    hp: HyperParameters, X: Array, grads: MatrixGradients | Sequence[MatrixGradients]
+    hp: HyperParameters, X: Array, grads: MatrixGradients | Sequence[MatrixGradients],
+    n_jobs: int = 1,
 ) -> Array:
     """Gradient ``[P]`` of an objective wrt ``hp.pack()`` from its matrix gradients.
 
     ``grads``: one ``MatrixGradients`` per latent (a single one for ``L = 1``); ``X [N, D]``
     the training inputs the matrices were computed from. Likelihood entries are summed over
-    the latents that report them.
+    the latents that report them. ``n_jobs > 1`` runs the latents' kernel VJPs on that many
+    threads (``gpinfer.parallel``; same result); latents sharing one kernel are then still
+    safe, as kernels only cache what they compute from their arguments.
     """
     grads_list = [grads] if isinstance(grads, MatrixGradients) else list(grads)
     if len(grads_list) != hp.n_latent:
@@ -263,9 +268,11 @@ def parameter_gradient(
     kernel_grads = [np.zeros(k.n_params) for k in hp._distinct]
     Z_grads: list[Array | None] = [None] * hp.n_latent
     lik_grad = None
-    for l, (kern, G) in enumerate(zip(hp.kernels, grads_list)):
-        Z = hp.Z[l] if hp.Z is not None else None
-        g_kern, g_Z = _latent_gradients(kern, X, Z, G, l, need_Z=hp.inducing_is_free(l))
+    per_latent = map_latents(
+        lambda l: _latent_gradients(hp.kernels[l], X, hp.Z[l] if hp.Z is not None else None,
+                                    grads_list[l], l, need_Z=hp.inducing_is_free(l)),
+        range(hp.n_latent), n_jobs)
+    for l, (G, (g_kern, g_Z)) in enumerate(zip(grads_list, per_latent)):
         kernel_grads[hp._kernel_of_latent[l]] += g_kern
         Z_grads[l] = g_Z
         if G.likelihood is not None:

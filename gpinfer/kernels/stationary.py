@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,7 +33,28 @@ from gpinfer.kernels.checks import (
 SQRT3 = float(np.sqrt(3.0))
 #: sqrt(5), the Matérn 5/2 distance scale
 SQRT5 = float(np.sqrt(5.0))
+#: most entries (input copies, ``r2`` and ``g``) one memo slot keeps (32 MB); larger are not kept
+_MEMO_MAX_ENTRIES = 1 << 22
 
+
+class _Distances(NamedTuple):
+    """What ``Stationary._distances`` computed and the arguments it computed it from."""
+
+    X: Array
+    X2: Array | None
+    log_lengthscale: Array
+    A: Array
+    B: Array | None
+    r2: Array
+    g: Array
+
+    def matches(self, X: Array, X2: object | None) -> bool:
+        if X.shape != self.X.shape or not np.array_equal(X, self.X):
+            return False
+        if X2 is None or self.X2 is None:
+            return X2 is None and self.X2 is None
+        return (isinstance(X2, np.ndarray) and X2.shape == self.X2.shape
+                and np.array_equal(X2, self.X2))
 
 
 class Stationary(Kernel):
@@ -130,10 +152,40 @@ class Stationary(Kernel):
             np.fill_diagonal(r2, 0.0)
         return r2
 
+    def _distances(self, X: object, X2: object | None) -> _Distances:
+        """Scaled inputs, ``r2`` and ``g(r2)`` of ``(X, X2)``, remembered for the next call.
+
+        A covariance and its vector-Jacobian product are nearly always evaluated at the same
+        inputs and parameters (a sparse method's ``Kuu``, ``Kuf`` and then their VJPs), so the
+        last result for a symmetric and for a cross pair is kept with copies of the inputs and
+        lengthscales it came from and reused only when all of them are equal (values compared,
+        so arrays changed in place never hit a stale entry).
+        """
+        slot = X2 is None
+        memo = self.__dict__.setdefault("_memo", {})
+        hit = memo.get(slot)  # one read: another thread may replace the entry meanwhile
+        if (hit is not None and isinstance(X, np.ndarray) and hit.matches(X, X2)
+                and np.array_equal(hit.log_lengthscale, self._log_lengthscale)):
+            return hit
+        A, B = self._scaled(X, X2)
+        r2 = self._r2(A, B)
+        kept = np.size(X) + np.size(X2 if X2 is not None else 0) + 2 * r2.size
+        if kept > _MEMO_MAX_ENTRIES:  # large inputs (prediction, dense N x N): recompute
+            return _Distances(X, X2, self._log_lengthscale, A, B, r2, self._g(r2))
+        entry = _Distances(np.array(X, dtype=float), None if X2 is None else np.array(X2, float),
+                           self._log_lengthscale.copy(), A, B, r2, self._g(r2))
+        memo[slot] = entry
+        return entry
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the distance memo behind (it can be ``[N, N2]``)."""
+        state = dict(self.__dict__)
+        state.pop("_memo", None)
+        return state
+
     # -- covariances -------------------------------------------------------------------------
     def K(self, X: Array, X2: Array | None = None) -> Array:
-        A, B = self._scaled(X, X2)
-        return self.variance * self._g(self._r2(A, B))
+        return self.variance * self._distances(X, X2).g
 
     def K_diag(self, X: Array) -> Array:
         X, _ = input_pair(X, None, self.input_dim, type(self).__name__)
@@ -142,11 +194,11 @@ class Stationary(Kernel):
     # -- vector-Jacobian products ------------------------------------------------------------
     def _distance_gradient(self, X: Array, X2: Array | None, dK: Array):
         """Scaled inputs, ``r2``, ``dK * K`` and ``G = dK * dK/dr2`` (all ``[N, N2]``)."""
-        A, B = self._scaled(X, X2)
-        r2 = self._r2(A, B)
+        dist = self._distances(X, X2)
+        A, B, r2 = dist.A, dist.B, dist.r2
         dK = matrix_gradient(dK, r2.shape)
         var = self.variance
-        dK_times_K = dK * (var * self._g(r2))
+        dK_times_K = dK * (var * dist.g)
         G = dK * (var * self._dg_dr2(r2))
         return A, B, r2, dK_times_K, G
 
@@ -202,6 +254,14 @@ class Stationary(Kernel):
         """Both gradients from one computation of the distances and ``g``, ``dg/dr2`` (and,
         for a cross-covariance with ARD, one product ``G @ B`` shared by the two)."""
         A, B, r2, dK_times_K, G = self._distance_gradient(X, X2, dK)
+        if B is None and inputs and self._ard:
+            # X against itself: both gradients depend on G only through its symmetric part
+            # (r2 and K are symmetric), so one product (G_sym @ A) serves the two of them
+            G = 0.5 * (G + G.T)
+            GA = G @ A
+            ell = np.exp(self._log_lengthscale)
+            g_inputs = (4.0 / ell) * (A * G.sum(axis=1)[:, None] - GA)
+            return self._params_from(A, None, r2, dK_times_K, G, GA), g_inputs
         GB = G @ B if (B is not None and inputs and self._ard) else None
         g_inputs = self._inputs_from(A, B, G, GB) if inputs else None
         return self._params_from(A, B, r2, dK_times_K, G, GB), g_inputs

@@ -454,3 +454,51 @@ def test_vjp_equals_the_two_separate_products(name, square, data):
     g_only, none = k.vjp(X, X2_, G, inputs=False)
     assert none is None
     np.testing.assert_allclose(g_only, g_params, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("cls", [RBF, Matern32, Matern52])
+def test_distance_memo_never_returns_a_stale_matrix(cls, data):
+    """The memo of the last distances is keyed on values: inputs changed in place, new
+    lengthscales and a different second argument all give the matrix a fresh kernel gives."""
+    X, X2, _, _, _ = data
+    k = cls(lengthscale=[0.7, 1.2, 2.0], variance=0.9)
+    X, X2 = X.copy(), X2.copy()
+    k.K(X), k.K(X, X2)  # fill both slots
+    X[2, 1] += 0.5  # in place: same object, new values
+    X2[0, 0] -= 0.3
+    fresh = cls(lengthscale=[0.7, 1.2, 2.0], variance=0.9)
+    np.testing.assert_array_equal(k.K(X), fresh.K(X))
+    np.testing.assert_array_equal(k.K(X, X2), fresh.K(X, X2))
+    np.testing.assert_array_equal(k.K(X, X[:4]), fresh.K(X, X[:4]))
+    theta = k.get_unconstrained()
+    theta[1] += 0.2
+    k.set_unconstrained(theta)
+    fresh.set_unconstrained(theta)
+    np.testing.assert_array_equal(k.K(X, X2), fresh.K(X, X2))
+    np.testing.assert_array_equal(k.grad_params(X, None, k.K(X)), fresh.grad_params(X, None, fresh.K(X)))
+
+
+def test_distance_memo_is_not_copied_or_pickled(data):
+    import pickle
+
+    X, X2, _, _, _ = data
+    k = RBF(lengthscale=[0.7, 1.2, 2.0])
+    k.K(X, X2)
+    assert "_memo" in k.__dict__
+    assert "_memo" not in k.copy().__dict__
+    assert "_memo" not in pickle.loads(pickle.dumps(k)).__dict__
+    np.testing.assert_array_equal(k.copy().K(X, X2), k.K(X, X2))
+
+
+def test_distance_memo_keeps_no_large_inputs(monkeypatch, data):
+    """Prediction on many points must not leave copies of them in every class's kernel."""
+    import gpinfer.kernels.stationary as stationary
+
+    X, X2, _, _, _ = data
+    monkeypatch.setattr(stationary, "_MEMO_MAX_ENTRIES", X.size + X2.size + 2 * N * N2)
+    k = RBF(lengthscale=[0.7, 1.2, 2.0])
+    k.K(X, X2)
+    assert k.__dict__["_memo"][False].X2 is not None  # small enough: kept
+    big = np.vstack([X2, X2])
+    np.testing.assert_array_equal(k.K(X, big), RBF(lengthscale=[0.7, 1.2, 2.0]).K(X, big))
+    assert k.__dict__["_memo"][False].X2.shape == X2.shape  # the large pair was not kept

@@ -37,6 +37,7 @@ from gpinfer.hyper import HyperParameters
 from gpinfer.interfaces import Array, FitCallback, FitResult, IterationInfo, Method, Problem
 from gpinfer.optim.adam import Adam
 from gpinfer.optim.sign_adaptive import SignAdaptiveAscent
+from gpinfer.parallel import blas_threads_for, check_n_jobs
 from gpinfer.posterior import InducingPosterior
 from gpinfer_ep.model import all_terms, check_likelihood, class_kernels, initial_inducing
 from gpinfer_ep.state import RankOneSites, TiedSites
@@ -56,7 +57,8 @@ class _SparseEPBase(Method):
     FITC variances, only, via ``LatentNoise``), ``lengthscale_init``
     (``"median"``: spec §2.11 heuristic; ``"kernel"``: keep), ``patience`` (iterations below
     the best log Z_q before the best state is restored and the damping and steps are halved),
-    ``time_limit_s`` (stop after this much training time).
+    ``time_limit_s`` (stop after this much training time), ``n_jobs`` (threads for the
+    per-class algebra, ``gpinfer.parallel``: same results; BLAS is held to one thread meanwhile).
     """
 
     tasks: ClassVar[tuple[str, ...]] = ("classification",)
@@ -77,9 +79,10 @@ class _SparseEPBase(Method):
         "lengthscale_init": "median",
         "patience": 20,
         "time_limit_s": None,
+        "n_jobs": 1,
     }
 
-    def make_state(self, y: Array, C: int, M: int) -> RankOneSites | TiedSites:
+    def make_state(self, y: Array, C: int, M: int, n_jobs: int) -> RankOneSites | TiedSites:
         raise NotImplementedError
 
     # -- entry point -------------------------------------------------------------------------
@@ -94,12 +97,14 @@ class _SparseEPBase(Method):
                                 self.options["noise_in_Kuu"])
         Zs = initial_inducing(problem, self.name)
         hp = HyperParameters(kernels, Z=Zs, optimize=problem.optimize)
-        state = self.make_state(y, problem.n_classes, Zs[0].shape[0])
+        n_jobs = check_n_jobs(self.options["n_jobs"], f"{self.name} option n_jobs")
+        state = self.make_state(y, problem.n_classes, Zs[0].shape[0], n_jobs)
         run = _Run(self, problem, X, kernels, hp, state, callback)
-        if problem.batch_size is None:
-            run.batch()
-        else:
-            run.minibatch(int(problem.batch_size))
+        with blas_threads_for(n_jobs):
+            if problem.batch_size is None:
+                run.batch()
+            else:
+                run.minibatch(int(problem.batch_size))
         posterior = run.posterior()
         return FitResult(
             posterior=posterior,
@@ -155,7 +160,8 @@ class _Run:
         """Refine the sites of ``idx``, then objective and gradient on ``idx``."""
         Zs = self.hp.Z
         Xb = self.X[idx]
-        terms = all_terms(self.kernels, Zs, Xb, iteration=it)
+        n_jobs = self.state.n_jobs
+        terms = all_terms(self.kernels, Zs, Xb, iteration=it, n_jobs=n_jobs)
         change = self.state.update(terms, idx, rho, iteration=it)
         if self.problem.batch_size is None and self.opts["schedule"] == "outer":
             for _ in range(int(self.opts["outer_max_sweeps"])):
@@ -164,7 +170,7 @@ class _Run:
                 change = self.state.update(terms, idx, rho, iteration=it)
         scale = self.X.shape[0] / idx.shape[0]
         value, grads = self.state.evaluate(terms, idx, scale, iteration=it)
-        grad = self.hp.gradient(Xb, grads)
+        grad = self.hp.gradient(Xb, grads, n_jobs)
         if not np.isfinite(value) or not np.all(np.isfinite(grad)):
             raise NumericalError("non-finite log Z_q or gradient", iteration=it,
                                  quantity="log Z_q")
@@ -289,8 +295,8 @@ class EP(_SparseEPBase):
 
     name: ClassVar[str] = "ep"
 
-    def make_state(self, y: Array, C: int, M: int) -> RankOneSites:
-        return RankOneSites(y, C, M)
+    def make_state(self, y: Array, C: int, M: int, n_jobs: int) -> RankOneSites:
+        return RankOneSites(y, C, M, n_jobs=n_jobs)
 
 
 class SEP(_SparseEPBase):
@@ -298,5 +304,5 @@ class SEP(_SparseEPBase):
 
     name: ClassVar[str] = "sep"
 
-    def make_state(self, y: Array, C: int, M: int) -> TiedSites:
-        return TiedSites(y, C, M)
+    def make_state(self, y: Array, C: int, M: int, n_jobs: int) -> TiedSites:
+        return TiedSites(y, C, M, n_jobs=n_jobs)

@@ -12,6 +12,7 @@ from gpinfer.interfaces import Array, Problem
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.initialisation import prepare_kernel
 from gpinfer.likelihoods.multiclass import ArgmaxNoise
+from gpinfer.parallel import map_latents
 from gpinfer.sites.inducing import ClassTerms, class_terms
 from gpinfer_ep.noise import latent_noise
 
@@ -69,6 +70,7 @@ def initial_inducing(problem: Problem, method: str) -> list[Array]:
 
 
 def all_terms(kernels: Sequence[Kernel], Zs: Sequence[Array], X: Array,
-              iteration: int | None = None) -> list[ClassTerms]:
-    """``ClassTerms`` of every class at ``X [n, D]``."""
-    return [class_terms(k, Z, X, iteration=iteration) for k, Z in zip(kernels, Zs)]
+              iteration: int | None = None, n_jobs: int = 1) -> list[ClassTerms]:
+    """``ClassTerms`` of every class at ``X [n, D]`` (classes on ``n_jobs`` threads)."""
+    return map_latents(lambda kZ: class_terms(kZ[0], kZ[1], X, iteration=iteration),
+                       list(zip(kernels, Zs)), n_jobs)

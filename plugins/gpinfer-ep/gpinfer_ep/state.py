@@ -15,13 +15,15 @@ and how new role sites are folded back (per site for EP, tied per class for SEP)
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array, MatrixGradients
 from gpinfer.numerics.gram import weighted_gram
+from gpinfer.parallel import map_latents
 from gpinfer.sites.inducing import (
     ClassTerms,
     WhitenedGaussian,
@@ -36,6 +38,8 @@ from gpinfer.sites.inducing import (
     role_delta,
 )
 
+R = TypeVar("R")
+
 
 def _stack(values: Sequence[Array]) -> Array:
     """Per-class vectors ``[n]`` stacked as columns ``[n, C]``."""
@@ -49,11 +53,21 @@ def _finite(name: str, *arrays: Array) -> None:
 
 
 class _SiteSums:
-    """Per-class site sums in ``u``-space: ``Lam [C, M, M]``, ``h [C, M]`` (start at zero)."""
+    """Per-class site sums in ``u``-space: ``Lam [C, M, M]``, ``h [C, M]`` (start at zero).
 
-    def __init__(self, C: int, M: int):
+    ``n_jobs``: threads for the per-class algebra (``gpinfer.parallel``; results identical).
+    """
+
+    def __init__(self, C: int, M: int, n_jobs: int = 1):
         self.Lam = np.zeros((C, M, M))
         self.h = np.zeros((C, M))
+        self.n_jobs = n_jobs
+
+    def per_class(self, fn: Callable[..., R], *columns: Sequence) -> list[R]:
+        """``[fn(c, columns[0][c], columns[1][c], ...) for each class c]`` on ``n_jobs``
+        threads (``fn`` may write only to class ``c``'s slices of the state)."""
+        rows = [(c, *items) for c, items in enumerate(zip(*columns))]
+        return map_latents(lambda row: fn(*row), rows, self.n_jobs)
 
     def gaussians(self, terms: Sequence[ClassTerms], factor: Array | None = None,
                   iteration: int | None = None) -> list[WhitenedGaussian]:
@@ -64,15 +78,12 @@ class _SiteSums:
                          iteration: int | None = None) -> list[list[WhitenedGaussian]]:
         """Per class, one Gaussian for each entry of ``factors`` (``None``: the site sums as
         they are; ``[C]``: scaled per class), whitening the site sums once per class."""
-        out = []
-        for c, t in enumerate(terms):
+        def one_class(c: int, t: ClassTerms) -> list[WhitenedGaussian]:
             P_w, h_w = t.to_whitened(self.Lam[c], self.h[c])
-            row = []
-            for factor in factors:
-                f = 1.0 if factor is None else float(factor[c])
-                row.append(WhitenedGaussian(f * P_w, f * h_w, iteration=iteration))
-            out.append(row)
-        return out
+            scales = [1.0 if f is None else float(f[c]) for f in factors]
+            return [WhitenedGaussian(a * P_w, a * h_w, iteration=iteration) for a in scales]
+
+        return self.per_class(one_class, terms)
 
     def snapshot(self) -> object:
         return copy.deepcopy(self.__dict__)
@@ -89,8 +100,8 @@ class RankOneSites(_SiteSums):
     Memory ``O(N M C)``.
     """
 
-    def __init__(self, y: Array, C: int, M: int):
-        super().__init__(C, M)
+    def __init__(self, y: Array, C: int, M: int, n_jobs: int = 1):
+        super().__init__(C, M, n_jobs)
         N = y.shape[0]
         self.y = y
         self.W1, self.W2, self.L1, self.L2 = (np.zeros((N, C)) for _ in range(4))
@@ -103,10 +114,8 @@ class RankOneSites(_SiteSums):
         C = len(terms)
         mask = factor_mask(y, C)
         qs = self.gaussians(terms, iteration=iteration)
-        cur, old = [], []
-        for c, (t, q) in enumerate(zip(terms, qs)):
-            cur.append(q.project(t.A))
-            old.append(q.project(t.L.T @ self.U[c][:, idx]))
+        cur, old = zip(*self.per_class(
+            lambda c, t, q: (q.project(t.A), q.project(t.L.T @ self.U[c][:, idx])), terms, qs))
         mu, v = _stack([p.mu for p in cur]), _stack([p.v for p in cur])
         mu_o, v_o = _stack([p.mu for p in old]), _stack([p.v for p in old])
         cross = _stack([np.sum(p.R * o.R, axis=0) for p, o in zip(cur, old)])
@@ -126,7 +135,8 @@ class RankOneSites(_SiteSums):
         tau_old, nu_old = aggregate(W1, L1, y, mask), aggregate(W2, L2, y, mask)
         tau, nu = aggregate(new[0], new[2], y, mask), aggregate(new[1], new[3], y, mask)
         full = idx.shape[0] == self.y.shape[0]
-        for c, term in enumerate(terms):
+
+        def fold_in(c: int, term: ClassTerms) -> None:
             Ups = term.directions()
             if full:
                 P_w = weighted_gram(term.A, tau[:, c])
@@ -137,6 +147,8 @@ class RankOneSites(_SiteSums):
                 self.h[c] += Ups @ nu[:, c] - U_old @ nu_old[:, c]
                 self.Lam[c] = 0.5 * (self.Lam[c] + self.Lam[c].T)
             self.U[c][:, idx] = Ups
+
+        self.per_class(fold_in, terms)
         self.W1[idx], self.W2[idx], self.L1[idx], self.L2[idx] = new
         return change
 
@@ -157,7 +169,7 @@ class RankOneSites(_SiteSums):
         C = len(terms)
         mask = factor_mask(y, C)
         qs = self.gaussians(terms, iteration=iteration)
-        proj = [q.project(t.A) for t, q in zip(terms, qs)]
+        proj = self.per_class(lambda c, t, q: q.project(t.A), terms, qs)
         mu, v = _stack([p.mu for p in proj]), _stack([p.v for p in proj])
         s = _stack([t.s for t in terms])
         W1, W2, L1, L2 = (a[idx] for a in (self.W1, self.W2, self.L1, self.L2))
@@ -173,9 +185,10 @@ class RankOneSites(_SiteSums):
         a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
         b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
         e_sum = scale * aggregate(e_w, e_l, y, mask)
-        grads = [inducing_matrix_gradients(term, q, q, p.R, a_sum[:, c], b_sum[:, c],
-                                           e_sum[:, c])
-                 for c, (term, q, p) in enumerate(zip(terms, qs, proj))]
+        grads = self.per_class(
+            lambda c, term, q, p: inducing_matrix_gradients(term, q, q, p.R, a_sum[:, c],
+                                                            b_sum[:, c], e_sum[:, c]),
+            terms, qs, proj)
         return value, grads
 
 
@@ -187,8 +200,9 @@ class TiedSites(_SiteSums):
     positions and ``n_factors`` explicitly.
     """
 
-    def __init__(self, y: Array, C: int, M: int, n_factors: Array | None = None):
-        super().__init__(C, M)
+    def __init__(self, y: Array, C: int, M: int, n_factors: Array | None = None,
+                 n_jobs: int = 1):
+        super().__init__(C, M, n_jobs)
         self.y = y
         self.n_factors = factor_counts(y, C) if n_factors is None else np.asarray(n_factors, float)
 
@@ -201,7 +215,7 @@ class TiedSites(_SiteSums):
         pairs = self.scaled_gaussians(terms, [None, cavity] if with_q else [cavity], iteration)
         qs = [p[0] for p in pairs] if with_q else None
         cavs = [p[-1] for p in pairs]
-        proj = [cav.project(t.A) for t, cav in zip(terms, cavs)]
+        proj = self.per_class(lambda c, t, cav: cav.project(t.A), terms, cavs)
         a, v = _stack([p.mu for p in proj]), _stack([p.v for p in proj])
         return qs, cavs, proj, a, v, _stack([t.s for t in terms])
 
@@ -220,14 +234,16 @@ class TiedSites(_SiteSums):
         tau, nu = aggregate(W1, L1, y, mask), aggregate(W2, L2, y, mask)
         _finite("SEP sites", tau, nu)
         keep = 1.0 - rho * factor_counts(y, C) / self.n_factors
-        change = 0.0
-        for c, term in enumerate(terms):
+
+        def fold_in(c: int, term: ClassTerms) -> float:
             Lam_new, h_new = term.to_u_space(weighted_gram(term.A, tau[:, c]), term.A @ nu[:, c])
             Lam = keep[c] * self.Lam[c] + rho * Lam_new
             h = keep[c] * self.h[c] + rho * h_new
-            change = max(change, float(np.max(np.abs(term.L.T @ (h - self.h[c])))))
+            change = float(np.max(np.abs(term.L.T @ (h - self.h[c]))))
             self.Lam[c], self.h[c] = 0.5 * (Lam + Lam.T), h
-        return change
+            return change
+
+        return max(self.per_class(fold_in, terms), default=0.0)
 
     def evaluate(self, terms: Sequence[ClassTerms], idx: Array, scale: float = 1.0,
                  iteration: int | None = None) -> tuple[float, list[MatrixGradients]]:
@@ -243,6 +259,8 @@ class TiedSites(_SiteSums):
         value = sum(q.log_norm_ratio() for q in qs) + scale * (float(np.sum(t.log_z)) + cav_terms)
         a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
         b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
-        grads = [inducing_matrix_gradients(term, q, cav, p.R, a_sum[:, c], b_sum[:, c])
-                 for c, (term, q, cav, p) in enumerate(zip(terms, qs, cavs, proj))]
+        grads = self.per_class(
+            lambda c, term, q, cav, p: inducing_matrix_gradients(term, q, cav, p.R, a_sum[:, c],
+                                                                 b_sum[:, c]),
+            terms, qs, cavs, proj)
         return value, grads

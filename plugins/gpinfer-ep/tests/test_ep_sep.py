@@ -238,6 +238,43 @@ def test_minibatch_training_runs_and_predicts(name):
     np.testing.assert_allclose(est.predict_proba(X).sum(axis=1), 1.0, atol=1e-8)
 
 
+@pytest.mark.parametrize("name", ["ep", "sep"])
+@pytest.mark.parametrize("batch_size", [None, 20])
+def test_class_threads_give_bitwise_identical_fits(name, batch_size):
+    """``n_jobs = 2`` runs the classes on threads; every class is computed as in the loop, so
+    hyper-parameters, objectives and predictions agree exactly."""
+    X, y = make_suite_data(4, n=60, seed=13)
+    fits = [GPClassifier(method=name, M=6, max_iter=4, batch_size=batch_size, random_state=0,
+                         method_options={"n_jobs": n_jobs}).fit(X, y) for n_jobs in (1, 2)]
+    np.testing.assert_array_equal(fits[0].fit_result_.state["theta"],
+                                  fits[1].fit_result_.state["theta"])
+    assert [h["objective"] for h in fits[0].history_] == [h["objective"] for h in fits[1].history_]
+    np.testing.assert_array_equal(fits[0].predict_proba(X), fits[1].predict_proba(X))
+
+
+def test_class_threads_reraise_a_failed_update(monkeypatch):
+    """A failure inside a worker thread reaches the failure policy as in the serial loop."""
+    X, y = make_suite_data(3, n=30, seed=10)
+    original = TiedSites.update
+    calls = {"n": 0}
+
+    def fail_in_worker(c, term):
+        raise NumericalError(f"injected in class {c}", quantity="cavity")
+
+    def flaky(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            self.per_class(fail_in_worker, args[0])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(TiedSites, "update", flaky)
+    est = GPClassifier(method="sep", M=5, max_iter=5, random_state=0,
+                       method_options={"n_jobs": 2}).fit(X, y)
+    assert est.history_[-1]["failures"] == 1.0
+    with pytest.raises(InputError, match="n_jobs"):
+        GPClassifier(method="sep", M=5, max_iter=2, method_options={"n_jobs": 0}).fit(X, y)
+
+
 # -- failure policy and bad input ---------------------------------------------------------------
 def test_failed_update_is_restored_and_reported(monkeypatch):
     X, y = make_suite_data(3, n=30, seed=10)
