@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from ep_helpers import (
@@ -273,6 +275,19 @@ def test_class_threads_reraise_a_failed_update(monkeypatch):
     assert est.history_[-1]["failures"] == 1.0
     with pytest.raises(InputError, match="n_jobs"):
         GPClassifier(method="sep", M=5, max_iter=2, method_options={"n_jobs": 0}).fit(X, y)
+
+
+def test_time_limit_and_elapsed_leave_out_the_callback():
+    """Test metrics computed in the callback are not training time (spec jj-taylor-svi P19):
+    a callback sleeping 0.2 s an iteration must not trip a 0.5 s training budget."""
+    X, y = make_suite_data(3, n=30, seed=10)
+    t0 = time.perf_counter()
+    est = GPClassifier(method="sep", M=5, max_iter=10, random_state=0,
+                       method_options={"time_limit_s": 0.5}).fit(
+        X, y, callback=lambda info: time.sleep(0.2))
+    wall = time.perf_counter() - t0
+    assert est.n_iter_ == 10
+    assert est.history_[-1]["elapsed"] < wall - 1.8
 
 
 # -- failure policy and bad input ---------------------------------------------------------------
