@@ -71,9 +71,10 @@ def main() -> None:
         print(f"draw {d}: test NLL {n.mean():.3f} ± {n.std(ddof=1) / np.sqrt(n.size):.3f}, "
               f"error {e.mean():.3f}")
     means = nll.mean(axis=1)
+    split_se = np.mean(nll.std(axis=1, ddof=1)) / np.sqrt(nll.shape[1])
     print(f"{args.method}, M = {args.fraction:.0%}: across {len(draws)} draws the mean test NLL "
-          f"ranges {means.min():.3f}-{means.max():.3f} (sd {means.std(ddof=1):.3f}); the "
-          f"split-to-split s.e. within a draw is {np.mean(nll.std(axis=1, ddof=1)) / np.sqrt(nll.shape[1]):.3f}")
+          f"is {means.mean():.3f}, ranging {means.min():.3f}-{means.max():.3f} (sd "
+          f"{means.std(ddof=1):.3f}); the split-to-split s.e. within a draw is {split_se:.3f}")
 
 
 if __name__ == "__main__":
