@@ -16,6 +16,7 @@ starting BLAS threads oversubscribe the cores.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,10 +34,13 @@ _pools_lock = threading.Lock()
 
 
 def check_n_jobs(n_jobs: object, owner: str = "n_jobs") -> int:
-    """``n_jobs`` as a positive int; ``InputError`` naming ``owner`` otherwise."""
-    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs < 1:
-        raise InputError(f"{owner} must be a positive integer (threads), got {n_jobs!r}")
-    return n_jobs
+    """``n_jobs`` as a positive int (``-1``: one per CPU, as in scikit-learn); ``InputError``
+    naming ``owner`` otherwise."""
+    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or (n_jobs < 1 and n_jobs != -1):
+        raise InputError(
+            f"{owner} must be a positive integer (threads) or -1 (one per CPU), got {n_jobs!r}"
+        )
+    return (os.cpu_count() or 1) if n_jobs == -1 else n_jobs
 
 
 def blas_threads_for(n_jobs: int) -> contextlib.AbstractContextManager:

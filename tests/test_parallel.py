@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -44,11 +45,12 @@ def test_first_error_is_reraised_after_all_items_finish():
     assert sorted(done) == [0, 2, 4]
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True, None])
+@pytest.mark.parametrize("bad", [0, -2, 1.5, "2", True, None])
 def test_bad_n_jobs_is_refused(bad):
     with pytest.raises(InputError, match="n_jobs"):
         check_n_jobs(bad)
-    assert check_n_jobs(2) == 2
+    assert [check_n_jobs(n) for n in (1, 2, 3, 7)] == [1, 2, 3, 7]
+    assert check_n_jobs(-1) == (os.cpu_count() or 1)  # scikit-learn's "one per CPU"
 
 
 def test_blas_is_held_to_one_thread_only_with_several_jobs():
