@@ -1,10 +1,11 @@
 """How much of the Table 2 waveform result is the data draw? (spec ep-sep §5.1, P19)
 
 The paper's waveform set is one unpublished draw of 1000 points from Breiman's generator; ours
-is the draw with generator seed 0. This runs one method of the Table 2 protocol (same splits,
-standardisation, kernel, M rounding and 250 batch iterations as ``sep_table2.py``) on several
-draws and prints, per draw, the mean test NLL and error over the splits, then the spread of those
-means across draws next to the split-to-split standard error the table reports.
+is the draw with generator seed 0. This runs one method of the Table 2 protocol (unstratified
+splits, standardisation, and ``sep_table2.fit_and_score`` for the kernel, M rounding, 250 batch
+iterations and scoring) on several draws and prints, per draw, the mean test NLL and error over
+the splits, then the spread of those means across draws next to the split-to-split standard
+error the table reports.
 
     nice .venv/bin/python benchmarks/waveform_draws.py --draws 0-9 --seeds 1-5 --method ep
 """
@@ -13,38 +14,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
+from sep_table2 import fit_and_score, seed_range
 from threadpoolctl import threadpool_limits
 
 from gpinfer.data import Standardizer, load_dataset, train_test_split
-from gpinfer.estimator import GPClassifier
-from gpinfer.kernels import make_kernel
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _range(text: str) -> range:
-    lo, _, hi = text.partition("-")
-    return range(int(lo), int(hi or lo) + 1)
 
 
 def run(draw: int, seed: int, method: str, frac: float, iterations: int) -> dict:
     ds = load_dataset("waveform", n=1000, seed=draw)
     sp = train_test_split(ds, test_fraction=0.7, seed=seed, stratify=False)
     st = Standardizer().fit(sp.X_train)
-    Xtr, Xte = st.transform(sp.X_train), st.transform(sp.X_test)
-    M = max(1, int(round(frac * len(sp.y_train))))
-    t0 = time.perf_counter()
-    est = GPClassifier(method=method, M=M, kernel=make_kernel("rbf", Xtr.shape[1], ard=True),
-                       max_iter=iterations, random_state=seed).fit(Xtr, sp.y_train)
-    yi = np.searchsorted(est.classes_, sp.y_test)
-    return {"draw": draw, "seed": seed, "method": method, "M_frac": frac,
-            "test_nll": float(-np.mean(est.posterior_.log_predictive(Xte, yi))),
-            "test_error": float(np.mean(est.predict(Xte) != sp.y_test)),
-            "train_time_s": time.perf_counter() - t0}
+    row = fit_and_score(method, st.transform(sp.X_train), sp.y_train, st.transform(sp.X_test),
+                        sp.y_test, frac, seed, iterations)
+    return {"draw": draw, "seed": seed, "method": method, "M_frac": frac, **row}
 
 
 def main() -> None:
@@ -58,8 +45,8 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     with threadpool_limits(limits=1):
-        for draw in _range(args.draws):
-            for seed in _range(args.seeds):
+        for draw in seed_range(args.draws):
+            for seed in seed_range(args.seeds):
                 row = run(draw, seed, args.method, args.fraction, args.iterations)
                 rows.append(row)
                 with args.out.open("a") as fh:

@@ -169,7 +169,7 @@ class Stationary(Kernel):
             return hit
         A, B = self._scaled(X, X2)
         r2 = self._r2(A, B)
-        kept = np.size(X) + np.size(X2 if X2 is not None else 0) + 2 * r2.size
+        kept = np.size(X) + (0 if X2 is None else np.size(X2)) + 2 * r2.size
         if kept > _MEMO_MAX_ENTRIES:  # large inputs (prediction, dense N x N): recompute
             return _Distances(X, X2, self._log_lengthscale, A, B, r2, self._g(r2))
         entry = _Distances(np.array(X, dtype=float), None if X2 is None else np.array(X2, float),

@@ -184,29 +184,31 @@ class _Run:
         if self.failures > MAX_FAILURES:
             raise NumericalError(f"{self.name}: {self.failures} failed updates, last: {err}",
                                  iteration=self.iteration, quantity=err.quantity) from err
-        self.state.restore(good[0])
+        self._back_off(good, optimizer)
+
+    def _back_off(self, pair: tuple[object, Array], optimizer) -> None:
+        """Restore ``(sites, hyper-parameters)`` and halve the damping and every step."""
+        self.state.restore(pair[0])
         if self.hp.size:
-            self.hp.unpack(good[1])
+            self.hp.unpack(pair[1])
         self.rho *= 0.5
         if isinstance(optimizer, SignAdaptiveAscent):
             optimizer.halve()
         else:
             optimizer.learning_rate *= 0.5
 
-    def _watch(self, value: float, optimizer: SignAdaptiveAscent) -> bool:
-        """Track the best log Z_q; after ``patience`` iterations below it restore the best
-        state and halve the damping and the steps. True when it did so."""
+    def _watch(self, value: float, good: tuple[object, Array],
+               optimizer: SignAdaptiveAscent) -> bool:
+        """Track the best log Z_q (``good``: the sites and hyper-parameters that gave
+        ``value``); after ``patience`` iterations below it restore the best state and halve the
+        damping and the steps. True when it did so."""
         if value > self.best_value:
-            self.best_value, self._since_best = value, 0
+            self.best_value, self.best, self._since_best = value, good, 0
             return False
         self._since_best += 1
         if self._since_best < int(self.opts["patience"]):
             return False
-        self.state.restore(self.best[0])
-        if self.hp.size:
-            self.hp.unpack(self.best[1])
-        self.rho *= 0.5
-        optimizer.halve()
+        self._back_off(self.best, optimizer)
         self.damping_raises += 1
         self._since_best = 0
         return True
@@ -225,7 +227,7 @@ class _Run:
         idx = np.arange(self.X.shape[0])
         opt = SignAdaptiveAscent(learning_rate=float(self.opts["learning_rate"]))
         opt.reset(self._to_paper(self.hp.pack()))
-        good = self.best = (self.state.snapshot(), self.hp.pack())
+        good = (self.state.snapshot(), self.hp.pack())
         while self.iteration < int(self.problem.max_iter) and not self._out_of_time():
             self.iteration += 1
             try:
@@ -234,9 +236,7 @@ class _Run:
                 self._fail(err, good, opt)
                 continue
             good = (self.state.snapshot(), self.hp.pack())  # the pair that gave ``value``
-            if value > self.best_value:
-                self.best = good
-            diverged = self._watch(value, opt)
+            diverged = self._watch(value, good, opt)
             self.value = value
             if diverged:
                 self._report(value, change)
