@@ -21,6 +21,13 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
 
 from gpinfer.errors import InputError
+from gpinfer.fit_guard import (
+    MINIBATCH_WINDOW,
+    BestIterate,
+    check_against_baseline,
+    check_objective_limit,
+    restore_best,
+)
 from gpinfer.interfaces import FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
 from gpinfer.validation import (
@@ -137,12 +144,21 @@ class _GPEstimatorBase(BaseEstimator):
         self, method: Method, method_name: str, problem: Problem, callback: FitCallback | None
     ) -> None:
         """Run ``method.fit`` and set the fitted attributes common to every estimator."""
-        result = method.fit(problem, callback)
+        tracker = BestIterate(callback, method_name, type(method).objective_limit, problem.n,
+                              window=1 if problem.batch_size is None else MINIBATCH_WINDOW)
+        result = method.fit(problem, tracker)
         if not isinstance(result, FitResult):
             raise TypeError(
                 f"method {method_name!r} returned {type(result).__name__} from fit; "
                 "a method's fit must return gpinfer.interfaces.FitResult"
             )
+        check_objective_limit(float(result.log_evidence), type(method).objective_limit,
+                              method_name, problem.n)
+        if type(method).restore_best_iterate:
+            result = restore_best(result, tracker)
+        result = check_against_baseline(
+            result, method_name, problem.X, problem.y, problem.n_classes, self._rng(),
+            lambda X, y: -float(np.mean(result.posterior.log_predictive(X, y))))
         self.n_features_in_ = problem.X.shape[1]
         self.method_ = method
         self.fit_result_ = result
@@ -154,6 +170,7 @@ class _GPEstimatorBase(BaseEstimator):
         self.log_evidence_se_ = None if se is None else float(se)
         self.n_iter_ = int(result.n_iter)
         self.history_ = list(result.history)
+        self.fit_warnings_ = list(result.warnings)
 
     def _validate_for_predict(self, X: Any) -> Array:
         check_is_fitted(self)

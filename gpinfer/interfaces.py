@@ -288,8 +288,10 @@ class Problem:
 class IterationInfo:
     """Reported to the fit callback once per outer iteration.
 
-    ``posterior`` is a zero-argument callable returning the current posterior; the runner calls
-    it only every few iterations (to log test metrics), so methods need not build it eagerly.
+    ``posterior`` is a zero-argument callable returning the posterior *as it is at this
+    iteration* (later training must not change what it builds: the fit guard may call it after
+    training to restore the best iterate); the runner calls it only every few iterations (to
+    log test metrics), so methods need not build it eagerly.
     ``extra`` holds method-specific scalars (damping, jitter, step size, ...), logged as metrics.
     """
 
@@ -315,6 +317,9 @@ class FitResult:
       ``objective`` and ``elapsed``).
     * ``state``: named arrays that describe the fit (saved as the run's artifact).
     * ``log_evidence_se``: the standard error of a Monte-Carlo ``log_evidence`` (AIS), else None.
+    * ``warnings``: codes of what ``gpinfer.fit_guard`` found (``restored_best_iterate``,
+      ``worse_than_baseline``); ``diagnostics``: its numbers (``train_nll``, ``baseline_nll``,
+      ``restored_iteration``, ...). Set by the estimator after ``fit``; methods leave them empty.
     """
 
     posterior: Posterior
@@ -324,6 +329,8 @@ class FitResult:
     history: list[dict[str, float]] = field(default_factory=list)
     state: dict[str, Array] = field(default_factory=dict)
     log_evidence_se: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    diagnostics: dict[str, float] = field(default_factory=dict)
 
 
 class Method(abc.ABC):
@@ -348,6 +355,13 @@ class Method(abc.ABC):
     likelihoods: ClassVar[Sequence[str]] = ("probit",)
     #: default method options; ``__init__`` rejects unknown keys
     default_options: ClassVar[Mapping[str, Any]] = {}
+    #: the most the reported objective can be, mathematically: ``0.0`` for a lower bound on (or
+    #: an approximation of) the log-likelihood of discrete labels; ``None``: no such limit
+    #: (EP energies, densities of continuous targets). Checked by ``gpinfer.fit_guard``.
+    objective_limit: ClassVar[float | None] = None
+    #: whether the reported objectives are one quantity that training maximises, so that the fit
+    #: guard may restore the best reported iterate when training ends far below it
+    restore_best_iterate: ClassVar[bool] = True
 
     def __init__(self, **options: Any):
         unknown = sorted(set(options) - set(self.default_options))

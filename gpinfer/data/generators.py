@@ -1,4 +1,5 @@
-"""Built-in synthetic datasets: Breiman's waveform and the seed-000 2-D three-class GP problem."""
+"""Built-in synthetic datasets: Breiman's waveform, the seed-000 2-D three-class GP problem and
+the large, low-dimensional ``scale`` sets (hundreds of thousands of points)."""
 
 from __future__ import annotations
 
@@ -122,6 +123,69 @@ def synthetic_2d_three_class(
             f"y = argmax of latents plus N(0, {noise}) noise; {n} points, seed {seed}."
         ),
         extras=extras,
+    )
+
+
+#: class fractions of ``scale_synthetic``: balanced, or unbalanced about 1:4 (binary) /
+#: 6:3:1 (three classes)
+SCALE_FRACTIONS = {
+    (2, False): (0.5, 0.5),
+    (2, True): (0.8, 0.2),
+    (3, False): (1 / 3, 1 / 3, 1 / 3),
+    (3, True): (0.6, 0.3, 0.1),
+}
+
+
+def scale_synthetic(
+    n: int = 200_000,
+    d: int = 3,
+    n_classes: int = 2,
+    unbalanced: bool = True,
+    sharpness: float = 8.0,
+    seed: int = 0,
+) -> Dataset:
+    """A large, nearly separable, non-linear classification set (for scale checks).
+
+    ``x ~ N(0, I_d)``; one latent ``f(x) = 2.5 sin(1.5 x_1) + x_2^2 - 1.5 x_3 + g(x_4..x_d)`` with
+    ``g = sum_j a_j sin(1.2 x_j + phi_j) / sqrt(d - 3)`` (``a ~ N(0, 1)``, ``phi ~ U(0, 2 pi)``;
+    ``d >= 3``), ordinal classes cut at the quantiles of ``f`` that give ``SCALE_FRACTIONS``
+    and labels ``y = #{k : f + e > t_k}`` with logistic noise ``e`` of scale ``1 / sharpness``
+    (a few per cent of points near the boundaries flip; the Bayes error is small but not zero,
+    so the classes are not linearly separable). Shaped like the skin-segmentation set on which
+    vi-taylor once failed: ``n = 2e5``, ``d = 3``, 1:4 classes. Returns ``X [n, d]``, ``y [n]``.
+    """
+    n = _positive_int(n, "n", "scale")
+    d = _positive_int(d, "d", "scale")
+    if d < 3:
+        raise InputError(f"scale: d must be at least 3, got {d}")
+    if (n_classes, bool(unbalanced)) not in SCALE_FRACTIONS:
+        raise InputError(f"scale: n_classes must be 2 or 3, got {n_classes!r}")
+    if not np.isfinite(sharpness) or sharpness <= 0:
+        raise InputError(f"scale: sharpness must be finite and > 0, got {sharpness}")
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    f = 2.5 * np.sin(1.5 * X[:, 0]) + X[:, 1] ** 2 - 1.5 * X[:, 2]
+    if d > 3:
+        a = rng.standard_normal(d - 3)
+        phase = rng.uniform(0.0, 2.0 * np.pi, d - 3)
+        f += np.sin(1.2 * X[:, 3:] + phase) @ a / np.sqrt(d - 3)
+    fractions = SCALE_FRACTIONS[(n_classes, bool(unbalanced))]
+    cuts = np.quantile(f, np.cumsum(fractions)[:-1])
+    u = rng.uniform(np.finfo(float).tiny, 1.0, n)
+    noisy = f + np.log(u / (1.0 - u)) / sharpness
+    y = np.searchsorted(cuts, noisy).astype(np.int64)
+    shape = "unbalanced" if unbalanced else "balanced"
+    return Dataset(
+        name="scale",
+        X=X,
+        y=y,
+        class_names=[str(c) for c in range(n_classes)],
+        feature_names=[f"x{j + 1}" for j in range(d)],
+        description=(
+            f"synthetic scale set: {n} points, {d} features, {n_classes} {shape} ordinal classes "
+            f"{tuple(round(p, 2) for p in fractions)} of a non-linear latent with logistic "
+            f"label noise (sharpness {sharpness}), seed {seed}."
+        ),
     )
 
 

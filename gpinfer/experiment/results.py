@@ -136,6 +136,8 @@ def summary_line(result: Mapping[str, Any]) -> str:
         f"log evidence {_fmt(result['log_evidence'], '.4g')} | "
         f"{result['n_iter']} iterations in {_fmt(result['train_time_s'], '.2f')} s, "
         f"peak {_fmt(result['peak_rss_mb'], '.0f')} MB | {result.get('output_dir', '')}"
+        + (f" | WARNING: {', '.join(result['fit_warnings'])}" if result.get("fit_warnings")
+           else "")
         + (
             f" | MLflow run {result['mlflow_run_id']} in {result.get('mlflow_tracking_uri')}"
             if result.get("mlflow_run_id")

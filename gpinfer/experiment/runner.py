@@ -671,6 +671,10 @@ def run_experiment(
             )
             if p.M_count is None:  # report the number of inducing points the method chose
                 result["M_count"] = fitted_inducing_count(estimator.posterior_)
+            fit_report = estimator.fit_result_
+            result["fit_warnings"] = list(fit_report.warnings)
+            result.update({k: float(v) for k, v in fit_report.diagnostics.items()})
+            logger.set_tags({"fit_warnings": ",".join(fit_report.warnings) or "none"})
             logger.log_metrics(
                 {
                     key: result[key]
@@ -681,6 +685,7 @@ def run_experiment(
                         "train_time_s",
                         "n_iter",
                         "peak_rss_mb",
+                        *(k for k in ("train_nll", "baseline_nll") if k in result),
                     )
                 },
                 step=max(result["n_iter"], callback.last_iteration),

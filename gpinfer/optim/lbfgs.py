@@ -66,7 +66,10 @@ class LBFGSB(Optimizer):
     ``max_iter`` or ``maxfun`` is a normal end (``success=True``, scipy's message kept); any
     other end (e.g. an abnormal line-search termination) gives ``success=False`` with scipy's
     message. A non-finite value or gradient raises ``NumericalError`` naming the iteration
-    (0 for the initial point).
+    (0 for the initial point). With ``stop_on_trial_failure``, a ``NumericalError`` at a trial
+    point after the first (``fun``'s own, or a non-finite value) instead ends the run at the last
+    accepted iterate with ``success=False`` and the error in the message, so that one point
+    where the objective breaks down does not lose the progress made.
     """
 
     def __init__(
@@ -77,6 +80,7 @@ class LBFGSB(Optimizer):
         maxfun: int | None = None,
         maxcor: int = 10,
         maxls: int = 20,
+        stop_on_trial_failure: bool = False,
     ):
         self.bounds = bounds
         self.ftol = ftol
@@ -84,6 +88,7 @@ class LBFGSB(Optimizer):
         self.maxfun = maxfun
         self.maxcor = maxcor
         self.maxls = maxls
+        self.stop_on_trial_failure = stop_on_trial_failure
 
     def maximize(
         self,
@@ -95,6 +100,7 @@ class LBFGSB(Optimizer):
         x0 = np.array(x0, dtype=float).reshape(-1)
         bounds = expand_bounds(self.bounds, x0.size)
         state = {"iteration": 0, "n_eval": 0, "stopped": False}
+        accepted: dict[str, Array | float] = {}
 
         def negated(x: Array) -> tuple[float, Array]:
             it = state["iteration"] + (1 if state["n_eval"] else 0)
@@ -102,6 +108,8 @@ class LBFGSB(Optimizer):
             value, grad = fun(np.array(x, dtype=float))
             grad = np.asarray(grad, dtype=float).reshape(-1)
             check_finite(float(value), grad, it)
+            if not accepted:
+                accepted.update(x=np.array(x, dtype=float), value=float(value))
             return -float(value), -grad
 
         if max_iter < 1 or x0.size == 0:
@@ -111,6 +119,8 @@ class LBFGSB(Optimizer):
 
         def scipy_callback(intermediate_result) -> None:
             state["iteration"] += 1
+            accepted.update(x=np.array(intermediate_result.x, dtype=float),
+                            value=-float(intermediate_result.fun))
             if callback is not None and callback(
                 state["iteration"], np.array(intermediate_result.x), -float(intermediate_result.fun)
             ):
@@ -126,10 +136,20 @@ class LBFGSB(Optimizer):
         }
         if self.maxfun is not None:
             options["maxfun"] = int(self.maxfun)
-        res = minimize(
-            negated, x0, jac=True, method="L-BFGS-B", bounds=bounds,
-            callback=scipy_callback, options=options,
-        )
+        try:
+            res = minimize(
+                negated, x0, jac=True, method="L-BFGS-B", bounds=bounds,
+                callback=scipy_callback, options=options,
+            )
+        except NumericalError as err:
+            if not (self.stop_on_trial_failure and accepted):
+                raise
+            return OptimizationResult(
+                x=np.asarray(accepted["x"]), value=float(accepted["value"]),
+                n_iter=int(state["iteration"]), success=False,
+                message=f"stopped at the last accepted iterate: numerical failure at a trial "
+                        f"point ({err})",
+            )
         if state["stopped"]:
             success, message = True, STOPPED_BY_CALLBACK
         else:

@@ -63,6 +63,7 @@ def test_single_run_result_json_and_mlflow_run(tmp_path: Path, store_uri: str, c
     assert 0.0 <= saved["train_time_s"] < 60.0
     assert 10.0 < saved["peak_rss_mb"] < 100_000.0
     assert saved["n_train"] + saved["n_test"] == 569 and saved["n_test"] == 57
+    assert saved["fit_warnings"] == [] and saved["train_nll"] < saved["baseline_nll"]
 
     # the one-line summary
     line = capsys.readouterr().out.strip()
@@ -81,6 +82,7 @@ def test_single_run_result_json_and_mlflow_run(tmp_path: Path, store_uri: str, c
     assert tags["method.distribution"] == TOY_DIST and tags["method.version"] == TOY_VERSION
     assert re.fullmatch(r"[0-9a-f]{40}|unknown", tags["git_commit"])
     assert tags["mlflow.runName"].startswith("toygp-breast_cancer")
+    assert tags["fit_warnings"] == "none"
 
     # per-iteration history: objective every iteration, test metrics every eval_every and last
     assert _steps(client, run.info.run_id, "objective") == list(range(1, 13))
@@ -110,6 +112,24 @@ def test_single_run_result_json_and_mlflow_run(tmp_path: Path, store_uri: str, c
     assert run.info.artifact_uri.startswith(
         (Path(store_uri[len("sqlite:///") :]).parent / "mlartifacts").as_uri()
     )
+
+
+def test_a_fit_worse_than_the_class_frequencies_is_flagged(
+    tmp_path: Path, store_uri: str, capsys
+) -> None:
+    """An untrained svi (one step from the prior) predicts about 1/2 for 63:37 classes."""
+    out = tmp_path / "run"
+    cfg = _cfg(store_uri, "method=svi", "iterations=1", "M=5")
+    with pytest.warns(Warning, match="worse than predicting the class frequencies"):
+        result = run_experiment(cfg, output_dir=out)
+    saved = json.loads((out / "result.json").read_text())
+    assert saved == json.loads(json.dumps(result))
+    assert saved["fit_warnings"] == ["worse_than_baseline"]
+    assert saved["train_nll"] > saved["baseline_nll"] > 0.6
+    assert "WARNING: worse_than_baseline" in capsys.readouterr().out
+    run = MlflowClient(store_uri).get_run(saved["mlflow_run_id"])
+    assert run.data.tags["fit_warnings"] == "worse_than_baseline"
+    assert run.data.metrics["train_nll"] == pytest.approx(saved["train_nll"])
 
 
 def test_numerical_error_fails_the_run_and_keeps_its_history(tmp_path: Path, store_uri: str) -> None:

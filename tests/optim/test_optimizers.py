@@ -81,6 +81,34 @@ def test_lbfgs_abnormal_termination_is_reported():
     assert res.message
 
 
+def test_lbfgs_stop_on_trial_failure_keeps_the_last_accepted_iterate():
+    """A trial point where the objective breaks down ends the run at the last accepted point."""
+    accepted = []
+
+    def breaks_down_past_half(x):
+        if x[0] > 0.5:
+            raise NumericalError("bound above its limit", quantity="objective")
+        return concave_quadratic(x)
+
+    opt = LBFGSB(stop_on_trial_failure=True)
+    res = opt.maximize(breaks_down_past_half, np.zeros(3), max_iter=100,
+                       callback=lambda it, x, v: accepted.append((x.copy(), v)) and False)
+    assert not res.success and "numerical failure at a trial point" in res.message
+    assert res.x[0] <= 0.5
+    if accepted:  # the last point L-BFGS-B accepted, or the start
+        np.testing.assert_array_equal(res.x, accepted[-1][0])
+        assert res.value == accepted[-1][1]
+    else:
+        np.testing.assert_array_equal(res.x, np.zeros(3))
+    assert res.value == pytest.approx(concave_quadratic(res.x)[0])
+
+    def fails_at_start(x):
+        raise NumericalError("broken at the start")
+
+    with pytest.raises(NumericalError, match="broken at the start"):  # nothing to keep
+        opt.maximize(fails_at_start, np.zeros(3), max_iter=10)
+
+
 def test_lbfgs_nan_raises_numerical_error_with_iteration():
     def nan_after(x):
         if x[0] > 0.5:

@@ -130,6 +130,9 @@ class KLMethod(DenseBinaryMethod):
     driver's options. Any of the three tests stops the iteration.
     """
 
+    #: the objective, log p(y) of discrete labels or a bound on it, is never positive
+    objective_limit: ClassVar[float | None] = 0.0
+
     name: ClassVar[str] = "kl"
     default_options: ClassVar[dict[str, Any]] = {
         **DenseBinaryMethod.driver_options, "tol": 1e-8, "max_newton": 100,

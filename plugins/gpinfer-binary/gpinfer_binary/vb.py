@@ -107,6 +107,9 @@ class VBMethod(DenseBinaryMethod):
     Options: ``tol`` (max-norm of the ``varsigma``-gradient), ``max_newton``, driver options.
     """
 
+    #: the objective, log p(y) of discrete labels or a bound on it, is never positive
+    objective_limit: ClassVar[float | None] = 0.0
+
     name: ClassVar[str] = "vb"
     default_options: ClassVar[dict[str, Any]] = {
         **DenseBinaryMethod.driver_options, "tol": 1e-8, "max_newton": 100,

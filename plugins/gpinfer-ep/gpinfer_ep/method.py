@@ -213,10 +213,26 @@ class _Run:
         self._since_best = 0
         return True
 
-    def _report(self, value: float, change: float) -> None:
+    def _report(self, value: float, change: float, good: tuple[object, Array]) -> None:
+        """Report ``value``; ``good``: the (sites, hyper-parameters) the posterior is built at."""
         extra = {"damping": self.rho, "failures": float(self.failures),
                  "damping_raises": float(self.damping_raises), "site_change": change}
-        self.reporter.report(self.iteration, value, self.posterior, extra)
+        self.reporter.report(self.iteration, value, self._posterior_at(good), extra)
+
+    def _posterior_at(self, pair: tuple[object, Array]):
+        """A zero-argument builder of the posterior at ``pair`` (later steps do not leak in)."""
+
+        def build() -> InducingPosterior:
+            current = (self.state.snapshot(), self.hp.pack())
+            self.state.restore(pair[0])
+            self.hp.unpack(pair[1])
+            try:
+                return self.posterior()
+            finally:
+                self.state.restore(current[0])
+                self.hp.unpack(current[1])
+
+        return build
 
     def _out_of_time(self) -> bool:
         limit = self.opts["time_limit_s"]
@@ -239,10 +255,10 @@ class _Run:
             diverged = self._watch(value, good, opt)
             self.value = value
             if diverged:
-                self._report(value, change)
+                self._report(value, change, good)
                 continue
             self._ascend(opt, grad)
-            self._report(value, change)
+            self._report(value, change, good)
             self.rho *= float(self.opts["damping_decay"])
 
     def minibatch(self, size: int) -> None:
@@ -253,10 +269,10 @@ class _Run:
         opt.reset(self._to_paper(self.hp.pack()))
         batches = MiniBatches(N, size, self.problem.rng)
         self.rho = 1.0
+        good = (self.state.snapshot(), self.hp.pack())  # per epoch: snapshots cost O(state)
         while self.iteration < int(self.problem.max_iter) and not self._out_of_time():
             self.iteration += 1
             values, change = [], 0.0
-            good = (self.state.snapshot(), self.hp.pack())  # per epoch: snapshots cost O(state)
             for idx in batches:
                 try:
                     value, grad, ch = self._step_sites(idx, self.rho, self.iteration)
@@ -271,7 +287,8 @@ class _Run:
             if hasattr(self.state, "refresh"):
                 self.state.refresh()
             self.value = float(np.mean(values)) if values else self.value
-            self._report(self.value, change)
+            good = (self.state.snapshot(), self.hp.pack())
+            self._report(self.value, change, good)
 
     # -- prediction --------------------------------------------------------------------------
     def posterior(self) -> InducingPosterior:

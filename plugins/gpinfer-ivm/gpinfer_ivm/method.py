@@ -77,6 +77,9 @@ class IVMPosterior(Posterior):
 class _ActiveSetMethod(Method):
     """Shared plumbing: kernels per class, ``d_final``, intercepts, learning loop."""
 
+    #: reported criteria belong to different active sets: not one quantity to restore the best of
+    restore_best_iterate: ClassVar[bool] = False
+
     tasks: ClassVar[tuple[str, ...]] = ("classification",)
     multiclass = True
     uses_inducing_points = True

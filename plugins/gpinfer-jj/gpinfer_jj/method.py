@@ -21,12 +21,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpinfer.errors import InputError
+from gpinfer.fit_guard import check_objective_limit
 from gpinfer.hyper import HyperParameters
 from gpinfer.inducing import inducing_inputs
-from gpinfer.interfaces import Array, FitCallback, FitResult, Method, Problem
+from gpinfer.interfaces import Array, FitCallback, FitResult, Method, Problem, ValueAndGrad
+from gpinfer.numerics.cholesky import tri_solve
 from gpinfer.optim import LBFGSB
 from gpinfer.reporting import IterationReporter, binary_signs
 from gpinfer_jj.bound import CollapsedObjective
+from gpinfer_jj.taylor import MapObjective, Stage1Result, newton_rounds
 
 #: default bounds on the kernel's unconstrained (log) parameters (spec §4.2, widened)
 LOG_PARAM_BOUNDS = (float(np.log(1e-4)), float(np.log(1e6)))
@@ -40,8 +43,12 @@ class _CollapsedVI(Method):
     for JJ), ``init_q`` (``"identity"``: ``Sigma = I`` as in the paper; ``"prior"``), ``tol``
     (stop when ``|dF| / max(1, |F|) < tol`` twice in a row), ``time_budget_s``, ``bounds``
     (on every log-parameter), ``learn_inducing``, ``default_M`` (``M`` when not given),
-    ``xi_lower`` (lower bound on ``xi`` when optimised), ``damping`` (Taylor ``xi`` step).
+    ``xi_lower`` (lower bound on ``xi`` when optimised), ``damping`` (Taylor: the first trial
+    fraction of each Newton step of Stage 1, then halved until the MAP objective rises).
     """
+
+    #: the objective, log p(y) of discrete labels or a bound on it, is never positive
+    objective_limit: ClassVar[float | None] = 0.0
 
     kind: ClassVar[str] = "jj"
     xi_mode: ClassVar[str] = "closed"  # closed | hybrid | full
@@ -90,7 +97,7 @@ class _CollapsedVI(Method):
     def _lbfgs(self, hp: HyperParameters, n_xi: int, maxfun: int | None) -> LBFGSB:
         bounds = hp.bounds(kernel=tuple(self.options["bounds"]))
         bounds += [(float(self.options["xi_lower"]), None)] * n_xi
-        return LBFGSB(bounds=bounds, maxfun=maxfun)
+        return LBFGSB(bounds=bounds, maxfun=maxfun, stop_on_trial_failure=True)
 
     # -- fit ---------------------------------------------------------------------------------
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
@@ -118,6 +125,18 @@ class _CollapsedVI(Method):
         return FitResult(posterior=posterior, log_evidence=float(value), kernel=obj.kernel,
                          n_iter=n_iter, history=rep.history, state=state)
 
+    def _within_limit(self, fun: ValueAndGrad, obj: CollapsedObjective) -> ValueAndGrad:
+        """``fun`` raising ``NumericalError`` where the bound exceeds ``objective_limit`` (an
+        L-BFGS-B trial point there ends Stage 2 at its last accepted iterate)."""
+        n = obj.X.shape[0]
+
+        def checked(x: Array) -> tuple[float, Array]:
+            value, grad = fun(x)
+            check_objective_limit(value, self.objective_limit, self.name, n)
+            return value, grad
+
+        return checked
+
     def _record(self, log: dict[str, Any], result) -> None:
         log["messages"].append(result.message)
         if not result.success:
@@ -139,21 +158,25 @@ class _CollapsedVI(Method):
 
     # -- Alg. 1 (vi-jj, vi-taylor) and the hybrid variant -----------------------------------
     def _stage1(self, obj: CollapsedObjective, mu: Array, Sigma: Array, xi: Array | None
-                ) -> tuple[Array, Array, Array, float]:
-        """``n_upd`` closed-form rounds at fixed ``theta``; returns ``mu, Sigma, xi, F``."""
+                ) -> Stage1Result:
+        """``n_upd`` closed-form rounds at fixed ``theta`` (Taylor: backtracked Newton rounds)."""
         fac = obj.factors()
         if self.options["carry"] == "xi" and xi is not None:
             b = obj.bound(xi, fac)
-            mean, var = b.m_hat, b.S2_hat
+            mean, var, nu = b.m_hat, b.S2_hat, tri_solve(fac.L_K, b.mu_hat)
         else:
             mean, var = fac.marginals(mu, Sigma)
-        eta = float(self.options["damping"]) if obj.kind == "taylor" else 1.0
-        for _ in range(int(self.options["n_upd"])):
-            target = obj.xi_rule(mean, var)
-            xi = target if xi is None or eta == 1.0 else xi + eta * (target - xi)
+            nu = tri_solve(fac.L_K, mu)
+        n_upd = int(self.options["n_upd"])
+        if obj.kind == "taylor":
+            taylor = MapObjective(obj.s, obj.link)
+            return newton_rounds(taylor, fac, lambda x: obj.bound(x, fac),
+                                 taylor.point(nu, mean), n_upd, float(self.options["damping"]))
+        for _ in range(n_upd):
+            xi = obj.xi_rule(mean, var)
             b = obj.bound(xi, fac)
             mean, var = b.m_hat, b.S2_hat
-        return b.mu_hat, b.Sigma_hat, xi, b.value
+        return Stage1Result(b.mu_hat, b.Sigma_hat, xi, b.value, 0)
 
     def _fit_alternating(self, problem, obj, hp, rep, log) -> tuple[Array, float, int]:
         M = obj.Z.shape[0]
@@ -166,8 +189,11 @@ class _CollapsedVI(Method):
         budget = self.options["time_budget_s"]
         small_changes, prev, it, value = 0, None, 0, -np.inf
         for it in range(1, int(problem.max_iter) + 1):
-            mu, Sigma, xi, value = self._stage1(obj, mu, Sigma, xi)
+            stage1 = self._stage1(obj, mu, Sigma, xi)
+            mu, Sigma, xi, value = stage1.mu, stage1.Sigma, stage1.xi, stage1.value
             extra: dict[str, float] = {"stage1_bound": value}
+            if obj.kind == "taylor":
+                extra["newton_halvings"] = float(stage1.halvings)
             if hp.size > 0:
                 n0 = obj.n_eval
                 if hybrid:
@@ -181,7 +207,8 @@ class _CollapsedVI(Method):
                     def fun(x: Array, xi_fixed: Array = xi_fixed) -> tuple[float, Array]:
                         return obj.value_and_grad(x, xi_fixed)
                 opt = self._lbfgs(hp, xi.size if hybrid else 0, int(self.options["maxfun"]))
-                result = opt.maximize(fun, x0, max_iter=10 * int(self.options["maxfun"]))
+                result = opt.maximize(self._within_limit(fun, obj), x0,
+                                      max_iter=10 * int(self.options["maxfun"]))
                 self._record(log, result)
                 hp.unpack(result.x[: hp.size])
                 if hybrid:
@@ -215,7 +242,8 @@ class _CollapsedVI(Method):
                        {"nfev": float(obj.n_eval)})
             return budget is not None and rep.elapsed() > float(budget)
 
-        result = self._lbfgs(hp, n, None).maximize(fun, x0, int(problem.max_iter), on_iteration)
+        result = self._lbfgs(hp, n, None).maximize(self._within_limit(fun, obj), x0,
+                                                   int(problem.max_iter), on_iteration)
         self._record(log, result)
         hp.unpack(result.x[: hp.size])
         xi = result.x[hp.size:].copy()

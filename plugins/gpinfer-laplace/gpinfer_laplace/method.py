@@ -51,6 +51,9 @@ class Laplace(Method):
     Newton runs are reported as ``RuntimeWarning``s (and in ``state``).
     """
 
+    #: the objective, log p(y) of discrete labels or a bound on it, is never positive
+    objective_limit: ClassVar[float | None] = 0.0
+
     name: ClassVar[str] = "laplace"
     tasks: ClassVar[tuple[str, ...]] = ("classification",)
     multiclass: ClassVar[bool] = False

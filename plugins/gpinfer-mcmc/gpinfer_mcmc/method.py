@@ -128,6 +128,9 @@ class MCMCAIS(DenseBinaryMethod):
     No gradient: ``optimize`` must be false.
     """
 
+    #: reported objectives are partial AIS estimates, not iterates of one maximisation
+    restore_best_iterate: ClassVar[bool] = False
+
     name: ClassVar[str] = "mcmc-ais"
     default_options: ClassVar[dict[str, Any]] = {
         "budget": "full", "T": None, "R": None, "n_samples": None, "pilot_T": None,

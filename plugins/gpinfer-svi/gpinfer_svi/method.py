@@ -198,6 +198,9 @@ class SVI(Method):
     ``(low, high)``: L-BFGS-B box on the log kernel parameters; ``q(u)`` and ``Z`` unbounded).
     """
 
+    #: the objective, log p(y) of discrete labels or a bound on it, is never positive
+    objective_limit: ClassVar[float | None] = 0.0
+
     name: ClassVar[str] = "svi"
     tasks: ClassVar[tuple[str, ...]] = ("classification",)
     multiclass: ClassVar[bool] = True
