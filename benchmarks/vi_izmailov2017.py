@@ -67,14 +67,15 @@ def run(name, split, Z, budget, batch, lr, max_iter, ard=False, evaluate_test=Tr
         cls = registry.load_method("svi")
         if opt == "ngd":  # natural-gradient steps on q(u), Adam on theta
             method = cls(optimizer="adam", natural_gradient=lr["ngd"],
-                         optimizer_options={"learning_rate": lr["adam"]}, time_budget_s=budget)
+                         optimizer_options={"learning_rate": lr["adam"]}, time_budget_s=budget,
+                         lengthscale_init="kernel")
         else:
             method = cls(optimizer=opt, optimizer_options={"learning_rate": lr[opt]},
-                         time_budget_s=budget)
+                         time_budget_s=budget, lengthscale_init="kernel")
         bs = batch
     else:
         cls = registry.load_method(name)
-        method = cls(time_budget_s=budget, tol=0.0)
+        method = cls(time_budget_s=budget, tol=0.0, lengthscale_init="kernel")
         bs = None
     problem = Problem(X=X, y=y, n_classes=2, kernel=kernel, likelihood=BernoulliLogit(),
                       inducing=Z, max_iter=max_iter, batch_size=bs,

@@ -74,10 +74,36 @@ def inducing_inputs(spec: int | Array | None, X: Array, rng: np.random.Generator
 DISTANCE_CACHE_MAX_ENTRIES = 30_000_000
 
 
+#: bytes of one block in the blocked elementwise passes over ``[M, N]`` arrays (cache-sized)
+_BLOCK_BYTES = 1 << 21
+
+
 def _sqdist(A: Array, B: Array) -> Array:
     """Squared Euclidean distances ``[Na, Nb]`` (expanded form, clipped at 0)."""
     r2 = np.sum(A * A, axis=1)[:, None] + np.sum(B * B, axis=1)[None, :] - 2.0 * (A @ B.T)
     return np.maximum(r2, 0.0, out=r2)
+
+
+def _scaled_exp(D: Array, scale: float, factor: float, out: Array | None = None) -> Array:
+    """``factor * exp(scale * D)`` in D's memory layout, in cache-sized blocks (one pass over
+    memory instead of three; the same operations in the same order as the unblocked form).
+    ``out``: an array of D's shape and strides to write into (else a new one)."""
+    if out is None or out.shape != D.shape or out.strides != D.strides or out.dtype != D.dtype:
+        out = np.empty_like(D)
+    view_in, view_out = (D.T, out.T) if D.flags.f_contiguous and not D.flags.c_contiguous \
+        else (D, out)
+    if view_in.ndim != 2 or view_in.shape[0] == 0:
+        np.multiply(D, scale, out=out)
+        np.exp(out, out=out)
+        out *= factor
+        return out
+    step = max(1, _BLOCK_BYTES // (8 * max(view_in.shape[1], 1)))
+    for s in range(0, view_in.shape[0], step):
+        block = view_out[s : s + step]
+        np.multiply(view_in[s : s + step], scale, out=block)
+        np.exp(block, out=block)
+        block *= factor
+    return out
 
 
 class FixedInputCovariances:
@@ -87,7 +113,9 @@ class FixedInputCovariances:
     isotropic, the raw squared distances are computed once and each call costs one ``exp`` over
     ``[M, N]``; with ARD lengthscales, one ``[M, N, D]`` product per call. ``kernel_gradient``
     reuses the matrices of the last call instead of
-    recomputing distances and exponentials in the kernel VJP. Any other kernel falls back to
+    recomputing distances and exponentials in the kernel VJP; in the isotropic case it also
+    takes the two sums its ``Kuf`` part needs (``Kuf_sums``, with ``last_distances``) instead
+    of the ``[M, N]`` gradient. Any other kernel falls back to
     ``kernel.K`` / ``kernel.grad_params`` (same results). ``cols`` selects a batch of columns.
     ``share``: another instance built on the same ``Z`` and ``X`` whose distances are reused.
     """
@@ -127,8 +155,13 @@ class FixedInputCovariances:
         Xb = self.X if cols is None else self.X[cols]
         return _sqdist(self._Zc, Xb - self._shift)
 
-    def matrices(self, cols: Array | None = None) -> tuple[Array, Array, Array]:
-        """``(Kuu, Kuf, Kff_diag)`` at the kernel's current parameters (``cols``: a batch)."""
+    def matrices(self, cols: Array | None = None, out: Array | None = None
+                 ) -> tuple[Array, Array, Array]:
+        """``(Kuu, Kuf, Kff_diag)`` at the kernel's current parameters (``cols``: a batch).
+
+        ``out``: an ``[M, N]`` array that ``Kuf`` may be written into, used when it has the
+        layout of the cached distances (``Kuf`` is then ``out``; check with ``is``).
+        """
         if not self.fast:
             Xb = self.X if cols is None else self.X[cols]
             k = self.kernel
@@ -141,8 +174,7 @@ class FixedInputCovariances:
         Kuu_se = np.exp(inv2l2 * self._D_uu)
         Kuu_se *= var
         D_uf = self._dist_uf(cols)
-        Kuf = np.exp(inv2l2 * D_uf)
-        Kuf *= var
+        Kuf = _scaled_exp(D_uf, inv2l2, var, out)
         noise = sum(self._parts[i].variance for i in self._white)
         Kuu = Kuu_se + noise * np.eye(self.Z.shape[0])
         n = self.X.shape[0] if cols is None else len(cols)
@@ -169,12 +201,40 @@ class FixedInputCovariances:
         return H.sum(axis=1) @ (B * B) + H.sum(axis=0) @ (A * A) - 2.0 * np.einsum(
             "md,md->d", B, H @ A)
 
+    def release(self) -> None:
+        """Drop the matrices kept from the last call (before computing new ones, so that their
+        arrays can be freed or reused first)."""
+        self._last = None
+
+    @property
+    def contracts_kuf(self) -> bool:
+        """Whether ``kernel_gradient`` accepts ``Kuf_sums`` (isotropic fast path): its ``Kuf``
+        part needs only ``sum(G * Kuf_rbf)`` and ``sum(G * Kuf_rbf * D)``, ``D`` the squared
+        distances of ``last_distances()``."""
+        return self.fast and not self.ard
+
+    def last_distances(self) -> Array:
+        """Squared distances ``D [M, N]`` (or the batch's) of the last ``matrices`` call
+        (isotropic fast path)."""
+        if not self.contracts_kuf:
+            raise ValueError("last_distances needs the isotropic RBF fast path (contracts_kuf)")
+        if self._last is None:
+            self.matrices()
+        return self._last[2]
+
     def kernel_gradient(self, Kuu: Array | None, Kuf: Array | None, Kff_diag: Array | None,
-                        cols: Array | None = None) -> Array:
+                        cols: Array | None = None,
+                        Kuf_sums: tuple[float, float] | None = None) -> Array:
         """Gradient wrt ``kernel.get_unconstrained()`` from matrix gradients ``dL/dKuu [M, M]``,
         ``dL/dKuf [M, N]`` (or its batch columns) and ``dL/dKff_diag [N]``, at the parameters
         of the last ``matrices`` call.
+
+        ``Kuf_sums`` (only where ``contracts_kuf``; then pass ``Kuf=None``):
+        ``(sum(dL/dKuf * Kuf), sum(dL/dKuf * Kuf * D))`` with ``Kuf`` and ``D`` of the last
+        ``matrices`` call, for a ``Kuf`` gradient that is cheaper to contract than to form.
         """
+        if Kuf_sums is not None and not self.contracts_kuf:
+            raise ValueError("Kuf_sums needs the isotropic RBF fast path (contracts_kuf)")
         if not self.fast:
             Xb = self.X if cols is None else self.X[cols]
             k, g = self.kernel, np.zeros(self.kernel.n_params)
@@ -206,6 +266,9 @@ class FixedInputCovariances:
             g_var += float(np.sum(GK))
             g_ell = g_ell + (ard_grad(GK, A, B) if self.ard
                              else float(np.einsum("ij,ij->", GK, D_uf)) / ell2)
+        if Kuf_sums is not None:  # isotropic: dK/dlog l = K * D / l^2, dK/dlog var = K
+            g_var += float(Kuf_sums[0])
+            g_ell = g_ell + float(Kuf_sums[1]) / ell2
         s_diag = 0.0 if Kff_diag is None else float(np.sum(Kff_diag))
         g_noise += s_diag
         out: list[float] = []

@@ -318,7 +318,7 @@ class FitResult:
     * ``state``: named arrays that describe the fit (saved as the run's artifact).
     * ``log_evidence_se``: the standard error of a Monte-Carlo ``log_evidence`` (AIS), else None.
     * ``warnings``: codes of what ``gpinfer.fit_guard`` found (``restored_best_iterate``,
-      ``worse_than_baseline``); ``diagnostics``: its numbers (``train_nll``, ``baseline_nll``,
+      ``no_better_than_baseline``); ``diagnostics``: its numbers (``train_nll``, ``baseline_nll``,
       ``restored_iteration``, ...). Set by the estimator after ``fit``; methods leave them empty.
     """
 

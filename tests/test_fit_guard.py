@@ -25,48 +25,51 @@ from gpinfer.interfaces import FitCallback, FitResult, IterationInfo, Method, Pr
 from gpinfer.posterior import Posterior
 
 
-class ConstantPosterior(Posterior):
-    """The same latent ``f [1]`` at every input (a binary posterior with tiny variance)."""
+class LinearPosterior(Posterior):
+    """The latent ``f(x) = slope * (x_1 - CUT)`` (a binary posterior with tiny variance)."""
 
-    def __init__(self, likelihood, f: float):
+    def __init__(self, likelihood, slope: float):
         super().__init__(likelihood)
-        self.f = f
+        self.slope = slope
 
     def predict_f(self, X):
-        n = np.asarray(X).shape[0]
-        return np.full((n, 1), self.f), np.full((n, 1), 1e-6)
+        f = self.slope * (np.asarray(X)[:, :1] - CUT)
+        return f, np.full_like(f, 1e-6)
 
 
 class Scripted(Method):
-    """Reports ``objectives`` with the constant posteriors ``latents``, ends at the last one."""
+    """Reports ``objectives`` with the posteriors of ``slopes``, ends at the last one."""
 
     name: ClassVar[str] = "scripted"
     likelihoods: ClassVar[tuple[str, ...]] = ("logit",)
     supports_minibatch: ClassVar[bool] = True
-    default_options: ClassVar[dict[str, Any]] = {"objectives": (-1.0,), "latents": (0.0,)}
+    default_options: ClassVar[dict[str, Any]] = {"objectives": (-1.0,), "slopes": (0.0,)}
 
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
         lik = problem.likelihood
-        pairs = list(zip(self.options["objectives"], self.options["latents"]))
-        for it, (value, f) in enumerate(pairs, start=1):
+        pairs = list(zip(self.options["objectives"], self.options["slopes"]))
+        for it, (value, a) in enumerate(pairs, start=1):
             if callback is not None:
-                callback(IterationInfo(it, value, 0.0, lambda f=f: ConstantPosterior(lik, f)))
-        value, f = pairs[-1]
-        return FitResult(ConstantPosterior(lik, f), value, problem.kernel, len(pairs))
+                callback(IterationInfo(it, value, 0.0, lambda a=a: LinearPosterior(lik, a)))
+        value, a = pairs[-1]
+        return FitResult(LinearPosterior(lik, a), value, problem.kernel, len(pairs))
 
 
 class ScriptedBound(Scripted):
     objective_limit: ClassVar[float | None] = 0.0
 
 
-#: the latent whose probability is the class frequency of ``_data`` (0.8): the baseline itself
-GOOD = float(np.log(4.0))
+#: labels are 1 where ``x_1 > CUT`` (about 80 % ones); slopes of ``LinearPosterior``:
+CUT = -0.84
+GOOD = 3.0  # predicts the labels well: beats the class frequencies
+NOTHING = 0.0  # probability 1/2 everywhere: worse than the class frequencies
+WRONG = -3.0  # confidently wrong
 
 
 def _data(n=200, seed=0):
-    """``X [n, 2]`` and labels with exactly 80 % ones."""
-    rng = np.random.default_rng(seed)
-    return rng.normal(size=(n, 2)), rng.permutation(np.arange(n) < 0.8 * n).astype(int)
+    """``X [n, 2]`` and labels ``x_1 > CUT``."""
+    X = np.random.default_rng(seed).normal(size=(n, 2))
+    return X, (X[:, 0] > CUT).astype(int)
 
 
 def _fit(cls=Scripted, **options):
@@ -79,43 +82,44 @@ def _fit(cls=Scripted, **options):
 def test_a_fit_that_ends_far_below_its_best_is_restored_with_a_warning():
     with pytest.warns(ConvergenceWarning, match="far below its best"):
         clf = _fit(objectives=(-30.0, -10.0, -5.0, -40.0, -60.0),
-                   latents=(0.0, 1.0, GOOD, -3.0, -4.0))
+                   slopes=(NOTHING, 1.0, GOOD, WRONG, WRONG))
     assert RESTORED_BEST in clf.fit_warnings_
     assert clf.log_evidence_ == -5.0
     assert clf.fit_result_.diagnostics["restored_iteration"] == 3.0
-    np.testing.assert_allclose(clf.predict_proba(np.zeros((1, 2)))[0, 1], 0.8, rtol=1e-4)
+    assert clf.predict_proba(np.array([[1.0, 0.0]]))[0, 1] > 0.99
     assert WORSE_THAN_BASELINE not in clf.fit_warnings_  # the restored posterior is sound
 
 
 def test_a_small_fall_is_not_restored_and_a_sound_fit_has_no_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        clf = _fit(objectives=(-30.0, -5.0, -5.5), latents=(0.0, GOOD, GOOD))
+        clf = _fit(objectives=(-30.0, -5.0, -5.5), slopes=(NOTHING, GOOD, GOOD))
     assert clf.fit_warnings_ == []
     d = clf.fit_result_.diagnostics
-    assert d["train_nll"] == pytest.approx(d["baseline_nll"], rel=1e-4)
+    assert d["train_nll"] < 0.5 * d["baseline_nll"]
 
 
 def test_minibatch_fits_compare_moving_averages():
     noisy = (-10.0, -14.0, -10.0, -14.0, -10.0, -14.0, -10.0, -14.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        clf = _fit(objectives=noisy, latents=(GOOD,) * 8, batch_size=50)
+        clf = _fit(objectives=noisy, slopes=(GOOD,) * 8, batch_size=50)
     assert RESTORED_BEST not in clf.fit_warnings_
     with pytest.warns(ConvergenceWarning, match="far below"):  # the same trace, batch: restored
-        clf = _fit(objectives=noisy, latents=(GOOD,) * 8)
+        clf = _fit(objectives=noisy, slopes=(GOOD,) * 8)
     assert clf.fit_result_.diagnostics["restored_iteration"] == 1.0
 
 
 def test_an_objective_past_its_limit_is_a_numerical_error():
     with pytest.raises(NumericalError, match="above 0.*broken down"):
-        _fit(ScriptedBound, objectives=(-3.0, 2.0), latents=(1.0, 1.0))
-    _fit(ScriptedBound, objectives=(-3.0, -1e-9), latents=(GOOD, GOOD))  # round-off is allowed
+        _fit(ScriptedBound, objectives=(-3.0, 2.0), slopes=(GOOD, GOOD))
+    _fit(ScriptedBound, objectives=(-3.0, -1e-9), slopes=(GOOD, GOOD))  # round-off is allowed
 
 
-def test_a_fit_worse_than_the_class_frequencies_warns_and_is_flagged():
-    with pytest.warns(ConvergenceWarning, match="worse than predicting the class frequencies"):
-        clf = _fit(objectives=(-5.0,), latents=(-2.0,))  # confidently the minority class
+@pytest.mark.parametrize("slope", [WRONG, NOTHING])
+def test_a_fit_no_better_than_the_class_frequencies_warns_and_is_flagged(slope):
+    with pytest.warns(ConvergenceWarning, match="no better than predicting the class freq"):
+        clf = _fit(objectives=(-5.0,), slopes=(slope,))
     assert clf.fit_warnings_ == [WORSE_THAN_BASELINE]
     d = clf.fit_result_.diagnostics
     assert d["train_nll"] > d["baseline_nll"]
@@ -143,7 +147,8 @@ def test_a_diverging_svi_fit_is_restored_to_its_best_iterate():
     """A real method forced to diverge: Adam with a step of 3 on breast_cancer."""
     X, y = load_breast_cancer(return_X_y=True)
     X = StandardScaler().fit_transform(X)
-    opts = {"optimizer": "adam", "optimizer_options": {"learning_rate": 3.0}}
+    opts = {"optimizer": "adam", "optimizer_options": {"learning_rate": 3.0},
+            "lengthscale_init": "kernel"}  # length-scale 1: it learns, then diverges
     with pytest.warns(ConvergenceWarning, match="far below its best"):
         clf = GPClassifier(method="svi", M=20, max_iter=40, random_state=0,
                            method_options=opts).fit(X, y)
@@ -161,3 +166,13 @@ def test_regression_fits_are_checked_against_a_constant_gaussian():
     reg = GPRegressor(method="fitc", M=10, max_iter=30).fit(X, y)
     d = reg.fit_result_.diagnostics
     assert d["train_nll"] < d["baseline_nll"] and reg.fit_warnings_ == []
+
+
+def test_a_model_that_learned_nothing_ties_on_balanced_classes_and_is_flagged():
+    X = np.random.default_rng(1).normal(size=(100, 2))
+    y = np.arange(100) % 2  # balanced: the prior's 1/2 is exactly the class frequency
+    with pytest.warns(ConvergenceWarning, match="no better than"):
+        clf = GPClassifier(method=Scripted, method_options={"slopes": (NOTHING,)}).fit(X, y)
+    d = clf.fit_result_.diagnostics
+    assert d["train_nll"] == pytest.approx(np.log(2.0)) and d["baseline_nll"] == pytest.approx(np.log(2.0))
+    assert clf.fit_warnings_ == [WORSE_THAN_BASELINE]

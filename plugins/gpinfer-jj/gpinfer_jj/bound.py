@@ -3,6 +3,13 @@
 Spec jj-taylor-svi §2.6-2.8. ``CollapsedObjective`` owns the data, the signs, the kernel and the
 inducing inputs (through ``gpinfer.hyper.HyperParameters``) and gives ``F`` with its gradient
 with respect to ``theta [P]`` and, for the hybrid/full variants, ``xi [N]``.
+
+Cost at large ``N`` (``O(N M^2)`` per evaluation): the factors ``L_K, R = L_K^-1 Kuf`` are kept
+for the last kernel parameters (``xi`` moves at every hybrid evaluation, they only with
+``theta``) and the last bound for the last ``xi``, so that Stage 1, the first L-BFGS-B
+evaluation and ``q(u)`` after Stage 2 reuse them; the ``[N, M]`` arrays are recycled; for the
+isotropic RBF (+ White) kernel the ``Kuf`` part of the kernel VJP is two contractions of
+``dF/dKuf`` (``CollapsedBound.kuf_contraction``), never the ``[M, N]`` matrix itself.
 """
 
 from __future__ import annotations
@@ -24,6 +31,27 @@ from gpinfer.sites.quadratic import (
 )
 
 KINDS = ("jj", "taylor")
+
+
+class _WorkArrays:
+    """Recycled ``[N, M]`` arrays for the kernel matrix ``Kuf`` and ``R`` of a factorisation.
+
+    A new array of that size costs the kernel's page zeroing (about a quarter of the triangular
+    solve that fills it) at every ``theta``. Ownership is explicit: ``CollapsedObjective``
+    gives the arrays of the factorisation it replaces back only after ``InducingFactors.release``
+    has made that factorisation unusable, so a factors object or bound kept from earlier kernel
+    parameters fails loudly if used, instead of reading memory that now holds other numbers.
+    """
+
+    def __init__(self, shape: tuple[int, int]):
+        self.shape = shape
+        self._free: list[Array] = []
+
+    def take(self) -> Array:
+        return self._free.pop() if self._free else np.empty(self.shape)
+
+    def give(self, arrays: tuple[Array, ...]) -> None:
+        self._free.extend(a for a in arrays if a.shape == self.shape and a.flags.c_contiguous)
 
 
 class CollapsedObjective:
@@ -57,6 +85,15 @@ class CollapsedObjective:
                       and free <= set(kernel_names))
         self._kernel_free = np.array([n in free for n in kernel_names], dtype=bool)
         self._cov = FixedInputCovariances(kernel, Z, X) if self._fast else None
+        # the factors of the last kernel parameters and Z, and the last bound built on them:
+        # xi moves at every hybrid evaluation but the kernel matrices, L_K and R only with theta,
+        # and Stage 1, the first L-BFGS-B evaluation and q(u) after Stage 2 revisit a point
+        self._factors: InducingFactors | None = None
+        self._factors_key: tuple[bytes, bytes] | None = None
+        self._bound: CollapsedBound | None = None
+        self._bound_xi: Array | None = None
+        self._work = _WorkArrays((X.shape[0], Z.shape[0]))
+        self._buffers: tuple[Array, ...] = ()  # the arrays the current factors live in
 
     @property
     def Z(self) -> Array:
@@ -67,15 +104,42 @@ class CollapsedObjective:
             return jj_coefficients(xi, self.s)
         return taylor_coefficients(xi, self.s, self.link)
 
+    def _parameters_key(self) -> tuple[bytes, bytes]:
+        return (np.asarray(self.kernel.get_unconstrained(), dtype=float).tobytes(),
+                np.asarray(self.Z, dtype=float).tobytes())
+
     def factors(self) -> InducingFactors:
-        """Kernel matrices and their factorisation at the current hyper-parameters."""
+        """Kernel matrices and their factorisation at the current hyper-parameters (the last
+        ones are kept: computed again only when the kernel parameters or ``Z`` changed)."""
+        key = self._parameters_key()
+        if self._factors is not None and key == self._factors_key:
+            return self._factors
+        if self._factors is not None:  # its arrays are reused below: no use of it from now on
+            self._factors.release()
+            self._work.give(self._buffers)
+        self._factors = self._bound = self._bound_xi = None
+        kuf_rows, r_rows = self._work.take(), self._work.take()
         if self._cov is not None:
-            return InducingFactors(*self._cov.matrices())
-        return InducingFactors(self.kernel.K(self.Z), self.kernel.K(self.Z, self.X),
-                               self.kernel.K_diag(self.X))
+            self._cov.release()
+            matrices = self._cov.matrices(out=kuf_rows.T)
+        else:
+            matrices = (self.kernel.K(self.Z), self.kernel.K(self.Z, self.X),
+                        self.kernel.K_diag(self.X))
+        fac = InducingFactors(*matrices, work=r_rows)
+        self._factors, self._factors_key, self._buffers = fac, key, (kuf_rows, r_rows)
+        return fac
 
     def bound(self, xi: Array, factors: InducingFactors | None = None) -> CollapsedBound:
-        return CollapsedBound(factors or self.factors(), self.coefficients(xi))
+        """The bound at ``xi`` (the last one is kept and returned again for the same ``xi`` and
+        factors)."""
+        fac = self.factors() if factors is None else factors
+        cached = fac is self._factors and self._bound is not None
+        if cached and self._bound.factors is fac and np.array_equal(self._bound_xi, xi):
+            return self._bound
+        b = CollapsedBound(fac, self.coefficients(xi))
+        if fac is self._factors:
+            self._bound, self._bound_xi = b, np.array(xi, dtype=float)
+        return b
 
     def xi_rule(self, mean: Array, var: Array) -> Array:
         """Stage-1 ``xi``: ``sqrt(m^2 + S^2)`` (JJ, eq. 15) or ``m`` (Taylor rule, §2.5)."""
@@ -87,13 +151,21 @@ class CollapsedObjective:
         self.n_eval += 1
         self.hp.unpack(theta)
         b = self.bound(xi)
-        G = b.matrix_gradients()
-        if self._cov is not None:
+        if self._cov is not None and self._cov.contracts_kuf:
+            # the isotropic RBF VJP needs two contractions of dF/dKuf, not the [M, N] matrix;
+            # the pass over the data that gives the one with the distances also gives S2_hat
+            s_ell = b.kuf_contraction(self._cov.last_distances(), marginals=with_xi)
+            s_var = b.kuf_contraction(None)
+            grad = self._cov.kernel_gradient(b.kuu_gradient(), None, -b.coef.gamma,
+                                             Kuf_sums=(s_var, s_ell))[self._kernel_free]
+        elif self._cov is not None:
+            G = b.matrix_gradients()
             grad = self._cov.kernel_gradient(G.Kuu, G.Kuf, G.Kff_diag)[self._kernel_free]
         else:
-            grad = parameter_gradient(self.hp, self.X, G)
+            grad = parameter_gradient(self.hp, self.X, b.matrix_gradients())
+        xi_grad = b.xi_gradient() if with_xi else None
         if with_xi:
-            grad = np.concatenate([grad, b.xi_gradient()])
+            grad = np.concatenate([grad, xi_grad])
         return b.value, grad
 
     def posterior(self, xi: Array) -> InducingPosterior:

@@ -25,6 +25,7 @@ from gpinfer.fit_guard import check_objective_limit
 from gpinfer.hyper import HyperParameters
 from gpinfer.inducing import inducing_inputs
 from gpinfer.interfaces import Array, FitCallback, FitResult, Method, Problem, ValueAndGrad
+from gpinfer.kernels.initialisation import prepare_kernel
 from gpinfer.numerics.cholesky import tri_solve
 from gpinfer.optim import LBFGSB
 from gpinfer.reporting import IterationReporter, binary_signs
@@ -44,7 +45,10 @@ class _CollapsedVI(Method):
     (stop when ``|dF| / max(1, |F|) < tol`` twice in a row), ``time_budget_s``, ``bounds``
     (on every log-parameter), ``learn_inducing``, ``default_M`` (``M`` when not given),
     ``xi_lower`` (lower bound on ``xi`` when optimised), ``damping`` (Taylor: the first trial
-    fraction of each Newton step of Stage 1, then halved until the MAP objective rises).
+    fraction of each Newton step of Stage 1, then halved until the MAP objective rises),
+    ``lengthscale_init`` (``"median"``: squared length-scale = median pairwise distance, as
+    ep/sep/gfitc/svi, so that the start suits any number of features; ``"kernel"``: the
+    kernel's own, as the paper protocol's sqrt(D)).
     """
 
     #: the objective, log p(y) of discrete labels or a bound on it, is never positive
@@ -69,6 +73,7 @@ class _CollapsedVI(Method):
         "default_M": 100,
         "xi_lower": 1e-3,
         "damping": 1.0,
+        "lengthscale_init": "median",
     }
 
     # -- set-up ------------------------------------------------------------------------------
@@ -89,7 +94,8 @@ class _CollapsedVI(Method):
             raise InputError(f"{self.name} does not support mini-batches (batch_size=None)")
         X = np.asarray(problem.X, dtype=float)
         Z = inducing_inputs(problem.inducing, X, problem.rng, int(self.options["default_M"]))
-        kernel = problem.kernel.copy()
+        kernel = prepare_kernel(problem.kernel, X, None, str(self.options["lengthscale_init"]),
+                                owner=self.name)
         hp = HyperParameters(kernel, Z=Z, optimize=problem.optimize,
                              optimize_inducing=bool(self.options["learn_inducing"]))
         return CollapsedObjective(self.kind, X, s, kernel, Z, problem.likelihood, hp), hp

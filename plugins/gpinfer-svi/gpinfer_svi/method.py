@@ -223,7 +223,7 @@ class SVI(Method):
         "inducing_init": "kmeans",
         "init_q": "identity",
         "noise": None,
-        "lengthscale_init": "kernel",
+        "lengthscale_init": "median",
         "hyper_bounds": None,
     }
 

@@ -1,0 +1,227 @@
+"""Scale suite: every method that claims to scale, on large synthetic sets, next to baselines.
+
+For each data set (``gpinfer.data.generators.scale_synthetic``: 1e5-2e5 training points, 3, 10
+or 50 features, binary or three-class, balanced or unbalanced, non-linear so not linearly
+separable) and each scalable method (sep, ep with mini-batches, svi, vi-jj, vi-taylor,
+vi-jj-hybrid, vi-jj-full, pep; the three-class sets take sep, ep and svi), one fit with the
+method's defaults (M = 100, iteration counts below) prints
+
+* test accuracy and test NLL, next to plain logistic regression (scikit-learn, multinomial) and
+  the class-frequency baseline (its NLL is the entropy of the training class frequencies);
+* the fit guard's findings (``fit_warnings``: a restored best iterate, a training NLL worse than
+  the class frequencies);
+* the steady-state training time per reported iteration (iterations 2..n, training-only clock)
+  next to the iteration's FLOP count (``benchmarks/flop_models.py``) at this machine's one-thread
+  dgemm rate, measured in the same process: ``ratio = time / (FLOP / rate)``.
+
+Targets (issue "No silent garbage at scale"): every method at least as accurate as logistic
+regression, no NLL above the class-frequency baseline, no ratio above 5.
+
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/scale_suite.py \\
+        [--sets bin-d3-unbal ...] [--methods vi-taylor ...] [--out outputs/scale_suite.jsonl]
+
+Results are appended to ``--out`` one JSON line per (set, method) as they finish; pairs already
+there are skipped, so an interrupted suite resumes. ``--quick`` divides every N by 20 (a smoke
+run in a minute or two). Needs nothing from ``../shared``.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+from sklearn.linear_model import LogisticRegression  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import flop_models  # noqa: E402
+
+import gpinfer  # noqa: E402
+from gpinfer.data.generators import scale_synthetic  # noqa: E402
+from gpinfer.data.splits import standardize, train_test_split  # noqa: E402
+
+#: data sets: ``scale_synthetic`` options (20 % of ``n`` is held out for testing)
+SETS: dict[str, dict] = {
+    "bin-d3-unbal": dict(n=250_000, d=3, n_classes=2, unbalanced=True),
+    "bin-d10-bal": dict(n=125_000, d=10, n_classes=2, unbalanced=False),
+    "bin-d50-bal": dict(n=125_000, d=50, n_classes=2, unbalanced=False),
+    "tri-d3-bal": dict(n=125_000, d=3, n_classes=3, unbalanced=False),
+    "tri-d10-unbal": dict(n=125_000, d=10, n_classes=3, unbalanced=True),
+}
+#: methods: estimator arguments beyond ``M`` (defaults otherwise); ``binary_only`` marks the
+#: methods the three-class sets skip
+METHODS: dict[str, dict] = {
+    "vi-jj": dict(max_iter=30),
+    "vi-taylor": dict(max_iter=30),
+    "vi-jj-hybrid": dict(max_iter=20),
+    "vi-jj-full": dict(max_iter=60),
+    "pep": dict(max_iter=30),
+    "svi": dict(max_iter=50, batch_size=500),
+    "sep": dict(max_iter=4, batch_size=500),
+    "ep": dict(max_iter=2, batch_size=500),
+}
+BINARY_ONLY = {"vi-jj", "vi-taylor", "vi-jj-hybrid", "vi-jj-full", "pep"}
+M_INDUCING = 100
+
+
+def dgemm_rate(g: int = 2000, repeats: int = 5) -> float:
+    """Best one-thread dgemm rate (FLOP/s) of ``[g, g] @ [g, g]``."""
+    rng = np.random.default_rng(1)
+    A, B, out = rng.normal(size=(g, g)), rng.normal(size=(g, g)), np.empty((g, g))
+    np.matmul(A, B, out=out)
+    best = np.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.matmul(A, B, out=out)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * g**3 / best
+
+
+def load(name: str, quick: bool):
+    """Standardised ``(X_train, y_train, X_test, y_test)`` of set ``name``."""
+    opts = dict(SETS[name])
+    if quick:
+        opts["n"] //= 20
+    ds = scale_synthetic(seed=0, **opts)
+    split = train_test_split(ds, test_fraction=0.2, seed=0)
+    split, _ = standardize(split)
+    return split.X_train, split.y_train, split.X_test, split.y_test
+
+
+def nll_and_accuracy(P: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    p = np.clip(P[np.arange(y.size), y], 1e-300, 1.0)
+    return float(-np.mean(np.log(p))), float(np.mean(P.argmax(axis=1) == y))
+
+
+def baselines(X, y, Xt, yt) -> dict[str, float]:
+    freq = np.bincount(y) / y.size
+    lr = LogisticRegression(max_iter=1000).fit(X, y)
+    lr_nll, lr_acc = nll_and_accuracy(lr.predict_proba(Xt), yt)
+    return {"freq_nll": float(-np.mean(np.log(freq[yt]))), "freq_acc": float(freq.max()),
+            "lr_nll": lr_nll, "lr_acc": lr_acc}
+
+
+def per_iteration_extras(method: str, extras: list[dict]) -> list[dict]:
+    """Each iteration's ``extra`` with cumulative counters turned into per-iteration ones
+    (svi ``steps`` -> ``steps_in_iteration``, vi-jj-full ``nfev``)."""
+    out, prev = [], {}
+    for extra in extras:
+        row = dict(extra)
+        if method == "svi" and "steps" in extra:
+            row["steps_in_iteration"] = extra["steps"] - prev.get("steps", 0.0)
+        if method == "vi-jj-full" and "nfev" in extra:
+            row["nfev"] = extra["nfev"] - prev.get("nfev", 0.0)
+        out.append(row)
+        prev = extra
+    return out
+
+
+def mean_iteration_flops(method: str, extras: list[dict], n: int, m: int, d: int,
+                         n_latent: int, batch: int | None) -> float:
+    """Mean FLOP over the iterations whose ``extras`` are given (see ``flop_models``)."""
+    per = [flop_models.iteration_flops(method, e, n=n, m=m, d=d, n_latent=n_latent, batch=batch)
+           for e in extras]
+    return float(np.mean(per)) if per else float("nan")
+
+
+def run_one(method: str, data, rate: float) -> dict:
+    X, y, Xt, yt = data
+    args = dict(METHODS[method])
+    seen = []
+    clf = gpinfer.GPClassifier(method=method, M=M_INDUCING, random_state=0, **args)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t0 = time.perf_counter()
+        try:
+            if method == "pep":  # pep's history has no evaluation / sweep counts
+                with flop_models.PepWorkCounter() as counter:
+                    clf.fit(X, y, callback=counter.wrap(seen.append))
+            else:
+                clf.fit(X, y, callback=seen.append)
+            error = None
+        except Exception as exc:  # a failed fit is a result too
+            error = f"{type(exc).__name__}: {exc}"
+        wall = time.perf_counter() - t0
+    row: dict = {"method": method, "wall_s": wall, "error": error,
+                 "warnings": sorted({str(w.message)[:160] for w in caught})}
+    if error is not None:
+        return row
+    nll, acc = nll_and_accuracy(clf.predict_proba(Xt), yt)
+    C = int(np.max(y)) + 1
+    n_latent = 1 if C == 2 and method not in ("sep", "ep") else C
+    steady = seen[1:]
+    secs = ((seen[-1].elapsed - seen[0].elapsed) / len(steady)) if steady else float("nan")
+    extras = per_iteration_extras(method, [dict(i.extra) for i in seen])[1:]
+    flops = mean_iteration_flops(method, extras, n=X.shape[0], m=M_INDUCING, d=X.shape[1],
+                                 n_latent=n_latent, batch=args.get("batch_size"))
+    floor = flops / rate
+    row.update(test_nll=nll, test_acc=acc, fit_warnings=list(clf.fit_warnings_),
+               n_iter=int(clf.n_iter_), train_s=float(seen[-1].elapsed) if seen else wall,
+               s_per_iter=secs, gflop_per_iter=flops / 1e9, floor_s=floor,
+               ratio=secs / floor if floor > 0 else float("nan"),
+               kernel=str(clf.kernel_))
+    return row
+
+
+def print_table(rows: list[dict]) -> None:
+    head = ("set", "method", "acc", "LR acc", "NLL", "freq NLL", "LR NLL", "s/it", "GFLOP/it",
+            "ratio", "warnings")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        if r.get("error"):
+            print(f"| {r['set']} | {r['method']} | FAILED: {r['error'][:80]} |")
+            continue
+        cells = (r["set"], r["method"], f"{r['test_acc']:.4f}", f"{r['lr_acc']:.4f}",
+                 f"{r['test_nll']:.4f}", f"{r['freq_nll']:.4f}", f"{r['lr_nll']:.4f}",
+                 f"{r['s_per_iter']:.3f}", f"{r['gflop_per_iter']:.2f}", f"{r['ratio']:.2f}",
+                 ",".join(r["fit_warnings"]) or "-")
+        print("| " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sets", nargs="*", default=list(SETS), choices=list(SETS))
+    ap.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--out", default="outputs/scale_suite.jsonl")
+    ap.add_argument("--quick", action="store_true", help="N / 20: a smoke run")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    done = {(r["set"], r["method"], r.get("quick", False)) for r in rows}
+    with threadpool_limits(limits=1):
+        rate = dgemm_rate()
+        print(f"dgemm, one thread: {rate / 1e9:.1f} GFLOP/s", flush=True)
+        for name in args.sets:
+            data = None
+            for method in args.methods:
+                three = SETS[name]["n_classes"] > 2
+                if (three and method in BINARY_ONLY) or (name, method, args.quick) in done:
+                    continue
+                if data is None:
+                    data = load(name, args.quick)
+                    base = baselines(*data)
+                row = {"set": name, "quick": args.quick, "n_train": int(data[0].shape[0]),
+                       "dgemm_gflops": rate / 1e9, **base, **run_one(method, data, rate)}
+                rows.append(row)
+                with out.open("a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+                print_table([row])
+    print()
+    print_table([r for r in rows if r.get("quick", False) == args.quick])
+
+
+if __name__ == "__main__":
+    main()
