@@ -59,6 +59,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+
+def dgemm_rate(g: int = 2000, repeats: int = 5) -> float:
+    """Best one-thread dgemm rate (FLOP/s) of ``[g, g] @ [g, g]`` over ``repeats`` products
+    (call it inside ``threadpool_limits(limits=1)``)."""
+    import time
+
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    A, B, out = rng.normal(size=(g, g)), rng.normal(size=(g, g)), np.empty((g, g))
+    np.matmul(A, B, out=out)  # warm-up
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.matmul(A, B, out=out)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * g**3 / best
+
+
 # --------------------------------------------------------------------------------------------
 # Terms
 # --------------------------------------------------------------------------------------------
@@ -119,6 +138,21 @@ def _vjp_term(B: float, M: float, D: float, learn_inducing: bool) -> Term:
                 "stationary.py:Stationary.vjp/_inputs_from", flops, flops)
 
 
+def _gradient_tail(B: int, M: int, D: int, learn_inducing: bool) -> list[Term]:
+    """The gradient terms sep and ep share: ``B_q^-1`` for the prior term, ``G_K``, ``G_uf`` and
+    the kernel VJP."""
+    return [
+        Term("gradient: B_q^-1 for the prior term: potri 2 M^3/3 (coded: two solves "
+             "against I, 2 M^3)", f"{_INDUCING}:inducing_matrix_gradients (q.B_inv(eye))",
+             2 * M**3 / 3, 2 * M**3),
+        Term("gradient: G_K = L^-T inner L^-1: 2 M^3", f"{_INDUCING}:inducing_matrix_gradients",
+             2 * M**3, 2 * M**3),
+        Term("gradient: G_uf = L^-T X: M^2 B", f"{_INDUCING}:inducing_matrix_gradients",
+             M**2 * B, M**2 * B),
+        _vjp_term(B, M, D, learn_inducing),
+    ]
+
+
 def sep_step_terms(B: int, M: int, C: int, D: int, n_latent: int,
                    learn_inducing: bool = True) -> list[Term]:
     """Itemised ``sep_step_flops`` (every term already multiplied by ``n_latent``)."""
@@ -153,14 +187,7 @@ def sep_step_terms(B: int, M: int, C: int, D: int, n_latent: int,
              f"{_INDUCING}:inducing_matrix_gradients (weighted_gram)", M**2 * B, M**2 * B),
         Term("gradient: B_cav^-1 S_E: two triangular solves 2 M^3",
              f"{_INDUCING}:WhitenedGaussian.B_inv", 2 * M**3, 2 * M**3),
-        Term("gradient: B_q^-1 for the prior term: potri 2 M^3/3 (coded: two solves "
-             "against I, 2 M^3)", f"{_INDUCING}:inducing_matrix_gradients (q.B_inv(eye))",
-             2 * M**3 / 3, 2 * M**3),
-        Term("gradient: G_K = L^-T inner L^-1: 2 M^3", f"{_INDUCING}:inducing_matrix_gradients",
-             2 * M**3, 2 * M**3),
-        Term("gradient: G_uf = L^-T X: M^2 B", f"{_INDUCING}:inducing_matrix_gradients",
-             M**2 * B, M**2 * B),
-        _vjp_term(B, M, D, learn_inducing),
+        *_gradient_tail(B, M, D, learn_inducing),
     ]
     return _scaled(per_class, float(n_latent))
 
@@ -253,13 +280,7 @@ def ep_step_terms(B: int, M: int, C: int, D: int, n_latent: int,
              f"{_INDUCING}:inducing_matrix_gradients (weighted_gram)", M**2 * B, M**2 * B),
         Term("gradient: B^-1 S_E: 2 M^3", f"{_INDUCING}:WhitenedGaussian.B_inv",
              2 * M**3, 2 * M**3),
-        Term("gradient: B^-1 for the prior term: potri 2 M^3/3 (coded 2 M^3)",
-             f"{_INDUCING}:inducing_matrix_gradients (q.B_inv(eye))", 2 * M**3 / 3, 2 * M**3),
-        Term("gradient: G_K = L^-T inner L^-1: 2 M^3", f"{_INDUCING}:inducing_matrix_gradients",
-             2 * M**3, 2 * M**3),
-        Term("gradient: G_uf = L^-T X: M^2 B", f"{_INDUCING}:inducing_matrix_gradients",
-             M**2 * B, M**2 * B),
-        _vjp_term(B, M, D, learn_inducing),
+        *_gradient_tail(B, M, D, learn_inducing),
     ]
     return _scaled(per_class, float(n_latent))
 
@@ -587,26 +608,30 @@ def collapsed_iteration_flops(method: str, N: int, M: int, nfev: float,
                               n_upd: int = COLLAPSED_N_UPD) -> float:
     """Needed FLOP of one reported iteration of vi-jj / vi-taylor / vi-jj-hybrid / vi-jj-full.
 
-    Every term is ``N M^2``-sized (``M^3`` and ``O(N M)`` work is not counted):
+    Every term is ``N M^2``-sized (``M^3`` and ``O(N M)`` work is not counted; a triangular
+    solve or ``syrk`` with ``N`` right-hand sides is ``N M^2``, a general ``[M, M] x [M, N]``
+    product or contraction ``2 N M^2``):
 
-    * Stage 1 (not vi-jj-full): the marginals of the carried ``q(u)`` (``[M, M] @ [M, N]``:
-      ``2 N M^2``; vi-taylor needs only the means: 0), then ``n_upd`` closed-form rounds, each
+    * Stage 1 (not vi-jj-full), ``n_upd`` closed-form rounds at fixed ``theta``, each
       ``C = I + 2 R Gamma R^T`` (syrk: ``N M^2``) and, for the JJ rule, the marginal variances
-      ``||L_C^-1 r_i||^2`` (trsm: ``N M^2``); ``R = L_K^-1 Kuf`` is reused from Stage 2.
-      (``gpinfer_jj.method._stage1``, ``gpinfer_jj.taylor.newton_rounds``)
-    * Stage 2: ``nfev`` evaluations of the bound and its gradient
-      (``gpinfer_jj.bound.CollapsedObjective.value_and_grad``), each ``R`` (trsm: ``N M^2``),
-      ``C`` (``N M^2``), ``dF/dKuf = P @ (R Gamma)`` (``2 N M^2``) and, where ``xi`` moves too
-      (hybrid, full), the marginal variances for ``dF/dxi`` (``N M^2``): ``4`` or ``5 N M^2``.
+      ``||L_C^-1 r_i||^2`` (``N M^2``); the marginals of the carried ``q(u)`` are those of the
+      previous Stage-2 end point (no product). (``gpinfer_jj.method._stage1``,
+      ``gpinfer_jj.taylor.newton_rounds``)
+    * Stage 2, ``nfev`` evaluations of the bound and its gradient
+      (``gpinfer_jj.bound.CollapsedObjective.value_and_grad``). The first is at the Stage-1
+      end point, where ``R``, ``C`` and the marginals are known: only the ``Kuf`` part of the
+      kernel gradient (``2 N M^2``). Each further one: ``R = L_K^-1 Kuf`` (``N M^2``), ``C``
+      (``N M^2``), the contraction (``2 N M^2``) and, where ``xi`` moves too (hybrid), the
+      marginal variances for ``dF/dxi`` (``N M^2``): ``4`` or ``5 N M^2``.
+    * vi-jj-full: ``nfev`` evaluations at new points, ``5 N M^2`` each.
     """
     nm2 = float(N) * M * M
-    with_xi = method in ("vi-jj-hybrid", "vi-jj-full")
-    stage2 = float(nfev) * (5.0 if with_xi else 4.0) * nm2
     if method == "vi-jj-full":
-        return stage2
-    if method == "vi-taylor":
-        return n_upd * nm2 + stage2
-    return 2.0 * nm2 + n_upd * 2.0 * nm2 + stage2
+        return float(nfev) * 5.0 * nm2
+    per_eval = 5.0 if method == "vi-jj-hybrid" else 4.0
+    stage2 = (2.0 + per_eval * (float(nfev) - 1.0)) * nm2 if nfev >= 1 else 0.0
+    stage1 = n_upd * (1.0 if method == "vi-taylor" else 2.0) * nm2
+    return stage1 + stage2
 
 
 def _warn_once(key: str, message: str) -> None:

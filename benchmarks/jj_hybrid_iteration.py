@@ -4,8 +4,8 @@ Measures, in one process on one BLAS thread:
 
 * the dgemm rate (best of ``--gemm-repeats`` products ``[g, g] @ [g, g]``, ``2 g^3`` FLOP each);
 * the training time per outer iteration of ``GPClassifier(method="vi-jj-hybrid", M=100,
-  likelihood="logit")`` (default options ``n_upd=3``, ``maxfun=5``) on a skin-like synthetic
-  set (``N = --n`` training points, ``D = 3``, ~20% positives, near-separable), from the
+  likelihood="logit")`` (default options ``n_upd=3``, ``maxfun=5``) on the skin-shaped
+  ``scale_synthetic`` set (``N = --n`` training points, ``D = 3``, 1:4 classes), from the
   callback's ``elapsed`` (training-only clock). Iteration 1 is reported apart and left out of
   the mean: it starts from ``q(u) = N(0, I)`` and computes the first kernel factors;
 * the FLOP count of each outer iteration, counted from the algorithm as evaluations x the
@@ -24,7 +24,8 @@ Measures, in one process on one BLAS thread:
     gradient contraction (``2 N M^2``): ``5 N M^2``;
   - ``q(u)`` at the end point of Stage 2 (the last evaluation): nothing new.
 
-  So ``(2 n_upd + 2 + 5 (nfev - 1)) N M^2``; floor = FLOP / dgemm rate; the script prints
+  So ``(2 n_upd + 2 + 5 (nfev - 1)) N M^2`` (``flop_models.collapsed_iteration_flops``);
+  floor = FLOP / dgemm rate; the script prints
   time / floor, and (``--split``) how much of the time the L-BFGS-B driver itself takes (its
   bound handling is ``O(N)`` Python per call with ``N`` bounded ``xi``).
 
@@ -42,48 +43,19 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import flop_models  # noqa: E402
+
 import gpinfer  # noqa: E402
-
-
-def skin_like(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` standardised training points ``[n, 3]`` and labels ``[n]`` (~20% ones)."""
-    rng = np.random.default_rng(seed)
-    N = int(n * 1.25)
-    X = rng.normal(size=(N, 3))
-    f = 2.5 * np.sin(1.5 * X[:, 0]) + X[:, 1] ** 2 - 1.5 * X[:, 2]
-    thr = np.quantile(f, 0.8)
-    p = 1.0 / (1.0 + np.exp(-8.0 * (f - thr)))
-    y = (rng.uniform(size=N) < p).astype(int)
-    Xtr, ytr = X[:n], y[:n]
-    mean, std = Xtr.mean(axis=0), Xtr.std(axis=0)
-    return (Xtr - mean) / std, ytr
-
-
-def dgemm_rate(g: int, repeats: int) -> float:
-    """Best dgemm rate (FLOP/s) of ``[g, g] @ [g, g]`` over ``repeats`` products."""
-    rng = np.random.default_rng(1)
-    A, B = rng.normal(size=(g, g)), rng.normal(size=(g, g))
-    C = np.empty((g, g))
-    np.matmul(A, B, out=C)  # warm-up
-    best = np.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.matmul(A, B, out=C)
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * g**3 / best
-
-
-def iteration_flops(n: int, m: int, n_upd: int, nfev: float) -> float:
-    """FLOP of one steady-state outer iteration (see the module docstring)."""
-    nm2 = float(n) * m * m
-    stage1 = n_upd * 2.0 * nm2
-    stage2 = (2.0 + 5.0 * (nfev - 1.0)) * nm2 if nfev >= 1 else 0.0
-    return stage1 + stage2
+from gpinfer.data.generators import scale_synthetic  # noqa: E402
 
 
 def time_lbfgs_driver() -> dict[str, float]:
@@ -126,10 +98,10 @@ def main() -> None:
                     help="also time the L-BFGS-B driver apart from the objective")
     args = ap.parse_args()
 
-    X, y = skin_like(args.n)
-    n_upd = 3
+    ds = scale_synthetic(args.n, d=3, n_classes=2, unbalanced=True, seed=0)
+    X, y = (ds.X - ds.X.mean(axis=0)) / ds.X.std(axis=0), ds.y
     with threadpool_limits(limits=1):
-        rate = dgemm_rate(args.gemm, args.gemm_repeats)
+        rate = flop_models.dgemm_rate(args.gemm, args.gemm_repeats)
         print(f"dgemm {args.gemm}x{args.gemm} @ {args.gemm}x{args.gemm}, 1 thread: "
               f"{rate / 1e9:.1f} GFLOP/s")
         seen = []
@@ -155,7 +127,7 @@ def main() -> None:
         else:
             clf.fit(X, y, callback=callback)
         wall = time.perf_counter() - t0
-        rate_after = dgemm_rate(args.gemm, args.gemm_repeats)
+        rate_after = flop_models.dgemm_rate(args.gemm, args.gemm_repeats)
     m = clf.fit_result_.state["Z"].shape[0]  # K-means may drop duplicate centres
     print(f"N = {args.n}, D = {X.shape[1]}, M = {m}, positives {y.mean():.3f}; "
           f"fit wall {wall:.2f} s (set-up included); dgemm after the fit "
@@ -163,7 +135,7 @@ def main() -> None:
     prev = 0.0
     for info in seen:
         nfev = info.extra.get("nfev", float("nan"))
-        flops = iteration_flops(args.n, m, n_upd, nfev)
+        flops = flop_models.collapsed_iteration_flops("vi-jj-hybrid", args.n, m, nfev)
         dt = info.elapsed - prev
         prev = info.elapsed
         print(f"  iteration {info.iteration}: {dt:6.2f} s, nfev {nfev:.0f}, "
@@ -174,7 +146,8 @@ def main() -> None:
         return
     rest = seen[1:]
     secs = (seen[-1].elapsed - seen[0].elapsed) / len(rest)
-    flops = np.mean([iteration_flops(args.n, m, n_upd, i.extra["nfev"]) for i in rest])
+    flops = np.mean([flop_models.collapsed_iteration_flops("vi-jj-hybrid", args.n, m,
+                                                         i.extra["nfev"]) for i in rest])
     floor = flops / rate
     print(f"dgemm rate          {rate / 1e9:8.1f} GFLOP/s (1 thread)")
     print(f"FLOP / iteration    {flops / 1e9:8.1f} GFLOP "

@@ -75,19 +75,6 @@ BINARY_ONLY = {"vi-jj", "vi-taylor", "vi-jj-hybrid", "vi-jj-full", "pep"}
 M_INDUCING = 100
 
 
-def dgemm_rate(g: int = 2000, repeats: int = 5) -> float:
-    """Best one-thread dgemm rate (FLOP/s) of ``[g, g] @ [g, g]``."""
-    rng = np.random.default_rng(1)
-    A, B, out = rng.normal(size=(g, g)), rng.normal(size=(g, g)), np.empty((g, g))
-    np.matmul(A, B, out=out)
-    best = np.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.matmul(A, B, out=out)
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * g**3 / best
-
-
 def load(name: str, quick: bool):
     """Standardised ``(X_train, y_train, X_test, y_test)`` of set ``name``."""
     opts = dict(SETS[name])
@@ -166,6 +153,8 @@ def run_one(method: str, data, rate: float) -> dict:
     flops = mean_iteration_flops(method, extras, n=X.shape[0], m=M_INDUCING, d=X.shape[1],
                                  n_latent=n_latent, batch=args.get("batch_size"))
     floor = flops / rate
+    keys = sorted({k for e in extras for k in e})
+    row["mean_extra"] = {k: float(np.mean([e.get(k, np.nan) for e in extras])) for k in keys}
     row.update(test_nll=nll, test_acc=acc, fit_warnings=list(clf.fit_warnings_),
                n_iter=int(clf.n_iter_), train_s=float(seen[-1].elapsed) if seen else wall,
                s_per_iter=secs, gflop_per_iter=flops / 1e9, floor_s=floor,
@@ -202,7 +191,7 @@ def main() -> None:
     rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     done = {(r["set"], r["method"], r.get("quick", False)) for r in rows}
     with threadpool_limits(limits=1):
-        rate = dgemm_rate()
+        rate = flop_models.dgemm_rate()
         print(f"dgemm, one thread: {rate / 1e9:.1f} GFLOP/s", flush=True)
         for name in args.sets:
             data = None
