@@ -42,8 +42,7 @@ What one reported iteration (``IterationInfo`` / history row) is:
   bound (usually 1; 2 in the first iteration, which includes the evaluation at the starting point;
   more when the line search backtracks), each running the sites to convergence (``S`` parallel
   sweeps, warm-started; about 25-45 on the synthetic problem) and then the energy and its
-  gradient. **Neither nfev nor the sweep count is in pep's history** (its ``extra`` is ``{}``);
-  ``PepWorkCounter`` counts both and can add them to each ``IterationInfo.extra``.
+  gradient. pep reports both per iteration in ``extra`` (``nfev``, ``sweeps``).
 
 Usage: ``iteration_flops(method, extra, n=, m=, d=, n_latent=, batch=)`` (what ``scale_suite``
 calls), or the per-method functions. ``python benchmarks/flop_models.py`` prints the models at
@@ -52,12 +51,9 @@ the suite's sizes.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 
 def dgemm_rate(g: int = 2000, repeats: int = 5) -> float:
@@ -440,7 +436,7 @@ def svi_steps_per_iteration(N: int, B: int | None, report_every: int | None = No
 
 _R1 = "gpinfer/sites/rank_one.py"
 #: sweeps per bound evaluation assumed when they were not counted (measured 26-46 on a
-#: synthetic N = 20 000, D = 3 problem with the defaults; use ``PepWorkCounter`` instead)
+#: synthetic N = 20 000, D = 3 problem with the defaults; pep reports its own counts)
 PEP_DEFAULT_SWEEPS_PER_EVAL = 30
 
 
@@ -494,8 +490,8 @@ def pep_iteration_flops(N: int, M: int, D: int, nfev: float, sweeps: float | Non
     sweeps to convergence (``converge`` -> ``RankOnePEPSites.run``, warm-started) and evaluates
     the energy with its gradient. ``sweeps`` is the total number of site sweeps over the
     iteration's evaluations (default ``nfev * PEP_DEFAULT_SWEEPS_PER_EVAL``, a rough guess).
-    pep's history has neither count (its ``extra`` is ``{}``): count them with
-    ``PepWorkCounter``, which adds ``nfev`` and ``sweeps`` to each ``IterationInfo.extra``.
+    pep reports both counts of each iteration in ``IterationInfo.extra`` (``nfev``,
+    ``sweeps``).
 
     Per evaluation with ``S`` sweeps (rank_one.py):
 
@@ -525,68 +521,6 @@ def pep_iteration_flops(N: int, M: int, D: int, nfev: float, sweeps: float | Non
     per_sweep = _sum(pep_evaluation_terms(N, M, D, 1.0, learn_inducing=learn_inducing),
                      coded) - fixed
     return nfev * fixed + S * per_sweep
-
-
-class PepWorkCounter:
-    """Counts pep's bound evaluations and site sweeps, which its history does not report.
-
-    ``with PepWorkCounter() as pc: clf.fit(X, y, callback=pc.wrap(callback))``: while active,
-    ``_Classification.evaluate`` and ``RankOnePEPSites.update`` are wrapped (class attributes,
-    restored on exit) and every ``IterationInfo`` reaching ``callback`` carries ``nfev`` and
-    ``sweeps`` of that iteration in ``extra`` (counts since the previous report). The final
-    re-evaluation after L-BFGS-B and the post-training sweeps come after the last report and
-    are in no iteration. ``pc.nfev`` / ``pc.sweeps`` are the running totals.
-    """
-
-    def __init__(self) -> None:
-        self.nfev = 0
-        self.sweeps = 0
-        self._marked = (0, 0)
-        self._saved: list[tuple[type, str, Any]] = []
-
-    def __enter__(self) -> PepWorkCounter:
-        from gpinfer_pep.method import _Classification
-
-        from gpinfer.sites.rank_one import RankOnePEPSites
-
-        orig_eval, orig_update = _Classification.evaluate, RankOnePEPSites.update
-        counter = self
-
-        def evaluate(obj, theta):
-            counter.nfev += 1
-            return orig_eval(obj, theta)
-
-        def update(obj, batch=None):
-            counter.sweeps += 1
-            return orig_update(obj, batch)
-
-        self._saved = [(_Classification, "evaluate", orig_eval),
-                       (RankOnePEPSites, "update", orig_update)]
-        _Classification.evaluate = evaluate
-        RankOnePEPSites.update = update
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for owner, name, value in self._saved:
-            setattr(owner, name, value)
-        self._saved = []
-
-    def mark(self) -> dict[str, float]:
-        """``{"nfev", "sweeps"}`` since the previous ``mark``."""
-        now = (self.nfev, self.sweeps)
-        out = {"nfev": float(now[0] - self._marked[0]), "sweeps": float(now[1] - self._marked[1])}
-        self._marked = now
-        return out
-
-    def wrap(self, callback: Callable | None) -> Callable:
-        """A fit callback adding this iteration's ``nfev`` and ``sweeps`` to ``info.extra``."""
-
-        def cb(info):
-            info = dataclasses.replace(info, extra={**dict(info.extra), **self.mark()})
-            if callback is not None:
-                callback(info)
-
-        return cb
 
 
 # --------------------------------------------------------------------------------------------
@@ -646,8 +580,8 @@ def iteration_flops(method: str, extra: dict[str, float] | None = None, *, n: in
 
     ``extra``: that iteration's ``IterationInfo.extra``. Used keys: svi ``steps_in_iteration``
     (else the default ``report_every``; its own ``steps`` key is cumulative), pep ``nfev`` and
-    ``sweeps`` (from ``PepWorkCounter``; else 1 evaluation and ``PEP_DEFAULT_SWEEPS_PER_EVAL``
-    sweeps, with a warning), the collapsed methods' ``nfev`` (per iteration; vi-jj-full's own
+    ``sweeps`` (per iteration; else 1 evaluation and ``PEP_DEFAULT_SWEEPS_PER_EVAL`` sweeps,
+    with a warning), the collapsed methods' ``nfev`` (per iteration; vi-jj-full's own
     key is cumulative: pass the difference). Methods without a model here give NaN (with a warning).
     """
     extra = dict(extra or {})
@@ -667,8 +601,8 @@ def iteration_flops(method: str, extra: dict[str, float] | None = None, *, n: in
             _warn_once("pep-batch", "flop_models: pep is modelled in full-batch mode only; NaN")
             return math.nan
         if "nfev" not in extra:
-            _warn_once("pep", "flop_models: pep's history has no nfev/sweeps (use "
-                       "PepWorkCounter); assuming 1 evaluation and "
+            _warn_once("pep", "flop_models: pep's extra has no nfev/sweeps; assuming 1 "
+                       "evaluation and "
                        f"{PEP_DEFAULT_SWEEPS_PER_EVAL} sweeps per iteration")
         nfev = float(extra.get("nfev", 1.0))
         return pep_iteration_flops(n, m, d, nfev, extra.get("sweeps"), coded=coded)

@@ -221,6 +221,15 @@ class _Fit:
         self.history: list[dict[str, float]] = []
         self.hp = HyperParameters(kernel, self.lik, Z, optimize=problem.optimize,
                                   optimize_inducing=bool(self.opt["learn_inducing"]))
+        #: energy evaluations and site sweeps so far, and at the last report
+        self.work = {"nfev": 0, "sweeps": 0}
+        self._reported_work = dict(self.work)
+
+    def work_since_report(self) -> dict[str, float]:
+        """Evaluations (``nfev``) and site sweeps (``sweeps``) since the last report."""
+        out = {k: float(v - self._reported_work[k]) for k, v in self.work.items()}
+        self._reported_work = dict(self.work)
+        return out
 
     @property
     def Z(self) -> Array:
@@ -263,7 +272,7 @@ class _Fit:
 
         def cb(it: int, x: Array, value: float) -> bool:
             self.hp.unpack(x)
-            self.report(it, value, self.snapshot(), {})
+            self.report(it, value, self.snapshot(), self.work_since_report())
             return window is not None and plateaued(
                 [h["objective"] for h in self.history], int(window), float(self.opt["stop_tol"]))
         return cb
@@ -289,6 +298,7 @@ class _Regression(_Fit):
         )
 
     def evaluate(self, theta: Array) -> tuple[float, Array]:
+        self.work["nfev"] += 1
         self.hp.unpack(theta)
         geo = self.geometry()
         Kbb = None if self.blocks is None else [self.kernel.K(self.X[b]) for b in self.blocks]
@@ -358,8 +368,9 @@ class _Classification(_Fit):
         return sweeps
 
     def evaluate(self, theta: Array) -> tuple[float, Array]:
+        self.work["nfev"] += 1
         self.hp.unpack(theta)
-        self.converge()
+        self.work["sweeps"] += self.converge()
         out = self.sites.energy()
         return out.value, parameter_gradient(self.hp, self.X, out.gradients)
 
