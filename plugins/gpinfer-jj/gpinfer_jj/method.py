@@ -279,6 +279,10 @@ class ViTaylor(_CollapsedVI):
     name: ClassVar[str] = "vi-taylor"
     kind = "taylor"
     xi_mode = "closed"
+    #: the Taylor surrogate is no bound: away from the Newton fixed point (where it is the
+    #: DTC-Laplace evidence, never positive) sites on wrongly classified points can lift it above
+    #: 0 legitimately; its failure mode is caught in Stage 1 (``gpinfer_jj.taylor``)
+    objective_limit: ClassVar[float | None] = None
     likelihoods: ClassVar[tuple[str, ...]] = ("logit", "probit")
 
 
