@@ -65,24 +65,19 @@ def time_lbfgs_driver() -> dict[str, float]:
     from gpinfer.optim.lbfgs import LBFGSB
 
     acc = {"maximize": 0.0, "objective": 0.0}
-    maximize, value_and_grad = LBFGSB.maximize, CollapsedObjective.value_and_grad
 
-    def timed_maximize(self, *a, **k):
-        t0 = time.perf_counter()
-        try:
-            return maximize(self, *a, **k)
-        finally:
-            acc["maximize"] += time.perf_counter() - t0
+    def timed(fn, key: str):
+        def wrapper(self, *a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(self, *a, **k)
+            finally:
+                acc[key] += time.perf_counter() - t0
 
-    def timed_value_and_grad(self, *a, **k):
-        t0 = time.perf_counter()
-        try:
-            return value_and_grad(self, *a, **k)
-        finally:
-            acc["objective"] += time.perf_counter() - t0
+        return wrapper
 
-    LBFGSB.maximize = timed_maximize
-    CollapsedObjective.value_and_grad = timed_value_and_grad
+    LBFGSB.maximize = timed(LBFGSB.maximize, "maximize")
+    CollapsedObjective.value_and_grad = timed(CollapsedObjective.value_and_grad, "objective")
     return acc
 
 

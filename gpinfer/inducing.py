@@ -13,6 +13,8 @@ import numpy as np
 from scipy.cluster.vq import kmeans2
 
 from gpinfer.errors import InputError
+from gpinfer.numerics import settings
+from gpinfer.numerics.quadrature import chunk_slices
 
 Array = np.ndarray
 
@@ -74,10 +76,6 @@ def inducing_inputs(spec: int | Array | None, X: Array, rng: np.random.Generator
 DISTANCE_CACHE_MAX_ENTRIES = 30_000_000
 
 
-#: bytes of one block in the blocked elementwise passes over ``[M, N]`` arrays (cache-sized)
-_BLOCK_BYTES = 1 << 21
-
-
 def _sqdist(A: Array, B: Array) -> Array:
     """Squared Euclidean distances ``[Na, Nb]`` (expanded form, clipped at 0)."""
     r2 = np.sum(A * A, axis=1)[:, None] + np.sum(B * B, axis=1)[None, :] - 2.0 * (A @ B.T)
@@ -97,10 +95,9 @@ def _scaled_exp(D: Array, scale: float, factor: float, out: Array | None = None)
         np.exp(out, out=out)
         out *= factor
         return out
-    step = max(1, _BLOCK_BYTES // (8 * max(view_in.shape[1], 1)))
-    for s in range(0, view_in.shape[0], step):
-        block = view_out[s : s + step]
-        np.multiply(view_in[s : s + step], scale, out=block)
+    for rows in chunk_slices(view_in.shape[0], view_in.shape[1], settings.CACHE_BLOCK_FLOATS):
+        block = view_out[rows]
+        np.multiply(view_in[rows], scale, out=block)
         np.exp(block, out=block)
         block *= factor
     return out

@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 from scipy.linalg import LinAlgError, cho_solve, cholesky, solve_triangular
+from scipy.linalg.blas import dtrsm
 
 from gpinfer.errors import NumericalError
 from gpinfer.numerics import settings
@@ -83,3 +84,14 @@ def chol_inverse(L: Array) -> Array:
     """``(L L^T)^-1`` from the factor (use only where the full inverse is really needed)."""
     Linv = tri_solve(L, np.eye(L.shape[0]))
     return Linv.T @ Linv
+
+
+def solve_rows(L: Array, B: Array) -> None:
+    """``B <- B L^-T`` in place for lower-triangular ``L [M, M]`` and C-contiguous ``B [n, M]``:
+    each row ``b`` becomes ``L^-1 b`` (one BLAS ``trsm`` on the ``[M, n]`` Fortran view; pass
+    ``L`` Fortran-ordered to avoid a copy per call)."""
+    if B.size == 0:
+        return
+    out = dtrsm(1.0, L, B.T, side=0, lower=1, overwrite_b=1)
+    if not np.shares_memory(out, B):  # the wrapper had to copy (not expected): write back
+        B[...] = out.T

@@ -147,9 +147,11 @@ def graded_edges(lo: Array, hi: Array, m: Array, s: Array, cut: float) -> Array:
     return np.sort(np.concatenate([uniform, graded], axis=1), axis=1)
 
 
-def chunk_slices(n_rows: int, floats_per_row: int) -> Iterator[slice]:
-    """Row slices such that each block holds at most ``QUADRATURE_CHUNK_FLOATS`` floats."""
-    step = max(1, settings.QUADRATURE_CHUNK_FLOATS // max(1, floats_per_row))
+def chunk_slices(n_rows: int, floats_per_row: int,
+                 max_floats: int = settings.QUADRATURE_CHUNK_FLOATS) -> Iterator[slice]:
+    """Row slices such that each block holds at most ``max_floats`` floats (at least one row;
+    ``settings.CACHE_BLOCK_FLOATS`` for cache-sized blocks)."""
+    step = max(1, int(max_floats) // max(1, floats_per_row))
     for start in range(0, n_rows, step):
         yield slice(start, min(n_rows, start + step))
 

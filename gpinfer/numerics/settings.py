@@ -46,6 +46,9 @@ MULTICLASS_GH_MIN_ORDER = 3
 MULTICLASS_GH_MAX_ORDER = 128
 #: largest number of floats in one block of a vectorised multi-class quadrature (memory bound)
 QUADRATURE_CHUNK_FLOATS = 2**22
+#: floats in one block of the blocked O(N M) passes over data rows (2 MiB: a few fit in the L3
+#: cache, so the element-wise work around each BLAS call touches the block while it is cached)
+CACHE_BLOCK_FLOATS = 2**18
 #: multi-class nested expectations (argmax with noise: expected log-likelihood, power != 1), whose
 #: integrand is itself a 1-D quadrature: node budget of the outer Gauss-Hermite product rule
 MULTICLASS_NESTED_GH_NODE_BUDGET = 1024

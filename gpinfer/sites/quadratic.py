@@ -21,33 +21,20 @@ from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
-from scipy.linalg.blas import dtrsm
 from scipy.special import expit, log_expit
 
 from gpinfer.interfaces import Array, MatrixGradients
-from gpinfer.numerics.cholesky import chol_solve, jittered_cholesky, tri_solve
-from gpinfer.numerics.quadrature import LogSigmoid
+from gpinfer.numerics import settings
+from gpinfer.numerics.cholesky import chol_solve, jittered_cholesky, solve_rows, tri_solve
+from gpinfer.numerics.quadrature import LogSigmoid, chunk_slices
 
 #: below this |xi| the JJ lambda and lambda' use their Taylor series (spec §2.8)
 JJ_SERIES_CUT = 1e-3
-#: bytes of one block of data rows in the blocked ``O(N M)`` passes (a few fit in the L3 cache)
-BLOCK_BYTES = 1 << 21
 
 
 def row_blocks(n: int, m: int) -> list[slice]:
-    """Slices of ``0..n`` into blocks of rows of an ``[n, m]`` array of about ``BLOCK_BYTES``."""
-    step = max(64, BLOCK_BYTES // (8 * max(int(m), 1)))
-    return [slice(s, min(s + step, n)) for s in range(0, n, step)]
-
-
-def solve_rows(L: Array, B: Array) -> None:
-    """``B <- B L^-T`` in place for lower-triangular ``L [M, M]`` and C-contiguous ``B [n, M]``:
-    each row ``b`` becomes ``L^-1 b`` (one BLAS ``trsm`` on the ``[M, n]`` Fortran view)."""
-    if B.size == 0:
-        return
-    out = dtrsm(1.0, L, B.T, side=0, lower=1, overwrite_b=1)
-    if not np.shares_memory(out, B):  # the wrapper had to copy (not expected): write back
-        B[...] = out.T
+    """Cache-sized slices of the rows of an ``[n, m]`` array (``settings.CACHE_BLOCK_FLOATS``)."""
+    return list(chunk_slices(n, m, settings.CACHE_BLOCK_FLOATS))
 
 
 class QuadraticCoefficients(NamedTuple):
@@ -224,6 +211,11 @@ class CollapsedBound:
     def a(self) -> Array:
         """``a = B^-1 Kmn beta = Kmm^-1 mu_hat``, ``[M]``."""
         return tri_solve(self.factors.L_K, self._v, transpose=True)
+
+    @property
+    def whitened_mean(self) -> Array:
+        """``L_K^-1 mu_hat = L_C^-T rho``, ``[M]``."""
+        return self._v
 
     @cached_property
     def mu_hat(self) -> Array:

@@ -167,21 +167,26 @@ class _CollapsedVI(Method):
                 ) -> Stage1Result:
         """``n_upd`` closed-form rounds at fixed ``theta`` (Taylor: backtracked Newton rounds)."""
         fac = obj.factors()
-        if self.options["carry"] == "xi" and xi is not None:
-            b = obj.bound(xi, fac)
-            mean, var, nu = b.m_hat, b.S2_hat, tri_solve(fac.L_K, b.mu_hat)
-        else:
-            mean, var = fac.marginals(mu, Sigma)
-            nu = tri_solve(fac.L_K, mu)
         n_upd = int(self.options["n_upd"])
-        if obj.kind == "taylor":
+        carried = obj.bound(xi, fac) if self.options["carry"] == "xi" and xi is not None else None
+        if obj.kind == "taylor":  # the Newton rounds need the means only
+            if carried is None:
+                nu = tri_solve(fac.L_K, mu)
+                mean = fac.R.T @ nu
+            else:
+                nu, mean = carried.whitened_mean, carried.m_hat
             taylor = MapObjective(obj.s, obj.link)
             return newton_rounds(taylor, fac, lambda x: obj.bound(x, fac),
                                  taylor.point(nu, mean), n_upd, float(self.options["damping"]))
+        # S2_hat before m_hat: the pass over R that gives the variances gives the means too
+        if carried is None:
+            mean, var = fac.marginals(mu, Sigma)
+        else:
+            var, mean = carried.S2_hat, carried.m_hat
         for _ in range(n_upd):
             xi = obj.xi_rule(mean, var)
             b = obj.bound(xi, fac)
-            mean, var = b.m_hat, b.S2_hat
+            var, mean = b.S2_hat, b.m_hat
         return Stage1Result(b.mu_hat, b.Sigma_hat, xi, b.value, 0)
 
     def _fit_alternating(self, problem, obj, hp, rep, log) -> tuple[Array, float, int]:

@@ -23,7 +23,6 @@ from typing import NamedTuple
 import numpy as np
 
 from gpinfer.interfaces import Array
-from gpinfer.numerics.cholesky import tri_solve
 from gpinfer.numerics.quadrature import LogSigmoid
 from gpinfer.sites.quadratic import CollapsedBound, InducingFactors
 
@@ -94,7 +93,7 @@ def newton_rounds(
     for _ in range(int(n_rounds)):
         xi = point.mean
         b = bound(xi)
-        target_nu = tri_solve(factors.L_K, b.mu_hat)
+        target_nu = b.whitened_mean
         d_nu, d_mean = target_nu - point.nu, b.m_hat - point.mean
         slope = map_objective.slope(point, d_nu, d_mean)
         allowance = ROUND_OFF * (1.0 + abs(point.value))
