@@ -1,18 +1,33 @@
-# gpinfer: `make run` (set up + default experiment) and `make test` (set up + lint + tests).
+# gpinfer: `make run` (set up + default experiment), `make test` (set up + lint + types + tests).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 PLUGINS := $(sort $(wildcard plugins/*/pyproject.toml))
 STAMP  := $(VENV)/.installed
+# the oldest Python gpinfer supports (pyproject.toml: requires-python)
+PY_OK  := import sys; sys.exit(sys.version_info < (3, 11))
+# `make ui PORT=5001 HOST=0.0.0.0`
+PORT   ?= 5000
+HOST   ?= 127.0.0.1
 
-.PHONY: install run test lint ui clean
+.PHONY: install run test lint typecheck ui clean
 
-install: $(STAMP)
+# A .venv made by an unsupported (or since removed) Python is rebuilt; outputs/ is kept.
+install:
+	@$(BIN)/python -c "$(PY_OK)" 2>/dev/null || test ! -e $(VENV) || { \
+	  echo "$(VENV) was made by an unsupported or missing Python: rebuilding it"; rm -rf $(VENV); }
+	@$(MAKE) -s --no-print-directory $(STAMP)
 
-$(STAMP): pyproject.toml $(PLUGINS)
+# pip's output goes to $(VENV)/install.log and is shown only when the install fails
+$(STAMP): pyproject.toml setup.py $(PLUGINS)
+	@$(PYTHON) -c "$(PY_OK)" || { echo "gpinfer needs Python >= 3.11; $(PYTHON) is \
+	  $$($(PYTHON) -V 2>&1). Run: make PYTHON=/path/to/python3.11 ..."; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[dev]" $(foreach p,$(PLUGINS),-e $(dir $(p)))
+	@echo "installing gpinfer and its plugins into $(VENV) (log: $(VENV)/install.log)"
+	@{ $(BIN)/python -m pip install --upgrade pip && \
+	   $(BIN)/python -m pip install -e ".[dev]" $(foreach p,$(PLUGINS),-e $(dir $(p))); \
+	 } > $(VENV)/install.log 2>&1 || { tail -n 30 $(VENV)/install.log; \
+	   echo "make install failed: see $(VENV)/install.log"; exit 1; }
 	@touch $(STAMP)
 
 run: install
@@ -21,11 +36,16 @@ run: install
 lint: install
 	$(BIN)/ruff check .
 
-test: lint
+# mypy on gpinfer/ and the plugins' packages ([tool.mypy] in pyproject.toml)
+typecheck: install
+	$(BIN)/mypy
+
+test: lint typecheck
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 ui: install
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/outputs/mlflow.db --host 127.0.0.1 --port 5000
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/outputs/mlflow.db \
+	  --host $(HOST) --port $(PORT)
 
 clean:
 	rm -rf $(VENV) outputs/* .pytest_cache .ruff_cache

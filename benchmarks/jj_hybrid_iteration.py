@@ -4,7 +4,7 @@ Measures, in one process on one BLAS thread:
 
 * the dgemm rate (best of ``--gemm-repeats`` products ``[g, g] @ [g, g]``, ``2 g^3`` FLOP each);
 * the training time per outer iteration of ``GPClassifier(method="vi-jj-hybrid", M=100,
-  likelihood="logit")`` (default options ``n_upd=3``, ``maxfun=5``) on the skin-shaped
+  likelihood="logit")`` (default options ``n_upd=3``, ``max_fun=5``) on the skin-shaped
   ``scale_synthetic`` set (``N = --n`` training points, ``D = 3``, 1:4 classes), from the
   callback's ``elapsed`` (training-only clock). Iteration 1 is reported apart and left out of
   the mean: it starts from ``q(u) = N(0, I)`` and computes the first kernel factors;

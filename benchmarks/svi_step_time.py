@@ -1,6 +1,6 @@
 """Time of one svi mini-batch step (ELBO value + gradient + AdaDelta step), spec targets:
-binary, batch 500, m = 100: < 10 ms; multi-class C = 10 (robust-max): < 50 ms (default options:
-the trapezoid rule of gpinfer_svi.robustmax; also the likelihood's log-space rule and 20-node
+binary, batch 500, m = 100: < 10 ms; multi-class C = 10 (robust-max): < 50 ms (the likelihood's
+default expectation rules: the robust-max trapezoid; also its log-space rule and 20-node
 Gauss-Hermite, which is inaccurate at C = 10).
 
     .venv/bin/python benchmarks/svi_step_time.py [--threads 1] [--repeats 30]
@@ -28,8 +28,8 @@ from gpinfer.likelihoods import BernoulliLogit, RobustMax, Softmax
 from gpinfer.optim import AdaDelta
 
 
-def make_state(lik, C, n=50000, d=22, M=100, quad=100, robustmax_nodes=None,
-               softmax_samples=None, robustmax_rule="trapezoid"):
+def make_state(lik, C, n=50000, d=22, M=100):
+    """``lik`` carries its expectation rule (``expectation=...``)."""
     rng = np.random.default_rng(0)
     X = rng.normal(size=(n, d))
     y = rng.integers(0, max(C, 2), n)
@@ -37,8 +37,7 @@ def make_state(lik, C, n=50000, d=22, M=100, quad=100, robustmax_nodes=None,
     kernels = [RBF(lengthscale=np.sqrt(d), variance=1.0) + White(0.01) for _ in range(C)]
     Z = X[rng.choice(n, M, replace=False)]
     hp = HyperParameters(kernels, Z=[Z] * C, optimize_inducing=False)
-    return VariationalState(X, y, lik, hp, C, M, quad, robustmax_nodes, softmax_samples,
-                            robustmax_rule=robustmax_rule)
+    return VariationalState(X, y, lik, hp, C, M)
 
 
 def step_times(states: dict, repeats: int, B: int = 500) -> dict[str, float]:
@@ -79,23 +78,24 @@ def main() -> None:
         parts = args.parts.split(",")
         if "binary" in parts:
             t = step_times({"fast": make_state(BernoulliLogit(), 1),
-                            "fast-20GH": make_state(BernoulliLogit(), 1, quad=20),
+                            "fast-20GH": make_state(BernoulliLogit(quadrature_points=20), 1),
                             "generic": generic(make_state(BernoulliLogit(), 1))}, args.repeats)
             print("binary logit, batch 500, m 100 (target < 10 ms): "
                   + ", ".join(f"{k} {1e3 * v[0]:.2f} ms (cpu {1e3 * v[1]:.2f})"
                               for k, v in t.items()))
         if "robustmax" in parts:
             t = step_times({"default(trapezoid)": make_state(RobustMax(1e-3), 10),
-                            "likelihood-rule": make_state(RobustMax(1e-3), 10,
-                                                          robustmax_rule="likelihood"),
-                            "GH20(inaccurate)": make_state(RobustMax(1e-3), 10, robustmax_nodes=20),
+                            "likelihood-rule": make_state(
+                                RobustMax(1e-3, expectation="log_space"), 10),
+                            "GH20(inaccurate)": make_state(
+                                RobustMax(1e-3, expectation="gauss_hermite"), 10),
                             "generic-default": generic(make_state(RobustMax(1e-3), 10))},
                            max(3, args.repeats // 3))
             print("robust-max C=10, batch 500, m 100 (target < 50 ms): "
                   + ", ".join(f"{k} {1e3 * v[0]:.1f} ms (cpu {1e3 * v[1]:.1f})"
                               for k, v in t.items()))
         if "softmax" in parts:
-            t = step_times({"MC-32": make_state(Softmax(), 10, softmax_samples=32),
+            t = step_times({"MC-32": make_state(Softmax(expectation="monte_carlo"), 10),
                             "product-GH": make_state(Softmax(), 10)}, 3)
             print("softmax C=10, batch 500, m 100: "
                   + ", ".join(f"{k} {1e3 * v[0]:.1f} ms (cpu {1e3 * v[1]:.1f})"

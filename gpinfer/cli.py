@@ -2,9 +2,13 @@
 
 ``gpinfer list [GROUP] [--check] [--no-import]`` prints, per entry-point group, each registered
 name with its distribution and version; each plugin is imported to check it, and one that fails
-shows ``BROKEN: <error>`` instead of hiding the others. The exit code is 0 unless ``--check``
-is given and something is broken (then 1). ``GROUP`` is ``methods``, ``likelihoods``,
-``kernels``, ``datasets`` or the full ``gpinfer.<group>`` name.
+shows ``BROKEN: <error>`` instead of hiding the others, and an entry ignored because this
+project's own distribution registers the same name shows ``IGNORED``. The exit code is 1 when
+any plugin is broken or ignored (``--check`` is kept for compatibility), else 0. ``GROUP`` is
+``methods``, ``likelihoods``, ``kernels``, ``datasets`` or the full ``gpinfer.<group>`` name.
+
+``gpinfer end-stale-runs [--tracking-uri URI] [--experiment NAME] [--idle-hours H] [--dry-run]``
+ends as KILLED the RUNNING runs whose process died (``gpinfer.experiment.stale_runs``).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from gpinfer import registry
-from gpinfer.errors import GPInferError, PluginLoadError
+from gpinfer.errors import GPInferError, InputError, PluginLoadError
 
 
 def _version() -> str:
@@ -46,17 +50,56 @@ def build_parser() -> argparse.ArgumentParser:
         "group", nargs="?", default=None, help=f"one group ({short}); default: all groups"
     )
     p_list.add_argument(
-        "--check", action="store_true", help="exit with status 1 if any plugin is broken"
+        "--check", action="store_true",
+        help="(the default now) exit with status 1 if any plugin is broken"
     )
     p_list.add_argument(
         "--no-import",
         action="store_true",
         help="only read metadata; do not import plugins (no BROKEN check)",
     )
+    p_report = sub.add_parser(
+        "report",
+        help="sweep report: mean and standard error over seeds per method x dataset",
+        description="Summarise the finished runs of a sweep folder (outputs/multirun/...) or of "
+        "an MLflow experiment: mean and standard error of test error, test NLL and training "
+        "time per method x dataset (x kernel, M), as report.md, report.csv and "
+        "nll_vs_time.png, also logged to MLflow.",
+    )
+    p_report.add_argument("source", help="a sweep folder or an MLflow experiment name")
+    p_report.add_argument(
+        "--tracking-uri", default=None,
+        help="MLflow store of the experiment (default: $MLFLOW_TRACKING_URI, else "
+        "outputs/mlflow.db)",
+    )
+    p_report.add_argument(
+        "--out", default=None,
+        help="folder for the report files (default: the sweep folder, or "
+        "outputs/reports/<experiment> for an experiment)",
+    )
+    p_report.add_argument("--no-mlflow", action="store_true", help="do not log the report")
+    p_stale = sub.add_parser(
+        "end-stale-runs",
+        help="end as KILLED the RUNNING runs whose process died (SIGKILL, OOM killer)",
+        description="Find the RUNNING runs of an MLflow store whose process is gone and end them "
+        "as KILLED. Runs started on this host are judged by their recorded process id; runs "
+        "of other hosts (a shared tracking server) only with --idle-hours, when nothing was "
+        "logged to them for that long. gpinfer-run does the same for its host at every start.",
+    )
+    p_stale.add_argument(
+        "--tracking-uri", default=None,
+        help="the MLflow store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db)",
+    )
+    p_stale.add_argument("--experiment", default=None,
+                         help="only this experiment (default: every experiment of the store)")
+    p_stale.add_argument("--idle-hours", type=float, default=None,
+                         help="also end other hosts' runs with nothing logged for this long")
+    p_stale.add_argument("--dry-run", action="store_true",
+                         help="list the stale runs without ending them")
     return parser
 
 
-def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> list[str]:
+def _table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> list[str]:
     """Left-aligned columns; the last column is not padded."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
     lines = []
@@ -73,7 +116,7 @@ def _first_line(err: BaseException) -> str:
 
 
 def list_group(group: str, out: TextIO, check_import: bool = True) -> int:
-    """Print one group's table to ``out``; return the number of broken entries."""
+    """Print one group's table to ``out``; return the number of broken or ignored entries."""
     infos = registry.entries(group)
     print(f"{group} ({len(registry.names(group))} registered)", file=out)
     if not infos:
@@ -88,9 +131,14 @@ def list_group(group: str, out: TextIO, check_import: bool = True) -> int:
                     registry.load_method(name)
                 except PluginLoadError as err:
                     failed[name] = err
+    ignored = {(e.name, e.dist, e.value) for es in registry.shadowed(group).values() for e in es}
     rows = []
     for info in infos:
         status = "not imported" if not check_import else "ok"
+        if (info.name, info.dist, info.value) in ignored:
+            rows.append((info.name, info.dist, info.version, info.value,
+                         "IGNORED: this project's distribution registers the same name"))
+            continue
         if info.name in failed:
             status = "BROKEN: " + _first_line(failed[info.name])
             if isinstance(failed[info.name], registry.DuplicatePluginError):
@@ -100,7 +148,7 @@ def list_group(group: str, out: TextIO, check_import: bool = True) -> int:
         print(line, file=out)
     if group == registry.DATASETS:
         _print_data_files(out)
-    return len(failed)
+    return len(failed) + len(ignored)
 
 
 def _print_data_files(out: TextIO) -> None:
@@ -123,12 +171,68 @@ def _cmd_list(args: argparse.Namespace, out: TextIO) -> int:
             print(file=out)
         broken += list_group(group, out, check_import=not args.no_import)
     if broken:
-        print(f"\n{broken} plugin(s) broken", file=out)
-    return 1 if (args.check and broken) else 0
+        print(f"\n{broken} plugin(s) broken or ignored", file=out)
+    return 1 if broken else 0
+
+
+def _cmd_report(args: argparse.Namespace, out: TextIO) -> int:
+    from pathlib import Path
+
+    from gpinfer.experiment import report, tracking
+
+    source = Path(args.source)
+    records = report.collect_folder(source) if source.is_dir() else []
+    folder = source
+    if not records:  # not a folder of runs: an experiment name (a folder may share it)
+        if not source.is_dir() and (len(source.parts) > 1 or source.suffix):
+            raise InputError(f"gpinfer report: folder {args.source!r} does not exist")
+        try:
+            records = report.collect_experiment(
+                args.source, tracking.resolve_tracking_uri(args.tracking_uri))
+            folder = tracking.REPO_ROOT / "outputs" / "reports" / args.source
+        except InputError:
+            if not source.is_dir():
+                raise
+    done = report.write_report(records, Path(args.out) if args.out else folder, args.source,
+                               log_to_mlflow=not args.no_mlflow)
+    print(done.markdown, file=out)
+    print(f"\n{done.n_runs} runs; written: {', '.join(str(p) for p in done.paths)}", file=out)
+    if done.mlflow_run_id:
+        print(f"logged to MLflow as run {done.mlflow_run_id}", file=out)
+    if done.mlflow_error:
+        print(f"gpinfer report: not logged to MLflow: {done.mlflow_error}", file=sys.stderr)
+    return 0
+
+
+def _cmd_end_stale_runs(args: argparse.Namespace, out: TextIO) -> int:
+    from mlflow.tracking import MlflowClient
+
+    from gpinfer.experiment import stale_runs, tracking
+    from gpinfer.experiment.redact import redact_uri
+
+    uri = tracking.resolve_tracking_uri(args.tracking_uri)
+    client = MlflowClient(tracking_uri=uri)
+    ids = None
+    if args.experiment is not None:
+        exp = client.get_experiment_by_name(args.experiment)
+        if exp is None:
+            raise InputError(f"gpinfer end-stale-runs: no experiment {args.experiment!r} in "
+                             f"{redact_uri(uri)}")
+        ids = [exp.experiment_id]
+    stale = stale_runs.end_stale_runs(client, ids, args.idle_hours, dry_run=args.dry_run)
+    verb = "would end" if args.dry_run else "ended"
+    for run in stale:
+        print(f"{verb} {run.run_id} ({run.run_name or 'unnamed'}) as KILLED: {run.reason}",
+              file=out)
+    print(f"{len(stale)} stale run(s) {verb} in {redact_uri(uri)}", file=out)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    """Entry point of the ``gpinfer`` console script; returns the exit status."""
+    """Entry point of the ``gpinfer`` console script; returns the exit status.
+
+    A closed output pipe (``gpinfer list | head -1``) ends the command quietly.
+    """
     out = sys.stdout if out is None else out
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -136,13 +240,34 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         parser.print_help(out)
         return 0
     try:
-        if args.command == "list":
-            return _cmd_list(args, out)
+        commands = {"list": _cmd_list, "report": _cmd_report,
+                     "end-stale-runs": _cmd_end_stale_runs}
+        if args.command in commands:
+            status = commands[args.command](args, out)
+            out.flush()  # a closed pipe shows here, inside the handler below
+            return status
     except GPInferError as err:
-        print(f"gpinfer: error: {err}", file=sys.stderr)
+        text = str(err)
+        prefix = "" if text.startswith("gpinfer ") else "gpinfer: error: "
+        print(f"{prefix}{text}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        _silence_stdout()
+        return 0
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse rejects it
     return 2  # pragma: no cover
+
+
+def _silence_stdout() -> None:
+    """After the reader of stdout went away: point stdout at /dev/null so that the flush at
+    interpreter exit does not raise BrokenPipeError again (Python's documented recipe)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,7 +19,12 @@ class UnknownNameError(GPInferError, KeyError):
 
 
 class PluginLoadError(GPInferError, ImportError):
-    """A registered plugin whose entry point failed to import or is not of the expected type."""
+    """A registered plugin whose entry point failed to import or is not of the expected type.
+
+    ``entry``: the registry's description of the entry point (set by ``gpinfer.registry``).
+    """
+
+    entry: object = None
 
 
 class NumericalError(GPInferError, ArithmeticError):

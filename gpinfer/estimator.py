@@ -30,6 +30,9 @@ from gpinfer.fit_guard import (
 )
 from gpinfer.interfaces import FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
+from gpinfer.progress import progress_callback
+from gpinfer.threads import blas_threads, training_threads
+from gpinfer.training.early_stopping import EarlyStopping, ValidationMonitor, split_validation
 from gpinfer.validation import (
     check_inducing,
     check_method_compatible,
@@ -81,14 +84,8 @@ class _GPEstimatorBase(BaseEstimator):
         if isinstance(self.likelihood, str):
             return self.likelihood
         if isinstance(self.likelihood, Likelihood):
-            name = getattr(self.likelihood, "name", None)
-            if isinstance(name, str) and name:
-                return name
-            from gpinfer import likelihoods
-
-            builtin = getattr(likelihoods, "BUILTIN_LIKELIHOODS", {})
-            names = [key for key, cls in builtin.items() if type(self.likelihood) is cls]
-            return names[0] if names else None  # a custom object: the caller's responsibility
+            # an unnamed custom object is checked by its capabilities (likelihood_requirements)
+            return self.likelihood.name or None
         raise InputError(
             f"likelihood must be None, a likelihood name or a Likelihood object; "
             f"got {self.likelihood!r}"
@@ -99,10 +96,14 @@ class _GPEstimatorBase(BaseEstimator):
             raise InputError(f"max_iter must be an int >= 1; got {self.max_iter!r}")
         if self.max_iter < 1:
             raise InputError(f"max_iter must be an int >= 1; got {self.max_iter!r}")
-        if not isinstance(self.optimize, bool | np.bool_):
-            raise InputError(f"optimize must be True or False; got {self.optimize!r}")
+        if self.optimize is not None and not isinstance(self.optimize, bool | np.bool_):
+            raise InputError(
+                f"optimize must be True, False or None (the method's default); got "
+                f"{self.optimize!r}"
+            )
         if self.method_options is not None and not isinstance(self.method_options, Mapping):
             raise InputError(f"method_options must be a dict or None; got {self.method_options!r}")
+        blas_threads()  # the thread policy's setting is checked before any training
 
     def _rng(self) -> np.random.Generator:
         seed = self.random_state
@@ -124,9 +125,13 @@ class _GPEstimatorBase(BaseEstimator):
 
     def _problem(
         self, X: Array, y: Array, n_classes: int, kernel: Kernel, likelihood: Likelihood,
-        inducing: int | Array | None,
+        inducing: int | Array | None, method_cls: type[Method] | None = None,
     ) -> Problem:
-        """The validated ``Problem`` handed to the method's ``fit``."""
+        """The validated ``Problem`` handed to the method's ``fit``; ``optimize=None`` means the
+        method's ``optimize_by_default`` (True when ``method_cls`` is not given)."""
+        optimize = self.optimize
+        if optimize is None:
+            optimize = getattr(method_cls, "optimize_by_default", True)
         return Problem(
             X=X,
             y=y,
@@ -134,19 +139,44 @@ class _GPEstimatorBase(BaseEstimator):
             kernel=kernel,
             likelihood=likelihood,
             inducing=inducing,
-            optimize=bool(self.optimize),
+            optimize=bool(optimize),
             max_iter=int(self.max_iter),
             batch_size=None if self.batch_size is None else int(self.batch_size),
             rng=self._rng(),
         )
 
+    def _hold_out(self, X: Array, y: Array, n_classes: int) -> tuple[Array, Array]:
+        """The rows to train on, ``(X [N', D], y [N'])``: all of them, or, with
+        ``validation_fraction``, the rest after a held-out validation part (kept for the
+        ``ValidationMonitor`` of ``_fit_problem``). ``InputError`` for bad settings."""
+        settings = EarlyStopping.from_settings(self.validation_fraction,
+                                               self.validation_interval, self.n_iter_no_change)
+        self._validation: tuple[EarlyStopping, Array, Array] | None = None
+        if settings is None:
+            return X, y
+        train, val = split_validation(y, settings.validation_fraction, self._rng(), n_classes)
+        self._validation = (settings, X[val], y[val])
+        return X[train], y[train]
+
+    def _validation_monitor(self, callback: FitCallback | None) -> ValidationMonitor | None:
+        held = getattr(self, "_validation", None)
+        if held is None:
+            return None
+        settings, X_val, y_val = held
+        return ValidationMonitor(
+            lambda posterior: -float(np.mean(posterior.log_predictive(X_val, y_val))),
+            settings, callback)
+
     def _fit_problem(
         self, method: Method, method_name: str, problem: Problem, callback: FitCallback | None
     ) -> None:
         """Run ``method.fit`` and set the fitted attributes common to every estimator."""
-        tracker = BestIterate(callback, method_name, type(method).objective_limit, problem.n,
+        monitor = self._validation_monitor(callback)
+        tracker = BestIterate(callback if monitor is None else monitor, method_name,
+                              type(method).objective_limit, problem.n,
                               window=1 if problem.batch_size is None else MINIBATCH_WINDOW)
-        result = method.fit(problem, tracker)
+        with training_threads():
+            result = method.fit(problem, tracker)
         if not isinstance(result, FitResult):
             raise TypeError(
                 f"method {method_name!r} returned {type(result).__name__} from fit; "
@@ -154,7 +184,9 @@ class _GPEstimatorBase(BaseEstimator):
             )
         check_objective_limit(float(result.log_evidence), type(method).objective_limit,
                               method_name, problem.n)
-        if type(method).restore_best_iterate:
+        if monitor is not None:
+            result = monitor.restore(result)
+        elif type(method).restore_best_iterate:
             result = restore_best(result, tracker)
         result = check_against_baseline(
             result, method_name, problem.X, problem.y, problem.n_classes, self._rng(),
@@ -180,6 +212,24 @@ class _GPEstimatorBase(BaseEstimator):
                 f"X has {X.shape[1]} features, but {type(self).__name__} is expecting "
                 f"{self.n_features_in_} features as input"
             )
+        scaler = getattr(self, "scaler_", None)
+        return X if scaler is None else scaler.transform(X)
+
+    def _scale_inputs(self, X: Array) -> Array:
+        """``X [N, D]`` standardised when ``standardize`` (the fitted scaling kept as
+        ``scaler_``); else ``X`` itself, with a warning when its scale is far from the kernel's
+        (``gpinfer.scaling``)."""
+        from gpinfer.data import Standardizer
+        from gpinfer.scaling import check_feature_scales
+
+        standardize = getattr(self, "standardize", False)
+        if not isinstance(standardize, bool | np.bool_):
+            raise InputError(f"standardize must be True or False; got {standardize!r}")
+        if standardize:
+            self.scaler_: Standardizer | None = Standardizer().fit(X)
+            return self.scaler_.transform(X)
+        self.scaler_ = None
+        check_feature_scales(X, type(self).__name__)
         return X
 
     def predict_f(self, X: Any) -> tuple[Array, Array]:
@@ -206,8 +256,9 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         ``None`` picks the first entry of the method's ``likelihoods`` that suits the number of
         classes (binary or multi-class); a name is built with ``make_likelihood``; an object is
         copied.
-    optimize : bool
-        Whether to fit kernel parameters (and inducing inputs) as well as the approximation.
+    optimize : None or bool
+        Whether to fit kernel parameters (and inducing inputs) as well as the approximation;
+        ``None``: the method's default (``optimize_by_default``: True but for mcmc-ais and fv).
     max_iter : int
         Outer iterations (hyper-parameter steps, or sweeps when ``optimize`` is False).
     batch_size : None or int
@@ -216,6 +267,23 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         Seed of the run's generator (``np.random.default_rng(random_state)``).
     method_options : None or dict
         Method-specific options (see the method's ``default_options``).
+    verbose : bool or "auto"
+        A progress bar (tqdm: rate, ETA, objective) on stderr while fitting; ``"auto"``: only
+        when stderr is a terminal outside CI.
+    validation_fraction : None or float in (0, 0.5]
+        Early stopping: hold out this fraction of the training data (stratified by class),
+        compute its NLL every ``validation_interval`` iterations, stop after
+        ``n_iter_no_change`` checks without improvement and keep the best iterate
+        (``gpinfer.training.early_stopping``). ``None`` (default): train on everything for
+        ``max_iter`` iterations.
+    validation_interval : int
+        Iterations between two validation checks (``k``).
+    n_iter_no_change : int
+        Checks without a better validation NLL before training stops (patience).
+    standardize : bool
+        Fit a per-feature ``(X - mean) / std`` on the training inputs, keep it as ``scaler_``
+        and apply it at prediction. False (default): ``X`` is used as given, and a
+        ``gpinfer.scaling.FeatureScaleWarning`` says when its scale is far from the kernel's.
 
     Attributes (after ``fit``)
     --------------------------
@@ -230,11 +298,16 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         M: Any = None,
         kernel: Any = "rbf",
         likelihood: Any = None,
-        optimize: bool = True,
+        optimize: bool | None = None,
         max_iter: int = 100,
         batch_size: int | None = None,
         random_state: Any = None,
         method_options: Mapping[str, Any] | None = None,
+        verbose: bool | str = False,
+        validation_fraction: float | None = None,
+        validation_interval: int = 1,
+        n_iter_no_change: int = 10,
+        standardize: bool = False,
     ):
         self.method = method
         self.M = M
@@ -245,6 +318,11 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         self.batch_size = batch_size
         self.random_state = random_state
         self.method_options = method_options
+        self.verbose = verbose
+        self.validation_fraction = validation_fraction
+        self.validation_interval = validation_interval
+        self.n_iter_no_change = n_iter_no_change
+        self.standardize = standardize
 
     # -- scikit-learn plumbing ---------------------------------------------------------------
     def __sklearn_tags__(self):
@@ -297,9 +375,11 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         """
         X, y = check_X_y(X, y)
         classes, y_index = encode_labels(y)
-        n, d = X.shape
         n_classes = len(classes)
         self._check_settings()
+        X = self._scale_inputs(X)
+        X, y_index = self._hold_out(X, y_index, n_classes)
+        n, d = X.shape
         method_cls = _load_method(self.method)
         method_name = method_cls.name or getattr(self.method, "__name__", str(self.method))
         check_method_compatible(
@@ -308,13 +388,15 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
             "classification",
             self.batch_size,
             self._likelihood_name(),
+            likelihood=self.likelihood if isinstance(self.likelihood, Likelihood) else None,
         )
         inducing = check_inducing(self.M, n, d, method_name, method_cls.uses_inducing_points)
         likelihood = self._build_likelihood(method_cls, n_classes)
         kernel = self._build_kernel(d)
         method = self._instantiate(method_cls)
-        problem = self._problem(X, y_index, n_classes, kernel, likelihood, inducing)
-        self._fit_problem(method, method_name, problem, callback)
+        problem = self._problem(X, y_index, n_classes, kernel, likelihood, inducing, method_cls)
+        with progress_callback(self.verbose, problem.max_iter, method_name, callback) as callback:
+            self._fit_problem(method, method_name, problem, callback)
         self.classes_ = classes
         return self
 

@@ -99,7 +99,7 @@ class BestIterate:
         self.best_level = -np.inf
         self.last_level = -np.inf
 
-    def __call__(self, info: IterationInfo) -> None:
+    def __call__(self, info: IterationInfo) -> bool | None:
         check_objective_limit(info.objective, self.limit, self.method, self.n_points,
                               info.iteration)
         self._recent.append(float(info.objective))
@@ -109,7 +109,8 @@ class BestIterate:
                 self.best_level = self.last_level
                 self.best = _Iterate(info.iteration, float(info.objective), info.posterior)
         if self.callback is not None:
-            self.callback(info)
+            return self.callback(info)  # a stop request passes through
+        return None
 
     def far_below_best(self) -> bool:
         """Whether the last level is far below the best one (both as defined by ``window``)."""
@@ -119,18 +120,23 @@ class BestIterate:
         return gap > max(FAR_BELOW_ABSOLUTE, FAR_BELOW_RELATIVE * abs(self.best_level))
 
 
+def posterior_kernel(posterior: Posterior, default: object) -> object:
+    """The fitted kernel of ``posterior`` as ``FitResult.kernel`` holds it (one kernel, or a list
+    of one per latent); ``default`` when the posterior does not carry its kernels."""
+    kernels = getattr(posterior, "kernels", None)
+    if kernels is not None:
+        return kernels[0] if len(kernels) == 1 else list(kernels)
+    kernel = getattr(posterior, "kernel", None)
+    return default if kernel is None else kernel
+
+
 def restore_best(result: FitResult, tracker: BestIterate) -> FitResult:
     """``result`` with the best iterate's posterior if the fit ended far below it (warns)."""
     best = tracker.best
     if not tracker.far_below_best() or best is None or best.posterior is None:
         return result
     posterior = best.posterior()
-    kernels = getattr(posterior, "kernels", None)
-    kernel = result.kernel
-    if kernels is not None:
-        kernel = kernels[0] if len(kernels) == 1 else list(kernels)
-    elif getattr(posterior, "kernel", None) is not None:
-        kernel = posterior.kernel
+    kernel = posterior_kernel(posterior, result.kernel)
     warnings.warn(
         f"{tracker.method}: training ended with objective {tracker.last_level:.6g}, far below "
         f"its best {tracker.best_level:.6g}; the posterior of iteration {best.iteration} was "

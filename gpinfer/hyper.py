@@ -110,9 +110,22 @@ class HyperParameters:
             raise ValueError(f"unknown hyper-parameter name(s) {unknown}; known: {names}")
         self._all_names = names
         self._free = np.array([f and n not in fixed for n, f in zip(names, free)], dtype=bool)
+        self._all_free = bool(np.all(self._free))  # then packing needs no mask (no copies)
         self._blocks = blocks
 
     # -- construction helpers ----------------------------------------------------------------
+    def _inducing(self) -> list[Array]:
+        """``Z`` (there are inducing blocks only when it is set)."""
+        if self.Z is None:
+            raise ValueError("these hyper-parameters hold no inducing inputs")
+        return self.Z
+
+    def _likelihood(self) -> Likelihood:
+        """The likelihood (there is a likelihood block only when it is set)."""
+        if self.likelihood is None:
+            raise ValueError("these hyper-parameters hold no likelihood")
+        return self.likelihood
+
     def _as_inducing(self, Z: Array | Sequence[Array] | None) -> list[Array] | None:
         if Z is None:
             return None
@@ -162,22 +175,27 @@ class HyperParameters:
             if block.kind == "kernel":
                 parts.append(np.asarray(self._distinct[block.index].get_unconstrained(), float))
             elif block.kind == "inducing":
-                parts.append(self.Z[block.index].reshape(-1))
+                parts.append(self._inducing()[block.index].reshape(-1))
             else:
-                parts.append(np.asarray(self.likelihood.get_unconstrained(), float).reshape(-1))
+                parts.append(np.asarray(self._likelihood().get_unconstrained(), float)
+                             .reshape(-1))
         return np.concatenate(parts) if parts else np.zeros(0)
 
     def pack(self) -> Array:
-        """The free entries as one vector ``theta [P]``."""
-        return self._full()[self._free].copy()
+        """The free entries as one vector ``theta [P]`` (a new array)."""
+        full = self._full()  # a new array already
+        return full if self._all_free else full[self._free]
 
     def unpack(self, theta: Array) -> None:
         """Write ``theta [P]`` into the kernels, ``Z`` and the likelihood (fixed entries kept)."""
         theta = np.asarray(theta, dtype=float).reshape(-1)
         if theta.size != self.size:
             raise ValueError(f"expected {self.size} hyper-parameters, got {theta.size}")
-        full = self._full()
-        full[self._free] = theta
+        if self._all_free:
+            full = theta
+        else:
+            full = self._full()
+            full[self._free] = theta
         for block in self._blocks:
             if not np.any(self._free[block.start : block.stop]):
                 continue
@@ -185,9 +203,10 @@ class HyperParameters:
             if block.kind == "kernel":
                 self._distinct[block.index].set_unconstrained(piece.copy())
             elif block.kind == "inducing":
-                self.Z[block.index] = piece.reshape(self.Z[block.index].shape).copy()
+                Z = self._inducing()
+                Z[block.index] = piece.reshape(Z[block.index].shape).copy()
             else:
-                self.likelihood.set_unconstrained(piece.copy())
+                self._likelihood().set_unconstrained(piece.copy())
 
     def bounds(
         self,
@@ -282,8 +301,9 @@ def parameter_gradient(
         if block.kind == "kernel":
             full[block.start : block.stop] = kernel_grads[block.index]
         elif block.kind == "inducing":
-            if Z_grads[block.index] is not None:
-                full[block.start : block.stop] = Z_grads[block.index].reshape(-1)
+            g_Z = Z_grads[block.index]
+            if g_Z is not None:
+                full[block.start : block.stop] = g_Z.reshape(-1)
         elif lik_grad is not None:
             if lik_grad.size != block.stop - block.start:
                 raise ValueError(
@@ -291,4 +311,4 @@ def parameter_gradient(
                     f"{block.stop - block.start}"
                 )
             full[block.start : block.stop] = lik_grad
-    return full[hp._free]
+    return full if hp._all_free else full[hp._free]

@@ -1,4 +1,4 @@
-"""The four core interfaces and the method-plugin protocol.
+"""The core interfaces (Likelihood, SiteApproximation, Optimizer) and the method-plugin protocol.
 
 Symbols (shared with ``../shared/specs``; see ``docs/glossary.md``):
 
@@ -17,11 +17,15 @@ gradients (``MatrixGradients``) -> kernel vector-Jacobian product -> optimiser s
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping, Sequence
+import copy
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
 
 import numpy as np
+
+from gpinfer.errors import InputError
+from gpinfer.options import Option, check_options
 
 if TYPE_CHECKING:
     from gpinfer.kernels.base import Kernel
@@ -69,6 +73,51 @@ class Likelihood(abc.ABC):
     task: ClassVar[Literal["classification", "regression"]] = "classification"
     #: whether this likelihood models more than two classes
     multiclass: ClassVar[bool] = False
+    #: what it answers beyond this abstract interface, by name (``"log_prob_derivatives"``,
+    #: ``"log_sigmoid"``, ``"tilted_d2"``, ...): methods declare the names they need in
+    #: ``Method.likelihood_requirements`` (see ``docs/glossary.md``, capabilities)
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+    #: the rules ``variational_expectations`` can use; the likelihood's constructor option
+    #: ``expectation`` picks one (the first is the class's default)
+    expectation_rules: ClassVar[tuple[str, ...]] = ("expected_log_prob",)
+
+    #: the integer settings of those rules, as attribute names (e.g. ``"quadrature_points"``)
+    expectation_settings: ClassVar[tuple[str, ...]] = ()
+    #: the rule in use (an instance attribute once set through ``set_expectation``)
+    expectation: str = "expected_log_prob"
+
+    def set_expectation(self, rule: str | None = None, **settings: int | None) -> None:
+        """Choose the rule of ``variational_expectations`` (``None``: keep it) and its settings
+        (``None`` values are left as they are); an ``InputError`` names the valid choices."""
+        if rule is not None:
+            if rule not in self.expectation_rules:
+                raise InputError(
+                    f"{type(self).__name__}: expectation must be one of "
+                    f"{list(self.expectation_rules)}, got {rule!r}"
+                )
+            self.expectation = rule
+        for key, value in settings.items():
+            if key not in self.expectation_settings:
+                known = ", ".join(self.expectation_settings) or "none"
+                raise InputError(
+                    f"{type(self).__name__}: unknown expectation setting {key!r} (known: {known})"
+                )
+            if value is None:
+                continue
+            if isinstance(value, bool) or int(value) != value or int(value) < 1:
+                raise InputError(f"{type(self).__name__}: {key} must be a positive integer, "
+                                 f"got {value!r}")
+            setattr(self, key, int(value))
+
+    def with_expectation(self, rule: str | None = None, **settings: int | None) -> Likelihood:
+        """A copy of this likelihood with another expectation rule (see ``set_expectation``)."""
+        out = copy.copy(self)
+        out.set_expectation(rule, **settings)
+        return out
+
+    def supports(self, requirements: Iterable[str]) -> bool:
+        """Whether this likelihood has every capability named in ``requirements``."""
+        return set(requirements) <= self.capabilities
 
     def n_latent(self, n_classes: int) -> int:
         """Number of latent functions ``L`` for ``n_classes`` classes (1 unless multi-class)."""
@@ -104,6 +153,28 @@ class Likelihood(abc.ABC):
     def predict_proba(self, mean: Array, var: Array) -> Array:
         """Predictive class probabilities ``[N, C]`` (rows sum to one) under a Gaussian latent."""
 
+    def variational_expectations(
+        self, y: Array, mean: Array, var: Array, rng: np.random.Generator | None = None
+    ) -> ExpectedLogProb:
+        """``E_{N(f|mean,var)}[log p(y|f)]`` and its derivatives by this likelihood's rule for
+        variational objectives (the ELBO of svi), chosen by its ``expectation`` option.
+
+        Shapes as ``expected_log_prob``. The default rule is ``expected_log_prob`` itself; a
+        likelihood may offer faster rules of absolute accuracy (fixed Gauss-Hermite nodes, the
+        robust-max trapezoid) or unbiased Monte-Carlo ones (which draw from ``rng``).
+        """
+        return self.expected_log_prob(y, mean, var)
+
+    # -- gradients wrt the likelihood's own parameters (``get_unconstrained``) ----------------
+    def tilted_grad_params(self, y: Array, mean: Array, var: Array, power: float = 1.0) -> Array:
+        """``d log Z / d theta_lik`` of ``tilted(y, mean, var, power)``, ``[N, P]`` (``P = 0``
+        for a likelihood without parameters, the default)."""
+        return np.zeros((np.shape(mean)[0], 0))
+
+    def expected_log_prob_grad_params(self, y: Array, mean: Array, var: Array) -> Array:
+        """``d/d theta_lik`` of ``expected_log_prob(y, mean, var).value``, ``[N, P]``."""
+        return np.zeros((np.shape(mean)[0], 0))
+
     def log_predictive(self, y: Array, mean: Array, var: Array) -> Array:
         """``log p(y_n | data)`` under a Gaussian latent, ``[N]``; override for accurate tails."""
         P = self.predict_proba(mean, var)
@@ -116,33 +187,52 @@ class Likelihood(abc.ABC):
 
 
 class SiteApproximation(abc.ABC):
-    """The approximate posterior's state and its local update rule.
+    """What the core training loop (``gpinfer.training.loop.TrainingLoop``) drives: the sites of
+    an approximate posterior, their local update, the objective they define and its matrix
+    gradients.
 
-    Examples: per-point Gaussian sites (EP), tied sites (SEP), rank-one sites in inducing space
-    (Power EP), a variational ``q(u) = N(m, S)``, quadratic JJ/Taylor surrogates, an IVM active set,
-    the Laplace mode.
+    Per step the loop calls ``prepare(batch)`` once (what depends on the hyper-parameters at the
+    batch's inputs: kernel matrices, factors), then ``update`` one or more times (damped
+    moment matching of the batch's sites) and ``objective`` once; the loop turns the matrix
+    gradients into the hyper-parameter gradient and takes the optimiser step. ``snapshot`` and
+    ``restore`` serve the failure policy and the per-iteration posterior builders.
+    Implemented by ep and sep (``gpinfer_ep``); a new site method implements these six methods
+    and gets the schedules, the failure policy, reporting and early stopping.
     """
 
     @abc.abstractmethod
-    def update(self, batch: Array | None = None) -> float:
-        """One update (a Newton step, an EP sweep, a natural-gradient step, ...).
+    def prepare(self, batch: Array, iteration: int) -> None:
+        """Compute what the sites of the points ``batch [B]`` need at the current
+        hyper-parameters (called once per step, before ``update`` and ``objective``)."""
 
-        ``batch`` holds the indices ``[B]`` of the points to update (``None``: all of them).
-        Returns a non-negative change measure used for convergence tests.
-        """
+    @abc.abstractmethod
+    def update(self, damping: float, iteration: int) -> float:
+        """One damped update of the prepared batch's sites; returns the largest site change."""
+
+    @abc.abstractmethod
+    def objective(self, scale: float, iteration: int) -> ObjectiveValue:
+        """The objective on the prepared batch (its data terms times ``scale = N / B``) and its
+        matrix gradients, one ``MatrixGradients`` per latent."""
+
+    @abc.abstractmethod
+    def snapshot(self) -> object:
+        """An independent copy of the site state."""
+
+    @abc.abstractmethod
+    def restore(self, snapshot: object) -> None:
+        """Return to a state taken by ``snapshot``."""
 
     @abc.abstractmethod
     def posterior(self) -> Posterior:
         """The current approximate posterior, ready for prediction."""
 
-    @property
-    def converged(self) -> bool:
-        """Whether the last update met this approximation's own convergence criterion."""
-        return False
+    def end_epoch(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+        """Called after each pass over the data in mini-batch training (e.g. to recompute
+        site sums from stored sites)."""
 
 
 # --------------------------------------------------------------------------------------------
-# Objective
+# Matrix gradients and objective values
 # --------------------------------------------------------------------------------------------
 
 
@@ -169,25 +259,12 @@ class MatrixGradients:
 
 @dataclass
 class ObjectiveValue:
-    """An objective's value and its matrix-level gradient."""
+    """An objective's value and its matrix-level gradients (one ``MatrixGradients``, or one per
+    latent)."""
 
     value: float
-    gradients: MatrixGradients = field(default_factory=MatrixGradients)
-
-
-class Objective(abc.ABC):
-    """The estimate of ``log p(y)`` that hyper-parameters maximise."""
-
-    #: whether ``evaluate`` fills ``gradients`` (False for, e.g., an AIS estimate)
-    has_gradient: ClassVar[bool] = True
-
-    @abc.abstractmethod
-    def evaluate(self, sites: SiteApproximation, batch: Array | None = None) -> ObjectiveValue:
-        """Value and matrix gradients at the current ``sites``.
-
-        With ``batch`` (indices ``[B]``) the data term is estimated from the batch and scaled by
-        ``N / B`` so that the estimate is unbiased for the full objective.
-        """
+    gradients: MatrixGradients | Sequence[MatrixGradients] = field(
+        default_factory=MatrixGradients)
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,6 +272,8 @@ class Objective(abc.ABC):
 # --------------------------------------------------------------------------------------------
 
 ValueAndGrad = Callable[[Array], tuple[float, Array]]
+#: ``callback(iteration, x, value)`` of ``Optimizer.maximize``; True stops the optimiser
+IterationCallback = Callable[[int, Array, float], "bool | None"]
 
 
 @dataclass
@@ -229,11 +308,17 @@ class StochasticOptimizer(Optimizer):
     def reset(self, x0: Array) -> None:
         """Start from ``x0`` with a fresh internal state."""
 
+    def lookahead(self, x: Array) -> Array:
+        """The point ``[P]`` at which the gradient for the next step is taken (``x`` itself;
+        momentum methods such as Nesterov's override it)."""
+        return x
+
     @abc.abstractmethod
     def step(self, x: Array, grad: Array) -> Array:
         """One ascent step from ``x`` along the gradient ``grad``; returns the new point."""
 
-    def maximize(self, fun, x0, max_iter, callback=None) -> OptimizationResult:
+    def maximize(self, fun: ValueAndGrad, x0: Array, max_iter: int,
+                 callback: IterationCallback | None = None) -> OptimizationResult:
         x = np.array(x0, dtype=float)
         self.reset(x)
         value = -np.inf
@@ -302,7 +387,9 @@ class IterationInfo:
     extra: Mapping[str, float] = field(default_factory=dict)
 
 
-FitCallback = Callable[[IterationInfo], None]
+#: called once per iteration; returning ``True`` asks the method to stop after this iteration
+#: (``None`` or ``False``: go on)
+FitCallback = Callable[[IterationInfo], bool | None]
 
 
 @dataclass
@@ -351,10 +438,25 @@ class Method(abc.ABC):
     uses_inducing_points: ClassVar[bool] = False
     #: whether mini-batch training (``batch_size``) is supported
     supports_minibatch: ClassVar[bool] = False
+    #: what the estimators' ``optimize=None`` (their default) means for this method: False for a
+    #: method without a gradient (AIS) or whose objective is maximised by a degenerate kernel (FV)
+    optimize_by_default: ClassVar[bool] = True
     #: likelihood names this method accepts (first one is the default)
     likelihoods: ClassVar[Sequence[str]] = ("probit",)
-    #: default method options; ``__init__`` rejects unknown keys
+    #: the likelihood capabilities this method needs (``Likelihood.capabilities``): a likelihood
+    #: object whose name is not in ``likelihoods`` (a third party's) is accepted when it has them
+    #: all; ``None``: only the named likelihoods
+    likelihood_requirements: ClassVar[frozenset[str] | None] = None
+    #: the method's options, declared once: name -> ``gpinfer.options.Option`` (type, range,
+    #: default, doc). ``default_options`` is derived from it, and ``__init__`` checks every value
+    #: against it (one ``InputError`` naming the method, option, value and what is allowed)
+    option_spec: ClassVar[Mapping[str, Option]] = {}
+    #: default method options (derived from ``option_spec`` when the class declares one; a
+    #: class may still give the dict alone, unchecked); ``__init__`` rejects unknown keys
     default_options: ClassVar[Mapping[str, Any]] = {}
+    #: renamed options, old name -> new name: the old name keeps working for one release, with a
+    #: ``DeprecationWarning`` (``docs/glossary.md``, renamed options)
+    renamed_options: ClassVar[Mapping[str, str]] = {}
     #: the most the reported objective can be, mathematically: ``0.0`` for a lower bound on (or
     #: an approximation of) the log-likelihood of discrete labels; ``None``: no such limit
     #: (EP energies, densities of continuous targets). Checked by ``gpinfer.fit_guard``.
@@ -363,15 +465,48 @@ class Method(abc.ABC):
     #: guard may restore the best reported iterate when training ends far below it
     restore_best_iterate: ClassVar[bool] = True
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "option_spec" in cls.__dict__:
+            if "default_options" in cls.__dict__:
+                raise TypeError(
+                    f"{cls.__qualname__} declares both option_spec and default_options; declare "
+                    "option_spec only (default_options is derived from it)"
+                )
+            cls.default_options = {key: opt.default for key, opt in cls.option_spec.items()}
+
     def __init__(self, **options: Any):
+        options = _apply_renames(self.name or type(self).__name__, self.renamed_options, options)
         unknown = sorted(set(options) - set(self.default_options))
         if unknown:
             known = ", ".join(sorted(self.default_options)) or "none"
-            raise ValueError(
+            raise InputError(
                 f"method {self.name!r} got unknown option(s) {unknown}; known options: {known}"
             )
-        self.options: dict[str, Any] = {**self.default_options, **options}
+        checked = check_options(self.name or type(self).__name__, self.option_spec, options)
+        self.options: dict[str, Any] = {**self.default_options, **checked}
 
     @abc.abstractmethod
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
         """Fit the approximation (and, if ``problem.optimize``, the hyper-parameters)."""
+
+
+def _apply_renames(method: str, renamed: Mapping[str, str], options: dict[str, Any]
+                   ) -> dict[str, Any]:
+    """``options`` with every old name of ``renamed`` moved to its new name, warning once per
+    old name (``DeprecationWarning``); both names at once is an ``InputError``."""
+    if not renamed or not set(options) & set(renamed):
+        return options
+    import warnings
+
+    out = dict(options)
+    for old, new in renamed.items():
+        if old not in out:
+            continue
+        if new in out:
+            raise InputError(f"method {method!r} got both {old!r} and its new name {new!r}; "
+                             f"give {new!r} only")
+        warnings.warn(f"method {method!r}: option {old!r} is renamed {new!r}; the old name "
+                      "works for one more release", DeprecationWarning, stacklevel=4)
+        out[new] = out.pop(old)
+    return out

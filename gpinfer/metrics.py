@@ -69,6 +69,7 @@ def _log_true_class(y: Array | None, P: Array | None, log_predictive: Array | No
         return lp
     if y is None:
         raise InputError("y is needed with P")
+    assert P is not None  # exactly one of the two is given (checked above)
     P = _as_proba(P)
     yi = _as_index(y, P.shape[0], P.shape[1])
     p_true = P[np.arange(P.shape[0]), yi]
@@ -139,7 +140,7 @@ class ReliabilityCurve(NamedTuple):
 
     confidence: Array
     accuracy: Array
-    count: Array
+    count: Array  # type: ignore[assignment]  # the field shadows tuple.count (public API)
     edges: Array
 
 

@@ -70,7 +70,7 @@ def contour_grid_png(path: str | Path, x: Sequence[float], y: Sequence[float],
     k = len(names)
     fig, axes = plt.subplots(1, k, figsize=(3.2 * k, 3.0), squeeze=False)
     finite = np.concatenate([np.ravel(v)[np.isfinite(np.ravel(v))] for v in panels.values()])
-    lv = levels
+    lv: int | Sequence[float] | Array = levels
     if shared_levels and finite.size and isinstance(levels, int):
         lo, hi = np.percentile(finite, [5, 100])
         lv = np.linspace(lo, hi, levels)
@@ -80,7 +80,7 @@ def contour_grid_png(path: str | Path, x: Sequence[float], y: Sequence[float],
             cs = ax.contour(np.asarray(x), np.asarray(y), Z, levels=lv)
             ax.clabel(cs, fontsize=6)
             i, j = np.unravel_index(np.nanargmax(Z), Z.shape)
-            ax.plot(x[j], y[i], "r+", ms=10)
+            ax.plot(x[int(j)], y[int(i)], "r+", ms=10)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
     axes[0][0].set_ylabel(ylabel, fontsize=8)

@@ -19,6 +19,7 @@ import difflib
 import importlib
 import importlib.metadata as metadata
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,14 @@ GROUPS: tuple[str, ...] = (METHODS, LIKELIHOODS, KERNELS, DATASETS)
 
 #: what one entry of each group is called in messages
 _KIND = {METHODS: "method", LIKELIHOODS: "likelihood", KERNELS: "kernel", DATASETS: "dataset"}
+
+#: the distributions of this project (the core and the plugins under ``plugins/``): when another
+#: distribution registers one of their names, theirs wins and the other is reported, so that an
+#: installed package cannot take a built-in method down
+OWN_DISTRIBUTIONS = frozenset({
+    "gpinfer", "gpinfer-binary", "gpinfer-ep", "gpinfer-ivm", "gpinfer-jj", "gpinfer-laplace",
+    "gpinfer-mcmc", "gpinfer-pep", "gpinfer-svi",
+})
 
 
 @dataclass(frozen=True)
@@ -119,11 +128,30 @@ def names(group: str) -> list[str]:
     return sorted({e.name for e in entries(group)})
 
 
+def _canonical(dist: str) -> str:
+    return dist.lower().replace("_", "-")
+
+
+def shadowed(group: str) -> dict[str, list[EntryInfo]]:
+    """Entries of ``group`` ignored because one of this project's distributions
+    (``OWN_DISTRIBUTIONS``) registers the same name: name -> the ignored entries."""
+    group = resolve_group(group)
+    out: dict[str, list[EntryInfo]] = {}
+    for name in names(group):
+        matches = [e for e in entries(group) if e.name == name]
+        own = [e for e in matches if _canonical(e.dist) in OWN_DISTRIBUTIONS]
+        if len(own) == 1 and len(matches) > 1:
+            out[name] = [e for e in matches if e is not own[0]]
+    return out
+
+
 def find(group: str, name: str) -> EntryInfo:
     """The one entry registered as ``name`` in ``group``.
 
-    Raises ``UnknownNameError`` (nearest names and the full list) when there is none and
-    ``DuplicatePluginError`` naming every distribution when there are several.
+    Raises ``UnknownNameError`` (nearest names and the full list) when there is none. When
+    several distributions register it and one of them is this project's (``OWN_DISTRIBUTIONS``),
+    that one wins and a ``RuntimeWarning`` names the ignored ones (``gpinfer list`` shows them);
+    otherwise ``DuplicatePluginError`` names every distribution.
     """
     group = resolve_group(group)
     matches = [e for e in entries(group) if e.name == name]
@@ -132,6 +160,16 @@ def find(group: str, name: str) -> EntryInfo:
         raise UnknownNameError(
             _unknown_message(kind, name, names(group), where=f"entry-point group {group!r}")
         )
+    own = [e for e in matches if _canonical(e.dist) in OWN_DISTRIBUTIONS]
+    if len(own) == 1 and len({(e.dist, e.value) for e in matches}) > 1:
+        others = "; ".join(f"{e.dist} {e.version} (`{e.spec}`)" for e in matches
+                           if e is not own[0])
+        warnings.warn(
+            f"{_KIND[group]} name {name!r} in group {group!r} is also registered by {others}; "
+            f"using {own[0].dist}'s (`{own[0].spec}`). Rename the other plugin's entry point.",
+            RuntimeWarning, stacklevel=3,
+        )
+        return own[0]
     if len({(e.dist, e.value) for e in matches}) > 1:
         who = "; ".join(f"{e.dist} {e.version} (`{e.spec}`)" for e in matches)
         err = DuplicatePluginError(

@@ -17,6 +17,8 @@ from sklearn.utils.validation import check_is_fitted
 from gpinfer.errors import InputError
 from gpinfer.estimator import _GPEstimatorBase, _load_method
 from gpinfer.interfaces import FitCallback, Likelihood
+from gpinfer.likelihoods.gaussian import Gaussian
+from gpinfer.progress import progress_callback
 from gpinfer.validation import check_inducing, check_method_compatible, check_X_y
 
 Array = np.ndarray
@@ -43,7 +45,9 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
     """Gaussian-process regression with any registered method whose ``tasks`` include regression.
 
     Parameters are those of ``GPClassifier`` (``method``, ``M``, ``kernel``, ``likelihood``,
-    ``optimize``, ``max_iter``, ``batch_size``, ``random_state``, ``method_options``), except
+    ``optimize``, ``max_iter``, ``batch_size``, ``random_state``, ``method_options``,
+    ``verbose``, and early stopping: ``validation_fraction`` (a random, not stratified, part),
+    ``validation_interval``, ``n_iter_no_change``), except
     that ``likelihood`` defaults to a Gaussian with noise variance ``0.01 var(y)`` (the reference
     initialisation ``sigma = 0.1 std(y)``).
 
@@ -57,11 +61,15 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         M: Any = None,
         kernel: Any = "rbf",
         likelihood: Any = None,
-        optimize: bool = True,
+        optimize: bool | None = True,
         max_iter: int = 100,
         batch_size: int | None = None,
         random_state: Any = None,
         method_options: Any = None,
+        verbose: bool | str = False,
+        validation_fraction: float | None = None,
+        validation_interval: int = 1,
+        n_iter_no_change: int = 10,
     ):
         self.method = method
         self.M = M
@@ -72,6 +80,10 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         self.batch_size = batch_size
         self.random_state = random_state
         self.method_options = method_options
+        self.verbose = verbose
+        self.validation_fraction = validation_fraction
+        self.validation_interval = validation_interval
+        self.n_iter_no_change = n_iter_no_change
 
     def _build_likelihood(self, y: Array) -> Likelihood:
         from gpinfer.likelihoods import Gaussian, make_likelihood
@@ -91,8 +103,9 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         """Fit on ``X [N, D]`` and real targets ``y [N]``; validated before training."""
         X, y = check_X_y(X, y)
         y = check_targets(y)
-        n, d = X.shape
         self._check_settings()
+        X, y = self._hold_out(X, y, 0)
+        n, d = X.shape
         method_cls = _load_method(self.method)
         name = method_cls.name or getattr(self.method, "__name__", str(self.method))
         check_method_compatible(method_cls, 0, "regression", self.batch_size,
@@ -101,7 +114,8 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         likelihood = self._build_likelihood(y)
         method = self._instantiate(method_cls)
         problem = self._problem(X, y, 0, self._build_kernel(d), likelihood, inducing)
-        self._fit_problem(method, name, problem, callback)
+        with progress_callback(self.verbose, problem.max_iter, name, callback) as callback:
+            self._fit_problem(method, name, problem, callback)
         return self
 
     def predict(self, X: Any, return_std: bool = False) -> Array | tuple[Array, Array]:
@@ -112,7 +126,10 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         mean, var = mean[:, 0], var[:, 0]
         if not return_std:
             return mean
-        return mean, np.sqrt(var + float(self.likelihood_.variance))
+        lik = self.likelihood_
+        if not isinstance(lik, Gaussian):
+            raise InputError(f"return_std needs the Gaussian likelihood; got {type(lik).__name__}")
+        return mean, np.sqrt(var + float(lik.variance))
 
     def log_predictive(self, X: Any, y: Any) -> Array:
         """``log p(y_n | x_n, data)`` for test points, ``[N*]``."""

@@ -21,7 +21,7 @@ import numpy as np
 from gpinfer.errors import InputError
 
 if TYPE_CHECKING:
-    from gpinfer.interfaces import Method
+    from gpinfer.interfaces import Likelihood, Method
 
 Array = np.ndarray
 
@@ -294,14 +294,18 @@ def check_method_compatible(
     task: str,
     batch_size: int | None,
     likelihood_name: str | None,
+    *,
+    likelihood: Likelihood | None = None,
 ) -> None:
     """Check a problem against what ``method_cls`` declares, before training.
 
     Checks, in order: the task (``"classification"`` / ``"regression"``), the number of classes
     ``C`` (more than two needs ``method_cls.multiclass``), ``batch_size`` (a positive int, and
     only for methods with ``supports_minibatch``), and ``likelihood_name`` (``None`` skips this;
-    otherwise it must be in ``method_cls.likelihoods``). Each ``InputError`` names the installed
-    methods that would handle the problem (via ``registry.methods_supporting``).
+    otherwise it must be in ``method_cls.likelihoods``, or ``likelihood``, the object of that
+    name, must have every capability of ``method_cls.likelihood_requirements``: a third party's
+    likelihood). Each ``InputError`` names the installed methods that would handle the problem
+    (via ``registry.methods_supporting``).
     """
     name = method_cls.name or method_cls.__name__
     tasks = (method_cls.tasks,) if isinstance(method_cls.tasks, str) else tuple(method_cls.tasks)
@@ -331,6 +335,17 @@ def check_method_compatible(
                 f"method {name!r} does not train on mini-batches; leave batch_size unset, or "
                 f"for mini-batch training use one of: {alts}"
             )
+    requirements = method_cls.likelihood_requirements
+    named = likelihood_name is not None and likelihood_name in tuple(method_cls.likelihoods)
+    if likelihood is not None and requirements is not None and not named:
+        if likelihood.supports(requirements) and likelihood.task == task:
+            return  # a third party's likelihood with every capability the method needs
+        missing = sorted(set(requirements) - likelihood.capabilities)
+        raise InputError(
+            f"method {name!r} needs a {task} likelihood with the capabilities "
+            f"{sorted(requirements)}; {type(likelihood).__name__} ({likelihood_name!r}) "
+            f"lacks {missing or 'the task'} (docs/glossary.md, capabilities)"
+        )
     if likelihood_name is not None and likelihood_name not in tuple(method_cls.likelihoods):
         accepted = ", ".join(method_cls.likelihoods) or "none"
         alts = _alternatives(lambda m: likelihood_name in tuple(m.likelihoods))

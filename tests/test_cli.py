@@ -92,7 +92,7 @@ def test_list_all_groups_and_data_files():
 
 def test_broken_plugin_reported_and_others_still_listed(cli_plugin):
     code, text = run("list", "methods")
-    assert code == 0  # no --check: listing succeeds
+    assert code == 1  # broken plugins are an error, with or without --check
     good = _line(text, "clitoy_good")
     assert "gpinfer-clitoy" in good and "1.2.3" in good and good.rstrip().endswith("ok")
     bad = _line(text, "clitoy_bad")
@@ -120,3 +120,42 @@ def test_console_script_help():
     res = subprocess.run([*cmd, "--help"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert "usage: gpinfer" in res.stdout
+
+
+def test_list_reports_an_ignored_duplicate_and_fails(tmp_path: Path, monkeypatch):
+    """Another distribution's ``laplace`` is listed as IGNORED and the exit status is 1."""
+    site = tmp_path / "dup"
+    info = site / "thirdparty_gp-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-gp\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[gpinfer.methods]\nlaplace = thirdparty_gp:Fake\n")
+    monkeypatch.syspath_prepend(str(site))
+    registry.refresh()
+    try:
+        with pytest.warns(RuntimeWarning, match="also registered by thirdparty-gp"):
+            code, text = run("list", "methods")
+    finally:
+        monkeypatch.undo()
+        registry.refresh()
+    assert code == 1
+    rows = [ln for ln in text.splitlines() if ln.split()[:1] == ["laplace"]]
+    assert len(rows) == 2
+    assert any("gpinfer-laplace" in r and r.rstrip().endswith("ok") for r in rows)
+    assert any("thirdparty-gp" in r and "IGNORED: this project's distribution" in r for r in rows)
+    assert "1 plugin(s) broken or ignored" in text
+
+
+def test_a_closed_pipe_ends_the_listing_quietly(tmp_path: Path) -> None:
+    """``gpinfer list | head -1``: no BrokenPipeError, exit status 0 for gpinfer."""
+    exe = Path(sys.executable).with_name("gpinfer")
+    script = f"set -o pipefail; '{exe}' list --no-import | head -1"
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("gpinfer.methods")
+    assert "BrokenPipeError" not in done.stderr and "Traceback" not in done.stderr
+    # a reader gone before the first byte (`true` reads nothing): the write itself fails
+    closed = subprocess.run(["bash", "-c", f"set -o pipefail; '{exe}' list --no-import | true"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            check=False)
+    assert closed.returncode == 0 and closed.stderr == "", closed.stderr

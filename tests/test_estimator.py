@@ -447,11 +447,16 @@ def test_get_set_params_and_clone(fake_plugins, data):
         "M": 5,
         "kernel": kernel,
         "likelihood": None,
-        "optimize": True,
+        "optimize": None,
         "max_iter": 100,
         "batch_size": None,
         "random_state": None,
         "method_options": {"noise": 0.2},
+        "verbose": False,
+        "validation_fraction": None,
+        "validation_interval": 1,
+        "n_iter_no_change": 10,
+        "standardize": False,
     }
     assert est.set_params(M=7, max_iter=3) is est and est.M == 7 and est.max_iter == 3
     with pytest.raises(ValueError, match="Invalid parameter"):

@@ -1,20 +1,40 @@
-"""Every registered method must have a MethodTestSuite subclass in its plugin's tests.
+"""Every method this project registers must have a MethodTestSuite subclass in its plugin's
+tests, and a method config.
 
 Imports every test module under ``plugins/*/tests/`` (by path, so it works without pytest
 collecting them) and compares the method names recorded in ``gpinfer.testing.SUITES`` with the
-names registered in the entry-point group ``gpinfer.methods``.
+names registered in the entry-point group ``gpinfer.methods`` by the project's own
+distributions (the core and ``plugins/*``): a third-party plugin installed beside them is its
+authors' business.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+import tomllib
 from pathlib import Path
 
 from gpinfer import registry
 from gpinfer.testing import SUITES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def project_distributions(root: Path = REPO_ROOT) -> set[str]:
+    """Names of the core's and ``plugins/*``'s distributions (from their pyproject.toml)."""
+    names = set()
+    for path in [root / "pyproject.toml", *sorted(root.glob("plugins/*/pyproject.toml"))]:
+        with open(path, "rb") as fh:
+            names.add(tomllib.load(fh)["project"]["name"])
+    return names
+
+
+def project_methods() -> list[str]:
+    """Methods registered by the project's own distributions."""
+    ours = {n.lower().replace("_", "-") for n in project_distributions()}
+    return sorted(info.name for info in registry.entries(registry.METHODS)
+                  if info.dist.lower().replace("_", "-") in ours)
 
 
 def _plugin_test_modules(root: Path = REPO_ROOT) -> list[Path]:
@@ -61,7 +81,7 @@ def test_every_registered_method_has_a_suite():
             _import_by_path(path)
         except Exception as exc:  # report every broken module, not just the first
             failures.append(f"{path.relative_to(REPO_ROOT)}: {type(exc).__name__}: {exc}")
-    registered = registry.names(registry.METHODS)
+    registered = project_methods()
     missing = sorted(set(registered) - SUITES)
     message = []
     if missing:
@@ -99,11 +119,18 @@ def test_import_machinery_records_suites(tmp_path):
         sys.modules.pop("_helper_tmp_suite", None)
 
 
-def test_every_registered_method_has_a_config() -> None:
-    """``gpinfer-run method=<name>`` composes for every installed method plugin."""
-    from gpinfer import registry
-    from gpinfer.experiment.app import CONF_DIR
+def test_project_distributions_are_read() -> None:
+    names = project_distributions()
+    assert {"gpinfer", "gpinfer-laplace", "gpinfer-ep"} <= names
+    assert "laplace" in project_methods()
 
-    configs = {p.stem for p in (CONF_DIR / "method").glob("*.yaml")}
-    missing = sorted(set(registry.names(registry.METHODS)) - configs)
+
+def test_every_registered_method_has_a_config() -> None:
+    """``gpinfer-run method=<name>`` composes for every method of the project: its config is
+    in the core's conf/ or in its plugin's own package (found by the search-path plugin)."""
+    from gpinfer.experiment.config_paths import core_conf_dir, plugin_conf_dirs
+
+    configs = {p.stem for d in [core_conf_dir(), *plugin_conf_dirs()]
+               for p in (d / "method").glob("*.yaml")}
+    missing = sorted(set(project_methods()) - configs)
     assert not missing, f"registered methods without conf/method/<name>.yaml: {missing}"

@@ -275,3 +275,29 @@ def test_refresh_forgets_loaded_objects(toy_site: Path):
     _forget_modules(TOY_PACKAGE)
     second = registry.load(registry.METHODS, "toy")
     assert second is not first and second.__name__ == "ToyMethod"
+
+
+def test_own_distribution_wins_a_duplicate_name_and_the_other_is_reported(toy_site: Path):
+    """A third-party distribution registering ``laplace`` cannot take the built-in down."""
+    write_distribution(
+        toy_site, "thirdparty-gp", "0.1", {registry.METHODS: {"laplace": "thirdparty_gp:Fake"}}
+    )
+    registry.refresh()
+    assert sorted(e.dist for e in registry.entries(registry.METHODS) if e.name == "laplace") == [
+        "gpinfer-laplace", "thirdparty-gp"]
+    with pytest.warns(RuntimeWarning, match=r"'laplace'.*also registered by thirdparty-gp 0\.1 "
+                      r"\(`laplace = thirdparty_gp:Fake`\); using gpinfer-laplace's"):
+        cls = registry.load_method("laplace")
+    assert cls.__module__ == "gpinfer_laplace.method"
+    assert [e.dist for e in registry.shadowed(registry.METHODS)["laplace"]] == ["thirdparty-gp"]
+    assert set(registry.shadowed(registry.METHODS)) == {"laplace"}
+
+
+def test_own_distributions_are_the_plugins_of_this_repository():
+    repo = Path(__file__).resolve().parents[1]
+    names = {"gpinfer"} | {
+        next(line.split("=", 1)[1].strip().strip('"') for line in p.read_text().splitlines()
+             if line.startswith("name"))
+        for p in repo.glob("plugins/*/pyproject.toml")
+    }
+    assert names == registry.OWN_DISTRIBUTIONS

@@ -52,6 +52,7 @@ class Dataset:
                 f"y_test={'set' if self.y_test is not None else None})"
             )
         if self.X_test is not None:
+            assert self.y_test is not None  # given together (checked above)
             self.X_test, self.y_test = self._check_pair(
                 self.X_test, self.y_test, "X_test", "y_test"
             )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,43 @@ _SUFFIX = {
 }
 #: arrays of the shared layout that describe the data rather than hold it
 _META = ("source", "description", "class_names", "feature_names")
+#: the largest dense ``X`` a CSV or LIBSVM file may become, in GB (1e9 bytes), unless raised by
+#: ``max_dense_gb=`` (``dataset.options.max_dense_gb=`` in gpinfer-run) or this variable
+MAX_DENSE_GB = 4.0
+MAX_DENSE_ENV = "GPINFER_MAX_DENSE_GB"
+
+
+def dense_limit_gb(max_dense_gb: float | None = None) -> float:
+    """The dense-size limit in GB: ``max_dense_gb`` when given, else ``$GPINFER_MAX_DENSE_GB``,
+    else ``MAX_DENSE_GB``; ``InputError`` for a value that is not a positive number."""
+    source = "max_dense_gb"
+    value: Any = max_dense_gb
+    if value is None:
+        value, source = os.environ.get(MAX_DENSE_ENV), MAX_DENSE_ENV
+    if value is None:
+        return MAX_DENSE_GB
+    try:
+        limit = float(value)
+    except (TypeError, ValueError):
+        limit = float("nan")
+    if isinstance(value, bool) or not limit > 0 or limit == float("inf"):
+        raise InputError(f"{source} must be a positive number of GB, got {value!r}")
+    return limit
+
+
+def check_dense_size(path: Path, n_rows: int, n_cols: int, max_dense_gb: float | None = None,
+                     hint: str = "") -> None:
+    """Refuse a file whose dense ``X [n_rows, n_cols]`` of float64 would exceed the limit
+    (``dense_limit_gb``), with the sizes, the limit and how to raise it in the message."""
+    limit = dense_limit_gb(max_dense_gb)
+    need = 8.0 * n_rows * n_cols / 1e9
+    if need > limit:
+        raise InputError(
+            f"{str(path)!r}: the dense X would be {n_rows} x {n_cols} float64 = {need:.4g} GB, "
+            f"more than the limit of {limit:g} GB{hint}. Raise the limit with max_dense_gb=... "
+            f"(gpinfer-run: +dataset.options.max_dense_gb=...) or ${MAX_DENSE_ENV} if the "
+            "machine has the memory"
+        )
 
 
 def load_file(
@@ -46,12 +84,14 @@ def load_file(
     * ``label_column``: CSV column holding the label (negative counts from the end).
     * further keywords: ``name`` (default: the file stem), ``task`` (``"classification"`` or
       ``"regression"``; CSV/LIBSVM), ``delimiter`` and ``header`` (CSV: ``None`` = detect),
-      ``n_features`` and ``zero_based`` (LIBSVM, as in ``sklearn.datasets.load_svmlight_file``).
+      ``n_features`` and ``zero_based`` (LIBSVM, as in ``sklearn.datasets.load_svmlight_file``),
+      ``max_dense_gb`` (CSV and LIBSVM: the largest dense ``X`` in GB, see ``check_dense_size``).
 
     A relative ``path`` that does not exist is also looked up in the data directory. A missing
     file or a malformed one raises ``InputError`` naming the path and what was expected.
     """
-    allowed = {"name", "task", "delimiter", "header", "n_features", "zero_based"}
+    allowed = {"name", "task", "delimiter", "header", "n_features", "zero_based",
+               "max_dense_gb"}
     unknown = sorted(set(kw) - allowed)
     if unknown:
         raise InputError(
@@ -65,7 +105,7 @@ def load_file(
     if task not in ("classification", "regression"):
         raise InputError(f"{p}: task must be 'classification' or 'regression', got {task!r}")
     if fmt == "npz":
-        for key in ("delimiter", "header", "n_features", "zero_based"):
+        for key in ("delimiter", "header", "n_features", "zero_based", "max_dense_gb"):
             if key in kw:
                 raise InputError(f"{p}: option {key!r} does not apply to .npz files")
         return load_npz(p, name=name)
@@ -196,6 +236,7 @@ def load_csv(
     task: str = "classification",
     delimiter: str | None = None,
     header: bool | None = None,
+    max_dense_gb: float | None = None,
 ) -> Dataset:
     """Read a numeric delimited text file; one column holds the label, the rest are features.
 
@@ -203,10 +244,12 @@ def load_csv(
     whitespace. ``header=None`` treats the first line as a header when a feature field in it is
     not a number. Classification labels may be numbers or strings; they are mapped to
     ``0..C-1`` in sorted order and the originals kept in ``class_names``. Lines starting with
-    ``#`` are skipped.
+    ``#`` are skipped. A file whose ``X`` would exceed ``max_dense_gb`` is refused
+    (``check_dense_size``).
     """
     p = Path(path)
     name = name or p.stem
+    dense_limit_gb(max_dense_gb)  # a bad limit fails before the file is read
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
@@ -243,6 +286,7 @@ def load_csv(
         rows = rows[1:]
     if not rows:
         raise InputError(f"{str(p)!r}: only a header line, no data")
+    check_dense_size(p, len(rows), len(feats), max_dense_gb)
     X = np.empty((len(rows), len(feats)))
     labels = []
     for i, r in enumerate(rows):
@@ -316,11 +360,15 @@ def load_libsvm(
     task: str = "classification",
     n_features: int | None = None,
     zero_based: bool | str = "auto",
+    max_dense_gb: float | None = None,
 ) -> Dataset:
     """Read a LIBSVM/svmlight text file (``label index:value ...``), densified to ``X [N, D]``.
 
     Classification labels (e.g. ``-1/+1`` or ``1..C``) are mapped to ``0..C-1`` in sorted
-    order, the originals kept in ``class_names``.
+    order, the originals kept in ``class_names``. ``D`` is the largest feature index (or
+    ``n_features``): a file whose dense ``X`` would exceed ``max_dense_gb`` is refused before it
+    is densified (``check_dense_size``), so one stray index such as ``2000000000:1`` is a clear
+    error rather than an allocation of terabytes.
     """
     from sklearn.datasets import load_svmlight_file
 
@@ -332,6 +380,9 @@ def load_libsvm(
         raise InputError(
             f"{str(p)!r} is not a valid LIBSVM file (expected lines 'label index:value ...'): {exc}"
         ) from exc
+    check_dense_size(p, Xs.shape[0], Xs.shape[1], max_dense_gb,
+                     hint=f" (the largest feature index is {Xs.shape[1] - int(zero_based is True)}"
+                     f"; {Xs.nnz} values are stored)" if Xs.nnz else "")
     X = np.asarray(Xs.toarray(), dtype=np.float64)
     if task == "regression":
         y, class_names = np.asarray(labels, dtype=np.float64), None

@@ -3,7 +3,10 @@
 * ``app.main``: the console script (also ``python -m gpinfer``), composing ``conf/config.yaml``;
 * ``runner.run_experiment(cfg)``: one run, from validation to ``result.json``;
 * ``tracking.RunLogger``: the MLflow run (params, tags, batched metrics, artifacts, status);
-* ``progress.ProgressPrinter`` and ``results`` (``result.json``, peak memory, summary line).
+* ``publish``: after the fit, learned hyper-parameters, the model (``model_logging``), dataset
+  inputs and plots (``figures``); ``report``: the sweep report (``gpinfer report``);
+* ``results`` (``result.json``, peak memory, summary line); the progress bar is
+  ``gpinfer.progress``.
 
 Importing this package is cheap: Hydra and MLflow are imported by the modules that need them.
 """

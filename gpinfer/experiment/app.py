@@ -1,8 +1,9 @@
 """The Hydra application behind ``gpinfer-run`` and ``python -m gpinfer``.
 
-The configuration lives in ``<repo>/conf`` (``config.yaml`` composing ``method/``, ``dataset/``,
-``kernel/`` and ``optimizer/``); the package is installed in editable mode, so the folder is
-found from this file's location. Examples::
+The configuration is ``config.yaml`` composing ``method/``, ``dataset/``, ``kernel/`` and
+``optimizer/``: the repository's top-level ``conf/``, shipped inside a wheel as ``gpinfer/conf``
+(``config_paths.core_conf_dir``); plugins' own ``conf/`` folders are added to the search path by
+the Hydra plugin ``hydra_plugins.gpinfer_hydra.searchpath``. Examples::
 
     gpinfer-run                                            # the default run
     gpinfer-run method=laplace dataset=ionosphere seed=3
@@ -17,7 +18,6 @@ job prints its line and the sweep goes on, Hydra exiting non-zero at the end.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 from hydra.errors import CompactHydraException
@@ -25,10 +25,12 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from gpinfer.errors import GPInferError
+from gpinfer.experiment.config_paths import CONFIG_NAME, core_conf_dir, register_hydra_plugins
+from gpinfer.threads import export_policy
 
-#: ``<repo>/conf``: this file is ``<repo>/gpinfer/experiment/app.py``
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-CONFIG_NAME = "config"
+#: the core's configuration: ``<gpinfer>/conf`` in a wheel, ``<repo>/conf`` in a checkout
+CONF_DIR = core_conf_dir()
+register_hydra_plugins()  # the plugin configs' search path and the sweeper, also when editable
 
 
 class RunFailed(CompactHydraException):
@@ -93,9 +95,9 @@ def task(cfg: DictConfig) -> dict[str, Any]:
 def _check_conf_dir() -> None:
     if not (CONF_DIR / f"{CONFIG_NAME}.yaml").is_file():
         sys.stderr.write(
-            f"gpinfer-run: configuration {CONF_DIR / (CONFIG_NAME + '.yaml')} not found. "
-            "gpinfer-run reads the conf/ folder of the repository it was installed from "
-            "(pip install -e .); reinstall from a checkout that has conf/config.yaml.\n"
+            f"gpinfer-run: configuration {CONF_DIR / (CONFIG_NAME + '.yaml')} not found: "
+            "the gpinfer installation is incomplete (a wheel ships it as gpinfer/conf, a "
+            "checkout has conf/config.yaml); reinstall gpinfer.\n"
         )
         raise SystemExit(2)
 
@@ -105,6 +107,7 @@ def main() -> None:
     import hydra
 
     _check_conf_dir()
+    export_policy()  # sweep workers start with the thread policy's BLAS threads
     hydra_main = hydra.main(
         config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3"
     )(task)

@@ -157,6 +157,7 @@ TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
     ("log evidence", "log_evidence", ".4f"),
     ("iterations", "n_iter", "d"),
     ("train time [s]", "train_time_s", ".2f"),
+    ("wall time [s]", "wall_time_s", ".2f"),  # train time + evaluation and logging meanwhile
     ("peak memory [MB]", "peak_rss_mb", ".0f"),
 )
 
@@ -164,7 +165,10 @@ TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
 def result_table(result: Mapping[str, Any]) -> str:
     """A short two-column table of a finished run, then where its files and MLflow store are."""
     rows = [(label, _fmt(result.get(key), fmt)) for label, key, fmt in TABLE_ROWS
-            if key != "test_rmse" or key in result]
+            if key not in ("test_rmse", "wall_time_s") or key in result]
+    if result.get("wall_time_s") is not None and result.get("train_time_s") is not None:
+        rows = [(label, value + "  (fit minus test evaluations and logging)"
+                 if label == "train time [s]" else value) for label, value in rows]
     width = max(len(label) for label, _ in rows)
     lines = [f"  {label:<{width}}  {value}" for label, value in rows]
     lines.append(f"  {'run folder':<{width}}  {result.get('output_dir', '')}")

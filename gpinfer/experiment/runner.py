@@ -10,11 +10,15 @@
 2. loads the dataset, splits it with the run's seed, standardises on the training part;
 3. starts the MLflow run (params = the flattened resolved config, tags, config artifact) and
    fits a ``GPClassifier`` with a callback that logs the objective and elapsed time every
-   iteration and the test error and test NLL every ``eval_every`` iterations, prints
-   rate-limited progress, and stops the run on a non-finite objective. A regression dataset
+   iteration and the test error and test NLL every ``eval_every`` iterations (also to the run
+   log ``gpinfer.log``), moves the progress bar (``gpinfer.progress``, config ``progress.bar``),
+   and stops the run on a non-finite objective. A regression dataset
    (``Dataset.task == "regression"``) gets a ``GPRegressor`` on targets standardised with the
    training part instead, and test RMSE and NLL in the original units of ``y``;
-4. logs the final metrics and the fitted state, writes ``result.json`` and prints one line.
+4. logs the final metrics and the fitted state, then what MLflow users expect besides
+   (``publish.publish_run``: learned hyper-parameters, the model, dataset inputs, plots),
+   writes ``result.json`` and prints one line. The run's name is readable and unique
+   (``sep-waveform-rbf-s0-3fa2c1``).
 
 A run that raises ends FAILED (Ctrl-C or SIGTERM: KILLED) with what it had logged kept, and its
 ``result.json`` records the status, the error and the last iteration reached.
@@ -22,6 +26,7 @@ A run that raises ends FAILED (Ctrl-C or SIGTERM: KILLED) with what it had logge
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 import signal
@@ -39,11 +44,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.experiment import results as res
-from gpinfer.experiment import tracking
-from gpinfer.experiment.progress import ProgressPrinter
+from gpinfer.experiment import stale_runs, tracking
+from gpinfer.experiment.figures import TrainingCurve
+from gpinfer.experiment.redact import redact_text, redact_uri, scrub_files
 from gpinfer.interfaces import IterationInfo
+from gpinfer.progress import ProgressBar
+from gpinfer.threads import blas_threads
+from gpinfer.training.early_stopping import EarlyStopping
 
 Array = np.ndarray
+_log = logging.getLogger("gpinfer.run")
 
 #: keys of the dataset group that the runner handles (everything else is an error)
 _DATASET_KEYS = {
@@ -79,9 +89,10 @@ class Settings:
     M: int | float | None
     seed: int
     iterations: int
-    optimize: bool
+    optimize: bool | None
     batch_size: int | None
     eval_every: int
+    early_stopping: EarlyStopping | None = None
     progress: dict[str, Any] = field(default_factory=dict)
     mlflow: dict[str, Any] = field(default_factory=dict)
 
@@ -178,9 +189,11 @@ def parse_settings(conf: Mapping[str, Any]) -> Settings:
             f"M must be null, a count of inducing points (M=50) or a fraction of the training "
             f"size (M=0.1); got {M!r}"
         )
-    optimize = conf.get("optimize", True)
-    if not isinstance(optimize, bool):
-        raise InputError(f"optimize must be true or false; got {optimize!r}")
+    optimize = conf.get("optimize")
+    if optimize is not None and not isinstance(optimize, bool):
+        raise InputError(
+            f"optimize must be true, false or null (the method's default); got {optimize!r}"
+        )
     likelihood = method.get("likelihood")
     if likelihood is not None and not isinstance(likelihood, str):
         raise InputError(f"method.likelihood must be a name or null; got {likelihood!r}")
@@ -208,6 +221,9 @@ def parse_settings(conf: Mapping[str, Any]) -> Settings:
         optimize=optimize,
         batch_size=_int(conf.get("batch_size"), "batch_size", minimum=1, allow_none=True),
         eval_every=_int(conf.get("eval_every", 10), "eval_every", minimum=1),
+        early_stopping=EarlyStopping.from_settings(conf.get("validation_fraction"),
+                                                   conf.get("validation_interval", 1),
+                                                   conf.get("n_iter_no_change", 10)),
         progress=_mapping(conf.get("progress"), "progress"),
         mlflow=_mapping(conf.get("mlflow"), "mlflow"),
     )
@@ -259,11 +275,12 @@ def _check_method(s: Settings) -> tuple[type, dict[str, Any], bool]:
         options.setdefault("optimizer", s.optimizer)
         if "optimizer_options" in declared and s.optimizer_options:
             options.setdefault("optimizer_options", dict(s.optimizer_options))
-        _check_optimizer(str(options["optimizer"]), options.get("optimizer_options") or {})
-    try:
-        method_cls(**options)  # rejects unknown option names with the known ones listed
+    try:  # unknown names, and values against the method's declaration (gpinfer.options)
+        method_cls(**options)
     except (TypeError, ValueError) as exc:
         raise InputError(f"method.options: {exc}") from exc
+    if applied and options["optimizer"] is not None:  # None: the method chooses
+        _check_optimizer(str(options["optimizer"]), options.get("optimizer_options") or {})
     return method_cls, options, applied
 
 
@@ -361,6 +378,7 @@ def prepare(
 
     conf = config_to_dict(cfg)
     s = parse_settings(conf)
+    blas_threads()  # the thread policy (GPINFER_BLAS_THREADS), checked before any MLflow run
     method_cls, options, applied = _check_method(s)
     _check_kernel_name(s.kernel)
     out_dir = res.check_output_dir(output_dir if output_dir is not None else _hydra_output_dir())
@@ -372,6 +390,9 @@ def prepare(
         flush_every=s.mlflow.get("flush_every", 100),
         flush_interval_s=s.mlflow.get("flush_interval_s", 2.0),
     )
+    if isinstance(conf.get("mlflow"), dict) and conf["mlflow"].get("tracking_uri"):
+        # the stored config (params, config.yaml artifact) never holds credentials
+        conf["mlflow"]["tracking_uri"] = redact_uri(str(conf["mlflow"]["tracking_uri"]))
     ds, split = _load_split(s)
     task = ds.task
     y_train, y_shift, y_scale = split.y_train, 0.0, 1.0
@@ -466,11 +487,14 @@ def _evaluate(p: Prepared, posterior: Any) -> dict[str, float]:
 
 
 class _Callback:
-    """The fit callback: metrics to MLflow, progress to the terminal, a finite-objective guard."""
+    """The fit callback: metrics to MLflow, the training curve, the progress bar, test metrics
+    to the run log, a finite-objective guard."""
 
-    def __init__(self, p: Prepared, progress: ProgressPrinter) -> None:
+    def __init__(self, p: Prepared, progress: ProgressBar) -> None:
         self.p = p
         self.progress = progress
+        self.curve = TrainingCurve()
+        self.start = time.perf_counter()  # reset when training starts
         self.last_iteration = 0
         self.overhead_s = 0.0  # time spent evaluating and logging (not training)
 
@@ -487,10 +511,15 @@ class _Callback:
             except (TypeError, ValueError):
                 continue
         every = self.p.settings.eval_every
+        tests: dict[str, float] = {}
         if info.posterior is not None and it % every == 0:
-            metrics.update(_evaluate(self.p, info.posterior()))
+            tests = _evaluate(self.p, info.posterior())
+            metrics.update(tests)
+            _log.info("iteration %d/%d: objective %.6g, %s", it, self.p.settings.iterations,
+                      objective, ", ".join(f"{k} {v:.4g}" for k, v in tests.items()))
         self.p.logger.log_metrics(metrics, step=it)
-        self.progress.update(it, objective, float(info.elapsed))
+        self.curve.add(t0 - self.start - self.overhead_s, objective, tests)
+        self.progress.update(it, objective, tests.get("test_error"))
         self.overhead_s += time.perf_counter() - t0
         if not math.isfinite(objective):
             raise NumericalError(
@@ -546,8 +575,21 @@ def _tags(p: Prepared) -> dict[str, str]:
     }
     if commit != "unknown":
         tags["mlflow.source.git.commit"] = commit
-    tags.update(_hydra_job_tags())
+    tags.update({k: redact_text(v, p.logger.tracking_uri) for k, v in _hydra_job_tags().items()})
+    tags.update(stale_runs.run_tags())  # host and pid: a later run can tell this one died
     return tags
+
+
+def _end_stale_runs(logger: tracking.RunLogger, stream: TextIO | None) -> None:
+    """End as KILLED the store's runs of this host whose process is gone (never fails a run)."""
+    try:
+        ended = stale_runs.end_stale_runs(logger.client)
+    except Exception as exc:  # a store that cannot be searched must not stop this run
+        _log.warning("could not check the store for stale runs: %s", exc)
+        return
+    for run in ended:
+        print(f"gpinfer-run: ended stale run {run.run_id} ({run.run_name}) as KILLED: "
+              f"{run.reason}", file=stream if stream is not None else sys.stderr, flush=True)
 
 
 def _params(p: Prepared) -> dict[str, str]:
@@ -596,15 +638,37 @@ def _base_result(p: Prepared) -> dict[str, Any]:
         "likelihood": s.likelihood,
         "M_count": p.M_count,
         "iterations": s.iterations,
-        "optimize": s.optimize,
+        "optimize": (s.optimize if s.optimize is not None
+                     else bool(getattr(p.method_cls, "optimize_by_default", True))),
         "n_train": int(p.X_train.shape[0]),
         "n_test": int(p.X_test.shape[0]),
         "n_features": int(p.X_train.shape[1]),
         "n_classes": p.n_classes,
         "output_dir": str(p.out_dir),
         "mlflow_run_id": p.logger.run_id,
-        "mlflow_tracking_uri": p.logger.tracking_uri,
+        "mlflow_tracking_uri": redact_uri(p.logger.tracking_uri),
     }
+
+
+def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str, Any]) -> float:
+    """Learned hyper-parameters, model, datasets and plots to MLflow (``publish.publish_run``);
+    returns the seconds it took (not part of the training time)."""
+    from gpinfer.experiment.publish import publish_run
+
+    s = p.settings
+    start = time.perf_counter()
+    classification = p.task == "classification"
+    y_train = np.searchsorted(p.classes, p.y_train) if classification else p.y_train
+    callback.curve.add_tests(float(result["train_time_s"]), {
+        key: float(result[key]) for key in ("test_error", "test_rmse", "test_nll")
+        if result.get(key) is not None and (classification or key != "test_error")})
+    publish_run(
+        p.logger, estimator, settings=s.mlflow, out_dir=p.out_dir, method=s.method,
+        dataset=s.dataset, title=f"{s.method} on {s.dataset} (seed {s.seed})",
+        step=max(int(result["n_iter"]), callback.last_iteration), curve=callback.curve,
+        data=(p.X_train, y_train, p.X_test, p.y_test_index), classification=classification,
+    )
+    return time.perf_counter() - start
 
 
 def run_experiment(
@@ -635,28 +699,31 @@ def run_experiment(
         batch_size=s.batch_size,
         random_state=s.seed,
         method_options=p.method_options,
+        **({} if s.early_stopping is None else {
+            "validation_fraction": s.early_stopping.validation_fraction,
+            "validation_interval": s.early_stopping.validation_interval,
+            "n_iter_no_change": s.early_stopping.n_iter_no_change}),
     )
-    progress = ProgressPrinter(
-        f"{s.method}/{s.dataset} seed={s.seed}",
-        total=s.iterations,
-        start_after_s=float(s.progress.get("start_after_s", 3.0)),
-        every_s=float(s.progress.get("every_s", 2.0)),
-        stream=progress_stream,
-    )
+    label = f"{s.method}/{s.dataset} s{s.seed}"
+    progress = ProgressBar(s.iterations, label, show=s.progress.get("bar", "auto"),
+                           stream=progress_stream)
     callback = _Callback(p, progress)
+    scrub_files(p.out_dir / ".hydra", p.logger.tracking_uri)  # Hydra's record of the overrides
     config_path = p.out_dir / "config.yaml"
     config_path.write_text(OmegaConf.to_yaml(OmegaConf.create(p.config)))
-    run_name = "-".join(
+    run_name = tracking.unique_run_name(
         [s.method, s.dataset, s.kernel] + ([f"M{s.M}"] if s.M is not None else []) + [f"s{s.seed}"]
     )
+    _log.info("run %s: %s (output folder %s)", run_name, label, p.out_dir)
     result = _base_result(p)
     logger = p.logger
+    _end_stale_runs(logger, progress_stream)
     with logger.run(run_name, tags=_tags(p), params=_params(p)):
         result["mlflow_run_id"] = logger.run_id
         logger.log_artifact(config_path)
-        start = time.perf_counter()
+        start = callback.start = time.perf_counter()
         try:
-            with _sigterm_as_interrupt():
+            with _sigterm_as_interrupt(), progress:
                 estimator.fit(p.X_train, p.y_train, callback=callback)
             wall = time.perf_counter() - start
             final = _evaluate(p, estimator.posterior_)
@@ -697,6 +764,7 @@ def run_experiment(
             )
             state_path = tracking.save_state(p.out_dir / "state.npz", state)
             logger.log_artifact(state_path)
+            result["publish_s"] = _publish(p, estimator, callback, result)
             res.write_result(p.out_dir, result)
             logger.log_artifact(p.out_dir / res.RESULT_FILE)
         except BaseException as exc:
@@ -716,5 +784,7 @@ def run_experiment(
                 pass
             raise
     out = stream if stream is not None else sys.stdout
-    print(res.summary_line(result), file=out, flush=True)
+    line = res.summary_line(result)
+    _log.info("%s", line)
+    print(line, file=out, flush=True)
     return result

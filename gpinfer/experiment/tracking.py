@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from gpinfer.errors import InputError
+from gpinfer.experiment.redact import redact_text, redact_uri
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -47,6 +48,10 @@ _BATCH_PARAMS = 100
 _BATCH_TAGS = 100
 
 FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
+
+#: tags of every experiment gpinfer creates: MLflow 3 opens a ``custom_model_development``
+#: experiment in its model-training view (runs table with metric columns), not the GenAI one
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,7 +108,7 @@ def check_store_writable(uri: str) -> None:
     target = db.parent if db is not None else _local_file_store(uri)
     if target is None:
         return  # a server: checked by contacting it
-    what = f"MLflow store {uri!r}"
+    what = f"MLflow store {redact_uri(uri)!r}"
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -169,6 +174,14 @@ def flatten_config(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             out[name] = truncate("null" if value is None else str(value), MAX_PARAM_CHARS)
     return out
+
+
+def unique_run_name(parts: list[str]) -> str:
+    """A readable run name, unique within its experiment: ``<parts joined by ->-<6 hex>``
+    (e.g. ``sep-waveform-rbf-s0-3fa2c1``); runs with equal settings no longer share a name."""
+    import secrets
+
+    return "-".join([*parts, secrets.token_hex(3)])
 
 
 def git_commit(repo: Path = REPO_ROOT) -> str:
@@ -301,9 +314,10 @@ class RunLogger:
                 client.get_experiment_by_name(self.experiment_name)  # touches the store
         except Exception as exc:
             raise InputError(
-                f"MLflow store {self.tracking_uri!r} cannot be used: {type(exc).__name__}: "
-                f"{truncate(str(exc), 400)}. Set MLFLOW_TRACKING_URI or mlflow.tracking_uri=... "
-                "to a reachable, writable store"
+                f"MLflow store {redact_uri(self.tracking_uri)!r} cannot be used: "
+                f"{type(exc).__name__}: "
+                f"{truncate(redact_text(str(exc), self.tracking_uri), 400)}. Set "
+                "MLFLOW_TRACKING_URI or mlflow.tracking_uri=... to a reachable, writable store"
             ) from exc
         return client
 
@@ -314,23 +328,28 @@ class RunLogger:
                 if exp is None:
                     try:
                         return self.client.create_experiment(
-                            self.experiment_name, artifact_location=artifact_location
+                            self.experiment_name, artifact_location=artifact_location,
+                            tags=dict(EXPERIMENT_TAGS),
                         )
                     except Exception:
                         # another process (a server's client, say) created it meanwhile
                         exp = self.client.get_experiment_by_name(self.experiment_name)
                         if exp is None:
                             raise
+                for key, value in EXPERIMENT_TAGS.items():  # experiments made before the tag
+                    if exp.lifecycle_stage == "active" and exp.tags.get(key) != value:
+                        self.client.set_experiment_tag(exp.experiment_id, key, value)
         except InputError:
             raise
         except Exception as exc:
             raise InputError(
-                f"MLflow store {self.tracking_uri!r}: cannot find or create experiment "
+                f"MLflow store {redact_uri(self.tracking_uri)!r}: cannot find or create experiment "
                 f"{self.experiment_name!r}: {type(exc).__name__}: {truncate(str(exc), 400)}"
             ) from exc
         if exp.lifecycle_stage != "active":
             raise InputError(
-                f"MLflow experiment {self.experiment_name!r} in {self.tracking_uri!r} is deleted; "
+                f"MLflow experiment {self.experiment_name!r} in "
+                f"{redact_uri(self.tracking_uri)!r} is deleted; "
                 "restore it (mlflow experiments restore) or choose mlflow.experiment=<other name>"
             )
         return exp.experiment_id

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -41,6 +43,25 @@ def natural_values(value: object, name: str, owner: str) -> Array:
     return arr
 
 
+#: True inside ``checked_inputs()``: the caller has checked the inputs' values already
+_VALUES_CHECKED: contextvars.ContextVar[bool] = contextvars.ContextVar("gpinfer_values_checked",
+                                                                       default=False)
+
+
+@contextlib.contextmanager
+def checked_inputs() -> Iterator[None]:
+    """A context in which kernels skip the scan for NaN and infinite input values (shapes are
+    still checked). The training loop enters it around each step: the training inputs were
+    checked once before training, and inducing inputs stay finite because every step's gradient
+    is checked; a kernel call would otherwise scan the same ``[n, D]`` arrays a dozen times per
+    step (once per call, per class, per summed part)."""
+    token = _VALUES_CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _VALUES_CHECKED.reset(token)
+
+
 def as_inputs(X: object, name: str = "X") -> Array:
     """A finite float input array ``[N, D]``; ``InputError`` naming ``name`` otherwise."""
     try:
@@ -49,7 +70,7 @@ def as_inputs(X: object, name: str = "X") -> Array:
         raise InputError(f"{name} must be a numeric array [N, D]") from None
     if arr.ndim != 2:
         raise InputError(f"{name} must be a 2-D array [N, D], got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
+    if not _VALUES_CHECKED.get() and not np.all(np.isfinite(arr)):
         raise InputError(f"{name} contains NaN or infinite values")
     return arr
 

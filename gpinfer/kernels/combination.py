@@ -8,6 +8,7 @@ Nested sums (and nested products) are flattened, so ``a + b + c`` has three part
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import numpy as np
 
@@ -76,10 +77,10 @@ class Sum(Combination):
     """``k(x, x') = sum_i k_i(x, x')``."""
 
     def K(self, X: Array, X2: Array | None = None) -> Array:
-        return sum(p.K(X, X2) for p in self.parts)
+        return _add_all(p.K(X, X2) for p in self.parts)
 
     def K_diag(self, X: Array) -> Array:
-        return sum(p.K_diag(X) for p in self.parts)
+        return _add_all(p.K_diag(X) for p in self.parts)
 
     def grad_params(self, X: Array, X2: Array | None, dK: Array) -> Array:
         return np.concatenate([p.grad_params(X, X2, dK) for p in self.parts])
@@ -88,15 +89,20 @@ class Sum(Combination):
         return np.concatenate([p.grad_params_diag(X, dK_diag) for p in self.parts])
 
     def grad_inputs(self, X: Array, X2: Array | None, dK: Array) -> Array:
-        return sum(p.grad_inputs(X, X2, dK) for p in self.parts)
+        return _add_all(p.grad_inputs(X, X2, dK) for p in self.parts)
 
     def grad_inputs_diag(self, X: Array, dK_diag: Array) -> Array:
-        return sum(p.grad_inputs_diag(X, dK_diag) for p in self.parts)
+        return _add_all(p.grad_inputs_diag(X, dK_diag) for p in self.parts)
 
     def vjp(
         self, X: Array, X2: Array | None, dK: Array, *, inputs: bool = True
     ) -> tuple[Array, Array | None]:
         return combine_vjps([p.vjp(X, X2, dK, inputs=inputs) for p in self.parts])
+
+
+def _add_all(arrays: Iterable[Array]) -> Array:
+    """``sum(arrays)``: left to right from 0, exactly as Python's ``sum`` (typed as an array)."""
+    return cast(Array, sum(arrays))
 
 
 def combine_vjps(
@@ -106,7 +112,9 @@ def combine_vjps(
     concatenated in part order, input gradients summed (``None`` when skipped)."""
     g_params = np.concatenate([r[0] for r in results])
     g_inputs = [r[1] for r in results]
-    return g_params, (None if g_inputs[0] is None else sum(g_inputs))
+    if g_inputs[0] is None:
+        return g_params, None
+    return g_params, _add_all(g for g in g_inputs if g is not None)
 
 
 def products_of_others(mats: list[Array]) -> list[Array]:
@@ -170,7 +178,7 @@ class Product(Combination):
 
     def grad_inputs(self, X: Array, X2: Array | None, dK: Array) -> Array:
         scaled = self._scaled_gradients(X, X2, dK)
-        return sum(p.grad_inputs(X, X2, g) for p, g in zip(self.parts, scaled))
+        return _add_all(p.grad_inputs(X, X2, g) for p, g in zip(self.parts, scaled))
 
     def vjp(
         self, X: Array, X2: Array | None, dK: Array, *, inputs: bool = True
@@ -182,4 +190,4 @@ class Product(Combination):
 
     def grad_inputs_diag(self, X: Array, dK_diag: Array) -> Array:
         scaled = self._scaled_diag_gradients(X, dK_diag)
-        return sum(p.grad_inputs_diag(X, g) for p, g in zip(self.parts, scaled))
+        return _add_all(p.grad_inputs_diag(X, g) for p, g in zip(self.parts, scaled))

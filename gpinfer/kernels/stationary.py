@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -28,6 +28,8 @@ from gpinfer.kernels.checks import (
     natural_values,
     unconstrained_vector,
 )
+from gpinfer.numerics import settings
+from gpinfer.numerics.quadrature import chunk_slices
 
 #: sqrt(3), the Matérn 3/2 distance scale
 SQRT3 = float(np.sqrt(3.0))
@@ -35,6 +37,38 @@ SQRT3 = float(np.sqrt(3.0))
 SQRT5 = float(np.sqrt(5.0))
 #: most entries (input copies, ``r2`` and ``g``) one memo slot keeps (32 MB); larger are not kept
 _MEMO_MAX_ENTRIES = 1 << 22
+
+
+def sqdist(A: Array, B: Array | None = None) -> Array:
+    """Squared Euclidean distances ``[Na, Nb]`` between rows (expanded form, clipped at 0);
+    ``B = None``: ``A`` against itself, with an exact zero diagonal."""
+    Bm = A if B is None else B
+    r2 = np.sum(A * A, axis=1)[:, None] + np.sum(Bm * Bm, axis=1)[None, :] - 2.0 * (A @ Bm.T)
+    np.maximum(r2, 0.0, out=r2)
+    if B is None:
+        np.fill_diagonal(r2, 0.0)
+    return r2
+
+
+def scaled_exp(D: Array, scale: float, factor: float, out: Array | None = None) -> Array:
+    """``factor * exp(scale * D)`` in D's memory layout, in cache-sized blocks (one pass over
+    memory instead of three; the same operations in the same order as the unblocked form).
+    ``out``: an array of D's shape and strides to write into (else a new one)."""
+    if out is None or out.shape != D.shape or out.strides != D.strides or out.dtype != D.dtype:
+        out = np.empty_like(D)
+    view_in, view_out = (D.T, out.T) if D.flags.f_contiguous and not D.flags.c_contiguous \
+        else (D, out)
+    if view_in.ndim != 2 or view_in.shape[0] == 0:
+        np.multiply(D, scale, out=out)
+        np.exp(out, out=out)
+        out *= factor
+        return out
+    for rows in chunk_slices(view_in.shape[0], view_in.shape[1], settings.CACHE_BLOCK_FLOATS):
+        block = view_out[rows]
+        np.multiply(view_in[rows], scale, out=block)
+        np.exp(block, out=block)
+        block *= factor
+    return out
 
 
 class _Distances(NamedTuple):
@@ -145,12 +179,7 @@ class Stationary(Kernel):
     @staticmethod
     def _r2(A: Array, B: Array | None) -> Array:
         """``r2 [N, N2]`` between rows of ``A`` and ``B`` (None: ``A`` itself, zero diagonal)."""
-        Bm = A if B is None else B
-        r2 = np.sum(A * A, axis=1)[:, None] + np.sum(Bm * Bm, axis=1)[None, :] - 2.0 * (A @ Bm.T)
-        np.maximum(r2, 0.0, out=r2)
-        if B is None:
-            np.fill_diagonal(r2, 0.0)
-        return r2
+        return sqdist(A, B)
 
     def _distances(self, X: object, X2: object | None) -> _Distances:
         """Scaled inputs, ``r2`` and ``g(r2)`` of ``(X, X2)``, remembered for the next call.
@@ -169,9 +198,10 @@ class Stationary(Kernel):
             return hit
         A, B = self._scaled(X, X2)
         r2 = self._r2(A, B)
-        kept = np.size(X) + (0 if X2 is None else np.size(X2)) + 2 * r2.size
+        X_, X2_ = cast(Array, X), cast("Array | None", X2)  # checked by _scaled above
+        kept = np.size(X_) + (0 if X2_ is None else np.size(X2_)) + 2 * r2.size
         if kept > _MEMO_MAX_ENTRIES:  # large inputs (prediction, dense N x N): recompute
-            return _Distances(X, X2, self._log_lengthscale, A, B, r2, self._g(r2))
+            return _Distances(X_, X2_, self._log_lengthscale, A, B, r2, self._g(r2))
         entry = _Distances(np.array(X, dtype=float), None if X2 is None else np.array(X2, float),
                            self._log_lengthscale.copy(), A, B, r2, self._g(r2))
         memo[slot] = entry
@@ -192,7 +222,8 @@ class Stationary(Kernel):
         return np.full(X.shape[0], self.variance)
 
     # -- vector-Jacobian products ------------------------------------------------------------
-    def _distance_gradient(self, X: Array, X2: Array | None, dK: Array):
+    def _distance_gradient(self, X: Array, X2: Array | None, dK: Array
+                           ) -> tuple[Array, Array | None, Array, Array, Array]:
         """Scaled inputs, ``r2``, ``dK * K`` and ``G = dK * dK/dr2`` (all ``[N, N2]``)."""
         dist = self._distances(X, X2)
         A, B, r2 = dist.A, dist.B, dist.r2
@@ -278,13 +309,45 @@ class Stationary(Kernel):
 
 
 class RBF(Stationary):
-    """Squared exponential: ``k = variance * exp(-r2 / 2)``."""
+    """Squared exponential: ``k = variance * exp(-r2 / 2)``.
+
+    Besides the ``Stationary`` interface, the squared-distance form that cached-distance fast
+    paths use (``gpinfer.inducing.FixedInputCovariances``): ``K_from_sqdist`` (one ``exp`` over
+    precomputed distances), ``sqdist_gradient`` and ``ard_lengthscale_gradient`` (the parameter
+    gradients from contractions of a matrix gradient with ``K``).
+    """
 
     def _g(self, r2: Array) -> Array:
         return np.exp(-0.5 * r2)
 
     def _dg_dr2(self, r2: Array) -> Array:
         return -0.5 * np.exp(-0.5 * r2)
+
+    def K_from_sqdist(self, D: Array, scaled: bool = False, out: Array | None = None) -> Array:
+        """``K`` from squared distances ``D [M, N]``: raw ones (isotropic lengthscale only),
+        ``variance * exp(-D / (2 l^2))``, or those of inputs already divided by the lengthscales
+        (``scaled``), ``variance * exp(-D / 2)``. ``out``: see ``scaled_exp``."""
+        if scaled:
+            scale = -0.5
+        elif self.ard:
+            raise InputError("RBF.K_from_sqdist with raw distances needs an isotropic lengthscale")
+        else:
+            scale = -0.5 / float(self.lengthscale) ** 2
+        return scaled_exp(D, scale, self.variance, out)
+
+    def sqdist_gradient(self, sum_GK: float, sum_GKD: float) -> tuple[float, float]:
+        """``(d/dlog lengthscale, d/dlog variance)`` of ``sum(G * K)`` (isotropic) from the
+        contractions ``sum(G * K)`` and ``sum(G * K * D)`` with the raw squared distances ``D``:
+        ``dK/dlog l = K D / l^2``, ``dK/dlog variance = K``."""
+        return sum_GKD / float(self.lengthscale) ** 2, sum_GK
+
+    @staticmethod
+    def ard_lengthscale_gradient(H: Array, A: Array, B: Array) -> Array:
+        """``d/dlog l_d`` of ``sum(G * K)``, ``H = G * K [M, N]``, for the scaled inputs
+        ``B [M, D]`` and ``A [N, D]``: ``sum_ij H_ij (b_jd - a_id)^2`` (``dK/dlog l_d =
+        K (a_d - b_d)^2``)."""
+        return H.sum(axis=1) @ (B * B) + H.sum(axis=0) @ (A * A) - 2.0 * np.einsum(
+            "md,md->d", B, H @ A)
 
 
 class Matern32(Stationary):

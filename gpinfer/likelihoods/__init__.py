@@ -1,7 +1,10 @@
 """Likelihoods ``p(y | f)``: Bernoulli (probit, logit), Gaussian, and the multi-class family.
 
 ``make_likelihood("probit")`` builds a built-in likelihood by name; other names are looked up in
-the ``gpinfer.likelihoods`` entry-point group through ``gpinfer.registry``.
+the ``gpinfer.likelihoods`` entry-point group through ``gpinfer.registry``. Each likelihood owns
+its maths (tilted moments for any power, expected log-likelihoods with their gradients and the
+rule of ``variational_expectations``, predictive probabilities) and declares its
+``capabilities``; methods never look at a likelihood's name or link.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from gpinfer.likelihoods.base import (
     Likelihood,
     ScalarLikelihood,
     TiltedMoments,
+    check_labels,
 )
-from gpinfer.likelihoods.bernoulli import BernoulliLogit, BernoulliProbit
+from gpinfer.likelihoods.bernoulli import Bernoulli, BernoulliLogit, BernoulliProbit, as_bernoulli
 from gpinfer.likelihoods.gaussian import Gaussian
 from gpinfer.likelihoods.multiclass import (
     ArgmaxNoise,
@@ -76,6 +80,7 @@ def make_likelihood(spec: str | Likelihood, **params: Any) -> Likelihood:
 __all__ = [
     "BUILTIN_LIKELIHOODS",
     "ArgmaxNoise",
+    "Bernoulli",
     "BernoulliLogit",
     "BernoulliProbit",
     "ExpectedLogProb",
@@ -90,5 +95,7 @@ __all__ = [
     "TiltedMoments",
     "argmax_factor_tilted",
     "argmax_probability",
+    "as_bernoulli",
+    "check_labels",
     "make_likelihood",
 ]

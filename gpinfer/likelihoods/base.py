@@ -5,12 +5,16 @@ Re-exports the contract from ``gpinfer.interfaces`` (``Likelihood``, ``TiltedMom
 GPflow, each public method validates its inputs and then calls a private ``_method`` that holds
 the integration strategy: by default log-space Gauss-Hermite (``n_gh`` nodes) on the
 likelihood's log-derivatives; a likelihood with a closed form or a better rule overrides only
-that private piece.
+that private piece. ``variational_expectations`` (the ELBO's expected log-likelihood) follows the
+likelihood's ``expectation`` option (``docs/glossary.md``, expectation rules); its default rule
+is ``expected_log_prob``.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 
@@ -116,12 +120,11 @@ class ScalarLikelihood(Likelihood):
     ``_log_predictive`` with closed forms or better rules.
     """
 
-    #: the registry name of the likelihood
-    name: str = ""
     #: number of classes (2 for Bernoulli; ``None`` for regression)
-    n_classes: int | None = 2
+    n_classes: ClassVar[int | None] = 2
     #: Gauss-Hermite nodes of the default strategies
-    n_gh: int = settings.GAUSS_HERMITE_POINTS
+    n_gh: ClassVar[int] = settings.GAUSS_HERMITE_POINTS
+    capabilities: ClassVar[frozenset[str]] = frozenset({"log_prob_derivatives"})
 
     # -- hooks -------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -138,13 +141,12 @@ class ScalarLikelihood(Likelihood):
     def _tilted(self, y: Array, mean: Array, var: Array, power: float) -> TiltedMoments:
         """Default: log-space Gauss-Hermite with Stein-form derivatives."""
         Y = y[:, None]
-        out = gauss_hermite_tilted(
-            lambda F: self._log_prob_derivatives(np.broadcast_to(Y, F.shape), F, 2),
-            mean,
-            var,
-            power,
-            self.n_gh,
-        )
+
+        def at_nodes(F: Array) -> tuple[Array, Array, Array]:
+            l0, l1, l2 = self._log_prob_derivatives(np.broadcast_to(Y, F.shape), F, 2)
+            return l0, l1, l2
+
+        out = gauss_hermite_tilted(at_nodes, mean, var, power, self.n_gh)
         return TiltedMoments(out.log_z, out.d1, 0.5 * (out.d2 + out.d1**2))
 
     def _expected_log_prob(self, y: Array, mean: Array, var: Array) -> ExpectedLogProb:
@@ -153,6 +155,12 @@ class ScalarLikelihood(Likelihood):
         F = mean[:, None] + np.sqrt(var)[:, None] * x
         l0, l1, l2 = self._log_prob_derivatives(np.broadcast_to(y[:, None], F.shape), F, 2)
         return ExpectedLogProb(l0 @ w, l1 @ w, 0.5 * (l2 @ w))
+
+    def _variational_expectations(
+        self, y: Array, mean: Array, var: Array, rng: np.random.Generator | None
+    ) -> ExpectedLogProb:
+        """Default: the ``expected_log_prob`` rule (override to offer other ``expectation``s)."""
+        return self._expected_log_prob(y, mean, var)
 
     def _predict_proba(self, mean: Array, var: Array) -> Array:
         """Default: ``p(y = c) = exp(log Z_c)`` with the tilted normaliser at power one."""
@@ -185,6 +193,28 @@ class ScalarLikelihood(Likelihood):
         F = check_latent(F, "F", 1)
         return self._log_prob_derivatives(self._targets(y, F.shape[0]), F, int(order))[1:]
 
+    def log_prob_evaluator(self, y: Array, order: int) -> Callable[[Array], tuple[Array, ...]]:
+        """``F -> (log p, d/dF log p, ..., d^order/dF^order log p)`` for fixed targets ``y [N]``.
+
+        The targets are checked once; ``F`` is ``[N]`` or ``[N, ...]`` (e.g. ``[N, R]``: ``R``
+        chains or nodes per point) and every output has its shape. For loops that evaluate the
+        same data at many latent values (MCMC, Newton steps, Taylor expansions).
+        """
+        if not 0 <= int(order) <= 4:
+            raise InputError(f"order must be in 0..4, got {order}")
+        arr = np.asarray(y)
+        targets = self._targets(arr, arr.shape[0] if arr.ndim else -1)
+        order = int(order)
+
+        def evaluate(F: Array) -> tuple[Array, ...]:
+            F = np.asarray(F, dtype=float)
+            if F.shape[:1] != targets.shape:
+                raise InputError(f"F must have {targets.shape[0]} rows, got shape {F.shape}")
+            Y = targets.reshape(targets.shape + (1,) * (F.ndim - 1))
+            return self._log_prob_derivatives(Y, F, order)
+
+        return evaluate
+
     def tilted(self, y: Array, mean: Array, var: Array, power: float = 1.0) -> TiltedMoments:
         """``log Z``, ``d log Z/d mean``, ``d log Z/d var`` of ``p(y|f)^power N(f|mean,var)``."""
         mean, var = check_mean_var(mean, var, 1)
@@ -194,6 +224,13 @@ class ScalarLikelihood(Likelihood):
         """``E_{N(f|mean,var)}[log p(y|f)]`` with its ``mean`` and ``var`` derivatives, ``[N]``."""
         mean, var = check_mean_var(mean, var, 1)
         return self._expected_log_prob(self._targets(y, mean.shape[0]), mean, var)
+
+    def variational_expectations(
+        self, y: Array, mean: Array, var: Array, rng: np.random.Generator | None = None
+    ) -> ExpectedLogProb:
+        """``expected_log_prob`` by the ``expectation`` rule of this likelihood, ``[N]`` each."""
+        mean, var = check_mean_var(mean, var, 1)
+        return self._variational_expectations(self._targets(y, mean.shape[0]), mean, var, rng)
 
     def predict_proba(self, mean: Array, var: Array) -> Array:
         """Class probabilities ``[N, C]`` under ``f ~ N(mean, var)``; rows sum to one."""

@@ -1,6 +1,6 @@
 """Bernoulli likelihoods ``p(y | f) = sig(s f)`` with sign ``s = 2y - 1`` (labels 0/1).
 
-Spec binary §1.2-1.3 and §1.6; power-ep §2.5. Write ``t = s f`` and ``psi(t) = log sig(t)``.
+Spec binary §1.2-1.3 and binary §1.6; power-ep §2.5. Write ``t = s f`` and ``psi(t) = log sig(t)``.
 
 * ``BernoulliProbit`` (``sig = Phi``): closed-form tilted moments at power one
   (``z = s mean / sqrt(1 + var)``: ``log Z = log Phi(z)``), the 1-D engine for power != 1,
@@ -16,9 +16,10 @@ second mean-derivative of ``log Z`` from the cancellation-free Stein form) and
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import log_ndtr
+from scipy.special import expit, log_expit, log_ndtr
 
-from gpinfer.interfaces import ExpectedLogProb, TiltedMoments
+from gpinfer.errors import InputError
+from gpinfer.interfaces import ExpectedLogProb, Likelihood, TiltedMoments
 from gpinfer.likelihoods.base import (
     ScalarLikelihood,
     check_labels,
@@ -27,7 +28,12 @@ from gpinfer.likelihoods.base import (
 )
 from gpinfer.numerics import settings
 from gpinfer.numerics.normal import inv_mills, log_Phi_derivatives, probit_curvature
-from gpinfer.numerics.quadrature import LogSigmoid, sigmoid_expectations, sigmoid_tilted
+from gpinfer.numerics.quadrature import (
+    LogSigmoid,
+    gauss_hermite,
+    sigmoid_expectations,
+    sigmoid_tilted,
+)
 
 Array = np.ndarray
 
@@ -83,11 +89,53 @@ PROBIT = ProbitLink()
 # --------------------------------------------------------------------------------------------
 
 
-class _Bernoulli(ScalarLikelihood):
-    """``p(y|f) = sig((2y - 1) f)``; tilted/expected quantities through ``link`` and the engine."""
+class Bernoulli(ScalarLikelihood):
+    """``p(y|f) = sig((2y - 1) f)``; tilted/expected quantities through ``link`` and the engine.
+
+    A third party's binary likelihood of this form subclasses ``Bernoulli`` with its own
+    ``LogSigmoid`` as ``link`` and gets every capability below (Laplace, EP/TAP, KL, the Taylor
+    sites of vi-taylor, mcmc-ais, svi).
+
+    ``expectation`` (the rule of ``variational_expectations``, svi's ELBO): ``"gauss_hermite"``
+    (default; ``quadrature_points`` fixed nodes, absolute accuracy, derivatives of the discretised
+    value) or ``"adaptive"`` (the 1-D engine of ``expected_log_prob``, tail-accurate).
+    """
 
     link: LogSigmoid
     n_classes = 2
+    capabilities = frozenset({"log_prob_derivatives", "log_concave", "log_sigmoid", "tilted_d2",
+                              "expected_log_prob_derivatives"})
+    expectation_rules = ("gauss_hermite", "adaptive")
+    expectation_settings = ("quadrature_points",)
+    quadrature_points: int = settings.VARIATIONAL_GAUSS_HERMITE_POINTS
+
+    def __init__(self, expectation: str = "gauss_hermite",
+                 quadrature_points: int = settings.VARIATIONAL_GAUSS_HERMITE_POINTS):
+        self.set_expectation(expectation, quadrature_points=quadrature_points)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(expectation={self.expectation!r}, "
+                f"quadrature_points={self.quadrature_points})")
+
+    def _variational_expectations(
+        self, y: Array, mean: Array, var: Array, rng: np.random.Generator | None
+    ) -> ExpectedLogProb:
+        if self.expectation == "adaptive":
+            return self._expected_log_prob(y, mean, var)
+        return self._gauss_hermite_expectation(y, mean, var, self.quadrature_points)
+
+    def _gauss_hermite_expectation(
+        self, y: Array, mean: Array, var: Array, n_nodes: int
+    ) -> ExpectedLogProb:
+        """``E[log sig(s f)]`` by ``n_nodes``-point Gauss-Hermite for signs ``y = s [N]``.
+
+        ``dE/dmean = E[l']``, ``dE/dvar = E[l'']/2`` with the same nodes (Bonnet/Price), so the
+        derivatives are exact for the discretised value (spec jj-taylor-svi §3.2).
+        """
+        x, w = gauss_hermite(int(n_nodes))
+        f = mean[:, None] + np.sqrt(var)[:, None] * x  # [N, K]
+        psi, d1, d2 = self.link.derivatives(y[:, None] * f, 2)
+        return ExpectedLogProb(psi @ w, y * (d1 @ w), 0.5 * (d2 @ w))
 
     def _targets(self, y: Array, n: int) -> Array:
         return 2.0 * check_labels(y, 2, n) - 1.0
@@ -154,7 +202,17 @@ class _Bernoulli(ScalarLikelihood):
         return tuple(e * y**k for k, e in enumerate(E))
 
 
-class BernoulliLogit(_Bernoulli):
+def as_bernoulli(likelihood: Likelihood, owner: str) -> Bernoulli:
+    """``likelihood`` itself when it is a ``Bernoulli`` (logit, probit or a third party's
+    subclass: the capabilities ``tilted_d2``, ``log_sigmoid``, ...), else an ``InputError``
+    naming ``owner``."""
+    if not isinstance(likelihood, Bernoulli):
+        raise InputError(f"{owner} needs a Bernoulli likelihood p(y|f) = sig(s f) (probit, logit "
+                         f"or a Bernoulli subclass); got {type(likelihood).__name__}")
+    return likelihood
+
+
+class BernoulliLogit(Bernoulli):
     """Logistic Bernoulli likelihood ``p(y|f) = sigma((2y-1) f)``; no parameters.
 
     Tilted moments (any power), expectations and predictions use the 1-D engine (spec binary
@@ -163,9 +221,24 @@ class BernoulliLogit(_Bernoulli):
 
     name = "logit"
     link = LOGISTIC
+    capabilities = Bernoulli.capabilities | {"jaakkola_jordan"}
+
+    def _gauss_hermite_expectation(
+        self, y: Array, mean: Array, var: Array, n_nodes: int
+    ) -> ExpectedLogProb:
+        """The Gauss-Hermite rule with two transcendentals per node: ``l = log sig(t)``,
+        ``l' = sig(-t)``, ``l'' = -sig(t) sig(-t)`` at ``t = s f`` from one ``expit`` and one
+        ``log_expit`` (the same nodes and values as the generic rule)."""
+        x, w = gauss_hermite(int(n_nodes))
+        t = y[:, None] * mean[:, None] + (y[:, None] * np.sqrt(var)[:, None]) * x  # [N, K]
+        q = expit(-t)
+        E = log_expit(t) @ w
+        d1 = q @ w
+        q *= 1.0 - q  # sig(-t) sig(t)
+        return ExpectedLogProb(E, y * d1, -0.5 * (q @ w))
 
 
-class BernoulliProbit(_Bernoulli):
+class BernoulliProbit(Bernoulli):
     """Probit Bernoulli likelihood ``p(y|f) = Phi((2y-1) f)``; no parameters.
 
     Power one: closed forms (spec binary §1.2, power-ep §2.5). Other powers: the 1-D engine
@@ -174,6 +247,7 @@ class BernoulliProbit(_Bernoulli):
 
     name = "probit"
     link = PROBIT
+    capabilities = Bernoulli.capabilities | {"closed_form_tilted_power_one"}
 
     def _tilted_and_d2(
         self, y: Array, mean: Array, var: Array, power: float

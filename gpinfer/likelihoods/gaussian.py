@@ -34,6 +34,7 @@ class Gaussian(ScalarLikelihood):
 
     name = "gaussian"
     task = "regression"
+    capabilities = frozenset({"log_prob_derivatives", "log_concave"})
     n_classes = None
 
     def __init__(self, variance: float = 1.0):

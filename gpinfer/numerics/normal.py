@@ -44,7 +44,7 @@ def _mills_series_coefficients(n_terms: int) -> tuple[float, ...]:
         mills.append(Fraction((-1) ** n * double_factorial))
     inverse = [Fraction(1)] + [Fraction(0)] * (n_terms - 1)
     for n in range(1, n_terms):
-        inverse[n] = -sum(mills[k] * inverse[n - k] for k in range(1, n + 1))
+        inverse[n] = -sum((mills[k] * inverse[n - k] for k in range(1, n + 1)), Fraction(0))
     return tuple(float(c) for c in inverse)
 
 

@@ -57,3 +57,11 @@ GAUSS_HERMITE_MAX_POINTS = 300
 #: engine: extra panels, graded geometrically in |t|, on the left outer part of a link whose left
 #: tail is not linear (probit: its derivatives vary on the scale |t| there)
 ENGINE_GRADED_PANELS = 24
+
+#: Gauss-Hermite nodes of the Bernoulli variational expectations (svi's ELBO, spec
+#: jj-taylor-svi §3.2)
+VARIATIONAL_GAUSS_HERMITE_POINTS = 100
+#: Gauss-Hermite nodes in ``f_y`` of the robust-max ``"gauss_hermite"`` expectation rule
+ROBUSTMAX_GAUSS_HERMITE_POINTS = 20
+#: Monte-Carlo draws per point of the softmax ``"monte_carlo"`` expectation rule
+SOFTMAX_MC_SAMPLES = 32

@@ -39,21 +39,25 @@ class Adam(StochasticAscent):
         self.t = 0
         self.m = np.zeros(n)
         self.v = np.zeros(n)
+        self._work = np.empty(n)  # scratch: P can be millions, so no temporaries per step
 
     def step(self, x: Array, grad: Array) -> Array:
         if self.m.shape != np.shape(grad):
             self.reset(grad)
         self.t += 1
         grad = np.asarray(grad, dtype=float)
-        # in place: P can be millions (inducing inputs of every class), so avoid temporaries
+        work = self._work
         self.m *= self.beta1
-        self.m += (1.0 - self.beta1) * grad
+        np.multiply(grad, 1.0 - self.beta1, out=work)
+        self.m += work
         self.v *= self.beta2
-        self.v += (1.0 - self.beta2) * np.square(grad)
-        denom = np.sqrt(self.v)
-        denom *= 1.0 / np.sqrt(1.0 - self.beta2**self.t)  # sqrt(v_hat)
-        denom += self.eps
+        np.square(grad, out=work)
+        work *= 1.0 - self.beta2
+        self.v += work
+        np.sqrt(self.v, out=work)
+        work *= 1.0 / np.sqrt(1.0 - self.beta2**self.t)  # sqrt(v_hat)
+        work += self.eps
         step = np.multiply(self.m, self.learning_rate / (1.0 - self.beta1**self.t))
-        step /= denom
+        step /= work
         step += x
         return step

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from numbers import Real
+from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize
@@ -40,14 +41,14 @@ def expand_bounds(bounds: Bounds | None, n: int) -> list[tuple[float | None, flo
     """Per-coordinate bounds for ``n`` coordinates (a single pair is broadcast)."""
     if bounds is None:
         return None
-    bounds = list(bounds)
-    if len(bounds) == 2 and all(_is_scalar_or_none(b) for b in bounds):
-        pair = (bounds[0], bounds[1])
+    items: list[Any] = list(bounds)
+    if len(items) == 2 and all(_is_scalar_or_none(b) for b in items):
+        pair = (items[0], items[1])
         return [pair] * n
-    if len(bounds) != n:
-        raise InputError(f"L-BFGS-B got {len(bounds)} bounds for {n} parameters")
+    if len(items) != n:
+        raise InputError(f"L-BFGS-B got {len(items)} bounds for {n} parameters")
     out = []
-    for b in bounds:
+    for b in items:
         lo, hi = b
         out.append((lo, hi))
     return out
@@ -117,7 +118,7 @@ class LBFGSB(Optimizer):
             return OptimizationResult(x=x0, value=-value, n_iter=0, success=True,
                                       message="no iterations requested")
 
-        def scipy_callback(intermediate_result) -> None:
+        def scipy_callback(intermediate_result: Any) -> None:
             state["iteration"] += 1
             accepted.update(x=np.array(intermediate_result.x, dtype=float),
                             value=-float(intermediate_result.fun))

@@ -13,13 +13,9 @@ from gpinfer.optim.lbfgs import STOPPED_BY_CALLBACK, check_finite
 class StochasticAscent(StochasticOptimizer):
     """``StochasticOptimizer`` with a checked loop: non-finite values/gradients raise.
 
-    Subclasses implement ``reset`` and ``step``; ``lookahead(x)`` (identity by default) gives
-    the point at which the next gradient is taken (momentum methods override it).
+    Subclasses implement ``reset`` and ``step``; ``lookahead(x)`` (the interface's identity by
+    default) gives the point at which the next gradient is taken (momentum methods override it).
     """
-
-    def lookahead(self, x: Array) -> Array:
-        """Point ``[P]`` at which the gradient for the next step is evaluated."""
-        return x
 
     def maximize(
         self,

@@ -135,10 +135,6 @@ class DiagonalSiteAlgebra:
         """``diag(V) [N]`` (``O(N^3)`` once, through ``C``)."""
         return np.diag(self.K) - np.sum(self.C**2, axis=0)
 
-    def posterior_mean(self, alpha: Array) -> Array:
-        """``m = K alpha``, ``[N]``."""
-        return self.K @ alpha
-
     # -- prediction --------------------------------------------------------------------------
     def posterior(
         self, likelihood: Likelihood, kernel: Kernel, X: Array, alpha: Array

@@ -15,7 +15,6 @@ state). The driver does the rest, as the Laplace plugin does for its own solver:
 from __future__ import annotations
 
 import abc
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,16 +28,18 @@ from gpinfer.interfaces import (
     Array,
     FitCallback,
     FitResult,
-    IterationInfo,
     Likelihood,
     MatrixGradients,
     Method,
+    Optimizer,
     Problem,
 )
 from gpinfer.kernels.base import Kernel
 from gpinfer.optim import make_optimizer
 from gpinfer.optim.grid import GridSearch
+from gpinfer.options import Option, choice, mapping
 from gpinfer.posterior import Posterior
+from gpinfer.reporting import IterationReporter
 from gpinfer.validation import check_binary_labels
 
 PosteriorBuilder = Callable[[Likelihood, Kernel, Array], Posterior]
@@ -79,8 +80,12 @@ class DenseBinaryMethod(Method):
     uses_inducing_points: ClassVar[bool] = False
     supports_minibatch: ClassVar[bool] = False
     likelihoods: ClassVar[tuple[str, ...]] = ("probit", "logit")
-    #: options every dense binary method accepts (subclasses add theirs)
-    driver_options: ClassVar[dict[str, Any]] = {"optimizer": "lbfgs", "optimizer_options": None}
+    #: options every dense binary method accepts (subclasses add theirs to their option_spec)
+    driver_options: ClassVar[dict[str, Option]] = {
+        "optimizer": choice("lbfgs", ("lbfgs", "adam", "adadelta", "grid"),
+                            doc="hyper-parameter optimiser (grid: optimizer_options.axes)"),
+        "optimizer_options": mapping(doc="keyword options of the optimiser"),
+    }
 
     @abc.abstractmethod
     def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any) -> DenseSolution:
@@ -96,12 +101,11 @@ class DenseBinaryMethod(Method):
         return y
 
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
-        start = time.perf_counter()
+        reporter = IterationReporter(callback, self.name)
         y = self.check_problem(problem)
         X = np.asarray(problem.X, dtype=float)
         kernel = problem.kernel.copy()
         hp = HyperParameters(kernel, optimize=problem.optimize)
-        history: list[dict[str, float]] = []
         memo: dict[str, Any] = {"warm": None, "sol": None, "theta": None}
 
         def solve_at(theta: Array | None, cold: bool = False) -> DenseSolution:
@@ -118,18 +122,14 @@ class DenseBinaryMethod(Method):
                         theta=None if theta is None else np.array(theta, dtype=float))
             return sol
 
-        def report(it: int, sol: DenseSolution) -> None:
-            elapsed = time.perf_counter() - start
+        def report(it: int, sol: DenseSolution) -> bool:
+            """Report iteration ``it``; True when training should stop (a stop request)."""
             extra = {"inner_iterations": float(sol.n_inner), **sol.extra}
-            history.append({"objective": sol.log_evidence, "elapsed": elapsed, **extra})
-            if callback is not None:
-                snap = kernel.copy()
-                build = sol.posterior
-                callback(IterationInfo(iteration=it, objective=sol.log_evidence, elapsed=elapsed,
-                                       posterior=lambda: build(problem.likelihood, snap, X),
-                                       extra=extra))
+            snap, build = kernel.copy(), sol.posterior
+            return reporter.report(it, sol.log_evidence,
+                                   lambda: build(problem.likelihood, snap, X), extra)
 
-        n_iter, info = 1, {}
+        n_iter, info = 1, dict[str, Array]()
         if problem.optimize and hp.size > 0:
             n_iter, info = self._optimize(problem, hp, X, solve_at, report, memo)
         else:
@@ -142,20 +142,26 @@ class DenseBinaryMethod(Method):
                  "converged": np.array(sol.converged), **sol.state, **info}
         return FitResult(posterior=sol.posterior(problem.likelihood, kernel, X),
                          log_evidence=float(sol.log_evidence), kernel=kernel, n_iter=n_iter,
-                         history=history, state=state)
+                         history=reporter.history, state=state)
 
     def _optimize(self, problem: Problem, hp: HyperParameters, X: Array,
                   solve_at: Callable[..., DenseSolution], report: Callable[[int, DenseSolution],
-                                                                           None],
+                                                                           bool],
                   memo: dict[str, Any]) -> tuple[int, dict[str, Array]]:
         name = str(self.options["optimizer"]).lower()
         opts = dict(self.options["optimizer_options"] or {})
         grid = name == "grid"
+        optimizer: Optimizer
+        grid_search: GridSearch | None = None
         if grid:
-            optimizer = GridSearch(opts.pop("axes", None) or [])
+            optimizer = grid_search = GridSearch(opts.pop("axes", None) or [])
             if opts:
                 raise InputError(f"grid optimizer got unknown options {sorted(opts)}")
         else:
+            if name in ("lbfgs", "lbfgsb", "l-bfgs-b"):
+                # a trial point where the inner solver breaks down (an amplitude of e^300 on
+                # separable data, say) ends the run at the last accepted iterate, with a warning
+                opts.setdefault("stop_on_trial_failure", True)
             optimizer = make_optimizer(name, **opts)
 
         def fun(theta: Array) -> tuple[float, Array]:
@@ -171,12 +177,11 @@ class DenseBinaryMethod(Method):
         def on_iteration(it: int, x: Array, value: float) -> bool:
             if memo["theta"] is None or not np.array_equal(x, memo["theta"]):
                 solve_at(x, cold=grid)
-            report(it, memo["sol"])
-            return False
+            return report(it, memo["sol"])
 
         max_iter = int(problem.max_iter)
-        if grid:
-            max_iter = int(np.prod([len(a) for a in optimizer.axes]))
+        if grid_search is not None:
+            max_iter = int(np.prod([len(a) for a in grid_search.axes]))
         result = optimizer.maximize(fun, hp.pack(), max_iter, on_iteration)
         if not result.success:
             warnings.warn(f"{self.name}: optimizer {name!r} ended abnormally: {result.message}",
@@ -184,6 +189,6 @@ class DenseBinaryMethod(Method):
         if memo["theta"] is None or not np.array_equal(result.x, memo["theta"]):
             solve_at(result.x, cold=grid)
         info: dict[str, Array] = {"optimizer_success": np.array(result.success)}
-        if grid:
-            info["grid_values"] = optimizer.values.copy()
+        if grid_search is not None:
+            info["grid_values"] = grid_search.values.copy()
         return result.n_iter, info

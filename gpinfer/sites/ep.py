@@ -18,7 +18,9 @@ import numpy as np
 from scipy.linalg.blas import dger as blas_ger
 
 from gpinfer.errors import InputError, NumericalError
-from gpinfer.interfaces import Array, Likelihood, SiteApproximation
+from gpinfer.interfaces import Array, Likelihood
+from gpinfer.kernels.base import Kernel
+from gpinfer.likelihoods.bernoulli import as_bernoulli
 from gpinfer.posterior import DenseSitePosterior
 from gpinfer.sites.dense import DiagonalSiteAlgebra
 from gpinfer.sites.jensen import gaussian_site_gradient
@@ -48,7 +50,7 @@ def ep_log_evidence(likelihood: Likelihood, y: Array, algebra: DiagonalSiteAlgeb
                  + 0.5 * np.sum(np.log1p(tau / tau_c)) + 0.5 * nu @ mu + np.sum(last))
 
 
-class EPSites(SiteApproximation):
+class EPSites:
     """EP site parameters ``tau, nu [N]`` for prior ``K [N, N]`` and labels ``y [N]`` (0/1).
 
     * ``tol``: stop when ``|Delta log Z_EP| <= tol`` (after at least two sweeps);
@@ -63,14 +65,11 @@ class EPSites(SiteApproximation):
                  nu0: Array | None = None):
         if schedule not in ("sequential", "parallel"):
             raise InputError(f"EP schedule must be 'sequential' or 'parallel', got {schedule!r}")
-        if not hasattr(likelihood, "tilted_and_d2"):
-            raise InputError(f"EP needs a likelihood with tilted_and_d2; "
-                             f"{type(likelihood).__name__} has none")
+        self.likelihood = as_bernoulli(likelihood, "EP (tilted_and_d2)")
         self.K = np.asarray(K, dtype=float)
         if not np.all(np.isfinite(self.K)):
             raise NumericalError("the kernel matrix K has non-finite entries", quantity="K")
         self.y = np.asarray(y)
-        self.likelihood = likelihood
         self.n = self.y.shape[0]
         self.tol, self.max_sweeps, self.schedule = float(tol), int(max_sweeps), schedule
         default = 1.0 if schedule == "sequential" else 0.5
@@ -185,7 +184,8 @@ class EPSites(SiteApproximation):
         """``d log Z_EP / dK = 1/2 (alpha alpha^T - R)`` (valid at a fixed point)."""
         return gaussian_site_gradient(self.algebra, self.alpha)
 
-    def posterior(self, kernel=None, X=None) -> DenseSitePosterior:  # type: ignore[override]
+    def posterior(self, kernel: Kernel | None = None, X: Array | None = None
+                  ) -> DenseSitePosterior:
         if kernel is None or X is None:
             raise ValueError("EPSites.posterior needs the kernel and the training inputs X")
         return self.algebra.posterior(self.likelihood, kernel, X, self.alpha.copy())

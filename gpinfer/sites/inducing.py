@@ -102,6 +102,21 @@ class Projections(NamedTuple):
     R: Array
 
 
+def site_cholesky(Bm: Array, h_w: Array, iteration: int | None = None) -> Array:
+    """Lower Cholesky factor of ``B = I + P_w`` ``[M, M]`` (or a stack ``[C, M, M]``), checked
+    together with the whitened shift ``h_w``: ``NumericalError`` (quantity ``"B"``) when either is
+    not finite or ``B`` is not positive definite (corrupted sites)."""
+    if not np.all(np.isfinite(Bm)) or not np.all(np.isfinite(h_w)):
+        raise NumericalError("site sums are not finite", iteration=iteration, quantity="B")
+    try:
+        return np.linalg.cholesky(Bm)
+    except np.linalg.LinAlgError as err:
+        raise NumericalError(
+            "B = I + L^T Lambda L is not positive definite (corrupted sites)",
+            iteration=iteration, quantity="B",
+        ) from err
+
+
 class WhitenedGaussian:
     """``q(u) = N(L w, L B^-1 L^T)`` with ``B = I + P_w`` (``P_w [M, M]`` psd), ``w = B^-1 h_w``.
 
@@ -110,16 +125,7 @@ class WhitenedGaussian:
 
     def __init__(self, P_w: Array, h_w: Array, *, iteration: int | None = None):
         M = h_w.shape[0]
-        Bm = np.eye(M) + P_w
-        if not np.all(np.isfinite(Bm)) or not np.all(np.isfinite(h_w)):
-            raise NumericalError("site sums are not finite", iteration=iteration, quantity="B")
-        try:
-            self.LB = np.linalg.cholesky(Bm)
-        except np.linalg.LinAlgError as err:
-            raise NumericalError(
-                "B = I + L^T Lambda L is not positive definite (corrupted sites)",
-                iteration=iteration, quantity="B",
-            ) from err
+        self.LB = site_cholesky(np.eye(M) + P_w, h_w, iteration)
         self.h_w = h_w
         self.w = tri_solve(self.LB, tri_solve(self.LB, h_w), transpose=True)
 
@@ -196,6 +202,7 @@ def remove_site(
     """
     if mu_old is None:
         mu_old, v_old, cross = mu, v, v
+    assert v_old is not None and cross is not None  # given together with mu_old
     d = 1.0 - C1 * v_old
     if not np.all(np.isfinite(d)) or np.any(d <= 0.0):
         raise NumericalError("invalid cavity (1 - C1 v <= 0)", quantity="cavity")

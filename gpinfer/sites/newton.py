@@ -110,9 +110,10 @@ def newton_maximize(
                 return NewtonResult(x, float(value), gnorm, step, True, shifted)
             last_dec = dec
         if preferred is None:
-            x_try = _backtrack(fun, proj, x, d, value, MAX_HALVINGS)
-            if x_try is None:  # no ascent possible: at the optimum to working precision
+            backtracked = _backtrack(fun, proj, x, d, value, MAX_HALVINGS)
+            if backtracked is None:  # no ascent possible: at the optimum to working precision
                 return NewtonResult(x, float(value), gnorm, step, gnorm <= 1e3 * tol, shifted)
+            x_try = backtracked
         x = x_try
     return NewtonResult(x, float(value), gnorm, max_steps, False, shifted)
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from gpinfer.errors import InputError
 from gpinfer.interfaces import Array, Likelihood
+from gpinfer.likelihoods.base import ScalarLikelihood
 from gpinfer.numerics.quadrature import gauss_hermite_tilted, tilted_from_nodes
 
 #: quadrature rules for non-Gaussian likelihoods: the trapezoid rule in the standardised
@@ -54,8 +55,11 @@ def check_alpha(alpha: float | Array, n: int | None = None) -> Array:
 
 def _log_lik(lik: Likelihood, y: Array, F: Array) -> tuple[Array, Array, Array]:
     """``(log p, d/df, d^2/df^2)`` at nodes ``F [B, K]`` for targets ``y [B]``."""
-    Y = lik._targets(y, F.shape[0])[:, None]  # noqa: SLF001 (core-internal hook)
-    return lik._log_prob_derivatives(np.broadcast_to(Y, F.shape), F, 2)  # noqa: SLF001
+    if not isinstance(lik, ScalarLikelihood):
+        raise InputError(f"Power-EP quadrature needs a single-latent likelihood with pointwise "
+                         f"derivatives; got {type(lik).__name__}")
+    l0, l1, l2 = lik.log_prob_evaluator(y, 2)(F)
+    return l0, l1, l2
 
 
 def _trapezoid(lik: Likelihood, y: Array, mean: Array, var: Array, power: float
@@ -128,7 +132,7 @@ def scaled_tilted(
         idx = np.flatnonzero(alpha == a)
         yi, mi, vi = y[idx], mean[idx], var[idx]
         closed = likelihood.task == "regression" or (
-            a == 1.0 and getattr(likelihood, "name", "") == "probit")
+            a == 1.0 and likelihood.supports({"closed_form_tilted_power_one"}))
         if not closed and quadrature == "trapezoid":
             lz, g1, gv = _trapezoid(likelihood, yi, mi, vi, float(a))
             scale = 1.0 if a == 0.0 else 1.0 / a

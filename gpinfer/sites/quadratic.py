@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import weakref
 from functools import cached_property
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 from scipy.special import expit, log_expit
@@ -117,7 +117,7 @@ class InducingFactors:
         Kfu = self.Kuf.T
         usable = (work is not None and work.shape == (N, M) and work.dtype == np.float64
                   and work.flags.c_contiguous and not np.shares_memory(work, self.Kuf))
-        self.R_rows = work if usable else np.empty((N, M))
+        self.R_rows: Array = cast(Array, work) if usable else np.empty((N, M))
         rr = np.empty(N)
         L_K = np.asfortranarray(self.L_K)  # BLAS layout once, not per block
         for rows in row_blocks(N, M):  # R = L_K^-1 Kuf and ||r_i||^2, one cached block at a time
@@ -259,7 +259,7 @@ class CollapsedBound:
             block, n = R_rows[rows], rows.stop - rows.start
             if mean is not None:
                 np.matmul(block, self._v, out=mean[rows])
-            if quad is not None:  # ||L_C^-1 r_i||^2
+            if quad is not None and V is not None:  # ||L_C^-1 r_i||^2
                 v = V[:n]
                 np.copyto(v, block)
                 solve_rows(L_C, v)
@@ -329,7 +329,9 @@ class CollapsedBound:
         if W is None:
             M = self.factors.M
             return float(np.sum((np.eye(M) - self._C_inv) * self._A) + self.m_hat @ self._b)
-        return self._data_pass(W, marginals)
+        value = self._data_pass(W, marginals)
+        assert value is not None  # a pass with W returns the contraction
+        return value
 
     def xi_gradient(self) -> Array:
         """``dF/dxi = c' + beta' m_hat - gamma' (m_hat^2 + S2_hat)``, ``[N]`` (envelope, §2.8)."""

@@ -27,7 +27,6 @@ from gpinfer.interfaces import (
     Likelihood,
     MatrixGradients,
     ObjectiveValue,
-    SiteApproximation,
 )
 from gpinfer.kernels.base import Kernel
 from gpinfer.numerics.cholesky import tri_solve
@@ -140,7 +139,7 @@ class Cavity:
     P: Array | None = None
 
 
-class RankOnePEPSites(SiteApproximation):
+class RankOnePEPSites:
     """Power-EP with rank-one sites ``(tau [N], nu [N])`` over ``u`` (spec §2).
 
     * ``likelihood``, ``y [N]`` (targets in the likelihood's convention: class indices 0/1 or
@@ -194,6 +193,13 @@ class RankOnePEPSites(SiteApproximation):
     def n(self) -> int:
         return self.tau.size
 
+    @property
+    def geometry(self) -> InducingGeometry:
+        """The kernel matrices installed by ``set_geometry``."""
+        if self.geo is None:
+            raise RuntimeError("set_geometry before using the sites")
+        return self.geo
+
     def set_geometry(self, geo: InducingGeometry, kernel: Kernel | None = None,
                      Z: Array | None = None) -> None:
         """Install new kernel matrices (and, for prediction, the kernel and ``Z``)."""
@@ -206,7 +212,7 @@ class RankOnePEPSites(SiteApproximation):
 
     def _rebuild(self) -> None:
         """``B``, ``L_B``, ``A nu`` and ``c = L_B^-1 A nu`` from all sites (``O(N M^2)``)."""
-        A = self.geo.A
+        A = self.geometry.A
         self._B = np.eye(A.shape[0]) + (A * self.tau) @ A.T
         self._Anu = A @ self.nu
         self._factor()
@@ -214,30 +220,30 @@ class RankOnePEPSites(SiteApproximation):
     def _factor(self) -> None:
         self.L_B = cholesky_or_raise(self._B, "B = I + A diag(tau) A^T")
         self.c = tri_solve(self.L_B, self._Anu)
-        self.gamma = tri_solve(self.geo.L, tri_solve(self.L_B, self.c, transpose=True),
+        self.gamma = tri_solve(self.geometry.L, tri_solve(self.L_B, self.c, transpose=True),
                                transpose=True)
 
     def beta(self) -> Array:
         """``beta = Kuu^-1 - Kuu^-1 V Kuu^-1 = L^-T (I - B^-1) L^-1``, ``[M, M]``."""
-        Li = tri_solve(self.geo.L, np.eye(self.geo.L.shape[0]))
+        Li = tri_solve(self.geometry.L, np.eye(self.geometry.L.shape[0]))
         C = tri_solve(self.L_B, Li)
         return Li.T @ Li - C.T @ C
 
     def posterior(self) -> WhitenedInducingPosterior:
-        if self.kernel is None:
+        if self.kernel is None or self.Z is None:
             raise RuntimeError("set_geometry(geo, kernel, Z) before asking for the posterior")
-        return WhitenedInducingPosterior(self.likelihood, self.kernel, self.Z, self.geo.L,
+        return WhitenedInducingPosterior(self.likelihood, self.kernel, self.Z, self.geometry.L,
                                          self.L_B, self.gamma)
 
     def marginals(self, idx: Array | None = None) -> tuple[Array, Array]:
         """Posterior mean and variance of ``f_n`` at training points ``idx`` (``[B]`` each)."""
         cav = self.cavity(np.arange(self.n) if idx is None else np.asarray(idx))
-        return cav.mq, cav.sq + self.geo.h[cav.idx]
+        return cav.mq, cav.sq + self.geometry.h[cav.idx]
 
     # -- deletion ----------------------------------------------------------------------------
     def cavity(self, idx: Array, with_P: bool = False) -> Cavity:
         """Cavity marginals of the points ``idx`` from the current posterior (spec §2.3)."""
-        geo = self.geo
+        geo = self.geometry
         C = tri_solve(self.L_B, geo.A[:, idx])  # L_B^-1 a_n
         sq = np.sum(C * C, axis=0)
         mq = C.T @ self.c
@@ -305,7 +311,7 @@ class RankOnePEPSites(SiteApproximation):
         d_nu = eps * (nu_new - self.nu[idx])
         self.tau[idx] += d_tau
         self.nu[idx] += d_nu
-        A_b = self.geo.A[:, idx]
+        A_b = self.geometry.A[:, idx]
         if idx.size == self.n:
             self._rebuild()
         else:  # incremental within a fixed geometry: O(B M^2 + M^3)
@@ -314,7 +320,7 @@ class RankOnePEPSites(SiteApproximation):
             self._factor()
 
     def _sequential(self, idx: Array) -> None:
-        geo = self.geo
+        geo = self.geometry
         beta = self.beta()
         gamma = self.gamma.copy()
         for n in self.rng.permutation(idx):
@@ -380,7 +386,7 @@ class RankOnePEPSites(SiteApproximation):
             raise NumericalError(f"power-EP energy is {value}", quantity="energy")
         if not with_gradients:
             return ObjectiveValue(float(value))
-        W = self.geo.W[:, idx]
+        W = self.geometry.W[:, idx]
         c1 = a * (tau * cav.mq - nu) / cav.den
         Xi = self.gamma[:, None] + cav.P * c1
         Zeta = cav.P / cav.den

@@ -7,8 +7,9 @@ Spec jj-taylor-svi §3 (Hensman et al. 2015) and ep-sep-multiclass §3.2. For ``
 
 with ``scale = N / |b|`` (unbiased for a mini-batch ``b``), ``q(f_il) = N(m_il, v_il)``,
 ``m_il = a_il^T mu_l``, ``v_il = K_ii - k_i^T Kuu^-1 k_i + a_il^T Sigma_l a_il`` and
-``a_il = Kuu_l^-1 k_il``. Gradients follow §3.3 (FD-verified in the tests). Everything is done with
-Cholesky factors and triangular solves; memory is ``O(L (|b| M + M^2))``, independent of ``N``.
+``a_il = Kuu_l^-1 k_il``. Gradients: spec jj-taylor-svi §3.3 (FD-verified in the tests).
+Everything is done with Cholesky factors and triangular solves; memory is
+``O(L (|b| M + M^2))``, independent of ``N``.
 """
 
 from __future__ import annotations
@@ -17,134 +18,31 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import expit, log_expit, log_ndtr
 
 from gpinfer.interfaces import Array, Likelihood, MatrixGradients
 from gpinfer.numerics.cholesky import chol_solve, jittered_cholesky, tri_solve
-from gpinfer.numerics.quadrature import gauss_hermite
-
-_LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
 
 #: ``(mean [B, L], var [B, L]) -> (E [B], dE/dmean [B, L], dE/dvar [B, L])``
 ExpectationFn = Callable[[Array, Array], tuple[Array, Array, Array]]
 
-#: default number of Gauss-Hermite nodes for binary expected log-likelihoods (spec §3.2)
-SVI_GAUSS_HERMITE_POINTS = 100
 
+def likelihood_expectation(
+    likelihood: Likelihood, y: Array, rng: np.random.Generator | None = None
+) -> ExpectationFn:
+    """The ELBO's per-point expectation: ``likelihood.variational_expectations`` for labels
+    ``y [B]`` (class indices), the rule chosen by the likelihood's ``expectation`` option.
 
-def binary_expectation(link, s: Array, n_nodes: int = SVI_GAUSS_HERMITE_POINTS) -> ExpectationFn:
-    """Gauss-Hermite ``E[log sig(s f)]`` for a Bernoulli link and signs ``s [B]`` (spec §3.2).
-
-    ``dE/dmean = E[l']``, ``dE/dvar = E[l'']/2`` with the same nodes (Bonnet/Price), so the
-    derivatives are exact for the discretised value.
+    Multi-class likelihoods take ``mean, var [B, C]``; single-latent ones the one column of
+    ``[B, 1]`` (their gradients come back as ``[B, 1]``). ``rng`` feeds Monte-Carlo rules.
     """
-    x, w = gauss_hermite(int(n_nodes))
-    s = np.asarray(s, dtype=float)
+    y = np.asarray(y)
 
     def fn(mean: Array, var: Array) -> tuple[Array, Array, Array]:
-        f = mean[:, 0:1] + np.sqrt(var[:, 0:1]) * x  # [B, K]
-        psi, d1, d2 = link.derivatives(s[:, None] * f, 2)
-        E = psi @ w
-        return E, (s * (d1 @ w))[:, None], (0.5 * (d2 @ w))[:, None]
-
-    return fn
-
-
-def logistic_expectation(s: Array, n_nodes: int = SVI_GAUSS_HERMITE_POINTS) -> ExpectationFn:
-    """``binary_expectation`` for the logistic link with two transcendentals per node.
-
-    ``l = log sig(t)``, ``l' = sig(-t)``, ``l'' = -sig(t) sig(-t)`` at ``t = s f`` from one
-    ``expit`` and one ``log_expit``; same nodes and values as ``binary_expectation``.
-    """
-    x, w = gauss_hermite(int(n_nodes))
-    s = np.asarray(s, dtype=float)
-
-    def fn(mean: Array, var: Array) -> tuple[Array, Array, Array]:
-        t = s[:, None] * mean[:, 0:1] + (s[:, None] * np.sqrt(var[:, 0:1])) * x  # [B, K]
-        q = expit(-t)
-        E = log_expit(t) @ w
-        d1 = q @ w
-        q *= 1.0 - q  # sig(-t) sig(t)
-        return E, (s * d1)[:, None], (-0.5 * (q @ w))[:, None]
-
-    return fn
-
-
-#: Gauss-Hermite nodes of the fast robust-max expectation (``robustmax_expectation``)
-ROBUSTMAX_GAUSS_HERMITE_POINTS = 20
-
-
-def robustmax_expectation(epsilon: float, y: Array,
-                          n_nodes: int = ROBUSTMAX_GAUSS_HERMITE_POINTS) -> ExpectationFn:
-    """``E[log p(y | f)]`` of ``RobustMax(epsilon)`` by ``n_nodes``-point Gauss-Hermite in ``f_y``.
-
-    ``E = b + (a - b) P`` with ``a = log(1 - eps + eps/C)``, ``b = log(eps/C)`` (as
-    ``RobustMax``) and ``P = E_t[prod_{c != y} Phi(z_c)]``, ``z_c = (m_y + s_y t - m_c) / s_c``.
-    Derivatives of the same discretised ``P`` (exact for it): with ``r = phi/Phi (z)``,
-    ``dP/dm_c = -E[prod r_c] / s_c``, ``dP/dv_c = -E[prod r_c z_c] / (2 s_c^2)``,
-    ``dP/dm_y = E[prod sum_c r_c / s_c]``, ``dP/dv_y = E[prod t sum_c r_c / s_c] / (2 s_y)``.
-    A fast alternative to the likelihood's adaptive rule for stochastic gradients.
-    """
-    x, w = gauss_hermite(int(n_nodes))
-    y = np.asarray(y, dtype=np.int64)
-
-    def fn(mean: Array, var: Array) -> tuple[Array, Array, Array]:
-        B, C = mean.shape
-        a = np.log(1.0 - epsilon + epsilon / C)
-        b = np.log(epsilon / C)
-        rows = np.arange(B)
-        sd = np.sqrt(var)
-        m_y, sd_y = mean[rows, y], sd[rows, y]
-        fy = m_y[:, None] + sd_y[:, None] * x  # [B, K]
-        z = (fy[:, :, None] - mean[:, None, :]) / sd[:, None, :]  # [B, K, C]
-        z[rows, :, y] = 40.0  # own class: Phi = 1 and r = 0 to double precision
-        log_Phi = log_ndtr(z)
-        wprod = np.exp(log_Phi.sum(axis=2)) * w  # [B, K]
-        r = np.exp(-0.5 * z * z - _LOG_SQRT_2PI - log_Phi)  # phi/Phi, 0 at z = inf
-        r /= sd[:, None, :]
-        P = wprod.sum(axis=1)
-        dmean = -np.einsum("bk,bkc->bc", wprod, r)
-        dvar = -np.einsum("bk,bkc->bc", wprod, r * z) / (2.0 * sd)
-        sum_r = r.sum(axis=2)  # [B, K]
-        dmean[rows, y] = np.einsum("bk,bk->b", wprod, sum_r)
-        dvar[rows, y] = np.einsum("bk,bk->b", wprod * x, sum_r) / (2.0 * sd_y)
-        return b + (a - b) * P, (a - b) * dmean, (a - b) * dvar
-
-    return fn
-
-
-def softmax_expectation(y: Array, n_samples: int, rng: np.random.Generator) -> ExpectationFn:
-    """Unbiased Monte-Carlo ``E[log softmax_y(f)]`` with ``n_samples`` reparameterised draws.
-
-    ``f = m + sqrt(v) eps``: ``dE/dm = E[d l/df]``, ``dE/dv = E[(d l/df) eps] / (2 sqrt(v))``
-    with ``d l/df = onehot(y) - softmax(f)``; fresh draws at every call (a stochastic but
-    unbiased estimate of the value and of both gradients, for svi). ``[B]``, ``[B, C]``, ``[B, C]``.
-    """
-    y = np.asarray(y, dtype=np.int64)
-
-    def fn(mean: Array, var: Array) -> tuple[Array, Array, Array]:
-        B, C = mean.shape
-        rows = np.arange(B)
-        sd = np.sqrt(var)
-        eps = rng.standard_normal((B, int(n_samples), C))
-        F = mean[:, None, :] + sd[:, None, :] * eps
-        top = F.max(axis=2, keepdims=True)
-        e = np.exp(F - top)
-        total = e.sum(axis=2, keepdims=True)
-        ll = F[rows, :, y] - (top + np.log(total))[:, :, 0]  # [B, S]
-        g = -(e / total)
-        g[rows, :, y] += 1.0
-        return ll.mean(axis=1), g.mean(axis=1), (g * eps).mean(axis=1) / (2.0 * sd)
-
-    return fn
-
-
-def likelihood_expectation(likelihood: Likelihood, y: Array) -> ExpectationFn:
-    """``likelihood.expected_log_prob`` for class indices ``y [B]`` (multi-class likelihoods)."""
-
-    def fn(mean: Array, var: Array) -> tuple[Array, Array, Array]:
-        out = likelihood.expected_log_prob(y, mean, var)
-        return out.value, out.dmean, out.dvar
+        if likelihood.multiclass:
+            out = likelihood.variational_expectations(y, mean, var, rng=rng)
+            return out.value, out.dmean, out.dvar
+        out = likelihood.variational_expectations(y, mean[:, 0], var[:, 0], rng=rng)
+        return out.value, out.dmean[:, None], out.dvar[:, None]
 
     return fn
 
@@ -188,7 +86,7 @@ def uncollapsed_elbo(
     expectation: ExpectationFn,
     scale: float = 1.0,
 ) -> ELBOEstimate:
-    """The ELBO (spec §3.1, §3.3) for ``L`` latents on a batch of ``B`` points.
+    """The ELBO (spec jj-taylor-svi §3.1, jj-taylor-svi §3.3) for ``L`` latents on ``B`` points.
 
     ``Kuu``: ``L`` matrices ``[M, M]``; ``Kub``: ``L`` matrices ``[M, B]`` (batch columns);
     ``Kdiag [L, B]``; ``mu [L, M]``; ``Lq [L, M, M]`` lower triangular; ``scale``: the weight of
@@ -244,7 +142,7 @@ def uncollapsed_elbo(
         )
         grads.append(MatrixGradients(Kff_diag=gv[:, l].copy(), Kuu=0.5 * (G_uu + G_uu.T),
                                      Kuf=G_uf))
-        # dL/dSigma = Pv - Kuu^-1 / 2 + Sigma^-1 / 2 (spec §3.3)
+        # dL/dSigma = Pv - Kuu^-1 / 2 + Sigma^-1 / 2 (spec jj-taylor-svi §3.3)
         Lq_inv = tri_solve(Lql, eye)
         dSigma[l] = Pv - 0.5 * Kinv + 0.5 * (Lq_inv.T @ Lq_inv)
     return ELBOEstimate(value - kl_total, dmu, dLq, grads, E, kl_total, dSigma)

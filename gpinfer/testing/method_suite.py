@@ -20,14 +20,17 @@ fail when a registered method has no suite. The data are small and generated wit
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pytest
 
 from gpinfer.errors import InputError
-from gpinfer.interfaces import FitResult, IterationInfo
+from gpinfer.interfaces import FitResult, IterationInfo, Method
 from gpinfer.testing.gradcheck import assert_gradient_close
+
+if TYPE_CHECKING:
+    from gpinfer.estimator import GPClassifier
 
 Array = np.ndarray
 
@@ -72,7 +75,7 @@ class MethodTestSuite:
 
     method_name: ClassVar[str] = ""
     #: a ``Method`` subclass to test directly (e.g. before it is registered); else the registry
-    method_cls: ClassVar[type | None] = None
+    method_cls: ClassVar[type[Method] | None] = None
     method_options: ClassVar[Mapping[str, Any] | None] = None
     likelihood: ClassVar[Any] = None
     n_classes: ClassVar[int] = 2
@@ -110,7 +113,7 @@ class MethodTestSuite:
         """The suite's data: ``X [n_points, 2]``, ``y [n_points]`` int64 class indices."""
         return make_suite_data(n_classes or self.n_classes, n=self.n_points, seed=self.seed)
 
-    def make_estimator(self, **overrides: Any):
+    def make_estimator(self, **overrides: Any) -> GPClassifier:
         """A ``GPClassifier`` for this method with the suite's settings (``overrides`` win)."""
         from gpinfer.estimator import GPClassifier
 
@@ -127,7 +130,7 @@ class MethodTestSuite:
         params.update(overrides)
         return GPClassifier(**params)
 
-    def method_class(self) -> type:
+    def method_class(self) -> type[Method]:
         from gpinfer import registry
 
         if self.method_cls is not None:

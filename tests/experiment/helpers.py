@@ -20,18 +20,23 @@ REPO = HERE.parents[1]
 #: the toy methods run on a binary dataset with laplace's (empty) option set, whatever the
 #: project's default experiment is; overrides naming another method or dataset win
 TOY_GROUPS = (("method", "laplace"), ("dataset", "breast_cancer"))
+#: what a run publishes after training (model, datasets, plots: about a second a run) is off
+#: in composed test configs unless a test turns it on; tests/experiment/test_publish.py does
+PUBLISH_OFF = ("mlflow.log_model=false", "mlflow.log_datasets=false", "mlflow.log_plots=false")
 
 
 def compose_cfg(*overrides: str) -> DictConfig:
     """``conf/config.yaml`` composed with ``overrides``, as ``gpinfer-run`` would (no hydra node).
 
-    The ``method`` and ``dataset`` groups default to ``TOY_GROUPS`` unless overridden.
+    The ``method`` and ``dataset`` groups default to ``TOY_GROUPS`` and publishing to
+    ``PUBLISH_OFF`` unless overridden.
     """
     base = [
         f"{group}={default}"
         for group, default in TOY_GROUPS
         if not any(o.startswith(f"{group}=") for o in overrides)
     ]
+    base += [o for o in PUBLISH_OFF if not any(x.startswith(o.split("=")[0]) for x in overrides)]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="test"):
         return compose(config_name="config", overrides=[*base, *overrides])
 
@@ -47,3 +52,16 @@ def plugin_importable(name: str) -> str | None:
     except ImportError as exc:
         return f"gpinfer.likelihoods.make_likelihood is missing: {exc}"
     return None
+
+
+def load_logged_model(run_id: str, tracking_uri: str):
+    """The run's MLflow model ``runs:/<run_id>/model`` through the sklearn flavour and through
+    pyfunc, as ``(sklearn_model, pyfunc_model)``, read from ``tracking_uri``."""
+    import mlflow
+
+    uri = f"runs:/{run_id}/model"
+    mlflow.set_tracking_uri(tracking_uri)
+    try:
+        return mlflow.sklearn.load_model(uri), mlflow.pyfunc.load_model(uri)
+    finally:
+        mlflow.set_tracking_uri(None)

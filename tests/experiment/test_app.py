@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -59,7 +60,7 @@ def test_module_entry_point_composes_the_config(tmp_path: Path, toy_site: Path) 
     proc, _ = _run([sys.executable, "-m", "gpinfer", "--cfg", "job"], tmp_path, toy_site)
     assert proc.returncode == 0, proc.stderr
     for line in ("name: sep", "name: waveform", "name: rbf", "name: lbfgs", "M: null",
-                 "seed: 0", "iterations: 50", "optimize: true", "eval_every: 10",
+                 "seed: 0", "iterations: 50", "optimize: null", "eval_every: 10",
                  "experiment: gpinfer"):
         assert line in proc.stdout, line
 
@@ -104,8 +105,8 @@ def test_ctrl_c_ends_the_mlflow_run_killed(tmp_path: Path, toy_site: Path) -> No
     run_dir = tmp_path / "run"
     err_path = tmp_path / "stderr.txt"
     args = [str(GPINFER_RUN), *TOY_METHOD, "method.likelihood=null",
-            "+method.options.sleep_s=0.05", "iterations=2000", "progress.start_after_s=0",
-            "progress.every_s=0", f"hydra.run.dir={run_dir}"]
+            "+method.options.sleep_s=0.05", "iterations=2000", "progress.bar=true",
+            f"hydra.run.dir={run_dir}"]
     with open(err_path, "w") as err:
         # a test session started in the background (``cmd &`` in a script) inherits SIGINT as
         # ignored, and Python keeps it ignored; a user's Ctrl-C is what is tested, so restore it
@@ -113,7 +114,9 @@ def test_ctrl_c_ends_the_mlflow_run_killed(tmp_path: Path, toy_site: Path) -> No
                                 preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 60.0
-        while "iter 3/2000" not in err_path.read_text():  # training is under way
+        # training is under way: the bar (redrawn every half second) is past iteration 3
+        while max(map(int, re.findall(r"\| *(\d+)/2000 \[", err_path.read_text())),
+                  default=0) < 3:
             assert proc.poll() is None, err_path.read_text()
             assert time.monotonic() < deadline, err_path.read_text()
             time.sleep(0.1)
@@ -154,9 +157,24 @@ def test_laplace_multirun_two_by_two(tmp_path: Path, toy_site: Path) -> None:
         combos.add((result["kernel"], result["seed"]))
     assert combos == {("rbf", 0), ("rbf", 1), ("matern52", 0), ("matern52", 1)}
     runs = _runs(uri)
+    reports = [r for r in runs if r.data.tags.get("gpinfer.kind") == "report"]
+    runs = [r for r in runs if r not in reports]
     assert len(runs) == 4 and {r.info.status for r in runs} == {"FINISHED"}
+    assert len({r.info.run_name for r in runs}) == 4  # readable and unique
     assert {r.data.tags["method.distribution"] for r in runs} == {"gpinfer-laplace"}
     assert proc.stdout.count("FINISHED: laplace on breast_cancer") == 4  # one line per run
+    # the sweep report: printed, written into the sweep folder, logged as one MLflow run
+    assert "Sweep report (4 runs)" in proc.stdout
+    table = (sweep / "report.md").read_text()
+    assert "| laplace | breast_cancer | matern52 | 2 |" in table
+    assert "| laplace | breast_cancer | rbf | 2 |" in table
+    assert (sweep / "report.csv").read_text().count("\n") == 3  # header + two groups
+    assert len(reports) == 1 and reports[0].info.status == "FINISHED"
+    logs = sorted(sweep.glob("*/gpinfer.log"))  # each run's log holds that run's lines
+    assert len(logs) == 4
+    for log in logs:
+        text = log.read_text()
+        assert "FINISHED: laplace on breast_cancer" in text and "learned.kernel." in text
 
 
 def test_joblib_sweep_runs_in_parallel_and_survives_a_failed_job(
@@ -178,8 +196,10 @@ def test_joblib_sweep_runs_in_parallel_and_survives_a_failed_job(
     assert proc.stderr.count("NumericalError: toy: Cholesky of B failed (iteration 3") >= 2
     statuses = sorted(json.loads(p.read_text())["status"] for p in sweep.glob("*/result.json"))
     assert statuses == ["FAILED", "FAILED", "FINISHED", "FINISHED"]
-    runs = _runs(uri)
+    runs = [r for r in _runs(uri) if r.data.tags.get("gpinfer.kind") != "report"]
     assert sorted(r.info.status for r in runs) == statuses
+    # Hydra skips on_multirun_end after a failed job; the sweeper reports all the same
+    assert "| toygp | breast_cancer | 2 (2 failed) |" in (sweep / "report.md").read_text()
     assert {r.data.tags.get("hydra.job.num") for r in runs} == {"0", "1", "2", "3"}
     assert "joblib" in (sweep / "multirun.yaml").read_text()
 

@@ -1,8 +1,7 @@
-"""Rate-limited progress lines, result.json writing, the summary line and peak memory."""
+"""result.json writing, the summary line and peak memory (the progress bar: tests/test_progress.py)."""
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from pathlib import Path
@@ -12,31 +11,6 @@ import pytest
 
 from gpinfer.errors import InputError
 from gpinfer.experiment import results
-from gpinfer.experiment.progress import ProgressPrinter
-
-
-def test_progress_waits_then_prints_at_most_one_line_per_interval() -> None:
-    now = [100.0]
-    out = io.StringIO()
-    bar = ProgressPrinter(
-        "ep/wine seed=0", total=50, start_after_s=3.0, every_s=2.0, stream=out, clock=lambda: now[0]
-    )
-    printed = []
-    for it, t in enumerate([0.5, 1.0, 2.9, 3.0, 3.5, 4.9, 5.0, 5.1, 9.0], start=1):
-        now[0] = 100.0 + t
-        printed.append(bar.update(it, -10.0 * it, elapsed=t))
-    assert printed == [False, False, False, True, False, False, True, False, True]
-    lines = out.getvalue().splitlines()
-    assert lines[0] == "[ep/wine seed=0] iter 4/50  objective -40  elapsed 3.0 s"
-    assert len(lines) == bar.lines_printed == 3
-
-
-def test_progress_formats_odd_values_and_rejects_bad_settings() -> None:
-    bar = ProgressPrinter("x", start_after_s=0.0, every_s=0.0, stream=io.StringIO())
-    assert bar.format(3, math.inf, 1.25) == "[x] iter 3  objective inf  elapsed 1.2 s"
-    assert bar.format(3, -1234567.0, 0.0).endswith("objective -1.23457e+06  elapsed 0.0 s")
-    with pytest.raises(ValueError):
-        ProgressPrinter("x", every_s=-1.0)
 
 
 def test_result_json_is_strict_json(tmp_path: Path) -> None:

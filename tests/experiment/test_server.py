@@ -38,9 +38,12 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
         return response.status, response.read().decode()
 
 
-@pytest.fixture
-def mlflow_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Start ``mlflow server`` (SQLite backend, local artifacts), wait for /health, stop it after."""
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Start ``mlflow server`` (SQLite backend, local artifacts), wait for /health, stop it after
+    the module's tests (one start: it takes seconds)."""
+    tmp_path = tmp_path_factory.mktemp("server")
+    monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setenv("NO_PROXY", f"{HOST},localhost")
     monkeypatch.setenv("no_proxy", f"{HOST},localhost")
     port = _free_port()
@@ -73,6 +76,7 @@ def mlflow_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[s
             time.sleep(0.5)
         yield url
     finally:
+        monkeypatch.undo()
         # the server and its workers share the new session's process group
         try:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -117,3 +121,41 @@ def test_metrics_arrive_at_a_tracking_server(tmp_path: Path, mlflow_server: str)
     assert {"config.yaml", "state.npz", "result.json"} <= {
         f["path"] for f in json.loads(body).get("files", [])
     }
+
+
+def test_gpinfer_run_logs_model_and_plots_to_a_tracking_server(
+    tmp_path: Path, mlflow_server: str
+) -> None:
+    """``MLFLOW_TRACKING_URI`` points ``gpinfer-run`` at the server; everything reads back."""
+    import numpy as np
+    from mlflow.tracking import MlflowClient
+
+    from .helpers import load_logged_model, plugin_importable
+    from .test_app import GPINFER_RUN
+
+    reason = plugin_importable("laplace")
+    if reason:
+        pytest.skip(reason)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_server}
+    proc = subprocess.run(
+        [str(GPINFER_RUN), "method=laplace", "dataset=breast_cancer", "iterations=3",
+         "eval_every=1", "mlflow.experiment=server-cli", f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = MlflowClient(mlflow_server)
+    exp = client.get_experiment_by_name("server-cli")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name.startswith("laplace-breast_cancer")
+    assert 0.0 <= run.data.metrics["test_error"] <= 0.2
+    assert run.data.metrics["learned.kernel.lengthscale"] > 0
+    assert len(client.get_metric_history(run.info.run_id, "test_nll")) >= 3
+    plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert plots == {"plots/reliability.png", "plots/training_curves.png"}
+    png = Path(client.download_artifacts(run.info.run_id, "plots/reliability.png", str(tmp_path)))
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    model, pyfunc = load_logged_model(run.info.run_id, mlflow_server)
+    classes = np.load(tmp_path / "run" / "state.npz")["classes"]  # the run folder has its files
+    assert classes.tolist() == [0, 1]
+    example = np.random.default_rng(1).standard_normal((4, 30))
+    assert np.array_equal(np.asarray(pyfunc.predict(example)), model.predict_proba(example))

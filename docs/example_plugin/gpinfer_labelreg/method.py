@@ -9,7 +9,7 @@ contract and reuses the core: the B-matrix algebra, hyper-parameter packing and 
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from gpinfer.interfaces import (
 )
 from gpinfer.kernels.base import Kernel
 from gpinfer.optim import make_optimizer
+from gpinfer.options import Option, real
 from gpinfer.sites import DiagonalSiteAlgebra
 
 
@@ -54,7 +55,9 @@ class LabelRegression(Method):
     uses_inducing_points: ClassVar[bool] = False
     supports_minibatch: ClassVar[bool] = False
     likelihoods: ClassVar[tuple[str, ...]] = ("probit", "logit")
-    default_options: ClassVar[dict[str, Any]] = {"noise": 1.0}
+    option_spec: ClassVar[dict[str, Option]] = {
+        "noise": real(1.0, "(0, inf)", doc="label noise variance"),
+    }
 
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
         start = time.perf_counter()

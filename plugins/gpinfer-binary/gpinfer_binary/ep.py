@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from gpinfer.interfaces import Array, Likelihood
+from gpinfer.options import Option, choice, flag, integer, real
 from gpinfer.sites.driver import DenseBinaryMethod, DenseSolution
 from gpinfer.sites.ep import EPSites
 from gpinfer.sites.jensen import jensen_bound
@@ -19,10 +20,13 @@ class DenseEP(DenseBinaryMethod):
     """
 
     name: ClassVar[str] = "ep-dense"
-    default_options: ClassVar[dict[str, Any]] = {
+    option_spec: ClassVar[dict[str, Option]] = {
         **DenseBinaryMethod.driver_options,
-        "tol": 1e-6, "max_sweeps": 200, "damping": None, "schedule": "sequential",
-        "jensen": False,
+        "tol": real(1e-6, "(0, inf)", doc="|Delta log Z_EP| between sweeps"),
+        "max_sweeps": integer(200, "[1, inf)"),
+        "damping": real(None, "(0, 1]", none=True, doc="None: 1 sequential / 0.5 parallel"),
+        "schedule": choice("sequential", ("sequential", "parallel")),
+        "jensen": flag(False, doc="also report J(q_EP)"),
     }
 
     def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any) -> DenseSolution:

@@ -27,6 +27,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpinfer.interfaces import Array, Likelihood
+from gpinfer.likelihoods.bernoulli import Bernoulli, as_bernoulli
+from gpinfer.options import Option, integer, real
 from gpinfer.sites.dense import DiagonalSiteAlgebra
 from gpinfer.sites.driver import DenseBinaryMethod, DenseSolution
 from gpinfer.sites.ep import EPSites
@@ -40,7 +42,7 @@ FIXED_POINT_SWITCH = 0.1
 class KLObjective:
     """``J(xi)`` with ``xi = [alpha, lambda]`` ``[2N]``, its gradient and Hessian."""
 
-    def __init__(self, K: Array, y: Array, likelihood: Likelihood):
+    def __init__(self, K: Array, y: Array, likelihood: Bernoulli):
         self.K, self.y, self.lik = K, y, likelihood
         self.n = y.shape[0]
         self._last: tuple[Array, tuple[Array, ...], Array, Array] | None = None
@@ -134,14 +136,17 @@ class KLMethod(DenseBinaryMethod):
     objective_limit: ClassVar[float | None] = 0.0
 
     name: ClassVar[str] = "kl"
-    default_options: ClassVar[dict[str, Any]] = {
-        **DenseBinaryMethod.driver_options, "tol": 1e-8, "max_newton": 100,
-        "decrement_tol": 1e-16, "fixed_point_tol": 1e-9,
+    option_spec: ClassVar[dict[str, Option]] = {
+        **DenseBinaryMethod.driver_options,
+        "tol": real(1e-8, "(0, inf)", doc="max-norm of the gradient"),
+        "max_newton": integer(100, "[1, inf)"),
+        "decrement_tol": real(1e-16, "(0, inf)", doc="Newton decrement (nats)"),
+        "fixed_point_tol": real(1e-9, "(0, inf)", doc="max-norm of the fixed-point residual"),
     }
 
     def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any) -> DenseSolution:
         n = y.shape[0]
-        objective = KLObjective(K, y, likelihood)
+        objective = KLObjective(K, y, as_bernoulli(likelihood, self.name))
         if warm is None:
             ep = EPSites(K, y, likelihood, tol=1e-3, max_sweeps=20)
             ep.run()

@@ -21,6 +21,7 @@ from scipy.optimize import minimize_scalar
 
 from gpinfer.errors import InputError
 from gpinfer.interfaces import Array, Likelihood
+from gpinfer.options import Option, bounds, real
 from gpinfer.sites.dense import DiagonalSiteAlgebra
 from gpinfer.sites.driver import DenseBinaryMethod, DenseSolution
 from gpinfer.sites.jensen import jensen_bound
@@ -95,8 +96,10 @@ class LabelRegressionMethod(DenseBinaryMethod):
     """
 
     name: ClassVar[str] = "lr"
-    default_options: ClassVar[dict[str, Any]] = {
-        **DenseBinaryMethod.driver_options, "noise": None, "noise_bounds": (0.5, 2.0),
+    option_spec: ClassVar[dict[str, Option]] = {
+        **DenseBinaryMethod.driver_options,
+        "noise": real(None, "(0, inf)", none=True, doc="fixed sigma_n (None: chosen in bounds)"),
+        "noise_bounds": bounds((0.5, 2.0), "(0, inf)", doc="search interval of sigma_n"),
     }
 
     def _noise(self, K: Array, y: Array, likelihood: Likelihood) -> float:

@@ -19,13 +19,15 @@ import numpy as np
 
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array, Likelihood
+from gpinfer.likelihoods.bernoulli import Bernoulli, as_bernoulli
+from gpinfer.options import Option, flag, integer, real
 from gpinfer.sites.dense import DiagonalSiteAlgebra
 from gpinfer.sites.driver import DenseBinaryMethod, DenseSolution
 from gpinfer.sites.ep import ep_log_evidence
 from gpinfer.sites.jensen import gaussian_site_gradient, jensen_bound
 
 
-def solve_alpha(K: Array, y: Array, likelihood: Likelihood, s2: Array, alpha: Array,
+def solve_alpha(K: Array, y: Array, likelihood: Bernoulli, s2: Array, alpha: Array,
                 tol: float, max_steps: int = 100) -> tuple[Array, Array, Array]:
     """``alpha`` with ``alpha = d1(K alpha - s2 alpha, s2)``; returns ``alpha, mu, d2``."""
     Kc = K - np.diag(s2)
@@ -63,8 +65,11 @@ class TAPMethod(DenseBinaryMethod):
     """
 
     name: ClassVar[str] = "tap"
-    default_options: ClassVar[dict[str, Any]] = {
-        **DenseBinaryMethod.driver_options, "naive": False, "tol": 1e-9, "max_outer": 200,
+    option_spec: ClassVar[dict[str, Option]] = {
+        **DenseBinaryMethod.driver_options,
+        "naive": flag(False, doc="TAPnaive (no gradient) instead of ADATAP"),
+        "tol": real(1e-9, "(0, inf)", doc="max|Delta w| and the inner residual"),
+        "max_outer": integer(200, "[1, inf)"),
     }
 
     def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any) -> DenseSolution:
@@ -77,8 +82,11 @@ class TAPMethod(DenseBinaryMethod):
                 s2 = np.diag(K).copy()
             else:
                 v = DiagonalSiteAlgebra.from_kernel_matrix(K, w).posterior_var_diag()
-                s2 = 1.0 / (1.0 / v - w)
-            alpha, _, d2 = solve_alpha(K, y, likelihood, s2, alpha, 0.1 * tol)
+                # a cavity variance lies in (0, K_ii] (the sites w >= 0 only remove variance);
+                # 1/v - w cancels when w is large, so its round-off is floored at 1/K_ii
+                s2 = 1.0 / np.maximum(1.0 / v - w, 1.0 / np.diag(K))
+            alpha, _, d2 = solve_alpha(K, y, as_bernoulli(likelihood, self.name), s2, alpha,
+                                       0.1 * tol)
             w_new = np.maximum(-d2 / (1.0 + s2 * d2), 0.0)
             change = float(np.max(np.abs(w_new - w)))
             w = w_new

@@ -16,6 +16,7 @@ from scipy.special import expit, log_expit
 from gpinfer.errors import InputError
 from gpinfer.interfaces import Array, Likelihood
 from gpinfer.numerics.normal import log_Phi_derivatives
+from gpinfer.options import Option, integer, real
 from gpinfer.sites.dense import DiagonalSiteAlgebra
 from gpinfer.sites.driver import DenseBinaryMethod, DenseSolution
 from gpinfer.sites.jensen import gaussian_site_gradient, jensen_bound
@@ -111,12 +112,14 @@ class VBMethod(DenseBinaryMethod):
     objective_limit: ClassVar[float | None] = 0.0
 
     name: ClassVar[str] = "vb"
-    default_options: ClassVar[dict[str, Any]] = {
-        **DenseBinaryMethod.driver_options, "tol": 1e-8, "max_newton": 100,
+    option_spec: ClassVar[dict[str, Option]] = {
+        **DenseBinaryMethod.driver_options,
+        "tol": real(1e-8, "(0, inf)", doc="max-norm of the varsigma-gradient"),
+        "max_newton": integer(100, "[1, inf)"),
     }
 
     def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any) -> DenseSolution:
-        link = getattr(likelihood, "name", type(likelihood).__name__)
+        link = likelihood.name or type(likelihood).__name__  # the bounds exist per likelihood
         objective = VBObjective(K, y, link)
         if warm is None:
             warm = np.full(y.shape[0], 1.0 if link == "logit" else 0.0)

@@ -156,24 +156,6 @@ def test_probit_predictive_closed_form():
         assert P[i, 1] == pytest.approx(numeric, abs=1e-9)
 
 
-def test_ep_parallel_and_sequential_share_the_fixed_point():
-    X, y = n10_data()
-    K = se(0.0, 2.0).K(X)
-    seq = EPSites(K, y, PROBIT, tol=1e-12)
-    seq.run()
-    par = EPSites(K, y, PROBIT, tol=1e-12, schedule="parallel")
-    par.run()
-    assert seq.converged and par.converged
-    np.testing.assert_allclose(par.tau, seq.tau, atol=1e-7)
-    assert par.log_evidence() == pytest.approx(seq.log_evidence(), abs=1e-8)
-    # fixed point: posterior marginals equal the tilted moments (spec §7.5 item 18)
-    v = seq.algebra.posterior_var_diag()
-    tc, nc = 1 / v - seq.tau, seq.mu / v - seq.nu
-    mom, d2 = PROBIT.tilted_and_d2(y, nc / tc, 1 / tc)
-    np.testing.assert_allclose(nc / tc + mom.dlogz_dmean / tc, seq.mu, atol=1e-8)
-    np.testing.assert_allclose(1 / tc + d2 / tc**2, v, atol=1e-5)
-
-
 def test_kl_fixed_point_and_derivatives():
     X, y = n10_data()
     X, y = X[::2], y[::2]

@@ -13,28 +13,31 @@ every evaluation (``maxiter = max_iter``). Batch only.
 
 from __future__ import annotations
 
-import time
+import copy
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.hyper import HyperParameters
+from gpinfer.inducing import INDUCING_INITS
 from gpinfer.interfaces import (
     Array,
     FitCallback,
     FitResult,
-    IterationInfo,
     MatrixGradients,
     Method,
     Problem,
 )
+from gpinfer.kernels.initialisation import LENGTHSCALE_INITS
 from gpinfer.numerics.cholesky import tri_solve
 from gpinfer.numerics.gram import weighted_gram
 from gpinfer.optim.lbfgs import LBFGSB
+from gpinfer.options import Option, choice, integer, real
 from gpinfer.posterior import InducingPosterior
+from gpinfer.reporting import IterationReporter
 from gpinfer.sites.inducing import (
     ClassTerms,
     WhitenedGaussian,
@@ -75,7 +78,8 @@ class FITCSites:
         return (aggregate(self.W1, self.L1, self.y, self.mask),
                 aggregate(self.W2, self.L2, self.y, self.mask))
 
-    def marginals(self, terms: Sequence[ClassTerms]):
+    def marginals(self, terms: Sequence[ClassTerms]
+                  ) -> tuple[Array, Array, list[tuple[Any, ...]]]:
         """``(mu, Sigma [N, C], [(q_c, den_c, d_c, nu'_c)])`` of the current sites."""
         tau, nu = self.tau_nu()
         mus, sigmas, parts = [], [], []
@@ -96,10 +100,10 @@ class FITCSites:
         cav_w = remove_site(at_label(mu, y), at_label(S, y), self.W1, self.W2)
         cav_l = remove_site(mu, S, self.L1, self.L2)
         t = pair_tilted(cav_w.a, cav_w.v, cav_l.a, cav_l.v, mask)
-        new = (*new_role_site(t.g_win, t.gamma, cav_w.a, cav_w.v),
-               *new_role_site(-t.g_win, t.gamma, cav_l.a, cav_l.v))
+        matched = (*new_role_site(t.g_win, t.gamma, cav_w.a, cav_w.v),
+                   *new_role_site(-t.g_win, t.gamma, cav_l.a, cav_l.v))
         old = (self.W1, self.W2, self.L1, self.L2)
-        new = [np.where(mask, rho * n + (1 - rho) * o, 0.0) for n, o in zip(new, old)]
+        new = [np.where(mask, rho * n + (1 - rho) * o, 0.0) for n, o in zip(matched, old)]
         if not all(np.all(np.isfinite(n)) for n in new):
             raise NumericalError("non-finite GFITC sites", quantity="sites")
         change = max(float(np.max(np.abs(n - o))) for n, o in zip(new, old))
@@ -180,31 +184,43 @@ class GFITC(Method):
     uses_inducing_points: ClassVar[bool] = True
     supports_minibatch: ClassVar[bool] = False
     likelihoods: ClassVar[tuple[str, ...]] = ("argmax",)
-    default_options: ClassVar[dict[str, Any]] = {
-        "ep_tol": 1e-3,
-        "ep_max_sweeps": 1000,
-        "noise": 1.0,
-        "lengthscale_init": "median",
+    option_spec: ClassVar[dict[str, Option]] = {
+        "ep_tol": real(1e-3, "(0, inf)", doc="EP convergence tolerance per evaluation"),
+        "ep_max_sweeps": integer(1000, "[1, inf)"),
+        "noise": real(1.0, "(0, inf)", none=True, doc="white noise added to the kernel"),
+        "lengthscale_init": choice("median", LENGTHSCALE_INITS),
+        "inducing_init": choice("random", INDUCING_INITS,
+                                doc="random: M training inputs per class (the paper's)"),
     }
 
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
         check_likelihood(problem, self.name)
         if problem.batch_size is not None:
             raise InputError("gfitc is batch only (batch_size must be None)")
-        start = time.perf_counter()
+        reporter = IterationReporter(callback, self.name)
+        history = reporter.history
         X, y = np.asarray(problem.X, float), np.asarray(problem.y, np.int64)
         kernels = class_kernels(problem, self.options["noise"], self.options["lengthscale_init"])
-        Zs = initial_inducing(problem, self.name)
+        Zs = initial_inducing(problem, self.name, self.options["inducing_init"])
         hp = HyperParameters(kernels, Z=Zs, optimize=problem.optimize)
         sites = FITCSites(y, problem.n_classes)
         tol, max_sweeps = float(self.options["ep_tol"]), int(self.options["ep_max_sweeps"])
-        history: list[dict[str, float]] = []
         last: dict[str, Any] = {}
         accepted: dict[str, Any] = {"theta": hp.pack()}  # the last L-BFGS-B iterate
 
+        def inducing() -> list[Array]:
+            if hp.Z is None:
+                raise TypeError("gfitc hyper-parameters carry inducing inputs")
+            return hp.Z
+
+        def evaluated_at(theta: Array) -> bool:
+            """Whether the last evaluation was at ``theta``."""
+            last_theta = last.get("theta")
+            return last_theta is not None and np.array_equal(theta, last_theta)
+
         def fun(theta: Array) -> tuple[float, Array]:
             hp.unpack(theta)
-            terms = all_terms(kernels, hp.Z, X)
+            terms = all_terms(kernels, inducing(), X)
             try:
                 sweeps = sites.run(terms, tol, max_sweeps)
                 value, grads = sites.evidence(terms)
@@ -215,23 +231,33 @@ class GFITC(Method):
             last.update(theta=np.array(theta), value=value, sweeps=sweeps)
             return value, hp.gradient(X, grads)
 
-        def posterior() -> InducingPosterior:
-            terms = all_terms(kernels, hp.Z, X)
-            mS = sites.posterior_moments(terms)
+        def posterior(at: FITCSites | None = None) -> InducingPosterior:
+            terms = all_terms(kernels, inducing(), X)
+            mS = (sites if at is None else at).posterior_moments(terms)
             return InducingPosterior(problem.likelihood, [k.copy() for k in kernels],
-                                     [z.copy() for z in hp.Z], [a for a, _ in mS],
+                                     [z.copy() for z in inducing()], [a for a, _ in mS],
                                      [b for _, b in mS])
 
+        def posterior_now() -> Callable[[], InducingPosterior]:
+            """A builder of the posterior at the current sites and hyper-parameters."""
+            theta, frozen = hp.pack(), copy.deepcopy(sites)
+
+            def build() -> InducingPosterior:
+                current = hp.pack()
+                hp.unpack(theta)
+                try:
+                    return posterior(frozen)
+                finally:
+                    hp.unpack(current)
+
+            return build
+
         def on_iteration(it: int, x: Array, value: float) -> bool:
-            if not np.array_equal(x, last.get("theta")):
+            if not evaluated_at(x):
                 fun(x)
             accepted["theta"] = np.array(x)
-            elapsed = time.perf_counter() - start
             extra = {"ep_sweeps": float(last["sweeps"]), "failures": float(sites.failures)}
-            history.append({"objective": value, "elapsed": elapsed, **extra})
-            if callback is not None:
-                callback(IterationInfo(it, value, elapsed, posterior, extra))
-            return False
+            return reporter.report(it, value, posterior_now(), extra)
 
         theta0 = hp.pack()
         if problem.optimize and hp.size:
@@ -246,7 +272,7 @@ class GFITC(Method):
                 last.pop("theta", None)  # the failed call left its hyper-parameters in hp
                 if history:
                     history[-1]["stopped_on_failure"] = 1.0
-            if not np.array_equal(final, last.get("theta")):
+            if not evaluated_at(final):
                 fun(final)
         else:
             value, _ = fun(theta0)

@@ -1,21 +1,23 @@
 """Sparse multi-class EP and SEP (Villacampa-Calvo & Hernandez-Lobato 2017; spec ep-sep §2).
 
-One training loop serves both methods; they differ only in their site state (``RankOneSites``
-for EP, ``TiedSites`` for SEP). Batch mode (``batch_size`` None, spec §2.8.1): an iteration is one
-parallel damped sweep over all factors plus one sign-adaptive ascent step on the hyper-parameters
-(``schedule="inner"``), or EP to convergence then one step (``schedule="outer"``). Mini-batch
-mode (§2.8.3-2.8.4): an iteration is one epoch; for every batch its sites are refined
-(no damping), then one Adam step on the ``N/|batch|``-scaled gradient.
+Both methods train in the core training loop (``gpinfer.training.loop.TrainingLoop``); they
+differ only in their site state (``RankOneSites`` for EP, ``TiedSites`` for SEP), which
+``SparseSites`` presents to the loop as a ``SiteApproximation``. Batch mode (``batch_size``
+None, spec §2.8.1): an iteration is one parallel damped sweep over all factors plus one
+sign-adaptive ascent step on the hyper-parameters (``schedule="inner"``), or EP to convergence
+then one step (``schedule="outer"``). Mini-batch mode (§2.8.3-2.8.4): an iteration is one epoch;
+for every batch its sites are refined (no damping), then one Adam step on the
+``N/|batch|``-scaled gradient.
 
-Failure policy (§2.5.4): a non-finite site, an invalid cavity or a failed Cholesky restores the
-last good state (sites and hyper-parameters), halves the damping and every learning rate and
-retries. Divergence (batch mode): when log Z_q has stayed below its best value for ``patience``
-iterations, the state with the best log Z_q is restored and the damping and every learning rate
-are halved. (The sign-adaptive steps grow by 2 % an iteration up to 1 in log units; once they
-overshoot, log Z_q falls and oscillates, which a count of *consecutive* falls misses: waveform,
-M = 5 %, climbed to -98.4 at iteration 212 and fell to -108.7 by 250 without two dozen falls in
-a row.) Both are reported in ``IterationInfo.extra`` (``failures``, ``damping_raises``,
-``damping``).
+Failure policy (§2.5.4, the loop's): a non-finite site, an invalid cavity or a failed Cholesky
+restores the last good state (sites and hyper-parameters), halves the damping and every learning
+rate and retries. Divergence (batch mode): when log Z_q has stayed below its best value for
+``patience`` iterations, the state with the best log Z_q is restored and the damping and every
+learning rate are halved. (The sign-adaptive steps grow by 2 % an iteration up to 1 in log
+units; once they overshoot, log Z_q falls and oscillates, which a count of *consecutive* falls
+misses: waveform, M = 5 %, climbed to -98.4 at iteration 212 and fell to -108.7 by 250 without
+two dozen falls in a row.) Both are reported in ``IterationInfo.extra`` (``failures``,
+``damping_raises``, ``damping``).
 
 Optimiser coordinates (spec §2.9): the paper steps in ``log l`` with ``l = ell^2`` the *squared*
 length-scale, while the kernels' unconstrained parameter is ``log ell``. Both optimisers therefore
@@ -26,19 +28,28 @@ would be in the kernels' own coordinates.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
-from gpinfer.data.minibatch import MiniBatches
-from gpinfer.errors import InputError, NumericalError
 from gpinfer.hyper import HyperParameters
-from gpinfer.interfaces import Array, FitCallback, FitResult, Method, Problem
-from gpinfer.optim.adam import Adam
-from gpinfer.optim.sign_adaptive import SignAdaptiveAscent
+from gpinfer.inducing import INDUCING_INITS
+from gpinfer.interfaces import (
+    Array,
+    FitCallback,
+    FitResult,
+    Likelihood,
+    Method,
+    ObjectiveValue,
+    Problem,
+    SiteApproximation,
+)
+from gpinfer.kernels.initialisation import LENGTHSCALE_INITS
+from gpinfer.options import Option, choice, flag, integer, real
 from gpinfer.parallel import blas_threads_for, check_n_jobs
 from gpinfer.posterior import InducingPosterior
-from gpinfer.reporting import IterationReporter
+from gpinfer.sites.stacked import StackedTerms
+from gpinfer.training.loop import Schedule, TrainingLoop
 from gpinfer_ep.model import all_terms, check_likelihood, class_kernels, initial_inducing
 from gpinfer_ep.state import RankOneSites, TiedSites
 
@@ -67,20 +78,22 @@ class _SparseEPBase(Method):
     uses_inducing_points: ClassVar[bool] = True
     supports_minibatch: ClassVar[bool] = True
     likelihoods: ClassVar[tuple[str, ...]] = ("argmax",)
-    default_options: ClassVar[dict[str, Any]] = {
-        "damping": 0.5,
-        "damping_decay": 0.99,
-        "learning_rate": 0.01,
-        "adam_learning_rate": 0.001,
-        "schedule": "inner",
-        "outer_tol": 1e-3,
-        "outer_max_sweeps": 1000,
-        "noise": 1.0,
-        "noise_in_Kuu": True,
-        "lengthscale_init": "median",
-        "patience": 20,
-        "time_limit_s": None,
-        "n_jobs": 1,
+    option_spec: ClassVar[dict[str, Option]] = {
+        "damping": real(0.5, "(0, 1]", doc="initial damping rho (batch)"),
+        "damping_decay": real(0.99, "(0, 1]", doc="damping factor per iteration"),
+        "learning_rate": real(0.01, "(0, inf)", doc="initial sign-adaptive step (batch)"),
+        "adam_learning_rate": real(0.001, "(0, inf)", doc="Adam step (mini-batch)"),
+        "schedule": choice("inner", ("inner", "outer")),
+        "outer_tol": real(1e-3, "(0, inf)"),
+        "outer_max_sweeps": integer(1000, "[1, inf)"),
+        "noise": real(1.0, "(0, inf)", none=True, doc="white noise added to the kernel"),
+        "noise_in_Kuu": flag(True, doc="spec P10"),
+        "lengthscale_init": choice("median", LENGTHSCALE_INITS),
+        "inducing_init": choice("random", INDUCING_INITS,
+                                doc="random: M training inputs per class (the paper's)"),
+        "patience": integer(20, "[1, inf)", doc="iterations below the best before a restore"),
+        "time_limit_s": real(None, "(0, inf)", none=True),
+        "n_jobs": integer(1, "[1, inf)", also=(-1,), doc="threads for the per-class algebra"),
     }
 
     def make_state(self, y: Array, C: int, M: int, n_jobs: int) -> RankOneSites | TiedSites:
@@ -89,217 +102,96 @@ class _SparseEPBase(Method):
     # -- entry point -------------------------------------------------------------------------
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
         check_likelihood(problem, self.name)
-        if self.options["schedule"] not in ("inner", "outer"):
-            raise InputError(f"{self.name}: schedule must be 'inner' or 'outer'")
-        if problem.batch_size is not None and self.options["schedule"] != "inner":
-            raise InputError(f"{self.name}: mini-batch training uses the inner schedule only")
+        o = self.options
+        schedule = Schedule(kind=o["schedule"], damping=float(o["damping"]),
+                            damping_decay=float(o["damping_decay"]),
+                            outer_tol=float(o["outer_tol"]),
+                            outer_max_sweeps=int(o["outer_max_sweeps"]),
+                            learning_rate=float(o["learning_rate"]),
+                            adam_learning_rate=float(o["adam_learning_rate"]),
+                            patience=int(o["patience"]), max_failures=MAX_FAILURES)
+        schedule.check(self.name, problem.batch_size is not None)
         X, y = np.asarray(problem.X, dtype=float), np.asarray(problem.y, dtype=np.int64)
-        kernels = class_kernels(problem, self.options["noise"], self.options["lengthscale_init"],
-                                self.options["noise_in_Kuu"])
-        Zs = initial_inducing(problem, self.name)
+        kernels = class_kernels(problem, o["noise"], o["lengthscale_init"], o["noise_in_Kuu"])
+        Zs = initial_inducing(problem, self.name, self.options["inducing_init"])
         hp = HyperParameters(kernels, Z=Zs, optimize=problem.optimize)
-        n_jobs = check_n_jobs(self.options["n_jobs"], f"{self.name} option n_jobs")
+        n_jobs = check_n_jobs(o["n_jobs"], f"{self.name} option n_jobs")
         state = self.make_state(y, problem.n_classes, Zs[0].shape[0], n_jobs)
-        run = _Run(self, problem, X, kernels, hp, state, callback)
+        sites = SparseSites(state, kernels, hp, X, problem.likelihood)
+        # the paper steps in log l with l = ell^2 (spec §2.9): xi = 2 theta for length-scales
+        coordinates = np.array([2.0 if "lengthscale" in n else 1.0 for n in hp.names])
+        loop = TrainingLoop(self.name, problem, sites, hp, X, schedule, callback,
+                            time_limit_s=o["time_limit_s"], coordinates=coordinates,
+                            n_jobs=n_jobs)
         with blas_threads_for(n_jobs):
-            if problem.batch_size is None:
-                run.batch()
-            else:
-                run.minibatch(int(problem.batch_size))
-        posterior = run.posterior()
+            loop.run()
+        posterior = sites.posterior()
         return FitResult(
             posterior=posterior,
-            log_evidence=run.value,
+            log_evidence=loop.value,
             kernel=kernels,
-            n_iter=run.iteration,
-            history=run.history,
+            n_iter=loop.iteration,
+            history=loop.history,
             state={**posterior.state(), "theta": hp.pack(),
-                   "failures": np.array(run.failures), "damping": np.array(run.rho)},
+                   "failures": np.array(loop.failures), "damping": np.array(loop.rho)},
         )
 
 
-class _Run:
-    """One fit: the loop, the failure policy, reporting."""
+class SparseSites(SiteApproximation):
+    """The site state of ep / sep (``RankOneSites`` / ``TiedSites``) as the core training loop
+    drives it: ``prepare`` computes the kernel terms of a batch at the current kernels and
+    inducing inputs (``hp``), ``update`` and ``objective`` run the state's moment matching and
+    ``log Z_q`` with its per-class matrix gradients on them.
+    """
 
-    def __init__(self, method: _SparseEPBase, problem: Problem, X: Array, kernels, hp,
-                 state, callback: FitCallback | None):
-        self.opts = method.options
-        self.name = method.name
-        self.problem, self.X, self.kernels, self.hp, self.state = problem, X, kernels, hp, state
-        self.reporter = IterationReporter(callback, method.name)  # training-only clock
-        self.history = self.reporter.history
-        self.iteration = 0
-        self.failures = 0
-        self.damping_raises = 0
-        self.rho = float(self.opts["damping"])
-        self.value = float("nan")
-        self._since_best = 0
-        self.best_value = -np.inf
-        self.best: tuple[object, Array] | None = None  # (sites, hyper-parameters) of best_value
-        self.coord = self._coordinates()
+    def __init__(self, state: RankOneSites | TiedSites, kernels: list, hp: HyperParameters,
+                 X: Array, likelihood: Likelihood):
+        self.state, self.kernels, self.hp, self.X = state, kernels, hp, X
+        self.likelihood = likelihood
+        self._prepared: tuple[Array, StackedTerms] | None = None  # (batch, its terms)
 
-    # -- optimiser coordinates (spec §2.9: log of the squared length-scale) ------------------
-    def _coordinates(self) -> Array:
-        """``d [P]``: 2 for length-scale entries, 1 elsewhere (``xi = d * theta``)."""
-        return np.array([2.0 if "lengthscale" in name else 1.0
-                         for name in self.hp.names])
+    def _inducing(self) -> list[Array]:
+        if self.hp.Z is None:
+            raise TypeError("ep/sep hyper-parameters carry inducing inputs")
+        return self.hp.Z
 
-    def _to_paper(self, theta: Array) -> Array:
-        return theta * self.coord
+    def _batch_terms(self) -> tuple[Array, StackedTerms]:
+        if self._prepared is None:
+            raise RuntimeError("SparseSites: call prepare(batch) before update / objective")
+        return self._prepared
 
-    def _set_from_paper(self, xi: Array) -> None:
-        self.hp.unpack(xi / self.coord)
+    def prepare(self, batch: Array, iteration: int) -> None:
+        terms = self.state.terms_at(self.kernels, self._inducing(), self.X[batch], iteration)
+        self._prepared = (batch, terms)
 
-    def _ascend(self, opt, grad: Array) -> None:
-        """One optimiser step in the paper's coordinates from the current hyper-parameters."""
-        if self.hp.size:
-            self._set_from_paper(opt.step(self._to_paper(self.hp.pack()), grad / self.coord))
+    def update(self, damping: float, iteration: int) -> float:
+        batch, terms = self._batch_terms()
+        return self.state.update(terms, batch, damping, iteration=iteration)
 
-    # -- helpers -----------------------------------------------------------------------------
-    def _step_sites(self, idx: Array, rho: float, it: int) -> tuple[float, Array, float]:
-        """Refine the sites of ``idx``, then objective and gradient on ``idx``."""
-        Zs = self.hp.Z
-        Xb = self.X[idx]
-        n_jobs = self.state.n_jobs
-        terms = all_terms(self.kernels, Zs, Xb, iteration=it, n_jobs=n_jobs)
-        change = self.state.update(terms, idx, rho, iteration=it)
-        if self.problem.batch_size is None and self.opts["schedule"] == "outer":
-            for _ in range(int(self.opts["outer_max_sweeps"])):
-                if change < self.opts["outer_tol"]:
-                    break
-                change = self.state.update(terms, idx, rho, iteration=it)
-        scale = self.X.shape[0] / idx.shape[0]
-        value, grads = self.state.evaluate(terms, idx, scale, iteration=it)
-        grad = self.hp.gradient(Xb, grads, n_jobs)
-        if not np.isfinite(value) or not np.all(np.isfinite(grad)):
-            raise NumericalError("non-finite log Z_q or gradient", iteration=it,
-                                 quantity="log Z_q")
-        return value, grad, change
+    def objective(self, scale: float, iteration: int) -> ObjectiveValue:
+        batch, terms = self._batch_terms()
+        value, grads = self.state.evaluate(terms, batch, scale, iteration=iteration)
+        return ObjectiveValue(value, grads)
 
-    def _fail(self, err: NumericalError, good: tuple[object, Array], optimizer) -> None:
-        if self.iteration <= 1 and self.failures == 0 and self.problem.batch_size is None:
-            raise NumericalError(f"{self.name}: the first EP update failed: {err}",
-                                 iteration=1, quantity=err.quantity) from err
-        self.failures += 1
-        if self.failures > MAX_FAILURES:
-            raise NumericalError(f"{self.name}: {self.failures} failed updates, last: {err}",
-                                 iteration=self.iteration, quantity=err.quantity) from err
-        self._back_off(good, optimizer)
+    def snapshot(self) -> object:
+        return self.state.snapshot()
 
-    def _back_off(self, pair: tuple[object, Array], optimizer) -> None:
-        """Restore ``(sites, hyper-parameters)`` and halve the damping and every step."""
-        self.state.restore(pair[0])
-        if self.hp.size:
-            self.hp.unpack(pair[1])
-        self.rho *= 0.5
-        if isinstance(optimizer, SignAdaptiveAscent):
-            optimizer.halve()
-        else:
-            optimizer.learning_rate *= 0.5
+    def restore(self, snapshot: object) -> None:
+        self.state.restore(snapshot)
+        self._prepared = None  # the terms belong to other hyper-parameters: prepare again
 
-    def _watch(self, value: float, good: tuple[object, Array],
-               optimizer: SignAdaptiveAscent) -> bool:
-        """Track the best log Z_q (``good``: the sites and hyper-parameters that gave
-        ``value``); after ``patience`` iterations below it restore the best state and halve the
-        damping and the steps. True when it did so."""
-        if value > self.best_value:
-            self.best_value, self.best, self._since_best = value, good, 0
-            return False
-        self._since_best += 1
-        if self._since_best < int(self.opts["patience"]):
-            return False
-        self._back_off(self.best, optimizer)
-        self.damping_raises += 1
-        self._since_best = 0
-        return True
+    def end_epoch(self) -> None:
+        self.state.refresh()
 
-    def _report(self, value: float, change: float, good: tuple[object, Array]) -> None:
-        """Report ``value``; ``good``: the (sites, hyper-parameters) the posterior is built at."""
-        extra = {"damping": self.rho, "failures": float(self.failures),
-                 "damping_raises": float(self.damping_raises), "site_change": change}
-        self.reporter.report(self.iteration, value, self._posterior_at(good), extra)
-
-    def _posterior_at(self, pair: tuple[object, Array]):
-        """A zero-argument builder of the posterior at ``pair`` (later steps do not leak in)."""
-
-        def build() -> InducingPosterior:
-            current = (self.state.snapshot(), self.hp.pack())
-            self.state.restore(pair[0])
-            self.hp.unpack(pair[1])
-            try:
-                return self.posterior()
-            finally:
-                self.state.restore(current[0])
-                self.hp.unpack(current[1])
-
-        return build
-
-    def _out_of_time(self) -> bool:
-        limit = self.opts["time_limit_s"]
-        return limit is not None and self.reporter.elapsed() > float(limit)
-
-    # -- loops -------------------------------------------------------------------------------
-    def batch(self) -> None:
-        idx = np.arange(self.X.shape[0])
-        opt = SignAdaptiveAscent(learning_rate=float(self.opts["learning_rate"]))
-        opt.reset(self._to_paper(self.hp.pack()))
-        good = (self.state.snapshot(), self.hp.pack())
-        while self.iteration < int(self.problem.max_iter) and not self._out_of_time():
-            self.iteration += 1
-            try:
-                value, grad, change = self._step_sites(idx, self.rho, self.iteration)
-            except NumericalError as err:
-                self._fail(err, good, opt)
-                continue
-            good = (self.state.snapshot(), self.hp.pack())  # the pair that gave ``value``
-            diverged = self._watch(value, good, opt)
-            self.value = value
-            if diverged:
-                self._report(value, change, good)
-                continue
-            self._ascend(opt, grad)
-            self._report(value, change, good)
-            self.rho *= float(self.opts["damping_decay"])
-
-    def minibatch(self, size: int) -> None:
-        N = self.X.shape[0]
-        if size > N:
-            raise InputError(f"{self.name}: batch_size {size} exceeds the {N} training points")
-        opt = Adam(learning_rate=float(self.opts["adam_learning_rate"]))
-        opt.reset(self._to_paper(self.hp.pack()))
-        batches = MiniBatches(N, size, self.problem.rng)
-        self.rho = 1.0
-        good = (self.state.snapshot(), self.hp.pack())  # per epoch: snapshots cost O(state)
-        while self.iteration < int(self.problem.max_iter) and not self._out_of_time():
-            self.iteration += 1
-            values, change = [], 0.0
-            for idx in batches:
-                try:
-                    value, grad, ch = self._step_sites(idx, self.rho, self.iteration)
-                except NumericalError as err:
-                    self._fail(err, good, opt)
-                    continue
-                values.append(value)
-                change = max(change, ch)
-                self._ascend(opt, grad)
-                if self._out_of_time():
-                    break
-            if hasattr(self.state, "refresh"):
-                self.state.refresh()
-            self.value = float(np.mean(values)) if values else self.value
-            good = (self.state.snapshot(), self.hp.pack())
-            self._report(self.value, change, good)
-
-    # -- prediction --------------------------------------------------------------------------
     def posterior(self) -> InducingPosterior:
-        Zs = self.hp.Z
+        Zs = self._inducing()
         terms = all_terms(self.kernels, Zs, self.X[:1])
         m, S = [], []
         for q, t in zip(self.state.gaussians(terms), terms):
             mc, Vc = q.moments(t.L)
             m.append(mc)
             S.append(Vc)
-        return InducingPosterior(self.problem.likelihood, [k.copy() for k in self.kernels],
+        return InducingPosterior(self.likelihood, [k.copy() for k in self.kernels],
                                  [z.copy() for z in Zs], m, S)
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
 
 from gpinfer.errors import InputError
+from gpinfer.inducing import initial_inducing as core_initial_inducing
 from gpinfer.interfaces import Array, Problem
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.initialisation import prepare_kernel
@@ -15,9 +15,6 @@ from gpinfer.likelihoods.multiclass import ArgmaxNoise
 from gpinfer.parallel import map_latents
 from gpinfer.sites.inducing import ClassTerms, class_terms
 from gpinfer_ep.noise import latent_noise
-
-#: default number of inducing points per class when ``M`` is not given
-DEFAULT_M = 50
 
 
 def check_likelihood(problem: Problem, method: str) -> None:
@@ -48,25 +45,12 @@ def class_kernels(problem: Problem, noise: float | None, lengthscale_init: str,
     return [base.copy() for _ in range(problem.n_classes)]
 
 
-def initial_inducing(problem: Problem, method: str) -> list[Array]:
-    """``Z_c [M, D]``: ``M`` distinct training inputs drawn independently for each class.
-
-    ``M > N`` is capped at ``N`` with a warning; an array ``[M, D]`` is used for every class.
-    """
-    X, C = problem.X, problem.n_classes
-    if isinstance(problem.inducing, np.ndarray):
-        Z = np.asarray(problem.inducing, dtype=float)
-        if Z.ndim != 2 or Z.shape[1] != X.shape[1]:
-            raise InputError(f"{method}: inducing inputs must be [M, {X.shape[1]}], got {Z.shape}")
-        return [Z.copy() for _ in range(C)]
-    M = DEFAULT_M if problem.inducing is None else int(problem.inducing)
-    if M < 1:
-        raise InputError(f"{method}: M must be at least 1, got {M}")
-    if M > X.shape[0]:
-        warnings.warn(f"{method}: M={M} exceeds the {X.shape[0]} training points; using "
-                      f"M={X.shape[0]}", RuntimeWarning, stacklevel=3)
-        M = X.shape[0]
-    return [X[problem.rng.choice(X.shape[0], M, replace=False)] for _ in range(C)]
+def initial_inducing(problem: Problem, method: str, init: str = "random") -> list[Array]:
+    """``Z_c [M, D]`` for each class by the core rule (``gpinfer.inducing.initial_inducing``):
+    ``M`` distinct training inputs drawn independently per class (``init="random"``, the
+    paper's) or shared k-means centres; ``M`` defaults to ``gpinfer.inducing.DEFAULT_M``."""
+    return core_initial_inducing(problem.inducing, problem.X, problem.rng, problem.n_classes,
+                                 init=init, owner=method)
 
 
 def all_terms(kernels: Sequence[Kernel], Zs: Sequence[Array], X: Array,

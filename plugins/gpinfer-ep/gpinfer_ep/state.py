@@ -1,15 +1,19 @@
 """Site states of sparse multi-class EP (rank-one sites) and SEP (tied sites); spec ep-sep §2.
 
 Both expose the same operations on a set of points ``idx`` (all of them in batch mode), given
-per-class ``ClassTerms`` at ``X[idx]``:
+the classes' kernel quantities at ``X[idx]`` (``terms_at``: ``StackedTerms``; a list of
+per-class ``ClassTerms`` is stacked on entry):
 
-* ``update(terms, idx, y, rho)``: parallel damped moment matching of the points' factors;
-* ``evaluate(terms, idx, y, scale)``: ``log Z_q`` (data terms times ``scale = N / |batch|``)
+* ``update(terms, idx, rho)``: parallel damped moment matching of the points' factors;
+* ``evaluate(terms, idx, scale)``: ``log Z_q`` (data terms times ``scale = N / |batch|``)
   and per-class ``MatrixGradients`` (§2.7);
-* ``gaussians(terms)``: ``q`` per class; ``snapshot()`` / ``restore()`` for the failure policy.
+* ``gaussians(terms)``: ``q`` per class (prediction); ``snapshot()`` / ``restore()`` for the
+  failure policy; ``refresh()`` after an epoch.
 
-The algebra lives in ``gpinfer.sites.inducing``; what differs is only how cavities are formed
-and how new role sites are folded back (per site for EP, tied per class for SEP).
+The algebra is class-batched (``gpinfer.sites.stacked``: stacked ``[C, M, M]`` / ``[C, M, n]``
+arrays, one BLAS call per operation across classes) on the site formulas of
+``gpinfer.sites.inducing``; what differs is only how cavities are formed and how new role sites
+are folded back (per site for EP, tied per class for SEP).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import numpy as np
 
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array, MatrixGradients
-from gpinfer.numerics.gram import weighted_gram
+from gpinfer.kernels.base import Kernel
 from gpinfer.parallel import map_latents
 from gpinfer.sites.inducing import (
     ClassTerms,
@@ -31,11 +35,20 @@ from gpinfer.sites.inducing import (
     at_label,
     factor_counts,
     factor_mask,
-    inducing_matrix_gradients,
     new_role_site,
     pair_tilted,
     remove_site,
     role_delta,
+)
+from gpinfer.sites.stacked import (
+    StackedGaussians,
+    StackedTerms,
+    as_stacked,
+    stacked_matrix_gradients,
+    stacked_terms,
+    symmetrize,
+    transpose,
+    tri_solve_stack,
 )
 
 R = TypeVar("R")
@@ -69,6 +82,12 @@ class _SiteSums:
         rows = [(c, *items) for c, items in enumerate(zip(*columns))]
         return map_latents(lambda row: fn(*row), rows, self.n_jobs)
 
+    def terms_at(self, kernels: Sequence[Kernel], Zs: Sequence[Array], X: Array,
+                 iteration: int | None = None) -> StackedTerms:
+        """The kernel quantities ``update`` and ``evaluate`` take, at ``X [n, D]`` (stacked
+        over the classes)."""
+        return stacked_terms(kernels, Zs, X, iteration=iteration)
+
     def gaussians(self, terms: Sequence[ClassTerms], factor: Array | None = None,
                   iteration: int | None = None) -> list[WhitenedGaussian]:
         """``q_c`` (or, with ``factor [C]``, the Gaussians with scaled site sums)."""
@@ -85,10 +104,15 @@ class _SiteSums:
 
         return self.per_class(one_class, terms)
 
+    def refresh(self) -> None:
+        """Recompute the site sums from stored sites (after an epoch); tied sites store none."""
+
     def snapshot(self) -> object:
         return copy.deepcopy(self.__dict__)
 
     def restore(self, snap: object) -> None:
+        if not isinstance(snap, dict):
+            raise TypeError(f"not a snapshot of {type(self).__name__}: {type(snap).__name__}")
         self.__dict__.update(copy.deepcopy(snap))
 
 
@@ -97,7 +121,8 @@ class RankOneSites(_SiteSums):
 
     ``W1, W2 [N, C]`` winner-role scalars (column = loser class), ``L1, L2 [N, C]`` loser-role
     scalars, ``U [C, M, N]`` the ``u``-space direction each point's sites were refined with.
-    Memory ``O(N M C)``.
+    Memory ``O(N M C)``. The algebra is class-batched (``gpinfer.sites.stacked``); ``terms``
+    may be ``StackedTerms`` or a list of per-class ``ClassTerms``.
     """
 
     def __init__(self, y: Array, C: int, M: int, n_jobs: int = 1):
@@ -107,71 +132,71 @@ class RankOneSites(_SiteSums):
         self.W1, self.W2, self.L1, self.L2 = (np.zeros((N, C)) for _ in range(4))
         self.U = np.zeros((C, M, N))
 
-    def update(self, terms: Sequence[ClassTerms], idx: Array, rho: float,
+    def _posterior(self, terms: StackedTerms, iteration: int | None) -> StackedGaussians:
+        P_w, h_w = terms.to_whitened(self.Lam, self.h)
+        return StackedGaussians(P_w, h_w, iteration=iteration)
+
+    def update(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array, rho: float,
                iteration: int | None = None) -> float:
         """Damped parallel update of the factors of points ``idx``; returns max |site change|."""
+        terms = as_stacked(terms)
         y = self.y[idx]
-        C = len(terms)
+        C = terms.A.shape[0]
         mask = factor_mask(y, C)
-        qs = self.gaussians(terms, iteration=iteration)
-        cur, old = zip(*self.per_class(
-            lambda c, t, q: (q.project(t.A), q.project(t.L.T @ self.U[c][:, idx])), terms, qs))
-        mu, v = _stack([p.mu for p in cur]), _stack([p.v for p in cur])
-        mu_o, v_o = _stack([p.mu for p in old]), _stack([p.v for p in old])
-        cross = _stack([np.sum(p.R * o.R, axis=0) for p, o in zip(cur, old)])
-        s = _stack([t.s for t in terms])
+        q = self._posterior(terms, iteration)
+        U_old = self.U[:, :, idx]
+        mu, v, R = q.project(terms.A)  # [C, n], [C, n], [C, M, n]
+        mu_o, v_o, R_o = q.project(transpose(terms.L) @ U_old)  # along the stored directions
+        cross = np.einsum("cmn,cmn->cn", R, R_o).T  # [n, C], as the site arrays
+        mu, v, mu_o, v_o = mu.T, v.T, mu_o.T, v_o.T
+        s = terms.s.T
         W1, W2, L1, L2 = (a[idx] for a in (self.W1, self.W2, self.L1, self.L2))
         mu_y, v_y, mu_oy, v_oy, cross_y = (at_label(a, y) for a in (mu, v, mu_o, v_o, cross))
         cav_w = remove_site(mu_y, v_y, W1, W2, mu_oy, v_oy, cross_y)
         cav_l = remove_site(mu, v, L1, L2, mu_o, v_o, cross)
         t = pair_tilted(cav_w.a, cav_w.v + at_label(s, y), cav_l.a, cav_l.v + s, mask)
-        new = (*new_role_site(t.g_win, t.gamma, cav_w.a, cav_w.v),
-               *new_role_site(-t.g_win, t.gamma, cav_l.a, cav_l.v))
+        matched = (*new_role_site(t.g_win, t.gamma, cav_w.a, cav_w.v),
+                   *new_role_site(-t.g_win, t.gamma, cav_l.a, cav_l.v))
         new = [np.where(mask, rho * n + (1.0 - rho) * o, 0.0)
-               for n, o in zip(new, (W1, W2, L1, L2))]
+               for n, o in zip(matched, (W1, W2, L1, L2))]
         _finite("EP sites", *new)
         change = max(float(np.max(np.abs(n - o), initial=0.0))
                      for n, o in zip(new, (W1, W2, L1, L2)))
-        tau_old, nu_old = aggregate(W1, L1, y, mask), aggregate(W2, L2, y, mask)
-        tau, nu = aggregate(new[0], new[2], y, mask), aggregate(new[1], new[3], y, mask)
-        full = idx.shape[0] == self.y.shape[0]
-
-        def fold_in(c: int, term: ClassTerms) -> None:
-            Ups = term.directions()
-            if full:
-                P_w = weighted_gram(term.A, tau[:, c])
-                self.Lam[c], self.h[c] = term.to_u_space(P_w, term.A @ nu[:, c])
-            else:
-                U_old = self.U[c][:, idx]
-                self.Lam[c] += weighted_gram(Ups, tau[:, c]) - weighted_gram(U_old, tau_old[:, c])
-                self.h[c] += Ups @ nu[:, c] - U_old @ nu_old[:, c]
-                self.Lam[c] = 0.5 * (self.Lam[c] + self.Lam[c].T)
-            self.U[c][:, idx] = Ups
-
-        self.per_class(fold_in, terms)
+        tau_old, nu_old = aggregate(W1, L1, y, mask).T, aggregate(W2, L2, y, mask).T
+        tau, nu = aggregate(new[0], new[2], y, mask).T, aggregate(new[1], new[3], y, mask).T
+        A = terms.A
+        Ups = tri_solve_stack(terms.L, A, transpose=True)  # u-space directions L^-T A
+        if idx.shape[0] == self.y.shape[0]:
+            self.Lam, self.h = terms.to_u_space((A * tau[:, None, :]) @ transpose(A),
+                                                np.einsum("cmn,cn->cm", A, nu))
+        else:
+            self.Lam = symmetrize(self.Lam + (Ups * tau[:, None, :]) @ transpose(Ups)
+                                  - (U_old * tau_old[:, None, :]) @ transpose(U_old))
+            self.h = (self.h + np.einsum("cmn,cn->cm", Ups, nu)
+                      - np.einsum("cmn,cn->cm", U_old, nu_old))
+        self.U[:, :, idx] = Ups
         self.W1[idx], self.W2[idx], self.L1[idx], self.L2[idx] = new
         return change
 
     def refresh(self) -> None:
         """Recompute the site sums from the stored sites (removes floating-point drift)."""
         mask = factor_mask(self.y, self.Lam.shape[0])
-        tau = aggregate(self.W1, self.L1, self.y, mask)
-        nu = aggregate(self.W2, self.L2, self.y, mask)
-        for c in range(self.Lam.shape[0]):
-            U = self.U[c]
-            self.Lam[c] = weighted_gram(U, tau[:, c])
-            self.h[c] = U @ nu[:, c]
+        tau = aggregate(self.W1, self.L1, self.y, mask).T
+        nu = aggregate(self.W2, self.L2, self.y, mask).T
+        self.Lam = symmetrize((self.U * tau[:, None, :]) @ transpose(self.U))
+        self.h = np.einsum("cmn,cn->cm", self.U, nu)
 
-    def evaluate(self, terms: Sequence[ClassTerms], idx: Array, scale: float = 1.0,
+    def evaluate(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array,
+                 scale: float = 1.0,
                  iteration: int | None = None) -> tuple[float, list[MatrixGradients]]:
         """EP ``log Z_q`` (§2.6) and its gradient (§2.7.2); directions of ``idx`` are current."""
+        terms = as_stacked(terms)
         y = self.y[idx]
-        C = len(terms)
+        C = terms.A.shape[0]
         mask = factor_mask(y, C)
-        qs = self.gaussians(terms, iteration=iteration)
-        proj = self.per_class(lambda c, t, q: q.project(t.A), terms, qs)
-        mu, v = _stack([p.mu for p in proj]), _stack([p.v for p in proj])
-        s = _stack([t.s for t in terms])
+        q = self._posterior(terms, iteration)
+        mu, v, R = q.project(terms.A)
+        mu, v, s = mu.T, v.T, terms.s.T
         W1, W2, L1, L2 = (a[idx] for a in (self.W1, self.W2, self.L1, self.L2))
         mu_y, v_y = at_label(mu, y), at_label(v, y)
         cav_w = remove_site(mu_y, v_y, W1, W2)
@@ -179,16 +204,13 @@ class RankOneSites(_SiteSums):
         t = pair_tilted(cav_w.a, cav_w.v + at_label(s, y), cav_l.a, cav_l.v + s, mask)
         deltas = role_delta(mu_y, v_y, W1, W2, cav_w.d) + role_delta(mu, v, L1, L2, cav_l.d)
         data = float(np.sum(np.where(mask, t.log_z + deltas, 0.0)))
-        value = sum(q.log_norm_ratio() for q in qs) + scale * data
+        value = float(np.sum(q.log_norm_ratio())) + scale * data
         e_w = (t.g_win * (W1 * mu_y - W2) + 2.0 * t.g_b) / cav_w.d
         e_l = (-t.g_win * (L1 * mu - L2) + 2.0 * t.g_b) / cav_l.d
         a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
         b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
         e_sum = scale * aggregate(e_w, e_l, y, mask)
-        grads = self.per_class(
-            lambda c, term, q, p: inducing_matrix_gradients(term, q, q, p.R, a_sum[:, c],
-                                                            b_sum[:, c], e_sum[:, c]),
-            terms, qs, proj)
+        grads = stacked_matrix_gradients(terms, q, q, R, a_sum.T, b_sum.T, e_sum.T)
         return value, grads
 
 
@@ -198,6 +220,11 @@ class TiedSites(_SiteSums):
     ``y [N]``: training labels (indexed by ``idx``); ``n_factors [C]``: ``n_c`` of the full data
     set (spec §1.4, P11; default from ``y``). For streamed data pass ``y`` of the current batch
     positions and ``n_factors`` explicitly.
+
+    The algebra is class-batched (``gpinfer.sites.stacked``): ``terms`` may be a
+    ``StackedTerms`` or a list of per-class ``ClassTerms`` (stacked on entry). The whitened site
+    sums ``L^T Lam L`` are formed once per set of terms: an update leaves the new ones for the
+    ``evaluate`` (or further sweeps) that follow on the same terms.
     """
 
     def __init__(self, y: Array, C: int, M: int, n_factors: Array | None = None,
@@ -205,28 +232,40 @@ class TiedSites(_SiteSums):
         super().__init__(C, M, n_jobs)
         self.y = y
         self.n_factors = factor_counts(y, C) if n_factors is None else np.asarray(n_factors, float)
+        self._whitened: tuple[StackedTerms, Array, Array] | None = None
 
-    def _cavity_projections(self, terms: Sequence[ClassTerms], iteration: int | None,
-                            with_q: bool = True):
-        """``(qs, cavs, proj, a, v, s)``: the posteriors (``None`` unless ``with_q``), the
-        shared cavities, their projections on ``A`` and the stacked means, variances and FITC
-        variances ``[n, C]``."""
-        cavity = 1.0 - 1.0 / self.n_factors
-        pairs = self.scaled_gaussians(terms, [None, cavity] if with_q else [cavity], iteration)
-        qs = [p[0] for p in pairs] if with_q else None
-        cavs = [p[-1] for p in pairs]
-        proj = self.per_class(lambda c, t, cav: cav.project(t.A), terms, cavs)
-        a, v = _stack([p.mu for p in proj]), _stack([p.v for p in proj])
-        return qs, cavs, proj, a, v, _stack([t.s for t in terms])
+    def snapshot(self) -> object:
+        return {"Lam": self.Lam.copy(), "h": self.h.copy()}
 
-    def update(self, terms: Sequence[ClassTerms], idx: Array, rho: float,
+    def restore(self, snap: object) -> None:
+        if not isinstance(snap, dict):
+            raise TypeError(f"not a snapshot of TiedSites: {type(snap).__name__}")
+        self.Lam, self.h = snap["Lam"].copy(), snap["h"].copy()
+        self._whitened = None
+
+    def _whitened_sums(self, terms: StackedTerms) -> tuple[Array, Array]:
+        """``(P_w [C, M, M], h_w [C, M])`` of the current sites on ``terms``."""
+        if self._whitened is not None and self._whitened[0] is terms:
+            return self._whitened[1], self._whitened[2]
+        P_w, h_w = terms.to_whitened(self.Lam, self.h)
+        self._whitened = (terms, P_w, h_w)
+        return P_w, h_w
+
+    def _cavity_fraction(self) -> Array:
+        return 1.0 - 1.0 / self.n_factors
+
+    def update(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array, rho: float,
                iteration: int | None = None) -> float:
         """Tied damped update from the points ``idx`` (spec §2.5.3); returns the max change of
         the whitened site shift."""
+        terms = as_stacked(terms)
         y = self.y[idx]
-        C = len(terms)
+        C = terms.A.shape[0]
         mask = factor_mask(y, C)
-        _, _, _, a, v, s = self._cavity_projections(terms, iteration, with_q=False)
+        P_w, h_w = self._whitened_sums(terms)
+        cav = StackedGaussians(P_w, h_w, self._cavity_fraction(), iteration=iteration)
+        mu, v, _ = cav.project(terms.A)
+        a, v, s = mu.T, v.T, terms.s.T
         a_y, v_y = at_label(a, y), at_label(v, y)
         t = pair_tilted(a_y, v_y + at_label(s, y), a, v + s, mask)
         W1, W2 = new_role_site(t.g_win, t.gamma, a_y, v_y)
@@ -234,33 +273,35 @@ class TiedSites(_SiteSums):
         tau, nu = aggregate(W1, L1, y, mask), aggregate(W2, L2, y, mask)
         _finite("SEP sites", tau, nu)
         keep = 1.0 - rho * factor_counts(y, C) / self.n_factors
+        A = terms.A
+        P_new = (A * tau.T[:, None, :]) @ transpose(A)
+        h_new = np.einsum("cmn,nc->cm", A, nu)
+        P_w = symmetrize(keep[:, None, None] * P_w + rho * P_new)
+        h_next = keep[:, None] * h_w + rho * h_new
+        change = float(np.max(np.abs(h_next - h_w), initial=0.0))
+        self._whitened = (terms, P_w, h_next)
+        self.Lam, self.h = terms.to_u_space(P_w, h_next)
+        return change
 
-        def fold_in(c: int, term: ClassTerms) -> float:
-            Lam_new, h_new = term.to_u_space(weighted_gram(term.A, tau[:, c]), term.A @ nu[:, c])
-            Lam = keep[c] * self.Lam[c] + rho * Lam_new
-            h = keep[c] * self.h[c] + rho * h_new
-            change = float(np.max(np.abs(term.L.T @ (h - self.h[c]))))
-            self.Lam[c], self.h[c] = 0.5 * (Lam + Lam.T), h
-            return change
-
-        return max(self.per_class(fold_in, terms), default=0.0)
-
-    def evaluate(self, terms: Sequence[ClassTerms], idx: Array, scale: float = 1.0,
+    def evaluate(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array,
+                 scale: float = 1.0,
                  iteration: int | None = None) -> tuple[float, list[MatrixGradients]]:
         """SEP ``log Z_q`` (§2.6) and the paper's gradient with the shared cavity (§2.7.3)."""
+        terms = as_stacked(terms)
         y = self.y[idx]
-        C = len(terms)
+        C = terms.A.shape[0]
         mask = factor_mask(y, C)
-        qs, cavs, proj, a, v, s = self._cavity_projections(terms, iteration)
-        t = pair_tilted(at_label(a, y), at_label(v + s, y), a, v + s, mask)
+        P_w, h_w = self._whitened_sums(terms)
+        q = StackedGaussians(P_w, h_w, iteration=iteration)
+        cav = StackedGaussians(P_w, h_w, self._cavity_fraction(), iteration=iteration)
+        mu, v, R = cav.project(terms.A)
+        a, vs = mu.T, (v + terms.s).T
+        t = pair_tilted(at_label(a, y), at_label(vs, y), a, vs, mask)
         n_b = factor_counts(y, C)
-        cav_terms = sum(n_b[c] * (cav.log_norm_ratio() - q.log_norm_ratio())
-                        for c, (q, cav) in enumerate(zip(qs, cavs)))
-        value = sum(q.log_norm_ratio() for q in qs) + scale * (float(np.sum(t.log_z)) + cav_terms)
+        lnr_q, lnr_cav = q.log_norm_ratio(), cav.log_norm_ratio()
+        cav_terms = float(np.sum(n_b * (lnr_cav - lnr_q)))
+        value = float(np.sum(lnr_q)) + scale * (float(np.sum(t.log_z)) + cav_terms)
         a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
         b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
-        grads = self.per_class(
-            lambda c, term, q, cav, p: inducing_matrix_gradients(term, q, cav, p.R, a_sum[:, c],
-                                                                 b_sum[:, c]),
-            terms, qs, cavs, proj)
+        grads = stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
         return value, grads

@@ -255,24 +255,29 @@ def test_class_threads_give_bitwise_identical_fits(name, batch_size):
 
 
 def test_class_threads_reraise_a_failed_update(monkeypatch):
-    """A failure inside a worker thread reaches the failure policy as in the serial loop."""
+    """A failure inside a worker thread (the per-class kernel VJPs run on ``n_jobs`` threads)
+    reaches the failure policy as in the serial loop."""
+    import threading
+
+    from gpinfer import hyper
+
     X, y = make_suite_data(3, n=30, seed=10)
-    original = TiedSites.update
-    calls = {"n": 0}
+    original = hyper._latent_gradients
+    calls = {"n": 0, "threads": set()}
 
-    def fail_in_worker(c, term):
-        raise NumericalError(f"injected in class {c}", quantity="cavity")
+    def flaky(kern, X_, Z, G, latent, need_Z=True):
+        calls["threads"].add(threading.current_thread().name)
+        if latent == 1:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise NumericalError("injected in class 1", quantity="cavity")
+        return original(kern, X_, Z, G, latent, need_Z)
 
-    def flaky(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            self.per_class(fail_in_worker, args[0])
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(TiedSites, "update", flaky)
-    est = GPClassifier(method="sep", M=5, max_iter=5, random_state=0,
+    monkeypatch.setattr(hyper, "_latent_gradients", flaky)
+    est = GPClassifier(method="ep", M=5, max_iter=5, random_state=0,
                        method_options={"n_jobs": 2}).fit(X, y)
     assert est.history_[-1]["failures"] == 1.0
+    assert any(name.startswith("gpinfer") for name in calls["threads"])
     with pytest.raises(InputError, match="n_jobs"):
         GPClassifier(method="sep", M=5, max_iter=2, method_options={"n_jobs": 0}).fit(X, y)
 
@@ -317,11 +322,11 @@ def test_first_iteration_failure_is_fatal(monkeypatch):
 
     monkeypatch.setattr(TiedSites, "update", broken)
     X, y = make_suite_data(3, n=30, seed=10)
-    with pytest.raises(NumericalError, match="first EP update"):
+    with pytest.raises(NumericalError, match="sep: the first update failed"):
         GPClassifier(method="sep", M=5, max_iter=3, random_state=0).fit(X, y)
 
 
-def test_rejects_noisy_likelihood_and_caps_M():
+def test_rejects_noisy_likelihood_and_M_above_N():
     X, y = make_suite_data(3, n=30, seed=11)
     problem_ = Problem(X=X, y=y, n_classes=3, kernel=GPClassifier()._build_kernel(2),
                        likelihood=ArgmaxNoise(1.0), inducing=5)
@@ -331,9 +336,8 @@ def test_rejects_noisy_likelihood_and_caps_M():
         GPClassifier(method="ep", M=50, max_iter=2, random_state=0).fit(X, y)
     good = Problem(X=X, y=y, n_classes=3, kernel=GPClassifier()._build_kernel(2),
                    likelihood=ArgmaxNoise(), inducing=50, max_iter=2)
-    with pytest.warns(RuntimeWarning, match="exceeds"):  # direct use: capped with a warning
-        result = EP().fit(good)
-    assert result.posterior.Z[0].shape[0] == 30
+    with pytest.raises(InputError, match="1..N=30"):  # direct use: the same core rule
+        EP().fit(good)
     with pytest.raises(InputError, match="schedule"):
         EP(schedule="sideways").fit(good)
 
@@ -399,17 +403,17 @@ def test_optimiser_steps_in_log_squared_lengthscale(monkeypatch, batch_size):
     """Spec §2.9: the step sizes act on ``log l`` with ``l = ell^2``. With a unit gradient in the
     kernels' coordinates the first sign-adaptive step moves ``log ell`` by ``lr / 4`` and every
     other entry by ``lr``; Adam's first step moves them by ``lr / 2`` and ``lr``."""
-    from gpinfer_ep import method as ep_method
+    from gpinfer.training.loop import TrainingLoop
 
     X, y = make_suite_data(3, n=20, seed=4)
     seen = {}
 
-    def fixed_gradient(self, idx, rho, it):
+    def fixed_gradient(self, batch, rho):
         seen.setdefault("theta0", self.hp.pack().copy())
         seen["names"] = list(self.hp.names)
         return -1.0, np.ones(self.hp.size), 0.0
 
-    monkeypatch.setattr(ep_method._Run, "_step_sites", fixed_gradient)
+    monkeypatch.setattr(TrainingLoop, "_step", fixed_gradient)
     lr = 0.01 if batch_size is None else 0.001
     est = GPClassifier(method="sep", M=4, max_iter=1, batch_size=batch_size, random_state=0,
                        method_options={"learning_rate": 0.01, "adam_learning_rate": 0.001})
@@ -426,19 +430,19 @@ def test_optimiser_steps_in_log_squared_lengthscale(monkeypatch, batch_size):
 def test_falling_log_zq_restores_the_best_state(monkeypatch):
     """Divergence policy: ``patience`` iterations below the best log Z_q (not necessarily falling
     in a row) restore the sites and hyper-parameters of the best, and halve damping and steps."""
-    from gpinfer_ep import method as ep_method
+    from gpinfer.training.loop import TrainingLoop
 
     X, y = make_suite_data(3, n=30, seed=10)
     scripted = [-50, -40, -30, -20, -10, -12, -11, -13, 0, 1, 2, 3]  # best at iteration 5
     seen = []
-    original = ep_method._Run._step_sites
+    original = TrainingLoop._step
 
-    def scripted_step(self, idx, rho, it):
-        seen.append((self.hp.pack().copy(), self.state.Lam.copy()))
-        value, grad, change = original(self, idx, rho, it)
-        return float(scripted[it - 1]), grad, change
+    def scripted_step(self, batch, rho):
+        seen.append((self.hp.pack().copy(), self.sites.state.Lam.copy()))
+        value, grad, change = original(self, batch, rho)
+        return float(scripted[self.iteration - 1]), grad, change
 
-    monkeypatch.setattr(ep_method._Run, "_step_sites", scripted_step)
+    monkeypatch.setattr(TrainingLoop, "_step", scripted_step)
     est = GPClassifier(method="sep", M=5, max_iter=10, random_state=0,
                        method_options={"patience": 3}).fit(X, y)
     raises = [h["damping_raises"] for h in est.history_]

@@ -14,7 +14,7 @@ First picks: one random point of each class, included into its own class.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +26,9 @@ from gpinfer.numerics.gaussian_cubature import softmax_tilted
 from gpinfer_ivm.criterion import FrozenSites
 
 Array = np.ndarray
+
+#: smallest marginal variance kept, relative to the prior variance (round-off guard)
+VAR_FLOOR = 1e-12
 
 
 @dataclass
@@ -49,6 +52,8 @@ class BaselineRepresentation:
         self.C, self.n = len(self.kernels), X.shape[0]
         self.h = np.zeros((self.n, self.C))
         self.a = np.stack([k.K_diag(X) for k in self.kernels], axis=1)  # [n, C]
+        #: prior variances [n, C]: every marginal and cavity variance lies in (0, prior]
+        self.prior_var = self.a.copy()
         self.site_pi = np.zeros((self.n, self.C))
         self.site_b = np.zeros((self.n, self.C))
         self.classes = [_ClassState() for _ in range(self.C)]
@@ -57,8 +62,12 @@ class BaselineRepresentation:
         return len(self.classes[c].I)
 
     def cavity(self) -> tuple[Array, Array]:
-        """Marginals with each point's own sites removed (exact, everything is diagonal)."""
-        a_cav = 1.0 / (1.0 / self.a - self.site_pi)
+        """Marginals with each point's own sites removed (exact, everything is diagonal).
+
+        A cavity variance is at most the prior variance, so its precision is floored at
+        ``1 / prior``: at large amplitudes ``1/a - pi`` is a difference of two large numbers
+        whose round-off could otherwise leave it at or below zero (a negative variance)."""
+        a_cav = 1.0 / np.maximum(1.0 / self.a - self.site_pi, 1.0 / self.prior_var)
         return a_cav * (self.h / self.a - self.site_b), a_cav
 
     def include(self, j: int, c: int, pi: float, h_hat: float) -> None:
@@ -79,7 +88,9 @@ class BaselineRepresentation:
         st.I.append(j)
         st.pi.append(pi)
         st.b.append(b)
-        self.a[:, c] -= nu * nu
+        # a = diag K - rowsum(M o M) cancels at large amplitudes: keep it in (0, prior]
+        self.a[:, c] = np.clip(self.a[:, c] - nu * nu, VAR_FLOOR * self.prior_var[:, c],
+                               self.prior_var[:, c])
         self.h[:, c] += eta * nu
         self.site_pi[j, c], self.site_b[j, c] = pi, b
 
@@ -89,7 +100,7 @@ class BaselineRepresentation:
         h = np.zeros((Xs.shape[0], self.C))
         A = np.zeros((Xs.shape[0], self.C, self.C))
         for c, st in enumerate(self.classes):
-            var = self.kernels[c].K_diag(Xs)
+            var = prior = self.kernels[c].K_diag(Xs)
             if st.I:
                 d = len(st.I)
                 L = np.zeros((d, d))
@@ -99,7 +110,7 @@ class BaselineRepresentation:
                 m = solve_triangular(L, np.sqrt(np.array(st.pi))[:, None] * Ks, lower=True)
                 h[:, c] = m.T @ np.array(st.eta)
                 var = var - np.sum(m * m, axis=0)
-            A[:, c, c] = var
+            A[:, c, c] = np.clip(var, VAR_FLOOR * prior, prior)  # round-off: see include()
         return h, A
 
     def frozen_sites(self) -> FrozenSites:
@@ -137,7 +148,7 @@ def run_baseline(
     d_max: int,
     rng: np.random.Generator,
     order: int | None = 3,
-    callback=None,
+    callback: Callable[[int, BaselineRepresentation], None] | None = None,
 ) -> BaselineRepresentation:
     """Greedy selection of up to ``d_max`` sites per class (spec §4.4)."""
     C, n = len(kernels), X.shape[0]

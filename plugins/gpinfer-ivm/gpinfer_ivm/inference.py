@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -20,13 +21,14 @@ from gpinfer.errors import InputError, NumericalError
 from gpinfer.kernels.base import Kernel
 from gpinfer.numerics.gaussian_cubature import (
     RULES,
+    SoftmaxTilted,
     gaussian_kl,
     softmax_predictive,
     softmax_tilted,
 )
 from gpinfer_ivm.liquid import EPRepresentation
-from gpinfer_ivm.projection import initial_t, restricted_projection
-from gpinfer_ivm.solid import STUB_UPDATES, SolidRepresentation
+from gpinfer_ivm.projection import ProjectionAlgorithm, initial_t, restricted_projection
+from gpinfer_ivm.solid import STUB_UPDATES, SolidRepresentation, StubUpdate
 
 Array = np.ndarray
 
@@ -99,10 +101,12 @@ def check_settings(s: IVMSettings, n: int, y: Array, C: int) -> None:
 class _Runner:
     """State of one conditional-inference run."""
 
-    def __init__(self, kernels, X, y, beta, s: IVMSettings, rng: np.random.Generator):
+    def __init__(self, kernels: Sequence[Kernel], X: Array, y: Array, beta: Array,
+                 s: IVMSettings, rng: np.random.Generator):
         self.X, self.y, self.beta, self.s, self.rng = X, y, beta, s, rng
         self.n, self.C = X.shape[0], len(kernels)
-        self.solid = SolidRepresentation(kernels, X, s.d_final, s.stub_update)
+        self.solid = SolidRepresentation(kernels, X, s.d_final,
+                                         cast(StubUpdate, s.stub_update))  # checked there
         self.liquid: list[int] = []
         self.pi: list[Array] = []
         self.b: list[Array] = []
@@ -114,7 +118,7 @@ class _Runner:
     def size(self) -> int:
         return self.solid.d + len(self.liquid)
 
-    def tilted(self, idx: Array, h: Array, A: Array):
+    def tilted(self, idx: Array, h: Array, A: Array) -> SoftmaxTilted:
         s = self.s
         return softmax_tilted(self.y[idx], h, A, self.beta, s.gh_order, s.reduced, s.rule)
 
@@ -126,7 +130,7 @@ class _Runner:
             t0 = initial_t(int(self.y[i]), p_bar[0])
         args = (A, T.g[0], T.h_hat[0], T.A_hat[0], t0)
         try:
-            return restricted_projection(*args, self.s.projection)
+            return restricted_projection(*args, cast(ProjectionAlgorithm, self.s.projection))
         except NumericalError:
             if self.s.projection != "direct":
                 raise
@@ -192,7 +196,7 @@ class _Runner:
         free = np.flatnonzero(~self.active)
         free = np.setdiff1d(free, keep, assume_unique=True)
         want = min(self.pool_size() - keep.size, free.size)
-        fill = self.rng.choice(free, size=max(want, 0), replace=False) if want > 0 else []
+        fill = self.rng.choice(free, size=want, replace=False) if want > 0 else np.zeros(0)
         return np.concatenate([keep, np.asarray(fill, dtype=np.int64)]).astype(np.int64)
 
     def run(self, callback: Callable[[int, _Runner], None] | None) -> InferenceResult:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.linalg import LinAlgError, cholesky, solve_triangular
 
+from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer_ivm.projection import site_precision, site_sqrt
 from gpinfer_ivm.solid import SolidRepresentation
 
@@ -58,7 +59,7 @@ class EPRepresentation:
         VtG = np.einsum("aci,acbj->aibj", self.Vb, G4)  # V^T G, block-diagonal V
         VtGV = np.einsum("aibm,bmj->aibj", VtG, self.Vb).reshape(k * C, k * C)
         VtG = VtG.reshape(k * C, k * C)
-        self.LB = cholesky(np.eye(k * C) + VtGV, lower=True, check_finite=False)
+        self.LB = jittered_cholesky(np.eye(k * C) + VtGV, name="I + V^T G V").L
         self.N = solve_triangular(self.LB, VtG, lower=True, check_finite=False)
         self.b_tilde = self.G @ self.b.reshape(-1) + self.h_f
         self.theta = solve_triangular(self.LB, self._Vt(self.b_tilde), lower=True)

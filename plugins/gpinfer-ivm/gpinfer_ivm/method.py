@@ -8,6 +8,7 @@
   information score, ``posterior()`` = the current posterior with the liquid set frozen in, so
   the runner logs learning curves of test error/NLL against the active-set size).
 * ``problem.optimize = True``: spec §3.5 round-based major/minor scheme: ``rounds`` times
+  (at most ``max_iter - 2``: each major step and the final criterion are one iteration each)
   (major step: conditional inference at the current ``theta`` with a fixed RNG seed; minor step:
   ``minor_iter`` L-BFGS-B iterations on ``-G`` with the active set and sites frozen), then a
   last major step; the rounds stop early once the major-mode ``G`` changes by less than
@@ -22,7 +23,6 @@
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -31,17 +31,25 @@ import numpy as np
 
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.hyper import HyperParameters
-from gpinfer.interfaces import Array, FitCallback, FitResult, IterationInfo, Method, Problem
+from gpinfer.interfaces import Array, FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
-from gpinfer.numerics.gaussian_cubature import softmax_predictive
+from gpinfer.numerics.gaussian_cubature import RULES, softmax_predictive
 from gpinfer.optim import make_optimizer
+from gpinfer.options import Option, choice, custom, flag, integer, real
 from gpinfer.posterior import Posterior
+from gpinfer.reporting import IterationReporter
 from gpinfer_ivm.baseline import run_baseline
 from gpinfer_ivm.criterion import FrozenSites, criterion
 from gpinfer_ivm.inference import IVMSettings, run_inference
+from gpinfer_ivm.solid import STUB_UPDATES
 
 #: default final active-set size when ``M`` is not given
 DEFAULT_D_FINAL = 150
+#: default liquid-set size (capped at the final active-set size)
+DEFAULT_L = 25
+
+#: the fit's per-iteration reporter: ``report(objective, posterior builder, **extras)``
+Report = Callable[..., None]
 
 
 class IVMPosterior(Posterior):
@@ -51,7 +59,8 @@ class IVMPosterior(Posterior):
     softmax (with intercepts ``beta``) against the full ``C x C`` covariance (spec §2.10).
     """
 
-    def __init__(self, likelihood, rep: Any, beta: Array, gh_order: int | None, reduced: Any,
+    def __init__(self, likelihood: Likelihood, rep: Any, beta: Array, gh_order: int | None,
+                 reduced: Any,
                  rule: str = "product"):  # fmt: skip
         super().__init__(likelihood)
         self.rep, self.beta, self.gh_order, self.reduced = rep, beta, gh_order, reduced
@@ -86,13 +95,14 @@ class _ActiveSetMethod(Method):
     likelihoods = ("softmax",)
     coupled: ClassVar[bool] = True
     #: kernel sharing, intercepts and the hyper-parameter learning loop (both methods)
-    model_options: ClassVar[dict[str, Any]] = {
-        "shared_kernel": True,
-        "intercepts": None,
-        "learn_intercepts": True,
-        "rounds": 4,
-        "minor_iter": 8,
-        "major_tol": 1e-3,
+    model_options: ClassVar[dict[str, Option]] = {
+        "shared_kernel": flag(True, doc="one kernel for all C processes"),
+        "intercepts": custom(None, "a list of C finite intercepts beta",
+                             lambda v: isinstance(v, list | tuple | np.ndarray), none=True),
+        "learn_intercepts": flag(True),
+        "rounds": integer(4, "[0, inf)", doc="major/minor rounds when optimize=true"),
+        "minor_iter": integer(8, "[0, inf)", doc="L-BFGS-B iterations per round"),
+        "major_tol": real(1e-3, "[0, inf)", doc="relative change of G that stops the rounds"),
     }
 
     def _d_final(self, problem: Problem) -> int:
@@ -121,7 +131,8 @@ class _ActiveSetMethod(Method):
         return beta - beta[-1]
 
     # -- hooks -------------------------------------------------------------------------------
-    def _infer(self, problem, kernels, beta, rng, callback) -> tuple[Any, FrozenSites]:
+    def _infer(self, problem: Problem, kernels: list[Kernel], beta: Array,
+               rng: np.random.Generator, report: Report | None) -> tuple[Any, FrozenSites]:
         raise NotImplementedError
 
     def _order(self, C: int) -> tuple[int | None, Any]:
@@ -139,17 +150,16 @@ class _ActiveSetMethod(Method):
         beta = self._beta(C)
         order, reduced = self._order(C)
         seed = int(problem.rng.integers(2**31))
-        t0 = time.perf_counter()
-        history: list[dict[str, float]] = []
+        reporter = IterationReporter(callback, self.name)  # training-only clock
+        history = reporter.history
         it = [0]
 
-        def report(objective: float, post: Callable[[], Posterior] | None, **extra: float):
+        def report(objective: float, post: Callable[[], Posterior] | None, **extra: float
+                   ) -> None:
             it[0] += 1
-            history.append({"objective": objective, "elapsed": time.perf_counter() - t0, **extra})
-            if callback is not None:
-                callback(IterationInfo(it[0], objective, time.perf_counter() - t0, post, extra))
+            reporter.report(it[0], objective, post, extra)
 
-        def lik():
+        def lik() -> Likelihood:
             return problem.likelihood
 
         if not problem.optimize:
@@ -157,7 +167,8 @@ class _ActiveSetMethod(Method):
         else:
             rep, sites, beta = self._learn(problem, kernels, beta, seed, report)
         crit = criterion(kernels, X, y, sites, beta, order, reduced, False, self._rule())
-        report(-crit.value, None, G1=crit.g1, G2=crit.g2)
+        if not problem.optimize or it[0] < problem.max_iter:  # learning honours max_iter
+            report(-crit.value, None, G1=crit.g1, G2=crit.g2)
         post = IVMPosterior(lik(), rep, beta, order, reduced, self._rule())
         state = {"beta": beta}
         if self.coupled:
@@ -171,7 +182,8 @@ class _ActiveSetMethod(Method):
             state=state,
         )
 
-    def _learn(self, problem, kernels, beta, seed, report):
+    def _learn(self, problem: Problem, kernels: list[Kernel], beta: Array, seed: int,
+               report: Report) -> tuple[Any, FrozenSites, Array]:
         """Round-based major/minor optimisation of ``G`` (spec §3.5).
 
         Major steps at ``theta_0, ..., theta_R`` (``R = rounds``), each followed, except the
@@ -187,7 +199,8 @@ class _ActiveSetMethod(Method):
         hp = HyperParameters(kernels)
         learn_beta = bool(self.options["learn_intercepts"])
         nb = C - 1 if learn_beta else 0
-        rounds = int(self.options["rounds"])
+        # one reported iteration per major step and one for the final criterion: max_iter caps it
+        rounds = min(int(self.options["rounds"]), max(int(problem.max_iter) - 2, 0))
         minor_iter = int(self.options["minor_iter"])
         tol = float(self.options["major_tol"])
         if rounds < 0 or minor_iter < 0 or not tol >= 0.0:
@@ -228,7 +241,7 @@ class _ActiveSetMethod(Method):
                 break
             previous = major
 
-            def fun(th: Array, sites=sites) -> tuple[float, Array]:
+            def fun(th: Array, sites: FrozenSites = sites) -> tuple[float, Array]:
                 b = unpack(th)
                 res = criterion(kernels, X, y, sites, b, order, reduced, True, self._rule())
                 g = np.concatenate(res.dkernel + [res.dbeta[:nb]])
@@ -255,25 +268,28 @@ class IVM(_ActiveSetMethod):
 
     name = "ivm"
     coupled = True
-    default_options: ClassVar[dict[str, Any]] = {
-        "L": 25,
-        "ep_sweeps": 3,
-        "pool_size": None,
-        "retain": 0.5,
-        "n_init": None,
-        "gh_order": None,
-        "reduced": None,
-        "rule": "product",
-        "projection": "direct",
-        "stub_update": "lazy",
+    option_spec: ClassVar[dict[str, Option]] = {
+        "L": integer(None, "[1, inf)", none=True,
+                     doc=f"liquid-set size (None: min({DEFAULT_L}, d_final))"),
+        "ep_sweeps": integer(3, "[0, inf)", doc="EP sweeps over the liquid set per inclusion"),
+        "pool_size": integer(None, "[1, inf)", none=True, doc="candidate pool size"),
+        "retain": real(0.5, "[0, 1)", doc="fraction of the pool kept for the next one"),
+        "n_init": integer(None, "[1, inf)", none=True, doc="random initial picks"),
+        "gh_order": integer(None, "[1, inf)", none=True, doc="quadrature nodes per axis"),
+        "reduced": flag(None, none=True, doc="integrate on the complement of 1"),
+        "rule": choice("product", RULES),
+        "projection": choice("direct", ("direct", "double_loop")),
+        "stub_update": choice("lazy", STUB_UPDATES),
         **_ActiveSetMethod.model_options,
     }
 
-    def _infer(self, problem, kernels, beta, rng, report):
+    def _infer(self, problem: Problem, kernels: list[Kernel], beta: Array,
+               rng: np.random.Generator, report: Report | None) -> tuple[Any, FrozenSites]:
         o = self.options
+        d_final = self._d_final(problem)
         s = IVMSettings(
-            d_final=self._d_final(problem),
-            L=min(int(o["L"]), self._d_final(problem)),
+            d_final=d_final,
+            L=min(DEFAULT_L, d_final) if o["L"] is None else min(int(o["L"]), d_final),
             ep_sweeps=int(o["ep_sweeps"]),
             pool_size=o["pool_size"],
             retain=float(o["retain"]),
@@ -284,17 +300,17 @@ class IVM(_ActiveSetMethod):
             projection=o["projection"],
             stub_update=o["stub_update"],
         )
-        if int(o["L"]) > s.d_final:
+        if o["L"] is not None and int(o["L"]) > s.d_final:
             raise InputError(f"liquid size L={o['L']} exceeds d_final (M)={s.d_final}")
         total = [0.0]
 
-        def cb(size: int, runner) -> None:
+        def cb(size: int, runner: Any) -> None:
             if report is None:
                 return
             if runner.result.history:
                 total[0] += runner.result.history[-1]["score"]
 
-            def post():
+            def post() -> IVMPosterior:
                 return IVMPosterior(problem.likelihood, runner.snapshot(), beta, s.gh_order,
                                     s.reduced, s.rule)  # fmt: skip
 
@@ -312,18 +328,19 @@ class IVMBaseline(_ActiveSetMethod):
 
     name = "ivm-baseline"
     coupled = False
-    default_options: ClassVar[dict[str, Any]] = {
-        "gh_order": 3,
+    option_spec: ClassVar[dict[str, Option]] = {
+        "gh_order": integer(3, "[1, inf)", doc="Gauss-Hermite nodes per axis"),
         **_ActiveSetMethod.model_options,
     }
 
     def _order(self, C: int) -> tuple[int | None, Any]:
         return self.options["gh_order"], False
 
-    def _infer(self, problem, kernels, beta, rng, report):
+    def _infer(self, problem: Problem, kernels: list[Kernel], beta: Array,
+               rng: np.random.Generator, report: Report | None) -> tuple[Any, FrozenSites]:
         total = [0]
 
-        def cb(step: int, rep) -> None:
+        def cb(step: int, rep: Any) -> None:
             if report is not None:
                 total[0] = step
                 report(float(step), None, active_size=float(step))

@@ -12,13 +12,19 @@ tilted moments ``(g, h_hat, A_hat)``, the projection minimises over ``t = log pi
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Literal, NamedTuple
 
 import numpy as np
-from scipy.linalg import cholesky, solve_triangular
+from scipy.linalg import solve_triangular
 from scipy.optimize import minimize
 
 from gpinfer.errors import NumericalError
+from gpinfer.numerics.cholesky import jittered_cholesky
+
+#: the two ways of solving the restricted projection (module docstring)
+ProjectionAlgorithm = Literal["direct", "double_loop"]
 
 Array = np.ndarray
 
@@ -70,7 +76,7 @@ def _terms(t: Array, A: Array) -> _Terms:
     x = np.exp(t - kappa)
     pi = np.exp(t)
     S = np.sqrt(pi)
-    Ls = cholesky(np.eye(t.size) + S[:, None] * A * S[None, :], lower=True, check_finite=False)
+    Ls = jittered_cholesky(np.eye(t.size) + S[:, None] * A * S[None, :], name="I + S A S").L
     R = solve_triangular(Ls, S[:, None] * A, lower=True, check_finite=False)
     Qbar = A - R.T @ R
     v = Qbar @ x
@@ -98,7 +104,8 @@ def majoriser(t: Array, A: Array, c_q: Array) -> tuple[float, Array]:
     return T.logdet + float(c_q @ T.pi), (T.diag_term + c_q) * T.pi
 
 
-def _lbfgs(fun, t0: Array, maxiter: int = DIRECT_MAXITER) -> Array:
+def _lbfgs(fun: Callable[[Array], tuple[float, Array]], t0: Array,
+           maxiter: int = DIRECT_MAXITER) -> Array:
     bounds = [(np.log(PI_FLOOR), np.log(PI_CEIL))] * t0.size
     res = minimize(
         fun, t0, jac=True, method="L-BFGS-B", bounds=bounds,
@@ -120,7 +127,7 @@ def project_double_loop(A: Array, A_hat: Array, t0: Array) -> tuple[Array, list[
         x = np.exp(t - _lse(t))
         q = A_hat @ x
         c_q = np.diag(A_hat) - 2.0 * q + (q @ x)
-        t = _lbfgs(lambda tt, c_q=c_q: majoriser(tt, A, c_q), t)
+        t = _lbfgs(functools.partial(majoriser, A=A, c_q=c_q), t)
         history.append(objective(t, A, A_hat)[0])
         if abs(history[-2] - history[-1]) < OUTER_TOL:
             break
@@ -140,7 +147,7 @@ def restricted_projection(
     h_hat: Array,
     A_hat: Array,
     t0: Array,
-    algorithm: Literal["direct", "double_loop"] = "direct",
+    algorithm: ProjectionAlgorithm = "direct",
 ) -> tuple[Array, Array]:
     """Site ``(pi [C], b [C])`` of the restricted ADF projection; ``b = g + Pi h_hat``."""
     t0 = np.clip(np.asarray(t0, dtype=float), np.log(PI_FLOOR), np.log(PI_CEIL))

@@ -32,10 +32,11 @@ from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
-from scipy.linalg import cholesky, solve_triangular
+from scipy.linalg import solve_triangular
 
 from gpinfer.errors import NumericalError
 from gpinfer.kernels.base import Kernel
+from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.numerics.cholupdate import cholext, chollrup
 
 Array = np.ndarray
@@ -136,12 +137,14 @@ class SolidRepresentation:
             rho[c] = sq / lam_c[c]
             mu[c] = -(self.M[c, :d].T @ l_c[c]) / lam_c[c] + rho[c] * kcol
         LH = self.LH[:d, :d]
+        Xd: Array | None
         if self.stub_update == "drag" and d:
             p = _tri(LH, r_c.T)  # [d, C], old factor
-            Xd = (self.Q[:, :d] + p.T[:, :, None] * mu[:, None, :]).transpose(1, 0, 2)
-            Xd = Xd.reshape(d, C * self.n)
+            X0 = (self._stubs()[:, :d] + p.T[:, :, None] * mu[:, None, :]).transpose(1, 0, 2)
+            Xd = X0.reshape(d, C * self.n)
             for c in range(C):
                 LH, Xd = chollrup(LH, r_c[c], 1.0, Xd)
+            assert Xd is not None
             Xd = Xd.reshape(d, C, self.n).transpose(1, 0, 2)
         else:
             for c in range(C):
@@ -161,10 +164,18 @@ class SolidRepresentation:
         self.I[d], self.pi[d], self.b[d] = i, pi_i, b_i
         self.d = d + 1
         if self.stub_update == "drag":
-            self.Q[:, :d] = Xd
-            self.Q[:, d] = (rho[:, None] * mu - np.einsum("cdn,d->cn", Xd, ell)) / lam
+            assert Xd is not None
+            Q = self._stubs()
+            Q[:, :d] = Xd
+            Q[:, d] = (rho[:, None] * mu - np.einsum("cdn,d->cn", Xd, ell)) / lam
         elif self.stub_update == "resolve":
             self._resolve_Q()
+
+    def _stubs(self) -> Array:
+        """The ``q``-stub buffer ``Q [C, cap, n]`` (kept for ``drag`` and ``resolve`` only)."""
+        if self.Q is None:
+            raise ValueError(f"stub_update={self.stub_update!r} keeps no q-stub buffer")
+        return self.Q
 
     def q_stubs(self, idx: Array) -> Array:
         """``q`` stubs ``[C, d, len(idx)]`` of training points ``idx`` (buffer or on demand)."""
@@ -185,7 +196,7 @@ class SolidRepresentation:
         BtM = np.concatenate(
             [self.Bm[c, :d, :d].T @ self.M[c, :d] for c in range(C)], axis=1
         )  # [d, C n]
-        self.Q[:, :d] = _tri(self.LH[:d, :d], BtM).reshape(d, C, self.n).transpose(1, 0, 2)
+        self._stubs()[:, :d] = _tri(self.LH[:d, :d], BtM).reshape(d, C, self.n).transpose(1, 0, 2)
 
     # -- block mode (spec §2.4 last paragraph) --------------------------------------------------
     @classmethod
@@ -205,12 +216,12 @@ class SolidRepresentation:
             sD = np.sqrt(pi[:, c])
             Kc = rep.K_active(c)[I]
             E = np.eye(d) + sD[:, None] * Kc * sD[None, :]
-            Lc = cholesky(E, lower=True, check_finite=False)
+            Lc = jittered_cholesky(E, name=f"E (class {c})").L
             Bc = _tri(Lc, np.diag(sD))
             rep.L[c, :d, :d], rep.Bm[c, :d, :d] = Lc, Bc
             rep.M[c, :d] = Bc @ rep.K_active(c).T
             H += Bc.T @ Bc
-        rep.LH[:d, :d] = cholesky(H, lower=True, check_finite=False)
+        rep.LH[:d, :d] = jittered_cholesky(H, name="H").L
         rep._resolve_Q()
         return rep
 

@@ -21,6 +21,7 @@ from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.inducing import FixedInputCovariances
 from gpinfer.interfaces import Array, Likelihood
 from gpinfer.kernels.base import Kernel
+from gpinfer.likelihoods.bernoulli import as_bernoulli
 from gpinfer.posterior import InducingPosterior
 from gpinfer.sites.quadratic import (
     CollapsedBound,
@@ -64,17 +65,13 @@ class CollapsedObjective:
                  likelihood: Likelihood, hp: HyperParameters):
         if kind not in KINDS:
             raise InputError(f"unknown quadratic-site kind {kind!r}; known: {KINDS}")
-        link = getattr(likelihood, "link", None)
-        if kind == "jj" and getattr(likelihood, "name", "") != "logit":
+        bernoulli = as_bernoulli(likelihood, f"the {kind} sites")
+        if kind == "jj" and not bernoulli.supports({"jaakkola_jordan"}):
             raise InputError(
                 f"the Jaakkola-Jordan bound needs the logistic likelihood ('logit'); got "
                 f"{type(likelihood).__name__}"
             )
-        if kind == "taylor" and link is None:
-            raise InputError(
-                f"the Taylor sites need a Bernoulli likelihood with a link; got "
-                f"{type(likelihood).__name__}"
-            )
+        link = bernoulli.link
         self.kind, self.X, self.s, self.kernel = kind, X, s, kernel
         self.likelihood, self.link, self.hp = likelihood, link, hp
         self.n_eval = 0
@@ -97,7 +94,11 @@ class CollapsedObjective:
 
     @property
     def Z(self) -> Array:
-        return self.hp.Z[0]
+        """The inducing inputs ``[M, D]`` (``hp.Z[0]``, always set here)."""
+        Z = self.hp.Z
+        if Z is None:
+            raise ValueError("the collapsed bound's hyper-parameters hold no inducing inputs")
+        return Z[0]
 
     def coefficients(self, xi: Array) -> QuadraticCoefficients:
         if self.kind == "jj":
@@ -133,9 +134,10 @@ class CollapsedObjective:
         """The bound at ``xi`` (the last one is kept and returned again for the same ``xi`` and
         factors)."""
         fac = self.factors() if factors is None else factors
-        cached = fac is self._factors and self._bound is not None
-        if cached and self._bound.factors is fac and np.array_equal(self._bound_xi, xi):
-            return self._bound
+        last, last_xi = self._bound, self._bound_xi
+        if (fac is self._factors and last is not None and last.factors is fac
+                and last_xi is not None and np.array_equal(last_xi, xi)):
+            return last
         b = CollapsedBound(fac, self.coefficients(xi))
         if fac is self._factors:
             self._bound, self._bound_xi = b, np.array(xi, dtype=float)

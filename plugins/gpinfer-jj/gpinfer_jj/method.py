@@ -3,7 +3,7 @@ Kropotov 2017; spec jj-taylor-svi §2.9).
 
 * ``vi-jj`` / ``vi-taylor`` (Alg. 1): per outer iteration, Stage 1 runs ``n_upd`` closed-form
   rounds (``xi`` rule, then ``q(u) <- (mu_hat, Sigma_hat)(xi)``), Stage 2 a fresh L-BFGS-B on the
-  kernel's log-parameters capped at ``maxfun`` evaluations.
+  kernel's log-parameters capped at ``max_fun`` evaluations.
 * ``vi-jj-hybrid``: Stage 2 moves ``(theta, xi)``; then ``q(u)`` is recomputed from its ``xi``.
 * ``vi-jj-full``: one L-BFGS-B run on ``(theta, xi)`` from ``xi = 1``; one iteration per
   L-BFGS-B iteration.
@@ -16,6 +16,7 @@ kept in ``FitResult.state["lbfgs_messages"]``.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -23,11 +24,21 @@ import numpy as np
 from gpinfer.errors import InputError
 from gpinfer.fit_guard import check_objective_limit
 from gpinfer.hyper import HyperParameters
-from gpinfer.inducing import inducing_inputs
-from gpinfer.interfaces import Array, FitCallback, FitResult, Method, Problem, ValueAndGrad
+from gpinfer.inducing import DEFAULT_M, inducing_inputs
+from gpinfer.interfaces import (
+    Array,
+    FitCallback,
+    FitResult,
+    Method,
+    OptimizationResult,
+    Problem,
+    ValueAndGrad,
+)
 from gpinfer.kernels.initialisation import prepare_kernel
 from gpinfer.numerics.cholesky import tri_solve
 from gpinfer.optim import LBFGSB
+from gpinfer.options import Option, bounds, choice, flag, integer, real
+from gpinfer.posterior import InducingPosterior
 from gpinfer.reporting import IterationReporter, binary_signs
 from gpinfer_jj.bound import CollapsedObjective
 from gpinfer_jj.taylor import MapObjective, Stage1Result, newton_rounds
@@ -39,7 +50,8 @@ LOG_PARAM_BOUNDS = (float(np.log(1e-4)), float(np.log(1e6)))
 class _CollapsedVI(Method):
     """Shared fit loop; subclasses set ``kind`` (``jj``/``taylor``) and ``xi_mode``.
 
-    Options: ``n_upd`` (Stage-1 rounds), ``maxfun`` (L-BFGS-B evaluations per Stage 2),
+    Options: ``n_upd`` (Stage-1 rounds), ``max_fun`` (L-BFGS-B evaluations per Stage 2; the
+    old name ``maxfun`` works for one release),
     ``carry`` (``"q"``: carry ``(mu, Sigma)`` as in the paper; ``"xi"``: carry ``xi``, monotone
     for JJ), ``init_q`` (``"identity"``: ``Sigma = I`` as in the paper; ``"prior"``), ``tol``
     (stop when ``|dF| / max(1, |F|) < tol`` twice in a row), ``time_budget_s``, ``bounds``
@@ -61,33 +73,25 @@ class _CollapsedVI(Method):
     uses_inducing_points: ClassVar[bool] = True
     supports_minibatch: ClassVar[bool] = False
     likelihoods: ClassVar[tuple[str, ...]] = ("logit",)
-    default_options: ClassVar[dict[str, Any]] = {
-        "n_upd": 3,
-        "maxfun": 5,
-        "carry": "q",
-        "init_q": "identity",
-        "tol": 1e-6,
-        "time_budget_s": None,
-        "bounds": LOG_PARAM_BOUNDS,
-        "learn_inducing": False,
-        "default_M": 100,
-        "xi_lower": 1e-3,
-        "damping": 1.0,
-        "lengthscale_init": "median",
+    option_spec: ClassVar[dict[str, Option]] = {
+        "n_upd": integer(3, "[1, inf)", doc="Stage-1 closed-form rounds per outer iteration"),
+        "max_fun": integer(5, "[1, inf)", doc="L-BFGS-B evaluations per Stage 2"),
+        "carry": choice("q", ("q", "xi"), doc="q: carry (mu, Sigma); xi: monotone variant"),
+        "init_q": choice("identity", ("identity", "prior")),
+        "tol": real(1e-6, "[0, inf)", doc="stop when |dF|/max(1,|F|) < tol twice in a row"),
+        "time_budget_s": real(None, "(0, inf)", none=True),
+        "bounds": bounds(LOG_PARAM_BOUNDS, doc="box on every log kernel parameter"),
+        "learn_inducing": flag(False),
+        "default_M": integer(DEFAULT_M, "[1, inf)", doc="M when the run leaves it null"),
+        "xi_lower": real(1e-3, "(0, inf)", doc="lower bound on xi when optimised"),
+        "damping": real(1.0, "(0, 1]", doc="Taylor: first trial fraction of each Newton step"),
+        "lengthscale_init": choice("median", ("median", "kernel")),
     }
 
-    # -- set-up ------------------------------------------------------------------------------
-    def _check_options(self) -> None:
-        o = self.options
-        if o["carry"] not in ("q", "xi"):
-            raise InputError(f"{self.name}: carry must be 'q' or 'xi', got {o['carry']!r}")
-        if o["init_q"] not in ("identity", "prior"):
-            raise InputError(f"{self.name}: init_q must be 'identity' or 'prior'")
-        if int(o["n_upd"]) < 1 or int(o["maxfun"]) < 1:
-            raise InputError(f"{self.name}: n_upd and maxfun must be >= 1")
-        if not 0.0 < float(o["damping"]) <= 1.0:
-            raise InputError(f"{self.name}: damping must be in (0, 1]")
+    #: one vocabulary with pep/fitc/vfe (``docs/options.md``)
+    renamed_options: ClassVar[dict[str, str]] = {"maxfun": "max_fun"}
 
+    # -- set-up ------------------------------------------------------------------------------
     def _objective(self, problem: Problem) -> tuple[CollapsedObjective, HyperParameters]:
         s = binary_signs(problem.y, problem.n_classes, self.name)
         if problem.batch_size is not None:
@@ -107,9 +111,8 @@ class _CollapsedVI(Method):
 
     # -- fit ---------------------------------------------------------------------------------
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
-        self._check_options()
         obj, hp = self._objective(problem)
-        rep = IterationReporter(callback, self.name)
+        rep = IterationReporter(callback, self.name, self.options["time_budget_s"])
         log: dict[str, Any] = {"messages": [], "abnormal": 0}
         if self.xi_mode == "full":
             xi, value, n_iter = self._fit_full(problem, obj, hp, rep, log)
@@ -143,13 +146,13 @@ class _CollapsedVI(Method):
 
         return checked
 
-    def _record(self, log: dict[str, Any], result) -> None:
+    def _record(self, log: dict[str, Any], result: OptimizationResult) -> None:
         log["messages"].append(result.message)
         if not result.success:
             log["abnormal"] += 1
             log["last_abnormal"] = result.message
 
-    def _snapshot(self, obj: CollapsedObjective, xi: Array):
+    def _snapshot(self, obj: CollapsedObjective, xi: Array) -> Callable[[], InducingPosterior]:
         theta, xi = obj.hp.pack(), xi.copy()
 
         def build():
@@ -187,9 +190,12 @@ class _CollapsedVI(Method):
             xi = obj.xi_rule(mean, var)
             b = obj.bound(xi, fac)
             var, mean = b.S2_hat, b.m_hat
+        assert xi is not None  # n_upd >= 1
         return Stage1Result(b.mu_hat, b.Sigma_hat, xi, b.value, 0)
 
-    def _fit_alternating(self, problem, obj, hp, rep, log) -> tuple[Array, float, int]:
+    def _fit_alternating(self, problem: Problem, obj: CollapsedObjective, hp: HyperParameters,
+                         rep: IterationReporter, log: dict[str, Any]
+                         ) -> tuple[Array, float, int]:
         M = obj.Z.shape[0]
         if self.options["init_q"] == "identity":
             mu, Sigma = np.zeros(M), np.eye(M)
@@ -197,7 +203,6 @@ class _CollapsedVI(Method):
             mu, Sigma = np.zeros(M), obj.kernel.K(obj.Z)
         xi: Array | None = None
         hybrid = self.xi_mode == "hybrid"
-        budget = self.options["time_budget_s"]
         small_changes, prev, it, value = 0, None, 0, -np.inf
         for it in range(1, int(problem.max_iter) + 1):
             stage1 = self._stage1(obj, mu, Sigma, xi)
@@ -207,19 +212,16 @@ class _CollapsedVI(Method):
                 extra["newton_halvings"] = float(stage1.halvings)
             if hp.size > 0:
                 n0 = obj.n_eval
-                if hybrid:
-                    x0 = np.concatenate([hp.pack(), xi])
+                xi_now = xi
+                x0 = np.concatenate([hp.pack(), xi]) if hybrid else hp.pack()
 
-                    def fun(x: Array) -> tuple[float, Array]:
+                def fun(x: Array, xi_fixed: Array = xi_now) -> tuple[float, Array]:
+                    if hybrid:  # theta and xi move together
                         return obj.value_and_grad(x[: hp.size], x[hp.size:], with_xi=True)
-                else:
-                    x0, xi_fixed = hp.pack(), xi
-
-                    def fun(x: Array, xi_fixed: Array = xi_fixed) -> tuple[float, Array]:
-                        return obj.value_and_grad(x, xi_fixed)
-                opt = self._lbfgs(hp, xi.size if hybrid else 0, int(self.options["maxfun"]))
+                    return obj.value_and_grad(x, xi_fixed)
+                opt = self._lbfgs(hp, xi.size if hybrid else 0, int(self.options["max_fun"]))
                 result = opt.maximize(self._within_limit(fun, obj), x0,
-                                      max_iter=10 * int(self.options["maxfun"]))
+                                      max_iter=10 * int(self.options["max_fun"]))
                 self._record(log, result)
                 hp.unpack(result.x[: hp.size])
                 if hybrid:
@@ -235,15 +237,16 @@ class _CollapsedVI(Method):
             else:
                 small_changes = 0
             prev = value
-            if small_changes >= 2 or (budget is not None and rep.elapsed() > float(budget)):
+            if small_changes >= 2 or rep.should_stop():
                 break
+        assert xi is not None  # max_iter >= 1
         return xi, value, it
 
     # -- vi-jj-full ----------------------------------------------------------------------------
-    def _fit_full(self, problem, obj, hp, rep, log) -> tuple[Array, float, int]:
+    def _fit_full(self, problem: Problem, obj: CollapsedObjective, hp: HyperParameters,
+                  rep: IterationReporter, log: dict[str, Any]) -> tuple[Array, float, int]:
         n = obj.X.shape[0]
         x0 = np.concatenate([hp.pack(), np.ones(n)])
-        budget = self.options["time_budget_s"]
 
         def fun(x: Array) -> tuple[float, Array]:
             return obj.value_and_grad(x[: hp.size], x[hp.size:], with_xi=True)
@@ -251,7 +254,7 @@ class _CollapsedVI(Method):
         def on_iteration(it: int, x: Array, value: float) -> bool:
             rep.report(it, value, self._snapshot_at(obj, hp, x),
                        {"nfev": float(obj.n_eval)})
-            return budget is not None and rep.elapsed() > float(budget)
+            return rep.should_stop()
 
         result = self._lbfgs(hp, n, None).maximize(self._within_limit(fun, obj), x0,
                                                    int(problem.max_iter), on_iteration)
@@ -262,7 +265,8 @@ class _CollapsedVI(Method):
             rep.report(1, result.value, self._snapshot(obj, xi), {"nfev": float(obj.n_eval)})
         return xi, result.value, max(result.n_iter, 1)
 
-    def _snapshot_at(self, obj: CollapsedObjective, hp: HyperParameters, x: Array):
+    def _snapshot_at(self, obj: CollapsedObjective, hp: HyperParameters, x: Array
+                     ) -> Callable[[], InducingPosterior]:
         saved = hp.pack()
         hp.unpack(x[: hp.size])
         build = self._snapshot(obj, x[hp.size:])
@@ -289,6 +293,8 @@ class ViTaylor(_CollapsedVI):
     #: 0 legitimately; its failure mode is caught in Stage 1 (``gpinfer_jj.taylor``)
     objective_limit: ClassVar[float | None] = None
     likelihoods: ClassVar[tuple[str, ...]] = ("logit", "probit")
+    #: any ``Bernoulli`` (``p(y|f) = sig(s f)`` with its own log-sigmoid ``link``)
+    likelihood_requirements: ClassVar[frozenset[str] | None] = frozenset({"log_sigmoid"})
 
 
 class ViJJHybrid(_CollapsedVI):

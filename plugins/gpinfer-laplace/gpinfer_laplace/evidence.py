@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpinfer.errors import InputError, NumericalError
-from gpinfer.interfaces import Array, MatrixGradients, Objective, ObjectiveValue
+from gpinfer.interfaces import Array, MatrixGradients, ObjectiveValue
 from gpinfer_laplace.sites import LaplaceSites
 
 
@@ -34,7 +34,7 @@ def laplace_gradient(sites: LaplaceSites) -> Array:
     return G
 
 
-class LaplaceEvidence(Objective):
+class LaplaceEvidence:
     """``log Z_LA`` and ``MatrixGradients(Kff=G)`` at the current mode of a ``LaplaceSites``.
 
     The gradient is exact at the mode; converge the sites first (``sites.run()``). No

@@ -7,7 +7,6 @@ Newton to convergence from the previous mode (warm start), then the optimiser ta
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -20,13 +19,15 @@ from gpinfer.interfaces import (
     Array,
     FitCallback,
     FitResult,
-    IterationInfo,
     Method,
     Problem,
 )
 from gpinfer.kernels.base import Kernel
+from gpinfer.likelihoods.base import ScalarLikelihood
 from gpinfer.optim import make_optimizer
+from gpinfer.options import Option, choice, integer, mapping, real
 from gpinfer.posterior import DenseSitePosterior
+from gpinfer.reporting import IterationReporter
 from gpinfer.sites import DiagonalSiteAlgebra
 from gpinfer.sites.driver import binary_labels
 from gpinfer_laplace.evidence import LaplaceEvidence
@@ -60,22 +61,24 @@ class Laplace(Method):
     uses_inducing_points: ClassVar[bool] = False
     supports_minibatch: ClassVar[bool] = False
     likelihoods: ClassVar[tuple[str, ...]] = ("logit", "probit")
-    default_options: ClassVar[dict[str, Any]] = {
-        "newton_tol": 1e-9,
-        "max_newton": 100,
-        "optimizer": "lbfgs",
-        "optimizer_options": None,
+    #: any binary log-concave single-latent likelihood with derivatives (a third party's)
+    likelihood_requirements: ClassVar[frozenset[str] | None] = frozenset(
+        {"log_prob_derivatives", "log_concave"})
+    option_spec: ClassVar[dict[str, Option]] = {
+        "newton_tol": real(1e-9, "(0, inf)", doc="Newton stopping tolerance on the mode"),
+        "max_newton": integer(100, "[1, inf)", doc="Newton steps per mode search"),
+        "optimizer": choice("lbfgs", ("lbfgs", "adam", "adadelta"), doc="hyper-parameter step"),
+        "optimizer_options": mapping(doc="keyword options of the optimiser"),
     }
 
     # -- entry point -------------------------------------------------------------------------
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
-        start = time.perf_counter()
         y = binary_labels(problem, self.name)
         if problem.batch_size is not None:
             raise InputError("laplace does not support mini-batches (batch_size must be None)")
         if problem.inducing is not None:
             raise InputError("laplace uses no inducing points (inducing / M must be None)")
-        if not hasattr(problem.likelihood, "log_prob_derivatives"):
+        if not isinstance(problem.likelihood, ScalarLikelihood):
             raise InputError(
                 f"laplace needs a likelihood with log_prob_derivatives; "
                 f"{type(problem.likelihood).__name__} has none"
@@ -88,7 +91,7 @@ class Laplace(Method):
             kernel=kernel, X=X,
         )
         hp = HyperParameters(kernel, optimize=problem.optimize)
-        run = _Run(problem, X, kernel, sites, callback, start)
+        run = _Run(problem, X, kernel, sites, callback)
         if problem.optimize and hp.size > 0:
             n_iter, info = self._optimize(run, hp)
         else:
@@ -118,10 +121,11 @@ class Laplace(Method):
         while it < limit and not sites.converged:
             it += 1
             change = sites.update()
-            run.report(
+            if run.report(
                 it, sites.log_evidence(), sites.algebra, sites.alpha, run.kernel,
                 {"psi": sites.psi, "delta_psi": change, "step_size": sites.last_step_size},
-            )
+            ):
+                break
         if not sites.converged:
             warnings.warn(
                 f"laplace: Newton did not converge in {limit} steps "
@@ -160,12 +164,11 @@ class Laplace(Method):
         def on_iteration(it: int, x: Array, value: float) -> bool:
             if last["theta"] is None or not np.array_equal(x, last["theta"]):
                 value = fun(x)[0]  # the accepted point was not the last one evaluated
-            run.report(
+            return run.report(
                 it, value, sites.algebra, sites.alpha, kernel,
                 {"newton_steps": float(last["steps"]), "grad_norm": last["grad_norm"],
                  "psi": sites.psi},
             )
-            return False
 
         result = optimizer.maximize(fun, hp.pack(), int(run.problem.max_iter), on_iteration)
         if not result.success:
@@ -190,24 +193,16 @@ class Laplace(Method):
 
 
 class _Run:
-    """Book-keeping of one ``fit``: the problem, the live objects, history and callback."""
+    """Book-keeping of one ``fit``: the problem, the live objects and the core reporter."""
 
-    def __init__(
-        self,
-        problem: Problem,
-        X: Array,
-        kernel: Kernel,
-        sites: LaplaceSites,
-        callback: FitCallback | None,
-        start: float,
-    ):
+    def __init__(self, problem: Problem, X: Array, kernel: Kernel, sites: LaplaceSites,
+                 callback: FitCallback | None):
         self.problem = problem
         self.X = X
         self.kernel = kernel
         self.sites = sites
-        self.callback = callback
-        self.start = start
-        self.history: list[dict[str, float]] = []
+        self.reporter = IterationReporter(callback, "laplace")
+        self.history = self.reporter.history
 
     def report(
         self,
@@ -217,18 +212,11 @@ class _Run:
         alpha: Array,
         kernel: Kernel,
         extra: dict[str, float],
-    ) -> None:
-        """Record one iteration and call the fit callback (posterior built only on demand)."""
-        elapsed = time.perf_counter() - self.start
-        extra = {k: float(v) for k, v in extra.items()}
-        self.history.append({"objective": float(objective), "elapsed": elapsed, **extra})
-        if self.callback is None:
-            return
+    ) -> bool:
+        """Record one iteration and call the fit callback (posterior built only on demand);
+        True when the callback asked training to stop."""
         posterior = _snapshot(self.problem, self.X, kernel.copy(), algebra, alpha.copy())
-        self.callback(
-            IterationInfo(iteration=iteration, objective=float(objective), elapsed=elapsed,
-                          posterior=posterior, extra=extra)
-        )
+        return self.reporter.report(iteration, objective, posterior, extra)
 
 
 def _snapshot(

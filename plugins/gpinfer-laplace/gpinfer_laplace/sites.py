@@ -17,8 +17,9 @@ from __future__ import annotations
 import numpy as np
 
 from gpinfer.errors import InputError, NumericalError
-from gpinfer.interfaces import Array, Likelihood, SiteApproximation
+from gpinfer.interfaces import Array
 from gpinfer.kernels.base import Kernel
+from gpinfer.likelihoods.base import ScalarLikelihood
 from gpinfer.posterior import DenseSitePosterior
 from gpinfer.sites import DiagonalSiteAlgebra
 
@@ -30,7 +31,7 @@ MAX_HALVINGS = 40
 PSI_ROUNDOFF = 1e-11
 
 
-class LaplaceSites(SiteApproximation):
+class LaplaceSites:
     """Mode ``f_hat = K alpha`` and curvatures ``w = -d2 log p(y | f_hat)`` of the posterior.
 
     * ``K [N, N]``: prior covariance; ``y [N]``: labels as the likelihood takes them (0/1);
@@ -47,7 +48,7 @@ class LaplaceSites(SiteApproximation):
         self,
         K: Array,
         y: Array,
-        likelihood: Likelihood,
+        likelihood: ScalarLikelihood,
         *,
         tol: float = 1e-9,
         max_newton: int = 100,

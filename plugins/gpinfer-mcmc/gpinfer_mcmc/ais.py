@@ -197,14 +197,16 @@ def effective_sample_size(chains: Array) -> Array:
 
 
 #: §3.5-3.6 limits for a trustworthy gold standard
-GOLD_LIMITS = {"sd_log_z_runs": 0.2, "acceptance": (0.5, 0.95), "rhat": 1.01, "ess": 400.0}
+GOLD_LIMITS: dict[str, float] = {"sd_log_z_runs": 0.2, "rhat": 1.01, "ess": 400.0}
+#: the acceptance rate per block of a trustworthy run (§3.6 criterion 4)
+GOLD_ACCEPTANCE: tuple[float, float] = (0.5, 0.95)
 
 
 def gold_checks(log_z_runs: Array, weight_ess: float, acceptance: Array, rhat: float,
                 ess: float) -> dict[str, bool]:
     """The single-run §3.6 criteria (1: run spread and weight ESS, 4: acceptance per block in
     ``[0.5, 0.95]``) and the §3.5 sampling requirements (``R-hat < 1.01``, ``ESS >= 400``)."""
-    lo, hi = GOLD_LIMITS["acceptance"]
+    lo, hi = GOLD_ACCEPTANCE
     R = len(log_z_runs)
     return {
         "sd_log_z_runs": bool(R > 1 and np.std(log_z_runs, ddof=1) <= GOLD_LIMITS["sd_log_z_runs"]),

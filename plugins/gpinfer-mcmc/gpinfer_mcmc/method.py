@@ -14,7 +14,6 @@ latent coordinates) and ESS (min over them) of the posterior chains (one per AIS
 
 from __future__ import annotations
 
-import time
 import warnings
 from typing import Any, ClassVar
 
@@ -32,11 +31,15 @@ from gpinfer.interfaces import (
     Problem,
 )
 from gpinfer.kernels.base import Kernel
+from gpinfer.likelihoods.base import ScalarLikelihood
 from gpinfer.numerics.cholesky import chol_solve, jittered_cholesky
+from gpinfer.options import Option, choice, integer, real
 from gpinfer.posterior import Posterior
-from gpinfer.sites.driver import DenseBinaryMethod, binary_labels
+from gpinfer.reporting import IterationReporter
+from gpinfer.sites.driver import DenseBinaryMethod, DenseSolution, binary_labels
 from gpinfer.sites.ep import EPSites
 from gpinfer_mcmc.ais import (
+    AISResult,
     GaussianStart,
     LogLik,
     effective_sample_size,
@@ -57,14 +60,14 @@ BUDGETS: dict[str, dict[str, int]] = {
 
 def bernoulli_loglik(likelihood: Likelihood, y: Array) -> LogLik:
     """``log p(y|F) [R]`` and its gradient ``[N, R]`` for ``F [N, R]`` (``y`` 0/1)."""
-    sign = (2.0 * y - 1.0)[:, None]
-    link = getattr(likelihood, "link", None)
-    if link is None:
-        raise InputError(f"mcmc-ais needs a Bernoulli likelihood, got {type(likelihood).__name__}")
+    if not (isinstance(likelihood, ScalarLikelihood) and likelihood.n_classes == 2):
+        raise InputError(f"mcmc-ais needs a binary likelihood with pointwise derivatives "
+                         f"(log_prob_derivatives), got {type(likelihood).__name__}")
+    evaluate = likelihood.log_prob_evaluator(y, 1)
 
     def loglik(F: Array) -> tuple[Array, Array]:
-        psi, dpsi = link.derivatives(sign * F, 1)
-        return np.sum(psi, axis=0), sign * dpsi
+        psi, dpsi = evaluate(F)
+        return np.sum(psi, axis=0), dpsi
 
     return loglik
 
@@ -130,32 +133,38 @@ class MCMCAIS(DenseBinaryMethod):
 
     #: reported objectives are partial AIS estimates, not iterates of one maximisation
     restore_best_iterate: ClassVar[bool] = False
+    #: AIS has no gradient: optimize defaults to False (and True is refused)
+    optimize_by_default: ClassVar[bool] = False
 
     name: ClassVar[str] = "mcmc-ais"
-    default_options: ClassVar[dict[str, Any]] = {
-        "budget": "full", "T": None, "R": None, "n_samples": None, "pilot_T": None,
-        "predict_samples": None,
-        "start": "ep", "n_leapfrog": 20, "n_blocks": 40, "min_acceptance": 0.5,
-        "step_size": None,
+    option_spec: ClassVar[dict[str, Option]] = {
+        "budget": choice("full", tuple(BUDGETS), doc="preset of T, R, n_samples, pilot_T"),
+        "T": integer(None, "[1, inf)", none=True, doc="AIS temperatures (None: budget)"),
+        "R": integer(None, "[1, inf)", none=True, doc="AIS runs (None: budget)"),
+        "n_samples": integer(None, "[1, inf)", none=True, doc="posterior draws (None: budget)"),
+        "pilot_T": integer(None, "[1, inf)", none=True, doc="pilot run length (None: budget)"),
+        "predict_samples": integer(None, "[1, inf)", none=True,
+                                   doc="most draws used by predictions (None: budget)"),
+        "start": choice("ep", ("ep", "prior"), doc="where the chains start"),
+        "n_leapfrog": integer(20, "[1, inf)", doc="leapfrog steps per HMC proposal"),
+        "n_blocks": integer(40, "[1, inf)", doc="blocks of the AIS schedule"),
+        "min_acceptance": real(0.5, "[0, 1]", doc="block acceptance below this is a warning"),
+        "step_size": real(None, "(0, inf)", none=True, doc="None: adapted by the pilot run"),
     }
 
-    def solve(self, K, y, likelihood, warm):  # pragma: no cover - fit is overridden
+    def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any  # pragma: no cover
+              ) -> DenseSolution:  # fit is overridden
         raise NotImplementedError("mcmc-ais runs through fit(); AIS has no gradient")
 
     def _settings(self) -> dict[str, int]:
-        budget = self.options["budget"]
-        if budget not in BUDGETS:
-            raise InputError(f"mcmc-ais: unknown budget {budget!r}; known: {sorted(BUDGETS)}")
-        out = dict(BUDGETS[budget])
+        out = dict(BUDGETS[self.options["budget"]])  # the values are checked by option_spec
         for key in out:
             if self.options[key] is not None:
                 out[key] = int(self.options[key])
-        if out["T"] < 1 or out["R"] < 1:
-            raise InputError("mcmc-ais: T and R must be positive")
         return out
 
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
-        t0 = time.perf_counter()
+        reporter = IterationReporter(callback, self.name)  # the shared clock and history
         y = binary_labels(problem, self.name)
         self.check_problem(problem)
         kernel = problem.kernel.copy()
@@ -170,13 +179,16 @@ class MCMCAIS(DenseBinaryMethod):
                           stacklevel=2)
         loglik = bernoulli_loglik(problem.likelihood, y)
         start = self._start(K, L_K, y, problem.likelihood)
-        history: list[dict[str, float]] = []
+        history = reporter.history
+        # max_iter bounds the reported iterations (AIS blocks, reported every `stride`), never
+        # the sampling itself: a truncated temperature schedule would bias log Z
+        n_blocks = int(self.options["n_blocks"])
+        stride = -(-n_blocks // max(problem.max_iter - 1, 1))  # ceil
 
         def progress(block: int, partial: float) -> None:
-            elapsed = time.perf_counter() - t0
-            history.append({"objective": partial, "elapsed": elapsed})
-            if callback is not None:
-                callback(IterationInfo(iteration=block, objective=partial, elapsed=elapsed))
+            if block % stride and block != n_blocks:
+                return
+            reporter.report(len(history) + 1, partial, None)
 
         o = self.options
         if o["step_size"] is None:
@@ -198,9 +210,9 @@ class MCMCAIS(DenseBinaryMethod):
         diag.update(log_evidence_se=res.se, jitter=jitter)
         if history:
             history[-1].update(diag)
-        if callback is not None:
+        if callback is not None:  # the final estimate, after the last reported block
             callback(IterationInfo(iteration=len(history) + 1, objective=res.log_z,
-                                   elapsed=time.perf_counter() - t0, extra=diag))
+                                   elapsed=reporter.elapsed(), extra=diag))
         state = {"log_evidence_se": np.array(res.se), "log_z_runs": res.log_z_runs,
                  "acceptance": res.acceptance, "posterior_acceptance": np.array(acc_post),
                  "step_sizes": res.step_sizes, "log_z_start": np.array(start.log_z0),
@@ -213,7 +225,8 @@ class MCMCAIS(DenseBinaryMethod):
                          history=history, state=state, log_evidence_se=float(res.se))
 
     @staticmethod
-    def _diagnostics(res, samples: Array, acc_post: float, min_acc: float) -> dict[str, float]:
+    def _diagnostics(res: AISResult, samples: Array, acc_post: float, min_acc: float
+                     ) -> dict[str, float]:
         """Acceptance, run spread, weight ESS, R-hat, ESS and the ``gold`` flag (§3.5-3.6)."""
         R = res.log_z_runs.shape[0]
         chains = samples.reshape(samples.shape[0], -1, R).transpose(0, 2, 1)  # [N, R, S]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from scipy.linalg import cho_solve
@@ -92,7 +93,8 @@ class DiagonalNoise(Noise):
         terms = np.where(pos, -(1.0 - a) / (2.0 * safe) * np.log1p(safe * x), -0.5 * x)
         return float(np.sum(terms))
 
-    def gradient_terms(self, A, Ad, Ud, r):
+    def gradient_terms(self, A: Array, Ad: Array, Ud: Array, r: Array
+                       ) -> tuple[Array, Array, Array | list[Array], float]:
         a, d = self.alpha, self.delta
         P = 0.5 * (r * r - 1.0 / d + np.einsum("ij,ij->j", Ad, Ud))
         R = a * P - 0.5 * (1.0 - a) / d
@@ -149,7 +151,8 @@ class BlockNoise(Noise):
                 total -= np.trace(self.H[j]) / (2.0 * self.s2)
         return float(total)
 
-    def gradient_terms(self, A, Ad, Ud, r):
+    def gradient_terms(self, A: Array, Ad: Array, Ud: Array, r: Array
+                       ) -> tuple[Array, Array, Array | list[Array], float]:
         M = A.shape[0]
         S, AR, dK, ds2 = np.zeros((M, M)), np.empty_like(A), [], 0.0
         for j, (idx, a) in enumerate(zip(self.blocks, self.alpha)):
@@ -217,6 +220,8 @@ def collapsed_pep(
     if blocks is None:
         noise: Noise = DiagonalNoise(geo.h, s2, alpha)
     else:
+        if Kbb is None:
+            raise InputError("collapsed PEP with blocks needs Kbb, the kernel block of each")
         noise = BlockNoise(blocks, Kbb, A, s2, alpha)
     Ad = noise.right_solve(A)
     B = np.eye(M) + noise.gram(A, Ad)
@@ -239,6 +244,8 @@ def collapsed_pep(
     dKuu = Li_T @ inner @ Li_T.T
     dKuu = 0.5 * (dKuu + dKuu.T)
     dKuf = tri_solve(L, np.outer(chat, r) - Ud - 2.0 * AR, transpose=True)
-    diag = dK if blocks is None else np.zeros(N)
+    # dK: the diagonal [N] for singleton blocks, one R_b per block otherwise (Noise.gradient_terms)
+    diag = cast(Array, dK) if blocks is None else np.zeros(N)
     grads = MatrixGradients(Kff_diag=diag, Kuu=dKuu, Kuf=dKuf, likelihood=np.array([s2 * ds2]))
-    return CollapsedResult(float(value), grads, None if blocks is None else dK, L, L_B, gamma)
+    block_grads = None if blocks is None else cast(list[Array], dK)
+    return CollapsedResult(float(value), grads, block_grads, L, L_B, gamma)

@@ -10,26 +10,34 @@ one Adam step on the batch energy, spec §2.10).
 
 from __future__ import annotations
 
-import time
 import warnings
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
-from scipy.cluster.vq import kmeans2
 
+from gpinfer.data.minibatch import MiniBatches
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.hyper import HyperParameters, parameter_gradient
+from gpinfer.inducing import initial_inducing
 from gpinfer.interfaces import (
     Array,
     FitCallback,
     FitResult,
-    IterationInfo,
     MatrixGradients,
     Method,
     Problem,
+    StochasticOptimizer,
+    ValueAndGrad,
 )
+from gpinfer.kernels.base import Kernel
+from gpinfer.kernels.initialisation import median_distance
+from gpinfer.likelihoods.gaussian import Gaussian
 from gpinfer.optim import make_optimizer
-from gpinfer.sites.power_tilted import QUADRATURES, check_alpha
+from gpinfer.options import Option, choice, custom, flag, integer, real
+from gpinfer.posterior import Posterior
+from gpinfer.reporting import IterationReporter
+from gpinfer.sites.power_tilted import QUADRATURES
 from gpinfer.sites.rank_one import (
     SCHEDULES,
     SITE_STEPS,
@@ -38,35 +46,18 @@ from gpinfer.sites.rank_one import (
     WhitenedInducingPosterior,
 )
 from gpinfer.validation import check_binary_labels
-from gpinfer_pep.collapsed import check_partition, collapsed_pep
+from gpinfer_pep.collapsed import CollapsedResult, check_partition, collapsed_pep
 
 #: box bounds on the unconstrained (log) parameters, to keep L-BFGS-B line searches sane
 _LOG_BOUNDS = (-14.0, 12.0)
 
 
-def initial_inducing(X: Array, inducing: int | Array | None, rng: np.random.Generator
-                     ) -> Array:
-    """``Z [M, D]``: given inputs, or k-means++ centres of ``X`` (``M = min(N, 50)`` if unset)."""
-    if isinstance(inducing, np.ndarray):
-        return inducing.copy()
-    M = min(X.shape[0], 50) if inducing is None else int(inducing)
-    if M >= X.shape[0]:
-        return X[:M].copy()
-    seed = int(rng.integers(2**31 - 1))
-    centres, _ = kmeans2(X, M, minit="++", seed=seed)
-    return centres
-
-
-def median_lengthscales(kernel, X: Array, rule: str, rng: np.random.Generator) -> None:
+def median_lengthscales(kernel: Kernel, X: Array, rule: str, rng: np.random.Generator) -> None:
     """Set every ``lengthscale*`` parameter to the median pairwise distance / 2 (``rule``
     ``"median"``; at most 1000 rows are used)."""
     if rule != "median":
         raise InputError(f"init_lengthscale must be null or 'median'; got {rule!r}")
-    rows = X if X.shape[0] <= 1000 else X[rng.choice(X.shape[0], 1000, replace=False)]
-    sq = np.sum(rows * rows, axis=1)
-    d2 = sq[:, None] + sq[None, :] - 2.0 * rows @ rows.T
-    dist = np.sqrt(np.maximum(d2[np.triu_indices(rows.shape[0], 1)], 0.0))
-    value = np.log(max(float(np.median(dist)) / 2.0, 1e-6)) if dist.size else 0.0
+    value = np.log(max(median_distance(X, rng) / 2.0, 1e-6)) if X.shape[0] > 1 else 0.0
     theta = kernel.get_unconstrained().copy()
     names = kernel.param_names
     idx = [i for i, n in enumerate(names) if n.split(".")[-1].startswith("lengthscale")]
@@ -109,54 +100,33 @@ class PowerEP(Method):
     uses_inducing_points: ClassVar[bool] = True
     supports_minibatch: ClassVar[bool] = True
     likelihoods: ClassVar[tuple[str, ...]] = ("probit", "logit", "gaussian")
-    default_options: ClassVar[dict[str, Any]] = {
-        "alpha": 0.5,
-        "blocks": None,
-        "schedule": "parallel",
-        "damping": 0.5,
-        "site_step": "power",
-        "n_sweeps": 10,
-        "max_sweeps": 500,
-        "tol": 1e-6,
-        "quadrature": "trapezoid",
-        "gh_degree": 20,
-        "jitter": 1e-8,
-        "learn_inducing": True,
-        "optimizer": None,
-        "learning_rate": 0.01,
-        "max_fun": 2000,
-        "epochs": None,
-        "init_lengthscale": None,
-        "converge_step": "full",
-        "stop_window": None,
-        "stop_tol": 0.1,
+    option_spec: ClassVar[dict[str, Option]] = {
+        "alpha": real(0.5, "[0, 1]", doc="the power (0: VFE, 1: FITC / EP)"),
+        "blocks": custom(None, "a list of index lists partitioning the training points",
+                         lambda v: isinstance(v, list | tuple), none=True,
+                         doc="regression only: PITC-like blocks"),
+        "schedule": choice("parallel", SCHEDULES),
+        "damping": real(0.5, "(0, 1]", doc="rho"),
+        "site_step": choice("power", SITE_STEPS),
+        "n_sweeps": integer(10, "[1, inf)", doc="PEP sweeps per mini-batch step"),
+        "max_sweeps": integer(500, "[1, inf)", doc="sweeps to convergence per evaluation"),
+        "tol": real(1e-6, "(0, inf)", doc="relative site-change tolerance"),
+        "quadrature": choice("trapezoid", QUADRATURES),
+        "gh_degree": integer(20, "[1, inf)"),
+        "jitter": real(1e-8, "[0, inf)", doc="times the mean diagonal of Kuu"),
+        "learn_inducing": flag(True),
+        "optimizer": choice(None, (None, "lbfgs", "adam", "adadelta"),
+                            doc="None: L-BFGS-B full batch, Adam with mini-batches"),
+        "learning_rate": real(0.01, "(0, inf)", doc="Adam"),
+        "max_fun": integer(2000, "[1, inf)", doc="L-BFGS-B function evaluations"),
+        "epochs": integer(None, "[1, inf)", none=True, doc="mini-batch passes over the data"),
+        "init_lengthscale": choice(None, (None, "median")),
+        "converge_step": choice("full", (None, *SITE_STEPS)),
+        "stop_window": integer(None, "[1, inf)", none=True),
+        "stop_tol": real(0.1, "[0, inf)", doc="nats over stop_window iterations"),
     }
     #: a fixed power for the aliases (``None``: the ``alpha`` option)
     fixed_alpha: ClassVar[float | None] = None
-
-    def __init__(self, **options: Any):
-        super().__init__(**options)
-        o = self.options
-        check_alpha(self.alpha)
-        if o["schedule"] not in SCHEDULES:
-            raise InputError(f"schedule must be one of {SCHEDULES}; got {o['schedule']!r}")
-        if o["site_step"] not in SITE_STEPS:
-            raise InputError(f"site_step must be one of {SITE_STEPS}; got {o['site_step']!r}")
-        if o["quadrature"] not in QUADRATURES:
-            raise InputError(f"quadrature must be one of {QUADRATURES}; got {o['quadrature']!r}")
-        if not 0.0 < float(o["damping"]) <= 1.0:
-            raise InputError(f"damping must lie in (0, 1]; got {o['damping']!r}")
-        for key in ("n_sweeps", "max_sweeps", "max_fun", "gh_degree"):
-            if int(o[key]) < 1:
-                raise InputError(f"{key} must be a positive int; got {o[key]!r}")
-        if o["converge_step"] is not None and o["converge_step"] not in SITE_STEPS:
-            raise InputError(f"converge_step must be None or one of {SITE_STEPS}; "
-                             f"got {o['converge_step']!r}")
-        if o["stop_window"] is not None and int(o["stop_window"]) < 1:
-            raise InputError(f"stop_window must be None or a positive int; "
-                             f"got {o['stop_window']!r}")
-        if not float(o["stop_tol"]) >= 0.0:
-            raise InputError(f"stop_tol must be >= 0; got {o['stop_tol']!r}")
 
     @property
     def alpha(self) -> float:
@@ -168,7 +138,10 @@ class PowerEP(Method):
         kernel = problem.kernel.copy()
         if self.options["init_lengthscale"] is not None:
             median_lengthscales(kernel, X, self.options["init_lengthscale"], problem.rng)
-        Z = initial_inducing(X, problem.inducing, problem.rng)
+        # k-means with scipy's default 10 Lloyd steps: the starting points of the Bui et al.
+        # protocols (benchmarks/pep_*) as they were measured
+        Z = initial_inducing(problem.inducing, X, problem.rng, init="kmeans", owner=self.name,
+                             kmeans_iterations=10)[0]
         lik = problem.likelihood
         if lik.task == "regression":
             y = np.asarray(problem.y, dtype=float)
@@ -185,8 +158,8 @@ class FITC(PowerEP):
     """Power EP at ``alpha = 1``: FITC for regression, sparse EP for classification."""
 
     name: ClassVar[str] = "fitc"
-    default_options: ClassVar[dict[str, Any]] = {
-        k: v for k, v in PowerEP.default_options.items() if k != "alpha"
+    option_spec: ClassVar[dict[str, Option]] = {
+        k: v for k, v in PowerEP.option_spec.items() if k != "alpha"
     }
     fixed_alpha: ClassVar[float | None] = 1.0
 
@@ -196,9 +169,9 @@ class VFE(PowerEP):
     the Hensman et al. (2015) ELBO with rank-one natural-parameter sites (full site steps)."""
 
     name: ClassVar[str] = "vfe"
-    default_options: ClassVar[dict[str, Any]] = {
-        **{k: v for k, v in PowerEP.default_options.items() if k != "alpha"},
-        "site_step": "full",
+    option_spec: ClassVar[dict[str, Option]] = {
+        **{k: v for k, v in PowerEP.option_spec.items() if k != "alpha"},
+        "site_step": choice("full", SITE_STEPS, doc="alpha = 0 always takes the full step"),
     }
     fixed_alpha: ClassVar[float | None] = 0.0
 
@@ -211,14 +184,15 @@ class VFE(PowerEP):
 class _Fit:
     """One ``fit``: hyper-parameters, history and the callback."""
 
-    def __init__(self, method: PowerEP, problem: Problem, X: Array, y: Array, kernel, Z: Array,
+    def __init__(self, method: PowerEP, problem: Problem, X: Array, y: Array, kernel: Kernel,
+                 Z: Array,
                  callback: FitCallback | None):
         self.method, self.problem, self.X, self.y = method, problem, X, y
         self.kernel, self.callback = kernel, callback
         self.opt = method.options
         self.lik = problem.likelihood
-        self.start = time.perf_counter()
-        self.history: list[dict[str, float]] = []
+        self.reporter = IterationReporter(callback, method.name)  # training-only clock
+        self.history = self.reporter.history
         self.hp = HyperParameters(kernel, self.lik, Z, optimize=problem.optimize,
                                   optimize_inducing=bool(self.opt["learn_inducing"]))
         #: energy evaluations and site sweeps so far, and at the last report
@@ -233,23 +207,28 @@ class _Fit:
 
     @property
     def Z(self) -> Array:
-        return self.hp.Z[0]
+        Z = self.hp.Z
+        if Z is None:
+            raise ValueError("pep's hyper-parameters hold no inducing inputs")
+        return Z[0]
 
-    def bounds(self):
+    def snapshot(self) -> Callable[[], Posterior]:
+        """A zero-argument callable building the posterior as it is now."""
+        raise NotImplementedError
+
+    def bounds(self) -> list[tuple[float | None, float | None]]:
         return self.hp.bounds(kernel=_LOG_BOUNDS, likelihood=_LOG_BOUNDS)
 
     def geometry(self, X: Array | None = None) -> InducingGeometry:
         return InducingGeometry.from_kernel(self.kernel, self.Z, self.X if X is None else X,
                                             float(self.opt["jitter"]))
 
-    def report(self, it: int, value: float, posterior, extra: dict[str, float]) -> None:
-        elapsed = time.perf_counter() - self.start
-        self.history.append({"objective": float(value), "elapsed": elapsed, **extra})
-        if self.callback is not None:
-            self.callback(IterationInfo(iteration=it, objective=float(value), elapsed=elapsed,
-                                        posterior=posterior, extra=extra))
+    def report(self, it: int, value: float, posterior: Callable[[], Posterior] | None,
+               extra: dict[str, float]) -> bool:
+        """Report iteration ``it``; True when the callback asked training to stop."""
+        return self.reporter.report(it, value, posterior, extra)
 
-    def maximize_lbfgs(self, fun) -> tuple[int, bool]:
+    def maximize_lbfgs(self, fun: ValueAndGrad) -> tuple[int, bool]:
         """L-BFGS-B over ``theta`` with the box bounds; returns (iterations, success)."""
         theta0 = self.hp.pack()
         if theta0.size == 0:
@@ -267,12 +246,13 @@ class _Fit:
                           RuntimeWarning, stacklevel=4)
         return res.n_iter, res.success
 
-    def on_iteration(self, fun):
+    def on_iteration(self, fun: ValueAndGrad) -> Callable[[int, Array, float], bool]:
         window = self.opt["stop_window"]
 
         def cb(it: int, x: Array, value: float) -> bool:
             self.hp.unpack(x)
-            self.report(it, value, self.snapshot(), self.work_since_report())
+            if self.report(it, value, self.snapshot(), self.work_since_report()):
+                return True
             return window is not None and plateaued(
                 [h["objective"] for h in self.history], int(window), float(self.opt["stop_tol"]))
         return cb
@@ -281,19 +261,28 @@ class _Fit:
 class _Regression(_Fit):
     """Collapsed regression: closed-form energy, gradients, posterior (spec §3)."""
 
+    @property
+    def noise(self) -> float:
+        """The Gaussian likelihood's noise variance."""
+        if not isinstance(self.lik, Gaussian):
+            raise InputError(f"pep regression needs the Gaussian likelihood; got "
+                             f"{type(self.lik).__name__}")
+        return self.lik.variance
+
     def fit(self) -> FitResult:
         n = self.X.shape[0]
         blocks = self.opt["blocks"]
         self.blocks = None if blocks is None else check_partition(blocks, n)
         a = self.method.alpha
         self.alpha = np.full(n if self.blocks is None else len(self.blocks), a)
-        self.last = None
+        self.last: CollapsedResult | None = None
         n_iter, success = self.maximize_lbfgs(self.evaluate)
         res = self.last
+        assert res is not None  # maximize_lbfgs evaluates at least once
         return FitResult(
             posterior=self.snapshot()(), log_evidence=res.value, kernel=self.kernel,
             n_iter=n_iter, history=self.history,
-            state={"Z": self.Z.copy(), "gamma": res.gamma, "noise": np.array(self.lik.variance),
+            state={"Z": self.Z.copy(), "gamma": res.gamma, "noise": np.array(self.noise),
                    "alpha": np.array(a), "optimizer_success": np.array(success)},
         )
 
@@ -302,15 +291,17 @@ class _Regression(_Fit):
         self.hp.unpack(theta)
         geo = self.geometry()
         Kbb = None if self.blocks is None else [self.kernel.K(self.X[b]) for b in self.blocks]
-        res = collapsed_pep(geo, self.y, self.lik.variance, self.alpha, self.blocks, Kbb)
+        res = collapsed_pep(geo, self.y, self.noise, self.alpha, self.blocks, Kbb)
         self.last = res
         grad = parameter_gradient(self.hp, self.X, res.grads)
         for b, R in zip(self.blocks or [], res.block_grads or []):
             grad += parameter_gradient(self.hp, self.X[b], MatrixGradients(Kff=R))
         return res.value, grad
 
-    def snapshot(self):
+    def snapshot(self) -> Callable[[], Posterior]:
         res, kernel, Z, lik = self.last, self.kernel.copy(), self.Z.copy(), self.lik
+        if res is None:
+            raise RuntimeError("pep regression: no energy evaluated yet")
         return lambda: WhitenedInducingPosterior(lik, kernel, Z, res.L, res.L_B, res.gamma)
 
 
@@ -343,9 +334,9 @@ class _Classification(_Fit):
                    "skipped_updates": np.array(self.sites.skipped)},
         )
 
-    def snapshot(self):
+    def snapshot(self) -> Callable[[], Posterior]:
         post = WhitenedInducingPosterior(self.lik, self.kernel.copy(), self.Z.copy(),
-                                         self.sites.geo.L, self.sites.L_B,
+                                         self.sites.geometry.L, self.sites.L_B,
                                          self.sites.gamma.copy())
         return lambda: post
 
@@ -391,21 +382,21 @@ class _Classification(_Fit):
         name = str(o["optimizer"] or "adam").lower()
         name = "adam" if name.startswith("lbfgs") or name == "l-bfgs-b" else name  # no batches
         adam = make_optimizer(name, learning_rate=float(o["learning_rate"]))
+        if not isinstance(adam, StochasticOptimizer):
+            raise InputError(f"{self.method.name}: mini-batches need a stochastic optimiser "
+                             f"(adam, adadelta), not {name!r}")
         theta = self.hp.pack()
         adam.reset(theta)
-        lo, hi = np.array(self.bounds(), dtype=float).T if theta.size else (None, None)
-        order, pos, rng = np.arange(0), 0, self.problem.rng
-        for it in range(1, n_steps + 1):
-            if pos >= order.size:
-                order, pos = rng.permutation(n), 0
-            batch = order[pos:pos + batch_size]
-            pos += batch_size
+        box = np.array(self.bounds(), dtype=float).T if theta.size else np.zeros((2, 0))
+        lo, hi = np.nan_to_num(box[0], nan=-np.inf), np.nan_to_num(box[1], nan=np.inf)
+        batches = MiniBatches(n, batch_size, self.problem.rng).epochs(None)
+        for it, batch in zip(range(1, n_steps + 1), batches):
             value, grad = self.step(batch)
             if theta.size:
-                theta = np.clip(adam.step(theta, grad), np.nan_to_num(lo, nan=-np.inf),
-                                np.nan_to_num(hi, nan=np.inf))
+                theta = np.clip(adam.step(theta, grad), lo, hi)
                 self.hp.unpack(theta)
-            self.report(it, value, self.snapshot(), {"batch_energy": value})
+            if self.report(it, value, self.snapshot(), {"batch_energy": value}):
+                return it
         return n_steps
 
     def step(self, batch: Array) -> tuple[float, Array]:

@@ -4,8 +4,10 @@ jj-taylor-svi §3, ep-sep-multiclass §3.2).
 Maximises the uncollapsed ELBO over ``theta`` (kernel log-parameters, optionally inducing
 inputs), ``mu [L, M]`` and the Cholesky factors ``Lq [L, M, M]`` of ``q(u_l)``, one latent per
 class for multi-class likelihoods (robust-max, softmax), one for Bernoulli logit/probit.
-Binary expectations by ``n_quadrature``-node Gauss-Hermite; robust-max by the fast 1-D trapezoid
-of ``gpinfer_svi.robustmax`` (default) or the likelihood's rule; softmax by the likelihood.
+The expected log-likelihood is the likelihood's own ``variational_expectations``, its rule set by
+the likelihood's ``expectation`` option (Bernoulli: 100-node Gauss-Hermite; robust-max: the fast
+1-D trapezoid; softmax: product Gauss-Hermite or Monte Carlo); any classification likelihood
+works, a third party's included.
 
 Mini-batches (``problem.batch_size``) are reshuffled every epoch and scaled by ``N/|b|``
 (actual size of the last batch); ``None`` means full batch. Optimisers: AdaDelta (climin form,
@@ -16,6 +18,7 @@ steps (default: a tenth of an epoch); its objective is the mean mini-batch ELBO 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -23,55 +26,84 @@ import numpy as np
 from gpinfer.data.minibatch import MiniBatches
 from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters, parameter_gradient
-from gpinfer.inducing import FixedInputCovariances, inducing_inputs
-from gpinfer.interfaces import Array, FitCallback, FitResult, Method, Problem
-from gpinfer.kernels.initialisation import prepare_kernel
+from gpinfer.inducing import DEFAULT_M, INDUCING_INITS, FixedInputCovariances, initial_inducing
+from gpinfer.interfaces import (
+    Array,
+    FitCallback,
+    FitResult,
+    Likelihood,
+    Method,
+    Problem,
+    StochasticOptimizer,
+)
+from gpinfer.kernels.initialisation import LENGTHSCALE_INITS, prepare_kernel
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.optim import LBFGSB, make_optimizer
 from gpinfer.optim.lbfgs import check_finite
+from gpinfer.options import Option, bounds, choice, flag, integer, mapping, real
 from gpinfer.posterior import InducingPosterior
 from gpinfer.reporting import IterationReporter, binary_signs
 from gpinfer.sites.variational import (
-    SVI_GAUSS_HERMITE_POINTS,
     ELBOEstimate,
-    binary_expectation,
+    ExpectationFn,
     likelihood_expectation,
-    logistic_expectation,
     natural_gradient_step,
-    robustmax_expectation,
-    softmax_expectation,
     uncollapsed_elbo,
 )
-from gpinfer_svi.robustmax import robustmax_trapezoid_expectation
 
 #: objective scales (spec §3.4): the authors' "batch" scale, per datum, or the full ELBO
 SCALES = ("batch", "per_datum", "full")
-#: robust-max expectation rules: the fast absolute-accuracy trapezoid (``gpinfer_svi.robustmax``)
-#: or the likelihood's log-space rule (``RobustMax.expected_log_prob``, slower, tail-accurate)
-ROBUSTMAX_RULES = ("trapezoid", "likelihood")
+#: svi's robust-max rules before the likelihood owned them -> ``RobustMax(expectation=...)``
+ROBUSTMAX_RULES = {"trapezoid": "trapezoid", "likelihood": "log_space"}
+#: deprecated svi options (one release): the likelihood's ``expectation`` settings now
+LEGACY_EXPECTATION_OPTIONS = ("n_quadrature", "robustmax_rule", "robustmax_nodes",
+                              "softmax_samples")
 #: inducing-input initialisations: K-means centres shared by all latents (spec jj-taylor-svi), or
 #: M distinct training inputs drawn independently per latent (spec ep-sep §2.11, Table 2)
-INDUCING_INITS = ("kmeans", "random")
 #: initial q(u): Sigma = I (the paper's svi), or the prior Sigma = Kuu (spec ep-sep §2.11)
 INITS_Q = ("identity", "prior")
+def legacy_expectation(likelihood: Likelihood, options: Mapping[str, Any]) -> Likelihood:
+    """``likelihood`` with the expectation rule of svi's deprecated options (a copy; itself when
+    none is set). Each option applies to the likelihoods that offer its rule and is ignored by
+    the others (``n_quadrature`` the binary ones, the robust-max and softmax options theirs)."""
+    legacy = {k: options.get(k) for k in LEGACY_EXPECTATION_OPTIONS
+              if options.get(k) is not None}
+    if not legacy:
+        return likelihood
+    warnings.warn(
+        f"svi options {sorted(legacy)} are deprecated: the likelihood owns its expectation rule "
+        "(e.g. RobustMax(expectation='log_space'), Softmax(expectation='monte_carlo', "
+        "mc_samples=32), BernoulliLogit(quadrature_points=100))",
+        DeprecationWarning, stacklevel=4)
+    rules = likelihood.expectation_rules
+    rule = legacy.get("robustmax_rule")
+    if rule is not None and rule not in ROBUSTMAX_RULES:
+        raise InputError(f"svi: robustmax_rule must be one of {list(ROBUSTMAX_RULES)}, got "
+                         f"{rule!r}")
+    if likelihood.multiclass and "trapezoid" in rules:  # the robust-max family
+        if legacy.get("robustmax_nodes"):
+            return likelihood.with_expectation("gauss_hermite",
+                                               quadrature_points=legacy["robustmax_nodes"])
+        if rule is not None:
+            return likelihood.with_expectation(ROBUSTMAX_RULES[rule])
+    if legacy.get("softmax_samples") and "monte_carlo" in rules:
+        return likelihood.with_expectation("monte_carlo", mc_samples=legacy["softmax_samples"])
+    if (legacy.get("n_quadrature") is not None and not likelihood.multiclass
+            and "quadrature_points" in likelihood.expectation_settings):
+        return likelihood.with_expectation(quadrature_points=legacy["n_quadrature"])
+    return likelihood
+
+
 class VariationalState:
     """Packs ``(theta, mu, Lq)`` into one vector and evaluates the ELBO on a batch."""
 
-    def __init__(self, X: Array, y: Array, likelihood, hp: HyperParameters, n_latent: int,
-                 M: int, n_quadrature: int, robustmax_nodes: int | None = None,
-                 softmax_samples: int | None = None, rng: np.random.Generator | None = None,
-                 robustmax_rule: str = "trapezoid"):
-        self.X, self.y, self.likelihood, self.hp = X, y, likelihood, hp
-        if robustmax_rule not in ROBUSTMAX_RULES:
-            raise InputError(f"svi: robustmax_rule must be one of {ROBUSTMAX_RULES}, got "
-                             f"{robustmax_rule!r}")
-        self.robustmax_rule = robustmax_rule
+    def __init__(self, X: Array, y: Array, likelihood: Likelihood, hp: HyperParameters,
+                 n_latent: int, M: int, rng: np.random.Generator | None = None):
+        """``X [N, D]``, class indices ``y [N]``, ``n_latent`` latents with ``M`` inducing
+        inputs each; ``rng`` feeds Monte-Carlo expectation rules of the likelihood."""
+        self.X, self.y, self.likelihood, self.hp = X, np.asarray(y, dtype=np.int64), likelihood, hp
         self.L, self.M = n_latent, M
         self.tril = np.tril_indices(M)
-        self.n_quadrature = n_quadrature
-        self.signs = None if likelihood.multiclass else 2.0 * y - 1.0
-        self.robustmax_nodes = robustmax_nodes
-        self.softmax_samples = softmax_samples
         self.rng = rng if rng is not None else np.random.default_rng(0)
         # fixed Z, only kernel parameters learned: cached distances and fused kernel VJPs
         names = hp.names
@@ -80,14 +112,22 @@ class VariationalState:
                       and len({id(k) for k in hp.kernels}) == self.L)
         self._covs: list[FixedInputCovariances] = []
         if self._fast:
-            for k, Z in zip(hp.kernels, hp.Z):
-                first = (self._covs or [None])[0]
+            for k, Z in zip(hp.kernels, self.Zs):
+                first = self._covs[0] if self._covs else None
                 share = first if first is not None and first.Z.shape == Z.shape and \
                     np.array_equal(first.Z, Z) else None  # distances reused only for the same Z
                 self._covs.append(FixedInputCovariances(k, Z, X, share=share))
             prefix = ["kernel"] if self.L == 1 else [f"kernel[{l}]" for l in range(self.L)]
             full = [f"{p}.{q}" for p, k in zip(prefix, hp.kernels) for q in k.param_names]
             self._theta_index = np.array([full.index(n) for n in names], dtype=np.int64)
+
+    @property
+    def Zs(self) -> list[Array]:
+        """The inducing inputs, one ``[M, D]`` per latent (``hp.Z``; always set for svi)."""
+        Z = self.hp.Z
+        if Z is None:
+            raise ValueError("svi's hyper-parameters hold no inducing inputs")
+        return Z
 
     def pack(self, mu: Array, Lq: Array) -> Array:
         return np.concatenate([self.hp.pack(), mu.ravel(), Lq[:, self.tril[0], self.tril[1]]
@@ -113,7 +153,7 @@ class VariationalState:
         n = self.X.shape[0]
         Xb = self.X if batch is None else self.X[batch]
         scale = n / Xb.shape[0]
-        kernels, Zs = self.hp.kernels, self.hp.Z
+        kernels, Zs = self.hp.kernels, self.Zs
         if self._fast:
             mats = [c.matrices(batch) for c in self._covs]
             Kuu, Kub = [m[0] for m in mats], [m[1] for m in mats]
@@ -136,28 +176,19 @@ class VariationalState:
     def natural_step(self, x: Array, est: ELBOEstimate, step: float) -> Array:
         """``x`` with every ``q(u_l)`` moved by one natural-gradient step (theta unchanged)."""
         mu, Lq = self.unpack(x)
+        if est.dSigma is None:
+            raise ValueError("natural_step needs an ELBOEstimate with dSigma")
         for l in range(self.L):
             mu[l], Lq[l] = natural_gradient_step(mu[l], Lq[l], est.dmu[l], est.dSigma[l], step)
         return self.pack(mu, Lq)
 
-    def _expectation(self, batch: Array | None):
-        """The per-point expected log-likelihood on ``batch`` (``None``: all points)."""
-        if self.signs is None:
-            y = self.y if batch is None else self.y[batch]
-            if getattr(self.likelihood, "name", "") == "robustmax":
-                if self.robustmax_nodes:
-                    return robustmax_expectation(self.likelihood.epsilon, y, self.robustmax_nodes)
-                if self.robustmax_rule == "trapezoid":
-                    return robustmax_trapezoid_expectation(self.likelihood.epsilon, y)
-            if self.softmax_samples and getattr(self.likelihood, "name", "") == "softmax":
-                return softmax_expectation(y, self.softmax_samples, self.rng)
-            return likelihood_expectation(self.likelihood, y)
-        s = self.signs if batch is None else self.signs[batch]
-        if getattr(self.likelihood, "name", "") == "logit":
-            return logistic_expectation(s, self.n_quadrature)
-        return binary_expectation(self.likelihood.link, s, self.n_quadrature)
+    def _expectation(self, batch: Array | None) -> ExpectationFn:
+        """The per-point expected log-likelihood on ``batch`` (``None``: all points): the
+        likelihood's ``variational_expectations``."""
+        y = self.y if batch is None else self.y[batch]
+        return likelihood_expectation(self.likelihood, y, self.rng)
 
-    def snapshot(self, x: Array):
+    def snapshot(self, x: Array) -> Callable[[], InducingPosterior]:
         """A zero-argument callable building the posterior at a copy of ``x``."""
         x = np.array(x, dtype=float)
         return lambda: self.posterior(x)
@@ -166,7 +197,7 @@ class VariationalState:
         saved = self.hp.pack()
         mu, Lq = self.unpack(x)
         post = InducingPosterior(self.likelihood, [k.copy() for k in self.hp.kernels],
-                                 [z.copy() for z in self.hp.Z], list(mu),
+                                 [z.copy() for z in self.Zs], list(mu),
                                  [lq @ lq.T for lq in Lq])
         self.hp.unpack(saved)
         return post
@@ -175,26 +206,30 @@ class VariationalState:
 class SVI(Method):
     """Stochastic variational GP classification (binary and multi-class).
 
-    Options: ``optimizer`` (``adadelta``, ``adam``, ``lbfgs``), ``optimizer_options``,
-    ``n_quadrature`` (binary Gauss-Hermite nodes), ``robustmax_rule`` (``"trapezoid"``, the
-    default: the fast absolute-accuracy rule of ``gpinfer_svi.robustmax``; ``"likelihood"``: the
-    likelihood's log-space adaptive rule, ~7x slower at ``C = 10``), ``robustmax_nodes``
-    (``None``, or an integer: Gauss-Hermite in ``f_y`` with that many nodes, inaccurate for many
-    classes or unequal variances; overrides ``robustmax_rule``), ``softmax_samples`` (``None``:
-    the likelihood's product Gauss-Hermite rule; an integer: unbiased Monte-Carlo
-    ``softmax_expectation`` with that many draws per point), ``natural_gradient`` (``None``, or a
+    The expectation rule belongs to the likelihood (``expectation`` and its settings, e.g.
+    ``RobustMax(expectation="log_space")``, ``Softmax(expectation="monte_carlo",
+    mc_samples=32)``, ``BernoulliLogit(quadrature_points=100)``). Deprecated (one release, with a
+    ``DeprecationWarning``; ``None`` leaves the likelihood's rule): ``n_quadrature`` (Bernoulli
+    ``quadrature_points``), ``robustmax_rule`` (``"trapezoid"`` or ``"likelihood"``, the
+    robust-max ``"log_space"`` rule), ``robustmax_nodes`` (robust-max ``"gauss_hermite"`` with
+    that many nodes), ``softmax_samples`` (softmax ``"monte_carlo"`` with that many draws).
+
+    Options: ``optimizer`` (``None``: ``lbfgs`` for full batches, ``adadelta`` for mini-batches;
+    or ``adadelta``, ``adam``, ``lbfgs``), ``optimizer_options``,
+    ``natural_gradient`` (``None``, or a
     step size in ``(0, 1]``: ``q(u)`` then moves by natural-gradient steps on the unbiased ELBO
     estimate and the optimiser moves only ``theta``; step 1 is exact for conjugate problems),
     ``scale`` (``batch``, ``per_datum``, ``full``), ``learn_inducing``, ``report_every`` (steps
     per reported iteration), ``time_budget_s``, ``default_M``.
 
-    Model set-up options (defaults: the svi paper's; the Table-2 VI baseline of spec ep-sep
-    §3.2/§2.11 uses the alternatives): ``inducing_init`` (``"kmeans"``: K-means centres shared
+    Model set-up options: ``inducing_init`` (``"kmeans"``: K-means centres shared
     by all latents; ``"random"``: ``M`` distinct training inputs drawn independently per latent
-    from the problem's generator, the same draws as ep/sep/gfitc), ``init_q`` (``"identity"``:
-    ``Sigma = I``; ``"prior"``: ``Sigma = Kuu``), ``noise`` (``None``, or a white-noise variance
-    added to the kernel when it has none), ``lengthscale_init`` (``"kernel"`` or ``"median"``:
-    squared length-scale = median pairwise distance), ``hyper_bounds`` (``None`` or
+    from the problem's generator, the same draws as ep/sep/gfitc), ``init_q`` (``"prior"``, the
+    default: ``Sigma = Kuu``; ``"identity"``: ``Sigma = I``, the svi paper's, whose KL term is
+    huge when ``Kuu`` is ill-conditioned, so that small problems under-train), ``noise`` (a
+    white-noise variance added to the kernel when it has none, default ``1e-2``, which keeps
+    ``Kuu`` well-conditioned; ``None``: none, the paper's), ``lengthscale_init`` (``"kernel"``
+    or ``"median"``: squared length-scale = median pairwise distance), ``hyper_bounds`` (``None`` or
     ``(low, high)``: L-BFGS-B box on the log kernel parameters; ``q(u)`` and ``Z`` unbounded).
     """
 
@@ -207,37 +242,39 @@ class SVI(Method):
     uses_inducing_points: ClassVar[bool] = True
     supports_minibatch: ClassVar[bool] = True
     likelihoods: ClassVar[tuple[str, ...]] = ("logit", "probit", "robustmax", "softmax")
-    default_options: ClassVar[dict[str, Any]] = {
-        "optimizer": "adadelta",
-        "optimizer_options": None,
-        "n_quadrature": SVI_GAUSS_HERMITE_POINTS,
-        "robustmax_nodes": None,
-        "robustmax_rule": "trapezoid",
-        "natural_gradient": None,
-        "softmax_samples": None,
-        "scale": "batch",
-        "learn_inducing": False,
-        "report_every": None,
-        "time_budget_s": None,
-        "default_M": 100,
-        "inducing_init": "kmeans",
-        "init_q": "identity",
-        "noise": None,
-        "lengthscale_init": "median",
-        "hyper_bounds": None,
+    #: any classification likelihood: the ELBO needs only ``variational_expectations``
+    likelihood_requirements: ClassVar[frozenset[str] | None] = frozenset()
+    option_spec: ClassVar[dict[str, Option]] = {
+        "optimizer": choice(None, (None, "adadelta", "adam", "lbfgs"),
+                            doc="None: lbfgs for full batches, adadelta for mini-batches"),
+        "optimizer_options": mapping(doc="keyword options of the optimiser"),
+        "n_quadrature": integer(None, "[1, inf)", none=True, doc="deprecated"),
+        "robustmax_nodes": integer(None, "[1, inf)", none=True, doc="deprecated"),
+        "robustmax_rule": choice(None, (None, *ROBUSTMAX_RULES), doc="deprecated"),
+        "natural_gradient": real(None, "(0, 1]", none=True, doc="natural-gradient step on q(u)"),
+        "softmax_samples": integer(None, "[1, inf)", none=True, doc="deprecated"),
+        "scale": choice("batch", SCALES),
+        "learn_inducing": flag(False),
+        "report_every": integer(None, "[1, inf)", none=True, doc="steps per iteration"),
+        "time_budget_s": real(None, "(0, inf)", none=True),
+        "default_M": integer(DEFAULT_M, "[1, inf)", doc="M when the run leaves it null"),
+        "inducing_init": choice("kmeans", INDUCING_INITS),
+        "init_q": choice("prior", INITS_Q, doc="q(u) starts at the prior (identity: Sigma = I)"),
+        "noise": real(1e-2, "(0, inf)", none=True, doc="white noise added to the kernel"),
+        "lengthscale_init": choice("median", LENGTHSCALE_INITS),
+        "hyper_bounds": bounds(None, none=True, doc="L-BFGS-B box on the log kernel parameters"),
     }
 
     def _setup(self, problem: Problem) -> tuple[VariationalState, Array]:
-        lik = problem.likelihood
+        lik = legacy_expectation(problem.likelihood, self.options)
         X = np.asarray(problem.X, dtype=float)
+        if lik.task != "classification":
+            raise InputError(f"svi needs a classification likelihood; got {type(lik).__name__}")
         if lik.multiclass:
             y = np.asarray(problem.y, dtype=np.int64)
             n_latent = lik.n_latent(problem.n_classes)
         else:
-            if getattr(lik, "link", None) is None:
-                raise InputError(f"svi needs a Bernoulli or multi-class likelihood; got "
-                                 f"{type(lik).__name__}")
-            y = (binary_signs(problem.y, problem.n_classes, "svi") > 0).astype(float)
+            y = (binary_signs(problem.y, problem.n_classes, "svi") > 0).astype(np.int64)
             n_latent = 1
         if self.options["scale"] not in SCALES:
             raise InputError(f"svi: scale must be one of {SCALES}, got {self.options['scale']!r}")
@@ -247,22 +284,13 @@ class SVI(Method):
                 raise InputError(f"svi: {key} must be one of {allowed}, got {o[key]!r}")
         kernel = prepare_kernel(problem.kernel, X, o["noise"], str(o["lengthscale_init"]),
                                 owner="svi")
-        if o["inducing_init"] == "random" and not isinstance(problem.inducing, np.ndarray):
-            M = int(o["default_M"]) if problem.inducing is None else int(problem.inducing)
-            if not 1 <= M <= X.shape[0]:
-                raise InputError(f"svi: M must be in 1..N={X.shape[0]}, got {M}")
-            Zs = [X[problem.rng.choice(X.shape[0], M, replace=False)] for _ in range(n_latent)]
-        else:
-            Zs = [inducing_inputs(problem.inducing, X, problem.rng, int(o["default_M"]))] * n_latent
+        Zs = initial_inducing(problem.inducing, X, problem.rng, n_latent,
+                              init=o["inducing_init"], default=int(o["default_M"]), owner="svi")
         kernels = [kernel.copy() for _ in range(n_latent)]
         hp = HyperParameters(kernels, Z=Zs, optimize=problem.optimize,
                              optimize_inducing=bool(o["learn_inducing"]))
-        rm, ss = o["robustmax_nodes"], o["softmax_samples"]
         M = Zs[0].shape[0]
-        state = VariationalState(X, y, lik, hp, n_latent, M, int(o["n_quadrature"]),
-                                 None if rm is None else int(rm),
-                                 None if ss is None else int(ss), problem.rng,
-                                 str(o["robustmax_rule"]))
+        state = VariationalState(X, y, lik, hp, n_latent, M, problem.rng)
         if o["init_q"] == "prior":
             Lq0 = np.stack([jittered_cholesky(k.K(Z), name="Kuu").L for k, Z in zip(kernels, Zs)])
         else:
@@ -275,8 +303,8 @@ class SVI(Method):
 
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
         state, x = self._setup(problem)
-        rep = IterationReporter(callback, self.name)
-        name = str(self.options["optimizer"]).lower()
+        rep = IterationReporter(callback, self.name, self.options["time_budget_s"])
+        name = self.options["optimizer"] or ("lbfgs" if problem.batch_size is None else "adadelta")
         opt_options = dict(self.options["optimizer_options"] or {})
         extra_state: dict[str, Array] = {}
         if name in ("lbfgs", "l-bfgs-b", "lbfgsb"):
@@ -287,23 +315,27 @@ class SVI(Method):
             x, value, n_iter = self._fit_stochastic(problem, state, x, rep, name, opt_options)
         mu, Lq = state.unpack(x)
         posterior = state.posterior(x)
-        out = {"mu": mu, "Lq": Lq, "Z": state.hp.Z[0].copy(), **extra_state}
+        out = {"mu": mu, "Lq": Lq, "Z": state.Zs[0].copy(), **extra_state}
         for l, k in enumerate(state.hp.kernels):
             out[f"kernel_params_{l}"] = k.get_unconstrained().copy()
         kernel = state.hp.kernels[0] if state.L == 1 else state.hp.kernels
         return FitResult(posterior=posterior, log_evidence=float(value), kernel=kernel,
                          n_iter=n_iter, history=rep.history, state=out)
 
-    def _fit_stochastic(self, problem, state, x, rep, name, opt_options):
+    def _fit_stochastic(self, problem: Problem, state: VariationalState, x: Array,
+                        rep: IterationReporter, name: str, opt_options: dict[str, Any]
+                        ) -> tuple[Array, float, int]:
         n = state.X.shape[0]
         opt = make_optimizer(name, **opt_options)
+        if not isinstance(opt, StochasticOptimizer):
+            raise InputError(f"svi: optimizer {name!r} does not take single steps; use adadelta, "
+                             "adam or lbfgs")
         batches = None
         steps_per_epoch = 1
         if problem.batch_size is not None:
             batches = MiniBatches(n, int(problem.batch_size), problem.rng).epochs(None)
             steps_per_epoch = -(-n // int(problem.batch_size))
         every = self.options["report_every"] or max(1, round(0.1 * steps_per_epoch))
-        budget = self.options["time_budget_s"]
         ngd = self.options["natural_gradient"]
         if ngd is not None and not 0.0 < float(ngd) <= 1.0:
             raise InputError(f"svi: natural_gradient must be None or in (0, 1], got {ngd!r}")
@@ -328,11 +360,13 @@ class SVI(Method):
             value = float(np.mean(values))
             rep.report(it, value, state.snapshot(x),
                        {"epoch": step / steps_per_epoch, "steps": float(step)})
-            if budget is not None and rep.elapsed() > float(budget):
+            if rep.should_stop():  # time budget or a stop request (early stopping)
                 break
         return x, value, it
 
-    def _fit_lbfgs(self, problem, state, x, rep, opt_options):
+    def _fit_lbfgs(self, problem: Problem, state: VariationalState, x: Array,
+                   rep: IterationReporter, opt_options: dict[str, Any]
+                   ) -> tuple[Array, float, int, dict[str, Array]]:
         hb = self.options["hyper_bounds"]
         if hb is not None and "bounds" not in opt_options:
             lo, hi = (float(v) for v in hb)
@@ -347,8 +381,7 @@ class SVI(Method):
             return s * v, s * g
 
         def on_iteration(it: int, z: Array, value: float) -> bool:
-            rep.report(it, value / s, state.snapshot(z), {"lbfgs_abnormal": 0.0})
-            return False
+            return rep.report(it, value / s, state.snapshot(z), {"lbfgs_abnormal": 0.0})
 
         result = opt.maximize(fun, x, int(problem.max_iter), on_iteration)
         if not rep.history or not result.success:

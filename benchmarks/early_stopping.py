@@ -1,0 +1,124 @@
+"""Early stopping against over-fitting with iterations (issue "One training engine").
+
+sep and vi-robustmax on wine, breast_cancer and digits, M = 10 % of the training points, the
+random 90/10 splits of ``benchmarks/sep_table2.py`` (seed ``s``: ``train_test_split(ds, 0.1,
+s)``, standardised on the training part), ``ITERS`` iterations. Each (dataset, method, seed)
+runs twice:
+
+* without early stopping, with the test NLL computed after every iteration (the *path*);
+* with ``validation_fraction=0.2`` (``validation_interval=1``, ``n_iter_no_change=PATIENCE``).
+
+Printed per row: the best test NLL along the path, the final test NLL without early stopping,
+the final test NLL with it, ``final_ES / best_path`` (target: at most 1.05), and the test NLL of
+training on all the data for the number of iterations early stopping chose, over the best (the
+full run's path at that iteration: the same deterministic steps).
+
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/early_stopping.py [--seeds 1]
+        [--iterations 250] [--patience 10] [--out outputs/early_stopping.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from gpinfer import registry
+from gpinfer.data import Standardizer, load_dataset, train_test_split
+from gpinfer.estimator import GPClassifier
+from gpinfer.kernels import make_kernel
+
+ROOT = Path(__file__).resolve().parent.parent
+DATASETS = ["wine", "breast_cancer", "digits"]
+METHODS = ["sep", "vi-robustmax"]
+
+
+def _method(name: str) -> tuple[str, str | None, dict]:
+    """(registered method, likelihood, options); the paper's VI baseline through svi when
+    ``vi-robustmax`` is not a registered name."""
+    if name == "vi-robustmax" and name not in registry.names(registry.METHODS):
+        from sep_table2 import VI_LIKELIHOOD, VI_OPTIONS
+
+        return "svi", VI_LIKELIHOOD, dict(VI_OPTIONS)
+    return name, None, {}
+
+
+def one(dataset: str, method: str, seed: int, iterations: int, patience: int
+        ) -> dict[str, float]:
+    ds = load_dataset(dataset)
+    split = train_test_split(ds, 0.1, seed)
+    st = Standardizer().fit(split.X_train)
+    Xtr, Xte = st.transform(split.X_train), st.transform(split.X_test)
+    classes, ytr = np.unique(split.y_train, return_inverse=True)
+    yte = np.searchsorted(classes, split.y_test)
+    M = max(1, round(0.1 * Xtr.shape[0]))
+    name, likelihood, options = _method(method)
+    kernel = make_kernel("rbf", Xtr.shape[1], ard=True)
+    path: list[float] = []
+
+    def test_nll(info) -> None:
+        post = info.posterior()
+        path.append(-float(np.mean(post.log_predictive(Xte, yte))))
+
+    common = dict(method=name, M=M, kernel=kernel, likelihood=likelihood, max_iter=iterations,
+                  random_state=seed, method_options=options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = GPClassifier(**common).fit(Xtr, ytr, callback=test_nll)
+        early = GPClassifier(**common, validation_fraction=0.2, validation_interval=1,
+                             n_iter_no_change=patience).fit(Xtr, ytr)
+    final = -float(np.mean(np.log(np.clip(full.predict_proba(Xte)[np.arange(len(yte)), yte],
+                                          1e-300, None))))
+    final_es = -float(np.mean(np.log(np.clip(
+        early.predict_proba(Xte)[np.arange(len(yte)), yte], 1e-300, None))))
+    diag = early.fit_result_.diagnostics
+    k_best = int(diag.get("best_val_iteration", 0)) or len(path)
+    # refitting on all the data for the early-stopped number of iterations ends where the
+    # full run was after that many iterations (the same deterministic steps)
+    refit = path[min(k_best, len(path)) - 1]
+    return {"dataset": dataset, "method": method, "seed": seed, "M": M,
+            "refit_nll": refit, "ratio_refit_to_best": refit / min(path), "path": path,
+            "best_path_nll": min(path), "best_path_iteration": int(np.argmin(path)) + 1,
+            "final_nll": final, "final_nll_es": final_es, "es_iterations": early.n_iter_,
+            "es_best_iteration": int(diag.get("best_val_iteration", 0)),
+            "ratio_es_to_best": final_es / min(path), "ratio_final_to_best": final / min(path)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", default="1")
+    ap.add_argument("--iterations", type=int, default=250)
+    ap.add_argument("--patience", type=int, default=10)
+    ap.add_argument("--datasets", default=",".join(DATASETS))
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--out", default=str(ROOT / "outputs" / "early_stopping.jsonl"))
+    a = ap.parse_args()
+    lo, _, hi = a.seeds.partition("-")
+    seeds = range(int(lo), int(hi or lo) + 1)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    print("| dataset | method | seed | best NLL on the path (iteration) | final, no ES | "
+          "final, ES (iterations) | ES / best | refit for the ES iterations / best |")
+    print("|---|---|---|---|---|---|---|---|")
+    with threadpool_limits(limits=1), open(a.out, "a") as fh:
+        for dataset in a.datasets.split(","):
+            for method in a.methods.split(","):
+                for seed in seeds:
+                    r = one(dataset, method, seed, a.iterations, a.patience)
+                    fh.write(json.dumps(r) + "\n")
+                    fh.flush()
+                    print(f"| {dataset} | {method} | {seed} | {r['best_path_nll']:.4f} "
+                          f"({r['best_path_iteration']}) | {r['final_nll']:.4f} | "
+                          f"{r['final_nll_es']:.4f} ({r['es_iterations']}) | "
+                          f"{r['ratio_es_to_best']:.3f} | {r['ratio_refit_to_best']:.3f} |",
+                          flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    main()

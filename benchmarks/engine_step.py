@@ -1,0 +1,182 @@
+"""Step cost of the training engine (issue "One training engine"), in one run, one BLAS thread.
+
+1. This machine's one-thread dgemm rate (process-CPU clock, as the step times).
+2. One SEP mini-batch step at MNIST size (D = 784, C = 10, M = 200 per class, batches of 200,
+   Adam; synthetic MNIST-like pixels, N = 4000): process-CPU time per step over epochs 2..E
+   (epoch 1 is the warm-up), and its ratio to the *dgemm floor*, the time the step's 4.14 GFLOP
+   of algebra would take at the dgemm rate (FLOP model of ``../shared/peers/profile_step.py``:
+   per class ``17.33 M^3 + 7 M^2 B + 3 M^2 D + 4 M B D``).
+3. Where the step's time goes: process-CPU time per step of its phases (kernel terms, site
+   update, log Z_q and matrix gradients, kernel VJPs, optimiser step, the rest).
+4. digits (split 0, M = 100, batches of 200, Adam at 0.01): process-CPU time per step of sep
+   (M per class) and svi (robust-max, M shared), as ``../shared/peers/minibatch.py`` sets them
+   up. For the ratio against GPflow's SVGP run that script with ``--peers VENV`` (it builds its
+   own interleaved rounds of gpinfer, GPflow and GPyTorch).
+
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/engine_step.py [--epochs 3]
+        [--peers ~/peers-venv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+N, D, C, M, B = 4000, 784, 10, 200, 200
+
+
+def step_flops(M: int = M, B: int = B, D: int = D, C: int = C) -> float:
+    """FLOP of one SEP step (the issue's model, all classes)."""
+    return C * (17.33 * M**3 + 7 * M**2 * B + 3 * M**2 * D + 4 * M * B * D)
+
+
+def mnist_like(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Sparse-ish pixels in [0, 1] around class templates (as profile_step.py)."""
+    rng = np.random.default_rng(seed)
+    T = rng.uniform(size=(C, D)) ** 4
+    y = rng.integers(0, C, N)
+    X = np.clip(T[y] + 0.3 * rng.normal(size=(N, D)), 0, 1) * (rng.uniform(size=(N, D)) < 0.2)
+    return X, y
+
+
+class PhaseClock:
+    """Process-CPU time spent in named methods (wrapped for the duration of a ``with``)."""
+
+    def __init__(self, targets: dict[str, tuple[object, str]]):
+        self.targets = targets
+        self.spent: dict[str, float] = defaultdict(float)
+        self._saved: list[tuple[object, str, object]] = []
+
+    def __enter__(self) -> PhaseClock:
+        for label, (owner, name) in self.targets.items():
+            original = getattr(owner, name)
+            self._saved.append((owner, name, original))
+
+            def timed(*args, _f=original, _label=label, **kwargs):
+                t0 = time.process_time()
+                try:
+                    return _f(*args, **kwargs)
+                finally:
+                    self.spent[_label] += time.process_time() - t0
+
+            setattr(owner, name, timed)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in self._saved:
+            setattr(owner, name, original)
+
+
+def fit_steps(X, y, method: str, M_: int, batch: int, epochs: int, options: dict,
+              likelihood: str | None = None, kernel=None) -> dict[str, float]:
+    """CPU seconds per mini-batch step over epochs 2..epochs (callback marks per epoch)."""
+    from gpinfer.estimator import GPClassifier
+
+    marks: list[float] = []
+    steps_per_epoch = -(-X.shape[0] // batch)
+    opts = dict(options)
+    if method == "svi":
+        opts["report_every"] = steps_per_epoch  # one report per epoch
+    est = GPClassifier(method=method, M=M_, kernel=kernel or "rbf", likelihood=likelihood,
+                       max_iter=epochs, batch_size=batch, random_state=0, method_options=opts)
+    est.fit(X, y, callback=lambda info: marks.append(time.process_time()))
+    per_step = (marks[-1] - marks[0]) / ((len(marks) - 1) * steps_per_epoch)
+    return {"step_cpu_s": per_step, "epochs_timed": len(marks) - 1}
+
+
+def sep_mnist_size(epochs: int, rate: float) -> dict[str, object]:
+    from gpinfer_ep.method import SparseSites
+
+    from gpinfer.hyper import HyperParameters
+    from gpinfer.kernels import make_kernel
+    from gpinfer.optim.adam import Adam
+    from gpinfer.training.loop import TrainingLoop
+
+    X, y = mnist_like()
+    phases = {"kernel terms (Kuu, Kuf, chol, A)": (SparseSites, "prepare"),
+              "site update": (SparseSites, "update"),
+              "log Z_q + matrix gradients": (SparseSites, "objective"),
+              "kernel VJPs (hp.gradient)": (HyperParameters, "gradient"),
+              "Adam step": (Adam, "step"),
+              "optimiser coordinates, pack/unpack": (TrainingLoop, "_ascend"),
+              "one step, all of it": (TrainingLoop, "_step")}
+    with PhaseClock(phases) as clock:
+        out = fit_steps(X, y, "sep", M, B, epochs, {"adam_learning_rate": 1e-3},
+                        kernel=make_kernel("rbf", D, ard=True))
+    n_steps = epochs * -(-N // B)
+    split = {k: v / n_steps for k, v in clock.spent.items()}
+    # _ascend contains the Adam step; _step contains everything but _ascend
+    split["optimiser coordinates, pack/unpack"] -= split["Adam step"]
+    inner = ("kernel terms (Kuu, Kuf, chol, A)", "site update", "log Z_q + matrix gradients",
+             "kernel VJPs (hp.gradient)")
+    split["rest of the step (Python, checks)"] = (split.pop("one step, all of it")
+                                                  - sum(split[k] for k in inner))
+    floor = step_flops() / rate
+    return {"step_cpu_ms": 1e3 * out["step_cpu_s"], "floor_ms": 1e3 * floor,
+            "ratio_to_floor": out["step_cpu_s"] / floor,
+            "achieved_gflops": step_flops() / out["step_cpu_s"] / 1e9,
+            "phases_ms_per_step (all epochs)": {k: round(1e3 * v, 1) for k, v in split.items()}}
+
+
+def digits(epochs: int) -> dict[str, float]:
+    from sklearn.datasets import load_digits
+
+    from gpinfer.data import load_dataset
+
+    try:
+        ds = load_dataset("digits")
+        X, y = ds.X, ds.y
+    except Exception:  # noqa: BLE001 - scikit-learn's copy is the same data
+        X, y = load_digits(return_X_y=True)
+    X = X / 16.0
+    rng = np.random.default_rng(0)
+    train = np.sort(rng.permutation(X.shape[0])[: int(0.9 * X.shape[0])])
+    Xtr, ytr = X[train], y[train]
+    out = {}
+    out["sep_step_cpu_ms"] = 1e3 * fit_steps(
+        Xtr, ytr, "sep", 100, 200, epochs, {"adam_learning_rate": 0.01})["step_cpu_s"]
+    out["svi_step_cpu_ms"] = 1e3 * fit_steps(
+        Xtr, ytr, "svi", 100, 200, epochs,
+        {"optimizer": "adam", "optimizer_options": {"learning_rate": 0.01}},
+        likelihood="robustmax")["step_cpu_s"]
+    return out
+
+
+def main() -> None:
+    from flop_models import dgemm_rate
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--digits-epochs", type=int, default=8)
+    ap.add_argument("--peers", default=None, help="side venv of ../shared/peers (GPflow ratio)")
+    a = ap.parse_args()
+    with threadpool_limits(limits=1):
+        rate = dgemm_rate(repeats=10, clock=time.process_time)
+        report = {"dgemm_gflops_one_thread": rate / 1e9,
+                  "sep_mnist_size": sep_mnist_size(a.epochs, rate),
+                  "digits": digits(a.digits_epochs)}
+    print(json.dumps(report, indent=1))
+    if a.peers:
+        peers = ROOT.parent / "shared" / "peers"
+        out = ROOT / "outputs" / "peers_mb.jsonl"
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+        subprocess.run([sys.executable, str(peers / "minibatch.py"), str(ROOT), a.peers,
+                        "--out", str(out), "--rounds", "1"], check=True, env=env)
+        subprocess.run([sys.executable, str(peers / "minibatch.py"), "--summary", str(out)],
+                       check=True)
+
+
+if __name__ == "__main__":
+    main()

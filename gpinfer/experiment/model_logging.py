@@ -1,0 +1,155 @@
+"""The fitted estimator as an MLflow model, and the run's data as MLflow dataset inputs.
+
+``log_estimator`` logs a fitted ``GPClassifier`` / ``GPRegressor`` with MLflow's scikit-learn
+flavour under the name ``model``, with a signature and an input example, so that::
+
+    mlflow.sklearn.load_model(f"runs:/{run_id}/model").predict_proba(X)
+    mlflow.pyfunc.load_model(f"runs:/{run_id}/model").predict(X)      # the same probabilities
+
+(a classifier's pyfunc ``predict`` is ``predict_proba``; a regressor's is ``predict``). The
+pip requirements are given explicitly (the core's and the method plugin's distributions and
+their numerical dependencies), which spares MLflow the subprocess that infers them and keeps
+the cost of logging a model to a fraction of a second. ``cloudpickle`` serialises the estimator
+(MLflow's ``skops`` format would need every gpinfer class declared as trusted).
+
+``log_datasets`` records the training and test arrays as dataset inputs (``training`` and
+``evaluation`` contexts) with their digest and schema; the arrays themselves are not uploaded.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from gpinfer.experiment.tracking import RunLogger
+
+Array = np.ndarray
+
+#: the model's name in the run (``runs:/<run_id>/model``)
+MODEL_NAME = "model"
+#: rows of the training inputs stored as the model's input example
+EXAMPLE_ROWS = 5
+#: distributions whose versions the model pins besides gpinfer and the method's plugin
+_RUNTIME = ("numpy", "scipy", "scikit-learn", "cloudpickle")
+
+
+def pip_requirements(plugin_distribution: str | None = None) -> list[str]:
+    """``name==version`` of gpinfer, the method's plugin and their numerical dependencies.
+
+    A distribution that is not installed (a source tree) is listed without a version.
+    """
+    names = ["gpinfer", *([plugin_distribution] if plugin_distribution else []), *_RUNTIME]
+    out = []
+    for name in dict.fromkeys(names):
+        if name in ("", "unknown"):
+            continue
+        try:
+            out.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            out.append(name)
+    return out
+
+
+@contextmanager
+def _tracking_uri(uri: str) -> Iterator[None]:
+    """MLflow's fluent model API reads the global tracking URI: point it at ``uri`` meanwhile.
+
+    ``mlflow.set_tracking_uri`` also writes (or, given None, removes) ``$MLFLOW_TRACKING_URI``;
+    both the global and the variable are put back as they were, so the next run of a sweep
+    resolves its store exactly as this one did.
+    """
+    import os
+
+    import mlflow
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    saved_global = getattr(tracking_utils, "_tracking_uri", None)
+    saved_env = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(saved_global)
+        if saved_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = saved_env
+
+
+@contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """Hold logger ``name`` to errors (MLflow warns about cloudpickle on every model it saves;
+    the choice is deliberate, see the module docstring)."""
+    import logging
+
+    target = logging.getLogger(name)
+    level = target.level
+    target.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        target.setLevel(level)
+
+
+def log_estimator(
+    logger: RunLogger, estimator: Any, X_example: Array, plugin_distribution: str | None = None
+) -> str:
+    """Log the fitted ``estimator`` as the run's MLflow model; returns its ``runs:/`` URI.
+
+    ``X_example [n, D]``: rows of (standardised) inputs; the first ``EXAMPLE_ROWS`` become the
+    input example and, with the model's output on them, the signature.
+    """
+    import mlflow.sklearn
+    from mlflow.models import infer_signature
+
+    example = np.ascontiguousarray(X_example[:EXAMPLE_ROWS], dtype=np.float64)
+    classifier = hasattr(estimator, "predict_proba")
+    output = estimator.predict_proba(example) if classifier else estimator.predict(example)
+    run_id = logger._require_run()
+    # created here so that the model belongs to the run's experiment (MLflow's fluent API would
+    # put it in the active experiment, and runs:/<run_id>/model would not find it)
+    model = logger.client.create_logged_model(
+        logger.experiment_id, name=MODEL_NAME, source_run_id=run_id,
+        tags={"mlflow.source.name": "gpinfer-run"}, model_type=type(estimator).__name__,
+    )
+    with _tracking_uri(logger.tracking_uri), _quiet("mlflow.sklearn"):
+        mlflow.sklearn.log_model(
+            estimator,
+            name=MODEL_NAME,
+            model_id=model.model_id,
+            run_id=run_id,
+            signature=infer_signature(example, np.asarray(output)),
+            input_example=example,
+            pip_requirements=pip_requirements(plugin_distribution),
+            serialization_format=mlflow.sklearn.SERIALIZATION_FORMAT_CLOUDPICKLE,
+            pyfunc_predict_fn="predict_proba" if classifier else "predict",
+        )
+    return f"runs:/{run_id}/{MODEL_NAME}"
+
+
+def log_datasets(
+    logger: RunLogger,
+    name: str,
+    X_train: Array,
+    y_train: Array,
+    X_test: Array,
+    y_test: Array,
+    source: str | None = None,
+) -> None:
+    """Record the training and test parts of dataset ``name`` as the run's dataset inputs."""
+    import mlflow.data
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    inputs = []
+    for context, part, X, y in (("training", "train", X_train, y_train),
+                                ("evaluation", "test", X_test, y_test)):
+        dataset = mlflow.data.from_numpy(np.asarray(X), targets=np.asarray(y),
+                                         name=f"{name}-{part}", source=source)
+        tags = [InputTag(MLFLOW_DATASET_CONTEXT, context)]
+        inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=tags))
+    logger.client.log_inputs(logger._require_run(), datasets=inputs)

@@ -1,0 +1,85 @@
+"""After a run's fit: what MLflow users expect to find in the run besides its metrics.
+
+``publish_run`` logs, each part on its own (one failing part is a warning and the tag
+``publish_errors``, never a failed run: training is done and its metrics are logged):
+
+* the learned hyper-parameters as metrics (``learned.*``, ``gpinfer.experiment.learned``);
+* the fitted estimator as the MLflow model ``model`` (``model_logging.log_estimator``);
+* the training and test data as dataset inputs (``model_logging.log_datasets``);
+* the figures under ``plots/`` (``figures.log_figures``).
+
+Which parts run is set by ``mlflow.log_model``, ``mlflow.log_datasets`` and
+``mlflow.log_plots`` in the config (all true by default).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from gpinfer.experiment import learned
+from gpinfer.experiment.figures import TrainingCurve, log_figures
+from gpinfer.experiment.model_logging import log_datasets, log_estimator
+from gpinfer.experiment.tracking import RunLogger, plugin_distribution
+
+log = logging.getLogger("gpinfer.run")
+
+
+def publish_run(
+    logger: RunLogger,
+    estimator: Any,
+    *,
+    settings: Mapping[str, Any],
+    out_dir: Any,
+    method: str,
+    dataset: str,
+    title: str,
+    step: int,
+    curve: TrainingCurve,
+    data: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    classification: bool,
+) -> dict[str, float]:
+    """Log the parts above; returns ``{part: seconds}`` (``publish.<part>_s`` in the result).
+
+    ``data``: ``(X_train [N, D], y_train [N], X_test [N*, D], y_test [N*])`` as the model saw
+    them (standardised inputs; class indices for a classifier).
+    """
+    X_train, y_train, X_test, y_test = data
+    timings: dict[str, float] = {}
+    errors: list[str] = []
+
+    def part(name: str, enabled: bool, action: Callable[[], Any]) -> None:
+        if not enabled:
+            return
+        start = time.perf_counter()
+        try:
+            action()
+        except Exception as exc:  # noqa: BLE001 - a publishing failure must not fail the run
+            errors.append(name)
+            log.warning("could not log the %s to MLflow: %s: %s", name, type(exc).__name__, exc)
+        timings[name] = time.perf_counter() - start
+
+    def hyper() -> None:
+        metrics = learned.learned_metrics(estimator.kernel_, estimator.likelihood_,
+                                          estimator.posterior_)
+        logger.log_metrics(metrics, step=step)
+        logger.flush()
+        log.info("learned hyper-parameters:\n%s", learned.as_text(metrics))
+
+    def figures() -> None:
+        P = estimator.predict_proba(X_test) if classification else None
+        log_figures(logger, out_dir, curve, title, y_test if classification else None, P)
+
+    part("hyper-parameters", True, hyper)
+    part("model", bool(settings.get("log_model", True)),
+         lambda: log_estimator(logger, estimator, X_train, plugin_distribution(method)[0]))
+    part("datasets", bool(settings.get("log_datasets", True)),
+         lambda: log_datasets(logger, dataset, X_train, y_train, X_test, y_test))
+    part("plots", bool(settings.get("log_plots", True)), figures)
+    if errors:
+        logger.set_tags({"publish_errors": ",".join(errors)})
+    return timings

@@ -1,0 +1,80 @@
+"""``gpinfer.sites.newton``: the safeguarded Newton ascent on functions with known maxima:
+a concave quadratic in one step, a non-quadratic concave function, an indefinite start (the
+Levenberg-Marquardt shift), a projection, and non-finite values as a ``NumericalError``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpinfer.errors import NumericalError
+from gpinfer.sites.newton import newton_maximize
+
+
+def _quadratic(A, b):
+    def fun(x, derivatives):
+        value = float(b @ x - 0.5 * x @ A @ x)
+        return (value, b - A @ x, -A) if derivatives else (value, None, None)
+
+    return fun
+
+
+def test_concave_quadratic_in_one_step():
+    rng = np.random.default_rng(0)
+    Q = rng.normal(size=(4, 4))
+    A, b = Q @ Q.T + np.eye(4), rng.normal(size=4)
+    res = newton_maximize(_quadratic(A, b), np.zeros(4), tol=1e-10)
+    assert res.converged and res.n_steps == 1 and res.n_shifted == 0
+    np.testing.assert_allclose(res.x, np.linalg.solve(A, b), atol=1e-10)
+
+
+def test_smooth_concave_function():
+    """``f(x) = -sum(cosh(x - c))``: maximum at ``c``, value ``-n``."""
+    c = np.array([0.5, -1.5, 3.0])
+
+    def fun(x, derivatives):
+        d = x - c
+        value = -float(np.sum(np.cosh(d)))
+        return (value, -np.sinh(d), -np.diag(np.cosh(d))) if derivatives else (value, None, None)
+
+    res = newton_maximize(fun, np.zeros(3), tol=1e-12)
+    assert res.converged
+    np.testing.assert_allclose(res.x, c, atol=1e-10)
+    assert res.value == pytest.approx(-3.0, abs=1e-12)
+
+
+def test_indefinite_start_takes_shifted_steps_and_converges():
+    """``f(x) = -x^4/4 + x^2/2``: ``f'' > 0`` at 0.1 (a minimum nearby); the maxima are +-1."""
+
+    def fun(x, derivatives):
+        value = float(-x[0] ** 4 / 4 + x[0] ** 2 / 2)
+        g = np.array([-x[0] ** 3 + x[0]])
+        return (value, g, np.array([[-3 * x[0] ** 2 + 1]])) if derivatives else (value, None, None)
+
+    res = newton_maximize(fun, np.array([0.1]), tol=1e-12)
+    assert res.converged and res.n_shifted >= 1
+    assert abs(res.x[0]) == pytest.approx(1.0, abs=1e-10)
+
+
+def test_projection_keeps_iterates_feasible():
+    """Maximise ``-(x - 2)^2`` over ``x <= 1``: the projected optimum is 1."""
+    seen = []
+
+    def fun(x, derivatives):
+        seen.append(float(x[0]))
+        value = -float((x[0] - 2.0) ** 2)
+        return (value, np.array([-2 * (x[0] - 2.0)]), np.array([[-2.0]])) if derivatives \
+            else (value, None, None)
+
+    res = newton_maximize(fun, np.array([0.0]), project=lambda z: np.minimum(z, 1.0),
+                          max_steps=20)
+    assert max(seen) <= 1.0
+    assert res.x[0] == pytest.approx(1.0)
+
+
+def test_non_finite_objective_is_a_numerical_error():
+    def fun(x, derivatives):
+        return float("nan"), np.zeros(1), -np.eye(1)
+
+    with pytest.raises(NumericalError, match="non-finite"):
+        newton_maximize(fun, np.zeros(1), name="probe")

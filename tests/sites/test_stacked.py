@@ -1,0 +1,149 @@
+"""Oracles of gpinfer.sites.stacked: the class-batched algebra equals the per-class algebra of
+gpinfer.sites.inducing (the reference it replaces in SEP) to round-off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.linalg import solve_triangular
+
+from gpinfer.errors import NumericalError
+from gpinfer.kernels import RBF, White
+from gpinfer.sites.inducing import WhitenedGaussian, class_terms, inducing_matrix_gradients
+from gpinfer.sites.stacked import (
+    StackedGaussians,
+    as_stacked,
+    cho_inverse_stack,
+    stacked_cholesky,
+    stacked_matrix_gradients,
+    stacked_terms,
+    tri_solve_stack,
+)
+
+C, M, N, D = 3, 6, 9, 2
+
+
+def _setup(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(N, D))
+    kernels = [RBF(lengthscale=0.7 + 0.3 * c, variance=1.0 + c) + White(0.1) for c in range(C)]
+    Zs = [X[rng.choice(N, M, replace=False)] + 0.01 * c for c in range(C)]
+    P = np.stack([a @ a.T for a in rng.normal(size=(C, M, M))]) * 0.3
+    h = rng.normal(size=(C, M))
+    return rng, X, kernels, Zs, P, h
+
+
+def test_triangular_solves_and_inverse_match_scipy():
+    rng = np.random.default_rng(1)
+    K = np.stack([a @ a.T + M * np.eye(M) for a in rng.normal(size=(C, M, M))])
+    L = stacked_cholesky(K, "K")
+    B = rng.normal(size=(C, M, 4))
+    for transpose in (False, True):
+        ref = np.stack([solve_triangular(L[c], B[c], lower=True, trans=int(transpose))
+                        for c in range(C)])
+        np.testing.assert_allclose(tri_solve_stack(L, B, transpose=transpose), ref, rtol=1e-12,
+                                   atol=1e-13)
+    np.testing.assert_allclose(cho_inverse_stack(L), np.linalg.inv(K), rtol=1e-10, atol=1e-14)
+
+
+def test_cholesky_escalates_jitter_per_class_and_names_the_failure():
+    K = np.stack([np.eye(M), np.ones((M, M)), np.eye(M)])  # class 1 is singular
+    L = stacked_cholesky(K, "Kuu")
+    np.testing.assert_allclose(L[0], np.eye(M))
+    assert np.all(np.isfinite(L[1])) and np.all(np.diag(L[1]) > 0)
+    K[2, 0, 0] = np.nan
+    with pytest.raises(NumericalError, match="Kuu"):
+        stacked_cholesky(K, "Kuu")
+
+
+def test_stacked_terms_equal_class_terms():
+    _, X, kernels, Zs, _, _ = _setup()
+    stacked = stacked_terms(kernels, Zs, X)
+    for c in range(C):
+        ref = class_terms(kernels[c], Zs[c], X)
+        np.testing.assert_allclose(stacked.L[c], ref.L, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(stacked.A[c], ref.A, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(stacked.s[c], ref.s, rtol=1e-10, atol=1e-12)
+
+
+def test_whitening_round_trip_and_per_class_equality():
+    _, X, kernels, Zs, P, h = _setup()
+    terms = stacked_terms(kernels, Zs, X)
+    per_class = [class_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
+    Lam, hu = terms.to_u_space(P, h)
+    P_back, h_back = terms.to_whitened(Lam, hu)
+    np.testing.assert_allclose(P_back, P, rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(h_back, h, rtol=1e-9, atol=1e-10)
+    for c in range(C):
+        Lam_c, h_c = per_class[c].to_u_space(P[c], h[c])
+        np.testing.assert_allclose(Lam[c], Lam_c, rtol=1e-9, atol=1e-10)
+        np.testing.assert_allclose(hu[c], h_c, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("scale", [None, np.array([0.5, 0.9, 0.99])])
+def test_gaussians_equal_whitened_gaussians(scale):
+    _, X, kernels, Zs, P, h = _setup()
+    terms = stacked_terms(kernels, Zs, X)
+    g = StackedGaussians(P, h, scale)
+    mu, v, R = g.project(terms.A)
+    lnr = g.log_norm_ratio()
+    for c in range(C):
+        a = 1.0 if scale is None else scale[c]
+        ref = WhitenedGaussian(a * P[c], a * h[c])
+        p = ref.project(terms.A[c])
+        np.testing.assert_allclose(mu[c], p.mu, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(v[c], p.v, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(R[c], p.R, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(lnr[c], ref.log_norm_ratio(), rtol=1e-10)
+        np.testing.assert_allclose(g.B_inv()[c], ref.B_inv(np.eye(M)), rtol=1e-9, atol=1e-12)
+
+
+def test_sep_matrix_gradients_equal_the_per_class_gradients():
+    rng, X, kernels, Zs, P, h = _setup()
+    terms = stacked_terms(kernels, Zs, X)
+    per_class = [class_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
+    frac = np.array([0.8, 0.9, 0.95])
+    q, cav = StackedGaussians(P, h), StackedGaussians(P, h, frac)
+    _, _, R = cav.project(terms.A)
+    a_sum, b_sum = rng.normal(size=(C, N)), rng.normal(size=(C, N))
+    grads = stacked_matrix_gradients(terms, q, cav, R, a_sum, b_sum)
+    for c in range(C):
+        q_c, cav_c = WhitenedGaussian(P[c], h[c]), WhitenedGaussian(frac[c] * P[c],
+                                                                     frac[c] * h[c])
+        ref = inducing_matrix_gradients(per_class[c], q_c, cav_c,
+                                        cav_c.project(per_class[c].A).R, a_sum[c], b_sum[c])
+        np.testing.assert_allclose(grads[c].Kuu, ref.Kuu, rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(grads[c].Kuf, ref.Kuf, rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(grads[c].Kff_diag, ref.Kff_diag)
+
+
+def test_ep_matrix_gradients_equal_the_per_class_gradients():
+    rng, X, kernels, Zs, P, h = _setup(4)
+    terms = stacked_terms(kernels, Zs, X)
+    per_class = [class_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
+    q = StackedGaussians(P, h)
+    _, _, R = q.project(terms.A)
+    a_sum, b_sum, e_sum = (rng.normal(size=(C, N)) for _ in range(3))
+    grads = stacked_matrix_gradients(terms, q, q, R, a_sum, b_sum, e_sum)
+    for c in range(C):
+        q_c = WhitenedGaussian(P[c], h[c])
+        ref = inducing_matrix_gradients(per_class[c], q_c, q_c, q_c.project(per_class[c].A).R,
+                                        a_sum[c], b_sum[c], e_sum[c])
+        np.testing.assert_allclose(grads[c].Kuu, ref.Kuu, rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(grads[c].Kuf, ref.Kuf, rtol=1e-8, atol=1e-10)
+
+
+def test_as_stacked_stacks_class_terms():
+    _, X, kernels, Zs, _, _ = _setup()
+    per_class = [class_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
+    stacked = as_stacked(per_class)
+    assert as_stacked(stacked) is stacked
+    np.testing.assert_array_equal(stacked.A[2], per_class[2].A)
+
+
+def test_corrupted_sites_are_a_numerical_error():
+    _, _, _, _, P, h = _setup()
+    with pytest.raises(NumericalError, match="positive definite"):
+        StackedGaussians(-10.0 * P, h)
+    with pytest.raises(NumericalError, match="not finite"):
+        StackedGaussians(P, np.full_like(h, np.inf))

@@ -1,0 +1,100 @@
+"""The core training loop and the shared reporter: schedules checked before training, stop
+requests and training-only time for every iterative method."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import gpinfer
+from gpinfer.errors import InputError
+from gpinfer.training.loop import Schedule
+
+#: (method, estimator arguments, binary?) for every iterative method family
+ITERATIVE = [
+    ("sep", {"M": 6}, False),
+    ("ep", {"M": 6}, False),
+    ("sep", {"M": 6, "batch_size": 10}, False),
+    ("gfitc", {"M": 6}, False),
+    ("svi", {"M": 6, "batch_size": 10, "method_options": {"optimizer": "adam"}}, False),
+    ("vi-jj", {"M": 6}, True),
+    ("laplace", {}, True),
+    ("kl", {}, True),
+    ("pep", {"M": 6}, True),
+]
+
+
+def _data(binary: bool, n: int = 40):
+    rng = np.random.default_rng(3)
+    y = np.arange(n) % (2 if binary else 3)
+    X = rng.normal(size=(n, 2)) + 2.0 * np.stack([np.cos(2.1 * y), np.sin(2.1 * y)], axis=1)
+    return X, y
+
+
+@pytest.mark.parametrize("kind", ["sweeps", "", None])
+def test_an_unknown_schedule_is_an_input_error(kind):
+    with pytest.raises(InputError, match="schedule must be one of"):
+        Schedule(kind=kind).check("sep", minibatch=False)
+
+
+def test_minibatches_need_the_inner_schedule():
+    with pytest.raises(InputError, match="inner schedule only"):
+        Schedule(kind="outer").check("sep", minibatch=True)
+
+
+def test_bad_schedule_option_is_refused_before_training():
+    X, y = _data(False)
+    calls = []
+    with pytest.raises(InputError, match="schedule"):
+        gpinfer.GPClassifier(method="sep", M=6, method_options={"schedule": "sweeps"}).fit(
+            X, y, callback=calls.append)
+    assert calls == []
+
+
+@pytest.mark.parametrize("method,kwargs,binary", ITERATIVE)
+def test_every_iterative_method_stops_when_the_callback_asks(method, kwargs, binary):
+    X, y = _data(binary)
+    seen = []
+
+    def stop_at_two(info):
+        seen.append(info.iteration)
+        return info.iteration >= 2
+
+    est = gpinfer.GPClassifier(method=method, max_iter=50, random_state=0, **kwargs)
+    est.fit(X, y, callback=stop_at_two)
+    assert seen[:2] == [1, 2]
+    assert len(seen) == 2, f"{method} went on after a stop request: {seen}"
+    assert len(est.history_) == 2
+
+
+@pytest.mark.parametrize("method,kwargs,binary", ITERATIVE)
+def test_elapsed_is_training_time_for_every_method(method, kwargs, binary):
+    """The callback's time (where the runner evaluates test metrics) is not training time."""
+    X, y = _data(binary)
+    pause = 0.3
+    t0 = time.perf_counter()
+    est = gpinfer.GPClassifier(method=method, max_iter=3, random_state=0, **kwargs)
+    est.fit(X, y, callback=lambda info: time.sleep(pause))
+    wall = time.perf_counter() - t0
+    n = len(est.history_)
+    assert n >= 1
+    last = est.history_[-1]["elapsed"]
+    assert last <= wall - n * pause + 1e-3
+    assert all(b["elapsed"] >= a["elapsed"] for a, b in zip(est.history_, est.history_[1:]))
+
+
+def test_checked_inputs_skips_the_value_scan_only_inside_the_context():
+    from gpinfer.kernels import RBF
+    from gpinfer.kernels.checks import checked_inputs
+
+    bad = np.array([[0.0, np.nan], [1.0, 2.0]])
+    with pytest.raises(InputError, match="NaN"):
+        RBF().K(bad)
+    with checked_inputs():
+        assert RBF().K(bad).shape == (2, 2)  # the caller vouches for the values
+        with pytest.raises(InputError, match="2-D"):
+            RBF().K(np.zeros(3))  # shapes are still checked
+    with pytest.raises(InputError, match="NaN"):
+        RBF().K(bad)
