@@ -186,6 +186,7 @@ class _GPEstimatorBase(BaseEstimator):
                               method_name, problem.n)
         if monitor is not None:
             result = monitor.restore(result)
+            self._validation = None  # the held-out rows are not part of the fitted model
         elif type(method).restore_best_iterate:
             result = restore_best(result, tracker)
         result = check_against_baseline(

@@ -106,6 +106,7 @@ def test_fits_stop_early_and_keep_the_best_validation_iterate(method, extra):
     _, val = split_validation(y, 0.25, np.random.default_rng(0), len(np.unique(y)))
     held_out_nll = -np.mean(est.posterior_.log_predictive(X[val], y[val]))
     assert held_out_nll == pytest.approx(best, rel=1e-9)
+    assert getattr(est, "_validation", None) is None  # not pickled with the fitted model
 
 
 def test_without_a_validation_fraction_nothing_is_held_out():
