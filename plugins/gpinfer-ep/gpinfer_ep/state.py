@@ -75,6 +75,8 @@ class _SiteSums:
         self.Lam = np.zeros((C, M, M))
         self.h = np.zeros((C, M))
         self.n_jobs = n_jobs
+        #: ``(terms, L^T Lam L, L^T h)``: the whitened sums on the terms they were formed on
+        self._whitened: tuple[StackedTerms, Array, Array] | None = None
 
     def per_class(self, fn: Callable[..., R], *columns: Sequence) -> list[R]:
         """``[fn(c, columns[0][c], columns[1][c], ...) for each class c]`` on ``n_jobs``
@@ -108,12 +110,22 @@ class _SiteSums:
         """Recompute the site sums from stored sites (after an epoch); tied sites store none."""
 
     def snapshot(self) -> object:
-        return copy.deepcopy(self.__dict__)
+        return copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "_whitened"})
 
     def restore(self, snap: object) -> None:
         if not isinstance(snap, dict):
             raise TypeError(f"not a snapshot of {type(self).__name__}: {type(snap).__name__}")
         self.__dict__.update(copy.deepcopy(snap))
+        self._whitened = None
+
+    def _whitened_sums(self, terms: StackedTerms) -> tuple[Array, Array]:
+        """``(P_w [C, M, M], h_w [C, M])`` of the current sites on ``terms``, formed once per
+        set of terms (an update leaves its new sums for the ``evaluate`` that follows)."""
+        if self._whitened is not None and self._whitened[0] is terms:
+            return self._whitened[1], self._whitened[2]
+        P_w, h_w = terms.to_whitened(self.Lam, self.h)
+        self._whitened = (terms, P_w, h_w)
+        return P_w, h_w
 
 
 class RankOneSites(_SiteSums):
@@ -133,7 +145,7 @@ class RankOneSites(_SiteSums):
         self.U = np.zeros((C, M, N))
 
     def _posterior(self, terms: StackedTerms, iteration: int | None) -> StackedGaussians:
-        P_w, h_w = terms.to_whitened(self.Lam, self.h)
+        P_w, h_w = self._whitened_sums(terms)
         return StackedGaussians(P_w, h_w, iteration=iteration)
 
     def update(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array, rho: float,
@@ -166,10 +178,13 @@ class RankOneSites(_SiteSums):
         tau, nu = aggregate(new[0], new[2], y, mask).T, aggregate(new[1], new[3], y, mask).T
         A = terms.A
         Ups = tri_solve_stack(terms.L, A, transpose=True)  # u-space directions L^-T A
-        if idx.shape[0] == self.y.shape[0]:
-            self.Lam, self.h = terms.to_u_space((A * tau[:, None, :]) @ transpose(A),
-                                                np.einsum("cmn,cn->cm", A, nu))
+        if idx.shape[0] == self.y.shape[0]:  # the sums are those of the new sites alone
+            P_w = symmetrize((A * tau[:, None, :]) @ transpose(A))
+            h_w = np.einsum("cmn,cn->cm", A, nu)
+            self.Lam, self.h = terms.to_u_space(P_w, h_w)
+            self._whitened = (terms, P_w, h_w)
         else:
+            self._whitened = None
             self.Lam = symmetrize(self.Lam + (Ups * tau[:, None, :]) @ transpose(Ups)
                                   - (U_old * tau_old[:, None, :]) @ transpose(U_old))
             self.h = (self.h + np.einsum("cmn,cn->cm", Ups, nu)
@@ -185,6 +200,7 @@ class RankOneSites(_SiteSums):
         nu = aggregate(self.W2, self.L2, self.y, mask).T
         self.Lam = symmetrize((self.U * tau[:, None, :]) @ transpose(self.U))
         self.h = np.einsum("cmn,cn->cm", self.U, nu)
+        self._whitened = None
 
     def evaluate(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array,
                  scale: float = 1.0,
@@ -232,7 +248,6 @@ class TiedSites(_SiteSums):
         super().__init__(C, M, n_jobs)
         self.y = y
         self.n_factors = factor_counts(y, C) if n_factors is None else np.asarray(n_factors, float)
-        self._whitened: tuple[StackedTerms, Array, Array] | None = None
 
     def snapshot(self) -> object:
         return {"Lam": self.Lam.copy(), "h": self.h.copy()}
@@ -242,14 +257,6 @@ class TiedSites(_SiteSums):
             raise TypeError(f"not a snapshot of TiedSites: {type(snap).__name__}")
         self.Lam, self.h = snap["Lam"].copy(), snap["h"].copy()
         self._whitened = None
-
-    def _whitened_sums(self, terms: StackedTerms) -> tuple[Array, Array]:
-        """``(P_w [C, M, M], h_w [C, M])`` of the current sites on ``terms``."""
-        if self._whitened is not None and self._whitened[0] is terms:
-            return self._whitened[1], self._whitened[2]
-        P_w, h_w = terms.to_whitened(self.Lam, self.h)
-        self._whitened = (terms, P_w, h_w)
-        return P_w, h_w
 
     def _cavity_fraction(self) -> Array:
         return 1.0 - 1.0 / self.n_factors
