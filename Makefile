@@ -4,13 +4,18 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PLUGINS := $(sort $(wildcard plugins/*/pyproject.toml))
 STAMP  := $(VENV)/.installed
+# PyTorch for the torch backend's tests (`make test` only; `make run` does not need it): the
+# CPU build, which pip takes from this machine's wheel files; plain `torch` or a newer version
+# would download a CUDA build of several GB
+TORCH  ?= torch==2.13.0
+TORCH_STAMP := $(VENV)/.torch
 # the oldest Python gpinfer supports (pyproject.toml: requires-python)
 PY_OK  := import sys; sys.exit(sys.version_info < (3, 11))
 # `make ui PORT=5001 HOST=0.0.0.0`
 PORT   ?= 5000
 HOST   ?= 127.0.0.1
 
-.PHONY: install run test lint typecheck ui clean
+.PHONY: install torch run test lint typecheck ui clean
 
 # A .venv made by an unsupported (or since removed) Python is rebuilt; outputs/ is kept.
 install:
@@ -30,6 +35,17 @@ $(STAMP): pyproject.toml setup.py $(PLUGINS)
 	   echo "make install failed: see $(VENV)/install.log"; exit 1; }
 	@touch $(STAMP)
 
+# into the same venv, pip's output appended to $(VENV)/install.log (shown only on failure)
+$(TORCH_STAMP): $(STAMP)
+	@echo "installing $(TORCH) (CPU build) for the torch backend's tests (log: $(VENV)/install.log)"
+	@$(BIN)/python -m pip install "$(TORCH)" >> $(VENV)/install.log 2>&1 || { \
+	   tail -n 30 $(VENV)/install.log; echo "installing $(TORCH) failed: see $(VENV)/install.log"; \
+	   exit 1; }
+	@touch $(TORCH_STAMP)
+
+torch: install
+	@$(MAKE) -s --no-print-directory $(TORCH_STAMP)
+
 run: install
 	$(BIN)/gpinfer-run $(ARGS)
 
@@ -40,7 +56,8 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-test: lint typecheck
+# torch first: lint and mypy see the same packages as the tests
+test: torch lint typecheck
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 ui: install

@@ -42,12 +42,12 @@ def step_flops(M: int = M, B: int = B, D: int = D, C: int = C) -> float:
     return C * (17.33 * M**3 + 7 * M**2 * B + 3 * M**2 * D + 4 * M * B * D)
 
 
-def mnist_like(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Sparse-ish pixels in [0, 1] around class templates (as profile_step.py)."""
+def mnist_like(seed: int = 0, n: int = N) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` sparse-ish pixel rows in [0, 1] around class templates (as profile_step.py)."""
     rng = np.random.default_rng(seed)
     T = rng.uniform(size=(C, D)) ** 4
-    y = rng.integers(0, C, N)
-    X = np.clip(T[y] + 0.3 * rng.normal(size=(N, D)), 0, 1) * (rng.uniform(size=(N, D)) < 0.2)
+    y = rng.integers(0, C, n)
+    X = np.clip(T[y] + 0.3 * rng.normal(size=(n, D)), 0, 1) * (rng.uniform(size=(n, D)) < 0.2)
     return X, y
 
 
@@ -80,8 +80,10 @@ class PhaseClock:
 
 
 def fit_steps(X, y, method: str, M_: int, batch: int, epochs: int, options: dict,
-              likelihood: str | None = None, kernel=None) -> dict[str, float]:
-    """CPU seconds per mini-batch step over epochs 2..epochs (callback marks per epoch)."""
+              likelihood: str | None = None, kernel=None, settings: dict | None = None
+              ) -> dict[str, object]:
+    """CPU seconds per mini-batch step over epochs 2..epochs (callback marks per epoch) and the
+    fitted estimator (``settings``: more estimator parameters, e.g. the array backend)."""
     from gpinfer.estimator import GPClassifier
 
     marks: list[float] = []
@@ -90,10 +92,11 @@ def fit_steps(X, y, method: str, M_: int, batch: int, epochs: int, options: dict
     if method == "svi":
         opts["report_every"] = steps_per_epoch  # one report per epoch
     est = GPClassifier(method=method, M=M_, kernel=kernel or "rbf", likelihood=likelihood,
-                       max_iter=epochs, batch_size=batch, random_state=0, method_options=opts)
+                       max_iter=epochs, batch_size=batch, random_state=0, method_options=opts,
+                       **(settings or {}))
     est.fit(X, y, callback=lambda info: marks.append(time.process_time()))
     per_step = (marks[-1] - marks[0]) / ((len(marks) - 1) * steps_per_epoch)
-    return {"step_cpu_s": per_step, "epochs_timed": len(marks) - 1}
+    return {"step_cpu_s": per_step, "epochs_timed": len(marks) - 1, "model": est}
 
 
 def sep_mnist_size(epochs: int, rate: float) -> dict[str, object]:

@@ -7,6 +7,11 @@ fitted-posterior type, so it never depends on the method.
 
 Shapes: ``X [N, D]``, ``y [N]`` (any label type), ``classes_ [C]``, ``predict_proba -> [N*, C]``,
 ``predict_f -> (mean [N*, L], var [N*, L])`` with ``L = 1`` for binary and ``C`` for multi-class.
+
+``backend``, ``device`` and ``dtype`` choose the array backend of a method that has one (sep, ep,
+svi: numpy, or PyTorch on a CPU or a CUDA GPU; ``gpinfer.backend``); they are checked against the
+method before any training. Inputs may be torch tensors: they are brought to host memory (the
+methods stream batches to the device) and predictions are numpy arrays.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.validation import check_is_fitted
 
+from gpinfer.backend import ops
+from gpinfer.backend.choice import Backend, check_method_backend, resolve_backend
 from gpinfer.errors import InputError
 from gpinfer.fit_guard import (
     MINIBATCH_WINDOW,
@@ -39,6 +46,8 @@ from gpinfer.validation import (
     check_X,
     check_X_y,
     encode_labels,
+    host_input,
+    tensor_device,
 )
 
 Array = np.ndarray
@@ -60,6 +69,25 @@ def _load_method(spec: Any) -> type[Method]:
             f"method must be a registered method name (str) or a Method subclass; got {spec!r}"
         )
     return registry.load_method(spec)
+
+
+def _method_name(method_cls: type[Method], spec: Any) -> str:
+    """The name a method is reported under (its registered name, else its class name)."""
+    return method_cls.name or getattr(spec, "__name__", str(spec))
+
+
+def _setting_name(value: Any) -> Any:
+    """A ``device`` or ``dtype`` given as an object (``torch.device("cuda")``, ``np.float32``,
+    ``torch.float32``) as its name; anything else unchanged (``resolve_backend`` judges it)."""
+    if value is None or isinstance(value, str):
+        return value
+    module = type(value).__module__.split(".")[0]
+    if module == "torch":
+        return str(value).removeprefix("torch.")
+    try:
+        return np.dtype(value).name
+    except TypeError:
+        return value
 
 
 class _GPEstimatorBase(BaseEstimator):
@@ -105,6 +133,26 @@ class _GPEstimatorBase(BaseEstimator):
             raise InputError(f"method_options must be a dict or None; got {self.method_options!r}")
         blas_threads()  # the thread policy's setting is checked before any training
 
+    def _resolve_backend(self, method_cls: type[Method], method_name: str) -> Backend:
+        """The ``Backend`` of ``backend``/``device``/``dtype``, checked against the method
+        (``InputError`` naming the fix: unknown setting, torch or CUDA missing, a numpy-only
+        method, float32 for a method that needs float64), before any training."""
+        backend = resolve_backend(getattr(self, "backend", None),
+                                  _setting_name(getattr(self, "device", None)),
+                                  _setting_name(getattr(self, "dtype", None)))
+        check_method_backend(method_cls, method_name, backend)
+        return backend
+
+    def _host_inputs(self, **arrays: Any) -> list[Any]:
+        """The arrays as given, torch tensors brought to host numpy arrays: allowed for a
+        method with a torch backend, an ``InputError`` naming the fix for a numpy-only one."""
+        if all(tensor_device(a) is None for a in arrays.values()):
+            return list(arrays.values())
+        method_cls = _load_method(self.method)
+        name = _method_name(method_cls, self.method)
+        backends = tuple(getattr(method_cls, "backends", ("numpy",)))
+        return [host_input(a, key, name, backends) for key, a in arrays.items()]
+
     def _rng(self) -> np.random.Generator:
         seed = self.random_state
         if isinstance(seed, np.random.RandomState):
@@ -126,9 +174,11 @@ class _GPEstimatorBase(BaseEstimator):
     def _problem(
         self, X: Array, y: Array, n_classes: int, kernel: Kernel, likelihood: Likelihood,
         inducing: int | Array | None, method_cls: type[Method] | None = None,
+        backend: Backend | None = None,
     ) -> Problem:
         """The validated ``Problem`` handed to the method's ``fit``; ``optimize=None`` means the
-        method's ``optimize_by_default`` (True when ``method_cls`` is not given)."""
+        method's ``optimize_by_default`` (True when ``method_cls`` is not given); ``backend``:
+        from ``_resolve_backend`` (None: numpy)."""
         optimize = self.optimize
         if optimize is None:
             optimize = getattr(method_cls, "optimize_by_default", True)
@@ -143,6 +193,7 @@ class _GPEstimatorBase(BaseEstimator):
             max_iter=int(self.max_iter),
             batch_size=None if self.batch_size is None else int(self.batch_size),
             rng=self._rng(),
+            **({} if backend is None else {"backend": backend}),
         )
 
     def _hold_out(self, X: Array, y: Array, n_classes: int) -> tuple[Array, Array]:
@@ -193,6 +244,7 @@ class _GPEstimatorBase(BaseEstimator):
             result, method_name, problem.X, problem.y, problem.n_classes, self._rng(),
             lambda X, y: -float(np.mean(result.posterior.log_predictive(X, y))))
         self.n_features_in_ = problem.X.shape[1]
+        self.backend_ = problem.backend
         self.method_ = method
         self.fit_result_ = result
         self.posterior_ = result.posterior
@@ -207,7 +259,7 @@ class _GPEstimatorBase(BaseEstimator):
 
     def _validate_for_predict(self, X: Any) -> Array:
         check_is_fitted(self)
-        X = check_X(X, "X")
+        X = check_X(host_input(X, "X"), "X")
         if X.shape[1] != self.n_features_in_:
             raise InputError(
                 f"X has {X.shape[1]} features, but {type(self).__name__} is expecting "
@@ -233,10 +285,25 @@ class _GPEstimatorBase(BaseEstimator):
         check_feature_scales(X, type(self).__name__)
         return X
 
+    def _on_fit_device(self, X: Array) -> Any:
+        """Checked inputs ``X [N*, D]`` on the device the fit ran on (float64), where that
+        device is usable here; the host array otherwise (numpy fits, or a model loaded on a
+        machine without the GPU or without torch)."""
+        backend = getattr(self, "backend_", None)
+        if backend is None or backend.is_numpy:
+            return X
+        try:
+            usable = resolve_backend(backend.name, backend.device, "float64")
+        except InputError:
+            return X
+        return usable.asarray(X)
+
     def predict_f(self, X: Any) -> tuple[Array, Array]:
-        """Latent predictive means and variances at ``X [N*, D]``, each ``[N*, L]``."""
+        """Latent predictive means and variances at ``X [N*, D]``, each ``[N*, L]`` (numpy;
+        computed on the fit's device where it is usable)."""
         X = self._validate_for_predict(X)
-        return self.posterior_.predict_f(X)
+        mean, var = self.posterior_.predict_f(self._on_fit_device(X))
+        return ops.to_host(mean), ops.to_host(var)
 
 
 
@@ -285,12 +352,26 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         Fit a per-feature ``(X - mean) / std`` on the training inputs, keep it as ``scaler_``
         and apply it at prediction. False (default): ``X`` is used as given, and a
         ``gpinfer.scaling.FeatureScaleWarning`` says when its scale is far from the kernel's.
+    backend : None, "numpy" or "torch"
+        Array backend of the training hot path (``gpinfer.backend``). ``None`` (default):
+        numpy, or torch when ``device`` is a GPU. ``"torch"`` only for the methods that have it
+        (sep, ep, svi; ``pip install gpinfer[torch]``); any other method is an ``InputError``.
+    device : None or str
+        ``"cpu"`` (``None``), ``"cuda"`` or ``"cuda:N"``; a GPU needs the torch backend and a
+        CUDA build of torch. The data stay in host memory; the method moves mini-batches.
+    dtype : None, "float64" or "float32"
+        Floating-point type of the torch backend (``None``: float64). ``"float32"`` only with
+        ``backend="torch"`` and for the methods stable in single precision (sep, svi).
+    All three are checked, with the method, before any training (``InputError`` naming the
+    fix: an unknown value, torch or CUDA missing, a numpy-only method).
 
     Attributes (after ``fit``)
     --------------------------
     classes_ [C], n_features_in_, kernel_, likelihood_, log_evidence_, n_iter_, history_,
     posterior_, method_ (the fitted method instance), fit_result_ (its ``FitResult``),
-    log_evidence_se_ (standard error of a Monte-Carlo evidence such as AIS, else None).
+    log_evidence_se_ (standard error of a Monte-Carlo evidence such as AIS, else None),
+    backend_ (the ``gpinfer.backend.Backend`` the fit ran on; ``backend_.params()`` gives
+    ``{"backend", "device", "dtype"}``).
     """
 
     def __init__(
@@ -309,6 +390,9 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         validation_interval: int = 1,
         n_iter_no_change: int = 10,
         standardize: bool = False,
+        backend: str | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
     ):
         self.method = method
         self.M = M
@@ -324,6 +408,9 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         self.validation_interval = validation_interval
         self.n_iter_no_change = n_iter_no_change
         self.standardize = standardize
+        self.backend = backend
+        self.device = device
+        self.dtype = dtype
 
     # -- scikit-learn plumbing ---------------------------------------------------------------
     def __sklearn_tags__(self):
@@ -372,8 +459,10 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
 
         ``X [N, D]``, ``y [N]`` (any label type with at least two classes). Everything is
         validated before training starts. ``callback`` receives an ``IterationInfo`` once per
-        outer iteration. Returns ``self``.
+        outer iteration. Returns ``self``. ``X`` and ``y`` may be torch tensors (for a method
+        with a torch backend): they are copied to host memory.
         """
+        X, y = self._host_inputs(X=X, y=y)
         X, y = check_X_y(X, y)
         classes, y_index = encode_labels(y)
         n_classes = len(classes)
@@ -382,7 +471,8 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         X, y_index = self._hold_out(X, y_index, n_classes)
         n, d = X.shape
         method_cls = _load_method(self.method)
-        method_name = method_cls.name or getattr(self.method, "__name__", str(self.method))
+        method_name = _method_name(method_cls, self.method)
+        backend = self._resolve_backend(method_cls, method_name)
         check_method_compatible(
             method_cls,
             n_classes,
@@ -395,16 +485,20 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         likelihood = self._build_likelihood(method_cls, n_classes)
         kernel = self._build_kernel(d)
         method = self._instantiate(method_cls)
-        problem = self._problem(X, y_index, n_classes, kernel, likelihood, inducing, method_cls)
+        problem = self._problem(X, y_index, n_classes, kernel, likelihood, inducing, method_cls,
+                                backend)
         with progress_callback(self.verbose, problem.max_iter, method_name, callback) as callback:
             self._fit_problem(method, method_name, problem, callback)
         self.classes_ = classes
         return self
 
     def predict_proba(self, X: Any) -> Array:
-        """Class probabilities ``[N*, C]``, columns ordered as ``classes_``; rows sum to one."""
+        """Class probabilities ``[N*, C]``, columns ordered as ``classes_``; rows sum to one.
+
+        ``X [N*, D]``: a numpy array or a torch tensor; the result is numpy, whatever backend
+        the fit ran on (the prediction itself runs on the fit's device where it is usable)."""
         X = self._validate_for_predict(X)
-        P = np.asarray(self.posterior_.predict_proba(X), dtype=np.float64)
+        P = np.asarray(self.posterior_.predict_proba(self._on_fit_device(X)), dtype=np.float64)
         n_classes = len(self.classes_)
         if P.ndim == 1 or (P.ndim == 2 and P.shape[1] == 1 and n_classes == 2):
             p1 = P.reshape(-1)

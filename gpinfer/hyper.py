@@ -13,15 +13,21 @@ entries can be held fixed; they are then absent from ``theta``.
 * ``Kuu [M, M]``      -> ``kernel.grad_params(Z, None, G)`` and ``kernel.grad_inputs(Z, None, G)``
 * ``Kuf [M, N]``      -> ``kernel.grad_params(Z, X, G)`` and ``kernel.grad_inputs(Z, X, G)``
 * ``likelihood [Q]``  -> appended (summed over the latents' entries).
+
+Inducing inputs may be arrays of another array-API namespace (torch on a CPU or GPU,
+``gpinfer.backend``): ``theta`` and its gradient then live there too, so a stochastic optimiser
+steps on the device; kernel and likelihood parameters are small and are read back to the host.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from gpinfer.backend import ops
 from gpinfer.interfaces import Array, Likelihood, MatrixGradients
 from gpinfer.kernels.base import Kernel
 from gpinfer.parallel import map_latents
@@ -129,11 +135,9 @@ class HyperParameters:
     def _as_inducing(self, Z: Array | Sequence[Array] | None) -> list[Array] | None:
         if Z is None:
             return None
-        if isinstance(Z, np.ndarray) and Z.ndim == 2:
-            Zs = [Z]
-        else:
-            Zs = list(Z)
-        Zs = [np.array(z, dtype=float) for z in Zs]
+        given: list[Any] = [Z] if ops.is_array(Z) and Z.ndim == 2 else list(Z)  # type: ignore[union-attr]
+        Zs: list[Array] = [ops.copy(z) if ops.is_array(z) and not ops.is_numpy(z)
+                           else np.array(z, dtype=float) for z in given]
         if len(Zs) != self.n_latent:
             raise ValueError(f"got {len(Zs)} inducing-input arrays for {self.n_latent} latents")
         for l, z in enumerate(Zs):
@@ -168,45 +172,60 @@ class HyperParameters:
         return list(self._all_names)
 
     # -- pack / unpack -----------------------------------------------------------------------
+    def _reference(self) -> Array:
+        """An array of the namespace and device ``theta`` lives on (the first ``Z``; numpy
+        when there are no inducing inputs)."""
+        return self.Z[0] if self.Z else np.zeros(0)
+
     def _full(self) -> Array:
         """Every entry (free and fixed) read from the kernels, ``Z`` and the likelihood."""
+        ref = self._reference()
         parts: list[Array] = []
         for block in self._blocks:
             if block.kind == "kernel":
-                parts.append(np.asarray(self._distinct[block.index].get_unconstrained(), float))
+                values = np.asarray(self._distinct[block.index].get_unconstrained(), float)
+                parts.append(ops.like(ref, values))
             elif block.kind == "inducing":
-                parts.append(self._inducing()[block.index].reshape(-1))
+                parts.append(ops.namespace(ref).reshape(self._inducing()[block.index], (-1,)))
             else:
-                parts.append(np.asarray(self._likelihood().get_unconstrained(), float)
-                             .reshape(-1))
-        return np.concatenate(parts) if parts else np.zeros(0)
+                values = np.asarray(self._likelihood().get_unconstrained(), float).reshape(-1)
+                parts.append(ops.like(ref, values))
+        return ops.namespace(ref).concat(parts) if parts else ops.zeros(ref, (0,))
+
+    def _free_entries(self, full: Array) -> Array:
+        """Indices of the free entries, on ``full``'s namespace and device."""
+        return ops.index_like(full, np.flatnonzero(self._free))
 
     def pack(self) -> Array:
-        """The free entries as one vector ``theta [P]`` (a new array)."""
+        """The free entries as one vector ``theta [P]`` (a new array, on the namespace and
+        device of ``Z``)."""
         full = self._full()  # a new array already
-        return full if self._all_free else full[self._free]
+        return full if self._all_free else full[self._free_entries(full)]
 
     def unpack(self, theta: Array) -> None:
         """Write ``theta [P]`` into the kernels, ``Z`` and the likelihood (fixed entries kept)."""
-        theta = np.asarray(theta, dtype=float).reshape(-1)
-        if theta.size != self.size:
-            raise ValueError(f"expected {self.size} hyper-parameters, got {theta.size}")
+        if ops.is_numpy(theta) or not ops.is_array(theta):
+            theta = np.asarray(theta, dtype=float).reshape(-1)
+        xp = ops.namespace(theta)
+        theta = xp.reshape(theta, (-1,))
+        if theta.shape[0] != self.size:
+            raise ValueError(f"expected {self.size} hyper-parameters, got {theta.shape[0]}")
         if self._all_free:
             full = theta
         else:
             full = self._full()
-            full[self._free] = theta
+            full[self._free_entries(full)] = theta
         for block in self._blocks:
             if not np.any(self._free[block.start : block.stop]):
                 continue
             piece = full[block.start : block.stop]
             if block.kind == "kernel":
-                self._distinct[block.index].set_unconstrained(piece.copy())
+                self._distinct[block.index].set_unconstrained(ops.to_host(piece).astype(float))
             elif block.kind == "inducing":
                 Z = self._inducing()
-                Z[block.index] = piece.reshape(Z[block.index].shape).copy()
+                Z[block.index] = ops.copy(xp.reshape(piece, tuple(Z[block.index].shape)))
             else:
-                self._likelihood().set_unconstrained(piece.copy())
+                self._likelihood().set_unconstrained(ops.to_host(piece).astype(float))
 
     def bounds(
         self,
@@ -224,7 +243,7 @@ class HyperParameters:
 
     def describe(self) -> dict[str, float]:
         """Every entry by name (unconstrained values), for logging."""
-        return dict(zip(self._all_names, self._full().tolist()))
+        return dict(zip(self._all_names, ops.to_host(self._full()).tolist()))
 
     # -- gradients ---------------------------------------------------------------------------
     def inducing_is_free(self, latent: int) -> bool:
@@ -248,7 +267,7 @@ def _latent_gradients(
 
     With ``need_Z=False`` (inducing inputs held fixed) the input VJPs are not computed.
     """
-    g_kern = np.zeros(kern.n_params)
+    g_kern = ops.zeros(X, (kern.n_params,))
     g_Z = None
     if G.Kff is not None:
         g_kern += kern.grad_params(X, None, G.Kff)
@@ -257,7 +276,7 @@ def _latent_gradients(
     if G.Kuu is not None or G.Kuf is not None:
         if Z is None:
             raise ValueError(f"latent {latent} has Kuu/Kuf gradients but no inducing inputs Z")
-        g_Z = np.zeros_like(Z) if need_Z else None
+        g_Z = ops.namespace(Z).zeros_like(Z) if need_Z else None
         for X2, dK in ((None, G.Kuu), (X, G.Kuf)):
             if dK is None:
                 continue
@@ -283,8 +302,9 @@ def parameter_gradient(
     grads_list = [grads] if isinstance(grads, MatrixGradients) else list(grads)
     if len(grads_list) != hp.n_latent:
         raise ValueError(f"got {len(grads_list)} MatrixGradients for {hp.n_latent} latents")
-    full = np.zeros(hp.n_entries)
-    kernel_grads = [np.zeros(k.n_params) for k in hp._distinct]
+    X_ref = X if ops.is_array(X) else np.asarray(X, dtype=float)
+    full = ops.zeros(X_ref, (hp.n_entries,))
+    kernel_grads = [ops.zeros(X_ref, (k.n_params,)) for k in hp._distinct]
     Z_grads: list[Array | None] = [None] * hp.n_latent
     lik_grad = None
     per_latent = map_latents(
@@ -295,7 +315,7 @@ def parameter_gradient(
         kernel_grads[hp._kernel_of_latent[l]] += g_kern
         Z_grads[l] = g_Z
         if G.likelihood is not None:
-            g_lik = np.asarray(G.likelihood, dtype=float).reshape(-1)
+            g_lik = ops.like(X_ref, np.asarray(ops.to_host(G.likelihood), float).reshape(-1))
             lik_grad = g_lik if lik_grad is None else lik_grad + g_lik
     for block in hp._blocks:
         if block.kind == "kernel":
@@ -303,12 +323,12 @@ def parameter_gradient(
         elif block.kind == "inducing":
             g_Z = Z_grads[block.index]
             if g_Z is not None:
-                full[block.start : block.stop] = g_Z.reshape(-1)
+                full[block.start : block.stop] = ops.namespace(g_Z).reshape(g_Z, (-1,))
         elif lik_grad is not None:
-            if lik_grad.size != block.stop - block.start:
+            if lik_grad.shape[0] != block.stop - block.start:
                 raise ValueError(
-                    f"likelihood gradient has {lik_grad.size} entries, expected "
+                    f"likelihood gradient has {lik_grad.shape[0]} entries, expected "
                     f"{block.stop - block.start}"
                 )
             full[block.start : block.stop] = lik_grad
-    return full if hp._all_free else full[hp._free]
+    return full if hp._all_free else full[hp._free_entries(full)]

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
 
 import numpy as np
 
+from gpinfer.backend.choice import NUMPY, Backend
 from gpinfer.errors import InputError
 from gpinfer.options import Option, check_options
 
@@ -85,6 +86,9 @@ class Likelihood(abc.ABC):
     expectation_settings: ClassVar[tuple[str, ...]] = ()
     #: the rule in use (an instance attribute once set through ``set_expectation``)
     expectation: str = "expected_log_prob"
+    #: whether ``predict_proba`` and ``log_predictive`` take arrays of any array-API namespace
+    #: (``gpinfer.backend``); otherwise a posterior hands them host arrays
+    device_predictions: ClassVar[bool] = False
 
     def set_expectation(self, rule: str | None = None, **settings: int | None) -> None:
         """Choose the rule of ``variational_expectations`` (``None``: keep it) and its settings
@@ -230,6 +234,12 @@ class SiteApproximation(abc.ABC):
         """Called after each pass over the data in mini-batch training (e.g. to recompute
         site sums from stored sites)."""
 
+    def batch_inputs(self) -> Array | None:
+        """The prepared batch's inputs ``[B, D]`` as the sites computed with them (on their
+        array backend, ``gpinfer.backend``), for the kernels' vector-Jacobian products; None:
+        the loop takes the host rows ``X[batch]``."""
+        return None
+
 
 # --------------------------------------------------------------------------------------------
 # Matrix gradients and objective values
@@ -351,6 +361,9 @@ class Problem:
     * ``max_iter``: outer iterations (hyper-parameter steps, or sweeps when ``optimize`` is False).
     * ``batch_size``: ``None`` for batch training, else the mini-batch size.
     * ``rng``: the run's random generator (seeded from ``seed``).
+    * ``backend``: the array backend (``gpinfer.backend.Backend``: numpy, or torch on a CPU or
+      GPU, and its dtype), checked against the method's ``backends`` and ``float32`` before
+      ``fit``. ``X`` and ``y`` stay on the host; a method moves batches to the backend.
     """
 
     X: Array
@@ -363,6 +376,7 @@ class Problem:
     max_iter: int = 100
     batch_size: int | None = None
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    backend: Backend = NUMPY
 
     @property
     def n(self) -> int:
@@ -464,6 +478,13 @@ class Method(abc.ABC):
     #: whether the reported objectives are one quantity that training maximises, so that the fit
     #: guard may restore the best reported iterate when training ends far below it
     restore_best_iterate: ClassVar[bool] = True
+    #: array backends the method runs on (``gpinfer.backend``): numpy only by default; methods
+    #: written against the array API (sep, ep, svi) add ``"torch"`` (CPU or CUDA)
+    backends: ClassVar[Sequence[str]] = ("numpy",)
+    #: whether the method is stable in single precision (``dtype="float32"``)
+    float32: ClassVar[bool] = False
+    #: why not, when ``float32`` is False (the error a user sees names it)
+    float64_reason: ClassVar[str] = "it is not stable in single precision"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.linalg import solve_triangular
 
+from gpinfer.backend import ops
 from gpinfer.interfaces import Likelihood
 from gpinfer.kernels.base import Kernel
 from gpinfer.numerics.cholesky import jittered_cholesky
@@ -32,17 +33,23 @@ class Posterior(abc.ABC):
         """Latent predictive means and variances at ``X [N*, D]``, each ``[N*, L]``."""
 
     def _likelihood_args(self, mean: Array, var: Array) -> tuple[Array, Array]:
+        """The likelihood's arguments: on the latent predictions' device when the likelihood
+        computes there (``device_predictions``), else on the host (``[N*, L]`` values)."""
+        if not self.likelihood.device_predictions:
+            mean, var = ops.to_host(mean), ops.to_host(var)
         if self.likelihood.multiclass:
             return mean, var
         return mean[:, 0], var[:, 0]
 
     def predict_proba(self, X: Array) -> Array:
-        """Class probabilities ``[N*, C]``; rows sum to one."""
-        return self.likelihood.predict_proba(*self._likelihood_args(*self.predict_f(X)))
+        """Class probabilities ``[N*, C]`` on the host; rows sum to one."""
+        moments = self._likelihood_args(*self.predict_f(X))
+        return ops.to_host(self.likelihood.predict_proba(*moments))
 
     def log_predictive(self, X: Array, y: Array) -> Array:
-        """``log p(y_n | x_n, data)`` for test points, ``[N*]``."""
-        return self.likelihood.log_predictive(y, *self._likelihood_args(*self.predict_f(X)))
+        """``log p(y_n | x_n, data)`` for test points, ``[N*]``, on the host."""
+        return ops.to_host(
+            self.likelihood.log_predictive(y, *self._likelihood_args(*self.predict_f(X))))
 
     def state(self) -> dict[str, Array]:
         """Named arrays describing the posterior (saved as the run's artifact)."""
@@ -90,7 +97,9 @@ class InducingPosterior(Posterior):
       each ``[M_l, D]``; ``m``: means, each ``[M_l]``; ``S``: covariances, each ``[M_l, M_l]``.
 
     Prediction (per latent): ``A = Kuu^-1 Ku*``, ``mean = A^T m``,
-    ``var = k** - diag(Ku*^T Kuu^-1 Ku*) + diag(A^T S A)``.
+    ``var = k** - diag(Ku*^T Kuu^-1 Ku*) + diag(A^T S A)``. The arrays are kept on the host
+    (a fitted posterior pickles without a GPU); ``predict_f`` runs where ``X`` lives: host
+    inputs on numpy, a torch tensor on its device and dtype (``gpinfer.backend``).
     """
 
     def __init__(
@@ -111,15 +120,19 @@ class InducingPosterior(Posterior):
         self._Luu = [jittered_cholesky(k.K(z)).L for k, z in zip(self.kernels, self.Z)]
 
     def predict_f(self, X: Array) -> tuple[Array, Array]:
+        X = X if ops.is_array(X) and not ops.is_numpy(X) else np.asarray(X, dtype=float)
+        xp = ops.namespace(X)
+        floor = 1e-300 if str(X.dtype).endswith("float64") else 1e-30  # variances > 0
         means, variances = [], []
         for kern, Z, m, S, Luu in zip(self.kernels, self.Z, self.m, self.S, self._Luu):
+            Z, m, S, Luu = (ops.like(X, a) for a in (Z, m, S, Luu))
             Kus = kern.K(Z, X)  # [M, N*]
-            V = solve_triangular(Luu, Kus, lower=True)  # Luu^-1 Ku*
-            A = solve_triangular(Luu.T, V, lower=False)  # Kuu^-1 Ku*
-            means.append(A.T @ m)
-            var = kern.K_diag(X) - np.sum(V * V, axis=0) + np.sum(A * (S @ A), axis=0)
-            variances.append(np.maximum(var, 1e-300))
-        return np.stack(means, axis=1), np.stack(variances, axis=1)
+            V = ops.solve_triangular(Luu, Kus)  # Luu^-1 Ku*
+            A = ops.solve_triangular(Luu, V, transpose=True)  # Kuu^-1 Ku*
+            means.append(ops.mT(A) @ m)
+            var = kern.K_diag(X) - xp.sum(V * V, axis=0) + xp.sum(A * (S @ A), axis=0)
+            variances.append(xp.clip(var, min=floor))
+        return xp.stack(means, axis=1), xp.stack(variances, axis=1)
 
     def state(self) -> dict[str, Array]:
         out: dict[str, Array] = {}

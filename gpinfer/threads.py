@@ -14,7 +14,8 @@ The one knob is the environment variable ``GPINFER_BLAS_THREADS``:
 * ``inherit``: gpinfer leaves the thread settings of the process as they are.
 
 ``training_threads()`` applies the setting around a fit (the estimators' ``fit`` enters it, so
-library fits, ``gpinfer-run`` and every sweep job get it). It limits every BLAS library loaded in
+library fits, ``gpinfer-run`` and every sweep job get it), to torch's CPU threads as well when
+the torch backend is loaded. It limits every BLAS library loaded in
 the process (numpy's and scipy's own OpenBLAS are distinct libraries; both are loaded first, so a
 limit reaches scipy's even when scipy's linear algebra was not yet imported). ``export_policy()``
 writes the setting into the environment variables that BLAS libraries read when they load, for
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 
 from gpinfer.errors import InputError
@@ -78,8 +80,24 @@ def training_threads(n: int | None = None) -> Iterator[None]:
     from threadpoolctl import threadpool_limits
 
     _load_blas_libraries()
-    with threadpool_limits(limits=int(limit)):
+    with threadpool_limits(limits=int(limit)), _torch_threads(int(limit)):
         yield
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op CPU threads held to ``n`` (its own pool, which threadpoolctl does not
+    reach) when torch is loaded (the torch backend, ``gpinfer.backend``); restored on exit."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def export_policy() -> None:

@@ -31,6 +31,8 @@ __all__ = [
     "check_inducing",
     "check_method_compatible",
     "encode_labels",
+    "host_input",
+    "tensor_device",
 ]
 
 
@@ -40,6 +42,40 @@ def _is_sparse(obj: Any) -> bool:
     except ImportError:  # pragma: no cover - scipy is a hard dependency
         return False
     return sparse.issparse(obj)
+
+
+def tensor_device(x: Any) -> str | None:
+    """The device of ``x`` (``"cpu"``, ``"cuda:0"``) when it is a torch tensor, else ``None``.
+
+    Told by the type's name and module, so torch is never imported for a check.
+    """
+    for cls in type(x).__mro__:
+        if cls.__name__ == "Tensor" and cls.__module__.split(".")[0] == "torch":
+            return str(getattr(x, "device", "cpu"))
+    return None
+
+
+def host_input(x: Any, name: str, method: str | None = None,
+               backends: tuple[str, ...] = ("numpy", "torch")) -> Any:
+    """``x`` itself, or, when it is a torch tensor, a host numpy copy of it.
+
+    Training data stay in host memory (a method on the torch backend streams batches to its
+    device), so a tensor is brought back to the host (``x.detach().cpu().numpy()``). For a
+    ``method`` whose ``backends`` lack ``"torch"`` a tensor is an ``InputError`` naming the fix.
+    """
+    device = tensor_device(x)
+    if device is None:
+        return x
+    if method is not None and "torch" not in backends:
+        raise InputError(
+            f"{name} is a torch tensor on {device} but method {method!r} runs on numpy only: "
+            f"pass {name}.detach().cpu().numpy(), or use one of the methods with a torch "
+            "backend (sep, ep, svi)"
+        )
+    t = x.detach().cpu()
+    if str(t.dtype) == "torch.bfloat16":  # numpy has no bfloat16
+        t = t.float()
+    return t.numpy()
 
 
 def check_X(X: Any, name: str = "X") -> Array:

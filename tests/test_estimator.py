@@ -443,6 +443,9 @@ def test_get_set_params_and_clone(fake_plugins, data):
     est = GPClassifier(method="fakesparse", M=5, kernel=kernel, method_options={"noise": 0.2})
     params = est.get_params()
     assert params == {
+        "backend": None,
+        "device": None,
+        "dtype": None,
         "method": "fakesparse",
         "M": 5,
         "kernel": kernel,

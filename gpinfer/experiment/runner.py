@@ -2,13 +2,16 @@
 
 ``run_experiment(cfg)`` takes the composed Hydra config (``conf/config.yaml``) and does, in order:
 
-1. checks the plain settings (seed, iterations, M, batch_size, ...), the output folder and the
-   MLflow store, the method, kernel and dataset names, the method options and the problem
-   against what the method declares (classes, inducing points, mini-batches, likelihood):
+1. checks the plain settings (seed, iterations, M, batch_size, ...), the array backend
+   (``backend``, ``device``, ``dtype``: ``gpinfer.backend``) against the method, the output
+   folder and the MLflow store, the method, kernel and dataset names, the method options and
+   the problem against what the method declares (classes, inducing points, mini-batches,
+   likelihood):
    every problem is a ``gpinfer.errors`` error naming it, raised before any training and
    before any MLflow run exists;
 2. loads the dataset, splits it with the run's seed, standardises on the training part;
-3. starts the MLflow run (params = the flattened resolved config, tags, config artifact) and
+3. starts the MLflow run (params = the flattened resolved config, with ``backend``, ``device``
+   and ``dtype`` as resolved; tags, config artifact) and
    fits a ``GPClassifier`` with a callback that logs the objective and elapsed time every
    iteration and the test error and test NLL every ``eval_every`` iterations (also to the run
    log ``gpinfer.log``), moves the progress bar (``gpinfer.progress``, config ``progress.bar``),
@@ -42,6 +45,7 @@ from typing import Any, TextIO
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from gpinfer.backend.choice import NUMPY, Backend, check_method_backend, resolve_backend
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.experiment import results as res
 from gpinfer.experiment import stale_runs, tracking
@@ -93,6 +97,11 @@ class Settings:
     batch_size: int | None
     eval_every: int
     early_stopping: EarlyStopping | None = None
+    #: the array backend as asked for (top-level ``backend``, ``device``, ``dtype``; null: the
+    #: default), resolved and checked against the method by ``prepare``
+    backend: str | None = None
+    device: str | None = None
+    dtype: str | None = None
     progress: dict[str, Any] = field(default_factory=dict)
     mlflow: dict[str, Any] = field(default_factory=dict)
 
@@ -121,6 +130,8 @@ class Prepared:
     #: ``y_test_index`` then holds the real test targets in their original units)
     y_shift: float = 0.0
     y_scale: float = 1.0
+    #: the array backend the fit runs on (resolved from the settings, checked for the method)
+    backend: Backend = NUMPY
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,6 +179,21 @@ def _mapping(value: Any, key: str) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise InputError(f"{key} must be a mapping (key: value); got {value!r}")
     return dict(value)
+
+
+def _optional_text(value: Any, key: str, allowed: str) -> str | None:
+    """A top-level setting that is null or a name (``device=0`` composes as an int)."""
+    if value is None or isinstance(value, str):
+        return value
+    raise InputError(f"{key} must be null or one of {allowed}; got {value!r}")
+
+
+def _check_backend(s: Settings, method_cls: type) -> Backend:
+    """The run's ``Backend`` from ``backend``/``device``/``dtype``, checked against the method
+    (``InputError`` naming the fix) before any MLflow run exists."""
+    backend = resolve_backend(s.backend, s.device, s.dtype)
+    check_method_backend(method_cls, s.method, backend)
+    return backend
 
 
 def parse_settings(conf: Mapping[str, Any]) -> Settings:
@@ -224,6 +250,9 @@ def parse_settings(conf: Mapping[str, Any]) -> Settings:
         early_stopping=EarlyStopping.from_settings(conf.get("validation_fraction"),
                                                    conf.get("validation_interval", 1),
                                                    conf.get("n_iter_no_change", 10)),
+        backend=_optional_text(conf.get("backend"), "backend", "numpy or torch"),
+        device=_optional_text(conf.get("device"), "device", "cpu, cuda or cuda:N"),
+        dtype=_optional_text(conf.get("dtype"), "dtype", "float64 or float32"),
         progress=_mapping(conf.get("progress"), "progress"),
         mlflow=_mapping(conf.get("mlflow"), "mlflow"),
     )
@@ -380,6 +409,7 @@ def prepare(
     s = parse_settings(conf)
     blas_threads()  # the thread policy (GPINFER_BLAS_THREADS), checked before any MLflow run
     method_cls, options, applied = _check_method(s)
+    backend = _check_backend(s, method_cls)
     _check_kernel_name(s.kernel)
     out_dir = res.check_output_dir(output_dir if output_dir is not None else _hydra_output_dir())
     uri = tracking.resolve_tracking_uri(s.mlflow.get("tracking_uri"))
@@ -405,6 +435,9 @@ def prepare(
         y_train, y_test_index = check_targets(split.y_train), check_targets(split.y_test)
     if split.X_test.shape[0] == 0:
         raise InputError(f"dataset {s.dataset!r}: the test part is empty")
+    if task == "regression" and not backend.is_numpy:
+        raise InputError(f"dataset {s.dataset!r} is a regression dataset, and regression runs "
+                         f"on numpy only: leave backend and device unset (got {backend})")
 
     X_train, X_test = split.X_train, split.X_test
     if s.dataset_cfg.get("standardize", True):
@@ -445,6 +478,7 @@ def prepare(
         config=conf,
         y_shift=y_shift,
         y_scale=y_scale,
+        backend=backend,
     )
 
 
@@ -604,6 +638,7 @@ def _params(p: Prepared) -> dict[str, str]:
             "data.task": p.task,
         }
     )
+    params.update(p.backend.params())  # as resolved: numpy/cpu/float64 when left unset
     if p.task == "regression":  # log_evidence is that of the standardised targets
         params.update({"data.y_shift": repr(p.y_shift), "data.y_scale": repr(p.y_scale)})
     return params
@@ -703,6 +738,7 @@ def run_experiment(
             "validation_fraction": s.early_stopping.validation_fraction,
             "validation_interval": s.early_stopping.validation_interval,
             "n_iter_no_change": s.early_stopping.n_iter_no_change}),
+        **({} if p.task == "regression" else p.backend.params()),
     )
     label = f"{s.method}/{s.dataset} s{s.seed}"
     progress = ProgressBar(s.iterations, label, show=s.progress.get("bar", "auto"),

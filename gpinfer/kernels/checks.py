@@ -6,9 +6,11 @@ import contextlib
 import contextvars
 import numbers
 from collections.abc import Iterable, Iterator
+from typing import cast
 
 import numpy as np
 
+from gpinfer.backend import ops
 from gpinfer.errors import InputError
 from gpinfer.kernels.base import Array
 
@@ -63,14 +65,19 @@ def checked_inputs() -> Iterator[None]:
 
 
 def as_inputs(X: object, name: str = "X") -> Array:
-    """A finite float input array ``[N, D]``; ``InputError`` naming ``name`` otherwise."""
-    try:
-        arr = np.asarray(X, dtype=float)
-    except (TypeError, ValueError):
-        raise InputError(f"{name} must be a numeric array [N, D]") from None
+    """A finite float input array ``[N, D]`` (host values as float64 numpy; an array of another
+    array-API namespace, a torch tensor, as it is); ``InputError`` naming ``name`` otherwise."""
+    arr: Array
+    if ops.is_array(X) and not ops.is_numpy(X):
+        arr = cast(Array, X)  # a backend array (typed as the numpy one it stands in for)
+    else:
+        try:
+            arr = np.asarray(X, dtype=float)
+        except (TypeError, ValueError):
+            raise InputError(f"{name} must be a numeric array [N, D]") from None
     if arr.ndim != 2:
-        raise InputError(f"{name} must be a 2-D array [N, D], got shape {arr.shape}")
-    if not _VALUES_CHECKED.get() and not np.all(np.isfinite(arr)):
+        raise InputError(f"{name} must be a 2-D array [N, D], got shape {tuple(arr.shape)}")
+    if not _VALUES_CHECKED.get() and not ops.all_finite(arr):
         raise InputError(f"{name} contains NaN or infinite values")
     return arr
 
@@ -97,10 +104,11 @@ def input_pair(
 
 def matrix_gradient(dK: object, shape: tuple[int, ...], name: str = "dK") -> Array:
     """Check that the incoming gradient ``dK`` has the ``shape`` of the matrix it belongs to."""
-    arr = np.asarray(dK, dtype=float)
-    if arr.shape != shape:
+    arr = (cast(Array, dK) if ops.is_array(dK) and not ops.is_numpy(dK)
+           else np.asarray(dK, dtype=float))
+    if tuple(arr.shape) != shape:
         raise InputError(
-            f"{name} must have shape {shape} (that of the kernel matrix), got {arr.shape}"
+            f"{name} must have shape {shape} (that of the kernel matrix), got {tuple(arr.shape)}"
         )
     return arr
 

@@ -12,9 +12,10 @@ from typing import cast
 
 import numpy as np
 
+from gpinfer.backend import ops
 from gpinfer.errors import InputError
 from gpinfer.kernels.base import Array, Kernel
-from gpinfer.kernels.checks import unconstrained_vector
+from gpinfer.kernels.checks import matrix_gradient, unconstrained_vector
 
 
 class Combination(Kernel):
@@ -83,10 +84,10 @@ class Sum(Combination):
         return _add_all(p.K_diag(X) for p in self.parts)
 
     def grad_params(self, X: Array, X2: Array | None, dK: Array) -> Array:
-        return np.concatenate([p.grad_params(X, X2, dK) for p in self.parts])
+        return _concat([p.grad_params(X, X2, dK) for p in self.parts])
 
     def grad_params_diag(self, X: Array, dK_diag: Array) -> Array:
-        return np.concatenate([p.grad_params_diag(X, dK_diag) for p in self.parts])
+        return _concat([p.grad_params_diag(X, dK_diag) for p in self.parts])
 
     def grad_inputs(self, X: Array, X2: Array | None, dK: Array) -> Array:
         return _add_all(p.grad_inputs(X, X2, dK) for p in self.parts)
@@ -100,6 +101,11 @@ class Sum(Combination):
         return combine_vjps([p.vjp(X, X2, dK, inputs=inputs) for p in self.parts])
 
 
+def _concat(arrays: list[Array]) -> Array:
+    """The parts' parameter vectors joined (on their namespace)."""
+    return ops.namespace(*arrays).concat(arrays)
+
+
 def _add_all(arrays: Iterable[Array]) -> Array:
     """``sum(arrays)``: left to right from 0, exactly as Python's ``sum`` (typed as an array)."""
     return cast(Array, sum(arrays))
@@ -110,7 +116,7 @@ def combine_vjps(
 ) -> tuple[Array, Array | None]:
     """The parts' ``(grad_params, grad_inputs)`` pairs as the combination's: parameters
     concatenated in part order, input gradients summed (``None`` when skipped)."""
-    g_params = np.concatenate([r[0] for r in results])
+    g_params = _concat([r[0] for r in results])
     g_inputs = [r[1] for r in results]
     if g_inputs[0] is None:
         return g_params, None
@@ -123,7 +129,7 @@ def products_of_others(mats: list[Array]) -> list[Array]:
     Uses prefix and suffix products, so zeros in a factor are handled exactly.
     """
     n = len(mats)
-    ones = np.ones_like(mats[0])
+    ones = ops.namespace(mats[0]).ones_like(mats[0])
     prefix = [ones]
     for m in mats[:-1]:
         prefix.append(prefix[-1] * m)
@@ -151,30 +157,22 @@ class Product(Combination):
     def _scaled_gradients(self, X: Array, X2: Array | None, dK: Array) -> list[Array]:
         """``dK * prod_{j != i} K_j`` for each part ``i``, ``[N, N2]`` each."""
         others = products_of_others([p.K(X, X2) for p in self.parts])
-        dK = np.asarray(dK, dtype=float)
-        if dK.shape != others[0].shape:
-            raise InputError(
-                f"dK must have shape {others[0].shape} (that of the kernel matrix), got {dK.shape}"
-            )
+        dK = matrix_gradient(dK, tuple(others[0].shape))
         return [dK * o for o in others]
 
     def _scaled_diag_gradients(self, X: Array, dK_diag: Array) -> list[Array]:
         """``dK_diag * prod_{j != i} K_diag_j`` for each part ``i``, ``[N]`` each."""
         others = products_of_others([p.K_diag(X) for p in self.parts])
-        dK_diag = np.asarray(dK_diag, dtype=float)
-        if dK_diag.shape != others[0].shape:
-            raise InputError(
-                f"dK_diag must have shape {others[0].shape}, got {dK_diag.shape}"
-            )
+        dK_diag = matrix_gradient(dK_diag, tuple(others[0].shape), "dK_diag")
         return [dK_diag * o for o in others]
 
     def grad_params(self, X: Array, X2: Array | None, dK: Array) -> Array:
         scaled = self._scaled_gradients(X, X2, dK)
-        return np.concatenate([p.grad_params(X, X2, g) for p, g in zip(self.parts, scaled)])
+        return _concat([p.grad_params(X, X2, g) for p, g in zip(self.parts, scaled)])
 
     def grad_params_diag(self, X: Array, dK_diag: Array) -> Array:
         scaled = self._scaled_diag_gradients(X, dK_diag)
-        return np.concatenate([p.grad_params_diag(X, g) for p, g in zip(self.parts, scaled)])
+        return _concat([p.grad_params_diag(X, g) for p, g in zip(self.parts, scaled)])
 
     def grad_inputs(self, X: Array, X2: Array | None, dK: Array) -> Array:
         scaled = self._scaled_gradients(X, X2, dK)

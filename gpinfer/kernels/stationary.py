@@ -1,6 +1,9 @@
 """Stationary kernels: RBF, Matérn 3/2 and Matérn 5/2, isotropic or with ARD lengthscales.
 
-Each is ``k(x, x') = variance * g(r2)`` with the scaled squared distance
+Inputs may be arrays of any array-API namespace (numpy, or torch on a CPU or GPU:
+``gpinfer.backend``); values and products come back on the inputs' namespace and device, the
+parameters stay host floats. Each is ``k(x, x') = variance * g(r2)`` with the scaled squared
+distance
 
     r2 = sum_d ((x_d - x'_d) / lengthscale_d)^2.
 
@@ -18,6 +21,7 @@ from typing import NamedTuple, cast
 
 import numpy as np
 
+from gpinfer.backend import ops
 from gpinfer.errors import InputError
 from gpinfer.kernels.base import Array, Kernel
 from gpinfer.kernels.checks import (
@@ -42,11 +46,12 @@ _MEMO_MAX_ENTRIES = 1 << 22
 def sqdist(A: Array, B: Array | None = None) -> Array:
     """Squared Euclidean distances ``[Na, Nb]`` between rows (expanded form, clipped at 0);
     ``B = None``: ``A`` against itself, with an exact zero diagonal."""
+    xp = ops.namespace(A)
     Bm = A if B is None else B
-    r2 = np.sum(A * A, axis=1)[:, None] + np.sum(Bm * Bm, axis=1)[None, :] - 2.0 * (A @ Bm.T)
-    np.maximum(r2, 0.0, out=r2)
+    r2 = xp.sum(A * A, axis=1)[:, None] + xp.sum(Bm * Bm, axis=1)[None, :] - 2.0 * (A @ ops.mT(Bm))
+    ops.clip_below(r2, 0.0)
     if B is None:
-        np.fill_diagonal(r2, 0.0)
+        ops.fill_diagonal(r2, 0.0)
     return r2
 
 
@@ -81,8 +86,15 @@ class _Distances(NamedTuple):
     B: Array | None
     r2: Array
     g: Array
+    #: ``ops.state_token`` of ``X`` and ``X2`` (backend arrays are matched by identity and
+    #: version, numpy arrays by value)
+    tokens: tuple = (None, None)
 
     def matches(self, X: Array, X2: object | None) -> bool:
+        if (ops.state_token(X), None if X2 is None else ops.state_token(X2)) != self.tokens:
+            return False
+        if self.tokens[0] is not None:  # backend arrays: the same objects, unchanged
+            return X is self.X and X2 is self.X2
         if X.shape != self.X.shape or not np.array_equal(X, self.X):
             return False
         if X2 is None or self.X2 is None:
@@ -170,8 +182,8 @@ class Stationary(Kernel):
         expanded form of ``r2`` accurate for inputs far from the origin.
         """
         X, X2 = input_pair(X, X2, self.input_dim, type(self).__name__)
-        ell = np.exp(self._log_lengthscale)
-        shift = X.mean(axis=0)
+        ell = ops.like(X, np.exp(self._log_lengthscale))
+        shift = ops.namespace(X).mean(X, axis=0)
         A = (X - shift) / ell
         B = None if X2 is None else (X2 - shift) / ell
         return A, B
@@ -193,12 +205,18 @@ class Stationary(Kernel):
         slot = X2 is None
         memo = self.__dict__.setdefault("_memo", {})
         hit = memo.get(slot)  # one read: another thread may replace the entry meanwhile
-        if (hit is not None and isinstance(X, np.ndarray) and hit.matches(X, X2)
+        if (hit is not None and ops.is_array(X) and hit.matches(X, X2)
                 and np.array_equal(hit.log_lengthscale, self._log_lengthscale)):
             return hit
         A, B = self._scaled(X, X2)
         r2 = self._r2(A, B)
         X_, X2_ = cast(Array, X), cast("Array | None", X2)  # checked by _scaled above
+        if not ops.is_numpy(A):  # backend arrays: remembered by identity and version
+            entry = _Distances(X_, X2_, self._log_lengthscale.copy(), A, B, r2, self._g(r2),
+                               (ops.state_token(X_), None if X2_ is None
+                                else ops.state_token(X2_)))
+            memo[slot] = entry
+            return entry
         kept = np.size(X_) + (0 if X2_ is None else np.size(X2_)) + 2 * r2.size
         if kept > _MEMO_MAX_ENTRIES:  # large inputs (prediction, dense N x N): recompute
             return _Distances(X_, X2_, self._log_lengthscale, A, B, r2, self._g(r2))
@@ -219,7 +237,7 @@ class Stationary(Kernel):
 
     def K_diag(self, X: Array) -> Array:
         X, _ = input_pair(X, None, self.input_dim, type(self).__name__)
-        return np.full(X.shape[0], self.variance)
+        return ops.full(X, (X.shape[0],), self.variance)
 
     # -- vector-Jacobian products ------------------------------------------------------------
     def _distance_gradient(self, X: Array, X2: Array | None, dK: Array
@@ -243,24 +261,27 @@ class Stationary(Kernel):
         """Parameter gradient ``[P]`` from the pieces of ``_distance_gradient``
         (``GB = G @ B [N, D]`` when the caller has it already)."""
         # d r2 / d log(lengthscale_d) = -2 (a_d - b_d)^2 with a, b the scaled inputs
+        xp = ops.namespace(G)
         if self._ard:
             Bm = A if B is None else B
             if GB is None:
                 GB = G @ Bm
             per_dim = (
-                G.sum(axis=1) @ (A * A)
-                + G.sum(axis=0) @ (Bm * Bm)
-                - 2.0 * np.einsum("nd,nd->d", A, GB)
+                xp.sum(G, axis=1) @ (A * A)
+                + xp.sum(G, axis=0) @ (Bm * Bm)
+                - 2.0 * ops.einsum("nd,nd->d", A, GB)
             )
             d_log_ell = -2.0 * per_dim
         else:
-            d_log_ell = np.array([-2.0 * np.sum(G * r2)])
-        return np.append(d_log_ell, np.sum(dK_times_K))
+            d_log_ell = xp.reshape(-2.0 * xp.sum(G * r2), (1,))
+        return xp.concat([d_log_ell, xp.reshape(xp.sum(dK_times_K), (1,))])
 
     def grad_params_diag(self, X: Array, dK_diag: Array) -> Array:
         X, _ = input_pair(X, None, self.input_dim, type(self).__name__)
         dK_diag = matrix_gradient(dK_diag, (X.shape[0],), "dK_diag")
-        return np.append(np.zeros(self._log_lengthscale.size), self.variance * np.sum(dK_diag))
+        xp = ops.namespace(dK_diag)
+        return xp.concat([ops.zeros(dK_diag, (self._log_lengthscale.size,)),
+                          xp.reshape(self.variance * xp.sum(dK_diag), (1,))])
 
     def grad_inputs(self, X: Array, X2: Array | None, dK: Array) -> Array:
         A, B, _, _, G = self._distance_gradient(X, X2, dK)
@@ -270,14 +291,14 @@ class Stationary(Kernel):
         """Input gradient ``[N, D]`` from the scaled inputs and ``G = dK * dK/dr2``
         (``GB = G @ B`` for a cross-covariance when the caller has it already)."""
         if B is None:  # X is both arguments: rows and columns both count
-            G = G + G.T
+            G = G + ops.mT(G)
             B = A
             GB = None
         # d r2_ab / d x_ad = 2 (a_d - b_d) / lengthscale_d
-        ell = np.exp(self._log_lengthscale)
+        ell = ops.like(G, np.exp(self._log_lengthscale))
         if GB is None:
             GB = G @ B
-        return (2.0 / ell) * (A * G.sum(axis=1)[:, None] - GB)
+        return (2.0 / ell) * (A * ops.namespace(G).sum(G, axis=1)[:, None] - GB)
 
     def vjp(
         self, X: Array, X2: Array | None, dK: Array, *, inputs: bool = True
@@ -288,10 +309,10 @@ class Stationary(Kernel):
         if B is None and inputs and self._ard:
             # X against itself: both gradients depend on G only through its symmetric part
             # (r2 and K are symmetric), so one product (G_sym @ A) serves the two of them
-            G = 0.5 * (G + G.T)
+            G = 0.5 * (G + ops.mT(G))
             GA = G @ A
-            ell = np.exp(self._log_lengthscale)
-            g_inputs = (4.0 / ell) * (A * G.sum(axis=1)[:, None] - GA)
+            ell = ops.like(G, np.exp(self._log_lengthscale))
+            g_inputs = (4.0 / ell) * (A * ops.namespace(G).sum(G, axis=1)[:, None] - GA)
             return self._params_from(A, None, r2, dK_times_K, G, GA), g_inputs
         GB = G @ B if (B is not None and inputs and self._ard) else None
         g_inputs = self._inputs_from(A, B, G, GB) if inputs else None
@@ -300,7 +321,7 @@ class Stationary(Kernel):
     def grad_inputs_diag(self, X: Array, dK_diag: Array) -> Array:
         X, _ = input_pair(X, None, self.input_dim, type(self).__name__)
         matrix_gradient(dK_diag, (X.shape[0],), "dK_diag")
-        return np.zeros_like(X)
+        return ops.namespace(X).zeros_like(X)
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,10 +339,10 @@ class RBF(Stationary):
     """
 
     def _g(self, r2: Array) -> Array:
-        return np.exp(-0.5 * r2)
+        return ops.namespace(r2).exp(-0.5 * r2)
 
     def _dg_dr2(self, r2: Array) -> Array:
-        return -0.5 * np.exp(-0.5 * r2)
+        return -0.5 * ops.namespace(r2).exp(-0.5 * r2)
 
     def K_from_sqdist(self, D: Array, scaled: bool = False, out: Array | None = None) -> Array:
         """``K`` from squared distances ``D [M, N]``: raw ones (isotropic lengthscale only),
@@ -332,14 +353,21 @@ class RBF(Stationary):
         elif self.ard:
             raise InputError("RBF.K_from_sqdist with raw distances needs an isotropic lengthscale")
         else:
-            scale = -0.5 / float(self.lengthscale) ** 2
+            scale = -0.5 * self._inverse_squared_lengthscale()
         return scaled_exp(D, scale, self.variance, out)
+
+    def _inverse_squared_lengthscale(self) -> float:
+        """``1 / l^2`` of an isotropic lengthscale; ``inf`` once ``l`` underflows to 0 (a
+        diverging optimiser), so that the matrices turn non-finite and the caller's checks
+        report it, instead of a ``ZeroDivisionError``."""
+        l2 = float(self.lengthscale) ** 2
+        return 1.0 / l2 if l2 > 0.0 else float("inf")
 
     def sqdist_gradient(self, sum_GK: float, sum_GKD: float) -> tuple[float, float]:
         """``(d/dlog lengthscale, d/dlog variance)`` of ``sum(G * K)`` (isotropic) from the
         contractions ``sum(G * K)`` and ``sum(G * K * D)`` with the raw squared distances ``D``:
         ``dK/dlog l = K D / l^2``, ``dK/dlog variance = K``."""
-        return sum_GKD / float(self.lengthscale) ** 2, sum_GK
+        return sum_GKD * self._inverse_squared_lengthscale(), sum_GK
 
     @staticmethod
     def ard_lengthscale_gradient(H: Array, A: Array, B: Array) -> Array:
@@ -357,11 +385,13 @@ class Matern32(Stationary):
     """
 
     def _g(self, r2: Array) -> Array:
-        s = SQRT3 * np.sqrt(r2)
-        return (1.0 + s) * np.exp(-s)
+        xp = ops.namespace(r2)
+        s = SQRT3 * xp.sqrt(r2)
+        return (1.0 + s) * xp.exp(-s)
 
     def _dg_dr2(self, r2: Array) -> Array:
-        return -1.5 * np.exp(-SQRT3 * np.sqrt(r2))
+        xp = ops.namespace(r2)
+        return -1.5 * xp.exp(-SQRT3 * xp.sqrt(r2))
 
 
 class Matern52(Stationary):
@@ -371,9 +401,11 @@ class Matern52(Stationary):
     """
 
     def _g(self, r2: Array) -> Array:
-        s = SQRT5 * np.sqrt(r2)
-        return (1.0 + s + (5.0 / 3.0) * r2) * np.exp(-s)
+        xp = ops.namespace(r2)
+        s = SQRT5 * xp.sqrt(r2)
+        return (1.0 + s + (5.0 / 3.0) * r2) * xp.exp(-s)
 
     def _dg_dr2(self, r2: Array) -> Array:
-        s = SQRT5 * np.sqrt(r2)
-        return -(5.0 / 6.0) * (1.0 + s) * np.exp(-s)
+        xp = ops.namespace(r2)
+        s = SQRT5 * xp.sqrt(r2)
+        return -(5.0 / 6.0) * (1.0 + s) * xp.exp(-s)

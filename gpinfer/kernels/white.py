@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpinfer.backend import ops
 from gpinfer.errors import InputError
 from gpinfer.kernels.base import Array, Kernel
 from gpinfer.kernels.checks import (
@@ -53,33 +54,35 @@ class White(Kernel):
     def K(self, X: Array, X2: Array | None = None) -> Array:
         X, X2 = input_pair(X, X2, None, "White")
         if X2 is None:
-            return self.variance * np.eye(X.shape[0])
-        return np.zeros((X.shape[0], X2.shape[0]))
+            return self.variance * ops.eye(X, X.shape[0])
+        return ops.zeros(X, (X.shape[0], X2.shape[0]))
 
     def K_diag(self, X: Array) -> Array:
         X, _ = input_pair(X, None, None, "White")
-        return np.full(X.shape[0], self.variance)
+        return ops.full(X, (X.shape[0],), self.variance)
 
     # -- vector-Jacobian products ------------------------------------------------------------
     def grad_params(self, X: Array, X2: Array | None, dK: Array) -> Array:
         X, X2 = input_pair(X, X2, None, "White")
         if X2 is None:
             dK = matrix_gradient(dK, (X.shape[0], X.shape[0]))
-            return np.array([self.variance * np.trace(dK)])
+            xp = ops.namespace(dK)
+            return xp.reshape(self.variance * xp.sum(ops.diagonal(dK)), (1,))
         matrix_gradient(dK, (X.shape[0], X2.shape[0]))
-        return np.zeros(1)
+        return ops.zeros(X, (1,))
 
     def grad_params_diag(self, X: Array, dK_diag: Array) -> Array:
         X, _ = input_pair(X, None, None, "White")
         dK_diag = matrix_gradient(dK_diag, (X.shape[0],), "dK_diag")
-        return np.array([self.variance * np.sum(dK_diag)])
+        xp = ops.namespace(dK_diag)
+        return xp.reshape(self.variance * xp.sum(dK_diag), (1,))
 
     def grad_inputs(self, X: Array, X2: Array | None, dK: Array) -> Array:
         X, X2 = input_pair(X, X2, None, "White")
         matrix_gradient(dK, (X.shape[0], X.shape[0] if X2 is None else X2.shape[0]))
-        return np.zeros_like(X)
+        return ops.namespace(X).zeros_like(X)
 
     def grad_inputs_diag(self, X: Array, dK_diag: Array) -> Array:
         X, _ = input_pair(X, None, None, "White")
         matrix_gradient(dK_diag, (X.shape[0],), "dK_diag")
-        return np.zeros_like(X)
+        return ops.namespace(X).zeros_like(X)

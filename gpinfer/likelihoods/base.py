@@ -16,8 +16,10 @@ import abc
 from collections.abc import Callable
 from typing import ClassVar
 
+import array_api_compat
 import numpy as np
 
+from gpinfer.backend import ops
 from gpinfer.errors import InputError
 from gpinfer.interfaces import ExpectedLogProb, Likelihood, TiltedMoments
 from gpinfer.numerics import settings
@@ -41,7 +43,20 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 
+def _is_backend_array(x: object) -> bool:
+    """Whether ``x`` is an array of a non-numpy array-API namespace (a torch tensor): the
+    checks below then run on its namespace and device (``gpinfer.backend``)."""
+    return not ops.is_numpy(x) and array_api_compat.is_array_api_obj(x)
+
+
 def _finite_array(x: Array, name: str) -> Array:
+    if _is_backend_array(x):
+        xp = ops.namespace(x)
+        if not xp.isdtype(x.dtype, "real floating"):
+            x = xp.astype(x, xp.float64)
+        if not ops.all_finite(x):
+            raise InputError(f"{name} contains NaN or infinite values")
+        return x
     try:
         arr = np.asarray(x, dtype=float)
     except (TypeError, ValueError) as exc:
@@ -71,13 +86,24 @@ def check_mean_var(mean: Array, var: Array, ndim: int) -> tuple[Array, Array]:
     var = check_latent(var, "var", ndim)
     if mean.shape != var.shape:
         raise InputError(f"mean and var must have the same shape, got {mean.shape} and {var.shape}")
+    if _is_backend_array(var):
+        xp = ops.namespace(var)
+        if bool(xp.any(var < 0)):
+            raise InputError(f"var must be non-negative, got minimum {ops.scalar(xp.min(var)):.3g}")
+        return mean, xp.clip(var, min=settings.VARIANCE_FLOOR)
     if np.any(var < 0):
         raise InputError(f"var must be non-negative, got minimum {var.min():.3g}")
     return mean, np.maximum(var, settings.VARIANCE_FLOOR)
 
 
 def check_labels(y: Array, n_classes: int, n: int) -> Array:
-    """Class indices ``0..n_classes-1`` as an int array ``[n]``; clear errors otherwise."""
+    """Class indices ``0..n_classes-1`` as an int array ``[n]``; clear errors otherwise.
+
+    Backend labels (a torch integer tensor: ``Backend.as_index``) are checked on their device
+    and returned there as int64.
+    """
+    if _is_backend_array(y):
+        return _check_backend_labels(y, n_classes, n)
     arr = np.asarray(y)
     if arr.ndim != 1 or arr.shape[0] != n:
         raise InputError(f"y must have shape [{n}] to match the latent values, got {arr.shape}")
@@ -89,6 +115,28 @@ def check_labels(y: Array, n_classes: int, n: int) -> Array:
     labels = arr.astype(np.int64)
     if labels.size and (labels.min() < 0 or labels.max() >= n_classes):
         bad = labels[(labels < 0) | (labels >= n_classes)][:5]
+        hint = " (sign labels -1/+1 must be mapped to 0/1)" if np.any(bad == -1) else ""
+        raise InputError(
+            f"labels must be class indices in 0..{n_classes - 1}, got {bad.tolist()}{hint}"
+        )
+    return labels
+
+
+def _check_backend_labels(y: Array, n_classes: int, n: int) -> Array:
+    """``check_labels`` for labels on a backend (one device sync for the range check)."""
+    xp = ops.namespace(y)
+    if y.ndim != 1 or y.shape[0] != n:
+        raise InputError(f"y must have shape [{n}] to match the latent values, got "
+                         f"{tuple(y.shape)}")
+    if xp.isdtype(y.dtype, "real floating"):
+        if not ops.all_finite(y) or bool(xp.any(y != xp.round(y))):
+            raise InputError("labels must be integer class indices 0..C-1, got non-integer values")
+    elif not xp.isdtype(y.dtype, "integral"):
+        raise InputError(f"labels must be integer class indices, got dtype {y.dtype}")
+    labels = xp.astype(y, xp.int64)
+    if n and bool(xp.any((labels < 0) | (labels >= n_classes))):
+        bad = ops.to_host(labels)
+        bad = bad[(bad < 0) | (bad >= n_classes)][:5]
         hint = " (sign labels -1/+1 must be mapped to 0/1)" if np.any(bad == -1) else ""
         raise InputError(
             f"labels must be class indices in 0..{n_classes - 1}, got {bad.tolist()}{hint}"
@@ -228,9 +276,15 @@ class ScalarLikelihood(Likelihood):
     def variational_expectations(
         self, y: Array, mean: Array, var: Array, rng: np.random.Generator | None = None
     ) -> ExpectedLogProb:
-        """``expected_log_prob`` by the ``expectation`` rule of this likelihood, ``[N]`` each."""
+        """``expected_log_prob`` by the ``expectation`` rule of this likelihood, ``[N]`` each.
+
+        ``mean``, ``var`` may be backend arrays (torch tensors, ``gpinfer.backend``) when the rule
+        supports them; ``y`` then host labels or backend int labels (``Backend.as_index``)."""
         mean, var = check_mean_var(mean, var, 1)
-        return self._variational_expectations(self._targets(y, mean.shape[0]), mean, var, rng)
+        targets = self._targets(y, mean.shape[0])
+        if _is_backend_array(mean):
+            targets = ops.like(mean, targets)
+        return self._variational_expectations(targets, mean, var, rng)
 
     def predict_proba(self, mean: Array, var: Array) -> Array:
         """Class probabilities ``[N, C]`` under ``f ~ N(mean, var)``; rows sum to one."""

@@ -15,9 +15,12 @@ second mean-derivative of ``log Z`` from the cancellation-free Stein form) and
 
 from __future__ import annotations
 
-import numpy as np
-from scipy.special import expit, log_expit, log_ndtr
+from typing import Any
 
+import numpy as np
+from scipy.special import log_ndtr
+
+from gpinfer.backend import ops
 from gpinfer.errors import InputError
 from gpinfer.interfaces import ExpectedLogProb, Likelihood, TiltedMoments
 from gpinfer.likelihoods.base import (
@@ -35,7 +38,7 @@ from gpinfer.numerics.quadrature import (
     sigmoid_tilted,
 )
 
-Array = np.ndarray
+Array = Any
 
 
 # --------------------------------------------------------------------------------------------
@@ -50,20 +53,23 @@ class LogisticLink(LogSigmoid):
     left_linear_cut = settings.LOGISTIC_TAIL_CUT
 
     def derivatives(self, t: Array, order: int) -> tuple[Array, ...]:
-        t = np.asarray(t, dtype=float)
+        """Any array-API namespace (host values become float64 numpy arrays)."""
+        if ops.is_numpy(t) or not hasattr(t, "shape"):
+            t = np.asarray(t, dtype=float)
+        xp = ops.namespace(t)
         # one exponential: e = exp(-|t|), r = 1/(1+e); psi = min(t, 0) - log1p(e) (no
         # overflow), sigma(-t) = e r (t >= 0) or r (t < 0), p (1 - p) = e r^2 for both signs
-        e = np.exp(-np.abs(t))
+        e = xp.exp(-xp.abs(t))
         r = 1.0 / (1.0 + e)
-        out: list[Array] = [np.minimum(t, 0.0) - np.log1p(e)]
+        out: list[Array] = [xp.minimum(t, 0.0) - xp.log1p(e)]
         pos = t >= 0
         if order >= 1:
-            out.append(np.where(pos, e * r, r))
+            out.append(xp.where(pos, e * r, r))
         if order >= 2:
             pq = e * r * r
             out.append(-pq)
             if order >= 3:
-                p = np.where(pos, r, e * r)
+                p = xp.where(pos, r, e * r)
                 out.append(-pq * (1.0 - 2.0 * p))
             if order >= 4:
                 out.append(-pq * (1.0 - 6.0 * pq))
@@ -121,6 +127,10 @@ class Bernoulli(ScalarLikelihood):
         self, y: Array, mean: Array, var: Array, rng: np.random.Generator | None
     ) -> ExpectedLogProb:
         if self.expectation == "adaptive":
+            if not ops.is_numpy(mean):
+                raise InputError(
+                    f"{type(self).__name__}(expectation='adaptive') runs on numpy only (the "
+                    "1-D engine); on the torch backend use expectation='gauss_hermite'")
             return self._expected_log_prob(y, mean, var)
         return self._gauss_hermite_expectation(y, mean, var, self.quadrature_points)
 
@@ -130,10 +140,12 @@ class Bernoulli(ScalarLikelihood):
         """``E[log sig(s f)]`` by ``n_nodes``-point Gauss-Hermite for signs ``y = s [N]``.
 
         ``dE/dmean = E[l']``, ``dE/dvar = E[l'']/2`` with the same nodes (Bonnet/Price), so the
-        derivatives are exact for the discretised value (spec jj-taylor-svi §3.2).
+        derivatives are exact for the discretised value (spec jj-taylor-svi §3.2). Any
+        array-API namespace (``y``: signs as floats of ``mean``'s namespace).
         """
-        x, w = gauss_hermite(int(n_nodes))
-        f = mean[:, None] + np.sqrt(var)[:, None] * x  # [N, K]
+        xp = ops.namespace(mean)
+        x, w = (ops.like(mean, v) for v in gauss_hermite(int(n_nodes)))
+        f = mean[:, None] + xp.sqrt(var)[:, None] * x  # [N, K]
         psi, d1, d2 = self.link.derivatives(y[:, None] * f, 2)
         return ExpectedLogProb(psi @ w, y * (d1 @ w), 0.5 * (d2 @ w))
 
@@ -228,11 +240,13 @@ class BernoulliLogit(Bernoulli):
     ) -> ExpectedLogProb:
         """The Gauss-Hermite rule with two transcendentals per node: ``l = log sig(t)``,
         ``l' = sig(-t)``, ``l'' = -sig(t) sig(-t)`` at ``t = s f`` from one ``expit`` and one
-        ``log_expit`` (the same nodes and values as the generic rule)."""
-        x, w = gauss_hermite(int(n_nodes))
-        t = y[:, None] * mean[:, None] + (y[:, None] * np.sqrt(var)[:, None]) * x  # [N, K]
-        q = expit(-t)
-        E = log_expit(t) @ w
+        ``log_expit`` (the same nodes and values as the generic rule). Any array-API namespace.
+        """
+        xp = ops.namespace(mean)
+        x, w = (ops.like(mean, v) for v in gauss_hermite(int(n_nodes)))
+        t = y[:, None] * mean[:, None] + (y[:, None] * xp.sqrt(var)[:, None]) * x  # [N, K]
+        q = ops.expit(-t)
+        E = ops.log_expit(t) @ w
         d1 = q @ w
         q *= 1.0 - q  # sig(-t) sig(t)
         return ExpectedLogProb(E, y * d1, -0.5 * (q @ w))

@@ -33,9 +33,11 @@ import abc
 import math
 from typing import ClassVar, NamedTuple
 
+import array_api_compat
 import numpy as np
-from scipy.special import log_ndtr, logsumexp
+from scipy.special import logsumexp
 
+from gpinfer.backend import ops
 from gpinfer.errors import InputError
 from gpinfer.interfaces import ExpectedLogProb, Likelihood, TiltedMoments
 from gpinfer.likelihoods.base import check_labels, check_latent, check_mean_var, check_power
@@ -80,23 +82,26 @@ class PairwiseProbitTilted(NamedTuple):
 
 
 def argmax_factor_tilted(a_y: Array, a_k: Array, b_y: Array, b_k: Array) -> PairwiseProbitTilted:
-    """Closed-form tilted moments of the pairwise factor (spec ep-sep §2.4); inputs broadcast.
+    """Closed-form tilted moments of the pairwise factor (spec ep-sep §2.4); inputs broadcast
+    (host values, or arrays of one array-API namespace: ``gpinfer.backend``).
 
     ``a_y``, ``a_k``: cavity means of the winner's and loser's projections; ``b_y``, ``b_k``: their
     variances with the FITC/noise variances ``s`` already added by the caller.
     """
-    a_y, a_k, b_y, b_k = np.broadcast_arrays(
-        *(np.asarray(v, dtype=float) for v in (a_y, a_k, b_y, b_k))
-    )
+    if all(ops.is_numpy(v) or not hasattr(v, "shape") for v in (a_y, a_k, b_y, b_k)):
+        a_y, a_k, b_y, b_k = np.broadcast_arrays(
+            *(np.asarray(v, dtype=float) for v in (a_y, a_k, b_y, b_k))
+        )
+    xp = ops.namespace(a_y, a_k, b_y, b_k)
     z = b_y + b_k
-    if np.any(~np.isfinite(z)) or np.any(z <= 0):
+    if not ops.all_finite(z) or bool(xp.any(z <= 0)):
         raise InputError("argmax_factor_tilted needs finite positive total variance b_y + b_k")
-    sqrt_z = np.sqrt(z)
+    sqrt_z = xp.sqrt(z)
     alpha = (a_y - a_k) / sqrt_z
     beta = inv_mills(alpha)
-    gamma_z = np.clip(probit_curvature(alpha), _GAMMA_FLOOR, _GAMMA_CEIL)
+    gamma_z = xp.clip(probit_curvature(alpha), _GAMMA_FLOOR, _GAMMA_CEIL)
     return PairwiseProbitTilted(
-        log_z=log_ndtr(alpha),
+        log_z=ops.log_ndtr(alpha),
         dlogz_da=beta / sqrt_z,
         dlogz_db=-0.5 * beta * alpha / z,
         gamma=gamma_z / z,
@@ -122,20 +127,21 @@ def _argmax_mode(d: Array, rho: Array) -> Array:
     ``h`` is concave with ``h'' <= -1``; ``h'(0) > 0`` and ``h'(h'(0)) <= 0`` bracket a
     safeguarded Newton iteration.
     """
-    lo = np.zeros(d.shape[0])
-    hi = np.sum(rho * inv_mills(d), axis=1)
-    t = np.zeros_like(lo)
+    xp = ops.namespace(d)
+    lo = ops.zeros(d, (d.shape[0],))
+    hi = xp.sum(rho * inv_mills(d), axis=1)
+    t = xp.zeros_like(lo)
     for _ in range(settings.ENGINE_MODE_ITERATIONS):
         z = d + rho * t[:, None]
-        grad = -t + np.sum(rho * inv_mills(z), axis=1)
-        curv = 1.0 + np.sum(rho * rho * probit_curvature(z), axis=1)
-        lo = np.where(grad > 0, t, lo)
-        hi = np.where(grad > 0, hi, t)
+        grad = -t + xp.sum(rho * inv_mills(z), axis=1)
+        curv = 1.0 + xp.sum(rho * rho * probit_curvature(z), axis=1)
+        lo = xp.where(grad > 0, t, lo)
+        hi = xp.where(grad > 0, hi, t)
         new = t + grad / curv
-        new = np.where((new <= lo) | (new >= hi), 0.5 * (lo + hi), new)
-        done = np.abs(new - t) <= 1e-8 * (1.0 + np.abs(t))
+        new = xp.where((new <= lo) | (new >= hi), 0.5 * (lo + hi), new)
+        done = xp.abs(new - t) <= 1e-8 * (1.0 + xp.abs(t))
         t = new
-        if np.all(done):
+        if bool(xp.all(done)):
             break
     return t
 
@@ -144,21 +150,23 @@ def _argmax_block(
     d: Array, rho: Array, sd_y: Array, sd_o: Array, center: Array, step: float
 ) -> tuple[Array, Array, Array, Array, Array]:
     """Trapezoid sums for rows sharing one ``step``; returns log P and derivative pieces."""
+    xp = ops.namespace(d)
     half = int(round(settings.ARGMAX_WINDOW / step))
-    offsets = step * np.arange(-half, half + 1)  # [n]
+    offsets_host = step * np.arange(-half, half + 1)  # [n]
+    log_w_host = np.full(offsets_host.shape, math.log(step))
+    log_w_host[[0, -1]] += math.log(0.5)
+    offsets, log_w = ops.like(d, offsets_host), ops.like(d, log_w_host)
     t = center[:, None] + offsets  # [b, n]
     z = d[:, None, :] + rho[:, None, :] * t[:, :, None]  # [b, n, K]
-    log_w = np.full(offsets.shape, math.log(step))
-    log_w[[0, -1]] += math.log(0.5)
-    lam = log_w + log_phi(t) + np.sum(log_ndtr(z), axis=2)  # [b, n]
-    log_p = logsumexp(lam, axis=1)
-    pi = np.exp(lam - log_p[:, None])
+    lam = log_w + log_phi(t) + xp.sum(ops.log_ndtr(z), axis=2)  # [b, n]
+    log_p = ops.logsumexp(lam, 1)
+    pi = xp.exp(lam - log_p[:, None])
     A = inv_mills(z) / sd_o[:, None, :]  # r_k / sd_k, [b, n, K]
     dmean_o = -(pi[:, None, :] @ A)[:, 0]
     dvar_o = -(pi[:, None, :] @ (A * z))[:, 0] / (2.0 * sd_o)
-    sumA = np.sum(A, axis=2)  # [b, n]
-    dmean_y = np.sum(pi * sumA, axis=1)
-    dvar_y = np.sum(pi * t * sumA, axis=1) / (2.0 * sd_y)
+    sumA = xp.sum(A, axis=2)  # [b, n]
+    dmean_y = xp.sum(pi * sumA, axis=1)
+    dvar_y = xp.sum(pi * t * sumA, axis=1) / (2.0 * sd_y)
     return log_p, dmean_o, dvar_o, dmean_y, dvar_y
 
 
@@ -176,15 +184,18 @@ class LabelContrasts(NamedTuple):
 
 
 def label_contrasts(mean: Array, var: Array, y: Array) -> LabelContrasts:
-    """``LabelContrasts`` of independent Gaussian latents ``N(mean, var)`` ``[B, C]``."""
+    """``LabelContrasts`` of independent Gaussian latents ``N(mean, var)`` ``[B, C]`` (any
+    array-API namespace; host labels ``y`` are moved to ``mean``'s device)."""
+    xp = ops.namespace(mean)
     B, C = mean.shape
-    rows = np.arange(B)
-    sd = np.sqrt(var)
-    others = np.ones((B, C), dtype=bool)
+    rows = ops.index_like(mean, np.arange(B))
+    y = ops.index_like(mean, y) if ops.is_numpy(y) else y
+    sd = xp.sqrt(var)
+    others = xp.ones((B, C), dtype=xp.bool, device=array_api_compat.device(mean))
     others[rows, y] = False
     m_y, sd_y = mean[rows, y], sd[rows, y]
-    sd_o = sd[others].reshape(B, C - 1)
-    d = (m_y[:, None] - mean[others].reshape(B, C - 1)) / sd_o
+    sd_o = xp.reshape(sd[others], (B, C - 1))
+    d = (m_y[:, None] - xp.reshape(mean[others], (B, C - 1))) / sd_o
     return LabelContrasts(others, sd_y, sd_o, d, sd_y[:, None] / sd_o)
 
 
@@ -199,37 +210,39 @@ def argmax_probability(mean: Array, var: Array, y: Array) -> ArgmaxProbability:
     to a multiple of the step). Accuracy ~1e-13 for standard-deviation ratios up to ``2^8`` and
     variance ratios up to ~1e6 (spec ep-sep §2.10); beyond, it degrades gracefully.
     """
-    mean = np.asarray(mean, dtype=float)
-    var = np.asarray(var, dtype=float)
-    y = np.asarray(y, dtype=np.int64)
+    if ops.is_numpy(mean) or not ops.is_array(mean):
+        mean, var = np.asarray(mean, dtype=float), np.asarray(var, dtype=float)
+    xp = ops.namespace(mean, var)
+    y = ops.index_like(mean, y) if ops.is_numpy(y) or not ops.is_array(y) else y
     B, C = mean.shape
-    rows = np.arange(B)
+    rows = ops.index_like(mean, np.arange(B))
     others, sd_y, sd_o, d, rho = label_contrasts(mean, var, y)
-    with np.errstate(divide="ignore"):
-        j = np.ceil(np.log2(np.max(rho, axis=1)))
+    with np.errstate(divide="ignore"):  # the refinement level of each row, on the host
+        j = np.ceil(np.log2(ops.to_host(xp.max(rho, axis=1))))
     j = np.clip(j, 0, settings.ARGMAX_MAX_REFINEMENTS).astype(int)
     mode = _argmax_mode(d, rho)
 
-    log_p = np.empty(B)
-    dmean_o = np.empty((B, C - 1))
-    dvar_o = np.empty((B, C - 1))
-    dmean_y = np.empty(B)
-    dvar_y = np.empty(B)
+    log_p = ops.zeros(mean, (B,))
+    dmean_o = ops.zeros(mean, (B, C - 1))
+    dvar_o = ops.zeros(mean, (B, C - 1))
+    dmean_y = ops.zeros(mean, (B,))
+    dvar_y = ops.zeros(mean, (B,))
     for level in np.unique(j):
         step = settings.ARGMAX_BASE_STEP * 2.0 ** (-int(level))
-        idx = np.flatnonzero(j == level)
+        idx_host = np.flatnonzero(j == level)
+        idx = ops.index_like(mean, idx_host)
         n_nodes = 2 * int(round(settings.ARGMAX_WINDOW / step)) + 1
-        center = np.round(mode[idx] / step) * step
-        for sl in chunk_slices(idx.size, 6 * n_nodes * (C - 1)):
+        center = xp.round(mode[idx] / step) * step
+        for sl in chunk_slices(idx_host.size, 6 * n_nodes * (C - 1)):
             ii = idx[sl]
             out = _argmax_block(d[ii], rho[ii], sd_y[ii], sd_o[ii], center[sl], step)
             log_p[ii], dmean_o[ii], dvar_o[ii], dmean_y[ii], dvar_y[ii] = out
 
-    np.minimum(log_p, 0.0, out=log_p)  # a probability: remove rounding above one
-    dmean = np.empty((B, C))
-    dvar = np.empty((B, C))
-    dmean[others] = dmean_o.reshape(-1)
-    dvar[others] = dvar_o.reshape(-1)
+    log_p = xp.clip(log_p, max=0.0)  # a probability: remove rounding above one
+    dmean = ops.zeros(mean, (B, C))
+    dvar = ops.zeros(mean, (B, C))
+    dmean[others] = xp.reshape(dmean_o, (-1,))
+    dvar[others] = xp.reshape(dvar_o, (-1,))
     dmean[rows, y] = dmean_y
     dvar[rows, y] = dvar_y
     return ArgmaxProbability(log_p, dmean, dvar)
@@ -300,7 +313,10 @@ class MulticlassLikelihood(Likelihood):
         """Product Gauss-Hermite; ``dmean = E[g]``, ``dvar = E[h] / 2`` (Price/Bonnet)."""
         N, C = mean.shape
         order = self._order(C)
-        value, dmean, dvar = np.empty(N), np.empty((N, C)), np.empty((N, C))
+        xp, dev = ops.namespace(mean), array_api_compat.device(mean)
+        value = xp.empty((N,), dtype=mean.dtype, device=dev)
+        dmean = xp.empty((N, C), dtype=mean.dtype, device=dev)
+        dvar = xp.empty((N, C), dtype=mean.dtype, device=dev)
         for sl in chunk_slices(N, 4 * C * order ** (C - 1)):
             F, w = shift_invariant_rule(mean[sl], var[sl], order)
             lp, g, h = self._log_prob_grad_hess(y[sl], F)
@@ -397,6 +413,9 @@ class ArgmaxNoise(MulticlassLikelihood):
 
     name = "argmax"
     gh_budget = settings.MULTICLASS_NESTED_GH_NODE_BUDGET
+    #: ``predict_proba`` and ``log_predictive`` (the 1-D quadrature) run on any array-API
+    #: namespace: a posterior predicting on a GPU keeps its latent moments there
+    device_predictions: ClassVar[bool] = True
 
     def __init__(self, noise_variance: float | Array = 0.0, gh_order: int | None = None):
         noise = np.asarray(noise_variance, dtype=float)
@@ -449,7 +468,7 @@ class ArgmaxNoise(MulticlassLikelihood):
     def _tilted(self, y: Array, mean: Array, var: Array, power: float) -> TiltedMoments:
         C = mean.shape[1]
         if power == 1.0 or not self._noisy(C):
-            out = argmax_probability(mean, var + self._noise(C), y)
+            out = argmax_probability(mean, var + ops.like(var, self._noise(C)), y)
             return TiltedMoments(out.log_p, out.dmean, out.dvar)
         return self._gh_tilted(y, mean, var, power)
 
@@ -463,10 +482,11 @@ class ArgmaxNoise(MulticlassLikelihood):
 
     def _predict_proba(self, mean: Array, var: Array) -> Array:
         N, C = mean.shape
-        total = var + self._noise(C)
-        return np.stack(
-            [np.exp(argmax_probability(mean, total, np.full(N, c)).log_p) for c in range(C)], axis=1
-        )
+        xp = ops.namespace(mean, var)
+        total = var + ops.like(var, self._noise(C))
+        return xp.stack(
+            [xp.exp(argmax_probability(mean, total, np.full(N, c)).log_p) for c in range(C)],
+            axis=1)
 
 
 class MultinomialProbit(ArgmaxNoise):
@@ -518,8 +538,15 @@ class RobustMax(MulticlassLikelihood):
         """``expectation``: ``"trapezoid"`` (default: the fast absolute-accuracy rule of
         ``robustmax_rules.argmax_probability_abs``), ``"log_space"`` (``expected_log_prob``,
         tail-accurate, ~7x slower at ``C = 10``) or ``"gauss_hermite"`` (``quadrature_points``
-        nodes in ``f_y``; inaccurate for many classes or unequal variances)."""
+        nodes in ``f_y``; inaccurate for many classes or unequal variances).
+
+        ``"trapezoid"`` and ``"gauss_hermite"`` take arrays of any array-API namespace (torch
+        tensors: ``gpinfer.backend``); ``"log_space"`` runs on numpy only."""
         if self.expectation == "log_space":
+            if not ops.is_numpy(mean):
+                raise InputError(
+                    "RobustMax(expectation='log_space') runs on numpy only; on the torch backend "
+                    "use expectation='trapezoid' (the default) or 'gauss_hermite'")
             return self._expected_log_prob(y, mean, var)
         from gpinfer.likelihoods import robustmax_rules  # the module imports this one
 
@@ -572,11 +599,13 @@ class RobustMax(MulticlassLikelihood):
 
 
 def _softmax(F: Array) -> tuple[Array, Array]:
-    """Softmax over the last axis of ``F [..., C]`` and the log-sum-exp ``[...]``."""
-    top = F.max(axis=-1, keepdims=True)
-    e = np.exp(F - top)
-    total = e.sum(axis=-1, keepdims=True)
-    return e / total, (top + np.log(total))[..., 0]
+    """Softmax over the last axis of ``F [..., C]`` and the log-sum-exp ``[...]`` (any
+    array-API namespace)."""
+    xp = ops.namespace(F)
+    top = xp.max(F, axis=-1, keepdims=True)
+    e = xp.exp(F - top)
+    total = xp.sum(e, axis=-1, keepdims=True)
+    return e / total, (top + xp.log(total))[..., 0]
 
 
 class Softmax(MulticlassLikelihood):
@@ -610,33 +639,47 @@ class Softmax(MulticlassLikelihood):
 
         ``f = m + sqrt(v) eps``: ``dE/dm = E[d l/df]``, ``dE/dv = E[(d l/df) eps] / (2 sqrt(v))``
         with ``d l/df = onehot(y) - softmax(f)``.
+
+        Both take arrays of any array-API namespace (torch: ``gpinfer.backend``; the Monte-Carlo
+        draws come from the host generator, so numpy and torch see the same numbers), except
+        ``"gauss_hermite"`` with two classes (the logistic's 1-D engine, numpy only).
         """
         if self.expectation != "monte_carlo":
+            if not ops.is_numpy(mean) and mean.shape[1] == 2:
+                raise InputError(
+                    "Softmax(expectation='gauss_hermite') with 2 classes runs on numpy only (the "
+                    "1-D engine); on the torch backend use Softmax(expectation='monte_carlo') or "
+                    "a Bernoulli logit likelihood")
             return self._expected_log_prob(y, mean, var)
         rng = self._rng if rng is None else rng
+        xp = ops.namespace(mean)
         B, C = mean.shape
-        rows = np.arange(B)
-        sd = np.sqrt(var)
-        eps = rng.standard_normal((B, int(self.mc_samples), C))
+        rows = ops.index_like(mean, np.arange(B))
+        y = ops.index_like(mean, y) if ops.is_numpy(y) else y
+        sd = xp.sqrt(var)
+        eps = ops.like(mean, rng.standard_normal((B, int(self.mc_samples), C)))
         F = mean[:, None, :] + sd[:, None, :] * eps
-        top = F.max(axis=2, keepdims=True)
-        e = np.exp(F - top)
-        total = e.sum(axis=2, keepdims=True)
-        ll = F[rows, :, y] - (top + np.log(total))[:, :, 0]  # [B, S]
+        top = xp.max(F, axis=2, keepdims=True)
+        e = xp.exp(F - top)
+        total = xp.sum(e, axis=2, keepdims=True)
+        ll = F[rows, :, y] - (top + xp.log(total))[:, :, 0]  # [B, S]
         g = -(e / total)
         g[rows, :, y] += 1.0
-        return ExpectedLogProb(ll.mean(axis=1), g.mean(axis=1),
-                               (g * eps).mean(axis=1) / (2.0 * sd))
+        return ExpectedLogProb(xp.mean(ll, axis=1), xp.mean(g, axis=1),
+                               xp.mean(g * eps, axis=1) / (2.0 * sd))
 
     def _log_prob(self, y: Array, F: Array) -> Array:
         return F[np.arange(F.shape[0]), y] - logsumexp(F, axis=1)
 
     def _log_prob_grad_hess(self, y: Array, F: Array) -> tuple[Array, Array, Array]:
+        """Any array-API namespace (``F [B, Q, C]``; host or backend labels ``y [B]``)."""
         B, Q, C = F.shape
         p, lse = _softmax(F)
-        onehot = np.zeros((B, 1, C))
-        onehot[np.arange(B), 0, y] = 1.0
-        log_p = np.take_along_axis(F, np.broadcast_to(y[:, None, None], (B, Q, 1)), axis=2)[..., 0]
+        rows = ops.index_like(F, np.arange(B))
+        y = ops.index_like(F, y) if ops.is_numpy(y) else y
+        onehot = ops.zeros(F, (B, 1, C))
+        onehot[rows, 0, y] = 1.0
+        log_p = F[rows, :, y]  # [B, Q]
         return log_p - lse, onehot - p, -p * (1.0 - p)
 
     @staticmethod

@@ -32,19 +32,27 @@ is formed as ``w prod_{j != k} Phi_j phi_k`` (prefix/suffix products), so it nev
 underflowed ``Phi``. One ``ndtr`` and one ``exp`` per node and class: ~7x cheaper than the
 likelihood's rule at ``C = 10``, with absolute errors ~1e-9 against it (tests
 ``tests/likelihoods/test_robustmax_rules.py``).
+
+Both rules take arrays of any array-API namespace (numpy, torch on a CPU or GPU:
+``gpinfer.backend``) and return arrays of it; the trapezoid groups rows by step level on the host
+(one device sync per call). It reuses its ``[K, b, n]`` buffers through ``out=`` (outside the
+array API standard, but numpy's and torch's ``multiply`` and ``exp`` both take it): fresh arrays
+of that size cost page faults at every call.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import array_api_compat
 import numpy as np
-from scipy.special import log_ndtr, ndtr
 
+from gpinfer.backend import ops
 from gpinfer.likelihoods.multiclass import label_contrasts
 from gpinfer.numerics.quadrature import chunk_slices, gauss_hermite
 
-Array = np.ndarray
+Array = Any
 
 #: trapezoid step times ``sqrt(kappa)``, ``kappa = 1 + sum_k rho_k^2`` (see ``step_levels``)
 ROBUSTMAX_STEP_CONSTANT = 0.8
@@ -56,6 +64,12 @@ STEP_QUANTUM = 0.25
 ROBUSTMAX_MAX_SQRT_KAPPA = 256.0
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _empty(ref: Array, shape: tuple[int, ...]) -> Array:
+    """An uninitialised array of ``ref``'s namespace, floating dtype and device."""
+    xp = ops.namespace(ref)
+    return xp.empty(shape, dtype=ref.dtype, device=array_api_compat.device(ref))
 
 
 def _grid(step: float, window: float) -> tuple[Array, Array]:
@@ -70,13 +84,16 @@ def _grid(step: float, window: float) -> tuple[Array, Array]:
 def _exclusive_products(Phi: Array) -> Array:
     """``prod_{j != k} Phi[j]`` for every ``k`` along axis 0 of ``Phi [K, ...]`` (prefix times
     suffix products, no division)."""
-    out = np.empty_like(Phi)
+    xp = ops.namespace(Phi)
+    K = Phi.shape[0]
+    out = xp.empty_like(Phi)
     out[0] = 1.0
-    for k in range(1, Phi.shape[0]):
-        np.multiply(out[k - 1], Phi[k - 1], out=out[k])
-    suffix = np.ones_like(Phi[0])
-    for k in range(Phi.shape[0] - 2, -1, -1):
-        suffix *= Phi[k + 1]
+    for k in range(1, K):
+        xp.multiply(out[k - 1], Phi[k - 1], out=out[k])
+    suffix = ops.copy(Phi[-1])  # prod_{j > k} Phi_j, from k = K - 2 down
+    for k in range(K - 2, -1, -1):
+        if k < K - 2:
+            suffix *= Phi[k + 1]
         out[k] *= suffix
     return out
 
@@ -89,8 +106,9 @@ def step_levels(rho: Array, constant: float = ROBUSTMAX_STEP_CONSTANT) -> tuple[
     real axis), so the step scales as ``1 / sqrt(kappa)``; quantised so that the nodes are
     piecewise constant in the parameters.
     """
-    root = np.minimum(np.sqrt(1.0 + np.sum(rho * rho, axis=1)), ROBUSTMAX_MAX_SQRT_KAPPA)
-    q = np.ceil(root / STEP_QUANTUM).astype(np.int64)
+    xp = ops.namespace(rho)
+    root = xp.minimum(xp.sqrt(1.0 + xp.sum(rho * rho, axis=1)), ROBUSTMAX_MAX_SQRT_KAPPA)
+    q = xp.astype(xp.ceil(root / STEP_QUANTUM), xp.int64)
     return q, constant / (STEP_QUANTUM * q)
 
 
@@ -103,28 +121,31 @@ def argmax_probability_abs(
     Trapezoid on ``|t| <= window`` with the step of ``step_levels`` (``constant`` sets the
     accuracy: 0.9 gives ~1e-10 absolute, see the tests).
     """
+    xp = ops.namespace(mean)
     B, C = mean.shape
-    rows = np.arange(B)
+    rows = ops.index_like(mean, np.arange(B))
     others, sd_y, sd_o, d, rho = label_contrasts(mean, var, y)
+    y = ops.index_like(mean, y) if ops.is_numpy(y) else y
     q, steps = step_levels(rho, constant)
+    q, steps = ops.to_host(q), ops.to_host(steps)  # the grouping runs on the host (one sync)
     # class-major layout [K, b, n]: the products and sums over classes run on whole slabs
-    d, rho, inv_sd = d.T.copy(), rho.T.copy(), 1.0 / sd_o.T
-    P = np.empty(B)
-    dm_o, dv_o = np.empty((C - 1, B)), np.empty((C - 1, B))
-    dm_y, dv_y = np.empty(B), np.empty(B)
+    d, rho, inv_sd = ops.copy(ops.mT(d)), ops.copy(ops.mT(rho)), 1.0 / ops.mT(sd_o)
+    P = _empty(mean, (B,))
+    dm_o, dv_o = _empty(mean, (C - 1, B)), _empty(mean, (C - 1, B))
+    dm_y, dv_y = _empty(mean, (B,)), _empty(mean, (B,))
     for level in np.unique(q):
         idx = np.flatnonzero(q == level)
-        t, w = _grid(float(steps[idx[0]]), window)
-        for sl in chunk_slices(idx.size, 4 * t.size * (C - 1)):
-            ii = idx[sl]
+        t, w = (ops.like(mean, v) for v in _grid(float(steps[idx[0]]), window))
+        for sl in chunk_slices(idx.size, 4 * t.shape[0] * (C - 1)):
+            ii = ops.index_like(mean, idx[sl])
             z = d[:, ii, None] + rho[:, ii, None] * t  # [K, b, n]
-            Phi = ndtr(z)
+            Phi = ops.ndtr(z)
             G = _exclusive_products(Phi)  # prod_{j != k} Phi_j
             P[ii] = (G[0] * Phi[0]) @ w
             # G_k = w prod_{j != k} Phi_j phi_k / s_k = W r_k / s_k, never dividing by Phi
-            np.multiply(z, z, out=Phi)  # reuse the buffer: phi(z) up to 1 / sqrt(2 pi)
+            xp.multiply(z, z, out=Phi)  # reuse the buffer: phi(z) up to 1 / sqrt(2 pi)
             Phi *= -0.5
-            np.exp(Phi, out=Phi)
+            xp.exp(Phi, out=Phi)
             G *= Phi
             G *= _INV_SQRT_2PI * w
             G *= inv_sd[:, ii, None]
@@ -134,9 +155,10 @@ def argmax_probability_abs(
             dv_y[ii] = (sum_g @ t) / (2.0 * sd_y[ii])
             G *= z
             dv_o[:, ii] = -G.sum(axis=2) * (0.5 * inv_sd[:, ii])
-    np.minimum(P, 1.0, out=P)
-    dmean, dvar = np.empty((B, C)), np.empty((B, C))
-    dmean[others], dvar[others] = dm_o.T.reshape(-1), dv_o.T.reshape(-1)
+    P = xp.minimum(P, 1.0)
+    dmean, dvar = _empty(mean, (B, C)), _empty(mean, (B, C))
+    dmean[others] = xp.reshape(ops.mT(dm_o), (-1,))
+    dvar[others] = xp.reshape(ops.mT(dv_o), (-1,))
     dmean[rows, y], dvar[rows, y] = dm_y, dv_y
     return P, dmean, dvar
 
@@ -154,23 +176,24 @@ def argmax_probability_gh(mean: Array, var: Array, y: Array, n_nodes: int
     ``dP/dm_y = E[prod sum_c r_c / s_c]``, ``dP/dv_y = E[prod t sum_c r_c / s_c] / (2 s_y)``.
     Fast but inaccurate for many classes or unequal variances (spec ep-sep §2.10).
     """
-    x, w = gauss_hermite(int(n_nodes))
-    y = np.asarray(y, dtype=np.int64)
+    xp = ops.namespace(mean)
+    x, w = (ops.like(mean, v) for v in gauss_hermite(int(n_nodes)))
+    y = ops.index_like(mean, y) if ops.is_numpy(y) else y
     B, C = mean.shape
-    rows = np.arange(B)
-    sd = np.sqrt(var)
+    rows = ops.index_like(mean, np.arange(B))
+    sd = xp.sqrt(var)
     m_y, sd_y = mean[rows, y], sd[rows, y]
     fy = m_y[:, None] + sd_y[:, None] * x  # [B, K]
     z = (fy[:, :, None] - mean[:, None, :]) / sd[:, None, :]  # [B, K, C]
     z[rows, :, y] = 40.0  # own class: Phi = 1 and r = 0 to double precision
-    log_Phi = log_ndtr(z)
-    wprod = np.exp(log_Phi.sum(axis=2)) * w  # [B, K]
-    r = np.exp(-0.5 * z * z - _LOG_SQRT_2PI - log_Phi)  # phi/Phi, 0 at z = inf
+    log_Phi = ops.log_ndtr(z)
+    wprod = xp.exp(xp.sum(log_Phi, axis=2)) * w  # [B, K]
+    r = xp.exp(-0.5 * z * z - _LOG_SQRT_2PI - log_Phi)  # phi/Phi, 0 at z = inf
     r /= sd[:, None, :]
-    P = wprod.sum(axis=1)
-    dmean = -np.einsum("bk,bkc->bc", wprod, r)
-    dvar = -np.einsum("bk,bkc->bc", wprod, r * z) / (2.0 * sd)
-    sum_r = r.sum(axis=2)  # [B, K]
-    dmean[rows, y] = np.einsum("bk,bk->b", wprod, sum_r)
-    dvar[rows, y] = np.einsum("bk,bk->b", wprod * x, sum_r) / (2.0 * sd_y)
+    P = xp.sum(wprod, axis=1)
+    dmean = -ops.einsum("bk,bkc->bc", wprod, r)
+    dvar = -ops.einsum("bk,bkc->bc", wprod, r * z) / (2.0 * sd)
+    sum_r = xp.sum(r, axis=2)  # [B, K]
+    dmean[rows, y] = ops.einsum("bk,bk->b", wprod, sum_r)
+    dvar[rows, y] = ops.einsum("bk,bk->b", wprod * x, sum_r) / (2.0 * sd_y)
     return P, dmean, dvar

@@ -2,9 +2,10 @@
 
 Symbols follow spec binary §1.2: ``phi`` is the standard normal density, ``Phi`` its cumulative
 distribution, ``r(t) = phi(t) / Phi(t)`` the inverse Mills ratio and ``psi(t) = log Phi(t)``.
-Every function is elementwise on arrays of any shape and accurate far in both tails:
+Every function is elementwise on arrays of any shape and accurate far in both tails, and takes
+arrays of any array-API namespace (numpy, torch; ``gpinfer.backend``):
 
-* ``log Phi`` via ``scipy.special.log_ndtr``;
+* ``log Phi`` via ``log_ndtr`` (``gpinfer.backend.ops``);
 * ``r(t)`` via ``exp(log phi - log Phi)`` for ``t >= 0`` and ``sqrt(2/pi) / erfcx(-t/sqrt 2)`` for
   ``t < 0`` (exact to rounding for every ``t``; spec ep-sep §2.4);
 * the curvature ``gamma(t) = -psi''(t) = r (t + r)`` and the higher derivatives of ``psi``, which
@@ -16,13 +17,14 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
-from scipy.special import erfcx, log_ndtr
 
+from gpinfer.backend import ops
 from gpinfer.numerics import settings
 
-Array = np.ndarray
+Array = Any
 
 #: ``log sqrt(2 pi)``
 LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -51,15 +53,21 @@ def _mills_series_coefficients(n_terms: int) -> tuple[float, ...]:
 _MILLS_C = _mills_series_coefficients(settings.PROBIT_ASYMPTOTIC_TERMS)
 
 
+def _float(t: Array) -> Array:
+    """``t`` as a floating array: host values (scalars, lists, numpy) as float64 numpy arrays,
+    backend arrays (torch tensors) as they are."""
+    return np.asarray(t, dtype=float) if ops.is_numpy(t) or not hasattr(t, "shape") else t
+
+
 def log_phi(t: Array) -> Array:
     """``log N(t | 0, 1)``, any shape."""
-    t = np.asarray(t, dtype=float)
+    t = _float(t)
     return -0.5 * t * t - LOG_SQRT_2PI
 
 
 def log_Phi(t: Array) -> Array:
     """``log Phi(t)``, accurate for ``t << 0`` (``~ -t^2/2``) and ``t >> 0`` (``~ -phi(t)``)."""
-    return log_ndtr(np.asarray(t, dtype=float))
+    return ops.log_ndtr(_float(t))
 
 
 def inv_mills(t: Array, log_Phi_t: Array | None = None) -> Array:
@@ -67,15 +75,18 @@ def inv_mills(t: Array, log_Phi_t: Array | None = None) -> Array:
 
     ``log_Phi_t``: ``log Phi(t)`` when the caller has it already (used for ``t >= 0``).
     """
-    t = np.asarray(t, dtype=float)
-    out = np.empty_like(t)
-    neg = t < 0
-    # erfcx(x) = exp(x^2) erfc(x): Phi(t) = erfcx(-t/sqrt2) exp(-t^2/2) / 2 for every t
-    out[neg] = _SQRT_2_OVER_PI / erfcx(-t[neg] * _SQRT_HALF)
-    pos = ~neg
-    log_cdf = log_ndtr(t[pos]) if log_Phi_t is None else np.asarray(log_Phi_t)[pos]
-    out[pos] = np.exp(log_phi(t[pos]) - log_cdf)
-    return out
+    t = _float(t)
+    xp = ops.namespace(t)
+
+    def left(x: Array, *_: Array) -> Array:
+        # erfcx(x) = exp(x^2) erfc(x): Phi(t) = erfcx(-t/sqrt2) exp(-t^2/2) / 2 for every t
+        return _SQRT_2_OVER_PI / ops.erfcx(-x * _SQRT_HALF)
+
+    def right(x: Array, log_cdf: Array | None = None) -> Array:
+        return xp.exp(log_phi(x) - (ops.log_ndtr(x) if log_cdf is None else log_cdf))
+
+    args = (t,) if log_Phi_t is None else (t, _float(log_Phi_t))
+    return ops.piecewise(t < 0, left, right, *args)
 
 
 def _series_coefficients(derivative: int) -> tuple[float, ...]:
@@ -97,7 +108,7 @@ def _asymptotic(x: Array, derivative: int) -> Array:
     ``x^-2``)."""
     z = 1.0 / (x * x)
     coefs = _SERIES_B[derivative]
-    out = np.full_like(x, coefs[-1])
+    out = coefs[-1] + 0.0 * z
     for b in coefs[-2::-1]:
         out = out * z + b
     return out * x ** (1 - derivative)
@@ -123,7 +134,8 @@ def log_Phi_derivatives(t: Array, order: int = 4) -> tuple[Array, ...]:
     """
     if not 0 <= order <= 4:
         raise ValueError(f"order must be in 0..4, got {order}")
-    t = np.asarray(t, dtype=float)
+    t = _float(t)
+    xp = ops.namespace(t)
     out: list[Array] = [log_Phi(t)]
     if order == 0:
         return tuple(out)
@@ -140,10 +152,9 @@ def log_Phi_derivatives(t: Array, order: int = 4) -> tuple[Array, ...]:
     if order >= 4:
         out.append(r1 * bracket + r * ((1.0 + r1) * (t + 2.0 * r) + q * (1.0 + 2.0 * r1)))
     far = t < -settings.PROBIT_ASYMPTOTIC_CUT
-    if np.any(far):
-        x = -t[far]
+    if bool(xp.any(far)):
+        x = xp.where(far, -t, 1.0)  # the series only where it is used (no 1/0 elsewhere)
         # with x = -t: d^k psi / dt^k = (-1)^(k-1) d^(k-1) r(-x) / dx^(k-1)
         for k in range(2, order + 1):
-            out[k] = np.array(out[k], copy=True)
-            out[k][far] = (-1.0) ** (k - 1) * _asymptotic(x, k - 1)
+            out[k] = xp.where(far, (-1.0) ** (k - 1) * _asymptotic(x, k - 1), out[k])
     return tuple(out)

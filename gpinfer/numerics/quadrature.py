@@ -18,13 +18,14 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterator
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
 from numpy.polynomial.legendre import leggauss
 from scipy.special import log_ndtr
 
+from gpinfer.backend import ops
 from gpinfer.numerics import settings
 from gpinfer.numerics.normal import log_phi
 
@@ -413,7 +414,7 @@ def _product_rule(dim: int, order: int) -> tuple[Array, Array]:
     return nodes, weights
 
 
-def shift_invariant_rule(mean: Array, var: Array, order: int | None = None) -> tuple[Array, Array]:
+def shift_invariant_rule(mean: Any, var: Any, order: int | None = None) -> tuple[Any, Any]:
     """Nodes ``F [B, Q, C]`` and weights ``w [Q]`` for ``E[g(f)]``, ``f ~ N(mean_b, diag(var_b))``.
 
     Valid for functions with ``g(f + a 1) = g(f)`` (softmax, argmax probabilities). With ``U`` an
@@ -421,15 +422,21 @@ def shift_invariant_rule(mean: Array, var: Array, order: int | None = None) -> t
     ``mean + U L s_q`` for a product Gauss-Hermite rule ``s_q`` in ``C - 1`` dimensions
     (``Q = order^(C-1)``; default ``multiclass_gh_order(C)``). Weights sum to one; some may
     underflow to zero for large orders (use ``np.log`` under ``np.errstate(divide="ignore")``).
+    ``mean``, ``var`` may be arrays of another array-API namespace (torch: ``gpinfer.backend``);
+    ``F`` and ``w`` are then arrays of it.
     """
-    mean = np.asarray(mean, dtype=float)
-    var = np.asarray(var, dtype=float)
+    if ops.is_numpy(mean) or not hasattr(mean, "shape"):
+        mean = np.asarray(mean, dtype=float)
+        var = np.asarray(var, dtype=float)
     C = mean.shape[1]
     order = multiclass_gh_order(C) if order is None else order
-    U = ones_complement_basis(C)
-    G = np.einsum("ck,bc,cl->bkl", U, var, U)
-    L = np.linalg.cholesky(G)  # [B, C-1, C-1]
-    s, w = _product_rule(C - 1, order)
-    UL = np.einsum("ck,bkl->blc", U, L)  # [B, C-1, C]
+    U = ops.like(mean, ones_complement_basis(C))
+    G = ops.einsum("ck,bc,cl->bkl", U, var, U)
+    L, failed = ops.cholesky(G)  # [B, C-1, C-1]
+    if np.any(failed):
+        raise np.linalg.LinAlgError("shift_invariant_rule: the projected covariance is not "
+                                    "positive definite")
+    s, w = (ops.like(mean, a) for a in _product_rule(C - 1, order))
+    UL = ops.einsum("ck,bkl->blc", U, L)  # [B, C-1, C]
     F = mean[:, None, :] + s @ UL
     return F, w

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpinfer.backend import ops
 from gpinfer.interfaces import Array
-from gpinfer.optim.stochastic import StochasticAscent
+from gpinfer.optim.stochastic import StochasticAscent, zeros_like_vector
 
 
 class AdaDelta(StochasticAscent):
@@ -41,22 +42,23 @@ class AdaDelta(StochasticAscent):
         self.reset(np.zeros(0))
 
     def reset(self, x0: Array) -> None:
-        n = np.size(x0)
-        self.G = np.zeros(n)
-        self.S = np.zeros(n)
-        self.delta = np.zeros(n)
+        # the state lives where x0 lives (numpy, or a torch device: gpinfer.backend)
+        self.G = zeros_like_vector(x0)
+        self.S = zeros_like_vector(x0)
+        self.delta = zeros_like_vector(x0)
 
     def lookahead(self, x: Array) -> Array:
-        if self.momentum == 0.0 or self.delta.shape != np.shape(x):
+        if self.momentum == 0.0 or tuple(self.delta.shape) != tuple(np.shape(x)):
             return x
         return x + self.momentum * self.delta
 
     def step(self, x: Array, grad: Array) -> Array:
         """One step from the look-ahead point ``x`` (where ``grad`` was taken)."""
-        if self.G.shape != np.shape(grad):
+        if tuple(self.G.shape) != tuple(np.shape(grad)) or type(self.G) is not type(grad):
             self.reset(grad)
+        xp = ops.namespace(grad)
         self.G = self.rho * self.G + (1.0 - self.rho) * grad * grad
-        d = self.learning_rate * np.sqrt(self.S + self.eps) / np.sqrt(self.G + self.eps) * grad
+        d = self.learning_rate * xp.sqrt(self.S + self.eps) / xp.sqrt(self.G + self.eps) * grad
         self.delta = self.momentum * self.delta + d
         self.S = self.rho * self.S + (1.0 - self.rho) * self.delta * self.delta
         return x + d

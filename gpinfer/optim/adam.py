@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from gpinfer.backend import ops
 from gpinfer.interfaces import Array
-from gpinfer.optim.stochastic import StochasticAscent
+from gpinfer.optim.stochastic import StochasticAscent, as_vector, zeros_like_vector
 
 
 class Adam(StochasticAscent):
@@ -13,7 +16,8 @@ class Adam(StochasticAscent):
 
     ``m_t = beta1 m + (1 - beta1) g``, ``v_t = beta2 v + (1 - beta2) g^2``,
     ``m_hat = m_t / (1 - beta1^t)``, ``v_hat = v_t / (1 - beta2^t)``; ``g [P]`` is the gradient
-    of the objective being maximised.
+    of the objective being maximised. The moments live where ``x`` lives (host or a backend
+    device: ``gpinfer.backend``).
     """
 
     def __init__(
@@ -35,29 +39,29 @@ class Adam(StochasticAscent):
         self.reset(np.zeros(0))
 
     def reset(self, x0: Array) -> None:
-        n = np.size(x0)
+        """Zero moments ``[P]`` where ``x0`` lives (host, or its backend device)."""
         self.t = 0
-        self.m = np.zeros(n)
-        self.v = np.zeros(n)
-        self._work = np.empty(n)  # scratch: P can be millions, so no temporaries per step
+        self.m = zeros_like_vector(x0)
+        self.v = zeros_like_vector(x0)
+        self._work = zeros_like_vector(x0)  # scratch: P can be millions, few temporaries
 
     def step(self, x: Array, grad: Array) -> Array:
-        if self.m.shape != np.shape(grad):
+        grad = as_vector(grad) if not ops.is_array(grad) else grad
+        if tuple(self.m.shape) != tuple(grad.shape) or type(self.m) is not type(grad):
             self.reset(grad)
         self.t += 1
-        grad = np.asarray(grad, dtype=float)
         work = self._work
         self.m *= self.beta1
-        np.multiply(grad, 1.0 - self.beta1, out=work)
+        ops.multiply_into(grad, 1.0 - self.beta1, work)
         self.m += work
         self.v *= self.beta2
-        np.square(grad, out=work)
+        ops.multiply_into(grad, grad, work)
         work *= 1.0 - self.beta2
         self.v += work
-        np.sqrt(self.v, out=work)
-        work *= 1.0 / np.sqrt(1.0 - self.beta2**self.t)  # sqrt(v_hat)
+        ops.sqrt_into(self.v, work)
+        work *= 1.0 / math.sqrt(1.0 - self.beta2**self.t)  # sqrt(v_hat)
         work += self.eps
-        step = np.multiply(self.m, self.learning_rate / (1.0 - self.beta1**self.t))
+        step = self.m * (self.learning_rate / (1.0 - self.beta1**self.t))
         step /= work
         step += x
         return step

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import minimize
 
+from gpinfer.backend import ops
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.interfaces import Array, OptimizationResult, Optimizer, ValueAndGrad
 
@@ -23,9 +24,8 @@ def check_finite(value: float, grad: Array, iteration: int, where: str = "object
     """``NumericalError`` naming ``iteration`` when ``value`` or ``grad [P]`` is not finite."""
     if not np.isfinite(value):
         raise NumericalError(f"{where} value is {value}", iteration=iteration, quantity=where)
-    bad = ~np.isfinite(grad)
-    if np.any(bad):
-        idx = np.flatnonzero(bad)[:5].tolist()
+    if not ops.all_finite(grad):  # any array-API namespace; the host copy only on failure
+        idx = np.flatnonzero(~np.isfinite(ops.to_host(grad)))[:5].tolist()
         raise NumericalError(
             f"{where} gradient has non-finite entries at {idx}",
             iteration=iteration,

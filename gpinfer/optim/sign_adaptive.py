@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpinfer.backend import ops
 from gpinfer.interfaces import Array
-from gpinfer.optim.stochastic import StochasticAscent
+from gpinfer.optim.stochastic import StochasticAscent, as_vector, zeros_like_vector
 
 
 class SignAdaptiveAscent(StochasticAscent):
@@ -36,8 +37,8 @@ class SignAdaptiveAscent(StochasticAscent):
         self.reset(np.zeros(0))
 
     def reset(self, x0: Array) -> None:
-        n = np.size(x0)
-        self.steps = np.full(n, float(self.learning_rate))
+        """Every step at ``learning_rate``, ``[P]`` where ``x0`` lives."""
+        self.steps = zeros_like_vector(x0) + float(self.learning_rate)
         self.last_grad: Array | None = None
 
     def halve(self) -> None:
@@ -45,14 +46,16 @@ class SignAdaptiveAscent(StochasticAscent):
         self.steps *= 0.5
 
     def step(self, x: Array, grad: Array) -> Array:
-        grad = np.asarray(grad, dtype=float)
-        if self.steps.shape != grad.shape:
+        grad = as_vector(grad) if not ops.is_array(grad) else grad
+        if tuple(self.steps.shape) != tuple(grad.shape) or type(self.steps) is not type(grad):
             self.reset(grad)
+        xp = ops.namespace(grad)
         if self.last_grad is not None:
-            same = np.sign(grad) == np.sign(self.last_grad)
-            self.steps = np.where(
-                same, np.minimum(self.steps * self.increase, self.max_step),
+            same = xp.sign(grad) == xp.sign(self.last_grad)
+            self.steps = xp.where(
+                same, xp.clip(self.steps * self.increase, max=self.max_step),
                 self.steps * self.decrease,
             )
-        self.last_grad = grad.copy()
-        return np.asarray(x, dtype=float) + self.steps * grad
+        self.last_grad = ops.copy(grad)
+        x = np.asarray(x, dtype=float) if not ops.is_array(x) else x
+        return x + self.steps * grad

@@ -1,4 +1,8 @@
-"""Common loop of the stochastic (one-step-at-a-time) ascent optimisers."""
+"""Common loop of the stochastic (one-step-at-a-time) ascent optimisers.
+
+The optimisers step on arrays of any array-API namespace (numpy, or torch on a CPU or GPU:
+``gpinfer.backend``): their state lives where ``x0`` lives.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,24 @@ from collections.abc import Callable
 
 import numpy as np
 
+from gpinfer.backend import ops
 from gpinfer.interfaces import Array, OptimizationResult, StochasticOptimizer, ValueAndGrad
 from gpinfer.optim.lbfgs import STOPPED_BY_CALLBACK, check_finite
+
+
+def as_vector(x: Array) -> Array:
+    """``x`` as a flat float vector: a copy of host values (float64 numpy); a backend array
+    (torch) reshaped on its device."""
+    if ops.is_array(x) and not ops.is_numpy(x):
+        return ops.namespace(x).reshape(x, (-1,))
+    return np.array(x, dtype=float).reshape(-1)
+
+
+def zeros_like_vector(x: Array) -> Array:
+    """Zeros ``[P]`` where ``x [P]`` lives (host float64 for host values)."""
+    if ops.is_array(x) and not ops.is_numpy(x):
+        return ops.zeros(x, (x.shape[0],))
+    return np.zeros(np.size(x))
 
 
 class StochasticAscent(StochasticOptimizer):
@@ -28,19 +48,19 @@ class StochasticAscent(StochasticOptimizer):
 
         ``value`` is the objective at the point where the step's gradient was taken.
         """
-        x = np.array(x0, dtype=float).reshape(-1)
+        x = as_vector(x0)
         self.reset(x)
         value = float("nan")
         message = "maximum number of iterations reached"
         it = 0
         for it in range(1, int(max_iter) + 1):
             x_eval = self.lookahead(x)
-            value, grad = fun(x_eval.copy())
+            value, grad = fun(ops.copy(x_eval))
             value = float(value)
-            grad = np.asarray(grad, dtype=float).reshape(-1)
+            grad = as_vector(grad)
             check_finite(value, grad, it)
             x = self.step(x_eval, grad)
-            if callback is not None and callback(it, x.copy(), value):
+            if callback is not None and callback(it, ops.copy(x), value):
                 message = STOPPED_BY_CALLBACK
                 break
         return OptimizationResult(x=x, value=value, n_iter=it, success=True, message=message)

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from gpinfer.backend import ops
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array, MatrixGradients
 from gpinfer.kernels.base import Kernel
@@ -30,6 +31,13 @@ from gpinfer.numerics.gram import weighted_gram
 
 #: jitter added to ``Kuu`` and ``kappa`` (spec ep-sep §1.2, reference code)
 INDUCING_JITTER = 1e-10
+#: the same in single precision, where 1e-10 is below round-off (float32 eps is 1.2e-7)
+INDUCING_JITTER_FLOAT32 = 1e-6
+
+
+def inducing_jitter(X: Array) -> float:
+    """The jitter for kernel matrices of ``X``'s floating dtype (float64 or float32)."""
+    return INDUCING_JITTER_FLOAT32 if str(X.dtype).endswith("float32") else INDUCING_JITTER
 
 
 # --------------------------------------------------------------------------------------------
@@ -106,15 +114,15 @@ def site_cholesky(Bm: Array, h_w: Array, iteration: int | None = None) -> Array:
     """Lower Cholesky factor of ``B = I + P_w`` ``[M, M]`` (or a stack ``[C, M, M]``), checked
     together with the whitened shift ``h_w``: ``NumericalError`` (quantity ``"B"``) when either is
     not finite or ``B`` is not positive definite (corrupted sites)."""
-    if not np.all(np.isfinite(Bm)) or not np.all(np.isfinite(h_w)):
+    if not ops.all_finite(Bm, h_w):
         raise NumericalError("site sums are not finite", iteration=iteration, quantity="B")
-    try:
-        return np.linalg.cholesky(Bm)
-    except np.linalg.LinAlgError as err:
+    LB, failed = ops.cholesky(Bm)
+    if np.any(failed):
         raise NumericalError(
             "B = I + L^T Lambda L is not positive definite (corrupted sites)",
             iteration=iteration, quantity="B",
-        ) from err
+        )
+    return LB
 
 
 class WhitenedGaussian:
@@ -156,29 +164,39 @@ class WhitenedGaussian:
 # --------------------------------------------------------------------------------------------
 
 
+def _rows(X: Array) -> Array:
+    """``0..n-1`` for the rows of ``X`` (on its namespace and device)."""
+    return ops.index_like(X, np.arange(X.shape[0]))
+
+
 def factor_mask(y: Array, C: int) -> Array:
-    """``mask [n, C]``: True where ``(i, k)`` is a factor (``k != y_i``)."""
-    mask = np.ones((y.shape[0], C), dtype=bool)
-    mask[np.arange(y.shape[0]), y] = False
-    return mask
+    """``mask [n, C]``: True where ``(i, k)`` is a factor (``k != y_i``); ``y`` host or backend
+    labels (the mask is on ``y``'s namespace and device)."""
+    return y[:, None] != ops.index_like(y, np.arange(C))[None, :]
 
 
 def at_label(X: Array, y: Array) -> Array:
     """``X[i, y_i]`` as a column ``[n, 1]`` (the winner's value broadcast over factors)."""
-    return X[np.arange(y.shape[0]), y][:, None]
+    return X[_rows(X), y][:, None]
 
 
 def aggregate(win: Array, lose: Array, y: Array, mask: Array) -> Array:
     """Per ``(i, c)`` sums of role-site values ``[n, C]`` (spec §1.5): the ``C - 1`` winner
     roles at ``c = y_i``, the single loser role elsewhere."""
-    out = np.where(mask, lose, 0.0)
-    out[np.arange(y.shape[0]), y] = np.sum(np.where(mask, win, 0.0), axis=1)
+    xp = ops.namespace(win, lose)
+    out = xp.where(mask, lose, 0.0)
+    out[_rows(out), y] = xp.sum(xp.where(mask, win, 0.0), axis=1)
     return out
 
 
 def factor_counts(y: Array, C: int) -> Array:
-    """``n_c = (n - n_c^y) + (C - 1) n_c^y`` ``[C]``: factors touching each class (spec §1.4)."""
-    counts = np.bincount(y, minlength=C).astype(float)
+    """``n_c = (n - n_c^y) + (C - 1) n_c^y`` ``[C]``: factors touching each class (spec §1.4)
+    (float64 on the host for host labels, else on ``y``'s namespace)."""
+    if ops.is_numpy(y):
+        counts = np.bincount(y, minlength=C).astype(float)
+    else:
+        xp = ops.namespace(y)
+        counts = xp.sum(xp.astype(~factor_mask(y, C), xp.float64), axis=0)
     return (y.shape[0] - counts) + (C - 1) * counts
 
 
@@ -204,7 +222,7 @@ def remove_site(
         mu_old, v_old, cross = mu, v, v
     assert v_old is not None and cross is not None  # given together with mu_old
     d = 1.0 - C1 * v_old
-    if not np.all(np.isfinite(d)) or np.any(d <= 0.0):
+    if not ops.all_finite(d) or bool(ops.namespace(d).any(d <= 0.0)):
         raise NumericalError("invalid cavity (1 - C1 v <= 0)", quantity="cavity")
     shift = (C1 * mu_old - C2) / d
     return RoleCavity(mu + cross * shift, v + cross * cross * C1 / d, d)
@@ -213,7 +231,8 @@ def remove_site(
 def role_delta(mu_old: Array, v_old: Array, C1: Array, C2: Array, d: Array) -> Array:
     """``Delta_r = G(cavity) - G(q)`` of one role site on its class (spec §2.6), safe at 0."""
     r = mu_old - C2 * v_old
-    return -0.5 * np.log(d) + 0.5 * (-2.0 * C2 * mu_old + C2 * C2 * v_old + C1 * r * r / d)
+    log_d = ops.namespace(d).log(d)
+    return -0.5 * log_d + 0.5 * (-2.0 * C2 * mu_old + C2 * C2 * v_old + C1 * r * r / d)
 
 
 class PairTilted(NamedTuple):
@@ -237,14 +256,15 @@ def pair_tilted(
     ``v_win``/``v_lose`` already include ``s`` (``b = s + v_cavity``).
     """
     t = argmax_factor_tilted(a_win, a_lose, v_win, v_lose)
-    return PairTilted(*(np.where(mask, f, 0.0) for f in t))
+    xp = ops.namespace(*t)
+    return PairTilted(*(xp.where(mask, f, 0.0) for f in t))
 
 
 def new_role_site(g: Array, gamma: Array, a: Array, v: Array) -> tuple[Array, Array]:
     """Moment-matched role site ``(C1, C2)`` (spec §2.5.1): ``g`` the signed ``dlogZ/da``,
     ``a``, ``v`` the role's cavity mean and variance (without ``s``)."""
     den = 1.0 - gamma * v
-    if np.any(den <= 0.0) or not np.all(np.isfinite(den)):
+    if not ops.all_finite(den) or bool(ops.namespace(den).any(den <= 0.0)):
         raise NumericalError("non-positive site denominator 1 - gamma v", quantity="site")
     return gamma / den, (g + gamma * a) / den
 

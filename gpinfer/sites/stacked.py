@@ -11,8 +11,10 @@ class on views of the stacks (at ``M`` in the hundreds a ``trsm`` costs less tha
 LAPACK ``potri`` once per Gaussian. Results equal the per-class code of
 ``gpinfer.sites.inducing`` to round-off (tests/sites/test_stacked.py).
 
-This module is the one place where the stacked arrays are created and factorised, so that a
-second array backend needs to map only these functions.
+The functions take arrays of any array-API namespace (numpy, or torch on a CPU or GPU:
+``gpinfer.backend``); what the standard lacks (stacked triangular solves, Cholesky with a
+failure report, ``potri``, ``einsum``) is mapped once in ``gpinfer.backend.ops``, where numpy
+keeps its tuned BLAS/LAPACK calls.
 
 Symbols as in ``gpinfer.sites.inducing``: ``B = I + a P_w = L_B L_B^T`` for a scale ``a`` per
 class (1 for ``q``, the cavity fraction for SEP's cavity), ``w = B^-1 a h_w``.
@@ -24,72 +26,57 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg.blas import dtrsm
-from scipy.linalg.lapack import dpotri
 
+from gpinfer.backend import ops
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array, MatrixGradients
 from gpinfer.kernels.base import Kernel
 from gpinfer.numerics.cholesky import jittered_cholesky
-from gpinfer.sites.inducing import INDUCING_JITTER, ClassTerms, site_cholesky
+from gpinfer.sites.inducing import ClassTerms, inducing_jitter, site_cholesky
 
 
 def transpose(X: Array) -> Array:
     """The last two axes swapped (a view): ``[C, a, b] -> [C, b, a]``."""
-    return np.swapaxes(X, -1, -2)
+    return ops.mT(X)
 
 
 def symmetrize(X: Array) -> Array:
     """``(X + X^T) / 2`` over the last two axes."""
-    return 0.5 * (X + transpose(X))
+    return 0.5 * (X + ops.mT(X))
 
 
 def stacked_cholesky(K: Array, name: str, iteration: int | None = None) -> Array:
     """Lower Cholesky factors ``[C, M, M]`` of ``K [C, M, M]``.
 
     One stacked LAPACK call; a class whose matrix fails gets ``jittered_cholesky`` (jitter
-    escalation) on its own. ``NumericalError`` naming ``name`` and the class otherwise.
+    escalation, on the host) on its own. ``NumericalError`` naming ``name`` and the class
+    otherwise.
     """
-    if not np.all(np.isfinite(K)):
+    if not ops.all_finite(K):
         raise NumericalError(f"{name} has non-finite entries", iteration=iteration, quantity=name)
-    try:
-        return np.linalg.cholesky(K)
-    except np.linalg.LinAlgError:
-        pass
-    out = np.empty_like(K)
-    for c in range(K.shape[0]):
+    L, failed = ops.cholesky(K)
+    for c in np.flatnonzero(failed):
         try:
-            out[c] = np.linalg.cholesky(K[c])
-        except np.linalg.LinAlgError:
-            try:
-                out[c] = jittered_cholesky(K[c], name=f"{name} of class {c}").L
-            except NumericalError as err:
-                raise NumericalError(str(err), iteration=iteration, quantity=name) from err
-    return out
+            Lc = jittered_cholesky(ops.to_host(K[c]).astype(float), name=f"{name} of class {c}").L
+        except NumericalError as err:
+            raise NumericalError(str(err), iteration=iteration, quantity=name) from err
+        L[c] = ops.like(K, Lc)
+    return L
 
 
 def tri_solve_stack(L: Array, B: Array, *, transpose: bool = False) -> Array:
     """``L^-1 B`` (or ``L^-T B``) ``[C, M, k]`` for lower-triangular ``L [C, M, M]`` and
-    ``B [C, M, k]``: one BLAS ``trsm`` per class, on the Fortran views of the C-ordered arrays
-    (no copies). At ``M`` in the hundreds ``trsm`` costs less than inverting ``L`` once and
-    multiplying (OpenBLAS's ``trtri`` is slow), so the stacks are solved, not inverted."""
-    out = np.empty(B.shape)
-    trans = 1 if transpose else 0
-    for c in range(L.shape[0]):
-        # X^T L^T = B^T (or X^T L = B^T) on the row-major views: side right, upper U = L^T
-        out[c] = dtrsm(1.0, L[c].T, B[c].T, side=1, lower=0, trans_a=trans).T
-    return out
+    ``B [C, M, k]`` (``gpinfer.backend.ops.solve_triangular``: on numpy one BLAS ``trsm`` per
+    class on Fortran views, cheaper than inverting at ``M`` in the hundreds)."""
+    return ops.solve_triangular(L, B, transpose=transpose)
 
 
 def cho_inverse_stack(LB: Array) -> Array:
-    """``(L_B L_B^T)^-1`` ``[C, M, M]`` from lower factors ``LB [C, M, M]`` (LAPACK ``potri``)."""
-    out = np.empty_like(LB)
-    for c in range(LB.shape[0]):
-        inv, info = dpotri(LB[c].T, lower=0)  # LB LB^T = U^T U with U = LB^T (Fortran view)
-        if info != 0:
-            raise NumericalError("singular Cholesky factor", quantity="B")
-        upper = np.triu(inv)  # the upper triangle of the Fortran result: the lower of its .T
-        out[c] = upper + np.triu(upper, 1).T
+    """``(L_B L_B^T)^-1`` ``[C, M, M]`` from lower factors ``LB [C, M, M]`` (LAPACK ``potri``
+    on numpy)."""
+    out, failed = ops.cho_inverse(LB)
+    if failed:
+        raise NumericalError("singular Cholesky factor", quantity="B")
     return out
 
 
@@ -113,7 +100,7 @@ class StackedTerms:
     def to_u_space(self, P_w: Array, h_w: Array) -> tuple[Array, Array]:
         """Inverse of ``to_whitened``: ``(L^-T P_w L^-1, L^-T h_w)``."""
         T = tri_solve_stack(self.L, P_w, transpose=True)  # L^-T P_w
-        P = tri_solve_stack(self.L, transpose(T).copy(), transpose=True)  # L^-T (L^-T P_w)^T
+        P = tri_solve_stack(self.L, ops.copy(transpose(T)), transpose=True)  # L^-T (L^-T P_w)^T
         return symmetrize(P), self.unwhiten(h_w[..., None])[..., 0]
 
     def unwhiten(self, X: Array) -> Array:
@@ -122,20 +109,22 @@ class StackedTerms:
 
 
 def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array], X: Array, *,
-                  jitter: float = INDUCING_JITTER, iteration: int | None = None) -> StackedTerms:
-    """``StackedTerms`` of the class kernels with inducing inputs ``Zs[c] [M, D]`` at ``X``.
+                  jitter: float | None = None, iteration: int | None = None) -> StackedTerms:
+    """``StackedTerms`` of the class kernels with inducing inputs ``Zs[c] [M, D]`` at ``X``
+    (arrays of one namespace).
 
     As ``gpinfer.sites.inducing.class_terms`` for every class: ``Kuu = k(Z) + jitter I``,
-    ``kappa = k_diag(X) + jitter``, ``s`` floored at ``jitter``.
+    ``kappa = k_diag(X) + jitter``, ``s`` floored at ``jitter`` (None: ``inducing_jitter`` of
+    the inputs' dtype).
     """
-    M = Zs[0].shape[0]
-    Kuu = np.stack([k.K(Z) for k, Z in zip(kernels, Zs)])
-    Kuu[:, np.arange(M), np.arange(M)] += jitter
+    xp = ops.namespace(X, *Zs)
+    jitter = inducing_jitter(X) if jitter is None else jitter
+    Kuu = ops.add_diagonal(xp.stack([k.K(Z) for k, Z in zip(kernels, Zs)]), jitter)
     L = stacked_cholesky(Kuu, "Kuu", iteration)
-    A = tri_solve_stack(L, np.stack([k.K(Z, X) for k, Z in zip(kernels, Zs)]))
-    kappa = np.stack([k.K_diag(X) for k in kernels]) + jitter
-    s = kappa - np.einsum("cmn,cmn->cn", A, A)
-    return StackedTerms(L=L, A=A, s=np.maximum(s, jitter))
+    A = tri_solve_stack(L, xp.stack([k.K(Z, X) for k, Z in zip(kernels, Zs)]))
+    kappa = xp.stack([k.K_diag(X) for k in kernels]) + jitter
+    s = kappa - ops.einsum("cmn,cmn->cn", A, A)
+    return StackedTerms(L=L, A=A, s=xp.clip(s, min=jitter))
 
 
 class StackedGaussians:
@@ -148,10 +137,9 @@ class StackedGaussians:
 
     def __init__(self, P_w: Array, h_w: Array, scale: Array | None = None, *,
                  iteration: int | None = None):
-        C, M = h_w.shape
-        a = np.ones(C) if scale is None else np.asarray(scale, dtype=float)
-        Bm = a[:, None, None] * P_w
-        Bm[:, np.arange(M), np.arange(M)] += 1.0
+        C = h_w.shape[0]
+        a = ops.like(P_w, np.ones(C) if scale is None else scale)
+        Bm = ops.add_diagonal(a[:, None, None] * P_w, 1.0)
         self.LB = site_cholesky(Bm, h_w, iteration)
         self.h_w = a[:, None] * h_w
         self.w = self.B_inv_vec(self.h_w)
@@ -172,13 +160,20 @@ class StackedGaussians:
         """Means ``mu = A^T w [C, n]``, variances ``v = ||L_B^-1 a||^2 [C, n]`` and
         ``R = L_B^-1 A [C, M, n]`` along whitened directions ``A [C, M, n]``."""
         R = tri_solve_stack(self.LB, A)
-        mu = np.einsum("cmn,cm->cn", A, self.w)
-        return mu, np.einsum("cmn,cmn->cn", R, R), R
+        mu = ops.einsum("cmn,cm->cn", A, self.w)
+        return mu, ops.einsum("cmn,cmn->cn", R, R), R
 
     def log_norm_ratio(self) -> Array:
         """``G(q_c) - G(prior)`` per class ``[C]`` (spec ep-sep §2.6)."""
-        log_diag = np.log(np.diagonal(self.LB, axis1=1, axis2=2))
-        return -np.sum(log_diag, axis=1) + 0.5 * np.einsum("cm,cm->c", self.w, self.h_w)
+        xp = ops.namespace(self.LB)
+        log_diag = xp.log(ops.diagonal(self.LB))
+        return -xp.sum(log_diag, axis=1) + 0.5 * ops.einsum("cm,cm->c", self.w, self.h_w)
+
+    def moments(self, L: Array) -> tuple[Array, Array]:
+        """``(m [C, M], V [C, M, M])`` in ``u``-space given ``L [C, M, M] = chol(Kuu)``:
+        ``m = L w``, ``V = L B^-1 L^T = T^T T`` with ``T = L_B^-1 L^T``."""
+        T = tri_solve_stack(self.LB, ops.copy(transpose(L)))
+        return (L @ self.w[..., None])[..., 0], transpose(T) @ T
 
 
 def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: StackedGaussians,
@@ -196,20 +191,19 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T - 2 A diag(B) A^T``.
     """
     A = terms.A
-    C, M, _ = A.shape
+    C = A.shape[0]
     e = 2.0 * b_sum if e_sum is None else e_sum
     AB = A * b_sum[:, None, :]  # A diag(B), [C, M, n]
     BiA = tri_solve_stack(lik.LB, R, transpose=True)  # B_g^-1 A
     X = lik.w[:, :, None] * a_sum[:, None, :] + BiA * e[:, None, :] - 2.0 * AB
     S_B = AB @ transpose(A)
-    Aa = np.einsum("cmn,cn->cm", A, a_sum)
+    Aa = ops.einsum("cmn,cn->cm", A, a_sum)
     AX = (Aa[:, :, None] * lik.w[:, None, :] + (A * e[:, None, :]) @ transpose(BiA)
           - 2.0 * S_B)
-    prior = q.B_inv() + q.w[:, :, None] * q.w[:, None, :]
-    prior[:, np.arange(M), np.arange(M)] -= 1.0
+    prior = ops.add_diagonal(q.B_inv() + q.w[:, :, None] * q.w[:, None, :], -1.0)
     inner = 0.5 * prior - symmetrize(AX) - S_B
     T = tri_solve_stack(terms.L, inner, transpose=True)  # L^-T inner
-    G_K = symmetrize(tri_solve_stack(terms.L, transpose(T).copy(), transpose=True))
+    G_K = symmetrize(tri_solve_stack(terms.L, ops.copy(transpose(T)), transpose=True))
     G_uf = terms.unwhiten(X)
     return [MatrixGradients(Kuu=G_K[c], Kuf=G_uf[c], Kff_diag=b_sum[c]) for c in range(C)]
 
@@ -218,5 +212,6 @@ def as_stacked(terms: Sequence[ClassTerms] | StackedTerms) -> StackedTerms:
     """``terms`` as ``StackedTerms`` (per-class ``ClassTerms`` are stacked)."""
     if isinstance(terms, StackedTerms):
         return terms
-    return StackedTerms(L=np.stack([t.L for t in terms]), A=np.stack([t.A for t in terms]),
-                        s=np.stack([t.s for t in terms]))
+    xp = ops.namespace(terms[0].L)
+    return StackedTerms(L=xp.stack([t.L for t in terms]), A=xp.stack([t.A for t in terms]),
+                        s=xp.stack([t.s for t in terms]))

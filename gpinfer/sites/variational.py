@@ -9,18 +9,35 @@ with ``scale = N / |b|`` (unbiased for a mini-batch ``b``), ``q(f_il) = N(m_il, 
 ``m_il = a_il^T mu_l``, ``v_il = K_ii - k_i^T Kuu^-1 k_i + a_il^T Sigma_l a_il`` and
 ``a_il = Kuu_l^-1 k_il``. Gradients: spec jj-taylor-svi §3.3 (FD-verified in the tests).
 Everything is done with Cholesky factors and triangular solves; memory is
-``O(L (|b| M + M^2))``, independent of ``N``.
+``O(L (|b| M + M^2))``, independent of ``N``. Written once against the array API
+(``gpinfer.backend``): numpy (the default) or torch tensors on a CPU or GPU. The latents are
+batched: every operation runs once on the stacks ``[L, M, M]`` / ``[L, M, B]`` of all latents on
+a device, on cache-sized blocks of latents on numpy (its BLAS calls go matrix by matrix anyway,
+and multi-MiB temporaries would page-fault at every step).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import array_api_compat
 import numpy as np
 
-from gpinfer.interfaces import Array, Likelihood, MatrixGradients
-from gpinfer.numerics.cholesky import chol_solve, jittered_cholesky, tri_solve
+from gpinfer.backend import ops
+from gpinfer.errors import NumericalError
+from gpinfer.interfaces import Likelihood, MatrixGradients
+from gpinfer.numerics import settings
+from gpinfer.numerics.cholesky import jittered_cholesky
+from gpinfer.numerics.quadrature import chunk_slices
+
+Array = Any
+
+#: floats of one block of latents' ``[l, M, B]`` stacks on the host (numpy): cache-sized blocks
+#: reuse the allocator's memory from step to step (a fresh multi-MiB stack page-faults at every
+#: step) and keep the element-wise work in cache; other backends (a GPU) take all latents at once
+HOST_LATENT_BLOCK_FLOATS = settings.CACHE_BLOCK_FLOATS // 4
 
 #: ``(mean [B, L], var [B, L]) -> (E [B], dE/dmean [B, L], dE/dvar [B, L])``
 ExpectationFn = Callable[[Array, Array], tuple[Array, Array, Array]]
@@ -30,12 +47,13 @@ def likelihood_expectation(
     likelihood: Likelihood, y: Array, rng: np.random.Generator | None = None
 ) -> ExpectationFn:
     """The ELBO's per-point expectation: ``likelihood.variational_expectations`` for labels
-    ``y [B]`` (class indices), the rule chosen by the likelihood's ``expectation`` option.
+    ``y [B]`` (class indices: host, or a backend int array), the rule chosen by the likelihood's
+    ``expectation`` option.
 
     Multi-class likelihoods take ``mean, var [B, C]``; single-latent ones the one column of
     ``[B, 1]`` (their gradients come back as ``[B, 1]``). ``rng`` feeds Monte-Carlo rules.
     """
-    y = np.asarray(y)
+    y = np.asarray(y) if ops.is_numpy(y) or not hasattr(y, "shape") else y
 
     def fn(mean: Array, var: Array) -> tuple[Array, Array, Array]:
         if likelihood.multiclass:
@@ -55,7 +73,7 @@ class ELBOEstimate:
     per latent (``Kuu``, ``Kuf`` for the batch columns, ``Kff_diag`` for the batch),
     ``expected`` the per-point expectations ``[B]`` (unscaled), ``kl`` the total KL,
     ``dSigma [L, M, M]`` (symmetric) the gradient wrt ``Sigma_l = Lq_l Lq_l^T`` (for natural
-    gradients).
+    gradients). Arrays of the inputs' namespace; ``value`` and ``kl`` host floats.
     """
 
     value: float
@@ -67,19 +85,77 @@ class ELBOEstimate:
     dSigma: Array | None = None
 
 
-def _kl_terms(L_K: Array, mu: Array, Lq: Array) -> tuple[float, Array, Array]:
-    """KL of one latent, ``alpha = Kuu^-1 mu [M]`` and ``Kuu^-1 Lq [M, M]``."""
-    M = mu.shape[0]
-    P = tri_solve(L_K, Lq)
-    alpha = chol_solve(L_K, mu)
-    logdet = 2.0 * np.sum(np.log(np.diag(L_K))) - 2.0 * np.sum(np.log(np.abs(np.diag(Lq))))
-    kl = 0.5 * (np.sum(P * P) + mu @ alpha - M + logdet)
-    return float(kl), alpha, tri_solve(L_K, P, transpose=True)
+def _stack(mats: Sequence[Array] | Array, ref: Array) -> Array:
+    """``mats`` (``L`` matrices, or a stack already) as one stack ``[L, ...]`` of ``ref``'s
+    namespace."""
+    if isinstance(mats, list | tuple):
+        if len(mats) == 1:  # a view, no copy
+            return ops.like(ref, mats[0])[None, ...]
+        return ops.namespace(ref).stack([ops.like(ref, m) for m in mats])
+    return ops.like(ref, mats)
+
+
+def _empty(ref: Array, shape: tuple[int, ...]) -> Array:
+    """An uninitialised array of ``ref``'s namespace, dtype and device (for outputs written in
+    full: unlike zeros, it reuses the allocator's memory instead of fresh zero pages)."""
+    xp = ops.namespace(ref)
+    return xp.empty(shape, dtype=ref.dtype, device=array_api_compat.device(ref))
+
+
+def _latent_blocks(ref: Array, n_lat: int, floats_per_latent: int) -> list[slice]:
+    """Blocks of latents whose ``[l, M, B]`` stacks are processed together: all of them on a
+    device backend, cache-sized blocks on numpy (``HOST_LATENT_BLOCK_FLOATS``)."""
+    if not ops.is_numpy(ref):
+        return [slice(0, n_lat)]
+    return list(chunk_slices(n_lat, floats_per_latent, HOST_LATENT_BLOCK_FLOATS))
+
+
+def stacked_cholesky(K: Array, name: str, first: int = 0) -> Array:
+    """Lower Cholesky factors of the stack ``K [L, M, M]`` (or one matrix ``[M, M]``), jitter
+    added only to the matrices that need it (``jittered_cholesky``, on the host: a rare path).
+    ``NumericalError`` naming ``name`` (and the latent, numbered from ``first``) for non-finite
+    entries or when even jitter fails."""
+    if not ops.all_finite(K):
+        bad = [l for l in range(K.shape[0]) if not ops.all_finite(K[l])] if K.ndim == 3 else []
+        which = f"{name} (latent {first + bad[0]})" if bad else name
+        raise NumericalError(f"{which} has non-finite entries; cannot factorise", quantity=which)
+    L, failed = ops.cholesky(K)
+    if K.ndim == 2:
+        if bool(failed):
+            L = ops.like(K, jittered_cholesky(ops.to_host(K), name=name).L)
+        return L
+    for l in np.flatnonzero(failed):
+        L[int(l)] = ops.like(K, jittered_cholesky(ops.to_host(K[int(l)]),
+                                                  name=f"{name} (latent {first + int(l)})").L)
+    return L
+
+
+def _kl_terms(L_K: Array, mu: Array, Lq: Array) -> tuple[Array, Array, Array]:
+    """KL of every latent ``[L]``, ``alpha = Kuu^-1 mu [L, M]`` and ``Kuu^-1 Lq [L, M, M]``
+    (stacks: ``L_K, Lq [L, M, M]``, ``mu [L, M]``)."""
+    xp = ops.namespace(mu)
+    M = mu.shape[-1]
+    P = ops.solve_triangular(L_K, Lq)
+    alpha = ops.solve_triangular(L_K, ops.solve_triangular(L_K, mu[..., None]),
+                                 transpose=True)[..., 0]
+    logdet = (2.0 * xp.sum(xp.log(ops.diagonal(L_K)), axis=-1)
+              - 2.0 * xp.sum(xp.log(xp.abs(ops.diagonal(Lq))), axis=-1))
+    kl = 0.5 * (xp.sum(P * P, axis=(-2, -1)) + xp.sum(mu * alpha, axis=-1) - M + logdet)
+    return kl, alpha, ops.solve_triangular(L_K, P, transpose=True)
+
+
+def _inverse_from_factor(L: Array) -> Array:
+    """``(L L^T)^-1`` for the stack of lower factors ``L``; NaN where ``L`` is singular (the
+    caller's finiteness checks then catch it)."""
+    inv, failed = ops.cho_inverse(L)
+    if failed:
+        return ops.namespace(L).full_like(L, float("nan"))
+    return inv
 
 
 def uncollapsed_elbo(
-    Kuu: Sequence[Array],
-    Kub: Sequence[Array],
+    Kuu: Sequence[Array] | Array,
+    Kub: Sequence[Array] | Array,
     Kdiag: Array,
     mu: Array,
     Lq: Array,
@@ -88,63 +164,63 @@ def uncollapsed_elbo(
 ) -> ELBOEstimate:
     """The ELBO (spec jj-taylor-svi §3.1, jj-taylor-svi §3.3) for ``L`` latents on ``B`` points.
 
-    ``Kuu``: ``L`` matrices ``[M, M]``; ``Kub``: ``L`` matrices ``[M, B]`` (batch columns);
-    ``Kdiag [L, B]``; ``mu [L, M]``; ``Lq [L, M, M]`` lower triangular; ``scale``: the weight of
-    the data term (``N / B`` for an unbiased mini-batch estimate).
+    ``Kuu``: ``L`` matrices ``[M, M]`` (or their stack); ``Kub``: ``L`` matrices ``[M, B]``
+    (batch columns, or their stack); ``Kdiag [L, B]``; ``mu [L, M]``; ``Lq [L, M, M]`` lower
+    triangular; ``scale``: the weight of the data term (``N / B`` for an unbiased mini-batch
+    estimate). Arrays of one array-API namespace (that of ``mu``). Every step runs once on the
+    stacks ``[l, M, M]`` / ``[l, M, B]`` of a block of latents: all of them on a device backend,
+    cache-sized blocks on numpy (``HOST_LATENT_BLOCK_FLOATS``); the expectation runs once on
+    all latents.
     """
+    xp = ops.namespace(mu)
     n_lat, M = mu.shape
-    Kdiag = np.asarray(Kdiag, dtype=float).reshape(n_lat, -1)
+    Kdiag = xp.reshape(ops.like(mu, Kdiag), (n_lat, -1))
     B = Kdiag.shape[1]
-    L_K, A, means, var = [], [], np.empty((B, n_lat)), np.empty((B, n_lat))
-    LtAs: list[Array] = []
-    for l in range(n_lat):
-        Lk = jittered_cholesky(Kuu[l], name=f"Kuu (latent {l})").L
-        Rb = tri_solve(Lk, Kub[l])
-        Al = tri_solve(Lk, Rb, transpose=True)  # Kuu^-1 Kub
-        LtA = Lq[l].T @ Al
-        LtAs.append(LtA)
-        means[:, l] = Al.T @ mu[l]
-        var[:, l] = Kdiag[l] - np.einsum("mb,mb->b", Rb, Rb) + np.einsum("mb,mb->b", LtA, LtA)
-        L_K.append(Lk)
-        A.append(Al)
-    var = np.maximum(var, 1e-12)
-    E, dm, dv = expectation(means, var)
-    gm, gv = scale * dm, scale * dv
-    value = scale * float(np.sum(E))
-    dmu = np.empty_like(mu)
-    dLq = np.empty_like(Lq)
+    blocks = _latent_blocks(mu, n_lat, M * B)
+    means, var = _empty(mu, (B, n_lat)), _empty(mu, (B, n_lat))  # the expectation's layout
+    forward = []
+    for sl in blocks:
+        L_K = stacked_cholesky(_stack(Kuu[sl], mu), "Kuu", first=sl.start)
+        Rb = ops.solve_triangular(L_K, _stack(Kub[sl], mu))  # [l, M, B]
+        A = ops.solve_triangular(L_K, Rb, transpose=True)  # Kuu^-1 Kub
+        LtA = ops.mT(Lq[sl]) @ A
+        means[:, sl] = ops.mT((mu[sl, None, :] @ A)[:, 0, :])
+        var[:, sl] = ops.mT(Kdiag[sl] - ops.einsum("lmb,lmb->lb", Rb, Rb)
+                            + ops.einsum("lmb,lmb->lb", LtA, LtA))
+        forward.append((L_K, A, LtA))
+    var = xp.maximum(var, 1e-12)
+    E, dm, dv = expectation(means, var)  # [B, L]
+    gm, gv = scale * ops.mT(dm), scale * ops.mT(dv)  # [L, B]
+    dmu, kl = _empty(mu, (n_lat, M)), _empty(mu, (n_lat,))
+    dLq, dSigma = _empty(mu, (n_lat, M, M)), _empty(mu, (n_lat, M, M))
     grads: list[MatrixGradients] = []
-    kl_total = 0.0
-    eye = np.eye(M)
-    dSigma = np.empty_like(Lq)
-    for l in range(n_lat):
-        kl, alpha, Kinv_Lq = _kl_terms(L_K[l], mu[l], Lq[l])
-        kl_total += kl
-        Al, Lql = A[l], Lq[l]
-        Agm = Al @ gm[:, l]
-        Pv = (Al * gv[:, l]) @ Al.T
-        dmu[l] = Agm - alpha
-        dLq[l] = np.tril(2.0 * Pv @ Lql - Kinv_Lq)
-        dLq[l][np.diag_indices(M)] += 1.0 / np.diag(Lql)
-        Kinv_S = Kinv_Lq @ Lql.T  # Kuu^-1 Sigma
-        Lk_inv = tri_solve(L_K[l], eye)
-        Kinv = Lk_inv.T @ Lk_inv
+    for sl, (L_K, A, LtA) in zip(blocks, forward):
+        Lq_b, mu_b, gm_b, gv_b = Lq[sl], mu[sl], gm[sl], gv[sl]
+        kl[sl], alpha, Kinv_Lq = _kl_terms(L_K, mu_b, Lq_b)
+        a_col, a_row = alpha[:, :, None], alpha[:, None, :]
+        Agm = (A @ gm_b[:, :, None])[..., 0]  # [l, M]
+        Pv = (A * gv_b[:, None, :]) @ ops.mT(A)  # A diag(gv) A^T, [l, M, M]
+        dmu[sl] = Agm - alpha
+        dLq[sl] = ops.add_diagonal(xp.tril(2.0 * Pv @ Lq_b - Kinv_Lq), 1.0 / ops.diagonal(Lq_b))
         # Kuu^-1 Sigma Kuu^-1 Kub - Kuu^-1 Kub = Kuu^-1 Lq (Lq^T A) - A
-        G_uf = Kinv_Lq @ LtAs[l]
-        G_uf -= Al
-        G_uf *= 2.0 * gv[:, l]
-        G_uf += np.outer(alpha, gm[:, l])
-        SP = Kinv_S @ Pv
+        G_uf = Kinv_Lq @ LtA
+        G_uf -= A
+        G_uf *= 2.0 * gv_b[:, None, :]
+        G_uf += a_col * gm_b[:, None, :]
+        Kinv = _inverse_from_factor(L_K)
+        SP = (Kinv_Lq @ ops.mT(Lq_b)) @ Pv  # Kuu^-1 Sigma Pv
         G_uu = (
-            -0.5 * (np.outer(Agm, alpha) + np.outer(alpha, Agm))
-            + Pv - SP - SP.T
-            + 0.5 * (Kinv_Lq @ Kinv_Lq.T + np.outer(alpha, alpha) - Kinv)
+            -0.5 * (Agm[:, :, None] * a_row + a_col * Agm[:, None, :])
+            + Pv - SP - ops.mT(SP)
+            + 0.5 * (Kinv_Lq @ ops.mT(Kinv_Lq) + a_col * a_row - Kinv)
         )
-        grads.append(MatrixGradients(Kff_diag=gv[:, l].copy(), Kuu=0.5 * (G_uu + G_uu.T),
-                                     Kuf=G_uf))
+        G_uu = 0.5 * (G_uu + ops.mT(G_uu))
+        grads.extend(MatrixGradients(Kff_diag=ops.copy(gv_b[j]), Kuu=G_uu[j], Kuf=G_uf[j])
+                     for j in range(G_uu.shape[0]))
         # dL/dSigma = Pv - Kuu^-1 / 2 + Sigma^-1 / 2 (spec jj-taylor-svi §3.3)
-        Lq_inv = tri_solve(Lql, eye)
-        dSigma[l] = Pv - 0.5 * Kinv + 0.5 * (Lq_inv.T @ Lq_inv)
+        dSigma[sl] = Pv - 0.5 * Kinv + 0.5 * _inverse_from_factor(Lq_b)
+    kl_total = ops.scalar(xp.sum(kl))
+    value = scale * ops.scalar(xp.sum(E))
     return ELBOEstimate(value - kl_total, dmu, dLq, grads, E, kl_total, dSigma)
 
 
@@ -165,25 +241,22 @@ def natural_gradient_step(mu: Array, Lq: Array, dmu: Array, dSigma: Array, step:
     optimal ``q(u)``; for log-concave likelihoods ``Lambda'`` stays positive definite for
     ``0 < step <= 1``; otherwise (robust-max) the step is halved until ``Lambda'`` is positive
     definite (at most ``NATURAL_STEP_HALVINGS`` times, then ``q(u)`` is kept). Returns
-    ``mu' [M]`` and the Cholesky factor ``Lq' [M, M]`` of ``Sigma' = Lambda'^-1``.
+    ``mu' [M]`` and the Cholesky factor ``Lq' [M, M]`` of ``Sigma' = Lambda'^-1``. Arrays of
+    any array-API namespace.
     """
-    M = mu.shape[0]
-    eye = np.eye(M)
-    Lq_inv = tri_solve(Lq, eye)
-    Lam = Lq_inv.T @ Lq_inv
-    G = 0.5 * (dSigma + dSigma.T)
+    Lam = _inverse_from_factor(Lq)
+    G = 0.5 * (dSigma + ops.mT(dSigma))
     for _ in range(NATURAL_STEP_HALVINGS + 1):
         Lam_new = Lam - 2.0 * step * G
-        try:
-            L_lam = np.linalg.cholesky(0.5 * (Lam_new + Lam_new.T))
+        L_lam, failed = ops.cholesky(0.5 * (Lam_new + ops.mT(Lam_new)))
+        if not bool(np.any(failed)):
             break
-        except np.linalg.LinAlgError:  # not log-concave (robust-max): shorten the step
-            step *= 0.5
+        step *= 0.5  # not log-concave (robust-max): shorten the step
     else:
-        return mu.copy(), Lq.copy()
+        return ops.copy(mu), ops.copy(Lq)
     theta1 = Lam @ mu + step * (dmu - 2.0 * G @ mu)
-    mu_new = chol_solve(L_lam, theta1)
-    # Sigma' = Lambda'^-1 = L_lam^-T L_lam^-1; its lower Cholesky factor via the flipped factor
-    W = tri_solve(L_lam, eye)  # L_lam^-1, Sigma' = W^T W
-    Lq_new = jittered_cholesky(W.T @ W, name="natural-gradient Sigma").L
+    mu_new = ops.solve_triangular(L_lam, ops.solve_triangular(L_lam, theta1[:, None]),
+                                  transpose=True)[:, 0]
+    # Sigma' = Lambda'^-1 = L_lam^-T L_lam^-1; its lower Cholesky factor
+    Lq_new = stacked_cholesky(_inverse_from_factor(L_lam), "natural-gradient Sigma")
     return mu_new, Lq_new

@@ -21,6 +21,12 @@ objective they define with its matrix gradients, snapshots, the posterior) and t
   left out), the time budget, and stop requests (early stopping) end the fit after the
   iteration reported.
 
+Array backends (``gpinfer.backend``): the loop is backend-blind. The sites hold their state and
+the prepared batch's inputs (``SiteApproximation.batch_inputs``) on their backend; the
+hyper-parameter vector lives where the inducing inputs live, and so do the optimisers' states;
+non-finite values there are caught as on the host (``ops.all_finite``) and trigger the same
+back-off.
+
 Optimiser coordinates: ``coordinates`` ``d [P]`` lets the optimiser act on ``xi = d * theta``
 (gradient ``g / d``); ep/sep step in the log of the *squared* length-scale as the paper does.
 """
@@ -32,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpinfer.backend import ops
 from gpinfer.data.minibatch import MiniBatches
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.hyper import HyperParameters
@@ -89,6 +96,7 @@ class TrainingLoop:
         self.reporter = IterationReporter(callback, name, time_limit_s)
         self.history = self.reporter.history
         self.coord = np.ones(hp.size) if coordinates is None else np.asarray(coordinates, float)
+        self._coord_on: Array = self.coord
         self.n_jobs = n_jobs
         self.iteration = 0
         self.failures = 0
@@ -123,15 +131,27 @@ class TrainingLoop:
         return build
 
     # -- one step ----------------------------------------------------------------------------
+    def _coordinates(self, theta: Array) -> Array:
+        """``coordinates [P]`` where ``theta`` lives (moved to a backend device once)."""
+        if type(self._coord_on) is not type(theta):
+            self._coord_on = ops.like(theta, self.coord)
+        return self._coord_on
+
+    def _scaled_theta(self) -> Array:
+        """``coordinates * theta`` (what the optimisers step on)."""
+        theta = self.hp.pack()
+        return theta * self._coordinates(theta)
+
     def _ascend(self, opt: SignAdaptiveAscent | Adam, grad: Array) -> None:
         """One optimiser step in the scaled coordinates from the current hyper-parameters
         (``grad`` is scaled in place)."""
         if self.hp.size:  # in place on arrays this step owns: P can be millions
             theta = self.hp.pack()
-            theta *= self.coord
-            grad /= self.coord
+            coord = self._coordinates(theta)
+            theta *= coord
+            grad /= coord
             xi = opt.step(theta, grad)
-            xi /= self.coord
+            xi /= coord
             self.hp.unpack(xi)
 
     def _step(self, batch: Array, rho: float) -> tuple[float, Array, float]:
@@ -151,8 +171,10 @@ class TrainingLoop:
                 change = self.sites.update(rho, it)
         scale = self.X.shape[0] / batch.shape[0]
         out = self.sites.objective(scale, it)
-        grad = self.hp.gradient(self.X[batch], out.gradients, self.n_jobs)
-        if not np.isfinite(out.value) or not np.all(np.isfinite(grad)):
+        X_batch = self.sites.batch_inputs()
+        grad = self.hp.gradient(self.X[batch] if X_batch is None else X_batch, out.gradients,
+                                self.n_jobs)
+        if not np.isfinite(out.value) or not ops.all_finite(grad):
             raise NumericalError("non-finite objective or gradient", iteration=it,
                                  quantity="objective")
         return float(out.value), grad, change
@@ -213,7 +235,7 @@ class TrainingLoop:
     def _full_batch(self) -> None:
         batch = np.arange(self.X.shape[0])
         opt = SignAdaptiveAscent(learning_rate=float(self.schedule.learning_rate))
-        opt.reset(self.hp.pack() * self.coord)
+        opt.reset(self._scaled_theta())
         good = self._state()
         while self._more():
             self.iteration += 1
@@ -236,7 +258,7 @@ class TrainingLoop:
         if size > N:
             raise InputError(f"{self.name}: batch_size {size} exceeds the {N} training points")
         opt = Adam(learning_rate=float(self.schedule.adam_learning_rate))
-        opt.reset(self.hp.pack() * self.coord)
+        opt.reset(self._scaled_theta())
         batches = MiniBatches(N, size, self.problem.rng)
         self.rho = 1.0
         good = self._state()  # per epoch: snapshots cost O(state)

@@ -41,6 +41,22 @@ def compose_cfg(*overrides: str) -> DictConfig:
         return compose(config_name="config", overrides=[*base, *overrides])
 
 
+def store_cfg(store_uri: str, *overrides: str) -> DictConfig:
+    """The config logging to ``store_uri``; the toy methods take the default likelihood."""
+    return compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method.likelihood=null", *overrides)
+
+
+def store_runs(store_uri: str) -> list:
+    """Every run of the ``gpinfer`` experiment in the MLflow store ``store_uri``."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store_uri)
+    exp = client.get_experiment_by_name("gpinfer")
+    if exp is None:
+        return []
+    return client.search_runs([exp.experiment_id], max_results=1000)
+
+
 def plugin_importable(name: str) -> str | None:
     """``None`` when method plugin ``name`` loads, else the reason (for ``pytest.skip``)."""
     try:

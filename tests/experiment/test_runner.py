@@ -18,22 +18,9 @@ from gpinfer.errors import InputError, NumericalError, UnknownNameError
 from gpinfer.experiment import results
 from gpinfer.experiment.runner import run_experiment
 
-from .helpers import TOY_DIST, TOY_VERSION, compose_cfg
+from .helpers import TOY_DIST, TOY_VERSION, compose_cfg, store_cfg, store_runs
 
 pytestmark = pytest.mark.usefixtures("toy_site")
-
-
-def _cfg(store_uri: str, *overrides: str):
-    """The config with the module's store; the toy methods take the default likelihood."""
-    return compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method.likelihood=null", *overrides)
-
-
-def _runs(store_uri: str) -> list:
-    client = MlflowClient(store_uri)
-    exp = client.get_experiment_by_name("gpinfer")
-    if exp is None:
-        return []
-    return client.search_runs([exp.experiment_id], max_results=1000)
 
 
 def _steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
@@ -42,7 +29,7 @@ def _steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
 
 def test_single_run_result_json_and_mlflow_run(tmp_path: Path, store_uri: str, capsys) -> None:
     out = tmp_path / "run"
-    cfg = _cfg(store_uri, "method.name=toygp", "iterations=12", "eval_every=5", "seed=3")
+    cfg = store_cfg(store_uri, "method.name=toygp", "iterations=12", "eval_every=5", "seed=3")
     result = run_experiment(cfg, output_dir=out)
 
     # result.json: every field, sane values, same as the return value
@@ -120,7 +107,7 @@ def test_a_fit_worse_than_the_class_frequencies_is_flagged(
     """An untrained svi (one Adadelta step from the prior) predicts about 1/2 for 63:37
     classes."""
     out = tmp_path / "run"
-    cfg = _cfg(store_uri, "method=svi", "method.options.optimizer=adadelta", "iterations=1", "M=5")
+    cfg = store_cfg(store_uri, "method=svi", "method.options.optimizer=adadelta", "iterations=1", "M=5")
     with pytest.warns(Warning, match="no better than predicting the class frequencies"):
         result = run_experiment(cfg, output_dir=out)
     saved = json.loads((out / "result.json").read_text())
@@ -135,7 +122,7 @@ def test_a_fit_worse_than_the_class_frequencies_is_flagged(
 
 def test_numerical_error_fails_the_run_and_keeps_its_history(tmp_path: Path, store_uri: str) -> None:
     out = tmp_path / "run"
-    cfg = _cfg(store_uri, "method.name=toygp", "+method.options.fail_at=3", "iterations=10")
+    cfg = store_cfg(store_uri, "method.name=toygp", "+method.options.fail_at=3", "iterations=10")
     with pytest.raises(NumericalError, match=r"iteration 3.*'B'"):
         run_experiment(cfg, output_dir=out)
     saved = json.loads((out / "result.json").read_text())
@@ -151,7 +138,7 @@ def test_numerical_error_fails_the_run_and_keeps_its_history(tmp_path: Path, sto
 
 def test_ctrl_c_ends_the_run_killed_with_its_metrics(tmp_path: Path, store_uri: str) -> None:
     out = tmp_path / "run"
-    cfg = _cfg(store_uri, "method.name=toygp", "+method.options.interrupt_at=3")
+    cfg = store_cfg(store_uri, "method.name=toygp", "+method.options.interrupt_at=3")
     with pytest.raises(KeyboardInterrupt):
         run_experiment(cfg, output_dir=out)
     saved = json.loads((out / "result.json").read_text())
@@ -164,7 +151,7 @@ def test_ctrl_c_ends_the_run_killed_with_its_metrics(tmp_path: Path, store_uri: 
 
 def test_non_finite_objective_names_iteration_and_quantity(tmp_path: Path, store_uri: str) -> None:
     out = tmp_path / "run"
-    cfg = _cfg(store_uri, "method.name=toygp", "+method.options.nan_at=2", "iterations=5")
+    cfg = store_cfg(store_uri, "method.name=toygp", "+method.options.nan_at=2", "iterations=5")
     with pytest.raises(NumericalError, match=r"objective.*iteration 2.*'objective'"):
         run_experiment(cfg, output_dir=out)
     run = MlflowClient(store_uri).get_run(json.loads((out / "result.json").read_text())["mlflow_run_id"])
@@ -192,12 +179,12 @@ def test_non_finite_objective_names_iteration_and_quantity(tmp_path: Path, store
 def test_bad_input_fails_before_any_mlflow_run(
     tmp_path: Path, store_uri: str, override: str, error: type, pattern: str
 ) -> None:
-    before = len(_runs(store_uri))
+    before = len(store_runs(store_uri))
     base = [] if override.startswith("method=") else ["method.name=toygp"]
-    cfg = _cfg(store_uri, *base, *override.split())
+    cfg = store_cfg(store_uri, *base, *override.split())
     with pytest.raises(error, match=pattern):
         run_experiment(cfg, output_dir=tmp_path / "run")
-    runs = _runs(store_uri)
+    runs = store_runs(store_uri)
     assert len(runs) == before  # nothing started, so nothing is left RUNNING
     assert all(r.info.status != "RUNNING" for r in runs)
     assert not (tmp_path / "run" / "result.json").exists()
@@ -205,15 +192,15 @@ def test_bad_input_fails_before_any_mlflow_run(
 
 def test_missing_and_malformed_data_files(tmp_path: Path, store_uri: str) -> None:
     missing = tmp_path / "nope.npz"
-    cfg = _cfg(store_uri, "method.name=toygp", "dataset=file", f"dataset.path='{missing}'")
+    cfg = store_cfg(store_uri, "method.name=toygp", "dataset=file", f"dataset.path='{missing}'")
     with pytest.raises(InputError, match="nope.npz"):
         run_experiment(cfg, output_dir=tmp_path / "a")
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"this is not a zip archive")
-    cfg = _cfg(store_uri, "method.name=toygp", "dataset=file", f"dataset.path='{bad}'")
+    cfg = store_cfg(store_uri, "method.name=toygp", "dataset=file", f"dataset.path='{bad}'")
     with pytest.raises(InputError, match="bad.npz"):
         run_experiment(cfg, output_dir=tmp_path / "b")
-    cfg = _cfg(store_uri, "method.name=toygp", "dataset=file")
+    cfg = store_cfg(store_uri, "method.name=toygp", "dataset=file")
     with pytest.raises(InputError, match=r"dataset.path="):
         run_experiment(cfg, output_dir=tmp_path / "c")
 
@@ -221,10 +208,10 @@ def test_missing_and_malformed_data_files(tmp_path: Path, store_uri: str) -> Non
 def test_unwritable_output_folder_and_store(tmp_path: Path, store_uri: str) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
-    cfg = _cfg(store_uri, "method.name=toygp")
+    cfg = store_cfg(store_uri, "method.name=toygp")
     with pytest.raises(InputError, match=r"output folder .*a_file.* not writable"):
         run_experiment(cfg, output_dir=blocker / "run")
-    cfg = _cfg(f"sqlite:///{blocker}/sub/mlflow.db", "method.name=toygp")
+    cfg = store_cfg(f"sqlite:///{blocker}/sub/mlflow.db", "method.name=toygp")
     with pytest.raises(InputError, match=r"MLflow store .*a_file"):
         run_experiment(cfg, output_dir=tmp_path / "run")
     assert not (tmp_path / "run" / "result.json").exists()
@@ -254,7 +241,7 @@ def test_inducing_fraction_optimizer_and_env_store(
 
 
 def test_optimize_false_and_seed_reach_the_method(tmp_path: Path, store_uri: str, toy_methods) -> None:
-    cfg = _cfg(store_uri, "method.name=toygp", "optimize=false", "iterations=1", "seed=7")
+    cfg = store_cfg(store_uri, "method.name=toygp", "optimize=false", "iterations=1", "seed=7")
     run_experiment(cfg, output_dir=tmp_path / "a")
     first = toy_methods.ToyGP.last_problem
     assert first.optimize is False
@@ -262,7 +249,7 @@ def test_optimize_false_and_seed_reach_the_method(tmp_path: Path, store_uri: str
     second = toy_methods.ToyGP.last_problem
     assert np.array_equal(first.X, second.X)  # same seed, same split
     assert first.rng.random() == second.rng.random()
-    cfg = _cfg(store_uri, "method.name=toygp", "optimize=false", "iterations=1", "seed=8")
+    cfg = store_cfg(store_uri, "method.name=toygp", "optimize=false", "iterations=1", "seed=8")
     run_experiment(cfg, output_dir=tmp_path / "c")
     assert not np.array_equal(first.X, toy_methods.ToyGP.last_problem.X)
 
@@ -270,7 +257,7 @@ def test_optimize_false_and_seed_reach_the_method(tmp_path: Path, store_uri: str
 def test_progress_bar_shows_rate_objective_and_test_error(tmp_path: Path, store_uri: str) -> None:
     import io
 
-    cfg = _cfg(store_uri, "method.name=toygp", "iterations=12", "eval_every=4",
+    cfg = store_cfg(store_uri, "method.name=toygp", "iterations=12", "eval_every=4",
                "progress.bar=true")
     bar = io.StringIO()
     run_experiment(cfg, output_dir=tmp_path / "run", progress_stream=bar)
@@ -278,7 +265,7 @@ def test_progress_bar_shows_rate_objective_and_test_error(tmp_path: Path, store_
     assert "12/12" in text and "it/s" in text and "objective=" in text
     assert re.search(r"test error=\d\.\d{4}", text)
     quiet = io.StringIO()  # auto: no bar on a stream that is not a terminal
-    run_experiment(_cfg(store_uri, "method.name=toygp", "iterations=3"),
+    run_experiment(store_cfg(store_uri, "method.name=toygp", "iterations=3"),
                    output_dir=tmp_path / "quiet", progress_stream=quiet)
     assert quiet.getvalue() == ""
 

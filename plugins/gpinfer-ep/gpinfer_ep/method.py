@@ -32,6 +32,8 @@ from typing import ClassVar
 
 import numpy as np
 
+from gpinfer.backend import ops
+from gpinfer.backend.choice import NUMPY, Backend
 from gpinfer.hyper import HyperParameters
 from gpinfer.inducing import INDUCING_INITS
 from gpinfer.interfaces import (
@@ -48,9 +50,9 @@ from gpinfer.kernels.initialisation import LENGTHSCALE_INITS
 from gpinfer.options import Option, choice, flag, integer, real
 from gpinfer.parallel import blas_threads_for, check_n_jobs
 from gpinfer.posterior import InducingPosterior
-from gpinfer.sites.stacked import StackedTerms
+from gpinfer.sites.stacked import StackedGaussians, StackedTerms, stacked_terms
 from gpinfer.training.loop import Schedule, TrainingLoop
-from gpinfer_ep.model import all_terms, check_likelihood, class_kernels, initial_inducing
+from gpinfer_ep.model import check_likelihood, class_kernels, initial_inducing
 from gpinfer_ep.state import RankOneSites, TiedSites
 
 #: failed updates tolerated in one fit before giving up
@@ -96,7 +98,10 @@ class _SparseEPBase(Method):
         "n_jobs": integer(1, "[1, inf)", also=(-1,), doc="threads for the per-class algebra"),
     }
 
-    def make_state(self, y: Array, C: int, M: int, n_jobs: int) -> RankOneSites | TiedSites:
+    backends: ClassVar[tuple[str, ...]] = ("numpy", "torch")
+
+    def make_state(self, y: Array, C: int, M: int, n_jobs: int,
+                   backend: Backend) -> RankOneSites | TiedSites:
         raise NotImplementedError
 
     # -- entry point -------------------------------------------------------------------------
@@ -114,10 +119,12 @@ class _SparseEPBase(Method):
         X, y = np.asarray(problem.X, dtype=float), np.asarray(problem.y, dtype=np.int64)
         kernels = class_kernels(problem, o["noise"], o["lengthscale_init"], o["noise_in_Kuu"])
         Zs = initial_inducing(problem, self.name, self.options["inducing_init"])
-        hp = HyperParameters(kernels, Z=Zs, optimize=problem.optimize)
+        backend = problem.backend
+        hp = HyperParameters(kernels, Z=[backend.asarray(z) for z in Zs],
+                             optimize=problem.optimize)
         n_jobs = check_n_jobs(o["n_jobs"], f"{self.name} option n_jobs")
-        state = self.make_state(y, problem.n_classes, Zs[0].shape[0], n_jobs)
-        sites = SparseSites(state, kernels, hp, X, problem.likelihood)
+        state = self.make_state(y, problem.n_classes, Zs[0].shape[0], n_jobs, backend)
+        sites = SparseSites(state, kernels, hp, X, problem.likelihood, backend)
         # the paper steps in log l with l = ell^2 (spec §2.9): xi = 2 theta for length-scales
         coordinates = np.array([2.0 if "lengthscale" in n else 1.0 for n in hp.names])
         loop = TrainingLoop(self.name, problem, sites, hp, X, schedule, callback,
@@ -132,44 +139,59 @@ class _SparseEPBase(Method):
             kernel=kernels,
             n_iter=loop.iteration,
             history=loop.history,
-            state={**posterior.state(), "theta": hp.pack(),
+            state={**posterior.state(), "theta": ops.to_host(hp.pack()),
                    "failures": np.array(loop.failures), "damping": np.array(loop.rho)},
         )
 
 
 class SparseSites(SiteApproximation):
     """The site state of ep / sep (``RankOneSites`` / ``TiedSites``) as the core training loop
-    drives it: ``prepare`` computes the kernel terms of a batch at the current kernels and
-    inducing inputs (``hp``), ``update`` and ``objective`` run the state's moment matching and
-    ``log Z_q`` with its per-class matrix gradients on them.
+    drives it: ``prepare`` moves a batch's inputs from the host ``X`` to the backend and
+    computes their kernel terms at the current kernels and inducing inputs (``hp``), ``update``
+    and ``objective`` run the state's moment matching and ``log Z_q`` with its per-class matrix
+    gradients on them. Full-batch inputs are moved once.
     """
 
     def __init__(self, state: RankOneSites | TiedSites, kernels: list, hp: HyperParameters,
-                 X: Array, likelihood: Likelihood):
+                 X: Array, likelihood: Likelihood, backend: Backend = NUMPY):
         self.state, self.kernels, self.hp, self.X = state, kernels, hp, X
         self.likelihood = likelihood
-        self._prepared: tuple[Array, StackedTerms] | None = None  # (batch, its terms)
+        self.backend = backend
+        self._prepared: tuple[Array, StackedTerms, Array] | None = None  # (batch, terms, inputs)
+        self._all_inputs: Array | None = None
 
     def _inducing(self) -> list[Array]:
         if self.hp.Z is None:
             raise TypeError("ep/sep hyper-parameters carry inducing inputs")
         return self.hp.Z
 
-    def _batch_terms(self) -> tuple[Array, StackedTerms]:
+    def _batch_terms(self) -> tuple[Array, StackedTerms, Array]:
         if self._prepared is None:
             raise RuntimeError("SparseSites: call prepare(batch) before update / objective")
         return self._prepared
 
+    def _inputs(self, batch: Array) -> Array:
+        """``X[batch]`` on the backend (the whole of ``X`` is moved once)."""
+        if batch.shape[0] == self.X.shape[0]:
+            if self._all_inputs is None:
+                self._all_inputs = self.backend.asarray(self.X)
+            return self._all_inputs
+        return self.backend.asarray(self.X[batch])
+
     def prepare(self, batch: Array, iteration: int) -> None:
-        terms = self.state.terms_at(self.kernels, self._inducing(), self.X[batch], iteration)
-        self._prepared = (batch, terms)
+        inputs = self._inputs(batch)
+        terms = self.state.terms_at(self.kernels, self._inducing(), inputs, iteration)
+        self._prepared = (batch, terms, inputs)
+
+    def batch_inputs(self) -> Array:
+        return self._batch_terms()[2]
 
     def update(self, damping: float, iteration: int) -> float:
-        batch, terms = self._batch_terms()
+        batch, terms, _ = self._batch_terms()
         return self.state.update(terms, batch, damping, iteration=iteration)
 
     def objective(self, scale: float, iteration: int) -> ObjectiveValue:
-        batch, terms = self._batch_terms()
+        batch, terms, _ = self._batch_terms()
         value, grads = self.state.evaluate(terms, batch, scale, iteration=iteration)
         return ObjectiveValue(value, grads)
 
@@ -184,15 +206,13 @@ class SparseSites(SiteApproximation):
         self.state.refresh()
 
     def posterior(self) -> InducingPosterior:
+        """``q(u_c) = N(m_c, S_c)`` per class, on the host (pickles without the backend)."""
         Zs = self._inducing()
-        terms = all_terms(self.kernels, Zs, self.X[:1])
-        m, S = [], []
-        for q, t in zip(self.state.gaussians(terms), terms):
-            mc, Vc = q.moments(t.L)
-            m.append(mc)
-            S.append(Vc)
+        terms = stacked_terms(self.kernels, Zs, self.backend.asarray(self.X[:1]))
+        q = StackedGaussians(*terms.to_whitened(self.state.Lam, self.state.h))
+        m, S = (ops.to_host(a).astype(float) for a in q.moments(terms.L))
         return InducingPosterior(self.likelihood, [k.copy() for k in self.kernels],
-                                 [z.copy() for z in Zs], m, S)
+                                 [ops.to_host(z).astype(float) for z in Zs], list(m), list(S))
 
 
 class EP(_SparseEPBase):
@@ -200,15 +220,20 @@ class EP(_SparseEPBase):
     memory ``O(N M C)`` (spec §2)."""
 
     name: ClassVar[str] = "ep"
+    float64_reason: ClassVar[str] = (
+        "its rank-one sites are removed by subtraction (cavity denominators 1 - C1 v and "
+        "u-space site sums updated in place), which loses all digits in float32; use sep for "
+        "float32")
 
-    def make_state(self, y: Array, C: int, M: int, n_jobs: int) -> RankOneSites:
-        return RankOneSites(y, C, M, n_jobs=n_jobs)
+    def make_state(self, y: Array, C: int, M: int, n_jobs: int, backend: Backend) -> RankOneSites:
+        return RankOneSites(y, C, M, n_jobs=n_jobs, backend=backend)
 
 
 class SEP(_SparseEPBase):
     """Stochastic EP: sites tied per class, memory ``O(C M^2)`` whatever ``N`` (spec §2.3.1)."""
 
     name: ClassVar[str] = "sep"
+    float32: ClassVar[bool] = True
 
-    def make_state(self, y: Array, C: int, M: int, n_jobs: int) -> TiedSites:
-        return TiedSites(y, C, M, n_jobs=n_jobs)
+    def make_state(self, y: Array, C: int, M: int, n_jobs: int, backend: Backend) -> TiedSites:
+        return TiedSites(y, C, M, n_jobs=n_jobs, backend=backend)

@@ -8,8 +8,7 @@ not; at ``Z = X`` the directions become ``e_i`` and ``s_i = sigma_0`` (oracle O1
 
 from __future__ import annotations
 
-import numpy as np
-
+from gpinfer.backend import ops
 from gpinfer.kernels.base import Array, Kernel
 from gpinfer.kernels.checks import input_pair, matrix_gradient
 from gpinfer.kernels.combination import Combination
@@ -31,12 +30,12 @@ class LatentNoise(White):
 
     def K(self, X: Array, X2: Array | None = None) -> Array:
         X, X2 = input_pair(X, X2, None, "LatentNoise")
-        return np.zeros((X.shape[0], X.shape[0] if X2 is None else X2.shape[0]))
+        return ops.zeros(X, (X.shape[0], X.shape[0] if X2 is None else X2.shape[0]))
 
     def grad_params(self, X: Array, X2: Array | None, dK: Array) -> Array:
         X, X2 = input_pair(X, X2, None, "LatentNoise")
         matrix_gradient(dK, (X.shape[0], X.shape[0] if X2 is None else X2.shape[0]))
-        return np.zeros(1)
+        return ops.zeros(X, (1,))
 
 
 def latent_noise(kernel: Kernel) -> Kernel:

@@ -24,6 +24,8 @@ from typing import TypeVar
 
 import numpy as np
 
+from gpinfer.backend import ops
+from gpinfer.backend.choice import NUMPY, Backend
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array, MatrixGradients
 from gpinfer.kernels.base import Kernel
@@ -60,20 +62,29 @@ def _stack(values: Sequence[Array]) -> Array:
 
 
 def _finite(name: str, *arrays: Array) -> None:
-    for a in arrays:
-        if not np.all(np.isfinite(a)):
-            raise NumericalError(f"non-finite {name}", quantity=name)
+    if not ops.all_finite(*arrays):
+        raise NumericalError(f"non-finite {name}", quantity=name)
+
+
+def _max_change(new: Sequence[Array], old: Sequence[Array]) -> float:
+    """``max |new - old|`` over pairs of arrays (0 for empty ones)."""
+    xp = ops.namespace(*new)
+    return max((ops.scalar(xp.max(xp.abs(n - o))) for n, o in zip(new, old) if n.shape[0]),
+               default=0.0)
 
 
 class _SiteSums:
     """Per-class site sums in ``u``-space: ``Lam [C, M, M]``, ``h [C, M]`` (start at zero).
 
-    ``n_jobs``: threads for the per-class algebra (``gpinfer.parallel``; results identical).
+    ``n_jobs``: threads for the per-class algebra (``gpinfer.parallel``; results identical);
+    ``backend``: where the state lives (``gpinfer.backend``; labels stay on the host and each
+    batch's are moved with it).
     """
 
-    def __init__(self, C: int, M: int, n_jobs: int = 1):
-        self.Lam = np.zeros((C, M, M))
-        self.h = np.zeros((C, M))
+    def __init__(self, C: int, M: int, n_jobs: int = 1, backend: Backend = NUMPY):
+        self.backend = backend
+        self.Lam = backend.asarray(np.zeros((C, M, M)))
+        self.h = backend.asarray(np.zeros((C, M)))
         self.n_jobs = n_jobs
         #: ``(terms, L^T Lam L, L^T h)``: the whitened sums on the terms they were formed on
         self._whitened: tuple[StackedTerms, Array, Array] | None = None
@@ -137,12 +148,13 @@ class RankOneSites(_SiteSums):
     may be ``StackedTerms`` or a list of per-class ``ClassTerms``.
     """
 
-    def __init__(self, y: Array, C: int, M: int, n_jobs: int = 1):
-        super().__init__(C, M, n_jobs)
+    def __init__(self, y: Array, C: int, M: int, n_jobs: int = 1, backend: Backend = NUMPY):
+        super().__init__(C, M, n_jobs, backend)
         N = y.shape[0]
         self.y = y
-        self.W1, self.W2, self.L1, self.L2 = (np.zeros((N, C)) for _ in range(4))
-        self.U = np.zeros((C, M, N))
+        self.W1, self.W2, self.L1, self.L2 = (backend.asarray(np.zeros((N, C)))
+                                              for _ in range(4))
+        self.U = backend.asarray(np.zeros((C, M, N)))
 
     def _posterior(self, terms: StackedTerms, iteration: int | None) -> StackedGaussians:
         P_w, h_w = self._whitened_sums(terms)
@@ -152,54 +164,56 @@ class RankOneSites(_SiteSums):
                iteration: int | None = None) -> float:
         """Damped parallel update of the factors of points ``idx``; returns max |site change|."""
         terms = as_stacked(terms)
-        y = self.y[idx]
+        ii = ops.index_like(terms.A, idx)
+        y = ops.index_like(terms.A, self.y[idx])
         C = terms.A.shape[0]
         mask = factor_mask(y, C)
         q = self._posterior(terms, iteration)
-        U_old = self.U[:, :, idx]
+        U_old = self.U[:, :, ii]
         mu, v, R = q.project(terms.A)  # [C, n], [C, n], [C, M, n]
         mu_o, v_o, R_o = q.project(transpose(terms.L) @ U_old)  # along the stored directions
-        cross = np.einsum("cmn,cmn->cn", R, R_o).T  # [n, C], as the site arrays
+        cross = ops.einsum("cmn,cmn->cn", R, R_o).T  # [n, C], as the site arrays
         mu, v, mu_o, v_o = mu.T, v.T, mu_o.T, v_o.T
         s = terms.s.T
-        W1, W2, L1, L2 = (a[idx] for a in (self.W1, self.W2, self.L1, self.L2))
+        W1, W2, L1, L2 = (a[ii] for a in (self.W1, self.W2, self.L1, self.L2))
         mu_y, v_y, mu_oy, v_oy, cross_y = (at_label(a, y) for a in (mu, v, mu_o, v_o, cross))
         cav_w = remove_site(mu_y, v_y, W1, W2, mu_oy, v_oy, cross_y)
         cav_l = remove_site(mu, v, L1, L2, mu_o, v_o, cross)
         t = pair_tilted(cav_w.a, cav_w.v + at_label(s, y), cav_l.a, cav_l.v + s, mask)
         matched = (*new_role_site(t.g_win, t.gamma, cav_w.a, cav_w.v),
                    *new_role_site(-t.g_win, t.gamma, cav_l.a, cav_l.v))
-        new = [np.where(mask, rho * n + (1.0 - rho) * o, 0.0)
+        xp = ops.namespace(mu)
+        new = [xp.where(mask, rho * n + (1.0 - rho) * o, 0.0)
                for n, o in zip(matched, (W1, W2, L1, L2))]
         _finite("EP sites", *new)
-        change = max(float(np.max(np.abs(n - o), initial=0.0))
-                     for n, o in zip(new, (W1, W2, L1, L2)))
+        change = _max_change(new, (W1, W2, L1, L2))
         tau_old, nu_old = aggregate(W1, L1, y, mask).T, aggregate(W2, L2, y, mask).T
         tau, nu = aggregate(new[0], new[2], y, mask).T, aggregate(new[1], new[3], y, mask).T
         A = terms.A
         Ups = tri_solve_stack(terms.L, A, transpose=True)  # u-space directions L^-T A
         if idx.shape[0] == self.y.shape[0]:  # the sums are those of the new sites alone
             P_w = symmetrize((A * tau[:, None, :]) @ transpose(A))
-            h_w = np.einsum("cmn,cn->cm", A, nu)
+            h_w = ops.einsum("cmn,cn->cm", A, nu)
             self.Lam, self.h = terms.to_u_space(P_w, h_w)
             self._whitened = (terms, P_w, h_w)
         else:
             self._whitened = None
             self.Lam = symmetrize(self.Lam + (Ups * tau[:, None, :]) @ transpose(Ups)
                                   - (U_old * tau_old[:, None, :]) @ transpose(U_old))
-            self.h = (self.h + np.einsum("cmn,cn->cm", Ups, nu)
-                      - np.einsum("cmn,cn->cm", U_old, nu_old))
-        self.U[:, :, idx] = Ups
-        self.W1[idx], self.W2[idx], self.L1[idx], self.L2[idx] = new
+            self.h = (self.h + ops.einsum("cmn,cn->cm", Ups, nu)
+                      - ops.einsum("cmn,cn->cm", U_old, nu_old))
+        self.U[:, :, ii] = Ups
+        self.W1[ii], self.W2[ii], self.L1[ii], self.L2[ii] = new
         return change
 
     def refresh(self) -> None:
         """Recompute the site sums from the stored sites (removes floating-point drift)."""
-        mask = factor_mask(self.y, self.Lam.shape[0])
-        tau = aggregate(self.W1, self.L1, self.y, mask).T
-        nu = aggregate(self.W2, self.L2, self.y, mask).T
+        y = ops.index_like(self.U, self.y)
+        mask = factor_mask(y, self.Lam.shape[0])
+        tau = aggregate(self.W1, self.L1, y, mask).T
+        nu = aggregate(self.W2, self.L2, y, mask).T
         self.Lam = symmetrize((self.U * tau[:, None, :]) @ transpose(self.U))
-        self.h = np.einsum("cmn,cn->cm", self.U, nu)
+        self.h = ops.einsum("cmn,cn->cm", self.U, nu)
         self._whitened = None
 
     def evaluate(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array,
@@ -207,20 +221,22 @@ class RankOneSites(_SiteSums):
                  iteration: int | None = None) -> tuple[float, list[MatrixGradients]]:
         """EP ``log Z_q`` (§2.6) and its gradient (§2.7.2); directions of ``idx`` are current."""
         terms = as_stacked(terms)
-        y = self.y[idx]
+        ii = ops.index_like(terms.A, idx)
+        y = ops.index_like(terms.A, self.y[idx])
         C = terms.A.shape[0]
         mask = factor_mask(y, C)
         q = self._posterior(terms, iteration)
         mu, v, R = q.project(terms.A)
         mu, v, s = mu.T, v.T, terms.s.T
-        W1, W2, L1, L2 = (a[idx] for a in (self.W1, self.W2, self.L1, self.L2))
+        W1, W2, L1, L2 = (a[ii] for a in (self.W1, self.W2, self.L1, self.L2))
         mu_y, v_y = at_label(mu, y), at_label(v, y)
         cav_w = remove_site(mu_y, v_y, W1, W2)
         cav_l = remove_site(mu, v, L1, L2)
         t = pair_tilted(cav_w.a, cav_w.v + at_label(s, y), cav_l.a, cav_l.v + s, mask)
         deltas = role_delta(mu_y, v_y, W1, W2, cav_w.d) + role_delta(mu, v, L1, L2, cav_l.d)
-        data = float(np.sum(np.where(mask, t.log_z + deltas, 0.0)))
-        value = float(np.sum(q.log_norm_ratio())) + scale * data
+        xp = ops.namespace(mu)
+        data = ops.scalar(xp.sum(xp.where(mask, t.log_z + deltas, 0.0)))
+        value = ops.scalar(xp.sum(q.log_norm_ratio())) + scale * data
         e_w = (t.g_win * (W1 * mu_y - W2) + 2.0 * t.g_b) / cav_w.d
         e_l = (-t.g_win * (L1 * mu - L2) + 2.0 * t.g_b) / cav_l.d
         a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
@@ -244,21 +260,22 @@ class TiedSites(_SiteSums):
     """
 
     def __init__(self, y: Array, C: int, M: int, n_factors: Array | None = None,
-                 n_jobs: int = 1):
-        super().__init__(C, M, n_jobs)
+                 n_jobs: int = 1, backend: Backend = NUMPY):
+        super().__init__(C, M, n_jobs, backend)
         self.y = y
         self.n_factors = factor_counts(y, C) if n_factors is None else np.asarray(n_factors, float)
 
     def snapshot(self) -> object:
-        return {"Lam": self.Lam.copy(), "h": self.h.copy()}
+        return {"Lam": ops.copy(self.Lam), "h": ops.copy(self.h)}
 
     def restore(self, snap: object) -> None:
         if not isinstance(snap, dict):
             raise TypeError(f"not a snapshot of TiedSites: {type(snap).__name__}")
-        self.Lam, self.h = snap["Lam"].copy(), snap["h"].copy()
+        self.Lam, self.h = ops.copy(snap["Lam"]), ops.copy(snap["h"])
         self._whitened = None
 
     def _cavity_fraction(self) -> Array:
+        """``1 - 1 / n_c`` ``[C]`` on the host."""
         return 1.0 - 1.0 / self.n_factors
 
     def update(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array, rho: float,
@@ -266,7 +283,8 @@ class TiedSites(_SiteSums):
         """Tied damped update from the points ``idx`` (spec §2.5.3); returns the max change of
         the whitened site shift."""
         terms = as_stacked(terms)
-        y = self.y[idx]
+        y_host = self.y[idx]
+        y = ops.index_like(terms.A, y_host)
         C = terms.A.shape[0]
         mask = factor_mask(y, C)
         P_w, h_w = self._whitened_sums(terms)
@@ -279,13 +297,14 @@ class TiedSites(_SiteSums):
         L1, L2 = new_role_site(-t.g_win, t.gamma, a, v)
         tau, nu = aggregate(W1, L1, y, mask), aggregate(W2, L2, y, mask)
         _finite("SEP sites", tau, nu)
-        keep = 1.0 - rho * factor_counts(y, C) / self.n_factors
+        keep = ops.like(P_w, 1.0 - rho * factor_counts(y_host, C) / self.n_factors)
         A = terms.A
         P_new = (A * tau.T[:, None, :]) @ transpose(A)
-        h_new = np.einsum("cmn,nc->cm", A, nu)
+        h_new = ops.einsum("cmn,nc->cm", A, nu)
         P_w = symmetrize(keep[:, None, None] * P_w + rho * P_new)
         h_next = keep[:, None] * h_w + rho * h_new
-        change = float(np.max(np.abs(h_next - h_w), initial=0.0))
+        xp = ops.namespace(h_next)
+        change = ops.scalar(xp.max(xp.abs(h_next - h_w)))
         self._whitened = (terms, P_w, h_next)
         self.Lam, self.h = terms.to_u_space(P_w, h_next)
         return change
@@ -295,7 +314,8 @@ class TiedSites(_SiteSums):
                  iteration: int | None = None) -> tuple[float, list[MatrixGradients]]:
         """SEP ``log Z_q`` (§2.6) and the paper's gradient with the shared cavity (§2.7.3)."""
         terms = as_stacked(terms)
-        y = self.y[idx]
+        y_host = self.y[idx]
+        y = ops.index_like(terms.A, y_host)
         C = terms.A.shape[0]
         mask = factor_mask(y, C)
         P_w, h_w = self._whitened_sums(terms)
@@ -304,10 +324,11 @@ class TiedSites(_SiteSums):
         mu, v, R = cav.project(terms.A)
         a, vs = mu.T, (v + terms.s).T
         t = pair_tilted(at_label(a, y), at_label(vs, y), a, vs, mask)
-        n_b = factor_counts(y, C)
+        n_b = ops.like(P_w, factor_counts(y_host, C))
         lnr_q, lnr_cav = q.log_norm_ratio(), cav.log_norm_ratio()
-        cav_terms = float(np.sum(n_b * (lnr_cav - lnr_q)))
-        value = float(np.sum(lnr_q)) + scale * (float(np.sum(t.log_z)) + cav_terms)
+        xp = ops.namespace(lnr_q)
+        cav_terms = ops.scalar(xp.sum(n_b * (lnr_cav - lnr_q)))
+        value = ops.scalar(xp.sum(lnr_q)) + scale * (ops.scalar(xp.sum(t.log_z)) + cav_terms)
         a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
         b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
         grads = stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)

@@ -13,6 +13,12 @@ Mini-batches (``problem.batch_size``) are reshuffled every epoch and scaled by `
 (actual size of the last batch); ``None`` means full batch. Optimisers: AdaDelta (climin form,
 the paper's), Adam, or L-BFGS-B (full batch only). One reported iteration is ``report_every``
 steps (default: a tenth of an epoch); its objective is the mean mini-batch ELBO estimate.
+
+Array backend (``problem.backend``, ``gpinfer.backend``): numpy, or torch on a CPU or GPU, in
+float64 or float32. ``X`` and ``y`` stay on the host and each mini-batch is moved to the backend;
+the inducing inputs, ``mu``, ``Lq``, the packed parameter vector and the optimiser's state live
+there. L-BFGS-B is host-only (numpy); on torch the default optimiser is AdaDelta for full batches
+too. The fitted ``InducingPosterior`` holds host numpy arrays (it pickles without a GPU).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from gpinfer.backend import ops
+from gpinfer.backend.choice import NUMPY, Backend
 from gpinfer.data.minibatch import MiniBatches
 from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters, parameter_gradient
@@ -98,16 +106,23 @@ class VariationalState:
     """Packs ``(theta, mu, Lq)`` into one vector and evaluates the ELBO on a batch."""
 
     def __init__(self, X: Array, y: Array, likelihood: Likelihood, hp: HyperParameters,
-                 n_latent: int, M: int, rng: np.random.Generator | None = None):
-        """``X [N, D]``, class indices ``y [N]``, ``n_latent`` latents with ``M`` inducing
-        inputs each; ``rng`` feeds Monte-Carlo expectation rules of the likelihood."""
+                 n_latent: int, M: int, rng: np.random.Generator | None = None,
+                 backend: Backend = NUMPY):
+        """``X [N, D]``, class indices ``y [N]`` (both host arrays), ``n_latent`` latents with
+        ``M`` inducing inputs each; ``rng`` feeds Monte-Carlo expectation rules of the
+        likelihood. ``backend``: where the ELBO runs (``hp.Z`` already lives there); each batch
+        of ``X`` and ``y`` is moved to it."""
         self.X, self.y, self.likelihood, self.hp = X, np.asarray(y, dtype=np.int64), likelihood, hp
         self.L, self.M = n_latent, M
-        self.tril = np.tril_indices(M)
+        self.backend = backend
+        self.tril = tuple(backend.as_index(i) for i in np.tril_indices(M))
         self.rng = rng if rng is not None else np.random.default_rng(0)
-        # fixed Z, only kernel parameters learned: cached distances and fused kernel VJPs
+        self._X_full: Array | None = None  # X on the backend, for full-batch steps
+        # fixed Z, only kernel parameters learned: cached distances and fused kernel VJPs (a
+        # numpy fast path; other backends take the generic one)
         names = hp.names
-        self._fast = (hp.Z is not None and not any(hp.inducing_is_free(l) for l in range(self.L))
+        self._fast = (backend.is_numpy and hp.Z is not None
+                      and not any(hp.inducing_is_free(l) for l in range(self.L))
                       and all(n.startswith("kernel") for n in names)
                       and len({id(k) for k in hp.kernels}) == self.L)
         self._covs: list[FixedInputCovariances] = []
@@ -130,17 +145,30 @@ class VariationalState:
         return Z
 
     def pack(self, mu: Array, Lq: Array) -> Array:
-        return np.concatenate([self.hp.pack(), mu.ravel(), Lq[:, self.tril[0], self.tril[1]]
-                               .ravel()])
+        """``(theta, mu [L, M], Lq [L, M, M])`` as one vector on ``mu``'s namespace."""
+        xp = ops.namespace(mu)
+        theta = ops.like(mu, self.hp.pack())
+        return xp.concat([theta, xp.reshape(mu, (-1,)),
+                          xp.reshape(Lq[:, self.tril[0], self.tril[1]], (-1,))])
 
     def unpack(self, x: Array) -> tuple[Array, Array]:
-        """Writes ``theta`` into the kernels; returns ``mu [L, M]`` and ``Lq [L, M, M]``."""
+        """Writes ``theta`` into the kernels; returns ``mu [L, M]`` and ``Lq [L, M, M]`` (views
+        of / arrays on ``x``'s namespace)."""
+        xp = ops.namespace(x)
         P, L, M = self.hp.size, self.L, self.M
         self.hp.unpack(x[:P])
-        mu = x[P:P + L * M].reshape(L, M)
-        Lq = np.zeros((L, M, M))
-        Lq[:, self.tril[0], self.tril[1]] = x[P + L * M:].reshape(L, -1)
+        mu = xp.reshape(x[P:P + L * M], (L, M))
+        Lq = ops.zeros(x, (L, M, M))
+        Lq[:, self.tril[0], self.tril[1]] = xp.reshape(x[P + L * M:], (L, -1))
         return mu, Lq
+
+    def _inputs(self, batch: Array | None) -> Array:
+        """The batch's inputs on the backend (full batch: moved once and kept)."""
+        if batch is not None:
+            return self.backend.asarray(self.X[batch])
+        if self._X_full is None:
+            self._X_full = self.backend.asarray(self.X)
+        return self._X_full
 
     def elbo(self, x: Array, batch: Array | None) -> tuple[float, Array]:
         """Unbiased ELBO estimate on ``batch`` (``None``: all points) and its gradient."""
@@ -150,8 +178,9 @@ class VariationalState:
     def estimate(self, x: Array, batch: Array | None) -> tuple[float, Array, ELBOEstimate]:
         """``elbo`` plus the full ``ELBOEstimate`` (with ``dSigma`` for natural gradients)."""
         mu, Lq = self.unpack(x)
+        xp = ops.namespace(mu)
         n = self.X.shape[0]
-        Xb = self.X if batch is None else self.X[batch]
+        Xb = self._inputs(batch)
         scale = n / Xb.shape[0]
         kernels, Zs = self.hp.kernels, self.Zs
         if self._fast:
@@ -161,7 +190,7 @@ class VariationalState:
         else:
             Kuu = [k.K(Z) for k, Z in zip(kernels, Zs)]
             Kub = [k.K(Z, Xb) for k, Z in zip(kernels, Zs)]
-            Kdiag = np.stack([k.K_diag(Xb) for k in kernels])
+            Kdiag = xp.stack([k.K_diag(Xb) for k in kernels])
         est = uncollapsed_elbo(Kuu, Kub, Kdiag, mu, Lq, self._expectation(batch), scale)
         if self._fast:
             g_full = np.concatenate([c.kernel_gradient(G.Kuu, G.Kuf, G.Kff_diag, batch)
@@ -169,8 +198,8 @@ class VariationalState:
             g_theta = g_full[self._theta_index]
         else:
             g_theta = parameter_gradient(self.hp, Xb, est.matrix)
-        grad = np.concatenate([g_theta, est.dmu.ravel(),
-                               est.dLq[:, self.tril[0], self.tril[1]].ravel()])
+        grad = xp.concat([ops.like(mu, g_theta), xp.reshape(est.dmu, (-1,)),
+                          xp.reshape(est.dLq[:, self.tril[0], self.tril[1]], (-1,))])
         return est.value, grad, est
 
     def natural_step(self, x: Array, est: ELBOEstimate, step: float) -> Array:
@@ -186,19 +215,21 @@ class VariationalState:
         """The per-point expected log-likelihood on ``batch`` (``None``: all points): the
         likelihood's ``variational_expectations``."""
         y = self.y if batch is None else self.y[batch]
-        return likelihood_expectation(self.likelihood, y, self.rng)
+        return likelihood_expectation(self.likelihood, self.backend.as_index(y), self.rng)
 
     def snapshot(self, x: Array) -> Callable[[], InducingPosterior]:
         """A zero-argument callable building the posterior at a copy of ``x``."""
-        x = np.array(x, dtype=float)
+        x = ops.copy(x)
         return lambda: self.posterior(x)
 
     def posterior(self, x: Array) -> InducingPosterior:
+        """The posterior at ``x``, on the host (numpy arrays, whatever the backend)."""
         saved = self.hp.pack()
         mu, Lq = self.unpack(x)
+        mu_h, Lq_h = np.array(ops.to_host(mu)), ops.to_host(Lq)
         post = InducingPosterior(self.likelihood, [k.copy() for k in self.hp.kernels],
-                                 [z.copy() for z in self.Zs], list(mu),
-                                 [lq @ lq.T for lq in Lq])
+                                 [np.array(ops.to_host(z)) for z in self.Zs], list(mu_h),
+                                 [lq @ lq.T for lq in Lq_h])
         self.hp.unpack(saved)
         return post
 
@@ -235,6 +266,9 @@ class SVI(Method):
 
     #: the objective, log p(y) of discrete labels or a bound on it, is never positive
     objective_limit: ClassVar[float | None] = 0.0
+    #: the ELBO runs on numpy or torch (CPU, CUDA), float64 or float32 (``gpinfer.backend``)
+    backends: ClassVar[tuple[str, ...]] = ("numpy", "torch")
+    float32: ClassVar[bool] = True
 
     name: ClassVar[str] = "svi"
     tasks: ClassVar[tuple[str, ...]] = ("classification",)
@@ -287,24 +321,33 @@ class SVI(Method):
         Zs = initial_inducing(problem.inducing, X, problem.rng, n_latent,
                               init=o["inducing_init"], default=int(o["default_M"]), owner="svi")
         kernels = [kernel.copy() for _ in range(n_latent)]
-        hp = HyperParameters(kernels, Z=Zs, optimize=problem.optimize,
-                             optimize_inducing=bool(o["learn_inducing"]))
         M = Zs[0].shape[0]
-        state = VariationalState(X, y, lik, hp, n_latent, M, problem.rng)
-        if o["init_q"] == "prior":
+        if o["init_q"] == "prior":  # on the host, before Z moves to the backend
             Lq0 = np.stack([jittered_cholesky(k.K(Z), name="Kuu").L for k, Z in zip(kernels, Zs)])
         else:
             Lq0 = np.repeat(np.eye(M)[None], n_latent, axis=0)
-        x0 = state.pack(np.zeros((n_latent, M)), Lq0)
+        backend = problem.backend
+        hp = HyperParameters(kernels, Z=[backend.asarray(Z) for Z in Zs],
+                             optimize=problem.optimize,
+                             optimize_inducing=bool(o["learn_inducing"]))
+        state = VariationalState(X, y, lik, hp, n_latent, M, problem.rng, backend)
+        x0 = state.pack(backend.asarray(np.zeros((n_latent, M))), backend.asarray(Lq0))
         return state, x0
 
     def _scale(self, n: int, b: int) -> float:
         return {"batch": b / n, "per_datum": 1.0 / n, "full": 1.0}[self.options["scale"]]
 
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
+        backend = problem.backend
+        full_default = "lbfgs" if backend.is_numpy else "adadelta"  # L-BFGS-B is host-only
+        name = self.options["optimizer"] or (full_default if problem.batch_size is None
+                                             else "adadelta")
+        if name in ("lbfgs", "l-bfgs-b", "lbfgsb") and not backend.is_numpy:
+            raise InputError(
+                f"svi: optimizer {name!r} (L-BFGS-B) runs on numpy only; on backend "
+                f"{backend.name!r} use optimizer='adadelta' or 'adam' (or leave it unset)")
         state, x = self._setup(problem)
         rep = IterationReporter(callback, self.name, self.options["time_budget_s"])
-        name = self.options["optimizer"] or ("lbfgs" if problem.batch_size is None else "adadelta")
         opt_options = dict(self.options["optimizer_options"] or {})
         extra_state: dict[str, Array] = {}
         if name in ("lbfgs", "l-bfgs-b", "lbfgsb"):
@@ -315,7 +358,8 @@ class SVI(Method):
             x, value, n_iter = self._fit_stochastic(problem, state, x, rep, name, opt_options)
         mu, Lq = state.unpack(x)
         posterior = state.posterior(x)
-        out = {"mu": mu, "Lq": Lq, "Z": state.Zs[0].copy(), **extra_state}
+        out = {"mu": np.array(ops.to_host(mu)), "Lq": np.array(ops.to_host(Lq)),
+               "Z": np.array(ops.to_host(state.Zs[0])), **extra_state}
         for l, k in enumerate(state.hp.kernels):
             out[f"kernel_params_{l}"] = k.get_unconstrained().copy()
         kernel = state.hp.kernels[0] if state.L == 1 else state.hp.kernels
@@ -339,7 +383,8 @@ class SVI(Method):
         ngd = self.options["natural_gradient"]
         if ngd is not None and not 0.0 < float(ngd) <= 1.0:
             raise InputError(f"svi: natural_gradient must be None or in (0, 1], got {ngd!r}")
-        P = state.hp.size if ngd is not None else x.size  # entries the optimiser moves
+        xp = ops.namespace(x)
+        P = state.hp.size if ngd is not None else x.shape[0]  # entries the optimiser moves
         opt.reset(x[:P])
         value, it, step = -np.inf, 0, 0
         for it in range(1, int(problem.max_iter) + 1):
@@ -348,7 +393,7 @@ class SVI(Method):
                 step += 1
                 batch = None if batches is None else next(batches)
                 b = n if batch is None else batch.size
-                xe = np.concatenate([opt.lookahead(x[:P]), x[P:]]) if P else x.copy()
+                xe = xp.concat([opt.lookahead(x[:P]), x[P:]]) if P else ops.copy(x)
                 v, g, est = state.estimate(xe, batch)
                 check_finite(v, g, step, "svi ELBO")
                 x = xe

@@ -33,6 +33,10 @@ class ViRobustMax(SVI):
 
     name: ClassVar[str] = "vi-robustmax"
     likelihoods: ClassVar[tuple[str, ...]] = ("robustmax",)
+    #: the baseline is batch L-BFGS-B, which runs on the host: numpy only (svi itself, with a
+    #: stochastic optimiser, runs on torch)
+    backends: ClassVar[tuple[str, ...]] = ("numpy",)
+    float32: ClassVar[bool] = False
     option_spec: ClassVar[dict[str, Option]] = {
         key: opt.with_default(VI_ROBUSTMAX_DEFAULTS[key]) if key in VI_ROBUSTMAX_DEFAULTS else opt
         for key, opt in SVI.option_spec.items()

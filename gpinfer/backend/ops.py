@@ -1,0 +1,307 @@
+"""The operations the array API standard lacks, mapped once per namespace (numpy, torch).
+
+Every function takes arrays of one namespace and returns arrays of it (on the same device):
+
+* linear algebra on stacks ``[..., M, M]``: ``cholesky`` (with a per-matrix failure report
+  instead of an exception), ``solve_triangular`` (lower factors, optionally transposed),
+  ``cho_inverse``; numpy keeps its tuned paths (one BLAS ``trsm`` / LAPACK ``potri`` per
+  matrix on Fortran views), torch calls its batched kernels;
+* special functions: ``log_ndtr``, ``ndtr``, ``expit``, ``log_expit``, ``erfcx``,
+  ``logsumexp``;
+* ``einsum``, ``mT`` (last two axes swapped), ``diagonal``, ``add_diagonal``, and writes into
+  existing arrays (``multiply_into``, ``sqrt_into``, ``clip_below``, ``fill_diagonal``) where a
+  temporary of millions of entries would cost a pass over memory;
+* moving values: ``like`` (host values onto an array's namespace, device and dtype),
+  ``to_host``, ``scalar``, ``all_finite``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_compat
+import numpy as np
+from scipy import special
+from scipy.linalg import solve_triangular as _scipy_solve_triangular
+from scipy.linalg.blas import dtrsm, strsm
+from scipy.linalg.lapack import dpotri, spotri
+
+Array = Any
+_NUMPY = array_api_compat.array_namespace(np.zeros(0))
+
+
+def namespace(*arrays: Array) -> Any:
+    """The array-API namespace of ``arrays`` (``array_api_compat.numpy`` or ``.torch``)."""
+    if all(type(a) is np.ndarray for a in arrays):  # the default backend, on every call
+        return _NUMPY
+    return array_api_compat.array_namespace(*arrays)
+
+
+def is_numpy(x: Array) -> bool:
+    """Whether ``x`` is a numpy array (or scalar)."""
+    return isinstance(x, np.ndarray | np.generic | float | int)
+
+
+def is_array(x: Any) -> bool:
+    """Whether ``x`` is an array of some array-API namespace (numpy or torch)."""
+    return array_api_compat.is_array_api_obj(x)
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def like(ref: Array, values: Any) -> Array:
+    """Host ``values`` (array or scalar) as an array of ``ref``'s namespace, device and
+    floating dtype."""
+    if is_numpy(ref):
+        return np.asarray(values, dtype=np.result_type(ref, np.float32))
+    torch = _torch()
+    if isinstance(values, torch.Tensor):
+        return values.to(device=ref.device, dtype=ref.dtype)
+    host = np.asarray(values)
+    if not host.flags.writeable:  # torch warns on read-only buffers (cached constants)
+        host = host.copy()
+    return torch.as_tensor(host, dtype=ref.dtype, device=ref.device)
+
+
+def index_like(ref: Array, idx: Any) -> Array:
+    """Host integer ``idx`` as an int64 array on ``ref``'s namespace and device."""
+    if is_numpy(ref):
+        return np.asarray(idx, dtype=np.int64)
+    return _torch().as_tensor(np.asarray(idx, dtype=np.int64), device=ref.device)
+
+
+def to_host(x: Array) -> np.ndarray:
+    """``x`` as a numpy array on the host (no copy for numpy)."""
+    if is_numpy(x):
+        return np.asarray(x)
+    return x.detach().cpu().numpy()
+
+
+def scalar(x: Array) -> float:
+    """A 0-d array (or one-element array) as a Python float."""
+    return float(x) if is_numpy(x) else float(x.item())
+
+
+def all_finite(*arrays: Array) -> bool:
+    """Whether every entry of every array is finite (one device sync per array)."""
+    for a in arrays:
+        if is_numpy(a):
+            if not np.all(np.isfinite(a)):
+                return False
+        elif not bool(_torch().isfinite(a).all()):
+            return False
+    return True
+
+
+def einsum(spec: str, *operands: Array) -> Array:
+    """``einsum`` (not in the standard) of one namespace."""
+    if is_numpy(operands[0]):
+        return np.einsum(spec, *operands)
+    return _torch().einsum(spec, *operands)
+
+
+def mT(X: Array) -> Array:
+    """The last two axes swapped (a view): ``[..., a, b] -> [..., b, a]``."""
+    return np.swapaxes(X, -1, -2) if is_numpy(X) else X.mT
+
+
+def diagonal(X: Array) -> Array:
+    """Diagonals ``[..., M]`` of ``X [..., M, M]`` (a view)."""
+    if is_numpy(X):
+        return np.diagonal(X, axis1=-2, axis2=-1)
+    return _torch().diagonal(X, dim1=-2, dim2=-1)
+
+
+def add_diagonal(X: Array, value: Any) -> Array:
+    """``X [..., M, M]`` with ``value`` (scalar or ``[..., M]``) added to its diagonal, in
+    place; returns ``X``."""
+    M = X.shape[-1]
+    i = index_like(X, np.arange(M))
+    X[..., i, i] += value
+    return X
+
+
+def zeros(ref: Array, shape: tuple[int, ...]) -> Array:
+    """Zeros of ``shape`` on ``ref``'s namespace, device and dtype."""
+    xp = namespace(ref)
+    return xp.zeros(shape, dtype=ref.dtype, device=array_api_compat.device(ref))
+
+
+def full(ref: Array, shape: tuple[int, ...], value: float) -> Array:
+    """``value`` everywhere in ``shape``, on ``ref``'s namespace, device and dtype."""
+    xp = namespace(ref)
+    return xp.full(shape, value, dtype=ref.dtype, device=array_api_compat.device(ref))
+
+
+def eye(ref: Array, n: int) -> Array:
+    """The ``n x n`` identity on ``ref``'s namespace, device and dtype."""
+    xp = namespace(ref)
+    return xp.eye(n, dtype=ref.dtype, device=array_api_compat.device(ref))
+
+
+def clip_below(X: Array, low: float) -> Array:
+    """``max(X, low)`` elementwise, in place (``X`` is returned)."""
+    if is_numpy(X):
+        return np.maximum(X, low, out=X)
+    return X.clamp_(min=low)
+
+
+def fill_diagonal(X: Array, value: float) -> Array:
+    """``X [M, M]`` with ``value`` on its diagonal, in place (``X`` is returned)."""
+    if is_numpy(X):
+        np.fill_diagonal(X, value)
+        return X
+    X.fill_diagonal_(value)
+    return X
+
+
+def state_token(x: Array) -> Any:
+    """What identifies the values of ``x`` cheaply for memoisation: ``None`` for numpy (compare
+    values), ``(id, version)`` for a torch tensor (its version counter moves on every in-place
+    change)."""
+    return None if is_numpy(x) else (id(x), x._version)
+
+
+def piecewise(mask: Array, f_in: Any, f_out: Any, *args: Array) -> Array:
+    """``f_in(*args)`` where ``mask``, ``f_out(*args)`` elsewhere (``args`` shaped like
+    ``mask``). numpy evaluates each function on its own entries only (one transcendental per
+    entry); other namespaces evaluate both everywhere and select (no data-dependent shapes on
+    a GPU), so both functions must stay finite on every entry."""
+    if not is_numpy(mask):
+        return namespace(mask).where(mask, f_in(*args), f_out(*args))
+    out = np.empty(mask.shape, dtype=np.result_type(*args))
+    rest = ~mask
+    out[mask] = f_in(*(a[mask] for a in args))
+    out[rest] = f_out(*(a[rest] for a in args))
+    return out
+
+
+def multiply_into(a: Array, b: Array | float, out: Array) -> Array:
+    """``out = a * b`` without a temporary (the standard has no ``out=``); returns ``out``."""
+    if is_numpy(out):
+        return np.multiply(a, b, out=out)
+    return _torch().mul(a, b, out=out)
+
+
+def sqrt_into(a: Array, out: Array) -> Array:
+    """``out = sqrt(a)`` without a temporary; returns ``out``."""
+    if is_numpy(out):
+        return np.sqrt(a, out=out)
+    return _torch().sqrt(a, out=out)
+
+
+def copy(X: Array) -> Array:
+    """A copy of ``X`` (contiguous)."""
+    return X.copy() if is_numpy(X) else X.clone()
+
+
+# -- linear algebra -----------------------------------------------------------------------------
+
+
+def cholesky(K: Array) -> tuple[Array, np.ndarray]:
+    """Lower Cholesky factors of ``K [..., M, M]`` and a host bool array ``failed [...]``
+    (True where a matrix is not positive definite; its factor is then undefined)."""
+    batch = K.shape[:-2]
+    if not is_numpy(K):
+        L, info = _torch().linalg.cholesky_ex(K)
+        return L, to_host(info > 0).reshape(batch)
+    try:
+        return np.linalg.cholesky(K), np.zeros(batch, dtype=bool)
+    except np.linalg.LinAlgError:
+        pass
+    flat = K.reshape((-1,) + K.shape[-2:])
+    L = np.zeros_like(flat)
+    failed = np.zeros(flat.shape[0], dtype=bool)
+    for c in range(flat.shape[0]):
+        try:
+            L[c] = np.linalg.cholesky(flat[c])
+        except np.linalg.LinAlgError:
+            failed[c] = True
+    return L.reshape(K.shape), failed.reshape(batch)
+
+
+def _trsm_stack(L: np.ndarray, B: np.ndarray, transpose: bool) -> np.ndarray:
+    """numpy stacks: one BLAS ``trsm`` per matrix, in place on the Fortran views of one
+    C-ordered copy of ``B`` (no per-matrix results). At ``M`` in the hundreds ``trsm`` costs
+    less than inverting ``L`` once and multiplying (OpenBLAS's ``trtri`` is slow), so stacks
+    are solved, not inverted."""
+    out = B.copy()  # C-ordered [c, M, k]: out[c].T is the Fortran view BLAS solves in place
+    trsm = strsm if B.dtype == np.float32 else dtrsm
+    trans = 1 if transpose else 0
+    for c in range(L.shape[0]):
+        # X^T L^T = B^T (or X^T L = B^T) on the row-major views: side right, upper U = L^T
+        res = trsm(1.0, L[c].T, out[c].T, side=1, lower=0, trans_a=trans, overwrite_b=1)
+        if not np.shares_memory(res, out[c]):  # the wrapper copied (not expected)
+            out[c] = res.T
+    return out
+
+
+def solve_triangular(L: Array, B: Array, *, transpose: bool = False) -> Array:
+    """``L^-1 B`` (``L^-T B`` with ``transpose``) for lower-triangular ``L [..., M, M]`` and
+    ``B [..., M, k]`` (a matrix, or a stack of them with the same leading axes)."""
+    if not is_numpy(L):
+        torch = _torch()
+        return torch.linalg.solve_triangular(L.mT if transpose else L, B, upper=transpose)
+    if L.ndim == 2:
+        return _scipy_solve_triangular(L, B, lower=True, trans=1 if transpose else 0,
+                                       check_finite=False)
+    shape = B.shape
+    out = _trsm_stack(L.reshape((-1,) + L.shape[-2:]), B.reshape((-1,) + B.shape[-2:]),
+                      transpose)
+    return out.reshape(shape)
+
+
+def cho_inverse(LB: Array) -> tuple[Array, bool]:
+    """``(L_B L_B^T)^-1`` ``[..., M, M]`` from lower factors ``LB`` and whether it failed
+    (a singular factor)."""
+    if not is_numpy(LB):
+        return _torch().cholesky_inverse(LB), False
+    flat = LB.reshape((-1,) + LB.shape[-2:])
+    out = np.empty_like(flat)
+    potri = spotri if flat.dtype == np.float32 else dpotri
+    for c in range(flat.shape[0]):
+        inv, info = potri(flat[c].T, lower=0)  # LB LB^T = U^T U with U = LB^T (Fortran view)
+        if info != 0:
+            return out.reshape(LB.shape), True
+        upper = np.triu(inv)  # the upper triangle of the Fortran result: the lower of its .T
+        out[c] = upper + np.triu(upper, 1).T
+    return out.reshape(LB.shape), False
+
+
+# -- special functions --------------------------------------------------------------------------
+
+
+def log_ndtr(x: Array) -> Array:
+    """``log Phi(x)``, accurate in both tails."""
+    return special.log_ndtr(x) if is_numpy(x) else _torch().special.log_ndtr(x)
+
+
+def ndtr(x: Array) -> Array:
+    """``Phi(x)``, the standard normal CDF."""
+    return special.ndtr(x) if is_numpy(x) else _torch().special.ndtr(x)
+
+
+def expit(x: Array) -> Array:
+    """The logistic sigmoid ``1 / (1 + exp(-x))``."""
+    return special.expit(x) if is_numpy(x) else _torch().special.expit(x)
+
+
+def log_expit(x: Array) -> Array:
+    """``log sigma(x) = -log(1 + exp(-x))``, accurate in both tails."""
+    return special.log_expit(x) if is_numpy(x) else _torch().nn.functional.logsigmoid(x)
+
+
+def erfcx(x: Array) -> Array:
+    """``exp(x^2) erfc(x)``."""
+    return special.erfcx(x) if is_numpy(x) else _torch().special.erfcx(x)
+
+
+def logsumexp(x: Array, axis: int) -> Array:
+    """``log sum exp`` along ``axis``."""
+    if is_numpy(x):
+        return special.logsumexp(x, axis=axis)
+    return _torch().logsumexp(x, dim=axis)

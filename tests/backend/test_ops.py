@@ -1,0 +1,92 @@
+"""Oracles of the per-namespace operations (``gpinfer.backend.ops``) and of the normal-CDF
+functions built on them, on numpy and on torch's CPU build (exact answers, scipy's reference
+functions, and numpy == torch to round-off)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import special
+
+from gpinfer.backend import ops
+from gpinfer.numerics.normal import inv_mills, log_Phi_derivatives, probit_curvature
+
+torch = pytest.importorskip("torch")
+
+
+def _namespaces():
+    return [pytest.param(np.asarray, id="numpy"),
+            pytest.param(lambda a: torch.as_tensor(np.asarray(a)), id="torch-cpu")]
+
+
+def _spd_stack(rng, C=3, M=6):
+    A = rng.normal(size=(C, M, M))
+    return A @ np.swapaxes(A, 1, 2) + M * np.eye(M)
+
+
+@pytest.mark.parametrize("to", _namespaces())
+def test_cholesky_solves_and_inverse_against_dense_answers(to):
+    rng = np.random.default_rng(0)
+    K = _spd_stack(rng)
+    L, failed = ops.cholesky(to(K))
+    assert not failed.any()
+    Lh = ops.to_host(L)
+    np.testing.assert_allclose(Lh @ np.swapaxes(Lh, 1, 2), K, rtol=1e-12, atol=1e-12)
+    assert np.allclose(Lh, np.tril(Lh))
+    B = rng.normal(size=(3, 6, 4))
+    for transpose in (False, True):
+        X = ops.to_host(ops.solve_triangular(L, to(B), transpose=transpose))
+        T = np.swapaxes(Lh, 1, 2) if transpose else Lh
+        np.testing.assert_allclose(T @ X, B, rtol=1e-10, atol=1e-12)
+    inv, bad = ops.cho_inverse(L)
+    assert not bad
+    np.testing.assert_allclose(ops.to_host(inv), np.linalg.inv(K), rtol=1e-10, atol=1e-13)
+    # one 2-D factor as well
+    x2 = ops.to_host(ops.solve_triangular(L[0], to(B[0])))
+    np.testing.assert_allclose(Lh[0] @ x2, B[0], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("to", _namespaces())
+def test_cholesky_reports_the_failing_matrix_instead_of_raising(to):
+    rng = np.random.default_rng(1)
+    K = _spd_stack(rng)
+    K[1] = -np.eye(6)  # not positive definite
+    _, failed = ops.cholesky(to(K))
+    assert failed.tolist() == [False, True, False]
+
+
+@pytest.mark.parametrize("to", _namespaces())
+def test_special_functions_match_scipy_in_both_tails(to):
+    t = np.concatenate([np.linspace(-40, 10, 201), [-1e3, -60.0, 35.0]])
+    np.testing.assert_allclose(ops.to_host(ops.log_ndtr(to(t))), special.log_ndtr(t),
+                               rtol=1e-13, atol=1e-300)
+    np.testing.assert_allclose(ops.to_host(ops.erfcx(to(t / 10))), special.erfcx(t / 10),
+                               rtol=1e-13)
+    x = np.random.default_rng(2).normal(size=(4, 7)) * 30
+    np.testing.assert_allclose(ops.to_host(ops.logsumexp(to(x), 1)),
+                               special.logsumexp(x, axis=1), rtol=1e-14)
+
+
+def test_normal_cdf_functions_agree_between_numpy_and_torch():
+    """The inverse Mills ratio and the derivatives of log Phi, written once: torch equals
+    numpy to round-off from the far left tail (asymptotic series) to the right one."""
+    t = np.concatenate([np.linspace(-80, 12, 400), [0.0, -1e4]])
+    tt = torch.as_tensor(t)
+    np.testing.assert_allclose(inv_mills(tt).numpy(), inv_mills(t), rtol=1e-12)
+    np.testing.assert_allclose(probit_curvature(tt).numpy(), probit_curvature(t), rtol=1e-11)
+    # the 3rd and 4th derivatives cancel where they cross zero: an absolute floor there
+    for a, b in zip(log_Phi_derivatives(tt, 4), log_Phi_derivatives(t, 4)):
+        np.testing.assert_allclose(a.numpy(), b, rtol=1e-10, atol=1e-10)
+    # the exact value at 0: r(0) = 2 phi(0) = sqrt(2 / pi)
+    assert float(inv_mills(torch.zeros(1, dtype=torch.float64))[0]) == pytest.approx(
+        np.sqrt(2 / np.pi), rel=1e-15)
+
+
+def test_moving_values_keeps_namespace_device_and_dtype():
+    ref = torch.zeros(2, dtype=torch.float32)
+    moved = ops.like(ref, np.arange(3.0))
+    assert moved.dtype == torch.float32 and moved.device == ref.device
+    assert ops.index_like(ref, [2, 0]).dtype == torch.int64
+    assert ops.to_host(moved).tolist() == [0.0, 1.0, 2.0]
+    assert ops.all_finite(moved) and not ops.all_finite(ops.like(ref, [np.nan]))
+    assert isinstance(ops.like(np.zeros(2), [1, 2]), np.ndarray)

@@ -1,0 +1,103 @@
+"""The top-level keys ``backend``, ``device``, ``dtype``: composed, checked with the method before
+any MLflow run, passed to the estimator and logged as the run's params (as resolved)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from gpinfer.errors import InputError
+from gpinfer.experiment.runner import prepare, run_experiment
+
+from .helpers import compose_cfg, store_cfg, store_runs
+
+pytestmark = pytest.mark.usefixtures("toy_site")
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def test_the_keys_compose_as_null() -> None:
+    cfg = compose_cfg()
+    assert (cfg.backend, cfg.device, cfg.dtype) == (None, None, None)
+    cfg = compose_cfg("backend=torch", "device=cuda:1", "dtype=float32")
+    assert (cfg.backend, cfg.device, cfg.dtype) == ("torch", "cuda:1", "float32")
+
+
+def test_unset_keys_log_the_resolved_default(tmp_path: Path, store_uri: str) -> None:
+    cfg = store_cfg(store_uri, "method.name=toygp", "iterations=3", "eval_every=3")
+    result = run_experiment(cfg, output_dir=tmp_path / "run")
+    run = MlflowClient(store_uri).get_run(result["mlflow_run_id"])
+    params = run.data.params
+    assert (params["backend"], params["device"], params["dtype"]) == ("numpy", "cpu", "float64")
+    assert run.info.status == "FINISHED"
+
+
+def test_the_settings_reach_the_estimator(tmp_path: Path, store_uri: str) -> None:
+    p = prepare(store_cfg(store_uri, "method.name=toygp", "backend=numpy", "device=cpu",
+                     "dtype=float64"), tmp_path / "run")
+    assert p.backend.params() == {"backend": "numpy", "device": "cpu", "dtype": "float64"}
+    assert (p.settings.backend, p.settings.device, p.settings.dtype) == (
+        "numpy", "cpu", "float64")
+
+
+_BAD = [
+    ("backend=jax", r"unknown backend 'jax'"),
+    ("dtype=float16", r"unknown dtype 'float16'"),
+    ("device=tpu", r"unknown device 'tpu'"),
+    ("device=0", r"device must be null or one of cpu, cuda or cuda:N; got 0"),
+    ("backend=numpy device=cuda", r"backend='numpy' runs on the CPU only"),
+    ("dtype=float32", r"dtype='float32' needs backend='torch'"),
+    ("backend=torch", r"method 'toygp' runs on numpy only"),
+    ("method=laplace backend=torch dtype=float32", r"method 'laplace' runs on numpy only"),
+]
+if not _cuda():
+    _BAD.append(("device=cuda", r"no CUDA GPU"))
+
+
+@pytest.mark.parametrize(("override", "pattern"), _BAD)
+def test_bad_settings_fail_before_any_mlflow_run(
+    tmp_path: Path, store_uri: str, override: str, pattern: str
+) -> None:
+    pytest.importorskip("torch", reason="the torch settings are checked with PyTorch installed")
+    before = len(store_runs(store_uri))
+    base = [] if override.startswith("method=") else ["method.name=toygp"]
+    cfg = store_cfg(store_uri, *base, *override.split())
+    with pytest.raises(InputError, match=pattern):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert len(store_runs(store_uri)) == before
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
+def test_a_regression_run_refuses_torch(tmp_path: Path, store_uri: str) -> None:
+    pytest.importorskip("torch", reason="the torch settings are checked with PyTorch installed")
+    before = len(store_runs(store_uri))
+    cfg = store_cfg(store_uri, "method=pep", "dataset=diabetes", "M=8", "backend=torch")
+    with pytest.raises(InputError, match="runs on numpy only"):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert len(store_runs(store_uri)) == before
+
+
+def test_sep_on_torch_is_logged(tmp_path: Path, store_uri: str) -> None:
+    pytest.importorskip("torch", reason="the torch backend needs PyTorch")
+    from gpinfer import registry
+
+    try:
+        sep = registry.load_method("sep")
+    except Exception as exc:
+        pytest.skip(f"method 'sep' does not load: {exc}")
+    if "torch" not in tuple(sep.backends):
+        pytest.skip("method 'sep' does not declare the torch backend yet")
+    cfg = store_cfg(store_uri, "method=sep", "dataset=iris", "iterations=2", "eval_every=2",
+               "backend=torch", "dtype=float32")
+    result = run_experiment(cfg, output_dir=tmp_path / "run")
+    assert result["status"] == "FINISHED"
+    params = MlflowClient(store_uri).get_run(result["mlflow_run_id"]).data.params
+    assert (params["backend"], params["device"], params["dtype"]) == ("torch", "cpu", "float32")
