@@ -19,55 +19,9 @@ a throw-away model first loads the CUDA kernels (``--no-warmup`` to count it). P
 evaluation, then the time to reach each test-error level, the best error / NLL within 60 s and
 within ``--budget-s``, and the peak GPU memory; appends one JSON line to ``--out``.
 
-GPU session plan (both scripts, one lease, about 20-25 minutes of device time)
-------------------------------------------------------------------------------
-Here, once (nothing can be fetched on the GPU machine; ``../shared`` does not travel)::
-
-    echo /.gpu/ >> .git/info/exclude
-    mkdir -p .gpu/data && cp ../shared/data/mnist.npz .gpu/data/        # 20 MB
-    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-        --implementation cp --platform manylinux2014_x86_64 -d .gpu/whl array-api-compat==1.16.0
-
-Then five ``run`` calls (``carry: [".gpu"]``; each well inside the 10-minute call limit), on
-the same warm machine if possible. python3 there holds CUDA torch 2.11, gpytorch 1.15, numpy,
-scipy, scikit-learn, threadpoolctl; gpinfer and its ep plugin are installed (a copy, with their
-entry points, which is how ``method="sep"`` is found) by this prefix of every call, ~15 s::
-
-    python3 -m pip install -q --upgrade --no-index --no-deps --no-build-isolation \
-        --target /tmp/site .gpu/whl/*.whl . plugins/gpinfer-ep || exit 1
-    export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-
-followed by::
-
-    # 1. ~1.5 min: plumbing check on the GPU (tiny sizes, both scripts)
-    python3 benchmarks/gpu_backend.py all --smoke --device cuda --out $OUT/smoke.jsonl &&
-    python3 benchmarks/gpu_gpytorch_svgp.py --smoke --device cuda --out $OUT/smoke.jsonl
-    # 2. ~5 min: gpinfer sep on MNIST, float32, 150 s of training (+ evaluations, set-up)
-    python3 benchmarks/gpu_backend.py mnist --data .gpu/data/mnist.npz --out $OUT/gpu.jsonl
-    # 3. ~4 min: GPyTorch SVGP on MNIST, same card, same data, 150 s of training
-    python3 benchmarks/gpu_gpytorch_svgp.py --data .gpu/data/mnist.npz --out $OUT/gpu.jsonl
-    # 4. ~3-4 min: synthetic N = 1e5 and 1e6 on the GPU, 2 x 200 numpy batches on one core
-    python3 benchmarks/gpu_backend.py synthetic --out $OUT/gpu.jsonl
-    # 5. ~3 min: Satellite-sized full-batch iterations (sep, ep), GPU vs numpy on one core
-    python3 benchmarks/gpu_backend.py satellite --out $OUT/gpu.jsonl
-
-(Steps 4 and 5 may share one call. Each call's ``$OUT/gpu.jsonl`` comes back; the stdout lines
-are the report.) Optional if time is left (~5 min each): ``gpu_backend.py mnist --lr 1e-2`` when
-step 2 misses 2.1 % in 60 s (Adam's step was not tuned for batches of 1024 on a GPU),
-``gpu_backend.py mnist --dtype float64``, ``gpu_gpytorch_svgp.py --lengthscale-init
-sqrt-median``.
-
-What each number checks (issue targets)
----------------------------------------
-* step 2: sep M = 200 on MNIST reaches test error <= 2.1 % and NLL <= 0.075 within 60 s of
-  training (the ``within 60 s`` line);
-* steps 2 + 3: sep's time to 2.65 % test error is below GPyTorch SVGP's on the same card (the
-  issue author measured 41 s for GPyTorch on an H100; step 3 re-measures it here);
-* step 5: one Satellite-sized batch iteration (N = 6435, D = 36, C = 6, M = 644 per class) on
-  the GPU takes < 1 s;
-* step 4: one sep epoch at N = 10^6 (D = 20, C = 10, M = 100, batches of 1000) on the GPU is
-  >= 20 x faster than on one CPU core with numpy (extrapolated from 200 measured batches), and
-  the peak GPU memory at N = 10^5 and 10^6 is the same (it does not grow with N).
+The GPU session plan of both scripts (what to copy, the five ``run`` calls, their durations)
+and which issue target each number checks are in the docstring of ``benchmarks/gpu_backend.py``
+(step 3 there runs this script).
 
     python3 benchmarks/gpu_gpytorch_svgp.py [--device cuda] [--dtype float32] [--M 200]
         [--batch-size 1024] [--lr 0.01] [--budget-s 150] [--data PATH] [--out FILE] [--smoke]
