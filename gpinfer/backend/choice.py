@@ -51,11 +51,6 @@ class Backend:
     def is_numpy(self) -> bool:
         return self.name == "numpy"
 
-    @property
-    def xp(self) -> Any:
-        """The array-API namespace (``array_api_compat.numpy`` or ``array_api_compat.torch``)."""
-        return importlib.import_module(f"array_api_compat.{self.name}")
-
     def _torch_dtype(self) -> Any:
         return getattr(torch_module("backend='torch'"), self.dtype)
 

@@ -131,6 +131,13 @@ def zeros(ref: Array, shape: tuple[int, ...]) -> Array:
     return xp.zeros(shape, dtype=ref.dtype, device=array_api_compat.device(ref))
 
 
+def empty(ref: Array, shape: tuple[int, ...]) -> Array:
+    """An uninitialised array of ``shape`` on ``ref``'s namespace, device and dtype (for
+    outputs written in full: it reuses the allocator's memory instead of fresh zero pages)."""
+    xp = namespace(ref)
+    return xp.empty(shape, dtype=ref.dtype, device=array_api_compat.device(ref))
+
+
 def full(ref: Array, shape: tuple[int, ...], value: float) -> Array:
     """``value`` everywhere in ``shape``, on ``ref``'s namespace, device and dtype."""
     xp = namespace(ref)

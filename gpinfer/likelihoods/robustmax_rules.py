@@ -45,7 +45,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import array_api_compat
 import numpy as np
 
 from gpinfer.backend import ops
@@ -64,12 +63,6 @@ STEP_QUANTUM = 0.25
 ROBUSTMAX_MAX_SQRT_KAPPA = 256.0
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-
-
-def _empty(ref: Array, shape: tuple[int, ...]) -> Array:
-    """An uninitialised array of ``ref``'s namespace, floating dtype and device."""
-    xp = ops.namespace(ref)
-    return xp.empty(shape, dtype=ref.dtype, device=array_api_compat.device(ref))
 
 
 def _grid(step: float, window: float) -> tuple[Array, Array]:
@@ -130,9 +123,9 @@ def argmax_probability_abs(
     q, steps = ops.to_host(q), ops.to_host(steps)  # the grouping runs on the host (one sync)
     # class-major layout [K, b, n]: the products and sums over classes run on whole slabs
     d, rho, inv_sd = ops.copy(ops.mT(d)), ops.copy(ops.mT(rho)), 1.0 / ops.mT(sd_o)
-    P = _empty(mean, (B,))
-    dm_o, dv_o = _empty(mean, (C - 1, B)), _empty(mean, (C - 1, B))
-    dm_y, dv_y = _empty(mean, (B,)), _empty(mean, (B,))
+    P = ops.empty(mean, (B,))
+    dm_o, dv_o = ops.empty(mean, (C - 1, B)), ops.empty(mean, (C - 1, B))
+    dm_y, dv_y = ops.empty(mean, (B,)), ops.empty(mean, (B,))
     for level in np.unique(q):
         idx = np.flatnonzero(q == level)
         t, w = (ops.like(mean, v) for v in _grid(float(steps[idx[0]]), window))
@@ -156,7 +149,7 @@ def argmax_probability_abs(
             G *= z
             dv_o[:, ii] = -G.sum(axis=2) * (0.5 * inv_sd[:, ii])
     P = xp.minimum(P, 1.0)
-    dmean, dvar = _empty(mean, (B, C)), _empty(mean, (B, C))
+    dmean, dvar = ops.empty(mean, (B, C)), ops.empty(mean, (B, C))
     dmean[others] = xp.reshape(ops.mT(dm_o), (-1,))
     dvar[others] = xp.reshape(ops.mT(dv_o), (-1,))
     dmean[rows, y], dvar[rows, y] = dm_y, dv_y

@@ -45,23 +45,32 @@ def symmetrize(X: Array) -> Array:
     return 0.5 * (X + ops.mT(X))
 
 
-def stacked_cholesky(K: Array, name: str, iteration: int | None = None) -> Array:
-    """Lower Cholesky factors ``[C, M, M]`` of ``K [C, M, M]``.
+def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
+                     unit: str = "class", first: int = 0) -> Array:
+    """Lower Cholesky factors ``[C, M, M]`` of ``K [C, M, M]`` (or of one matrix ``[M, M]``).
 
-    One stacked LAPACK call; a class whose matrix fails gets ``jittered_cholesky`` (jitter
-    escalation, on the host) on its own. ``NumericalError`` naming ``name`` and the class
-    otherwise.
+    One stacked LAPACK call; a matrix that fails gets ``jittered_cholesky`` (jitter
+    escalation, on the host: a rare path) on its own. ``NumericalError`` naming ``name`` and
+    the matrix (``"<name> (<unit> <first + c>)"``) for non-finite entries or when even jitter
+    fails.
     """
+    stack = K if K.ndim == 3 else K[None, ...]
+
+    def label(c: int) -> str:
+        return f"{name} ({unit} {first + c})" if K.ndim == 3 else name
+
     if not ops.all_finite(K):
-        raise NumericalError(f"{name} has non-finite entries", iteration=iteration, quantity=name)
-    L, failed = ops.cholesky(K)
+        bad = next(c for c in range(stack.shape[0]) if not ops.all_finite(stack[c]))
+        raise NumericalError(f"{label(bad)} has non-finite entries; cannot factorise",
+                             iteration=iteration, quantity=name)
+    L, failed = ops.cholesky(stack)
     for c in np.flatnonzero(failed):
         try:
-            Lc = jittered_cholesky(ops.to_host(K[c]).astype(float), name=f"{name} of class {c}").L
+            Lc = jittered_cholesky(ops.to_host(stack[c]).astype(float), name=label(int(c))).L
         except NumericalError as err:
             raise NumericalError(str(err), iteration=iteration, quantity=name) from err
-        L[c] = ops.like(K, Lc)
-    return L
+        L[int(c)] = ops.like(K, Lc)
+    return L if K.ndim == 3 else L[0]
 
 
 def tri_solve_stack(L: Array, B: Array, *, transpose: bool = False) -> Array:

@@ -22,15 +22,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import array_api_compat
 import numpy as np
 
 from gpinfer.backend import ops
-from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Likelihood, MatrixGradients
 from gpinfer.numerics import settings
-from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.numerics.quadrature import chunk_slices
+from gpinfer.sites.stacked import stacked_cholesky
 
 Array = Any
 
@@ -95,39 +93,12 @@ def _stack(mats: Sequence[Array] | Array, ref: Array) -> Array:
     return ops.like(ref, mats)
 
 
-def _empty(ref: Array, shape: tuple[int, ...]) -> Array:
-    """An uninitialised array of ``ref``'s namespace, dtype and device (for outputs written in
-    full: unlike zeros, it reuses the allocator's memory instead of fresh zero pages)."""
-    xp = ops.namespace(ref)
-    return xp.empty(shape, dtype=ref.dtype, device=array_api_compat.device(ref))
-
-
 def _latent_blocks(ref: Array, n_lat: int, floats_per_latent: int) -> list[slice]:
     """Blocks of latents whose ``[l, M, B]`` stacks are processed together: all of them on a
     device backend, cache-sized blocks on numpy (``HOST_LATENT_BLOCK_FLOATS``)."""
     if not ops.is_numpy(ref):
         return [slice(0, n_lat)]
     return list(chunk_slices(n_lat, floats_per_latent, HOST_LATENT_BLOCK_FLOATS))
-
-
-def stacked_cholesky(K: Array, name: str, first: int = 0) -> Array:
-    """Lower Cholesky factors of the stack ``K [L, M, M]`` (or one matrix ``[M, M]``), jitter
-    added only to the matrices that need it (``jittered_cholesky``, on the host: a rare path).
-    ``NumericalError`` naming ``name`` (and the latent, numbered from ``first``) for non-finite
-    entries or when even jitter fails."""
-    if not ops.all_finite(K):
-        bad = [l for l in range(K.shape[0]) if not ops.all_finite(K[l])] if K.ndim == 3 else []
-        which = f"{name} (latent {first + bad[0]})" if bad else name
-        raise NumericalError(f"{which} has non-finite entries; cannot factorise", quantity=which)
-    L, failed = ops.cholesky(K)
-    if K.ndim == 2:
-        if bool(failed):
-            L = ops.like(K, jittered_cholesky(ops.to_host(K), name=name).L)
-        return L
-    for l in np.flatnonzero(failed):
-        L[int(l)] = ops.like(K, jittered_cholesky(ops.to_host(K[int(l)]),
-                                                  name=f"{name} (latent {first + int(l)})").L)
-    return L
 
 
 def _kl_terms(L_K: Array, mu: Array, Lq: Array) -> tuple[Array, Array, Array]:
@@ -177,10 +148,10 @@ def uncollapsed_elbo(
     Kdiag = xp.reshape(ops.like(mu, Kdiag), (n_lat, -1))
     B = Kdiag.shape[1]
     blocks = _latent_blocks(mu, n_lat, M * B)
-    means, var = _empty(mu, (B, n_lat)), _empty(mu, (B, n_lat))  # the expectation's layout
+    means, var = ops.empty(mu, (B, n_lat)), ops.empty(mu, (B, n_lat))  # the expectation's layout
     forward = []
     for sl in blocks:
-        L_K = stacked_cholesky(_stack(Kuu[sl], mu), "Kuu", first=sl.start)
+        L_K = stacked_cholesky(_stack(Kuu[sl], mu), "Kuu", unit="latent", first=sl.start)
         Rb = ops.solve_triangular(L_K, _stack(Kub[sl], mu))  # [l, M, B]
         A = ops.solve_triangular(L_K, Rb, transpose=True)  # Kuu^-1 Kub
         LtA = ops.mT(Lq[sl]) @ A
@@ -191,8 +162,8 @@ def uncollapsed_elbo(
     var = xp.maximum(var, 1e-12)
     E, dm, dv = expectation(means, var)  # [B, L]
     gm, gv = scale * ops.mT(dm), scale * ops.mT(dv)  # [L, B]
-    dmu, kl = _empty(mu, (n_lat, M)), _empty(mu, (n_lat,))
-    dLq, dSigma = _empty(mu, (n_lat, M, M)), _empty(mu, (n_lat, M, M))
+    dmu, kl = ops.empty(mu, (n_lat, M)), ops.empty(mu, (n_lat,))
+    dLq, dSigma = ops.empty(mu, (n_lat, M, M)), ops.empty(mu, (n_lat, M, M))
     grads: list[MatrixGradients] = []
     for sl, (L_K, A, LtA) in zip(blocks, forward):
         Lq_b, mu_b, gm_b, gv_b = Lq[sl], mu[sl], gm[sl], gv[sl]

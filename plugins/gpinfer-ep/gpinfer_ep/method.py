@@ -72,7 +72,7 @@ class _SparseEPBase(Method):
     the best log Z_q before the best state is restored and the damping and steps are halved),
     ``time_limit_s`` (stop after this much training time; the callback's time, where test
     metrics are computed, is not counted, nor is it in ``elapsed``), ``n_jobs`` (threads for the
-    per-class algebra, ``gpinfer.parallel``: same results; BLAS is held to one thread meanwhile).
+    per-class kernel VJPs, ``gpinfer.parallel``: same results; one BLAS thread meanwhile).
     """
 
     tasks: ClassVar[tuple[str, ...]] = ("classification",)
@@ -95,13 +95,12 @@ class _SparseEPBase(Method):
                                 doc="random: M training inputs per class (the paper's)"),
         "patience": integer(20, "[1, inf)", doc="iterations below the best before a restore"),
         "time_limit_s": real(None, "(0, inf)", none=True),
-        "n_jobs": integer(1, "[1, inf)", also=(-1,), doc="threads for the per-class algebra"),
+        "n_jobs": integer(1, "[1, inf)", also=(-1,), doc="threads for the per-class kernel VJPs"),
     }
 
     backends: ClassVar[tuple[str, ...]] = ("numpy", "torch")
 
-    def make_state(self, y: Array, C: int, M: int, n_jobs: int,
-                   backend: Backend) -> RankOneSites | TiedSites:
+    def make_state(self, y: Array, C: int, M: int, backend: Backend) -> RankOneSites | TiedSites:
         raise NotImplementedError
 
     # -- entry point -------------------------------------------------------------------------
@@ -123,7 +122,7 @@ class _SparseEPBase(Method):
         hp = HyperParameters(kernels, Z=[backend.asarray(z) for z in Zs],
                              optimize=problem.optimize)
         n_jobs = check_n_jobs(o["n_jobs"], f"{self.name} option n_jobs")
-        state = self.make_state(y, problem.n_classes, Zs[0].shape[0], n_jobs, backend)
+        state = self.make_state(y, problem.n_classes, Zs[0].shape[0], backend)
         sites = SparseSites(state, kernels, hp, X, problem.likelihood, backend)
         # the paper steps in log l with l = ell^2 (spec §2.9): xi = 2 theta for length-scales
         coordinates = np.array([2.0 if "lengthscale" in n else 1.0 for n in hp.names])
@@ -225,8 +224,8 @@ class EP(_SparseEPBase):
         "u-space site sums updated in place), which loses all digits in float32; use sep for "
         "float32")
 
-    def make_state(self, y: Array, C: int, M: int, n_jobs: int, backend: Backend) -> RankOneSites:
-        return RankOneSites(y, C, M, n_jobs=n_jobs, backend=backend)
+    def make_state(self, y: Array, C: int, M: int, backend: Backend) -> RankOneSites:
+        return RankOneSites(y, C, M, backend=backend)
 
 
 class SEP(_SparseEPBase):
@@ -235,5 +234,5 @@ class SEP(_SparseEPBase):
     name: ClassVar[str] = "sep"
     float32: ClassVar[bool] = True
 
-    def make_state(self, y: Array, C: int, M: int, n_jobs: int, backend: Backend) -> TiedSites:
-        return TiedSites(y, C, M, n_jobs=n_jobs, backend=backend)
+    def make_state(self, y: Array, C: int, M: int, backend: Backend) -> TiedSites:
+        return TiedSites(y, C, M, backend=backend)

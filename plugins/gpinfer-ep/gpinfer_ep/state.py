@@ -19,8 +19,7 @@ are folded back (per site for EP, tied per class for SEP).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -29,7 +28,6 @@ from gpinfer.backend.choice import NUMPY, Backend
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array, MatrixGradients
 from gpinfer.kernels.base import Kernel
-from gpinfer.parallel import map_latents
 from gpinfer.sites.inducing import (
     ClassTerms,
     WhitenedGaussian,
@@ -53,13 +51,6 @@ from gpinfer.sites.stacked import (
     tri_solve_stack,
 )
 
-R = TypeVar("R")
-
-
-def _stack(values: Sequence[Array]) -> Array:
-    """Per-class vectors ``[n]`` stacked as columns ``[n, C]``."""
-    return np.stack(values, axis=1)
-
 
 def _finite(name: str, *arrays: Array) -> None:
     if not ops.all_finite(*arrays):
@@ -76,24 +67,16 @@ def _max_change(new: Sequence[Array], old: Sequence[Array]) -> float:
 class _SiteSums:
     """Per-class site sums in ``u``-space: ``Lam [C, M, M]``, ``h [C, M]`` (start at zero).
 
-    ``n_jobs``: threads for the per-class algebra (``gpinfer.parallel``; results identical);
     ``backend``: where the state lives (``gpinfer.backend``; labels stay on the host and each
     batch's are moved with it).
     """
 
-    def __init__(self, C: int, M: int, n_jobs: int = 1, backend: Backend = NUMPY):
+    def __init__(self, C: int, M: int, backend: Backend = NUMPY):
         self.backend = backend
         self.Lam = backend.asarray(np.zeros((C, M, M)))
         self.h = backend.asarray(np.zeros((C, M)))
-        self.n_jobs = n_jobs
         #: ``(terms, L^T Lam L, L^T h)``: the whitened sums on the terms they were formed on
         self._whitened: tuple[StackedTerms, Array, Array] | None = None
-
-    def per_class(self, fn: Callable[..., R], *columns: Sequence) -> list[R]:
-        """``[fn(c, columns[0][c], columns[1][c], ...) for each class c]`` on ``n_jobs``
-        threads (``fn`` may write only to class ``c``'s slices of the state)."""
-        rows = [(c, *items) for c, items in enumerate(zip(*columns))]
-        return map_latents(lambda row: fn(*row), rows, self.n_jobs)
 
     def terms_at(self, kernels: Sequence[Kernel], Zs: Sequence[Array], X: Array,
                  iteration: int | None = None) -> StackedTerms:
@@ -103,19 +86,15 @@ class _SiteSums:
 
     def gaussians(self, terms: Sequence[ClassTerms], factor: Array | None = None,
                   iteration: int | None = None) -> list[WhitenedGaussian]:
-        """``q_c`` (or, with ``factor [C]``, the Gaussians with scaled site sums)."""
-        return [g[0] for g in self.scaled_gaussians(terms, [factor], iteration)]
-
-    def scaled_gaussians(self, terms: Sequence[ClassTerms], factors: Sequence[Array | None],
-                         iteration: int | None = None) -> list[list[WhitenedGaussian]]:
-        """Per class, one Gaussian for each entry of ``factors`` (``None``: the site sums as
-        they are; ``[C]``: scaled per class), whitening the site sums once per class."""
-        def one_class(c: int, t: ClassTerms) -> list[WhitenedGaussian]:
+        """``q_c`` per class from per-class host terms (or, with ``factor [C]``, the Gaussians
+        with scaled site sums): for inspection and tests on numpy states; training and the
+        posterior use the stacked algebra."""
+        out = []
+        for c, t in enumerate(terms):
             P_w, h_w = t.to_whitened(self.Lam[c], self.h[c])
-            scales = [1.0 if f is None else float(f[c]) for f in factors]
-            return [WhitenedGaussian(a * P_w, a * h_w, iteration=iteration) for a in scales]
-
-        return self.per_class(one_class, terms)
+            a = 1.0 if factor is None else float(factor[c])
+            out.append(WhitenedGaussian(a * P_w, a * h_w, iteration=iteration))
+        return out
 
     def refresh(self) -> None:
         """Recompute the site sums from stored sites (after an epoch); tied sites store none."""
@@ -148,8 +127,8 @@ class RankOneSites(_SiteSums):
     may be ``StackedTerms`` or a list of per-class ``ClassTerms``.
     """
 
-    def __init__(self, y: Array, C: int, M: int, n_jobs: int = 1, backend: Backend = NUMPY):
-        super().__init__(C, M, n_jobs, backend)
+    def __init__(self, y: Array, C: int, M: int, backend: Backend = NUMPY):
+        super().__init__(C, M, backend)
         N = y.shape[0]
         self.y = y
         self.W1, self.W2, self.L1, self.L2 = (backend.asarray(np.zeros((N, C)))
@@ -260,8 +239,8 @@ class TiedSites(_SiteSums):
     """
 
     def __init__(self, y: Array, C: int, M: int, n_factors: Array | None = None,
-                 n_jobs: int = 1, backend: Backend = NUMPY):
-        super().__init__(C, M, n_jobs, backend)
+                 backend: Backend = NUMPY):
+        super().__init__(C, M, backend)
         self.y = y
         self.n_factors = factor_counts(y, C) if n_factors is None else np.asarray(n_factors, float)
 
