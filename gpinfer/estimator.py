@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import _check_feature_names, check_is_fitted
 
 from gpinfer.backend import ops
 from gpinfer.backend.choice import Backend, check_method_backend, resolve_backend
@@ -43,9 +43,12 @@ from gpinfer.training.early_stopping import EarlyStopping, ValidationMonitor, sp
 from gpinfer.validation import (
     check_inducing,
     check_method_compatible,
+    check_sample_weight,
+    check_weight_support,
     check_X,
     check_X_y,
     encode_labels,
+    feature_names,
     host_input,
     tensor_device,
 )
@@ -95,6 +98,28 @@ class _GPEstimatorBase(BaseEstimator):
     method, the fitted attributes and latent prediction. Subclasses keep their own explicit
     ``__init__`` (scikit-learn reads the parameters from its signature).
     """
+
+    def set_params(self, **params: Any) -> Any:
+        """scikit-learn's ``set_params``; nested ``kernel__*`` names need a ``Kernel`` object as
+        ``kernel`` (``InputError`` naming the fix for a kernel name)."""
+        nested = sorted(key for key in params if key.startswith("kernel__"))
+        kernel = params.get("kernel", getattr(self, "kernel", None))
+        if nested and not isinstance(kernel, Kernel):
+            raise InputError(
+                f"{', '.join(nested)}: nested kernel parameters need a Kernel object as kernel, "
+                f"not {kernel!r}; pass e.g. kernel=gpinfer.kernels.RBF() (then "
+                "kernel__lengthscale sets its lengthscale)"
+            )
+        if nested and isinstance(kernel, Kernel):
+            known = kernel.get_params(deep=True)
+            unknown = [key for key in nested if key.removeprefix("kernel__") not in known]
+            if unknown:
+                raise InputError(
+                    f"invalid parameter(s) {unknown} for {type(self).__name__}: kernel "
+                    f"{type(kernel).__name__} has the parameters "
+                    f"{', '.join('kernel__' + k for k in known)}"
+                )
+        return super().set_params(**params)
 
     def _build_kernel(self, input_dim: int) -> Kernel:
         if isinstance(self.kernel, Kernel):
@@ -174,11 +199,11 @@ class _GPEstimatorBase(BaseEstimator):
     def _problem(
         self, X: Array, y: Array, n_classes: int, kernel: Kernel, likelihood: Likelihood,
         inducing: int | Array | None, method_cls: type[Method] | None = None,
-        backend: Backend | None = None,
+        backend: Backend | None = None, sample_weight: Array | None = None,
     ) -> Problem:
         """The validated ``Problem`` handed to the method's ``fit``; ``optimize=None`` means the
         method's ``optimize_by_default`` (True when ``method_cls`` is not given); ``backend``:
-        from ``_resolve_backend`` (None: numpy)."""
+        from ``_resolve_backend`` (None: numpy); ``sample_weight [N]`` from ``_weighted_rows``."""
         optimize = self.optimize
         if optimize is None:
             optimize = getattr(method_cls, "optimize_by_default", True)
@@ -194,20 +219,67 @@ class _GPEstimatorBase(BaseEstimator):
             batch_size=None if self.batch_size is None else int(self.batch_size),
             rng=self._rng(),
             **({} if backend is None else {"backend": backend}),
+            sample_weight=sample_weight,
         )
 
-    def _hold_out(self, X: Array, y: Array, n_classes: int) -> tuple[Array, Array]:
-        """The rows to train on, ``(X [N', D], y [N'])``: all of them, or, with
-        ``validation_fraction``, the rest after a held-out validation part (kept for the
-        ``ValidationMonitor`` of ``_fit_problem``). ``InputError`` for bad settings."""
+    def _weighted_rows(
+        self, sample_weight: Any, X: Array, y: Array, method_cls: type[Method], method_name: str
+    ) -> tuple[Array, Array, Array | None]:
+        """``(X [N', D], y [N'], weights [N'] or None)``: the rows of positive weight (a row of
+        weight zero is a row removed, for every method) and their weights, ``None`` when they
+        are all one. Other weights need a method with ``supports_sample_weight``; every
+        ``InputError`` comes before training."""
+        weights = check_sample_weight(sample_weight, X.shape[0])
+        if weights is None:
+            return X, y, None
+        keep = weights > 0
+        if not keep.all():
+            X, y, weights = X[keep], y[keep], weights[keep]
+        if np.all(weights == 1.0):
+            return X, y, None
+        check_weight_support(method_cls, method_name)
+        return X, y, weights
+
+    def _hold_out(
+        self, X: Array, y: Array, n_classes: int, weights: Array | None = None
+    ) -> tuple[Array, Array, Array | None]:
+        """The rows to train on, ``(X [N', D], y [N'], weights [N'] or None)``: all of them,
+        or, with ``validation_fraction``, the rest after a held-out validation part (kept, with
+        equal weights, for the ``ValidationMonitor`` of ``_fit_problem``). ``InputError`` for
+        bad settings."""
         settings = EarlyStopping.from_settings(self.validation_fraction,
                                                self.validation_interval, self.n_iter_no_change)
         self._validation: tuple[EarlyStopping, Array, Array] | None = None
         if settings is None:
-            return X, y
+            return X, y, weights
         train, val = split_validation(y, settings.validation_fraction, self._rng(), n_classes)
         self._validation = (settings, X[val], y[val])
-        return X[train], y[train]
+        return X[train], y[train], None if weights is None else weights[train]
+
+    def _set_feature_names(self, X: Any) -> None:
+        """``feature_names_in_ [D]`` from a DataFrame's string column names (``InputError``
+        for duplicate or non-string ones); removed for any other input, as scikit-learn does."""
+        names = feature_names(X)
+        if names is None:
+            self.__dict__.pop("feature_names_in_", None)
+        else:
+            self.feature_names_in_ = names
+
+    def _set_early_stopping(self, result: FitResult, early_stopping: bool) -> None:
+        """``best_iteration_``, ``validation_scores_`` and ``best_validation_score_`` (the names
+        of ``MLPClassifier``), all ``None`` without early stopping. A score is scikit-learn's
+        kind, higher is better: the negative mean validation NLL of a checked iteration
+        (``val_nll`` in ``history_``)."""
+        if not early_stopping:
+            self.best_iteration_ = self.validation_scores_ = self.best_validation_score_ = None
+            return
+        self.validation_scores_ = [-float(h["val_nll"]) for h in result.history
+                                   if "val_nll" in h]
+        found = result.diagnostics
+        best = found.get("best_iteration", found.get("best_val_iteration"))
+        self.best_iteration_ = None if best is None else int(best)
+        best_nll = found.get("best_val_nll")
+        self.best_validation_score_ = None if best_nll is None else -float(best_nll)
 
     def _validation_monitor(self, callback: FitCallback | None) -> ValidationMonitor | None:
         held = getattr(self, "_validation", None)
@@ -256,9 +328,11 @@ class _GPEstimatorBase(BaseEstimator):
         self.n_iter_ = int(result.n_iter)
         self.history_ = list(result.history)
         self.fit_warnings_ = list(result.warnings)
+        self._set_early_stopping(result, monitor is not None)
 
     def _validate_for_predict(self, X: Any) -> Array:
         check_is_fitted(self)
+        _check_feature_names(self, X, reset=False)  # scikit-learn's warnings and errors
         X = check_X(host_input(X, "X"), "X")
         if X.shape[1] != self.n_features_in_:
             raise InputError(
@@ -454,24 +528,38 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         return likelihood
 
     # -- fit / predict ---------------------------------------------------------------------------
-    def fit(self, X: Any, y: Any, callback: FitCallback | None = None) -> GPClassifier:
+    def fit(self, X: Any, y: Any, sample_weight: Any = None,
+            callback: FitCallback | None = None) -> GPClassifier:
         """Fit the approximate posterior (and hyper-parameters when ``optimize``).
 
-        ``X [N, D]``, ``y [N]`` (any label type with at least two classes). Everything is
-        validated before training starts. ``callback`` receives an ``IterationInfo`` once per
-        outer iteration. Returns ``self``. ``X`` and ``y`` may be torch tensors (for a method
-        with a torch backend): they are copied to host memory.
+        ``X [N, D]`` (a DataFrame's string column names become ``feature_names_in_``),
+        ``y [N]`` (any label type with at least two classes). ``sample_weight``: ``None``, a
+        number or ``[N]`` non-negative weights; a row of weight 0 is dropped (any method), other
+        weights multiply each point's term of the objective and need a method with
+        ``supports_sample_weight`` (svi, vi-robustmax). Everything is validated before training
+        starts. ``callback`` receives an ``IterationInfo`` once per outer iteration. Returns
+        ``self``. ``X`` and ``y`` may be torch tensors (for a method with a torch backend): they
+        are copied to host memory.
         """
+        self._set_feature_names(X)
         X, y = self._host_inputs(X=X, y=y)
         X, y = check_X_y(X, y)
         classes, y_index = encode_labels(y)
         n_classes = len(classes)
         self._check_settings()
-        X = self._scale_inputs(X)
-        X, y_index = self._hold_out(X, y_index, n_classes)
-        n, d = X.shape
         method_cls = _load_method(self.method)
         method_name = _method_name(method_cls, self.method)
+        X, y_index, weights = self._weighted_rows(sample_weight, X, y_index, method_cls,
+                                                  method_name)
+        kept = np.unique(y_index)
+        if kept.size < 2:
+            raise InputError(
+                f"sample_weight leaves only class {classes[kept[0]]!r} with a positive weight; "
+                "classification needs at least two classes of positive weight"
+            )
+        X = self._scale_inputs(X)
+        X, y_index, weights = self._hold_out(X, y_index, n_classes, weights)
+        n, d = X.shape
         backend = self._resolve_backend(method_cls, method_name)
         check_method_compatible(
             method_cls,
@@ -486,7 +574,7 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         kernel = self._build_kernel(d)
         method = self._instantiate(method_cls)
         problem = self._problem(X, y_index, n_classes, kernel, likelihood, inducing, method_cls,
-                                backend)
+                                backend, weights)
         with progress_callback(self.verbose, problem.max_iter, method_name, callback) as callback:
             self._fit_problem(method, method_name, problem, callback)
         self.classes_ = classes

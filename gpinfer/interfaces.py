@@ -364,6 +364,10 @@ class Problem:
     * ``backend``: the array backend (``gpinfer.backend.Backend``: numpy, or torch on a CPU or
       GPU, and its dtype), checked against the method's ``backends`` and ``float32`` before
       ``fit``. ``X`` and ``y`` stay on the host; a method moves batches to the backend.
+    * ``sample_weight``: ``None``, or positive weights ``[N]`` (float64) that multiply each
+      point's term of the objective (weight 2 counts a point twice); given only to methods
+      with ``supports_sample_weight`` (the estimators drop rows of weight zero and pass
+      all-one weights as ``None``).
     """
 
     X: Array
@@ -377,6 +381,7 @@ class Problem:
     batch_size: int | None = None
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
     backend: Backend = NUMPY
+    sample_weight: Array | None = None
 
     @property
     def n(self) -> int:
@@ -452,6 +457,10 @@ class Method(abc.ABC):
     uses_inducing_points: ClassVar[bool] = False
     #: whether mini-batch training (``batch_size``) is supported
     supports_minibatch: ClassVar[bool] = False
+    #: whether ``fit`` honours ``Problem.sample_weight`` (per-point weights of an objective
+    #: that is a sum over points); other methods get ``None`` and the estimators reject weights
+    #: other than 0/1 for them before training
+    supports_sample_weight: ClassVar[bool] = False
     #: what the estimators' ``optimize=None`` (their default) means for this method: False for a
     #: method without a gradient (AIS) or whose objective is maximised by a degenerate kernel (FV)
     optimize_by_default: ClassVar[bool] = True

@@ -55,6 +55,33 @@ class Posterior(abc.ABC):
         """Named arrays describing the posterior (saved as the run's artifact)."""
         return {}
 
+    def __repr__(self) -> str:
+        """The class, the likelihood, the kernels and the shapes of the arrays, e.g.
+        ``InducingPosterior(likelihood=Softmax, kernels=3 x RBF, Z=3 x [20, 4], ...)``."""
+        shown = [f"{key}={_summary(value)}" for key, value in vars(self).items()
+                 if not key.startswith("_")]
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+
+def _summary(value: object) -> str:
+    """A short description of a posterior's attribute: a likelihood's class name, a kernel's
+    repr, an array's shape ``[N, D]``, ``L x ...`` for a list of alike ones."""
+    if isinstance(value, Likelihood):
+        return type(value).__name__
+    if isinstance(value, Kernel):
+        return repr(value)
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"[{', '.join(str(int(n)) for n in shape)}]"
+    if isinstance(value, list | tuple) and value:
+        parts = [type(v).__name__ if isinstance(v, Kernel) else _summary(v) for v in value]
+        if len(value) == 1:
+            return f"[{_summary(value[0])}]"
+        return f"{len(parts)} x {parts[0]}" if len(set(parts)) == 1 else f"[{', '.join(parts)}]"
+    if isinstance(value, bool | int | float | str | None):
+        return repr(value)
+    return type(value).__name__
+
 
 class DenseSitePosterior(Posterior):
     """``q(f) = N(K alpha, (K^-1 + W)^-1)`` with diagonal ``W = diag(sqrt_w**2)`` (one latent).

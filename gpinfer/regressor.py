@@ -99,21 +99,27 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
                              "GPRegressor needs a regression likelihood (e.g. gaussian)")
         return lik
 
-    def fit(self, X: Any, y: Any, callback: FitCallback | None = None) -> GPRegressor:
-        """Fit on ``X [N, D]`` and real targets ``y [N]``; validated before training."""
+    def fit(self, X: Any, y: Any, sample_weight: Any = None,
+            callback: FitCallback | None = None) -> GPRegressor:
+        """Fit on ``X [N, D]`` and real targets ``y [N]``; validated before training.
+        ``sample_weight`` as in ``GPClassifier.fit`` (weights other than 0/1 need a method with
+        ``supports_sample_weight``)."""
+        self._set_feature_names(X)
         X, y = check_X_y(X, y)
         y = check_targets(y)
         self._check_settings()
-        X, y = self._hold_out(X, y, 0)
-        n, d = X.shape
         method_cls = _load_method(self.method)
         name = method_cls.name or getattr(self.method, "__name__", str(self.method))
+        X, y, weights = self._weighted_rows(sample_weight, X, y, method_cls, name)
+        X, y, weights = self._hold_out(X, y, 0, weights)
+        n, d = X.shape
         check_method_compatible(method_cls, 0, "regression", self.batch_size,
                                 self._likelihood_name() or "gaussian")
         inducing = check_inducing(self.M, n, d, name, method_cls.uses_inducing_points)
         likelihood = self._build_likelihood(y)
         method = self._instantiate(method_cls)
-        problem = self._problem(X, y, 0, self._build_kernel(d), likelihood, inducing)
+        problem = self._problem(X, y, 0, self._build_kernel(d), likelihood, inducing,
+                                sample_weight=weights)
         with progress_callback(self.verbose, problem.max_iter, name, callback) as callback:
             self._fit_problem(method, name, problem, callback)
         return self

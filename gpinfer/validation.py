@@ -30,7 +30,10 @@ __all__ = [
     "check_X_y",
     "check_inducing",
     "check_method_compatible",
+    "check_sample_weight",
+    "check_weight_support",
     "encode_labels",
+    "feature_names",
     "host_input",
     "tensor_device",
 ]
@@ -132,6 +135,74 @@ def check_X(X: Any, name: str = "X") -> Array:
             f"first at row {row}, column {col} ({arr[row, col]}). Remove or impute them first."
         )
     return arr
+
+
+def feature_names(X: Any) -> Array | None:
+    """The column names of a DataFrame ``X`` as an object array ``[D]``; ``None`` for any other
+    input (arrays, lists, tensors).
+
+    ``InputError`` for names that are not all strings or that repeat (scikit-learn's
+    ``feature_names_in_`` needs unique string names), naming the fix. The positions
+    ``0..D-1`` that pandas gives a DataFrame built from an array (``pd.DataFrame(X)``) are no
+    names: ``None``, as scikit-learn does.
+    """
+    columns = getattr(X, "columns", None)
+    if columns is None or isinstance(X, np.ndarray):
+        return None
+    names = list(columns)
+    if all(isinstance(name, numbers.Integral) for name in names) and names == list(
+        range(len(names))
+    ):
+        return None
+    not_str = [name for name in names if not isinstance(name, str)]
+    if not_str:
+        kinds = sorted({type(name).__name__ for name in not_str})
+        raise InputError(
+            f"X is a DataFrame whose column names are not all strings ({len(not_str)} of type "
+            f"{', '.join(kinds)}, e.g. {not_str[0]!r}); name every column with a string, e.g. "
+            "X.columns = X.columns.astype(str), or pass X.to_numpy()"
+        )
+    unique, counts = np.unique(np.asarray(names, dtype=object), return_counts=True)
+    repeated = unique[counts > 1].tolist()
+    if repeated:
+        raise InputError(
+            f"X is a DataFrame with duplicate column names {repeated}; column names must be "
+            "unique (rename them, or pass X.to_numpy())"
+        )
+    return np.asarray(names, dtype=object)
+
+
+def check_sample_weight(sample_weight: Any, n: int) -> Array | None:
+    """Per-row weights ``[N]`` as float64 (a number: the same weight for every row); ``None``
+    stays ``None``.
+
+    ``InputError`` for a weight vector of another length or shape, non-numeric, NaN/inf or
+    negative weights, and weights that are all zero.
+    """
+    if sample_weight is None:
+        return None
+    try:
+        w = np.array(sample_weight, dtype=np.float64, copy=True)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"sample_weight must hold numbers only ({exc})") from exc
+    if w.ndim == 0:
+        w = np.full(n, float(w))
+    if w.shape != (n,):
+        raise InputError(
+            f"sample_weight must have one weight per row of X, shape ({n},); got shape {w.shape}"
+        )
+    bad = ~np.isfinite(w)
+    if bad.any():
+        raise InputError(f"sample_weight contains {int(bad.sum())} NaN/inf value(s); first at "
+                         f"index {int(np.flatnonzero(bad)[0])}")
+    if (w < 0).any():
+        first = int(np.flatnonzero(w < 0)[0])
+        raise InputError(f"sample_weight must be non-negative; got {int((w < 0).sum())} "
+                         f"negative weight(s), first {w[first]!r} at index {first}")
+    if not (w > 0).any():
+        raise InputError("sample_weight is zero for every row; at least one row needs a "
+                         "positive weight")
+    return w
 
 
 def _labels_1d(y: Any) -> Array:
@@ -389,6 +460,20 @@ def check_method_compatible(
             f"method {name!r} does not accept likelihood {likelihood_name!r} (it accepts: "
             f"{accepted}); for {likelihood_name!r} use one of: {alts}"
         )
+
+
+def check_weight_support(method_cls: type[Method], method_name: str | None = None) -> None:
+    """``InputError`` naming the installed methods that take per-point weights unless
+    ``method_cls`` declares ``supports_sample_weight``."""
+    if getattr(method_cls, "supports_sample_weight", False):
+        return
+    name = method_name or method_cls.name or method_cls.__name__
+    alts = _alternatives(lambda m: bool(getattr(m, "supports_sample_weight", False)))
+    raise InputError(
+        f"method {name!r} does not take sample_weight (only weights of 0 and 1, which drop or "
+        f"keep rows): its objective is not a weighted sum over points; for weighted points "
+        f"use one of: {alts}"
+    )
 
 
 def _tasks_of(method_cls: type[Method]) -> tuple[str, ...]:

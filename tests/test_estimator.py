@@ -76,10 +76,13 @@ def ridge_targets(y: np.ndarray, n_classes: int) -> np.ndarray:
     return 2.0 * np.eye(n_classes)[y] - 1.0
 
 
-def ridge_evidence(kernel: Kernel, X: np.ndarray, T: np.ndarray, noise: float):
-    """GP-regression log marginal likelihood of ``T [N, L]`` and its gradient wrt ``K [N, N]``."""
+def ridge_evidence(kernel: Kernel, X: np.ndarray, T: np.ndarray, noise: float,
+                   weights: np.ndarray | None = None):
+    """GP-regression log marginal likelihood of ``T [N, L]`` and its gradient wrt ``K [N, N]``;
+    ``weights [N]`` divide each point's noise variance (weight 2: the point observed twice)."""
     n, n_latent = T.shape
-    L = cholesky(kernel.K(X) + noise * np.eye(n), lower=True)
+    noise_diag = noise * np.ones(n) if weights is None else noise / weights
+    L = cholesky(kernel.K(X) + np.diag(noise_diag), lower=True)
     A = cho_solve((L, True), T)
     value = (
         -0.5 * np.sum(T * A)
@@ -109,11 +112,13 @@ class RidgeMethod(Method):
     name = "fake"
     likelihoods = ("fake_probit",)
     default_options = {"noise": 0.3}
+    supports_sample_weight = True
 
     def fit(self, problem: Problem, callback=None) -> FitResult:
         self.problem = problem  # kept for the tests to inspect
         T = ridge_targets(problem.y, problem.n_classes)
-        value, _, L, A = ridge_evidence(problem.kernel, problem.X, T, self.options["noise"])
+        value, _, L, A = ridge_evidence(problem.kernel, problem.X, T, self.options["noise"],
+                                        problem.sample_weight)
         posterior = RidgePosterior(problem.likelihood, problem.kernel, problem.X, A, L)
         if callback is not None:
             callback(IterationInfo(iteration=1, objective=value, elapsed=0.0))
@@ -449,6 +454,8 @@ def test_get_set_params_and_clone(fake_plugins, data):
         "method": "fakesparse",
         "M": 5,
         "kernel": kernel,
+        "kernel__lengthscale": 1.0,
+        "kernel__variance": 1.0,
         "likelihood": None,
         "optimize": None,
         "max_iter": 100,

@@ -54,7 +54,7 @@ from gpinfer.experiment.redact import redact_text, redact_uri, scrub_files
 from gpinfer.interfaces import IterationInfo
 from gpinfer.progress import ProgressBar
 from gpinfer.threads import blas_threads
-from gpinfer.training.early_stopping import EarlyStopping
+from gpinfer.training.early_stopping import EarlyStopping, validation_size
 
 Array = np.ndarray
 _log = logging.getLogger("gpinfer.run")
@@ -630,7 +630,8 @@ def _params(p: Prepared) -> dict[str, str]:
     params = tracking.flatten_config(p.config)
     params.update(
         {
-            "data.n_train": str(p.X_train.shape[0]),
+            "data.n_train": str(_n_fit(p)),
+            "data.n_validation": str(p.X_train.shape[0] - _n_fit(p)),
             "data.n_test": str(p.X_test.shape[0]),
             "data.n_features": str(p.X_train.shape[1]),
             "data.n_classes": str(p.n_classes),
@@ -642,6 +643,14 @@ def _params(p: Prepared) -> dict[str, str]:
     if p.task == "regression":  # log_evidence is that of the standardised targets
         params.update({"data.y_shift": repr(p.y_shift), "data.y_scale": repr(p.y_scale)})
     return params
+
+
+def _n_fit(p: Prepared) -> int:
+    """The training rows the method fits on: those of ``X_train`` less the early-stopping
+    validation part (``validation_size``)."""
+    n, es = int(p.X_train.shape[0]), p.settings.early_stopping
+    return n if es is None else n - validation_size(p.y_train, es.validation_fraction,
+                                                    p.n_classes)
 
 
 def fitted_inducing_count(posterior: object) -> int | None:
@@ -675,7 +684,7 @@ def _base_result(p: Prepared) -> dict[str, Any]:
         "iterations": s.iterations,
         "optimize": (s.optimize if s.optimize is not None
                      else bool(getattr(p.method_cls, "optimize_by_default", True))),
-        "n_train": int(p.X_train.shape[0]),
+        "n_train": _n_fit(p),
         "n_test": int(p.X_test.shape[0]),
         "n_features": int(p.X_train.shape[1]),
         "n_classes": p.n_classes,
@@ -777,6 +786,8 @@ def run_experiment(
             fit_report = estimator.fit_result_
             result["fit_warnings"] = list(fit_report.warnings)
             result.update({k: float(v) for k, v in fit_report.diagnostics.items()})
+            if getattr(estimator, "best_validation_score_", None) is not None:
+                result["best_validation_score"] = float(estimator.best_validation_score_)
             logger.set_tags({"fit_warnings": ",".join(fit_report.warnings) or "none"})
             logger.log_metrics(
                 {
@@ -788,7 +799,9 @@ def run_experiment(
                         "train_time_s",
                         "n_iter",
                         "peak_rss_mb",
-                        *(k for k in ("train_nll", "baseline_nll") if k in result),
+                        *(k for k in ("train_nll", "baseline_nll", "stopped_early",
+                                      "best_val_iteration", "best_validation_score")
+                          if k in result),
                     )
                 },
                 step=max(result["n_iter"], callback.last_iteration),

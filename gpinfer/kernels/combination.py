@@ -8,7 +8,7 @@ Nested sums (and nested products) are flattened, so ``a + b + c`` has three part
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -70,8 +70,41 @@ class Combination(Kernel):
             for key, value in part.describe().items()
         }
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.parts!r})"
+    # -- scikit-learn parameters: ``kernels`` as given, the parts' by index ------------------
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """``{"kernels": ...}`` as given (a list when an iterator was given); ``deep``: also
+        each part's parameters as ``i__param`` (``0__lengthscale``), ``i`` its index in
+        ``parts`` (nested sums flattened)."""
+        given = getattr(self, "_given", {}).get("kernels")
+        if not isinstance(given, list | tuple | Kernel):
+            given = list(self.parts)
+        params: dict[str, Any] = {"kernels": given}
+        if deep:
+            for i, part in enumerate(self.parts):
+                params[str(i)] = part
+                params.update({f"{i}__{k}": v for k, v in part.get_params().items()})
+        return params
+
+    def set_params(self, **params: Any) -> Kernel:
+        """``kernels=[...]`` rebuilds the combination; ``i__param`` (or ``i=kernel``) sets
+        part ``i``'s parameter (or replaces the part); ``InputError`` for anything else."""
+        parts: dict[int, dict[str, Any]] = {}
+        for key in list(params):
+            index, _, sub = key.partition("__")
+            if not index.isdigit():
+                continue
+            if int(index) >= len(self.parts):
+                raise InputError(f"invalid parameter {key!r} for kernel {type(self).__name__}: "
+                                 f"it has parts 0..{len(self.parts) - 1}")
+            parts.setdefault(int(index), {})[sub] = params.pop(key)
+        super().set_params(**params)
+        for i, sub_params in parts.items():
+            if "" in sub_params:  # ``i=kernel``: replace the part
+                replaced = list(self.parts)
+                replaced[i] = sub_params.pop("")
+                self._rebuild({"kernels": replaced})
+            self.parts[i].set_params(**sub_params)
+        return self
 
 
 class Sum(Combination):

@@ -60,9 +60,6 @@ class Linear(Kernel):
     def describe(self) -> dict[str, float | list[float]]:
         return {"variance": natural_output(self._log_variance, self._ard)}
 
-    def __repr__(self) -> str:
-        return f"Linear(variance={self.describe()['variance']})"
-
     # -- helpers -----------------------------------------------------------------------------
     def _inputs(self, X: object, X2: object | None = None) -> tuple[Array, Array | None]:
         return input_pair(X, X2, self.input_dim, "Linear")

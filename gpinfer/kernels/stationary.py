@@ -170,10 +170,6 @@ class Stationary(Kernel):
             "variance": self.variance,
         }
 
-    def __repr__(self) -> str:
-        ell = self.describe()["lengthscale"]
-        return f"{type(self).__name__}(lengthscale={ell}, variance={self.variance:.6g})"
-
     # -- scaled squared distances ------------------------------------------------------------
     def _scaled(self, X: object, X2: object | None) -> tuple[Array, Array | None]:
         """Checked inputs divided by the lengthscales, ``A [N, D]`` and ``B [N2, D]`` (or None).

@@ -47,9 +47,6 @@ class White(Kernel):
     def set_unconstrained(self, theta: Array) -> None:
         self._log_variance = float(unconstrained_vector(theta, 1, "White")[0])
 
-    def __repr__(self) -> str:
-        return f"White(variance={self.variance:.6g})"
-
     # -- covariances -------------------------------------------------------------------------
     def K(self, X: Array, X2: Array | None = None) -> Array:
         X, X2 = input_pair(X, X2, None, "White")

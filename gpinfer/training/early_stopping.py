@@ -67,6 +67,21 @@ class EarlyStopping:
                    int(cast(int, n_iter_no_change)))  # both checked above
 
 
+def _held_out(rows: int, fraction: float) -> int:
+    """Rows held out of ``rows`` (those of one class, or all for regression): at least one."""
+    return max(1, int(round(fraction * rows)))
+
+
+def validation_size(y: Array, fraction: float, n_classes: int) -> int:
+    """``V``, the number of rows ``split_validation`` holds out of ``y [N]`` (labels of any
+    type for classification, ``n_classes > 0``), without drawing them: the training rows are
+    ``N - V``."""
+    if not n_classes:
+        return _held_out(np.shape(y)[0], fraction)
+    _, counts = np.unique(np.asarray(y), return_counts=True)
+    return sum(_held_out(int(c), fraction) for c in counts)
+
+
 def split_validation(y: Array, fraction: float, rng: np.random.Generator,
                      n_classes: int) -> tuple[Array, Array]:
     """Row indices ``(train [N - V], validation [V])``, each sorted.
@@ -82,7 +97,7 @@ def split_validation(y: Array, fraction: float, rng: np.random.Generator,
         held: list[Array] = []
         for c in range(n_classes):
             rows = np.flatnonzero(y == c)
-            take = max(1, int(round(fraction * rows.size)))
+            take = _held_out(rows.size, fraction)
             if take >= rows.size:
                 raise InputError(
                     f"validation_fraction={fraction:g} leaves class {c} ({rows.size} point"
@@ -92,7 +107,7 @@ def split_validation(y: Array, fraction: float, rng: np.random.Generator,
             held.append(rng.choice(rows, size=take, replace=False))
         val = np.sort(np.concatenate(held))
     else:
-        take = max(1, int(round(fraction * n)))
+        take = _held_out(n, fraction)
         if take >= n:
             raise InputError(f"validation_fraction={fraction:g} leaves no training point")
         val = np.sort(rng.choice(n, size=take, replace=False))
@@ -120,6 +135,8 @@ class ValidationMonitor:
         self.last_iteration = 0
         self.checks_without_improvement = 0
         self.stopped = False
+        #: the validation NLL of every checked iteration, iteration -> value
+        self.val_nll: dict[int, float] = {}
 
     def __call__(self, info: IterationInfo) -> bool:
         self.last_iteration = info.iteration
@@ -127,6 +144,7 @@ class ValidationMonitor:
         if due and info.posterior is not None:
             posterior = info.posterior()
             value = float(self.nll(posterior))
+            self.val_nll[info.iteration] = value
             info = IterationInfo(info.iteration, info.objective, info.elapsed, info.posterior,
                                  {**info.extra, "val_nll": value})
             if np.isfinite(value) and value < self.best_nll:
@@ -142,7 +160,12 @@ class ValidationMonitor:
 
     def restore(self, result: FitResult) -> FitResult:
         """``result`` with the best validation iterate's posterior (and its kernels), with the
-        early-stopping numbers in ``diagnostics``."""
+        early-stopping numbers in ``diagnostics`` and ``val_nll`` in the ``history`` entries
+        of the checked iterations."""
+        for entry in result.history:
+            value = self.val_nll.get(int(entry.get("iteration", -1)))
+            if value is not None:
+                entry.setdefault("val_nll", value)
         if self.best_posterior is None:
             return result
         if self.best_iteration != self.last_iteration:

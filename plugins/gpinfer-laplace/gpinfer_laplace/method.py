@@ -60,6 +60,8 @@ class Laplace(Method):
     multiclass: ClassVar[bool] = False
     uses_inducing_points: ClassVar[bool] = False
     supports_minibatch: ClassVar[bool] = False
+    #: Psi and log Z_LA sum log p(y_i | f_i) over points: a weight multiplies a point's term
+    supports_sample_weight: ClassVar[bool] = True
     likelihoods: ClassVar[tuple[str, ...]] = ("logit", "probit")
     #: any binary log-concave single-latent likelihood with derivatives (a third party's)
     likelihood_requirements: ClassVar[frozenset[str] | None] = frozenset(
@@ -88,7 +90,7 @@ class Laplace(Method):
         sites = LaplaceSites(
             kernel.K(X), y, problem.likelihood,
             tol=self.options["newton_tol"], max_newton=self.options["max_newton"],
-            kernel=kernel, X=X,
+            kernel=kernel, X=X, weights=problem.sample_weight,
         )
         hp = HyperParameters(kernel, optimize=problem.optimize)
         run = _Run(problem, X, kernel, sites, callback)

@@ -39,6 +39,8 @@ class LaplaceSites:
     * ``tol``: convergence threshold on ``|Delta Psi|``; ``max_newton``: steps per ``run()``.
     * ``alpha0 [N]``: optional initial alpha (default zero).
     * ``kernel``, ``X [N, D]``: optional; only ``posterior()`` needs them.
+    * ``weights [N]``: optional positive weights of the points' ``log p(y_i | f_i)`` in ``Psi``
+      (and so in ``log Z_LA``; weight 2 is the point twice, exactly); ``None``: all one.
 
     ``set_kernel_matrix(K)`` swaps the prior covariance and keeps the current alpha as a warm
     start when it gives a larger ``Psi`` than ``alpha = 0``.
@@ -55,8 +57,10 @@ class LaplaceSites:
         alpha0: Array | None = None,
         kernel: Kernel | None = None,
         X: Array | None = None,
+        weights: Array | None = None,
     ):
         self.y = np.asarray(y)
+        self.weights = None if weights is None else np.asarray(weights, dtype=float)
         self.kernel = kernel
         self.X = X
         self.likelihood = likelihood
@@ -87,7 +91,10 @@ class LaplaceSites:
         if not np.all(np.isfinite(f)):
             raise NumericalError("latent values f = K alpha are not finite (Psi undefined)",
                                  iteration=iteration, quantity="f")
-        psi = float(np.sum(self.likelihood.log_prob(self.y, f)) - 0.5 * alpha @ f)
+        log_p = self.likelihood.log_prob(self.y, f)
+        if self.weights is not None:
+            log_p = self.weights * log_p
+        psi = float(np.sum(log_p) - 0.5 * alpha @ f)
         if not np.isfinite(psi):
             raise NumericalError(f"Laplace objective Psi is {psi}", iteration=iteration,
                                  quantity="Psi")
@@ -116,10 +123,13 @@ class LaplaceSites:
 
     # -- quantities at the current f ---------------------------------------------------------
     def derivatives(self) -> tuple[Array, Array, Array]:
-        """Derivatives 1-3 of ``log p(y | f)`` wrt ``f`` at the current ``f``, ``[N]`` each."""
+        """Derivatives 1-3 of ``log p(y | f)`` (times the weights) wrt ``f`` at the current
+        ``f``, ``[N]`` each."""
         if self._derivs is None:
             d = self.likelihood.log_prob_derivatives(self.y, self.f, order=3)
             d1, d2, d3 = (np.asarray(v, dtype=float) for v in d[:3])
+            if self.weights is not None:
+                d1, d2, d3 = (self.weights * v for v in (d1, d2, d3))
             for name, v in (("first", d1), ("second", d2), ("third", d3)):
                 if not np.all(np.isfinite(v)):
                     raise NumericalError(

@@ -107,12 +107,14 @@ class VariationalState:
 
     def __init__(self, X: Array, y: Array, likelihood: Likelihood, hp: HyperParameters,
                  n_latent: int, M: int, rng: np.random.Generator | None = None,
-                 backend: Backend = NUMPY):
+                 backend: Backend = NUMPY, sample_weight: Array | None = None):
         """``X [N, D]``, class indices ``y [N]`` (both host arrays), ``n_latent`` latents with
         ``M`` inducing inputs each; ``rng`` feeds Monte-Carlo expectation rules of the
         likelihood. ``backend``: where the ELBO runs (``hp.Z`` already lives there); each batch
-        of ``X`` and ``y`` is moved to it."""
+        of ``X`` and ``y`` is moved to it. ``sample_weight [N]``: weights of the points'
+        expected log-likelihoods (``None``: all one)."""
         self.X, self.y, self.likelihood, self.hp = X, np.asarray(y, dtype=np.int64), likelihood, hp
+        self.weights = None if sample_weight is None else np.asarray(sample_weight, float)
         self.L, self.M = n_latent, M
         self.backend = backend
         self.tril = tuple(backend.as_index(i) for i in np.tril_indices(M))
@@ -213,9 +215,18 @@ class VariationalState:
 
     def _expectation(self, batch: Array | None) -> ExpectationFn:
         """The per-point expected log-likelihood on ``batch`` (``None``: all points): the
-        likelihood's ``variational_expectations``."""
+        likelihood's ``variational_expectations``, times the points' weights when given."""
         y = self.y if batch is None else self.y[batch]
-        return likelihood_expectation(self.likelihood, self.backend.as_index(y), self.rng)
+        fn = likelihood_expectation(self.likelihood, self.backend.as_index(y), self.rng)
+        if self.weights is None:
+            return fn
+        w = self.backend.asarray(self.weights if batch is None else self.weights[batch])
+
+        def weighted(mean: Array, var: Array) -> tuple[Array, Array, Array]:
+            value, dmean, dvar = fn(mean, var)
+            return w * value, w[:, None] * dmean, w[:, None] * dvar
+
+        return weighted
 
     def snapshot(self, x: Array) -> Callable[[], InducingPosterior]:
         """A zero-argument callable building the posterior at a copy of ``x``."""
@@ -275,6 +286,8 @@ class SVI(Method):
     multiclass: ClassVar[bool] = True
     uses_inducing_points: ClassVar[bool] = True
     supports_minibatch: ClassVar[bool] = True
+    #: the ELBO's data term is a sum over points: a weight multiplies a point's term
+    supports_sample_weight: ClassVar[bool] = True
     likelihoods: ClassVar[tuple[str, ...]] = ("logit", "probit", "robustmax", "softmax")
     #: any classification likelihood: the ELBO needs only ``variational_expectations``
     likelihood_requirements: ClassVar[frozenset[str] | None] = frozenset()
@@ -330,7 +343,8 @@ class SVI(Method):
         hp = HyperParameters(kernels, Z=[backend.asarray(Z) for Z in Zs],
                              optimize=problem.optimize,
                              optimize_inducing=bool(o["learn_inducing"]))
-        state = VariationalState(X, y, lik, hp, n_latent, M, problem.rng, backend)
+        state = VariationalState(X, y, lik, hp, n_latent, M, problem.rng, backend,
+                                 problem.sample_weight)
         x0 = state.pack(backend.asarray(np.zeros((n_latent, M))), backend.asarray(Lq0))
         return state, x0
 
