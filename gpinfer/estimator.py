@@ -554,8 +554,8 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         kept = np.unique(y_index)
         if kept.size < 2:
             raise InputError(
-                f"sample_weight leaves only class {classes[kept[0]]!r} with a positive weight; "
-                "classification needs at least two classes of positive weight"
+                f"sample_weight leaves only class {classes[kept].tolist()[0]!r} with a positive "
+                "weight; classification needs at least two classes of positive weight"
             )
         X = self._scale_inputs(X)
         X, y_index, weights = self._hold_out(X, y_index, n_classes, weights)
