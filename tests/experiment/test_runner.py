@@ -303,3 +303,22 @@ def test_dataset_configs_load_and_split(
     assert (split.n_train, split.n_test) == (n_train, n_test)
     assert split.X_train.shape[1] == n_features
     assert np.unique(split.y_train).tolist() == list(range(n_classes))
+
+
+def test_early_stopping_counts_and_metrics(tmp_path: Path, store_uri: str) -> None:
+    """With a validation part, n_train is the count trained on, and the run records whether
+    training stopped early, at which iteration the best validation NLL was and its score."""
+    cfg = store_cfg(store_uri, "method.name=toygp", "iterations=30", "seed=3",
+                    "validation_fraction=0.2", "n_iter_no_change=2")
+    result = run_experiment(cfg, output_dir=tmp_path / "run")
+    held_out = 512 - result["n_train"]  # 512 training rows, a fifth of each class held out
+    assert 0.19 * 512 < held_out < 0.21 * 512
+    # the toy posterior never changes: the first check is the best, two more stop training
+    assert result["stopped_early"] == 1.0 and result["best_val_iteration"] == 1.0
+    assert result["best_validation_score"] == pytest.approx(-result["best_val_nll"])
+    run = MlflowClient(store_uri).get_run(result["mlflow_run_id"])
+    params, metrics = run.data.params, run.data.metrics
+    assert params["data.n_train"] == str(result["n_train"])
+    assert params["data.n_validation"] == str(held_out)
+    assert metrics["stopped_early"] == 1.0 and metrics["best_val_iteration"] == 1.0
+    assert metrics["best_validation_score"] == pytest.approx(result["best_validation_score"])
