@@ -445,7 +445,14 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
     posterior_, method_ (the fitted method instance), fit_result_ (its ``FitResult``),
     log_evidence_se_ (standard error of a Monte-Carlo evidence such as AIS, else None),
     backend_ (the ``gpinfer.backend.Backend`` the fit ran on; ``backend_.params()`` gives
-    ``{"backend", "device", "dtype"}``).
+    ``{"backend", "device", "dtype"}``), feature_names_in_ [D] (a DataFrame's column names; absent
+    for arrays), and with early stopping, as ``MLPClassifier``: best_iteration_,
+    validation_scores_ (the negative mean validation NLL of every check; ``val_nll`` in
+    ``history_``) and best_validation_score_ (all three ``None`` without early stopping).
+
+    A ``Kernel`` given as ``kernel`` is a scikit-learn parameter container: nested names such as
+    ``kernel__lengthscale`` (or ``kernel__0__lengthscale`` for a sum's first part) work in
+    ``set_params`` and ``GridSearchCV``.
     """
 
     def __init__(

@@ -52,7 +52,8 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
     initialisation ``sigma = 0.1 std(y)``).
 
     Attributes (after ``fit``): ``n_features_in_``, ``kernel_``, ``likelihood_``,
-    ``log_evidence_``, ``n_iter_``, ``history_``, ``posterior_``, ``method_``, ``fit_result_``.
+    ``log_evidence_``, ``n_iter_``, ``history_``, ``posterior_``, ``method_``, ``fit_result_``,
+    ``feature_names_in_`` and the early-stopping ones, as ``GPClassifier``.
     """
 
     def __init__(

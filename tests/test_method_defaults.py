@@ -94,6 +94,27 @@ def _check_cases() -> list:
     return out
 
 
+#: methods that take weights but whose data-dependent initialisation (median lengthscale,
+#: K-means inducing inputs) sees repeated rows that a weight does not repeat
+INIT_SEES_ROWS = {"svi", "vi-robustmax"}
+
+
+def _expected_failures(name: str) -> dict[str, str]:
+    """The checks with weights other than 0/1 that a method fails by design: an ``InputError``
+    for a method without ``supports_sample_weight``; for ``INIT_SEES_ROWS``, the equivalence of
+    weight k and the row k times at the default options."""
+    if not registry.load_method(name).supports_sample_weight:
+        why = f"{name} takes no sample_weight but 0/1 (an InputError naming those that do)"
+        return {check: why for check in ("check_sample_weights_list",
+                                         "check_sample_weights_not_overwritten",
+                                         "check_sample_weight_equivalence_on_dense_data")}
+    if name in INIT_SEES_ROWS:
+        return {"check_sample_weight_equivalence_on_dense_data":
+                f"{name}'s default initialisation (median lengthscale, K-means inducing inputs) "
+                "sees repeated rows; weights equal repeats with those fixed (test_sklearn_parity)"}
+    return {}
+
+
 @pytest.mark.parametrize("name", _check_cases())
 def test_method_passes_check_estimator_with_its_defaults(name):
     """scikit-learn's whole estimator contract, every method option at its default (a budget of
@@ -101,4 +122,4 @@ def test_method_passes_check_estimator_with_its_defaults(name):
     from sklearn.utils.estimator_checks import check_estimator
 
     check_estimator(GPClassifier(method=name, random_state=0, max_iter=10),
-                    expected_failed_checks={}, on_skip=None)
+                    expected_failed_checks=_expected_failures(name), on_skip=None)
