@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.utils.validation import _check_feature_names, check_is_fitted
+from sklearn.utils.validation import check_is_fitted
 
 from gpinfer.backend import ops
 from gpinfer.backend.choice import Backend, check_method_backend, resolve_backend
@@ -91,6 +91,17 @@ def _setting_name(value: Any) -> Any:
         return np.dtype(value).name
     except TypeError:
         return value
+
+
+def _check_feature_names(estimator: BaseEstimator, X: Any) -> None:
+    """scikit-learn's check of ``X``'s column names against ``feature_names_in_`` at prediction
+    (a ``ValueError`` for other names, a ``UserWarning`` when one side has none)."""
+    try:
+        from sklearn.utils.validation import _check_feature_names as check
+    except ImportError:  # scikit-learn < 1.6: a method of BaseEstimator
+        estimator._check_feature_names(X, reset=False)
+        return
+    check(estimator, X, reset=False)
 
 
 class _GPEstimatorBase(BaseEstimator):
@@ -332,7 +343,7 @@ class _GPEstimatorBase(BaseEstimator):
 
     def _validate_for_predict(self, X: Any) -> Array:
         check_is_fitted(self)
-        _check_feature_names(self, X, reset=False)  # scikit-learn's warnings and errors
+        _check_feature_names(self, X)
         X = check_X(host_input(X, "X"), "X")
         if X.shape[1] != self.n_features_in_:
             raise InputError(
@@ -543,10 +554,10 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         ``y [N]`` (any label type with at least two classes). ``sample_weight``: ``None``, a
         number or ``[N]`` non-negative weights; a row of weight 0 is dropped (any method), other
         weights multiply each point's term of the objective and need a method with
-        ``supports_sample_weight`` (svi, vi-robustmax). Everything is validated before training
-        starts. ``callback`` receives an ``IterationInfo`` once per outer iteration. Returns
-        ``self``. ``X`` and ``y`` may be torch tensors (for a method with a torch backend): they
-        are copied to host memory.
+        ``supports_sample_weight`` (laplace, svi, vi-robustmax). Everything is validated before
+        training starts. ``callback`` receives an ``IterationInfo`` once per outer iteration.
+        Returns ``self``. ``X`` and ``y`` may be torch tensors (for a method with a torch
+        backend): they are copied to host memory.
         """
         self._set_feature_names(X)
         X, y = self._host_inputs(X=X, y=y)

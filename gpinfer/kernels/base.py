@@ -75,6 +75,21 @@ def _short(value: Any) -> str:
         f"({items})" if isinstance(value, tuple) else f"[{items}]")
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Whether two parameter values are equal: kernels by ``==``, numbers and arrays by value
+    (shapes included), lists element by element."""
+    if isinstance(a, Kernel) or isinstance(b, Kernel):
+        return bool(a == b)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple) and not (
+        all(isinstance(v, numbers.Real) for v in (*a, *b))
+    ):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    try:
+        return bool(np.array_equal(np.asarray(a, dtype=float), np.asarray(b, dtype=float)))
+    except (TypeError, ValueError):
+        return bool(a == b)
+
+
 class Kernel(abc.ABC):
     """A positive-definite covariance function with parameters in an unconstrained space."""
 
@@ -159,6 +174,17 @@ class Kernel(abc.ABC):
         fresh = type(self)(**arguments)
         self.__dict__.clear()
         self.__dict__.update(fresh.__dict__)
+
+    def __eq__(self, other: object) -> bool:
+        """The same class and the same ``get_params(deep=False)`` (arrays by value), as
+        scikit-learn's kernels; so ``clone(k) == k``. Kernels are not hashable."""
+        if type(other) is not type(self):
+            return NotImplemented
+        mine, theirs = self.get_params(deep=False), other.get_params(deep=False)
+        return mine.keys() == theirs.keys() and all(
+            _same(mine[key], theirs[key]) for key in mine)
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and mutable
 
     def __repr__(self) -> str:
         """``Name(param=value, ...)``, floats at ``REPR_DIGITS`` significant digits (so a

@@ -72,11 +72,13 @@ class Combination(Kernel):
 
     # -- scikit-learn parameters: ``kernels`` as given, the parts' by index ------------------
     def get_params(self, deep: bool = True) -> dict[str, Any]:
-        """``{"kernels": ...}`` as given (a list when an iterator was given); ``deep``: also
-        each part's parameters as ``i__param`` (``0__lengthscale``), ``i`` its index in
-        ``parts`` (nested sums flattened)."""
+        """``{"kernels": ...}``: as given when that list holds the parts themselves, else the
+        list of ``parts`` (a nested sum flattened, a repeated kernel copied, an iterator);
+        ``deep``: also each part's parameters as ``i__param`` (``0__lengthscale``), ``i`` its
+        index in ``parts``."""
         given = getattr(self, "_given", {}).get("kernels")
-        if not isinstance(given, list | tuple | Kernel):
+        if not (isinstance(given, list | tuple) and len(given) == len(self.parts)
+                and all(g is p for g, p in zip(given, self.parts))):
             given = list(self.parts)
         params: dict[str, Any] = {"kernels": given}
         if deep:

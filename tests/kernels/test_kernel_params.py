@@ -41,7 +41,7 @@ KERNELS = [
 @pytest.mark.parametrize("kernel", KERNELS, ids=repr)
 def test_clone_is_an_equal_independent_kernel(kernel: Kernel):
     twin = clone(kernel)
-    assert twin is not kernel and type(twin) is type(kernel)
+    assert twin is not kernel and type(twin) is type(kernel) and twin == kernel
     assert repr(twin) == repr(kernel)
     np.testing.assert_array_equal(twin.K(X), kernel.K(X))
     np.testing.assert_array_equal(twin.get_unconstrained(), kernel.get_unconstrained())
@@ -113,3 +113,22 @@ def test_a_part_that_does_not_exist_is_an_input_error():
         (RBF() + White()).set_params(**{"2__variance": 1.0})
     with pytest.raises(InputError, match="invalid parameter 'lengthscale' for kernel White"):
         (RBF() + White()).set_params(**{"1__lengthscale": 1.0})
+
+
+def test_a_repeated_or_nested_part_is_reported_as_the_part_itself():
+    k = RBF(1.0)
+    twice = k + k  # the second slot is a copy: its own parameters
+    twice.set_params(**{"1__lengthscale": 3.0})
+    np.testing.assert_allclose(clone(twice).K(X), (RBF(1.0) + RBF(3.0)).K(X))
+    nested = Sum([Sum([RBF(1.0), Linear()]), White(0.1)])
+    assert len(nested.get_params(deep=False)["kernels"]) == 3
+    np.testing.assert_allclose(clone(nested).K(X), nested.K(X))
+
+
+def test_equality_is_by_class_and_parameter_values():
+    assert RBF(1.0) == RBF(1.0) and RBF([1.0, 2.0]) == RBF(np.array([1.0, 2.0]))
+    assert RBF(1.0) != RBF(2.0) and RBF(1.0) != Matern32(1.0) and RBF(1.0) != "RBF"
+    assert RBF(1.0) + White() == RBF(1.0) + White() != RBF(1.0) + White(0.5)
+    assert RBF([1.0, 2.0]) != RBF(1.0)
+    with pytest.raises(TypeError):
+        hash(RBF())
