@@ -12,7 +12,8 @@ Checks on fixed-seed inputs (``N = 7`` and ``N2 = 5`` points in ``D = 3`` dimens
 against the naive ``reference`` (square and cross), symmetry, ``K_diag`` against the diagonal,
 shapes, every vector-Jacobian product against finite differences (``grad_params``,
 ``grad_params_diag``, ``grad_inputs``, ``grad_inputs_diag``, and ``vjp`` equal to the separate
-products), the unconstrained round trip, copies independent of the original, pickling.
+products), the unconstrained round trip, copies independent of the original, scikit-learn's
+``get_params`` / ``clone`` / ``set_params``, pickling.
 Subclasses are recorded in ``KERNEL_SUITES`` (by kernel class name) so that a completeness test
 can fail when a registered kernel has none.
 """
@@ -158,6 +159,24 @@ class KernelTestSuite:
         twin = k.copy()
         twin.set_unconstrained(twin.get_unconstrained() + 0.5)
         np.testing.assert_array_equal(k.K(X), before)
+
+    def test_scikit_learn_parameters(self):
+        """``get_params`` / ``clone`` / ``set_params`` (``gpinfer.kernels.base``): a clone is an
+        equal kernel with the same matrix, before and after the parameters move; setting the
+        parameters ``get_params`` gives changes nothing; the repr names the class."""
+        from sklearn.base import clone
+
+        k = self._kernel()
+        X, *_ = self._data()
+        for _ in range(2):
+            twin = clone(k)
+            assert twin is not k and twin == k
+            np.testing.assert_allclose(twin.K(X), k.K(X), rtol=1e-12, atol=1e-14)
+            k.set_unconstrained(k.get_unconstrained() + 0.25)  # now learned values
+        before = k.K(X)
+        k.set_params(**k.get_params(deep=False))
+        np.testing.assert_allclose(k.K(X), before, rtol=1e-12, atol=1e-14)
+        assert repr(k).startswith(f"{type(k).__name__}(") and "object at" not in repr(k)
 
     def test_pickles(self):
         k = self._kernel()
