@@ -169,6 +169,21 @@ def test_svi_integer_weights_equal_repeated_rows(data):
     np.testing.assert_allclose(P_weighted, repeated.predict_proba(X), rtol=1e-5, atol=1e-7)
 
 
+def test_svi_weights_on_the_torch_backend():
+    """The weights reach the ELBO on the torch backend too (three classes, full batches)."""
+    pytest.importorskip("torch")
+    X, y = make_suite_data(3, n=30, seed=3)
+    w = np.random.default_rng(1).integers(1, 4, size=y.size)
+    est = GPClassifier(method="svi", M=X[:8], optimize=False, max_iter=100, random_state=0,
+                       kernel=RBF(lengthscale=1.5), backend="torch",
+                       method_options={"optimizer": "adam", "lengthscale_init": "kernel"})
+    weighted = est.fit(X, y, sample_weight=w).predict_proba(X)
+    np.testing.assert_allclose(weighted, est.fit(*_repeated(X, y, w)).predict_proba(X),
+                               rtol=1e-9, atol=1e-12)
+    numpy = est.set_params(backend=None).fit(X, y, sample_weight=w).predict_proba(X)
+    np.testing.assert_allclose(weighted, numpy, rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("weights,match", [
     (np.ones(29), r"shape \(30,\); got shape \(29,\)"),
     (np.ones((30, 2)), r"got shape \(30, 2\)"),
