@@ -61,6 +61,8 @@ def _recording(init: Callable[..., None]) -> Callable[..., None]:
 
 def _short(value: Any) -> str:
     """``repr`` of a parameter value with floats at ``REPR_DIGITS`` significant digits."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
     if isinstance(value, bool | np.bool_) or not isinstance(
         value, numbers.Real | np.ndarray | list | tuple
     ):

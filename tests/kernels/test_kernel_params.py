@@ -56,6 +56,7 @@ def test_get_params_returns_the_arguments_as_given():
     # exp(log(5)) is 4.999999999999999: the given value is reported, not the round trip
     assert np.exp(np.log(5.0)) != 5.0
     assert repr(RBF(lengthscale=5.0)) == "RBF(lengthscale=5.0, variance=1.0)"
+    assert repr(RBF(np.array(2.0), variance=np.float32(0.5))) == "RBF(lengthscale=2.0, variance=0.5)"
 
 
 def test_learned_values_are_reported_once_the_parameters_move():
