@@ -162,8 +162,8 @@ class ValidationMonitor:
         """``result`` with the best validation iterate's posterior (and its kernels), with the
         early-stopping numbers in ``diagnostics`` and ``val_nll`` in the ``history`` entries
         of the checked iterations."""
-        for entry in result.history:
-            value = self.val_nll.get(int(entry.get("iteration", -1)))
+        for position, entry in enumerate(result.history, start=1):  # one entry per iteration
+            value = self.val_nll.get(int(entry.get("iteration", position)))
             if value is not None:
                 entry.setdefault("val_nll", value)
         if self.best_posterior is None:

@@ -74,6 +74,21 @@ def test_monitor_checks_every_k_stops_after_patience_and_restores_the_best():
     assert result.diagnostics["stopped_early"] == 1.0
 
 
+def test_the_monitor_writes_val_nll_into_the_checked_history_entries():
+    nll = {"a": 3.0, "b": 1.0, "c": 2.0, "d": 0.5}
+    monitor = ValidationMonitor(lambda post: nll[post], EarlyStopping(0.2, 2, 5))
+    for it, post in enumerate("abcd", start=1):
+        monitor(_info(it, post))
+    history = [{"iteration": float(it), "objective": -float(it)} for it in range(1, 5)]
+    result = monitor.restore(FitResult(posterior="d", log_evidence=0.0, kernel=None, n_iter=4,
+                                       history=history))
+    assert [h.get("val_nll") for h in result.history] == [None, 1.0, None, 0.5]
+    # a method whose entries carry no iteration number: one entry per iteration, from 1
+    bare = monitor.restore(FitResult(posterior="d", log_evidence=0.0, kernel=None, n_iter=4,
+                                     history=[{"objective": 0.0} for _ in range(4)]))
+    assert [h.get("val_nll") for h in bare.history] == [None, 1.0, None, 0.5]
+
+
 def test_a_stop_request_of_the_wrapped_callback_passes_through():
     monitor = ValidationMonitor(lambda post: 1.0, EarlyStopping(0.2), lambda info: True)
     assert monitor(_info(1, "a")) is True
