@@ -107,9 +107,9 @@ def internal_values(method: str) -> Iterator[None]:
         yield
     except NonFiniteError as err:
         raise NumericalError(
-            f"{method}: the internal quantity {err.quantity!r} has NaN or infinite values: the "
-            "fit broke down numerically (look at the objective trace and the kernel parameters; "
-            "standardised inputs or tighter kernel-parameter bounds help)",
+            f"{method}: {err}, a quantity computed during the fit (the inputs were checked "
+            "before it): the fit broke down numerically (look at the objective trace and the "
+            "kernel parameters; standardised inputs or tighter kernel-parameter bounds help)",
             quantity=err.quantity,
         ) from err
 

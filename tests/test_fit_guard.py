@@ -3,6 +3,7 @@ restore, training NLL against the class-frequency baseline; with scripted and re
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any, ClassVar
 
@@ -225,7 +226,7 @@ def test_an_internal_nan_is_a_numerical_error_naming_the_quantity_never_an_input
     with pytest.raises(NumericalError, match="predictive mean is not finite at 29 of 200") as e:
         _fit(InternalNaN)
     assert e.value.quantity == "latent predictive mean" and not isinstance(e.value, InputError)
-    with pytest.raises(NumericalError, match="internal quantity 'mean' has NaN") as e:
+    with pytest.raises(NumericalError, match="mean contains NaN .*computed during the fit") as e:
         _fit(InternalNaN, where="likelihood")
     assert e.value.quantity == "mean" and not isinstance(e.value, InputError)
 
@@ -284,3 +285,49 @@ def test_a_model_that_learned_nothing_ties_on_balanced_classes_and_fails():
     d = clf.fit_result_.diagnostics
     assert d["train_nll"] == pytest.approx(np.log(2.0)) and d["baseline_nll"] == pytest.approx(np.log(2.0))
     assert clf.fit_warnings_ == [CONSTANT_PREDICTIONS, WORSE_THAN_BASELINE]
+
+
+def _methods_with_a_limit() -> list[str]:
+    from gpinfer import registry
+
+    return [e.name for e in registry.entries(registry.METHODS)
+            if e.dist in registry.OWN_DISTRIBUTIONS
+            and registry.load_method(e.name).objective_limit is not None]
+
+
+def _pushed_past_its_limit(cls: type[Method], at: int, seen: list[int]) -> type[Method]:
+    """``cls`` whose reported objective is 1000 nats above its limit from iteration ``at`` on
+    (the method runs unchanged; what it reports to the guard is shifted)."""
+    limit = float(cls.objective_limit or 0.0)
+
+    class Pushed(cls):  # type: ignore[valid-type, misc]
+        def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
+            assert callback is not None  # the estimator's guard
+
+            def shifted(info: IterationInfo) -> bool | None:
+                seen.append(info.iteration)
+                if info.iteration >= at:
+                    info = dataclasses.replace(info, objective=limit + 1000.0)
+                return callback(info)
+
+            return super().fit(problem, shifted)
+
+    return Pushed
+
+
+@pytest.mark.parametrize("name", _methods_with_a_limit())
+def test_every_methods_objective_past_its_limit_raises_at_that_iteration(name):
+    """Real fits on 40 points: kl, vb and vi-jj-full report from inside L-BFGS-B's callback,
+    whose trial-point back-off once swallowed the error and ran on to the final check."""
+    from gpinfer import registry
+    from gpinfer.testing.method_suite import make_suite_data
+
+    assert {"laplace", "kl", "vb", "svi", "vi-jj", "vi-jj-full"} <= set(_methods_with_a_limit())
+    X, y = make_suite_data(2, n=40, seed=1)
+    seen: list[int] = []
+    method = _pushed_past_its_limit(registry.load_method(name), 2, seen)
+    with pytest.raises(NumericalError, match=f"{name}: objective 1000 is above 0") as info:
+        GPClassifier(method=method, max_iter=20, random_state=0).fit(X, y)
+    assert info.value.iteration == 2 and info.value.quantity == "objective"
+    assert seen == [1, 2]  # nothing ran after the offending iteration
+
