@@ -331,3 +331,25 @@ def test_every_methods_objective_past_its_limit_raises_at_that_iteration(name):
     assert info.value.iteration == 2 and info.value.quantity == "objective"
     assert seen == [1, 2]  # nothing ran after the offending iteration
 
+
+
+def test_vi_taylors_surrogate_is_ranked_by_training_nll_in_a_real_fit():
+    """vi-taylor declares a surrogate: its tracker builds each iterate's posterior and ranks it
+    by training NLL; the bounds (vi-jj) are ranked by their objective."""
+    from gpinfer import registry
+    from gpinfer.fit_guard import tracker_for
+    from gpinfer.testing.method_suite import make_suite_data
+
+    X, y = make_suite_data(2, n=40, seed=1)
+    rng = np.random.default_rng(0)
+    taylor, jj = registry.load_method("vi-taylor"), registry.load_method("vi-jj")
+    assert (taylor.objective_kind, taylor.objective_limit) == ("surrogate", None)
+    assert jj.objective_kind == "bound"
+    assert tracker_for(taylor, None, "vi-taylor", X, y, rng, minibatch=False).nll is not None
+    assert tracker_for(taylor, None, "vi-taylor", X, y, rng, minibatch=False,
+                       ranks_iterates=False).nll is None  # a validation monitor ranks them
+    assert tracker_for(jj, None, "vi-jj", X, y, rng, minibatch=False).nll is None
+    levels = []
+    clf = GPClassifier(method="vi-taylor", max_iter=5, random_state=0)
+    clf.fit(X, y, callback=lambda info: levels.append(info.posterior is not None) and None)
+    assert all(levels) and clf.score(X, y) > 0.85
