@@ -229,21 +229,21 @@ class _GPEstimatorBase(BaseEstimator):
                               method_name, problem.X, problem.y, self._rng(),
                               minibatch=problem.batch_size is not None,
                               ranks_iterates=monitor is None)
-        with training_threads(), internal_values(method_name):
-            result = method.fit(problem, tracker)
-        if not isinstance(result, FitResult):
-            raise TypeError(
-                f"method {method_name!r} returned {type(result).__name__} from fit; "
-                "a method's fit must return gpinfer.interfaces.FitResult"
-            )
-        check_objective_limit(float(result.log_evidence), type(method).objective_limit,
-                              method_name, problem.n)
-        if monitor is not None:
-            result = monitor.restore(result)
-            self._validation = None  # the held-out rows are not part of the fitted model
-        elif type(method).restore_best_iterate:
-            result = restore_best(result, tracker)
-        with internal_values(method_name):
+        with internal_values(method_name):  # what the method and the guard compute
+            with training_threads():
+                result = method.fit(problem, tracker)
+            if not isinstance(result, FitResult):
+                raise TypeError(
+                    f"method {method_name!r} returned {type(result).__name__} from fit; "
+                    "a method's fit must return gpinfer.interfaces.FitResult"
+                )
+            check_objective_limit(float(result.log_evidence), type(method).objective_limit,
+                                  method_name, problem.n)
+            if monitor is not None:
+                result = monitor.restore(result)
+                self._validation = None  # the held-out rows are not part of the fitted model
+            elif type(method).restore_best_iterate:
+                result = restore_best(result, tracker)
             result = check_against_baseline(
                 result, method_name, problem.X, problem.y, problem.n_classes, self._rng(),
                 check_baseline_failure(getattr(self, "baseline_failure", "raise")))
