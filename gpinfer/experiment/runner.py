@@ -794,7 +794,10 @@ def run_experiment(
             fit_report = estimator.fit_result_
             _record_fit_report(logger, result, fit_report)
             if WORSE_THAN_BASELINE in fit_report.warnings:  # kept (baseline_failure=warn)
-                result["status"] = tracking.FAILED
+                what = "a constant Gaussian" if p.task == "regression" else "the class frequencies"
+                result.update(status=tracking.FAILED, error=(
+                    f"training NLL {result['train_nll']:.4g} is no better than predicting {what} "
+                    f"({result['baseline_nll']:.4g}); the model was kept (baseline_failure=warn)"))
             logger.log_metrics(
                 {
                     key: result[key]
@@ -821,8 +824,7 @@ def run_experiment(
             res.write_result(p.out_dir, result)
             logger.log_artifact(p.out_dir / res.RESULT_FILE)
             if result["status"] == tracking.FAILED:
-                logger.set_tags({"error": "the fit is no better than predicting the class "
-                                          "frequencies (kept: baseline_failure=warn)"})
+                logger.set_tags({"error": result["error"]})
                 logger.end(tracking.FAILED)
         except BaseException as exc:
             interrupted = isinstance(exc, KeyboardInterrupt)
