@@ -38,6 +38,7 @@ from gpinfer.fit_guard import (
 )
 from gpinfer.interfaces import FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
+from gpinfer.posterior import class_columns
 from gpinfer.progress import progress_callback
 from gpinfer.threads import blas_threads, training_threads
 from gpinfer.training.early_stopping import EarlyStopping, ValidationMonitor, split_validation
@@ -511,11 +512,8 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         ``X [N*, D]``: a numpy array or a torch tensor; the result is numpy, whatever backend
         the fit ran on (the prediction itself runs on the fit's device where it is usable)."""
         X = self._validate_for_predict(X)
-        P = np.asarray(self.posterior_.predict_proba(self._on_fit_device(X)), dtype=np.float64)
         n_classes = len(self.classes_)
-        if P.ndim == 1 or (P.ndim == 2 and P.shape[1] == 1 and n_classes == 2):
-            p1 = P.reshape(-1)
-            P = np.stack([1.0 - p1, p1], axis=1)
+        P = class_columns(self.posterior_.predict_proba(self._on_fit_device(X)), n_classes)
         if P.shape != (X.shape[0], n_classes):
             raise RuntimeError(
                 f"method {self.method!r} predicted probabilities of shape {P.shape}; "

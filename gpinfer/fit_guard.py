@@ -51,7 +51,7 @@ from sklearn.exceptions import ConvergenceWarning
 from gpinfer.backend import ops
 from gpinfer.errors import FitFailedError, InputError, NonFiniteError, NumericalError
 from gpinfer.interfaces import Array, FitCallback, FitResult, IterationInfo, Method
-from gpinfer.posterior import Posterior
+from gpinfer.posterior import Posterior, class_columns
 
 #: warning code: the final iterate was far below the best and the best one was restored
 RESTORED_BEST = "restored_best_iterate"
@@ -305,6 +305,7 @@ def trace_summary(history: Sequence[dict[str, float]]) -> str:
 
 
 def _kernel_summary(kernel: object) -> str:
+    """The fitted kernel's (or kernels', one per latent) parameters on one line."""
     kernels = kernel if isinstance(kernel, list) else [kernel]
     parts = []
     for k in kernels:
@@ -330,14 +331,6 @@ def _check_finite_prediction(values: Array, quantity: str, method: str) -> None:
         )
 
 
-def _class_probabilities(posterior: Posterior, X: Array, n_classes: int) -> Array:
-    P = np.asarray(ops.to_host(posterior.predict_proba(X)), dtype=float)
-    if P.ndim == 1 or P.shape[1] == 1:
-        p1 = P.reshape(-1)
-        P = np.stack([1.0 - p1, p1], axis=1)
-    return P
-
-
 def prediction_flags(posterior: Posterior, X: Array, y: Array, n_classes: int,
                      method: str) -> tuple[list[str], str]:
     """Codes and a description of degenerate predictions at ``X [n, D]``: constant ones
@@ -348,7 +341,7 @@ def prediction_flags(posterior: Posterior, X: Array, y: Array, n_classes: int,
     _check_finite_prediction(mean, "latent predictive mean", method)
     _check_finite_prediction(var, "latent predictive variance", method)
     if n_classes:
-        P = _class_probabilities(posterior, X, n_classes)
+        P = class_columns(posterior.predict_proba(X), n_classes)
         _check_finite_prediction(P, "class probabilities", method)
         if float(np.max(np.ptp(P, axis=0))) <= CONSTANT_SPREAD:
             return [CONSTANT_PREDICTIONS], (
