@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class GPInferError(Exception):
     """Base class of all gpinfer errors."""
@@ -9,6 +11,17 @@ class GPInferError(Exception):
 
 class InputError(GPInferError, ValueError):
     """Bad user input (shapes, NaN/inf, labels, option values), detected before training."""
+
+
+class NonFiniteError(InputError):
+    """An array with NaN or infinite values, found by an input check (a kernel's or a
+    likelihood's). ``quantity`` names the array. Raised during a fit, whose user inputs were
+    checked before training, it is about a computed quantity: the estimators report it as a
+    ``NumericalError`` (``gpinfer.fit_guard.internal_values``)."""
+
+    def __init__(self, message: str, *, quantity: str | None = None):
+        super().__init__(message)
+        self.quantity = quantity
 
 
 class UnknownNameError(GPInferError, KeyError):
@@ -43,3 +56,17 @@ class NumericalError(GPInferError, ArithmeticError):
         super().__init__(message + suffix)
         self.iteration = iteration
         self.quantity = quantity
+
+
+class FitFailedError(NumericalError):
+    """A fit that ran to its end but whose model is no better than knowing nothing (predicting
+    the class frequencies, or a constant Gaussian for regression): ``gpinfer.fit_guard``.
+
+    ``result`` is the method's ``FitResult`` with the guard's ``warnings`` and ``diagnostics``
+    (``train_nll``, ``baseline_nll``, ...), for a caller that records them (the runner writes
+    them to ``result.json`` and MLflow).
+    """
+
+    def __init__(self, message: str, *, result: Any = None, quantity: str | None = None):
+        super().__init__(message, quantity=quantity)
+        self.result = result

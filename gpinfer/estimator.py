@@ -29,14 +29,16 @@ from gpinfer.backend import ops
 from gpinfer.backend.choice import Backend, check_method_backend, resolve_backend
 from gpinfer.errors import InputError
 from gpinfer.fit_guard import (
-    MINIBATCH_WINDOW,
-    BestIterate,
     check_against_baseline,
+    check_baseline_failure,
     check_objective_limit,
+    internal_values,
     restore_best,
+    tracker_for,
 )
 from gpinfer.interfaces import FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
+from gpinfer.posterior import class_columns
 from gpinfer.progress import progress_callback
 from gpinfer.threads import blas_threads, training_threads
 from gpinfer.training.early_stopping import EarlyStopping, ValidationMonitor, split_validation
@@ -167,6 +169,7 @@ class _GPEstimatorBase(BaseEstimator):
             )
         if self.method_options is not None and not isinstance(self.method_options, Mapping):
             raise InputError(f"method_options must be a dict or None; got {self.method_options!r}")
+        check_baseline_failure(getattr(self, "baseline_failure", "raise"))
         blas_threads()  # the thread policy's setting is checked before any training
 
     def _resolve_backend(self, method_cls: type[Method], method_name: str) -> Backend:
@@ -306,26 +309,28 @@ class _GPEstimatorBase(BaseEstimator):
     ) -> None:
         """Run ``method.fit`` and set the fitted attributes common to every estimator."""
         monitor = self._validation_monitor(callback)
-        tracker = BestIterate(callback if monitor is None else monitor, method_name,
-                              type(method).objective_limit, problem.n,
-                              window=1 if problem.batch_size is None else MINIBATCH_WINDOW)
-        with training_threads():
-            result = method.fit(problem, tracker)
-        if not isinstance(result, FitResult):
-            raise TypeError(
-                f"method {method_name!r} returned {type(result).__name__} from fit; "
-                "a method's fit must return gpinfer.interfaces.FitResult"
-            )
-        check_objective_limit(float(result.log_evidence), type(method).objective_limit,
-                              method_name, problem.n)
-        if monitor is not None:
-            result = monitor.restore(result)
-            self._validation = None  # the held-out rows are not part of the fitted model
-        elif type(method).restore_best_iterate:
-            result = restore_best(result, tracker)
-        result = check_against_baseline(
-            result, method_name, problem.X, problem.y, problem.n_classes, self._rng(),
-            lambda X, y: -float(np.mean(result.posterior.log_predictive(X, y))))
+        tracker = tracker_for(type(method), callback if monitor is None else monitor,
+                              method_name, problem.X, problem.y, self._rng(),
+                              minibatch=problem.batch_size is not None,
+                              ranks_iterates=monitor is None)
+        with internal_values(method_name):  # what the method and the guard compute
+            with training_threads():
+                result = method.fit(problem, tracker)
+            if not isinstance(result, FitResult):
+                raise TypeError(
+                    f"method {method_name!r} returned {type(result).__name__} from fit; "
+                    "a method's fit must return gpinfer.interfaces.FitResult"
+                )
+            check_objective_limit(float(result.log_evidence), type(method).objective_limit,
+                                  method_name, problem.n)
+            if monitor is not None:
+                result = monitor.restore(result)
+                self._validation = None  # the held-out rows are not part of the fitted model
+            elif type(method).restore_best_iterate:
+                result = restore_best(result, tracker)
+            result = check_against_baseline(
+                result, method_name, problem.X, problem.y, problem.n_classes, self._rng(),
+                check_baseline_failure(getattr(self, "baseline_failure", "raise")))
         self.n_features_in_ = problem.X.shape[1]
         self.backend_ = problem.backend
         self.method_ = method
@@ -449,12 +454,19 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         ``backend="torch"`` and for the methods stable in single precision (sep, svi).
     All three are checked, with the method, before any training (``InputError`` naming the
     fix: an unknown value, torch or CUDA missing, a numpy-only method).
+    baseline_failure : "raise" or "warn"
+        What a fit whose training NLL is no better than predicting the class frequencies does
+        (``gpinfer.fit_guard``): ``"raise"`` (default) a ``gpinfer.errors.FitFailedError`` (a
+        ``NumericalError``) with a summary of the objective trace; ``"warn"`` a
+        ``ConvergenceWarning``, keeping the model (``fit_warnings_`` says
+        ``no_better_than_baseline``).
 
     Attributes (after ``fit``)
     --------------------------
     classes_ [C], n_features_in_, kernel_, likelihood_, log_evidence_, n_iter_, history_,
     posterior_, method_ (the fitted method instance), fit_result_ (its ``FitResult``),
     log_evidence_se_ (standard error of a Monte-Carlo evidence such as AIS, else None),
+    fit_warnings_ (codes of what the fit guard found, ``gpinfer.fit_guard``),
     backend_ (the ``gpinfer.backend.Backend`` the fit ran on; ``backend_.params()`` gives
     ``{"backend", "device", "dtype"}``), feature_names_in_ [D] (a DataFrame's column names; absent
     for arrays), and with early stopping, as ``MLPClassifier``: best_iteration_,
@@ -485,6 +497,7 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         backend: str | None = None,
         device: str | None = None,
         dtype: str | None = None,
+        baseline_failure: str = "raise",
     ):
         self.method = method
         self.M = M
@@ -503,6 +516,7 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         self.backend = backend
         self.device = device
         self.dtype = dtype
+        self.baseline_failure = baseline_failure
 
     # -- scikit-learn plumbing ---------------------------------------------------------------
     def __sklearn_tags__(self):
@@ -604,11 +618,8 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         ``X [N*, D]``: a numpy array or a torch tensor; the result is numpy, whatever backend
         the fit ran on (the prediction itself runs on the fit's device where it is usable)."""
         X = self._validate_for_predict(X)
-        P = np.asarray(self.posterior_.predict_proba(self._on_fit_device(X)), dtype=np.float64)
         n_classes = len(self.classes_)
-        if P.ndim == 1 or (P.ndim == 2 and P.shape[1] == 1 and n_classes == 2):
-            p1 = P.reshape(-1)
-            P = np.stack([1.0 - p1, p1], axis=1)
+        P = class_columns(self.posterior_.predict_proba(self._on_fit_device(X)), n_classes)
         if P.shape != (X.shape[0], n_classes):
             raise RuntimeError(
                 f"method {self.method!r} predicted probabilities of shape {P.shape}; "

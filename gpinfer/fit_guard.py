@@ -1,46 +1,66 @@
 """Guards every fit against failing silently (numbers that are finite but mean nothing).
 
-Three checks, run by the estimators around any method's ``fit``:
+Four checks, run by the estimators around any method's ``fit``:
 
 1. **An objective past its mathematical limit.** A method whose objective is a lower bound on
    (or an approximation of) ``log p(y)`` for discrete labels declares
    ``Method.objective_limit = 0.0``: such a value can never be positive. A reported objective
-   above the limit is a ``NumericalError``, like a failed Cholesky (``check_objective_limit``).
-2. **A final iterate far below the best.** ``BestIterate`` watches the objectives the method
+   above the limit is a ``NumericalError`` at the iteration that reported it, like a failed
+   Cholesky (``check_objective_limit``; optimisers let it through, ``gpinfer.optim.lbfgs``).
+2. **A final iterate far below the best.** ``BestIterate`` ranks the iterates the method
    reports; if training ends far below the best one (``FAR_BELOW_*``; over a moving window for
    mini-batch fits, whose objectives are noisy), the best iterate's posterior (each iteration's
    ``IterationInfo.posterior`` builds the posterior *as it was then*) is restored, with a
-   ``ConvergenceWarning``.
-3. **A fit no better than knowing nothing.** The training-set NLL of the fitted posterior (on at
+   ``ConvergenceWarning``. Iterates are ranked by the reported objective when it is a bound or
+   an estimate of ``log p(y)`` (``Method.objective_kind``); a surrogate's iterates are ranked by
+   their training NLL on a fixed subsample of ``NLL_RANK_POINTS`` points (``TrainingNLL``),
+   never by the surrogate. With a held-out validation part, the estimators rank by its NLL
+   instead (``gpinfer.training.early_stopping``).
+3. **Predictions that are not finite, constant or of one class.** The fitted posterior's latent
+   means and variances at the training points must be finite (else a ``NumericalError`` naming
+   the quantity: an internal failure, never the user's input). Class probabilities that do not
+   vary over the training inputs (``CONSTANT_PREDICTIONS``) or whose most probable class is the
+   same everywhere (``SINGLE_CLASS_PREDICTIONS``) are flagged with a ``ConvergenceWarning``.
+4. **A fit no better than knowing nothing.** The training-set NLL of the fitted posterior (on at
    most ``NLL_CHECK_POINTS`` training points) is compared with predicting the class frequencies
-   (regression: a Gaussian with the training mean and variance); not better (by
-   ``BASELINE_TOLERANCE``) gets a ``ConvergenceWarning``. A model that learned nothing (for
-   instance a kernel whose length-scale is far below the inputs' distances, so that every
-   prediction is the prior's) ties with the baseline on balanced classes and is flagged too.
+   (regression: a Gaussian with the training mean and variance). Not better (by
+   ``BASELINE_TOLERANCE``) is a ``FitFailedError`` (a ``NumericalError``) with a summary of the
+   objective trace; ``baseline_failure="warn"`` (an estimator parameter and Hydra key) makes it
+   a ``ConvergenceWarning`` and keeps the model. A model that learned nothing (for instance a
+   kernel whose length-scale is far below the inputs' distances, so that every prediction is
+   the prior's) ties with the baseline on balanced classes and fails too.
 
-Each finding is a code in ``FitResult.warnings`` (``RESTORED_BEST``, ``WORSE_THAN_BASELINE``) and
-its numbers are in ``FitResult.diagnostics``; the runner writes both to ``result.json`` and sets
-the MLflow tag ``fit_warnings``.
+Each finding is a code in ``FitResult.warnings`` (``RESTORED_BEST``, ``WORSE_THAN_BASELINE``,
+``CONSTANT_PREDICTIONS``, ``SINGLE_CLASS_PREDICTIONS``) and its numbers are in
+``FitResult.diagnostics``; the runner writes both to ``result.json``, sets the MLflow tag
+``fit_warnings`` and marks a run that failed the baseline FAILED.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
-from gpinfer.errors import NumericalError
-from gpinfer.interfaces import Array, FitCallback, FitResult, IterationInfo
-from gpinfer.posterior import Posterior
+from gpinfer.backend import ops
+from gpinfer.errors import FitFailedError, InputError, NonFiniteError, NumericalError
+from gpinfer.interfaces import Array, FitCallback, FitResult, IterationInfo, Method
+from gpinfer.posterior import Posterior, class_columns
 
 #: warning code: the final iterate was far below the best and the best one was restored
 RESTORED_BEST = "restored_best_iterate"
 #: warning code: the training NLL is no better than the class-frequency (or constant) predictor
 WORSE_THAN_BASELINE = "no_better_than_baseline"
+#: warning code: the predictions do not vary over the training inputs
+CONSTANT_PREDICTIONS = "constant_predictions"
+#: warning code: the most probable class is the same at every training input
+SINGLE_CLASS_PREDICTIONS = "single_class_predictions"
 
 #: "far below the best": by more than this many nats ...
 FAR_BELOW_ABSOLUTE = 1.0
@@ -50,8 +70,48 @@ FAR_BELOW_RELATIVE = 0.05
 MINIBATCH_WINDOW = 5
 #: training points used for the training-NLL check (a fixed random subset beyond this)
 NLL_CHECK_POINTS = 10_000
+#: training points on which a surrogate's iterates are ranked (one NLL per iteration)
+NLL_RANK_POINTS = 1_000
 #: a fit must beat the baseline's training NLL by this fraction of it (``1 - 1e-3`` of it)
 BASELINE_TOLERANCE = 1e-3
+#: predictions that vary by less than this over the training inputs (probabilities; for
+#: regression, in units of the targets' standard deviation) are constant
+CONSTANT_SPREAD = 1e-6
+
+#: what a fit no better than the baseline does: ``"raise"`` a ``FitFailedError`` (default) or
+#: ``"warn"`` (``ConvergenceWarning``, the model kept)
+BaselineFailure = Literal["raise", "warn"]
+BASELINE_FAILURE_CHOICES: tuple[BaselineFailure, ...] = ("raise", "warn")
+
+
+def check_baseline_failure(value: object, key: str = "baseline_failure") -> BaselineFailure:
+    """``value`` as one of ``BASELINE_FAILURE_CHOICES``; ``InputError`` naming ``key`` otherwise."""
+    for choice in BASELINE_FAILURE_CHOICES:
+        if value == choice:
+            return choice
+    raise InputError(
+        f"{key} must be 'raise' (a fit no better than the class frequencies is an error) or "
+        f"'warn' (a ConvergenceWarning, and the model is kept); got {value!r}"
+    )
+
+
+@contextmanager
+def internal_values(method: str) -> Iterator[None]:
+    """Report a non-finite array found inside a fit as the ``NumericalError`` it is.
+
+    Every user array is checked before training, so a ``NonFiniteError`` raised by a kernel's or
+    likelihood's input check during ``fit`` (or the guard's predictions) is about a quantity the
+    method computed, never the user's fault; the error names that quantity.
+    """
+    try:
+        yield
+    except NonFiniteError as err:
+        raise NumericalError(
+            f"{method}: {err}, a quantity computed during the fit (the inputs were checked "
+            "before it): the fit broke down numerically (look at the objective trace and the "
+            "kernel parameters; standardised inputs or tighter kernel-parameter bounds help)",
+            quantity=err.quantity,
+        ) from err
 
 
 def objective_slack(n_points: int) -> float:
@@ -73,6 +133,37 @@ def check_objective_limit(value: float, limit: float | None, method: str, n_poin
     )
 
 
+def check_subset(n: int, limit: int, rng: np.random.Generator) -> Array:
+    """Sorted row indices ``[min(n, limit)]``: all of ``0..n-1``, or ``limit`` random ones."""
+    if n <= limit:
+        return np.arange(n)
+    return np.sort(rng.choice(n, size=limit, replace=False))
+
+
+def mean_nll(posterior: Posterior, X: Array, y: Array) -> float:
+    """The posterior's mean negative log predictive density on ``X [n, D]``, ``y [n]`` (nats)."""
+    return -float(np.mean(ops.to_host(posterior.log_predictive(X, y))))
+
+
+class TrainingNLL:
+    """The training NLL of a posterior on a fixed subsample: ``X [N, D]``, ``y [N]``, rows drawn
+    once from ``rng`` (``points`` of them at most)."""
+
+    def __init__(self, X: Array, y: Array, rng: np.random.Generator,
+                 points: int = NLL_RANK_POINTS):
+        rows = check_subset(X.shape[0], points, rng)
+        self.X, self.y = X[rows], y[rows]
+
+    @property
+    def n_points(self) -> int:
+        return int(self.y.shape[0])
+
+    def __call__(self, posterior: Posterior) -> float:
+        """Mean NLL ``[nats/point]`` of ``posterior`` on the subsample (``inf`` if not finite)."""
+        value = mean_nll(posterior, self.X, self.y)
+        return value if np.isfinite(value) else np.inf
+
+
 @dataclass
 class _Iterate:
     iteration: int
@@ -83,27 +174,41 @@ class _Iterate:
 class BestIterate:
     """A fit callback that checks each reported objective and remembers the best iterate.
 
-    Wraps the user's ``callback`` (called unchanged). ``window`` > 1 compares moving averages
+    Wraps the user's ``callback`` (called unchanged). Iterates are ranked by their objective,
+    or, with ``nll`` (for a surrogate objective), by their training NLL on ``nll``'s subsample
+    (the posterior of every iteration is built for it). ``window`` > 1 compares moving averages
     of that many objectives (mini-batch fits); the best window's last iterate is kept.
     """
 
     def __init__(self, callback: FitCallback | None, method: str, limit: float | None,
-                 n_points: int, window: int = 1):
+                 n_points: int, window: int = 1, nll: TrainingNLL | None = None):
         self.callback = callback
         self.method = method
         self.limit = limit
         self.n_points = n_points
-        self.window = max(int(window), 1)
+        self.nll = nll
+        self.window = 1 if nll is not None else max(int(window), 1)
         self._recent: deque[float] = deque(maxlen=self.window)
         self.best: _Iterate | None = None
         self.best_level = -np.inf
         self.last_level = -np.inf
 
+    def _level(self, info: IterationInfo) -> float | None:
+        """What ranks ``info`` (higher is better): its objective, or minus its summed training
+        NLL on the subsample; None for an iterate without a posterior when ranking by NLL."""
+        if self.nll is None:
+            return float(info.objective)
+        if info.posterior is None:
+            return None
+        return -self.nll(info.posterior()) * self.nll.n_points
+
     def __call__(self, info: IterationInfo) -> bool | None:
         check_objective_limit(info.objective, self.limit, self.method, self.n_points,
                               info.iteration)
-        self._recent.append(float(info.objective))
-        if len(self._recent) == self.window:
+        level = self._level(info)
+        if level is not None:
+            self._recent.append(level)
+        if level is not None and len(self._recent) == self.window:
             self.last_level = float(np.mean(self._recent))
             if self.last_level > self.best_level:
                 self.best_level = self.last_level
@@ -114,10 +219,34 @@ class BestIterate:
 
     def far_below_best(self) -> bool:
         """Whether the last level is far below the best one (both as defined by ``window``)."""
-        if self.best is None or not np.isfinite(self.last_level):
+        if self.best is None or not np.isfinite(self.best_level):
             return False
         gap = self.best_level - self.last_level
         return gap > max(FAR_BELOW_ABSOLUTE, FAR_BELOW_RELATIVE * abs(self.best_level))
+
+    def describe_fall(self) -> tuple[str, dict[str, float]]:
+        """How far training fell (for the warning) and its numbers (for the diagnostics)."""
+        if self.nll is None:
+            return (f"objective {self.last_level:.6g}, far below its best {self.best_level:.6g}",
+                    {"final_objective": self.last_level})
+        n = self.nll.n_points
+        last, best = -self.last_level / n, -self.best_level / n
+        return (f"training NLL {last:.4g}, far above its best {best:.4g} (nats/point on a fixed "
+                f"subsample of {n} training points; the surrogate objective does not rank "
+                "iterates)", {"final_rank_nll": last, "best_rank_nll": best})
+
+
+def tracker_for(method_cls: type[Method], callback: FitCallback | None, method: str,
+                X: Array, y: Array, rng: np.random.Generator, minibatch: bool,
+                ranks_iterates: bool = True) -> BestIterate:
+    """The ``BestIterate`` for a fit of ``method_cls`` on ``X [N, D]``, ``y [N]``: ranking by
+    training NLL on a fixed subsample when the method's objective is a surrogate, unless
+    ``ranks_iterates`` is False (a validation monitor ranks them: no NLL is computed here)."""
+    nll = None
+    if method_cls.objective_kind == "surrogate" and ranks_iterates:
+        nll = TrainingNLL(X, y, rng)
+    return BestIterate(callback, method, method_cls.objective_limit, X.shape[0],
+                       window=MINIBATCH_WINDOW if minibatch else 1, nll=nll)
 
 
 def posterior_kernel(posterior: Posterior, default: object) -> object:
@@ -137,22 +266,15 @@ def restore_best(result: FitResult, tracker: BestIterate) -> FitResult:
         return result
     posterior = best.posterior()
     kernel = posterior_kernel(posterior, result.kernel)
+    fall, numbers = tracker.describe_fall()
     warnings.warn(
-        f"{tracker.method}: training ended with objective {tracker.last_level:.6g}, far below "
-        f"its best {tracker.best_level:.6g}; the posterior of iteration {best.iteration} was "
-        "restored", ConvergenceWarning, stacklevel=3)
+        f"{tracker.method}: training ended with {fall}; the posterior of iteration "
+        f"{best.iteration} was restored", ConvergenceWarning, stacklevel=3)
     result.posterior, result.kernel = posterior, kernel
     result.log_evidence = best.objective
     result.warnings.append(RESTORED_BEST)
-    result.diagnostics.update(restored_iteration=float(best.iteration),
-                              final_objective=tracker.last_level)
+    result.diagnostics.update(restored_iteration=float(best.iteration), **numbers)
     return result
-
-
-def _check_subset(n: int, rng: np.random.Generator) -> Array:
-    if n <= NLL_CHECK_POINTS:
-        return np.arange(n)
-    return np.sort(rng.choice(n, size=NLL_CHECK_POINTS, replace=False))
 
 
 def classification_baseline_nll(y: Array, n_classes: int, rows: Array) -> float:
@@ -169,27 +291,121 @@ def regression_baseline_nll(y: Array, rows: Array) -> float:
     return float(np.mean(0.5 * np.log(2.0 * np.pi * var) + 0.5 * r * r / var))
 
 
+def trace_summary(history: Sequence[dict[str, float]]) -> str:
+    """One line on an objective trace (``FitResult.history``): how many iterations, the first,
+    best and last objectives and where they were."""
+    values = [(int(h.get("iteration", i + 1)), float(h["objective"]))
+              for i, h in enumerate(history) if "objective" in h]
+    if not values:
+        return "no iterations reported"
+    (i0, v0), (i1, v1) = values[0], values[-1]
+    ib, vb = max(values, key=lambda p: p[1])
+    return (f"{len(values)} iteration(s); objective {v0:.6g} at iteration {i0}, best {vb:.6g} at "
+            f"{ib}, last {v1:.6g} at {i1}")
+
+
+def _kernel_summary(kernel: object) -> str:
+    """The fitted kernel's (or kernels', one per latent) parameters on one line."""
+    kernels = kernel if isinstance(kernel, list) else [kernel]
+    parts = []
+    for k in kernels:
+        describe = getattr(k, "describe", None)
+        if describe is None:
+            continue
+        parts.append(", ".join(f"{name} {value:.4g}" for name, value in describe().items()
+                               if isinstance(value, float)))
+    return "; ".join(parts)
+
+
+def _check_finite_prediction(values: Array, quantity: str, method: str) -> None:
+    """``NumericalError`` naming ``quantity`` when ``values [n, ...]`` (at ``n`` training inputs)
+    are not finite."""
+    bad = ~np.isfinite(values)
+    if bad.any():
+        raise NumericalError(
+            f"{method}: the fitted posterior's {quantity} is not finite at "
+            f"{int(np.any(bad.reshape(bad.shape[0], -1), axis=1).sum())} of {bad.shape[0]} "
+            "training inputs: the fit broke down numerically (look at the objective trace and "
+            "the kernel parameters; standardised inputs or tighter kernel-parameter bounds help)",
+            quantity=quantity,
+        )
+
+
+def prediction_flags(posterior: Posterior, X: Array, y: Array, n_classes: int,
+                     method: str) -> tuple[list[str], str]:
+    """Codes and a description of degenerate predictions at ``X [n, D]``: constant ones
+    (``CONSTANT_PREDICTIONS``), and, for classification (``n_classes > 0``), one class
+    everywhere (``SINGLE_CLASS_PREDICTIONS``). ``NumericalError`` naming the quantity when
+    the latent predictive mean or variance is not finite."""
+    mean, var = (np.asarray(ops.to_host(a), dtype=float) for a in posterior.predict_f(X))
+    _check_finite_prediction(mean, "latent predictive mean", method)
+    _check_finite_prediction(var, "latent predictive variance", method)
+    if n_classes:
+        P = class_columns(posterior.predict_proba(X), n_classes)
+        _check_finite_prediction(P, "class probabilities", method)
+        if float(np.max(np.ptp(P, axis=0))) <= CONSTANT_SPREAD:
+            return [CONSTANT_PREDICTIONS], (
+                f"its class probabilities {np.round(P[0], 4).tolist()} are the same at every "
+                "training input")
+        top = np.unique(np.argmax(P, axis=1))
+        if top.size == 1 and np.unique(y).size > 1:
+            return [SINGLE_CLASS_PREDICTIONS], (
+                f"it predicts class index {int(top[0])} at every training input")
+        return [], ""
+    scale = max(float(np.std(y)), np.finfo(float).tiny)
+    if float(np.ptp(mean)) <= CONSTANT_SPREAD * scale:
+        return [CONSTANT_PREDICTIONS], "its predictive mean is the same at every training input"
+    return [], ""
+
+
 def check_against_baseline(result: FitResult, method: str, X: Array, y: Array,
                            n_classes: int, rng: np.random.Generator,
-                           predict_nll: Callable[[Array, Array], float]) -> FitResult:
-    """Flag (and warn about) a fit whose training NLL is no better than the baseline predictor.
+                           on_failure: BaselineFailure = "raise") -> FitResult:
+    """Check the fitted ``result.posterior`` at the training data ``X [N, D]``, ``y [N]``
+    (class indices, or real targets when ``n_classes`` is 0): finite and non-degenerate
+    predictions (``prediction_flags``), and a training NLL better than the baseline predictor.
 
-    ``predict_nll(X_rows [n, D], y_rows [n])`` is the fitted model's mean NLL on those rows.
+    A fit no better than the baseline raises ``FitFailedError`` naming the NLLs and the objective
+    trace (``on_failure="raise"``) or warns and keeps the model (``"warn"``); degenerate
+    predictions of a fit that beats it warn. Codes go to ``result.warnings``.
     """
-    rows = _check_subset(X.shape[0], rng)
+    rows = check_subset(X.shape[0], NLL_CHECK_POINTS, rng)
     if n_classes:
         baseline = classification_baseline_nll(np.asarray(y, dtype=np.int64), n_classes, rows)
     else:
         baseline = regression_baseline_nll(np.asarray(y, dtype=float), rows)
-    train_nll = float(predict_nll(X[rows], y[rows]))
+    flags, degenerate = prediction_flags(result.posterior, X[rows], y[rows], n_classes, method)
+    train_nll = mean_nll(result.posterior, X[rows], y[rows])
+    if not np.isfinite(train_nll):
+        raise NumericalError(
+            f"{method}: the fitted model's training NLL is {train_nll} though its predictions "
+            "are finite: a predictive probability underflowed (look at the kernel parameters)",
+            quantity="training NLL")
     result.diagnostics.update(train_nll=train_nll, baseline_nll=baseline)
-    if train_nll < baseline - BASELINE_TOLERANCE * abs(baseline):
+    result.warnings.extend(flags)
+    failed = not train_nll < baseline - BASELINE_TOLERANCE * abs(baseline)
+    if not failed and not flags:
         return result
     what = "the class frequencies" if n_classes else "a constant Gaussian"
-    warnings.warn(
-        f"{method}: the fitted model's training NLL {train_nll:.4g} is no better than "
-        f"predicting {what} ({baseline:.4g}); the fit has failed (look at its objective trace, "
-        "the kernel parameters and the scaling of the inputs)",
-        ConvergenceWarning, stacklevel=3)
+    kernel = _kernel_summary(result.kernel)
+    story = (f"{method}: the fitted model's training NLL {train_nll:.4g} is "
+             + ("no better than" if failed else "better than")
+             + f" predicting {what} ({baseline:.4g})"
+             + (f"; {degenerate}" if degenerate else "")
+             + f". Trace: {trace_summary(result.history)}"
+             + (f"; kernel: {kernel}" if kernel else ""))
+    if not failed:
+        warnings.warn(f"{story}. The model may have learned little (look at the kernel "
+                      "parameters and the scaling of the inputs)", ConvergenceWarning,
+                      stacklevel=3)
+        return result
     result.warnings.append(WORSE_THAN_BASELINE)
+    advice = ("look at the objective trace, the kernel parameters and the scaling of the inputs "
+              "(standardize=True)")
+    if on_failure == "raise":
+        raise FitFailedError(
+            f"{story}. The fit has failed: {advice}; baseline_failure='warn' keeps such a model "
+            "with a warning", result=result, quantity="training NLL")
+    warnings.warn(f"{story}. The fit has failed ({advice}); kept because "
+                  "baseline_failure='warn'", ConvergenceWarning, stacklevel=3)
     return result

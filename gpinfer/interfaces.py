@@ -406,6 +406,10 @@ class IterationInfo:
     extra: Mapping[str, float] = field(default_factory=dict)
 
 
+#: what a method's reported objective is (``Method.objective_kind``)
+ObjectiveKind = Literal["bound", "estimate", "surrogate"]
+OBJECTIVE_KINDS: tuple[ObjectiveKind, ...] = ("bound", "estimate", "surrogate")
+
 #: called once per iteration; returning ``True`` asks the method to stop after this iteration
 #: (``None`` or ``False``: go on)
 FitCallback = Callable[[IterationInfo], bool | None]
@@ -424,8 +428,9 @@ class FitResult:
     * ``state``: named arrays that describe the fit (saved as the run's artifact).
     * ``log_evidence_se``: the standard error of a Monte-Carlo ``log_evidence`` (AIS), else None.
     * ``warnings``: codes of what ``gpinfer.fit_guard`` found (``restored_best_iterate``,
-      ``no_better_than_baseline``); ``diagnostics``: its numbers (``train_nll``, ``baseline_nll``,
-      ``restored_iteration``, ...). Set by the estimator after ``fit``; methods leave them empty.
+      ``no_better_than_baseline``, ``constant_predictions``, ``single_class_predictions``);
+      ``diagnostics``: its numbers (``train_nll``, ``baseline_nll``, ``restored_iteration``,
+      ...). Set by the estimator after ``fit``; methods leave them empty.
     """
 
     posterior: Posterior
@@ -484,6 +489,13 @@ class Method(abc.ABC):
     #: an approximation of) the log-likelihood of discrete labels; ``None``: no such limit
     #: (EP energies, densities of continuous targets). Checked by ``gpinfer.fit_guard``.
     objective_limit: ClassVar[float | None] = None
+    #: what the reported objective is (``OBJECTIVE_KINDS``): ``"bound"``, a lower bound on
+    #: ``log p(y)`` (the variational methods); ``"estimate"``, an approximation of it (Laplace,
+    #: EP energies); ``"surrogate"``, neither (vi-taylor's Taylor objective, which away from its
+    #: fixed point can exceed every bound). The fit guard ranks the iterates of a bound or an
+    #: estimate by their objective, and those of a surrogate by their training NLL on a fixed
+    #: subsample, never by the surrogate (``gpinfer.fit_guard``)
+    objective_kind: ClassVar[ObjectiveKind] = "estimate"
     #: whether the reported objectives are one quantity that training maximises, so that the fit
     #: guard may restore the best reported iterate when training ends far below it
     restore_best_iterate: ClassVar[bool] = True
@@ -497,6 +509,11 @@ class Method(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if cls.objective_kind not in OBJECTIVE_KINDS:
+            raise TypeError(
+                f"{cls.__qualname__}.objective_kind must be one of {list(OBJECTIVE_KINDS)}; "
+                f"got {cls.objective_kind!r}"
+            )
         if "option_spec" in cls.__dict__:
             if "default_options" in cls.__dict__:
                 raise TypeError(

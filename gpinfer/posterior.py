@@ -22,6 +22,16 @@ from gpinfer.numerics.cholesky import jittered_cholesky
 Array = np.ndarray
 
 
+def class_columns(P: Array, n_classes: int) -> Array:
+    """Host class probabilities as ``[N, C]``: a binary ``[N]`` or ``[N, 1]`` (the probability of
+    class 1) becomes ``[1 - p, p]``; anything else is returned as float64."""
+    P = np.asarray(ops.to_host(P), dtype=np.float64)
+    if P.ndim == 1 or (P.ndim == 2 and P.shape[1] == 1 and n_classes == 2):
+        p1 = P.reshape(-1)
+        P = np.stack([1.0 - p1, p1], axis=1)
+    return P
+
+
 class Posterior(abc.ABC):
     """An approximate posterior over the latent functions, ready for prediction."""
 

@@ -46,10 +46,11 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
 
     Parameters are those of ``GPClassifier`` (``method``, ``M``, ``kernel``, ``likelihood``,
     ``optimize``, ``max_iter``, ``batch_size``, ``random_state``, ``method_options``,
-    ``verbose``, and early stopping: ``validation_fraction`` (a random, not stratified, part),
-    ``validation_interval``, ``n_iter_no_change``), except
-    that ``likelihood`` defaults to a Gaussian with noise variance ``0.01 var(y)`` (the reference
-    initialisation ``sigma = 0.1 std(y)``).
+    ``verbose``, ``baseline_failure``, and early stopping: ``validation_fraction`` (a random,
+    not stratified, part), ``validation_interval``, ``n_iter_no_change``), except that
+    ``likelihood`` defaults to a Gaussian with noise variance ``0.01 var(y)`` (the reference
+    initialisation ``sigma = 0.1 std(y)``) and that the fit guard's baseline is a Gaussian with
+    the targets' mean and variance.
 
     Attributes (after ``fit``): ``n_features_in_``, ``kernel_``, ``likelihood_``,
     ``log_evidence_``, ``n_iter_``, ``history_``, ``posterior_``, ``method_``, ``fit_result_``,
@@ -71,6 +72,7 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         validation_fraction: float | None = None,
         validation_interval: int = 1,
         n_iter_no_change: int = 10,
+        baseline_failure: str = "raise",
     ):
         self.method = method
         self.M = M
@@ -85,6 +87,7 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         self.validation_fraction = validation_fraction
         self.validation_interval = validation_interval
         self.n_iter_no_change = n_iter_no_change
+        self.baseline_failure = baseline_failure
 
     def _build_likelihood(self, y: Array) -> Likelihood:
         from gpinfer.likelihoods import Gaussian, make_likelihood

@@ -118,8 +118,12 @@ def _expected_failures(name: str) -> dict[str, str]:
 @pytest.mark.parametrize("name", _check_cases())
 def test_method_passes_check_estimator_with_its_defaults(name):
     """scikit-learn's whole estimator contract, every method option at its default (a budget of
-    ten iterations keeps it affordable; AIS and the IVM at their defaults would take minutes)."""
+    ten iterations keeps it affordable; AIS and the IVM at their defaults would take minutes).
+    Its checks fit labels that are pure noise (``check_fit_score_takes_y``: ``arange(30) % 3``
+    on uniform inputs), where no model beats the class frequencies: the fit guard's default
+    ``baseline_failure="raise"`` would stop them, so the contract is checked with ``"warn"``."""
     from sklearn.utils.estimator_checks import check_estimator
 
-    check_estimator(GPClassifier(method=name, random_state=0, max_iter=10),
+    check_estimator(GPClassifier(method=name, random_state=0, max_iter=10,
+                                 baseline_failure="warn"),
                     expected_failed_checks=_expected_failures(name), on_skip=None)

@@ -9,8 +9,9 @@ import warnings
 
 import numpy as np
 import pytest
+from sklearn.exceptions import ConvergenceWarning
 
-from gpinfer.errors import InputError
+from gpinfer.errors import FitFailedError, InputError
 from gpinfer.estimator import GPClassifier
 from gpinfer.scaling import FeatureScaleWarning, scale_problem
 from gpinfer.testing.method_suite import make_suite_data
@@ -39,10 +40,14 @@ def test_scale_problem_names_what_is_wrong():
 @pytest.mark.parametrize("factor", [1e8, 1e-8])
 def test_unscaled_inputs_warn_and_standardize_fixes_them(blobs, factor):
     X, y, Xt, yt = blobs
-    with pytest.warns(FeatureScaleWarning, match=r"GPClassifier: the median distance .* "
-                      r"Pass standardize=True"):
-        raw = GPClassifier(method="laplace", random_state=0).fit(X * factor, y)
-    assert raw.score(Xt * factor, yt) == pytest.approx(0.5)  # the silent failure of the issue
+    with (pytest.warns(FeatureScaleWarning, match=r"GPClassifier: the median distance .* "
+                       r"Pass standardize=True"),
+          pytest.raises(FitFailedError, match="no better than predicting the class freq")):
+        GPClassifier(method="laplace", random_state=0).fit(X * factor, y)  # once silent: 0.5
+    raw = GPClassifier(method="laplace", random_state=0, baseline_failure="warn")
+    with pytest.warns(ConvergenceWarning, match="no better than"):
+        raw.fit(X * factor, y)
+    assert raw.score(Xt * factor, yt) == pytest.approx(0.5)  # the failure the guard reports
     with warnings.catch_warnings():
         warnings.simplefilter("error", FeatureScaleWarning)
         est = GPClassifier(method="laplace", random_state=0, standardize=True).fit(X * factor, y)

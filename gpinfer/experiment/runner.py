@@ -24,7 +24,10 @@
    (``sep-waveform-rbf-s0-3fa2c1``).
 
 A run that raises ends FAILED (Ctrl-C or SIGTERM: KILLED) with what it had logged kept, and its
-``result.json`` records the status, the error and the last iteration reached.
+``result.json`` records the status, the error and the last iteration reached. A fit no better
+than predicting the class frequencies (``gpinfer.fit_guard``) raises, and its run ends FAILED
+with the guard's ``fit_warnings``, ``train_nll`` and ``baseline_nll`` recorded; with
+``baseline_failure=warn`` the model is kept and evaluated, and the run still ends FAILED.
 """
 
 from __future__ import annotations
@@ -46,11 +49,12 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from gpinfer.backend.choice import NUMPY, Backend, check_method_backend, resolve_backend
-from gpinfer.errors import InputError, NumericalError
+from gpinfer.errors import FitFailedError, InputError, NumericalError
 from gpinfer.experiment import results as res
 from gpinfer.experiment import stale_runs, tracking
 from gpinfer.experiment.figures import TrainingCurve
 from gpinfer.experiment.redact import redact_text, redact_uri, scrub_files
+from gpinfer.fit_guard import WORSE_THAN_BASELINE, check_baseline_failure
 from gpinfer.interfaces import IterationInfo
 from gpinfer.progress import ProgressBar
 from gpinfer.threads import blas_threads
@@ -102,6 +106,9 @@ class Settings:
     backend: str | None = None
     device: str | None = None
     dtype: str | None = None
+    #: what a fit no better than the class frequencies does: "raise" or "warn" (the model is
+    #: kept; either way the MLflow run ends FAILED)
+    baseline_failure: str = "raise"
     progress: dict[str, Any] = field(default_factory=dict)
     mlflow: dict[str, Any] = field(default_factory=dict)
 
@@ -253,6 +260,7 @@ def parse_settings(conf: Mapping[str, Any]) -> Settings:
         backend=_optional_text(conf.get("backend"), "backend", "numpy or torch"),
         device=_optional_text(conf.get("device"), "device", "cpu, cuda or cuda:N"),
         dtype=_optional_text(conf.get("dtype"), "dtype", "float64 or float32"),
+        baseline_failure=check_baseline_failure(conf.get("baseline_failure", "raise")),
         progress=_mapping(conf.get("progress"), "progress"),
         mlflow=_mapping(conf.get("mlflow"), "mlflow"),
     )
@@ -694,6 +702,14 @@ def _base_result(p: Prepared) -> dict[str, Any]:
     }
 
 
+def _record_fit_report(logger: tracking.RunLogger, result: dict[str, Any], report: Any) -> None:
+    """The fit guard's codes and numbers (``FitResult.warnings`` and ``diagnostics``) into
+    ``result`` and the MLflow tag ``fit_warnings``."""
+    result["fit_warnings"] = list(report.warnings)
+    result.update({k: float(v) for k, v in report.diagnostics.items()})
+    logger.set_tags({"fit_warnings": ",".join(report.warnings) or "none"})
+
+
 def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str, Any]) -> float:
     """Learned hyper-parameters, model, datasets and plots to MLflow (``publish.publish_run``);
     returns the seconds it took (not part of the training time)."""
@@ -743,6 +759,7 @@ def run_experiment(
         batch_size=s.batch_size,
         random_state=s.seed,
         method_options=p.method_options,
+        baseline_failure=s.baseline_failure,
         **({} if s.early_stopping is None else {
             "validation_fraction": s.early_stopping.validation_fraction,
             "validation_interval": s.early_stopping.validation_interval,
@@ -784,11 +801,14 @@ def run_experiment(
             if p.M_count is None:  # report the number of inducing points the method chose
                 result["M_count"] = fitted_inducing_count(estimator.posterior_)
             fit_report = estimator.fit_result_
-            result["fit_warnings"] = list(fit_report.warnings)
-            result.update({k: float(v) for k, v in fit_report.diagnostics.items()})
+            _record_fit_report(logger, result, fit_report)
             if getattr(estimator, "best_validation_score_", None) is not None:
                 result["best_validation_score"] = float(estimator.best_validation_score_)
-            logger.set_tags({"fit_warnings": ",".join(fit_report.warnings) or "none"})
+            if WORSE_THAN_BASELINE in fit_report.warnings:  # kept (baseline_failure=warn)
+                what = "a constant Gaussian" if p.task == "regression" else "the class frequencies"
+                result.update(status=tracking.FAILED, error=(
+                    f"training NLL {result['train_nll']:.4g} is no better than predicting {what} "
+                    f"({result['baseline_nll']:.4g}); the model was kept (baseline_failure=warn)"))
             logger.log_metrics(
                 {
                     key: result[key]
@@ -816,8 +836,13 @@ def run_experiment(
             result["publish_s"] = _publish(p, estimator, callback, result)
             res.write_result(p.out_dir, result)
             logger.log_artifact(p.out_dir / res.RESULT_FILE)
+            if result["status"] == tracking.FAILED:
+                logger.set_tags({"error": result["error"]})
+                logger.end(tracking.FAILED)
         except BaseException as exc:
             interrupted = isinstance(exc, KeyboardInterrupt)
+            if isinstance(exc, FitFailedError) and exc.result is not None:
+                _record_fit_report(logger, result, exc.result)
             result.update(
                 status=tracking.KILLED if interrupted else tracking.FAILED,
                 error=f"{type(exc).__name__}: {exc}",

@@ -11,7 +11,7 @@ from typing import cast
 import numpy as np
 
 from gpinfer.backend import ops
-from gpinfer.errors import InputError
+from gpinfer.errors import InputError, NonFiniteError
 from gpinfer.kernels.base import Array
 
 
@@ -78,7 +78,7 @@ def as_inputs(X: object, name: str = "X") -> Array:
     if arr.ndim != 2:
         raise InputError(f"{name} must be a 2-D array [N, D], got shape {tuple(arr.shape)}")
     if not _VALUES_CHECKED.get() and not ops.all_finite(arr):
-        raise InputError(f"{name} contains NaN or infinite values")
+        raise NonFiniteError(f"{name} contains NaN or infinite values", quantity=name)
     return arr
 
 

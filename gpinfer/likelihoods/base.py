@@ -20,7 +20,7 @@ import array_api_compat
 import numpy as np
 
 from gpinfer.backend import ops
-from gpinfer.errors import InputError
+from gpinfer.errors import InputError, NonFiniteError
 from gpinfer.interfaces import ExpectedLogProb, Likelihood, TiltedMoments
 from gpinfer.numerics import settings
 from gpinfer.numerics.quadrature import gauss_hermite, gauss_hermite_tilted
@@ -55,14 +55,14 @@ def _finite_array(x: Array, name: str) -> Array:
         if not xp.isdtype(x.dtype, "real floating"):
             x = xp.astype(x, xp.float64)
         if not ops.all_finite(x):
-            raise InputError(f"{name} contains NaN or infinite values")
+            raise NonFiniteError(f"{name} contains NaN or infinite values", quantity=name)
         return x
     try:
         arr = np.asarray(x, dtype=float)
     except (TypeError, ValueError) as exc:
         raise InputError(f"{name} must be numeric, got {type(x).__name__}") from exc
     if not np.all(np.isfinite(arr)):
-        raise InputError(f"{name} contains NaN or infinite values")
+        raise NonFiniteError(f"{name} contains NaN or infinite values", quantity=name)
     return arr
 
 

@@ -20,6 +20,21 @@ Bounds = tuple[float | None, float | None] | Sequence[tuple[float | None, float 
 STOPPED_BY_CALLBACK = "stopped by callback"
 
 
+class _TrialPointFailure(Exception):
+    """A ``NumericalError`` raised while evaluating a trial point (``fun`` or its finiteness
+    check), kept apart from one raised by the callback at an accepted iterate, which must reach
+    the caller whatever ``stop_on_trial_failure`` says."""
+
+    def __init__(self, error: NumericalError):
+        super().__init__(str(error))
+        self.error = error
+
+    def unwrapped(self) -> NumericalError:
+        """The original error, to re-raise without this wrapper in its context."""
+        self.error.__suppress_context__ = True
+        return self.error
+
+
 def check_finite(value: float, grad: Array, iteration: int, where: str = "objective") -> None:
     """``NumericalError`` naming ``iteration`` when ``value`` or ``grad [P]`` is not finite."""
     if not np.isfinite(value):
@@ -70,7 +85,9 @@ class LBFGSB(Optimizer):
     (0 for the initial point). With ``stop_on_trial_failure``, a ``NumericalError`` at a trial
     point after the first (``fun``'s own, or a non-finite value) instead ends the run at the last
     accepted iterate with ``success=False`` and the error in the message, so that one point
-    where the objective breaks down does not lose the progress made.
+    where the objective breaks down does not lose the progress made. A ``NumericalError`` raised
+    by ``callback`` (at an accepted iterate: the fit guard's objective-limit check, say) always
+    propagates, at that iteration.
     """
 
     def __init__(
@@ -106,15 +123,21 @@ class LBFGSB(Optimizer):
         def negated(x: Array) -> tuple[float, Array]:
             it = state["iteration"] + (1 if state["n_eval"] else 0)
             state["n_eval"] += 1
-            value, grad = fun(np.array(x, dtype=float))
-            grad = np.asarray(grad, dtype=float).reshape(-1)
-            check_finite(float(value), grad, it)
+            try:
+                value, grad = fun(np.array(x, dtype=float))
+                grad = np.asarray(grad, dtype=float).reshape(-1)
+                check_finite(float(value), grad, it)
+            except NumericalError as err:
+                raise _TrialPointFailure(err) from err
             if not accepted:
                 accepted.update(x=np.array(x, dtype=float), value=float(value))
             return -float(value), -grad
 
         if max_iter < 1 or x0.size == 0:
-            value, _ = negated(x0)
+            try:
+                value, _ = negated(x0)
+            except _TrialPointFailure as failure:
+                raise failure.unwrapped()  # noqa: B904 - the original, cause kept
             return OptimizationResult(x=x0, value=-value, n_iter=0, success=True,
                                       message="no iterations requested")
 
@@ -142,9 +165,10 @@ class LBFGSB(Optimizer):
                 negated, x0, jac=True, method="L-BFGS-B", bounds=bounds,
                 callback=scipy_callback, options=options,
             )
-        except NumericalError as err:
+        except _TrialPointFailure as failure:
+            err = failure.error
             if not (self.stop_on_trial_failure and accepted):
-                raise
+                raise failure.unwrapped()  # noqa: B904 - the original, cause kept
             return OptimizationResult(
                 x=np.asarray(accepted["x"]), value=float(accepted["value"]),
                 n_iter=int(state["iteration"]), success=False,

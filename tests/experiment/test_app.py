@@ -97,6 +97,29 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def test_a_fit_no_better_than_the_class_frequencies_fails_the_run(
+    tmp_path: Path, toy_site: Path
+) -> None:
+    """An untrained svi (one Adadelta step from the prior) on breast_cancer: one clear line, exit
+    status 1, result.json and the MLflow run FAILED with the fit guard's numbers."""
+    reason = plugin_importable("svi")
+    if reason:
+        pytest.skip(reason)
+    run_dir = tmp_path / "run"
+    proc, uri = _run([str(GPINFER_RUN), "method=svi", "dataset=breast_cancer", "M=5",
+                      "iterations=1", "method.options.optimizer=adadelta",
+                      "mlflow.log_model=false", f"hydra.run.dir={run_dir}"], tmp_path, toy_site)
+    assert proc.returncode == 1, proc.stderr
+    assert "no better than predicting the class frequencies" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "FAILED" and result["fit_warnings"] == ["no_better_than_baseline"]
+    assert result["train_nll"] > result["baseline_nll"]
+    run = MlflowClient(uri).get_run(result["mlflow_run_id"])
+    assert run.info.status == "FAILED"
+    assert run.data.tags["fit_warnings"] == "no_better_than_baseline"
+
+
 def test_ctrl_c_ends_the_mlflow_run_killed(tmp_path: Path, toy_site: Path) -> None:
     reason = plugin_importable("toygp")
     if reason:

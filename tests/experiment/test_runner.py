@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from gpinfer.errors import InputError, NumericalError, UnknownNameError
+from gpinfer.errors import FitFailedError, InputError, NumericalError, UnknownNameError
 from gpinfer.experiment import results
 from gpinfer.experiment.runner import run_experiment
 
@@ -101,23 +101,50 @@ def test_single_run_result_json_and_mlflow_run(tmp_path: Path, store_uri: str, c
     )
 
 
-def test_a_fit_worse_than_the_class_frequencies_is_flagged(
+#: an untrained svi (one Adadelta step from the prior) predicts about 1/2 for 63:37 classes
+UNTRAINED_SVI = ("method=svi", "method.options.optimizer=adadelta", "iterations=1", "M=5")
+
+
+def test_a_fit_worse_than_the_class_frequencies_fails_the_run(tmp_path: Path, store_uri: str) -> None:
+    out = tmp_path / "run"
+    cfg = store_cfg(store_uri, *UNTRAINED_SVI)
+    with pytest.raises(FitFailedError, match="no better than predicting the class frequencies"):
+        run_experiment(cfg, output_dir=out)
+    saved = json.loads((out / "result.json").read_text())
+    assert saved["status"] == "FAILED" and "FitFailedError" in saved["error"]
+    assert saved["fit_warnings"] == ["no_better_than_baseline"]
+    assert saved["train_nll"] > saved["baseline_nll"] > 0.6
+    run = MlflowClient(store_uri).get_run(saved["mlflow_run_id"])
+    assert run.info.status == "FAILED"
+    assert run.data.tags["fit_warnings"] == "no_better_than_baseline"
+    assert "Trace: 1 iteration(s)" in run.data.tags["error"]
+
+
+def test_baseline_failure_warn_keeps_the_model_and_still_fails_the_run(
     tmp_path: Path, store_uri: str, capsys
 ) -> None:
-    """An untrained svi (one Adadelta step from the prior) predicts about 1/2 for 63:37
-    classes."""
     out = tmp_path / "run"
-    cfg = store_cfg(store_uri, "method=svi", "method.options.optimizer=adadelta", "iterations=1", "M=5")
+    cfg = store_cfg(store_uri, *UNTRAINED_SVI, "baseline_failure=warn")
     with pytest.warns(Warning, match="no better than predicting the class frequencies"):
         result = run_experiment(cfg, output_dir=out)
     saved = json.loads((out / "result.json").read_text())
     assert saved == json.loads(json.dumps(result))
+    assert saved["status"] == "FAILED" and saved["test_nll"] is not None  # evaluated, kept
     assert saved["fit_warnings"] == ["no_better_than_baseline"]
     assert saved["train_nll"] > saved["baseline_nll"] > 0.6
     assert "WARNING: no_better_than_baseline" in capsys.readouterr().out
     run = MlflowClient(store_uri).get_run(saved["mlflow_run_id"])
+    assert run.info.status == "FAILED"
     assert run.data.tags["fit_warnings"] == "no_better_than_baseline"
+    assert "baseline_failure=warn" in run.data.tags["error"] and "training NLL" in saved["error"]
     assert run.data.metrics["train_nll"] == pytest.approx(saved["train_nll"])
+
+
+def test_a_bad_baseline_failure_setting_is_an_input_error(tmp_path: Path, store_uri: str) -> None:
+    cfg = store_cfg(store_uri, "method.name=toygp", "baseline_failure=ignore")
+    with pytest.raises(InputError, match="baseline_failure must be 'raise'"):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert not (tmp_path / "run" / "result.json").exists()
 
 
 def test_numerical_error_fails_the_run_and_keeps_its_history(tmp_path: Path, store_uri: str) -> None:

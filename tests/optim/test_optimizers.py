@@ -109,6 +109,23 @@ def test_lbfgs_stop_on_trial_failure_keeps_the_last_accepted_iterate():
         opt.maximize(fails_at_start, np.zeros(3), max_iter=10)
 
 
+def test_lbfgs_a_numerical_error_of_the_callback_propagates_at_its_iteration():
+    """The fit guard raises in the callback, at an accepted iterate: that is no trial-point
+    failure to back off from, even with ``stop_on_trial_failure`` (kl, vb and vi-jj-full once
+    ran every iteration after it)."""
+    seen = []
+
+    def guard(it, x, value):
+        seen.append(it)
+        if it == 2:
+            raise NumericalError("objective above its limit", iteration=it, quantity="objective")
+
+    with pytest.raises(NumericalError, match="above its limit") as info:
+        LBFGSB(stop_on_trial_failure=True).maximize(concave_quadratic, np.zeros(3), max_iter=50,
+                                                    callback=guard)
+    assert info.value.iteration == 2 and seen == [1, 2]
+
+
 def test_lbfgs_nan_raises_numerical_error_with_iteration():
     def nan_after(x):
         if x[0] > 0.5:

@@ -134,6 +134,7 @@ class KLMethod(DenseBinaryMethod):
 
     #: the objective, log p(y) of discrete labels or a bound on it, is never positive
     objective_limit: ClassVar[float | None] = 0.0
+    objective_kind = "bound"
 
     name: ClassVar[str] = "kl"
     option_spec: ClassVar[dict[str, Option]] = {

@@ -110,6 +110,7 @@ class VBMethod(DenseBinaryMethod):
 
     #: the objective, log p(y) of discrete labels or a bound on it, is never positive
     objective_limit: ClassVar[float | None] = 0.0
+    objective_kind = "bound"
 
     name: ClassVar[str] = "vb"
     option_spec: ClassVar[dict[str, Option]] = {

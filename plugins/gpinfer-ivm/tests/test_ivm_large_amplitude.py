@@ -15,10 +15,13 @@ from gpinfer.testing.method_suite import make_suite_data
 
 @pytest.mark.parametrize("log_sf, log_ell", [(3.9, 2.0), (4.5, 0.0), (5.0, 2.0), (5.0, 5.0)])
 def test_baseline_fits_at_large_amplitudes(log_sf, log_ell):
+    """The round-off, not the model, is under test: at these fixed amplitudes (a prior standard
+    deviation of 50-150 on 40 points) the predictions are overconfident and most fits are no
+    better than the class frequencies, so the fit guard only warns."""
     X, y = make_suite_data(3, n=40, seed=0)
     kernel = RBF(lengthscale=np.exp(log_ell), variance=np.exp(2 * log_sf))
     est = GPClassifier(method="ivm-baseline", kernel=kernel, optimize=False, max_iter=20,
-                       random_state=0).fit(X, y)
+                       random_state=0, baseline_failure="warn").fit(X, y)
     P = est.posterior_.predict_proba(X)
     assert np.isfinite(est.log_evidence_) and np.all(np.isfinite(P))
     np.testing.assert_allclose(P.sum(axis=1), 1.0, atol=1e-10)

@@ -7,7 +7,7 @@ import pytest
 from gpinfer_ivm.criterion import FrozenSites, criterion
 from gpinfer_ivm.inference import IVMSettings, run_inference
 
-from gpinfer.errors import InputError
+from gpinfer.errors import FitFailedError, InputError
 from gpinfer.estimator import GPClassifier
 from gpinfer.kernels.stationary import RBF
 from gpinfer.testing import MethodTestSuite
@@ -67,21 +67,43 @@ class TestIVMBaseline(MethodTestSuite):
         return _criterion_fn(X, y, coupled=False)
 
 
-@pytest.mark.parametrize("method", ["ivm", "ivm-baseline"])
-def test_learning_improves_criterion(method):
+#: the learned models of the two tests below are no better than the class frequencies (the
+#: signal variance collapses to about 1e-3): the fit guard warns (``baseline_failure="warn"``)
+#: so that the criterion and its bookkeeping stay under test, and
+#: ``test_learned_model_beats_the_class_frequencies`` records the defect
+KEEP = "warn"
+
+
+def _learning_case(method: str) -> tuple[np.ndarray, np.ndarray, dict, int]:
     from gpinfer.testing.method_suite import make_suite_data
 
     X, y = make_suite_data(3, n=40, seed=1)
     opts = dict(_OPTIONS) if method == "ivm" else {"rounds": 1, "minor_iter": 2}
     opts["rounds"] = 2
-    M = 12 if method == "ivm" else 5
+    return X, y, opts, 12 if method == "ivm" else 5
+
+
+@pytest.mark.parametrize("method", ["ivm", "ivm-baseline"])
+def test_learning_improves_criterion(method):
+    X, y, opts, M = _learning_case(method)
     fixed = GPClassifier(method=method, M=M, optimize=False, random_state=0,
                          kernel=RBF(lengthscale=0.2), method_options=opts).fit(X, y)  # fmt: skip
     learned = GPClassifier(method=method, M=M, optimize=True, random_state=0,
-                           kernel=RBF(lengthscale=0.2), method_options=opts).fit(X, y)  # fmt: skip
+                           kernel=RBF(lengthscale=0.2), method_options=opts,
+                           baseline_failure=KEEP).fit(X, y)  # fmt: skip
     assert learned.log_evidence_ > fixed.log_evidence_
     P = learned.predict_proba(X)
     np.testing.assert_allclose(P.sum(axis=1), 1.0, atol=1e-10)
+
+
+@pytest.mark.xfail(strict=True, raises=FitFailedError,
+                   reason="issue 27: ivm's hyper-parameter learning collapses the signal variance "
+                          "(to about 1e-3) on these 40 points; the fit guard reports it")
+@pytest.mark.parametrize("method", ["ivm", "ivm-baseline"])
+def test_learned_model_beats_the_class_frequencies(method):
+    X, y, opts, M = _learning_case(method)
+    GPClassifier(method=method, M=M, optimize=True, random_state=0, kernel=RBF(lengthscale=0.2),
+                 method_options=opts).fit(X, y)
 
 
 def test_method_rejects_liquid_larger_than_active_set():
@@ -101,21 +123,22 @@ def test_learning_returns_best_major_step_and_stops_at_major_tol():
     X, y = make_suite_data(3, n=40, seed=1)
     opts = dict(_OPTIONS, rounds=2, minor_iter=2)
     learned = GPClassifier(method="ivm", M=12, optimize=True, random_state=0,
-                           kernel=RBF(lengthscale=0.2), method_options=opts).fit(X, y)  # fmt: skip
+                           kernel=RBF(lengthscale=0.2), method_options=opts,
+                           baseline_failure=KEEP).fit(X, y)  # fmt: skip
     rounds = [h for h in learned.fit_result_.history if "G_major" in h]
     assert len(rounds) == 3  # rounds + 1 major steps (tolerance 1e-3 not reached here)
     G = [h["G_major"] for h in rounds]
     assert learned.log_evidence_ == pytest.approx(-min(G), rel=1e-12)
     beta = learned.fit_result_.state["beta"]
     refit = GPClassifier(method="ivm", M=12, optimize=False, random_state=0,
-                         kernel=learned.fit_result_.kernel.copy(),
+                         kernel=learned.fit_result_.kernel.copy(), baseline_failure=KEEP,
                          method_options=dict(opts, intercepts=beta.tolist())).fit(X, y)  # fmt: skip
     np.testing.assert_array_equal(refit.fit_result_.state["active"],
                                   learned.fit_result_.state["active"])  # fmt: skip
     np.testing.assert_allclose(refit.log_evidence_, learned.log_evidence_, rtol=1e-10)
     np.testing.assert_allclose(refit.predict_proba(X), learned.predict_proba(X), atol=1e-10)
     stopped = GPClassifier(method="ivm", M=12, optimize=True, random_state=0,
-                           kernel=RBF(lengthscale=0.2),
+                           kernel=RBF(lengthscale=0.2), baseline_failure=KEEP,
                            method_options=dict(opts, major_tol=1e9)).fit(X, y)  # fmt: skip
     assert sum("G_major" in h for h in stopped.fit_result_.history) == 2
 

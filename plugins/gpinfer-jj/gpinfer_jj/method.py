@@ -278,6 +278,7 @@ class ViJJ(_CollapsedVI):
     """Alg. 1 with Jaakkola-Jordan sites (logistic likelihood)."""
 
     name: ClassVar[str] = "vi-jj"
+    objective_kind = "bound"
     kind = "jj"
     xi_mode = "closed"
 
@@ -292,6 +293,7 @@ class ViTaylor(_CollapsedVI):
     #: DTC-Laplace evidence, never positive) sites on wrongly classified points can lift it above
     #: 0 legitimately; its failure mode is caught in Stage 1 (``gpinfer_jj.taylor``)
     objective_limit: ClassVar[float | None] = None
+    objective_kind = "surrogate"  # the fit guard ranks its iterates by training NLL
     likelihoods: ClassVar[tuple[str, ...]] = ("logit", "probit")
     #: any ``Bernoulli`` (``p(y|f) = sig(s f)`` with its own log-sigmoid ``link``)
     likelihood_requirements: ClassVar[frozenset[str] | None] = frozenset({"log_sigmoid"})
@@ -301,6 +303,7 @@ class ViJJHybrid(_CollapsedVI):
     """Alg. 1 whose Stage 2 moves ``(theta, xi)`` with the ``xi`` gradient (§2.8)."""
 
     name: ClassVar[str] = "vi-jj-hybrid"
+    objective_kind = "bound"
     kind = "jj"
     xi_mode = "hybrid"
 
@@ -309,5 +312,6 @@ class ViJJFull(_CollapsedVI):
     """One L-BFGS-B run on ``(theta, xi)`` maximising the collapsed JJ bound."""
 
     name: ClassVar[str] = "vi-jj-full"
+    objective_kind = "bound"
     kind = "jj"
     xi_mode = "full"

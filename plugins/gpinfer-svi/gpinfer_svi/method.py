@@ -277,6 +277,7 @@ class SVI(Method):
 
     #: the objective, log p(y) of discrete labels or a bound on it, is never positive
     objective_limit: ClassVar[float | None] = 0.0
+    objective_kind = "bound"
     #: the ELBO runs on numpy or torch (CPU, CUDA), float64 or float32 (``gpinfer.backend``)
     backends: ClassVar[tuple[str, ...]] = ("numpy", "torch")
     float32: ClassVar[bool] = True
