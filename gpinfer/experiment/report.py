@@ -94,8 +94,9 @@ def collect_experiment(name: str, tracking_uri: str) -> list[RunRecord]:
     """Every run of MLflow experiment ``name`` in ``tracking_uri`` (report runs excepted)."""
     from mlflow.tracking import MlflowClient
 
-    from gpinfer.experiment.tracking import sqlite_path
+    from gpinfer.experiment.tracking import resolve_tracking_uri, sqlite_path
 
+    tracking_uri = resolve_tracking_uri(tracking_uri)  # credentials to the environment
     db = sqlite_path(tracking_uri)
     if db is not None and not db.is_file():  # do not create an empty store by asking
         raise InputError(f"gpinfer report: no folder and no MLflow experiment named {name!r} "
