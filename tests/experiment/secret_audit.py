@@ -5,8 +5,8 @@ local artifacts; the admin user ``alice`` with a random password), runs, in a fr
 
 * a run (``mlflow.tracking_uri=http://alice:<secret>@127.0.0.1:PORT`` on the command line),
 * a run failing validation (``iterations=0``),
-* a 2-job multirun with the URI in ``$MLFLOW_TRACKING_URI``,
-* ``gpinfer report <experiment> --tracking-uri <URI>``,
+* a 2-job multirun,
+* ``gpinfer report <experiment>`` with the URI in ``$MLFLOW_TRACKING_URI``,
 * ``gpinfer end-stale-runs --tracking-uri http://alice:<secret>@127.0.0.1:<closed port>``,
 
 and counts the secret in stdout, stderr, the files under the run and sweep folders, and the
@@ -42,6 +42,8 @@ USER = "alice"
 RUN_ARGS = ("method=laplace", "dataset=breast_cancer", "iterations=3", "eval_every=1",
             "mlflow.experiment=secret-audit", "mlflow.log_plots=false",
             "mlflow.log_datasets=false", "progress.bar=false")
+#: MLflow retries a refused connection for minutes by default (end-stale-runs' closed port)
+NO_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
 
 
 def free_port() -> int:
@@ -175,10 +177,11 @@ def run_audit(bin_dir: Path, folder: Path, mlflow_exe: str | None = None,
         step("run", [*run, *RUN_ARGS, f"mlflow.tracking_uri={uri}", "hydra.run.dir=runs/ok"])
         step("failing run", [*run, *RUN_ARGS, "iterations=0", f"mlflow.tracking_uri={uri}",
                              "hydra.run.dir=runs/failed"])
-        step("multirun", [*run, "-m", *RUN_ARGS, "seed=0,1", "hydra.sweep.dir=sweep"],
-             env={"MLFLOW_TRACKING_URI": uri})
+        step("multirun", [*run, "-m", *RUN_ARGS, "seed=0,1", f"mlflow.tracking_uri={uri}",
+                          "hydra.sweep.dir=sweep"])
         gp = str(bin_dir / "gpinfer")
-        step("report", [gp, "report", "secret-audit", "--tracking-uri", uri, "--out", "report"])
+        step("report", [gp, "report", "secret-audit", "--out", "report"],
+             env={"MLFLOW_TRACKING_URI": uri})
         step("end-stale-runs", [gp, "end-stale-runs", "--tracking-uri",
                                 server.uri(port=free_port())])
         secret = server.secret
@@ -200,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="print and keep the folder")
     args = parser.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="secret-audit-"))
-    audit = run_audit(Path(args.bin), folder, args.mlflow)
+    # an unreachable server: MLflow retries a refused connection for minutes by default
+    audit = run_audit(Path(args.bin), folder, args.mlflow, NO_RETRIES)
     print(json.dumps({"counts": audit.counts, "hits": audit.hits,
                       "returncodes": {s.name: s.returncode for s in audit.steps},
                       "folder": str(folder) if args.keep else None}, indent=2))

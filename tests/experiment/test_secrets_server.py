@@ -1,7 +1,7 @@
 """No password in a tracking URI leaves gpinfer: a real basic-auth ``mlflow server`` on 127.0.0.1.
 
 ``secret_audit.run_audit`` drives ``gpinfer-run`` (a run, a run failing validation, a 2-job
-multirun with the URI in ``$MLFLOW_TRACKING_URI``), ``gpinfer report`` and
+multirun), ``gpinfer report`` (the URI in ``$MLFLOW_TRACKING_URI``) and
 ``gpinfer end-stale-runs`` (an unreachable server) with ``http://alice:<secret>@...`` and counts
 the secret in stdout, stderr, every file of the run and sweep folders and the server's store.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .secret_audit import run_audit
+from .secret_audit import NO_RETRIES, run_audit
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -21,8 +21,7 @@ BIN = Path(sys.executable).parent
 
 
 def test_no_secret_anywhere(tmp_path: Path) -> None:
-    # an unreachable server: MLflow retries a refused connection for minutes by default
-    audit = run_audit(BIN, tmp_path, extra_env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"})
+    audit = run_audit(BIN, tmp_path, extra_env=NO_RETRIES)
     steps = {s.name: s for s in audit.steps}
     details = "\n".join(f"--- {s.name} ({s.returncode})\n{s.stdout[-1500:]}\n{s.stderr[-1500:]}"
                         for s in audit.steps)
