@@ -94,11 +94,14 @@ def check_file_size(path: Path, max_dense_gb: float | None = None) -> None:
 
 def _read_header(fh: Any, version: tuple[int, int]) -> tuple[tuple[int, ...], bool, np.dtype]:
     """``(shape, fortran_order, dtype)`` of an ``.npy`` header of any format version."""
+    import importlib
+
     try:  # numpy >= 2: the implementation module; 1.x: numpy.lib.format itself
-        from numpy.lib._format_impl import _read_array_header  # type: ignore[attr-defined]
+        module = importlib.import_module("numpy.lib._format_impl")
     except ImportError:  # pragma: no cover - numpy 1.x
-        from numpy.lib.format import _read_array_header  # type: ignore[attr-defined,no-redef]
-    shape, fortran, dtype = _read_array_header(fh, version)
+        module = importlib.import_module("numpy.lib.format")
+    # the reader np.load uses, for every format version (the public ones stop at 2.0)
+    shape, fortran, dtype = module._read_array_header(fh, version)
     return tuple(int(n) for n in shape), bool(fortran), np.dtype(dtype)
 
 
@@ -109,11 +112,11 @@ def _member_bytes(zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> int
         magic = fh.read(len(_NPY_MAGIC))
         if magic != _NPY_MAGIC:
             return int(info.file_size)
-        version = tuple(fh.read(2))
-        if version not in ((1, 0), (2, 0), (3, 0)):
-            raise InputError(f"{where}: unknown .npy format version {version}")
+        major, minor = (tuple(fh.read(2)) + (0, 0))[:2]
+        if (major, minor) not in ((1, 0), (2, 0), (3, 0)):
+            raise InputError(f"{where}: unknown .npy format version {(major, minor)}")
         try:
-            shape, _, dtype = _read_header(fh, version)  # type: ignore[arg-type]
+            shape, _, dtype = _read_header(fh, (major, minor))
         except (ValueError, SyntaxError, TypeError, EOFError) as exc:
             raise InputError(f"{where}: malformed .npy header: {exc}") from None
     if dtype.hasobject:

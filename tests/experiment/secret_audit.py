@@ -94,6 +94,7 @@ def basic_auth_server(folder: Path, mlflow_exe: str) -> Iterator[Server]:
     env = dict(os.environ, MLFLOW_AUTH_CONFIG_PATH=str(ini),
                MLFLOW_AUTH_ADMIN_PASSWORD=secret,
                MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_hex(16),
+               MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",  # no job workers: a lighter server
                NO_PROXY=f"{HOST},localhost", no_proxy=f"{HOST},localhost")
     cmd = [mlflow_exe, "server", "--app-name", "basic-auth", "--host", HOST,
            "--port", str(port), "--workers", "1",
