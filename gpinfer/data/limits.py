@@ -105,13 +105,17 @@ def _read_header(fh: Any, version: tuple[int, int]) -> tuple[tuple[int, ...], bo
     return tuple(int(n) for n in shape), bool(fortran), np.dtype(dtype)
 
 
-def _member_bytes(zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> int:
-    """What reading one archive member allocates: the array of an ``.npy`` member (from its
-    header, refusing object arrays), else the member's declared uncompressed size."""
+def _member_bytes(zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> tuple[int, int]:
+    """``(bytes allocated, bytes held)`` of one archive member: for an ``.npy`` member the
+    array its header announces (object arrays and a missing magic are refused) and the data
+    that follows the header; for any other member its declared uncompressed size, twice."""
     with zf.open(info) as fh:
         magic = fh.read(len(_NPY_MAGIC))
         if magic != _NPY_MAGIC:
-            return int(info.file_size)
+            if info.filename.endswith(".npy"):
+                raise InputError(f"{where} is not an .npy array: it starts with {magic!r}, not "
+                                 f"{_NPY_MAGIC!r}")
+            return int(info.file_size), int(info.file_size)
         major, minor = (tuple(fh.read(2)) + (0, 0))[:2]
         if (major, minor) not in ((1, 0), (2, 0), (3, 0)):
             raise InputError(f"{where}: unknown .npy format version {(major, minor)}")
@@ -119,12 +123,13 @@ def _member_bytes(zf: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> int
             shape, _, dtype = _read_header(fh, (major, minor))
         except (ValueError, SyntaxError, TypeError, EOFError) as exc:
             raise InputError(f"{where}: malformed .npy header: {exc}") from None
+        header_end = fh.tell()
     if dtype.hasobject:
         raise InputError(f"{where} holds Python objects (dtype {dtype}); gpinfer loads only "
                          "numeric and text arrays, never pickled data")
     if any(n < 0 for n in shape):
         raise InputError(f"{where}: negative dimension in shape {shape}")
-    return math.prod(shape) * dtype.itemsize
+    return math.prod(shape) * dtype.itemsize, int(info.file_size) - header_end
 
 
 def check_npz(path: Path, max_dense_gb: float | None = None) -> None:
@@ -146,13 +151,16 @@ def check_npz(path: Path, max_dense_gb: float | None = None) -> None:
         with zipfile.ZipFile(path) as zf:
             for info in zf.infolist():
                 where = f"{str(path)!r}, member {info.filename!r}"
-                need = _member_bytes(zf, info, where)
+                need, held = _member_bytes(zf, info, where)
                 total += need
                 if total > limit * 1e9:
                     raise InputError(
                         f"{where}: the arrays would take {total / 1e9:.4g} GB once "
                         f"decompressed (this member {need / 1e9:.4g} GB), more than the limit "
                         f"of {limit:g} GB. {_RAISE_IT}")
+                if held < need:
+                    raise InputError(f"{where} is truncated: its header announces {need} bytes "
+                                     f"of data, it holds {held}")
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 - zipfile and zlib raise many types on bad input

@@ -105,7 +105,11 @@ CASES: dict[str, tuple[str, Callable[[Path], Path], str]] = {
         "it starts with an .npy array, not the zip signature"),
     "npz member with wrong magic": (
         "member.npz", lambda p: _write(p, _member_magic()),
-        "not a readable .npz archive"),
+        "member 'X.npy' is not an .npy array: it starts with b'\\x00\\x00UMPY'"),
+    "npz member truncated": (
+        "short.npz", lambda p: _write(p, _zip_of({"X.npy": _npy_header((3, 2)) + bytes(8),
+                                                  "y.npy": _npy_header((3,)) + bytes(24)})),
+        "member 'X.npy' is truncated: its header announces 48 bytes of data, it holds 8"),
     "npz negative shape": (
         "negshape.npz", lambda p: _write(p, _zip_of({"X.npy": _npy_header((-5, 2)),
                                                      "y.npy": _npy_header((2,))})),
@@ -131,7 +135,8 @@ def _member_magic() -> bytes:
     """An .npz whose X.npy member lost its magic bytes (numpy then reads it as pickle)."""
     good = io.BytesIO()
     np.save(good, np.zeros((3, 2)))
-    return _zip_of({"X.npy": b"\x00\x00" + good.getvalue()[2:], "y.npy": _npy_header((3,))})
+    return _zip_of({"X.npy": b"\x00\x00" + good.getvalue()[2:],
+                    "y.npy": _npy_header((3,)) + bytes(24)})
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
