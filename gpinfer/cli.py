@@ -208,18 +208,24 @@ def _cmd_end_stale_runs(args: argparse.Namespace, out: TextIO) -> int:
     from mlflow.tracking import MlflowClient
 
     from gpinfer.experiment import stale_runs, tracking
-    from gpinfer.experiment.redact import redact_uri
+    from gpinfer.experiment.redact import redact_uri, store_error
 
     uri = tracking.resolve_tracking_uri(args.tracking_uri)
     client = MlflowClient(tracking_uri=uri)
     ids = None
-    if args.experiment is not None:
-        exp = client.get_experiment_by_name(args.experiment)
-        if exp is None:
-            raise InputError(f"gpinfer end-stale-runs: no experiment {args.experiment!r} in "
-                             f"{redact_uri(uri)}")
-        ids = [exp.experiment_id]
-    stale = stale_runs.end_stale_runs(client, ids, args.idle_hours, dry_run=args.dry_run)
+    try:
+        if args.experiment is not None:
+            exp = client.get_experiment_by_name(args.experiment)
+            if exp is None:
+                raise InputError(f"gpinfer end-stale-runs: no experiment {args.experiment!r} in "
+                                 f"{redact_uri(uri)}")
+            ids = [exp.experiment_id]
+        stale = stale_runs.end_stale_runs(client, ids, args.idle_hours, dry_run=args.dry_run)
+    except GPInferError:
+        raise
+    except Exception as exc:  # an unreachable or unreadable store: one line, no traceback
+        raise InputError(f"gpinfer end-stale-runs: MLflow store {redact_uri(uri)!r} cannot be "
+                         f"used: {store_error(exc, uri)}") from None
     verb = "would end" if args.dry_run else "ended"
     for run in stale:
         print(f"{verb} {run.run_id} ({run.run_name or 'unnamed'}) as KILLED: {run.reason}",

@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import csv
 import io
-import os
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gpinfer.data.base import Dataset
+from gpinfer.data.limits import (  # noqa: F401 - re-exported: the limit's historical home
+    MAX_DENSE_ENV,
+    MAX_DENSE_GB,
+    check_dense_size,
+    check_file_size,
+    check_npz,
+    dense_limit_gb,
+    largest_libsvm_index,
+    locate_libsvm_problem,
+)
 from gpinfer.data.paths import data_dir
 from gpinfer.errors import InputError
 
@@ -33,45 +41,6 @@ _SUFFIX = {
 }
 #: arrays of the shared layout that describe the data rather than hold it
 _META = ("source", "description", "class_names", "feature_names")
-#: the largest dense ``X`` a CSV or LIBSVM file may become, in GB (1e9 bytes), unless raised by
-#: ``max_dense_gb=`` (``dataset.options.max_dense_gb=`` in gpinfer-run) or this variable
-MAX_DENSE_GB = 4.0
-MAX_DENSE_ENV = "GPINFER_MAX_DENSE_GB"
-
-
-def dense_limit_gb(max_dense_gb: float | None = None) -> float:
-    """The dense-size limit in GB: ``max_dense_gb`` when given, else ``$GPINFER_MAX_DENSE_GB``,
-    else ``MAX_DENSE_GB``; ``InputError`` for a value that is not a positive number."""
-    source = "max_dense_gb"
-    value: Any = max_dense_gb
-    if value is None:
-        value, source = os.environ.get(MAX_DENSE_ENV), MAX_DENSE_ENV
-    if value is None:
-        return MAX_DENSE_GB
-    try:
-        limit = float(value)
-    except (TypeError, ValueError):
-        limit = float("nan")
-    if isinstance(value, bool) or not limit > 0 or limit == float("inf"):
-        raise InputError(f"{source} must be a positive number of GB, got {value!r}")
-    return limit
-
-
-def check_dense_size(path: Path, n_rows: int, n_cols: int, max_dense_gb: float | None = None,
-                     hint: str = "") -> None:
-    """Refuse a file whose dense ``X [n_rows, n_cols]`` of float64 would exceed the limit
-    (``dense_limit_gb``), with the sizes, the limit and how to raise it in the message."""
-    limit = dense_limit_gb(max_dense_gb)
-    need = 8.0 * n_rows * n_cols / 1e9
-    if need > limit:
-        raise InputError(
-            f"{str(path)!r}: the dense X would be {n_rows} x {n_cols} float64 = {need:.4g} GB, "
-            f"more than the limit of {limit:g} GB{hint}. Raise the limit with max_dense_gb=... "
-            f"(gpinfer-run: +dataset.options.max_dense_gb=...) or ${MAX_DENSE_ENV} if the "
-            "machine has the memory"
-        )
-
-
 def load_file(
     path: str | Path,
     format: str | None = None,
@@ -85,7 +54,8 @@ def load_file(
     * further keywords: ``name`` (default: the file stem), ``task`` (``"classification"`` or
       ``"regression"``; CSV/LIBSVM), ``delimiter`` and ``header`` (CSV: ``None`` = detect),
       ``n_features`` and ``zero_based`` (LIBSVM, as in ``sklearn.datasets.load_svmlight_file``),
-      ``max_dense_gb`` (CSV and LIBSVM: the largest dense ``X`` in GB, see ``check_dense_size``).
+      ``max_dense_gb`` (the most a file may make the loader allocate, in GB: the dense ``X`` of
+      CSV and LIBSVM, the decompressed arrays of ``.npz``; see ``gpinfer.data.limits``).
 
     A relative ``path`` that does not exist is also looked up in the data directory. A missing
     file or a malformed one raises ``InputError`` naming the path and what was expected.
@@ -105,10 +75,10 @@ def load_file(
     if task not in ("classification", "regression"):
         raise InputError(f"{p}: task must be 'classification' or 'regression', got {task!r}")
     if fmt == "npz":
-        for key in ("delimiter", "header", "n_features", "zero_based", "max_dense_gb"):
+        for key in ("delimiter", "header", "n_features", "zero_based"):
             if key in kw:
                 raise InputError(f"{p}: option {key!r} does not apply to .npz files")
-        return load_npz(p, name=name)
+        return load_npz(p, name=name, max_dense_gb=kw.get("max_dense_gb"))
     if fmt == "csv":
         for key in ("n_features", "zero_based"):
             if key in kw:
@@ -172,23 +142,28 @@ def _first_data_line(p: Path) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def load_npz(path: str | Path, name: str | None = None) -> Dataset:
+def load_npz(path: str | Path, name: str | None = None,
+             max_dense_gb: float | None = None) -> Dataset:
     """Read the shared ``.npz`` layout (see ``../shared/data/README.md``).
 
     Either ``X [N, D]`` and ``y [N]``, or ``X_train``, ``y_train`` (and optionally ``X_test``,
     ``y_test``). ``class_names``, ``feature_names`` and ``description`` are used when present;
     other arrays (e.g. ``speaker_train``, ``X_onehot``) go to ``Dataset.extras``; ``source`` is
-    dropped.
+    dropped. The archive's decompressed size is checked against ``max_dense_gb`` from the
+    member headers before any array is read, and object arrays are refused
+    (``gpinfer.data.limits.check_npz``).
     """
     p = Path(path)
     name = name or p.stem
+    if not p.is_file():
+        raise InputError(f"dataset file not found: {str(p)!r}")
+    check_npz(p, max_dense_gb)
     try:
         with np.load(p, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except FileNotFoundError as exc:
-        raise InputError(f"dataset file not found: {str(p)!r}") from exc
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-        raise InputError(f"{str(p)!r} is not a readable .npz archive: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - as in check_npz: a damaged member past its header
+        raise InputError(f"{str(p)!r} is not a readable .npz archive: "
+                         f"{type(exc).__name__}: {exc}") from exc
     found = ", ".join(sorted(arrays)) or "no arrays"
     expected = "expected arrays X and y, or X_train and y_train (with X_test and y_test)"
     if "X" in arrays and "y" in arrays:
@@ -249,10 +224,10 @@ def load_csv(
     """
     p = Path(path)
     name = name or p.stem
-    dense_limit_gb(max_dense_gb)  # a bad limit fails before the file is read
+    check_file_size(p, max_dense_gb)  # also: a bad limit fails before the file is read
     try:
         text = p.read_text(encoding="utf-8")
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read dataset file {str(p)!r}: {exc}") from exc
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     if not lines:
@@ -368,21 +343,27 @@ def load_libsvm(
     order, the originals kept in ``class_names``. ``D`` is the largest feature index (or
     ``n_features``): a file whose dense ``X`` would exceed ``max_dense_gb`` is refused before it
     is densified (``check_dense_size``), so one stray index such as ``2000000000:1`` is a clear
-    error rather than an allocation of terabytes.
+    error naming its line rather than an allocation of terabytes; an index too large for the
+    parser (``1e11``, a huge negative one) is refused the same way, as is a file larger than
+    the limit. A file of comments only holds no data rows and is refused.
     """
     from sklearn.datasets import load_svmlight_file
 
     p = Path(path)
     name = name or p.stem
+    check_file_size(p, max_dense_gb)
     try:
         Xs, labels = load_svmlight_file(str(p), n_features=n_features, zero_based=zero_based)
-    except (ValueError, OSError) as exc:
-        raise InputError(
-            f"{str(p)!r} is not a valid LIBSVM file (expected lines 'label index:value ...'): {exc}"
-        ) from exc
-    check_dense_size(p, Xs.shape[0], Xs.shape[1], max_dense_gb,
-                     hint=f" (the largest feature index is {Xs.shape[1] - int(zero_based is True)}"
-                     f"; {Xs.nnz} values are stored)" if Xs.nnz else "")
+    except (ValueError, OSError, OverflowError, MemoryError, UnicodeDecodeError) as exc:
+        raise _libsvm_error(p, exc, max_dense_gb) from None
+    if Xs.shape[0] == 0:
+        raise InputError(f"LIBSVM file {str(p)!r} holds no data rows (only blank lines or "
+                         "comments); expected lines 'label index:value ...'")
+    if 8.0 * Xs.shape[0] * Xs.shape[1] / 1e9 > dense_limit_gb(max_dense_gb):
+        index, line = largest_libsvm_index(p)
+        check_dense_size(p, Xs.shape[0], Xs.shape[1], max_dense_gb,
+                         hint=f" (the largest feature index is {index}, on line {line}; "
+                         f"{Xs.nnz} values are stored)" if Xs.nnz else "")
     X = np.asarray(Xs.toarray(), dtype=np.float64)
     if task == "regression":
         y, class_names = np.asarray(labels, dtype=np.float64), None
@@ -396,3 +377,15 @@ def load_libsvm(
         class_names=class_names,
         description=f"LIBSVM file {p}",
     )
+
+
+def _libsvm_error(p: Path, exc: BaseException, max_dense_gb: float | None) -> InputError:
+    """The ``InputError`` for a LIBSVM file the parser rejected, naming the line at fault."""
+    found = locate_libsvm_problem(p, max_dense_gb=max_dense_gb)
+    expected = "expected lines 'label index:value ...'"
+    if found is None:
+        return InputError(f"{str(p)!r} is not a valid LIBSVM file ({expected}): "
+                          f"{type(exc).__name__}: {exc}")
+    line, problem = found
+    return InputError(f"{str(p)!r} is not a valid LIBSVM file ({expected}): line {line}: "
+                      f"{problem}")

@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 
 from gpinfer.errors import GPInferError
 from gpinfer.experiment.config_paths import CONFIG_NAME, core_conf_dir, register_hydra_plugins
+from gpinfer.experiment.credentials import protect_command_line
 from gpinfer.threads import export_policy
 
 #: the core's configuration: ``<gpinfer>/conf`` in a wheel, ``<repo>/conf`` in a checkout
@@ -107,6 +108,8 @@ def main() -> None:
     import hydra
 
     _check_conf_dir()
+    # credentials out of the tracking URI before Hydra sees, saves or prints the overrides
+    sys.argv[1:] = protect_command_line(sys.argv[1:])
     export_policy()  # sweep workers start with the thread policy's BLAS threads
     hydra_main = hydra.main(
         config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3"

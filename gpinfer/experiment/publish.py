@@ -4,7 +4,9 @@
 ``publish_errors``, never a failed run: training is done and its metrics are logged):
 
 * the learned hyper-parameters as metrics (``learned.*``, ``gpinfer.experiment.learned``);
-* the fitted estimator as the MLflow model ``model`` (``model_logging.log_estimator``);
+* the fitted estimator as the MLflow model ``model`` (``model_logging.log_estimator``, a
+  cloudpickle) and, not pickled, as the artifact ``model_skops/model.skops``
+  (``safe_model.log_skops``);
 * the training and test data as dataset inputs (``model_logging.log_datasets``);
 * the figures under ``plots/`` (``figures.log_figures``).
 
@@ -24,6 +26,7 @@ import numpy as np
 from gpinfer.experiment import learned
 from gpinfer.experiment.figures import TrainingCurve, log_figures
 from gpinfer.experiment.model_logging import log_datasets, log_estimator
+from gpinfer.experiment.safe_model import log_skops
 from gpinfer.experiment.tracking import RunLogger, plugin_distribution
 
 log = logging.getLogger("gpinfer.run")
@@ -77,6 +80,8 @@ def publish_run(
     part("hyper-parameters", True, hyper)
     part("model", bool(settings.get("log_model", True)),
          lambda: log_estimator(logger, estimator, X_train, plugin_distribution(method)[0]))
+    part("skops model", bool(settings.get("log_model", True)),  # the model without pickle
+         lambda: log_skops(logger, estimator, out_dir))
     part("datasets", bool(settings.get("log_datasets", True)),
          lambda: log_datasets(logger, dataset, X_train, y_train, X_test, y_test))
     part("plots", bool(settings.get("log_plots", True)), figures)

@@ -9,10 +9,12 @@ given. To keep credentials out of the URI altogether, MLflow reads
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-__all__ = ["SECRET_QUERY_KEYS", "redact_text", "redact_uri", "scrub_files"]
+__all__ = ["SECRET_QUERY_KEYS", "redact_text", "redact_uri", "redact_urls", "scrub_files",
+           "store_error"]
 
 #: query parameters that hold secrets (compared lower-case)
 SECRET_QUERY_KEYS = frozenset({"password", "passwd", "pwd", "token", "access_token", "secret",
@@ -46,19 +48,39 @@ def redact_uri(uri: str | None) -> str | None:
 
 
 def redact_text(text: str, uri: str | None) -> str:
-    """``text`` with every occurrence of ``uri`` replaced by ``redact_uri(uri)``."""
+    """``text`` with every occurrence of ``uri`` replaced by ``redact_uri(uri)``, and the
+    ``user:password@`` part of any other URI in it removed (``redact_urls``)."""
     safe = redact_uri(uri)
-    if not uri or safe == uri:
-        return text
-    return text.replace(uri, safe or "")
+    if uri and safe != uri:
+        text = text.replace(uri, safe or "")
+    return redact_urls(text)
+
+
+#: a URI with a ``user[:password]@`` part, anywhere in a text; Hydra escapes the colons of
+#: override values in what it records (``http\://alice\:pw@host``)
+_URL_WITH_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*\\?://)[^\s/@'\"\]]+@")
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with the ``user:password@`` part of every URI in it removed (for messages from
+    libraries that may quote the URI they were given, and Hydra's records of overrides)."""
+    return _URL_WITH_USERINFO.sub(r"\g<scheme>", text)
+
+
+def store_error(exc: BaseException, uri: str | None, limit: int = 300) -> str:
+    """``"<ExceptionType>: <first line of its message>"`` with ``uri`` and any credentials in
+    URIs redacted, cut to ``limit`` characters: what a one-line store error may say."""
+    lines = redact_text(str(exc), uri).strip().splitlines()
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def scrub_files(folder: Path, uri: str | None, pattern: str = "*.yaml") -> list[Path]:
     """Rewrite the files under ``folder`` matching ``pattern`` (e.g. Hydra's ``.hydra/*.yaml``,
-    which record the command-line overrides) so that they hold ``uri`` only redacted; returns
-    the files changed."""
+    which record the command-line overrides) so that they hold ``uri``, and any URI with
+    credentials, only redacted (``redact_text``); returns the files changed."""
     changed: list[Path] = []
-    if not uri or redact_uri(uri) == uri or not folder.is_dir():
+    if not folder.is_dir():
         return changed
     for path in sorted(folder.rglob(pattern)):
         try:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from gpinfer.errors import InputError
+from gpinfer.experiment.redact import redact_uri, store_error
 from gpinfer.experiment.results import RESULT_FILE
 
 REPORT_MD, REPORT_CSV, REPORT_PNG = "report.md", "report.csv", "nll_vs_time.png"
@@ -94,22 +95,24 @@ def collect_experiment(name: str, tracking_uri: str) -> list[RunRecord]:
     """Every run of MLflow experiment ``name`` in ``tracking_uri`` (report runs excepted)."""
     from mlflow.tracking import MlflowClient
 
-    from gpinfer.experiment.tracking import sqlite_path
+    from gpinfer.experiment.tracking import resolve_tracking_uri, sqlite_path
 
+    tracking_uri = resolve_tracking_uri(tracking_uri)  # credentials to the environment
+    shown = redact_uri(tracking_uri)
     db = sqlite_path(tracking_uri)
     if db is not None and not db.is_file():  # do not create an empty store by asking
         raise InputError(f"gpinfer report: no folder and no MLflow experiment named {name!r} "
-                         f"(store {tracking_uri} does not exist)")
+                         f"(store {shown} does not exist)")
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
         exp = client.get_experiment_by_name(name)
     except Exception as exc:
-        raise InputError(f"gpinfer report: MLflow store {tracking_uri!r} cannot be read: "
-                         f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+        raise InputError(f"gpinfer report: MLflow store {shown!r} cannot be read: "
+                         f"{store_error(exc, tracking_uri)}") from None
     if exp is None:
         raise InputError(
             f"gpinfer report: no folder and no MLflow experiment named {name!r} "
-            f"(store {tracking_uri})")
+            f"(store {shown})")
     records, token = [], None
     while True:
         page = client.search_runs([exp.experiment_id], max_results=1000, page_token=token)
@@ -278,7 +281,7 @@ def write_report(
             report.mlflow_run_id = _log_report(paths, title, finished, tracking_uri,
                                                experiment_id)
         except Exception as exc:  # the files are written; MLflow is a bonus here
-            report.mlflow_error = f"{type(exc).__name__}: {str(exc)[:300]}"
+            report.mlflow_error = store_error(exc, tracking_uri)
     return report
 
 

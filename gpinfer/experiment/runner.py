@@ -53,7 +53,7 @@ from gpinfer.errors import FitFailedError, InputError, NumericalError
 from gpinfer.experiment import results as res
 from gpinfer.experiment import stale_runs, tracking
 from gpinfer.experiment.figures import TrainingCurve
-from gpinfer.experiment.redact import redact_text, redact_uri, scrub_files
+from gpinfer.experiment.redact import redact_text, redact_uri, scrub_files, store_error
 from gpinfer.fit_guard import WORSE_THAN_BASELINE, check_baseline_failure
 from gpinfer.interfaces import IterationInfo
 from gpinfer.progress import ProgressBar
@@ -627,7 +627,8 @@ def _end_stale_runs(logger: tracking.RunLogger, stream: TextIO | None) -> None:
     try:
         ended = stale_runs.end_stale_runs(logger.client)
     except Exception as exc:  # a store that cannot be searched must not stop this run
-        _log.warning("could not check the store for stale runs: %s", exc)
+        _log.warning("could not check the store for stale runs: %s",
+                     store_error(exc, logger.tracking_uri))
         return
     for run in ended:
         print(f"gpinfer-run: ended stale run {run.run_id} ({run.run_name}) as KILLED: "

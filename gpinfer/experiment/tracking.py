@@ -48,6 +48,9 @@ _BATCH_PARAMS = 100
 _BATCH_TAGS = 100
 
 FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
+#: tag refreshed with every metric batch: the run's process was alive then (ms since the
+#: epoch; read by ``stale_runs``)
+HEARTBEAT_TAG = "gpinfer.heartbeat"
 
 #: tags of every experiment gpinfer creates: MLflow 3 opens a ``custom_model_development``
 #: experiment in its model-training view (runs table with metric columns), not the GenAI one
@@ -65,11 +68,15 @@ def default_tracking_uri() -> str:
 
 
 def resolve_tracking_uri(configured: str | None = None) -> str:
-    """The store to use: ``configured``, else ``$MLFLOW_TRACKING_URI``, else the default."""
+    """The store to use: ``configured``, else ``$MLFLOW_TRACKING_URI``, else the default; the
+    credentials of an http(s) URI move to MLflow's environment variables
+    (``credentials.take_credentials``), so the URI returned holds none."""
+    from gpinfer.experiment.credentials import take_credentials
+
     if configured:
-        return str(configured)
+        return take_credentials(str(configured))
     env = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
-    return env or default_tracking_uri()
+    return take_credentials(env) if env else default_tracking_uri()
 
 
 def sqlite_path(uri: str) -> Path | None:
@@ -407,9 +414,13 @@ class RunLogger:
         self._last_flush = self._clock()
         if not self._buffer or self.run_id is None:
             return
+        from mlflow.entities import RunTag
+
         pending, self._buffer = self._buffer, []
+        beat = [RunTag(HEARTBEAT_TAG, str(int(time.time() * 1000)))]  # same request, no extra
         for i in range(0, len(pending), _BATCH_METRICS):
-            self.client.log_batch(self.run_id, metrics=pending[i : i + _BATCH_METRICS])
+            self.client.log_batch(self.run_id, metrics=pending[i : i + _BATCH_METRICS],
+                                  tags=beat if i == 0 else [])
 
     def log_artifact(self, path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
         """Upload one local file to the run's artifacts."""

@@ -47,9 +47,8 @@ def test_limit_can_be_raised_by_argument_and_environment(tmp_path: Path, monkeyp
 def test_csv_is_refused_too(tmp_path: Path, monkeypatch):
     monkeypatch.delenv(MAX_DENSE_ENV, raising=False)
     path = tmp_path / "d.csv"
-    rows = np.arange(40 * 5, dtype=float).reshape(40, 5)
-    rows[:, -1] = np.arange(40) % 2
-    np.savetxt(path, rows, delimiter=",")
+    rows = np.arange(40 * 5).reshape(40, 5) % 2  # one digit a value: 400 bytes of text
+    np.savetxt(path, rows, delimiter=",", fmt="%d")
     with pytest.raises(InputError, match=r"40 x 4 float64 = 1.28e-06 GB, more than the limit of "
                                          r"1e-06 GB"):
         load_file(path, max_dense_gb=1e-6)
@@ -69,8 +68,22 @@ def test_bad_limits_are_named(bad, monkeypatch):
         check_dense_size(Path("x"), 1, 1)
 
 
-def test_npz_refuses_the_option(tmp_path: Path):
+def test_text_larger_than_the_limit_is_not_read(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv(MAX_DENSE_ENV, raising=False)
+    path = tmp_path / "d.csv"
+    np.savetxt(path, np.tile([0.123456789, 1.0], (40, 1)), delimiter=",")
+    size = path.stat().st_size / 1e9
+    with pytest.raises(InputError, match=rf"the file is {size:.4g} GB, more than the limit of "
+                                         r"1e-06 GB"):
+        load_file(path, max_dense_gb=1e-6)
+
+
+def test_npz_takes_the_limit_for_its_decompressed_arrays(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv(MAX_DENSE_ENV, raising=False)
     path = tmp_path / "d.npz"
-    np.savez(path, X=np.zeros((4, 2)), y=np.array([0, 1, 0, 1]))
-    with pytest.raises(InputError, match="'max_dense_gb' does not apply to .npz"):
-        load_file(path, max_dense_gb=1.0)
+    np.savez_compressed(path, X=np.zeros((400, 2)), y=np.arange(400) % 2)  # 6.4 kB + 3.2 kB
+    with pytest.raises(InputError, match=r"member 'y.npy': the arrays would take 9.6e-06 GB "
+                                         r"once decompressed \(this member 3.2e-06 GB\), more "
+                                         r"than the limit of 9e-06 GB"):
+        load_file(path, max_dense_gb=9e-6)
+    assert load_file(path, max_dense_gb=1e-5).X.shape == (400, 2)

@@ -221,10 +221,12 @@ def test_redact_text_and_scrub_files(tmp_path):
 
 
 @pytest.mark.network
-def test_credentials_never_printed_or_stored(tmp_path, mlflow_server):  # noqa: F811
-    """A run against a server URI with user and password: the run works (the client uses the
-    URI as given), and neither result.json, the summary line, the params, the tags, the
-    config artifact nor Hydra's record of the overrides holds the password."""
+def test_credentials_never_printed_or_stored(tmp_path, mlflow_server, monkeypatch):  # noqa: F811
+    """A run against a server URI with user and password: the run works (the credentials go
+    to MLflow's variables), and neither result.json, the summary line, the params, the tags,
+    the config artifact nor Hydra's record of the overrides holds the password."""
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.setenv(name, "-")  # put back as it was after the test
     host = mlflow_server.removeprefix("http://")
     uri = f"http://alice:s3cret@{host}"
     run_dir = tmp_path / "run"

@@ -1,0 +1,98 @@
+"""The fitted estimator in a format that is not pickle: ``skops``.
+
+**Security note.** The MLflow model ``model`` of a run (``model_logging.log_estimator``) is a
+cloudpickle: loading it (``mlflow.sklearn.load_model``, ``mlflow.pyfunc.load_model``) runs
+whatever code the file says, with the rights of whoever loads it. Load such a model only from a
+store whose writers you trust. For everyone else each run also logs the artifact
+``model_skops/model.skops`` (``log_skops``): the same fitted estimator in scikit-learn's
+``skops`` format, which stores arrays as ``.npy`` (never pickled) and the objects as a tree
+of type names and values. ``load_skops`` rebuilds only the classes of gpinfer and of its
+registered plugins (code installed here, not taken from the file) and refuses a file naming
+any other type unless the caller trusts it by name::
+
+    from mlflow.artifacts import download_artifacts
+    from gpinfer.experiment.safe_model import load_skops
+
+    path = download_artifacts(run_id=run_id, artifact_path="model_skops/model.skops")
+    estimator = load_skops(path)          # predict_proba gives the run's probabilities
+
+``save_skops`` / ``load_skops`` work on any fitted ``GPClassifier`` / ``GPRegressor``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpinfer.errors import InputError
+
+if TYPE_CHECKING:
+    from gpinfer.experiment.tracking import RunLogger
+
+__all__ = ["SKOPS_DIR", "SKOPS_FILE", "gpinfer_packages", "load_skops", "log_skops",
+           "save_skops"]
+
+#: the artifact ``<SKOPS_DIR>/<SKOPS_FILE>`` of every run with ``mlflow.log_model=true``
+SKOPS_DIR = "model_skops"
+SKOPS_FILE = "model.skops"
+
+
+def save_skops(estimator: Any, path: str | os.PathLike[str]) -> Path:
+    """Write the fitted ``estimator`` to ``path`` in the ``skops`` format (no pickle)."""
+    import skops.io as sio
+
+    path = Path(path)
+    sio.dump(estimator, path)
+    return path
+
+
+def gpinfer_packages() -> set[str]:
+    """Top-level packages whose classes ``load_skops`` rebuilds: ``gpinfer`` and those of every
+    registered plugin (methods, likelihoods, kernels, datasets)."""
+    from gpinfer import registry
+
+    packages = {"gpinfer"}
+    for group in registry.GROUPS:
+        for entry in registry.entries(group):
+            packages.add(entry.value.split(":", 1)[0].split(".", 1)[0])
+    return packages
+
+
+def _own(type_name: str, packages: Iterable[str]) -> bool:
+    return type_name.split(".", 1)[0] in set(packages)
+
+
+def load_skops(path: str | os.PathLike[str], trusted: Sequence[str] = ()) -> Any:
+    """The estimator saved by ``save_skops``, rebuilt without pickle.
+
+    The classes of gpinfer and its registered plugins are rebuilt (besides what skops trusts
+    by default: numpy, scipy, scikit-learn and builtin containers); any other type the file
+    names must be listed in ``trusted`` (full names, e.g. ``"mymodule.MyKernel"``), else
+    ``InputError`` lists them.
+    """
+    import skops.io as sio
+
+    path = Path(path)
+    try:
+        named = sio.get_untrusted_types(file=path)
+    except Exception as exc:  # noqa: BLE001 - not a zip, no schema, ...: one clear line
+        raise InputError(f"{str(path)!r} is not a readable .skops file: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    packages = gpinfer_packages()
+    foreign = sorted(t for t in named if not _own(t, packages) and t not in set(trusted))
+    if foreign:
+        raise InputError(
+            f"{str(path)!r} names types that are neither gpinfer's nor trusted: "
+            f"{', '.join(foreign)}; load it only if you trust them: "
+            "load_skops(path, trusted=[...])")
+    return sio.load(path, trusted=list(named))
+
+
+def log_skops(logger: RunLogger, estimator: Any, out_dir: str | os.PathLike[str]) -> str:
+    """Save ``estimator`` as ``<out_dir>/model.skops`` and log it as the run's artifact
+    ``model_skops/model.skops``; returns that artifact path."""
+    path = save_skops(estimator, Path(out_dir) / SKOPS_FILE)
+    logger.log_artifact(path, artifact_path=SKOPS_DIR)
+    return f"{SKOPS_DIR}/{SKOPS_FILE}"

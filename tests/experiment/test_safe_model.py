@@ -1,0 +1,80 @@
+"""The fitted model without pickle: ``model_skops/model.skops`` loads back with the same
+probabilities, and a file naming foreign types is refused unless they are trusted."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpinfer.errors import InputError
+from gpinfer.experiment.runner import run_experiment
+from gpinfer.experiment.safe_model import (
+    SKOPS_DIR,
+    SKOPS_FILE,
+    gpinfer_packages,
+    load_skops,
+    save_skops,
+)
+
+from .helpers import compose_cfg, load_logged_model, plugin_importable
+
+pytestmark = pytest.mark.usefixtures("toy_site")
+
+
+class Foreign:
+    """A class of neither gpinfer nor a plugin."""
+
+    def __init__(self, value: float = 0.0) -> None:
+        self.value = value
+
+
+def test_round_trip_gives_the_same_probabilities(tmp_path: Path) -> None:
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.preprocessing import StandardScaler
+
+    import gpinfer
+
+    reason = plugin_importable("laplace")
+    if reason:
+        pytest.skip(reason)
+    X, y = load_breast_cancer(return_X_y=True)
+    X = StandardScaler().fit_transform(X)[:150]
+    clf = gpinfer.GPClassifier(method="laplace", max_iter=3, random_state=0).fit(X, y[:150])
+    path = save_skops(clf, tmp_path / "m.skops")
+    assert b"cloudpickle" not in path.read_bytes()
+    loaded = load_skops(path)
+    assert type(loaded) is type(clf)
+    assert np.array_equal(loaded.predict_proba(X), clf.predict_proba(X))
+    assert {"gpinfer", "gpinfer_laplace"} <= gpinfer_packages()
+
+
+def test_foreign_types_are_refused_unless_trusted(tmp_path: Path) -> None:
+    path = save_skops({"model": Foreign(2.5)}, tmp_path / "f.skops")
+    name = f"{Foreign.__module__}.Foreign"
+    with pytest.raises(InputError, match=rf"names types that are neither gpinfer's nor "
+                                         rf"trusted: {name}"):
+        load_skops(path)
+    assert load_skops(path, trusted=[name])["model"].value == 2.5
+    (tmp_path / "bad.skops").write_bytes(b"not a zip")
+    with pytest.raises(InputError, match="is not a readable .skops file"):
+        load_skops(tmp_path / "bad.skops")
+
+
+def test_a_run_logs_the_skops_model_next_to_the_pickled_one(tmp_path: Path,
+                                                            store_uri: str) -> None:
+    from mlflow.artifacts import download_artifacts
+
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "mlflow.experiment=skops",
+                      "method.name=toysparse", "method.likelihood=null", "M=5",
+                      "iterations=3", "mlflow.log_model=true")
+    result = run_experiment(cfg, output_dir=tmp_path / "run", stream=io.StringIO())
+    run_id = result["mlflow_run_id"]
+    local = download_artifacts(run_id=run_id, artifact_path=f"{SKOPS_DIR}/{SKOPS_FILE}",
+                               tracking_uri=store_uri, dst_path=str(tmp_path / "dl"))
+    safe = load_skops(local)
+    pickled, _ = load_logged_model(run_id, store_uri)
+    X = np.random.default_rng(0).standard_normal((20, result["n_features"]))
+    assert np.array_equal(safe.predict_proba(X), pickled.predict_proba(X))
