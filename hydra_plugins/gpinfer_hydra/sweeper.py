@@ -1,25 +1,65 @@
-"""Hydra's basic sweeper with progress while it composes the jobs' configs.
+"""Hydra's basic sweeper, made for large sweeps: lazy composition, named job folders, a report
+whatever happens.
 
-Before launching a batch, Hydra composes every job's config to catch errors early: for the
-1200 jobs of a paper protocol that is minutes of silence. ``GPInferSweeper`` says so in one
-line and, on a terminal, draws a bar (``gpinfer.progress``). A sweep with failed jobs still
-gets its report (Hydra skips ``on_multirun_end`` then). Selected in ``conf/config.yaml``
-(``override hydra/sweeper: gpinfer``); it takes the basic sweeper's options (``params``,
-``max_batch_size``). No ``from __future__ import annotations`` here: Hydra executes plugin
-modules outside ``sys.modules``, where dataclasses cannot resolve string annotations.
+* **Lazy composition.** Hydra's basic sweeper composes every job's config before the first job
+  starts (for the 1200 jobs of a paper protocol, minutes of silence); the launcher composes each
+  job again when it runs it. ``GPInferSweeper`` checks only a covering set instead: as many jobs
+  as the longest list of swept values, which together use every value of every swept key once
+  (20 compositions for 1200 jobs), so a misspelt group option fails at once and the first job
+  starts within seconds.
+* **Job folders name every swept key.** Each job gets ``hydra.job.config.override_dirname``'s
+  ``exclude_keys`` set to the keys that do not vary (and ``method`` / ``dataset``, already in the
+  folder name), so ``hydra.sweep.subdir`` (``conf/config.yaml``) reads
+  ``<num>_<method>_<dataset>_M=0.05,seed=3``. The resolver ``gpinfer.swept`` turns the
+  ``override_dirname`` into that suffix (empty when nothing else varies).
+* **A clean Ctrl-C in every phase.** Every composition (the checks here, and each job's by the
+  launcher, through ``_InterruptSafeLoader``) runs with SIGINT deferred to its end
+  (``gpinfer.experiment.interrupts``): a Ctrl-C inside OmegaConf would otherwise surface as an
+  ``AttributeError`` traceback.
+* **A report whatever happens.** ``sweep.json`` in the sweep folder records the planned jobs
+  and the swept keys; when a job failed (Hydra raises before its ``on_multirun_end``
+  callbacks) or the sweep is interrupted (Ctrl-C, SIGTERM), the sweep report (``SweepReport``,
+  if configured) is written here from the jobs that finished, then the error goes on.
+
+Selected in ``conf/config.yaml`` (``override hydra/sweeper: gpinfer``); it takes the basic
+sweeper's options (``params``, ``max_batch_size``). No ``from __future__ import annotations``
+here: Hydra executes plugin modules outside ``sys.modules``, where dataclasses cannot resolve
+string annotations.
 """
 
 
+import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper, BasicSweeperConf
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.types import Override
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+from gpinfer.experiment import interrupts
 
 #: batches at least this large are announced
 ANNOUNCE_FROM = 50
+#: the sweep folder's record of the planned jobs (read by ``gpinfer.experiment.report``)
+SWEEP_FILE = "sweep.json"
+#: keys always in the job folder's name, so never repeated in its swept-keys suffix
+NAMED_KEYS = ("method", "dataset")
+#: the resolver that turns ``hydra.job.override_dirname`` into the folder name's suffix
+RESOLVER = "gpinfer.swept"
+
+
+def swept_suffix(override_dirname: str) -> str:
+    """``"_" + override_dirname`` with path separators replaced (``""`` when it is empty)."""
+    text = str(override_dirname or "").replace("/", "-")
+    return f"_{text}" if text else ""
+
+
+OmegaConf.register_new_resolver(RESOLVER, swept_suffix, replace=True)
 
 
 @dataclass
@@ -31,36 +71,100 @@ ConfigStore.instance().store(group="hydra/sweeper", name="gpinfer", node=GPInfer
                              provider="gpinfer")
 
 
+def covering_jobs(batch: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Jobs that together use every value at every position of ``batch``'s override lists.
+
+    ``batch``: jobs x overrides (the same keys in the same order in every job, as the basic
+    sweeper makes them). Returns ``max_k |values of key k|`` jobs, job ``i`` taking value
+    ``i mod |values|`` of each key: each is a job of the full sweep (a product of the values).
+    """
+    if not batch:
+        return []
+    width = min(len(job) for job in batch)
+    values = [list(dict.fromkeys(job[k] for job in batch)) for k in range(width)]
+    n = max((len(v) for v in values), default=1)
+    return [[v[i % len(v)] for v in values] for i in range(n)]
+
+
+def swept_keys(overrides: Sequence[Override]) -> tuple[list[str], list[str]]:
+    """``(keys with several values, keys with one)`` among the parsed sweep ``overrides``."""
+    swept, fixed = [], []
+    for o in overrides:
+        several = o.is_sweep_override() and len(list(o.sweep_string_iterator())) > 1
+        (swept if several else fixed).append(o.key_or_group)
+    return swept, fixed
+
+
+class _InterruptSafeLoader:
+    """Hydra's config loader, each sweep composition with SIGINT deferred to its end."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> Any:
+        with interrupts.deferred():
+            return self._loader.load_sweep_config(master_config, sweep_overrides)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_loader":  # while unpickling (a launcher's worker): not set yet
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
+
 class GPInferSweeper(BasicSweeper):
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
+              config: DictConfig) -> None:
+        """The basic sweeper's set-up, its launcher given the interrupt-safe config loader."""
+        safe = HydraContext(config_loader=_InterruptSafeLoader(hydra_context.config_loader),
+                            callbacks=hydra_context.callbacks)
+        super().setup(hydra_context=safe, task_function=task_function, config=config)
+
     def sweep(self, arguments: list[str]) -> Any:
-        """Hydra's sweep; when a job failed, Hydra raises before its ``on_multirun_end``
-        callbacks, so the sweep report (``SweepReport``, if configured) is written here first:
-        the runs that finished are reported, the failed ones counted."""
+        """Hydra's sweep, with the report written when it fails or is interrupted (see the
+        module docstring); ``KeyboardInterrupt`` goes on to ``gpinfer-run``'s exit 130."""
         try:
+            interrupts.release()  # composing the primary config is over
             return super().sweep(arguments)
-        except Exception:
-            self._report()
+        except BaseException as exc:
+            self._report(interrupted=not isinstance(exc, Exception))
             raise
 
-    def _report(self) -> None:
+    def split_arguments(self, overrides: list[Override],  # type: ignore[override]
+                        max_batch_size: int | None) -> list[list[list[str]]]:
+        """The basic sweeper's job lists, each job also told which keys name its folder;
+        records them in ``sweep.json``."""
+        batches = BasicSweeper.split_arguments(overrides, max_batch_size)
+        swept, fixed = swept_keys(overrides)
+        exclude = ",".join(dict.fromkeys([*fixed, *NAMED_KEYS]))
+        naming = f"hydra.job.config.override_dirname.exclude_keys=[{exclude}]"
+        self._write_plan(sum(len(b) for b in batches), swept)
+        return [[[*job, naming] for job in batch] for batch in batches]
+
+    def _write_plan(self, n_jobs: int, swept: list[str]) -> None:
+        assert self.config is not None
+        folder = Path(str(self.config.hydra.sweep.dir))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / SWEEP_FILE).write_text(json.dumps({"jobs": n_jobs, "swept": swept}) + "\n")
+
+    def _report(self, interrupted: bool) -> None:
         from gpinfer.experiment.hydra_callbacks import SweepReport
 
         callbacks = (self.config.hydra.get("callbacks") or {}) if self.config else {}
         if any(str(node.get("_target_", "")).endswith(".SweepReport")
                for node in callbacks.values()):
-            SweepReport().on_multirun_end(self.config)
+            SweepReport().report(self.config, interrupted=interrupted)
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
-        if len(batch) < ANNOUNCE_FROM:
-            super().validate_batch_is_legal(batch)
-            return
+        """Compose the covering jobs of ``batch`` (``covering_jobs``), not all of them."""
+        jobs = covering_jobs(batch)
         from gpinfer.progress import ProgressBar
 
-        print(f"gpinfer-run: composing the configs of {len(batch)} jobs before the first starts",
-              file=sys.stderr, flush=True)
         assert self.hydra_context is not None and self.config is not None
-        with ProgressBar(len(batch), "composing", show="auto") as bar:
-            for i, overrides in enumerate(batch, 1):
-                self.hydra_context.config_loader.load_sweep_config(
-                    master_config=self.config, sweep_overrides=list(overrides))
+        if len(batch) >= ANNOUNCE_FROM:
+            print(f"gpinfer-run: {len(batch)} jobs; checking the configs of the {len(jobs)} that "
+                  "use every swept value", file=sys.stderr, flush=True)
+        show = "auto" if len(batch) >= ANNOUNCE_FROM else False
+        with ProgressBar(len(jobs), "composing", show=show) as bar:
+            for i, overrides in enumerate(jobs, 1):
+                self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
                 bar.update(i)
