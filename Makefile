@@ -61,7 +61,7 @@ $(DOCS_STAMP): $(STAMP)
 # strict); the method options page is generated from every method's option_spec
 docs: install
 	@$(MAKE) -s --no-print-directory $(DOCS_STAMP)
-	$(BIN)/mkdocs build --strict --clean
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --clean
 
 run: install
 	$(BIN)/gpinfer-run $(ARGS)

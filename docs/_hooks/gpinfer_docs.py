@@ -13,8 +13,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mkdocs.structure.files import File, Files
-
 ROOT = Path(__file__).resolve().parents[2]
 #: README links into docs/ (``](docs/plugins.md)``) become site-relative (``](plugins.md)``)
 _DOCS_LINK = re.compile(r"\]\(docs/")
@@ -72,7 +70,10 @@ def method_options_page() -> str:
 GENERATED = {"index.md": readme_page, "api/method-options.md": method_options_page}
 
 
-def on_files(files: Files, config: Any, **kwargs: Any) -> Files:
+def on_files(files: Any, config: Any, **kwargs: Any) -> Any:
+    """MkDocs event: add the ``GENERATED`` pages (a page written in ``docs/`` wins)."""
+    from mkdocs.structure.files import File
+
     for uri, make in GENERATED.items():
         if files.get_file_from_path(uri) is None:
             files.append(File.generated(config, uri, content=make()))

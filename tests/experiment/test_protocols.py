@@ -1,4 +1,4 @@
-"""Paper protocols say what they need before they start; the sweeper in use shows progress."""
+"""Paper protocols say what they need before they start; the sweeper checks a covering set."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def test_every_gpinfer_run_protocol_tells_its_cost(name: str) -> None:
     assert "time on 2 cores: " in text and "_TIME" not in text
 
 
-def test_sweeper_announces_composing_a_large_sweep(capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweeper_checks_a_covering_set_of_a_large_sweep(capsys: pytest.CaptureFixture[str]) -> None:
     from types import SimpleNamespace
 
     from hydra_plugins.gpinfer_hydra.sweeper import ANNOUNCE_FROM, GPInferSweeper
@@ -55,10 +55,14 @@ def test_sweeper_announces_composing_a_large_sweep(capsys: pytest.CaptureFixture
     sweeper = GPInferSweeper(max_batch_size=None, params=None)
     sweeper.hydra_context = SimpleNamespace(config_loader=loader)
     sweeper.config = OmegaConf.create({})
-    batch = [[f"seed={i}"] for i in range(ANNOUNCE_FROM)]
+    batch = [[f"method={m}", f"seed={i}"] for m in ("ep", "sep") for i in range(ANNOUNCE_FROM)]
     sweeper.validate_batch_is_legal(batch)
-    assert composed == batch  # every job's config is still composed (Hydra's early check)
+    # one job per seed, the two methods taken in turn: every value of every key is composed
+    assert len(composed) == ANNOUNCE_FROM
+    assert {c[0] for c in composed} == {"method=ep", "method=sep"}
+    assert {c[1] for c in composed} == {f"seed={i}" for i in range(ANNOUNCE_FROM)}
     err = capsys.readouterr().err
-    assert f"composing the configs of {ANNOUNCE_FROM} jobs before the first starts" in err
+    assert (f"{2 * ANNOUNCE_FROM} jobs; checking the configs of the {ANNOUNCE_FROM} that use "
+            "every swept value") in err
     sweeper.validate_batch_is_legal(batch[:3])  # small sweeps: silent
     assert capsys.readouterr().err == "" and len(composed) == ANNOUNCE_FROM + 3
