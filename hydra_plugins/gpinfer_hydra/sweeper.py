@@ -88,7 +88,8 @@ def covering_jobs(batch: Sequence[Sequence[str]]) -> list[list[str]]:
 
 def swept_keys(overrides: Sequence[Override]) -> tuple[list[str], list[str]]:
     """``(keys with several values, keys with one)`` among the parsed sweep ``overrides``."""
-    swept, fixed = [], []
+    swept: list[str] = []
+    fixed: list[str] = []
     for o in overrides:
         several = o.is_sweep_override() and len(list(o.sweep_string_iterator())) > 1
         (swept if several else fixed).append(o.key_or_group)
@@ -115,8 +116,8 @@ class GPInferSweeper(BasicSweeper):
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
         """The basic sweeper's set-up, its launcher given the interrupt-safe config loader."""
-        safe = HydraContext(config_loader=_InterruptSafeLoader(hydra_context.config_loader),
-                            callbacks=hydra_context.callbacks)
+        loader: Any = _InterruptSafeLoader(hydra_context.config_loader)  # duck-typed
+        safe = HydraContext(config_loader=loader, callbacks=hydra_context.callbacks)
         super().setup(hydra_context=safe, task_function=task_function, config=config)
 
     def sweep(self, arguments: list[str]) -> Any:
@@ -149,7 +150,9 @@ class GPInferSweeper(BasicSweeper):
     def _report(self, interrupted: bool) -> None:
         from gpinfer.experiment.hydra_callbacks import SweepReport
 
-        callbacks = (self.config.hydra.get("callbacks") or {}) if self.config else {}
+        if self.config is None:
+            return
+        callbacks = self.config.hydra.get("callbacks") or {}
         if any(str(node.get("_target_", "")).endswith(".SweepReport")
                for node in callbacks.values()):
             SweepReport().report(self.config, interrupted=interrupted)
