@@ -8,10 +8,12 @@ written by gpinfer's sweeper; ``read_plan``). ``summarise`` groups the FINISHED 
 and dataset, and by kernel and M when those vary among the runs, and gives per group the number
 of runs (and of failed and rejected ones) and the mean and standard error (``std / sqrt(n)``,
 ``ddof = 1``; none for a single run) of the test error (test RMSE for regression), the test NLL
-and the training time. ``write_report`` writes ``report.md`` (with the counts: finished, failed,
-rejected, never started, and a list of the jobs that did not finish), ``report.csv`` and
-``nll_vs_time.png`` (test NLL against training time, one point per run, one panel per dataset
-and task, coloured by method, marker by M) into a folder and logs them to MLflow as a run
+and the training time.
+
+``write_report`` writes into a folder ``report.md`` (the jobs counted by status: finished,
+failed, killed, rejected, incomplete, never started; a list of the jobs that did not finish),
+``report.csv`` and ``nll_vs_time.png`` (test NLL against training time, one point per run, one
+panel per dataset and task, coloured by method, marker by M), and logs them to MLflow as a run
 tagged ``gpinfer.kind = report`` in the experiment ``<experiment>-reports``, apart from the
 training runs. Entry points: the Hydra callback ``SweepReport`` (end of every multirun, and
 from the sweeper when a sweep fails or is interrupted) and ``gpinfer report
@@ -93,6 +95,14 @@ class SweepPlan:
     jobs: int | None = None
     swept: list[str] = field(default_factory=list)
     interrupted: bool = False
+
+
+def write_plan(folder: str | Path, jobs: int, swept: Sequence[str]) -> Path:
+    """Record a sweep's plan in ``folder/sweep.json`` (gpinfer's sweeper, before launching)."""
+    path = Path(folder) / SWEEP_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"jobs": int(jobs), "swept": list(swept)}) + "\n")
+    return path
 
 
 def read_plan(folder: str | Path, interrupted: bool = False) -> SweepPlan:

@@ -28,11 +28,9 @@ string annotations.
 """
 
 
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper, BasicSweeperConf
@@ -45,8 +43,6 @@ from gpinfer.experiment import interrupts
 
 #: batches at least this large are announced
 ANNOUNCE_FROM = 50
-#: the sweep folder's record of the planned jobs (read by ``gpinfer.experiment.report``)
-SWEEP_FILE = "sweep.json"
 #: keys always in the job folder's name, so never repeated in its swept-keys suffix
 NAMED_KEYS = ("method", "dataset")
 #: the resolver that turns ``hydra.job.override_dirname`` into the folder name's suffix
@@ -142,10 +138,10 @@ class GPInferSweeper(BasicSweeper):
         return [[[*job, naming] for job in batch] for batch in batches]
 
     def _write_plan(self, n_jobs: int, swept: list[str]) -> None:
+        from gpinfer.experiment.report import write_plan
+
         assert self.config is not None
-        folder = Path(str(self.config.hydra.sweep.dir))
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / SWEEP_FILE).write_text(json.dumps({"jobs": n_jobs, "swept": swept}) + "\n")
+        write_plan(str(self.config.hydra.sweep.dir), n_jobs, swept)
 
     def _report(self, interrupted: bool) -> None:
         from gpinfer.experiment.hydra_callbacks import SweepReport
