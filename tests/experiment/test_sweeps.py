@@ -27,15 +27,16 @@ def _folders(sweep: Path) -> list[str]:
     return sorted(p.name for p in sweep.iterdir() if p.is_dir() and p.name[0].isdigit())
 
 
-def test_covering_jobs_use_every_value_once_per_key() -> None:
-    batch = [[f"method={m}", f"M={M}", f"seed={s}"]
-             for m in ("ep", "sep") for M in (0.1, 0.2, 0.5) for s in range(4)]
-    jobs = covering_jobs(batch)
-    assert len(jobs) == 4  # the longest list of values: seed
-    for k, values in enumerate(({"method=ep", "method=sep"}, {"M=0.1", "M=0.2", "M=0.5"},
-                                {f"seed={s}" for s in range(4)})):
-        assert {job[k] for job in jobs} == values
+def test_covering_jobs_use_every_group_choice() -> None:
+    batch = [[f"method={m}", f"+kernel={k}", f"seed={s}"]
+             for m in ("ep", "sep") for k in ("rbf", "linear", "matern32") for s in range(4)]
+    jobs = covering_jobs(batch, groups={"method", "kernel"})
+    assert len(jobs) == 3  # the longest list of group choices: kernel
+    assert {job[0] for job in jobs} == {"method=ep", "method=sep"}
+    assert {job[1] for job in jobs} == {"+kernel=rbf", "+kernel=linear", "+kernel=matern32"}
     assert all(job in batch for job in jobs)  # real jobs of the sweep
+    assert len(covering_jobs(batch)) == 4  # every key counted: seed's four values
+    assert len(covering_jobs(batch, groups=set())) == 1
     assert covering_jobs([]) == [] and swept_suffix("") == "" and swept_suffix("a=b/c") == "_a=b-c"
 
 
@@ -129,23 +130,27 @@ def test_ctrl_c_during_a_sweep_writes_the_report_of_the_finished_jobs(
 
 def test_ctrl_c_while_composing_is_one_line(tmp_path: Path, toy_site: Path) -> None:
     """SIGINT while the sweeper checks a big sweep's configs (OmegaConf inside a composition
-    used to turn it into an AttributeError traceback)."""
+    used to turn it into an AttributeError traceback): every method config, 22 compositions."""
+    from gpinfer.experiment.app import CONF_DIR
+
     sweep = tmp_path / "sweep"
+    methods = ",".join(sorted(p.stem for p in (CONF_DIR / "method").glob("*.yaml")))
     status, text = _interrupt(
-        [str(GPINFER_RUN), "-m", *TOY, "seed=range(0,400)", f"hydra.sweep.dir={sweep}"],
+        [str(GPINFER_RUN), "-m", f"method={methods}", "dataset=breast_cancer",
+         "seed=range(0,5)", f"hydra.sweep.dir={sweep}"],
         tmp_path, toy_site,
-        lambda log, proc: (_wait_for(log, "checking the configs", proc), time.sleep(1.0)))
+        lambda log, proc: (_wait_for(log, "checking the configs", proc), time.sleep(0.3)))
     assert status == 130, text[-3000:]
     assert "Traceback" not in text and "_invalidate_flags_cache" not in text, text[-3000:]
     assert "gpinfer-run: interrupted" in text
-    assert not list(sweep.glob("*/result.json"))  # no job had started
+    assert "Launching" not in text and not list(sweep.glob("*/result.json"))  # no job started
 
 
 def test_first_job_of_a_big_sweep_starts_without_composing_every_job(
     tmp_path: Path, toy_site: Path
 ) -> None:
-    """4 kernels x 5 iteration counts x 20 seeds x 5 evaluation intervals = 2000 jobs: the 20
-    that use every value are checked (Hydra's sweeper composed all 2000 first: minutes), then
+    """4 kernels x 5 iteration counts x 20 seeds x 5 evaluation intervals = 2000 jobs: the 4
+    that use every kernel are checked (Hydra's sweeper composed all 2000 first: minutes), then
     the first job runs. How many are composed is counted in test_protocols.py; here the real
     sweeper and launcher get to the first job."""
     sweep = tmp_path / "sweep"
@@ -157,7 +162,7 @@ def test_first_job_of_a_big_sweep_starts_without_composing_every_job(
         [str(GPINFER_RUN), "-m", *TOY, "kernel=rbf,matern52,matern32,linear",
          "iterations=1,2,3,4,5", "seed=range(0,20)", "eval_every=1,2,3,4,5",
          f"hydra.sweep.dir={sweep}"], tmp_path, toy_site, first_job)
-    assert "2000 jobs; checking the configs of the 20 that use every swept value" in text
+    assert "2000 jobs; checking the configs of the 4 that use every swept config-group choice" in text
     assert status == 130, text[-2000:]
     assert json.loads((sweep / "sweep.json").read_text()) == {
         "jobs": 2000, "swept": ["kernel", "iterations", "seed", "eval_every"]}
