@@ -1,4 +1,5 @@
-# gpinfer: `make run` (set up + default experiment), `make test` (set up + lint + types + tests).
+# gpinfer: `make run` (set up + default experiment), `make test` (set up + lint + types + tests),
+# `make docs` (the docs site into site/, warnings as errors).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -9,13 +10,14 @@ STAMP  := $(VENV)/.installed
 # would download a CUDA build of several GB
 TORCH  ?= torch==2.13.0
 TORCH_STAMP := $(VENV)/.torch
+DOCS_STAMP := $(VENV)/.docs
 # the oldest Python gpinfer supports (pyproject.toml: requires-python)
 PY_OK  := import sys; sys.exit(sys.version_info < (3, 11))
 # `make ui PORT=5001 HOST=0.0.0.0`
 PORT   ?= 5000
 HOST   ?= 127.0.0.1
 
-.PHONY: install torch run test lint typecheck ui clean
+.PHONY: install torch run test lint typecheck docs ui clean
 
 # A .venv made by an unsupported (or since removed) Python is rebuilt; outputs/ is kept.
 install:
@@ -46,6 +48,21 @@ $(TORCH_STAMP): $(STAMP)
 torch: install
 	@$(MAKE) -s --no-print-directory $(TORCH_STAMP)
 
+# the docs extra (MkDocs Material, mkdocstrings) into the same venv, pip's output appended to
+# $(VENV)/install.log (shown only on failure)
+$(DOCS_STAMP): $(STAMP)
+	@echo "installing the docs tools (gpinfer[docs]; log: $(VENV)/install.log)"
+	@$(BIN)/python -m pip install -e ".[docs]" >> $(VENV)/install.log 2>&1 || { \
+	   tail -n 30 $(VENV)/install.log; echo "installing gpinfer[docs] failed: see $(VENV)/install.log"; \
+	   exit 1; }
+	@touch $(DOCS_STAMP)
+
+# the site into site/ (not committed; open site/index.html), any warning an error (mkdocs.yml:
+# strict); the method options page is generated from every method's option_spec
+docs: install
+	@$(MAKE) -s --no-print-directory $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --clean
+
 run: install
 	$(BIN)/gpinfer-run $(ARGS)
 
@@ -65,4 +82,4 @@ ui: install
 	  --host $(HOST) --port $(PORT)
 
 clean:
-	rm -rf $(VENV) outputs/* .pytest_cache .ruff_cache
+	rm -rf $(VENV) outputs/* site .pytest_cache .ruff_cache

@@ -194,9 +194,9 @@ def _cmd_report(args: argparse.Namespace, out: TextIO) -> int:
             if not source.is_dir():
                 raise
     done = report.write_report(records, Path(args.out) if args.out else folder, args.source,
-                               log_to_mlflow=not args.no_mlflow)
+                               log_to_mlflow=not args.no_mlflow, plan=report.read_plan(folder))
     print(done.markdown, file=out)
-    print(f"\n{done.n_runs} runs; written: {', '.join(str(p) for p in done.paths)}", file=out)
+    print(f"\n{done.summary}; written: {', '.join(str(p) for p in done.paths)}", file=out)
     if done.mlflow_run_id:
         print(f"logged to MLflow as run {done.mlflow_run_id}", file=out)
     if done.mlflow_error:

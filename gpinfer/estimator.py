@@ -452,8 +452,9 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
     dtype : None, "float64" or "float32"
         Floating-point type of the torch backend (``None``: float64). ``"float32"`` only with
         ``backend="torch"`` and for the methods stable in single precision (sep, svi).
-    All three are checked, with the method, before any training (``InputError`` naming the
-    fix: an unknown value, torch or CUDA missing, a numpy-only method).
+        All three (backend, device, dtype) are checked, with the method, before any training
+        (``InputError`` naming the fix: an unknown value, torch or CUDA missing, a numpy-only
+        method).
     baseline_failure : "raise" or "warn"
         What a fit whose training NLL is no better than predicting the class frequencies does
         (``gpinfer.fit_guard``): ``"raise"`` (default) a ``gpinfer.errors.FitFailedError`` (a

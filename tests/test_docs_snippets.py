@@ -32,12 +32,14 @@ def test_block_extraction() -> None:
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/plugins.md"])
-def test_python_blocks_run(doc: str) -> None:
+def test_python_blocks_run(doc: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpinfer.testing import SUITES
 
     blocks = python_blocks(REPO / doc)
     assert blocks, f"{doc} has no python blocks"
     suites = set(SUITES)
+    # the guide's test block imports the example plugin, as an installed plugin's test would
+    monkeypatch.syspath_prepend(str(REPO / "docs" / "example_plugin"))
     namespace: dict[str, object] = {"__name__": f"docs_{Path(doc).stem}"}
     try:
         for i, code in enumerate(blocks, 1):

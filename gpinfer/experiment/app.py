@@ -18,13 +18,15 @@ job prints its line and the sweep goes on, Hydra exiting non-zero at the end.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from gpinfer.errors import GPInferError
+from gpinfer.experiment import interrupts
 from gpinfer.experiment.config_paths import CONFIG_NAME, core_conf_dir, register_hydra_plugins
 from gpinfer.experiment.credentials import protect_command_line
 from gpinfer.threads import export_policy
@@ -75,17 +77,45 @@ def _multirun() -> bool:
         return False
 
 
+def _record_rejection(cfg: DictConfig, exc: Exception) -> None:
+    """In a sweep, a job that ended without ``result.json`` (stopped before its run) leaves
+    ``rejected.json`` in its folder, so the sweep report counts and lists it."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from gpinfer.experiment.report import write_rejected
+    from gpinfer.experiment.results import RESULT_FILE
+
+    try:
+        folder = Path(HydraConfig.get().runtime.output_dir)
+        if (folder / RESULT_FILE).exists():
+            return  # the run started and recorded its own failure
+        keys = {"method": OmegaConf.select(cfg, "method.name"),
+                "dataset": OmegaConf.select(cfg, "dataset.name"),
+                "kernel": OmegaConf.select(cfg, "kernel.name"),
+                "M": OmegaConf.select(cfg, "M"), "seed": OmegaConf.select(cfg, "seed")}
+        write_rejected(folder, keys, f"{type(exc).__name__}: {exc}")
+    except Exception as err:  # noqa: BLE001 - bookkeeping must not hide the job's own error
+        print(f"gpinfer-run: could not record the rejected job: {err}", file=sys.stderr)
+
+
 def task(cfg: DictConfig) -> dict[str, Any]:
-    """The Hydra task: one ``run_experiment``; gpinfer errors become one-line failures."""
+    """The Hydra task: one ``run_experiment``; gpinfer errors become one-line failures (in a
+    sweep, also ``rejected.json`` when the run never started)."""
     from gpinfer.experiment.runner import run_experiment
 
+    interrupts.release()  # composing is over: Ctrl-C stops the run (KILLED in MLflow)
     try:
         result = run_experiment(cfg)
     except GPInferError as exc:
         message = f"gpinfer-run: {type(exc).__name__}: {exc}"
         if _multirun():  # Hydra reports only the first failed job at the end of a sweep
             print(message, file=sys.stderr, flush=True)
+            _record_rejection(cfg, exc)
         raise RunFailed(message) from None
+    except Exception as exc:
+        if _multirun():
+            _record_rejection(cfg, exc)
+        raise
     if not _multirun():
         from gpinfer.experiment.results import result_table
 
@@ -114,11 +144,16 @@ def main() -> None:
     hydra_main = hydra.main(
         config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3"
     )(task)
+    interrupts.install()  # Ctrl-C deferred while Hydra composes (gpinfer.experiment.interrupts)
     try:
         hydra_main()
+        interrupts.release()  # --cfg, --help: nothing ran
     except KeyboardInterrupt:
-        sys.stderr.write("gpinfer-run: interrupted (a run in progress ends KILLED in MLflow)\n")
+        sys.stderr.write("gpinfer-run: interrupted (a run in progress ends KILLED in MLflow; "
+                         "a sweep reports its finished jobs)\n")
         raise SystemExit(130) from None
+    finally:
+        interrupts.uninstall()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Hydra callbacks of ``gpinfer-run`` (registered under ``hydra.callbacks`` in
 ``conf/config.yaml``):
 
-* ``SweepReport``: at the end of every multirun, the sweep report
-  (``gpinfer.experiment.report``) into the sweep folder, logged to MLflow, and its table
-  printed;
+* ``SweepReport``: at the end of every multirun (and, through the sweeper, of a failed or
+  interrupted one), the sweep report (``gpinfer.experiment.report``) into the sweep folder,
+  logged to MLflow, and its table printed;
 * ``ProtocolNotice``: before a paper protocol (``+experiment=...``) starts, what it needs: the
   number of jobs, the data files and whether they are there, and the time it takes.
 
@@ -24,16 +24,24 @@ from gpinfer.errors import GPInferError
 
 
 class SweepReport(Callback):
-    """Write and print the sweep report when a multirun ends."""
+    """Write and print the sweep report when a multirun ends (``report``; the sweeper calls it
+    too when the sweep failed or was interrupted)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self.report(config)
+
+    @staticmethod
+    def report(config: DictConfig, interrupted: bool = False) -> None:
+        """The report of the sweep folder ``config.hydra.sweep.dir`` from the jobs that ended
+        there (``interrupted``: said so in the report); one line on stderr on any problem."""
         from gpinfer.experiment import report, tracking
 
         folder = Path(str(config.hydra.sweep.dir))
         try:
             records = report.collect_folder(folder)
             uri = tracking.resolve_tracking_uri(config.get("mlflow", {}).get("tracking_uri"))
-            done = report.write_report(records, folder, str(folder), tracking_uri=uri)
+            done = report.write_report(records, folder, str(folder), tracking_uri=uri,
+                                       plan=report.read_plan(folder, interrupted))
         except GPInferError as exc:
             reason = str(exc).removeprefix("gpinfer report: ")
             print(f"gpinfer-run: no sweep report: {reason}", file=sys.stderr, flush=True)
@@ -42,7 +50,7 @@ class SweepReport(Callback):
             print(f"gpinfer-run: sweep report failed: {type(exc).__name__}: {exc}",
                   file=sys.stderr, flush=True)
             return
-        print(f"\nSweep report ({done.n_runs} runs): {folder / report.REPORT_MD}\n"
+        print(f"\nSweep report ({done.summary}): {folder / report.REPORT_MD}\n"
               f"{done.markdown}", flush=True)
         if done.mlflow_error:
             print(f"gpinfer-run: the report was not logged to MLflow: {done.mlflow_error}",

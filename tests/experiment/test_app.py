@@ -179,15 +179,21 @@ def test_laplace_multirun_two_by_two(tmp_path: Path, toy_site: Path) -> None:
         assert 0.0 <= result["test_error"] <= 0.2 and result["n_iter"] >= 1
         combos.add((result["kernel"], result["seed"]))
     assert combos == {("rbf", 0), ("rbf", 1), ("matern52", 0), ("matern52", 1)}
-    runs = _runs(uri)
-    reports = [r for r in runs if r.data.tags.get("gpinfer.kind") == "report"]
-    runs = [r for r in runs if r not in reports]
+    runs = _runs(uri)  # the training runs alone: the report run has its own experiment
+    client = MlflowClient(uri)
+    reports = client.search_runs([client.get_experiment_by_name("gpinfer-reports").experiment_id])
+    assert not any(r.data.tags.get("gpinfer.kind") == "report" for r in runs)
     assert len(runs) == 4 and {r.info.status for r in runs} == {"FINISHED"}
     assert len({r.info.run_name for r in runs}) == 4  # readable and unique
     assert {r.data.tags["method.distribution"] for r in runs} == {"gpinfer-laplace"}
     assert proc.stdout.count("FINISHED: laplace on breast_cancer") == 4  # one line per run
     # the sweep report: printed, written into the sweep folder, logged as one MLflow run
-    assert "Sweep report (4 runs)" in proc.stdout
+    assert "Sweep report (4 finished of 4 job(s))" in proc.stdout
+    # the folders name the swept keys (kernel, seed) after the method and the dataset
+    assert sorted(p.parent.name for p in found) == [
+        "0_laplace_breast_cancer_kernel=rbf,seed=0", "1_laplace_breast_cancer_kernel=rbf,seed=1",
+        "2_laplace_breast_cancer_kernel=matern52,seed=0",
+        "3_laplace_breast_cancer_kernel=matern52,seed=1"]
     table = (sweep / "report.md").read_text()
     assert "| laplace | breast_cancer | matern52 | 2 |" in table
     assert "| laplace | breast_cancer | rbf | 2 |" in table

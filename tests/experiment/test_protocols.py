@@ -1,4 +1,4 @@
-"""Paper protocols say what they need before they start; the sweeper in use shows progress."""
+"""Paper protocols say what they need before they start; the sweeper checks a covering set."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def test_every_gpinfer_run_protocol_tells_its_cost(name: str) -> None:
     assert "time on 2 cores: " in text and "_TIME" not in text
 
 
-def test_sweeper_announces_composing_a_large_sweep(capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweeper_checks_a_covering_set_of_a_large_sweep(capsys: pytest.CaptureFixture[str]) -> None:
     from types import SimpleNamespace
 
     from hydra_plugins.gpinfer_hydra.sweeper import ANNOUNCE_FROM, GPInferSweeper
@@ -54,11 +54,13 @@ def test_sweeper_announces_composing_a_large_sweep(capsys: pytest.CaptureFixture
                              composed.append(sweep_overrides))
     sweeper = GPInferSweeper(max_batch_size=None, params=None)
     sweeper.hydra_context = SimpleNamespace(config_loader=loader)
-    sweeper.config = OmegaConf.create({})
-    batch = [[f"seed={i}"] for i in range(ANNOUNCE_FROM)]
+    sweeper.config = OmegaConf.create({"hydra": {"runtime": {"choices": {"method": "ep"}}}})
+    batch = [[f"method={m}", f"seed={i}"] for m in ("ep", "sep") for i in range(ANNOUNCE_FROM)]
     sweeper.validate_batch_is_legal(batch)
-    assert composed == batch  # every job's config is still composed (Hydra's early check)
+    # the config group method has two choices: two jobs use both (seed is a plain value)
+    assert composed == [["method=ep", "seed=0"], ["method=sep", "seed=1"]]
     err = capsys.readouterr().err
-    assert f"composing the configs of {ANNOUNCE_FROM} jobs before the first starts" in err
+    assert (f"{2 * ANNOUNCE_FROM} jobs; checking the configs of the 2 that use every swept "
+            "config-group choice") in err
     sweeper.validate_batch_is_legal(batch[:3])  # small sweeps: silent
-    assert capsys.readouterr().err == "" and len(composed) == ANNOUNCE_FROM + 3
+    assert capsys.readouterr().err == "" and len(composed) == 3

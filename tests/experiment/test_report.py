@@ -72,7 +72,7 @@ def test_bad_sources_are_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
     cases = {
         str(tmp_path / "missing"): "folder '" + str(tmp_path / "missing") + "' does not exist",
         "no-such-experiment": "no folder and no MLflow experiment named 'no-such-experiment'",
-        str(tmp_path / "failed"): "no finished runs in",
+        str(tmp_path / "failed"): "no finished runs in",  # (0 finished, 1 failed of 1 job(s))
     }
     for source, message in cases.items():
         assert cli.main(["report", source], out=io.StringIO()) == 2
@@ -100,10 +100,35 @@ def test_report_of_an_experiment_is_logged_to_mlflow(
         report.REPORT_MD, report.REPORT_CSV, report.REPORT_PNG}
     client = MlflowClient(store_uri)
     exp = client.get_experiment_by_name("reported")
-    runs = client.search_runs([exp.experiment_id])
-    logged = [r for r in runs if r.data.tags.get(report.KIND_TAG) == report.KIND_REPORT]
-    assert len(runs) == 3 and len(logged) == 1
-    assert {a.path for a in client.list_artifacts(logged[0].info.run_id)} == {
+    assert len(client.search_runs([exp.experiment_id])) == 2  # the training runs alone
+    reports = client.get_experiment_by_name("reported" + report.REPORTS_EXPERIMENT_SUFFIX)
+    (logged,) = client.search_runs([reports.experiment_id])
+    assert logged.data.tags[report.KIND_TAG] == report.KIND_REPORT
+    assert logged.data.tags["report.experiment_id"] == exp.experiment_id
+    assert {a.path for a in client.list_artifacts(logged.info.run_id)} == {
         report.REPORT_MD, report.REPORT_CSV, report.REPORT_PNG}
-    # a second report does not count the first one's run
+    # a second report: counts only the training runs, gets a name of its own
     assert len(report.collect_experiment("reported", store_uri)) == 2
+    assert cli.main(["report", "reported", "--tracking-uri", store_uri,
+                     "--out", str(tmp_path / "rep2")], out=io.StringIO()) == 0
+    names = {r.info.run_name for r in client.search_runs([reports.experiment_id])}
+    assert len(names) == 2 and all(n.startswith("report-reported-") for n in names)
+
+
+def test_report_runs_logged_beside_the_training_runs_are_still_skipped(
+    tmp_path: Path, store_uri: str, toy_site: Path
+) -> None:
+    """Before report runs had their own experiment they were logged among the training runs
+    (tag gpinfer.kind=report): such an experiment still reports its training runs only."""
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "mlflow.experiment=old-style",
+                      "method.name=toygp", "method.likelihood=null", "iterations=2")
+    run_experiment(cfg, output_dir=tmp_path / "run", stream=io.StringIO())
+    client = MlflowClient(store_uri)
+    exp = client.get_experiment_by_name("old-style")
+    old = client.create_run(exp.experiment_id, run_name="report-old-style",
+                            tags={report.KIND_TAG: report.KIND_REPORT})
+    client.set_terminated(old.info.run_id, "FINISHED")
+    records = report.collect_experiment("old-style", store_uri)
+    assert [r.method for r in records] == ["toygp"]
+    done = report.write_report(records, tmp_path / "rep", "old-style", log_to_mlflow=False)
+    assert done.summary == "1 finished of 1 job(s)"
