@@ -12,12 +12,19 @@ the Hydra plugin ``hydra_plugins.gpinfer_hydra.searchpath``. Examples::
 
 A gpinfer error (bad name, bad option, unreadable data, unwritable output or store, numerical
 trouble) ends the run with a one-line message instead of a traceback; in a sweep every failed
-job prints its line and the sweep goes on, Hydra exiting non-zero at the end.
+job prints its line and the sweep goes on, Hydra exiting non-zero at the end. A run rejected
+before it started (nothing in its folder but Hydra's ``.hydra/`` and the run log) leaves no
+folder behind (``remove_unstarted_run_folder``). A finished run prints one line
+(``results.summary_line``).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
 import sys
+from pathlib import Path
 from typing import Any
 
 from hydra.errors import CompactHydraException
@@ -74,22 +81,58 @@ def _multirun() -> bool:
         return False
 
 
+def remove_unstarted_run_folder(folder: str | os.PathLike[str], hydra_subdir: str | None) -> bool:
+    """Remove the run ``folder`` Hydra made for a run that never started; returns whether it did.
+
+    Removed only when it holds nothing but Hydra's ``hydra_subdir`` (``.hydra``) and the log
+    files of the logging handlers writing into it (``gpinfer.log``, closed and detached first),
+    and is neither the working directory nor one of its parents.
+    """
+    folder = Path(folder).resolve()
+    cwd = Path.cwd().resolve()
+    if not folder.is_dir() or folder == cwd or folder in cwd.parents:
+        return False
+    root = logging.getLogger()
+    logs = [h for h in root.handlers if isinstance(h, logging.FileHandler)
+            and Path(h.baseFilename).resolve().parent == folder]
+    allowed = {Path(h.baseFilename).name for h in logs} | {hydra_subdir or ".hydra"}
+    if any(entry.name not in allowed for entry in folder.iterdir()):
+        return False
+    for handler in logs:
+        root.removeHandler(handler)
+        handler.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    return not folder.exists()
+
+
+def _forget_rejected_run() -> None:
+    """After a gpinfer error: no folder for a run that never started (under Hydra only)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+        folder, subdir = hc.runtime.output_dir, hc.output_subdir
+    except Exception:  # not under Hydra
+        return
+    try:
+        remove_unstarted_run_folder(folder, subdir)
+    except OSError:  # litter is better than a second error
+        pass
+
+
 def task(cfg: DictConfig) -> dict[str, Any]:
-    """The Hydra task: one ``run_experiment``; gpinfer errors become one-line failures."""
+    """The Hydra task: one ``run_experiment`` (which prints the result line); gpinfer errors
+    become one-line failures, and a rejected run leaves no folder."""
     from gpinfer.experiment.runner import run_experiment
 
     try:
-        result = run_experiment(cfg)
+        return run_experiment(cfg)
     except GPInferError as exc:
+        _forget_rejected_run()
         message = f"gpinfer-run: {type(exc).__name__}: {exc}"
         if _multirun():  # Hydra reports only the first failed job at the end of a sweep
             print(message, file=sys.stderr, flush=True)
         raise RunFailed(message) from None
-    if not _multirun():
-        from gpinfer.experiment.results import result_table
-
-        print(result_table(result), flush=True)
-    return result
 
 
 def _check_conf_dir() -> None:

@@ -4,7 +4,8 @@
 ``publish_errors``, never a failed run: training is done and its metrics are logged):
 
 * the learned hyper-parameters as metrics (``learned.*``, ``gpinfer.experiment.learned``);
-* the fitted estimator as the MLflow model ``model`` (``model_logging.log_estimator``);
+* the model as the MLflow model ``model`` (``model_logging.log_estimator``): the run's
+  ``model_logging.deployable_model``, which takes raw features;
 * the training and test data as dataset inputs (``model_logging.log_datasets``);
 * the figures under ``plots/`` (``figures.log_figures``).
 
@@ -42,11 +43,15 @@ def publish_run(
     curve: TrainingCurve,
     data: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     classification: bool,
+    model: Any = None,
+    model_example: np.ndarray | None = None,
 ) -> dict[str, float]:
     """Log the parts above; returns ``{part: seconds}`` (``publish.<part>_s`` in the result).
 
-    ``data``: ``(X_train [N, D], y_train [N], X_test [N*, D], y_test [N*])`` as the model saw
-    them (standardised inputs; class indices for a classifier).
+    ``data``: ``(X_train [N, D], y_train [N], X_test [N*, D], y_test [N*])`` as the estimator
+    saw them (standardised inputs; class indices for a classifier). ``model``: what is logged
+    as the MLflow model (default: ``estimator``), ``model_example [n, D]``: rows of its inputs
+    (default: ``X_train``).
     """
     X_train, y_train, X_test, y_test = data
     timings: dict[str, float] = {}
@@ -76,7 +81,9 @@ def publish_run(
 
     part("hyper-parameters", True, hyper)
     part("model", bool(settings.get("log_model", True)),
-         lambda: log_estimator(logger, estimator, X_train, plugin_distribution(method)[0]))
+         lambda: log_estimator(logger, estimator if model is None else model,
+                               X_train if model_example is None else model_example,
+                               plugin_distribution(method)[0]))
     part("datasets", bool(settings.get("log_datasets", True)),
          lambda: log_datasets(logger, dataset, X_train, y_train, X_test, y_test))
     part("plots", bool(settings.get("log_plots", True)), figures)

@@ -13,12 +13,15 @@
 3. starts the MLflow run (params = the flattened resolved config, with ``backend``, ``device``
    and ``dtype`` as resolved; tags, config artifact) and
    fits a ``GPClassifier`` with a callback that logs the objective and elapsed time every
-   iteration and the test error and test NLL every ``eval_every`` iterations (also to the run
-   log ``gpinfer.log``), moves the progress bar (``gpinfer.progress``, config ``progress.bar``),
-   and stops the run on a non-finite objective. A regression dataset
-   (``Dataset.task == "regression"``) gets a ``GPRegressor`` on targets standardised with the
-   training part instead, and test RMSE and NLL in the original units of ``y``;
-4. logs the final metrics and the fitted state, then what MLflow users expect besides
+   iteration and the test error and test NLL every ``eval_every`` iterations
+   (``eval/test_error``, ``eval/test_nll``; also to the run log ``gpinfer.log``), moves the
+   progress bar (``gpinfer.progress``, config ``progress.bar``), and stops the run on a
+   non-finite objective. A regression dataset (``Dataset.task == "regression"``) gets a
+   ``GPRegressor`` on targets standardised with the training part instead, and test RMSE and
+   NLL in the original units of ``y``;
+4. logs the final metrics (``FINAL_METRICS``: once each, under the names of ``result.json``,
+   so MLflow, ``result.json``, the printed line and both reports show the same numbers) and the
+   fitted state, then what MLflow users expect besides
    (``publish.publish_run``: learned hyper-parameters, the model, dataset inputs, plots),
    writes ``result.json`` and prints one line. The run's name is readable and unique
    (``sep-waveform-rbf-s0-3fa2c1``).
@@ -73,8 +76,17 @@ _DATASET_KEYS = {
 }
 #: kernel group keys that are not constructor parameters
 _KERNEL_META = {"name", "ard", "noise"}
+#: the run's final numbers: result.json's keys and MLflow metrics of the same names, each logged
+#: once (``RunLogger.log_final``), so that MLflow's value of the key is the reported number
+FINAL_METRICS = ("test_error", "test_rmse", "test_nll", "log_evidence", "train_time_s", "n_iter",
+                 "peak_rss_mb", "train_nll", "baseline_nll")
+#: prefix of the test metrics computed every ``eval_every`` iterations (``eval/test_error``, ...):
+#: the history of the test metrics, kept apart from the final numbers
+EVAL_PREFIX = "eval/"
+#: raw training rows kept for the logged model's input example
+_EXAMPLE_ROWS = 5
 #: per-iteration metric names the runner owns (method extras with these names get a prefix)
-_RESERVED = {"objective", "elapsed_s", "test_error", "test_nll", "test_rmse"}
+_RESERVED = {"objective", "elapsed_s", *FINAL_METRICS}
 
 
 @dataclass
@@ -132,6 +144,10 @@ class Prepared:
     y_scale: float = 1.0
     #: the array backend the fit runs on (resolved from the settings, checked for the method)
     backend: Backend = NUMPY
+    #: the training part's standardisation of the inputs (``None``: inputs used as loaded)
+    standardizer: Any = None
+    #: the first training rows as loaded (raw features ``[n, D]``): the logged model's example
+    X_train_raw_head: Array | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -440,6 +456,7 @@ def prepare(
                          f"on numpy only: leave backend and device unset (got {backend})")
 
     X_train, X_test = split.X_train, split.X_test
+    st = None
     if s.dataset_cfg.get("standardize", True):
         st = Standardizer().fit(X_train)
         X_train, X_test = st.transform(X_train), st.transform(X_test)
@@ -479,6 +496,8 @@ def prepare(
         y_shift=y_shift,
         y_scale=y_scale,
         backend=backend,
+        standardizer=st,
+        X_train_raw_head=np.array(split.X_train[:_EXAMPLE_ROWS], dtype=np.float64),
     )
 
 
@@ -548,7 +567,7 @@ class _Callback:
         tests: dict[str, float] = {}
         if info.posterior is not None and it % every == 0:
             tests = _evaluate(self.p, info.posterior())
-            metrics.update(tests)
+            metrics.update({EVAL_PREFIX + key: value for key, value in tests.items()})
             _log.info("iteration %d/%d: objective %.6g, %s", it, self.p.settings.iterations,
                       objective, ", ".join(f"{k} {v:.4g}" for k, v in tests.items()))
         self.p.logger.log_metrics(metrics, step=it)
@@ -688,6 +707,7 @@ def _base_result(p: Prepared) -> dict[str, Any]:
 def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str, Any]) -> float:
     """Learned hyper-parameters, model, datasets and plots to MLflow (``publish.publish_run``);
     returns the seconds it took (not part of the training time)."""
+    from gpinfer.experiment.model_logging import deployable_model
     from gpinfer.experiment.publish import publish_run
 
     s = p.settings
@@ -702,6 +722,9 @@ def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str,
         dataset=s.dataset, title=f"{s.method} on {s.dataset} (seed {s.seed})",
         step=max(int(result["n_iter"]), callback.last_iteration), curve=callback.curve,
         data=(p.X_train, y_train, p.X_test, p.y_test_index), classification=classification,
+        model=deployable_model(estimator, p.standardizer,
+                               None if classification else (p.y_shift, p.y_scale)),
+        model_example=p.X_train_raw_head,
     )
     return time.perf_counter() - start
 
@@ -778,22 +801,8 @@ def run_experiment(
             result["fit_warnings"] = list(fit_report.warnings)
             result.update({k: float(v) for k, v in fit_report.diagnostics.items()})
             logger.set_tags({"fit_warnings": ",".join(fit_report.warnings) or "none"})
-            logger.log_metrics(
-                {
-                    key: result[key]
-                    for key in (
-                        *(("test_rmse",) if p.task == "regression" else ("test_error",)),
-                        "test_nll",
-                        "log_evidence",
-                        "train_time_s",
-                        "n_iter",
-                        "peak_rss_mb",
-                        *(k for k in ("train_nll", "baseline_nll") if k in result),
-                    )
-                },
-                step=max(result["n_iter"], callback.last_iteration),
-            )
-            logger.flush()
+            logger.log_final({key: result[key] for key in FINAL_METRICS if key in result},
+                             step=max(result["n_iter"], callback.last_iteration))
             state = tracking.collect_state(
                 estimator.fit_result_,
                 extra={"classes": p.classes, "M_count": np.asarray(p.M_count or 0)},
