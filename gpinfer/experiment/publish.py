@@ -7,7 +7,8 @@
 * the model as the MLflow model ``model`` (``model_logging.log_estimator``): the run's
   ``model_logging.deployable_model``, which takes raw features;
 * the training and test data as dataset inputs (``model_logging.log_datasets``);
-* the figures under ``plots/`` (``figures.log_figures``).
+* the figures under ``plots/`` (``figures``), drawn by a separate process while the model and
+  the datasets are logged (``render.FigureJob``), then uploaded.
 
 Which parts run is set by ``mlflow.log_model``, ``mlflow.log_datasets`` and
 ``mlflow.log_plots`` in the config (all true by default).
@@ -23,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from gpinfer.experiment import learned
-from gpinfer.experiment.figures import TrainingCurve, log_figures
+from gpinfer.experiment.figures import TrainingCurve
 from gpinfer.experiment.model_logging import log_datasets, log_estimator
+from gpinfer.experiment.render import FigureJob
 from gpinfer.experiment.tracking import RunLogger, plugin_distribution
 
 log = logging.getLogger("gpinfer.run")
@@ -57,16 +59,18 @@ def publish_run(
     timings: dict[str, float] = {}
     errors: list[str] = []
 
-    def part(name: str, enabled: bool, action: Callable[[], Any]) -> None:
-        if not enabled:
-            return
+    def part(name: str, enabled: bool, action: Callable[[], Any]) -> Any:
+        if not enabled or name in errors:
+            return None
         start = time.perf_counter()
+        out = None
         try:
-            action()
+            out = action()
         except Exception as exc:  # noqa: BLE001 - a publishing failure must not fail the run
             errors.append(name)
             log.warning("could not log the %s to MLflow: %s: %s", name, type(exc).__name__, exc)
-        timings[name] = time.perf_counter() - start
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+        return out
 
     def hyper() -> None:
         metrics = learned.learned_metrics(estimator.kernel_, estimator.likelihood_,
@@ -75,18 +79,20 @@ def publish_run(
         logger.flush()
         log.info("learned hyper-parameters:\n%s", learned.as_text(metrics))
 
-    def figures() -> None:
+    def figures() -> FigureJob:
         P = estimator.predict_proba(X_test) if classification else None
-        log_figures(logger, out_dir, curve, title, y_test if classification else None, P)
+        return FigureJob.start(out_dir, curve, title, y_test if classification else None, P)
 
+    plots = bool(settings.get("log_plots", True))
     part("hyper-parameters", True, hyper)
+    job = part("plots", plots, figures)  # drawn meanwhile by another process
     part("model", bool(settings.get("log_model", True)),
          lambda: log_estimator(logger, estimator if model is None else model,
                                X_train if model_example is None else model_example,
                                plugin_distribution(method)[0]))
     part("datasets", bool(settings.get("log_datasets", True)),
          lambda: log_datasets(logger, dataset, X_train, y_train, X_test, y_test))
-    part("plots", bool(settings.get("log_plots", True)), figures)
+    part("plots", job is not None, lambda: job.finish(logger))
     if errors:
         logger.set_tags({"publish_errors": ",".join(errors)})
     return timings

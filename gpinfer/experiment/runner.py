@@ -51,7 +51,7 @@ from omegaconf import DictConfig, OmegaConf
 from gpinfer.backend.choice import NUMPY, Backend, check_method_backend, resolve_backend
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.experiment import results as res
-from gpinfer.experiment import stale_runs, tracking
+from gpinfer.experiment import tracking
 from gpinfer.experiment.figures import TrainingCurve
 from gpinfer.experiment.redact import redact_text, redact_uri, scrub_files
 from gpinfer.interfaces import IterationInfo
@@ -629,6 +629,8 @@ def _tags(p: Prepared) -> dict[str, str]:
     if commit != "unknown":
         tags["mlflow.source.git.commit"] = commit
     tags.update({k: redact_text(v, p.logger.tracking_uri) for k, v in _hydra_job_tags().items()})
+    from gpinfer.experiment import stale_runs  # imports MLflow: only once a run is logged
+
     tags.update(stale_runs.run_tags())  # host and pid: a later run can tell this one died
     return tags
 
@@ -636,6 +638,8 @@ def _tags(p: Prepared) -> dict[str, str]:
 def _end_stale_runs(logger: tracking.RunLogger, stream: TextIO | None) -> None:
     """End as KILLED the store's runs of this host whose process is gone (never fails a run)."""
     try:
+        from gpinfer.experiment import stale_runs
+
         ended = stale_runs.end_stale_runs(logger.client)
     except Exception as exc:  # a store that cannot be searched must not stop this run
         _log.warning("could not check the store for stale runs: %s", exc)
