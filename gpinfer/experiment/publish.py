@@ -47,13 +47,15 @@ def publish_run(
     classification: bool,
     model: Any = None,
     model_example: np.ndarray | None = None,
+    P_test: np.ndarray | None = None,
 ) -> dict[str, float]:
     """Log the parts above; returns ``{part: seconds}`` (``publish.<part>_s`` in the result).
 
     ``data``: ``(X_train [N, D], y_train [N], X_test [N*, D], y_test [N*])`` as the estimator
     saw them (standardised inputs; class indices for a classifier). ``model``: what is logged
     as the MLflow model (default: ``estimator``), ``model_example [n, D]``: rows of its inputs
-    (default: ``X_train``).
+    (default: ``X_train``). ``P_test [N*, C]``: a classifier's test probabilities when already
+    computed (default: ``estimator.predict_proba(X_test)``).
     """
     X_train, y_train, X_test, y_test = data
     timings: dict[str, float] = {}
@@ -80,7 +82,9 @@ def publish_run(
         log.info("learned hyper-parameters:\n%s", learned.as_text(metrics))
 
     def figures() -> FigureJob:
-        P = estimator.predict_proba(X_test) if classification else None
+        P = None
+        if classification:
+            P = estimator.predict_proba(X_test) if P_test is None else P_test
         return FigureJob.start(out_dir, curve, title, y_test if classification else None, P)
 
     plots = bool(settings.get("log_plots", True))

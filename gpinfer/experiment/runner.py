@@ -506,11 +506,13 @@ def prepare(
 # --------------------------------------------------------------------------------------------
 
 
-def evaluate_test(posterior: Any, X: Array, y_index: Array) -> dict[str, float]:
-    """Test error and mean negative log predictive of ``posterior`` at ``X [N*, D]``."""
+def evaluate_test(posterior: Any, X: Array, y_index: Array,
+                  P: Array | None = None) -> dict[str, float]:
+    """Test error and mean negative log predictive of ``posterior`` at ``X [N*, D]``
+    (``P``: ``posterior.predict_proba(X)`` when already computed)."""
     from gpinfer.metrics import error_rate, nll
 
-    P = np.asarray(posterior.predict_proba(X), dtype=float)
+    P = np.asarray(posterior.predict_proba(X) if P is None else P, dtype=float)
     if P.ndim == 2 and P.shape[1] == 1:  # p(class 1) of a binary problem as a column
         P = P[:, 0]
     out = {"test_error": error_rate(y_index, P)}
@@ -532,11 +534,11 @@ def evaluate_regression(posterior: Any, X: Array, y: Array, shift: float = 0.0,
             "test_nll": float(np.log(scale) - np.mean(log_p))}
 
 
-def _evaluate(p: Prepared, posterior: Any) -> dict[str, float]:
-    """The test metrics of ``p``'s task."""
+def _evaluate(p: Prepared, posterior: Any, P: Array | None = None) -> dict[str, float]:
+    """The test metrics of ``p``'s task (``P``: a classifier's test predictions, if known)."""
     if p.task == "regression":
         return evaluate_regression(posterior, p.X_test, p.y_test_index, p.y_shift, p.y_scale)
-    return evaluate_test(posterior, p.X_test, p.y_test_index)
+    return evaluate_test(posterior, p.X_test, p.y_test_index, P)
 
 
 class _Callback:
@@ -708,9 +710,12 @@ def _base_result(p: Prepared) -> dict[str, Any]:
     }
 
 
-def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str, Any]) -> float:
-    """Learned hyper-parameters, model, datasets and plots to MLflow (``publish.publish_run``);
+def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str, Any],
+             P_test: Any = None) -> float:
+    """Learned hyper-parameters, model, datasets and plots to MLflow (``publish.publish_run``;
+    ``P_test``: the posterior's test predictions of a classifier, for the reliability diagram);
     returns the seconds it took (not part of the training time)."""
+    from gpinfer.estimator import class_probabilities
     from gpinfer.experiment.model_logging import deployable_model
     from gpinfer.experiment.publish import publish_run
 
@@ -729,6 +734,8 @@ def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str,
         model=deployable_model(estimator, p.standardizer,
                                None if classification else (p.y_shift, p.y_scale)),
         model_example=p.X_train_raw_head,
+        P_test=None if P_test is None else class_probabilities(
+            P_test, p.X_test.shape[0], p.n_classes, s.method),
     )
     return time.perf_counter() - start
 
@@ -789,7 +796,10 @@ def run_experiment(
             with _sigterm_as_interrupt(), progress:
                 estimator.fit(p.X_train, p.y_train, callback=callback)
             wall = time.perf_counter() - start
-            final = _evaluate(p, estimator.posterior_)
+            # the classifier's test predictions: the final numbers and the reliability diagram
+            P_test = (None if p.task == "regression"
+                      else estimator.posterior_.predict_proba(p.X_test))
+            final = _evaluate(p, estimator.posterior_, P_test)
             result.update(
                 final,
                 log_evidence=float(estimator.log_evidence_),
@@ -813,7 +823,7 @@ def run_experiment(
             )
             state_path = tracking.save_state(p.out_dir / "state.npz", state)
             logger.log_artifact(state_path)
-            result["publish_s"] = _publish(p, estimator, callback, result)
+            result["publish_s"] = _publish(p, estimator, callback, result, P_test)
             res.write_result(p.out_dir, result)
             logger.log_artifact(p.out_dir / res.RESULT_FILE)
         except BaseException as exc:
