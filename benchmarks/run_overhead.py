@@ -9,7 +9,8 @@ load:
 * ``startup``: ``gpinfer-run --help``: the imports and the composition before any CLI action;
 * ``run``: the default run (``sep`` on ``waveform``, 50 iterations) with publishing on; from
   its ``result.json``: ``train_time_s`` (training, evaluation and logging excluded),
-  ``wall_time_s`` (the fit, evaluations included) and ``publish_s`` (model, datasets, plots);
+  ``wall_time_s`` (the fit, evaluations included) and ``publish_s`` (model, datasets, plots;
+  per part as ``publish.<part>_s`` where the run reports them);
 * ``run_bare``: the same with ``mlflow.log_model/log_datasets/log_plots=false``.
 
 ``overhead = command wall time - train_time_s``; the target is at most 2 s. Every command runs
@@ -83,6 +84,9 @@ class Command:
         self._add(f"{record}.fit_wall_s", float(result.get("wall_time_s") or 0.0))
         self._add(f"{record}.publish_s", _publish_seconds(result))
         self._add(f"{record}.overhead_s", seconds - float(result["train_time_s"]))
+        for key, value in result.items():  # publish.model_s, ... (where the run reports them)
+            if key.startswith("publish.") and isinstance(value, int | float):
+                self._add(f"{record}.{key}", float(value))
 
     def startup(self) -> None:
         """``gpinfer-run --help``: imports and composition, nothing run."""

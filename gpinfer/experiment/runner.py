@@ -567,7 +567,8 @@ class _Callback:
                 continue
         every = self.p.settings.eval_every
         tests: dict[str, float] = {}
-        if info.posterior is not None and it % every == 0:
+        # the last scheduled iteration is evaluated once, by the final evaluation after the fit
+        if info.posterior is not None and it % every == 0 and it < self.p.settings.iterations:
             tests = _evaluate(self.p, info.posterior())
             metrics.update({EVAL_PREFIX + key: value for key, value in tests.items()})
             _log.info("iteration %d/%d: objective %.6g, %s", it, self.p.settings.iterations,
@@ -714,7 +715,8 @@ def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str,
              P_test: Any = None) -> float:
     """Learned hyper-parameters, model, datasets and plots to MLflow (``publish.publish_run``;
     ``P_test``: the posterior's test predictions of a classifier, for the reliability diagram);
-    returns the seconds it took (not part of the training time)."""
+    returns the seconds it took (not part of the training time); each part's seconds go to
+    ``result["publish.<part>_s"]``."""
     from gpinfer.estimator import class_probabilities
     from gpinfer.experiment.model_logging import deployable_model
     from gpinfer.experiment.publish import publish_run
@@ -726,7 +728,7 @@ def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str,
     callback.curve.add_tests(float(result["train_time_s"]), {
         key: float(result[key]) for key in ("test_error", "test_rmse", "test_nll")
         if result.get(key) is not None and (classification or key != "test_error")})
-    publish_run(
+    parts = publish_run(
         p.logger, estimator, settings=s.mlflow, out_dir=p.out_dir, method=s.method,
         dataset=s.dataset, title=f"{s.method} on {s.dataset} (seed {s.seed})",
         step=max(int(result["n_iter"]), callback.last_iteration), curve=callback.curve,
@@ -737,6 +739,8 @@ def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str,
         P_test=None if P_test is None else class_probabilities(
             P_test, p.X_test.shape[0], p.n_classes, s.method),
     )
+    result.update({f"publish.{name.replace('-', '_')}_s": seconds
+                   for name, seconds in parts.items()})
     return time.perf_counter() - start
 
 

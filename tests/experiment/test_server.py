@@ -106,8 +106,11 @@ def test_metrics_arrive_at_a_tracking_server(tmp_path: Path, mlflow_server: str)
     assert [m["step"] for m in sorted(history, key=lambda m: m["step"])] == [1, 2, 3, 4, 5, 6]
     assert min(m["value"] for m in history) == pytest.approx(-150.0)
 
+    _, body = _get(f"{api}/metrics/get-history?run_id={run_id}&metric_key=eval%2Ftest_error")
+    assert sorted(m["step"] for m in json.loads(body)["metrics"]) == [3]  # every eval_every
     _, body = _get(f"{api}/metrics/get-history?run_id={run_id}&metric_key=test_error")
-    assert sorted(m["step"] for m in json.loads(body)["metrics"]) == [3, 6]
+    final = json.loads(body)["metrics"]  # the final number: once, as in result.json
+    assert [(m["step"], m["value"]) for m in final] == [(6, result["test_error"])]
 
     _, body = _get(f"{api}/runs/get?run_id={run_id}")
     run = json.loads(body)["run"]
