@@ -88,3 +88,24 @@ def test_terminal_result_json_mlflow_and_both_reports_agree(tmp_path: Path) -> N
     assert float(sweep_rows[0]["test_error_mean"]) == pytest.approx(mean, rel=1e-15)
     table = (sweep / report.REPORT_MD).read_text()
     assert printed.getvalue().split("\n\n")[0] in table  # the printed table is the sweep's
+
+
+def test_runs_logged_before_the_change_still_open_in_gpinfer_report(tmp_path: Path) -> None:
+    """A run of the old layout (test metrics every eval_every under test_error, the final
+    numbers at the same keys) is read as before: the latest value of each key."""
+    uri = f"sqlite:///{tmp_path / 'old.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("old", artifact_location=(tmp_path / "arts").as_uri())
+    tags = {"method": "sep", "dataset": "waveform", "kernel": "rbf", "M": "null", "seed": "0"}
+    run = client.create_run(exp, tags=tags)
+    for step, error in ((10, 0.1686), (20, 0.1657)):
+        client.log_metric(run.info.run_id, "test_error", error, step=step)
+    for key, value in (("test_nll", 0.3629), ("train_time_s", 0.35), ("n_iter", 20.0)):
+        client.log_metric(run.info.run_id, key, value, step=20)
+    client.set_terminated(run.info.run_id, "FINISHED")
+    (record,) = report.collect_experiment("old", uri)
+    assert record.status == "FINISHED" and record.M == "-"
+    assert record.metrics == {"test_error": 0.1657, "test_nll": 0.3629, "train_time_s": 0.35}
+    status = cli.main(["report", "old", "--tracking-uri", uri, "--out", str(tmp_path / "rep"),
+                       "--no-mlflow"], out=io.StringIO())
+    assert status == 0 and "0.1657" in (tmp_path / "rep" / report.REPORT_MD).read_text()
