@@ -258,3 +258,17 @@ def test_repository_conf_is_the_one_used() -> None:
         present = {p.stem for p in (CONF_DIR / group).glob("*.yaml")}
         assert set(names) <= present, f"conf/{group} lacks {sorted(set(names) - present)}"
 
+
+
+@pytest.mark.parametrize(("status", "code"), [(None, 0), (3, 3), ("a message", 1)])
+def test_the_fast_exit_keeps_atexit_handlers_output_and_status(status, code) -> None:
+    """``exit_without_teardown`` skips the interpreter's module teardown only: atexit handlers
+    run, buffered output arrives, the status means what ``SystemExit``'s does."""
+    script = ("import atexit, sys; from gpinfer.experiment.app import exit_without_teardown; "
+              "atexit.register(lambda: print(' atexit ran')); sys.stdout.write('buffered'); "
+              f"exit_without_teardown({status!r})")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert proc.returncode == code
+    assert proc.stdout == "buffered atexit ran\n"
+    assert proc.stderr == ("a message\n" if code == 1 else "")
