@@ -60,6 +60,20 @@ Array = np.ndarray
 __all__ = ["GPClassifier"]
 
 
+def class_probabilities(P: Any, n_rows: int, n_classes: int, method: object = "?") -> Array:
+    """A posterior's ``predict_proba`` output as ``[N*, C]`` class probabilities: a binary
+    method's ``p(class 1)`` (``[N*]`` or ``[N*, 1]``) becomes two columns, negative values are
+    clipped and rows renormalised to sum to one. ``RuntimeError`` for any other shape."""
+    P = class_columns(P, n_classes)
+    if P.shape != (n_rows, n_classes):
+        raise RuntimeError(
+            f"method {method!r} predicted probabilities of shape {P.shape}; "
+            f"expected {(n_rows, n_classes)}"
+        )
+    P = np.clip(P, 0.0, None)
+    return P / P.sum(axis=1, keepdims=True)
+
+
 def _load_method(spec: Any) -> type[Method]:
     """The ``Method`` subclass for ``spec``: a registered name, or a ``Method`` subclass itself.
 
@@ -619,15 +633,8 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         ``X [N*, D]``: a numpy array or a torch tensor; the result is numpy, whatever backend
         the fit ran on (the prediction itself runs on the fit's device where it is usable)."""
         X = self._validate_for_predict(X)
-        n_classes = len(self.classes_)
-        P = class_columns(self.posterior_.predict_proba(self._on_fit_device(X)), n_classes)
-        if P.shape != (X.shape[0], n_classes):
-            raise RuntimeError(
-                f"method {self.method!r} predicted probabilities of shape {P.shape}; "
-                f"expected {(X.shape[0], n_classes)}"
-            )
-        P = np.clip(P, 0.0, None)
-        return P / P.sum(axis=1, keepdims=True)
+        P = self.posterior_.predict_proba(self._on_fit_device(X))
+        return class_probabilities(P, X.shape[0], len(self.classes_), self.method)
 
     def predict_log_proba(self, X: Any) -> Array:
         """Log class probabilities ``[N*, C]`` (``log`` of ``predict_proba``)."""

@@ -12,14 +12,22 @@ the Hydra plugin ``hydra_plugins.gpinfer_hydra.searchpath``. Examples::
 
 A gpinfer error (bad name, bad option, unreadable data, unwritable output or store, numerical
 trouble) ends the run with a one-line message instead of a traceback; in a sweep every failed
-job prints its line and the sweep goes on, Hydra exiting non-zero at the end.
+job prints its line and the sweep goes on, Hydra exiting non-zero at the end. A run rejected
+before it started (nothing in its folder but Hydra's ``.hydra/`` and the run log) leaves no
+folder behind (``remove_unstarted_run_folder``). A finished run prints one line
+(``results.summary_line``).
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
+import os
+import shutil
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
@@ -78,8 +86,9 @@ def _multirun() -> bool:
 
 
 def _record_rejection(cfg: DictConfig, exc: Exception) -> None:
-    """In a sweep, a job that ended without ``result.json`` (stopped before its run) leaves
-    ``rejected.json`` in its folder, so the sweep report counts and lists it."""
+    """In a sweep, a job that ended without ``result.json`` (stopped before its run) is recorded
+    in ``rejected/<job>.json`` of the sweep folder (``report.write_rejected``), so the sweep
+    report counts and lists it."""
     from hydra.core.hydra_config import HydraConfig
 
     from gpinfer.experiment.report import write_rejected
@@ -98,29 +107,66 @@ def _record_rejection(cfg: DictConfig, exc: Exception) -> None:
         print(f"gpinfer-run: could not record the rejected job: {err}", file=sys.stderr)
 
 
+def remove_unstarted_run_folder(folder: str | os.PathLike[str], hydra_subdir: str | None) -> bool:
+    """Remove the run ``folder`` Hydra made for a run that never started; returns whether it did.
+
+    Removed only when it holds nothing but Hydra's ``hydra_subdir`` (``.hydra``) and the log
+    files of the logging handlers writing into it (``gpinfer.log``, closed and detached first),
+    and is neither the working directory nor one of its parents.
+    """
+    folder = Path(folder).resolve()
+    cwd = Path.cwd().resolve()
+    if not folder.is_dir() or folder == cwd or folder in cwd.parents:
+        return False
+    root = logging.getLogger()
+    logs = [h for h in root.handlers if isinstance(h, logging.FileHandler)
+            and Path(h.baseFilename).resolve().parent == folder]
+    allowed = {Path(h.baseFilename).name for h in logs} | {hydra_subdir or ".hydra"}
+    if any(entry.name not in allowed for entry in folder.iterdir()):
+        return False
+    for handler in logs:
+        root.removeHandler(handler)
+        handler.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    return not folder.exists()
+
+
+def _forget_rejected_run() -> None:
+    """After a gpinfer error: no folder for a run that never started (under Hydra only)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+        folder, subdir = hc.runtime.output_dir, hc.output_subdir
+    except Exception:  # not under Hydra
+        return
+    try:
+        remove_unstarted_run_folder(folder, subdir)
+    except OSError:  # litter is better than a second error
+        pass
+
+
 def task(cfg: DictConfig) -> dict[str, Any]:
-    """The Hydra task: one ``run_experiment``; gpinfer errors become one-line failures (in a
-    sweep, also ``rejected.json`` when the run never started)."""
+    """The Hydra task: one ``run_experiment`` (which prints the result line); gpinfer errors
+    become one-line failures; a run rejected before it started leaves no folder (a sweep job's
+    rejection is recorded in the sweep folder's ``rejected/`` for the sweep report)."""
     from gpinfer.experiment.runner import run_experiment
 
     interrupts.release()  # composing is over: Ctrl-C stops the run (KILLED in MLflow)
     try:
-        result = run_experiment(cfg)
+        return run_experiment(cfg)
     except GPInferError as exc:
         message = f"gpinfer-run: {type(exc).__name__}: {exc}"
         if _multirun():  # Hydra reports only the first failed job at the end of a sweep
             print(message, file=sys.stderr, flush=True)
             _record_rejection(cfg, exc)
+        _forget_rejected_run()
         raise RunFailed(message) from None
     except Exception as exc:
         if _multirun():
             _record_rejection(cfg, exc)
+        _forget_rejected_run()
         raise
-    if not _multirun():
-        from gpinfer.experiment.results import result_table
-
-        print(result_table(result), flush=True)
-    return result
 
 
 def _check_conf_dir() -> None:
@@ -145,6 +191,7 @@ def main() -> None:
         config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3"
     )(task)
     interrupts.install()  # Ctrl-C deferred while Hydra composes (gpinfer.experiment.interrupts)
+    status: object = 0
     try:
         hydra_main()
         interrupts.release()  # --cfg, --help: nothing ran
@@ -152,8 +199,36 @@ def main() -> None:
         sys.stderr.write("gpinfer-run: interrupted (a run in progress ends KILLED in MLflow; "
                          "a sweep reports its finished jobs)\n")
         raise SystemExit(130) from None
+    except SystemExit as exc:  # Hydra's exit status (a failed run, --help, ...)
+        status = exc.code
     finally:
         interrupts.uninstall()
+    exit_without_teardown(status)
+
+
+def exit_without_teardown(status: object = 0) -> NoReturn:
+    """End the process with ``status`` (``SystemExit``'s meaning) without the interpreter's
+    teardown of every module a run imported (MLflow, SQLAlchemy, pandas, scikit-learn: seconds
+    on a busy machine, for nothing).
+
+    The ``atexit`` handlers run first (logging's flush and close among them) and stdout and
+    stderr are flushed, so nothing written is lost. With another thread still alive the normal
+    exit is taken (``SystemExit``), which waits for it.
+    """
+    if threading.active_count() > 1:
+        raise SystemExit(status)
+    if status is None or isinstance(status, int):
+        code = int(status or 0)
+    else:  # SystemExit("message"): printed, status 1
+        print(status, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()  # what the interpreter would run at exit, in the same order
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be written anyway
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -102,13 +102,31 @@ def log_figures(
     y_test: Array | None = None,
     P_test: Array | None = None,
 ) -> list[Path]:
+    """Draw the figures (``draw_figures``) and upload ``out_dir/plots``."""
+    paths = draw_figures(out_dir, curve, title, y_test, P_test)
+    upload_figures(logger, out_dir)
+    return paths
+
+
+def draw_figures(
+    out_dir: Path,
+    curve: TrainingCurve,
+    title: str,
+    y_test: Array | None = None,
+    P_test: Array | None = None,
+) -> list[Path]:
     """Draw the training curves and, for a classifier (``y_test [N*]`` class indices,
-    ``P_test [N*, C]``), the reliability diagram into ``out_dir/plots``; upload the folder."""
+    ``P_test [N*, C]``), the reliability diagram into ``out_dir/plots``."""
     folder = Path(out_dir) / PLOTS_DIR
     folder.mkdir(parents=True, exist_ok=True)
     paths = [training_curves_png(folder / CURVES_PNG, curve, title)]
     if y_test is not None and P_test is not None:
         paths.append(reliability_diagram_png(folder / RELIABILITY_PNG, y_test, P_test,
                                              title=f"reliability (test): {title}"))
-    logger.client.log_artifacts(logger._require_run(), str(folder), artifact_path=PLOTS_DIR)
     return paths
+
+
+def upload_figures(logger: RunLogger, out_dir: Path) -> None:
+    """Upload the drawn ``out_dir/plots`` to the run, in one call."""
+    logger.client.log_artifacts(logger._require_run(), str(Path(out_dir) / PLOTS_DIR),
+                                artifact_path=PLOTS_DIR)

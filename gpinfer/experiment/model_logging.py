@@ -1,10 +1,14 @@
 """The fitted estimator as an MLflow model, and the run's data as MLflow dataset inputs.
 
-``log_estimator`` logs a fitted ``GPClassifier`` / ``GPRegressor`` with MLflow's scikit-learn
-flavour under the name ``model``, with a signature and an input example, so that::
+``deployable_model`` makes what a run logs: a scikit-learn ``Pipeline`` that takes raw features
+``X [N, D]`` (the dataset's columns, as loaded), applies the run's standardisation (the training
+part's mean and scale, exactly as the run applied them) and then the fitted estimator; for a
+regression run the predictions are mapped back to the units of ``y`` as well.
+``log_estimator`` logs it with MLflow's scikit-learn flavour under the name ``model``, with a
+signature and an input example of raw rows, so that::
 
-    mlflow.sklearn.load_model(f"runs:/{run_id}/model").predict_proba(X)
-    mlflow.pyfunc.load_model(f"runs:/{run_id}/model").predict(X)      # the same probabilities
+    mlflow.sklearn.load_model(f"runs:/{run_id}/model").predict_proba(X_raw)
+    mlflow.pyfunc.load_model(f"runs:/{run_id}/model").predict(X_raw)  # the same probabilities
 
 (a classifier's pyfunc ``predict`` is ``predict_proba``; a regressor's is ``predict``). The
 pip requirements are given explicitly (the core's and the method plugin's distributions and
@@ -97,13 +101,64 @@ def _quiet(name: str) -> Iterator[None]:
         target.setLevel(level)
 
 
+def _fitted_scaler(mean: Array, scale: Array) -> Any:
+    """A fitted ``StandardScaler`` computing ``(X - mean) / scale`` (``mean``, ``scale`` ``[D]``):
+    the same floating-point operations as ``gpinfer.data.Standardizer.transform``."""
+    from sklearn.preprocessing import StandardScaler
+
+    scaler = StandardScaler()
+    scaler.mean_ = np.array(mean, dtype=np.float64).reshape(-1)
+    scaler.scale_ = np.array(scale, dtype=np.float64).reshape(-1)
+    scaler.var_ = scaler.scale_**2
+    scaler.n_features_in_ = int(scaler.mean_.shape[0])
+    scaler.n_samples_seen_ = 1  # unknown and unused: the statistics are the run's
+    return scaler
+
+
+def deployable_model(
+    estimator: Any, standardizer: Any | None = None, target: tuple[float, float] | None = None
+) -> Any:
+    """The model to log: ``Pipeline([("standardize", ...), ("model", ...)])`` on raw features.
+
+    ``standardizer``: the run's fitted ``gpinfer.data.Standardizer`` (``mean_``, ``scale_``
+    ``[D]``), ``None`` when the run did not standardise (the step is ``"passthrough"``).
+    ``target``: a regressor's ``(shift, scale)`` of ``y`` (fitted to ``(y - shift) / scale``);
+    its predictions are mapped back with ``y = shift + scale * prediction``.
+    """
+    from sklearn.pipeline import Pipeline
+
+    model = estimator
+    if target is not None:
+        from sklearn.compose import TransformedTargetRegressor
+
+        model = TransformedTargetRegressor()
+        model.regressor_ = estimator
+        model.transformer_ = _fitted_scaler(np.array([target[0]]), np.array([target[1]]))
+        model._training_dim = 1
+    scaler = "passthrough" if standardizer is None else _fitted_scaler(standardizer.mean_,
+                                                                       standardizer.scale_)
+    return Pipeline([("standardize", scaler), ("model", model)])
+
+
+def _model_type(model: Any) -> str:
+    """``Pipeline(GPClassifier)`` for a pipeline, else the class name."""
+    steps = getattr(model, "steps", None)
+    if not steps:
+        return type(model).__name__
+    last = steps[-1][1]
+    last = getattr(last, "regressor_", last)
+    return f"{type(model).__name__}({type(last).__name__})"
+
+
 def log_estimator(
     logger: RunLogger, estimator: Any, X_example: Array, plugin_distribution: str | None = None
 ) -> str:
-    """Log the fitted ``estimator`` as the run's MLflow model; returns its ``runs:/`` URI.
+    """Log the fitted ``estimator`` (a ``deployable_model`` pipeline, or a bare estimator) as
+    the run's MLflow model; returns its ``runs:/`` URI.
 
-    ``X_example [n, D]``: rows of (standardised) inputs; the first ``EXAMPLE_ROWS`` become the
-    input example and, with the model's output on them, the signature.
+    ``X_example [n, D]``: rows of the inputs the model takes (raw features for a pipeline); the
+    first ``EXAMPLE_ROWS`` become the input example and, with the model's output on them, the
+    signature.
     """
     import mlflow.sklearn
     from mlflow.models import infer_signature
@@ -116,7 +171,7 @@ def log_estimator(
     # put it in the active experiment, and runs:/<run_id>/model would not find it)
     model = logger.client.create_logged_model(
         logger.experiment_id, name=MODEL_NAME, source_run_id=run_id,
-        tags={"mlflow.source.name": "gpinfer-run"}, model_type=type(estimator).__name__,
+        tags={"mlflow.source.name": "gpinfer-run"}, model_type=_model_type(estimator),
     )
     with _tracking_uri(logger.tracking_uri), _quiet("mlflow.sklearn"):
         mlflow.sklearn.log_model(

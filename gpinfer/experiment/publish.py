@@ -4,11 +4,12 @@
 ``publish_errors``, never a failed run: training is done and its metrics are logged):
 
 * the learned hyper-parameters as metrics (``learned.*``, ``gpinfer.experiment.learned``);
-* the fitted estimator as the MLflow model ``model`` (``model_logging.log_estimator``, a
-  cloudpickle) and, not pickled, as the artifact ``model_skops/model.skops``
-  (``safe_model.log_skops``);
+* the model as the MLflow model ``model`` (``model_logging.log_estimator``, a cloudpickle): the
+  run's ``model_logging.deployable_model``, which takes raw features; and, not pickled, the
+  fitted estimator as the artifact ``model_skops/model.skops`` (``safe_model.log_skops``);
 * the training and test data as dataset inputs (``model_logging.log_datasets``);
-* the figures under ``plots/`` (``figures.log_figures``).
+* the figures under ``plots/`` (``figures``), drawn by a separate process while the model and
+  the datasets are logged (``render.FigureJob``), then uploaded.
 
 Which parts run is set by ``mlflow.log_model``, ``mlflow.log_datasets`` and
 ``mlflow.log_plots`` in the config (all true by default).
@@ -24,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from gpinfer.experiment import learned
-from gpinfer.experiment.figures import TrainingCurve, log_figures
+from gpinfer.experiment.figures import TrainingCurve
 from gpinfer.experiment.model_logging import log_datasets, log_estimator
 from gpinfer.experiment.safe_model import log_skops
+from gpinfer.experiment.render import FigureJob
 from gpinfer.experiment.tracking import RunLogger, plugin_distribution
 
 log = logging.getLogger("gpinfer.run")
@@ -45,26 +47,34 @@ def publish_run(
     curve: TrainingCurve,
     data: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     classification: bool,
+    model: Any = None,
+    model_example: np.ndarray | None = None,
+    P_test: np.ndarray | None = None,
 ) -> dict[str, float]:
     """Log the parts above; returns ``{part: seconds}`` (``publish.<part>_s`` in the result).
 
-    ``data``: ``(X_train [N, D], y_train [N], X_test [N*, D], y_test [N*])`` as the model saw
-    them (standardised inputs; class indices for a classifier).
+    ``data``: ``(X_train [N, D], y_train [N], X_test [N*, D], y_test [N*])`` as the estimator
+    saw them (standardised inputs; class indices for a classifier). ``model``: what is logged
+    as the MLflow model (default: ``estimator``), ``model_example [n, D]``: rows of its inputs
+    (default: ``X_train``). ``P_test [N*, C]``: a classifier's test probabilities when already
+    computed (default: ``estimator.predict_proba(X_test)``).
     """
     X_train, y_train, X_test, y_test = data
     timings: dict[str, float] = {}
     errors: list[str] = []
 
-    def part(name: str, enabled: bool, action: Callable[[], Any]) -> None:
-        if not enabled:
-            return
+    def part(name: str, enabled: bool, action: Callable[[], Any]) -> Any:
+        if not enabled or name in errors:
+            return None
         start = time.perf_counter()
+        out = None
         try:
-            action()
+            out = action()
         except Exception as exc:  # noqa: BLE001 - a publishing failure must not fail the run
             errors.append(name)
             log.warning("could not log the %s to MLflow: %s: %s", name, type(exc).__name__, exc)
-        timings[name] = time.perf_counter() - start
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+        return out
 
     def hyper() -> None:
         metrics = learned.learned_metrics(estimator.kernel_, estimator.likelihood_,
@@ -73,18 +83,24 @@ def publish_run(
         logger.flush()
         log.info("learned hyper-parameters:\n%s", learned.as_text(metrics))
 
-    def figures() -> None:
-        P = estimator.predict_proba(X_test) if classification else None
-        log_figures(logger, out_dir, curve, title, y_test if classification else None, P)
+    def figures() -> FigureJob:
+        P = None
+        if classification:
+            P = estimator.predict_proba(X_test) if P_test is None else P_test
+        return FigureJob.start(out_dir, curve, title, y_test if classification else None, P)
 
+    plots = bool(settings.get("log_plots", True))
     part("hyper-parameters", True, hyper)
+    job = part("plots", plots, figures)  # drawn meanwhile by another process
     part("model", bool(settings.get("log_model", True)),
-         lambda: log_estimator(logger, estimator, X_train, plugin_distribution(method)[0]))
+         lambda: log_estimator(logger, estimator if model is None else model,
+                               X_train if model_example is None else model_example,
+                               plugin_distribution(method)[0]))
     part("skops model", bool(settings.get("log_model", True)),  # the model without pickle
          lambda: log_skops(logger, estimator, out_dir))
     part("datasets", bool(settings.get("log_datasets", True)),
          lambda: log_datasets(logger, dataset, X_train, y_train, X_test, y_test))
-    part("plots", bool(settings.get("log_plots", True)), figures)
+    part("plots", job is not None, lambda: job.finish(logger))
     if errors:
         logger.set_tags({"publish_errors": ",".join(errors)})
     return timings

@@ -2,8 +2,8 @@
 
 ``collect_folder(path)`` reads the ``result.json`` of every run under a sweep folder;
 ``collect_experiment(name, uri)`` reads the runs of an MLflow experiment. A sweep folder also
-holds ``rejected.json`` for each job stopped before its run (bad option, method and data that do
-not fit; written by ``gpinfer-run``, ``write_rejected``) and ``sweep.json`` (the planned jobs,
+holds ``rejected/<job>.json`` for each job stopped before its run (bad option, method and data
+that do not fit; written by ``gpinfer-run``, ``write_rejected``; the job's folder is removed) and ``sweep.json`` (the planned jobs,
 written by gpinfer's sweeper; ``read_plan``). ``summarise`` groups the FINISHED runs by method
 and dataset, and by kernel and M when those vary among the runs, and gives per group the number
 of runs (and of failed and rejected ones) and the mean and standard error (``std / sqrt(n)``,
@@ -39,7 +39,7 @@ from gpinfer.experiment.results import RESULT_FILE
 
 REPORT_MD, REPORT_CSV, REPORT_PNG = "report.md", "report.csv", "nll_vs_time.png"
 #: a job stopped before its run (no ``result.json``): its keys and the error
-REJECTED_FILE = "rejected.json"
+REJECTED_DIR = "rejected"
 #: written by gpinfer's sweeper into the sweep folder: ``{"jobs": n, "swept": [keys]}``
 SWEEP_FILE = "sweep.json"
 #: ``RunRecord.status`` of a job stopped before its run, and of a job folder with no result
@@ -116,10 +116,18 @@ def read_plan(folder: str | Path, interrupted: bool = False) -> SweepPlan:
         return SweepPlan(interrupted=interrupted)
 
 
-def write_rejected(out_dir: str | Path, keys: Mapping[str, Any], error: str) -> Path:
-    """Record a job stopped before its run: ``rejected.json`` with ``keys`` (method, dataset,
-    kernel, M, seed) and ``error``, read back by ``collect_folder`` as a ``REJECTED`` run."""
-    path = Path(out_dir) / REJECTED_FILE
+def rejected_path(job_folder: str | Path) -> Path:
+    """Where the rejection of the sweep job ``job_folder`` is recorded:
+    ``<sweep folder>/rejected/<job folder name>.json`` (the job's own folder is removed)."""
+    job = Path(job_folder)
+    return job.parent / REJECTED_DIR / f"{job.name}.json"
+
+
+def write_rejected(job_folder: str | Path, keys: Mapping[str, Any], error: str) -> Path:
+    """Record a sweep job stopped before its run (``rejected_path``) with ``keys`` (method,
+    dataset, kernel, M, seed) and ``error``, read back by ``collect_folder`` as a ``REJECTED``
+    run of ``job_folder``."""
+    path = rejected_path(job_folder)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**{k: keys.get(k) for k in ("method", "dataset", "kernel",
                                                             "M", "seed")},
@@ -168,15 +176,15 @@ def _incomplete(job: Path) -> RunRecord | None:
 
 def collect_folder(folder: str | Path) -> list[RunRecord]:
     """Every run under ``folder`` (its ``result.json`` files, at any depth), every job
-    rejected before its run (``rejected.json``), and every job folder with neither
+    rejected before its run (``rejected/<job>.json``), and every job folder with neither
     (``INCOMPLETE``: running, or killed before it wrote a result)."""
     root = Path(folder)
     if not root.is_dir():
         raise InputError(f"gpinfer report: folder {str(root)!r} does not exist")
     records = []
     results = {p.parent: p for p in root.rglob(RESULT_FILE)}
-    for p in root.rglob(REJECTED_FILE):
-        results.setdefault(p.parent, p)
+    for p in root.rglob(f"{REJECTED_DIR}/*.json"):  # job folder: the file's name
+        results.setdefault(p.parent.parent / p.stem, p)
     jobs = {p.parent.parent for p in root.rglob(HYDRA_CONFIG.split("/")[-1])
             if p.parent.name == HYDRA_CONFIG.split("/")[0]}
     for job in sorted(results.keys() | jobs):

@@ -120,61 +120,53 @@ def _fmt(value: Any, spec: str) -> str:
         return str(value)
 
 
-def summary_line(result: Mapping[str, Any]) -> str:
-    """The one-line summary printed at the end of a run."""
-    m, count = result.get("M"), result.get("M_count")
-    if m is not None:
-        m_text = f"{m} ({count})"
-    else:  # the method chose M itself (or uses no inducing points)
-        m_text = "-" if count is None else f"default ({count})"
+def shown_path(path: str | os.PathLike[str], cwd: str | os.PathLike[str] | None = None) -> str:
+    """``path`` relative to ``cwd`` (default: the working directory) when it lies inside it,
+    else as given (a ``../../..`` chain would be longer and no clearer)."""
+    here = Path.cwd() if cwd is None else Path(cwd)
+    try:
+        return str(Path(path).resolve().relative_to(here.resolve())) or "."
+    except (ValueError, OSError):
+        return str(path)
+
+
+def shown_store(uri: str, cwd: str | os.PathLike[str] | None = None) -> str:
+    """A tracking URI as printed: a SQLite store's file relative to the working directory
+    (``sqlite:///outputs/mlflow.db`` is a valid URI there), any other URI as given."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and len(uri) > len(prefix):
+        path, _, query = uri[len(prefix):].partition("?")
+        return prefix + shown_path(path, cwd) + (f"?{query}" if query else "")
+    return uri
+
+
+def m_text(result: Mapping[str, Any]) -> str:
+    """How a run's M is spelt everywhere it is printed: ``M=<inducing points used>`` (the
+    count, whether M was given as a count, a fraction or left to the method), or nothing for a
+    method without inducing points."""
+    count = result.get("M_count")
+    return "" if count is None else f" M={count}"
+
+
+def summary_line(result: Mapping[str, Any], cwd: str | os.PathLike[str] | None = None) -> str:
+    """The one line printed at the end of a run; paths relative to ``cwd`` (default: the
+    working directory) when inside it."""
     return (
         f"{result.get('status', 'FINISHED')}: {result['method']} on {result['dataset']} "
-        f"kernel={result.get('kernel', '?')} M={m_text} seed={result['seed']} | "
-        f"test error {_fmt(result['test_error'], '.4f')}  "
+        f"kernel={result.get('kernel', '?')}{m_text(result)} seed={result['seed']} | "
+        + ("" if "test_rmse" in result else f"test error {_fmt(result['test_error'], '.4f')}  ")
         + (f"test RMSE {_fmt(result['test_rmse'], '.4g')}  " if "test_rmse" in result else "")
         + f"test NLL {_fmt(result['test_nll'], '.4f')}  "
         f"log evidence {_fmt(result['log_evidence'], '.4g')} | "
         f"{result['n_iter']} iterations in {_fmt(result['train_time_s'], '.2f')} s, "
-        f"peak {_fmt(result['peak_rss_mb'], '.0f')} MB | {result.get('output_dir', '')}"
+        f"peak {_fmt(result['peak_rss_mb'], '.0f')} MB | "
+        f"{shown_path(result.get('output_dir') or '.', cwd)}"
         + (f" | WARNING: {', '.join(result['fit_warnings'])}" if result.get("fit_warnings")
            else "")
         + (
-            f" | MLflow run {result['mlflow_run_id']} in {result.get('mlflow_tracking_uri')}"
+            f" | MLflow run {result['mlflow_run_id']} in "
+            f"{shown_store(str(result.get('mlflow_tracking_uri')), cwd)}"
             if result.get("mlflow_run_id")
             else ""
         )
     )
-
-
-#: rows of the result table printed after a single run: (label, result key, format)
-TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
-    ("method", "method", "s"),
-    ("dataset", "dataset", "s"),
-    ("kernel", "kernel", "s"),
-    ("test error", "test_error", ".4f"),
-    ("test RMSE", "test_rmse", ".4g"),  # regression runs only
-    ("test NLL", "test_nll", ".4f"),
-    ("log evidence", "log_evidence", ".4f"),
-    ("iterations", "n_iter", "d"),
-    ("train time [s]", "train_time_s", ".2f"),
-    ("wall time [s]", "wall_time_s", ".2f"),  # train time + evaluation and logging meanwhile
-    ("peak memory [MB]", "peak_rss_mb", ".0f"),
-)
-
-
-def result_table(result: Mapping[str, Any]) -> str:
-    """A short two-column table of a finished run, then where its files and MLflow store are."""
-    rows = [(label, _fmt(result.get(key), fmt)) for label, key, fmt in TABLE_ROWS
-            if key not in ("test_rmse", "wall_time_s") or key in result]
-    if result.get("wall_time_s") is not None and result.get("train_time_s") is not None:
-        rows = [(label, value + "  (fit minus test evaluations and logging)"
-                 if label == "train time [s]" else value) for label, value in rows]
-    width = max(len(label) for label, _ in rows)
-    lines = [f"  {label:<{width}}  {value}" for label, value in rows]
-    lines.append(f"  {'run folder':<{width}}  {result.get('output_dir', '')}")
-    if result.get("mlflow_tracking_uri"):
-        lines.append(
-            f"  {'MLflow store':<{width}}  {result['mlflow_tracking_uri']} "
-            f"(run {result.get('mlflow_run_id')}; browse with `make ui`)"
-        )
-    return "\n".join(lines)

@@ -13,12 +13,15 @@
 3. starts the MLflow run (params = the flattened resolved config, with ``backend``, ``device``
    and ``dtype`` as resolved; tags, config artifact) and
    fits a ``GPClassifier`` with a callback that logs the objective and elapsed time every
-   iteration and the test error and test NLL every ``eval_every`` iterations (also to the run
-   log ``gpinfer.log``), moves the progress bar (``gpinfer.progress``, config ``progress.bar``),
-   and stops the run on a non-finite objective. A regression dataset
-   (``Dataset.task == "regression"``) gets a ``GPRegressor`` on targets standardised with the
-   training part instead, and test RMSE and NLL in the original units of ``y``;
-4. logs the final metrics and the fitted state, then what MLflow users expect besides
+   iteration and the test error and test NLL every ``eval_every`` iterations
+   (``eval/test_error``, ``eval/test_nll``; also to the run log ``gpinfer.log``), moves the
+   progress bar (``gpinfer.progress``, config ``progress.bar``), and stops the run on a
+   non-finite objective. A regression dataset (``Dataset.task == "regression"``) gets a
+   ``GPRegressor`` on targets standardised with the training part instead, and test RMSE and
+   NLL in the original units of ``y``;
+4. logs the final metrics (``FINAL_METRICS``: once each, under the names of ``result.json``,
+   so MLflow, ``result.json``, the printed line and both reports show the same numbers) and the
+   fitted state, then what MLflow users expect besides
    (``publish.publish_run``: learned hyper-parameters, the model, dataset inputs, plots),
    writes ``result.json`` and prints one line. The run's name is readable and unique
    (``sep-waveform-rbf-s0-3fa2c1``).
@@ -51,7 +54,7 @@ from omegaconf import DictConfig, OmegaConf
 from gpinfer.backend.choice import NUMPY, Backend, check_method_backend, resolve_backend
 from gpinfer.errors import FitFailedError, InputError, NumericalError
 from gpinfer.experiment import results as res
-from gpinfer.experiment import stale_runs, tracking
+from gpinfer.experiment import tracking
 from gpinfer.experiment.figures import TrainingCurve
 from gpinfer.experiment.redact import redact_text, redact_uri, scrub_files, store_error
 from gpinfer.fit_guard import WORSE_THAN_BASELINE, check_baseline_failure
@@ -77,8 +80,18 @@ _DATASET_KEYS = {
 }
 #: kernel group keys that are not constructor parameters
 _KERNEL_META = {"name", "ard", "noise"}
+#: the run's final numbers: result.json's keys and MLflow metrics of the same names, each logged
+#: once (``RunLogger.log_final``), so that MLflow's value of the key is the reported number
+FINAL_METRICS = ("test_error", "test_rmse", "test_nll", "log_evidence", "train_time_s", "n_iter",
+                 "peak_rss_mb", "train_nll", "baseline_nll", "stopped_early",
+                 "best_val_iteration", "best_validation_score")
+#: prefix of the test metrics computed every ``eval_every`` iterations (``eval/test_error``, ...):
+#: the history of the test metrics, kept apart from the final numbers
+EVAL_PREFIX = "eval/"
+#: raw training rows kept for the logged model's input example
+_EXAMPLE_ROWS = 5
 #: per-iteration metric names the runner owns (method extras with these names get a prefix)
-_RESERVED = {"objective", "elapsed_s", "test_error", "test_nll", "test_rmse"}
+_RESERVED = {"objective", "elapsed_s", *FINAL_METRICS}
 
 
 @dataclass
@@ -139,6 +152,10 @@ class Prepared:
     y_scale: float = 1.0
     #: the array backend the fit runs on (resolved from the settings, checked for the method)
     backend: Backend = NUMPY
+    #: the training part's standardisation of the inputs (``None``: inputs used as loaded)
+    standardizer: Any = None
+    #: the first training rows as loaded (raw features ``[n, D]``): the logged model's example
+    X_train_raw_head: Array | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -448,6 +465,7 @@ def prepare(
                          f"on numpy only: leave backend and device unset (got {backend})")
 
     X_train, X_test = split.X_train, split.X_test
+    st = None
     if s.dataset_cfg.get("standardize", True):
         st = Standardizer().fit(X_train)
         X_train, X_test = st.transform(X_train), st.transform(X_test)
@@ -487,6 +505,8 @@ def prepare(
         y_shift=y_shift,
         y_scale=y_scale,
         backend=backend,
+        standardizer=st,
+        X_train_raw_head=np.array(split.X_train[:_EXAMPLE_ROWS], dtype=np.float64),
     )
 
 
@@ -495,11 +515,13 @@ def prepare(
 # --------------------------------------------------------------------------------------------
 
 
-def evaluate_test(posterior: Any, X: Array, y_index: Array) -> dict[str, float]:
-    """Test error and mean negative log predictive of ``posterior`` at ``X [N*, D]``."""
+def evaluate_test(posterior: Any, X: Array, y_index: Array,
+                  P: Array | None = None) -> dict[str, float]:
+    """Test error and mean negative log predictive of ``posterior`` at ``X [N*, D]``
+    (``P``: ``posterior.predict_proba(X)`` when already computed)."""
     from gpinfer.metrics import error_rate, nll
 
-    P = np.asarray(posterior.predict_proba(X), dtype=float)
+    P = np.asarray(posterior.predict_proba(X) if P is None else P, dtype=float)
     if P.ndim == 2 and P.shape[1] == 1:  # p(class 1) of a binary problem as a column
         P = P[:, 0]
     out = {"test_error": error_rate(y_index, P)}
@@ -521,11 +543,11 @@ def evaluate_regression(posterior: Any, X: Array, y: Array, shift: float = 0.0,
             "test_nll": float(np.log(scale) - np.mean(log_p))}
 
 
-def _evaluate(p: Prepared, posterior: Any) -> dict[str, float]:
-    """The test metrics of ``p``'s task."""
+def _evaluate(p: Prepared, posterior: Any, P: Array | None = None) -> dict[str, float]:
+    """The test metrics of ``p``'s task (``P``: a classifier's test predictions, if known)."""
     if p.task == "regression":
         return evaluate_regression(posterior, p.X_test, p.y_test_index, p.y_shift, p.y_scale)
-    return evaluate_test(posterior, p.X_test, p.y_test_index)
+    return evaluate_test(posterior, p.X_test, p.y_test_index, P)
 
 
 class _Callback:
@@ -554,9 +576,10 @@ class _Callback:
                 continue
         every = self.p.settings.eval_every
         tests: dict[str, float] = {}
-        if info.posterior is not None and it % every == 0:
+        # the last scheduled iteration is evaluated once, by the final evaluation after the fit
+        if info.posterior is not None and it % every == 0 and it < self.p.settings.iterations:
             tests = _evaluate(self.p, info.posterior())
-            metrics.update(tests)
+            metrics.update({EVAL_PREFIX + key: value for key, value in tests.items()})
             _log.info("iteration %d/%d: objective %.6g, %s", it, self.p.settings.iterations,
                       objective, ", ".join(f"{k} {v:.4g}" for k, v in tests.items()))
         self.p.logger.log_metrics(metrics, step=it)
@@ -618,6 +641,8 @@ def _tags(p: Prepared) -> dict[str, str]:
     if commit != "unknown":
         tags["mlflow.source.git.commit"] = commit
     tags.update({k: redact_text(v, p.logger.tracking_uri) for k, v in _hydra_job_tags().items()})
+    from gpinfer.experiment import stale_runs  # imports MLflow: only once a run is logged
+
     tags.update(stale_runs.run_tags())  # host and pid: a later run can tell this one died
     return tags
 
@@ -625,6 +650,8 @@ def _tags(p: Prepared) -> dict[str, str]:
 def _end_stale_runs(logger: tracking.RunLogger, stream: TextIO | None) -> None:
     """End as KILLED the store's runs of this host whose process is gone (never fails a run)."""
     try:
+        from gpinfer.experiment import stale_runs
+
         ended = stale_runs.end_stale_runs(logger.client)
     except Exception as exc:  # a store that cannot be searched must not stop this run
         _log.warning("could not check the store for stale runs: %s",
@@ -711,9 +738,14 @@ def _record_fit_report(logger: tracking.RunLogger, result: dict[str, Any], repor
     logger.set_tags({"fit_warnings": ",".join(report.warnings) or "none"})
 
 
-def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str, Any]) -> float:
-    """Learned hyper-parameters, model, datasets and plots to MLflow (``publish.publish_run``);
-    returns the seconds it took (not part of the training time)."""
+def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str, Any],
+             P_test: Any = None) -> float:
+    """Learned hyper-parameters, model, datasets and plots to MLflow (``publish.publish_run``;
+    ``P_test``: the posterior's test predictions of a classifier, for the reliability diagram);
+    returns the seconds it took (not part of the training time); each part's seconds go to
+    ``result["publish.<part>_s"]``."""
+    from gpinfer.estimator import class_probabilities
+    from gpinfer.experiment.model_logging import deployable_model
     from gpinfer.experiment.publish import publish_run
 
     s = p.settings
@@ -723,12 +755,19 @@ def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str,
     callback.curve.add_tests(float(result["train_time_s"]), {
         key: float(result[key]) for key in ("test_error", "test_rmse", "test_nll")
         if result.get(key) is not None and (classification or key != "test_error")})
-    publish_run(
+    parts = publish_run(
         p.logger, estimator, settings=s.mlflow, out_dir=p.out_dir, method=s.method,
         dataset=s.dataset, title=f"{s.method} on {s.dataset} (seed {s.seed})",
         step=max(int(result["n_iter"]), callback.last_iteration), curve=callback.curve,
         data=(p.X_train, y_train, p.X_test, p.y_test_index), classification=classification,
+        model=deployable_model(estimator, p.standardizer,
+                               None if classification else (p.y_shift, p.y_scale)),
+        model_example=p.X_train_raw_head,
+        P_test=None if P_test is None else class_probabilities(
+            P_test, p.X_test.shape[0], p.n_classes, s.method),
     )
+    result.update({f"publish.{name.replace('-', '_')}_s": seconds
+                   for name, seconds in parts.items()})
     return time.perf_counter() - start
 
 
@@ -789,7 +828,10 @@ def run_experiment(
             with _sigterm_as_interrupt(), progress:
                 estimator.fit(p.X_train, p.y_train, callback=callback)
             wall = time.perf_counter() - start
-            final = _evaluate(p, estimator.posterior_)
+            # the classifier's test predictions: the final numbers and the reliability diagram
+            P_test = (None if p.task == "regression"
+                      else estimator.posterior_.predict_proba(p.X_test))
+            final = _evaluate(p, estimator.posterior_, P_test)
             result.update(
                 final,
                 log_evidence=float(estimator.log_evidence_),
@@ -810,31 +852,15 @@ def run_experiment(
                 result.update(status=tracking.FAILED, error=(
                     f"training NLL {result['train_nll']:.4g} is no better than predicting {what} "
                     f"({result['baseline_nll']:.4g}); the model was kept (baseline_failure=warn)"))
-            logger.log_metrics(
-                {
-                    key: result[key]
-                    for key in (
-                        *(("test_rmse",) if p.task == "regression" else ("test_error",)),
-                        "test_nll",
-                        "log_evidence",
-                        "train_time_s",
-                        "n_iter",
-                        "peak_rss_mb",
-                        *(k for k in ("train_nll", "baseline_nll", "stopped_early",
-                                      "best_val_iteration", "best_validation_score")
-                          if k in result),
-                    )
-                },
-                step=max(result["n_iter"], callback.last_iteration),
-            )
-            logger.flush()
+            logger.log_final({key: result[key] for key in FINAL_METRICS if key in result},
+                             step=max(result["n_iter"], callback.last_iteration))
             state = tracking.collect_state(
                 estimator.fit_result_,
                 extra={"classes": p.classes, "M_count": np.asarray(p.M_count or 0)},
             )
             state_path = tracking.save_state(p.out_dir / "state.npz", state)
             logger.log_artifact(state_path)
-            result["publish_s"] = _publish(p, estimator, callback, result)
+            result["publish_s"] = _publish(p, estimator, callback, result, P_test)
             res.write_result(p.out_dir, result)
             logger.log_artifact(p.out_dir / res.RESULT_FILE)
             if result["status"] == tracking.FAILED:

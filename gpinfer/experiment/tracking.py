@@ -9,6 +9,10 @@ the database file), so artifacts never land in whatever folder the run was start
 it), buffers metrics and sends them with ``log_batch`` (every ``flush_every`` values or every
 ``flush_interval_s`` seconds, and at the end), and ends the run FINISHED, FAILED (an exception)
 or KILLED (Ctrl-C / SIGTERM), flushing what it had buffered first so that nothing logged is lost.
+
+A run's final numbers go through ``log_final``: sent at once, never skipped, each key at most
+once and never also a per-iteration key, so that MLflow's value of the key (its latest, which the
+UI's runs table and ``gpinfer report`` show) is exactly the number the run reports.
 """
 
 from __future__ import annotations
@@ -303,6 +307,9 @@ class RunLogger:
         self._clock = clock
         self._buffer: list[Any] = []
         self._seen: set[tuple[str, int]] = set()
+        #: keys of the per-iteration history and of the final numbers (kept apart)
+        self._history_keys: set[str] = set()
+        self._final_keys: set[str] = set()
         self._last_flush = clock()
         self.run_id: str | None = None
         self.status: str | None = None
@@ -392,7 +399,9 @@ class RunLogger:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Buffer ``metrics`` at ``step``; sends a batch when the buffer or the clock says so.
 
-        A (key, step) pair already logged is skipped, so the same value is never sent twice.
+        A (key, step) pair already logged is skipped, so the same value is never sent twice; a
+        key of the final numbers (``log_final``) is refused (``ValueError``): a per-iteration
+        value could hide the final one.
         """
         from mlflow.entities import Metric
 
@@ -401,13 +410,39 @@ class RunLogger:
         for key, value in metrics.items():
             if value is None or (key, int(step)) in self._seen:
                 continue
+            if key in self._final_keys:
+                raise ValueError(f"metric {key!r} is a final number of this run; per-iteration "
+                                 "values need a key of their own")
             self._seen.add((key, int(step)))
+            self._history_keys.add(str(key))
             self._buffer.append(Metric(str(key), float(value), stamp, int(step)))
         if (
             len(self._buffer) >= self.flush_every
             or self._clock() - self._last_flush >= self.flush_interval_s
         ):
             self.flush()
+
+    def log_final(self, metrics: Mapping[str, float | None], step: int) -> None:
+        """Send the run's final numbers now, each key once, after everything buffered.
+
+        Nothing is skipped (``None`` values excepted, a number that does not exist), so MLflow's
+        latest value of each key is the one given here. ``ValueError`` for a key that already
+        has per-iteration values or a final value: it would not be the only value of its key.
+        """
+        from mlflow.entities import Metric
+
+        run_id = self._require_run()
+        clash = sorted(set(metrics) & (self._history_keys | self._final_keys))
+        if clash:
+            raise ValueError(f"final metric(s) {clash} already logged in this run; a final "
+                             "number must be the only value of its key")
+        self.flush()
+        stamp = int(time.time() * 1000)
+        final = [Metric(str(key), float(value), stamp, int(step))
+                 for key, value in metrics.items() if value is not None]
+        self._final_keys.update(str(key) for key in metrics)
+        for i in range(0, len(final), _BATCH_METRICS):
+            self.client.log_batch(run_id, metrics=final[i : i + _BATCH_METRICS])
 
     def flush(self) -> None:
         """Send every buffered metric (in chunks MLflow accepts)."""

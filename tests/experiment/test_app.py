@@ -74,8 +74,49 @@ def test_bad_name_is_one_clear_line(tmp_path: Path, toy_site: Path) -> None:
     assert proc.returncode == 1
     assert "unknown method 'toygq'" in proc.stderr and "did you mean 'toygp'" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "run" / "result.json").exists()
+    assert not (tmp_path / "run").exists()  # rejected before it started: no folder at all
     assert not (tmp_path / "mlflow.db").exists()  # failed before the store was even opened
+
+
+def test_a_rejected_job_of_a_sweep_leaves_no_folder(tmp_path: Path, toy_site: Path) -> None:
+    sweep = tmp_path / "sweep"
+    proc, _ = _run(
+        [str(GPINFER_RUN), "-m", *TOY_BASE, "method.name=toygq,toygp", "method.likelihood=null",
+         "iterations=2", "mlflow.log_model=false", "mlflow.log_datasets=false",
+         "mlflow.log_plots=false", f"hydra.sweep.dir={sweep}"],
+        tmp_path, toy_site,
+    )
+    assert proc.returncode == 1 and "unknown method 'toygq'" in proc.stderr
+    jobs = sorted(p.name for p in sweep.iterdir()
+                  if p.is_dir() and p.name not in (".hydra", "rejected"))
+    assert len(jobs) == 1 and (sweep / jobs[0] / "result.json").is_file()  # the toygp job
+    assert len(list((sweep / "rejected").glob("*.json"))) == 1  # the report's record of toygq
+    assert proc.stdout.count("FINISHED: toygp on breast_cancer") == 1
+
+
+def test_only_a_folder_holding_nothing_but_hydra_files_is_removed(tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    import logging
+
+    from gpinfer.experiment.app import remove_unstarted_run_folder
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    handler = logging.FileHandler(run / "gpinfer.log")
+    logging.getLogger().addHandler(handler)
+    try:
+        (run / "result.json").write_text("{}")  # the run started: kept
+        assert not remove_unstarted_run_folder(run, ".hydra") and run.is_dir()
+        (run / "result.json").unlink()
+        assert remove_unstarted_run_folder(run, ".hydra") and not run.exists()
+        assert handler not in logging.getLogger().handlers  # closed and detached first
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    (tmp_path / ".hydra").mkdir()
+    assert not remove_unstarted_run_folder(tmp_path, ".hydra")  # never the working directory
 
 
 def test_unwritable_output_folder_is_one_clear_line(tmp_path: Path, toy_site: Path) -> None:
@@ -248,3 +289,17 @@ def test_repository_conf_is_the_one_used() -> None:
         present = {p.stem for p in (CONF_DIR / group).glob("*.yaml")}
         assert set(names) <= present, f"conf/{group} lacks {sorted(set(names) - present)}"
 
+
+
+@pytest.mark.parametrize(("status", "code"), [(None, 0), (3, 3), ("a message", 1)])
+def test_the_fast_exit_keeps_atexit_handlers_output_and_status(status, code) -> None:
+    """``exit_without_teardown`` skips the interpreter's module teardown only: atexit handlers
+    run, buffered output arrives, the status means what ``SystemExit``'s does."""
+    script = ("import atexit, sys; from gpinfer.experiment.app import exit_without_teardown; "
+              "atexit.register(lambda: print(' atexit ran')); sys.stdout.write('buffered'); "
+              f"exit_without_teardown({status!r})")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert proc.returncode == code
+    assert proc.stdout == "buffered atexit ran\n"
+    assert proc.stderr == ("a message\n" if code == 1 else "")

@@ -39,9 +39,26 @@ def test_result_json_is_strict_json(tmp_path: Path) -> None:
     assert data["nested"] == {"a": [1.5, None]}
     line = results.summary_line({**data, "status": "FINISHED", "M_count": 13})
     assert "\n" not in line
-    assert "ep on wine" in line and "M=0.1 (13)" in line and "test NLL n/a" in line
-    assert "M=default (50) " in results.summary_line({**data, "M": None, "M_count": 50})
-    assert "M=- " in results.summary_line({**data, "M": None, "M_count": None})
+    assert "ep on wine" in line and "test NLL n/a" in line
+    # one spelling of M: the inducing points used, however M was given; none without them
+    assert " M=13 " in line
+    assert " M=50 " in results.summary_line({**data, "M": None, "M_count": 50})
+    assert " M=" not in results.summary_line({**data, "M": None, "M_count": None})
+
+
+def test_the_result_line_shows_paths_relative_to_the_working_directory(tmp_path: Path) -> None:
+    result = {"method": "sep", "dataset": "waveform", "kernel": "rbf", "M": None, "M_count": 50,
+              "seed": 0, "test_error": 0.1614, "test_nll": 0.3621, "log_evidence": -114.5,
+              "n_iter": 50, "train_time_s": 0.35, "peak_rss_mb": 300.0, "status": "FINISHED",
+              "output_dir": str(tmp_path / "outputs" / "runs" / "x"), "mlflow_run_id": "abc",
+              "mlflow_tracking_uri": f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}"}
+    line = results.summary_line(result, cwd=tmp_path)
+    assert str(tmp_path) not in line
+    assert line.endswith("| outputs/runs/x | MLflow run abc in sqlite:///outputs/mlflow.db")
+    elsewhere = results.summary_line(result, cwd=tmp_path / "other")  # outside: as given
+    assert str(tmp_path / "outputs" / "runs" / "x") in elsewhere
+    server = results.summary_line({**result, "mlflow_tracking_uri": "http://host:5000"}, tmp_path)
+    assert server.endswith("in http://host:5000")
 
 
 def test_output_folder_check(tmp_path: Path) -> None:

@@ -61,14 +61,59 @@ def test_a_run_publishes_model_data_plots_and_learned_parameters(
     for name in ("reliability.png", "training_curves.png"):
         assert (tmp_path / "a" / "plots" / name).read_bytes()[:4] == b"\x89PNG"
 
-    # the model through MLflow: sklearn flavour and pyfunc agree, with signature and example
+    # the model through MLflow: a pipeline on raw features (the run's standardisation, then
+    # the classifier); sklearn flavour and pyfunc agree, with signature and example
     model, pyfunc = load_logged_model(run.info.run_id, store_uri)
-    X = np.random.default_rng(0).standard_normal((7, 30))
-    P = model.predict_proba(X)
-    assert P.shape == (7, 2) and np.allclose(P.sum(axis=1), 1.0)
-    assert np.array_equal(np.asarray(pyfunc.predict(X)), P)
+    X_raw, y_raw, X_train_raw = _raw_test_part(seed=0)
+    P = model.predict_proba(X_raw)
+    assert P.shape == (X_raw.shape[0], 2) and np.allclose(P.sum(axis=1), 1.0)
+    assert np.array_equal(np.asarray(pyfunc.predict(X_raw)), P)
+    # the run's test accuracy, from raw inputs, through both flavours
+    accuracy = np.mean(model.classes_[P.argmax(axis=1)] == y_raw)
+    assert accuracy == pytest.approx(1.0 - result["test_error"], abs=1e-12)
+    assert np.mean(model.predict(X_raw) == y_raw) == accuracy
+    scaler = model.named_steps["standardize"]
+    assert np.array_equal(scaler.mean_, X_train_raw.mean(axis=0))
     assert pyfunc.metadata.signature is not None
     assert pyfunc.metadata.get_input_schema().input_types()[0].name == "float64"
+    example = np.asarray(pyfunc.input_example)
+    assert np.array_equal(example, X_train_raw[: example.shape[0]])  # raw rows, not scaled
+
+
+def _raw_test_part(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(X_test [N*, D], y_test [N*], X_train [N, D])`` of breast_cancer as loaded (raw
+    features), split as a run with ``seed`` splits it."""
+    from gpinfer.data import load_dataset, train_test_split
+
+    split = train_test_split(load_dataset("breast_cancer"), test_fraction=0.1, seed=seed)
+    return split.X_test, split.y_test, split.X_train
+
+
+def test_the_default_run_logs_a_model_that_takes_raw_features(
+    tmp_path: Path, store_uri: str
+) -> None:
+    """sep on waveform, the default method and dataset (few iterations): the logged model's
+    accuracy on the raw test inputs is the run's, through mlflow.sklearn and mlflow.pyfunc;
+    on the standardised inputs the estimator inside gives the same probabilities."""
+    from gpinfer.data import load_dataset, train_test_split
+
+    reason = plugin_importable("sep")
+    if reason:
+        pytest.skip(reason)
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "mlflow.experiment=raw-model",
+                      "method=sep", "dataset=waveform", "iterations=5", "mlflow.log_model=true")
+    result = run_experiment(cfg, output_dir=tmp_path / "run", stream=io.StringIO())
+    split = train_test_split(load_dataset("waveform", n=1000, seed=0, noise=1.0),
+                             test_fraction=0.7, seed=0)
+    model, pyfunc = load_logged_model(result["mlflow_run_id"], store_uri)
+    P = np.asarray(pyfunc.predict(split.X_test))
+    assert np.array_equal(P, model.predict_proba(split.X_test))
+    classes = model.classes_
+    accuracy = float(np.mean(classes[P.argmax(axis=1)] == split.y_test))
+    assert accuracy == pytest.approx(1.0 - result["test_error"], abs=1e-12)
+    inner = model.named_steps["model"]
+    assert np.array_equal(inner.predict_proba(model.named_steps["standardize"].transform(
+        split.X_test)), P)
 
 
 def test_log_estimator_round_trip_equals_the_fitted_object(tmp_path: Path) -> None:
@@ -127,3 +172,25 @@ def test_learned_metrics_summarise_vectors_and_latents() -> None:
     single = learned.learned_metrics(k2, None, SimpleNamespace())
     assert set(single) == {"learned.kernel.lengthscale.0", "learned.kernel.lengthscale.1",
                            "learned.kernel.lengthscale.2", "learned.kernel.variance"}
+
+
+def test_figures_drawn_by_another_process_report_its_failure(tmp_path: Path) -> None:
+    """The worker draws the same PNGs as the in-process path; a worker that fails is an error
+    naming its cause (publish_run turns it into a warning and the publish_errors tag)."""
+    from gpinfer.experiment.figures import TrainingCurve
+    from gpinfer.experiment.render import FigureJob
+
+    curve = TrainingCurve()
+    for i in range(5):
+        curve.add(0.1 * i, -float(i), {"test_error": 0.3 - 0.01 * i} if i % 2 else None)
+    rng = np.random.default_rng(0)
+    P = rng.dirichlet(np.ones(3), size=40)
+    good = FigureJob.start(tmp_path / "good", curve, "t", rng.integers(0, 3, 40), P)
+    bad = FigureJob.start(tmp_path / "bad", curve, "t", np.zeros(3, dtype=int), P)  # 3 != 40
+    assert good.process is not None
+    good.process.wait(timeout=120)
+    assert good.process.returncode == 0
+    for name in ("training_curves.png", "reliability.png"):
+        assert (tmp_path / "good" / "plots" / name).read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(RuntimeError, match="drawing the figures failed"):
+        bad.finish(None)  # type: ignore[arg-type]  # fails before any upload

@@ -63,8 +63,11 @@ def test_regression_run_matches_an_independent_fit(tmp_path: Path, store_uri: st
     run = MlflowClient(store_uri).get_run(result["mlflow_run_id"])
     assert run.data.params["data.task"] == "regression"
     assert run.data.metrics["test_rmse"] == pytest.approx(rmse, rel=1e-6)
-    history = MlflowClient(store_uri).get_metric_history(run.info.run_id, "test_rmse")
-    assert len(history) >= 2  # every eval_every iterations, then the final value
+    client = MlflowClient(store_uri)
+    history = client.get_metric_history(run.info.run_id, "eval/test_rmse")
+    assert [m.step for m in history] == [5, 10]  # every eval_every iterations but the last
+    final = client.get_metric_history(run.info.run_id, "test_rmse")
+    assert [(m.step, m.value) for m in final] == [(15, saved["test_rmse"])]  # the final value
 
 
 def test_regression_run_rejects_a_classification_likelihood(tmp_path: Path,

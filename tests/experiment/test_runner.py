@@ -71,16 +71,19 @@ def test_single_run_result_json_and_mlflow_run(tmp_path: Path, store_uri: str, c
     assert tags["mlflow.runName"].startswith("toygp-breast_cancer")
     assert tags["fit_warnings"] == "none"
 
-    # per-iteration history: objective every iteration, test metrics every eval_every and last
+    # per-iteration history: objective every iteration, test metrics every eval_every under
+    # eval/...; the final numbers once each, under result.json's names, at the last step
     assert _steps(client, run.info.run_id, "objective") == list(range(1, 13))
     assert _steps(client, run.info.run_id, "elapsed_s") == list(range(1, 13))
     assert _steps(client, run.info.run_id, "step_size") == list(range(1, 13))
-    assert _steps(client, run.info.run_id, "test_error") == [5, 10, 12]
-    assert _steps(client, run.info.run_id, "test_nll") == [5, 10, 12]
+    assert _steps(client, run.info.run_id, "eval/test_error") == [5, 10]
+    assert _steps(client, run.info.run_id, "eval/test_nll") == [5, 10]
+    for key in ("test_error", "test_nll", "log_evidence", "train_time_s", "n_iter"):
+        assert _steps(client, run.info.run_id, key) == [12], key
     objective = [m.value for m in client.get_metric_history(run.info.run_id, "objective")]
     assert objective[0] == pytest.approx(-150.0) and objective[-1] == pytest.approx(-50 - 100 / 12)
-    assert run.data.metrics["test_error"] == pytest.approx(saved["test_error"])
-    assert run.data.metrics["log_evidence"] == pytest.approx(saved["log_evidence"])
+    assert run.data.metrics["test_error"] == saved["test_error"]
+    assert run.data.metrics["log_evidence"] == saved["log_evidence"]
     for key in ("train_time_s", "n_iter", "peak_rss_mb", "test_nll"):
         assert key in run.data.metrics
 

@@ -106,8 +106,11 @@ def test_metrics_arrive_at_a_tracking_server(tmp_path: Path, mlflow_server: str)
     assert [m["step"] for m in sorted(history, key=lambda m: m["step"])] == [1, 2, 3, 4, 5, 6]
     assert min(m["value"] for m in history) == pytest.approx(-150.0)
 
+    _, body = _get(f"{api}/metrics/get-history?run_id={run_id}&metric_key=eval%2Ftest_error")
+    assert sorted(m["step"] for m in json.loads(body)["metrics"]) == [3]  # every eval_every
     _, body = _get(f"{api}/metrics/get-history?run_id={run_id}&metric_key=test_error")
-    assert sorted(m["step"] for m in json.loads(body)["metrics"]) == [3, 6]
+    final = json.loads(body)["metrics"]  # the final number: once, as in result.json
+    assert [(m["step"], m["value"]) for m in final] == [(6, result["test_error"])]
 
     _, body = _get(f"{api}/runs/get?run_id={run_id}")
     run = json.loads(body)["run"]
@@ -149,7 +152,11 @@ def test_gpinfer_run_logs_model_and_plots_to_a_tracking_server(
     assert run.info.status == "FINISHED" and run.info.run_name.startswith("laplace-breast_cancer")
     assert 0.0 <= run.data.metrics["test_error"] <= 0.2
     assert run.data.metrics["learned.kernel.lengthscale"] > 0
-    assert len(client.get_metric_history(run.info.run_id, "test_nll")) >= 3
+    # every eval_every iterations but the last under eval/, the final number once
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/test_nll")] == [1, 2]
+    final = client.get_metric_history(run.info.run_id, "test_nll")
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert [(m.step, m.value) for m in final] == [(3, result["test_nll"])]
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert plots == {"plots/reliability.png", "plots/training_curves.png"}
     png = Path(client.download_artifacts(run.info.run_id, "plots/reliability.png", str(tmp_path)))

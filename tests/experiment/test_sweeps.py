@@ -50,10 +50,10 @@ def test_folders_name_every_swept_key_and_rejected_jobs_are_reported(
     assert proc.returncode == 1, proc.stderr[-2000:]  # two jobs rejected
     assert "Traceback" not in proc.stderr
     assert _folders(sweep) == ["0_toygp_breast_cancer_M=null,seed=0",
-                               "1_toygp_breast_cancer_M=null,seed=1",
-                               "2_toygp_breast_cancer_M=5,seed=0",
-                               "3_toygp_breast_cancer_M=5,seed=1"]
-    rejected = json.loads((sweep / "2_toygp_breast_cancer_M=5,seed=0" / "rejected.json")
+                               "1_toygp_breast_cancer_M=null,seed=1"]  # rejected: no folder
+    assert sorted(p.name for p in (sweep / "rejected").iterdir()) == [
+        "2_toygp_breast_cancer_M=5,seed=0.json", "3_toygp_breast_cancer_M=5,seed=1.json"]
+    rejected = json.loads((sweep / "rejected" / "2_toygp_breast_cancer_M=5,seed=0.json")
                           .read_text())
     assert rejected["status"] == "REJECTED" and rejected["M"] == 5
     assert "has no inducing points" in rejected["error"] or "M" in rejected["error"]

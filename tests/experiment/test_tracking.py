@@ -86,6 +86,29 @@ def test_metrics_are_sent_in_batches(store_uri: str, monkeypatch: pytest.MonkeyP
     assert [m.value for m in history] == [-float(s) for s in range(1, 15)]
 
 
+def test_final_numbers_are_never_dropped_and_keep_their_keys(store_uri: str) -> None:
+    """The bug of issue 26: a final number at the step of the last per-iteration value was
+    skipped as an already-logged (key, step) pair. Final numbers now have keys of their own,
+    logged once, at once; MLflow's value of the key is the final number."""
+    logger = RunLogger(store_uri, "finals", flush_every=1000, flush_interval_s=1e9)
+    with logger.run("finals"):
+        for step in (10, 20):
+            logger.log_metrics({"eval/test_error": 0.2 - step / 1000}, step=step)
+        logger.log_final({"test_error": 0.1614, "test_nll": 0.3621, "absent": None}, step=20)
+        with pytest.raises(ValueError, match="already logged"):
+            logger.log_final({"test_error": 0.5}, step=21)
+        with pytest.raises(ValueError, match="already logged"):
+            logger.log_final({"eval/test_error": 0.5}, step=21)
+        with pytest.raises(ValueError, match="final number"):
+            logger.log_metrics({"test_nll": 0.5}, step=20)
+    client = MlflowClient(store_uri)
+    metrics = client.get_run(logger.run_id).data.metrics
+    assert metrics["test_error"] == 0.1614 and metrics["test_nll"] == 0.3621
+    assert metrics["eval/test_error"] == 0.2 - 20 / 1000 and "absent" not in metrics
+    assert [(m.step, m.value) for m in client.get_metric_history(logger.run_id, "test_error")] \
+        == [(20, 0.1614)]
+
+
 @pytest.mark.parametrize(
     ("exc", "status"), [(RuntimeError("boom"), "FAILED"), (KeyboardInterrupt(), "KILLED")]
 )

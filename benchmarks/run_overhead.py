@@ -1,0 +1,129 @@
+"""Per-run overhead of ``gpinfer-run`` (issue 26, item 7): a default run as a command, against
+its training time.
+
+For each command under test (``--after``: this checkout's ``gpinfer-run``; ``--before``:
+another checkout's, e.g. ``/work/main/.venv/bin/gpinfer-run``, run read-only from a temporary
+folder) the script times, alternating between the commands so that both see the same machine
+load:
+
+* ``startup``: ``gpinfer-run --help``: the imports and the composition before any CLI action;
+* ``run``: the default run (``sep`` on ``waveform``, 50 iterations) with publishing on; from
+  its ``result.json``: ``train_time_s`` (training, evaluation and logging excluded),
+  ``wall_time_s`` (the fit, evaluations included) and ``publish_s`` (model, datasets, plots;
+  per part as ``publish.<part>_s`` where the run reports them);
+* ``run_bare``: the same with ``mlflow.log_model/log_datasets/log_plots=false``.
+
+``overhead = command wall time - train_time_s``; the target is at most 2 s. Every command runs
+in its own temporary folder with its own SQLite store, created by one untimed warm-up run (a
+new store's tables cost seconds once). Medians over ``--repeat`` runs are printed as a table
+and as JSON (``--json PATH``)::
+
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/run_overhead.py \\
+        --before /work/main/.venv/bin/gpinfer-run --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PUBLISH_OFF = ("mlflow.log_model=false", "mlflow.log_datasets=false", "mlflow.log_plots=false")
+
+
+def _timed(command: list[str], cwd: Path, env: dict[str, str]) -> float:
+    """Seconds ``command`` takes as a process (it must succeed)."""
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    return seconds
+
+
+def _publish_seconds(result: dict[str, Any]) -> float:
+    """``publish_s`` of a result.json: a number, or ``{part: seconds}``."""
+    value = result.get("publish_s") or 0.0
+    return float(sum(value.values())) if isinstance(value, dict) else float(value)
+
+
+class Command:
+    """One ``gpinfer-run`` under test, with its own folder and store."""
+
+    def __init__(self, label: str, executable: str, root: Path) -> None:
+        self.label, self.executable = label, executable
+        self.folder = root / label
+        self.folder.mkdir()
+        self.env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{self.folder / 'mlflow.db'}",
+                    "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
+        self.env.pop("MLFLOW_EXPERIMENT_NAME", None)
+        self.samples: dict[str, list[float]] = {}
+        self._runs = 0
+
+    def _add(self, key: str, value: float) -> None:
+        self.samples.setdefault(key, []).append(value)
+
+    def run(self, *overrides: str, record: str | None = "run") -> None:
+        """One default run; records its wall time, training time and publishing time."""
+        self._runs += 1
+        out = self.folder / f"run{self._runs}"
+        seconds = _timed([self.executable, f"hydra.run.dir={out}", *overrides], self.folder,
+                         self.env)
+        if record is None:
+            return
+        result = json.loads((out / "result.json").read_text())
+        self._add(f"{record}.command_s", seconds)
+        self._add(f"{record}.train_s", float(result["train_time_s"]))
+        self._add(f"{record}.fit_wall_s", float(result.get("wall_time_s") or 0.0))
+        self._add(f"{record}.publish_s", _publish_seconds(result))
+        self._add(f"{record}.overhead_s", seconds - float(result["train_time_s"]))
+        for key, value in result.items():  # publish.model_s, ... (where the run reports them)
+            if key.startswith("publish.") and isinstance(value, int | float):
+                self._add(f"{record}.{key}", float(value))
+
+    def startup(self) -> None:
+        """``gpinfer-run --help``: imports and composition, nothing run."""
+        self._add("startup.command_s", _timed([self.executable, "--help"], self.folder, self.env))
+
+    def medians(self) -> dict[str, float]:
+        return {key: statistics.median(values) for key, values in self.samples.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--after", default=str(Path(sys.executable).with_name("gpinfer-run")))
+    parser.add_argument("--before", default=None, help="another gpinfer-run to compare with")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", default=None, help="write the medians here")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="gpinfer-overhead-") as tmp:
+        commands = [Command("after", args.after, Path(tmp))]
+        if args.before:
+            commands.insert(0, Command("before", args.before, Path(tmp)))
+        for command in commands:  # the store's tables, and a warm file cache
+            command.run(record=None)
+        for _ in range(args.repeat):
+            for command in commands:  # alternate: both see the same load
+                command.startup()
+                command.run()
+                command.run(*PUBLISH_OFF, record="run_bare")
+        medians = {c.label: c.medians() for c in commands}
+    keys = sorted({key for m in medians.values() for key in m})
+    print(f"medians over {args.repeat} runs (load average now: {os.getloadavg()[0]:.1f})")
+    print(f"{'':28}" + "".join(f"{label:>12}" for label in medians))
+    for key in keys:
+        print(f"{key:28}" + "".join(f"{m.get(key, float('nan')):12.2f}" for m in medians.values()))
+    if args.json:
+        Path(args.json).write_text(json.dumps(medians, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
