@@ -269,21 +269,31 @@ class _GPEstimatorBase(BaseEstimator):
         return X if scaler is None else scaler.transform(X)
 
     def _scale_inputs(self, X: Array) -> Array:
-        """``X [N, D]`` standardised when ``standardize`` (the fitted scaling kept as
-        ``scaler_``); else ``X`` itself, with a warning when its scale is far from the kernel's
-        (``gpinfer.scaling``)."""
+        """``X [N, D]`` standardised when ``_standardizes()`` (the fitted scaling kept as
+        ``scaler_`` and applied at prediction); else ``X`` itself, with a
+        ``FeatureScaleWarning`` when its scales really differ (``gpinfer.scaling``)."""
         from gpinfer.data import Standardizer
         from gpinfer.scaling import check_feature_scales
 
-        standardize = getattr(self, "standardize", False)
-        if not isinstance(standardize, bool | np.bool_):
-            raise InputError(f"standardize must be True or False; got {standardize!r}")
-        if standardize:
+        if self._standardizes():
             self.scaler_: Standardizer | None = Standardizer().fit(X)
             return self.scaler_.transform(X)
         self.scaler_ = None
-        check_feature_scales(X, type(self).__name__)
+        check_feature_scales(X, type(self).__name__, explicit_kernel=isinstance(self.kernel,
+                                                                                Kernel))
         return X
+
+    def _standardizes(self) -> bool:
+        """Whether ``fit`` standardises the inputs: ``standardize`` itself, or for ``"auto"``
+        whether the kernel is given by name (its unit length-scale and variance are made for
+        standardised inputs); a ``Kernel`` object's parameters are in the units of ``X`` as
+        given, so ``"auto"`` leaves ``X`` alone under it. ``InputError`` for other values."""
+        standardize = getattr(self, "standardize", False)
+        if isinstance(standardize, str) and standardize == "auto":
+            return not isinstance(self.kernel, Kernel)
+        if not isinstance(standardize, bool | np.bool_):
+            raise InputError(f"standardize must be 'auto', True or False; got {standardize!r}")
+        return bool(standardize)
 
     def _on_fit_device(self, X: Array) -> Any:
         """Checked inputs ``X [N*, D]`` on the device the fit ran on (float64), where that
@@ -348,10 +358,15 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         Iterations between two validation checks (``k``).
     n_iter_no_change : int
         Checks without a better validation NLL before training stops (patience).
-    standardize : bool
-        Fit a per-feature ``(X - mean) / std`` on the training inputs, keep it as ``scaler_``
-        and apply it at prediction. False (default): ``X`` is used as given, and a
-        ``gpinfer.scaling.FeatureScaleWarning`` says when its scale is far from the kernel's.
+    standardize : "auto" or bool
+        True: fit a per-feature ``(X - mean) / std`` on the training inputs (constant columns:
+        std 1), keep it as ``scaler_`` and apply it at prediction, so that the fit does not
+        depend on the units of ``X``. ``"auto"`` (default): True when ``kernel`` is a name (its
+        starting length-scale 1 and variance 1 are meant for standardised inputs), False when
+        it is a ``Kernel`` object (its parameters are in the units of ``X`` as given: the
+        paper protocols and oracles pass one, on inputs they standardised themselves). False:
+        ``X`` is used as given, and a ``gpinfer.scaling.FeatureScaleWarning`` says when the
+        scales of its non-constant columns are far from the kernel's or from one another.
     backend : None, "numpy" or "torch"
         Array backend of the training hot path (``gpinfer.backend``). ``None`` (default):
         numpy, or torch when ``device`` is a GPU. ``"torch"`` only for the methods that have it
@@ -370,6 +385,7 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
     classes_ [C], n_features_in_, kernel_, likelihood_, log_evidence_, n_iter_, history_,
     posterior_, method_ (the fitted method instance), fit_result_ (its ``FitResult``),
     log_evidence_se_ (standard error of a Monte-Carlo evidence such as AIS, else None),
+    scaler_ (the ``gpinfer.data.Standardizer`` applied to every input, or None),
     backend_ (the ``gpinfer.backend.Backend`` the fit ran on; ``backend_.params()`` gives
     ``{"backend", "device", "dtype"}``).
     """
@@ -389,7 +405,7 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         validation_fraction: float | None = None,
         validation_interval: int = 1,
         n_iter_no_change: int = 10,
-        standardize: bool = False,
+        standardize: bool | str = "auto",
         backend: str | None = None,
         device: str | None = None,
         dtype: str | None = None,
