@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="battery: 20 (default); sklearn: the estimator's default")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per fit")
     ap.add_argument("--sets", default=None, help="comma-separated transforms or data sets")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     if args.kind == "battery":
         sets = list(TRANSFORMS)
         max_iter = 20 if args.max_iter is None else args.max_iter
