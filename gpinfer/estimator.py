@@ -279,8 +279,8 @@ class _GPEstimatorBase(BaseEstimator):
             self.scaler_: Standardizer | None = Standardizer().fit(X)
             return self.scaler_.transform(X)
         self.scaler_ = None
-        check_feature_scales(X, type(self).__name__, explicit_kernel=isinstance(self.kernel,
-                                                                                Kernel))
+        check_feature_scales(X, type(self).__name__,
+                             self.kernel if isinstance(self.kernel, Kernel) else None)
         return X
 
     def _standardizes(self) -> bool:

@@ -121,3 +121,20 @@ def test_standardize_must_be_auto_or_a_bool(blobs):
     X, y, _, _ = blobs
     with pytest.raises(InputError, match="standardize must be 'auto', True or False; got 'yes'"):
         GPClassifier(method="laplace", standardize="yes").fit(X, y)
+
+
+def test_a_users_kernel_is_judged_by_its_own_lengthscale():
+    """Issue 26: raw pixels (0-255) under the Seeger (2004) protocol's kernel, length-scale
+    1009.75 (the /255 folded into it), are at the kernel's scale; under length-scale 1 not."""
+    from gpinfer.kernels import RBF
+    from gpinfer.scaling import check_feature_scales
+
+    rng = np.random.default_rng(0)
+    X = np.round(255 * rng.random((200, 784)) * (rng.random((200, 784)) < 0.2))
+    X[:, :60] = 0.0  # never-lit border pixels
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FeatureScaleWarning)
+        check_feature_scales(X, "GPClassifier", RBF(lengthscale=1009.75, variance=5.0))
+    with pytest.warns(FeatureScaleWarning, match=r"far from the kernel's length-scale 1\b.*"
+                      r"Give the kernel a length-scale of the order of the median distance"):
+        check_feature_scales(X, "GPClassifier", RBF())
