@@ -37,6 +37,7 @@ from gpinfer.fit_guard import (
 )
 from gpinfer.interfaces import FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
+from gpinfer.kernels.initialisation import set_lengthscales, standardised_lengthscale
 from gpinfer.progress import progress_callback
 from gpinfer.threads import blas_threads, training_threads
 from gpinfer.training.early_stopping import EarlyStopping, ValidationMonitor, split_validation
@@ -367,6 +368,10 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         paper protocols and oracles pass one, on inputs they standardised themselves). False:
         ``X`` is used as given, and a ``gpinfer.scaling.FeatureScaleWarning`` says when the
         scales of its non-constant columns are far from the kernel's or from one another.
+        A named kernel on standardised inputs starts at length-scale ``sqrt(max(D', 2) / 2)``
+        (``D'`` non-constant features: 1 up to two features), so that two typical points have
+        prior correlation ``e^-2`` whatever the number of features (methods with a median
+        heuristic, ``lengthscale_init="median"``, still apply theirs).
     backend : None, "numpy" or "torch"
         Array backend of the training hot path (``gpinfer.backend``). ``None`` (default):
         numpy, or torch when ``device`` is a GPU. ``"torch"`` only for the methods that have it
@@ -500,6 +505,9 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         inducing = check_inducing(self.M, n, d, method_name, method_cls.uses_inducing_points)
         likelihood = self._build_likelihood(method_cls, n_classes)
         kernel = self._build_kernel(d)
+        if self.scaler_ is not None and not isinstance(self.kernel, Kernel):
+            # a named kernel on standardised inputs starts where they are (any D)
+            set_lengthscales(kernel, standardised_lengthscale(X))
         method = self._instantiate(method_cls)
         problem = self._problem(X, y_index, n_classes, kernel, likelihood, inducing, method_cls,
                                 backend)
