@@ -138,3 +138,15 @@ def test_a_users_kernel_is_judged_by_its_own_lengthscale():
     with pytest.warns(FeatureScaleWarning, match=r"far from the kernel's length-scale 1\b.*"
                       r"Give the kernel a length-scale of the order of the median distance"):
         check_feature_scales(X, "GPClassifier", RBF())
+
+
+def test_a_named_kernel_starts_where_standardised_inputs_are():
+    """Issue 27: on 64 standardised pixels a unit length-scale makes K nearly the identity (fv,
+    which keeps its kernel, predicted 0.5 everywhere); the start is sqrt(max(D', 2) / 2)."""
+    rng = np.random.default_rng(0)
+    X = np.hstack([rng.normal(size=(40, 8)) * 16.0, np.ones((40, 1))])  # one constant column
+    y = (X[:, 0] > 0).astype(int)
+    est = GPClassifier(method="fv", random_state=0).fit(X, y)
+    assert est.kernel_.lengthscale == pytest.approx(2.0)  # D' = 8 non-constant features
+    est2 = GPClassifier(method="fv", random_state=0).fit(X[:, :2], y)
+    assert est2.kernel_.lengthscale == pytest.approx(1.0)  # up to two features: unchanged
