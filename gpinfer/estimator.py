@@ -39,6 +39,7 @@ from gpinfer.fit_guard import (
 from gpinfer.interfaces import FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
 from gpinfer.posterior import class_columns
+from gpinfer.kernels.initialisation import set_lengthscales, standardised_lengthscale
 from gpinfer.progress import progress_callback
 from gpinfer.threads import blas_threads, training_threads
 from gpinfer.training.early_stopping import EarlyStopping, ValidationMonitor, split_validation
@@ -373,21 +374,31 @@ class _GPEstimatorBase(BaseEstimator):
         return X if scaler is None else scaler.transform(X)
 
     def _scale_inputs(self, X: Array) -> Array:
-        """``X [N, D]`` standardised when ``standardize`` (the fitted scaling kept as
-        ``scaler_``); else ``X`` itself, with a warning when its scale is far from the kernel's
-        (``gpinfer.scaling``)."""
+        """``X [N, D]`` standardised when ``_standardizes()`` (the fitted scaling kept as
+        ``scaler_`` and applied at prediction); else ``X`` itself, with a
+        ``FeatureScaleWarning`` when its scales really differ (``gpinfer.scaling``)."""
         from gpinfer.data import Standardizer
         from gpinfer.scaling import check_feature_scales
 
-        standardize = getattr(self, "standardize", False)
-        if not isinstance(standardize, bool | np.bool_):
-            raise InputError(f"standardize must be True or False; got {standardize!r}")
-        if standardize:
+        if self._standardizes():
             self.scaler_: Standardizer | None = Standardizer().fit(X)
             return self.scaler_.transform(X)
         self.scaler_ = None
-        check_feature_scales(X, type(self).__name__)
+        check_feature_scales(X, type(self).__name__,
+                             self.kernel if isinstance(self.kernel, Kernel) else None)
         return X
+
+    def _standardizes(self) -> bool:
+        """Whether ``fit`` standardises the inputs: ``standardize`` itself, or for ``"auto"``
+        whether the kernel is given by name (its unit length-scale and variance are made for
+        standardised inputs); a ``Kernel`` object's parameters are in the units of ``X`` as
+        given, so ``"auto"`` leaves ``X`` alone under it. ``InputError`` for other values."""
+        standardize = getattr(self, "standardize", False)
+        if isinstance(standardize, str) and standardize == "auto":
+            return not isinstance(self.kernel, Kernel)
+        if not isinstance(standardize, bool | np.bool_):
+            raise InputError(f"standardize must be 'auto', True or False; got {standardize!r}")
+        return bool(standardize)
 
     def _on_fit_device(self, X: Array) -> Any:
         """Checked inputs ``X [N*, D]`` on the device the fit ran on (float64), where that
@@ -452,10 +463,19 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         Iterations between two validation checks (``k``).
     n_iter_no_change : int
         Checks without a better validation NLL before training stops (patience).
-    standardize : bool
-        Fit a per-feature ``(X - mean) / std`` on the training inputs, keep it as ``scaler_``
-        and apply it at prediction. False (default): ``X`` is used as given, and a
-        ``gpinfer.scaling.FeatureScaleWarning`` says when its scale is far from the kernel's.
+    standardize : "auto" or bool
+        True: fit a per-feature ``(X - mean) / std`` on the training inputs (constant columns:
+        std 1), keep it as ``scaler_`` and apply it at prediction, so that the fit does not
+        depend on the units of ``X``. ``"auto"`` (default): True when ``kernel`` is a name (its
+        starting length-scale 1 and variance 1 are meant for standardised inputs), False when
+        it is a ``Kernel`` object (its parameters are in the units of ``X`` as given: the
+        paper protocols and oracles pass one, on inputs they standardised themselves). False:
+        ``X`` is used as given, and a ``gpinfer.scaling.FeatureScaleWarning`` says when the
+        scales of its non-constant columns are far from the kernel's or from one another.
+        A named kernel on standardised inputs starts at length-scale ``sqrt(max(D', 2) / 2)``
+        (``D'`` non-constant features: 1 up to two features), so that two typical points have
+        prior correlation ``e^-2`` whatever the number of features (methods with a median
+        heuristic, ``lengthscale_init="median"``, still apply theirs).
     backend : None, "numpy" or "torch"
         Array backend of the training hot path (``gpinfer.backend``). ``None`` (default):
         numpy, or torch when ``device`` is a GPU. ``"torch"`` only for the methods that have it
@@ -482,6 +502,7 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
     posterior_, method_ (the fitted method instance), fit_result_ (its ``FitResult``),
     log_evidence_se_ (standard error of a Monte-Carlo evidence such as AIS, else None),
     fit_warnings_ (codes of what the fit guard found, ``gpinfer.fit_guard``),
+    scaler_ (the ``gpinfer.data.Standardizer`` applied to every input, or None),
     backend_ (the ``gpinfer.backend.Backend`` the fit ran on; ``backend_.params()`` gives
     ``{"backend", "device", "dtype"}``), feature_names_in_ [D] (a DataFrame's column names; absent
     for arrays), and with early stopping, as ``MLPClassifier``: best_iteration_,
@@ -508,7 +529,7 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         validation_fraction: float | None = None,
         validation_interval: int = 1,
         n_iter_no_change: int = 10,
-        standardize: bool = False,
+        standardize: bool | str = "auto",
         backend: str | None = None,
         device: str | None = None,
         dtype: str | None = None,
@@ -619,6 +640,9 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         inducing = check_inducing(self.M, n, d, method_name, method_cls.uses_inducing_points)
         likelihood = self._build_likelihood(method_cls, n_classes)
         kernel = self._build_kernel(d)
+        if self.scaler_ is not None and not isinstance(self.kernel, Kernel):
+            # a named kernel on standardised inputs starts where they are (any D)
+            set_lengthscales(kernel, standardised_lengthscale(X))
         method = self._instantiate(method_cls)
         problem = self._problem(X, y_index, n_classes, kernel, likelihood, inducing, method_cls,
                                 backend, weights)

@@ -35,8 +35,9 @@ def kmeans_inducing(X: Array, M: int, rng: np.random.Generator,
                     iterations: int = KMEANS_ITERATIONS) -> Array:
     """``M`` K-means centres of ``X [N, D]``, ``[M', D]`` with duplicate centres removed.
 
-    ``M == N`` returns a copy of ``X`` (every point is its own centre). Raises ``InputError`` when
-    ``M`` is not in ``1..N``.
+    ``M`` at least the number ``U`` of distinct rows of ``X`` returns those ``U`` rows (every
+    distinct point is its own centre; with duplicated rows, k-means++ would run out of points to
+    draw and return NaN centres: issue 27). Raises ``InputError`` when ``M`` is not in ``1..N``.
     """
     X = np.asarray(X, dtype=float)
     n = X.shape[0]
@@ -45,8 +46,12 @@ def kmeans_inducing(X: Array, M: int, rng: np.random.Generator,
             f"the number of inducing points must be an integer in 1..N={n}; got M={M!r}"
         )
     if M == n:
-        return X.copy()
+        distinct = np.unique(X, axis=0)
+        return X.copy() if len(distinct) == n else distinct
     rows = X if n <= KMEANS_MAX_ROWS else X[rng.choice(n, KMEANS_MAX_ROWS, replace=False)]
+    distinct = np.unique(rows, axis=0)
+    if len(distinct) <= M:
+        return distinct
     seed = int(rng.integers(2**31 - 1))
     centres, _ = kmeans2(rows, int(M), iter=int(iterations), minit="++", seed=seed)
     unique = np.unique(centres, axis=0)

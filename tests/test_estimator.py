@@ -253,7 +253,9 @@ def test_problem_passed_to_method(fake_plugins, data):
     est.set_params(random_state=11).fit(X, y_named)
     problem = est.method_.problem
     assert isinstance(problem, Problem)
-    np.testing.assert_array_equal(problem.X, X)
+    # a named kernel: the inputs are standardised by default, the scaling kept with the model
+    np.testing.assert_array_equal(problem.X, (X - X.mean(axis=0)) / X.std(axis=0))
+    np.testing.assert_array_equal(est.scaler_.transform(X), problem.X)
     assert problem.X is not X and problem.X.dtype == np.float64
     np.testing.assert_array_equal(problem.y, (y_named == "yes").astype(int))
     assert problem.y.dtype == np.int64 and problem.n_classes == 2
@@ -467,7 +469,7 @@ def test_get_set_params_and_clone(fake_plugins, data):
         "validation_fraction": None,
         "validation_interval": 1,
         "n_iter_no_change": 10,
-        "standardize": False,
+        "standardize": "auto",
         "baseline_failure": "raise",
     }
     assert est.set_params(M=7, max_iter=3) is est and est.M == 7 and est.max_iter == 3

@@ -77,6 +77,16 @@ def test_kmeans_inducing_inputs():
     assert len(Zd) <= 2
 
 
+@pytest.mark.parametrize("M", [30, 50, 60])
+def test_kmeans_on_duplicated_rows_gives_the_distinct_rows(M):
+    """Issue 27: 30 distinct rows twice and M >= 30: k-means++ ran out of points to draw and
+    returned NaN centres (vfe then ran its sites for minutes); M == N returned the duplicates."""
+    X = np.random.default_rng(0).normal(size=(30, 2))
+    Z = kmeans_inducing(np.vstack([X, X]), M, np.random.default_rng(1))
+    assert np.all(np.isfinite(Z))
+    np.testing.assert_array_equal(Z, np.unique(X, axis=0))
+
+
 def test_inducing_inputs_spec():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(30, 2))

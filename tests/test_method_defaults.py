@@ -121,7 +121,14 @@ def test_method_passes_check_estimator_with_its_defaults(name):
     ten iterations keeps it affordable; AIS and the IVM at their defaults would take minutes).
     Its checks fit labels that are pure noise (``check_fit_score_takes_y``: ``arange(30) % 3``
     on uniform inputs), where no model beats the class frequencies: the fit guard's default
-    ``baseline_failure="raise"`` would stop them, so the contract is checked with ``"warn"``."""
+    ``baseline_failure="raise"`` would stop them, so the contract is checked with ``"warn"``.
+
+    The fit guard's "no better than predicting the class frequencies" warnings that some
+    methods (vi-jj-full, issue 27) raise here come from checks whose labels are drawn
+    independently of X (check_fit_idempotent, check_n_features_in, check_supervised_y_2d,
+    check_n_features_in_after_fitting): the class frequencies are the right answer there. Fit
+    quality at the defaults is asserted on data with a signal, against the class frequencies on
+    held-out points, by tests/test_default_battery.py (vi-jj-full included)."""
     from sklearn.utils.estimator_checks import check_estimator
 
     check_estimator(GPClassifier(method=name, random_state=0, max_iter=10,

@@ -119,7 +119,8 @@ def test_fits_stop_early_and_keep_the_best_validation_iterate(method, extra):
         assert len(reports) < 400
     # the fitted model is the best validation iterate: its NLL on the held-out part is ``best``
     _, val = split_validation(y, 0.25, np.random.default_rng(0), len(np.unique(y)))
-    held_out_nll = -np.mean(est.posterior_.log_predictive(X[val], y[val]))
+    Xs = est.scaler_.transform(X)  # the posterior lives in the standardised inputs (default)
+    held_out_nll = -np.mean(est.posterior_.log_predictive(Xs[val], y[val]))
     assert held_out_nll == pytest.approx(best, rel=1e-9)
     assert getattr(est, "_validation", None) is None  # not pickled with the fitted model
 
