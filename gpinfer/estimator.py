@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,14 @@ from gpinfer.interfaces import FitCallback, FitResult, Likelihood, Method, Probl
 from gpinfer.kernels.base import Kernel
 from gpinfer.progress import progress_callback
 from gpinfer.threads import blas_threads, training_threads
-from gpinfer.training.early_stopping import EarlyStopping, ValidationMonitor, split_validation
+from gpinfer.training.early_stopping import (
+    EarlyStopping,
+    ValidationChoice,
+    ValidationMonitor,
+    mean_nll,
+    renumbered,
+    validation_splits,
+)
 from gpinfer.validation import (
     check_inducing,
     check_method_compatible,
@@ -51,6 +58,9 @@ from gpinfer.validation import (
 )
 
 Array = np.ndarray
+#: ``setup(X [n, D], y [n], max_iter)``: a method and its problem on those rows (``max_iter``
+#: None: the estimator's)
+Setup = Callable[[Array, Array, "int | None"], tuple[Method, Problem]]
 
 __all__ = ["GPClassifier"]
 
@@ -174,11 +184,12 @@ class _GPEstimatorBase(BaseEstimator):
     def _problem(
         self, X: Array, y: Array, n_classes: int, kernel: Kernel, likelihood: Likelihood,
         inducing: int | Array | None, method_cls: type[Method] | None = None,
-        backend: Backend | None = None,
+        backend: Backend | None = None, max_iter: int | None = None,
     ) -> Problem:
         """The validated ``Problem`` handed to the method's ``fit``; ``optimize=None`` means the
         method's ``optimize_by_default`` (True when ``method_cls`` is not given); ``backend``:
-        from ``_resolve_backend`` (None: numpy)."""
+        from ``_resolve_backend`` (None: numpy); ``max_iter``: None for the estimator's (the
+        refit after early stopping gives the chosen number)."""
         optimize = self.optimize
         if optimize is None:
             optimize = getattr(method_cls, "optimize_by_default", True)
@@ -190,41 +201,30 @@ class _GPEstimatorBase(BaseEstimator):
             likelihood=likelihood,
             inducing=inducing,
             optimize=bool(optimize),
-            max_iter=int(self.max_iter),
+            max_iter=int(self.max_iter if max_iter is None else max_iter),
             batch_size=None if self.batch_size is None else int(self.batch_size),
             rng=self._rng(),
             **({} if backend is None else {"backend": backend}),
         )
 
-    def _hold_out(self, X: Array, y: Array, n_classes: int) -> tuple[Array, Array]:
-        """The rows to train on, ``(X [N', D], y [N'])``: all of them, or, with
-        ``validation_fraction``, the rest after a held-out validation part (kept for the
-        ``ValidationMonitor`` of ``_fit_problem``). ``InputError`` for bad settings."""
-        settings = EarlyStopping.from_settings(self.validation_fraction,
-                                               self.validation_interval, self.n_iter_no_change)
-        self._validation: tuple[EarlyStopping, Array, Array] | None = None
+    def _early_stopping(self, y: Array, n_classes: int
+                        ) -> tuple[EarlyStopping, list[tuple[Array, Array]]] | None:
+        """The early-stopping settings and the ``(train, validation)`` row splits of ``y [N]``
+        (one hold-out, or K folds: ``validation_splits``); ``None`` without
+        ``validation_fraction``. ``InputError`` for bad settings, before any training."""
+        settings = EarlyStopping.from_settings(
+            self.validation_fraction, self.validation_interval, self.n_iter_no_change,
+            getattr(self, "refit", True), getattr(self, "validation_folds", None))
         if settings is None:
-            return X, y
-        train, val = split_validation(y, settings.validation_fraction, self._rng(), n_classes)
-        self._validation = (settings, X[val], y[val])
-        return X[train], y[train]
-
-    def _validation_monitor(self, callback: FitCallback | None) -> ValidationMonitor | None:
-        held = getattr(self, "_validation", None)
-        if held is None:
             return None
-        settings, X_val, y_val = held
-        return ValidationMonitor(
-            lambda posterior: -float(np.mean(posterior.log_predictive(X_val, y_val))),
-            settings, callback)
+        return settings, validation_splits(y, settings, self._rng(), n_classes)
 
-    def _fit_problem(
-        self, method: Method, method_name: str, problem: Problem, callback: FitCallback | None
-    ) -> None:
-        """Run ``method.fit`` and set the fitted attributes common to every estimator."""
-        monitor = self._validation_monitor(callback)
-        tracker = BestIterate(callback if monitor is None else monitor, method_name,
-                              type(method).objective_limit, problem.n,
+    @staticmethod
+    def _run(method: Method, method_name: str, problem: Problem, callback: FitCallback | None
+             ) -> tuple[FitResult, BestIterate]:
+        """``method.fit(problem)`` under the fit guard's ``BestIterate`` (wrapping
+        ``callback``), its result checked; returns the result and the tracker."""
+        tracker = BestIterate(callback, method_name, type(method).objective_limit, problem.n,
                               window=1 if problem.batch_size is None else MINIBATCH_WINDOW)
         with training_threads():
             result = method.fit(problem, tracker)
@@ -235,11 +235,64 @@ class _GPEstimatorBase(BaseEstimator):
             )
         check_objective_limit(float(result.log_evidence), type(method).objective_limit,
                               method_name, problem.n)
-        if monitor is not None:
-            result = monitor.restore(result)
-            self._validation = None  # the held-out rows are not part of the fitted model
-        elif type(method).restore_best_iterate:
+        return result, tracker
+
+    def _fit_plain(self, method: Method, method_name: str, problem: Problem,
+                   callback: FitCallback | None) -> FitResult:
+        """One fit, the best iterate restored by the fit guard where the method allows it."""
+        result, tracker = self._run(method, method_name, problem, callback)
+        if type(method).restore_best_iterate:
             result = restore_best(result, tracker)
+        return result
+
+    def _fit_validated(
+        self, first: tuple[Method, Problem], setup: Setup, X: Array, y: Array, method_name: str,
+        callback: FitCallback | None, settings: EarlyStopping, splits: list[tuple[Array, Array]],
+    ) -> tuple[Method, Problem, FitResult]:
+        """Early stopping (``gpinfer.training.early_stopping``): one monitored fit per split
+        (``first`` is the first split's method and problem), the number of iterations chosen on
+        their validation NLL, then, with ``refit``, a fit on all of ``X [N, D]``, ``y [N]`` for
+        that many iterations. The held-out rows live only in this call (never pickled with the
+        fitted model). Returns the fitted model's method, problem and result."""
+        monitors: list[ValidationMonitor] = []
+        several = len(splits) > 1
+        offset = 0
+        for f, (train, val) in enumerate(splits):
+            method, problem = first if f == 0 else setup(X[train], y[train], None)
+            monitor = ValidationMonitor(
+                mean_nll(X[val], y[val]), settings,
+                renumbered(callback, offset, "fold_iteration") if several else callback)
+            result, _ = self._run(method, method_name, problem, monitor)
+            monitors.append(monitor)
+            offset += monitor.last_iteration
+        choice = ValidationChoice(monitors)
+        if not settings.refit:
+            return method, problem, monitors[0].restore(result)
+        # no finite validation NLL at all: train on everything for as long as the folds did
+        k = choice.best_iteration or max(m.last_iteration for m in monitors) or int(self.max_iter)
+        method, problem = setup(X, y, k)
+        result = self._fit_plain(method, method_name, problem,
+                                 renumbered(callback, offset, "refit_iteration"))
+        return method, problem, choice.record(result, refitted=True)
+
+    def _fit_problem(
+        self, method: Method, method_name: str, problem: Problem, callback: FitCallback | None,
+        setup: Setup | None = None, data: tuple[Array, Array] | None = None,
+        early: tuple[EarlyStopping, list[tuple[Array, Array]]] | None = None,
+    ) -> None:
+        """Fit and set the fitted attributes common to every estimator.
+
+        Without ``early``: ``method.fit(problem)``. With ``early`` (from ``_early_stopping``),
+        ``method`` and ``problem`` are those of the first split's training rows, ``setup(X, y,
+        max_iter)`` builds a method and its problem for other rows of ``data = (X [N, D],
+        y [N])`` (all the rows, held-out ones included), and ``_fit_validated`` runs."""
+        if early is None:
+            result = self._fit_plain(method, method_name, problem, callback)
+        else:
+            if setup is None or data is None:
+                raise ValueError("early stopping needs setup and data")
+            method, problem, result = self._fit_validated(
+                (method, problem), setup, data[0], data[1], method_name, callback, *early)
         result = check_against_baseline(
             result, method_name, problem.X, problem.y, problem.n_classes, self._rng(),
             lambda X, y: -float(np.mean(result.posterior.log_predictive(X, y))))
@@ -348,6 +401,19 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         Iterations between two validation checks (``k``).
     n_iter_no_change : int
         Checks without a better validation NLL before training stops (patience).
+    refit : bool
+        With ``validation_fraction``: True (default) trains the method again on all the data
+        (the held-out part included) for the number of iterations with the best validation NLL,
+        and that is the fitted model; False keeps the best validation iterate of the fit on the
+        reduced data. ``fit_result_.diagnostics`` holds ``best_iteration`` and ``best_val_nll``,
+        ``fit_result_.state`` the per-check ``val_iteration`` and ``val_nll``. Ignored without
+        ``validation_fraction``.
+    validation_folds : None or int
+        How the number of iterations is chosen: ``None`` (default) one hold-out of
+        ``validation_fraction``, or, where that would hold fewer than 200 points (with
+        ``refit``), stratified K-fold cross-validation with ``K = round(1 /
+        validation_fraction)`` (the validation NLL averaged over the folds); ``1``: always
+        one hold-out; ``K >= 2``: always K folds (needs ``refit``).
     standardize : bool
         Fit a per-feature ``(X - mean) / std`` on the training inputs, keep it as ``scaler_``
         and apply it at prediction. False (default): ``X`` is used as given, and a
@@ -389,6 +455,8 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         validation_fraction: float | None = None,
         validation_interval: int = 1,
         n_iter_no_change: int = 10,
+        refit: bool = True,
+        validation_folds: int | None = None,
         standardize: bool = False,
         backend: str | None = None,
         device: str | None = None,
@@ -407,6 +475,8 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         self.validation_fraction = validation_fraction
         self.validation_interval = validation_interval
         self.n_iter_no_change = n_iter_no_change
+        self.refit = refit
+        self.validation_folds = validation_folds
         self.standardize = standardize
         self.backend = backend
         self.device = device
@@ -468,8 +538,8 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         n_classes = len(classes)
         self._check_settings()
         X = self._scale_inputs(X)
-        X, y_index = self._hold_out(X, y_index, n_classes)
-        n, d = X.shape
+        early = self._early_stopping(y_index, n_classes)
+        d = X.shape[1]
         method_cls = _load_method(self.method)
         method_name = _method_name(method_cls, self.method)
         backend = self._resolve_backend(method_cls, method_name)
@@ -481,14 +551,20 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
             self._likelihood_name(),
             likelihood=self.likelihood if isinstance(self.likelihood, Likelihood) else None,
         )
-        inducing = check_inducing(self.M, n, d, method_name, method_cls.uses_inducing_points)
-        likelihood = self._build_likelihood(method_cls, n_classes)
-        kernel = self._build_kernel(d)
-        method = self._instantiate(method_cls)
-        problem = self._problem(X, y_index, n_classes, kernel, likelihood, inducing, method_cls,
-                                backend)
+
+        def setup(X: Array, y: Array, max_iter: int | None = None) -> tuple[Method, Problem]:
+            """The method and its problem on ``X [n, D]``, ``y [n]``."""
+            inducing = check_inducing(self.M, X.shape[0], d, method_name,
+                                      method_cls.uses_inducing_points)
+            problem = self._problem(X, y, n_classes, self._build_kernel(d),
+                                    self._build_likelihood(method_cls, n_classes), inducing,
+                                    method_cls, backend, max_iter)
+            return self._instantiate(method_cls), problem
+
+        rows = slice(None) if early is None else early[1][0][0]
+        method, problem = setup(X[rows], y_index[rows])
         with progress_callback(self.verbose, problem.max_iter, method_name, callback) as callback:
-            self._fit_problem(method, method_name, problem, callback)
+            self._fit_problem(method, method_name, problem, callback, setup, (X, y_index), early)
         self.classes_ = classes
         return self
 

@@ -16,7 +16,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from gpinfer.errors import InputError
 from gpinfer.estimator import _GPEstimatorBase, _load_method
-from gpinfer.interfaces import FitCallback, Likelihood
+from gpinfer.interfaces import FitCallback, Likelihood, Method, Problem
 from gpinfer.likelihoods.gaussian import Gaussian
 from gpinfer.progress import progress_callback
 from gpinfer.validation import check_inducing, check_method_compatible, check_X_y
@@ -47,7 +47,7 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
     Parameters are those of ``GPClassifier`` (``method``, ``M``, ``kernel``, ``likelihood``,
     ``optimize``, ``max_iter``, ``batch_size``, ``random_state``, ``method_options``,
     ``verbose``, and early stopping: ``validation_fraction`` (a random, not stratified, part),
-    ``validation_interval``, ``n_iter_no_change``), except
+    ``validation_interval``, ``n_iter_no_change``, ``refit``, ``validation_folds``), except
     that ``likelihood`` defaults to a Gaussian with noise variance ``0.01 var(y)`` (the reference
     initialisation ``sigma = 0.1 std(y)``).
 
@@ -70,6 +70,8 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         validation_fraction: float | None = None,
         validation_interval: int = 1,
         n_iter_no_change: int = 10,
+        refit: bool = True,
+        validation_folds: int | None = None,
     ):
         self.method = method
         self.M = M
@@ -84,6 +86,8 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         self.validation_fraction = validation_fraction
         self.validation_interval = validation_interval
         self.n_iter_no_change = n_iter_no_change
+        self.refit = refit
+        self.validation_folds = validation_folds
 
     def _build_likelihood(self, y: Array) -> Likelihood:
         from gpinfer.likelihoods import Gaussian, make_likelihood
@@ -104,18 +108,24 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         X, y = check_X_y(X, y)
         y = check_targets(y)
         self._check_settings()
-        X, y = self._hold_out(X, y, 0)
-        n, d = X.shape
+        early = self._early_stopping(y, 0)
+        d = X.shape[1]
         method_cls = _load_method(self.method)
         name = method_cls.name or getattr(self.method, "__name__", str(self.method))
         check_method_compatible(method_cls, 0, "regression", self.batch_size,
                                 self._likelihood_name() or "gaussian")
-        inducing = check_inducing(self.M, n, d, name, method_cls.uses_inducing_points)
-        likelihood = self._build_likelihood(y)
-        method = self._instantiate(method_cls)
-        problem = self._problem(X, y, 0, self._build_kernel(d), likelihood, inducing)
+
+        def setup(X: Array, y: Array, max_iter: int | None = None) -> tuple[Method, Problem]:
+            """The method and its problem on ``X [n, D]``, ``y [n]``."""
+            inducing = check_inducing(self.M, X.shape[0], d, name, method_cls.uses_inducing_points)
+            problem = self._problem(X, y, 0, self._build_kernel(d), self._build_likelihood(y),
+                                    inducing, max_iter=max_iter)
+            return self._instantiate(method_cls), problem
+
+        rows = slice(None) if early is None else early[1][0][0]
+        method, problem = setup(X[rows], y[rows])
         with progress_callback(self.verbose, problem.max_iter, name, callback) as callback:
-            self._fit_problem(method, name, problem, callback)
+            self._fit_problem(method, name, problem, callback, setup, (X, y), early)
         return self
 
     def predict(self, X: Any, return_std: bool = False) -> Array | tuple[Array, Array]:

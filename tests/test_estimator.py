@@ -459,6 +459,8 @@ def test_get_set_params_and_clone(fake_plugins, data):
         "validation_fraction": None,
         "validation_interval": 1,
         "n_iter_no_change": 10,
+        "refit": True,
+        "validation_folds": None,
         "standardize": False,
     }
     assert est.set_params(M=7, max_iter=3) is est and est.M == 7 and est.max_iter == 3

@@ -249,7 +249,9 @@ def parse_settings(conf: Mapping[str, Any]) -> Settings:
         eval_every=_int(conf.get("eval_every", 10), "eval_every", minimum=1),
         early_stopping=EarlyStopping.from_settings(conf.get("validation_fraction"),
                                                    conf.get("validation_interval", 1),
-                                                   conf.get("n_iter_no_change", 10)),
+                                                   conf.get("n_iter_no_change", 10),
+                                                   conf.get("refit", True),
+                                                   conf.get("validation_folds")),
         backend=_optional_text(conf.get("backend"), "backend", "numpy or torch"),
         device=_optional_text(conf.get("device"), "device", "cpu, cuda or cuda:N"),
         dtype=_optional_text(conf.get("dtype"), "dtype", "float64 or float32"),
@@ -737,7 +739,9 @@ def run_experiment(
         **({} if s.early_stopping is None else {
             "validation_fraction": s.early_stopping.validation_fraction,
             "validation_interval": s.early_stopping.validation_interval,
-            "n_iter_no_change": s.early_stopping.n_iter_no_change}),
+            "n_iter_no_change": s.early_stopping.n_iter_no_change,
+            "refit": s.early_stopping.refit,
+            "validation_folds": s.early_stopping.folds}),
         **({} if p.task == "regression" else p.backend.params()),
     )
     label = f"{s.method}/{s.dataset} s{s.seed}"
