@@ -93,6 +93,7 @@ def one(dataset: str, method: str, seed: int, iterations: int, patience: int,
             "best_path_nll": min(path), "best_path_iteration": int(np.argmin(path)) + 1,
             "final_nll": final, "final_nll_es": final_es, "es_iterations": early.n_iter_,
             "es_best_iteration": k_best, "val_nll": early.fit_result_.state["val_nll"].tolist(),
+            "val_nll_folds": early.fit_result_.state["val_nll_folds"].tolist(),
             "ratio_es_to_best": final_es / min(path), "ratio_final_to_best": final / min(path)}
 
 

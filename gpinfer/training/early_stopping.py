@@ -33,7 +33,7 @@ Either way the numbers are kept: ``FitResult.diagnostics`` has ``best_iteration`
 number of iterations), ``best_val_nll``, ``stopped_early`` (1.0 when patience ran out before
 ``max_iter``, in every fold), ``refit`` (1.0 when the model was refitted), ``validation_folds``
 and ``validation_checks``; ``FitResult.state`` has ``val_iteration [K]`` and ``val_nll [K]``,
-one entry per check (the mean over the folds).
+one entry per check (the mean over the folds), and ``val_nll_folds [F, K]``.
 
 The names follow scikit-learn's estimators with early stopping (``validation_fraction``,
 ``n_iter_no_change``).
@@ -279,8 +279,10 @@ class ValidationChoice:
             # the value of the last check at or before each iteration (before the first: NaN)
             at = np.searchsorted(its, self.iterations, side="right") - 1
             curves.append(np.where(at >= 0, vals[np.maximum(at, 0)], np.nan))
+        #: per-fold curves ``[F, K]`` (NaN before a fold's first check)
+        self.fold_curves = np.array(curves).reshape(len(monitors), self.iterations.size)
         with np.errstate(invalid="ignore"):
-            curve = np.mean(np.array(curves), axis=0) if curves else np.zeros(0)
+            curve = np.mean(self.fold_curves, axis=0)
         self.curve = np.where(np.isfinite(curve), curve, np.inf)
         self.best_iteration: int | None = None
         self.best_nll = np.inf
@@ -292,7 +294,8 @@ class ValidationChoice:
         """``result`` with the early-stopping numbers: ``diagnostics`` (``best_iteration``,
         ``best_val_nll``, ``stopped_early``, ``refit``, ``validation_folds``,
         ``validation_checks``; and ``best_val_iteration``, the same as ``best_iteration``, for
-        earlier readers) and ``state`` (``val_iteration [K]``, ``val_nll [K]``)."""
+        earlier readers) and ``state`` (``val_iteration [K]``, ``val_nll [K]``, and
+        ``val_nll_folds [F, K]`` per fold)."""
         best = float(self.best_iteration or 0)
         result.diagnostics.update(
             best_iteration=best, best_val_iteration=best, best_val_nll=self.best_nll,
@@ -301,4 +304,5 @@ class ValidationChoice:
             validation_checks=float(self.iterations.size))
         result.state["val_iteration"] = self.iterations.copy()
         result.state["val_nll"] = self.curve.copy()
+        result.state["val_nll_folds"] = self.fold_curves.copy()
         return result
