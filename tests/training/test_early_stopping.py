@@ -187,15 +187,30 @@ def test_k_folds_hold_out_every_row_once_stratified():
                           np.random.default_rng(0), 3)
 
 
-def test_the_choice_averages_the_folds_and_carries_a_stopped_fold_on():
+def _monitors(*curves: list[float]) -> list[ValidationMonitor]:
     monitors = []
-    for curve in ([3.0, 2.0, 1.0, 2.0], [3.0, 1.0, 2.0]):  # the second stopped after 3 checks
+    for curve in curves:
         m = ValidationMonitor(lambda post: 0.0, EarlyStopping(0.2))
         m.checks = list(enumerate(curve, start=1))
         monitors.append(m)
-    choice = ValidationChoice(monitors)
-    np.testing.assert_allclose(choice.curve, [3.0, 1.5, 1.5, 2.0])
+    return monitors
+
+
+def test_the_choice_averages_the_folds_and_carries_a_stopped_fold_on():
+    # the second fold stopped after 3 checks; the folds agree at the minimum (no spread)
+    choice = ValidationChoice(_monitors([3.0, 2.0, 1.5, 2.0], [3.0, 1.0, 1.5]))
+    np.testing.assert_allclose(choice.curve, [3.0, 1.5, 1.5, 1.75])
     assert choice.best_iteration == 2 and choice.best_nll == 1.5  # the first minimum
+
+
+def test_k_folds_take_the_earliest_iteration_within_one_standard_error():
+    # mean 3, 1.6, 1.5, 1.45; at the minimum the folds are 1.25 and 1.65: se = 0.2
+    choice = ValidationChoice(_monitors([3.0, 1.4, 1.3, 1.25], [3.0, 1.8, 1.7, 1.65]))
+    assert choice.min_iteration == 4 and choice.min_nll == pytest.approx(1.45)
+    assert choice.best_iteration == 2 and choice.best_nll == pytest.approx(1.6)
+    # one monitor (a hold-out): the minimum
+    single = ValidationChoice(_monitors([3.0, 1.4, 1.3, 1.25]))
+    assert single.best_iteration == single.min_iteration == 4
 
 
 @pytest.mark.parametrize("kwargs,pattern", [
