@@ -9,7 +9,8 @@ runs twice:
 * with ``validation_fraction=0.2`` (``validation_interval=1``, ``n_iter_no_change=PATIENCE``)
   and the estimator's defaults otherwise: the number of iterations chosen on one hold-out, or by
   5-fold cross-validation where the hold-out would have fewer than 200 points (wine,
-  breast_cancer), then a refit on all the training data for that many iterations
+  breast_cancer; the earliest iteration within one standard error of the fold-averaged
+  minimum), then a refit on all the training data for that many iterations
   (``gpinfer.training.early_stopping``). ``--folds 1`` forces the hold-out, ``--no-refit`` keeps
   the best iterate of the fit on the reduced data (the behaviour before the refit).
 

@@ -412,8 +412,9 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         How the number of iterations is chosen: ``None`` (default) one hold-out of
         ``validation_fraction``, or, where that would hold fewer than 200 points (with
         ``refit``), stratified K-fold cross-validation with ``K = round(1 /
-        validation_fraction)`` (the validation NLL averaged over the folds); ``1``: always
-        one hold-out; ``K >= 2``: always K folds (needs ``refit``).
+        validation_fraction)`` (the validation NLL averaged over the folds; the earliest
+        iteration within one standard error of its minimum); ``1``: always one hold-out;
+        ``K >= 2``: always K folds (needs ``refit``).
     standardize : bool
         Fit a per-feature ``(X - mean) / std`` on the training inputs, keep it as ``scaler_``
         and apply it at prediction. False (default): ``X`` is used as given, and a
