@@ -28,7 +28,7 @@ Seed 1, 250 iterations, patience 10 (issue 27; test NLL, final with early stoppi
 the path; target at most 1.05). Before: the best iterate of the fit on 80 % of the data. After:
 the defaults (5 folds on wine and breast_cancer, one hold-out on digits; refit on all the data):
 
-| dataset | method | best, path (iteration) | before: final, ratio | after: final (iteration), ratio |
+| dataset | method | best on path (iteration) | before: final, ratio | after: final (iter.), ratio |
 |---|---|---|---|---|
 | wine | sep | 0.1561 (152) | 0.2199, 1.409 | 0.1613 (179), 1.033 |
 | wine | vi-robustmax | 0.0836 (8) | 0.1696, 2.028 | 0.1121 (6), 1.340 |
