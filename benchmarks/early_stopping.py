@@ -42,8 +42,9 @@ iteration is the same and the refit is the path's model there; not re-run for la
 time. vi-robustmax on digits stops at 38 iterations, 10 checks after a validation plateau,
 while its test NLL goes on falling to iteration 250.) With the minimum of the fold-averaged
 curve instead of the one-standard-error rule the small data sets give 1.292, 1.251, 1.077,
-1.051: sep's fold-averaged curve keeps falling slowly after the test NLL has turned, while vi-robustmax's L-BFGS-B path jumps by 10-30 % from one
-iteration to the next around its optimum, so that no choice of iteration is reliably within 5 %.
+1.051: sep's fold-averaged curve keeps falling slowly after the test NLL has turned, while
+vi-robustmax's L-BFGS-B path jumps by 10-30 % from one iteration to the next around its
+optimum, so that no choice of iteration is reliably within 5 %.
 """
 
 from __future__ import annotations
