@@ -39,12 +39,13 @@ the defaults (5 folds on wine and breast_cancer, one hold-out on digits; refit o
 
 (digits sep after: the hold-out split and the monitor are those of "before", so the chosen
 iteration is the same and the refit is the path's model there, as the vi-robustmax row, which
-was re-run, confirms; sep was not re-run for lack of CPU time. vi-robustmax on digits stops at 38 iterations, 10 checks after a validation plateau,
-while its test NLL goes on falling to iteration 250.) With the minimum of the fold-averaged
-curve instead of the one-standard-error rule the small data sets give 1.292, 1.251, 1.077,
-1.051: sep's fold-averaged curve keeps falling slowly after the test NLL has turned, while
-vi-robustmax's L-BFGS-B path jumps by 10-30 % from one iteration to the next around its
-optimum, so that no choice of iteration is reliably within 5 %.
+was re-run, confirms; sep was not re-run for lack of CPU time. vi-robustmax on digits stops
+at 38 iterations, 10 checks after a validation plateau, while its test NLL goes on falling to
+iteration 250.) With the minimum of the fold-averaged curve instead of the
+one-standard-error rule the small data sets give 1.292, 1.251, 1.077, 1.051: sep's
+fold-averaged curve keeps falling slowly after the test NLL has turned, while vi-robustmax's
+L-BFGS-B path jumps by 10-30 % from one iteration to the next around its optimum, so that no
+choice of iteration is reliably within 5 %.
 """
 
 from __future__ import annotations
