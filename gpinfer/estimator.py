@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from gpinfer.backend import ops
 from gpinfer.backend.choice import Backend, check_method_backend, resolve_backend
 from gpinfer.errors import InputError
 from gpinfer.fit_guard import (
+    BestIterate,
     check_against_baseline,
     check_baseline_failure,
     check_objective_limit,
@@ -38,11 +39,18 @@ from gpinfer.fit_guard import (
 )
 from gpinfer.interfaces import FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
-from gpinfer.posterior import class_columns
 from gpinfer.kernels.initialisation import set_lengthscales, standardised_lengthscale
+from gpinfer.posterior import class_columns
 from gpinfer.progress import progress_callback
 from gpinfer.threads import blas_threads, training_threads
-from gpinfer.training.early_stopping import EarlyStopping, ValidationMonitor, split_validation
+from gpinfer.training.early_stopping import (
+    EarlyStopping,
+    ValidationChoice,
+    ValidationMonitor,
+    mean_nll,
+    renumbered,
+    validation_splits,
+)
 from gpinfer.validation import (
     check_inducing,
     check_method_compatible,
@@ -57,6 +65,9 @@ from gpinfer.validation import (
 )
 
 Array = np.ndarray
+#: ``setup(X [n, D], y [n], max_iter)``: a method and its problem on those rows (``max_iter``
+#: None: the estimator's)
+Setup = Callable[[Any, "int | None"], tuple[Method, Problem]]
 
 __all__ = ["GPClassifier"]
 
@@ -229,10 +240,13 @@ class _GPEstimatorBase(BaseEstimator):
         self, X: Array, y: Array, n_classes: int, kernel: Kernel, likelihood: Likelihood,
         inducing: int | Array | None, method_cls: type[Method] | None = None,
         backend: Backend | None = None, sample_weight: Array | None = None,
+        max_iter: int | None = None,
     ) -> Problem:
         """The validated ``Problem`` handed to the method's ``fit``; ``optimize=None`` means the
         method's ``optimize_by_default`` (True when ``method_cls`` is not given); ``backend``:
-        from ``_resolve_backend`` (None: numpy); ``sample_weight [N]`` from ``_weighted_rows``."""
+        from ``_resolve_backend`` (None: numpy); ``sample_weight [N]`` from ``_weighted_rows``;
+        ``max_iter``: None for the estimator's (the refit after early stopping gives the chosen
+        number)."""
         optimize = self.optimize
         if optimize is None:
             optimize = getattr(method_cls, "optimize_by_default", True)
@@ -244,7 +258,7 @@ class _GPEstimatorBase(BaseEstimator):
             likelihood=likelihood,
             inducing=inducing,
             optimize=bool(optimize),
-            max_iter=int(self.max_iter),
+            max_iter=int(self.max_iter if max_iter is None else max_iter),
             batch_size=None if self.batch_size is None else int(self.batch_size),
             rng=self._rng(),
             **({} if backend is None else {"backend": backend}),
@@ -269,22 +283,6 @@ class _GPEstimatorBase(BaseEstimator):
         check_weight_support(method_cls, method_name)
         return X, y, weights
 
-    def _hold_out(
-        self, X: Array, y: Array, n_classes: int, weights: Array | None = None
-    ) -> tuple[Array, Array, Array | None]:
-        """The rows to train on, ``(X [N', D], y [N'], weights [N'] or None)``: all of them,
-        or, with ``validation_fraction``, the rest after a held-out validation part (kept, with
-        equal weights, for the ``ValidationMonitor`` of ``_fit_problem``). ``InputError`` for
-        bad settings."""
-        settings = EarlyStopping.from_settings(self.validation_fraction,
-                                               self.validation_interval, self.n_iter_no_change)
-        self._validation: tuple[EarlyStopping, Array, Array] | None = None
-        if settings is None:
-            return X, y, weights
-        train, val = split_validation(y, settings.validation_fraction, self._rng(), n_classes)
-        self._validation = (settings, X[val], y[val])
-        return X[train], y[train], None if weights is None else weights[train]
-
     def _set_feature_names(self, X: Any) -> None:
         """``feature_names_in_ [D]`` from a DataFrame's string column names (``InputError``
         for duplicate or non-string ones); removed for any other input, as scikit-learn does."""
@@ -297,52 +295,117 @@ class _GPEstimatorBase(BaseEstimator):
     def _set_early_stopping(self, result: FitResult, early_stopping: bool) -> None:
         """``best_iteration_``, ``validation_scores_`` and ``best_validation_score_`` (the names
         of ``MLPClassifier``), all ``None`` without early stopping. A score is scikit-learn's
-        kind, higher is better: the negative mean validation NLL of a checked iteration
-        (``val_nll`` in ``history_``)."""
+        kind, higher is better: the negative mean validation NLL of a checked iteration (the
+        curve that chose the number of iterations, ``fit_result_.state["val_nll"]``, averaged
+        over the folds where there are several; ``val_nll`` in ``history_`` for a fit that kept
+        its best validation iterate)."""
         if not early_stopping:
             self.best_iteration_ = self.validation_scores_ = self.best_validation_score_ = None
             return
-        self.validation_scores_ = [-float(h["val_nll"]) for h in result.history
-                                   if "val_nll" in h]
+        curve = result.state.get("val_nll") if isinstance(result.state, Mapping) else None
+        if curve is not None:
+            self.validation_scores_ = [-float(v) for v in np.asarray(curve).reshape(-1)]
+        else:
+            self.validation_scores_ = [-float(h["val_nll"]) for h in result.history
+                                       if "val_nll" in h]
         found = result.diagnostics
         best = found.get("best_iteration", found.get("best_val_iteration"))
         self.best_iteration_ = None if best is None else int(best)
         best_nll = found.get("best_val_nll")
         self.best_validation_score_ = None if best_nll is None else -float(best_nll)
 
-    def _validation_monitor(self, callback: FitCallback | None) -> ValidationMonitor | None:
-        held = getattr(self, "_validation", None)
-        if held is None:
+    def _early_stopping(self, y: Array, n_classes: int
+                        ) -> tuple[EarlyStopping, list[tuple[Array, Array]]] | None:
+        """The early-stopping settings and the ``(train, validation)`` row splits of ``y [N]``
+        (one hold-out, or K folds: ``validation_splits``); ``None`` without
+        ``validation_fraction``. ``InputError`` for bad settings, before any training."""
+        settings = EarlyStopping.from_settings(
+            self.validation_fraction, self.validation_interval, self.n_iter_no_change,
+            getattr(self, "refit", True), getattr(self, "validation_folds", None))
+        if settings is None:
             return None
-        settings, X_val, y_val = held
-        return ValidationMonitor(
-            lambda posterior: -float(np.mean(posterior.log_predictive(X_val, y_val))),
-            settings, callback)
+        return settings, validation_splits(y, settings, self._rng(), n_classes)
+
+    def _run(self, method: Method, method_name: str, problem: Problem,
+             callback: FitCallback | None, ranks_iterates: bool = True
+             ) -> tuple[FitResult, BestIterate]:
+        """``method.fit(problem)`` under the fit guard's ``BestIterate`` (wrapping ``callback``;
+        ``ranks_iterates=False`` where a validation monitor ranks them), its result checked;
+        returns the result and the tracker."""
+        tracker = tracker_for(type(method), callback, method_name, problem.X, problem.y,
+                              self._rng(), minibatch=problem.batch_size is not None,
+                              ranks_iterates=ranks_iterates)
+        with training_threads():
+            result = method.fit(problem, tracker)
+        if not isinstance(result, FitResult):
+            raise TypeError(
+                f"method {method_name!r} returned {type(result).__name__} from fit; "
+                "a method's fit must return gpinfer.interfaces.FitResult"
+            )
+        check_objective_limit(float(result.log_evidence), type(method).objective_limit,
+                              method_name, problem.n)
+        return result, tracker
+
+    def _fit_plain(self, method: Method, method_name: str, problem: Problem,
+                   callback: FitCallback | None) -> FitResult:
+        """One fit, the best iterate restored by the fit guard where the method allows it."""
+        result, tracker = self._run(method, method_name, problem, callback)
+        if type(method).restore_best_iterate:
+            result = restore_best(result, tracker)
+        return result
+
+    def _fit_validated(
+        self, first: tuple[Method, Problem], setup: Setup, X: Array, y: Array, method_name: str,
+        callback: FitCallback | None, settings: EarlyStopping, splits: list[tuple[Array, Array]],
+    ) -> tuple[Method, Problem, FitResult]:
+        """Early stopping (``gpinfer.training.early_stopping``): one monitored fit per split
+        (``first`` is the first split's method and problem), the number of iterations chosen on
+        their validation NLL, then, with ``refit``, a fit on all of ``X [N, D]``, ``y [N]`` for
+        that many iterations (``setup(rows, max_iter)`` builds a method and its problem on
+        ``X[rows]``). The held-out rows live only in this call (never pickled with the fitted
+        model). Returns the fitted model's method, problem and result."""
+        monitors: list[ValidationMonitor] = []
+        several = len(splits) > 1
+        offset = 0
+        for f, (train, val) in enumerate(splits):
+            method, problem = first if f == 0 else setup(train, None)
+            monitor = ValidationMonitor(
+                mean_nll(X[val], y[val]), settings,
+                renumbered(callback, offset, "fold_iteration") if several else callback)
+            result, _ = self._run(method, method_name, problem, monitor, ranks_iterates=False)
+            monitors.append(monitor)
+            offset += monitor.last_iteration
+        choice = ValidationChoice(monitors)
+        if not settings.refit:
+            return method, problem, monitors[0].restore(result)
+        # no finite validation NLL at all: train on everything for as long as the folds did
+        k = choice.best_iteration or max(m.last_iteration for m in monitors) or int(self.max_iter)
+        method, problem = setup(slice(None), k)
+        result = self._fit_plain(method, method_name, problem,
+                                 renumbered(callback, offset, "refit_iteration"))
+        return method, problem, choice.record(result, refitted=True)
 
     def _fit_problem(
-        self, method: Method, method_name: str, problem: Problem, callback: FitCallback | None
+        self, method: Method, method_name: str, problem: Problem, callback: FitCallback | None,
+        setup: Setup | None = None, data: tuple[Array, Array] | None = None,
+        early: tuple[EarlyStopping, list[tuple[Array, Array]]] | None = None,
     ) -> None:
-        """Run ``method.fit`` and set the fitted attributes common to every estimator."""
-        monitor = self._validation_monitor(callback)
-        tracker = tracker_for(type(method), callback if monitor is None else monitor,
-                              method_name, problem.X, problem.y, self._rng(),
-                              minibatch=problem.batch_size is not None,
-                              ranks_iterates=monitor is None)
+        """Fit and set the fitted attributes common to every estimator.
+
+        Without ``early``: ``method.fit(problem)``. With ``early`` (from ``_early_stopping``),
+        ``method`` and ``problem`` are those of the first split's training rows, ``setup(rows,
+        max_iter)`` builds a method and its problem for other rows of ``data = (X [N, D],
+        y [N])`` (all the rows, held-out ones included), and ``_fit_validated`` runs. The fit
+        guard checks the result (``check_against_baseline``; a non-finite quantity computed
+        during the fit is a ``NumericalError``, ``internal_values``)."""
         with internal_values(method_name):  # what the method and the guard compute
-            with training_threads():
-                result = method.fit(problem, tracker)
-            if not isinstance(result, FitResult):
-                raise TypeError(
-                    f"method {method_name!r} returned {type(result).__name__} from fit; "
-                    "a method's fit must return gpinfer.interfaces.FitResult"
-                )
-            check_objective_limit(float(result.log_evidence), type(method).objective_limit,
-                                  method_name, problem.n)
-            if monitor is not None:
-                result = monitor.restore(result)
-                self._validation = None  # the held-out rows are not part of the fitted model
-            elif type(method).restore_best_iterate:
-                result = restore_best(result, tracker)
+            if early is None:
+                result = self._fit_plain(method, method_name, problem, callback)
+            else:
+                if setup is None or data is None:
+                    raise ValueError("early stopping needs setup and data")
+                method, problem, result = self._fit_validated(
+                    (method, problem), setup, data[0], data[1], method_name, callback, *early)
             result = check_against_baseline(
                 result, method_name, problem.X, problem.y, problem.n_classes, self._rng(),
                 check_baseline_failure(getattr(self, "baseline_failure", "raise")))
@@ -359,7 +422,7 @@ class _GPEstimatorBase(BaseEstimator):
         self.n_iter_ = int(result.n_iter)
         self.history_ = list(result.history)
         self.fit_warnings_ = list(result.warnings)
-        self._set_early_stopping(result, monitor is not None)
+        self._set_early_stopping(result, early is not None)
 
     def _validate_for_predict(self, X: Any) -> Array:
         check_is_fitted(self)
@@ -463,6 +526,20 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         Iterations between two validation checks (``k``).
     n_iter_no_change : int
         Checks without a better validation NLL before training stops (patience).
+    refit : bool
+        With ``validation_fraction``: True (default) trains the method again on all the data
+        (the held-out part included) for the number of iterations with the best validation NLL,
+        and that is the fitted model; False keeps the best validation iterate of the fit on the
+        reduced data. ``fit_result_.diagnostics`` holds ``best_iteration`` and ``best_val_nll``,
+        ``fit_result_.state`` the per-check ``val_iteration`` and ``val_nll``. Ignored without
+        ``validation_fraction``.
+    validation_folds : None or int
+        How the number of iterations is chosen: ``None`` (default) one hold-out of
+        ``validation_fraction``, or, where that would hold fewer than 200 points (with
+        ``refit``), stratified K-fold cross-validation with ``K = round(1 /
+        validation_fraction)`` (the validation NLL averaged over the folds; the earliest
+        iteration within one standard error of its minimum); ``1``: always one hold-out;
+        ``K >= 2``: always K folds (needs ``refit``).
     standardize : "auto" or bool
         True: fit a per-feature ``(X - mean) / std`` on the training inputs (constant columns:
         std 1), keep it as ``scaler_`` and apply it at prediction, so that the fit does not
@@ -529,6 +606,8 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         validation_fraction: float | None = None,
         validation_interval: int = 1,
         n_iter_no_change: int = 10,
+        refit: bool = True,
+        validation_folds: int | None = None,
         standardize: bool | str = "auto",
         backend: str | None = None,
         device: str | None = None,
@@ -548,6 +627,8 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         self.validation_fraction = validation_fraction
         self.validation_interval = validation_interval
         self.n_iter_no_change = n_iter_no_change
+        self.refit = refit
+        self.validation_folds = validation_folds
         self.standardize = standardize
         self.backend = backend
         self.device = device
@@ -626,8 +707,8 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
                 "weight; classification needs at least two classes of positive weight"
             )
         X = self._scale_inputs(X)
-        X, y_index, weights = self._hold_out(X, y_index, n_classes, weights)
-        n, d = X.shape
+        d = X.shape[1]
+        start_lengthscale = None
         backend = self._resolve_backend(method_cls, method_name)
         check_method_compatible(
             method_cls,
@@ -637,17 +718,29 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
             self._likelihood_name(),
             likelihood=self.likelihood if isinstance(self.likelihood, Likelihood) else None,
         )
-        inducing = check_inducing(self.M, n, d, method_name, method_cls.uses_inducing_points)
-        likelihood = self._build_likelihood(method_cls, n_classes)
-        kernel = self._build_kernel(d)
         if self.scaler_ is not None and not isinstance(self.kernel, Kernel):
             # a named kernel on standardised inputs starts where they are (any D)
-            set_lengthscales(kernel, standardised_lengthscale(X))
-        method = self._instantiate(method_cls)
-        problem = self._problem(X, y_index, n_classes, kernel, likelihood, inducing, method_cls,
-                                backend, weights)
+            start_lengthscale = standardised_lengthscale(X)
+        early = self._early_stopping(y_index, n_classes)
+
+        def setup(rows: Any, max_iter: int | None = None) -> tuple[Method, Problem]:
+            """The method and its problem on the rows ``rows`` of ``X [N, D]``, ``y [N]`` (an
+            index array or a slice)."""
+            X_rows = X[rows]
+            inducing = check_inducing(self.M, X_rows.shape[0], d, method_name,
+                                      method_cls.uses_inducing_points)
+            kernel = self._build_kernel(d)
+            if start_lengthscale is not None:
+                set_lengthscales(kernel, start_lengthscale)
+            problem = self._problem(X_rows, y_index[rows], n_classes, kernel,
+                                    self._build_likelihood(method_cls, n_classes), inducing,
+                                    method_cls, backend, None if weights is None else
+                                    weights[rows], max_iter)
+            return self._instantiate(method_cls), problem
+
+        method, problem = setup(slice(None) if early is None else early[1][0][0])
         with progress_callback(self.verbose, problem.max_iter, method_name, callback) as callback:
-            self._fit_problem(method, method_name, problem, callback)
+            self._fit_problem(method, method_name, problem, callback, setup, (X, y_index), early)
         self.classes_ = classes
         return self
 

@@ -16,7 +16,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from gpinfer.errors import InputError
 from gpinfer.estimator import _GPEstimatorBase, _load_method
-from gpinfer.interfaces import FitCallback, Likelihood
+from gpinfer.interfaces import FitCallback, Likelihood, Method, Problem
 from gpinfer.likelihoods.gaussian import Gaussian
 from gpinfer.progress import progress_callback
 from gpinfer.validation import check_inducing, check_method_compatible, check_X_y
@@ -47,10 +47,10 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
     Parameters are those of ``GPClassifier`` (``method``, ``M``, ``kernel``, ``likelihood``,
     ``optimize``, ``max_iter``, ``batch_size``, ``random_state``, ``method_options``,
     ``verbose``, ``baseline_failure``, and early stopping: ``validation_fraction`` (a random,
-    not stratified, part), ``validation_interval``, ``n_iter_no_change``), except that
-    ``likelihood`` defaults to a Gaussian with noise variance ``0.01 var(y)`` (the reference
-    initialisation ``sigma = 0.1 std(y)``) and that the fit guard's baseline is a Gaussian with
-    the targets' mean and variance.
+    not stratified, part), ``validation_interval``, ``n_iter_no_change``, ``refit``,
+    ``validation_folds``), except that ``likelihood`` defaults to a Gaussian with noise variance
+    ``0.01 var(y)`` (the reference initialisation ``sigma = 0.1 std(y)``) and that the fit
+    guard's baseline is a Gaussian with the targets' mean and variance.
 
     Attributes (after ``fit``): ``n_features_in_``, ``kernel_``, ``likelihood_``,
     ``log_evidence_``, ``n_iter_``, ``history_``, ``posterior_``, ``method_``, ``fit_result_``,
@@ -72,6 +72,8 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         validation_fraction: float | None = None,
         validation_interval: int = 1,
         n_iter_no_change: int = 10,
+        refit: bool = True,
+        validation_folds: int | None = None,
         baseline_failure: str = "raise",
     ):
         self.method = method
@@ -87,6 +89,8 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         self.validation_fraction = validation_fraction
         self.validation_interval = validation_interval
         self.n_iter_no_change = n_iter_no_change
+        self.refit = refit
+        self.validation_folds = validation_folds
         self.baseline_failure = baseline_failure
 
     def _build_likelihood(self, y: Array) -> Likelihood:
@@ -115,17 +119,26 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         method_cls = _load_method(self.method)
         name = method_cls.name or getattr(self.method, "__name__", str(self.method))
         X, y, weights = self._weighted_rows(sample_weight, X, y, method_cls, name)
-        X, y, weights = self._hold_out(X, y, 0, weights)
-        n, d = X.shape
+        early = self._early_stopping(y, 0)
+        d = X.shape[1]
         check_method_compatible(method_cls, 0, "regression", self.batch_size,
                                 self._likelihood_name() or "gaussian")
-        inducing = check_inducing(self.M, n, d, name, method_cls.uses_inducing_points)
-        likelihood = self._build_likelihood(y)
-        method = self._instantiate(method_cls)
-        problem = self._problem(X, y, 0, self._build_kernel(d), likelihood, inducing,
-                                sample_weight=weights)
+
+        def setup(rows: Any, max_iter: int | None = None) -> tuple[Method, Problem]:
+            """The method and its problem on the rows ``rows`` of ``X [N, D]``, ``y [N]`` (an
+            index array or a slice)."""
+            X_rows, y_rows = X[rows], y[rows]
+            inducing = check_inducing(self.M, X_rows.shape[0], d, name,
+                                      method_cls.uses_inducing_points)
+            problem = self._problem(X_rows, y_rows, 0, self._build_kernel(d),
+                                    self._build_likelihood(y_rows), inducing,
+                                    sample_weight=None if weights is None else weights[rows],
+                                    max_iter=max_iter)
+            return self._instantiate(method_cls), problem
+
+        method, problem = setup(slice(None) if early is None else early[1][0][0])
         with progress_callback(self.verbose, problem.max_iter, name, callback) as callback:
-            self._fit_problem(method, name, problem, callback)
+            self._fit_problem(method, name, problem, callback, setup, (X, y), early)
         return self
 
     def predict(self, X: Any, return_std: bool = False) -> Array | tuple[Array, Array]:

@@ -469,6 +469,8 @@ def test_get_set_params_and_clone(fake_plugins, data):
         "validation_fraction": None,
         "validation_interval": 1,
         "n_iter_no_change": 10,
+        "refit": True,
+        "validation_folds": None,
         "standardize": "auto",
         "baseline_failure": "raise",
     }

@@ -273,7 +273,9 @@ def parse_settings(conf: Mapping[str, Any]) -> Settings:
         eval_every=_int(conf.get("eval_every", 10), "eval_every", minimum=1),
         early_stopping=EarlyStopping.from_settings(conf.get("validation_fraction"),
                                                    conf.get("validation_interval", 1),
-                                                   conf.get("n_iter_no_change", 10)),
+                                                   conf.get("n_iter_no_change", 10),
+                                                   conf.get("refit", True),
+                                                   conf.get("validation_folds")),
         backend=_optional_text(conf.get("backend"), "backend", "numpy or torch"),
         device=_optional_text(conf.get("device"), "device", "cpu, cuda or cuda:N"),
         dtype=_optional_text(conf.get("dtype"), "dtype", "float64 or float32"),
@@ -682,11 +684,13 @@ def _params(p: Prepared) -> dict[str, str]:
 
 
 def _n_fit(p: Prepared) -> int:
-    """The training rows the method fits on: those of ``X_train`` less the early-stopping
-    validation part (``validation_size``)."""
+    """The training rows the fitted model was trained on: all of ``X_train``, less the
+    early-stopping validation part (``validation_size``) where the model is the best iterate of
+    the fit on the rest (``refit=False``; a refit trains on all of them)."""
     n, es = int(p.X_train.shape[0]), p.settings.early_stopping
-    return n if es is None else n - validation_size(p.y_train, es.validation_fraction,
-                                                    p.n_classes)
+    if es is None or es.refit:
+        return n
+    return n - validation_size(p.y_train, es.validation_fraction, p.n_classes)
 
 
 def fitted_inducing_count(posterior: object) -> int | None:
@@ -803,7 +807,9 @@ def run_experiment(
         **({} if s.early_stopping is None else {
             "validation_fraction": s.early_stopping.validation_fraction,
             "validation_interval": s.early_stopping.validation_interval,
-            "n_iter_no_change": s.early_stopping.n_iter_no_change}),
+            "n_iter_no_change": s.early_stopping.n_iter_no_change,
+            "refit": s.early_stopping.refit,
+            "validation_folds": s.early_stopping.folds}),
         **({} if p.task == "regression" else p.backend.params()),
     )
     label = f"{s.method}/{s.dataset} s{s.seed}"

@@ -8,7 +8,13 @@ import pytest
 import gpinfer
 from gpinfer.errors import InputError
 from gpinfer.interfaces import FitResult, IterationInfo
-from gpinfer.training.early_stopping import EarlyStopping, ValidationMonitor, split_validation
+from gpinfer.training.early_stopping import (
+    EarlyStopping,
+    ValidationChoice,
+    ValidationMonitor,
+    split_validation,
+    validation_splits,
+)
 
 
 def _three_classes(n: int = 90, seed: int = 0):
@@ -101,12 +107,14 @@ def test_a_stop_request_of_the_wrapped_callback_passes_through():
     ("laplace", {}),
 ])
 def test_fits_stop_early_and_keep_the_best_validation_iterate(method, extra):
+    """``refit=False`` (one hold-out): the fitted model is the best validation iterate."""
     X, y = _three_classes()
     if method == "laplace":
         y = (y == 0).astype(int)
     reports = []
     est = gpinfer.GPClassifier(method=method, max_iter=400, random_state=0,
-                               validation_fraction=0.25, n_iter_no_change=3, **extra)
+                               validation_fraction=0.25, n_iter_no_change=3, refit=False,
+                               **extra)
     est.fit(X, y, callback=reports.append)
     diag = est.fit_result_.diagnostics
     checked = [r for r in reports if "val_nll" in r.extra]
@@ -130,3 +138,120 @@ def test_without_a_validation_fraction_nothing_is_held_out():
     est = gpinfer.GPClassifier(method="sep", M=8, max_iter=3, random_state=0).fit(X, y)
     assert "best_val_nll" not in est.fit_result_.diagnostics
     assert all("val_nll" not in h for h in est.history_)
+
+
+# -- the refit on all the data, K folds ---------------------------------------------------------
+
+
+def test_refit_is_the_plain_fit_on_all_the_data_for_the_chosen_iterations():
+    """The default: the hold-out chooses the number of iterations, the model is trained on all
+    the data for that many, exactly as ``max_iter=k`` without early stopping would train it."""
+    X, y = _three_classes()
+    reports = []
+    est = gpinfer.GPClassifier(method="sep", M=10, max_iter=400, random_state=0,
+                               validation_fraction=0.25, n_iter_no_change=3,
+                               validation_folds=1).fit(X, y, callback=reports.append)
+    diag, state = est.fit_result_.diagnostics, est.fit_result_.state
+    k = int(diag["best_iteration"])
+    assert diag["refit"] == 1.0 and diag["validation_folds"] == 1.0 and 1 <= k < 400
+    assert diag["best_val_iteration"] == k and est.n_iter_ == k
+    assert state["val_nll"].shape == state["val_iteration"].shape == (diag["validation_checks"],)
+    assert diag["best_val_nll"] == pytest.approx(state["val_nll"].min())
+    assert state["val_iteration"][np.argmin(state["val_nll"])] == k
+    plain = gpinfer.GPClassifier(method="sep", M=10, max_iter=k, random_state=0).fit(X, y)
+    np.testing.assert_allclose(est.predict_proba(X), plain.predict_proba(X), rtol=0, atol=1e-12)
+    # one increasing count of iterations for the callback; the refit's own count in extra
+    its = [r.iteration for r in reports]
+    assert its == list(range(1, len(its) + 1))
+    assert [r.extra["refit_iteration"] for r in reports[-k:]] == list(range(1, k + 1))
+    assert "refit_iteration" not in reports[-k - 1].extra
+
+
+def test_small_data_choose_the_iterations_by_k_folds():
+    """A hold-out under ``MIN_HOLDOUT`` points: K = round(1 / fraction) stratified folds, the
+    curve their mean, the best iteration its minimum; then the refit."""
+    X, y = _three_classes()
+    reports = []
+    est = gpinfer.GPClassifier(method="sep", M=8, max_iter=60, random_state=0,
+                               validation_fraction=0.25, n_iter_no_change=3).fit(
+        X, y, callback=reports.append)
+    diag = est.fit_result_.diagnostics
+    assert diag["validation_folds"] == 4.0 and diag["refit"] == 1.0
+    assert est.n_iter_ == int(diag["best_iteration"])
+    folds = [r.extra["fold_iteration"] for r in reports if "fold_iteration" in r.extra]
+    assert folds.count(1) == 4  # four monitored fits, then the refit
+    assert [r.iteration for r in reports] == list(range(1, len(reports) + 1))
+
+
+def test_k_folds_hold_out_every_row_once_stratified():
+    y = np.array([0] * 10 + [1] * 30 + [2] * 5)
+    splits = validation_splits(y, EarlyStopping(0.2, folds=5), np.random.default_rng(0), 3)
+    assert len(splits) == 5
+    held = np.concatenate([val for _, val in splits])
+    np.testing.assert_array_equal(np.sort(held), np.arange(y.size))
+    for train, val in splits:
+        assert np.intersect1d(train, val).size == 0 and set(y[train]) == {0, 1, 2}
+        assert abs(val.size - y.size / 5) <= 1
+        np.testing.assert_array_equal(np.bincount(y[val], minlength=3), [2, 6, 1])
+    # MIN_HOLDOUT decides with folds=None: 0.2 of 2000 points is a hold-out of 400
+    assert EarlyStopping(0.2).n_folds(2000) == 1 and EarlyStopping(0.2).n_folds(500) == 5
+    assert EarlyStopping(0.2, refit=False).n_folds(500) == 1
+    assert len(validation_splits(y, EarlyStopping(0.2, folds=1), np.random.default_rng(0),
+                                 3)) == 1
+    with pytest.raises(InputError, match="class 2 has 1 point"):
+        validation_splits(np.array([0, 0, 1, 1, 2, 0]), EarlyStopping(0.5, folds=2),
+                          np.random.default_rng(0), 3)
+
+
+def _monitors(*curves: list[float]) -> list[ValidationMonitor]:
+    monitors = []
+    for curve in curves:
+        m = ValidationMonitor(lambda post: 0.0, EarlyStopping(0.2))
+        m.checks = list(enumerate(curve, start=1))
+        monitors.append(m)
+    return monitors
+
+
+def test_the_choice_averages_the_folds_and_carries_a_stopped_fold_on():
+    # the second fold stopped after 3 checks; the folds agree at the minimum (no spread)
+    choice = ValidationChoice(_monitors([3.0, 2.0, 1.5, 2.0], [3.0, 1.0, 1.5]))
+    np.testing.assert_allclose(choice.curve, [3.0, 1.5, 1.5, 1.75])
+    assert choice.best_iteration == 2 and choice.best_nll == 1.5  # the first minimum
+
+
+def test_k_folds_take_the_earliest_iteration_within_one_standard_error():
+    # mean 3, 1.6, 1.5, 1.45; at the minimum the folds are 1.25 and 1.65: se = 0.2
+    choice = ValidationChoice(_monitors([3.0, 1.4, 1.3, 1.25], [3.0, 1.8, 1.7, 1.65]))
+    assert choice.min_iteration == 4 and choice.min_nll == pytest.approx(1.45)
+    assert choice.best_iteration == 2 and choice.best_nll == pytest.approx(1.6)
+    # one monitor (a hold-out): the minimum
+    single = ValidationChoice(_monitors([3.0, 1.4, 1.3, 1.25]))
+    assert single.best_iteration == single.min_iteration == 4
+
+
+@pytest.mark.parametrize("kwargs,pattern", [
+    ({"refit": "yes"}, "refit must be True"),
+    ({"validation_folds": 0}, "validation_folds must be"),
+    ({"validation_folds": 1.5}, "validation_folds must be"),
+    ({"validation_folds": 3, "refit": False}, "needs refit=True"),
+])
+def test_bad_refit_or_folds_is_an_input_error_before_training(kwargs, pattern):
+    X, y = _three_classes(30)
+    calls = []
+    with pytest.raises(InputError, match=pattern):
+        gpinfer.GPClassifier(method="sep", M=5, validation_fraction=0.2, **kwargs).fit(
+            X, y, callback=calls.append)
+    assert calls == []
+
+
+def test_the_regressor_refits_on_all_the_data_too():
+    rng = np.random.default_rng(3)
+    X = rng.uniform(-3, 3, size=(80, 1))
+    y = np.sin(2 * X[:, 0]) + 0.1 * rng.normal(size=80)
+    kw = {"method": "fitc", "M": 8, "random_state": 0}
+    est = gpinfer.GPRegressor(max_iter=40, validation_fraction=0.25, validation_folds=1,
+                              n_iter_no_change=3, **kw).fit(X, y)
+    k = int(est.fit_result_.diagnostics["best_iteration"])
+    assert est.fit_result_.diagnostics["refit"] == 1.0 and est.n_iter_ <= k
+    plain = gpinfer.GPRegressor(max_iter=k, **kw).fit(X, y)
+    np.testing.assert_allclose(est.predict(X), plain.predict(X), rtol=0, atol=1e-10)

@@ -17,8 +17,11 @@ steps (default: a tenth of an epoch); its objective is the mean mini-batch ELBO 
 Array backend (``problem.backend``, ``gpinfer.backend``): numpy, or torch on a CPU or GPU, in
 float64 or float32. ``X`` and ``y`` stay on the host and each mini-batch is moved to the backend;
 the inducing inputs, ``mu``, ``Lq``, the packed parameter vector and the optimiser's state live
-there. L-BFGS-B is host-only (numpy); on torch the default optimiser is AdaDelta for full batches
-too. The fitted ``InducingPosterior`` holds host numpy arrays (it pickles without a GPU).
+there. The default optimiser is the same on every backend (L-BFGS-B for full batches, AdaDelta
+for mini-batches), so the same call gives the same model on numpy and torch (float64: to
+round-off): L-BFGS-B keeps its own state on the host in float64 and evaluates the ELBO and its
+gradient on the backend (``gpinfer.optim.lbfgs``). The fitted ``InducingPosterior`` holds host
+numpy arrays (it pickles without a GPU).
 """
 
 from __future__ import annotations
@@ -353,14 +356,9 @@ class SVI(Method):
         return {"batch": b / n, "per_datum": 1.0 / n, "full": 1.0}[self.options["scale"]]
 
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
-        backend = problem.backend
-        full_default = "lbfgs" if backend.is_numpy else "adadelta"  # L-BFGS-B is host-only
-        name = self.options["optimizer"] or (full_default if problem.batch_size is None
+        # the same default on every backend: the same call gives the same model
+        name = self.options["optimizer"] or ("lbfgs" if problem.batch_size is None
                                              else "adadelta")
-        if name in ("lbfgs", "l-bfgs-b", "lbfgsb") and not backend.is_numpy:
-            raise InputError(
-                f"svi: optimizer {name!r} (L-BFGS-B) runs on numpy only; on backend "
-                f"{backend.name!r} use optimizer='adadelta' or 'adam' (or leave it unset)")
         state, x = self._setup(problem)
         rep = IterationReporter(callback, self.name, self.options["time_budget_s"])
         opt_options = dict(self.options["optimizer_options"] or {})
@@ -431,7 +429,7 @@ class SVI(Method):
         if hb is not None and "bounds" not in opt_options:
             lo, hi = (float(v) for v in hb)
             opt_options["bounds"] = (state.hp.bounds(kernel=(lo, hi))
-                                     + [(None, None)] * (x.size - state.hp.size))
+                                     + [(None, None)] * (x.shape[0] - state.hp.size))
         opt = LBFGSB(**opt_options)
         n = state.X.shape[0]
         s = self._scale(n, n)
