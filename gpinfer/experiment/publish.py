@@ -27,8 +27,8 @@ import numpy as np
 from gpinfer.experiment import learned
 from gpinfer.experiment.figures import TrainingCurve
 from gpinfer.experiment.model_logging import log_datasets, log_estimator
-from gpinfer.experiment.safe_model import log_skops
 from gpinfer.experiment.render import FigureJob
+from gpinfer.experiment.safe_model import log_skops
 from gpinfer.experiment.tracking import RunLogger, plugin_distribution
 
 log = logging.getLogger("gpinfer.run")
