@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gpinfer.interfaces import Array
-from gpinfer.numerics.quadrature import LogSigmoid
+from gpinfer.numerics.quadrature import LogSigmoid, gauss_hermite_expectation
 from gpinfer.sites.quadratic import CollapsedBound, InducingFactors
 
 #: sufficient-ascent fraction of the Armijo test
@@ -112,3 +112,90 @@ def newton_rounds(
         point = accepted if accepted is not None else point
     mu = b.mu_hat if full else factors.L_K @ point.nu
     return Stage1Result(mu, b.Sigma_hat, xi, b.value, halvings, point)
+
+
+# -- Stage 2 guard ---------------------------------------------------------------------------------
+#: halvings of a refused Stage-2 step (towards the hyper-parameters it started from) before
+#: the step is dropped
+GUARD_HALVINGS = 4
+#: a Stage-2 step may lower the guard ELBO by at most this fraction of ``|ELBO|`` (plus
+#: ``objective_slack``): the surrogate and the true bound need not peak at the same ``theta``
+GUARD_SLACK = 1e-4
+#: trust region of Stage 2 (with the guard): each log hyper-parameter moves at most this much
+#: per outer iteration (a factor of 10), so that one Stage 2 cannot leap from a start whose
+#: Taylor sites lag (Stage 1 far from its fixed point) to a flat region such as a length-scale
+#: at its bound, where the model predicts the class frequencies and no gradient leads back
+TRUST_RADIUS = float(np.log(10.0))
+#: rows per block of the guard's quadrature (``[rows, GAUSS_HERMITE_POINTS]`` temporaries)
+GUARD_ROWS = 16_384
+
+
+def expected_log_likelihood(s: Array, link: LogSigmoid, mean: Array, var: Array) -> float:
+    """``sum_i E_{N(f | mean_i, var_i)}[log sig(s_i f)]`` for ``s, mean, var [N]`` by
+    ``GAUSS_HERMITE_POINTS``-point Gauss-Hermite (a smooth, nearly linear-tailed integrand)."""
+    total = 0.0
+    for start in range(0, s.shape[0], GUARD_ROWS):
+        rows = slice(start, start + GUARD_ROWS)
+        sign = s[rows, None]
+
+        def log_lik(f: Array, sign: Array = sign) -> Array:
+            return link.derivatives(sign * f, 0)[0]
+
+        total += float(np.sum(gauss_hermite_expectation(log_lik, mean[rows], var[rows])))
+    return total
+
+
+def closed_form_elbo(bound: CollapsedBound, s: Array, link: LogSigmoid) -> float:
+    """The ELBO (spec eq. 11) of the closed-form ``q(u)`` of ``bound`` with the true likelihood:
+    ``sum_i E_q[log sig(s_i f_i)] - KL(q(u) || p(u))``.
+
+    A genuine lower bound on ``log p(y | theta)`` (so never above 0) for every ``xi``, unlike the
+    Taylor surrogate ``bound.value``; one ``O(N M^2)`` pass for ``S2_hat`` and ``O(N)``
+    quadrature."""
+    S2_hat = bound.S2_hat  # first: its pass also gives m_hat
+    return expected_log_likelihood(s, link, bound.m_hat, S2_hat) - bound.kl()
+
+
+class GuardedStep(NamedTuple):
+    """The Stage-2 step kept: kernel parameters ``theta [P]``, the surrogate ``value`` and the
+    guard ``elbo`` there, the ``halvings`` it took and whether it was ``refused`` (``theta`` is
+    then the start)."""
+
+    theta: Array
+    value: float
+    elbo: float
+    halvings: int
+    refused: bool
+
+
+def guarded_step(
+    bound_at: Callable[[Array], CollapsedBound],
+    elbo: Callable[[CollapsedBound], float],
+    start: Array,
+    proposal: Array,
+    start_elbo: float,
+    slack: float,
+    round_off: float,
+) -> GuardedStep:
+    """Keep as much of the Stage-2 step ``start -> proposal`` (``[P]`` each) as a true bound allows.
+
+    ``bound_at(theta)``: the Taylor ``CollapsedBound`` at kernel parameters ``theta`` (and the
+    ``xi`` Stage 2 optimised at); ``elbo(bound)``: ``closed_form_elbo`` of it. A trial point
+    ``start + t (proposal - start)`` (``t = 1, 1/2, ...``, ``GUARD_HALVINGS`` halvings) is kept
+    when its surrogate is not above ``round_off`` (no log-likelihood of discrete labels is above
+    0) and its ELBO is not below ``start_elbo - slack``. The ELBO is at most
+    ``log p(y | theta) <= 0``: the surrogate can rise without limit, the hyper-parameters kept
+    cannot follow it. When no trial
+    passes, the step is refused and ``start`` returned (``value``/``elbo`` then NaN: the caller
+    has them).
+    """
+    step = 1.0
+    for halvings in range(GUARD_HALVINGS + 1):
+        theta = proposal if step == 1.0 else start + step * (proposal - start)
+        b = bound_at(theta)
+        if np.isfinite(b.value) and b.value <= round_off:
+            g = elbo(b)
+            if np.isfinite(g) and g >= start_elbo - slack:
+                return GuardedStep(theta, b.value, g, halvings, False)
+        step *= 0.5
+    return GuardedStep(start, float("nan"), float("nan"), GUARD_HALVINGS + 1, True)
