@@ -232,7 +232,8 @@ class _CollapsedVI(Method):
                 xi_now = xi
                 guard = self._guarded(obj)
                 # the true bound at the start, before Stage 2 moves the factors
-                start_elbo = closed_form_elbo(obj.bound(xi), obj.s, obj.link) if guard else 0.0
+                start_elbo = (closed_form_elbo(obj.bound(xi), obj.likelihood, obj.labels)
+                              if guard else 0.0)
                 x0 = np.concatenate([hp.pack(), xi]) if hybrid else hp.pack()
 
                 def fun(x: Array, xi_fixed: Array = xi_now) -> tuple[float, Array]:
@@ -301,10 +302,12 @@ class _CollapsedVI(Method):
             hp.unpack(theta)
             return obj.bound(xi)
 
-        n = obj.X.shape[0]
-        return guarded_step(bound_at, lambda b: closed_form_elbo(b, obj.s, obj.link), start,
-                            proposal, start_elbo, GUARD_SLACK * abs(start_elbo)
-                            + objective_slack(n), objective_slack(n))
+        def elbo(b: CollapsedBound) -> float:
+            return closed_form_elbo(b, obj.likelihood, obj.labels)
+
+        round_off = objective_slack(obj.X.shape[0])
+        return guarded_step(bound_at, elbo, start, proposal, start_elbo,
+                            GUARD_SLACK * abs(start_elbo) + round_off, round_off)
 
     # -- vi-jj-full ----------------------------------------------------------------------------
     def _fit_full(self, problem: Problem, obj: CollapsedObjective, hp: HyperParameters,

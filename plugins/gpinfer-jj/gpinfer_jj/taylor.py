@@ -22,8 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gpinfer.interfaces import Array
-from gpinfer.numerics.quadrature import LogSigmoid, gauss_hermite_expectation
+from gpinfer.interfaces import Array, Likelihood
+from gpinfer.numerics.quadrature import LogSigmoid
 from gpinfer.sites.quadratic import CollapsedBound, InducingFactors
 
 #: sufficient-ascent fraction of the Armijo test
@@ -126,34 +126,19 @@ GUARD_SLACK = 1e-4
 #: Taylor sites lag (Stage 1 far from its fixed point) to a flat region such as a length-scale
 #: at its bound, where the model predicts the class frequencies and no gradient leads back
 TRUST_RADIUS = float(np.log(10.0))
-#: rows per block of the guard's quadrature (``[rows, GAUSS_HERMITE_POINTS]`` temporaries)
-GUARD_ROWS = 16_384
 
 
-def expected_log_likelihood(s: Array, link: LogSigmoid, mean: Array, var: Array) -> float:
-    """``sum_i E_{N(f | mean_i, var_i)}[log sig(s_i f)]`` for ``s, mean, var [N]`` by
-    ``GAUSS_HERMITE_POINTS``-point Gauss-Hermite (a smooth, nearly linear-tailed integrand)."""
-    total = 0.0
-    for start in range(0, s.shape[0], GUARD_ROWS):
-        rows = slice(start, start + GUARD_ROWS)
-        sign = s[rows, None]
-
-        def log_lik(f: Array, sign: Array = sign) -> Array:
-            return link.derivatives(sign * f, 0)[0]
-
-        total += float(np.sum(gauss_hermite_expectation(log_lik, mean[rows], var[rows])))
-    return total
-
-
-def closed_form_elbo(bound: CollapsedBound, s: Array, link: LogSigmoid) -> float:
+def closed_form_elbo(bound: CollapsedBound, likelihood: Likelihood, labels: Array) -> float:
     """The ELBO (spec eq. 11) of the closed-form ``q(u)`` of ``bound`` with the true likelihood:
-    ``sum_i E_q[log sig(s_i f_i)] - KL(q(u) || p(u))``.
+    ``sum_i E_q[log p(y_i | f_i)] - KL(q(u) || p(u))`` for class labels ``labels [N]``.
 
     A genuine lower bound on ``log p(y | theta)`` (so never above 0) for every ``xi``, unlike the
-    Taylor surrogate ``bound.value``; one ``O(N M^2)`` pass for ``S2_hat`` and ``O(N)``
-    quadrature."""
+    Taylor surrogate ``bound.value``. The expectations by the likelihood's own rule
+    (``variational_expectations``, as every ELBO in gpinfer); one ``O(N M^2)`` pass for
+    ``S2_hat``."""
     S2_hat = bound.S2_hat  # first: its pass also gives m_hat
-    return expected_log_likelihood(s, link, bound.m_hat, S2_hat) - bound.kl()
+    data = likelihood.variational_expectations(labels, bound.m_hat, S2_hat).value
+    return float(np.sum(data)) - bound.kl()
 
 
 class GuardedStep(NamedTuple):
