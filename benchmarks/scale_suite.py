@@ -34,7 +34,11 @@ vi-jj-hybrid's and its test NLL at most 20 % above it, or when it refuses with a
 names vi-jj-hybrid:
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/scale_suite.py --stress \\
-        [--sets tube-1:1-2e4 ...] [--max-iter 100] [--out outputs/stress_suite.jsonl]
+        [--sets tube-1:1-2e4 ...] [--max-iter 100] [--out outputs/stress_suite.jsonl] \\
+        [--stress-methods vi-taylor vi-jj-hybrid vi-taylor-unguarded]
+
+``vi-taylor-unguarded`` (vi-taylor with ``guard=False``: the method as it was before issue 27)
+adds a "before" column.
 """
 
 from __future__ import annotations
@@ -101,6 +105,9 @@ STRESS_SETS: dict[str, dict] = {
 }
 #: the pair compared on the stress family
 STRESS_METHODS = ("vi-taylor", "vi-jj-hybrid")
+#: vi-taylor as it was before its Stage-2 guard (``guard=False``: no guard, no
+#: trust region, no refusal), reported beside the pair
+UNGUARDED = "vi-taylor-unguarded"
 #: vi-taylor's allowance against vi-jj-hybrid: accuracy (absolute) and NLL (relative)
 STRESS_ACCURACY_DROP, STRESS_NLL_RATIO = 0.005, 1.2
 
@@ -237,6 +244,8 @@ def print_stress_table(rows: list[dict]) -> None:
     head = ["set", "n train", "pos", "max_iter"]
     for m in STRESS_METHODS:
         head += [f"{m} acc", "NLL", "s", "iters", "warnings"]
+    if any(r["method"] == UNGUARDED for r in rows):
+        head.append("unguarded acc / NLL")
     print("| " + " | ".join(head + ["verdict"]) + " |")
     print("|" + "---|" * (len(head) + 1))
     for name, pair in by_set.items():
@@ -252,13 +261,19 @@ def print_stress_table(rows: list[dict]) -> None:
                 warn = sorted(set(res["fit_warnings"]) | {w[:40] for w in res["warnings"]})
                 cells += [f"{res['test_acc']:.4f}", f"{res['test_nll']:.4f}",
                           f"{res['wall_s']:.0f}", str(res["n_iter"]), "; ".join(warn) or "-"]
+        old = pair.get(UNGUARDED)
+        if old is not None:  # before the guard: accuracy / NLL, or the error
+            cells.append(f"ERROR: {old['error'][:60]}" if old.get("error")
+                         else f"{old['test_acc']:.4f} / {old['test_nll']:.4g}")
         both = all(m in pair for m in STRESS_METHODS)
         cells.append(stress_verdict(pair["vi-taylor"], pair["vi-jj-hybrid"]) if both else "-")
         print("| " + " | ".join(cells) + " |")
 
 
-def run_stress(names: list[str], out: Path, max_iter: int) -> None:
-    """vi-taylor and vi-jj-hybrid on each stress set; rows appended to ``out`` (resumable)."""
+def run_stress(names: list[str], out: Path, max_iter: int,
+               methods: tuple[str, ...] = STRESS_METHODS) -> None:
+    """``methods`` (of ``STRESS_METHODS`` and ``UNGUARDED``) on each stress set; rows appended
+    to ``out`` (resumable)."""
     rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     rows = [r for r in rows if r.get("max_iter") == max_iter]
     done = {(r["set"], r["method"]) for r in rows}
@@ -266,14 +281,17 @@ def run_stress(names: list[str], out: Path, max_iter: int) -> None:
         rate = flop_models.dgemm_rate()
         for name in names:
             data = None
-            for method in STRESS_METHODS:
+            for method in methods:
                 if (name, method) in done:
                     continue
                 if data is None:
                     data = load_stress(name)
+                args: dict = {"max_iter": max_iter}
+                if method == UNGUARDED:
+                    args["method_options"] = {"guard": False}
+                fit = run_one("vi-taylor" if method == UNGUARDED else method, data, rate, args)
                 row = {"set": name, "n_train": int(data[0].shape[0]), "max_iter": max_iter,
-                       "pos_frac": float(np.mean(data[1])),
-                       **run_one(method, data, rate, {"max_iter": max_iter})}
+                       "pos_frac": float(np.mean(data[1])), **fit, "method": method}
                 rows.append(row)
                 with out.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
@@ -293,6 +311,9 @@ def main() -> None:
     ap.add_argument("--stress", action="store_true",
                     help="vi-taylor against vi-jj-hybrid on the generated stress family")
     ap.add_argument("--max-iter", type=int, default=100, help="--stress: max_iter of both")
+    ap.add_argument("--stress-methods", nargs="*", default=list(STRESS_METHODS),
+                    choices=list(STRESS_METHODS) + [UNGUARDED],
+                    help=f"--stress: the methods; {UNGUARDED} is vi-taylor with guard=False")
     args = ap.parse_args()
     known = STRESS_SETS if args.stress else SETS
     names = list(known) if args.sets is None else args.sets
@@ -302,7 +323,7 @@ def main() -> None:
     if args.stress:
         out = Path(args.out or "outputs/stress_suite.jsonl")
         out.parent.mkdir(parents=True, exist_ok=True)
-        run_stress(names, out, args.max_iter)
+        run_stress(names, out, args.max_iter, tuple(args.stress_methods))
         return
     args.sets = names
     out = Path(args.out or "outputs/scale_suite.jsonl")

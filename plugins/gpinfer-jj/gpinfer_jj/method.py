@@ -350,7 +350,15 @@ class ViJJ(_CollapsedVI):
 
 
 class ViTaylor(_CollapsedVI):
-    """Alg. 1 with second-order Taylor sites (``xi <- m``: Newton for the DTC-Laplace mode)."""
+    """Alg. 1 with second-order Taylor sites (``xi <- m``: Newton for the DTC-Laplace mode).
+
+    Options beyond the family's: ``guard`` (default ``True``): each Stage-2 step stays within
+    ``trust_radius`` of the start on every log hyper-parameter and is kept only where the
+    surrogate is not above 0 and the ELBO of its ``q(u)``, a true bound, does not fall
+    (``gpinfer_jj.taylor.guarded_step``; else halved, then refused); a fit whose surrogate still
+    ends above 0 raises ``NumericalError`` naming vi-jj-hybrid. ``guard=False``: as before
+    issue 27 (no trust region, no check).
+    """
 
     name: ClassVar[str] = "vi-taylor"
     kind = "taylor"

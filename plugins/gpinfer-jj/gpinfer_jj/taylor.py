@@ -13,6 +13,15 @@ of the step) until ``Psi`` rises by an Armijo fraction of its directional deriva
 means move monotonically uphill on ``Psi``. A full step is taken wherever it ascends, so the
 fixed point (the DTC-Laplace mode, oracle T8) and every well-behaved path are unchanged.
 Work per trial step: ``O(N)`` (``Psi`` is evaluated on the segment between two mean vectors).
+
+Stage 2 (``guarded_step``). Backtracking keeps Stage 1 monotone but cannot stop Stage 2: on
+nearly separable data the DTC-Laplace evidence keeps rising with the kernel amplitude, L-BFGS-B
+moves the kernel further than the next ``n_upd`` Newton rounds can follow, the expansion points
+left behind on the wrong side of their labels make the surrogate at fixed ``xi`` positive, and
+Stage 2 climbs it without limit. The guard keeps a Stage-2 step (inside a trust region of
+``TRUST_RADIUS`` on each log hyper-parameter) only where the surrogate is not above 0 and the
+ELBO of its closed-form ``q(u)`` (``closed_form_elbo``, a true lower bound on ``log p(y)``,
+never above 0) does not fall; else halves it, and after ``GUARD_HALVINGS`` refuses it.
 """
 
 from __future__ import annotations
