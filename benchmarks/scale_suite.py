@@ -244,7 +244,8 @@ def print_stress_table(rows: list[dict]) -> None:
     head = ["set", "n train", "pos", "max_iter"]
     for m in STRESS_METHODS:
         head += [f"{m} acc", "NLL", "s", "iters", "warnings"]
-    if any(r["method"] == UNGUARDED for r in rows):
+    before = any(r["method"] == UNGUARDED for r in rows)
+    if before:
         head.append("unguarded acc / NLL")
     print("| " + " | ".join(head + ["verdict"]) + " |")
     print("|" + "---|" * (len(head) + 1))
@@ -265,6 +266,8 @@ def print_stress_table(rows: list[dict]) -> None:
         if old is not None:  # before the guard: accuracy / NLL, or the error
             cells.append(f"ERROR: {old['error'][:60]}" if old.get("error")
                          else f"{old['test_acc']:.4f} / {old['test_nll']:.4g}")
+        elif before:
+            cells.append("-")
         both = all(m in pair for m in STRESS_METHODS)
         cells.append(stress_verdict(pair["vi-taylor"], pair["vi-jj-hybrid"]) if both else "-")
         print("| " + " | ".join(cells) + " |")
