@@ -549,7 +549,8 @@ COLLAPSED_N_UPD = 3
 
 
 def collapsed_iteration_flops(method: str, N: int, M: int, nfev: float,
-                              n_upd: int = COLLAPSED_N_UPD) -> float:
+                              n_upd: int = COLLAPSED_N_UPD,
+                              guard_halvings: float | None = None) -> float:
     """Needed FLOP of one reported iteration of vi-jj / vi-taylor / vi-jj-hybrid / vi-jj-full.
 
     Every term is ``N M^2``-sized (``M^3`` and ``O(N M)`` work is not counted; a triangular
@@ -568,6 +569,11 @@ def collapsed_iteration_flops(method: str, N: int, M: int, nfev: float,
       (``N M^2``), the contraction (``2 N M^2``) and, where ``xi`` moves too (hybrid), the
       marginal variances for ``dF/dxi`` (``N M^2``): ``4`` or ``5 N M^2``.
     * vi-jj-full: ``nfev`` evaluations at new points, ``5 N M^2`` each.
+    * vi-taylor's Stage-2 guard (``extra["guard_halvings"]`` given,
+      ``gpinfer_jj.taylor.guarded_step``): the ELBO of ``q(u)`` at the start and at the
+      proposal, one pass for the marginal variances each (``2 N M^2``; the proposal is the last
+      L-BFGS-B point, whose ``R`` and ``C`` are kept), and per halving (at most
+      ``GUARD_HALVINGS = 4``) ``R``, ``C`` and the variances at the new trial (``3 N M^2``).
     """
     nm2 = float(N) * M * M
     if method == "vi-jj-full":
@@ -575,7 +581,10 @@ def collapsed_iteration_flops(method: str, N: int, M: int, nfev: float,
     per_eval = 5.0 if method == "vi-jj-hybrid" else 4.0
     stage2 = (2.0 + per_eval * (float(nfev) - 1.0)) * nm2 if nfev >= 1 else 0.0
     stage1 = n_upd * (1.0 if method == "vi-taylor" else 2.0) * nm2
-    return stage1 + stage2
+    guard = 0.0
+    if method == "vi-taylor" and guard_halvings is not None and math.isfinite(guard_halvings):
+        guard = (2.0 + 3.0 * min(float(guard_halvings), 4.0)) * nm2
+    return stage1 + stage2 + guard
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -617,7 +626,8 @@ def iteration_flops(method: str, extra: dict[str, float] | None = None, *, n: in
         nfev = float(extra.get("nfev", 1.0))
         return pep_iteration_flops(n, m, d, nfev, extra.get("sweeps"), coded=coded)
     if method in ("vi-jj", "vi-taylor", "vi-jj-hybrid", "vi-jj-full"):
-        return collapsed_iteration_flops(method, n, m, float(extra.get("nfev", math.nan)))
+        return collapsed_iteration_flops(method, n, m, float(extra.get("nfev", math.nan)),
+                                         guard_halvings=extra.get("guard_halvings"))
     _warn_once(method, f"flop_models: no FLOP model for method {method!r}; NaN")
     return math.nan
 

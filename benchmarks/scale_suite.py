@@ -23,6 +23,22 @@ regression, no NLL above the class-frequency baseline, no ratio above 5.
 Results are appended to ``--out`` one JSON line per (set, method) as they finish; pairs already
 there are skipped, so an interrupted suite resumes. ``--quick`` divides every N by 20 (a smoke
 run in a minute or two). Needs nothing from ``../shared``.
+
+``--stress`` (issue 27): the generated family ``STRESS_SETS`` (``stress_binary``: skin-like
+colour features, negatives per positive 1 to 20, a curved tube or tight clusters of positives,
+nearly separable, features on scales from 1e-2 to 1e3, ``n`` = 2e4 ... 5e5 points before the
+80/20 split; standardised on the training part as a user would, except the ``raw-`` sets) with
+vi-taylor against vi-jj-hybrid, ``M = 100``, defaults, ``max_iter = 100`` (``--max-iter``
+to reduce it). vi-taylor passes a set when its test accuracy is at most 0.005 below
+vi-jj-hybrid's and its test NLL at most 20 % above it, or when it refuses with an error that
+names vi-jj-hybrid:
+
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/scale_suite.py --stress \\
+        [--sets tube-1:1-2e4 ...] [--max-iter 100] [--out outputs/stress_suite.jsonl] \\
+        [--stress-methods vi-taylor vi-jj-hybrid vi-taylor-unguarded]
+
+``vi-taylor-unguarded`` (vi-taylor with ``guard=False``: the method as it was before issue 27)
+adds a "before" column.
 """
 
 from __future__ import annotations
@@ -48,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import flop_models  # noqa: E402
 
 import gpinfer  # noqa: E402
-from gpinfer.data.generators import scale_synthetic  # noqa: E402
+from gpinfer.data.generators import scale_synthetic, stress_binary  # noqa: E402
 from gpinfer.data.splits import standardize, train_test_split  # noqa: E402
 
 #: data sets: ``scale_synthetic`` options (20 % of ``n`` is held out for testing)
@@ -74,8 +90,29 @@ METHODS: dict[str, dict] = {
 BINARY_ONLY = {"vi-jj", "vi-taylor", "vi-jj-hybrid", "vi-jj-full", "pep"}
 M_INDUCING = 100
 
+#: the stress family of issue 27: ``stress_binary`` options; ``n`` before the 80/20 split;
+#: ``standardise=False``: the features are left on their scales (1, 1e3, 1e-2)
+STRESS_SETS: dict[str, dict] = {
+    "tube-1:1-2e4": dict(n=20_000, ratio=1.0, layout="tube"),
+    "clusters-1:5-2e4": dict(n=20_000, ratio=5.0, layout="clusters"),
+    "tube-1:20-2e4": dict(n=20_000, ratio=20.0, layout="tube"),
+    "raw-scales-clusters-1:5-2e4": dict(n=20_000, ratio=5.0, layout="clusters",
+                                        scales=(1.0, 1e3, 1e-2), standardise=False),
+    "scales-tube-1:5-1e5": dict(n=100_000, ratio=5.0, layout="tube", scales=(1e-2, 1.0, 1e3)),
+    "clusters-1:20-1e5": dict(n=100_000, ratio=20.0, layout="clusters"),
+    "skin-like-1:3.8-2.5e5": dict(n=245_057, ratio=3.76, layout="tube"),  # 21 % positives
+    "tube-1:5-5e5": dict(n=500_000, ratio=5.0, layout="tube"),
+}
+#: the pair compared on the stress family
+STRESS_METHODS = ("vi-taylor", "vi-jj-hybrid")
+#: vi-taylor as it was before its Stage-2 guard (``guard=False``: no guard, no
+#: trust region, no refusal), reported beside the pair
+UNGUARDED = "vi-taylor-unguarded"
+#: vi-taylor's allowance against vi-jj-hybrid: accuracy (absolute) and NLL (relative)
+STRESS_ACCURACY_DROP, STRESS_NLL_RATIO = 0.005, 1.2
 
-def load(name: str, quick: bool):
+
+def load(name: str, quick: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Standardised ``(X_train, y_train, X_test, y_test)`` of set ``name``."""
     opts = dict(SETS[name])
     if quick:
@@ -86,12 +123,23 @@ def load(name: str, quick: bool):
     return split.X_train, split.y_train, split.X_test, split.y_test
 
 
+def load_stress(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(X_train, y_train, X_test, y_test)`` of stress set ``name`` (80/20, seed 0)."""
+    opts = dict(STRESS_SETS[name])
+    scale = opts.pop("standardise", True)
+    split = train_test_split(stress_binary(seed=0, **opts), test_fraction=0.2, seed=0)
+    if scale:
+        split, _ = standardize(split)
+    return split.X_train, split.y_train, split.X_test, split.y_test
+
+
 def nll_and_accuracy(P: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     p = np.clip(P[np.arange(y.size), y], 1e-300, 1.0)
     return float(-np.mean(np.log(p))), float(np.mean(P.argmax(axis=1) == y))
 
 
-def baselines(X, y, Xt, yt) -> dict[str, float]:
+def baselines(X: np.ndarray, y: np.ndarray, Xt: np.ndarray, yt: np.ndarray
+              ) -> dict[str, float]:
     freq = np.bincount(y) / y.size
     lr = LogisticRegression(max_iter=1000).fit(X, y)
     lr_nll, lr_acc = nll_and_accuracy(lr.predict_proba(Xt), yt)
@@ -102,7 +150,8 @@ def baselines(X, y, Xt, yt) -> dict[str, float]:
 def per_iteration_extras(method: str, extras: list[dict]) -> list[dict]:
     """Each iteration's ``extra`` with cumulative counters turned into per-iteration ones
     (svi ``steps`` -> ``steps_in_iteration``, vi-jj-full ``nfev``)."""
-    out, prev = [], {}
+    out: list[dict] = []
+    prev: dict = {}
     for extra in extras:
         row = dict(extra)
         if method == "svi" and "steps" in extra:
@@ -122,10 +171,11 @@ def mean_iteration_flops(method: str, extras: list[dict], n: int, m: int, d: int
     return float(np.mean(per)) if per else float("nan")
 
 
-def run_one(method: str, data, rate: float) -> dict:
+def run_one(method: str, data: tuple, rate: float, args: dict | None = None) -> dict:
+    """One fit of ``method`` (estimator arguments ``args``, default ``METHODS[method]``)."""
     X, y, Xt, yt = data
-    args = dict(METHODS[method])
-    seen = []
+    args = dict(METHODS[method]) if args is None else dict(args)
+    seen: list = []
     clf = gpinfer.GPClassifier(method=method, M=M_INDUCING, random_state=0, **args)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -175,14 +225,111 @@ def print_table(rows: list[dict]) -> None:
         print("| " + " | ".join(cells) + " |")
 
 
+def stress_verdict(taylor: dict, hybrid: dict) -> str:
+    """``pass``/``FAIL`` of vi-taylor against vi-jj-hybrid on one stress set (module doc)."""
+    if taylor.get("error"):
+        return "pass (refused)" if "vi-jj-hybrid" in taylor["error"] else "FAIL (error)"
+    if hybrid.get("error"):
+        return "n/a (vi-jj-hybrid failed)"
+    ok = (taylor["test_acc"] >= hybrid["test_acc"] - STRESS_ACCURACY_DROP
+          and taylor["test_nll"] <= STRESS_NLL_RATIO * hybrid["test_nll"])
+    return "pass" if ok else "FAIL"
+
+
+def print_stress_table(rows: list[dict]) -> None:
+    """One line per stress set: each method's accuracy, NLL, time, iterations, warnings."""
+    by_set: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by_set.setdefault(r["set"], {})[r["method"]] = r
+    head = ["set", "n train", "pos", "max_iter"]
+    for m in STRESS_METHODS:
+        head += [f"{m} acc", "NLL", "s", "iters", "warnings"]
+    before = any(r["method"] == UNGUARDED for r in rows)
+    if before:
+        head.append("unguarded acc / NLL")
+    print("| " + " | ".join(head + ["verdict"]) + " |")
+    print("|" + "---|" * (len(head) + 1))
+    for name, pair in by_set.items():
+        first = next(iter(pair.values()))
+        cells = [name, str(first["n_train"]), f"{first['pos_frac']:.3f}", str(first["max_iter"])]
+        for m in STRESS_METHODS:
+            res = pair.get(m)
+            if res is None:
+                cells += ["-"] * 5
+            elif res.get("error"):
+                cells += [f"ERROR: {res['error'][:90]}", "-", f"{res['wall_s']:.0f}", "-", "-"]
+            else:
+                warn = sorted(set(res["fit_warnings"]) | {w[:40] for w in res["warnings"]})
+                cells += [f"{res['test_acc']:.4f}", f"{res['test_nll']:.4f}",
+                          f"{res['wall_s']:.0f}", str(res["n_iter"]), "; ".join(warn) or "-"]
+        old = pair.get(UNGUARDED)
+        if old is not None:  # before the guard: accuracy / NLL, or the error
+            cells.append(f"ERROR: {old['error'][:60]}" if old.get("error")
+                         else f"{old['test_acc']:.4f} / {old['test_nll']:.4g}")
+        elif before:
+            cells.append("-")
+        both = all(m in pair for m in STRESS_METHODS)
+        cells.append(stress_verdict(pair["vi-taylor"], pair["vi-jj-hybrid"]) if both else "-")
+        print("| " + " | ".join(cells) + " |")
+
+
+def run_stress(names: list[str], out: Path, max_iter: int,
+               methods: tuple[str, ...] = STRESS_METHODS) -> None:
+    """``methods`` (of ``STRESS_METHODS`` and ``UNGUARDED``) on each stress set; rows appended
+    to ``out`` (resumable)."""
+    rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    rows = [r for r in rows if r.get("max_iter") == max_iter]
+    done = {(r["set"], r["method"]) for r in rows}
+    with threadpool_limits(limits=1):
+        rate = flop_models.dgemm_rate()
+        for name in names:
+            data = None
+            for method in methods:
+                if (name, method) in done:
+                    continue
+                if data is None:
+                    data = load_stress(name)
+                args: dict = {"max_iter": max_iter}
+                if method == UNGUARDED:
+                    args["method_options"] = {"guard": False}
+                fit = run_one("vi-taylor" if method == UNGUARDED else method, data, rate, args)
+                row = {"set": name, "n_train": int(data[0].shape[0]), "max_iter": max_iter,
+                       "pos_frac": float(np.mean(data[1])), **fit, "method": method}
+                rows.append(row)
+                with out.open("a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+                print_stress_table([row])
+    print()
+    print_stress_table(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sets", nargs="*", default=list(SETS), choices=list(SETS))
+    ap.add_argument("--sets", nargs="*", default=None,
+                    help=f"of {list(SETS)} or, with --stress, of {list(STRESS_SETS)}")
     ap.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
-    ap.add_argument("--out", default="outputs/scale_suite.jsonl")
+    ap.add_argument("--out", default=None,
+                    help="outputs/scale_suite.jsonl (--stress: outputs/stress_suite.jsonl)")
     ap.add_argument("--quick", action="store_true", help="N / 20: a smoke run")
+    ap.add_argument("--stress", action="store_true",
+                    help="vi-taylor against vi-jj-hybrid on the generated stress family")
+    ap.add_argument("--max-iter", type=int, default=100, help="--stress: max_iter of both")
+    ap.add_argument("--stress-methods", nargs="*", default=list(STRESS_METHODS),
+                    choices=list(STRESS_METHODS) + [UNGUARDED],
+                    help=f"--stress: the methods; {UNGUARDED} is vi-taylor with guard=False")
     args = ap.parse_args()
-    out = Path(args.out)
+    known = STRESS_SETS if args.stress else SETS
+    names = list(known) if args.sets is None else args.sets
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        ap.error(f"unknown sets {unknown}; known: {list(known)}")
+    if args.stress:
+        out = Path(args.out or "outputs/stress_suite.jsonl")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        run_stress(names, out, args.max_iter, tuple(args.stress_methods))
+        return
+    args.sets = names
+    out = Path(args.out or "outputs/scale_suite.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     done = {(r["set"], r["method"], r.get("quick", False)) for r in rows}

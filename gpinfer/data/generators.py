@@ -195,3 +195,117 @@ def _positive_int(v: int, label: str, who: str, allow_zero: bool = False) -> int
         bound = ">= 0" if allow_zero else ">= 1"
         raise InputError(f"{who}: {label} must be an integer {bound}, got {v!r}")
     return int(v)
+
+
+#: layouts of ``stress_binary``
+STRESS_LAYOUTS = ("tube", "clusters")
+
+
+def _arc(t: Array) -> Array:
+    """Points ``[len(t), 3]`` on a curved arc through the colour cube ``[0, 255]^3``
+    (``t in [0, 1]``)."""
+    return np.stack([60.0 + 150.0 * t,
+                     40.0 + 120.0 * t + 45.0 * np.sin(np.pi * t),
+                     30.0 + 90.0 * t ** 2], axis=1)
+
+
+def _arc_distance(X: Array, n_knots: int = 256) -> Array:
+    """Distance ``[n]`` of each row of ``X [n, 3]`` to the arc of ``_arc`` (polyline of knots)."""
+    knots = _arc(np.linspace(0.0, 1.0, n_knots))
+    out = np.empty(X.shape[0])
+    for start in range(0, X.shape[0], 20_000):
+        block = X[start:start + 20_000]
+        d2 = np.sum(block**2, 1)[:, None] - 2.0 * block @ knots.T + np.sum(knots**2, 1)[None]
+        out[start:start + 20_000] = np.sqrt(np.maximum(d2.min(axis=1), 0.0))
+    return out
+
+
+def stress_binary(
+    n: int = 200_000,
+    ratio: float = 4.0,
+    layout: str = "tube",
+    scales: tuple[float, float, float] = (1.0, 1.0, 1.0),
+    flip: float = 0.002,
+    seed: int = 0,
+) -> Dataset:
+    """A skin-segmentation-like, imbalanced, nearly separable binary set (for the Taylor guard).
+
+    Three colour-like features in ``[0, 255]``. ``layout="tube"``: the positives (class 1) fill a
+    compact curved tube of radius 18 around an arc through the cube; the negatives are spread
+    over the cube (three quarters uniform, one quarter in three broad blobs), with none inside
+    the tube. ``layout="clusters"``: positives in four tight Gaussian clusters, negatives in
+    six broad ones and a uniform background, separated by a small overlap. ``ratio``:
+    negatives per positive (1 gives balanced classes, 20 about 4.8 % positives); ``flip``: the
+    fraction of labels flipped among the points nearest the class boundary (the Bayes error is
+    small but not zero). ``scales [3]``: each feature is multiplied by its scale after
+    generation (features on very different scales; standardise before fitting as a user
+    would). Returns ``X [n, 3]``, ``y [n]`` in ``{0, 1}``.
+    """
+    n = _positive_int(n, "n", "stress")
+    if not np.isfinite(ratio) or ratio < 1.0:
+        raise InputError(f"stress: ratio (negatives per positive) must be >= 1, got {ratio}")
+    if layout not in STRESS_LAYOUTS:
+        raise InputError(f"stress: layout must be one of {STRESS_LAYOUTS}, got {layout!r}")
+    if not 0.0 <= flip < 0.5:
+        raise InputError(f"stress: flip must be in [0, 0.5), got {flip}")
+    scale_arr = np.asarray(scales, dtype=float)
+    if scale_arr.shape != (3,) or not np.all(np.isfinite(scale_arr) & (scale_arr > 0)):
+        raise InputError(f"stress: scales must be three finite positive numbers, got {scales}")
+    rng = np.random.default_rng(seed)
+    n_pos = max(1, int(round(n / (1.0 + ratio))))
+    n_neg = n - n_pos
+    if layout == "tube":
+        radius = 18.0
+        t = rng.uniform(0.0, 1.0, n_pos)
+        direction = rng.standard_normal((n_pos, 3))
+        direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+        r = radius * rng.uniform(0.0, 1.0, n_pos) ** (1.0 / 2.0)
+        pos = _arc(t) + r[:, None] * direction
+        neg = np.empty((0, 3))
+        centres = np.array([[200.0, 60.0, 60.0], [60.0, 180.0, 200.0], [150.0, 150.0, 40.0]])
+        while neg.shape[0] < n_neg:
+            k = 2 * (n_neg - neg.shape[0]) + 100
+            blob = rng.uniform(0.0, 1.0, k) < 0.25
+            cand = rng.uniform(0.0, 255.0, (k, 3))
+            cand[blob] = (centres[rng.integers(0, 3, int(blob.sum()))]
+                          + 35.0 * rng.standard_normal((int(blob.sum()), 3)))
+            neg = np.concatenate([neg, cand[_arc_distance(cand) > radius]])
+        neg = neg[:n_neg]
+        margin = np.concatenate([radius - _arc_distance(pos), _arc_distance(neg) - radius])
+    else:
+        pos_c = rng.uniform(40.0, 215.0, (4, 3))
+        neg_c = rng.uniform(20.0, 235.0, (6, 3))
+        pos = pos_c[rng.integers(0, 4, n_pos)] + 9.0 * rng.standard_normal((n_pos, 3))
+        background = rng.uniform(0.0, 1.0, n_neg) < 0.3
+        neg = neg_c[rng.integers(0, 6, n_neg)] + 30.0 * rng.standard_normal((n_neg, 3))
+        neg[background] = rng.uniform(0.0, 255.0, (int(background.sum()), 3))
+        d_pos = np.min(np.linalg.norm(neg[:, None, :] - pos_c[None], axis=2), axis=1)
+        neg = neg[d_pos > 22.0]  # a thin overlap only: refill from the background
+        while neg.shape[0] < n_neg:
+            cand = rng.uniform(0.0, 255.0, (2 * (n_neg - neg.shape[0]) + 100, 3))
+            d = np.min(np.linalg.norm(cand[:, None, :] - pos_c[None], axis=2), axis=1)
+            neg = np.concatenate([neg, cand[d > 22.0]])
+        neg = neg[:n_neg]
+        d_pos_pos = np.min(np.linalg.norm(pos[:, None, :] - pos_c[None], axis=2), axis=1)
+        d_neg = np.min(np.linalg.norm(neg[:, None, :] - pos_c[None], axis=2), axis=1)
+        margin = np.concatenate([22.0 - d_pos_pos, d_neg - 22.0])
+    X = np.concatenate([pos, neg])
+    y = np.concatenate([np.ones(n_pos, dtype=np.int64), np.zeros(n_neg, dtype=np.int64)])
+    n_flip = int(round(flip * n))
+    if n_flip:  # flip labels among the points nearest the boundary
+        near = np.argsort(np.abs(margin))[: 20 * n_flip]
+        y[rng.choice(near, n_flip, replace=False)] ^= 1
+    order = rng.permutation(n)
+    X, y = X[order] * scale_arr, y[order]
+    return Dataset(
+        name="stress",
+        X=X,
+        y=y,
+        class_names=["0", "1"],
+        feature_names=["x1", "x2", "x3"],
+        description=(
+            f"skin-like stress set: {n} points, 3 colour-like features scaled by "
+            f"{tuple(float(s) for s in scale_arr)}, layout {layout}, {ratio:g}:1 negatives per "
+            f"positive, {flip:g} of labels flipped near the boundary, seed {seed}."
+        ),
+    )

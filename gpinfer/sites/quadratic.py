@@ -278,6 +278,13 @@ class CollapsedBound:
             return None
         return float(np.sum(self._P * F)) + float(t @ self._b)
 
+    def kl(self) -> float:
+        """``KL(q(u) || p(u))`` of the closed-form ``q(u) = (mu_hat, Sigma_hat)``, whitened:
+        ``1/2 [tr(C^-1) + |L_K^-1 mu_hat|^2 - M + log|C|]`` (``O(M^3)``, no pass over the data)."""
+        M = self.factors.M
+        return float(0.5 * (np.trace(self._C_inv) + self._v @ self._v - M)
+                     + np.sum(np.log(np.diag(self.L_C))))
+
     def is_closed_form(self, mu: Array, Sigma: Array) -> bool:
         """Whether ``(mu, Sigma)`` is this bound's ``(mu_hat, Sigma_hat)`` (if computed)."""
         if "mu_hat" not in self.__dict__ or "Sigma_hat" not in self.__dict__:

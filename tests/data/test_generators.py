@@ -86,3 +86,31 @@ def test_synthetic2d_latents_are_smooth_gp_draws_and_labels_their_argmax():
 def test_synthetic2d_rejects_bad_options():
     with pytest.raises(InputError, match="lengthscale"):
         synthetic_2d_three_class(n=10, lengthscale=-1.0)
+
+
+@pytest.mark.parametrize("layout", ["tube", "clusters"])
+@pytest.mark.parametrize("ratio", [1.0, 5.0, 20.0])
+def test_stress_binary_imbalance_scales_and_determinism(layout, ratio):
+    from gpinfer.data.generators import stress_binary
+
+    ds = stress_binary(3000, ratio, layout, scales=(1.0, 1e3, 1e-2), seed=1)
+    assert ds.X.shape == (3000, 3) and set(np.unique(ds.y)) == {0, 1}
+    assert np.mean(ds.y) == pytest.approx(1.0 / (1.0 + ratio), abs=0.01)
+    spread = ds.X.std(axis=0)
+    assert spread[1] / spread[0] > 100 and spread[0] / spread[2] > 10  # very different scales
+    again = stress_binary(3000, ratio, layout, scales=(1.0, 1e3, 1e-2), seed=1)
+    assert np.array_equal(ds.X, again.X) and np.array_equal(ds.y, again.y)
+
+
+def test_stress_binary_is_nearly_separable_and_rejects_bad_options():
+    from sklearn.neighbors import KNeighborsClassifier
+
+    from gpinfer.data.generators import stress_binary
+
+    ds = stress_binary(4000, 4.0, "tube", flip=0.002, seed=0)
+    knn = KNeighborsClassifier(5).fit(ds.X[:3000], ds.y[:3000])
+    assert knn.score(ds.X[3000:], ds.y[3000:]) > 0.97  # near-separable, not linearly
+    for bad in (dict(ratio=0.5), dict(layout="ring"), dict(flip=0.6), dict(scales=(1.0, 0.0, 1.0)),
+                dict(n=0)):
+        with pytest.raises(InputError, match="stress"):
+            stress_binary(**{"n": 100, **bad})

@@ -273,3 +273,15 @@ def test_t14_edge_cases():
     assert np.all(np.isfinite(lam)) and np.all(np.isfinite(dlam))
     with pytest.raises(NumericalError, match="Kuu"):
         InducingFactors(np.full((3, 3), np.nan), np.zeros((3, 4)), np.ones(4))
+
+
+@pytest.mark.parametrize("kind", ["jj", "taylor"])
+def test_closed_form_kl_matches_dense_kl(kind):
+    """``CollapsedBound.kl`` (whitened, no data pass) equals the dense Gaussian KL of
+    ``(mu_hat, Sigma_hat)`` against ``N(0, Kuu)``."""
+    from gpinfer.sites.quadratic import gaussian_kl
+
+    X, Z, s, k, Kuu, Kuf, Kd = _problem_matrices()
+    fac = InducingFactors(Kuu, Kuf, Kd)
+    b = CollapsedBound(fac, _coef(kind, RNG.uniform(-2, 2, X.shape[0]), s))
+    assert b.kl() == pytest.approx(gaussian_kl(fac.L_K, b.mu_hat, b.Sigma_hat), rel=1e-10)

@@ -73,6 +73,7 @@ class CollapsedObjective:
             )
         link = bernoulli.link
         self.kind, self.X, self.s, self.kernel = kind, X, s, kernel
+        self.labels = (s > 0).astype(np.int64)  # class indices [N] of the signs
         self.likelihood, self.link, self.hp = likelihood, link, hp
         self.n_eval = 0
         # fixed Z, only kernel parameters learned: cached distances and a fused kernel VJP

@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gpinfer.errors import InputError
-from gpinfer.fit_guard import check_objective_limit
+from gpinfer.errors import InputError, NumericalError
+from gpinfer.fit_guard import check_objective_limit, objective_slack
 from gpinfer.hyper import HyperParameters
 from gpinfer.inducing import DEFAULT_M, inducing_inputs
 from gpinfer.interfaces import (
@@ -40,8 +40,18 @@ from gpinfer.optim import LBFGSB
 from gpinfer.options import Option, bounds, choice, flag, integer, real
 from gpinfer.posterior import InducingPosterior
 from gpinfer.reporting import IterationReporter, binary_signs
+from gpinfer.sites.quadratic import CollapsedBound
 from gpinfer_jj.bound import CollapsedObjective
-from gpinfer_jj.taylor import MapObjective, Stage1Result, newton_rounds
+from gpinfer_jj.taylor import (
+    GUARD_SLACK,
+    TRUST_RADIUS,
+    GuardedStep,
+    MapObjective,
+    Stage1Result,
+    closed_form_elbo,
+    guarded_step,
+    newton_rounds,
+)
 
 #: default bounds on the kernel's unconstrained (log) parameters (spec §4.2, widened)
 LOG_PARAM_BOUNDS = (float(np.log(1e-4)), float(np.log(1e6)))
@@ -104,8 +114,15 @@ class _CollapsedVI(Method):
                              optimize_inducing=bool(self.options["learn_inducing"]))
         return CollapsedObjective(self.kind, X, s, kernel, Z, problem.likelihood, hp), hp
 
-    def _lbfgs(self, hp: HyperParameters, n_xi: int, maxfun: int | None) -> LBFGSB:
+    def _lbfgs(self, hp: HyperParameters, n_xi: int, maxfun: int | None,
+               centre: Array | None = None, radius: float = np.inf) -> LBFGSB:
+        """L-BFGS-B on the packed hyper-parameters (``[P]``, then ``n_xi`` entries of ``xi``);
+        with ``centre [P]``, each hyper-parameter also kept within ``radius`` of it."""
         bounds = hp.bounds(kernel=tuple(self.options["bounds"]))
+        if centre is not None and np.isfinite(radius):
+            bounds = [(c - radius if lo is None else max(lo, c - radius),
+                       c + radius if hi is None else min(hi, c + radius))
+                      for (lo, hi), c in zip(bounds, centre.tolist())]
         bounds += [(float(self.options["xi_lower"]), None)] * n_xi
         return LBFGSB(bounds=bounds, maxfun=maxfun, stop_on_trial_failure=True)
 
@@ -213,22 +230,36 @@ class _CollapsedVI(Method):
             if hp.size > 0:
                 n0 = obj.n_eval
                 xi_now = xi
+                guard = self._guarded(obj)
+                # the true bound at the start, before Stage 2 moves the factors
+                start_elbo = (closed_form_elbo(obj.bound(xi), obj.likelihood, obj.labels)
+                              if guard else 0.0)
                 x0 = np.concatenate([hp.pack(), xi]) if hybrid else hp.pack()
 
                 def fun(x: Array, xi_fixed: Array = xi_now) -> tuple[float, Array]:
                     if hybrid:  # theta and xi move together
                         return obj.value_and_grad(x[: hp.size], x[hp.size:], with_xi=True)
                     return obj.value_and_grad(x, xi_fixed)
-                opt = self._lbfgs(hp, xi.size if hybrid else 0, int(self.options["max_fun"]))
+                radius = float(self.options["trust_radius"]) if guard else np.inf
+                opt = self._lbfgs(hp, xi.size if hybrid else 0, int(self.options["max_fun"]),
+                                  x0[: hp.size], radius)
                 result = opt.maximize(self._within_limit(fun, obj), x0,
                                       max_iter=10 * int(self.options["max_fun"]))
                 self._record(log, result)
-                hp.unpack(result.x[: hp.size])
+                if guard:
+                    step = self._guard_step(obj, x0, result.x, xi_now, start_elbo)
+                    hp.unpack(step.theta)
+                    value = value if step.refused else step.value
+                    extra.update(guard_elbo=start_elbo if step.refused else step.elbo,
+                                 guard_halvings=float(step.halvings),
+                                 guard_refused=float(step.refused))
+                else:
+                    hp.unpack(result.x[: hp.size])
+                    value = result.value
                 if hybrid:
                     xi = result.x[hp.size:].copy()
                     b = obj.bound(xi)
                     mu, Sigma = b.mu_hat, b.Sigma_hat
-                value = result.value
                 extra.update(nfev=float(obj.n_eval - n0), lbfgs_abnormal=float(log["abnormal"]),
                              lbfgs_success=float(result.success))
             rep.report(it, value, self._snapshot(obj, xi), extra)
@@ -240,7 +271,43 @@ class _CollapsedVI(Method):
             if small_changes >= 2 or rep.should_stop():
                 break
         assert xi is not None  # max_iter >= 1
+        if hp.size > 0 and self._guarded(obj):
+            self._refuse_runaway(value, obj.X.shape[0], it)
         return xi, value, it
+
+    def _refuse_runaway(self, value: float, n: int, iteration: int) -> None:
+        """``NumericalError`` naming vi-jj-hybrid when the guarded fit still ends with the Taylor
+        surrogate above 0: its sites never reached the Newton fixed point (where the surrogate
+        is the DTC-Laplace evidence, never positive), so ``q(u)`` is not what vi-taylor
+        promises."""
+        if value > objective_slack(n):
+            raise NumericalError(
+                f"{self.name}: the Taylor surrogate ends at {value:.6g} > 0 after {iteration} "
+                "iterations: Stage 1 did not reach its Newton fixed point at the learned kernel, "
+                "so q(u) is not the DTC-Laplace posterior (nearly separable or strongly "
+                "unbalanced data at large N); use vi-jj-hybrid, whose objective is a true bound",
+                iteration=iteration, quantity="taylor surrogate")
+
+    def _guarded(self, obj: CollapsedObjective) -> bool:
+        """Whether Stage 2 is checked against the true bound (vi-taylor's ``guard``)."""
+        return obj.kind == "taylor" and bool(self.options.get("guard", False))
+
+    def _guard_step(self, obj: CollapsedObjective, start: Array, proposal: Array, xi: Array,
+                    start_elbo: float) -> GuardedStep:
+        """The part of the Stage-2 step ``start -> proposal`` (log kernel parameters ``[P]``)
+        that the ELBO of the Taylor ``q(u)`` at ``xi [N]`` allows (``taylor.guarded_step``)."""
+        hp = obj.hp
+
+        def bound_at(theta: Array) -> CollapsedBound:
+            hp.unpack(theta)
+            return obj.bound(xi)
+
+        def elbo(b: CollapsedBound) -> float:
+            return closed_form_elbo(b, obj.likelihood, obj.labels)
+
+        round_off = objective_slack(obj.X.shape[0])
+        return guarded_step(bound_at, elbo, start, proposal, start_elbo,
+                            GUARD_SLACK * abs(start_elbo) + round_off, round_off)
 
     # -- vi-jj-full ----------------------------------------------------------------------------
     def _fit_full(self, problem: Problem, obj: CollapsedObjective, hp: HyperParameters,
@@ -284,7 +351,15 @@ class ViJJ(_CollapsedVI):
 
 
 class ViTaylor(_CollapsedVI):
-    """Alg. 1 with second-order Taylor sites (``xi <- m``: Newton for the DTC-Laplace mode)."""
+    """Alg. 1 with second-order Taylor sites (``xi <- m``: Newton for the DTC-Laplace mode).
+
+    Options beyond the family's: ``guard`` (default ``True``): each Stage-2 step stays within
+    ``trust_radius`` of the start on every log hyper-parameter and is kept only where the
+    surrogate is not above 0 and the ELBO of its ``q(u)``, a true bound, does not fall
+    (``gpinfer_jj.taylor.guarded_step``; else halved, then refused); a fit whose surrogate still
+    ends above 0 raises ``NumericalError`` naming vi-jj-hybrid. ``guard=False``: as before
+    issue 27 (no trust region, no check).
+    """
 
     name: ClassVar[str] = "vi-taylor"
     kind = "taylor"
@@ -295,6 +370,13 @@ class ViTaylor(_CollapsedVI):
     objective_limit: ClassVar[float | None] = None
     objective_kind = "surrogate"  # the fit guard ranks its iterates by training NLL
     likelihoods: ClassVar[tuple[str, ...]] = ("logit", "probit")
+    option_spec: ClassVar[dict[str, Option]] = {
+        **_CollapsedVI.option_spec,
+        "guard": flag(True, doc="Stage-2 steps kept only where the ELBO of their q(u), a true "
+                                "bound, does not fall (gpinfer_jj.taylor.guarded_step)"),
+        "trust_radius": real(TRUST_RADIUS, "(0, inf)",
+                             doc="with guard: most change of each log hyper-parameter per Stage 2"),
+    }
     #: any ``Bernoulli`` (``p(y|f) = sig(s f)`` with its own log-sigmoid ``link``)
     likelihood_requirements: ClassVar[frozenset[str] | None] = frozenset({"log_sigmoid"})
 
