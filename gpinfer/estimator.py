@@ -334,7 +334,8 @@ class _GPEstimatorBase(BaseEstimator):
         returns the result and the tracker."""
         tracker = tracker_for(type(method), callback, method_name, problem.X, problem.y,
                               self._rng(), minibatch=problem.batch_size is not None,
-                              ranks_iterates=ranks_iterates)
+                              ranks_iterates=ranks_iterates,
+                              sample_weight=problem.sample_weight)
         with training_threads():
             result = method.fit(problem, tracker)
         if not isinstance(result, FitResult):
@@ -408,7 +409,8 @@ class _GPEstimatorBase(BaseEstimator):
                     (method, problem), setup, data[0], data[1], method_name, callback, *early)
             result = check_against_baseline(
                 result, method_name, problem.X, problem.y, problem.n_classes, self._rng(),
-                check_baseline_failure(getattr(self, "baseline_failure", "raise")))
+                check_baseline_failure(getattr(self, "baseline_failure", "raise")),
+                problem.sample_weight)
         self.n_features_in_ = problem.X.shape[1]
         self.backend_ = problem.backend
         self.method_ = method
@@ -436,15 +438,17 @@ class _GPEstimatorBase(BaseEstimator):
         scaler = getattr(self, "scaler_", None)
         return X if scaler is None else scaler.transform(X)
 
-    def _scale_inputs(self, X: Array) -> Array:
+    def _scale_inputs(self, X: Array, sample_weight: Array | None = None) -> Array:
         """``X [N, D]`` standardised when ``_standardizes()`` (the fitted scaling kept as
         ``scaler_`` and applied at prediction); else ``X`` itself, with a
-        ``FeatureScaleWarning`` when its scales really differ (``gpinfer.scaling``)."""
+        ``FeatureScaleWarning`` when its scales really differ (``gpinfer.scaling``).
+        ``sample_weight [N]`` (from ``_weighted_rows``): weighted statistics, so that a row of
+        weight ``k`` is scaled as the row repeated ``k`` times."""
         from gpinfer.data import Standardizer
         from gpinfer.scaling import check_feature_scales
 
         if self._standardizes():
-            self.scaler_: Standardizer | None = Standardizer().fit(X)
+            self.scaler_: Standardizer | None = Standardizer().fit(X, sample_weight)
             return self.scaler_.transform(X)
         self.scaler_ = None
         check_feature_scales(X, type(self).__name__,
@@ -582,9 +586,12 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
     scaler_ (the ``gpinfer.data.Standardizer`` applied to every input, or None),
     backend_ (the ``gpinfer.backend.Backend`` the fit ran on; ``backend_.params()`` gives
     ``{"backend", "device", "dtype"}``), feature_names_in_ [D] (a DataFrame's column names; absent
-    for arrays), and with early stopping, as ``MLPClassifier``: best_iteration_,
-    validation_scores_ (the negative mean validation NLL of every check; ``val_nll`` in
-    ``history_``) and best_validation_score_ (all three ``None`` without early stopping).
+    for arrays), and with early stopping, as ``MLPClassifier``: best_iteration_ (the chosen
+    number of iterations), validation_scores_ (the negative mean validation NLL of every check,
+    from the curve that chose it, ``fit_result_.state["val_nll"]``: averaged over the folds
+    where there are several; also ``val_nll`` in ``history_`` with ``refit=False``) and
+    best_validation_score_ (the score at best_iteration_: the maximum for one hold-out) (all
+    three ``None`` without early stopping).
 
     A ``Kernel`` given as ``kernel`` is a scikit-learn parameter container: nested names such as
     ``kernel__lengthscale`` (or ``kernel__0__lengthscale`` for a sum's first part) work in
@@ -706,7 +713,7 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
                 f"sample_weight leaves only class {classes[kept].tolist()[0]!r} with a positive "
                 "weight; classification needs at least two classes of positive weight"
             )
-        X = self._scale_inputs(X)
+        X = self._scale_inputs(X, weights)
         d = X.shape[1]
         start_lengthscale = None
         backend = self._resolve_backend(method_cls, method_name)

@@ -140,19 +140,24 @@ def check_subset(n: int, limit: int, rng: np.random.Generator) -> Array:
     return np.sort(rng.choice(n, size=limit, replace=False))
 
 
-def mean_nll(posterior: Posterior, X: Array, y: Array) -> float:
-    """The posterior's mean negative log predictive density on ``X [n, D]``, ``y [n]`` (nats)."""
-    return -float(np.mean(ops.to_host(posterior.log_predictive(X, y))))
+def mean_nll(posterior: Posterior, X: Array, y: Array, weights: Array | None = None) -> float:
+    """The posterior's mean negative log predictive density on ``X [n, D]``, ``y [n]`` (nats);
+    ``weights [n]``: the weighted mean."""
+    lp = np.asarray(ops.to_host(posterior.log_predictive(X, y)), dtype=float)
+    return -float(np.mean(lp) if weights is None else np.average(lp, weights=weights))
 
 
 class TrainingNLL:
     """The training NLL of a posterior on a fixed subsample: ``X [N, D]``, ``y [N]``, rows drawn
-    once from ``rng`` (``points`` of them at most)."""
+    once from ``rng`` (``points`` of them at most); ``sample_weight [N]``: a weighted mean (a row
+    of weight ``k`` counts as the row ``k`` times)."""
 
     def __init__(self, X: Array, y: Array, rng: np.random.Generator,
-                 points: int = NLL_RANK_POINTS):
+                 points: int = NLL_RANK_POINTS, sample_weight: Array | None = None):
         rows = check_subset(X.shape[0], points, rng)
         self.X, self.y = X[rows], y[rows]
+        self.weights = (None if sample_weight is None else
+                        np.asarray(ops.to_host(sample_weight), dtype=float).reshape(-1)[rows])
 
     @property
     def n_points(self) -> int:
@@ -160,7 +165,7 @@ class TrainingNLL:
 
     def __call__(self, posterior: Posterior) -> float:
         """Mean NLL ``[nats/point]`` of ``posterior`` on the subsample (``inf`` if not finite)."""
-        value = mean_nll(posterior, self.X, self.y)
+        value = mean_nll(posterior, self.X, self.y, self.weights)
         return value if np.isfinite(value) else np.inf
 
 
@@ -238,13 +243,15 @@ class BestIterate:
 
 def tracker_for(method_cls: type[Method], callback: FitCallback | None, method: str,
                 X: Array, y: Array, rng: np.random.Generator, minibatch: bool,
-                ranks_iterates: bool = True) -> BestIterate:
+                ranks_iterates: bool = True, sample_weight: Array | None = None
+                ) -> BestIterate:
     """The ``BestIterate`` for a fit of ``method_cls`` on ``X [N, D]``, ``y [N]``: ranking by
-    training NLL on a fixed subsample when the method's objective is a surrogate, unless
-    ``ranks_iterates`` is False (a validation monitor ranks them: no NLL is computed here)."""
+    training NLL on a fixed subsample (weighted by ``sample_weight [N]``, the fit's) when the
+    method's objective is a surrogate, unless ``ranks_iterates`` is False (a validation monitor
+    ranks them: no NLL is computed here)."""
     nll = None
     if method_cls.objective_kind == "surrogate" and ranks_iterates:
-        nll = TrainingNLL(X, y, rng)
+        nll = TrainingNLL(X, y, rng, sample_weight=sample_weight)
     return BestIterate(callback, method, method_cls.objective_limit, X.shape[0],
                        window=MINIBATCH_WINDOW if minibatch else 1, nll=nll)
 
@@ -277,18 +284,25 @@ def restore_best(result: FitResult, tracker: BestIterate) -> FitResult:
     return result
 
 
-def classification_baseline_nll(y: Array, n_classes: int, rows: Array) -> float:
-    """NLL ``[nats/point]`` on ``y[rows]`` of predicting the class frequencies of all of ``y``."""
-    freq = np.bincount(y, minlength=n_classes) / y.size
+def classification_baseline_nll(y: Array, n_classes: int, rows: Array,
+                                weights: Array | None = None) -> float:
+    """NLL ``[nats/point]`` on ``y[rows]`` of predicting the class frequencies of all of ``y``;
+    ``weights [N]``: weighted frequencies and a weighted mean."""
+    counts = np.bincount(y, weights=weights, minlength=n_classes)
+    freq = counts / counts.sum()
     with np.errstate(divide="ignore"):
-        return float(-np.mean(np.log(freq[y[rows]])))
+        nll = -np.log(freq[y[rows]])
+        return float(np.mean(nll) if weights is None else np.average(nll, weights=weights[rows]))
 
 
-def regression_baseline_nll(y: Array, rows: Array) -> float:
-    """NLL on ``y[rows]`` of a Gaussian with the mean and variance of all of ``y``."""
-    var = max(float(np.var(y)), np.finfo(float).tiny)
-    r = y[rows] - float(np.mean(y))
-    return float(np.mean(0.5 * np.log(2.0 * np.pi * var) + 0.5 * r * r / var))
+def regression_baseline_nll(y: Array, rows: Array, weights: Array | None = None) -> float:
+    """NLL on ``y[rows]`` of a Gaussian with the mean and variance of all of ``y``;
+    ``weights [N]``: weighted moments and a weighted mean."""
+    mean = float(np.average(y, weights=weights))
+    var = max(float(np.average((y - mean) ** 2, weights=weights)), np.finfo(float).tiny)
+    r = y[rows] - mean
+    nll = 0.5 * np.log(2.0 * np.pi * var) + 0.5 * r * r / var
+    return float(np.mean(nll) if weights is None else np.average(nll, weights=weights[rows]))
 
 
 def trace_summary(history: Sequence[dict[str, float]]) -> str:
@@ -360,7 +374,8 @@ def prediction_flags(posterior: Posterior, X: Array, y: Array, n_classes: int,
 
 def check_against_baseline(result: FitResult, method: str, X: Array, y: Array,
                            n_classes: int, rng: np.random.Generator,
-                           on_failure: BaselineFailure = "raise") -> FitResult:
+                           on_failure: BaselineFailure = "raise",
+                           sample_weight: Array | None = None) -> FitResult:
     """Check the fitted ``result.posterior`` at the training data ``X [N, D]``, ``y [N]``
     (class indices, or real targets when ``n_classes`` is 0): finite and non-degenerate
     predictions (``prediction_flags``), and a training NLL better than the baseline predictor.
@@ -368,14 +383,19 @@ def check_against_baseline(result: FitResult, method: str, X: Array, y: Array,
     A fit no better than the baseline raises ``FitFailedError`` naming the NLLs and the objective
     trace (``on_failure="raise"``) or warns and keeps the model (``"warn"``); degenerate
     predictions of a fit that beats it warn. Codes go to ``result.warnings``.
+    ``sample_weight [N]`` (the fit's ``Problem.sample_weight``): both NLLs (and the class
+    frequencies or the Gaussian's moments) are weighted, so that a row of weight ``k`` is
+    judged as the row repeated ``k`` times.
     """
     rows = check_subset(X.shape[0], NLL_CHECK_POINTS, rng)
+    w = (None if sample_weight is None
+         else np.asarray(ops.to_host(sample_weight), dtype=float).reshape(-1))
     if n_classes:
-        baseline = classification_baseline_nll(np.asarray(y, dtype=np.int64), n_classes, rows)
+        baseline = classification_baseline_nll(np.asarray(y, dtype=np.int64), n_classes, rows, w)
     else:
-        baseline = regression_baseline_nll(np.asarray(y, dtype=float), rows)
+        baseline = regression_baseline_nll(np.asarray(y, dtype=float), rows, w)
     flags, degenerate = prediction_flags(result.posterior, X[rows], y[rows], n_classes, method)
-    train_nll = mean_nll(result.posterior, X[rows], y[rows])
+    train_nll = mean_nll(result.posterior, X[rows], y[rows], None if w is None else w[rows])
     if not np.isfinite(train_nll):
         raise NumericalError(
             f"{method}: the fitted model's training NLL is {train_nll} though its predictions "

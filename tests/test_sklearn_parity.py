@@ -218,16 +218,44 @@ def test_weights_that_leave_one_class_are_an_input_error(no_laplace_training, da
 
 
 def test_early_stopping_attributes_as_mlp_classifier():
+    """The attributes come from the validation curve that chose the number of iterations
+    (``fit_result_.state["val_nll"]``). Since the backend branch, early stopping refits on all
+    the data by default (``refit=True``), so ``history_`` is the refit's and has no ``val_nll``,
+    and a hold-out under 200 points becomes K-fold cross-validation (a fold-averaged curve whose
+    chosen iteration follows the one-standard-error rule, so not necessarily its maximum); the
+    single hold-out without refit keeps MLPClassifier's exact semantics (checked below)."""
     X, y = make_suite_data(2, n=80, seed=2)
-    est = GPClassifier(method="laplace", max_iter=60, random_state=0, validation_fraction=0.25,
-                       n_iter_no_change=3).fit(X, y)
-    nll = [h["val_nll"] for h in est.history_ if "val_nll" in h]
-    assert len(nll) == len(est.history_)  # validation_interval=1: every iteration checked
-    assert est.validation_scores_ == [-v for v in nll]
-    assert est.best_validation_score_ == max(est.validation_scores_)
-    best = est.history_[est.validation_scores_.index(est.best_validation_score_)]
-    assert est.best_iteration_ == int(best["iteration"])
-    assert est.best_iteration_ == int(est.fit_result_.diagnostics["best_val_iteration"])
+    kw = dict(method="laplace", max_iter=60, random_state=0, validation_fraction=0.25,
+              n_iter_no_change=3)
+    # defaults: 20 held-out points, so K folds and a refit for the chosen number of iterations
+    est = GPClassifier(**kw).fit(X, y)
+    d, state = est.fit_result_.diagnostics, est.fit_result_.state
+    assert d["refit"] == 1.0 and d["validation_folds"] > 1
+    checked = [int(i) for i in state["val_iteration"]]
+    assert checked == list(range(1, len(checked) + 1))  # validation_interval=1: every iteration
+    assert est.validation_scores_ == [-float(v) for v in state["val_nll"]]
+    assert est.best_iteration_ == int(d["best_iteration"]) == int(d["best_val_iteration"])
+    assert est.best_validation_score_ == est.validation_scores_[checked.index(est.best_iteration_)]
+    assert est.best_validation_score_ == -d["best_val_nll"]
+    assert est.best_validation_score_ <= max(est.validation_scores_) == -d["min_val_nll"]
+    assert est.n_iter_ == est.best_iteration_  # the refit trained for the chosen iterations
+    assert all("val_nll" not in h for h in est.history_)
+    # one hold-out: the best score is the maximum, at the chosen iteration, with or without refit
+    for refit in (True, False):
+        one = GPClassifier(**kw, validation_folds=1, refit=refit).fit(X, y)
+        scores = one.validation_scores_
+        assert one.fit_result_.diagnostics["validation_folds"] == 1.0
+        assert one.best_validation_score_ == max(scores)
+        iterations = [int(i) for i in one.fit_result_.state["val_iteration"]]
+        assert one.best_iteration_ == iterations[scores.index(max(scores))]
+        if refit:
+            assert one.n_iter_ == one.best_iteration_
+        else:  # the fit kept its best validation iterate: val_nll in history_, as MLPClassifier
+            nll = [h["val_nll"] for h in one.history_ if "val_nll" in h]
+            assert len(nll) == len(one.history_)
+            assert scores == [-v for v in nll]
+            best = one.history_[scores.index(one.best_validation_score_)]
+            assert one.best_iteration_ == int(best["iteration"])
     plain = GPClassifier(method="laplace", max_iter=3).fit(X, y)
     assert plain.best_iteration_ is None and plain.validation_scores_ is None
     assert plain.best_validation_score_ is None

@@ -127,17 +127,34 @@ class Standardizer:
         self.with_mean = with_mean
         self.with_std = with_std
 
-    def fit(self, X: Array) -> Standardizer:
-        """Fit ``mean_ [D]`` and ``scale_ [D]`` (population std) on ``X [N, D]``."""
+    def fit(self, X: Array, sample_weight: Array | None = None) -> Standardizer:
+        """Fit ``mean_ [D]`` and ``scale_ [D]`` (population std) on ``X [N, D]``.
+
+        ``sample_weight [N]`` (non-negative, not all zero): the weighted mean and population
+        std, so that a row of integer weight ``k`` counts as the row repeated ``k`` times (as
+        an estimator's ``sample_weight`` does)."""
         X = _as_2d(X, "X")
         if X.shape[0] < 1:
             raise InputError("cannot fit a Standardizer on zero rows")
+        w = None
+        if sample_weight is not None:
+            w = np.asarray(sample_weight, dtype=np.float64).reshape(-1)
+            if w.shape[0] != X.shape[0]:
+                raise InputError(f"sample_weight has {w.shape[0]} entries for {X.shape[0]} rows")
+            if not (np.all(np.isfinite(w)) and np.all(w >= 0) and w.sum() > 0):
+                raise InputError("sample_weight must be finite, non-negative and not all zero")
+            if np.all(w == w[0]):
+                w = None  # equal weights: the plain statistics, bit for bit
         d = X.shape[1]
-        self.mean_ = X.mean(axis=0) if self.with_mean else np.zeros(d)
+        mean = X.mean(axis=0) if w is None else np.average(X, axis=0, weights=w)
+        self.mean_ = mean if self.with_mean else np.zeros(d)
         scale = np.ones(d)
         if self.with_std:
-            std = X.std(axis=0)
-            constant = np.ptp(X, axis=0) == 0
+            if w is None:
+                std = X.std(axis=0)
+            else:
+                std = np.sqrt(np.average((X - mean) ** 2, axis=0, weights=w))
+            constant = np.ptp(X if w is None else X[w > 0], axis=0) == 0
             scale = np.where(constant | (std == 0), 1.0, std)
         self.scale_ = scale
         return self

@@ -15,7 +15,7 @@ pip requirements are given explicitly (the core's and the method plugin's distri
 their numerical dependencies), which spares MLflow the subprocess that infers them and keeps
 the cost of logging a model to a fraction of a second. ``cloudpickle`` serialises the estimator
 (MLflow's ``skops`` format would need every gpinfer class declared as trusted). Loading a
-cloudpickle runs code of whoever logged it: the same estimator is also logged without pickle
+cloudpickle runs code of whoever logged it: the same model is also logged without pickle
 (``safe_model``, the artifact ``model_skops/model.skops``) for models from others.
 
 ``log_datasets`` records the training and test arrays as dataset inputs (``training`` and

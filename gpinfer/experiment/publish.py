@@ -6,7 +6,8 @@
 * the learned hyper-parameters as metrics (``learned.*``, ``gpinfer.experiment.learned``);
 * the model as the MLflow model ``model`` (``model_logging.log_estimator``, a cloudpickle): the
   run's ``model_logging.deployable_model``, which takes raw features; and, not pickled, the
-  fitted estimator as the artifact ``model_skops/model.skops`` (``safe_model.log_skops``);
+  same model as the artifact ``model_skops/model.skops`` (``safe_model.log_skops``; the same
+  probabilities on raw features);
 * the training and test data as dataset inputs (``model_logging.log_datasets``);
 * the figures under ``plots/`` (``figures``), drawn by a separate process while the model and
   the datasets are logged (``render.FigureJob``), then uploaded.
@@ -55,7 +56,8 @@ def publish_run(
 
     ``data``: ``(X_train [N, D], y_train [N], X_test [N*, D], y_test [N*])`` as the estimator
     saw them (standardised inputs; class indices for a classifier). ``model``: what is logged
-    as the MLflow model (default: ``estimator``), ``model_example [n, D]``: rows of its inputs
+    as the MLflow model and as the skops model (default: ``estimator``), ``model_example
+    [n, D]``: rows of its inputs
     (default: ``X_train``). ``P_test [N*, C]``: a classifier's test probabilities when already
     computed (default: ``estimator.predict_proba(X_test)``).
     """
@@ -92,12 +94,13 @@ def publish_run(
     plots = bool(settings.get("log_plots", True))
     part("hyper-parameters", True, hyper)
     job = part("plots", plots, figures)  # drawn meanwhile by another process
+    deployable = estimator if model is None else model
     part("model", bool(settings.get("log_model", True)),
-         lambda: log_estimator(logger, estimator if model is None else model,
+         lambda: log_estimator(logger, deployable,
                                X_train if model_example is None else model_example,
                                plugin_distribution(method)[0]))
-    part("skops model", bool(settings.get("log_model", True)),  # the model without pickle
-         lambda: log_skops(logger, estimator, out_dir))
+    part("skops model", bool(settings.get("log_model", True)),  # the same model without pickle
+         lambda: log_skops(logger, deployable, out_dir))
     part("datasets", bool(settings.get("log_datasets", True)),
          lambda: log_datasets(logger, dataset, X_train, y_train, X_test, y_test))
     part("plots", job is not None, lambda: job.finish(logger))

@@ -4,9 +4,10 @@
 ``collect_experiment(name, uri)`` reads the runs of an MLflow experiment. A sweep folder also
 holds ``rejected/<job>.json`` for each job stopped before its run (bad option, method and data
 that do not fit; written by ``gpinfer-run``, ``write_rejected``; the job's folder is removed)
-and ``sweep.json`` (the planned jobs, written by gpinfer's sweeper; ``read_plan``). ``summarise`` groups the FINISHED runs by method
-and dataset, and by kernel and M when those vary among the runs, and gives per group the number
-of runs (and of failed and rejected ones) and the mean and standard error (``std / sqrt(n)``,
+and ``sweep.json`` (the planned jobs, written by gpinfer's sweeper; ``read_plan``).
+``summarise`` groups the FINISHED runs by method and dataset, and by kernel and M when those
+vary among the runs, and gives per group the number of runs (and of failed and rejected ones)
+and the mean and standard error (``std / sqrt(n)``,
 ``ddof = 1``; none for a single run) of the test error (test RMSE for regression), the test NLL
 and the training time.
 

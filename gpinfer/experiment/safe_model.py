@@ -4,19 +4,23 @@
 cloudpickle: loading it (``mlflow.sklearn.load_model``, ``mlflow.pyfunc.load_model``) runs
 whatever code the file says, with the rights of whoever loads it. Load such a model only from a
 store whose writers you trust. For everyone else each run also logs the artifact
-``model_skops/model.skops`` (``log_skops``): the same fitted estimator in scikit-learn's
-``skops`` format, which stores arrays as ``.npy`` (never pickled) and the objects as a tree
-of type names and values. ``load_skops`` rebuilds only the classes of gpinfer and of its
-registered plugins (code installed here, not taken from the file) and refuses a file naming
-any other type unless the caller trusts it by name::
+``model_skops/model.skops`` (``log_skops``): the same deployable model as ``model``
+(``model_logging.deployable_model``: a scikit-learn ``Pipeline`` that standardises the raw
+features, then the fitted estimator) in scikit-learn's ``skops`` format, which stores arrays
+as ``.npy`` (never pickled) and the objects as a tree of type names and values.
+``load_skops`` rebuilds only the classes of gpinfer and of its registered plugins (code
+installed here, not taken from the file), the scikit-learn types of that pipeline
+(``DEPLOYABLE_TYPES``) and what skops trusts by default, and refuses a file naming any other
+type unless the caller trusts it by name::
 
     from mlflow.artifacts import download_artifacts
     from gpinfer.experiment.safe_model import load_skops
 
     path = download_artifacts(run_id=run_id, artifact_path="model_skops/model.skops")
-    estimator = load_skops(path)          # predict_proba gives the run's probabilities
+    model = load_skops(path)              # predict_proba(X_raw): the MLflow model's probabilities
 
-``save_skops`` / ``load_skops`` work on any fitted ``GPClassifier`` / ``GPRegressor``.
+``save_skops`` / ``load_skops`` work on any fitted ``GPClassifier`` / ``GPRegressor`` and on
+such a pipeline.
 """
 
 from __future__ import annotations
@@ -31,12 +35,21 @@ from gpinfer.errors import InputError
 if TYPE_CHECKING:
     from gpinfer.experiment.tracking import RunLogger
 
-__all__ = ["SKOPS_DIR", "SKOPS_FILE", "gpinfer_packages", "load_skops", "log_skops",
-           "save_skops"]
+__all__ = ["DEPLOYABLE_TYPES", "SKOPS_DIR", "SKOPS_FILE", "gpinfer_packages", "load_skops",
+           "log_skops", "save_skops"]
 
 #: the artifact ``<SKOPS_DIR>/<SKOPS_FILE>`` of every run with ``mlflow.log_model=true``
 SKOPS_DIR = "model_skops"
 SKOPS_FILE = "model.skops"
+
+#: scikit-learn's types in a run's deployable model (``model_logging.deployable_model``: the
+#: pipeline, its standardising step, a regressor's target scaling), trusted by ``load_skops``
+#: whatever skops trusts by default; plain data-holding estimators without user code
+DEPLOYABLE_TYPES = frozenset({
+    "sklearn.pipeline.Pipeline",
+    "sklearn.preprocessing._data.StandardScaler",
+    "sklearn.compose._target.TransformedTargetRegressor",
+})
 
 
 def save_skops(estimator: Any, path: str | os.PathLike[str]) -> Path:
@@ -67,8 +80,9 @@ def _own(type_name: str, packages: Iterable[str]) -> bool:
 def load_skops(path: str | os.PathLike[str], trusted: Sequence[str] = ()) -> Any:
     """The estimator saved by ``save_skops``, rebuilt without pickle.
 
-    The classes of gpinfer and its registered plugins are rebuilt (besides what skops trusts
-    by default: numpy, scipy, scikit-learn and builtin containers); any other type the file
+    The classes of gpinfer and its registered plugins and the scikit-learn types of a run's
+    deployable model (``DEPLOYABLE_TYPES``) are rebuilt (besides what skops trusts by default:
+    numpy, scipy, scikit-learn's estimators and builtin containers); any other type the file
     names must be listed in ``trusted`` (full names, e.g. ``"mymodule.MyKernel"``), else
     ``InputError`` lists them.
     """
@@ -81,7 +95,8 @@ def load_skops(path: str | os.PathLike[str], trusted: Sequence[str] = ()) -> Any
         raise InputError(f"{str(path)!r} is not a readable .skops file: "
                          f"{type(exc).__name__}: {exc}") from exc
     packages = gpinfer_packages()
-    foreign = sorted(t for t in named if not _own(t, packages) and t not in set(trusted))
+    allowed = DEPLOYABLE_TYPES | set(trusted)
+    foreign = sorted(t for t in named if not _own(t, packages) and t not in allowed)
     if foreign:
         raise InputError(
             f"{str(path)!r} names types that are neither gpinfer's nor trusted: "
@@ -90,9 +105,10 @@ def load_skops(path: str | os.PathLike[str], trusted: Sequence[str] = ()) -> Any
     return sio.load(path, trusted=list(named))
 
 
-def log_skops(logger: RunLogger, estimator: Any, out_dir: str | os.PathLike[str]) -> str:
-    """Save ``estimator`` as ``<out_dir>/model.skops`` and log it as the run's artifact
-    ``model_skops/model.skops``; returns that artifact path."""
-    path = save_skops(estimator, Path(out_dir) / SKOPS_FILE)
+def log_skops(logger: RunLogger, model: Any, out_dir: str | os.PathLike[str]) -> str:
+    """Save ``model`` (the run's deployable model, or a bare fitted estimator) as
+    ``<out_dir>/model.skops`` and log it as the run's artifact ``model_skops/model.skops``;
+    returns that artifact path."""
+    path = save_skops(model, Path(out_dir) / SKOPS_FILE)
     logger.log_artifact(path, artifact_path=SKOPS_DIR)
     return f"{SKOPS_DIR}/{SKOPS_FILE}"

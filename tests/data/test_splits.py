@@ -91,3 +91,22 @@ def test_standardizer_constant_columns_and_errors():
         st.transform(np.zeros((2, 3)))
     raw = Standardizer(with_mean=False).fit(X)
     np.testing.assert_array_equal(raw.mean_, 0.0)
+
+
+def test_standardizer_weights_are_repeated_rows():
+    """``sample_weight``: integer weight k gives the statistics of the row repeated k times;
+    rows of weight zero do not count (not even for the constant-column test)."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(9, 3)) * [1.0, 5.0, 0.1]
+    w = rng.integers(1, 4, size=9)
+    st = Standardizer().fit(X, sample_weight=w)
+    ref = Standardizer().fit(X.repeat(w, axis=0))
+    np.testing.assert_allclose(st.mean_, ref.mean_, rtol=1e-12)
+    np.testing.assert_allclose(st.scale_, ref.scale_, rtol=1e-12)
+    Xc = np.column_stack([np.r_[np.full(4, 2.0), 7.0], np.arange(5.0)])
+    zero = Standardizer().fit(Xc, sample_weight=[1.0, 2.0, 1.0, 1.0, 0.0])
+    assert zero.mean_[0] == 2.0 and zero.scale_[0] == 1.0
+    with pytest.raises(InputError, match="sample_weight has 2 entries for 5 rows"):
+        Standardizer().fit(Xc, sample_weight=[1.0, 2.0])
+    with pytest.raises(InputError, match="non-negative"):
+        Standardizer().fit(Xc, sample_weight=[1.0, -2.0, 1.0, 1.0, 1.0])

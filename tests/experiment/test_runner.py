@@ -335,14 +335,20 @@ def test_dataset_configs_load_and_split(
     assert np.unique(split.y_train).tolist() == list(range(n_classes))
 
 
-def test_early_stopping_counts_and_metrics(tmp_path: Path, store_uri: str) -> None:
-    """With a validation part, n_train is the count trained on, and the run records whether
+@pytest.mark.parametrize("refit", [True, False])
+def test_early_stopping_counts_and_metrics(tmp_path: Path, store_uri: str, refit: bool) -> None:
+    """With a validation part, n_train is the count the fitted model was trained on: all the
+    training rows after a refit (the default; n_validation 0), the rows less the held-out fifth
+    of each class without one. The run records (result.json and MLflow's final metrics) whether
     training stopped early, at which iteration the best validation NLL was and its score."""
     cfg = store_cfg(store_uri, "method.name=toygp", "iterations=30", "seed=3",
-                    "validation_fraction=0.2", "n_iter_no_change=2")
+                    "validation_fraction=0.2", "n_iter_no_change=2", f"refit={str(refit).lower()}")
     result = run_experiment(cfg, output_dir=tmp_path / "run")
-    held_out = 512 - result["n_train"]  # 512 training rows, a fifth of each class held out
-    assert 0.19 * 512 < held_out < 0.21 * 512
+    held_out = 512 - result["n_train"]  # 512 training rows
+    if refit:
+        assert held_out == 0
+    else:  # a fifth of each class held out
+        assert 0.19 * 512 < held_out < 0.21 * 512
     # the toy posterior never changes: the first check is the best, two more stop training
     assert result["stopped_early"] == 1.0 and result["best_val_iteration"] == 1.0
     assert result["best_validation_score"] == pytest.approx(-result["best_val_nll"])
@@ -352,3 +358,5 @@ def test_early_stopping_counts_and_metrics(tmp_path: Path, store_uri: str) -> No
     assert params["data.n_validation"] == str(held_out)
     assert metrics["stopped_early"] == 1.0 and metrics["best_val_iteration"] == 1.0
     assert metrics["best_validation_score"] == pytest.approx(result["best_validation_score"])
+    saved = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert saved["n_train"] == result["n_train"] and saved["stopped_early"] == 1.0

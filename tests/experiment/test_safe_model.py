@@ -1,5 +1,6 @@
-"""The fitted model without pickle: ``model_skops/model.skops`` loads back with the same
-probabilities, and a file naming foreign types is refused unless they are trusted."""
+"""The fitted model without pickle: ``model_skops/model.skops`` is the run's deployable model
+(the pipeline on raw features) and loads back with the MLflow model's probabilities, and a file
+naming foreign types is refused unless they are trusted."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from gpinfer.errors import InputError
 from gpinfer.experiment.runner import run_experiment
 from gpinfer.experiment.safe_model import (
+    DEPLOYABLE_TYPES,
     SKOPS_DIR,
     SKOPS_FILE,
     gpinfer_packages,
@@ -63,9 +65,27 @@ def test_foreign_types_are_refused_unless_trusted(tmp_path: Path) -> None:
         load_skops(tmp_path / "bad.skops")
 
 
+def test_the_deployable_pipelines_types_are_trusted_and_foreign_steps_still_refused(
+        tmp_path: Path) -> None:
+    from sklearn.compose import TransformedTargetRegressor
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    assert {f"{c.__module__}.{c.__qualname__}"
+            for c in (Pipeline, StandardScaler, TransformedTargetRegressor)} == DEPLOYABLE_TYPES
+    X = np.random.default_rng(1).standard_normal((30, 3)) * 5 + 2
+    pipe = Pipeline([("standardize", StandardScaler().fit(X)), ("model", "passthrough")])
+    assert np.array_equal(load_skops(save_skops(pipe, tmp_path / "p.skops")).transform(X),
+                          pipe.transform(X))
+    foreign = Pipeline([("standardize", StandardScaler().fit(X)), ("model", Foreign())])
+    with pytest.raises(InputError, match=f"{Foreign.__module__}.Foreign"):
+        load_skops(save_skops(foreign, tmp_path / "f.skops"))
+
+
 def test_a_run_logs_the_skops_model_next_to_the_pickled_one(tmp_path: Path,
                                                             store_uri: str) -> None:
     from mlflow.artifacts import download_artifacts
+    from sklearn.datasets import load_breast_cancer
 
     cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "mlflow.experiment=skops",
                       "method.name=toysparse", "method.likelihood=null", "M=5",
@@ -74,7 +94,12 @@ def test_a_run_logs_the_skops_model_next_to_the_pickled_one(tmp_path: Path,
     run_id = result["mlflow_run_id"]
     local = download_artifacts(run_id=run_id, artifact_path=f"{SKOPS_DIR}/{SKOPS_FILE}",
                                tracking_uri=store_uri, dst_path=str(tmp_path / "dl"))
-    safe = load_skops(local)
+    safe = load_skops(local)  # the deployable pipeline: standardise, then the classifier
     pickled, _ = load_logged_model(run_id, store_uri)
+    assert [name for name, _ in safe.steps] == [name for name, _ in pickled.steps]
+    assert type(safe.steps[-1][1]) is type(pickled.steps[-1][1])
+    raw = load_breast_cancer().data[:20]  # raw features, as the MLflow model takes them
+    assert raw.shape[1] == result["n_features"]
+    assert np.array_equal(safe.predict_proba(raw), pickled.predict_proba(raw))
     X = np.random.default_rng(0).standard_normal((20, result["n_features"]))
     assert np.array_equal(safe.predict_proba(X), pickled.predict_proba(X))

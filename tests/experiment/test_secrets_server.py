@@ -34,7 +34,7 @@ def test_no_secret_anywhere(tmp_path: Path) -> None:
     assert "iterations must be >= 1" in steps["failing run"].stderr, details
     assert "Error executing job with overrides" in steps["failing run"].stderr, details
     assert steps["multirun"].returncode == 0, details
-    assert "Sweep report (2 runs)" in steps["multirun"].stdout, details
+    assert "Sweep report (2 finished of 2 job(s)): " in steps["multirun"].stdout, details
     assert steps["report"].returncode == 0, details
     assert "logged to MLflow as run" in steps["report"].stdout, details
     stale = steps["end-stale-runs"]

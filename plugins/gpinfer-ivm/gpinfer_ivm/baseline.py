@@ -159,8 +159,11 @@ def run_baseline(
         raise InputError(f"class(es) {np.flatnonzero(counts == 0).tolist()} have no points")
     rep = BaselineRepresentation(kernels, X)
     perm = rng.permutation(n)
-    for c in range(C):
-        j = int(perm[np.flatnonzero(y[perm] == c)[0]])
+    # each class's first point in the random order, included in that order (not in the order
+    # of the class indices): renaming the classes then renames the representation exactly
+    _, first = np.unique(y[perm], return_index=True)  # each class's first position in perm
+    for j in perm[np.sort(first)]:
+        j, c = int(j), int(y[j])
         score, pi, h_hat = baseline_scores(rep, y, beta, order)
         if pi[j, c] > 0:
             rep.include(j, c, float(pi[j, c]), float(h_hat[j, c]))
