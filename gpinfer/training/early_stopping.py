@@ -55,6 +55,7 @@ from typing import cast
 import numpy as np
 
 from gpinfer.errors import InputError
+from gpinfer.fit_guard import mean_nll as guard_mean_nll
 from gpinfer.fit_guard import posterior_kernel
 from gpinfer.interfaces import Array, FitCallback, FitResult, IterationInfo
 from gpinfer.posterior import Posterior
@@ -208,8 +209,9 @@ def validation_splits(y: Array, settings: EarlyStopping, rng: np.random.Generato
 
 
 def mean_nll(X: Array, y: Array) -> Callable[[Posterior], float]:
-    """The mean negative log predictive density of a posterior on ``X [V, D]``, ``y [V]``."""
-    return lambda posterior: -float(np.mean(posterior.log_predictive(X, y)))
+    """The mean negative log predictive density of a posterior on ``X [V, D]``, ``y [V]``
+    (``fit_guard.mean_nll`` at fixed rows)."""
+    return lambda posterior: guard_mean_nll(posterior, X, y)
 
 
 def renumbered(callback: FitCallback | None, offset: int, tag: str) -> FitCallback | None:

@@ -69,7 +69,10 @@ def test_a_dropped_interrupt_is_raised_at_the_next_release(installed) -> None:
 
 
 def test_no_op_without_install() -> None:
+    """Without ``install`` the SIGINT handler is Python's own before and after every call."""
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     interrupts.release()
     with interrupts.deferred():
-        pass
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     interrupts.uninstall()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
