@@ -29,9 +29,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import MutableMapping
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
-from gpinfer.experiment.redact import redact_uri
+from gpinfer.experiment.redact import redact_uri, strip_uri
 
 __all__ = [
     "PASSWORD_ENV", "SECRET_URI_ENV", "TOKEN_ENV", "USERNAME_ENV", "protect_command_line",
@@ -56,32 +56,23 @@ def split_credentials(uri: str) -> tuple[str, dict[str, str]]:
     """``(uri without credentials, MLflow's environment variables holding them)`` for an
     http(s) URI; any other URI comes back unchanged with no variables."""
     try:
-        parts = urlsplit(uri)
+        scheme = urlsplit(uri).scheme.lower()
+        clean, userinfo, tokens = strip_uri(uri, _TOKEN_KEYS)
     except ValueError:
         return uri, {}
-    if parts.scheme.lower() not in ("http", "https"):
+    if scheme not in ("http", "https"):
         return uri, {}
     env: dict[str, str] = {}
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, netloc = netloc.rpartition("@")
-        user, has_password, password = userinfo.partition(":")
-        if user:
-            env[USERNAME_ENV] = unquote(user)
-        if has_password:
-            env[PASSWORD_ENV] = unquote(password)
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        kept = [(k, v) for k, v in pairs if k.lower() not in _TOKEN_KEYS]
-        for k, v in pairs:
-            if k.lower() in _TOKEN_KEYS:
-                env[TOKEN_ENV] = v
-        if len(kept) != len(pairs):
-            query = urlencode(kept)
+    user, has_password, password = userinfo.partition(":")
+    if user:
+        env[USERNAME_ENV] = unquote(user)
+    if has_password:
+        env[PASSWORD_ENV] = unquote(password)
+    for _, value in tokens:
+        env[TOKEN_ENV] = value
     if not env:
         return uri, {}
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment)), env
+    return clean, env
 
 
 def take_credentials(uri: str, environ: MutableMapping[str, str] | None = None) -> str:

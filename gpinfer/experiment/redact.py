@@ -10,6 +10,7 @@ given. To keep credentials out of the URI altogether, MLflow reads
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -19,6 +20,21 @@ __all__ = ["SECRET_QUERY_KEYS", "redact_text", "redact_uri", "redact_urls", "scr
 #: query parameters that hold secrets (compared lower-case)
 SECRET_QUERY_KEYS = frozenset({"password", "passwd", "pwd", "token", "access_token", "secret",
                                "api_key", "apikey", "key"})
+
+
+def strip_uri(uri: str, query_keys: Collection[str]) -> tuple[str, str, list[tuple[str, str]]]:
+    """``(uri without its user info and without the query parameters whose lower-cased name is in
+    query_keys, the user info removed, the removed (name, value) pairs)``; ``uri`` itself when
+    nothing is removed. ``ValueError`` for a URI whose authority does not parse."""
+    parts = urlsplit(uri)
+    userinfo, _, netloc = parts.netloc.rpartition("@")
+    pairs = parse_qsl(parts.query, keep_blank_values=True) if parts.query else []
+    removed = [(k, v) for k, v in pairs if k.lower() in query_keys]
+    if netloc == parts.netloc and not removed:
+        return uri, "", []
+    query = urlencode([(k, v) for k, v in pairs if k.lower() not in query_keys]) if removed \
+        else parts.query
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment)), userinfo, removed
 
 
 def redact_uri(uri: str | None) -> str | None:
@@ -32,19 +48,9 @@ def redact_uri(uri: str | None) -> str | None:
     if not uri or "://" not in uri:
         return uri
     try:
-        parts = urlsplit(uri)
+        return strip_uri(uri, SECRET_QUERY_KEYS)[0]
     except ValueError:  # a malformed authority: keep only the scheme
         return uri.split("://", 1)[0] + "://<redacted>"
-    netloc = parts.netloc.rpartition("@")[2]
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        kept = [(k, v) for k, v in pairs if k.lower() not in SECRET_QUERY_KEYS]
-        if len(kept) != len(pairs):
-            query = urlencode(kept)
-    if netloc == parts.netloc and query == parts.query:
-        return uri
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def redact_text(text: str, uri: str | None) -> str:
