@@ -91,7 +91,8 @@ class PowerEP(Method):
     outer schedule; ``"full"`` (default) reaches the fixed point of the power step, spec
     §2.6, in about ``1 / alpha`` times fewer sweeps; ``None``: the ``site_step`` option),
     ``stop_window`` and ``stop_tol`` (L-BFGS-B: stop once the objective has
-    gained less than ``stop_tol`` nats over the last ``stop_window`` iterations; ``None``: off).
+    gained less than ``stop_tol`` nats over the last ``stop_window`` iterations (default 0.1
+    over 10); ``None``: off, run to ``max_iter``).
     """
 
     name: ClassVar[str] = "pep"
