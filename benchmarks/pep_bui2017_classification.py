@@ -58,7 +58,7 @@ def run_one(name: str, split: int, M: int, alpha: float, args) -> dict:
         likelihood="probit", batch_size=min(args.batch, Xtr.shape[0]), random_state=split,
         method_options={"alpha": alpha, "n_sweeps": args.n_sweeps, "epochs": args.epochs,
                         "learning_rate": args.lr, "init_lengthscale": "median",
-                        "quadrature": args.quadrature},
+                        "quadrature": args.quadrature, "tol": 1e-6},
     )
     t, cpu = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():

@@ -146,10 +146,10 @@ def _argmax_mode(d: Array, rho: Array) -> Array:
     return t
 
 
-def _argmax_block(
-    d: Array, rho: Array, sd_y: Array, sd_o: Array, center: Array, step: float
-) -> tuple[Array, Array, Array, Array, Array]:
-    """Trapezoid sums for rows sharing one ``step``; returns log P and derivative pieces."""
+def _argmax_nodes(d: Array, rho: Array, center: Array, step: float
+                  ) -> tuple[Array, Array, Array, Array]:
+    """Trapezoid nodes ``t [b, n]``, ``z = d + rho t [b, n, K]`` and log integrand ``lam
+    [b, n]`` for rows sharing one ``step``, and ``log P [b]``."""
     xp = ops.namespace(d)
     half = int(round(settings.ARGMAX_WINDOW / step))
     offsets_host = step * np.arange(-half, half + 1)  # [n]
@@ -159,7 +159,15 @@ def _argmax_block(
     t = center[:, None] + offsets  # [b, n]
     z = d[:, None, :] + rho[:, None, :] * t[:, :, None]  # [b, n, K]
     lam = log_w + log_phi(t) + xp.sum(ops.log_ndtr(z), axis=2)  # [b, n]
-    log_p = ops.logsumexp(lam, 1)
+    return t, z, lam, ops.logsumexp(lam, 1)
+
+
+def _argmax_block(
+    d: Array, rho: Array, sd_y: Array, sd_o: Array, center: Array, step: float
+) -> tuple[Array, Array, Array, Array, Array]:
+    """Trapezoid sums for rows sharing one ``step``; returns log P and derivative pieces."""
+    xp = ops.namespace(d)
+    t, z, lam, log_p = _argmax_nodes(d, rho, center, step)
     pi = xp.exp(lam - log_p[:, None])
     A = inv_mills(z) / sd_o[:, None, :]  # r_k / sd_k, [b, n, K]
     dmean_o = -(pi[:, None, :] @ A)[:, 0]
@@ -199,6 +207,48 @@ def label_contrasts(mean: Array, var: Array, y: Array) -> LabelContrasts:
     return LabelContrasts(others, sd_y, sd_o, d, sd_y[:, None] / sd_o)
 
 
+def _argmax_plan(mean: Array, var: Array, y: Array
+                 ) -> tuple[Array, LabelContrasts, Array, list[tuple[Array, Array, float, Array]]]:
+    """The quadrature plan shared by ``argmax_probability`` and ``argmax_log_probability``:
+    the row indices, the label contrasts, and per refinement level (its rows on the host, on
+    ``mean``'s device, its step and the rows' node centres)."""
+    if ops.is_numpy(mean) or not ops.is_array(mean):
+        mean, var = np.asarray(mean, dtype=float), np.asarray(var, dtype=float)
+    xp = ops.namespace(mean, var)
+    y = ops.index_like(mean, y) if ops.is_numpy(y) or not ops.is_array(y) else y
+    rows = ops.index_like(mean, np.arange(mean.shape[0]))
+    contrasts = label_contrasts(mean, var, y)
+    with np.errstate(divide="ignore"):  # the refinement level of each row, on the host
+        j = np.ceil(np.log2(ops.to_host(xp.max(contrasts.rho, axis=1))))
+    j = np.clip(j, 0, settings.ARGMAX_MAX_REFINEMENTS).astype(int)
+    mode = _argmax_mode(contrasts.d, contrasts.rho)
+    levels = []
+    for level in np.unique(j):
+        step = settings.ARGMAX_BASE_STEP * 2.0 ** (-int(level))
+        idx_host = np.flatnonzero(j == level)
+        idx = ops.index_like(mean, idx_host)
+        levels.append((idx_host, idx, step, xp.round(mode[idx] / step) * step))
+    return rows, contrasts, y, levels
+
+
+def _chunks(idx_host: Array, step: float, C: int) -> list[slice]:
+    n_nodes = 2 * int(round(settings.ARGMAX_WINDOW / step)) + 1
+    return list(chunk_slices(idx_host.size, 6 * n_nodes * (C - 1)))
+
+
+def argmax_log_probability(mean: Array, var: Array, y: Array) -> Array:
+    """``log P(f_y > f_k, all k != y)`` ``[B]`` alone: ``argmax_probability``'s rule without
+    its derivatives (prediction needs none; half the work)."""
+    rows, c, y, levels = _argmax_plan(mean, var, y)
+    xp = ops.namespace(c.d)
+    log_p = ops.zeros(c.d, (c.d.shape[0],))
+    for idx_host, idx, step, center in levels:
+        for sl in _chunks(idx_host, step, c.d.shape[1] + 1):
+            ii = idx[sl]
+            log_p[ii] = _argmax_nodes(c.d[ii], c.rho[ii], center[sl], step)[3]
+    return xp.clip(log_p, max=0.0)
+
+
 def argmax_probability(mean: Array, var: Array, y: Array) -> ArgmaxProbability:
     """``log P(f_y > f_k, all k != y)``, ``f_c ~ N(mean_c, var_c)`` independent, and derivatives.
 
@@ -210,39 +260,25 @@ def argmax_probability(mean: Array, var: Array, y: Array) -> ArgmaxProbability:
     to a multiple of the step). Accuracy ~1e-13 for standard-deviation ratios up to ``2^8`` and
     variance ratios up to ~1e6 (spec ep-sep §2.10); beyond, it degrades gracefully.
     """
-    if ops.is_numpy(mean) or not ops.is_array(mean):
-        mean, var = np.asarray(mean, dtype=float), np.asarray(var, dtype=float)
-    xp = ops.namespace(mean, var)
-    y = ops.index_like(mean, y) if ops.is_numpy(y) or not ops.is_array(y) else y
-    B, C = mean.shape
-    rows = ops.index_like(mean, np.arange(B))
-    others, sd_y, sd_o, d, rho = label_contrasts(mean, var, y)
-    with np.errstate(divide="ignore"):  # the refinement level of each row, on the host
-        j = np.ceil(np.log2(ops.to_host(xp.max(rho, axis=1))))
-    j = np.clip(j, 0, settings.ARGMAX_MAX_REFINEMENTS).astype(int)
-    mode = _argmax_mode(d, rho)
-
-    log_p = ops.zeros(mean, (B,))
-    dmean_o = ops.zeros(mean, (B, C - 1))
-    dvar_o = ops.zeros(mean, (B, C - 1))
-    dmean_y = ops.zeros(mean, (B,))
-    dvar_y = ops.zeros(mean, (B,))
-    for level in np.unique(j):
-        step = settings.ARGMAX_BASE_STEP * 2.0 ** (-int(level))
-        idx_host = np.flatnonzero(j == level)
-        idx = ops.index_like(mean, idx_host)
-        n_nodes = 2 * int(round(settings.ARGMAX_WINDOW / step)) + 1
-        center = xp.round(mode[idx] / step) * step
-        for sl in chunk_slices(idx_host.size, 6 * n_nodes * (C - 1)):
+    rows, c, y, levels = _argmax_plan(mean, var, y)
+    xp = ops.namespace(c.d)
+    B, C = c.others.shape
+    log_p = ops.zeros(c.d, (B,))
+    dmean_o = ops.zeros(c.d, (B, C - 1))
+    dvar_o = ops.zeros(c.d, (B, C - 1))
+    dmean_y = ops.zeros(c.d, (B,))
+    dvar_y = ops.zeros(c.d, (B,))
+    for idx_host, idx, step, center in levels:
+        for sl in _chunks(idx_host, step, C):
             ii = idx[sl]
-            out = _argmax_block(d[ii], rho[ii], sd_y[ii], sd_o[ii], center[sl], step)
+            out = _argmax_block(c.d[ii], c.rho[ii], c.sd_y[ii], c.sd_o[ii], center[sl], step)
             log_p[ii], dmean_o[ii], dvar_o[ii], dmean_y[ii], dvar_y[ii] = out
 
     log_p = xp.clip(log_p, max=0.0)  # a probability: remove rounding above one
-    dmean = ops.zeros(mean, (B, C))
-    dvar = ops.zeros(mean, (B, C))
-    dmean[others] = xp.reshape(dmean_o, (-1,))
-    dvar[others] = xp.reshape(dvar_o, (-1,))
+    dmean = ops.zeros(c.d, (B, C))
+    dvar = ops.zeros(c.d, (B, C))
+    dmean[c.others] = xp.reshape(dmean_o, (-1,))
+    dvar[c.others] = xp.reshape(dvar_o, (-1,))
     dmean[rows, y] = dmean_y
     dvar[rows, y] = dvar_y
     return ArgmaxProbability(log_p, dmean, dvar)
@@ -452,7 +488,7 @@ class ArgmaxNoise(MulticlassLikelihood):
     def _log_prob(self, y: Array, F: Array) -> Array:
         N, C = F.shape
         if self._noisy(C):
-            return argmax_probability(F, np.broadcast_to(self._noise(C), F.shape), y).log_p
+            return argmax_log_probability(F, np.broadcast_to(self._noise(C), F.shape), y)
         others = F.copy()
         others[np.arange(N), y] = -np.inf
         return np.where(F[np.arange(N), y] > others.max(axis=1), 0.0, -np.inf)
@@ -485,7 +521,7 @@ class ArgmaxNoise(MulticlassLikelihood):
         xp = ops.namespace(mean, var)
         total = var + ops.like(var, self._noise(C))
         return xp.stack(
-            [xp.exp(argmax_probability(mean, total, np.full(N, c)).log_p) for c in range(C)],
+            [xp.exp(argmax_log_probability(mean, total, np.full(N, c))) for c in range(C)],
             axis=1)
 
 
@@ -588,7 +624,7 @@ class RobustMax(MulticlassLikelihood):
     def _predict_proba(self, mean: Array, var: Array) -> Array:
         N, C = mean.shape
         P = np.stack(
-            [np.exp(argmax_probability(mean, var, np.full(N, c)).log_p) for c in range(C)], axis=1
+            [np.exp(argmax_log_probability(mean, var, np.full(N, c))) for c in range(C)], axis=1
         )
         return (1.0 - self.epsilon) * P + self.epsilon / C
 

@@ -35,6 +35,20 @@ from gpinfer.sites.power_tilted import check_alpha, scaled_tilted
 
 SCHEDULES = ("parallel", "sequential")
 SITE_STEPS = ("power", "full")
+#: ``RankOnePEPSites.run``: a sweep oscillates when its step ratio is below this, and the damping
+#: is cut after ``OSCILLATION_PATIENCE`` oscillating sweeps in a row, to no less than
+#: ``MIN_DAMPING_FRACTION`` of the option's
+OSCILLATION_RATIO = -0.5
+OSCILLATION_PATIENCE = 3
+MIN_DAMPING_FRACTION = 1.0 / 64.0
+
+
+def step_ratio(previous: Array, step: Array) -> float:
+    """``step``'s component along ``previous`` over ``previous``'s length (two successive
+    site steps ``[2N]``): the damped sweep's dominant Jacobian eigenvalue once one mode leads
+    (0 for a zero ``previous``)."""
+    n0 = float(previous @ previous)
+    return float(previous @ step) / n0 if n0 > 0.0 else 0.0
 
 
 def cholesky_or_raise(A: Array, name: str) -> Array:
@@ -187,6 +201,7 @@ class RankOnePEPSites:
         self.Z: Array | None = None
         self.last_change = np.inf
         self.skipped = 0
+        self.damping_cuts = 0
 
     # -- geometry and posterior --------------------------------------------------------------
     @property
@@ -350,12 +365,40 @@ class RankOnePEPSites:
         return self.last_change < self.tol
 
     def run(self, max_sweeps: int = 1000, tol: float | None = None) -> int:
-        """Sweep over all sites until the relative change is below ``tol``; returns sweeps."""
+        """Sweep over all sites until the relative change is below ``tol``; returns sweeps.
+
+        Parallel sweeps are a damped fixed-point iteration ``x <- (1 - rho) x + rho F(x)``;
+        it converges only while every eigenvalue ``mu`` of ``F``'s Jacobian exceeds
+        ``1 - 2 / rho`` (-3 at the default 0.5). Confident points under a large prior
+        variance push ``mu`` towards that limit at ``alpha = 0`` (VFE), and ``c`` identical
+        rows multiply their joint response by ``c`` (each copy reacts to the same marginal),
+        so the sweep can oscillate for thousands of sweeps. When ``OSCILLATION_PATIENCE``
+        successive steps each reverse the one before (``step_ratio`` ``r`` below
+        ``OSCILLATION_RATIO``), the damping becomes ``rho / (1 - r)``, which puts that mode's
+        eigenvalue at 0, for the rest of this run (``damping_cuts`` counts the cuts). A run
+        without such a run of reversals keeps its damping and its path.
+        """
         tol = self.tol if tol is None else tol
-        for sweep in range(1, max_sweeps + 1):
-            if self.update() < tol:
-                return sweep
-        return max_sweeps
+        rho0, previous, reversals = self.damping, None, 0
+        try:
+            for sweep in range(1, max_sweeps + 1):
+                before = np.concatenate([self.tau, self.nu])
+                if self.update() < tol:
+                    return sweep
+                after = np.concatenate([self.tau, self.nu])
+                step = (after - before) / (np.abs(after) + 1e-8)
+                ratio = 0.0 if previous is None else step_ratio(previous, step)
+                reversals = reversals + 1 if ratio < OSCILLATION_RATIO else 0
+                if reversals >= OSCILLATION_PATIENCE \
+                        and self.damping > rho0 * MIN_DAMPING_FRACTION:
+                    self.damping = max(self.damping / (1.0 - ratio),
+                                       rho0 * MIN_DAMPING_FRACTION)
+                    self.damping_cuts += 1
+                    reversals = 0
+                previous = step
+            return max_sweeps
+        finally:
+            self.damping = rho0
 
     # -- energy and gradients ----------------------------------------------------------------
     def energy(self, batch: Array | None = None, with_gradients: bool = True) -> ObjectiveValue:

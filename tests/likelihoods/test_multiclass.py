@@ -388,3 +388,16 @@ def test_bad_input(lik):
     with pytest.raises(InputError, match="power"):
         lik.tilted(Y3, MEAN3, VAR3, power=-0.5)
     assert lik.multiclass and lik.n_latent(5) == 5
+
+
+def test_argmax_log_probability_is_argmax_probability_without_derivatives():
+    """Prediction's derivative-free rule gives the same log P, bit for bit, over refinement
+    levels from 0 to the maximum (standard-deviation ratios up to e^4)."""
+    from gpinfer.likelihoods.multiclass import argmax_log_probability
+
+    rng = np.random.default_rng(0)
+    mean = 3.0 * rng.normal(size=(400, 6))
+    var = np.exp(2.0 * rng.normal(size=(400, 6)))
+    y = rng.integers(0, 6, 400)
+    np.testing.assert_array_equal(argmax_log_probability(mean, var, y),
+                                  argmax_probability(mean, var, y).log_p)

@@ -80,3 +80,43 @@ def test_energy_gradient_at_convergence_by_finite_differences():
         e[i] = h
         fd = (energy(theta0 + e).value - energy(theta0 - e).value) / (2 * h)
         assert grad[i] == pytest.approx(fd, rel=1e-4, abs=1e-6)
+
+
+def _duplicated_rows(copies: int):
+    """30 distinct standardised rows given ``copies`` times, ``Z`` the distinct rows, and the
+    kernel L-BFGS-B reached when vfe fitted them (issue 27: length-scale 2.17, variance 443)."""
+    rng = np.random.default_rng(8)
+    X = rng.normal(size=(30, 2))
+    y = (X[:, 0] + 0.3 * rng.normal(size=30) > 0).astype(int)
+    X = (X - X.mean(0)) / X.std(0)
+    kern = RBF(lengthscale=2.1737, variance=443.27)
+    return kern, np.vstack([X] * copies), np.tile(y, copies), X
+
+
+@pytest.mark.parametrize("copies", [1, 2])
+def test_vfe_parallel_sweeps_converge_on_duplicated_rows(copies):
+    """Issue 27: at alpha = 0 the undamped parallel sweep's most negative Jacobian eigenvalue
+    here is -2.69 on the distinct rows and -2.985 with every row twice (the copies respond
+    to one marginal together), against the limit 1 - 2 / rho = -3 of damping 0.5: the sweep
+    oscillated for 1519 sweeps (500 allowed per evaluation). Cutting the damping once the
+    steps keep reversing converges, to the fixed point (one undamped update moves no site)."""
+    kern, X, y, Z = _duplicated_rows(copies)
+    sites = RankOnePEPSites(PROBIT, y, 0.0, site_step="full", damping=0.5)
+    sites.set_geometry(InducingGeometry.from_kernel(kern, Z, X, 1e-8))
+    assert sites.run(500, tol=1e-9) < 500 and sites.converged
+    assert sites.damping == 0.5  # a cut lasts one run
+    assert (sites.damping_cuts > 0) == (copies == 2)
+    tau, nu, ok = sites._targets(sites.cavity(np.arange(len(y))))
+    assert ok.all()
+    np.testing.assert_allclose(tau, sites.tau, rtol=1e-7, atol=1e-12)
+    np.testing.assert_allclose(nu, sites.nu, rtol=1e-7, atol=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [0.5, 1.0])
+def test_converging_sweeps_keep_their_damping(alpha):
+    """pep and fitc converge on the duplicated rows at damping 0.5 without reversals: no cut,
+    so their paths (and every protocol number) are those of the fixed damping."""
+    kern, X, y, Z = _duplicated_rows(2)
+    sites = RankOnePEPSites(PROBIT, y, alpha, site_step="full", damping=0.5)
+    sites.set_geometry(InducingGeometry.from_kernel(kern, Z, X, 1e-8))
+    assert sites.run(500) < 500 and sites.damping_cuts == 0

@@ -91,7 +91,8 @@ class PowerEP(Method):
     outer schedule; ``"full"`` (default) reaches the fixed point of the power step, spec
     §2.6, in about ``1 / alpha`` times fewer sweeps; ``None``: the ``site_step`` option),
     ``stop_window`` and ``stop_tol`` (L-BFGS-B: stop once the objective has
-    gained less than ``stop_tol`` nats over the last ``stop_window`` iterations; ``None``: off).
+    gained less than ``stop_tol`` nats over the last ``stop_window`` iterations (default 0.1
+    over 10); ``None``: off, run to ``max_iter``).
     """
 
     name: ClassVar[str] = "pep"
@@ -110,7 +111,7 @@ class PowerEP(Method):
         "site_step": choice("power", SITE_STEPS),
         "n_sweeps": integer(10, "[1, inf)", doc="PEP sweeps per mini-batch step"),
         "max_sweeps": integer(500, "[1, inf)", doc="sweeps to convergence per evaluation"),
-        "tol": real(1e-6, "(0, inf)", doc="relative site-change tolerance"),
+        "tol": real(1e-4, "(0, inf)", doc="relative site-change tolerance"),
         "quadrature": choice("trapezoid", QUADRATURES),
         "gh_degree": integer(20, "[1, inf)"),
         "jitter": real(1e-8, "[0, inf)", doc="times the mean diagonal of Kuu"),
@@ -122,7 +123,7 @@ class PowerEP(Method):
         "epochs": integer(None, "[1, inf)", none=True, doc="mini-batch passes over the data"),
         "init_lengthscale": choice(None, (None, "median")),
         "converge_step": choice("full", (None, *SITE_STEPS)),
-        "stop_window": integer(None, "[1, inf)", none=True),
+        "stop_window": integer(10, "[1, inf)", none=True),
         "stop_tol": real(0.1, "[0, inf)", doc="nats over stop_window iterations"),
     }
     #: a fixed power for the aliases (``None``: the ``alpha`` option)
