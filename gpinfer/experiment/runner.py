@@ -654,7 +654,7 @@ def _end_stale_runs(logger: tracking.RunLogger, stream: TextIO | None) -> None:
     try:
         from gpinfer.experiment import stale_runs
 
-        ended = stale_runs.end_stale_runs(logger.client)
+        ended = tracking.store_call(stale_runs.end_stale_runs)(logger.client)
     except Exception as exc:  # a store that cannot be searched must not stop this run
         _log.warning("could not check the store for stale runs: %s",
                      store_error(exc, logger.tracking_uri))
