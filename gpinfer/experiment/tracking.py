@@ -17,6 +17,7 @@ UI's runs table and ``gpinfer report`` show) is exactly the number the run repor
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import subprocess
@@ -24,12 +25,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from urllib.parse import urlparse
 
 import numpy as np
 
 from gpinfer.errors import InputError
+from gpinfer.experiment import interrupts
 from gpinfer.experiment.redact import redact_text, redact_uri
 
 if TYPE_CHECKING:
@@ -52,6 +54,9 @@ _BATCH_PARAMS = 100
 _BATCH_TAGS = 100
 
 FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 #: tag refreshed with every metric batch: the run's process was alive then (ms since the
 #: epoch; read by ``stale_runs``)
 HEARTBEAT_TAG = "gpinfer.heartbeat"
@@ -281,6 +286,24 @@ def save_state(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray]) -
 # --------------------------------------------------------------------------------------------
 
 
+def store_call(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run ``method`` (a call into MLflow's store) with Ctrl-C deferred until it returns
+    (``interrupts.deferred``; only under ``gpinfer-run``).
+
+    A SIGINT that lands inside SQLite's or MLflow's own code surfaces there as a store error
+    (``OperationalError: interrupted``, logged by MLflow with its traceback), or leaves a run
+    created but not marked; deferred, it becomes a ``KeyboardInterrupt`` as soon as the call is
+    complete, and the run ends KILLED with one line.
+    """
+
+    @functools.wraps(method)
+    def deferring(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with interrupts.deferred():
+            return method(*args, **kwargs)
+
+    return deferring
+
+
 class RunLogger:
     """One MLflow run through ``MlflowClient``: params, tags, batched metrics, artifacts, status.
 
@@ -319,6 +342,7 @@ class RunLogger:
         self.experiment_id = self._experiment(location)
 
     # -- set-up ------------------------------------------------------------------------------
+    @store_call
     def _open_client(self) -> MlflowClient:
         from mlflow.tracking import MlflowClient
 
@@ -335,6 +359,7 @@ class RunLogger:
             ) from exc
         return client
 
+    @store_call
     def _experiment(self, artifact_location: str | None) -> str:
         try:
             with _store_lock(self.tracking_uri):
@@ -369,6 +394,7 @@ class RunLogger:
         return exp.experiment_id
 
     # -- the run -----------------------------------------------------------------------------
+    @store_call
     def start(
         self,
         run_name: str,
@@ -388,6 +414,7 @@ class RunLogger:
             self.client.log_batch(self.run_id, params=items[i : i + _BATCH_PARAMS])
         return self.run_id
 
+    @store_call
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         """Add or overwrite tags of the current run."""
         from mlflow.entities import RunTag
@@ -422,6 +449,7 @@ class RunLogger:
         ):
             self.flush()
 
+    @store_call
     def log_final(self, metrics: Mapping[str, float | None], step: int) -> None:
         """Send the run's final numbers now, each key once, after everything buffered.
 
@@ -444,6 +472,7 @@ class RunLogger:
         for i in range(0, len(final), _BATCH_METRICS):
             self.client.log_batch(run_id, metrics=final[i : i + _BATCH_METRICS])
 
+    @store_call
     def flush(self) -> None:
         """Send every buffered metric (in chunks MLflow accepts)."""
         self._last_flush = self._clock()
@@ -457,10 +486,12 @@ class RunLogger:
             self.client.log_batch(self.run_id, metrics=pending[i : i + _BATCH_METRICS],
                                   tags=beat if i == 0 else [])
 
+    @store_call
     def log_artifact(self, path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
         """Upload one local file to the run's artifacts."""
         self.client.log_artifact(self._require_run(), str(path), artifact_path=artifact_path)
 
+    @store_call
     def end(self, status: str = FINISHED) -> None:
         """Flush and mark the run ``FINISHED``, ``FAILED`` or ``KILLED``."""
         if self.run_id is None or self.status is not None:
@@ -481,12 +512,16 @@ class RunLogger:
         """Start a run and end it FINISHED, FAILED (exception) or KILLED (KeyboardInterrupt).
 
         On failure the error is recorded in the ``error`` tag; buffered metrics are flushed
-        before the status changes. Errors while closing never hide the original exception.
+        before the status changes. Errors while closing never hide the original exception. A run
+        created by a ``start`` that then fails (a Ctrl-C while its params are sent) ends the same
+        way.
         """
-        self.start(run_name, tags=tags, params=params)
         try:
+            self.start(run_name, tags=tags, params=params)
             yield self
         except BaseException as exc:
+            if self.run_id is None:  # no run was created
+                raise
             status = KILLED if isinstance(exc, KeyboardInterrupt | SystemExit) else FAILED
             try:
                 message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -506,6 +541,35 @@ class RunLogger:
         if self.run_id is None:
             raise RuntimeError("RunLogger: start() the run first")
         return self.run_id
+
+
+class AttachedRun:
+    """A run that another process created and ends (its ``RunLogger``), opened to add artifacts,
+    a model and dataset inputs: what ``publish_worker`` works on.
+
+    It offers the part of ``RunLogger`` that publishing uses (``client``, ``tracking_uri``,
+    ``experiment_id``, ``log_artifact``); the run's status is never touched here.
+    """
+
+    def __init__(self, tracking_uri: str, experiment_id: str, run_id: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.tracking_uri = tracking_uri
+        self.experiment_id = experiment_id
+        self.run_id = run_id
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+
+    def log_artifact(self, path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
+        """Upload one local file to the run's artifacts."""
+        self.client.log_artifact(self.run_id, str(path), artifact_path=artifact_path)
+
+    def _require_run(self) -> str:
+        return self.run_id
+
+
+#: where a run's model, datasets and figures are published: its own logger, or another
+#: process's handle on it
+RunTarget = RunLogger | AttachedRun
 
 
 def finite_or_none(value: Any) -> float | None:

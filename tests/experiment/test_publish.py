@@ -30,12 +30,18 @@ def _artifacts(client: MlflowClient, run_id: str, path: str | None = None) -> se
 
 
 def test_a_run_publishes_model_data_plots_and_learned_parameters(
-    tmp_path: Path, store_uri: str
+    tmp_path: Path, store_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The first run publishes through its side process, the second in-process (no spare
+    core): the same parts in both."""
+    from gpinfer.experiment import publish_worker
+
     cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "mlflow.experiment=publish",
                       "method.name=toysparse", "method.likelihood=null", "M=5",
                       "iterations=4", "eval_every=2", *PUBLISH_ON)
+    monkeypatch.setattr(publish_worker, "spare_core", lambda: True)
     result = run_experiment(cfg, output_dir=tmp_path / "a", stream=io.StringIO())
+    monkeypatch.setattr(publish_worker, "spare_core", lambda: False)
     again = run_experiment(cfg, output_dir=tmp_path / "b", stream=io.StringIO())
     client = MlflowClient(store_uri)
     run = client.get_run(result["mlflow_run_id"])
@@ -60,6 +66,10 @@ def test_a_run_publishes_model_data_plots_and_learned_parameters(
             "result.json", "state.npz"} <= arts
     for name in ("reliability.png", "training_curves.png"):
         assert (tmp_path / "a" / "plots" / name).read_bytes()[:4] == b"\x89PNG"
+    assert _artifacts(client, again["mlflow_run_id"]) == arts  # model, skops, plots, ...
+    assert "model_skops/model.skops" in arts
+    assert "publish_errors" not in client.get_run(again["mlflow_run_id"]).data.tags
+    assert "publish_errors" not in run.data.tags
 
     # the model through MLflow: a pipeline on raw features (the run's standardisation, then
     # the classifier); sklearn flavour and pyfunc agree, with signature and example
@@ -174,23 +184,47 @@ def test_learned_metrics_summarise_vectors_and_latents() -> None:
                            "learned.kernel.lengthscale.2", "learned.kernel.variance"}
 
 
-def test_figures_drawn_by_another_process_report_its_failure(tmp_path: Path) -> None:
-    """The worker draws the same PNGs as the in-process path; a worker that fails is an error
-    naming its cause (publish_run turns it into a warning and the publish_errors tag)."""
+def test_the_side_process_publishes_and_reports_each_failure(
+    tmp_path: Path, store_uri: str
+) -> None:
+    """The worker publishes what it is given to the run; a part that fails is an error naming
+    its cause, the others are published; a worker that is gone is an error for every part it
+    did not report (publish_run turns these into warnings and the publish_errors tag)."""
     from gpinfer.experiment.figures import TrainingCurve
-    from gpinfer.experiment.render import FigureJob
+    from gpinfer.experiment.publish import PublishTask
+    from gpinfer.experiment.publish_worker import PublishWorker
 
     curve = TrainingCurve()
     for i in range(5):
         curve.add(0.1 * i, -float(i), {"test_error": 0.3 - 0.01 * i} if i % 2 else None)
     rng = np.random.default_rng(0)
-    P = rng.dirichlet(np.ones(3), size=40)
-    good = FigureJob.start(tmp_path / "good", curve, "t", rng.integers(0, 3, 40), P)
-    bad = FigureJob.start(tmp_path / "bad", curve, "t", np.zeros(3, dtype=int), P)  # 3 != 40
-    assert good.process is not None
-    good.process.wait(timeout=120)
-    assert good.process.returncode == 0
+    plots = PublishTask("plots", {"out_dir": tmp_path, "curve": curve, "title": "t",
+                                  "y_test": rng.integers(0, 3, 40),
+                                  "P_test": rng.dirichlet(np.ones(3), size=40)})
+    broken = PublishTask("model", {"model": object(), "example": np.zeros((2, 3)),
+                                   "plugin": None})  # no predict: AttributeError
+    logger = RunLogger(store_uri, experiment="side-process")
+    with logger.run("side-process"):
+        worker = PublishWorker.start()
+        assert worker is not None and worker.attach(logger)
+        assert worker.submit([plots, broken])
+        timings, errors = worker.result(["plots", "model"])
+        assert set(timings) == {"plots", "model"}
+        assert list(errors) == ["model"] and errors["model"].startswith("AttributeError"), errors
+        assert worker.process.returncode == 0
+
+        gone = PublishWorker.start()  # killed after the tasks reached it, before any result
+        assert gone is not None and gone.attach(logger) and gone.submit([plots])
+        gone.process.kill()
+        timings, errors = gone.result(["plots"])
+        assert timings == {} and errors["plots"].startswith("the publishing process failed")
+
+        unsent = PublishWorker.start()  # dead before the tasks: the caller publishes them
+        assert unsent is not None
+        unsent.process.kill()
+        unsent.process.wait()
+        assert not unsent.submit([plots])
     for name in ("training_curves.png", "reliability.png"):
-        assert (tmp_path / "good" / "plots" / name).read_bytes()[:4] == b"\x89PNG"
-    with pytest.raises(RuntimeError, match="drawing the figures failed"):
-        bad.finish(None)  # type: ignore[arg-type]  # fails before any upload
+        assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
+    arts = _artifacts(MlflowClient(store_uri), logger.run_id or "")
+    assert {"plots/training_curves.png", "plots/reliability.png"} <= arts
