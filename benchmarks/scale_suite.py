@@ -274,9 +274,11 @@ def print_stress_table(rows: list[dict]) -> None:
 
 
 def run_stress(names: list[str], out: Path, max_iter: int,
-               methods: tuple[str, ...] = STRESS_METHODS) -> None:
+               methods: tuple[str, ...] = STRESS_METHODS,
+               taylor_options: dict | None = None) -> None:
     """``methods`` (of ``STRESS_METHODS`` and ``UNGUARDED``) on each stress set; rows appended
-    to ``out`` (resumable)."""
+    to ``out`` (resumable). ``taylor_options``: vi-taylor's ``method_options`` (kept in its
+    rows as ``options``)."""
     rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     rows = [r for r in rows if r.get("max_iter") == max_iter]
     done = {(r["set"], r["method"]) for r in rows}
@@ -290,11 +292,15 @@ def run_stress(names: list[str], out: Path, max_iter: int,
                 if data is None:
                     data = load_stress(name)
                 args: dict = {"max_iter": max_iter}
+                options = dict(taylor_options or {}) if method != "vi-jj-hybrid" else {}
                 if method == UNGUARDED:
-                    args["method_options"] = {"guard": False}
+                    options["guard"] = False
+                if options:
+                    args["method_options"] = options
                 fit = run_one("vi-taylor" if method == UNGUARDED else method, data, rate, args)
                 row = {"set": name, "n_train": int(data[0].shape[0]), "max_iter": max_iter,
-                       "pos_frac": float(np.mean(data[1])), **fit, "method": method}
+                       "pos_frac": float(np.mean(data[1])), **fit, "method": method,
+                       "options": options}
                 rows.append(row)
                 with out.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
@@ -317,6 +323,9 @@ def main() -> None:
     ap.add_argument("--stress-methods", nargs="*", default=list(STRESS_METHODS),
                     choices=list(STRESS_METHODS) + [UNGUARDED],
                     help=f"--stress: the methods; {UNGUARDED} is vi-taylor with guard=False")
+    ap.add_argument("--taylor-options", type=json.loads, default=None,
+                    help='--stress: vi-taylor\'s method_options as JSON, e.g. \'{"tol": 0}\' '
+                         "(every iteration up to max_iter: the guard over the whole run)")
     args = ap.parse_args()
     known = STRESS_SETS if args.stress else SETS
     names = list(known) if args.sets is None else args.sets
@@ -326,7 +335,7 @@ def main() -> None:
     if args.stress:
         out = Path(args.out or "outputs/stress_suite.jsonl")
         out.parent.mkdir(parents=True, exist_ok=True)
-        run_stress(names, out, args.max_iter, tuple(args.stress_methods))
+        run_stress(names, out, args.max_iter, tuple(args.stress_methods), args.taylor_options)
         return
     args.sets = names
     out = Path(args.out or "outputs/scale_suite.jsonl")
