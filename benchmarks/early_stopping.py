@@ -79,6 +79,10 @@ the test NLL falls from 0.031 to 0.001; seed 2: the folds' minimum at 12, the te
 3 times higher by 250), and patience 10 or none (``--patience 250``) chooses the same
 iterations. The bootstrap intervals show the ratio at a fixed iteration spanning 1.0-3 or more
 over resamples of the test points: a 5 % target on these test sets is below their own noise.
+The path itself: within 10 iterations of its best, 7 of vi-robustmax's 17 steps on wine seed 1
+and 6 of 15 on breast_cancer seed 3 move the test NLL by more than 10 % (L-BFGS-B steps q(u),
+Z and the kernel together), and in those steps one test point carries 44-55 % (median) of the
+change; sep's path has no such step on any of the six.
 """
 
 from __future__ import annotations
