@@ -542,7 +542,8 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         ``validation_fraction``, or, where that would hold fewer than 200 points (with
         ``refit``), stratified K-fold cross-validation with ``K = round(1 /
         validation_fraction)`` (the validation NLL averaged over the folds; the earliest
-        iteration within one standard error of its minimum); ``1``: always one hold-out;
+        iteration within one standard error of its minimum, the error of the folds' paired
+        differences); ``1``: always one hold-out;
         ``K >= 2``: always K folds (needs ``refit``).
     standardize : "auto" or bool
         True: fit a per-feature ``(X - mean) / std`` on the training inputs (constant columns:

@@ -219,14 +219,40 @@ def test_the_choice_averages_the_folds_and_carries_a_stopped_fold_on():
     assert choice.best_iteration == 2 and choice.best_nll == 1.5  # the first minimum
 
 
-def test_k_folds_take_the_earliest_iteration_within_one_standard_error():
-    # mean 3, 1.6, 1.5, 1.45; at the minimum the folds are 1.25 and 1.65: se = 0.2
-    choice = ValidationChoice(_monitors([3.0, 1.4, 1.3, 1.25], [3.0, 1.8, 1.7, 1.65]))
+def test_k_folds_judge_the_excess_over_the_minimum_by_the_folds_paired_differences():
+    # the folds differ in level (0.4 apart) but agree on the shape: every fold says iterations
+    # 2 and 3 are 0.15 and 0.05 worse than 4, so the paired standard error is 0 and the
+    # minimum is chosen (the folds' spread at the minimum, 0.2, would have taken iteration 2)
+    choice = ValidationChoice(_monitors([3.0, 1.4, 1.3, 1.25], [3.4, 1.8, 1.7, 1.65]))
     assert choice.min_iteration == 4 and choice.min_nll == pytest.approx(1.45)
-    assert choice.best_iteration == 2 and choice.best_nll == pytest.approx(1.6)
+    assert choice.best_iteration == 4
+    np.testing.assert_allclose(choice.excess_se(3), [0.0] * 4, atol=1e-12)
     # one monitor (a hold-out): the minimum
     single = ValidationChoice(_monitors([3.0, 1.4, 1.3, 1.25]))
     assert single.best_iteration == single.min_iteration == 4
+
+
+def test_k_folds_take_the_earliest_iteration_within_one_paired_standard_error():
+    # excess of iteration 2 over the minimum (3): the folds say +0.30 and -0.10, mean 0.10,
+    # standard error 0.2 (within: chosen); iteration 1: +2.0 and +1.9 (se 0.05: not)
+    choice = ValidationChoice(_monitors([3.0, 1.3, 1.0], [3.0, 1.0, 1.1]))
+    assert choice.min_iteration == 3 and choice.min_nll == pytest.approx(1.05)
+    np.testing.assert_allclose(choice.excess_se(2), [0.05, 0.2, 0.0], atol=1e-12)
+    assert choice.best_iteration == 2 and choice.best_nll == pytest.approx(1.15)
+
+
+def test_an_iteration_a_fold_never_checked_is_never_chosen():
+    # the second fold's first check is at iteration 2: iteration 1 has no fold-averaged value
+    # and no paired difference (infinite standard error), so it is not chosen although the
+    # first fold's value there is the lowest of all
+    first = ValidationMonitor(lambda post: 0.0, EarlyStopping(0.2))
+    first.checks = [(1, 0.5), (2, 1.0), (3, 0.9)]
+    second = ValidationMonitor(lambda post: 0.0, EarlyStopping(0.2))
+    second.checks = [(2, 1.2), (3, 1.0)]
+    choice = ValidationChoice([first, second])
+    assert not np.isfinite(choice.curve[0]) and np.isinf(choice.excess_se(2)[0])
+    # iteration 2: excess +0.1 and +0.2, mean 0.15 > its standard error 0.05
+    assert choice.min_iteration == choice.best_iteration == 3
 
 
 @pytest.mark.parametrize("kwargs,pattern", [
