@@ -8,7 +8,12 @@
    per class ``17.33 M^3 + 7 M^2 B + 3 M^2 D + 4 M B D``).
 3. Where the step's time goes: process-CPU time per step of its phases (kernel terms, site
    update, log Z_q and matrix gradients, kernel VJPs, optimiser step, the rest).
-4. digits (split 0, M = 100, batches of 200, Adam at 0.01): process-CPU time per step of sep
+4. Operations per step on torch-CPU (float64): the aten operators one SEP step at MNIST size
+   issues, counted with ``torch.profiler`` over a few steps of epoch 2 (``top-level``: operators
+   not called from another aten operator, the proxy for kernel launches on a GPU; ``all``:
+   nested ones too), and the host synchronisations among them (``aten::item``,
+   ``aten::_local_scalar_dense``).
+5. digits (split 0, M = 100, batches of 200, Adam at 0.01): process-CPU time per step of sep
    (M per class) and svi (robust-max, M shared), as ``../shared/peers/minibatch.py`` sets them
    up. For the ratio against GPflow's SVGP run that script with ``--peers VENV`` (it builds its
    own interleaved rounds of gpinfer, GPflow and GPyTorch).
@@ -133,6 +138,48 @@ def sep_mnist_size(epochs: int, rate: float) -> dict[str, object]:
             "phases_ms_per_step (all epochs)": {k: round(1e3 * v, 1) for k, v in split.items()}}
 
 
+def sep_ops_per_step(steps: int = 3, n: int = 1000) -> dict[str, float]:
+    """Aten operators per SEP step at MNIST size on torch-CPU float64 (steps of epoch 2)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpinfer.kernels import make_kernel
+    from gpinfer.training.loop import TrainingLoop
+
+    X, y = mnist_like(n=n)
+    counts: list[dict[str, int]] = []
+    seen = {"calls": 0}
+    first = -(-n // B) + 1  # the first step of epoch 2
+    original = TrainingLoop._step
+
+    def profiled(*args, **kwargs):
+        seen["calls"] += 1
+        if not first <= seen["calls"] < first + steps:
+            return original(*args, **kwargs)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = original(*args, **kwargs)
+        events = [e for e in prof.events() if e.name.startswith("aten::")]
+        top = [e for e in events
+               if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")]
+        syncs = [e for e in events if e.name in ("aten::item", "aten::_local_scalar_dense")
+                 and (e.cpu_parent is None or e.cpu_parent.name != "aten::item")]
+        counts.append({"top": len(top), "all": len(events), "syncs": len(syncs)})
+        return out
+
+    TrainingLoop._step = profiled  # type: ignore[method-assign]
+    try:
+        with torch.no_grad():
+            fit_steps(X, y, "sep", M, B, 2, {"adam_learning_rate": 1e-3},
+                      kernel=make_kernel("rbf", D, ard=True),
+                      settings={"backend": "torch", "device": "cpu", "dtype": "float64"})
+    finally:
+        TrainingLoop._step = original  # type: ignore[method-assign]
+    return {"aten_ops_top_level": float(np.mean([c["top"] for c in counts])),
+            "aten_ops_all": float(np.mean([c["all"] for c in counts])),
+            "host_syncs": float(np.mean([c["syncs"] for c in counts])),
+            "steps_profiled": len(counts)}
+
+
 def digits(epochs: int) -> dict[str, float]:
     from sklearn.datasets import load_digits
 
@@ -163,13 +210,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--digits-epochs", type=int, default=8)
+    ap.add_argument("--parts", default="sep,ops,digits",
+                    help="comma-separated: sep (MNIST-size CPU step), ops (aten ops), digits")
     ap.add_argument("--peers", default=None, help="side venv of ../shared/peers (GPflow ratio)")
     a = ap.parse_args()
     with threadpool_limits(limits=1):
         rate = dgemm_rate(repeats=10, clock=time.process_time)
-        report = {"dgemm_gflops_one_thread": rate / 1e9,
-                  "sep_mnist_size": sep_mnist_size(a.epochs, rate),
-                  "digits": digits(a.digits_epochs)}
+        parts = a.parts.split(",")
+        report: dict[str, object] = {"dgemm_gflops_one_thread": rate / 1e9,
+                                     "load_average": os.getloadavg()}
+        if "sep" in parts:
+            report["sep_mnist_size"] = sep_mnist_size(a.epochs, rate)
+        if "ops" in parts:
+            report["sep_mnist_size_torch_cpu_ops_per_step"] = sep_ops_per_step()
+        if "digits" in parts:
+            report["digits"] = digits(a.digits_epochs)
     print(json.dumps(report, indent=1))
     if a.peers:
         peers = ROOT.parent / "shared" / "peers"

@@ -30,6 +30,7 @@ import numpy as np
 from gpinfer.backend import ops
 from gpinfer.interfaces import Array, Likelihood, MatrixGradients
 from gpinfer.kernels.base import Kernel
+from gpinfer.kernels.stacked import StackedCovariances, StackedKernels
 from gpinfer.parallel import map_latents
 
 BoundPair = tuple[float | None, float | None]
@@ -118,6 +119,35 @@ class HyperParameters:
         self._free = np.array([f and n not in fixed for n, f in zip(names, free)], dtype=bool)
         self._all_free = bool(np.all(self._free))  # then packing needs no mask (no copies)
         self._blocks = blocks
+        #: moves on every ``unpack`` (and ``touch``): the key of the batched covariances
+        self.version = 0
+        #: the latents' kernels as one batched computation (``None``: families differ, or no
+        #: inducing inputs of one shape; then every latent is computed on its own)
+        self.stacked: StackedKernels | None = None
+        if self.Z is not None and len({tuple(z.shape) for z in self.Z}) == 1:
+            self.stacked = StackedKernels.of(self.kernels)
+        self._Z_stack: tuple[int, Array] | None = None
+
+    # -- the batched kernel path -------------------------------------------------------------
+    def touch(self) -> None:
+        """Say that kernels or inducing inputs changed other than by ``unpack`` (cached
+        covariances are then not reused)."""
+        self.version += 1
+
+    def inducing_stack(self) -> Array:
+        """The inducing inputs as one stack ``[L, M, D]`` (formed once per version)."""
+        Zs = self._inducing()
+        if self._Z_stack is None or self._Z_stack[0] != self.version:
+            self._Z_stack = (self.version, ops.namespace(Zs[0]).stack(Zs))
+        return self._Z_stack[1]
+
+    def covariances(self, X: Array) -> StackedCovariances | None:
+        """The latents' ``Kuu``, ``Kuf`` at ``X [B, D]`` and ``Kff_diag``, with everything
+        their VJPs share (``gpinfer.kernels.stacked``), computed once per ``version`` and
+        batch object ``X``; ``None`` without a batched path."""
+        if self.stacked is None:
+            return None
+        return self.stacked.covariances(self.inducing_stack(), X, self.version)
 
     # -- construction helpers ----------------------------------------------------------------
     def _inducing(self) -> list[Array]:
@@ -210,11 +240,13 @@ class HyperParameters:
         theta = xp.reshape(theta, (-1,))
         if theta.shape[0] != self.size:
             raise ValueError(f"expected {self.size} hyper-parameters, got {theta.shape[0]}")
+        self.version += 1
         if self._all_free:
             full = theta
         else:
             full = self._full()
             full[self._free_entries(full)] = theta
+        Z_stack = self._unpack_inducing_stack(full, xp)
         for block in self._blocks:
             if not np.any(self._free[block.start : block.stop]):
                 continue
@@ -223,9 +255,26 @@ class HyperParameters:
                 self._distinct[block.index].set_unconstrained(ops.to_host(piece).astype(float))
             elif block.kind == "inducing":
                 Z = self._inducing()
-                Z[block.index] = ops.copy(xp.reshape(piece, tuple(Z[block.index].shape)))
+                Z[block.index] = (Z_stack[block.index] if Z_stack is not None else
+                                  ops.copy(xp.reshape(piece, tuple(Z[block.index].shape))))
             else:
                 self._likelihood().set_unconstrained(ops.to_host(piece).astype(float))
+        if Z_stack is not None:
+            self._Z_stack = (self.version, Z_stack)
+
+    def _unpack_inducing_stack(self, full: Array, xp: object) -> Array | None:
+        """The inducing entries of ``full`` as one copied stack ``[L, M, D]`` when they are
+        one contiguous run of equally shaped, all free blocks (the latents' ``Z`` are then
+        views of it); else ``None``."""
+        if self.stacked is None:
+            return None
+        blocks = [b for b in self._blocks if b.kind == "inducing"]
+        start, stop = blocks[0].start, blocks[-1].stop
+        if not (all(a.stop == b.start for a, b in zip(blocks, blocks[1:]))
+                and bool(np.all(self._free[start:stop]))):
+            return None
+        shape = (len(blocks), *tuple(self._inducing()[0].shape))
+        return ops.copy(xp.reshape(full[start:stop], shape))  # type: ignore[attr-defined]
 
     def bounds(
         self,
@@ -303,23 +352,68 @@ def parameter_gradient(
     if len(grads_list) != hp.n_latent:
         raise ValueError(f"got {len(grads_list)} MatrixGradients for {hp.n_latent} latents")
     X_ref = X if ops.is_array(X) else np.asarray(X, dtype=float)
+    if hp.stacked is not None and all(G.Kff is None for G in grads_list):
+        return _stacked_parameter_gradient(hp, X_ref, grads_list)
     full = ops.zeros(X_ref, (hp.n_entries,))
     kernel_grads = [ops.zeros(X_ref, (k.n_params,)) for k in hp._distinct]
     Z_grads: list[Array | None] = [None] * hp.n_latent
-    lik_grad = None
     per_latent = map_latents(
         lambda l: _latent_gradients(hp.kernels[l], X, hp.Z[l] if hp.Z is not None else None,
                                     grads_list[l], l, need_Z=hp.inducing_is_free(l)),
         range(hp.n_latent), n_jobs)
-    for l, (G, (g_kern, g_Z)) in enumerate(zip(grads_list, per_latent)):
+    for l, (g_kern, g_Z) in enumerate(per_latent):
         kernel_grads[hp._kernel_of_latent[l]] += g_kern
         Z_grads[l] = g_Z
+    return _assemble(hp, full, kernel_grads, Z_grads, _likelihood_gradient(X_ref, grads_list))
+
+
+def _likelihood_gradient(ref: Array, grads: Sequence[MatrixGradients]) -> Array | None:
+    """The latents' likelihood gradients summed (``None``: none reported), on ``ref``'s
+    device."""
+    lik_grad = None
+    for G in grads:
         if G.likelihood is not None:
-            g_lik = ops.like(X_ref, np.asarray(ops.to_host(G.likelihood), float).reshape(-1))
+            g_lik = ops.like(ref, np.asarray(ops.to_host(G.likelihood), float).reshape(-1))
             lik_grad = g_lik if lik_grad is None else lik_grad + g_lik
+    return lik_grad
+
+
+def _stacked_parameter_gradient(hp: HyperParameters, X: Array,
+                                grads: Sequence[MatrixGradients]) -> Array:
+    """``parameter_gradient`` for latents with one batched kernel path: one stacked VJP of
+    ``Kuu``, ``Kuf`` and ``Kff_diag`` for every latent (``HyperParameters.covariances``)."""
+    cov = hp.covariances(X)
+    assert cov is not None  # hp.stacked is set
+    xp = ops.namespace(X)
+
+    def stack(name: str) -> Array | None:
+        parts = [getattr(G, name) for G in grads]
+        if all(p is None for p in parts):
+            return None
+        ref = cov.Kuu if name == "Kuu" else cov.Kuf if name == "Kuf" else cov.Kff_diag
+        return xp.stack([ops.zeros(ref, tuple(ref.shape[1:])) if p is None else p
+                         for p in parts])
+
+    need_Z = any(hp.inducing_is_free(l) for l in range(hp.n_latent))
+    g_params, g_Z = cov.vjp(stack("Kuu"), stack("Kuf"), stack("Kff_diag"), inputs=need_Z)
+    full = ops.zeros(X, (hp.n_entries,))
+    kernel_grads: list[Array | None] = [None] * len(hp._distinct)
+    for l, j in enumerate(hp._kernel_of_latent):
+        g = kernel_grads[j]
+        kernel_grads[j] = g_params[l] if g is None else g + g_params[l]
+    Z_grads = [None if g_Z is None else g_Z[l] for l in range(hp.n_latent)]
+    return _assemble(hp, full, kernel_grads, Z_grads, _likelihood_gradient(X, grads))
+
+
+def _assemble(hp: HyperParameters, full: Array, kernel_grads: Sequence[Array | None],
+              Z_grads: Sequence[Array | None], lik_grad: Array | None) -> Array:
+    """The gradient ``[P]`` from the blocks' pieces written into ``full [n_entries]``
+    (zeros)."""
     for block in hp._blocks:
         if block.kind == "kernel":
-            full[block.start : block.stop] = kernel_grads[block.index]
+            g_kern = kernel_grads[block.index]
+            if g_kern is not None:
+                full[block.start : block.stop] = g_kern
         elif block.kind == "inducing":
             g_Z = Z_grads[block.index]
             if g_Z is not None:

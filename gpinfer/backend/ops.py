@@ -158,7 +158,11 @@ def clip_below(X: Array, low: float) -> Array:
 
 
 def fill_diagonal(X: Array, value: float) -> Array:
-    """``X [M, M]`` with ``value`` on its diagonal, in place (``X`` is returned)."""
+    """``X [..., M, M]`` with ``value`` on its diagonal(s), in place (``X`` is returned)."""
+    if X.ndim > 2:
+        i = index_like(X, np.arange(X.shape[-1]))
+        X[..., i, i] = value
+        return X
     if is_numpy(X):
         np.fill_diagonal(X, value)
         return X

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from gpinfer.backend import ops
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array, MatrixGradients
 from gpinfer.kernels.base import Kernel
+from gpinfer.kernels.stacked import StackedCovariances, StackedKernels
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.sites.inducing import ClassTerms, inducing_jitter, site_cholesky
 
@@ -117,23 +119,46 @@ class StackedTerms:
         return tri_solve_stack(self.L, X, transpose=True)
 
 
-def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array], X: Array, *,
-                  jitter: float | None = None, iteration: int | None = None) -> StackedTerms:
-    """``StackedTerms`` of the class kernels with inducing inputs ``Zs[c] [M, D]`` at ``X``
-    (arrays of one namespace).
+def stacked_covariances(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Array
+                        ) -> tuple[Array, Array, Array]:
+    """``(Kuu [C, M, M], Kuf [C, M, n], Kff_diag [C, n])`` of the class kernels with inducing
+    inputs ``Zs`` (``[M, D]`` each, or one stack ``[C, M, D]``) at ``X [n, D]``, without
+    jitter: one batched computation when the kernels share a family
+    (``gpinfer.kernels.stacked``), else one per class."""
+    family = StackedKernels.of(kernels)
+    xp = ops.namespace(X)
+    if family is not None:
+        Z = cast(Array, Zs) if ops.is_array(Zs) else xp.stack(list(Zs))
+        cov = family.covariances(Z, X)
+        return cov.Kuu, cov.Kuf, cov.Kff_diag
+    return (xp.stack([k.K(Z) for k, Z in zip(kernels, Zs)]),
+            xp.stack([k.K(Z, X) for k, Z in zip(kernels, Zs)]),
+            xp.stack([k.K_diag(X) for k in kernels]))
+
+
+def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Array, *,
+                  jitter: float | None = None, iteration: int | None = None,
+                  covariances: StackedCovariances | None = None) -> StackedTerms:
+    """``StackedTerms`` of the class kernels with inducing inputs ``Zs[c] [M, D]`` (or one
+    stack ``[C, M, D]``) at ``X [n, D]`` (arrays of one namespace).
 
     As ``gpinfer.sites.inducing.class_terms`` for every class: ``Kuu = k(Z) + jitter I``,
     ``kappa = k_diag(X) + jitter``, ``s`` floored at ``jitter`` (None: ``inducing_jitter`` of
-    the inputs' dtype).
+    the inputs' dtype). ``covariances``: the kernels' batched covariances at ``(Zs, X)``
+    already computed (``HyperParameters.covariances``, shared with the gradient's VJPs);
+    otherwise ``stacked_covariances``. The kernel matrices are consumed in place.
     """
-    xp = ops.namespace(X, *Zs)
     jitter = inducing_jitter(X) if jitter is None else jitter
-    Kuu = ops.add_diagonal(xp.stack([k.K(Z) for k, Z in zip(kernels, Zs)]), jitter)
-    L = stacked_cholesky(Kuu, "Kuu", iteration)
-    A = tri_solve_stack(L, xp.stack([k.K(Z, X) for k, Z in zip(kernels, Zs)]))
-    kappa = xp.stack([k.K_diag(X) for k in kernels]) + jitter
-    s = kappa - ops.einsum("cmn,cmn->cn", A, A)
-    return StackedTerms(L=L, A=A, s=xp.clip(s, min=jitter))
+    if covariances is not None:
+        Kuu, Kuf, Kff_diag = covariances.Kuu, covariances.Kuf, covariances.Kff_diag
+        Kuu = ops.copy(Kuu)  # the shared covariances stay as they are
+    else:
+        Kuu, Kuf, Kff_diag = stacked_covariances(kernels, Zs, X)
+    L = stacked_cholesky(ops.add_diagonal(Kuu, jitter), "Kuu", iteration)
+    A = tri_solve_stack(L, Kuf)
+    s = Kff_diag + jitter
+    s -= ops.einsum("cmn,cmn->cn", A, A)
+    return StackedTerms(L=L, A=A, s=ops.clip_below(s, jitter))
 
 
 class StackedGaussians:

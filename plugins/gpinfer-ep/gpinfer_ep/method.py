@@ -179,7 +179,9 @@ class SparseSites(SiteApproximation):
 
     def prepare(self, batch: Array, iteration: int) -> None:
         inputs = self._inputs(batch)
-        terms = self.state.terms_at(self.kernels, self._inducing(), inputs, iteration)
+        cov = self.hp.covariances(inputs)  # shared with the VJPs of hp.gradient (one version)
+        Zs = self._inducing() if cov is None else cov.Z
+        terms = self.state.terms_at(self.kernels, Zs, inputs, iteration, covariances=cov)
         self._prepared = (batch, terms, inputs)
 
     def batch_inputs(self) -> Array:

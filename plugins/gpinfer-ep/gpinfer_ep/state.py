@@ -28,6 +28,7 @@ from gpinfer.backend.choice import NUMPY, Backend
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array, MatrixGradients
 from gpinfer.kernels.base import Kernel
+from gpinfer.kernels.stacked import StackedCovariances
 from gpinfer.sites.inducing import (
     ClassTerms,
     WhitenedGaussian,
@@ -78,11 +79,13 @@ class _SiteSums:
         #: ``(terms, L^T Lam L, L^T h)``: the whitened sums on the terms they were formed on
         self._whitened: tuple[StackedTerms, Array, Array] | None = None
 
-    def terms_at(self, kernels: Sequence[Kernel], Zs: Sequence[Array], X: Array,
-                 iteration: int | None = None) -> StackedTerms:
+    def terms_at(self, kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Array,
+                 iteration: int | None = None,
+                 covariances: StackedCovariances | None = None) -> StackedTerms:
         """The kernel quantities ``update`` and ``evaluate`` take, at ``X [n, D]`` (stacked
-        over the classes)."""
-        return stacked_terms(kernels, Zs, X, iteration=iteration)
+        over the classes; ``covariances``: the kernels' batched covariances there, shared with
+        the gradient's VJPs)."""
+        return stacked_terms(kernels, Zs, X, iteration=iteration, covariances=covariances)
 
     def gaussians(self, terms: Sequence[ClassTerms], factor: Array | None = None,
                   iteration: int | None = None) -> list[WhitenedGaussian]:
