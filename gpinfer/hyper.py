@@ -30,7 +30,11 @@ import numpy as np
 from gpinfer.backend import ops
 from gpinfer.interfaces import Array, Likelihood, MatrixGradients
 from gpinfer.kernels.base import Kernel
-from gpinfer.kernels.stacked import StackedCovariances, StackedKernels
+from gpinfer.kernels.stacked import (
+    StackedCovariances,
+    StackedKernels,
+    StackedMatrixGradients,
+)
 from gpinfer.parallel import map_latents
 
 BoundPair = tuple[float | None, float | None]
@@ -348,10 +352,14 @@ def parameter_gradient(
     threads (``gpinfer.parallel``; same result); latents sharing one kernel are then still
     safe, as kernels only cache what they compute from their arguments.
     """
+    X_ref = X if ops.is_array(X) else np.asarray(X, dtype=float)
+    if isinstance(grads, StackedMatrixGradients) and hp.stacked is not None:
+        if len(grads) != hp.n_latent:
+            raise ValueError(f"got {len(grads)} MatrixGradients for {hp.n_latent} latents")
+        return _stacked_parameter_gradient(hp, X_ref, grads)
     grads_list = [grads] if isinstance(grads, MatrixGradients) else list(grads)
     if len(grads_list) != hp.n_latent:
         raise ValueError(f"got {len(grads_list)} MatrixGradients for {hp.n_latent} latents")
-    X_ref = X if ops.is_array(X) else np.asarray(X, dtype=float)
     if hp.stacked is not None and all(G.Kff is None for G in grads_list):
         return _stacked_parameter_gradient(hp, X_ref, grads_list)
     full = ops.zeros(X_ref, (hp.n_entries,))
@@ -381,12 +389,15 @@ def _likelihood_gradient(ref: Array, grads: Sequence[MatrixGradients]) -> Array 
 def _stacked_parameter_gradient(hp: HyperParameters, X: Array,
                                 grads: Sequence[MatrixGradients]) -> Array:
     """``parameter_gradient`` for latents with one batched kernel path: one stacked VJP of
-    ``Kuu``, ``Kuf`` and ``Kff_diag`` for every latent (``HyperParameters.covariances``)."""
+    ``Kuu``, ``Kuf`` and ``Kff_diag`` for every latent (``HyperParameters.covariances``;
+    ``StackedMatrixGradients`` are used as they are, a list is stacked)."""
     cov = hp.covariances(X)
     assert cov is not None  # hp.stacked is set
     xp = ops.namespace(X)
 
     def stack(name: str) -> Array | None:
+        if isinstance(grads, StackedMatrixGradients):
+            return getattr(grads, name)
         parts = [getattr(G, name) for G in grads]
         if all(p is None for p in parts):
             return None
@@ -396,13 +407,36 @@ def _stacked_parameter_gradient(hp: HyperParameters, X: Array,
 
     need_Z = any(hp.inducing_is_free(l) for l in range(hp.n_latent))
     g_params, g_Z = cov.vjp(stack("Kuu"), stack("Kuf"), stack("Kff_diag"), inputs=need_Z)
+    lik_grad = None if isinstance(grads, StackedMatrixGradients) else _likelihood_gradient(
+        X, grads)
+    L = hp.n_latent
+    kinds = [b.kind for b in hp._blocks]
+    if (hp._all_free and g_Z is not None and hp._kernel_of_latent == list(range(L))
+            and kinds[: 2 * L] == ["kernel"] * L + ["inducing"] * L):
+        # the usual layout: every latent's kernel, then every latent's Z: one concatenation
+        parts = [xp.reshape(g_params, (-1,)), xp.reshape(g_Z, (-1,))]
+        if len(kinds) > 2 * L:
+            block = hp._blocks[2 * L]
+            _check_likelihood_size(lik_grad, block)
+            parts.append(lik_grad if lik_grad is not None
+                         else ops.zeros(X, (block.stop - block.start,)))
+        return xp.concat(parts)
     full = ops.zeros(X, (hp.n_entries,))
     kernel_grads: list[Array | None] = [None] * len(hp._distinct)
     for l, j in enumerate(hp._kernel_of_latent):
         g = kernel_grads[j]
         kernel_grads[j] = g_params[l] if g is None else g + g_params[l]
-    Z_grads = [None if g_Z is None else g_Z[l] for l in range(hp.n_latent)]
-    return _assemble(hp, full, kernel_grads, Z_grads, _likelihood_gradient(X, grads))
+    Z_grads = [None if g_Z is None else g_Z[l] for l in range(L)]
+    return _assemble(hp, full, kernel_grads, Z_grads, lik_grad)
+
+
+def _check_likelihood_size(lik_grad: Array | None, block: _Block) -> None:
+    """``ValueError`` when the likelihood gradient does not fit its block."""
+    if lik_grad is not None and lik_grad.shape[0] != block.stop - block.start:
+        raise ValueError(
+            f"likelihood gradient has {lik_grad.shape[0]} entries, expected "
+            f"{block.stop - block.start}"
+        )
 
 
 def _assemble(hp: HyperParameters, full: Array, kernel_grads: Sequence[Array | None],
@@ -419,10 +453,6 @@ def _assemble(hp: HyperParameters, full: Array, kernel_grads: Sequence[Array | N
             if g_Z is not None:
                 full[block.start : block.stop] = ops.namespace(g_Z).reshape(g_Z, (-1,))
         elif lik_grad is not None:
-            if lik_grad.shape[0] != block.stop - block.start:
-                raise ValueError(
-                    f"likelihood gradient has {lik_grad.shape[0]} entries, expected "
-                    f"{block.stop - block.start}"
-                )
+            _check_likelihood_size(lik_grad, block)
             full[block.start : block.stop] = lik_grad
     return full if hp._all_free else full[hp._free_entries(full)]

@@ -74,6 +74,23 @@ def index_like(ref: Array, idx: Any) -> Array:
     return _torch().as_tensor(np.asarray(idx, dtype=np.int64), device=ref.device)
 
 
+_ARANGES: dict[tuple[str, int], Array] = {}
+
+
+def arange(ref: Array, n: int) -> Array:
+    """``0 .. n-1`` as int64 on ``ref``'s namespace and device (on a device: made once per
+    device and length and kept; callers only read it)."""
+    if is_numpy(ref):
+        return np.arange(n, dtype=np.int64)
+    key = (str(ref.device), n)
+    out = _ARANGES.get(key)
+    if out is None:
+        if len(_ARANGES) > 64:
+            _ARANGES.clear()
+        out = _ARANGES[key] = _torch().arange(n, device=ref.device)
+    return out
+
+
 def to_host(x: Array) -> np.ndarray:
     """``x`` as a numpy array on the host (no copy for numpy)."""
     if is_numpy(x):
@@ -119,8 +136,11 @@ def diagonal(X: Array) -> Array:
 def add_diagonal(X: Array, value: Any) -> Array:
     """``X [..., M, M]`` with ``value`` (scalar or ``[..., M]``) added to its diagonal, in
     place; returns ``X``."""
+    if not is_numpy(X):  # the diagonal is a writable view: one in-place op
+        diagonal(X).add_(value)
+        return X
     M = X.shape[-1]
-    i = index_like(X, np.arange(M))
+    i = np.arange(M)
     X[..., i, i] += value
     return X
 
@@ -160,7 +180,10 @@ def clip_below(X: Array, low: float) -> Array:
 def fill_diagonal(X: Array, value: float) -> Array:
     """``X [..., M, M]`` with ``value`` on its diagonal(s), in place (``X`` is returned)."""
     if X.ndim > 2:
-        i = index_like(X, np.arange(X.shape[-1]))
+        if not is_numpy(X):
+            diagonal(X).fill_(value)
+            return X
+        i = np.arange(X.shape[-1])
         X[..., i, i] = value
         return X
     if is_numpy(X):

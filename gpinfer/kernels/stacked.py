@@ -26,10 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
 from gpinfer.backend import ops
+from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels.base import Array, Kernel
 from gpinfer.kernels.combination import Sum
 from gpinfer.kernels.stationary import Stationary
@@ -62,13 +64,16 @@ def _signature(kernel: Kernel) -> tuple | None:
 class _Distances:
     """Shared intermediate results of one evaluation.
 
-    ``A [C, M, D]`` the scaled inducing inputs, ``Bx [C, B, D]`` the scaled batch, ``r2`` and
-    ``g`` ``[C, M, M]`` (square) and ``[C, M, B]`` (cross), ``ell [C, 1, D']`` and ``var [C]``
-    the stationary part's lengthscales and variances on the arrays' device.
+    ``A [C, M, D]`` the scaled inducing inputs, ``Bx [C, B, D]`` the scaled batch, ``A2``,
+    ``Bx2`` their squares (ARD only, else ``None``), ``r2`` and ``g`` ``[C, M, M]`` (square) and
+    ``[C, M, B]`` (cross), ``ell [C, 1, D']`` and ``var [C]`` the stationary part's
+    lengthscales and variances on the arrays' device.
     """
 
     A: Array
     Bx: Array
+    A2: Array | None
+    Bx2: Array | None
     r2_uu: Array
     g_uu: Array
     r2_uf: Array
@@ -77,12 +82,19 @@ class _Distances:
     var: Array
 
 
+def _weighted_rows(w: Array, Y: Array) -> Array:
+    """``sum_m w[c, m] Y[c, m, :]`` ``[C, D]`` for ``w [C, M]``, ``Y [C, M, D]`` (one batched
+    product)."""
+    return (w[:, None, :] @ Y)[:, 0, :]
+
+
 class StackedCovariances:
     """The covariances of ``C`` latents at ``Z [C, M, D]`` and a batch ``X [B, D]``, and their
     VJPs, from one set of scaled inputs and distances (see the module docstring).
 
     ``Kuu [C, M, M]`` (noise of ``White`` parts on its diagonal, no jitter), ``Kuf [C, M, B]``,
-    ``Kff_diag [C, B]``.
+    ``Kff_diag [C, B]``. Memory: a few ``[C, M, D]``, ``[C, B, D]`` and ``[C, M, B]`` arrays,
+    independent of the number of training points.
     """
 
     def __init__(self, family: StackedKernels, Z: Array, X: Array):
@@ -95,15 +107,19 @@ class StackedCovariances:
         ell = ops.like(Z, np.exp(log_ell))[:, None, :]
         var = ops.like(Z, np.exp(log_var))
         shift = xp.mean(Z, axis=1)[:, None, :]  # [C, 1, D]: distances do not change
-        A = (Z - shift) / ell
-        Bx = (X[None, :, :] - shift) / ell
-        a2 = xp.sum(A * A, axis=2)
-        b2 = xp.sum(Bx * Bx, axis=2)
+        A = Z - shift
+        A /= ell
+        Bx = X[None, :, :] - shift
+        Bx /= ell
+        A2, Bx2 = A * A, Bx * Bx
+        a2, b2 = xp.sum(A2, axis=2), xp.sum(Bx2, axis=2)
         r2_uu = self._sqdist(a2, a2, A @ ops.mT(A))
         ops.fill_diagonal(r2_uu, 0.0)
         r2_uf = self._sqdist(a2, b2, A @ ops.mT(Bx))
         proto = st[0]
-        self.d = _Distances(A, Bx, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, var)
+        ard = proto.ard
+        self.d = _Distances(A, Bx, A2 if ard else None, Bx2 if ard else None, r2_uu,
+                            proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, var)
         vk = var[:, None, None]
         self.Kuu = vk * self.d.g_uu
         self.Kuf = vk * self.d.g_uf
@@ -128,20 +144,28 @@ class StackedCovariances:
         """Gradients of ``sum(dKuu * Kuu) + sum(dKuf * Kuf) + sum(dKff_diag * Kff_diag)``:
         ``(g_params [C, P], g_Z [C, M, D] or None)``, ``P`` each kernel's unconstrained
         parameters in its own order; ``inputs=False`` skips ``g_Z``. ``None`` gradients are
-        zero."""
+        zero.
+
+        With ``G = dK * dk/dr2`` (symmetrised for ``Kuu``), row sums ``r`` and, summed over the
+        two matrices, ``rA = 2 r_uu + r_uf`` and ``H = 2 G_uu A + G_uf Bx``:
+        ``d/dlog ell = -2 (rA . A^2 + c_uf . Bx^2 - 2 sum_m A * (G_uu A + G_uf Bx))`` (ARD) and
+        ``g_Z = (2 / ell) (A * rA - H)``.
+        """
         fam, d = self.family, self.d
         xp = ops.namespace(self.Z)
         C = self.Z.shape[0]
         ard = fam.stationary[0].ard
-        d_ell = ops.zeros(self.Z, (C, d.ell.shape[2]))
-        d_var = ops.zeros(self.Z, (C,))
-        g_Z = ops.zeros(self.Z, tuple(self.Z.shape)) if inputs else None
+        proto = fam.stationary[0]
         vk = d.var[:, None, None]
+        d_var = ops.zeros(self.Z, (C,))
         if dKff_diag is not None:
             d_var += d.var * xp.sum(dKff_diag, axis=1)
-        pairs = ((dKuu, d.A, d.r2_uu, d.g_uu, True), (dKuf, d.Bx, d.r2_uf, d.g_uf, False))
-        proto = fam.stationary[0]
-        for dK, Bm, r2, g, square in pairs:
+        rA: Array | None = None  # [C, M]
+        H: Array | None = None  # [C, M, D]
+        d_ell = ops.zeros(self.Z, (C, d.ell.shape[2]))
+        pairs = ((dKuu, d.A, d.A2, d.r2_uu, d.g_uu, True),
+                 (dKuf, d.Bx, d.Bx2, d.r2_uf, d.g_uf, False))
+        for dK, Bm, Bm2, r2, g, square in pairs:
             if dK is None:
                 continue
             d_var += xp.sum(xp.sum(dK * (vk * g), axis=2), axis=1)
@@ -149,33 +173,76 @@ class StackedCovariances:
             G *= vk
             G *= dK
             if square:  # both gradients see G only through its symmetric part
-                G = 0.5 * (G + ops.mT(G))
+                G = G + ops.mT(G)
+                G *= 0.5
             row = xp.sum(G, axis=2)  # [C, M]
-            GB = G @ Bm if (ard or inputs) else None
-            if ard:
-                col = row if square else xp.sum(G, axis=1)
-                per_dim = (ops.einsum("cm,cmd->cd", row, d.A * d.A)
-                           + ops.einsum("cn,cnd->cd", col, Bm * Bm)
-                           - 2.0 * ops.einsum("cmd,cmd->cd", d.A, GB))
-                d_ell += -2.0 * per_dim
-            else:
+            weight = 2.0 if square else 1.0
+            rA = weight * row if rA is None else rA + weight * row
+            if not ard:
                 d_ell += xp.reshape(-2.0 * xp.sum(xp.sum(G * r2, axis=2), axis=1), (C, 1))
-            if g_Z is not None:
-                factor = (4.0 if square else 2.0) / d.ell
-                g_Z += factor * (d.A * row[:, :, None] - GB)
+                if inputs:
+                    GB = G @ Bm
+                    H = weight * GB if H is None else H + weight * GB
+                continue
+            GB = G @ Bm
+            d_ell += 4.0 * ops.einsum("cmd,cmd->cd", d.A, GB)
+            if not square:
+                d_ell -= 2.0 * _weighted_rows(xp.sum(G, axis=1), Bm2)
+            if inputs:
+                if square:
+                    GB *= 2.0
+                H = GB if H is None else H + GB
+        if ard and rA is not None:
+            d_ell -= 2.0 * _weighted_rows(rA, d.A2)
+        g_Z = None
+        if inputs:
+            g_Z = ops.zeros(self.Z, tuple(self.Z.shape))
+            if rA is not None and H is not None:
+                g_Z = d.A * rA[:, :, None]
+                g_Z -= H
+                g_Z *= 2.0 / d.ell
         blocks = []
         for index, part in enumerate(fam.parts):
             if index == fam.stationary_index:
                 blocks += [d_ell, d_var[:, None]]
                 continue
             noise = ops.like(self.Z, np.exp([p._log_variance for p in part]))
-            g = ops.zeros(self.Z, (C,))
+            gn = ops.zeros(self.Z, (C,))
             if dKff_diag is not None:
-                g += noise * xp.sum(dKff_diag, axis=1)
+                gn += noise * xp.sum(dKff_diag, axis=1)
             if dKuu is not None and fam.noise_on_square[index]:
-                g += noise * xp.sum(ops.diagonal(dKuu), axis=1)
-            blocks.append(g[:, None])
+                gn += noise * xp.sum(ops.diagonal(dKuu), axis=1)
+            blocks.append(gn[:, None])
         return xp.concat(blocks, axis=1), g_Z
+
+
+class StackedMatrixGradients(Sequence[MatrixGradients]):
+    """Matrix gradients of ``C`` latents kept as stacks: ``Kuu [C, M, M]``, ``Kuf [C, M, B]``,
+    ``Kff_diag [C, B]`` (each may be ``None``). A sequence of per-latent ``MatrixGradients``
+    (views, made on access) for code that reads them one by one;
+    ``hyper.parameter_gradient`` hands the stacks to one batched VJP as they are."""
+
+    def __init__(self, Kuu: Array | None, Kuf: Array | None, Kff_diag: Array | None):
+        self.Kuu, self.Kuf, self.Kff_diag = Kuu, Kuf, Kff_diag
+        self._n = next(a.shape[0] for a in (Kuu, Kuf, Kff_diag) if a is not None)
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, c: int) -> MatrixGradients: ...
+
+    @overload
+    def __getitem__(self, c: slice) -> list[MatrixGradients]: ...
+
+    def __getitem__(self, c: int | slice) -> MatrixGradients | list[MatrixGradients]:
+        if isinstance(c, slice):
+            return [self[i] for i in range(self._n)[c]]
+        if not -self._n <= c < self._n:
+            raise IndexError(c)
+        return MatrixGradients(Kuu=None if self.Kuu is None else self.Kuu[c],
+                               Kuf=None if self.Kuf is None else self.Kuf[c],
+                               Kff_diag=None if self.Kff_diag is None else self.Kff_diag[c])
 
 
 class StackedKernels:

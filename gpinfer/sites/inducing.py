@@ -166,13 +166,13 @@ class WhitenedGaussian:
 
 def _rows(X: Array) -> Array:
     """``0..n-1`` for the rows of ``X`` (on its namespace and device)."""
-    return ops.index_like(X, np.arange(X.shape[0]))
+    return ops.arange(X, X.shape[0])
 
 
 def factor_mask(y: Array, C: int) -> Array:
     """``mask [n, C]``: True where ``(i, k)`` is a factor (``k != y_i``); ``y`` host or backend
     labels (the mask is on ``y``'s namespace and device)."""
-    return y[:, None] != ops.index_like(y, np.arange(C))[None, :]
+    return y[:, None] != ops.arange(y, C)[None, :]
 
 
 def at_label(X: Array, y: Array) -> Array:

@@ -30,9 +30,13 @@ import numpy as np
 
 from gpinfer.backend import ops
 from gpinfer.errors import NumericalError
-from gpinfer.interfaces import Array, MatrixGradients
+from gpinfer.interfaces import Array
 from gpinfer.kernels.base import Kernel
-from gpinfer.kernels.stacked import StackedCovariances, StackedKernels
+from gpinfer.kernels.stacked import (
+    StackedCovariances,
+    StackedKernels,
+    StackedMatrixGradients,
+)
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.sites.inducing import ClassTerms, inducing_jitter, site_cholesky
 
@@ -212,20 +216,20 @@ class StackedGaussians:
 
 def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: StackedGaussians,
                              R: Array, a_sum: Array, b_sum: Array, e_sum: Array | None = None
-                             ) -> list[MatrixGradients]:
+                             ) -> StackedMatrixGradients:
     """``dlogZ_q / d(Kuu, Kuf, diag Kff)`` of every class:
     ``gpinfer.sites.inducing.inducing_matrix_gradients`` on stacks.
 
     ``q``: the posteriors; ``lik``: the Gaussians held fixed in the likelihood term (EP: ``q``;
     SEP: the shared cavities) with ``R = L_B^-1 A [C, M, n]`` from ``lik.project``; ``a_sum``,
     ``b_sum``, ``e_sum`` ``[C, n]``: per-point sums, already multiplied by any mini-batch scale
-    (``e_sum=None``: SEP's ``E = 2 B``). Returns one ``MatrixGradients`` per class
+    (``e_sum=None``: SEP's ``E = 2 B``). Returns the classes' gradients as stacks
+    (``StackedMatrixGradients``, a sequence of one ``MatrixGradients`` per class:
     (``Kuu [M, M]``, ``Kuf [M, n]``, ``Kff_diag [n]``). With ``B_g^-1 A`` from one solve,
     ``X = w a_sum^T + B_g^-1 A diag(E) - 2 A diag(B)`` and
     ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T - 2 A diag(B) A^T``.
     """
     A = terms.A
-    C = A.shape[0]
     e = 2.0 * b_sum if e_sum is None else e_sum
     AB = A * b_sum[:, None, :]  # A diag(B), [C, M, n]
     BiA = tri_solve_stack(lik.LB, R, transpose=True)  # B_g^-1 A
@@ -239,7 +243,7 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     T = tri_solve_stack(terms.L, inner, transpose=True)  # L^-T inner
     G_K = symmetrize(tri_solve_stack(terms.L, ops.copy(transpose(T)), transpose=True))
     G_uf = terms.unwhiten(X)
-    return [MatrixGradients(Kuu=G_K[c], Kuf=G_uf[c], Kff_diag=b_sum[c]) for c in range(C)]
+    return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b_sum)
 
 
 def as_stacked(terms: Sequence[ClassTerms] | StackedTerms) -> StackedTerms:
