@@ -163,8 +163,12 @@ def test_dense_only_gradient_and_bounds():
         parameter_gradient(hp, X, MatrixGradients(Kuu=np.eye(2)))
 
 
-def test_fixed_inducing_inputs_skip_the_input_vjp(monkeypatch):
-    """With Z held fixed the (costly) inducing-input VJP is never computed."""
+@pytest.mark.parametrize("stacked", [True, False])
+def test_fixed_inducing_inputs_skip_the_input_vjp(monkeypatch, stacked):
+    """With Z held fixed the (costly) inducing-input VJP is never computed, on the batched
+    kernel path (``gpinfer.kernels.stacked``) and on the per-latent one."""
+    from gpinfer.kernels.stacked import StackedCovariances
+
     rng = np.random.default_rng(1)
     X, Z = rng.standard_normal((7, 2)), rng.standard_normal((3, 2))
     kern = RBF(lengthscale=[0.9, 1.4], variance=1.3)
@@ -172,14 +176,25 @@ def test_fixed_inducing_inputs_skip_the_input_vjp(monkeypatch):
     G = MatrixGradients(Kuu=np.eye(3), Kuf=np.ones((3, 7)))
 
     calls = []
-    original_vjp = kern.vjp
-
-    def recording_vjp(*args, inputs=True):
-        calls.append(inputs)
-        return original_vjp(*args, inputs=inputs)
-
     expected = kern.grad_params(Z, None, G.Kuu) + kern.grad_params(Z, X, G.Kuf)
-    monkeypatch.setattr(kern, "vjp", recording_vjp)
+    if stacked:
+        assert hp.stacked is not None
+        original_stacked = StackedCovariances.vjp
+
+        def recording_stacked(self, *args, inputs=True):
+            calls.append(inputs)
+            return original_stacked(self, *args, inputs=inputs)
+
+        monkeypatch.setattr(StackedCovariances, "vjp", recording_stacked)
+    else:
+        hp.stacked = None
+        original_vjp = kern.vjp
+
+        def recording_vjp(*args, inputs=True):
+            calls.append(inputs)
+            return original_vjp(*args, inputs=inputs)
+
+        monkeypatch.setattr(kern, "vjp", recording_vjp)
     assert not hp.inducing_is_free(0)
     np.testing.assert_allclose(hp.gradient(X, G), expected, rtol=1e-12)
-    assert calls == [False, False]
+    assert calls == ([False] if stacked else [False, False])
