@@ -65,6 +65,9 @@ def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
     def label(c: int) -> str:
         return f"{name} ({unit} {first + c})" if K.ndim == 3 else name
 
+    L = ops.checked_cholesky(stack)  # the usual case: finite and positive definite, one check
+    if L is not None:
+        return L if K.ndim == 3 else L[0]
     if not ops.all_finite(K):
         bad = next(c for c in range(stack.shape[0]) if not ops.all_finite(stack[c]))
         raise NumericalError(f"{label(bad)} has non-finite entries; cannot factorise",
