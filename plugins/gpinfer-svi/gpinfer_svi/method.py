@@ -192,6 +192,8 @@ class VariationalState:
             mats = [c.matrices(batch) for c in self._covs]
             Kuu, Kub = [m[0] for m in mats], [m[1] for m in mats]
             Kdiag = np.stack([m[2] for m in mats])
+        elif (cov := self.hp.covariances(Xb)) is not None:  # one batched kernel path
+            Kuu, Kub, Kdiag = cov.Kuu, cov.Kuf, cov.Kff_diag  # reused by hp.gradient's VJP
         else:
             Kuu = [k.K(Z) for k, Z in zip(kernels, Zs)]
             Kub = [k.K(Z, Xb) for k, Z in zip(kernels, Zs)]
