@@ -139,45 +139,21 @@ def sep_mnist_size(epochs: int, rate: float) -> dict[str, object]:
 
 
 def sep_ops_per_step(steps: int = 3, n: int = 1000) -> dict[str, float]:
-    """Aten operators per SEP step at MNIST size on torch-CPU float64 (steps of epoch 2)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    """Aten operators per SEP step at MNIST size on torch-CPU float64 (steps of epoch 2;
+    ``step_profile.profile_steps``)."""
+    from step_profile import profile_steps
 
     from gpinfer.kernels import make_kernel
     from gpinfer.training.loop import TrainingLoop
 
     X, y = mnist_like(n=n)
-    counts: list[dict[str, int]] = []
-    seen = {"calls": 0}
-    first = -(-n // B) + 1  # the first step of epoch 2
-    original = TrainingLoop._step
 
-    def profiled(*args, **kwargs):
-        seen["calls"] += 1
-        if not first <= seen["calls"] < first + steps:
-            return original(*args, **kwargs)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            out = original(*args, **kwargs)
-        events = [e for e in prof.events() if e.name.startswith("aten::")]
-        top = [e for e in events
-               if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")]
-        syncs = [e for e in events if e.name in ("aten::item", "aten::_local_scalar_dense")
-                 and (e.cpu_parent is None or e.cpu_parent.name != "aten::item")]
-        counts.append({"top": len(top), "all": len(events), "syncs": len(syncs)})
-        return out
+    def fit() -> None:
+        fit_steps(X, y, "sep", M, B, 2, {"adam_learning_rate": 1e-3},
+                  kernel=make_kernel("rbf", D, ard=True),
+                  settings={"backend": "torch", "device": "cpu", "dtype": "float64"})
 
-    TrainingLoop._step = profiled  # type: ignore[method-assign]
-    try:
-        with torch.no_grad():
-            fit_steps(X, y, "sep", M, B, 2, {"adam_learning_rate": 1e-3},
-                      kernel=make_kernel("rbf", D, ard=True),
-                      settings={"backend": "torch", "device": "cpu", "dtype": "float64"})
-    finally:
-        TrainingLoop._step = original  # type: ignore[method-assign]
-    return {"aten_ops_top_level": float(np.mean([c["top"] for c in counts])),
-            "aten_ops_all": float(np.mean([c["all"] for c in counts])),
-            "host_syncs": float(np.mean([c["syncs"] for c in counts])),
-            "steps_profiled": len(counts)}
+    return profile_steps(fit, TrainingLoop, "_step", first=-(-n // B) + 1, steps=steps)
 
 
 def digits(epochs: int) -> dict[str, float]:
