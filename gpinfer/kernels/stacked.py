@@ -187,12 +187,14 @@ class StackedCovariances:
             GB = G @ Bm
             d_ell += 4.0 * ops.einsum("cmd,cmd->cd", d.A, GB)
             if not square:
+                assert Bm2 is not None  # ARD keeps the squares
                 d_ell -= 2.0 * _weighted_rows(xp.sum(G, axis=1), Bm2)
             if inputs:
                 if square:
                     GB *= 2.0
                 H = GB if H is None else H + GB
         if ard and rA is not None:
+            assert d.A2 is not None  # ARD keeps the squares
             d_ell -= 2.0 * _weighted_rows(rA, d.A2)
         g_Z = None
         if inputs:

@@ -153,7 +153,7 @@ def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Arr
     ``kappa = k_diag(X) + jitter``, ``s`` floored at ``jitter`` (None: ``inducing_jitter`` of
     the inputs' dtype). ``covariances``: the kernels' batched covariances at ``(Zs, X)``
     already computed (``HyperParameters.covariances``, shared with the gradient's VJPs);
-    otherwise ``stacked_covariances``. The kernel matrices are consumed in place.
+    otherwise ``stacked_covariances``. The given covariances are left unchanged.
     """
     jitter = inducing_jitter(X) if jitter is None else jitter
     if covariances is not None:
@@ -227,8 +227,8 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     SEP: the shared cavities) with ``R = L_B^-1 A [C, M, n]`` from ``lik.project``; ``a_sum``,
     ``b_sum``, ``e_sum`` ``[C, n]``: per-point sums, already multiplied by any mini-batch scale
     (``e_sum=None``: SEP's ``E = 2 B``). Returns the classes' gradients as stacks
-    (``StackedMatrixGradients``, a sequence of one ``MatrixGradients`` per class:
-    (``Kuu [M, M]``, ``Kuf [M, n]``, ``Kff_diag [n]``). With ``B_g^-1 A`` from one solve,
+    (``StackedMatrixGradients``: ``Kuu [C, M, M]``, ``Kuf [C, M, n]``, ``Kff_diag [C, n]``, also
+    a sequence of one ``MatrixGradients`` per class). With ``B_g^-1 A`` from one solve,
     ``X = w a_sum^T + B_g^-1 A diag(E) - 2 A diag(B)`` and
     ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T - 2 A diag(B) A^T``.
     """

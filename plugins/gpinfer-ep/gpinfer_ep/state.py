@@ -6,7 +6,7 @@ per-class ``ClassTerms`` is stacked on entry):
 
 * ``update(terms, idx, rho)``: parallel damped moment matching of the points' factors;
 * ``evaluate(terms, idx, scale)``: ``log Z_q`` (data terms times ``scale = N / |batch|``)
-  and per-class ``MatrixGradients`` (§2.7);
+  and the classes' ``MatrixGradients`` as stacks (``StackedMatrixGradients``, §2.7);
 * ``gaussians(terms)``: ``q`` per class (prediction); ``snapshot()`` / ``restore()`` for the
   failure policy; ``refresh()`` after an epoch.
 
@@ -26,9 +26,9 @@ import numpy as np
 from gpinfer.backend import ops
 from gpinfer.backend.choice import NUMPY, Backend
 from gpinfer.errors import NumericalError
-from gpinfer.interfaces import Array, MatrixGradients
+from gpinfer.interfaces import Array
 from gpinfer.kernels.base import Kernel
-from gpinfer.kernels.stacked import StackedCovariances
+from gpinfer.kernels.stacked import StackedCovariances, StackedMatrixGradients
 from gpinfer.sites.inducing import (
     ClassTerms,
     WhitenedGaussian,
@@ -200,7 +200,7 @@ class RankOneSites(_SiteSums):
 
     def evaluate(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array,
                  scale: float = 1.0,
-                 iteration: int | None = None) -> tuple[float, list[MatrixGradients]]:
+                 iteration: int | None = None) -> tuple[float, StackedMatrixGradients]:
         """EP ``log Z_q`` (§2.6) and its gradient (§2.7.2); directions of ``idx`` are current."""
         terms = as_stacked(terms)
         ii = ops.index_like(terms.A, idx)
@@ -293,7 +293,7 @@ class TiedSites(_SiteSums):
 
     def evaluate(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array,
                  scale: float = 1.0,
-                 iteration: int | None = None) -> tuple[float, list[MatrixGradients]]:
+                 iteration: int | None = None) -> tuple[float, StackedMatrixGradients]:
         """SEP ``log Z_q`` (§2.6) and the paper's gradient with the shared cavity (§2.7.3)."""
         terms = as_stacked(terms)
         y_host = self.y[idx]
