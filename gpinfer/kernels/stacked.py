@@ -102,10 +102,11 @@ class StackedCovariances:
         self.theta = family.theta()
         st = family.stationary
         xp = ops.namespace(Z)
-        log_ell = np.stack([k._log_lengthscale for k in st])  # [C, D'] host
-        log_var = np.array([k._log_variance for k in st])
-        ell = ops.like(Z, np.exp(log_ell))[:, None, :]
-        var = ops.like(Z, np.exp(log_var))
+        #: every parameter in natural units ``[C, P]`` (all are logs), moved once
+        self.natural = ops.like(Z, np.exp(self.theta))
+        start, stop = family.offsets[family.stationary_index]
+        ell = self.natural[:, None, start : stop - 1]
+        var = self.natural[:, stop - 1]
         shift = xp.mean(Z, axis=1)[:, None, :]  # [C, 1, D]: distances do not change
         A = Z - shift
         A /= ell
@@ -125,8 +126,8 @@ class StackedCovariances:
         self.Kuf = vk * self.d.g_uf
         self.Kff_diag = ops.empty(X, (len(st), X.shape[0]))
         self.Kff_diag[...] = var[:, None]
-        for index, parts in family.noise_parts():
-            noise = ops.like(Z, np.exp([p._log_variance for p in parts]))
+        for index, _ in family.noise_parts():
+            noise = self.natural[:, family.offsets[index][0]]
             if family.noise_on_square[index]:
                 ops.add_diagonal(self.Kuu, noise[:, None])
             self.Kff_diag += noise[:, None]
@@ -204,11 +205,11 @@ class StackedCovariances:
                 g_Z -= H
                 g_Z *= 2.0 / d.ell
         blocks = []
-        for index, part in enumerate(fam.parts):
+        for index in range(len(fam.parts)):
             if index == fam.stationary_index:
                 blocks += [d_ell, d_var[:, None]]
                 continue
-            noise = ops.like(self.Z, np.exp([p._log_variance for p in part]))
+            noise = self.natural[:, fam.offsets[index][0]]
             gn = ops.zeros(self.Z, (C,))
             if dKff_diag is not None:
                 gn += noise * xp.sum(dKff_diag, axis=1)
@@ -258,6 +259,9 @@ class StackedKernels:
         self.stationary_index = next(i for i, s in enumerate(signature)
                                      if issubclass(s[0], Stationary))
         self.stationary: list[Stationary] = self.parts[self.stationary_index]
+        #: ``(start, stop)`` of each part's parameters in a kernel's unconstrained vector
+        sizes = np.cumsum([0] + [p[0].n_params for p in self.parts])
+        self.offsets = [(int(a), int(b)) for a, b in zip(sizes[:-1], sizes[1:])]
         #: whether a noise part sits on the square matrix (``White``) or only on ``Kff_diag``
         self.noise_on_square = [i != self.stationary_index and parts[0].on_square
                                 for i, parts in enumerate(self.parts)]
