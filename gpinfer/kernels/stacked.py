@@ -295,6 +295,7 @@ class StackedKernels:
                 and last[1].Z is Z and last[1].X is X
                 and np.array_equal(last[1].theta, self.theta())):
             return last[1]
+        self._last = None  # released first: one set of these arrays alive, not two
         cov = StackedCovariances(self, Z, X)
         self._last = None if version is None else (version, cov)
         return cov
