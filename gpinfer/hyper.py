@@ -21,7 +21,8 @@ steps on the device; kernel and likelihood parameters are small and are read bac
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import functools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,16 @@ from gpinfer.kernels.stacked import (
 from gpinfer.parallel import map_latents
 
 BoundPair = tuple[float | None, float | None]
+
+
+def _prefixed(prefix: str, params: tuple[str, ...]) -> list[str]:
+    """``prefix + p`` for every parameter name ``p``."""
+    return [prefix + p for p in params]
+
+
+def _grid_names(prefix: str, rows: int, cols: int) -> list[str]:
+    """``prefix[m,d]`` for an ``[rows, cols]`` array, row-major."""
+    return [f"{prefix}[{m},{d}]" for m in range(rows) for d in range(cols)]
 
 
 @dataclass(frozen=True)
@@ -94,33 +105,46 @@ class HyperParameters:
                 self._distinct.append(kern)
 
         multi = self.n_latent > 1
-        names: list[str] = []
-        free: list[bool] = []
+        n_entries = 0
+        learned: list[bool] = []
         blocks: list[_Block] = []
+        #: per block, how its entries' names are formed (built only when asked for)
+        self._name_makers: list[Callable[[], list[str]]] = []
 
-        def add(kind: str, index: int, block_names: list[str], learn: bool) -> None:
-            start = len(names)
-            names.extend(block_names)
-            free.extend([learn] * len(block_names))
-            blocks.append(_Block(kind, index, start, len(names)))
+        def add(kind: str, index: int, size: int, make: Callable[[], list[str]],
+                learn: bool) -> None:
+            nonlocal n_entries
+            blocks.append(_Block(kind, index, n_entries, n_entries + size))
+            learned.append(learn)
+            self._name_makers.append(make)
+            n_entries += size
 
         for j, kern in enumerate(self._distinct):
             prefix = f"kernel[{j}]" if len(self._distinct) > 1 else "kernel"
-            add("kernel", j, [f"{prefix}.{p}" for p in kern.param_names], optimize)
+            add("kernel", j, len(kern.param_names), functools.partial(
+                _prefixed, prefix + ".", tuple(kern.param_names)), optimize)
         for l, z in enumerate(self.Z or []):
             prefix = f"Z[{l}]" if multi else "Z"
-            zn = [f"{prefix}[{m},{d}]" for m in range(z.shape[0]) for d in range(z.shape[1])]
-            add("inducing", l, zn, optimize and optimize_inducing)
+            add("inducing", l, int(z.shape[0]) * int(z.shape[1]), functools.partial(
+                _grid_names, prefix, int(z.shape[0]), int(z.shape[1])),
+                optimize and optimize_inducing)
         if likelihood is not None:
-            ln = [f"likelihood.{p}" for p in likelihood.param_names]
-            add("likelihood", 0, ln, optimize and optimize_likelihood)
+            add("likelihood", 0, len(likelihood.param_names), functools.partial(
+                _prefixed, "likelihood.", tuple(likelihood.param_names)),
+                optimize and optimize_likelihood)
 
+        self._n_entries = n_entries
+        self._names_cache: list[str] | None = None
+        self._free = np.zeros(n_entries, dtype=bool)
+        for block, learn in zip(blocks, learned):
+            self._free[block.start : block.stop] = learn
         fixed = set(fixed)
-        unknown = sorted(fixed - set(names))
-        if unknown:
-            raise ValueError(f"unknown hyper-parameter name(s) {unknown}; known: {names}")
-        self._all_names = names
-        self._free = np.array([f and n not in fixed for n, f in zip(names, free)], dtype=bool)
+        if fixed:
+            names = self._all_names
+            unknown = sorted(fixed - set(names))
+            if unknown:
+                raise ValueError(f"unknown hyper-parameter name(s) {unknown}; known: {names}")
+            self._free &= np.array([n not in fixed for n in names], dtype=bool)
         self._all_free = bool(np.all(self._free))  # then packing needs no mask (no copies)
         self._blocks = blocks
         #: moves on every ``unpack`` (and ``touch``): the key of the batched covariances
@@ -191,6 +215,13 @@ class HyperParameters:
         return int(self._free.sum())
 
     @property
+    def _all_names(self) -> list[str]:
+        """Names of every entry (formed on first use: ``Z`` holds ``L M D`` of them)."""
+        if self._names_cache is None:
+            self._names_cache = [n for make in self._name_makers for n in make()]
+        return self._names_cache
+
+    @property
     def names(self) -> list[str]:
         """Names of the ``P`` free entries, in packing order."""
         return [n for n, f in zip(self._all_names, self._free) if f]
@@ -198,12 +229,21 @@ class HyperParameters:
     @property
     def n_entries(self) -> int:
         """Number of entries, free or fixed."""
-        return len(self._all_names)
+        return self._n_entries
 
     @property
     def all_names(self) -> list[str]:
         """Names of every entry, free or fixed."""
         return list(self._all_names)
+
+    def kernel_entries(self, contains: str) -> np.ndarray:
+        """``[P]`` bool: which free entries are kernel parameters whose name contains
+        ``contains`` (as ``contains in name`` over ``names``, without forming ``Z``'s names)."""
+        full = np.zeros(self._n_entries, dtype=bool)
+        for block, make in zip(self._blocks, self._name_makers):
+            if block.kind == "kernel":
+                full[block.start : block.stop] = [contains in n for n in make()]
+        return full[self._free]
 
     # -- pack / unpack -----------------------------------------------------------------------
     def _reference(self) -> Array:
@@ -288,7 +328,7 @@ class HyperParameters:
     ) -> list[BoundPair]:
         """Box bounds for the ``P`` free entries, one ``(low, high)`` pair per block kind."""
         per_kind = {"kernel": kernel, "inducing": inducing, "likelihood": likelihood}
-        out: list[BoundPair] = [(None, None)] * len(self._all_names)
+        out: list[BoundPair] = [(None, None)] * self._n_entries
         for block in self._blocks:
             pair = per_kind[block.kind] or (None, None)
             out[block.start : block.stop] = [pair] * (block.stop - block.start)

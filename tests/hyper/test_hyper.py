@@ -122,6 +122,16 @@ def test_single_latent_names():
     assert hp.names == ["kernel.lengthscale", "kernel.variance", "Z[0,0]", "Z[1,0]"]
 
 
+def test_kernel_entries_select_by_name_without_the_inducing_names():
+    for hp in (make_hp(), make_hp(fixed=["kernel[0].variance"]), make_hp(optimize_inducing=False)):
+        for part in ("lengthscale", "variance", ""):
+            expected = [n.startswith("kernel") and part in n for n in hp.names]
+            assert hp.kernel_entries(part).tolist() == expected
+    hp = make_hp()
+    assert hp._names_cache is None  # names are formed only when asked for
+    assert hp.n_entries == len(hp.all_names) == hp.size
+
+
 def test_gradient_matches_finite_differences():
     check_fd(make_hp())
 
