@@ -276,8 +276,11 @@ class HyperParameters:
         full = self._full()  # a new array already
         return full if self._all_free else full[self._free_entries(full)]
 
-    def unpack(self, theta: Array) -> None:
-        """Write ``theta [P]`` into the kernels, ``Z`` and the likelihood (fixed entries kept)."""
+    def unpack(self, theta: Array, *, owned: bool = False) -> None:
+        """Write ``theta [P]`` into the kernels, ``Z`` and the likelihood (fixed entries kept).
+
+        ``owned=True``: the caller hands ``theta`` over (it neither reads nor writes it again),
+        so the inducing inputs may be views of it instead of a copy (``P`` can be millions)."""
         if ops.is_numpy(theta) or not ops.is_array(theta):
             theta = np.asarray(theta, dtype=float).reshape(-1)
         xp = ops.namespace(theta)
@@ -290,7 +293,7 @@ class HyperParameters:
         else:
             full = self._full()
             full[self._free_entries(full)] = theta
-        Z_stack = self._unpack_inducing_stack(full, xp)
+        Z_stack = self._unpack_inducing_stack(full, xp, copy=not owned or not self._all_free)
         for block in self._blocks:
             if not np.any(self._free[block.start : block.stop]):
                 continue
@@ -299,17 +302,19 @@ class HyperParameters:
                 self._distinct[block.index].set_unconstrained(ops.to_host(piece).astype(float))
             elif block.kind == "inducing":
                 Z = self._inducing()
+                view = xp.reshape(piece, tuple(Z[block.index].shape))
                 Z[block.index] = (Z_stack[block.index] if Z_stack is not None else
-                                  ops.copy(xp.reshape(piece, tuple(Z[block.index].shape))))
+                                  view if owned and self._all_free else ops.copy(view))
             else:
                 self._likelihood().set_unconstrained(ops.to_host(piece).astype(float))
         if Z_stack is not None:
             self._Z_stack = (self.version, Z_stack)
 
-    def _unpack_inducing_stack(self, full: Array, xp: object) -> Array | None:
-        """The inducing entries of ``full`` as one copied stack ``[L, M, D]`` when they are
-        one contiguous run of equally shaped, all free blocks (the latents' ``Z`` are then
-        views of it); else ``None``."""
+    def _unpack_inducing_stack(self, full: Array, xp: object, copy: bool = True
+                               ) -> Array | None:
+        """The inducing entries of ``full`` as one stack ``[L, M, D]`` (copied, or with
+        ``copy=False`` a view of ``full``) when they are one contiguous run of equally shaped,
+        all free blocks (the latents' ``Z`` are then views of it); else ``None``."""
         if self.stacked is None:
             return None
         blocks = [b for b in self._blocks if b.kind == "inducing"]
@@ -318,7 +323,8 @@ class HyperParameters:
                 and bool(np.all(self._free[start:stop]))):
             return None
         shape = (len(blocks), *tuple(self._inducing()[0].shape))
-        return ops.copy(xp.reshape(full[start:stop], shape))  # type: ignore[attr-defined]
+        stack = xp.reshape(full[start:stop], shape)  # type: ignore[attr-defined]
+        return ops.copy(stack) if copy else stack
 
     def bounds(
         self,

@@ -43,14 +43,23 @@ class Adam(StochasticAscent):
         self.t = 0
         self.m = zeros_like_vector(x0)
         self.v = zeros_like_vector(x0)
-        self._work = zeros_like_vector(x0)  # scratch: P can be millions, few temporaries
+        # scratch: P can be millions, so no temporaries (and no fresh pages) per step
+        self._work = zeros_like_vector(x0)
+        self._delta = zeros_like_vector(x0)
 
     def step(self, x: Array, grad: Array) -> Array:
         grad = as_vector(grad) if not ops.is_array(grad) else grad
+        on_device = ops.is_array(x) and not ops.is_numpy(x)
+        x_new = ops.copy(as_vector(x)) if on_device else as_vector(x)  # host: float64 copy
+        return self.step_into(x_new, grad)
+
+    def step_into(self, x: Array, grad: Array) -> Array:
+        """``step`` written into ``x [P]`` (an array the caller owns; returned), the same
+        values to the last bit; ``grad [P]`` is read only."""
         if tuple(self.m.shape) != tuple(grad.shape) or type(self.m) is not type(grad):
             self.reset(grad)
         self.t += 1
-        work = self._work
+        work, delta = self._work, self._delta
         self.m *= self.beta1
         ops.multiply_into(grad, 1.0 - self.beta1, work)
         self.m += work
@@ -61,7 +70,7 @@ class Adam(StochasticAscent):
         ops.sqrt_into(self.v, work)
         work *= 1.0 / math.sqrt(1.0 - self.beta2**self.t)  # sqrt(v_hat)
         work += self.eps
-        step = self.m * (self.learning_rate / (1.0 - self.beta1**self.t))
-        step /= work
-        step += x
-        return step
+        ops.multiply_into(self.m, self.learning_rate / (1.0 - self.beta1**self.t), delta)
+        delta /= work
+        x += delta
+        return x

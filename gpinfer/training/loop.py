@@ -155,9 +155,9 @@ class TrainingLoop:
             coord = self._coordinates(theta)[part]
             theta[part] *= coord
             grad[part] /= coord
-            xi = opt.step(theta, grad)
+            xi = opt.step_into(theta, grad) if isinstance(opt, Adam) else opt.step(theta, grad)
             xi[part] /= coord
-            self.hp.unpack(xi)
+            self.hp.unpack(xi, owned=True)
 
     def _step(self, batch: Array, rho: float) -> tuple[float, Array, float]:
         """Refine the sites of ``batch``, then the objective and its gradient on ``batch``

@@ -208,3 +208,19 @@ def test_fixed_inducing_inputs_skip_the_input_vjp(monkeypatch, stacked):
     assert not hp.inducing_is_free(0)
     np.testing.assert_allclose(hp.gradient(X, G), expected, rtol=1e-12)
     assert calls == ([False] if stacked else [False, False])
+
+
+@pytest.mark.parametrize("stacked", [True, False])
+def test_unpack_owned_gives_the_same_values_without_a_copy(stacked):
+    kernels = (lambda: [RBF([0.8, 1.3], 1.7), RBF([1.1, 0.9], 0.6)]) if stacked else (
+        lambda: [RBF([0.8, 1.3], 1.7), Matern52(1.1, 0.6)])
+    hp, ref = make_hp(kernels=kernels()), make_hp(kernels=kernels())
+    assert (hp.stacked is not None) == stacked
+    theta = hp.pack() + 0.05
+    ref.unpack(theta)
+    hp.unpack(theta, owned=True)
+    np.testing.assert_array_equal(hp.pack(), ref.pack())
+    for z, z_ref in zip(hp.Z, ref.Z):
+        np.testing.assert_array_equal(z, z_ref)
+    assert np.shares_memory(hp.Z[0], theta)  # handed over: the inducing inputs are views
+    assert not np.shares_memory(ref.Z[0], theta)
