@@ -117,7 +117,7 @@ def sep_mnist_size(epochs: int, rate: float) -> dict[str, object]:
               "site update": (SparseSites, "update"),
               "log Z_q + matrix gradients": (SparseSites, "objective"),
               "kernel VJPs (hp.gradient)": (HyperParameters, "gradient"),
-              "Adam step": (Adam, "step"),
+              "Adam step": (Adam, "step_into"),
               "optimiser coordinates, pack/unpack": (TrainingLoop, "_ascend"),
               "one step, all of it": (TrainingLoop, "_step")}
     with PhaseClock(phases) as clock:

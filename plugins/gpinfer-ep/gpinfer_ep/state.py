@@ -217,8 +217,8 @@ class RankOneSites(_SiteSums):
         t = pair_tilted(cav_w.a, cav_w.v + at_label(s, y), cav_l.a, cav_l.v + s, mask)
         deltas = role_delta(mu_y, v_y, W1, W2, cav_w.d) + role_delta(mu, v, L1, L2, cav_l.d)
         xp = ops.namespace(mu)
-        data = ops.scalar(xp.sum(xp.where(mask, t.log_z + deltas, 0.0)))
-        value = ops.scalar(xp.sum(q.log_norm_ratio())) + scale * data
+        data = xp.sum(xp.where(mask, t.log_z + deltas, 0.0))
+        value = ops.scalar(xp.sum(q.log_norm_ratio()) + scale * data)  # read once
         e_w = (t.g_win * (W1 * mu_y - W2) + 2.0 * t.g_b) / cav_w.d
         e_l = (-t.g_win * (L1 * mu - L2) + 2.0 * t.g_b) / cav_l.d
         a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
@@ -309,8 +309,8 @@ class TiedSites(_SiteSums):
         n_b = ops.like(P_w, factor_counts(y_host, C))
         lnr_q, lnr_cav = q.log_norm_ratio(), cav.log_norm_ratio()
         xp = ops.namespace(lnr_q)
-        cav_terms = ops.scalar(xp.sum(n_b * (lnr_cav - lnr_q)))
-        value = ops.scalar(xp.sum(lnr_q)) + scale * (ops.scalar(xp.sum(t.log_z)) + cav_terms)
+        cav_terms = xp.sum(n_b * (lnr_cav - lnr_q))
+        value = ops.scalar(xp.sum(lnr_q) + scale * (xp.sum(t.log_z) + cav_terms))  # read once
         a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
         b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
         grads = stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
