@@ -250,3 +250,19 @@ def test_adam_step_into_writes_the_same_bits_into_x():
         np.testing.assert_array_equal(g, g_before)  # the gradient is read only
         np.testing.assert_array_equal(out, new)
         x = new
+
+
+def test_adam_host_pieces_give_the_bits_of_whole_vector_operations():
+    rng = np.random.default_rng(4)
+    P = 50_000  # several pieces and a short last one
+    opt = Adam(learning_rate=0.02)
+    x = rng.normal(size=P)
+    ref_x, m, v = x.copy(), np.zeros(P), np.zeros(P)
+    for t in range(1, 4):
+        g = rng.normal(size=P)
+        m = m * 0.9 + g * (1.0 - 0.9)
+        v = v * 0.999 + (g * g) * (1.0 - 0.999)
+        den = np.sqrt(v) * (1.0 / np.sqrt(1.0 - 0.999**t)) + 1e-8
+        ref_x = ref_x + (m * (0.02 / (1.0 - 0.9**t))) / den
+        x = opt.step_into(x, g)
+        np.testing.assert_array_equal(x, ref_x)
