@@ -8,7 +8,12 @@
    per class ``17.33 M^3 + 7 M^2 B + 3 M^2 D + 4 M B D``).
 3. Where the step's time goes: process-CPU time per step of its phases (kernel terms, site
    update, log Z_q and matrix gradients, kernel VJPs, optimiser step, the rest).
-4. digits (split 0, M = 100, batches of 200, Adam at 0.01): process-CPU time per step of sep
+4. Operations per step on torch-CPU (float64): the aten operators one SEP step at MNIST size
+   issues, counted with ``torch.profiler`` over a few steps of epoch 2 (``top-level``: operators
+   not called from another aten operator, the proxy for kernel launches on a GPU; ``all``:
+   nested ones too), and the host synchronisations among them (``aten::item``,
+   ``aten::_local_scalar_dense``).
+5. digits (split 0, M = 100, batches of 200, Adam at 0.01): process-CPU time per step of sep
    (M per class) and svi (robust-max, M shared), as ``../shared/peers/minibatch.py`` sets them
    up. For the ratio against GPflow's SVGP run that script with ``--peers VENV`` (it builds its
    own interleaved rounds of gpinfer, GPflow and GPyTorch).
@@ -112,7 +117,7 @@ def sep_mnist_size(epochs: int, rate: float) -> dict[str, object]:
               "site update": (SparseSites, "update"),
               "log Z_q + matrix gradients": (SparseSites, "objective"),
               "kernel VJPs (hp.gradient)": (HyperParameters, "gradient"),
-              "Adam step": (Adam, "step"),
+              "Adam step": (Adam, "step_into"),
               "optimiser coordinates, pack/unpack": (TrainingLoop, "_ascend"),
               "one step, all of it": (TrainingLoop, "_step")}
     with PhaseClock(phases) as clock:
@@ -131,6 +136,24 @@ def sep_mnist_size(epochs: int, rate: float) -> dict[str, object]:
             "ratio_to_floor": out["step_cpu_s"] / floor,
             "achieved_gflops": step_flops() / out["step_cpu_s"] / 1e9,
             "phases_ms_per_step (all epochs)": {k: round(1e3 * v, 1) for k, v in split.items()}}
+
+
+def sep_ops_per_step(steps: int = 3, n: int = 1000) -> dict[str, float]:
+    """Aten operators per SEP step at MNIST size on torch-CPU float64 (steps of epoch 2;
+    ``step_profile.profile_steps``)."""
+    from step_profile import profile_steps
+
+    from gpinfer.kernels import make_kernel
+    from gpinfer.training.loop import TrainingLoop
+
+    X, y = mnist_like(n=n)
+
+    def fit() -> None:
+        fit_steps(X, y, "sep", M, B, 2, {"adam_learning_rate": 1e-3},
+                  kernel=make_kernel("rbf", D, ard=True),
+                  settings={"backend": "torch", "device": "cpu", "dtype": "float64"})
+
+    return profile_steps(fit, TrainingLoop, "_step", first=-(-n // B) + 1, steps=steps)
 
 
 def digits(epochs: int) -> dict[str, float]:
@@ -163,13 +186,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--digits-epochs", type=int, default=8)
+    ap.add_argument("--parts", default="sep,ops,digits",
+                    help="comma-separated: sep (MNIST-size CPU step), ops (aten ops), digits")
     ap.add_argument("--peers", default=None, help="side venv of ../shared/peers (GPflow ratio)")
     a = ap.parse_args()
     with threadpool_limits(limits=1):
         rate = dgemm_rate(repeats=10, clock=time.process_time)
-        report = {"dgemm_gflops_one_thread": rate / 1e9,
-                  "sep_mnist_size": sep_mnist_size(a.epochs, rate),
-                  "digits": digits(a.digits_epochs)}
+        parts = a.parts.split(",")
+        report: dict[str, object] = {"dgemm_gflops_one_thread": rate / 1e9,
+                                     "load_average": os.getloadavg()}
+        if "sep" in parts:
+            report["sep_mnist_size"] = sep_mnist_size(a.epochs, rate)
+        if "ops" in parts:
+            report["sep_mnist_size_torch_cpu_ops_per_step"] = sep_ops_per_step()
+        if "digits" in parts:
+            report["digits"] = digits(a.digits_epochs)
     print(json.dumps(report, indent=1))
     if a.peers:
         peers = ROOT.parent / "shared" / "peers"

@@ -32,7 +32,12 @@ D = 36, C = 6, M = 644 per class) for sep (``--dtype``) and ep (float64 always: 
 float32) on the device, against numpy on one core; iterations 2..R+1 timed from the callback's
 ``elapsed`` (iteration 1 moves X to the device and loads kernels).
 
-``all`` runs the three in turn. ``--smoke`` shrinks everything (MNIST 2000 / 500 points, M = 20,
+``profile``: one sep step at MNIST size (D = 784, C = 10, M = ``--M`` per class, batches of
+``--batch-size``) and one svi ``estimate`` (robust-max, same sizes) under ``torch.profiler``:
+aten operators (top-level and all), host syncs, and on CUDA kernel launches and GPU busy time
+per step (``step_profile.py``). With ``--device cpu`` the aten-op count is the launch proxy.
+
+``all`` runs the four in turn. ``--smoke`` shrinks everything (MNIST 2000 / 500 points, M = 20,
 batches of 256, 20 s, evaluations every 2 s; synthetic N = 10^4 and 2 x 10^4, M = 20, 20 numpy
 batches; Satellite N = 644, M = 64) so that ``all --smoke --device cpu`` runs on torch-CPU in
 about two minutes.
@@ -327,9 +332,58 @@ def run_satellite(args: argparse.Namespace) -> None:
             "smoke": args.smoke, "device_iteration_s": dev, "numpy_one_core_iteration_s": cpu})
 
 
+# ------------------------------------------------------------------------------------------
+# Operations per step
+# ------------------------------------------------------------------------------------------
+def run_profile(args: argparse.Namespace) -> None:
+    """Per step of sep (MNIST size: D 784, C 10, M ``--M`` per class, batches of
+    ``--batch-size``) and of svi (robust-max, the same sizes, M shared; its ``estimate``:
+    ELBO and gradient, without the optimiser's update): aten operators, host syncs and, on
+    CUDA, kernel launches and GPU busy time (``step_profile.profile_steps``, steps of epoch
+    2). MNIST-like random pixels; ``--smoke``: M 20, batches of 256."""
+    import torch
+    from gpinfer_svi.method import VariationalState
+    from step_profile import profile_steps
+
+    from gpinfer.training.loop import TrainingLoop
+
+    D, C = 784, 10
+    M, B = (20, 256) if args.smoke else (args.M, args.batch_size)
+    n = 4 * B
+    rng = np.random.default_rng(0)
+    T = rng.uniform(size=(C, D)) ** 4
+    y = rng.integers(0, C, n)
+    X = np.clip(T[y] + 0.3 * rng.normal(size=(n, D)), 0, 1) * (rng.uniform(size=(n, D)) < 0.2)
+    cuda = args.device.startswith("cuda")
+    settings = torch_settings(args)
+
+    def fit_sep() -> None:
+        est = sep(M, D, B, 2, {"adam_learning_rate": 1e-3}, settings)
+        est.set_params(baseline_failure="warn").fit(X, y)  # two epochs: counts, not a model
+
+    def fit_svi() -> None:
+        GPClassifier(method="svi", M=M, kernel=make_kernel("rbf", D, ard=True),
+                     likelihood="robustmax", max_iter=6, batch_size=B, random_state=0,
+                     method_options={"optimizer": "adam",
+                                     "optimizer_options": {"learning_rate": 1e-3}},
+                     baseline_failure="warn", **settings).fit(X, y)
+
+    # sep: steps of epoch 2; svi (max_iter counts its steps): steps 3..5
+    for name, fit, owner, target, first in (
+            ("sep", fit_sep, TrainingLoop, "_step", n // B + 1),
+            ("svi", fit_svi, VariationalState, "estimate", 3)):
+        counts = profile_steps(fit, owner, target, first=first, steps=3, cuda=cuda)
+        print(f"== profile {name} step on {args.device} {args.dtype} (D={D} C={C} M={M} "
+              f"B={B}): " + ", ".join(f"{k} {v:.1f}" for k, v in counts.items()), flush=True)
+        append_jsonl(args.out, {
+            "part": "profile", "library": f"gpinfer-{name}", "time": time.time(),
+            **device_info(torch, args.device), "dtype": args.dtype, "D": D, "C": C, "M": M,
+            "batch_size": B, "smoke": args.smoke, **counts})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("part", choices=("mnist", "synthetic", "satellite", "all"))
+    ap.add_argument("part", choices=("mnist", "synthetic", "satellite", "profile", "all"))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     ap.add_argument("--out", default=str(ROOT / "outputs" / "gpu_backend.jsonl"))
@@ -367,10 +421,12 @@ def main() -> None:
           + (f" ({torch.cuda.get_device_name(torch.device(args.device))})"
              if args.device.startswith("cuda") and torch.cuda.is_available() else
              f", {torch.get_num_threads()} torch threads"), flush=True)
-    parts = ("mnist", "synthetic", "satellite") if args.part == "all" else (args.part,)
+    parts = (("mnist", "synthetic", "satellite", "profile") if args.part == "all"
+             else (args.part,))
     for part in parts:
         t0 = time.perf_counter()
-        {"mnist": run_mnist, "synthetic": run_synthetic, "satellite": run_satellite}[part](args)
+        {"mnist": run_mnist, "synthetic": run_synthetic, "satellite": run_satellite,
+         "profile": run_profile}[part](args)
         print(f"[{part}: {time.perf_counter() - t0:.0f} s]", flush=True)
 
 

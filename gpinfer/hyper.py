@@ -21,7 +21,8 @@ steps on the device; kernel and likelihood parameters are small and are read bac
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import functools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +31,24 @@ import numpy as np
 from gpinfer.backend import ops
 from gpinfer.interfaces import Array, Likelihood, MatrixGradients
 from gpinfer.kernels.base import Kernel
+from gpinfer.kernels.stacked import (
+    StackedCovariances,
+    StackedKernels,
+    StackedMatrixGradients,
+)
 from gpinfer.parallel import map_latents
 
 BoundPair = tuple[float | None, float | None]
+
+
+def _prefixed(prefix: str, params: tuple[str, ...]) -> list[str]:
+    """``prefix + p`` for every parameter name ``p``."""
+    return [prefix + p for p in params]
+
+
+def _grid_names(prefix: str, rows: int, cols: int) -> list[str]:
+    """``prefix[m,d]`` for an ``[rows, cols]`` array, row-major."""
+    return [f"{prefix}[{m},{d}]" for m in range(rows) for d in range(cols)]
 
 
 @dataclass(frozen=True)
@@ -89,35 +105,77 @@ class HyperParameters:
                 self._distinct.append(kern)
 
         multi = self.n_latent > 1
-        names: list[str] = []
-        free: list[bool] = []
+        n_entries = 0
+        learned: list[bool] = []
         blocks: list[_Block] = []
+        #: per block, how its entries' names are formed (built only when asked for)
+        self._name_makers: list[Callable[[], list[str]]] = []
 
-        def add(kind: str, index: int, block_names: list[str], learn: bool) -> None:
-            start = len(names)
-            names.extend(block_names)
-            free.extend([learn] * len(block_names))
-            blocks.append(_Block(kind, index, start, len(names)))
+        def add(kind: str, index: int, size: int, make: Callable[[], list[str]],
+                learn: bool) -> None:
+            nonlocal n_entries
+            blocks.append(_Block(kind, index, n_entries, n_entries + size))
+            learned.append(learn)
+            self._name_makers.append(make)
+            n_entries += size
 
         for j, kern in enumerate(self._distinct):
             prefix = f"kernel[{j}]" if len(self._distinct) > 1 else "kernel"
-            add("kernel", j, [f"{prefix}.{p}" for p in kern.param_names], optimize)
+            add("kernel", j, len(kern.param_names), functools.partial(
+                _prefixed, prefix + ".", tuple(kern.param_names)), optimize)
         for l, z in enumerate(self.Z or []):
             prefix = f"Z[{l}]" if multi else "Z"
-            zn = [f"{prefix}[{m},{d}]" for m in range(z.shape[0]) for d in range(z.shape[1])]
-            add("inducing", l, zn, optimize and optimize_inducing)
+            add("inducing", l, int(z.shape[0]) * int(z.shape[1]), functools.partial(
+                _grid_names, prefix, int(z.shape[0]), int(z.shape[1])),
+                optimize and optimize_inducing)
         if likelihood is not None:
-            ln = [f"likelihood.{p}" for p in likelihood.param_names]
-            add("likelihood", 0, ln, optimize and optimize_likelihood)
+            add("likelihood", 0, len(likelihood.param_names), functools.partial(
+                _prefixed, "likelihood.", tuple(likelihood.param_names)),
+                optimize and optimize_likelihood)
 
+        self._n_entries = n_entries
+        self._names_cache: list[str] | None = None
+        self._free = np.zeros(n_entries, dtype=bool)
+        for block, learn in zip(blocks, learned):
+            self._free[block.start : block.stop] = learn
         fixed = set(fixed)
-        unknown = sorted(fixed - set(names))
-        if unknown:
-            raise ValueError(f"unknown hyper-parameter name(s) {unknown}; known: {names}")
-        self._all_names = names
-        self._free = np.array([f and n not in fixed for n, f in zip(names, free)], dtype=bool)
+        if fixed:
+            names = self._all_names
+            unknown = sorted(fixed - set(names))
+            if unknown:
+                raise ValueError(f"unknown hyper-parameter name(s) {unknown}; known: {names}")
+            self._free &= np.array([n not in fixed for n in names], dtype=bool)
         self._all_free = bool(np.all(self._free))  # then packing needs no mask (no copies)
         self._blocks = blocks
+        #: moves on every ``unpack`` (and ``touch``): the key of the batched covariances
+        self.version = 0
+        #: the latents' kernels as one batched computation (``None``: families differ, or no
+        #: inducing inputs of one shape; then every latent is computed on its own)
+        self.stacked: StackedKernels | None = None
+        if self.Z is not None and len({tuple(z.shape) for z in self.Z}) == 1:
+            self.stacked = StackedKernels.of(self.kernels)
+        self._Z_stack: tuple[int, Array] | None = None
+
+    # -- the batched kernel path -------------------------------------------------------------
+    def touch(self) -> None:
+        """Say that kernels or inducing inputs changed other than by ``unpack`` (cached
+        covariances are then not reused)."""
+        self.version += 1
+
+    def inducing_stack(self) -> Array:
+        """The inducing inputs as one stack ``[L, M, D]`` (formed once per version)."""
+        Zs = self._inducing()
+        if self._Z_stack is None or self._Z_stack[0] != self.version:
+            self._Z_stack = (self.version, ops.namespace(Zs[0]).stack(Zs))
+        return self._Z_stack[1]
+
+    def covariances(self, X: Array) -> StackedCovariances | None:
+        """The latents' ``Kuu``, ``Kuf`` at ``X [B, D]`` and ``Kff_diag``, with everything
+        their VJPs share (``gpinfer.kernels.stacked``), computed once per ``version`` and
+        batch object ``X``; ``None`` without a batched path."""
+        if self.stacked is None:
+            return None
+        return self.stacked.covariances(self.inducing_stack(), X, self.version)
 
     # -- construction helpers ----------------------------------------------------------------
     def _inducing(self) -> list[Array]:
@@ -157,6 +215,13 @@ class HyperParameters:
         return int(self._free.sum())
 
     @property
+    def _all_names(self) -> list[str]:
+        """Names of every entry (formed on first use: ``Z`` holds ``L M D`` of them)."""
+        if self._names_cache is None:
+            self._names_cache = [n for make in self._name_makers for n in make()]
+        return self._names_cache
+
+    @property
     def names(self) -> list[str]:
         """Names of the ``P`` free entries, in packing order."""
         return [n for n, f in zip(self._all_names, self._free) if f]
@@ -164,12 +229,21 @@ class HyperParameters:
     @property
     def n_entries(self) -> int:
         """Number of entries, free or fixed."""
-        return len(self._all_names)
+        return self._n_entries
 
     @property
     def all_names(self) -> list[str]:
         """Names of every entry, free or fixed."""
         return list(self._all_names)
+
+    def kernel_entries(self, contains: str) -> np.ndarray:
+        """``[P]`` bool: which free entries are kernel parameters whose name contains
+        ``contains`` (as ``contains in name`` over ``names``, without forming ``Z``'s names)."""
+        full = np.zeros(self._n_entries, dtype=bool)
+        for block, make in zip(self._blocks, self._name_makers):
+            if block.kind == "kernel":
+                full[block.start : block.stop] = [contains in n for n in make()]
+        return full[self._free]
 
     # -- pack / unpack -----------------------------------------------------------------------
     def _reference(self) -> Array:
@@ -202,19 +276,24 @@ class HyperParameters:
         full = self._full()  # a new array already
         return full if self._all_free else full[self._free_entries(full)]
 
-    def unpack(self, theta: Array) -> None:
-        """Write ``theta [P]`` into the kernels, ``Z`` and the likelihood (fixed entries kept)."""
+    def unpack(self, theta: Array, *, owned: bool = False) -> None:
+        """Write ``theta [P]`` into the kernels, ``Z`` and the likelihood (fixed entries kept).
+
+        ``owned=True``: the caller hands ``theta`` over (it neither reads nor writes it again),
+        so the inducing inputs may be views of it instead of a copy (``P`` can be millions)."""
         if ops.is_numpy(theta) or not ops.is_array(theta):
             theta = np.asarray(theta, dtype=float).reshape(-1)
         xp = ops.namespace(theta)
         theta = xp.reshape(theta, (-1,))
         if theta.shape[0] != self.size:
             raise ValueError(f"expected {self.size} hyper-parameters, got {theta.shape[0]}")
+        self.version += 1
         if self._all_free:
             full = theta
         else:
             full = self._full()
             full[self._free_entries(full)] = theta
+        Z_stack = self._unpack_inducing_stack(full, xp, copy=not owned or not self._all_free)
         for block in self._blocks:
             if not np.any(self._free[block.start : block.stop]):
                 continue
@@ -223,9 +302,29 @@ class HyperParameters:
                 self._distinct[block.index].set_unconstrained(ops.to_host(piece).astype(float))
             elif block.kind == "inducing":
                 Z = self._inducing()
-                Z[block.index] = ops.copy(xp.reshape(piece, tuple(Z[block.index].shape)))
+                view = xp.reshape(piece, tuple(Z[block.index].shape))
+                Z[block.index] = (Z_stack[block.index] if Z_stack is not None else
+                                  view if owned and self._all_free else ops.copy(view))
             else:
                 self._likelihood().set_unconstrained(ops.to_host(piece).astype(float))
+        if Z_stack is not None:
+            self._Z_stack = (self.version, Z_stack)
+
+    def _unpack_inducing_stack(self, full: Array, xp: object, copy: bool = True
+                               ) -> Array | None:
+        """The inducing entries of ``full`` as one stack ``[L, M, D]`` (copied, or with
+        ``copy=False`` a view of ``full``) when they are one contiguous run of equally shaped,
+        all free blocks (the latents' ``Z`` are then views of it); else ``None``."""
+        if self.stacked is None:
+            return None
+        blocks = [b for b in self._blocks if b.kind == "inducing"]
+        start, stop = blocks[0].start, blocks[-1].stop
+        if not (all(a.stop == b.start for a, b in zip(blocks, blocks[1:]))
+                and bool(np.all(self._free[start:stop]))):
+            return None
+        shape = (len(blocks), *tuple(self._inducing()[0].shape))
+        stack = xp.reshape(full[start:stop], shape)  # type: ignore[attr-defined]
+        return ops.copy(stack) if copy else stack
 
     def bounds(
         self,
@@ -235,7 +334,7 @@ class HyperParameters:
     ) -> list[BoundPair]:
         """Box bounds for the ``P`` free entries, one ``(low, high)`` pair per block kind."""
         per_kind = {"kernel": kernel, "inducing": inducing, "likelihood": likelihood}
-        out: list[BoundPair] = [(None, None)] * len(self._all_names)
+        out: list[BoundPair] = [(None, None)] * self._n_entries
         for block in self._blocks:
             pair = per_kind[block.kind] or (None, None)
             out[block.start : block.stop] = [pair] * (block.stop - block.start)
@@ -299,36 +398,107 @@ def parameter_gradient(
     threads (``gpinfer.parallel``; same result); latents sharing one kernel are then still
     safe, as kernels only cache what they compute from their arguments.
     """
+    X_ref = X if ops.is_array(X) else np.asarray(X, dtype=float)
+    if isinstance(grads, StackedMatrixGradients) and hp.stacked is not None:
+        if len(grads) != hp.n_latent:
+            raise ValueError(f"got {len(grads)} MatrixGradients for {hp.n_latent} latents")
+        return _stacked_parameter_gradient(hp, X_ref, grads)
     grads_list = [grads] if isinstance(grads, MatrixGradients) else list(grads)
     if len(grads_list) != hp.n_latent:
         raise ValueError(f"got {len(grads_list)} MatrixGradients for {hp.n_latent} latents")
-    X_ref = X if ops.is_array(X) else np.asarray(X, dtype=float)
+    if hp.stacked is not None and all(G.Kff is None for G in grads_list):
+        return _stacked_parameter_gradient(hp, X_ref, grads_list)
     full = ops.zeros(X_ref, (hp.n_entries,))
     kernel_grads = [ops.zeros(X_ref, (k.n_params,)) for k in hp._distinct]
     Z_grads: list[Array | None] = [None] * hp.n_latent
-    lik_grad = None
     per_latent = map_latents(
         lambda l: _latent_gradients(hp.kernels[l], X, hp.Z[l] if hp.Z is not None else None,
                                     grads_list[l], l, need_Z=hp.inducing_is_free(l)),
         range(hp.n_latent), n_jobs)
-    for l, (G, (g_kern, g_Z)) in enumerate(zip(grads_list, per_latent)):
+    for l, (g_kern, g_Z) in enumerate(per_latent):
         kernel_grads[hp._kernel_of_latent[l]] += g_kern
         Z_grads[l] = g_Z
+    return _assemble(hp, full, kernel_grads, Z_grads, _likelihood_gradient(X_ref, grads_list))
+
+
+def _likelihood_gradient(ref: Array, grads: Sequence[MatrixGradients]) -> Array | None:
+    """The latents' likelihood gradients summed (``None``: none reported), on ``ref``'s
+    device."""
+    lik_grad = None
+    for G in grads:
         if G.likelihood is not None:
-            g_lik = ops.like(X_ref, np.asarray(ops.to_host(G.likelihood), float).reshape(-1))
+            g_lik = ops.like(ref, np.asarray(ops.to_host(G.likelihood), float).reshape(-1))
             lik_grad = g_lik if lik_grad is None else lik_grad + g_lik
+    return lik_grad
+
+
+def _stacked_parameter_gradient(hp: HyperParameters, X: Array,
+                                grads: Sequence[MatrixGradients]) -> Array:
+    """``parameter_gradient`` for latents with one batched kernel path: one stacked VJP of
+    ``Kuu``, ``Kuf`` and ``Kff_diag`` for every latent (``HyperParameters.covariances``;
+    ``StackedMatrixGradients`` are used as they are, a list is stacked)."""
+    cov = hp.covariances(X)
+    assert cov is not None  # hp.stacked is set
+    xp = ops.namespace(X)
+
+    def stack(name: str) -> Array | None:
+        if isinstance(grads, StackedMatrixGradients):
+            return getattr(grads, name)
+        parts = [getattr(G, name) for G in grads]
+        if all(p is None for p in parts):
+            return None
+        ref = cov.Kuu if name == "Kuu" else cov.Kuf if name == "Kuf" else cov.Kff_diag
+        return xp.stack([ops.zeros(ref, tuple(ref.shape[1:])) if p is None else p
+                         for p in parts])
+
+    need_Z = any(hp.inducing_is_free(l) for l in range(hp.n_latent))
+    g_params, g_Z = cov.vjp(stack("Kuu"), stack("Kuf"), stack("Kff_diag"), inputs=need_Z)
+    lik_grad = None if isinstance(grads, StackedMatrixGradients) else _likelihood_gradient(
+        X, grads)
+    L = hp.n_latent
+    kinds = [b.kind for b in hp._blocks]
+    if (hp._all_free and g_Z is not None and hp._kernel_of_latent == list(range(L))
+            and kinds[: 2 * L] == ["kernel"] * L + ["inducing"] * L):
+        # the usual layout: every latent's kernel, then every latent's Z: one concatenation
+        parts = [xp.reshape(g_params, (-1,)), xp.reshape(g_Z, (-1,))]
+        if len(kinds) > 2 * L:
+            block = hp._blocks[2 * L]
+            _check_likelihood_size(lik_grad, block)
+            parts.append(lik_grad if lik_grad is not None
+                         else ops.zeros(X, (block.stop - block.start,)))
+        return xp.concat(parts)
+    full = ops.zeros(X, (hp.n_entries,))
+    kernel_grads: list[Array | None] = [None] * len(hp._distinct)
+    for l, j in enumerate(hp._kernel_of_latent):
+        g = kernel_grads[j]
+        kernel_grads[j] = g_params[l] if g is None else g + g_params[l]
+    Z_grads = [None if g_Z is None else g_Z[l] for l in range(L)]
+    return _assemble(hp, full, kernel_grads, Z_grads, lik_grad)
+
+
+def _check_likelihood_size(lik_grad: Array | None, block: _Block) -> None:
+    """``ValueError`` when the likelihood gradient does not fit its block."""
+    if lik_grad is not None and lik_grad.shape[0] != block.stop - block.start:
+        raise ValueError(
+            f"likelihood gradient has {lik_grad.shape[0]} entries, expected "
+            f"{block.stop - block.start}"
+        )
+
+
+def _assemble(hp: HyperParameters, full: Array, kernel_grads: Sequence[Array | None],
+              Z_grads: Sequence[Array | None], lik_grad: Array | None) -> Array:
+    """The gradient ``[P]`` from the blocks' pieces written into ``full [n_entries]``
+    (zeros)."""
     for block in hp._blocks:
         if block.kind == "kernel":
-            full[block.start : block.stop] = kernel_grads[block.index]
+            g_kern = kernel_grads[block.index]
+            if g_kern is not None:
+                full[block.start : block.stop] = g_kern
         elif block.kind == "inducing":
             g_Z = Z_grads[block.index]
             if g_Z is not None:
                 full[block.start : block.stop] = ops.namespace(g_Z).reshape(g_Z, (-1,))
         elif lik_grad is not None:
-            if lik_grad.shape[0] != block.stop - block.start:
-                raise ValueError(
-                    f"likelihood gradient has {lik_grad.shape[0]} entries, expected "
-                    f"{block.stop - block.start}"
-                )
+            _check_likelihood_size(lik_grad, block)
             full[block.start : block.stop] = lik_grad
     return full if hp._all_free else full[hp._free_entries(full)]

@@ -17,6 +17,7 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import array_api_compat
@@ -74,6 +75,23 @@ def index_like(ref: Array, idx: Any) -> Array:
     return _torch().as_tensor(np.asarray(idx, dtype=np.int64), device=ref.device)
 
 
+_ARANGES: dict[tuple[str, int], Array] = {}
+
+
+def arange(ref: Array, n: int) -> Array:
+    """``0 .. n-1`` as int64 on ``ref``'s namespace and device (on a device: made once per
+    device and length and kept; callers only read it)."""
+    if is_numpy(ref):
+        return np.arange(n, dtype=np.int64)
+    key = (str(ref.device), n)
+    out = _ARANGES.get(key)
+    if out is None:
+        if len(_ARANGES) > 64:
+            _ARANGES.clear()
+        out = _ARANGES[key] = _torch().arange(n, device=ref.device)
+    return out
+
+
 def to_host(x: Array) -> np.ndarray:
     """``x`` as a numpy array on the host (no copy for numpy)."""
     if is_numpy(x):
@@ -87,14 +105,24 @@ def scalar(x: Array) -> float:
 
 
 def all_finite(*arrays: Array) -> bool:
-    """Whether every entry of every array is finite (one device sync per array)."""
-    for a in arrays:
-        if is_numpy(a):
-            if not np.all(np.isfinite(a)):
-                return False
-        elif not bool(_torch().isfinite(a).all()):
-            return False
-    return True
+    """Whether every entry of every array is finite (device arrays: one reduction and one
+    device sync for all of them)."""
+    on_device = [a for a in arrays if not is_numpy(a)]
+    if not all(np.all(np.isfinite(a)) for a in arrays if is_numpy(a)):
+        return False
+    if not on_device:
+        return True
+    torch = _torch()
+    if len(on_device) == 1:
+        return bool(torch.isfinite(on_device[0]).all())
+    return bool(torch.stack([torch.isfinite(a).all() for a in on_device]).all())
+
+
+def all_positive(x: Array) -> bool:
+    """Whether every entry of ``x`` is finite and ``> 0`` (one device sync)."""
+    if is_numpy(x):
+        return bool(np.all(np.isfinite(x)) and np.all(x > 0.0))
+    return bool(((x > 0.0) & (x < math.inf)).all())
 
 
 def einsum(spec: str, *operands: Array) -> Array:
@@ -119,8 +147,11 @@ def diagonal(X: Array) -> Array:
 def add_diagonal(X: Array, value: Any) -> Array:
     """``X [..., M, M]`` with ``value`` (scalar or ``[..., M]``) added to its diagonal, in
     place; returns ``X``."""
+    if not is_numpy(X):  # the diagonal is a writable view: one in-place op
+        diagonal(X).add_(value)
+        return X
     M = X.shape[-1]
-    i = index_like(X, np.arange(M))
+    i = np.arange(M)
     X[..., i, i] += value
     return X
 
@@ -158,7 +189,14 @@ def clip_below(X: Array, low: float) -> Array:
 
 
 def fill_diagonal(X: Array, value: float) -> Array:
-    """``X [M, M]`` with ``value`` on its diagonal, in place (``X`` is returned)."""
+    """``X [..., M, M]`` with ``value`` on its diagonal(s), in place (``X`` is returned)."""
+    if X.ndim > 2:
+        if not is_numpy(X):
+            diagonal(X).fill_(value)
+            return X
+        i = np.arange(X.shape[-1])
+        X[..., i, i] = value
+        return X
     if is_numpy(X):
         np.fill_diagonal(X, value)
         return X
@@ -229,6 +267,21 @@ def cholesky(K: Array) -> tuple[Array, np.ndarray]:
         except np.linalg.LinAlgError:
             failed[c] = True
     return L.reshape(K.shape), failed.reshape(batch)
+
+
+def checked_cholesky(K: Array, *also_finite: Array) -> Array | None:
+    """Lower Cholesky factors of ``K [..., M, M]`` when ``K`` (and every array of
+    ``also_finite``) is finite and every matrix is positive definite, else ``None`` (the
+    caller then finds out which). On a device: one reduction and one sync for all of it."""
+    if is_numpy(K):
+        if not all_finite(K, *also_finite):
+            return None
+        L, failed = cholesky(K)
+        return None if np.any(failed) else L
+    torch = _torch()
+    L, info = torch.linalg.cholesky_ex(K)
+    flags = [(info == 0).all()] + [torch.isfinite(a).all() for a in (K, *also_finite)]
+    return L if bool(torch.stack(flags).all()) else None
 
 
 def _trsm_stack(L: np.ndarray, B: np.ndarray, transpose: bool) -> np.ndarray:

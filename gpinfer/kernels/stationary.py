@@ -129,6 +129,11 @@ class Stationary(Kernel):
     def _dg_dr2(self, r2: Array) -> Array:
         """``d g / d r2`` at ``r2 [N, N2]``, finite at ``r2 = 0``."""
 
+    def _dg_dr2_from(self, r2: Array, g: Array) -> Array:
+        """``d g / d r2`` as a new array, given ``g = g(r2)`` as well (a kernel whose
+        derivative follows from ``g`` saves its transcendental passes)."""
+        return self._dg_dr2(r2)
+
     # -- natural values ----------------------------------------------------------------------
     @property
     def ard(self) -> bool:
@@ -339,6 +344,9 @@ class RBF(Stationary):
 
     def _dg_dr2(self, r2: Array) -> Array:
         return -0.5 * ops.namespace(r2).exp(-0.5 * r2)
+
+    def _dg_dr2_from(self, r2: Array, g: Array) -> Array:
+        return -0.5 * g
 
     def K_from_sqdist(self, D: Array, scaled: bool = False, out: Array | None = None) -> Array:
         """``K`` from squared distances ``D [M, N]``: raw ones (isotropic lengthscale only),

@@ -25,6 +25,10 @@ class White(Kernel):
     get nothing, even when ``X2`` holds the same points. Parameter: log ``variance``.
     """
 
+    #: whether the term sits on the diagonal of square matrices ``K(X)`` (``Kuu``); a subclass
+    #: that only adds to ``K_diag`` says False (the stacked path, ``gpinfer.kernels.stacked``)
+    on_square: bool = True
+
     def __init__(self, variance: float = WHITE_DEFAULT_VARIANCE):
         v = natural_values(variance, "variance", "White")
         if v.ndim:

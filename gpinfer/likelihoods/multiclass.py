@@ -94,7 +94,7 @@ def argmax_factor_tilted(a_y: Array, a_k: Array, b_y: Array, b_k: Array) -> Pair
         )
     xp = ops.namespace(a_y, a_k, b_y, b_k)
     z = b_y + b_k
-    if not ops.all_finite(z) or bool(xp.any(z <= 0)):
+    if not ops.all_positive(z):  # finite and > 0, one check (one device sync)
         raise InputError("argmax_factor_tilted needs finite positive total variance b_y + b_k")
     sqrt_z = xp.sqrt(z)
     alpha = (a_y - a_k) / sqrt_z

@@ -10,6 +10,9 @@ from gpinfer.backend import ops
 from gpinfer.interfaces import Array
 from gpinfer.optim.stochastic import StochasticAscent, as_vector, zeros_like_vector
 
+#: entries per piece of a host update (six float64 arrays of it stay in a core's cache)
+_HOST_PIECE = 16384
+
 
 class Adam(StochasticAscent):
     """Adam ascent: ``x += lr * m_hat / (sqrt(v_hat) + eps)`` with bias-corrected moments.
@@ -43,25 +46,47 @@ class Adam(StochasticAscent):
         self.t = 0
         self.m = zeros_like_vector(x0)
         self.v = zeros_like_vector(x0)
-        self._work = zeros_like_vector(x0)  # scratch: P can be millions, few temporaries
+        # scratch: P can be millions, so no temporaries (and no fresh pages) per step
+        self._work = zeros_like_vector(x0)
+        self._delta = zeros_like_vector(x0)
 
     def step(self, x: Array, grad: Array) -> Array:
         grad = as_vector(grad) if not ops.is_array(grad) else grad
+        on_device = ops.is_array(x) and not ops.is_numpy(x)
+        x_new = ops.copy(as_vector(x)) if on_device else as_vector(x)  # host: float64 copy
+        return self.step_into(x_new, grad)
+
+    def step_into(self, x: Array, grad: Array) -> Array:
+        """``step`` written into ``x [P]`` (an array the caller owns; returned), the same
+        values to the last bit; ``grad [P]`` is read only. On the host the vector is updated
+        in cache-sized pieces (each entry sees the same operations: memory is read once)."""
         if tuple(self.m.shape) != tuple(grad.shape) or type(self.m) is not type(grad):
             self.reset(grad)
         self.t += 1
-        work = self._work
-        self.m *= self.beta1
+        arrays = (x, grad, self.m, self.v, self._work, self._delta)
+        P = int(grad.shape[0])
+        if not ops.is_numpy(grad) or P <= 2 * _HOST_PIECE:
+            self._update(*arrays)
+            return x
+        for lo in range(0, P, _HOST_PIECE):
+            piece = slice(lo, min(lo + _HOST_PIECE, P))
+            self._update(*(a[piece] for a in arrays))
+        return x
+
+    def _update(self, x: Array, grad: Array, m: Array, v: Array, work: Array, delta: Array
+                ) -> None:
+        """The moments ``m``, ``v`` and ``x`` updated in place (``work``, ``delta``: scratch),
+        all ``[n]`` (views of one piece of the vectors)."""
+        m *= self.beta1
         ops.multiply_into(grad, 1.0 - self.beta1, work)
-        self.m += work
-        self.v *= self.beta2
+        m += work
+        v *= self.beta2
         ops.multiply_into(grad, grad, work)
         work *= 1.0 - self.beta2
-        self.v += work
-        ops.sqrt_into(self.v, work)
+        v += work
+        ops.sqrt_into(v, work)
         work *= 1.0 / math.sqrt(1.0 - self.beta2**self.t)  # sqrt(v_hat)
         work += self.eps
-        step = self.m * (self.learning_rate / (1.0 - self.beta1**self.t))
-        step /= work
-        step += x
-        return step
+        ops.multiply_into(m, self.learning_rate / (1.0 - self.beta1**self.t), delta)
+        delta /= work
+        x += delta

@@ -114,6 +114,9 @@ def site_cholesky(Bm: Array, h_w: Array, iteration: int | None = None) -> Array:
     """Lower Cholesky factor of ``B = I + P_w`` ``[M, M]`` (or a stack ``[C, M, M]``), checked
     together with the whitened shift ``h_w``: ``NumericalError`` (quantity ``"B"``) when either is
     not finite or ``B`` is not positive definite (corrupted sites)."""
+    LB = ops.checked_cholesky(Bm, h_w)  # the usual case: one check
+    if LB is not None:
+        return LB
     if not ops.all_finite(Bm, h_w):
         raise NumericalError("site sums are not finite", iteration=iteration, quantity="B")
     LB, failed = ops.cholesky(Bm)
@@ -166,13 +169,13 @@ class WhitenedGaussian:
 
 def _rows(X: Array) -> Array:
     """``0..n-1`` for the rows of ``X`` (on its namespace and device)."""
-    return ops.index_like(X, np.arange(X.shape[0]))
+    return ops.arange(X, X.shape[0])
 
 
 def factor_mask(y: Array, C: int) -> Array:
     """``mask [n, C]``: True where ``(i, k)`` is a factor (``k != y_i``); ``y`` host or backend
     labels (the mask is on ``y``'s namespace and device)."""
-    return y[:, None] != ops.index_like(y, np.arange(C))[None, :]
+    return y[:, None] != ops.arange(y, C)[None, :]
 
 
 def at_label(X: Array, y: Array) -> Array:
@@ -222,7 +225,7 @@ def remove_site(
         mu_old, v_old, cross = mu, v, v
     assert v_old is not None and cross is not None  # given together with mu_old
     d = 1.0 - C1 * v_old
-    if not ops.all_finite(d) or bool(ops.namespace(d).any(d <= 0.0)):
+    if not ops.all_positive(d):
         raise NumericalError("invalid cavity (1 - C1 v <= 0)", quantity="cavity")
     shift = (C1 * mu_old - C2) / d
     return RoleCavity(mu + cross * shift, v + cross * cross * C1 / d, d)
@@ -264,7 +267,7 @@ def new_role_site(g: Array, gamma: Array, a: Array, v: Array) -> tuple[Array, Ar
     """Moment-matched role site ``(C1, C2)`` (spec §2.5.1): ``g`` the signed ``dlogZ/da``,
     ``a``, ``v`` the role's cavity mean and variance (without ``s``)."""
     den = 1.0 - gamma * v
-    if not ops.all_finite(den) or bool(ops.namespace(den).any(den <= 0.0)):
+    if not ops.all_positive(den):
         raise NumericalError("non-positive site denominator 1 - gamma v", quantity="site")
     return gamma / den, (g + gamma * a) / den
 

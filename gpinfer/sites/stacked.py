@@ -24,13 +24,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
 from gpinfer.backend import ops
 from gpinfer.errors import NumericalError
-from gpinfer.interfaces import Array, MatrixGradients
+from gpinfer.interfaces import Array
 from gpinfer.kernels.base import Kernel
+from gpinfer.kernels.stacked import (
+    StackedCovariances,
+    StackedKernels,
+    StackedMatrixGradients,
+)
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.sites.inducing import ClassTerms, inducing_jitter, site_cholesky
 
@@ -59,6 +65,9 @@ def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
     def label(c: int) -> str:
         return f"{name} ({unit} {first + c})" if K.ndim == 3 else name
 
+    L = ops.checked_cholesky(stack)  # the usual case: finite and positive definite, one check
+    if L is not None:
+        return L if K.ndim == 3 else L[0]
     if not ops.all_finite(K):
         bad = next(c for c in range(stack.shape[0]) if not ops.all_finite(stack[c]))
         raise NumericalError(f"{label(bad)} has non-finite entries; cannot factorise",
@@ -117,23 +126,46 @@ class StackedTerms:
         return tri_solve_stack(self.L, X, transpose=True)
 
 
-def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array], X: Array, *,
-                  jitter: float | None = None, iteration: int | None = None) -> StackedTerms:
-    """``StackedTerms`` of the class kernels with inducing inputs ``Zs[c] [M, D]`` at ``X``
-    (arrays of one namespace).
+def stacked_covariances(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Array
+                        ) -> tuple[Array, Array, Array]:
+    """``(Kuu [C, M, M], Kuf [C, M, n], Kff_diag [C, n])`` of the class kernels with inducing
+    inputs ``Zs`` (``[M, D]`` each, or one stack ``[C, M, D]``) at ``X [n, D]``, without
+    jitter: one batched computation when the kernels share a family
+    (``gpinfer.kernels.stacked``), else one per class."""
+    family = StackedKernels.of(kernels)
+    xp = ops.namespace(X)
+    if family is not None:
+        Z = cast(Array, Zs) if ops.is_array(Zs) else xp.stack(list(Zs))
+        cov = family.covariances(Z, X)
+        return cov.Kuu, cov.Kuf, cov.Kff_diag
+    return (xp.stack([k.K(Z) for k, Z in zip(kernels, Zs)]),
+            xp.stack([k.K(Z, X) for k, Z in zip(kernels, Zs)]),
+            xp.stack([k.K_diag(X) for k in kernels]))
+
+
+def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Array, *,
+                  jitter: float | None = None, iteration: int | None = None,
+                  covariances: StackedCovariances | None = None) -> StackedTerms:
+    """``StackedTerms`` of the class kernels with inducing inputs ``Zs[c] [M, D]`` (or one
+    stack ``[C, M, D]``) at ``X [n, D]`` (arrays of one namespace).
 
     As ``gpinfer.sites.inducing.class_terms`` for every class: ``Kuu = k(Z) + jitter I``,
     ``kappa = k_diag(X) + jitter``, ``s`` floored at ``jitter`` (None: ``inducing_jitter`` of
-    the inputs' dtype).
+    the inputs' dtype). ``covariances``: the kernels' batched covariances at ``(Zs, X)``
+    already computed (``HyperParameters.covariances``, shared with the gradient's VJPs);
+    otherwise ``stacked_covariances``. The given covariances are left unchanged.
     """
-    xp = ops.namespace(X, *Zs)
     jitter = inducing_jitter(X) if jitter is None else jitter
-    Kuu = ops.add_diagonal(xp.stack([k.K(Z) for k, Z in zip(kernels, Zs)]), jitter)
-    L = stacked_cholesky(Kuu, "Kuu", iteration)
-    A = tri_solve_stack(L, xp.stack([k.K(Z, X) for k, Z in zip(kernels, Zs)]))
-    kappa = xp.stack([k.K_diag(X) for k in kernels]) + jitter
-    s = kappa - ops.einsum("cmn,cmn->cn", A, A)
-    return StackedTerms(L=L, A=A, s=xp.clip(s, min=jitter))
+    if covariances is not None:
+        Kuu, Kuf, Kff_diag = covariances.Kuu, covariances.Kuf, covariances.Kff_diag
+        Kuu = ops.copy(Kuu)  # the shared covariances stay as they are
+    else:
+        Kuu, Kuf, Kff_diag = stacked_covariances(kernels, Zs, X)
+    L = stacked_cholesky(ops.add_diagonal(Kuu, jitter), "Kuu", iteration)
+    A = tri_solve_stack(L, Kuf)
+    s = Kff_diag + jitter
+    s -= ops.einsum("cmn,cmn->cn", A, A)
+    return StackedTerms(L=L, A=A, s=ops.clip_below(s, jitter))
 
 
 class StackedGaussians:
@@ -187,20 +219,20 @@ class StackedGaussians:
 
 def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: StackedGaussians,
                              R: Array, a_sum: Array, b_sum: Array, e_sum: Array | None = None
-                             ) -> list[MatrixGradients]:
+                             ) -> StackedMatrixGradients:
     """``dlogZ_q / d(Kuu, Kuf, diag Kff)`` of every class:
     ``gpinfer.sites.inducing.inducing_matrix_gradients`` on stacks.
 
     ``q``: the posteriors; ``lik``: the Gaussians held fixed in the likelihood term (EP: ``q``;
     SEP: the shared cavities) with ``R = L_B^-1 A [C, M, n]`` from ``lik.project``; ``a_sum``,
     ``b_sum``, ``e_sum`` ``[C, n]``: per-point sums, already multiplied by any mini-batch scale
-    (``e_sum=None``: SEP's ``E = 2 B``). Returns one ``MatrixGradients`` per class
-    (``Kuu [M, M]``, ``Kuf [M, n]``, ``Kff_diag [n]``). With ``B_g^-1 A`` from one solve,
+    (``e_sum=None``: SEP's ``E = 2 B``). Returns the classes' gradients as stacks
+    (``StackedMatrixGradients``: ``Kuu [C, M, M]``, ``Kuf [C, M, n]``, ``Kff_diag [C, n]``, also
+    a sequence of one ``MatrixGradients`` per class). With ``B_g^-1 A`` from one solve,
     ``X = w a_sum^T + B_g^-1 A diag(E) - 2 A diag(B)`` and
     ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T - 2 A diag(B) A^T``.
     """
     A = terms.A
-    C = A.shape[0]
     e = 2.0 * b_sum if e_sum is None else e_sum
     AB = A * b_sum[:, None, :]  # A diag(B), [C, M, n]
     BiA = tri_solve_stack(lik.LB, R, transpose=True)  # B_g^-1 A
@@ -214,7 +246,7 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     T = tri_solve_stack(terms.L, inner, transpose=True)  # L^-T inner
     G_K = symmetrize(tri_solve_stack(terms.L, ops.copy(transpose(T)), transpose=True))
     G_uf = terms.unwhiten(X)
-    return [MatrixGradients(Kuu=G_K[c], Kuf=G_uf[c], Kff_diag=b_sum[c]) for c in range(C)]
+    return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b_sum)
 
 
 def as_stacked(terms: Sequence[ClassTerms] | StackedTerms) -> StackedTerms:

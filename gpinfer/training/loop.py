@@ -97,6 +97,10 @@ class TrainingLoop:
         self.history = self.reporter.history
         self.coord = np.ones(hp.size) if coordinates is None else np.asarray(coordinates, float)
         self._coord_on: Array = self.coord
+        # the entries with a scale other than 1, as one range (x * 1 and x / 1 are x exactly,
+        # so the others are left alone: P can be millions, the scaled entries few)
+        scaled = np.flatnonzero(self.coord != 1.0)
+        self._scaled = slice(int(scaled[0]), int(scaled[-1]) + 1) if scaled.size else slice(0, 0)
         self.n_jobs = n_jobs
         self.iteration = 0
         self.failures = 0
@@ -147,12 +151,13 @@ class TrainingLoop:
         (``grad`` is scaled in place)."""
         if self.hp.size:  # in place on arrays this step owns: P can be millions
             theta = self.hp.pack()
-            coord = self._coordinates(theta)
-            theta *= coord
-            grad /= coord
-            xi = opt.step(theta, grad)
-            xi /= coord
-            self.hp.unpack(xi)
+            part = self._scaled
+            coord = self._coordinates(theta)[part]
+            theta[part] *= coord
+            grad[part] /= coord
+            xi = opt.step_into(theta, grad) if isinstance(opt, Adam) else opt.step(theta, grad)
+            xi[part] /= coord
+            self.hp.unpack(xi, owned=True)
 
     def _step(self, batch: Array, rho: float) -> tuple[float, Array, float]:
         """Refine the sites of ``batch``, then the objective and its gradient on ``batch``

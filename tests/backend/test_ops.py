@@ -90,3 +90,34 @@ def test_moving_values_keeps_namespace_device_and_dtype():
     assert ops.to_host(moved).tolist() == [0.0, 1.0, 2.0]
     assert ops.all_finite(moved) and not ops.all_finite(ops.like(ref, [np.nan]))
     assert isinstance(ops.like(np.zeros(2), [1, 2]), np.ndarray)
+
+
+@pytest.mark.parametrize("to", _namespaces())
+def test_checked_cholesky_says_none_for_non_finite_or_indefinite_stacks(to):
+    rng = np.random.default_rng(3)
+    K = _spd_stack(rng)
+    L = ops.checked_cholesky(to(K), to(np.ones(4)))
+    Lh = ops.to_host(L)
+    np.testing.assert_allclose(Lh @ np.swapaxes(Lh, 1, 2), K, rtol=1e-12, atol=1e-12)
+    bad = K.copy()
+    bad[1, 0, 0] = -100.0  # matrix 1 indefinite
+    assert ops.checked_cholesky(to(bad)) is None
+    nan = K.copy()
+    nan[2, 1, 1] = np.nan
+    assert ops.checked_cholesky(to(nan)) is None
+    assert ops.checked_cholesky(to(K), to(np.array([1.0, np.inf]))) is None
+
+
+@pytest.mark.parametrize("to", _namespaces())
+def test_finiteness_positivity_and_diagonals_of_stacks(to):
+    assert ops.all_finite(to(np.ones(3)), to(np.zeros((2, 2))))
+    assert not ops.all_finite(to(np.ones(3)), to(np.array([0.0, np.nan])))
+    assert ops.all_positive(to(np.array([1e-300, 2.0])))
+    for bad in (0.0, -1.0, np.inf, np.nan):
+        assert not ops.all_positive(to(np.array([1.0, bad])))
+    X = to(np.zeros((2, 3, 3)))
+    ops.add_diagonal(X, to(np.array([[1.0], [2.0]])))
+    np.testing.assert_array_equal(ops.to_host(X), np.eye(3) * np.array([1.0, 2.0])[:, None, None])
+    ops.fill_diagonal(X, 5.0)
+    np.testing.assert_array_equal(ops.to_host(X), 5.0 * np.eye(3)[None].repeat(2, axis=0))
+    np.testing.assert_array_equal(ops.to_host(ops.arange(X, 4)), np.arange(4))

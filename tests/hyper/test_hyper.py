@@ -122,6 +122,16 @@ def test_single_latent_names():
     assert hp.names == ["kernel.lengthscale", "kernel.variance", "Z[0,0]", "Z[1,0]"]
 
 
+def test_kernel_entries_select_by_name_without_the_inducing_names():
+    for hp in (make_hp(), make_hp(fixed=["kernel[0].variance"]), make_hp(optimize_inducing=False)):
+        for part in ("lengthscale", "variance", ""):
+            expected = [n.startswith("kernel") and part in n for n in hp.names]
+            assert hp.kernel_entries(part).tolist() == expected
+    hp = make_hp()
+    assert hp._names_cache is None  # names are formed only when asked for
+    assert hp.n_entries == len(hp.all_names) == hp.size
+
+
 def test_gradient_matches_finite_differences():
     check_fd(make_hp())
 
@@ -163,8 +173,12 @@ def test_dense_only_gradient_and_bounds():
         parameter_gradient(hp, X, MatrixGradients(Kuu=np.eye(2)))
 
 
-def test_fixed_inducing_inputs_skip_the_input_vjp(monkeypatch):
-    """With Z held fixed the (costly) inducing-input VJP is never computed."""
+@pytest.mark.parametrize("stacked", [True, False])
+def test_fixed_inducing_inputs_skip_the_input_vjp(monkeypatch, stacked):
+    """With Z held fixed the (costly) inducing-input VJP is never computed, on the batched
+    kernel path (``gpinfer.kernels.stacked``) and on the per-latent one."""
+    from gpinfer.kernels.stacked import StackedCovariances
+
     rng = np.random.default_rng(1)
     X, Z = rng.standard_normal((7, 2)), rng.standard_normal((3, 2))
     kern = RBF(lengthscale=[0.9, 1.4], variance=1.3)
@@ -172,14 +186,41 @@ def test_fixed_inducing_inputs_skip_the_input_vjp(monkeypatch):
     G = MatrixGradients(Kuu=np.eye(3), Kuf=np.ones((3, 7)))
 
     calls = []
-    original_vjp = kern.vjp
-
-    def recording_vjp(*args, inputs=True):
-        calls.append(inputs)
-        return original_vjp(*args, inputs=inputs)
-
     expected = kern.grad_params(Z, None, G.Kuu) + kern.grad_params(Z, X, G.Kuf)
-    monkeypatch.setattr(kern, "vjp", recording_vjp)
+    if stacked:
+        assert hp.stacked is not None
+        original_stacked = StackedCovariances.vjp
+
+        def recording_stacked(self, *args, inputs=True):
+            calls.append(inputs)
+            return original_stacked(self, *args, inputs=inputs)
+
+        monkeypatch.setattr(StackedCovariances, "vjp", recording_stacked)
+    else:
+        hp.stacked = None
+        original_vjp = kern.vjp
+
+        def recording_vjp(*args, inputs=True):
+            calls.append(inputs)
+            return original_vjp(*args, inputs=inputs)
+
+        monkeypatch.setattr(kern, "vjp", recording_vjp)
     assert not hp.inducing_is_free(0)
     np.testing.assert_allclose(hp.gradient(X, G), expected, rtol=1e-12)
-    assert calls == [False, False]
+    assert calls == ([False] if stacked else [False, False])
+
+
+@pytest.mark.parametrize("stacked", [True, False])
+def test_unpack_owned_gives_the_same_values_without_a_copy(stacked):
+    kernels = (lambda: [RBF([0.8, 1.3], 1.7), RBF([1.1, 0.9], 0.6)]) if stacked else (
+        lambda: [RBF([0.8, 1.3], 1.7), Matern52(1.1, 0.6)])
+    hp, ref = make_hp(kernels=kernels()), make_hp(kernels=kernels())
+    assert (hp.stacked is not None) == stacked
+    theta = hp.pack() + 0.05
+    ref.unpack(theta)
+    hp.unpack(theta, owned=True)
+    np.testing.assert_array_equal(hp.pack(), ref.pack())
+    for z, z_ref in zip(hp.Z, ref.Z):
+        np.testing.assert_array_equal(z, z_ref)
+    assert np.shares_memory(hp.Z[0], theta)  # handed over: the inducing inputs are views
+    assert not np.shares_memory(ref.Z[0], theta)

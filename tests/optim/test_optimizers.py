@@ -233,3 +233,36 @@ def test_adam_steps_match_the_textbook_formulas():
         v = b2 * v + (1 - b2) * g**2
         x_ref = x_ref + lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
         np.testing.assert_allclose(x, x_ref, rtol=1e-13, atol=1e-15)
+
+
+def test_adam_step_into_writes_the_same_bits_into_x():
+    rng = np.random.default_rng(3)
+    a, b = Adam(learning_rate=0.05), Adam(learning_rate=0.05)
+    x = rng.normal(size=7)
+    y = x.copy()
+    for _ in range(4):
+        g = rng.normal(size=7)
+        g_before = g.copy()
+        new = a.step(x, g)
+        assert new is not x
+        out = b.step_into(y, g)
+        assert out is y
+        np.testing.assert_array_equal(g, g_before)  # the gradient is read only
+        np.testing.assert_array_equal(out, new)
+        x = new
+
+
+def test_adam_host_pieces_give_the_bits_of_whole_vector_operations():
+    rng = np.random.default_rng(4)
+    P = 50_000  # several pieces and a short last one
+    opt = Adam(learning_rate=0.02)
+    x = rng.normal(size=P)
+    ref_x, m, v = x.copy(), np.zeros(P), np.zeros(P)
+    for t in range(1, 4):
+        g = rng.normal(size=P)
+        m = m * 0.9 + g * (1.0 - 0.9)
+        v = v * 0.999 + (g * g) * (1.0 - 0.999)
+        den = np.sqrt(v) * (1.0 / np.sqrt(1.0 - 0.999**t)) + 1e-8
+        ref_x = ref_x + (m * (0.02 / (1.0 - 0.9**t))) / den
+        x = opt.step_into(x, g)
+        np.testing.assert_array_equal(x, ref_x)

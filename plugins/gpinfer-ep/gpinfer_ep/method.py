@@ -125,7 +125,7 @@ class _SparseEPBase(Method):
         state = self.make_state(y, problem.n_classes, Zs[0].shape[0], backend)
         sites = SparseSites(state, kernels, hp, X, problem.likelihood, backend)
         # the paper steps in log l with l = ell^2 (spec §2.9): xi = 2 theta for length-scales
-        coordinates = np.array([2.0 if "lengthscale" in n else 1.0 for n in hp.names])
+        coordinates = np.where(hp.kernel_entries("lengthscale"), 2.0, 1.0)
         loop = TrainingLoop(self.name, problem, sites, hp, X, schedule, callback,
                             time_limit_s=o["time_limit_s"], coordinates=coordinates,
                             n_jobs=n_jobs)
@@ -179,7 +179,9 @@ class SparseSites(SiteApproximation):
 
     def prepare(self, batch: Array, iteration: int) -> None:
         inputs = self._inputs(batch)
-        terms = self.state.terms_at(self.kernels, self._inducing(), inputs, iteration)
+        cov = self.hp.covariances(inputs)  # shared with the VJPs of hp.gradient (one version)
+        Zs = self._inducing() if cov is None else cov.Z
+        terms = self.state.terms_at(self.kernels, Zs, inputs, iteration, covariances=cov)
         self._prepared = (batch, terms, inputs)
 
     def batch_inputs(self) -> Array:

@@ -25,6 +25,8 @@ class LatentNoise(White):
     noise term" checks see it; code that needs the ``Kuu`` noise tests ``type(p) is White``.
     """
 
+    on_square = False
+
     def __repr__(self) -> str:
         return f"LatentNoise(variance={self.variance:.6g})"
 

@@ -6,7 +6,7 @@ per-class ``ClassTerms`` is stacked on entry):
 
 * ``update(terms, idx, rho)``: parallel damped moment matching of the points' factors;
 * ``evaluate(terms, idx, scale)``: ``log Z_q`` (data terms times ``scale = N / |batch|``)
-  and per-class ``MatrixGradients`` (§2.7);
+  and the classes' ``MatrixGradients`` as stacks (``StackedMatrixGradients``, §2.7);
 * ``gaussians(terms)``: ``q`` per class (prediction); ``snapshot()`` / ``restore()`` for the
   failure policy; ``refresh()`` after an epoch.
 
@@ -26,8 +26,9 @@ import numpy as np
 from gpinfer.backend import ops
 from gpinfer.backend.choice import NUMPY, Backend
 from gpinfer.errors import NumericalError
-from gpinfer.interfaces import Array, MatrixGradients
+from gpinfer.interfaces import Array
 from gpinfer.kernels.base import Kernel
+from gpinfer.kernels.stacked import StackedCovariances, StackedMatrixGradients
 from gpinfer.sites.inducing import (
     ClassTerms,
     WhitenedGaussian,
@@ -78,11 +79,13 @@ class _SiteSums:
         #: ``(terms, L^T Lam L, L^T h)``: the whitened sums on the terms they were formed on
         self._whitened: tuple[StackedTerms, Array, Array] | None = None
 
-    def terms_at(self, kernels: Sequence[Kernel], Zs: Sequence[Array], X: Array,
-                 iteration: int | None = None) -> StackedTerms:
+    def terms_at(self, kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Array,
+                 iteration: int | None = None,
+                 covariances: StackedCovariances | None = None) -> StackedTerms:
         """The kernel quantities ``update`` and ``evaluate`` take, at ``X [n, D]`` (stacked
-        over the classes)."""
-        return stacked_terms(kernels, Zs, X, iteration=iteration)
+        over the classes; ``covariances``: the kernels' batched covariances there, shared with
+        the gradient's VJPs)."""
+        return stacked_terms(kernels, Zs, X, iteration=iteration, covariances=covariances)
 
     def gaussians(self, terms: Sequence[ClassTerms], factor: Array | None = None,
                   iteration: int | None = None) -> list[WhitenedGaussian]:
@@ -197,7 +200,7 @@ class RankOneSites(_SiteSums):
 
     def evaluate(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array,
                  scale: float = 1.0,
-                 iteration: int | None = None) -> tuple[float, list[MatrixGradients]]:
+                 iteration: int | None = None) -> tuple[float, StackedMatrixGradients]:
         """EP ``log Z_q`` (§2.6) and its gradient (§2.7.2); directions of ``idx`` are current."""
         terms = as_stacked(terms)
         ii = ops.index_like(terms.A, idx)
@@ -214,8 +217,8 @@ class RankOneSites(_SiteSums):
         t = pair_tilted(cav_w.a, cav_w.v + at_label(s, y), cav_l.a, cav_l.v + s, mask)
         deltas = role_delta(mu_y, v_y, W1, W2, cav_w.d) + role_delta(mu, v, L1, L2, cav_l.d)
         xp = ops.namespace(mu)
-        data = ops.scalar(xp.sum(xp.where(mask, t.log_z + deltas, 0.0)))
-        value = ops.scalar(xp.sum(q.log_norm_ratio())) + scale * data
+        data = xp.sum(xp.where(mask, t.log_z + deltas, 0.0))
+        value = ops.scalar(xp.sum(q.log_norm_ratio()) + scale * data)  # read once
         e_w = (t.g_win * (W1 * mu_y - W2) + 2.0 * t.g_b) / cav_w.d
         e_l = (-t.g_win * (L1 * mu - L2) + 2.0 * t.g_b) / cav_l.d
         a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
@@ -290,7 +293,7 @@ class TiedSites(_SiteSums):
 
     def evaluate(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array,
                  scale: float = 1.0,
-                 iteration: int | None = None) -> tuple[float, list[MatrixGradients]]:
+                 iteration: int | None = None) -> tuple[float, StackedMatrixGradients]:
         """SEP ``log Z_q`` (§2.6) and the paper's gradient with the shared cavity (§2.7.3)."""
         terms = as_stacked(terms)
         y_host = self.y[idx]
@@ -306,8 +309,8 @@ class TiedSites(_SiteSums):
         n_b = ops.like(P_w, factor_counts(y_host, C))
         lnr_q, lnr_cav = q.log_norm_ratio(), cav.log_norm_ratio()
         xp = ops.namespace(lnr_q)
-        cav_terms = ops.scalar(xp.sum(n_b * (lnr_cav - lnr_q)))
-        value = ops.scalar(xp.sum(lnr_q)) + scale * (ops.scalar(xp.sum(t.log_z)) + cav_terms)
+        cav_terms = xp.sum(n_b * (lnr_cav - lnr_q))
+        value = ops.scalar(xp.sum(lnr_q) + scale * (xp.sum(t.log_z) + cav_terms))  # read once
         a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
         b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
         grads = stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)

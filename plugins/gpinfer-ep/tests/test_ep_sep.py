@@ -257,10 +257,14 @@ def test_class_threads_give_bitwise_identical_fits(name, batch_size):
 
 def test_class_threads_reraise_a_failed_update(monkeypatch):
     """A failure inside a worker thread (the per-class kernel VJPs run on ``n_jobs`` threads)
-    reaches the failure policy as in the serial loop."""
+    reaches the failure policy as in the serial loop. (Threads serve the per-latent kernel
+    path, taken when the classes' kernel families differ; forced here.)"""
     import threading
 
     from gpinfer import hyper
+    from gpinfer.kernels.stacked import StackedKernels
+
+    monkeypatch.setattr(StackedKernels, "of", classmethod(lambda cls, kernels: None))
 
     X, y = make_suite_data(3, n=30, seed=10)
     original = hyper._latent_gradients

@@ -125,13 +125,13 @@ class VariationalState:
         self._X_full: Array | None = None  # X on the backend, for full-batch steps
         # fixed Z, only kernel parameters learned: cached distances and fused kernel VJPs (a
         # numpy fast path; other backends take the generic one)
-        names = hp.names
         self._fast = (backend.is_numpy and hp.Z is not None
                       and not any(hp.inducing_is_free(l) for l in range(self.L))
-                      and all(n.startswith("kernel") for n in names)
+                      and bool(np.all(hp.kernel_entries("")))
                       and len({id(k) for k in hp.kernels}) == self.L)
         self._covs: list[FixedInputCovariances] = []
         if self._fast:
+            names = hp.names  # kernel parameters only (few)
             for k, Z in zip(hp.kernels, self.Zs):
                 first = self._covs[0] if self._covs else None
                 share = first if first is not None and first.Z.shape == Z.shape and \
@@ -192,6 +192,8 @@ class VariationalState:
             mats = [c.matrices(batch) for c in self._covs]
             Kuu, Kub = [m[0] for m in mats], [m[1] for m in mats]
             Kdiag = np.stack([m[2] for m in mats])
+        elif (cov := self.hp.covariances(Xb)) is not None:  # one batched kernel path
+            Kuu, Kub, Kdiag = cov.Kuu, cov.Kuf, cov.Kff_diag  # reused by hp.gradient's VJP
         else:
             Kuu = [k.K(Z) for k, Z in zip(kernels, Zs)]
             Kub = [k.K(Z, Xb) for k, Z in zip(kernels, Zs)]

@@ -1,0 +1,301 @@
+"""One batched kernel computation for ``C`` latents that share a kernel family.
+
+The multi-class sparse methods keep one kernel and one inducing set ``Z_c [M, D]`` per latent.
+When every latent's kernel has the same structure (one stationary kernel of one class, with
+the same lengthscale form, alone or in a ``Sum`` with ``White``-type noise terms), the
+covariances of all latents
+
+    ``Kuu [C, M, M]``, ``Kuf [C, M, B]``, ``Kff_diag [C, B]``
+
+and their vector-Jacobian products are computed here in one batched computation per step,
+instead of one ``K`` / ``vjp`` call per latent and per summed part. Per-latent parameters are
+stacked (log-lengthscales ``[C, D]`` or ``[C, 1]``, log-variances ``[C]``); a kernel object
+shared by every latent gives identical rows, i.e. a broadcast. The inducing inputs are shifted
+and scaled once (``A [C, M, D]``, and ``Bx [C, B, D]`` for the batch), and the scaled inputs,
+squared distances and ``g(r2)`` are shared between the covariances and the VJPs.
+
+``StackedKernels.of(kernels)`` returns ``None`` for latents with different kernel families (or
+kernels this module does not batch: ``Linear``, products); those keep the per-latent path.
+
+Results equal the per-latent ``Kernel.K`` / ``Kernel.vjp`` to round-off
+(``tests/kernels/test_stacked.py``). Arrays may be numpy or torch (``gpinfer.backend``);
+parameters stay host floats and are moved once per evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import overload
+
+import numpy as np
+
+from gpinfer.backend import ops
+from gpinfer.interfaces import MatrixGradients
+from gpinfer.kernels.base import Array, Kernel
+from gpinfer.kernels.combination import Sum
+from gpinfer.kernels.stationary import Stationary
+from gpinfer.kernels.white import White
+
+
+def _parts(kernel: Kernel) -> list[Kernel]:
+    """The summed parts of ``kernel`` (itself when it is not a ``Sum``)."""
+    return list(kernel.parts) if isinstance(kernel, Sum) else [kernel]
+
+
+def _signature(kernel: Kernel) -> tuple | None:
+    """What must agree between latents for one batched computation, or ``None`` when this
+    module cannot batch the kernel: one stationary part (class, ARD, input dimension) plus any
+    ``White``-type parts (class), in order."""
+    sig: list[tuple] = []
+    n_stationary = 0
+    for part in _parts(kernel):
+        if isinstance(part, Stationary):
+            n_stationary += 1
+            sig.append((type(part), part.ard, part.input_dim))
+        elif isinstance(part, White):
+            sig.append((type(part),))
+        else:
+            return None
+    return tuple(sig) if n_stationary == 1 else None
+
+
+@dataclass
+class _Distances:
+    """Shared intermediate results of one evaluation.
+
+    ``A [C, M, D]`` the scaled inducing inputs, ``Bx [C, B, D]`` the scaled batch, ``A2``,
+    ``Bx2`` their squares (ARD only, else ``None``), ``r2`` and ``g`` ``[C, M, M]`` (square) and
+    ``[C, M, B]`` (cross), ``ell [C, 1, D']`` and ``var [C]`` the stationary part's
+    lengthscales and variances on the arrays' device.
+    """
+
+    A: Array
+    Bx: Array
+    A2: Array | None
+    Bx2: Array | None
+    r2_uu: Array
+    g_uu: Array
+    r2_uf: Array
+    g_uf: Array
+    ell: Array
+    var: Array
+
+
+def _weighted_rows(w: Array, Y: Array) -> Array:
+    """``sum_m w[c, m] Y[c, m, :]`` ``[C, D]`` for ``w [C, M]``, ``Y [C, M, D]`` (one batched
+    product)."""
+    return (w[:, None, :] @ Y)[:, 0, :]
+
+
+class StackedCovariances:
+    """The covariances of ``C`` latents at ``Z [C, M, D]`` and a batch ``X [B, D]``, and their
+    VJPs, from one set of scaled inputs and distances (see the module docstring).
+
+    ``Kuu [C, M, M]`` (noise of ``White`` parts on its diagonal, no jitter), ``Kuf [C, M, B]``,
+    ``Kff_diag [C, B]``. Memory: a few ``[C, M, D]``, ``[C, B, D]`` and ``[C, M, B]`` arrays,
+    independent of the number of training points.
+    """
+
+    def __init__(self, family: StackedKernels, Z: Array, X: Array):
+        self.family, self.Z, self.X = family, Z, X
+        self.theta = family.theta()
+        st = family.stationary
+        xp = ops.namespace(Z)
+        #: every parameter in natural units ``[C, P]`` (all are logs), moved once
+        self.natural = ops.like(Z, np.exp(self.theta))
+        start, stop = family.offsets[family.stationary_index]
+        ell = self.natural[:, None, start : stop - 1]
+        var = self.natural[:, stop - 1]
+        shift = xp.mean(Z, axis=1)[:, None, :]  # [C, 1, D]: distances do not change
+        A = Z - shift
+        A /= ell
+        Bx = X[None, :, :] - shift
+        Bx /= ell
+        A2, Bx2 = A * A, Bx * Bx
+        a2, b2 = xp.sum(A2, axis=2), xp.sum(Bx2, axis=2)
+        r2_uu = self._sqdist(a2, a2, A @ ops.mT(A))
+        ops.fill_diagonal(r2_uu, 0.0)
+        r2_uf = self._sqdist(a2, b2, A @ ops.mT(Bx))
+        proto = st[0]
+        ard = proto.ard
+        self.d = _Distances(A, Bx, A2 if ard else None, Bx2 if ard else None, r2_uu,
+                            proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, var)
+        vk = var[:, None, None]
+        self.Kuu = vk * self.d.g_uu
+        self.Kuf = vk * self.d.g_uf
+        self.Kff_diag = ops.empty(X, (len(st), X.shape[0]))
+        self.Kff_diag[...] = var[:, None]
+        for index, _ in family.noise_parts():
+            noise = self.natural[:, family.offsets[index][0]]
+            if family.noise_on_square[index]:
+                ops.add_diagonal(self.Kuu, noise[:, None])
+            self.Kff_diag += noise[:, None]
+
+    @staticmethod
+    def _sqdist(a2: Array, b2: Array, AB: Array) -> Array:
+        """``r2 = a2 + b2 - 2 AB`` ``[C, Ma, Mb]`` (in place on ``AB``), clipped at 0."""
+        AB *= -2.0
+        AB += a2[:, :, None]
+        AB += b2[:, None, :]
+        return ops.clip_below(AB, 0.0)
+
+    def vjp(self, dKuu: Array | None, dKuf: Array | None, dKff_diag: Array | None, *,
+            inputs: bool = True) -> tuple[Array, Array | None]:
+        """Gradients of ``sum(dKuu * Kuu) + sum(dKuf * Kuf) + sum(dKff_diag * Kff_diag)``:
+        ``(g_params [C, P], g_Z [C, M, D] or None)``, ``P`` each kernel's unconstrained
+        parameters in its own order; ``inputs=False`` skips ``g_Z``. ``None`` gradients are
+        zero.
+
+        With ``G = dK * dk/dr2`` (symmetrised for ``Kuu``), row sums ``r`` and, summed over the
+        two matrices, ``rA = 2 r_uu + r_uf`` and ``H = 2 G_uu A + G_uf Bx``:
+        ``d/dlog ell = -2 (rA . A^2 + c_uf . Bx^2 - 2 sum_m A * (G_uu A + G_uf Bx))`` (ARD) and
+        ``g_Z = (2 / ell) (A * rA - H)``.
+        """
+        fam, d = self.family, self.d
+        xp = ops.namespace(self.Z)
+        C = self.Z.shape[0]
+        ard = fam.stationary[0].ard
+        proto = fam.stationary[0]
+        vk = d.var[:, None, None]
+        d_var = ops.zeros(self.Z, (C,))
+        if dKff_diag is not None:
+            d_var += d.var * xp.sum(dKff_diag, axis=1)
+        rA: Array | None = None  # [C, M]
+        H: Array | None = None  # [C, M, D]
+        d_ell = ops.zeros(self.Z, (C, d.ell.shape[2]))
+        pairs = ((dKuu, d.A, d.A2, d.r2_uu, d.g_uu, True),
+                 (dKuf, d.Bx, d.Bx2, d.r2_uf, d.g_uf, False))
+        for dK, Bm, Bm2, r2, g, square in pairs:
+            if dK is None:
+                continue
+            d_var += xp.sum(xp.sum(dK * (vk * g), axis=2), axis=1)
+            G = proto._dg_dr2_from(r2, g)
+            G *= vk
+            G *= dK
+            if square:  # both gradients see G only through its symmetric part
+                G = G + ops.mT(G)
+                G *= 0.5
+            row = xp.sum(G, axis=2)  # [C, M]
+            weight = 2.0 if square else 1.0
+            rA = weight * row if rA is None else rA + weight * row
+            if not ard:
+                d_ell += xp.reshape(-2.0 * xp.sum(xp.sum(G * r2, axis=2), axis=1), (C, 1))
+                if inputs:
+                    GB = G @ Bm
+                    H = weight * GB if H is None else H + weight * GB
+                continue
+            GB = G @ Bm
+            d_ell += 4.0 * ops.einsum("cmd,cmd->cd", d.A, GB)
+            if not square:
+                assert Bm2 is not None  # ARD keeps the squares
+                d_ell -= 2.0 * _weighted_rows(xp.sum(G, axis=1), Bm2)
+            if inputs:
+                if square:
+                    GB *= 2.0
+                H = GB if H is None else H + GB
+        if ard and rA is not None:
+            assert d.A2 is not None  # ARD keeps the squares
+            d_ell -= 2.0 * _weighted_rows(rA, d.A2)
+        g_Z = None
+        if inputs:
+            g_Z = ops.zeros(self.Z, tuple(self.Z.shape))
+            if rA is not None and H is not None:
+                g_Z = d.A * rA[:, :, None]
+                g_Z -= H
+                g_Z *= 2.0 / d.ell
+        blocks = []
+        for index in range(len(fam.parts)):
+            if index == fam.stationary_index:
+                blocks += [d_ell, d_var[:, None]]
+                continue
+            noise = self.natural[:, fam.offsets[index][0]]
+            gn = ops.zeros(self.Z, (C,))
+            if dKff_diag is not None:
+                gn += noise * xp.sum(dKff_diag, axis=1)
+            if dKuu is not None and fam.noise_on_square[index]:
+                gn += noise * xp.sum(ops.diagonal(dKuu), axis=1)
+            blocks.append(gn[:, None])
+        return xp.concat(blocks, axis=1), g_Z
+
+
+class StackedMatrixGradients(Sequence[MatrixGradients]):
+    """Matrix gradients of ``C`` latents kept as stacks: ``Kuu [C, M, M]``, ``Kuf [C, M, B]``,
+    ``Kff_diag [C, B]`` (each may be ``None``). A sequence of per-latent ``MatrixGradients``
+    (views, made on access) for code that reads them one by one;
+    ``hyper.parameter_gradient`` hands the stacks to one batched VJP as they are."""
+
+    def __init__(self, Kuu: Array | None, Kuf: Array | None, Kff_diag: Array | None):
+        self.Kuu, self.Kuf, self.Kff_diag = Kuu, Kuf, Kff_diag
+        self._n = next(a.shape[0] for a in (Kuu, Kuf, Kff_diag) if a is not None)
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, c: int) -> MatrixGradients: ...
+
+    @overload
+    def __getitem__(self, c: slice) -> list[MatrixGradients]: ...
+
+    def __getitem__(self, c: int | slice) -> MatrixGradients | list[MatrixGradients]:
+        if isinstance(c, slice):
+            return [self[i] for i in range(self._n)[c]]
+        if not -self._n <= c < self._n:
+            raise IndexError(c)
+        return MatrixGradients(Kuu=None if self.Kuu is None else self.Kuu[c],
+                               Kuf=None if self.Kuf is None else self.Kuf[c],
+                               Kff_diag=None if self.Kff_diag is None else self.Kff_diag[c])
+
+
+class StackedKernels:
+    """``C`` kernels of one family, evaluated together (``of`` builds one, or says no)."""
+
+    def __init__(self, kernels: Sequence[Kernel], signature: tuple):
+        self.kernels = list(kernels)
+        per_latent = [_parts(k) for k in self.kernels]
+        #: parts by position, each a list over the latents
+        self.parts: list[list] = [list(p) for p in zip(*per_latent)]
+        self.stationary_index = next(i for i, s in enumerate(signature)
+                                     if issubclass(s[0], Stationary))
+        self.stationary: list[Stationary] = self.parts[self.stationary_index]
+        #: ``(start, stop)`` of each part's parameters in a kernel's unconstrained vector
+        sizes = np.cumsum([0] + [p[0].n_params for p in self.parts])
+        self.offsets = [(int(a), int(b)) for a, b in zip(sizes[:-1], sizes[1:])]
+        #: whether a noise part sits on the square matrix (``White``) or only on ``Kff_diag``
+        self.noise_on_square = [i != self.stationary_index and parts[0].on_square
+                                for i, parts in enumerate(self.parts)]
+        self._last: tuple[object, StackedCovariances] | None = None
+
+    @classmethod
+    def of(cls, kernels: Sequence[Kernel]) -> StackedKernels | None:
+        """The batched form of ``kernels`` (one per latent), or ``None`` when their families
+        differ or cannot be batched here (then use each kernel on its own)."""
+        signatures = {_signature(k) for k in kernels}
+        signature = signatures.pop() if len(signatures) == 1 else None
+        return None if signature is None else cls(kernels, signature)
+
+    def theta(self) -> np.ndarray:
+        """Every latent's unconstrained parameters, ``[C, P]`` (host)."""
+        return np.stack([k.get_unconstrained() for k in self.kernels])
+
+    def noise_parts(self) -> list[tuple[int, list[White]]]:
+        """``(position, parts over the latents)`` of the ``White``-type parts."""
+        return [(i, p) for i, p in enumerate(self.parts) if i != self.stationary_index]
+
+    def covariances(self, Z: Array, X: Array, version: object = None) -> StackedCovariances:
+        """``StackedCovariances`` at ``Z [C, M, D]`` and ``X [B, D]`` with the kernels'
+        current parameters. ``version``: a key that changes whenever the parameters or ``Z``
+        do (e.g. ``HyperParameters.version``); the last result is reused while the key and
+        the very objects ``Z`` and ``X`` are the same (no values compared). ``None``: always
+        computed afresh. (The host parameters, ``[C, P]`` floats, are checked as well, so a
+        kernel changed without a new version is never served stale values.)"""
+        last = self._last
+        if (version is not None and last is not None and last[0] == version
+                and last[1].Z is Z and last[1].X is X
+                and np.array_equal(last[1].theta, self.theta())):
+            return last[1]
+        self._last = None  # released first: one set of these arrays alive, not two
+        cov = StackedCovariances(self, Z, X)
+        self._last = None if version is None else (version, cov)
+        return cov
