@@ -17,9 +17,14 @@ test applies to Hessian steps only.
 
 Stopping: ``max|g| <= tol``, or (optional ``decrement_tol``) the Newton decrement
 ``g^T (-H)^-1 g`` (twice the predicted ascent to the optimum; invariant to the scaling of ``x``)
-is below ``decrement_tol`` or has stalled at round-off level (below ``DECREMENT_FLOOR`` and not
-shrinking by ``DECREMENT_STALL`` in one step). Use it where the gradient carries a large scale
-(KL: ``K alpha`` with ``K ~ sigma_f^2``) so that ``tol`` alone is below round-off.
+is below ``max(decrement_tol, decrement_rtol * max(1, |f|))`` or has stalled at round-off level
+(below ``DECREMENT_FLOOR`` and not shrinking by ``DECREMENT_STALL`` in one step). Use it where
+the gradient carries a large scale (KL: ``K alpha`` with ``K ~ sigma_f^2``) so that ``tol``
+alone is below round-off. The Newton step whose decrement passed the test is still taken (with
+the usual line search, which also gives the returned value): near the optimum Newton converges
+quadratically, so the point returned is accurate to about the square of the decrement, and no
+further derivative evaluation (the expensive part) is spent to confirm it. The returned
+``grad_norm`` is that of the last derivative evaluation, one step earlier.
 """
 
 from __future__ import annotations
@@ -71,15 +76,16 @@ def newton_maximize(
     project: Callable[[Array], Array] | None = None,
     name: str = "newton",
     decrement_tol: float | None = None,
+    decrement_rtol: float = 0.0,
     direction: DirectionFunction | None = None,
     converged: ConvergedFunction | None = None,
 ) -> NewtonResult:
     """Maximise ``fun`` from ``x0 [P]`` until ``max|g| <= tol`` (or ``max_steps``).
 
     With ``decrement_tol`` also stop (converged) once the Newton decrement ``g^T d`` of an
-    unshifted Hessian step is ``<= decrement_tol`` or has stalled at round-off (module
-    docstring). ``direction``: optional preferred step; ``converged``: optional extra stopping
-    test (module docstring).
+    unshifted Hessian step is ``<= max(decrement_tol, decrement_rtol * max(1, |f|))`` or has
+    stalled at round-off, after taking that step (module docstring). ``direction``: optional
+    preferred step; ``converged``: optional extra stopping test (module docstring).
     """
     proj = project or (lambda z: z)
     x = proj(np.array(x0, dtype=float))
@@ -105,17 +111,27 @@ def newton_maximize(
             shifted += mu > 0
         if decrement_tol is not None and mu == 0.0 and preferred is None:
             dec = float(g @ d)
-            if dec <= decrement_tol or (dec <= DECREMENT_FLOOR
-                                        and dec > DECREMENT_STALL * last_dec):
-                return NewtonResult(x, float(value), gnorm, step, True, shifted)
+            limit = max(decrement_tol, decrement_rtol * max(1.0, abs(value)))
+            if dec <= limit or (dec <= DECREMENT_FLOOR and dec > DECREMENT_STALL * last_dec):
+                return _final_step(fun, proj, x, d, value, gnorm, step, shifted)
             last_dec = dec
         if preferred is None:
             backtracked = _backtrack(fun, proj, x, d, value, MAX_HALVINGS)
             if backtracked is None:  # no ascent possible: at the optimum to working precision
                 return NewtonResult(x, float(value), gnorm, step, gnorm <= 1e3 * tol, shifted)
-            x_try = backtracked
+            x_try = backtracked[0]
         x = x_try
     return NewtonResult(x, float(value), gnorm, max_steps, False, shifted)
+
+
+def _final_step(fun: NewtonFunction, proj: Callable[[Array], Array], x: Array, d: Array,
+                value: float, gnorm: float, step: int, shifted: int) -> NewtonResult:
+    """The converged result after the last Newton step ``d`` from ``x`` (line-searched; ``x``
+    itself when no step size keeps the value)."""
+    found = _backtrack(fun, proj, x, d, value, MAX_HALVINGS)
+    if found is None:
+        return NewtonResult(x, float(value), gnorm, step, True, shifted)
+    return NewtonResult(found[0], found[1], gnorm, step + 1, True, shifted)
 
 
 def _shifted_newton_step(H: Array, g: Array, name: str, step: int) -> tuple[Array, float]:
@@ -139,15 +155,16 @@ def _shifted_newton_step(H: Array, g: Array, name: str, step: int) -> tuple[Arra
 def _backtrack(
     fun: NewtonFunction, proj: Callable[[Array], Array], x: Array, d: Array, value: float,
     halvings: int,
-) -> Array | None:
-    """``proj(x + eta d)`` for the first ``eta = 1, 1/2, ...`` that does not lower the value."""
+) -> tuple[Array, float] | None:
+    """``proj(x + eta d)`` and its value for the first ``eta = 1, 1/2, ...`` that does not lower
+    the value (beyond round-off); None when none does."""
     eta = 1.0
     slack = ROUNDOFF * max(1.0, abs(value))
     for _ in range(halvings):
         x_try = proj(x + eta * d)
         v_try = fun(x_try, False)[0]
         if np.isfinite(v_try) and v_try >= value - slack:
-            return x_try
+            return x_try, float(v_try)
         eta *= 0.5
     return None
 
@@ -162,5 +179,5 @@ def _preferred_step(
     d = direction(x, g)
     if d is None or not np.all(np.isfinite(d)) or not float(g @ d) > 0.0:
         return None
-    x_try = _backtrack(fun, proj, x, d, value, PREFERRED_HALVINGS + 1)
-    return None if x_try is None else (d, x_try)
+    found = _backtrack(fun, proj, x, d, value, PREFERRED_HALVINGS + 1)
+    return None if found is None else (d, found[0])
