@@ -6,6 +6,12 @@ a Levenberg-Marquardt shift makes ``H - mu D`` negative definite (Cholesky of it
 ``d = -(H - mu D)^-1 g`` is backtracked (``eta = 1, 1/2, ...``) until the value does not
 decrease, and an optional projection keeps iterates feasible (e.g. ``lambda <= 0``).
 
+Bounds (with ``project``): ``fixed(x, g)`` names the coordinates at a bound whose gradient
+points out of the feasible set; they are held for that step and the Newton system is solved on
+the others (projected Newton). Without it, a step into the bound is cut by the projection, is no
+longer an ascent direction, and the line search creeps at round-off level (kl on separable
+data). The gradient test then applies to the free coordinates (the KKT conditions).
+
 An objective may also offer a preferred step (``direction``) for where ``-H`` is not positive
 definite, e.g. Newton's method on its stationarity equations written without the large factors
 that make ``H`` indefinite at round-off level. It is taken when it ascends (``g^T d > 0``) and a
@@ -44,6 +50,8 @@ NewtonFunction = Callable[[Array, bool], tuple[float, Array | None, Array | None
 DirectionFunction = Callable[[Array, Array], Array | None]
 #: ``converged(x)``: the objective's own stopping test at the point of the last ``fun(x, True)``
 ConvergedFunction = Callable[[Array], bool]
+#: ``fixed(x, g)``: boolean mask ``[P]`` of the coordinates held at their bound for this step
+FixedFunction = Callable[[Array, Array], Array]
 
 MAX_HALVINGS = 30
 #: relative value decrease accepted as round-off in the line search
@@ -79,13 +87,15 @@ def newton_maximize(
     decrement_rtol: float = 0.0,
     direction: DirectionFunction | None = None,
     converged: ConvergedFunction | None = None,
+    fixed: FixedFunction | None = None,
 ) -> NewtonResult:
     """Maximise ``fun`` from ``x0 [P]`` until ``max|g| <= tol`` (or ``max_steps``).
 
     With ``decrement_tol`` also stop (converged) once the Newton decrement ``g^T d`` of an
     unshifted Hessian step is ``<= max(decrement_tol, decrement_rtol * max(1, |f|))`` or has
     stalled at round-off, after taking that step (module docstring). ``direction``: optional
-    preferred step; ``converged``: optional extra stopping test (module docstring).
+    preferred step; ``converged``: optional extra stopping test; ``fixed``: coordinates held at
+    their bound (module docstring).
     """
     proj = project or (lambda z: z)
     x = proj(np.array(x0, dtype=float))
@@ -99,11 +109,16 @@ def newton_maximize(
         if not np.isfinite(value) or not np.all(np.isfinite(g)):
             raise NumericalError(f"{name}: non-finite objective or gradient", iteration=step,
                                  quantity="objective")
-        gnorm = float(np.max(np.abs(g)))
+        free = np.ones(g.shape, dtype=bool) if fixed is None else ~np.asarray(fixed(x, g))
+        gnorm = float(np.max(np.abs(g[free]), initial=0.0))
         done = gnorm <= tol or (converged is not None and converged(x))
         if done or step == max_steps:
             return NewtonResult(x, float(value), gnorm, step, done, shifted)
-        d, mu = _shifted_newton_step(H, g, name, step)
+        if free.all():
+            d, mu = _shifted_newton_step(H, g, name, step)
+        else:
+            d = np.zeros_like(g)
+            d[free], mu = _shifted_newton_step(H[np.ix_(free, free)], g[free], name, step)
         preferred = _preferred_step(direction, x, g, value, fun, proj) if mu > 0 else None
         if preferred is not None:
             d, x_try = preferred

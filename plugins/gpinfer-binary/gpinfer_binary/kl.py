@@ -134,6 +134,12 @@ class KLObjective:
             return None
         return self.fixed_point_step(xi)
 
+    def at_bound(self, xi: Array, g: Array) -> Array:
+        """Mask ``[2N]`` of the ``lambda_i = 0`` (the bound ``w_i >= 0``, P14) that the gradient
+        pushes outwards: held by the projected Newton step."""
+        lam = self.split(xi)[1]
+        return np.concatenate([np.zeros(self.n, dtype=bool), (lam >= 0.0) & (g[self.n:] > 0.0)])
+
     def residual_below(self, tol: float) -> Callable[[Array], bool]:
         """Stopping test ``max|F(xi)| <= tol`` at the point of the last derivative evaluation."""
 
@@ -192,7 +198,8 @@ class KLMethod(DenseBinaryMethod):
                               name="KL Newton", decrement_tol=self.options["decrement_tol"],
                               decrement_rtol=self.options["decrement_rtol"],
                               direction=objective.preferred_step,
-                              converged=objective.residual_below(self.options["fixed_point_tol"]))
+                              converged=objective.residual_below(self.options["fixed_point_tol"]),
+                              fixed=objective.at_bound)
         alg = objective.algebra(res.x)
         alpha = res.x[:n].copy()
         return DenseSolution(
