@@ -163,8 +163,9 @@ class KLMethod(DenseBinaryMethod):
     The default ``decrement_rtol = 1e-9``: the Newton step whose decrement passes is still taken
     (``newton_maximize``), and in Newton's quadratic phase it leaves about the square of that,
     far below the ``2.2e-9 |J|`` that the outer L-BFGS-B resolves (its ``ftol``); asking for
-    ``1e-16`` nats (the old default, kept by the Hydra preset) costs one or two more ``O(N^3)``
-    Hessian factorisations of size ``2N`` per solve and changes ``J`` below its round-off.
+    ``1e-16`` nats (the old default, kept by the paper-grid protocol) costs one or two more
+    ``O(N^3)`` Hessian factorisations of size ``2N`` per solve and changes ``J`` below its
+    round-off.
     Across hyper-parameter steps the solver is warm-started from the previous solution's
     Gaussian sites (``KLObjective.warm_start``), not its ``alpha``.
     """

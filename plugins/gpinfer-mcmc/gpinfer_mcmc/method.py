@@ -126,8 +126,8 @@ class MCMCAIS(DenseBinaryMethod):
 
     Options: ``budget`` (``full`` | ``fast`` | ``tiny``; default ``fast``, the reduced gold
     standard of the paper-grid protocol, which fits a few hundred points in about a minute: the
-    ``full`` budget of spec §3.6 costs about 8x more and is what the Hydra preset
-    ``conf/method/mcmc-ais.yaml`` runs) and overrides ``T``, ``R``, ``n_samples``, ``pilot_T``,
+    ``full`` budget of spec §3.6 costs about 8x more: ask for it where the estimate itself
+    is the result) and overrides ``T``, ``R``, ``n_samples``, ``pilot_T``,
     ``predict_samples``; the AIS standard error and the §3.6 checks (``gold``) say whether a
     run is accurate enough; ``start`` (``ep`` | ``prior``);
     ``n_leapfrog`` (20); ``n_blocks`` (40); ``min_acceptance`` (0.5); ``step_size``
