@@ -152,9 +152,15 @@ def log_Phi_derivatives(t: Array, order: int = 4) -> tuple[Array, ...]:
     if order >= 4:
         out.append(r1 * bracket + r * ((1.0 + r1) * (t + 2.0 * r) + q * (1.0 + 2.0 * r1)))
     far = t < -settings.PROBIT_ASYMPTOTIC_CUT
-    if bool(xp.any(far)):
-        x = xp.where(far, -t, 1.0)  # the series only where it is used (no 1/0 elsewhere)
-        # with x = -t: d^k psi / dt^k = (-1)^(k-1) d^(k-1) r(-x) / dx^(k-1)
+    if not bool(xp.any(far)):
+        return tuple(out)
+    # with x = -t: d^k psi / dt^k = (-1)^(k-1) d^(k-1) r(-x) / dx^(k-1)
+    if ops.is_numpy(t) and t.ndim > 0:  # the series on the far entries only (the same values)
+        x = -t[far]
         for k in range(2, order + 1):
-            out[k] = xp.where(far, (-1.0) ** (k - 1) * _asymptotic(x, k - 1), out[k])
+            out[k][far] = (-1.0) ** (k - 1) * _asymptotic(x, k - 1)
+        return tuple(out)
+    x = xp.where(far, -t, 1.0)  # the series only where it is used (no 1/0 elsewhere)
+    for k in range(2, order + 1):
+        out[k] = xp.where(far, (-1.0) ** (k - 1) * _asymptotic(x, k - 1), out[k])
     return tuple(out)

@@ -6,6 +6,12 @@ a Levenberg-Marquardt shift makes ``H - mu D`` negative definite (Cholesky of it
 ``d = -(H - mu D)^-1 g`` is backtracked (``eta = 1, 1/2, ...``) until the value does not
 decrease, and an optional projection keeps iterates feasible (e.g. ``lambda <= 0``).
 
+Bounds (with ``project``): ``fixed(x, g)`` names the coordinates at a bound whose gradient
+points out of the feasible set; they are held for that step and the Newton system is solved on
+the others (projected Newton). Without it, a step into the bound is cut by the projection, is no
+longer an ascent direction, and the line search creeps at round-off level (kl on separable
+data). The gradient test then applies to the free coordinates (the KKT conditions).
+
 An objective may also offer a preferred step (``direction``) for where ``-H`` is not positive
 definite, e.g. Newton's method on its stationarity equations written without the large factors
 that make ``H`` indefinite at round-off level. It is taken when it ascends (``g^T d > 0``) and a
@@ -17,9 +23,14 @@ test applies to Hessian steps only.
 
 Stopping: ``max|g| <= tol``, or (optional ``decrement_tol``) the Newton decrement
 ``g^T (-H)^-1 g`` (twice the predicted ascent to the optimum; invariant to the scaling of ``x``)
-is below ``decrement_tol`` or has stalled at round-off level (below ``DECREMENT_FLOOR`` and not
-shrinking by ``DECREMENT_STALL`` in one step). Use it where the gradient carries a large scale
-(KL: ``K alpha`` with ``K ~ sigma_f^2``) so that ``tol`` alone is below round-off.
+is below ``max(decrement_tol, decrement_rtol * max(1, |f|))`` or has stalled at round-off level
+(below ``DECREMENT_FLOOR`` and not shrinking by ``DECREMENT_STALL`` in one step). Use it where
+the gradient carries a large scale (KL: ``K alpha`` with ``K ~ sigma_f^2``) so that ``tol``
+alone is below round-off. The Newton step whose decrement passed the test is still taken (with
+the usual line search, which also gives the returned value): near the optimum Newton converges
+quadratically, so the point returned is accurate to about the square of the decrement, and no
+further derivative evaluation (the expensive part) is spent to confirm it. The returned
+``grad_norm`` is that of the last derivative evaluation, one step earlier.
 """
 
 from __future__ import annotations
@@ -39,6 +50,8 @@ NewtonFunction = Callable[[Array, bool], tuple[float, Array | None, Array | None
 DirectionFunction = Callable[[Array, Array], Array | None]
 #: ``converged(x)``: the objective's own stopping test at the point of the last ``fun(x, True)``
 ConvergedFunction = Callable[[Array], bool]
+#: ``fixed(x, g)``: boolean mask ``[P]`` of the coordinates held at their bound for this step
+FixedFunction = Callable[[Array, Array], Array]
 
 MAX_HALVINGS = 30
 #: relative value decrease accepted as round-off in the line search
@@ -71,15 +84,18 @@ def newton_maximize(
     project: Callable[[Array], Array] | None = None,
     name: str = "newton",
     decrement_tol: float | None = None,
+    decrement_rtol: float = 0.0,
     direction: DirectionFunction | None = None,
     converged: ConvergedFunction | None = None,
+    fixed: FixedFunction | None = None,
 ) -> NewtonResult:
     """Maximise ``fun`` from ``x0 [P]`` until ``max|g| <= tol`` (or ``max_steps``).
 
     With ``decrement_tol`` also stop (converged) once the Newton decrement ``g^T d`` of an
-    unshifted Hessian step is ``<= decrement_tol`` or has stalled at round-off (module
-    docstring). ``direction``: optional preferred step; ``converged``: optional extra stopping
-    test (module docstring).
+    unshifted Hessian step is ``<= max(decrement_tol, decrement_rtol * max(1, |f|))`` or has
+    stalled at round-off, after taking that step (module docstring). ``direction``: optional
+    preferred step; ``converged``: optional extra stopping test; ``fixed``: coordinates held at
+    their bound (module docstring).
     """
     proj = project or (lambda z: z)
     x = proj(np.array(x0, dtype=float))
@@ -93,11 +109,16 @@ def newton_maximize(
         if not np.isfinite(value) or not np.all(np.isfinite(g)):
             raise NumericalError(f"{name}: non-finite objective or gradient", iteration=step,
                                  quantity="objective")
-        gnorm = float(np.max(np.abs(g)))
+        free = np.ones(g.shape, dtype=bool) if fixed is None else ~np.asarray(fixed(x, g))
+        gnorm = float(np.max(np.abs(g[free]), initial=0.0))
         done = gnorm <= tol or (converged is not None and converged(x))
         if done or step == max_steps:
             return NewtonResult(x, float(value), gnorm, step, done, shifted)
-        d, mu = _shifted_newton_step(H, g, name, step)
+        if free.all():
+            d, mu = _shifted_newton_step(H, g, name, step)
+        else:
+            d = np.zeros_like(g)
+            d[free], mu = _shifted_newton_step(H[np.ix_(free, free)], g[free], name, step)
         preferred = _preferred_step(direction, x, g, value, fun, proj) if mu > 0 else None
         if preferred is not None:
             d, x_try = preferred
@@ -105,17 +126,27 @@ def newton_maximize(
             shifted += mu > 0
         if decrement_tol is not None and mu == 0.0 and preferred is None:
             dec = float(g @ d)
-            if dec <= decrement_tol or (dec <= DECREMENT_FLOOR
-                                        and dec > DECREMENT_STALL * last_dec):
-                return NewtonResult(x, float(value), gnorm, step, True, shifted)
+            limit = max(decrement_tol, decrement_rtol * max(1.0, abs(value)))
+            if dec <= limit or (dec <= DECREMENT_FLOOR and dec > DECREMENT_STALL * last_dec):
+                return _final_step(fun, proj, x, d, value, gnorm, step, shifted)
             last_dec = dec
         if preferred is None:
             backtracked = _backtrack(fun, proj, x, d, value, MAX_HALVINGS)
             if backtracked is None:  # no ascent possible: at the optimum to working precision
                 return NewtonResult(x, float(value), gnorm, step, gnorm <= 1e3 * tol, shifted)
-            x_try = backtracked
+            x_try = backtracked[0]
         x = x_try
     return NewtonResult(x, float(value), gnorm, max_steps, False, shifted)
+
+
+def _final_step(fun: NewtonFunction, proj: Callable[[Array], Array], x: Array, d: Array,
+                value: float, gnorm: float, step: int, shifted: int) -> NewtonResult:
+    """The converged result after the last Newton step ``d`` from ``x`` (line-searched; ``x``
+    itself when no step size keeps the value)."""
+    found = _backtrack(fun, proj, x, d, value, MAX_HALVINGS)
+    if found is None:
+        return NewtonResult(x, float(value), gnorm, step, True, shifted)
+    return NewtonResult(found[0], found[1], gnorm, step + 1, True, shifted)
 
 
 def _shifted_newton_step(H: Array, g: Array, name: str, step: int) -> tuple[Array, float]:
@@ -139,15 +170,16 @@ def _shifted_newton_step(H: Array, g: Array, name: str, step: int) -> tuple[Arra
 def _backtrack(
     fun: NewtonFunction, proj: Callable[[Array], Array], x: Array, d: Array, value: float,
     halvings: int,
-) -> Array | None:
-    """``proj(x + eta d)`` for the first ``eta = 1, 1/2, ...`` that does not lower the value."""
+) -> tuple[Array, float] | None:
+    """``proj(x + eta d)`` and its value for the first ``eta = 1, 1/2, ...`` that does not lower
+    the value (beyond round-off); None when none does."""
     eta = 1.0
     slack = ROUNDOFF * max(1.0, abs(value))
     for _ in range(halvings):
         x_try = proj(x + eta * d)
         v_try = fun(x_try, False)[0]
         if np.isfinite(v_try) and v_try >= value - slack:
-            return x_try
+            return x_try, float(v_try)
         eta *= 0.5
     return None
 
@@ -162,5 +194,5 @@ def _preferred_step(
     d = direction(x, g)
     if d is None or not np.all(np.isfinite(d)) or not float(g @ d) > 0.0:
         return None
-    x_try = _backtrack(fun, proj, x, d, value, PREFERRED_HALVINGS + 1)
-    return None if x_try is None else (d, x_try)
+    found = _backtrack(fun, proj, x, d, value, PREFERRED_HALVINGS + 1)
+    return None if found is None else (d, found[0])

@@ -72,6 +72,31 @@ def test_projection_keeps_iterates_feasible():
     assert res.x[0] == pytest.approx(1.0)
 
 
+def _coupled_quadratic(x, derivatives):
+    """``-1/2 (x - c)^T A (x - c)``, ``A = [[1, .9], [.9, 1]]``, ``c = (0, 3)``: over ``x_1 <= 0``
+    the maximum is at ``x_1 = 0``, ``x_0 = 2.7`` (the KKT point), where the gradient of ``x_1``
+    stays positive."""
+    A, c = np.array([[1.0, 0.9], [0.9, 1.0]]), np.array([0.0, 3.0])
+    r = x - c
+    value = -0.5 * float(r @ A @ r)
+    return (value, -A @ r, -A) if derivatives else (value, None, None)
+
+
+def test_projected_newton_reaches_the_bounded_optimum():
+    """With ``fixed`` (the coordinates at the bound that the gradient pushes out) the step is
+    Newton's on the free coordinates: the KKT point in two steps and a converged flag, where the
+    clipped full step alone is no ascent direction and stalls away from it."""
+    project = lambda z: np.array([z[0], min(z[1], 0.0)])  # noqa: E731
+    start = np.array([-1.0, -0.5])
+    res = newton_maximize(_coupled_quadratic, start, project=project, max_steps=50, tol=1e-10,
+                          fixed=lambda x, g: np.array([False, x[1] >= 0.0 and g[1] > 0.0]))
+    assert res.converged and res.n_steps <= 3
+    np.testing.assert_allclose(res.x, [2.7, 0.0], atol=1e-10)
+    clipped = newton_maximize(_coupled_quadratic, start, project=project, max_steps=50,
+                              tol=1e-10)
+    assert not clipped.converged
+
+
 def test_non_finite_objective_is_a_numerical_error():
     def fun(x, derivatives):
         return float("nan"), np.zeros(1), -np.eye(1)

@@ -68,24 +68,33 @@ class LRNoisePath:
                      + 0.5 * lam.size)
 
 
-def lr_gradients(fit: LRFit, y: Array, likelihood: Likelihood,
-                 noise_var: float) -> tuple[Array, float]:
-    """``(dJ/dK [N, N], dJ/dsigma_n^2)`` of ``J(q_LR)`` (spec §2.7)."""
+def lr_kernel_gradient(fit: LRFit, y: Array, likelihood: Likelihood,
+                       noise_var: float) -> tuple[Array, tuple[Array, ...]]:
+    """``dJ/dK [N, N]`` of ``J(q_LR)`` (spec §2.7) and the pieces ``(C, C^2, a_m, a_v)`` that
+    ``lr_gradients`` reuses."""
     alg, alpha = fit.algebra, fit.alpha
-    K, s2, n = alg.K, noise_var, y.shape[0]
+    K, s2 = alg.K, noise_var
     C = alg.R()
     m = K @ alpha
     e = likelihood.expected_log_prob(y, m, np.maximum(alg.posterior_var_diag(), 0.0))
     a_m, a_v = e.dmean, e.dvar
-    Ca, KCa = C @ a_m, C @ (K @ alpha)
+    Ca, KCa = C @ a_m, C @ m
     C2 = C @ C
     G = (s2 * np.outer(Ca, alpha) + s2**2 * (C * a_v[None, :]) @ C - 0.5 * C + 0.5 * s2 * C2
          - 0.5 * np.outer(alpha, alpha) + np.outer(KCa, alpha))
+    return 0.5 * (G + G.T), (C, C2, a_m, a_v)
+
+
+def lr_gradients(fit: LRFit, y: Array, likelihood: Likelihood,
+                 noise_var: float) -> tuple[Array, float]:
+    """``(dJ/dK [N, N], dJ/dsigma_n^2)`` of ``J(q_LR)`` (spec §2.7)."""
+    G, (C, C2, a_m, a_v) = lr_kernel_gradient(fit, y, likelihood, noise_var)
+    alpha, K, s2, n = fit.alpha, fit.algebra.K, noise_var, y.shape[0]
     KC = K @ C
     trC = np.trace(C)
     dJ = (-a_m @ (KC @ alpha) + np.einsum("ij,ji->i", KC, KC) @ a_v - 0.5 * (trC - n / s2)
           - 0.5 * (trC - s2 * np.trace(C2)) + alpha @ (KC @ alpha))
-    return 0.5 * (G + G.T), float(dJ)
+    return G, float(dJ)
 
 
 class LabelRegressionMethod(DenseBinaryMethod):
@@ -127,7 +136,7 @@ class LabelRegressionMethod(DenseBinaryMethod):
         return DenseSolution(
             log_evidence=fit.jensen,
             posterior=lambda lik, kern, X: alg.posterior(lik, kern, X, alpha.copy()),
-            gradient=lambda: lr_gradients(fit, y, likelihood, sn**2)[0],
+            gradient=lambda: lr_kernel_gradient(fit, y, likelihood, sn**2)[0],
             extra={"noise": sn, "regression_evidence": reg},
             state={"alpha": alpha.copy(), "noise": np.array(sn)},
         )

@@ -164,12 +164,12 @@ def test_kl_fixed_point_and_derivatives():
     sol = KLMethod(tol=1e-11).solve(K, y, BernoulliLogit(), None)
     alpha, w = sol.state["alpha"], sol.state["w"]
     n = len(y)
-    alg = obj.algebra(sol.warm)
+    alg = obj.algebra(sol.state["xi"])
     E = BernoulliLogit().expected_log_prob_derivatives(y, K @ alpha,
                                                         alg.posterior_var_diag(), order=2)
     np.testing.assert_allclose(alpha, E[1], atol=1e-9)  # spec §7.5 item 20
     np.testing.assert_allclose(w, -E[2], atol=1e-9)
-    xi = sol.warm + np.concatenate([0.05 * np.cos(np.arange(n)), -0.01 * np.ones(n)])
+    xi = sol.state["xi"] + np.concatenate([0.05 * np.cos(np.arange(n)), -0.01 * np.ones(n)])
     _, g, H = obj(xi, True)  # spec §7.8 item 27: away from the optimum
     assert_gradient_close(lambda z: obj(z, False)[0], g, xi, eps=1e-6, rtol=1e-5, atol=1e-7)
     num_H = np.stack([numerical_gradient(lambda z, i=i: obj(z, True)[1][i], xi, eps=1e-6)
@@ -207,7 +207,7 @@ def test_kl_converges_quadratically_where_the_hessian_is_indefinite():
     sol = KLMethod().solve(K, y, PROBIT, None)
     assert sol.converged and sol.n_inner <= 15
     obj = KLObjective(K, y, PROBIT)
-    assert np.max(np.abs(obj.fixed_point_residual(sol.warm))) < 1e-6
+    assert np.max(np.abs(obj.fixed_point_residual(sol.state["xi"]))) < 1e-6
 
 
 @pytest.mark.parametrize("link", ["logit", "probit"])

@@ -52,28 +52,42 @@ class AISResult:
 
 
 class HMC:
-    """Leapfrog HMC in whitened coordinates for the tempered target (``n_leapfrog`` steps)."""
+    """Leapfrog HMC in whitened coordinates for the tempered target (``n_leapfrog`` steps).
+
+    Each log-target evaluation costs two products with ``L [N, N]`` (``L U`` and ``L^T g``).
+    ``step`` returns ``h`` and its gradient at the state it returns, so that a chain never
+    evaluates the same state twice (20 evaluations per transition instead of 22 in AIS).
+    """
 
     def __init__(self, loglik: LogLik, start: GaussianStart, n_leapfrog: int,
                  rng: np.random.Generator):
         self.loglik, self.s, self.n_leapfrog, self.rng = loglik, start, n_leapfrog, rng
 
+    def apply_L(self, A: Array, trans: bool = False) -> Array:
+        """``L A`` (``L^T A`` with ``trans``) for ``A [N, R]``."""
+        return (self.s.L.T if trans else self.s.L) @ A
+
     def h(self, U: Array) -> tuple[Array, Array, Array]:
         """``h(f) [R]``, ``dh/du [N, R]`` and ``F [N, R]`` at whitened ``U [N, R]``."""
         s = self.s
-        F = s.m0[:, None] + s.L @ U
+        F = s.m0[:, None] + self.apply_L(U)
         lp, g = self.loglik(F)
         h = lp + 0.5 * np.sum(s.W[:, None] * F * F, axis=0) - s.nu @ F
-        return h, s.L.T @ (g + s.W[:, None] * F - s.nu[:, None]), F
+        return h, self.apply_L(g + s.W[:, None] * F - s.nu[:, None], trans=True), F
 
-    def step(self, U: Array, tau: float, eps: float) -> tuple[Array, Array]:
-        """One trajectory per run; returns new ``U`` and the acceptance indicator ``[R]``."""
+    def step(self, U: Array, tau: float, eps: float,
+             at_U: tuple[Array, Array] | None = None) -> tuple[Array, Array, tuple[Array, Array]]:
+        """One trajectory per run from ``U [N, R]`` (``at_U``: ``h, dh/du`` there, if known).
+
+        Returns the new ``U``, the acceptance indicator ``[R]`` and ``(h, dh/du)`` at the new
+        ``U``.
+        """
         eps_r = eps * self.rng.uniform(0.9, 1.1, size=U.shape[1])
         P = self.rng.standard_normal(U.shape)
-        h0, dh, _ = self.h(U)
+        h0, dh0 = self.h(U)[:2] if at_U is None else at_U
         H0 = -(tau * h0 - 0.5 * np.sum(U * U, axis=0)) + 0.5 * np.sum(P * P, axis=0)
         Un = U.copy()
-        Pn = P + 0.5 * eps_r * (tau * dh - Un)
+        Pn = P + 0.5 * eps_r * (tau * dh0 - Un)
         with np.errstate(over="ignore", invalid="ignore"):
             for k in range(self.n_leapfrog):
                 Un = Un + eps_r * Pn
@@ -83,7 +97,9 @@ class HMC:
             H1 = -(tau * h1 - 0.5 * np.sum(Un * Un, axis=0)) + 0.5 * np.sum(Pn * Pn, axis=0)
             log_acc = np.where(np.isfinite(H1), H0 - H1, -np.inf)
         accept = np.log(self.rng.uniform(size=U.shape[1])) < np.minimum(log_acc, 0.0)
-        return np.where(accept[None, :], Un, U), accept
+        keep = accept[None, :]
+        return (np.where(keep, Un, U), accept,
+                (np.where(accept, h1, h0), np.where(keep, dh, dh0)))
 
 
 def schedule(T: int, power: float = 4.0) -> Array:
@@ -115,11 +131,11 @@ def run_ais(loglik: LogLik, start: GaussianStart, T: int, R: int, rng: np.random
     hmc = HMC(loglik, start, n_leapfrog, rng)
     U = rng.standard_normal((n, R))
     lw = np.full(R, start.log_z0)
+    at_U = hmc.h(U)[:2]
     for t in range(1, T + 1):
         b = block_of[t - 1]
-        h, _, _ = hmc.h(U)
-        lw += (taus[t] - taus[t - 1]) * h
-        U, accept = hmc.step(U, taus[t], eps[b])
+        lw += (taus[t] - taus[t - 1]) * at_U[0]
+        U, accept, at_U = hmc.step(U, taus[t], eps[b], at_U)
         rate = float(np.mean(accept))
         acc_sum[b] += rate
         acc_n[b] += 1
@@ -142,11 +158,12 @@ def sample_posterior(loglik: LogLik, start: GaussianStart, F0: Array, n_samples:
     hmc = HMC(loglik, start, n_leapfrog, rng)
     U = np.linalg.solve(start.L, F0 - start.m0[:, None])
     kept, acc = [], []
+    at_U = hmc.h(U)[:2]
     for i in range(n_samples * thin):
-        U, a = hmc.step(U, 1.0, eps)
+        U, a, at_U = hmc.step(U, 1.0, eps, at_U)
         acc.append(np.mean(a))
         if (i + 1) % thin == 0:
-            kept.append(start.m0[:, None] + start.L @ U)
+            kept.append(start.m0[:, None] + hmc.apply_L(U))
     return np.concatenate(kept, axis=1), float(np.mean(acc))
 
 
