@@ -41,6 +41,7 @@ from gpinfer.reporting import IterationReporter
 from gpinfer_ivm.baseline import run_baseline
 from gpinfer_ivm.criterion import FrozenSites, criterion
 from gpinfer_ivm.inference import IVMSettings, run_inference
+from gpinfer_ivm.projection import PROJECTION_ALGORITHMS
 from gpinfer_ivm.solid import STUB_UPDATES
 
 #: default final active-set size when ``M`` is not given
@@ -278,7 +279,7 @@ class IVM(_ActiveSetMethod):
         "gh_order": integer(None, "[1, inf)", none=True, doc="quadrature nodes per axis"),
         "reduced": flag(None, none=True, doc="integrate on the complement of 1"),
         "rule": choice("product", RULES),
-        "projection": choice("direct", ("direct", "double_loop")),
+        "projection": choice("newton", PROJECTION_ALGORITHMS),
         "stub_update": choice("lazy", STUB_UPDATES),
         **_ActiveSetMethod.model_options,
     }
