@@ -52,10 +52,10 @@ OUTER_MAX, OUTER_TOL = 50, 1e-9
 #: step halvings per line search, smallest modified Hessian eigenvalue (relative to the largest),
 #: longest step in ``t`` (a factor ``e^2`` per component: ``f`` flattens towards ``pi_c -> inf``,
 #: where its round-off grows with ``pi``, so a full step far out can stall on a plateau)
-NEWTON_GTOL, NEWTON_MAXITER, NEWTON_ARMIJO, NEWTON_HALVINGS = 1e-9, 100, 1e-4, 40
+NEWTON_GTOL, NEWTON_MAXITER, NEWTON_ARMIJO, NEWTON_HALVINGS = 1e-9, 100, 1e-4, 30
 NEWTON_EIG_FLOOR, NEWTON_MAX_STEP = 1e-10, 2.0
-#: Newton: stop once the predicted decrease ``-grad^T step`` is below this times ``1 + |f|``
-#: (what is left is round-off; a line search would only halve down to its last trial)
+#: Newton: stop once the predicted decrease ``-grad^T step``, or the decrease a step achieved, is
+#: below this times ``1 + |f|`` (what is left is round-off)
 NEWTON_FTOL = 1e-14
 
 
@@ -182,8 +182,8 @@ def project_newton(A: Array, A_hat: Array, t0: Array) -> Array:
     Hessian's eigenvalues are replaced by their absolute values (floored), so every step is a
     descent direction of the non-convex ``f``; an Armijo backtracking line search on the
     projected step. Stops when the projected gradient is below ``NEWTON_GTOL`` (scipy's
-    L-BFGS-B ``gtol`` of the direct projection), the predicted decrease is at round-off level
-    (``NEWTON_FTOL``) or no step decreases ``f``.
+    L-BFGS-B ``gtol`` of the direct projection), the predicted or achieved decrease is at
+    round-off level (``NEWTON_FTOL``) or no step decreases ``f``.
     """
     lo, hi = np.log(PI_FLOOR), np.log(PI_CEIL)
     t = np.clip(np.asarray(t0, dtype=float), lo, hi)
@@ -209,7 +209,10 @@ def project_newton(A: Array, A_hat: Array, t0: Array) -> Array:
             size *= 0.5
         if nxt is None or np.array_equal(nxt[0], t):
             break
+        gain = cur.f - nxt[1].f
         t, cur = nxt
+        if gain <= NEWTON_FTOL * (1.0 + abs(cur.f)):
+            break  # a round-off-level decrease (f flat towards pi_c -> inf): no further progress
     return t
 
 
