@@ -159,20 +159,21 @@ def _local(t: Array, A: Array, A_hat: Array) -> _Local:
     Qbar = A - SA.T @ Z[:, :C]  # (A^-1 + S^2)^-1
     s = float(np.sqrt(x) @ Z[:, C])  # 1 - alpha x^T Qbar x, without cancellation
     v = Qbar @ x
-    Sigma = Qbar + (alpha / s) * np.outer(v, v)  # (A^-1 + Pi)^-1 (Sherman-Morrison)
+    Sigma = Qbar + (alpha / s) * (v[:, None] * v[None, :])  # (A^-1 + Pi)^-1 (Sherman-Morrison)
     Ax = A_hat @ x
-    f = (-2.0 * float(np.sum(np.log(np.diag(L)))) - np.log(s)
-         + float(np.diag(A_hat) @ pi) - alpha * float(x @ Ax))  # fmt: skip
+    f = (-2.0 * float(np.log(L.diagonal()).sum()) - np.log(s)
+         + float(A_hat.diagonal() @ pi) - alpha * float(x @ Ax))  # fmt: skip
 
     def around(M: Array, Mx: Array) -> Array:  # U^T M U
         return M - Mx[:, None] - Mx[None, :] + float(x @ Mx)
 
     Su = around(Sigma, v / s)  # Sigma x = v / s
     Wu = around(A_hat, Ax) - Su
-    grad_pi = np.diag(Wu).copy()
-    grad = pi * grad_pi
-    hess = np.outer(pi, pi) * (Su * Su - (2.0 / alpha) * Wu) + np.diag(grad)
-    return _Local(f, grad, 0.5 * (hess + hess.T))
+    grad = pi * Wu.diagonal()
+    hess = (pi[:, None] * pi[None, :]) * (Su * Su - (2.0 / alpha) * Wu)
+    hess = 0.5 * (hess + hess.T)
+    hess[np.diag_indices(C)] += grad
+    return _Local(f, grad, hess)
 
 
 def project_newton(A: Array, A_hat: Array, t0: Array) -> Array:
@@ -193,7 +194,8 @@ def project_newton(A: Array, A_hat: Array, t0: Array) -> Array:
         free = ~held
         if not np.any(free) or np.max(np.abs(cur.grad[free])) <= NEWTON_GTOL:
             break
-        lam, Q = np.linalg.eigh(cur.hess[np.ix_(free, free)])
+        H = cur.hess if free.all() else cur.hess[np.ix_(free, free)]
+        lam, Q = np.linalg.eigh(H)
         lam = np.maximum(np.abs(lam), NEWTON_EIG_FLOOR * max(float(np.max(np.abs(lam))), 1e-300))
         step = np.zeros_like(t)
         step[free] = -(Q @ ((Q.T @ cur.grad[free]) / lam))
