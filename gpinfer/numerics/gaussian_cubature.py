@@ -39,7 +39,6 @@ from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
-from scipy.special import logsumexp
 
 from gpinfer.errors import NumericalError
 from gpinfer.numerics.quadrature import chunk_slices, gauss_hermite, ones_complement_basis
@@ -215,7 +214,8 @@ def softmax_tilted(
             _log_softmax(gr.nodes + beta), y[sl, None, None].repeat(gr.nodes.shape[1], 1), 2
         )[:, :, 0]
         lam = np.log(gr.weights)[None, :] + f
-        log_z = logsumexp(lam, axis=1)
+        top = lam.max(axis=1)  # logsumexp by hand: scipy's costs ~0.4 ms a call
+        log_z = top + np.log(np.sum(np.exp(lam - top[:, None]), axis=1))
         om = np.exp(lam - log_z[:, None])  # [b, E]
         mu = om @ gr.s  # [b, D]
         Sig = np.swapaxes(om[:, :, None] * gr.s, 1, 2) @ gr.s - mu[:, :, None] * mu[:, None, :]

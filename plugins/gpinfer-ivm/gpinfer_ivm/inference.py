@@ -27,7 +27,12 @@ from gpinfer.numerics.gaussian_cubature import (
     softmax_tilted,
 )
 from gpinfer_ivm.liquid import EPRepresentation
-from gpinfer_ivm.projection import ProjectionAlgorithm, initial_t, restricted_projection
+from gpinfer_ivm.projection import (
+    PROJECTION_ALGORITHMS,
+    ProjectionAlgorithm,
+    initial_t,
+    restricted_projection,
+)
 from gpinfer_ivm.solid import STUB_UPDATES, SolidRepresentation, StubUpdate
 
 Array = np.ndarray
@@ -48,9 +53,10 @@ class IVMSettings:
     distinct classes (``None``: ``min(3, C)``); ``gh_order``/``reduced``/``rule``: quadrature
     (``rule="product"``: Gauss-Hermite product, ``gh_order`` nodes per axis; ``rule="sobol"``:
     the symmetric Sobol rule, ``gh_order`` total nodes, cost linear in the number of nodes for
-    any ``C``; ``None``: ``gaussian_cubature`` defaults); ``projection``: ``"direct"`` or
-    ``"double_loop"``; ``stub_update``: ``"lazy"`` (default), ``"drag"`` or ``"resolve"``
-    (``SolidRepresentation``); ``order``: a fixed inclusion order (tests; disables selection).
+    any ``C``; ``None``: ``gaussian_cubature`` defaults); ``projection``: ``"newton"``
+    (default), ``"direct"`` (scipy L-BFGS-B) or ``"double_loop"``; ``stub_update``: ``"lazy"``
+    (default), ``"drag"`` or ``"resolve"`` (``SolidRepresentation``); ``order``: a fixed
+    inclusion order (tests; disables selection).
     """
 
     d_final: int
@@ -62,7 +68,7 @@ class IVMSettings:
     gh_order: int | None = None
     reduced: bool | None = None
     rule: str = "product"
-    projection: str = "direct"
+    projection: str = "newton"
     stub_update: str = "lazy"
     order: Sequence[int] | None = None
 
@@ -90,8 +96,9 @@ def check_settings(s: IVMSettings, n: int, y: Array, C: int) -> None:
         raise InputError(f"class(es) {empty} have no training points; IVM needs every class")
     if s.ep_sweeps < 0 or not 0.0 <= s.retain < 1.0:
         raise InputError("ep_sweeps must be >= 0 and retain in [0, 1)")
-    if s.projection not in ("direct", "double_loop"):
-        raise InputError(f"projection must be 'direct' or 'double_loop', got {s.projection!r}")
+    if s.projection not in PROJECTION_ALGORITHMS:
+        raise InputError(
+            f"projection must be one of {PROJECTION_ALGORITHMS}, got {s.projection!r}")
     if s.rule not in RULES:
         raise InputError(f"quadrature rule must be one of {RULES}, got {s.rule!r}")
     if s.stub_update not in STUB_UPDATES:
@@ -132,7 +139,7 @@ class _Runner:
         try:
             return restricted_projection(*args, cast(ProjectionAlgorithm, self.s.projection))
         except NumericalError:
-            if self.s.projection != "direct":
+            if self.s.projection == "double_loop":
                 raise
             return restricted_projection(*args, "double_loop")  # documented fallback
 
@@ -150,30 +157,51 @@ class _Runner:
             self.ep_phase()
 
     def ep_phase(self) -> None:
+        """``ep_sweeps`` sweeps over the liquid sites in random order (spec §2.9.5).
+
+        A sweep that changes no site leaves the state as it found it, so every later sweep
+        would repeat it exactly: those are skipped (their permutations are still drawn and
+        their counts still added, so the result and the random stream are unchanged).
+        """
         ep = self.ep
-        for _ in range(self.s.ep_sweeps):
-            for a in self.rng.permutation(ep.k):
-                cav = ep.cavity(a)
-                if cav is None:
-                    self.result.n_improper += 1
-                    continue
-                i = int(ep.liquid[a])
-                try:
-                    pi, b = self.project(i, cav[0], cav[1], np.log(ep.pi[a]))
-                except NumericalError:
-                    self.result.n_rejected += 1
-                    continue
-                change, norm = ep.site_change(a, pi)
-                if change < EP_REJECT_RTOL * (1.0 + norm):
-                    continue
-                old = (ep.pi[a].copy(), ep.b[a].copy())
-                try:
-                    ep.set_site(a, pi, b)
-                except np.linalg.LinAlgError:
-                    ep.set_site(a, *old)
-                    self.result.n_rejected += 1
+        for done in range(self.s.ep_sweeps):
+            before = (self.result.n_improper, self.result.n_rejected)
+            if not self.ep_sweep(self.rng.permutation(ep.k)):
+                rest = self.s.ep_sweeps - done - 1
+                for _ in range(rest):
+                    self.rng.permutation(ep.k)
+                self.result.n_improper += rest * (self.result.n_improper - before[0])
+                self.result.n_rejected += rest * (self.result.n_rejected - before[1])
+                break
         self.pi = list(ep.pi.copy())
         self.b = list(ep.b.copy())
+
+    def ep_sweep(self, order: Array) -> bool:
+        """One EP sweep over the liquid sites in ``order``; whether any site was touched."""
+        ep = self.ep
+        touched = False
+        for a in order:
+            cav = ep.cavity(a)
+            if cav is None:
+                self.result.n_improper += 1
+                continue
+            i = int(ep.liquid[a])
+            try:
+                pi, b = self.project(i, cav[0], cav[1], np.log(ep.pi[a]))
+            except NumericalError:
+                self.result.n_rejected += 1
+                continue
+            change, norm = ep.site_change(a, pi)
+            if change < EP_REJECT_RTOL * (1.0 + norm):
+                continue
+            touched = True
+            old = (ep.pi[a].copy(), ep.b[a].copy())
+            try:
+                ep.set_site(a, pi, b)
+            except np.linalg.LinAlgError:
+                ep.set_site(a, *old)
+                self.result.n_rejected += 1
+        return touched
 
     def pool_size(self) -> int:
         if self.s.pool_size is not None:

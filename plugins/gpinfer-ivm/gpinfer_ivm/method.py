@@ -41,12 +41,22 @@ from gpinfer.reporting import IterationReporter
 from gpinfer_ivm.baseline import run_baseline
 from gpinfer_ivm.criterion import FrozenSites, criterion
 from gpinfer_ivm.inference import IVMSettings, run_inference
+from gpinfer_ivm.projection import PROJECTION_ALGORITHMS
 from gpinfer_ivm.solid import STUB_UPDATES
 
 #: default final active-set size when ``M`` is not given
 DEFAULT_D_FINAL = 150
 #: default liquid-set size (capped at the final active-set size)
 DEFAULT_L = 25
+
+#: default largest move of each unconstrained (log) hyper-parameter in one minor step: a factor
+#: 10. The minor step's criterion holds the sites of the last major step, which describe the
+#: data only near that step's ``theta``; an unlimited step can leave for a region where the
+#: frozen sites make the criterion prefer a vanishing signal variance (G -> n log C, the class
+#: frequencies), a plateau the later rounds cannot leave (issue 27)
+TRUST_RADIUS = float(np.log(10.0))
+#: bounds of every unconstrained hyper-parameter during learning
+THETA_BOUND = 8.0
 
 #: the fit's per-iteration reporter: ``report(objective, posterior builder, **extras)``
 Report = Callable[..., None]
@@ -103,6 +113,9 @@ class _ActiveSetMethod(Method):
         "rounds": integer(4, "[0, inf)", doc="major/minor rounds when optimize=true"),
         "minor_iter": integer(8, "[0, inf)", doc="L-BFGS-B iterations per round"),
         "major_tol": real(1e-3, "[0, inf)", doc="relative change of G that stops the rounds"),
+        "trust_radius": real(TRUST_RADIUS, "(0, inf)", none=True,
+                             doc="largest move of each unconstrained hyper-parameter per minor "
+                                 "step (None: only the bounds +-8)"),
     }
 
     def _d_final(self, problem: Problem) -> int:
@@ -188,11 +201,12 @@ class _ActiveSetMethod(Method):
 
         Major steps at ``theta_0, ..., theta_R`` (``R = rounds``), each followed, except the
         last, by ``minor_iter`` L-BFGS-B iterations on ``G`` with the active set and sites
-        frozen. The rounds stop early when two successive major-mode values differ by less than
-        ``major_tol * (1 + |G|)``, or when a step fails numerically. The result is the major step
-        with the smallest ``G``, whose representation is kept (not recomputed), and the kernels
-        are left at its ``theta``. Each major step is reported with ``G_major`` and the
-        unconstrained hyper-parameters (``hyper.<name>``, ``beta.<c>``).
+        frozen, each unconstrained hyper-parameter moving by at most ``trust_radius`` (within
+        ``+-THETA_BOUND``). The rounds stop early when two successive major-mode values differ
+        by less than ``major_tol * (1 + |G|)``, or when a step fails numerically. The result is
+        the major step with the smallest ``G``, whose representation is kept (not recomputed),
+        and the kernels are left at its ``theta``. Each major step is reported with ``G_major``
+        and the unconstrained hyper-parameters (``hyper.<name>``, ``beta.<c>``).
         """
         X, y, C = problem.X, np.asarray(problem.y, dtype=np.int64), problem.n_classes
         order, reduced = self._order(C)
@@ -219,7 +233,7 @@ class _ActiveSetMethod(Method):
             return out
 
         theta = np.concatenate([hp.pack(), beta[:nb]])
-        opt = make_optimizer("lbfgs", bounds=(-8.0, 8.0))
+        radius = self.options["trust_radius"]
         best: tuple[float, Array, Any, FrozenSites, Array] | None = None
         previous: float | None = None
         for r in range(rounds + 1):
@@ -247,8 +261,13 @@ class _ActiveSetMethod(Method):
                 g = np.concatenate(res.dkernel + [res.dbeta[:nb]])
                 return -res.value, -g
 
+            reach = np.inf if radius is None else float(radius)
+            lo = np.maximum(theta - reach, -THETA_BOUND)
+            hi = np.minimum(theta + reach, THETA_BOUND)
+            opt = make_optimizer("lbfgs", bounds=list(zip(lo.tolist(), hi.tolist())))
             try:
-                theta = np.asarray(opt.maximize(fun, theta, minor_iter).x, dtype=float)
+                theta = np.asarray(opt.maximize(fun, np.clip(theta, lo, hi), minor_iter).x,
+                                   dtype=float)
             except NumericalError as err:
                 _stop_warning(self.name, r, "minor", err)
                 break
@@ -278,7 +297,7 @@ class IVM(_ActiveSetMethod):
         "gh_order": integer(None, "[1, inf)", none=True, doc="quadrature nodes per axis"),
         "reduced": flag(None, none=True, doc="integrate on the complement of 1"),
         "rule": choice("product", RULES),
-        "projection": choice("direct", ("direct", "double_loop")),
+        "projection": choice("newton", PROJECTION_ALGORITHMS),
         "stub_update": choice("lazy", STUB_UPDATES),
         **_ActiveSetMethod.model_options,
     }
