@@ -8,6 +8,10 @@ JITTER_START = 1e-10
 JITTER_MAX = 1e-2
 #: factor between successive jitter attempts
 JITTER_FACTOR = 10.0
+#: box on the unconstrained (log) kernel and likelihood parameters of full-batch L-BFGS-B fits
+#: (e^-14 .. e^12, i.e. 8e-7 .. 1.6e5): keeps line searches sane and stops the evidence's climb
+#: towards an infinite signal variance on separable data (pep, fitc, vfe and the dense driver)
+LOG_PARAMETER_BOUNDS = (-14.0, 12.0)
 #: default number of Gauss-Hermite nodes for expectations under moderate variances
 GAUSS_HERMITE_POINTS = 40
 

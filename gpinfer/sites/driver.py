@@ -35,6 +35,7 @@ from gpinfer.interfaces import (
     Problem,
 )
 from gpinfer.kernels.base import Kernel
+from gpinfer.numerics.settings import LOG_PARAMETER_BOUNDS
 from gpinfer.optim import make_optimizer
 from gpinfer.optim.grid import GridSearch
 from gpinfer.options import Option, choice, mapping
@@ -43,6 +44,30 @@ from gpinfer.reporting import IterationReporter
 from gpinfer.validation import check_binary_labels
 
 PosteriorBuilder = Callable[[Likelihood, Kernel, Array], Posterior]
+
+
+def _warn_at_bounds(method: str, names: list[str], theta: Array) -> None:
+    """A ``ConvergenceWarning`` naming the log parameters of ``theta [P]`` that ended on (within
+    1e-4 of; L-BFGS-B stops a hair inside) the default box ``LOG_PARAMETER_BOUNDS``
+    (``names [P]``): the evidence still rose there."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    lo, hi = LOG_PARAMETER_BOUNDS
+    at_high = [n for n, v in zip(names, theta) if v >= hi - 1e-4]
+    at_low = [n for n, v in zip(names, theta) if v <= lo + 1e-4]
+    if not (at_high or at_low):
+        return
+    parts = []
+    if at_high:
+        parts.append(f"{', '.join(at_high)} at the upper bound e^{hi:g}")
+    if at_low:
+        parts.append(f"{', '.join(at_low)} at the lower bound e^{lo:g}")
+    separable = any("variance" in n for n in at_high)
+    cause = (" The evidence still rises with the signal variance: the classes look separable, "
+             "so the model is as confident as the box allows." if separable else "")
+    warnings.warn(f"{method}: the hyper-parameters ended on their box: {'; '.join(parts)}."
+                  f"{cause} Pass optimizer_options={{'bounds': ...}} to change the box.",
+                  ConvergenceWarning, stacklevel=4)
 
 
 @dataclass
@@ -151,6 +176,7 @@ class DenseBinaryMethod(Method):
         name = str(self.options["optimizer"]).lower()
         opts = dict(self.options["optimizer_options"] or {})
         grid = name == "grid"
+        default_box = False
         optimizer: Optimizer
         grid_search: GridSearch | None = None
         if grid:
@@ -162,6 +188,12 @@ class DenseBinaryMethod(Method):
                 # a trial point where the inner solver breaks down (an amplitude of e^300 on
                 # separable data, say) ends the run at the last accepted iterate, with a warning
                 opts.setdefault("stop_on_trial_failure", True)
+                if "bounds" not in opts:
+                    # on separable data the evidence of ep-dense (and others) rises without end
+                    # with the signal variance: the box stops it, and a warning names the cause
+                    opts["bounds"] = hp.bounds(kernel=LOG_PARAMETER_BOUNDS,
+                                               likelihood=LOG_PARAMETER_BOUNDS)
+                    default_box = True
             optimizer = make_optimizer(name, **opts)
 
         def fun(theta: Array) -> tuple[float, Array]:
@@ -186,6 +218,8 @@ class DenseBinaryMethod(Method):
         if not result.success:
             warnings.warn(f"{self.name}: optimizer {name!r} ended abnormally: {result.message}",
                           RuntimeWarning, stacklevel=3)
+        if default_box:
+            _warn_at_bounds(self.name, hp.names, np.asarray(result.x, dtype=float))
         if memo["theta"] is None or not np.array_equal(result.x, memo["theta"]):
             solve_at(result.x, cold=grid)
         info: dict[str, Array] = {"optimizer_success": np.array(result.success)}

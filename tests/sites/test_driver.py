@@ -100,3 +100,36 @@ def test_multiclass_labels_and_inducing_points_are_input_errors():
     p.inducing = 5
     with pytest.raises(InputError, match="inducing"):
         _Exact().fit(p)
+
+
+class _Rising(_Exact):
+    """An evidence ``tr K`` that rises without end with the signal variance (``G = I``), as
+    ep-dense's does on separable data."""
+
+    name = "rising"
+
+    def solve(self, K, y, likelihood, warm: Any) -> DenseSolution:
+        sol = super().solve(K, y, likelihood, warm)
+        n = K.shape[0]
+        return DenseSolution(log_evidence=float(np.trace(K)), gradient=lambda: np.eye(n),
+                             posterior=sol.posterior, n_inner=1)
+
+
+def test_a_runaway_evidence_stops_on_the_default_box_with_a_warning_naming_it():
+    from sklearn.exceptions import ConvergenceWarning
+
+    from gpinfer.numerics.settings import LOG_PARAMETER_BOUNDS
+
+    with pytest.warns(ConvergenceWarning, match=r"kernel\.variance at the upper bound.*separable"):
+        res = _Rising().fit(_problem())
+    log_variance = res.kernel.get_unconstrained()[1]
+    assert log_variance == pytest.approx(LOG_PARAMETER_BOUNDS[1], abs=1e-4)
+
+
+def test_a_box_the_user_gives_replaces_the_default_and_is_not_warned_about():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = _Rising(optimizer_options={"bounds": (-1.0, 2.0)}).fit(_problem())
+    assert res.kernel.get_unconstrained()[1] == pytest.approx(2.0, abs=1e-6)

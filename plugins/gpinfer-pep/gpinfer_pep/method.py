@@ -33,6 +33,7 @@ from gpinfer.interfaces import (
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.initialisation import median_distance
 from gpinfer.likelihoods.gaussian import Gaussian
+from gpinfer.numerics.settings import LOG_PARAMETER_BOUNDS
 from gpinfer.optim import make_optimizer
 from gpinfer.options import Option, choice, custom, flag, integer, real
 from gpinfer.posterior import Posterior
@@ -49,7 +50,7 @@ from gpinfer.validation import check_binary_labels
 from gpinfer_pep.collapsed import CollapsedResult, check_partition, collapsed_pep
 
 #: box bounds on the unconstrained (log) parameters, to keep L-BFGS-B line searches sane
-_LOG_BOUNDS = (-14.0, 12.0)
+_LOG_BOUNDS = LOG_PARAMETER_BOUNDS
 
 
 def median_lengthscales(kernel: Kernel, X: Array, rule: str, rng: np.random.Generator) -> None:
