@@ -10,7 +10,8 @@ JITTER_MAX = 1e-2
 JITTER_FACTOR = 10.0
 #: box on the unconstrained (log) kernel and likelihood parameters of full-batch L-BFGS-B fits
 #: (e^-14 .. e^12, i.e. 8e-7 .. 1.6e5): keeps line searches sane and stops the evidence's climb
-#: towards an infinite signal variance on separable data (pep, fitc, vfe and the dense driver)
+#: towards an infinite signal variance on separable data (pep, fitc, vfe; the dense driver uses
+#: the upper end only, see ``gpinfer.sites.driver``)
 LOG_PARAMETER_BOUNDS = (-14.0, 12.0)
 #: default number of Gauss-Hermite nodes for expectations under moderate variances
 GAUSS_HERMITE_POINTS = 40

@@ -47,26 +47,20 @@ PosteriorBuilder = Callable[[Likelihood, Kernel, Array], Posterior]
 
 
 def _warn_at_bounds(method: str, names: list[str], theta: Array) -> None:
-    """A ``ConvergenceWarning`` naming the log parameters of ``theta [P]`` that ended on (within
-    1e-4 of; L-BFGS-B stops a hair inside) the default box ``LOG_PARAMETER_BOUNDS``
-    (``names [P]``): the evidence still rose there."""
+    """A ``ConvergenceWarning`` naming the log parameters of ``theta [P]`` (``names [P]``) that
+    ended on (within 1e-4 of; L-BFGS-B stops a hair inside) the upper end of
+    ``LOG_PARAMETER_BOUNDS``: the evidence still rose there."""
     from sklearn.exceptions import ConvergenceWarning
 
-    lo, hi = LOG_PARAMETER_BOUNDS
+    hi = LOG_PARAMETER_BOUNDS[1]
     at_high = [n for n, v in zip(names, theta) if v >= hi - 1e-4]
-    at_low = [n for n, v in zip(names, theta) if v <= lo + 1e-4]
-    if not (at_high or at_low):
+    if not at_high:
         return
-    parts = []
-    if at_high:
-        parts.append(f"{', '.join(at_high)} at the upper bound e^{hi:g}")
-    if at_low:
-        parts.append(f"{', '.join(at_low)} at the lower bound e^{lo:g}")
     separable = any("variance" in n for n in at_high)
     cause = (" The evidence still rises with the signal variance: the classes look separable, "
-             "so the model is as confident as the box allows." if separable else "")
-    warnings.warn(f"{method}: the hyper-parameters ended on their box: {'; '.join(parts)}."
-                  f"{cause} Pass optimizer_options={{'bounds': ...}} to change the box.",
+             "so the model is as confident as the bound allows." if separable else "")
+    warnings.warn(f"{method}: {', '.join(at_high)} ended on the upper bound e^{hi:g} of the log "
+                  f"parameters.{cause} Pass optimizer_options={{'bounds': ...}} to change it.",
                   ConvergenceWarning, stacklevel=4)
 
 
@@ -190,9 +184,13 @@ class DenseBinaryMethod(Method):
                 opts.setdefault("stop_on_trial_failure", True)
                 if "bounds" not in opts:
                     # on separable data the evidence of ep-dense (and others) rises without end
-                    # with the signal variance: the box stops it, and a warning names the cause
-                    opts["bounds"] = hp.bounds(kernel=LOG_PARAMETER_BOUNDS,
-                                               likelihood=LOG_PARAMETER_BOUNDS)
+                    # with the signal variance: an upper bound stops it, and a warning names the
+                    # cause. Upper only: with a two-sided box on every coordinate scipy's first
+                    # step is a whole gradient step instead of a unit-length one (tap on
+                    # breast_cancer jumped to where its predictions break); one-sided, the path
+                    # is the unbounded one until it reaches the bound.
+                    upper = (None, LOG_PARAMETER_BOUNDS[1])
+                    opts["bounds"] = hp.bounds(kernel=upper, likelihood=upper)
                     default_box = True
             optimizer = make_optimizer(name, **opts)
 

@@ -120,7 +120,7 @@ def test_a_runaway_evidence_stops_on_the_default_box_with_a_warning_naming_it():
 
     from gpinfer.numerics.settings import LOG_PARAMETER_BOUNDS
 
-    with pytest.warns(ConvergenceWarning, match=r"kernel\.variance at the upper bound.*separable"):
+    with pytest.warns(ConvergenceWarning, match=r"kernel\.variance ended on the upper bound.*separable"):
         res = _Rising().fit(_problem())
     log_variance = res.kernel.get_unconstrained()[1]
     assert log_variance == pytest.approx(LOG_PARAMETER_BOUNDS[1], abs=1e-4)
