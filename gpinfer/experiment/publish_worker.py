@@ -16,8 +16,7 @@ seconds to import, more than the default run trains. ``PublishWorker.start`` lau
    is an error per part (``publish.publish_run`` turns it into a warning and the tag
    ``publish_errors``), never lost.
 
-A run starts a worker only where a core is free for it (``spare_core``). The worker is in a
-session of its own (a Ctrl-C at the terminal reaches the run's process
+The worker is in a session of its own (a Ctrl-C at the terminal reaches the run's process
 only) and ignores SIGINT; ``close`` (always called, ``started``) kills it when the run ends
 without publishing (rejected, failed, interrupted). A worker whose stdin closes exits. Where no
 process can be started, or the tasks cannot be pickled, the run publishes in-process.
@@ -143,30 +142,11 @@ class PublishWorker:
                 stream.close()
 
 
-def spare_core() -> bool:
-    """Whether a core is free for the worker: the 1-minute load average (this run included)
-    is below the number of cores this process may use, less a half.
-
-    On a busy machine the worker's own imports (MLflow, scikit-learn: seconds of CPU that the
-    run's process has paid already) cost more than its overlap saves, and the run publishes
-    in-process instead (the same parts, the same record).
-    """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # pragma: no cover - no load average
-        return cores > 1
-    return load < cores - 0.5
-
-
 @contextmanager
 def started(enabled: bool) -> Iterator[PublishWorker | None]:
-    """A worker for the block (``None`` when ``enabled`` is False, no core is spare
-    (``spare_core``) or none can be started), closed at its end whatever happens."""
-    worker = PublishWorker.start() if enabled and spare_core() else None
+    """A worker for the block (``None`` when ``enabled`` is False or none can be started),
+    closed at its end whatever happens."""
+    worker = PublishWorker.start() if enabled else None
     try:
         yield worker
     finally:
