@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from gpinfer.experiment.tracking import RunLogger, RunTarget
+from gpinfer.experiment.tracking import RunLogger
 from gpinfer.plots import _pyplot, reliability_diagram_png
 
 Array = np.ndarray
@@ -126,7 +126,7 @@ def draw_figures(
     return paths
 
 
-def upload_figures(logger: RunTarget, out_dir: Path) -> None:
+def upload_figures(logger: RunLogger, out_dir: Path) -> None:
     """Upload the drawn ``out_dir/plots`` to the run, in one call."""
     logger.client.log_artifacts(logger._require_run(), str(Path(out_dir) / PLOTS_DIR),
                                 artifact_path=PLOTS_DIR)

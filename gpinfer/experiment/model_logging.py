@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from gpinfer.experiment.tracking import RunTarget
+from gpinfer.experiment.tracking import RunLogger
 
 Array = np.ndarray
 
@@ -151,7 +151,7 @@ def _model_type(model: Any) -> str:
 
 
 def log_estimator(
-    logger: RunTarget, estimator: Any, X_example: Array, plugin_distribution: str | None = None
+    logger: RunLogger, estimator: Any, X_example: Array, plugin_distribution: str | None = None
 ) -> str:
     """Log the fitted ``estimator`` (a ``deployable_model`` pipeline, or a bare estimator) as
     the run's MLflow model; returns its ``runs:/`` URI.
@@ -189,7 +189,7 @@ def log_estimator(
 
 
 def log_datasets(
-    logger: RunTarget,
+    logger: RunLogger,
     name: str,
     X_train: Array,
     y_train: Array,

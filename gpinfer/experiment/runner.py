@@ -53,10 +53,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from gpinfer.backend.choice import NUMPY, Backend, check_method_backend, resolve_backend
 from gpinfer.errors import FitFailedError, InputError, NumericalError
-from gpinfer.experiment import publish_worker, tracking
 from gpinfer.experiment import results as res
+from gpinfer.experiment import tracking
 from gpinfer.experiment.figures import TrainingCurve
-from gpinfer.experiment.publish_worker import PublishWorker
 from gpinfer.experiment.redact import redact_text, redact_uri, scrub_files, store_error
 from gpinfer.fit_guard import WORSE_THAN_BASELINE, check_baseline_failure
 from gpinfer.interfaces import IterationInfo
@@ -744,11 +743,11 @@ def _record_fit_report(logger: tracking.RunLogger, result: dict[str, Any], repor
 
 
 def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str, Any],
-             P_test: Any = None, worker: PublishWorker | None = None) -> float:
+             P_test: Any = None) -> float:
     """Learned hyper-parameters, model, datasets and plots to MLflow (``publish.publish_run``;
-    ``P_test``: the posterior's test predictions of a classifier, for the reliability diagram;
-    ``worker``: the run's side process, attached to the run); returns the seconds it took (not
-    part of the training time); each part's seconds go to ``result["publish.<part>_s"]``."""
+    ``P_test``: the posterior's test predictions of a classifier, for the reliability diagram);
+    returns the seconds it took (not part of the training time); each part's seconds go to
+    ``result["publish.<part>_s"]``."""
     from gpinfer.estimator import class_probabilities
     from gpinfer.experiment.model_logging import deployable_model
     from gpinfer.experiment.publish import publish_run
@@ -770,22 +769,10 @@ def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str,
         model_example=p.X_train_raw_head,
         P_test=None if P_test is None else class_probabilities(
             P_test, p.X_test.shape[0], p.n_classes, s.method),
-        worker=worker,
     )
     result.update({f"publish.{name.replace('-', '_')}_s": seconds
                    for name, seconds in parts.items()})
     return time.perf_counter() - start
-
-
-def _publishes(cfg: DictConfig | Mapping[str, Any]) -> bool:
-    """Whether the config asks for a model, datasets or plots (read before the config is
-    checked: a wrong guess costs an idle side process, nothing else)."""
-    try:
-        node = cfg.get("mlflow") or {}
-        return any(bool(node.get(key, True)) for key in ("log_model", "log_datasets",
-                                                          "log_plots"))
-    except Exception:  # noqa: BLE001 - an unresolvable config is rejected by prepare()
-        return False
 
 
 def run_experiment(
@@ -799,17 +786,7 @@ def run_experiment(
 
     ``output_dir``: the run folder (default: Hydra's output folder for this job). ``stream``
     receives the one-line summary (stdout), ``progress_stream`` the progress lines (stderr).
-    A run that publishes starts its side process first (``publish_worker``: it imports what
-    publishing needs while the run checks, loads and trains).
     """
-    with publish_worker.started(_publishes(cfg)) as worker:
-        return _run(cfg, worker, output_dir, stream, progress_stream)
-
-
-def _run(cfg: DictConfig | Mapping[str, Any], worker: PublishWorker | None,
-         output_dir: str | Path | None, stream: TextIO | None,
-         progress_stream: TextIO | None) -> dict[str, Any]:
-    """``run_experiment`` with the run's side process ``worker`` (``None``: none)."""
     from gpinfer.estimator import GPClassifier
     from gpinfer.regressor import GPRegressor
 
@@ -851,8 +828,6 @@ def _run(cfg: DictConfig | Mapping[str, Any], worker: PublishWorker | None,
     _end_stale_runs(logger, progress_stream)
     with logger.run(run_name, tags=_tags(p), params=_params(p)):
         result["mlflow_run_id"] = logger.run_id
-        if worker is not None and not worker.attach(logger):
-            worker = None  # it died: publish in-process
         logger.log_artifact(config_path)
         start = callback.start = time.perf_counter()
         try:
@@ -891,7 +866,7 @@ def _run(cfg: DictConfig | Mapping[str, Any], worker: PublishWorker | None,
             )
             state_path = tracking.save_state(p.out_dir / "state.npz", state)
             logger.log_artifact(state_path)
-            result["publish_s"] = _publish(p, estimator, callback, result, P_test, worker)
+            result["publish_s"] = _publish(p, estimator, callback, result, P_test)
             res.write_result(p.out_dir, result)
             logger.log_artifact(p.out_dir / res.RESULT_FILE)
             if result["status"] == tracking.FAILED:

@@ -543,35 +543,6 @@ class RunLogger:
         return self.run_id
 
 
-class AttachedRun:
-    """A run that another process created and ends (its ``RunLogger``), opened to add artifacts,
-    a model and dataset inputs: what ``publish_worker`` works on.
-
-    It offers the part of ``RunLogger`` that publishing uses (``client``, ``tracking_uri``,
-    ``experiment_id``, ``log_artifact``); the run's status is never touched here.
-    """
-
-    def __init__(self, tracking_uri: str, experiment_id: str, run_id: str) -> None:
-        from mlflow.tracking import MlflowClient
-
-        self.tracking_uri = tracking_uri
-        self.experiment_id = experiment_id
-        self.run_id = run_id
-        self.client = MlflowClient(tracking_uri=tracking_uri)
-
-    def log_artifact(self, path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
-        """Upload one local file to the run's artifacts."""
-        self.client.log_artifact(self.run_id, str(path), artifact_path=artifact_path)
-
-    def _require_run(self) -> str:
-        return self.run_id
-
-
-#: where a run's model, datasets and figures are published: its own logger, or another
-#: process's handle on it
-RunTarget = RunLogger | AttachedRun
-
-
 def finite_or_none(value: Any) -> float | None:
     """``float(value)`` when finite, else ``None``."""
     try:

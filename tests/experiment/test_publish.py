@@ -174,47 +174,23 @@ def test_learned_metrics_summarise_vectors_and_latents() -> None:
                            "learned.kernel.lengthscale.2", "learned.kernel.variance"}
 
 
-def test_the_side_process_publishes_and_reports_each_failure(
-    tmp_path: Path, store_uri: str
-) -> None:
-    """The worker publishes what it is given to the run; a part that fails is an error naming
-    its cause, the others are published; a worker that is gone is an error for every part it
-    did not report (publish_run turns these into warnings and the publish_errors tag)."""
+def test_figures_drawn_by_another_process_report_its_failure(tmp_path: Path) -> None:
+    """The worker draws the same PNGs as the in-process path; a worker that fails is an error
+    naming its cause (publish_run turns it into a warning and the publish_errors tag)."""
     from gpinfer.experiment.figures import TrainingCurve
-    from gpinfer.experiment.publish import PublishTask
-    from gpinfer.experiment.publish_worker import PublishWorker
+    from gpinfer.experiment.render import FigureJob
 
     curve = TrainingCurve()
     for i in range(5):
         curve.add(0.1 * i, -float(i), {"test_error": 0.3 - 0.01 * i} if i % 2 else None)
     rng = np.random.default_rng(0)
-    plots = PublishTask("plots", {"out_dir": tmp_path, "curve": curve, "title": "t",
-                                  "y_test": rng.integers(0, 3, 40),
-                                  "P_test": rng.dirichlet(np.ones(3), size=40)})
-    broken = PublishTask("model", {"model": object(), "example": np.zeros((2, 3)),
-                                   "plugin": None})  # no predict: AttributeError
-    logger = RunLogger(store_uri, experiment="side-process")
-    with logger.run("side-process"):
-        worker = PublishWorker.start()
-        assert worker is not None and worker.attach(logger)
-        assert worker.submit([plots, broken])
-        timings, errors = worker.result(["plots", "model"])
-        assert set(timings) == {"plots", "model"}
-        assert list(errors) == ["model"] and errors["model"].startswith("AttributeError"), errors
-        assert worker.process.returncode == 0
-
-        gone = PublishWorker.start()  # killed after the tasks reached it, before any result
-        assert gone is not None and gone.attach(logger) and gone.submit([plots])
-        gone.process.kill()
-        timings, errors = gone.result(["plots"])
-        assert timings == {} and errors["plots"].startswith("the publishing process failed")
-
-        unsent = PublishWorker.start()  # dead before the tasks: the caller publishes them
-        assert unsent is not None
-        unsent.process.kill()
-        unsent.process.wait()
-        assert not unsent.submit([plots])
+    P = rng.dirichlet(np.ones(3), size=40)
+    good = FigureJob.start(tmp_path / "good", curve, "t", rng.integers(0, 3, 40), P)
+    bad = FigureJob.start(tmp_path / "bad", curve, "t", np.zeros(3, dtype=int), P)  # 3 != 40
+    assert good.process is not None
+    good.process.wait(timeout=120)
+    assert good.process.returncode == 0
     for name in ("training_curves.png", "reliability.png"):
-        assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
-    arts = _artifacts(MlflowClient(store_uri), logger.run_id or "")
-    assert {"plots/training_curves.png", "plots/reliability.png"} <= arts
+        assert (tmp_path / "good" / "plots" / name).read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(RuntimeError, match="drawing the figures failed"):
+        bad.finish(None)  # type: ignore[arg-type]  # fails before any upload
