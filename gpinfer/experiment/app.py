@@ -213,9 +213,10 @@ def exit_without_teardown(status: object = 0) -> NoReturn:
 
     The ``atexit`` handlers run first (logging's flush and close among them) and stdout and
     stderr are flushed, so nothing written is lost. With another thread still alive the normal
-    exit is taken (``SystemExit``), which waits for it.
+    exit is taken (``SystemExit``), which waits for it; daemon threads (MLflow's telemetry)
+    are not waited for by either.
     """
-    if threading.active_count() > 1:
+    if any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         raise SystemExit(status)
     if status is None or isinstance(status, int):
         code = int(status or 0)
