@@ -150,16 +150,80 @@ def _argmax_nodes(d: Array, rho: Array, center: Array, step: float
                   ) -> tuple[Array, Array, Array, Array]:
     """Trapezoid nodes ``t [b, n]``, ``z = d + rho t [b, n, K]`` and log integrand ``lam
     [b, n]`` for rows sharing one ``step``, and ``log P [b]``."""
-    xp = ops.namespace(d)
     half = int(round(settings.ARGMAX_WINDOW / step))
     offsets_host = step * np.arange(-half, half + 1)  # [n]
     log_w_host = np.full(offsets_host.shape, math.log(step))
     log_w_host[[0, -1]] += math.log(0.5)
     offsets, log_w = ops.like(d, offsets_host), ops.like(d, log_w_host)
     t = center[:, None] + offsets  # [b, n]
-    z = d[:, None, :] + rho[:, None, :] * t[:, :, None]  # [b, n, K]
-    lam = log_w + log_phi(t) + xp.sum(ops.log_ndtr(z), axis=2)  # [b, n]
+    z, log_gauss, log_cdfs = _log_integrand(d, rho, t)
+    lam = log_w + log_gauss + log_cdfs  # [b, n]
     return t, z, lam, ops.logsumexp(lam, 1)
+
+
+def _log_integrand(d: Array, rho: Array, t: Array) -> tuple[Array, Array, Array]:
+    """The argmax integrand at nodes ``t [b, n]``: ``z = d + rho t [b, n, K]``, ``log N(t)``
+    and ``sum_k log Phi(z_k)`` ``[b, n]`` (its log is their sum: concave in ``t``)."""
+    xp = ops.namespace(d)
+    z = d[:, None, :] + rho[:, None, :] * t[:, :, None]  # [b, n, K]
+    return z, log_phi(t), xp.sum(ops.log_ndtr(z), axis=2)
+
+
+def _kept_nodes(d: Array, rho: Array, center: Array, step: float) -> tuple[Array, Array]:
+    """First and last node ``[b]`` (indices into ``_argmax_nodes``' grid) of the range outside
+    which every node's log integrand lies more than ``ARGMAX_NEGLIGIBLE_NATS`` below the row's
+    peak (numpy rows of one fine ``step``).
+
+    The log integrand ``h`` is concave, so on each interval of the base grid (every
+    ``ARGMAX_BASE_STEP``, nodes of the fine grid) it lies below the extensions of the
+    neighbouring chords; an interval whose bound is that far below the largest base-grid value
+    is dropped. What is dropped weighs less than ``n exp(-ARGMAX_NEGLIGIBLE_NATS)`` of the
+    integral (``n`` nodes): below round-off."""
+    half = int(round(settings.ARGMAX_WINDOW / step))
+    ratio = int(round(settings.ARGMAX_BASE_STEP / step))  # fine nodes per base interval
+    base = np.arange(0, 2 * half + 1, ratio)  # [J + 1], both ends of the window included
+    t = center[:, None] + step * (base - half)[None, :].astype(float)
+    _, log_gauss, log_cdfs = _log_integrand(d, rho, t)
+    g = log_gauss + log_cdfs  # [b, J + 1]
+    inner = g[:, 1:-1]
+    bound = np.full((g.shape[0], base.size - 1), np.inf)  # per base interval [b, J]
+    bound[:, :-1] = np.maximum(inner, 2.0 * inner - g[:, 2:])  # chord on its right, extended
+    bound[:, 1:] = np.minimum(bound[:, 1:], np.maximum(inner, 2.0 * inner - g[:, :-2]))
+    peak = np.max(g, axis=1, keepdims=True)
+    keep = ~(bound < peak - settings.ARGMAX_NEGLIGIBLE_NATS)  # NaN keeps everything
+    first = np.argmax(keep, axis=1)
+    last = keep.shape[1] - 1 - np.argmax(keep[:, ::-1], axis=1)
+    return first * ratio, (last + 1) * ratio
+
+
+def _argmax_log_p_pruned(d: Array, rho: Array, center: Array, step: float) -> Array:
+    """``log P [b]`` of ``_argmax_nodes`` on numpy rows of one fine ``step``, summed over the
+    nodes ``_kept_nodes`` keeps only (the same nodes, weights and integrand; the rest weighs
+    less than round-off). Rows are taken in order of their kept width, in blocks of
+    ``QUADRATURE_CHUNK_FLOATS``."""
+    half = int(round(settings.ARGMAX_WINDOW / step))
+    offsets = step * np.arange(-half, half + 1)  # the grid of _argmax_nodes
+    log_w = np.full(offsets.shape, math.log(step))
+    log_w[[0, -1]] += math.log(0.5)
+    first, last = _kept_nodes(d, rho, center, step)
+    width = last - first + 1
+    order = np.argsort(width, kind="stable")
+    log_p = np.empty(d.shape[0])
+    start = 0
+    while start < order.size:
+        n_eff = int(width[order[start]])
+        rows = max(1, settings.QUADRATURE_CHUNK_FLOATS // (6 * n_eff * d.shape[1]))
+        block = order[start:start + rows]
+        n_eff = int(width[block[-1]])  # the widest of the block (sorted)
+        k = first[block][:, None] + np.arange(n_eff)[None, :]
+        valid = k <= last[block][:, None]
+        k = np.minimum(k, offsets.size - 1)
+        t = center[block][:, None] + offsets[k]
+        _, log_gauss, log_cdfs = _log_integrand(d[block], rho[block], t)
+        lam = np.where(valid, log_w[k] + log_gauss + log_cdfs, -np.inf)
+        log_p[block] = ops.logsumexp(lam, 1)
+        start += block.size
+    return log_p
 
 
 def _argmax_block(
@@ -236,17 +300,35 @@ def _chunks(idx_host: Array, step: float, C: int) -> list[slice]:
     return list(chunk_slices(idx_host.size, 6 * n_nodes * (C - 1)))
 
 
-def argmax_log_probability(mean: Array, var: Array, y: Array) -> Array:
+def argmax_log_probability(mean: Array, var: Array, y: Array, prune: bool = False) -> Array:
     """``log P(f_y > f_k, all k != y)`` ``[B]`` alone: ``argmax_probability``'s rule without
-    its derivatives (prediction needs none; half the work)."""
+    its derivatives (prediction needs none; half the work).
+
+    ``prune`` (numpy; predictions): on the refined levels, skip the nodes whose share of the
+    integral is below round-off (``_kept_nodes``): the same value to round-off at a fraction of
+    the cost where unequal variances force a fine step over the whole window."""
     rows, c, y, levels = _argmax_plan(mean, var, y)
     xp = ops.namespace(c.d)
     log_p = ops.zeros(c.d, (c.d.shape[0],))
     for idx_host, idx, step, center in levels:
+        if prune and ops.is_numpy(c.d) and step < settings.ARGMAX_BASE_STEP:
+            log_p[idx] = _argmax_log_p_pruned(c.d[idx], c.rho[idx], center, step)
+            continue
         for sl in _chunks(idx_host, step, c.d.shape[1] + 1):
             ii = idx[sl]
             log_p[ii] = _argmax_nodes(c.d[ii], c.rho[ii], center[sl], step)[3]
     return xp.clip(log_p, max=0.0)
+
+
+def argmax_class_probabilities(mean: Array, var: Array) -> Array:
+    """``P(f_c > f_k, all k != c)`` ``[B, C]`` for every class ``c``: one
+    ``argmax_log_probability`` call (pruned nodes) on the ``B C`` (point, class) rows."""
+    xp = ops.namespace(mean, var)
+    B, C = mean.shape
+    labels = np.repeat(np.arange(C), B)  # row c B + i: point i, label c
+    log_p = argmax_log_probability(xp.concat([mean] * C), xp.concat([var] * C), labels,
+                                   prune=True)
+    return ops.copy(ops.mT(xp.exp(xp.reshape(log_p, (C, B)))))
 
 
 def argmax_probability(mean: Array, var: Array, y: Array) -> ArgmaxProbability:
@@ -517,12 +599,12 @@ class ArgmaxNoise(MulticlassLikelihood):
         return self._gh_expected(y, mean, var)
 
     def _predict_proba(self, mean: Array, var: Array) -> Array:
-        N, C = mean.shape
-        xp = ops.namespace(mean, var)
-        total = var + ops.like(var, self._noise(C))
-        return xp.stack(
-            [xp.exp(argmax_log_probability(mean, total, np.full(N, c))) for c in range(C)],
-            axis=1)
+        return argmax_class_probabilities(mean, var + ops.like(var, self._noise(mean.shape[1])))
+
+    def _log_predictive(self, y: Array, mean: Array, var: Array) -> Array:
+        # the power-one tilted log Z without its derivatives, on the pruned nodes
+        total = var + ops.like(var, self._noise(mean.shape[1]))
+        return argmax_log_probability(mean, total, y, prune=True)
 
 
 class MultinomialProbit(ArgmaxNoise):
@@ -622,11 +704,8 @@ class RobustMax(MulticlassLikelihood):
         return ExpectedLogProb(b + (a - b) * p, scale * P.dmean, scale * P.dvar)
 
     def _predict_proba(self, mean: Array, var: Array) -> Array:
-        N, C = mean.shape
-        P = np.stack(
-            [np.exp(argmax_log_probability(mean, var, np.full(N, c))) for c in range(C)], axis=1
-        )
-        return (1.0 - self.epsilon) * P + self.epsilon / C
+        P = argmax_class_probabilities(mean, var)
+        return (1.0 - self.epsilon) * P + self.epsilon / mean.shape[1]
 
 
 # --------------------------------------------------------------------------------------------

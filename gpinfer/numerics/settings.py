@@ -43,6 +43,9 @@ ARGMAX_BASE_STEP = 0.25
 ARGMAX_MAX_REFINEMENTS = 8
 #: multi-class argmax probability: half-width of the trapezoid window around the integrand's mode
 ARGMAX_WINDOW = 12.0
+#: multi-class argmax probability (predictions): nodes whose log integrand is provably this many
+#: nats below the peak are skipped (their total weight is below round-off)
+ARGMAX_NEGLIGIBLE_NATS = 50.0
 #: multi-class expectations (softmax, power != 1): target number of nodes of the product
 #: Gauss-Hermite rule on the (C-1)-dimensional subspace orthogonal to the ones vector
 MULTICLASS_GH_NODE_BUDGET = 8192

@@ -401,3 +401,75 @@ def test_argmax_log_probability_is_argmax_probability_without_derivatives():
     y = rng.integers(0, 6, 400)
     np.testing.assert_array_equal(argmax_log_probability(mean, var, y),
                                   argmax_probability(mean, var, y).log_p)
+
+
+def _unequal_variance_rows(seed: int, n: int = 300, C: int = 6) -> tuple:
+    """Rows over every refinement level (standard-deviation ratios up to ~e^5), some with a
+    very probable and some with a very improbable label."""
+    rng = np.random.default_rng(seed)
+    mean = 3.0 * rng.normal(size=(n, C))
+    var = np.exp(2.5 * rng.normal(size=(n, C)))
+    return mean, var, rng.integers(0, C, n)
+
+
+def test_pruned_nodes_give_the_full_rule_to_round_off():
+    """``prune=True`` (predictions) sums only the nodes ``_kept_nodes`` keeps: the same log P
+    as the full trapezoid rule to round-off, on rows at every refinement level, while it
+    drops most of the fine nodes of the refined rows."""
+    from gpinfer.likelihoods.multiclass import (
+        _argmax_plan,
+        _kept_nodes,
+        argmax_log_probability,
+    )
+
+    mean, var, y = _unequal_variance_rows(3)
+    full = argmax_log_probability(mean, var, y)
+    pruned = argmax_log_probability(mean, var, y, prune=True)
+    np.testing.assert_allclose(pruned, full, rtol=1e-14, atol=1e-15)
+    assert np.mean(pruned < -1e-3) > 0.5  # mostly rows with a non-trivial log P
+    _, c, _, levels = _argmax_plan(mean, var, y)
+    fine = [(idx, step, center) for idx, _, step, center in levels if step < 0.25]
+    assert fine  # the data reach the refined levels
+    kept = total = 0
+    for idx, step, center in fine:
+        first, last = _kept_nodes(c.d[idx], c.rho[idx], center, step)
+        kept += int(np.sum(last - first + 1))
+        total += idx.size * (2 * int(round(12.0 / step)) + 1)
+    assert kept < 0.6 * total
+
+
+def test_kept_nodes_hold_the_peak_of_every_row():
+    """The kept range contains every node within ``ARGMAX_NEGLIGIBLE_NATS`` of the row's
+    largest log integrand (the full grid evaluated as the oracle)."""
+    from gpinfer.likelihoods.multiclass import _argmax_nodes, _argmax_plan, _kept_nodes
+    from gpinfer.numerics import settings
+
+    mean, var, y = _unequal_variance_rows(4, n=120)
+    _, c, _, levels = _argmax_plan(mean, var, y)
+    for idx, _, step, center in levels:
+        if step >= settings.ARGMAX_BASE_STEP:
+            continue
+        _, _, lam, _ = _argmax_nodes(c.d[idx], c.rho[idx], center, step)
+        first, last = _kept_nodes(c.d[idx], c.rho[idx], center, step)
+        heavy = lam >= lam.max(axis=1, keepdims=True) - settings.ARGMAX_NEGLIGIBLE_NATS + 1.0
+        nodes = np.arange(lam.shape[1])[None, :]
+        assert np.all(~heavy | ((nodes >= first[:, None]) & (nodes <= last[:, None])))
+
+
+def test_class_probabilities_in_one_call_equal_the_per_class_rule():
+    """``predict_proba`` (every class's rows in one pruned call) equals the per-class full
+    rule to round-off, and ``log_predictive`` equals the tilted ``log Z`` to round-off."""
+    from gpinfer.likelihoods.multiclass import argmax_log_probability
+
+    mean, var, y = _unequal_variance_rows(5, n=100, C=5)
+    per_class = np.stack([np.exp(argmax_log_probability(mean, var, np.full(100, c)))
+                          for c in range(5)], axis=1)
+    lik = ArgmaxNoise()
+    np.testing.assert_allclose(lik.predict_proba(mean, var), per_class, rtol=1e-13,
+                               atol=1e-300)
+    np.testing.assert_allclose(lik.log_predictive(y, mean, var),
+                               lik.tilted(y, mean, var).log_z, rtol=1e-14, atol=1e-15)
+    robust = RobustMax()
+    np.testing.assert_allclose(robust.predict_proba(mean, var),
+                               (1 - robust.epsilon) * per_class + robust.epsilon / 5,
+                               rtol=1e-13)
