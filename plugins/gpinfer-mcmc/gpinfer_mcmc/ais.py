@@ -102,12 +102,19 @@ class HMC:
         """``L A`` (``L^T A`` with ``trans``) for ``A [N, R]``."""
         return (self.s.L.T if trans else self.s.L) @ A
 
+    def gradient(self, F: Array) -> tuple[Array, Array]:
+        """``log p(y|F) [R]`` and ``dh/df [N, R]`` at latents ``F [N, R]``."""
+        lp, g = self.loglik(F)
+        return lp, g + self.s.W[:, None] * F - self.s.nu[:, None]
+
+    def value(self, F: Array, lp: Array) -> Array:
+        """``h(f) [R]`` at ``F [N, R]`` from ``lp = log p(y|F) [R]``."""
+        return lp + 0.5 * np.sum(self.s.W[:, None] * F * F, axis=0) - self.s.nu @ F
+
     def h_f(self, F: Array) -> tuple[Array, Array]:
         """``h(f) [R]`` and ``dh/df [N, R]`` at latents ``F [N, R]``."""
-        s = self.s
-        lp, g = self.loglik(F)
-        WF = s.W[:, None] * F
-        return lp + 0.5 * np.sum(WF * F, axis=0) - s.nu @ F, g + WF - s.nu[:, None]
+        lp, G = self.gradient(F)
+        return self.value(F, lp), G
 
     def state(self, U: Array, F: Array | None = None) -> ChainState:
         """The chain state at whitened ``U [N, R]`` (``F = m0 + L U`` if not given)."""
@@ -117,35 +124,39 @@ class HMC:
         return ChainState(U, F, h, G, self.V @ G)
 
     def step(self, x: ChainState, tau: float, eps: float) -> tuple[ChainState, Array]:
-        """One trajectory per run from ``x``; returns the new state and acceptance ``[R]``."""
-        eps_r = eps * self.rng.uniform(0.9, 1.1, size=x.U.shape[1])
+        """One trajectory per run from ``x``; returns the new state and acceptance ``[R]``.
+
+        Positions ``Z = [Ux; A; F - m0]`` and momenta ``M = [Px; B; Q]`` are stacked ``[3N, R]``
+        (``U = Ux + L^T A``, ``P = Px + L^T B``, ``F - m0 = L U``, ``Q = L P``), so that a leapfrog
+        step is ``Z += eps M``, ``M += s (tau [0; G; V G] - Z)``; ``h`` itself is evaluated
+        only where the trajectory ends.
+        """
+        n, R = x.U.shape
+        eps_r = eps * self.rng.uniform(0.9, 1.1, size=R)
         P = self.rng.standard_normal(x.U.shape)
         H0 = -(tau * x.h - 0.5 * np.sum(x.U * x.U, axis=0)) + 0.5 * np.sum(P * P, axis=0)
         m0 = self.s.m0[:, None]
-        # U = Ux + L^T A, P = Px + L^T B; F = m0 + L U and Q = L P carried exactly
-        Ux, Px, A, F = x.U, P, np.zeros_like(P), x.F
+        zeros = np.zeros_like(P)
+        Z = np.concatenate([x.U, zeros, x.F - m0])
+        force = np.concatenate([zeros, x.G, x.VG])  # [0; G; V G]
+        M = np.concatenate([P, zeros, self.apply_L(P)])
         half = 0.5 * eps_r
-        Px = Px - half * Ux
-        B = half * (tau * x.G)
-        Q = self.apply_L(P) + half * (tau * x.VG - (F - m0))
+        M += half * (tau * force - Z)
         with np.errstate(over="ignore", invalid="ignore"):
             for k in range(self.n_leapfrog):
-                Ux = Ux + eps_r * Px
-                A = A + eps_r * B
-                F = F + eps_r * Q
-                h1, G1 = self.h_f(F)
-                VG1 = self.V @ G1
-                scale = eps_r if k < self.n_leapfrog - 1 else half
-                Px = Px - scale * Ux
-                B = B + scale * (tau * G1 - A)
-                Q = Q + scale * (tau * VG1 - (F - m0))
-            R = Ux.shape[1]
-            LtAB = self.apply_L(np.concatenate([A, B], axis=1), trans=True)
-            Un, Pn = Ux + LtAB[:, :R], Px + LtAB[:, R:]
+                Z += eps_r * M
+                F = m0 + Z[2 * n:]
+                lp, G1 = self.gradient(F)
+                force[n:2 * n] = G1
+                np.matmul(self.V, G1, out=force[2 * n:])
+                M += (eps_r if k < self.n_leapfrog - 1 else half) * (tau * force - Z)
+            h1 = self.value(F, lp)
+            LtAB = self.apply_L(np.concatenate([Z[n:2 * n], M[n:2 * n]], axis=1), trans=True)
+            Un, Pn = Z[:n] + LtAB[:, :R], M[:n] + LtAB[:, R:]
             H1 = -(tau * h1 - 0.5 * np.sum(Un * Un, axis=0)) + 0.5 * np.sum(Pn * Pn, axis=0)
             log_acc = np.where(np.isfinite(H1), H0 - H1, -np.inf)
         accept = np.log(self.rng.uniform(size=R)) < np.minimum(log_acc, 0.0)
-        return x.select(accept, ChainState(Un, F, h1, G1, VG1)), accept
+        return x.select(accept, ChainState(Un, F, h1, G1, force[2 * n:].copy())), accept
 
 
 def schedule(T: int, power: float = 4.0) -> Array:
