@@ -12,7 +12,7 @@ from gpinfer_mcmc.ais import (
     run_ais,
     split_rhat,
 )
-from gpinfer_mcmc.method import MCMCAIS, bernoulli_loglik
+from gpinfer_mcmc.method import BUDGETS, MCMCAIS, auto_budget, bernoulli_loglik
 
 from gpinfer.errors import InputError
 from gpinfer.interfaces import Problem
@@ -84,6 +84,7 @@ def test_default_budget_matches_importance_sampling_n10(lik, is_lnz):
     """The estimator's default budget (``fast``: T = 3000, R = 4) against the spec §7.7 IS
     values (measured: probit -7.5853 +- 0.013, logit -7.0200 +- 0.0044)."""
     res = MCMCAIS().fit(_problem(lik, 0.0, 2.0, seed=1))
+    assert int(res.state["budget_T"]) == 3000 and int(res.state["budget_R"]) == 4
     se = float(res.state["log_evidence_se"])
     assert se < 0.05
     assert abs(res.log_evidence - is_lnz) <= 3 * se + 0.01, (res.log_evidence, se)
@@ -247,3 +248,19 @@ def test_latent_space_leapfrog_is_the_whitened_leapfrog(tau, eps):
     np.testing.assert_allclose(new.h, h_new, rtol=1e-12)
     np.testing.assert_allclose(new.VG, start.L @ (start.L.T @ G_new), rtol=1e-10, atol=1e-12)
 
+
+def test_auto_budget_is_fast_up_to_400_points_then_scales():
+    assert auto_budget(10) == BUDGETS["fast"] == auto_budget(400)
+    b = auto_budget(700)  # (400/700)^2 = 0.3265
+    assert (b["T"], b["pilot_T"], b["n_samples"]) == (980, 163, 163)
+    assert (b["R"], b["predict_samples"]) == (4, 100)
+    assert (auto_budget(5000)["T"], auto_budget(5000)["pilot_T"]) == (500, 100)
+    assert MCMCAIS().options["budget"] == "auto"
+
+
+def test_large_standard_error_is_a_warning():
+    """An AIS standard error of log Z above ``max_se`` is a RuntimeWarning naming it."""
+    with pytest.warns(RuntimeWarning, match="standard error of log Z"):
+        res = MCMCAIS(budget="tiny", T=30, pilot_T=20, n_samples=8, max_se=1e-9).fit(
+            _problem(BernoulliProbit(), 0.0, 2.0))
+    assert 1e-9 < float(res.state["log_evidence_se"]) == res.log_evidence_se
