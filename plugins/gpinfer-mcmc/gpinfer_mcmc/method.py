@@ -56,6 +56,22 @@ BUDGETS: dict[str, dict[str, int]] = {
     "fast": {"T": 3000, "R": 4, "n_samples": 500, "pilot_T": 500, "predict_samples": 100},
     "tiny": {"T": 200, "R": 2, "n_samples": 100, "pilot_T": 100, "predict_samples": 200},
 }
+#: the default budget ``auto`` is ``fast`` up to this many training points
+AUTO_REFERENCE_N = 400
+#: least ``T``, ``pilot_T`` and ``n_samples`` of the ``auto`` budget
+AUTO_FLOORS: dict[str, int] = {"T": 500, "pilot_T": 100, "n_samples": 100}
+
+
+def auto_budget(n: int) -> dict[str, int]:
+    """The ``auto`` budget for ``n`` training points: ``fast`` up to ``AUTO_REFERENCE_N``; above,
+    ``T``, ``pilot_T`` and ``n_samples`` scaled by ``(AUTO_REFERENCE_N / n)^2`` (not below
+    ``AUTO_FLOORS``), so that the ``O(N^2)`` products per HMC step cost in all what ``fast`` costs
+    at ``AUTO_REFERENCE_N`` points (``R`` and ``predict_samples`` as in ``fast``)."""
+    scale = min(1.0, (AUTO_REFERENCE_N / max(int(n), 1)) ** 2)
+    out = dict(BUDGETS["fast"])
+    for key, floor in AUTO_FLOORS.items():
+        out[key] = max(floor, int(round(out[key] * scale)))
+    return out
 
 
 def bernoulli_loglik(likelihood: Likelihood, y: Array) -> LogLik:
@@ -124,12 +140,15 @@ class MCMCPosterior(Posterior):
 class MCMCAIS(DenseBinaryMethod):
     """HMC + AIS at fixed hyper-parameters; ``log_evidence`` is the AIS estimate.
 
-    Options: ``budget`` (``full`` | ``fast`` | ``tiny``; default ``fast``, the reduced gold
-    standard of the paper-grid protocol, which fits a few hundred points in about a minute: the
-    ``full`` budget of spec §3.6 costs about 8x more: ask for it where the estimate itself
-    is the result) and overrides ``T``, ``R``, ``n_samples``, ``pilot_T``,
-    ``predict_samples``; the AIS standard error and the §3.6 checks (``gold``) say whether a
-    run is accurate enough; ``start`` (``ep`` | ``prior``);
+    Options: ``budget`` (``auto`` | ``full`` | ``fast`` | ``tiny``; default ``auto``: ``fast``,
+    the reduced gold standard that the paper-grid protocol pins, up to ``AUTO_REFERENCE_N`` = 400
+    training points, and above them ``T``, ``pilot_T``, ``n_samples`` scaled by ``(400/N)^2``
+    (floors 500, 100, 100; ``auto_budget``), so that a default fit costs at most about what
+    ``fast`` costs at 400 points, at a larger Monte-Carlo error; the ``full`` budget of spec
+    §3.6 costs about 8x ``fast``: ask for it where the estimate itself is the result) and
+    overrides ``T``, ``R``, ``n_samples``, ``pilot_T``, ``predict_samples``; the AIS standard
+    error (``log_evidence_se``; above ``max_se`` nats a ``RuntimeWarning``) and the §3.6 checks
+    (``gold``) say whether a run is accurate enough; ``start`` (``ep`` | ``prior``);
     ``n_leapfrog`` (20); ``n_blocks`` (40); ``min_acceptance`` (0.5); ``step_size``
     (``None``: adapted by the pilot run; a number: fixed for every block, no pilot).
     No gradient: ``optimize`` must be false.
@@ -142,7 +161,10 @@ class MCMCAIS(DenseBinaryMethod):
 
     name: ClassVar[str] = "mcmc-ais"
     option_spec: ClassVar[dict[str, Option]] = {
-        "budget": choice("fast", tuple(BUDGETS), doc="preset of T, R, n_samples, pilot_T"),
+        "budget": choice("auto", ("auto", *BUDGETS),
+                         doc="preset of T, R, n_samples, pilot_T (auto: fast up to 400 training "
+                             "points, above them T, pilot_T, n_samples x (400/N)^2, at least "
+                             "500, 100, 100)"),
         "T": integer(None, "[1, inf)", none=True, doc="AIS temperatures (None: budget)"),
         "R": integer(None, "[1, inf)", none=True, doc="AIS runs (None: budget)"),
         "n_samples": integer(None, "[1, inf)", none=True, doc="posterior draws (None: budget)"),
@@ -154,14 +176,18 @@ class MCMCAIS(DenseBinaryMethod):
         "n_blocks": integer(40, "[1, inf)", doc="blocks of the AIS schedule"),
         "min_acceptance": real(0.5, "[0, 1]", doc="block acceptance below this is a warning"),
         "step_size": real(None, "(0, inf)", none=True, doc="None: adapted by the pilot run"),
+        "max_se": real(0.1, "(0, inf)",
+                       doc="AIS standard error of log Z (nats) above this is a warning"),
     }
 
     def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any  # pragma: no cover
               ) -> DenseSolution:  # fit is overridden
         raise NotImplementedError("mcmc-ais runs through fit(); AIS has no gradient")
 
-    def _settings(self) -> dict[str, int]:
-        out = dict(BUDGETS[self.options["budget"]])  # the values are checked by option_spec
+    def _settings(self, n: int) -> dict[str, int]:
+        """``T``, ``R``, ``n_samples``, ``pilot_T``, ``predict_samples`` for ``n`` points."""
+        budget = self.options["budget"]  # the values are checked by option_spec
+        out = auto_budget(n) if budget == "auto" else dict(BUDGETS[budget])
         for key in out:
             if self.options[key] is not None:
                 out[key] = int(self.options[key])
@@ -175,7 +201,7 @@ class MCMCAIS(DenseBinaryMethod):
         if problem.optimize and kernel.get_unconstrained().size:
             raise InputError("mcmc-ais estimates log Z at fixed hyper-parameters (AIS has no "
                              "gradient); set optimize=false")
-        cfg, rng, X = self._settings(), problem.rng, np.asarray(problem.X, float)
+        cfg, rng, X = self._settings(y.shape[0]), problem.rng, np.asarray(problem.X, float)
         K = kernel.K(X)
         L_K, jitter = jittered_cholesky(K, name="K (mcmc-ais)", start=1e-8)
         if jitter > 0:
@@ -210,6 +236,11 @@ class MCMCAIS(DenseBinaryMethod):
             warnings.warn(f"mcmc-ais: HMC acceptance {min_acc:.2f} is below "
                           f"{o['min_acceptance']}; the estimate may be unreliable",
                           RuntimeWarning, stacklevel=2)
+        if not res.se <= float(o["max_se"]):
+            warnings.warn(f"mcmc-ais: the AIS standard error of log Z is {res.se:.3g} nats "
+                          f"(above max_se = {o['max_se']:g}; T = {cfg['T']}, R = {cfg['R']}); "
+                          f"raise T or R (or budget) for a more accurate estimate",
+                          RuntimeWarning, stacklevel=2)
         diag = self._diagnostics(res, samples, acc_post, min_acc)
         diag.update(log_evidence_se=res.se, jitter=jitter)
         if history:
@@ -221,6 +252,7 @@ class MCMCAIS(DenseBinaryMethod):
                  "acceptance": res.acceptance, "posterior_acceptance": np.array(acc_post),
                  "step_sizes": res.step_sizes, "log_z_start": np.array(start.log_z0),
                  "mean_f": samples.mean(axis=1), "var_f": samples.var(axis=1),
+                 **{f"budget_{k}": np.array(v) for k, v in cfg.items()},
                  **{k: np.array(v) for k, v in diag.items() if k != "log_evidence_se"}}
         post = MCMCPosterior(problem.likelihood, kernel, X, samples, L_K,
                              max_predict_samples=cfg["predict_samples"])

@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gpinfer_mcmc.ais import (
+    HMC,
     GaussianStart,
     effective_sample_size,
     gold_checks,
     run_ais,
     split_rhat,
 )
-from gpinfer_mcmc.method import MCMCAIS
+from gpinfer_mcmc.method import BUDGETS, MCMCAIS, auto_budget, bernoulli_loglik
 
 from gpinfer.errors import InputError
 from gpinfer.interfaces import Problem
@@ -83,6 +84,7 @@ def test_default_budget_matches_importance_sampling_n10(lik, is_lnz):
     """The estimator's default budget (``fast``: T = 3000, R = 4) against the spec §7.7 IS
     values (measured: probit -7.5853 +- 0.013, logit -7.0200 +- 0.0044)."""
     res = MCMCAIS().fit(_problem(lik, 0.0, 2.0, seed=1))
+    assert int(res.state["budget_T"]) == 3000 and int(res.state["budget_R"]) == 4
     se = float(res.state["log_evidence_se"])
     assert se < 0.05
     assert abs(res.log_evidence - is_lnz) <= 3 * se + 0.01, (res.log_evidence, se)
@@ -194,3 +196,71 @@ def test_fit_reports_diagnostics_as_metrics_and_state():
     assert 0.5 <= last["min_acceptance"] <= last["max_acceptance"] <= 1.0
     assert 1.0 <= last["rhat"] < 1.2 and 0 < last["ess"] <= 3 * 40 * np.log10(120)
     assert last["check_ess"] == 0.0 and last["gold"] == 0.0  # 120 draws cannot give ESS 400
+
+
+def _whitened_leapfrog(loglik, start, U, h0, tau, eps_r, P, n_leapfrog):
+    """Reference leapfrog in whitened coordinates: ``f = m0 + L u``, target
+    ``tau h(f) - |u|^2 / 2``, gradient ``L^T dh/df`` (two products with ``L`` per step)."""
+    def h_and_grad(U):
+        F = start.m0[:, None] + start.L @ U
+        lp, g = loglik(F)
+        h = lp + 0.5 * np.sum(start.W[:, None] * F**2, 0) - start.nu @ F
+        return h, start.L.T @ (g + start.W[:, None] * F - start.nu[:, None]), F
+
+    _, dh, _ = h_and_grad(U)
+    Un, Pn = U.copy(), P + 0.5 * eps_r * (tau * dh - U)
+    for k in range(n_leapfrog):
+        Un = Un + eps_r * Pn
+        h1, dh, F1 = h_and_grad(Un)
+        Pn = Pn + (eps_r if k < n_leapfrog - 1 else 0.5 * eps_r) * (tau * dh - Un)
+    H0 = -(tau * h0 - 0.5 * np.sum(U**2, 0)) + 0.5 * np.sum(P**2, 0)
+    H1 = -(tau * h1 - 0.5 * np.sum(Un**2, 0)) + 0.5 * np.sum(Pn**2, 0)
+    return Un, F1, h1, H0 - H1
+
+
+@pytest.mark.parametrize("tau, eps", [(0.3, 0.4), (0.3, 1.5), (1.0, 1.0)])
+def test_latent_space_leapfrog_is_the_whitened_leapfrog(tau, eps):
+    """``HMC.step`` runs the leapfrog in latent space (one product with ``V = L L^T`` per
+    gradient); it must give the whitened trajectory, Hamiltonian and acceptance to round-off,
+    from the same random draws."""
+    X, y = _n10()
+    lik = BernoulliLogit()
+    K = RBF(lengthscale=1.0, variance=4.0).K(X)
+    L_K = jittered_cholesky(K).L
+    start = MCMCAIS()._start(K, L_K, y, lik)  # EP start: W, nu non-zero
+    loglik = bernoulli_loglik(lik, y)
+    hmc = HMC(loglik, start, 7, np.random.default_rng(4))
+    x = hmc.state(np.random.default_rng(5).standard_normal((10, 6)))
+    new, accept = hmc.step(x, tau, eps)
+    draws = np.random.default_rng(4)
+    eps_r = eps * draws.uniform(0.9, 1.1, size=6)
+    P = draws.standard_normal((10, 6))
+    Un, F1, h1, log_acc = _whitened_leapfrog(loglik, start, x.U, x.h, tau, eps_r, P, 7)
+    ref_accept = np.log(draws.uniform(size=6)) < np.minimum(log_acc, 0.0)
+    if eps > 0.5:  # both branches of the selection are used
+        assert 0 < ref_accept.sum() < 6
+    np.testing.assert_array_equal(accept, ref_accept)
+    keep = ref_accept[None, :]
+    np.testing.assert_allclose(new.U, np.where(keep, Un, x.U), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(new.F, np.where(keep, F1, x.F), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(new.h, np.where(ref_accept, h1, x.h), rtol=1e-10)
+    h_new, G_new = hmc.h_f(new.F)  # the cached value and gradients are those of the new state
+    np.testing.assert_allclose(new.h, h_new, rtol=1e-12)
+    np.testing.assert_allclose(new.VG, start.L @ (start.L.T @ G_new), rtol=1e-10, atol=1e-12)
+
+
+def test_auto_budget_is_fast_up_to_400_points_then_scales():
+    assert auto_budget(10) == BUDGETS["fast"] == auto_budget(400)
+    b = auto_budget(700)  # (400/700)^2 = 0.3265
+    assert (b["T"], b["pilot_T"], b["n_samples"]) == (980, 163, 163)
+    assert (b["R"], b["predict_samples"]) == (4, 100)
+    assert (auto_budget(5000)["T"], auto_budget(5000)["pilot_T"]) == (500, 100)
+    assert MCMCAIS().options["budget"] == "auto"
+
+
+def test_large_standard_error_is_a_warning():
+    """An AIS standard error of log Z above ``max_se`` is a RuntimeWarning naming it."""
+    with pytest.warns(RuntimeWarning, match="standard error of log Z"):
+        res = MCMCAIS(budget="tiny", T=30, pilot_T=20, n_samples=8, max_se=1e-9).fit(
+            _problem(BernoulliProbit(), 0.0, 2.0))
+    assert 1e-9 < float(res.state["log_evidence_se"]) == res.log_evidence_se
