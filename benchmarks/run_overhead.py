@@ -11,7 +11,10 @@ load:
   its ``result.json``: ``train_time_s`` (training, evaluation and logging excluded),
   ``wall_time_s`` (the fit, evaluations included) and ``publish_s`` (model, datasets, plots;
   per part as ``publish.<part>_s`` where the run reports them);
-* ``run_bare``: the same with ``mlflow.log_model/log_datasets/log_plots=false``.
+* ``run_bare``: the same with ``mlflow.log_model/log_datasets/log_plots=false``;
+
+and for each, ``command_cpu_s``: the CPU seconds of the command and of the processes it
+waited for (the figures' process), which other load affects much less than wall time.
 
 ``overhead = command wall time - train_time_s``; the target is at most 2 s. Every command runs
 in its own temporary folder with its own SQLite store, created by one untimed warm-up run (a
@@ -20,6 +23,10 @@ and as JSON (``--json PATH``)::
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/run_overhead.py \\
         --before /work/main/.venv/bin/gpinfer-run --repeat 3
+
+``--before`` may be a script that runs this venv's ``gpinfer-run`` on an older copy of the
+code (``PYTHONPATH=<copy> exec .venv/bin/gpinfer-run "$@"``, with ``GPINFER_DATA_DIR`` set):
+then both columns share every installed package, and only gpinfer's code differs.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -38,14 +46,23 @@ from typing import Any
 PUBLISH_OFF = ("mlflow.log_model=false", "mlflow.log_datasets=false", "mlflow.log_plots=false")
 
 
-def _timed(command: list[str], cwd: Path, env: dict[str, str]) -> float:
-    """Seconds ``command`` takes as a process (it must succeed)."""
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's ended and waited-for children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
+    """``(wall, cpu)`` seconds of ``command`` as a process (it must succeed); ``cpu``: its CPU
+    time and that of the processes it waited for (the figures' process), little affected by
+    other load."""
+    cpu = _children_cpu()
     start = time.perf_counter()
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
-    return seconds
+    return seconds, _children_cpu() - cpu
 
 
 def _publish_seconds(result: dict[str, Any]) -> float:
@@ -74,12 +91,13 @@ class Command:
         """One default run; records its wall time, training time and publishing time."""
         self._runs += 1
         out = self.folder / f"run{self._runs}"
-        seconds = _timed([self.executable, f"hydra.run.dir={out}", *overrides], self.folder,
-                         self.env)
+        seconds, cpu = _timed([self.executable, f"hydra.run.dir={out}", *overrides],
+                              self.folder, self.env)
         if record is None:
             return
         result = json.loads((out / "result.json").read_text())
         self._add(f"{record}.command_s", seconds)
+        self._add(f"{record}.command_cpu_s", cpu)
         self._add(f"{record}.train_s", float(result["train_time_s"]))
         self._add(f"{record}.fit_wall_s", float(result.get("wall_time_s") or 0.0))
         self._add(f"{record}.publish_s", _publish_seconds(result))
@@ -90,7 +108,9 @@ class Command:
 
     def startup(self) -> None:
         """``gpinfer-run --help``: imports and composition, nothing run."""
-        self._add("startup.command_s", _timed([self.executable, "--help"], self.folder, self.env))
+        seconds, cpu = _timed([self.executable, "--help"], self.folder, self.env)
+        self._add("startup.command_s", seconds)
+        self._add("startup.command_cpu_s", cpu)
 
     def medians(self) -> dict[str, float]:
         return {key: statistics.median(values) for key, values in self.samples.items()}
@@ -103,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", default=None, help="write the medians here")
     args = parser.parse_args(argv)
+    load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="gpinfer-overhead-") as tmp:
         commands = [Command("after", args.after, Path(tmp))]
         if args.before:
@@ -116,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                 command.run(*PUBLISH_OFF, record="run_bare")
         medians = {c.label: c.medians() for c in commands}
     keys = sorted({key for m in medians.values() for key in m})
-    print(f"medians over {args.repeat} runs (load average now: {os.getloadavg()[0]:.1f})")
+    print(f"medians over {args.repeat} runs (load average at the start: {load_start:.1f}, "
+          f"now: {os.getloadavg()[0]:.1f})")
     print(f"{'':28}" + "".join(f"{label:>12}" for label in medians))
     for key in keys:
         print(f"{key:28}" + "".join(f"{m.get(key, float('nan')):12.2f}" for m in medians.values()))

@@ -15,11 +15,12 @@ seconds recorded by wrappers around the functions that make it:
 * ``stale runs``, ``run start`` (create the run, its params), ``fit`` (training with the
   callback's metric logging; ``train_time_s`` of the result is its training part), ``fit: its
   evaluations`` (the test metrics every ``eval_every`` iterations), ``final evaluation``,
-  ``publish`` (the run's side of it: with the side process, the wait), ``end``
+  ``publish`` (the run's side of it: for the figures, the wait for their worker), ``end``
   (result.json, the run's status);
 * ``other``: the remainder of ``main`` (Hydra's job set-up, logging, the printed line).
 
-The side process's own CPU is not in these numbers (it runs beside the run). Usage::
+The figures' worker's own CPU is not in these numbers (it runs beside the run, started
+before training: ``render.FigureJob.spawn``). Usage::
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/run_phases.py [overrides...]
 """

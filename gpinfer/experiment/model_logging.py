@@ -12,8 +12,10 @@ signature and an input example of raw rows, so that::
 
 (a classifier's pyfunc ``predict`` is ``predict_proba``; a regressor's is ``predict``). The
 pip requirements are given explicitly (the core's and the method plugin's distributions and
-their numerical dependencies), which spares MLflow the subprocess that infers them and keeps
-the cost of logging a model to a fraction of a second. ``cloudpickle`` serialises the estimator
+their numerical dependencies), which spares MLflow the subprocess that infers them; the model
+is saved with ``mlflow.sklearn.save_model`` and uploaded as a logged model of the run, without
+the extras of ``mlflow.sklearn.log_model`` that cost about a second and add nothing here (see
+``log_estimator``). ``cloudpickle`` serialises the estimator
 (MLflow's ``skops`` format would need every gpinfer class declared as trusted). Loading a
 cloudpickle runs code of whoever logged it: the same model is also logged without pickle
 (``safe_model``, the artifact ``model_skops/model.skops``) for models from others.
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import importlib.metadata as metadata
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import numpy as np
@@ -61,29 +63,26 @@ def pip_requirements(plugin_distribution: str | None = None) -> list[str]:
 
 
 @contextmanager
-def _tracking_uri(uri: str) -> Iterator[None]:
-    """MLflow's fluent model API reads the global tracking URI: point it at ``uri`` meanwhile.
+def _requirements_as_given() -> Iterator[None]:
+    """Spare MLflow its check of the model's pip requirements against this environment.
 
-    ``mlflow.set_tracking_uri`` also writes (or, given None, removes) ``$MLFLOW_TRACKING_URI``;
-    both the global and the variable are put back as they were, so the next run of a sweep
-    resolves its store exactly as this one did.
+    ``pip_requirements`` are this environment's own versions, so the check (MLflow's
+    ``warn_dependency_requirement_mismatches``) cannot find a mismatch, yet it maps every
+    installed distribution to its modules first: ~0.3 s CPU per model. Replaced by a no-op
+    meanwhile (restored after); where MLflow has no such function the check simply runs.
     """
-    import os
+    import mlflow.utils.environment as environment
 
-    import mlflow
-    from mlflow.tracking._tracking_service import utils as tracking_utils
-
-    saved_global = getattr(tracking_utils, "_tracking_uri", None)
-    saved_env = os.environ.get("MLFLOW_TRACKING_URI")
-    mlflow.set_tracking_uri(uri)
+    name = "warn_dependency_requirement_mismatches"
+    original = getattr(environment, name, None)
+    if original is None:
+        yield
+        return
+    setattr(environment, name, lambda requirements: None)
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(saved_global)
-        if saved_env is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = saved_env
+        setattr(environment, name, original)
 
 
 @contextmanager
@@ -160,8 +159,11 @@ def log_estimator(
     first ``EXAMPLE_ROWS`` become the input example and, with the model's output on them, the
     signature.
     """
+    import tempfile
+
     import mlflow.sklearn
-    from mlflow.models import infer_signature
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+    from mlflow.models import Model, infer_signature
 
     example = np.ascontiguousarray(X_example[:EXAMPLE_ROWS], dtype=np.float64)
     classifier = hasattr(estimator, "predict_proba")
@@ -173,19 +175,45 @@ def log_estimator(
         logger.experiment_id, name=MODEL_NAME, source_run_id=run_id,
         tags={"mlflow.source.name": "gpinfer-run"}, model_type=_model_type(estimator),
     )
-    with _tracking_uri(logger.tracking_uri), _quiet("mlflow.sklearn"):
-        mlflow.sklearn.log_model(
-            estimator,
-            name=MODEL_NAME,
-            model_id=model.model_id,
-            run_id=run_id,
-            signature=infer_signature(example, np.asarray(output)),
-            input_example=example,
-            pip_requirements=pip_requirements(plugin_distribution),
-            serialization_format=mlflow.sklearn.SERIALIZATION_FORMAT_CLOUDPICKLE,
-            pyfunc_predict_fn="predict_proba" if classifier else "predict",
-        )
+    # what mlflow.sklearn.log_model does, less what costs a second and adds nothing here: no
+    # reload of the saved model to score the example (the tests load it with both flavours),
+    # no re-read of every metric's history to link the run's step-0 metrics (a run has none);
+    # the model ends READY, or FAILED if saving or uploading it fails
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpinfer-model-") as tmp, \
+                _quiet("mlflow.sklearn"), _requirements_as_given():
+            mlflow.sklearn.save_model(
+                estimator,
+                path=f"{tmp}/{MODEL_NAME}",
+                mlflow_model=Model(artifact_path=model.artifact_location, run_id=run_id,
+                                   model_uuid=model.model_id, model_id=model.model_id),
+                signature=infer_signature(example, np.asarray(output)),
+                input_example=example,
+                pip_requirements=pip_requirements(plugin_distribution),
+                serialization_format=mlflow.sklearn.SERIALIZATION_FORMAT_CLOUDPICKLE,
+                pyfunc_predict_fn="predict_proba" if classifier else "predict",
+            )
+            logger.client.log_model_artifacts(model.model_id, f"{tmp}/{MODEL_NAME}")
+        logger.client.log_outputs(run_id, models=[LoggedModelOutput(model.model_id, step=0)])
+    except BaseException:
+        with suppress(Exception):  # the error that stopped the logging is the one to see
+            logger.client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
+        raise
+    logger.client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
     return f"runs:/{run_id}/{MODEL_NAME}"
+
+
+def _code_source_tags() -> dict[str, str]:
+    """The tags of a dataset's ``code`` source: the user, ``gpinfer-run``, ``LOCAL``."""
+    import getpass
+
+    from mlflow.utils.mlflow_tags import MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE, MLFLOW_USER
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = "unknown"
+    return {MLFLOW_USER: user, MLFLOW_SOURCE_NAME: "gpinfer-run", MLFLOW_SOURCE_TYPE: "LOCAL"}
 
 
 def log_datasets(
@@ -197,16 +225,24 @@ def log_datasets(
     y_test: Array,
     source: str | None = None,
 ) -> None:
-    """Record the training and test parts of dataset ``name`` as the run's dataset inputs."""
+    """Record the training and test parts of dataset ``name`` as the run's dataset inputs.
+
+    ``source``: where the data came from (a path or URI); by default the run's code (MLflow's
+    ``code`` source with the user and ``gpinfer-run`` as its tags, what MLflow would record,
+    given here so that MLflow does not run its context providers, git's among them, to find
+    them).
+    """
     import mlflow.data
+    from mlflow.data.code_dataset_source import CodeDatasetSource
     from mlflow.entities import DatasetInput, InputTag
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
+    origin: Any = source if source is not None else CodeDatasetSource(_code_source_tags())
     inputs = []
     for context, part, X, y in (("training", "train", X_train, y_train),
                                 ("evaluation", "test", X_test, y_test)):
         dataset = mlflow.data.from_numpy(np.asarray(X), targets=np.asarray(y),
-                                         name=f"{name}-{part}", source=source)
+                                         name=f"{name}-{part}", source=origin)
         tags = [InputTag(MLFLOW_DATASET_CONTEXT, context)]
         inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=tags))
     logger.client.log_inputs(logger._require_run(), datasets=inputs)

@@ -10,7 +10,8 @@
   probabilities on raw features);
 * the training and test data as dataset inputs (``model_logging.log_datasets``);
 * the figures under ``plots/`` (``figures``), drawn by a separate process while the model and
-  the datasets are logged (``render.FigureJob``), then uploaded.
+  the datasets are logged (``render.FigureJob``; the run starts it before training, so that
+  its matplotlib import overlaps the fit), then uploaded.
 
 Which parts run is set by ``mlflow.log_model``, ``mlflow.log_datasets`` and
 ``mlflow.log_plots`` in the config (all true by default).
@@ -51,6 +52,7 @@ def publish_run(
     model: Any = None,
     model_example: np.ndarray | None = None,
     P_test: np.ndarray | None = None,
+    figures: FigureJob | None = None,
 ) -> dict[str, float]:
     """Log the parts above; returns ``{part: seconds}`` (``publish.<part>_s`` in the result).
 
@@ -59,7 +61,8 @@ def publish_run(
     as the MLflow model and as the skops model (default: ``estimator``), ``model_example
     [n, D]``: rows of its inputs
     (default: ``X_train``). ``P_test [N*, C]``: a classifier's test probabilities when already
-    computed (default: ``estimator.predict_proba(X_test)``).
+    computed (default: ``estimator.predict_proba(X_test)``). ``figures``: the figures' worker
+    started by the run (``FigureJob.spawn``; default: one started here).
     """
     X_train, y_train, X_test, y_test = data
     timings: dict[str, float] = {}
@@ -85,15 +88,17 @@ def publish_run(
         logger.flush()
         log.info("learned hyper-parameters:\n%s", learned.as_text(metrics))
 
-    def figures() -> FigureJob:
+    def draw() -> FigureJob:
         P = None
         if classification:
             P = estimator.predict_proba(X_test) if P_test is None else P_test
-        return FigureJob.start(out_dir, curve, title, y_test if classification else None, P)
+        job = FigureJob.spawn(out_dir) if figures is None else figures
+        job.submit(curve, title, y_test if classification else None, P)
+        return job
 
     plots = bool(settings.get("log_plots", True))
     part("hyper-parameters", True, hyper)
-    job = part("plots", plots, figures)  # drawn meanwhile by another process
+    job = part("plots", plots, draw)  # drawn meanwhile by another process
     deployable = estimator if model is None else model
     part("model", bool(settings.get("log_model", True)),
          lambda: log_estimator(logger, deployable,
@@ -104,6 +109,8 @@ def publish_run(
     part("datasets", bool(settings.get("log_datasets", True)),
          lambda: log_datasets(logger, dataset, X_train, y_train, X_test, y_test))
     part("plots", job is not None, lambda: job.finish(logger))
+    if figures is not None:  # given nothing to draw (plots off, or drawing failed): it exits
+        figures.cancel()
     if errors:
         logger.set_tags({"publish_errors": ",".join(errors)})
     return timings

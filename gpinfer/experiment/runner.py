@@ -57,6 +57,7 @@ from gpinfer.experiment import results as res
 from gpinfer.experiment import tracking
 from gpinfer.experiment.figures import TrainingCurve
 from gpinfer.experiment.redact import redact_text, redact_uri, scrub_files, store_error
+from gpinfer.experiment.render import FigureJob
 from gpinfer.fit_guard import WORSE_THAN_BASELINE, check_baseline_failure
 from gpinfer.interfaces import IterationInfo
 from gpinfer.progress import ProgressBar
@@ -743,9 +744,10 @@ def _record_fit_report(logger: tracking.RunLogger, result: dict[str, Any], repor
 
 
 def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str, Any],
-             P_test: Any = None) -> float:
+             P_test: Any = None, figures: FigureJob | None = None) -> float:
     """Learned hyper-parameters, model, datasets and plots to MLflow (``publish.publish_run``;
-    ``P_test``: the posterior's test predictions of a classifier, for the reliability diagram);
+    ``P_test``: the posterior's test predictions of a classifier, for the reliability diagram;
+    ``figures``: the figures' worker started before training, ``render.FigureJob``);
     returns the seconds it took (not part of the training time); each part's seconds go to
     ``result["publish.<part>_s"]``."""
     from gpinfer.estimator import class_probabilities
@@ -769,6 +771,7 @@ def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str,
         model_example=p.X_train_raw_head,
         P_test=None if P_test is None else class_probabilities(
             P_test, p.X_test.shape[0], p.n_classes, s.method),
+        figures=figures,
     )
     result.update({f"publish.{name.replace('-', '_')}_s": seconds
                    for name, seconds in parts.items()})
@@ -829,8 +832,12 @@ def run_experiment(
     with logger.run(run_name, tags=_tags(p), params=_params(p)):
         result["mlflow_run_id"] = logger.run_id
         logger.log_artifact(config_path)
+        figures: FigureJob | None = None
         start = callback.start = time.perf_counter()
         try:
+            if s.mlflow.get("log_plots", True):  # its matplotlib import overlaps the fit
+                figures = FigureJob.spawn(p.out_dir)
+                start = callback.start = time.perf_counter()
             with _sigterm_as_interrupt(), progress:
                 estimator.fit(p.X_train, p.y_train, callback=callback)
             wall = time.perf_counter() - start
@@ -866,13 +873,15 @@ def run_experiment(
             )
             state_path = tracking.save_state(p.out_dir / "state.npz", state)
             logger.log_artifact(state_path)
-            result["publish_s"] = _publish(p, estimator, callback, result, P_test)
+            result["publish_s"] = _publish(p, estimator, callback, result, P_test, figures)
             res.write_result(p.out_dir, result)
             logger.log_artifact(p.out_dir / res.RESULT_FILE)
             if result["status"] == tracking.FAILED:
                 logger.set_tags({"error": result["error"]})
                 logger.end(tracking.FAILED)
         except BaseException as exc:
+            if figures is not None:  # a worker given nothing to draw exits
+                figures.cancel()
             interrupted = isinstance(exc, KeyboardInterrupt)
             if isinstance(exc, FitFailedError) and exc.result is not None:
                 _record_fit_report(logger, result, exc.result)

@@ -56,26 +56,40 @@ DEPLOYABLE_TYPES = frozenset({
 })
 
 
-class _NoTorch(importlib.abc.MetaPathFinder):
-    """An import finder that refuses ``torch`` (``ImportError``), as if it were not installed."""
+#: top-level packages that skops' import would import and does not need (see
+#: ``import_skops_io``)
+_NOT_FOR_SKOPS = ("torch", "pytest", "_pytest")
+
+
+class _Refuse(importlib.abc.MetaPathFinder):
+    """An import finder that refuses ``packages`` (``ImportError``), as if not installed."""
+
+    def __init__(self, packages: Iterable[str]) -> None:
+        self.packages = frozenset(packages)
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> None:
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError("torch is not imported for skops' list of trusted types")
+        if name.split(".", 1)[0] in self.packages:
+            raise ImportError(f"{name} is not imported for skops' list of trusted types")
         return None
 
 
 def import_skops_io() -> ModuleType:
-    """``skops.io``, imported without importing PyTorch where it is not imported yet.
+    """``skops.io``, imported without importing PyTorch or pytest where they are not imported
+    yet.
 
-    The import walks every scikit-learn package to list the estimators it trusts, and with
-    PyTorch installed that walk imports it (``sklearn.externals.array_api_compat.torch``): 1.3 s
-    of a 3.1 s import, for no estimator (the list is the same). A model holding torch arrays is
-    a model whose run imported PyTorch already; later imports of PyTorch are not affected.
+    The import walks every scikit-learn package to list the estimators it trusts. With PyTorch
+    installed that walk imports it (``sklearn.externals.array_api_compat.torch``): 1.3 s of a
+    3.1 s import; with pytest installed it imports pytest (``sklearn.utils._testing``'s test
+    markers, optional there): 0.1 s CPU and over a second of wall time on a busy machine. The
+    list is the same without them. A model holding torch arrays is a model whose run imported
+    PyTorch already; later imports of either are not affected.
     """
-    if "skops.io" in sys.modules or "torch" in sys.modules:
+    if "skops.io" in sys.modules:
+        return sys.modules["skops.io"]
+    refused = [name for name in _NOT_FOR_SKOPS if name not in sys.modules]
+    if not refused:
         return importlib.import_module("skops.io")
-    finder = _NoTorch()
+    finder = _Refuse(refused)
     sys.meta_path.insert(0, finder)
     try:
         return importlib.import_module("skops.io")

@@ -153,6 +153,22 @@ def test_log_estimator_round_trip_equals_the_fitted_object(tmp_path: Path) -> No
     assert np.array_equal(np.asarray(pyfunc.predict(X)), clf.predict_proba(X))
     requirements = (local / "requirements.txt").read_text()
     assert "gpinfer-laplace==" in requirements and "gpinfer==" in requirements
+    assert {"MLmodel", "conda.yaml", "python_env.yaml", "input_example.json",
+            "serving_input_example.json"} <= {f.name for f in local.iterdir()}
+    # what mlflow.sklearn.log_model would record: a READY logged model of the run, in the
+    # run's outputs; MLflow's requirements check is back in place afterwards
+    import mlflow.utils.environment as environment
+    from mlflow.entities import LoggedModelStatus
+    from mlflow.utils.requirements_utils import warn_dependency_requirement_mismatches
+
+    client = MlflowClient(uri_store)
+    outputs = client.get_run(logger.run_id).outputs.model_outputs
+    assert len(outputs) == 1
+    logged = client.get_logged_model(outputs[0].model_id)
+    assert logged.status == LoggedModelStatus.READY and logged.name == "model"
+    assert logged.source_run_id == logger.run_id
+    assert environment.warn_dependency_requirement_mismatches is \
+        warn_dependency_requirement_mismatches
 
 
 def test_learned_metrics_summarise_vectors_and_latents() -> None:
@@ -194,3 +210,31 @@ def test_figures_drawn_by_another_process_report_its_failure(tmp_path: Path) -> 
         assert (tmp_path / "good" / "plots" / name).read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(RuntimeError, match="drawing the figures failed"):
         bad.finish(None)  # type: ignore[arg-type]  # fails before any upload
+
+
+def test_a_figures_worker_started_before_training_draws_later_or_exits_when_cancelled(
+    tmp_path: Path,
+) -> None:
+    """``spawn`` starts the worker before the payload exists, out of the run's process group
+    (a terminal's Ctrl-C is the run's); ``submit`` hands it over and it draws; a worker
+    cancelled before any payload exits with status 0 and draws nothing."""
+    import os
+
+    from gpinfer.experiment.figures import TrainingCurve
+    from gpinfer.experiment.render import FigureJob
+
+    curve = TrainingCurve()
+    for i in range(4):
+        curve.add(0.1 * i, -float(i), {"test_error": 0.3} if i % 2 else None)
+    early = FigureJob.spawn(tmp_path / "early")
+    idle = FigureJob.spawn(tmp_path / "idle")
+    assert early.process is not None and idle.process is not None
+    assert os.getpgid(idle.process.pid) != os.getpgid(0)
+    early.submit(curve, "t")
+    early.process.wait(timeout=120)
+    assert early.process.returncode == 0
+    assert (tmp_path / "early" / "plots" / "training_curves.png").read_bytes()[:4] == b"\x89PNG"
+    process = idle.process
+    idle.cancel()
+    assert process.returncode == 0 and idle.process is None
+    assert not (tmp_path / "idle").exists()

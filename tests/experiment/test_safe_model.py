@@ -103,3 +103,22 @@ def test_a_run_logs_the_skops_model_next_to_the_pickled_one(tmp_path: Path,
     assert np.array_equal(safe.predict_proba(raw), pickled.predict_proba(raw))
     X = np.random.default_rng(0).standard_normal((20, result["n_features"]))
     assert np.array_equal(safe.predict_proba(X), pickled.predict_proba(X))
+
+
+def test_skops_is_imported_without_torch_or_pytest_and_trusts_the_same_types() -> None:
+    """``import_skops_io`` in a fresh interpreter leaves PyTorch and pytest unimported, and
+    skops' list of trusted scikit-learn types is the one a plain import makes (oracle)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; {imp}; from skops.io import _trusted_types as t; "
+             "print(sorted(t.SKLEARN_ESTIMATOR_TYPE_NAMES)); "
+             "print('torch' in sys.modules, 'pytest' in sys.modules)")
+    ours = subprocess.run(
+        [sys.executable, "-c", probe.format(
+            imp="from gpinfer.experiment.safe_model import import_skops_io; import_skops_io()")],
+        capture_output=True, text=True, check=True).stdout.splitlines()
+    plain = subprocess.run([sys.executable, "-c", probe.format(imp="import skops.io")],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    assert ours[1] == "False False"
+    assert ours[0] == plain[0] and len(ours[0]) > 1000  # some 200 names
