@@ -6,7 +6,7 @@
 ``grad_lambda = 2P(a_v - lambda)``,
 ``H_aa = K D_mm K - K`` (pitfall P6), ``H_al = 2 K D_mv P``,
 ``H_ll = 4 P D_vv P - 2P + 8 V o (V Dg(a_v - lambda) V)``. Initialised from (loosely converged)
-EP, itself warm-started from the previous solve's EP sites (``KLMethod``), safeguarded by
+EP or the previous solution, whichever is better (``KLMethod``), safeguarded by
 ``gpinfer.sites.newton``; ``lambda <= 0`` by projection (P14).
 
 The step preferred to ``-H^-1 g`` is Newton's method on the stationarity equations in fixed-point
@@ -83,6 +83,22 @@ class KLObjective:
                   - 0.5 * alg.trace_B_inv + 0.5 * self.n)
         return J, E
 
+    def warm_start(self, sites: tuple[Array, Array]) -> Array:
+        """``xi [2N]`` of the Gaussian sites ``(nu~, lambda)`` (``[N]`` each) under this ``K``.
+
+        The sites ``exp(lambda f^2 + nu~ f)`` of a solution for another ``K`` (``nu~ = alpha +
+        w m``, ``w = -2 lambda``) change little with the hyper-parameters, unlike ``alpha``:
+        keeping them gives ``alpha = K^-1 (K^-1 + W)^-1 nu~``, the posterior of those sites
+        under the new prior.
+        """
+        nu, lam = sites
+        return np.concatenate([self.algebra(np.concatenate([nu, lam])).posterior_solve(nu), lam])
+
+    def sites(self, xi: Array) -> tuple[Array, Array]:
+        """The Gaussian sites ``(nu~, lambda)`` of ``xi`` (``warm_start``'s inverse)."""
+        alpha, lam = self.split(xi)
+        return alpha - 2.0 * lam * (self.K @ alpha), lam.copy()
+
     def fixed_point_residual(self, xi: Array) -> Array:
         """``F(xi) = [a_m - alpha, a_v - lambda]`` ``[2N]``, zero at the optimum."""
         self(xi, True)
@@ -151,13 +167,15 @@ class KLMethod(DenseBinaryMethod):
     ``1e-16`` nats (the old default, kept by the paper-grid protocol) costs one or two more
     ``O(N^3)`` Hessian factorisations of size ``2N`` per solve and changes ``J`` below its
     round-off.
-    Every solve starts from loosely converged EP (``tol = 1e-3``); across hyper-parameter steps
-    that EP is warm-started from the previous solve's EP sites ``(tau, nu)``. Not from the
-    previous KL solution: after a long hyper-parameter step (moons-1000, the first L-BFGS-B
-    trial) its sites put ``J`` 6.5 nats below the EP start, the projected Newton step drives
-    hundreds of ``lambda`` onto the bound, and 100 steps (79 s of CPU) end unconverged where the
-    EP start converges in 2 steps. KL's optimum is unique, so the start changes the cost, not
-    the answer.
+    Start of each solve: loosely converged EP (``tol = 1e-3``, warm-started from the previous
+    solve's EP sites ``(tau, nu)``) or the previous solution's Gaussian sites
+    (``KLObjective.warm_start``), whichever has the larger ``J`` under the new ``K``. The
+    previous sites alone are the better start after a short hyper-parameter step (near the
+    optimum: 1-3 Newton steps) and a bad one after a long step: on moons-1000 at the first
+    L-BFGS-B trial they put ``J`` 6.5 nats below the EP start, the projected Newton step drove
+    hundreds of ``lambda`` onto the bound, and 100 steps (79 s of CPU) ended unconverged where
+    the EP start converges in 2. KL's optimum is unique, so the start changes the cost, not the
+    answer.
     """
 
     #: the objective, log p(y) of discrete labels or a bound on it, is never positive
@@ -177,10 +195,8 @@ class KLMethod(DenseBinaryMethod):
     def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any) -> DenseSolution:
         n = y.shape[0]
         objective = KLObjective(K, y, as_bernoulli(likelihood, self.name))
-        tau0, nu0 = (None, None) if warm is None else warm
-        ep = EPSites(K, y, likelihood, tol=1e-3, max_sweeps=20, tau0=tau0, nu0=nu0)
-        ep.run()
-        start = np.concatenate([ep.alpha, -0.5 * ep.tau])
+        ep_sites, kl_sites = (None, None) if warm is None else warm
+        start, ep = self._start(objective, K, y, likelihood, ep_sites, kl_sites)
         res = newton_maximize(objective, start, tol=self.options["tol"],
                               max_steps=self.options["max_newton"],
                               project=lambda xi: np.concatenate([xi[:n], np.minimum(xi[n:], 0)]),
@@ -197,6 +213,26 @@ class KLMethod(DenseBinaryMethod):
             gradient=lambda: gaussian_site_gradient(alg, alpha), converged=res.converged,
             n_inner=res.n_steps, extra={"grad_norm": res.grad_norm,
                                         "lm_shifts": float(res.n_shifted)},
-            warm=(ep.tau.copy(), ep.nu.copy()),
+            warm=((ep.tau.copy(), ep.nu.copy()), objective.sites(res.x)),
             state={"alpha": alpha, "w": alg.w.copy(), "xi": res.x.copy()},
         )
+
+    @staticmethod
+    def _start(objective: KLObjective, K: Array, y: Array, likelihood: Likelihood,
+               ep_sites: tuple[Array, Array] | None, kl_sites: tuple[Array, Array] | None,
+               ) -> tuple[Array, EPSites]:
+        """The Newton start ``xi [2N]`` and the EP run it came from (class docstring).
+
+        EP (``tol = 1e-3``) warm-started from ``ep_sites = (tau, nu)`` (``[N]`` each; None:
+        zero sites); the previous solution's ``kl_sites = (nu~, lambda)`` compete with it, and
+        the start with the larger ``J`` under this ``K`` is taken (EP on a tie).
+        """
+        tau0, nu0 = (None, None) if ep_sites is None else ep_sites
+        ep = EPSites(K, y, likelihood, tol=1e-3, max_sweeps=20, tau0=tau0, nu0=nu0)
+        ep.run()
+        start = np.concatenate([ep.alpha, -0.5 * ep.tau])
+        if kl_sites is not None:
+            previous = objective.warm_start(kl_sites)
+            if objective(previous, False)[0] > objective(start, False)[0]:
+                start = previous
+        return start, ep
