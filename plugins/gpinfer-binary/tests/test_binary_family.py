@@ -194,6 +194,30 @@ def test_kl_fixed_point_step_is_newton_on_the_stationarity_equations(lik):
     assert obj.fixed_point_step(xi + 1.0) is None  # not the point last evaluated
 
 
+def test_kl_starts_from_the_better_of_ep_and_the_previous_solution():
+    """A solve starts where ``J`` is larger: at the previous solution after a zero
+    hyper-parameter step (converged at once), at warm-started EP after a long one (the previous
+    sites 56 nats lower), and reaches the cold solve's ``J`` either way."""
+    from sklearn.datasets import make_moons
+
+    X, y = make_moons(120, noise=0.2, random_state=0)
+    K0 = se(0.0, 2.0).K(X)
+    first = KLMethod().solve(K0, y, PROBIT, None)
+    for K, previous_wins in ((K0, True), (se(-1.5, 2.0).K(X), False)):
+        obj = KLObjective(K, y, PROBIT)
+        start, ep = KLMethod._start(obj, K, y, PROBIT, *first.warm)
+        j_ep = obj(np.concatenate([ep.alpha, -0.5 * ep.tau]), False)[0]
+        j_previous = obj(obj.warm_start(first.warm[1]), False)[0]
+        assert (j_previous > j_ep) == previous_wins
+        assert obj(start, False)[0] == max(j_ep, j_previous)
+        warm = KLMethod().solve(K, y, PROBIT, first.warm)
+        cold = KLMethod().solve(K, y, PROBIT, None)
+        assert warm.converged and cold.converged
+        assert warm.log_evidence == pytest.approx(cold.log_evidence, rel=1e-10)
+        if previous_wins:
+            assert warm.n_inner <= 1 < cold.n_inner
+
+
 @pytest.mark.skipif(data_dir() is None or not (data_dir() / "ionosphere.npz").exists(),
                     reason="no shared data")
 def test_kl_converges_quadratically_where_the_hessian_is_indefinite():
