@@ -2,6 +2,7 @@
 
     python benchmarks/default_battery.py battery [--max-iter 20] [--timeout 120] [METHOD ...]
     python benchmarks/default_battery.py sklearn [--timeout 60] [--sets iris,wine] [METHOD ...]
+    python benchmarks/default_battery.py sklearn kl --sets moons --timeout 300  # kl, moons-1000
 
 ``battery``: the ill-scaled transforms of ``gpinfer.testing.default_battery`` (what
 ``tests/test_default_battery.py`` asserts in CI). ``sklearn``: scikit-learn's iris, wine,

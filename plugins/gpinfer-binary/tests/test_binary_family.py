@@ -194,6 +194,41 @@ def test_kl_fixed_point_step_is_newton_on_the_stationarity_equations(lik):
     assert obj.fixed_point_step(xi + 1.0) is None  # not the point last evaluated
 
 
+def test_kl_starts_from_the_better_of_ep_and_the_previous_solution():
+    """After a zero hyper-parameter step the previous solution is the start without an EP run
+    (its fixed-point residual is small) and the solve converges at once; after a long one
+    (residual above ``FIXED_POINT_SWITCH``, ``J`` 56 nats below EP's) warm-started EP is the
+    start. Either way the solve reaches the cold solve's ``J``."""
+    from gpinfer_binary.kl import FIXED_POINT_SWITCH
+    from sklearn.datasets import make_moons
+
+    X, y = make_moons(120, noise=0.2, random_state=0)
+    K0 = se(0.0, 2.0).K(X)
+    first = KLMethod().solve(K0, y, PROBIT, None)
+    ep_sites, kl_sites = first.warm
+    for K, previous_wins in ((K0, True), (se(-1.5, 2.0).K(X), False)):
+        obj = KLObjective(K, y, PROBIT)
+        previous = obj.warm_start(kl_sites)
+        start, passed_on = KLMethod._start(obj, K, y, PROBIT, ep_sites, kl_sites)
+        if previous_wins:
+            assert obj.residual_norm(previous) <= FIXED_POINT_SWITCH
+            np.testing.assert_array_equal(start, previous)
+            assert passed_on is ep_sites
+        else:
+            assert obj.residual_norm(previous) > FIXED_POINT_SWITCH
+            assert passed_on is not None and passed_on is not ep_sites
+            tau, nu = passed_on
+            j_ep = obj(obj.warm_start((nu, -0.5 * tau)), False)[0]
+            assert obj(start, False)[0] == pytest.approx(j_ep, rel=1e-12)
+            assert j_ep > obj(previous, False)[0] + 10.0
+        warm = KLMethod().solve(K, y, PROBIT, first.warm)
+        cold = KLMethod().solve(K, y, PROBIT, None)
+        assert warm.converged and cold.converged
+        assert warm.log_evidence == pytest.approx(cold.log_evidence, rel=1e-10)
+        if previous_wins:
+            assert warm.n_inner <= 1 < cold.n_inner
+
+
 @pytest.mark.skipif(data_dir() is None or not (data_dir() / "ionosphere.npz").exists(),
                     reason="no shared data")
 def test_kl_converges_quadratically_where_the_hessian_is_indefinite():
