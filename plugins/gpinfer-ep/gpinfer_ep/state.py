@@ -37,6 +37,7 @@ from gpinfer.sites.inducing import (
     factor_counts,
     factor_mask,
     new_role_site,
+    pair_log_z,
     pair_tilted,
     remove_site,
     role_delta,
@@ -54,8 +55,7 @@ from gpinfer.sites.stacked import (
 
 
 def _finite(name: str, *arrays: Array) -> None:
-    if not ops.all_finite(*arrays):
-        raise NumericalError(f"non-finite {name}", quantity=name)
+    ops.require_finite(lambda: NumericalError(f"non-finite {name}", quantity=name), *arrays)
 
 
 def _max_change(new: Sequence[Array], old: Sequence[Array]) -> float:
@@ -214,7 +214,7 @@ class RankOneSites(_SiteSums):
         mu_y, v_y = at_label(mu, y), at_label(v, y)
         cav_w = remove_site(mu_y, v_y, W1, W2)
         cav_l = remove_site(mu, v, L1, L2)
-        t = pair_tilted(cav_w.a, cav_w.v + at_label(s, y), cav_l.a, cav_l.v + s, mask)
+        t = pair_log_z(cav_w.a, cav_w.v + at_label(s, y), cav_l.a, cav_l.v + s, mask)
         deltas = role_delta(mu_y, v_y, W1, W2, cav_w.d) + role_delta(mu, v, L1, L2, cav_l.d)
         xp = ops.namespace(mu)
         data = xp.sum(xp.where(mask, t.log_z + deltas, 0.0))
@@ -270,23 +270,24 @@ class TiedSites(_SiteSums):
         C = terms.A.shape[0]
         mask = factor_mask(y, C)
         P_w, h_w = self._whitened_sums(terms)
-        cav = StackedGaussians(P_w, h_w, self._cavity_fraction(), iteration=iteration)
-        mu, v, _ = cav.project(terms.A)
-        a, v, s = mu.T, v.T, terms.s.T
-        a_y, v_y = at_label(a, y), at_label(v, y)
-        t = pair_tilted(a_y, v_y + at_label(s, y), a, v + s, mask)
-        W1, W2 = new_role_site(t.g_win, t.gamma, a_y, v_y)
-        L1, L2 = new_role_site(-t.g_win, t.gamma, a, v)
-        tau, nu = aggregate(W1, L1, y, mask), aggregate(W2, L2, y, mask)
-        _finite("SEP sites", tau, nu)
-        keep = ops.like(P_w, 1.0 - rho * factor_counts(y_host, C) / self.n_factors)
-        A = terms.A
-        P_new = (A * tau.T[:, None, :]) @ transpose(A)
-        h_new = ops.einsum("cmn,nc->cm", A, nu)
-        P_w = symmetrize(keep[:, None, None] * P_w + rho * P_new)
-        h_next = keep[:, None] * h_w + rho * h_new
-        xp = ops.namespace(h_next)
-        change = ops.scalar(xp.max(xp.abs(h_next - h_w)))
+        with ops.deferred_checks() as checks:  # on a device: read once, with the change
+            cav = StackedGaussians(P_w, h_w, self._cavity_fraction(), iteration=iteration)
+            mu, v, _ = cav.project(terms.A)
+            a, v, s = mu.T, v.T, terms.s.T
+            a_y, v_y = at_label(a, y), at_label(v, y)
+            t = pair_tilted(a_y, v_y + at_label(s, y), a, v + s, mask)
+            W1, W2 = new_role_site(t.g_win, t.gamma, a_y, v_y)
+            L1, L2 = new_role_site(-t.g_win, t.gamma, a, v)
+            tau, nu = aggregate(W1, L1, y, mask), aggregate(W2, L2, y, mask)
+            _finite("SEP sites", tau, nu)
+            keep = ops.like(P_w, 1.0 - rho * factor_counts(y_host, C) / self.n_factors)
+            A = terms.A
+            P_new = (A * tau.T[:, None, :]) @ transpose(A)
+            h_new = ops.einsum("cmn,nc->cm", A, nu)
+            P_w = symmetrize(keep[:, None, None] * P_w + rho * P_new)
+            h_next = keep[:, None] * h_w + rho * h_new
+            xp = ops.namespace(h_next)
+            change = checks.flush(xp.max(xp.abs(h_next - h_w)))[0]  # before the state moves
         self._whitened = (terms, P_w, h_next)
         self.Lam, self.h = terms.to_u_space(P_w, h_next)
         return change
@@ -301,17 +302,18 @@ class TiedSites(_SiteSums):
         C = terms.A.shape[0]
         mask = factor_mask(y, C)
         P_w, h_w = self._whitened_sums(terms)
-        q = StackedGaussians(P_w, h_w, iteration=iteration)
-        cav = StackedGaussians(P_w, h_w, self._cavity_fraction(), iteration=iteration)
-        mu, v, R = cav.project(terms.A)
-        a, vs = mu.T, (v + terms.s).T
-        t = pair_tilted(at_label(a, y), at_label(vs, y), a, vs, mask)
-        n_b = ops.like(P_w, factor_counts(y_host, C))
-        lnr_q, lnr_cav = q.log_norm_ratio(), cav.log_norm_ratio()
-        xp = ops.namespace(lnr_q)
-        cav_terms = xp.sum(n_b * (lnr_cav - lnr_q))
-        value = ops.scalar(xp.sum(lnr_q) + scale * (xp.sum(t.log_z) + cav_terms))  # read once
-        a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
-        b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
-        grads = stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
-        return value, grads
+        with ops.deferred_checks() as checks:  # on a device: read once, with the value
+            q = StackedGaussians(P_w, h_w, iteration=iteration)
+            cav = StackedGaussians(P_w, h_w, self._cavity_fraction(), iteration=iteration)
+            mu, v, R = cav.project(terms.A)
+            a, vs = mu.T, (v + terms.s).T
+            t = pair_log_z(at_label(a, y), at_label(vs, y), a, vs, mask)
+            n_b = ops.like(P_w, factor_counts(y_host, C))
+            lnr_q, lnr_cav = q.log_norm_ratio(), cav.log_norm_ratio()
+            xp = ops.namespace(lnr_q)
+            cav_terms = xp.sum(n_b * (lnr_cav - lnr_q))
+            value = xp.sum(lnr_q) + scale * (xp.sum(t.log_z) + cav_terms)
+            a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
+            b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
+            grads = stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
+            return checks.flush(value)[0], grads
