@@ -178,11 +178,14 @@ class StackedGaussians:
 
     def __init__(self, P_w: Array, h_w: Array, scale: Array | None = None, *,
                  iteration: int | None = None):
-        C = h_w.shape[0]
-        a = ops.like(P_w, np.ones(C) if scale is None else scale)
-        Bm = ops.add_diagonal(a[:, None, None] * P_w, 1.0)
+        if scale is None:  # a = 1: no product
+            Bm = ops.add_diagonal(ops.copy(P_w), 1.0)
+            self.h_w = h_w
+        else:
+            a = scale if ops.is_array(scale) and not ops.is_numpy(scale) else ops.like(P_w, scale)
+            Bm = ops.add_diagonal(a[:, None, None] * P_w, 1.0)
+            self.h_w = a[:, None] * h_w
         self.LB = site_cholesky(Bm, h_w, iteration)
-        self.h_w = a[:, None] * h_w
         self.w = self.B_inv_vec(self.h_w)
         self._B_inv: Array | None = None
 

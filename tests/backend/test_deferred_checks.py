@@ -109,3 +109,15 @@ def test_sep_update_and_evaluate_read_once_and_keep_their_errors():
     state.Lam = Lam
     state._whitened = None
     state.update(terms, idx, 0.5)
+
+
+def test_sep_moves_a_batch_s_labels_once_and_counts_them_on_the_device():
+    from gpinfer.sites.inducing import factor_counts
+
+    state, terms, idx = _sep_state()
+    first = state._labels(idx, terms.A)
+    assert state._labels(idx.copy(), terms.A) is first  # update, then evaluate: one move
+    np.testing.assert_array_equal(first.counts.numpy(), factor_counts(state.y[idx], 3))
+    other = state._labels(idx[:6], terms.A)
+    assert other is not first
+    np.testing.assert_array_equal(other.counts.numpy(), factor_counts(state.y[:6], 3))
