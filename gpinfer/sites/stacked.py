@@ -47,8 +47,11 @@ def transpose(X: Array) -> Array:
 
 
 def symmetrize(X: Array) -> Array:
-    """``(X + X^T) / 2`` over the last two axes."""
-    return 0.5 * (X + ops.mT(X))
+    """``(X + X^T) / 2`` over the last two axes (a new array; one temporary, halved in
+    place)."""
+    out = X + ops.mT(X)
+    out *= 0.5
+    return out
 
 
 def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
