@@ -128,7 +128,7 @@ def to_host(x: Array) -> np.ndarray:
     if is_numpy(x):
         return np.asarray(x)
     with _torch().profiler.record_function(HOST_READ):
-        return x.detach().cpu().numpy()
+        return (x.detach() if x.requires_grad else x).cpu().numpy()
 
 
 def scalar(x: Array) -> float:
@@ -181,8 +181,7 @@ class DeferredChecks:
         if not flags and not device:
             return [float(v) for v in values]
         torch = _torch()
-        dtype = device[0].dtype if device else torch.float32  # 0 and 1 are exact in any
-        parts = [torch.stack(flags).to(dtype)] if flags else []
+        parts = [torch.stack(flags)] if flags else []  # bool: cat promotes it (0 and 1 exact)
         if device:
             parts.append(torch.stack(device))
         host = to_host(parts[0] if len(parts) == 1 else torch.cat(parts)).tolist()  # 1 sync

@@ -174,8 +174,9 @@ class StackedCovariances:
         proto = fam.stationary[0]
         vk = d.var[:, None, None]
         d_var = ops.zeros(self.Z, (C,))
-        if dKff_diag is not None:
-            d_var += d.var * xp.sum(dKff_diag, axis=1)
+        sum_ff = None if dKff_diag is None else xp.sum(dKff_diag, axis=1)  # [C], shared
+        if sum_ff is not None:
+            d_var += d.var * sum_ff
         d_ell = ops.zeros(self.Z, (C, d.ell.shape[2]))
         rA: Array | None = None  # [C, M]
         GA: Array | None = None  # G_uu A, [C, M, D]
@@ -230,11 +231,11 @@ class StackedCovariances:
                 blocks += [d_ell, d_var[:, None]]
                 continue
             noise = self.natural[:, fam.offsets[index][0]]
-            gn = ops.zeros(self.Z, (C,))
-            if dKff_diag is not None:
-                gn += noise * xp.sum(dKff_diag, axis=1)
+            total = sum_ff
             if dKuu is not None and fam.noise_on_square[index]:
-                gn += noise * xp.sum(ops.diagonal(dKuu), axis=1)
+                on_diag = xp.sum(ops.diagonal(dKuu), axis=1)
+                total = on_diag if total is None else total + on_diag
+            gn = ops.zeros(self.Z, (C,)) if total is None else noise * total
             blocks.append(gn[:, None])
         return xp.concat(blocks, axis=1), g_Z
 
