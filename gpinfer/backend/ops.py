@@ -33,7 +33,7 @@ import numpy as np
 from scipy import special
 from scipy.linalg import solve_triangular as _scipy_solve_triangular
 from scipy.linalg.blas import dtrsm, strsm
-from scipy.linalg.lapack import dpotri, spotri
+from scipy.linalg.lapack import dpotri, dtrtri, spotri, strtri
 
 Array = Any
 _NUMPY = array_api_compat.array_namespace(np.zeros(0))
@@ -435,6 +435,31 @@ def solve_triangular(L: Array, B: Array, *, transpose: bool = False) -> Array:
     out = _trsm_stack(L.reshape((-1,) + L.shape[-2:]), B.reshape((-1,) + B.shape[-2:]),
                       transpose)
     return out.reshape(shape)
+
+
+def prefers_tri_inverse(L: Array) -> bool:
+    """Whether the several solves of one step with the same triangular factor ``L`` should
+    use its inverse (``tri_inverse``, then products) rather than one ``trsm`` each: on numpy
+    yes (one thread, measured at C = 10: ``trsm`` of ``[M, 200]`` right-hand sides 1.43 ms at
+    M = 100 and 4.8 ms at M = 200, against ``trtri`` 0.71 / 4.6 ms once plus 0.76 / 3.1 ms per
+    product, and a step makes six such solves); on a device not yet measured: solves."""
+    return is_numpy(L)
+
+
+def tri_inverse(L: Array) -> Array:
+    """``L^-1`` ``[..., M, M]`` of lower-triangular factors ``L`` with a positive diagonal
+    (LAPACK ``trtri`` per matrix on numpy, a triangular solve with the identity on torch)."""
+    if not is_numpy(L):
+        return _torch().linalg.solve_triangular(L, eye(L, L.shape[-1]), upper=False)
+    flat = L.reshape((-1,) + L.shape[-2:])
+    out = np.empty_like(flat)
+    trtri = strtri if flat.dtype == np.float32 else dtrtri
+    for c in range(flat.shape[0]):
+        inv, info = trtri(flat[c], lower=1)
+        if info != 0:
+            raise ValueError(f"tri_inverse: singular triangular factor (matrix {c})")
+        out[c] = inv
+    return out.reshape(L.shape)
 
 
 def cho_inverse(LB: Array) -> tuple[Array, bool]:

@@ -51,7 +51,6 @@ from gpinfer.sites.stacked import (
     stacked_terms,
     symmetrize,
     transpose,
-    tri_solve_stack,
 )
 
 
@@ -183,7 +182,7 @@ class RankOneSites(_SiteSums):
         tau_old, nu_old = aggregate(W1, L1, y, mask).T, aggregate(W2, L2, y, mask).T
         tau, nu = aggregate(new[0], new[2], y, mask).T, aggregate(new[1], new[3], y, mask).T
         A = terms.A
-        Ups = tri_solve_stack(terms.L, A, transpose=True)  # u-space directions L^-T A
+        Ups = terms.unwhiten(A)  # u-space directions L^-T A
         if idx.shape[0] == self.y.shape[0]:  # the sums are those of the new sites alone
             P_w = symmetrize((A * tau[:, None, :]) @ transpose(A))
             h_w = ops.einsum("cmn,cn->cm", A, nu)
