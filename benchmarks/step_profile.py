@@ -8,7 +8,8 @@ steps ``first .. first + steps - 1`` (1-based calls of ``TrainingLoop._step`` fo
   proxy for kernel launches);
 * ``aten_ops_all``: every aten operator event, nested ones included;
 * ``host_syncs``: reads of a device value on the host (``aten::item`` /
-  ``aten::_local_scalar_dense``, counted once per read);
+  ``aten::_local_scalar_dense``, counted once per read, and ``gpinfer.backend.ops.to_host``'s
+  ``HOST_READ`` ranges, which a CPU tensor's read leaves no aten event for);
 * on CUDA also ``kernel_launches`` (``cudaLaunchKernel`` and friends) and ``gpu_busy_ms`` (the
   sum of the device kernels' times).
 """
@@ -20,7 +21,19 @@ from typing import Any
 
 import numpy as np
 
+from gpinfer.backend.ops import HOST_READ
+
 _SYNCS = ("aten::item", "aten::_local_scalar_dense")
+
+
+def _inside(event: Any, name: str) -> bool:
+    """Whether ``event`` runs inside a range called ``name``."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name == name:
+            return True
+        parent = parent.cpu_parent
+    return False
 
 
 def _counts(prof: Any, cuda: bool) -> dict[str, float]:
@@ -29,7 +42,9 @@ def _counts(prof: Any, cuda: bool) -> dict[str, float]:
     top = [e for e in aten
            if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")]
     syncs = [e for e in aten if e.name in _SYNCS
-             and (e.cpu_parent is None or e.cpu_parent.name not in _SYNCS)]
+             and (e.cpu_parent is None or e.cpu_parent.name not in _SYNCS)
+             and not _inside(e, HOST_READ)]
+    syncs += [e for e in events if e.name == HOST_READ]
     out = {"aten_ops_top_level": float(len(top)), "aten_ops_all": float(len(aten)),
            "host_syncs": float(len(syncs))}
     if cuda:

@@ -11,8 +11,10 @@ and their vector-Jacobian products are computed here in one batched computation 
 instead of one ``K`` / ``vjp`` call per latent and per summed part. Per-latent parameters are
 stacked (log-lengthscales ``[C, D]`` or ``[C, 1]``, log-variances ``[C]``); a kernel object
 shared by every latent gives identical rows, i.e. a broadcast. The inducing inputs are shifted
-and scaled once (``A [C, M, D]``, and ``Bx [C, B, D]`` for the batch), and the scaled inputs,
-squared distances and ``g(r2)`` are shared between the covariances and the VJPs.
+and scaled once (``A [C, M, D]``); the batch is shifted once (``[B, D]``, shared by every latent:
+its lengthscales enter through ``(A / ell) X^T`` and ``G (X / ell)``, one product over all
+latents, so no ``[C, B, D]`` array is formed), and the scaled inputs, squared distances and
+``g(r2)`` are shared between the covariances and the VJPs.
 
 ``StackedKernels.of(kernels)`` returns ``None`` for latents with different kernel families (or
 kernels this module does not batch: ``Linear``, products); those keep the per-latent path.
@@ -64,16 +66,14 @@ def _signature(kernel: Kernel) -> tuple | None:
 class _Distances:
     """Shared intermediate results of one evaluation.
 
-    ``A [C, M, D]`` the scaled inducing inputs, ``Bx [C, B, D]`` the scaled batch, ``A2``,
-    ``Bx2`` their squares (ARD only, else ``None``), ``r2`` and ``g`` ``[C, M, M]`` (square) and
-    ``[C, M, B]`` (cross), ``ell [C, 1, D']`` and ``var [C]`` the stationary part's
+    ``A [C, M, D]`` the scaled inducing inputs ``(Z - shift) / ell``, ``Xs [B, D]`` the batch
+    shifted alike (unscaled: shared by every latent), ``r2`` and ``g`` ``[C, M, M]`` (square)
+    and ``[C, M, B]`` (cross), ``ell [C, 1, D']`` and ``var [C]`` the stationary part's
     lengthscales and variances on the arrays' device.
     """
 
     A: Array
-    Bx: Array
-    A2: Array | None
-    Bx2: Array | None
+    Xs: Array
     r2_uu: Array
     g_uu: Array
     r2_uf: Array
@@ -82,10 +82,13 @@ class _Distances:
     var: Array
 
 
-def _weighted_rows(w: Array, Y: Array) -> Array:
-    """``sum_m w[c, m] Y[c, m, :]`` ``[C, D]`` for ``w [C, M]``, ``Y [C, M, D]`` (one batched
-    product)."""
-    return (w[:, None, :] @ Y)[:, 0, :]
+def _scaled_norms(X2: Array, ell: Array) -> Array:
+    """``sum_d X2[b, d] / ell[c, 0, d]^2`` ``[C, B]`` for squared inputs ``X2 [B, D]`` and
+    lengthscales ``ell [C, 1, D]`` (ARD) or ``[C, 1, 1]`` (isotropic)."""
+    inv = 1.0 / (ell[:, 0, :] * ell[:, 0, :])  # [C, D']
+    if inv.shape[1] == 1:
+        return inv * ops.namespace(X2).sum(X2, axis=1)[None, :]
+    return inv @ ops.mT(X2)
 
 
 class StackedCovariances:
@@ -93,8 +96,9 @@ class StackedCovariances:
     VJPs, from one set of scaled inputs and distances (see the module docstring).
 
     ``Kuu [C, M, M]`` (noise of ``White`` parts on its diagonal, no jitter), ``Kuf [C, M, B]``,
-    ``Kff_diag [C, B]``. Memory: a few ``[C, M, D]``, ``[C, B, D]`` and ``[C, M, B]`` arrays,
-    independent of the number of training points.
+    ``Kff_diag [C, B]``. Memory: a few ``[C, M, D]`` and ``[C, M, B]`` arrays and one
+    ``[B, D]``, independent of the number of training points: the batch is shifted once and
+    shared by every latent (no ``[C, B, D]`` array), its lengthscales enter through products.
     """
 
     def __init__(self, family: StackedKernels, Z: Array, X: Array):
@@ -102,25 +106,26 @@ class StackedCovariances:
         self.theta = family.theta()
         st = family.stationary
         xp = ops.namespace(Z)
+        C, M, D = Z.shape
         #: every parameter in natural units ``[C, P]`` (all are logs), moved once
         self.natural = ops.like(Z, np.exp(self.theta))
         start, stop = family.offsets[family.stationary_index]
         ell = self.natural[:, None, start : stop - 1]
         var = self.natural[:, stop - 1]
-        shift = xp.mean(Z, axis=1)[:, None, :]  # [C, 1, D]: distances do not change
+        # one shift for every latent and the batch (distances do not change)
+        shift = xp.mean(xp.reshape(Z, (C * M, D)), axis=0)
         A = Z - shift
         A /= ell
-        Bx = X[None, :, :] - shift
-        Bx /= ell
-        A2, Bx2 = A * A, Bx * Bx
-        a2, b2 = xp.sum(A2, axis=2), xp.sum(Bx2, axis=2)
+        Xs = X - shift
+        a2 = ops.einsum("cmd,cmd->cm", A, A)
         r2_uu = self._sqdist(a2, a2, A @ ops.mT(A))
         ops.fill_diagonal(r2_uu, 0.0)
-        r2_uf = self._sqdist(a2, b2, A @ ops.mT(Bx))
+        As = A / ell  # (Z - shift) / ell^2: A . ((x - shift) / ell) = As . (x - shift)
+        cross = xp.reshape(xp.reshape(As, (C * M, D)) @ ops.mT(Xs), (C, M, X.shape[0]))
+        del As
+        r2_uf = self._sqdist(a2, _scaled_norms(Xs * Xs, ell), cross)
         proto = st[0]
-        ard = proto.ard
-        self.d = _Distances(A, Bx, A2 if ard else None, Bx2 if ard else None, r2_uu,
-                            proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, var)
+        self.d = _Distances(A, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, var)
         vk = var[:, None, None]
         self.Kuu = vk * self.d.g_uu
         self.Kuf = vk * self.d.g_uf
@@ -140,6 +145,16 @@ class StackedCovariances:
         AB += b2[:, None, :]
         return ops.clip_below(AB, 0.0)
 
+    def _batch_product(self, G: Array) -> Array:
+        """``G Bx`` ``[C, M, D]`` for ``G [C, M, B]``, ``Bx = (X - shift) / ell`` the scaled
+        batch of each latent: one product with the shared shifted batch, then the scales."""
+        xp = ops.namespace(G)
+        C, M, B = G.shape
+        Xs = self.d.Xs
+        out = xp.reshape(xp.reshape(G, (C * M, B)) @ Xs, (C, M, Xs.shape[1]))
+        out /= self.d.ell
+        return out
+
     def vjp(self, dKuu: Array | None, dKuf: Array | None, dKff_diag: Array | None, *,
             inputs: bool = True) -> tuple[Array, Array | None]:
         """Gradients of ``sum(dKuu * Kuu) + sum(dKuf * Kuf) + sum(dKff_diag * Kff_diag)``:
@@ -147,10 +162,10 @@ class StackedCovariances:
         parameters in its own order; ``inputs=False`` skips ``g_Z``. ``None`` gradients are
         zero.
 
-        With ``G = dK * dk/dr2`` (symmetrised for ``Kuu``), row sums ``r`` and, summed over the
-        two matrices, ``rA = 2 r_uu + r_uf`` and ``H = 2 G_uu A + G_uf Bx``:
-        ``d/dlog ell = -2 (rA . A^2 + c_uf . Bx^2 - 2 sum_m A * (G_uu A + G_uf Bx))`` (ARD) and
-        ``g_Z = (2 / ell) (A * rA - H)``.
+        With ``G = dK * dk/dr2`` (``G_uu`` symmetrised), row sums ``r`` and, summed over the
+        two matrices, ``rA = 2 r_uu + r_uf``, ``H' = G_uu A + G_uf Bx`` and ``H = H' + G_uu A``:
+        ``d/dlog ell = -2 (rA . A^2 + c_uf . Bx^2 - 2 sum_m A * H')`` (ARD; ``c_uf`` the column
+        sums of ``G_uf``), ``-2 sum G * r2`` (isotropic) and ``g_Z = (2 / ell) (A * rA - H)``.
         """
         fam, d = self.family, self.d
         xp = ops.namespace(self.Z)
@@ -159,17 +174,19 @@ class StackedCovariances:
         proto = fam.stationary[0]
         vk = d.var[:, None, None]
         d_var = ops.zeros(self.Z, (C,))
-        if dKff_diag is not None:
-            d_var += d.var * xp.sum(dKff_diag, axis=1)
-        rA: Array | None = None  # [C, M]
-        H: Array | None = None  # [C, M, D]
+        sum_ff = None if dKff_diag is None else xp.sum(dKff_diag, axis=1)  # [C], shared
+        if sum_ff is not None:
+            d_var += d.var * sum_ff
         d_ell = ops.zeros(self.Z, (C, d.ell.shape[2]))
-        pairs = ((dKuu, d.A, d.A2, d.r2_uu, d.g_uu, True),
-                 (dKuf, d.Bx, d.Bx2, d.r2_uf, d.g_uf, False))
-        for dK, Bm, Bm2, r2, g, square in pairs:
+        rA: Array | None = None  # [C, M]
+        GA: Array | None = None  # G_uu A, [C, M, D]
+        GB: Array | None = None  # G_uf Bx, [C, M, D]
+        G_uf: Array | None = None
+        need_products = ard or inputs
+        for dK, r2, g, square in ((dKuu, d.r2_uu, d.g_uu, True), (dKuf, d.r2_uf, d.g_uf, False)):
             if dK is None:
                 continue
-            d_var += xp.sum(xp.sum(dK * (vk * g), axis=2), axis=1)
+            d_var += d.var * ops.einsum("cmn,cmn->c", dK, g)
             G = proto._dg_dr2_from(r2, g)
             G *= vk
             G *= dK
@@ -177,44 +194,48 @@ class StackedCovariances:
                 G = G + ops.mT(G)
                 G *= 0.5
             row = xp.sum(G, axis=2)  # [C, M]
-            weight = 2.0 if square else 1.0
-            rA = weight * row if rA is None else rA + weight * row
+            if square:
+                row *= 2.0
+            rA = row if rA is None else rA + row
             if not ard:
-                d_ell += xp.reshape(-2.0 * xp.sum(xp.sum(G * r2, axis=2), axis=1), (C, 1))
-                if inputs:
-                    GB = G @ Bm
-                    H = weight * GB if H is None else H + weight * GB
-                continue
-            GB = G @ Bm
-            d_ell += 4.0 * ops.einsum("cmd,cmd->cd", d.A, GB)
-            if not square:
-                assert Bm2 is not None  # ARD keeps the squares
-                d_ell -= 2.0 * _weighted_rows(xp.sum(G, axis=1), Bm2)
-            if inputs:
+                d_ell += xp.reshape(-2.0 * ops.einsum("cmn,cmn->c", G, r2), (C, 1))
+            if need_products:
                 if square:
-                    GB *= 2.0
-                H = GB if H is None else H + GB
-        if ard and rA is not None:
-            assert d.A2 is not None  # ARD keeps the squares
-            d_ell -= 2.0 * _weighted_rows(rA, d.A2)
+                    GA = G @ d.A
+                else:
+                    GB, G_uf = self._batch_product(G), G
         g_Z = None
-        if inputs:
-            g_Z = ops.zeros(self.Z, tuple(self.Z.shape))
-            if rA is not None and H is not None:
-                g_Z = d.A * rA[:, :, None]
-                g_Z -= H
-                g_Z *= 2.0 / d.ell
+        if rA is None or not need_products:
+            if inputs:
+                g_Z = ops.zeros(self.Z, tuple(self.Z.shape))
+        else:
+            H = GB if GB is not None else GA  # H' = G_uu A + G_uf Bx
+            if GA is not None and GB is not None:
+                H += GA
+            AR = d.A * rA[:, :, None]
+            if ard:
+                d_ell += 4.0 * ops.einsum("cmd,cmd->cd", d.A, H)
+                d_ell -= 2.0 * ops.einsum("cmd,cmd->cd", AR, d.A)
+                if G_uf is not None:  # c_uf . Bx^2 = (c_uf (X - shift)^2) / ell^2
+                    Xs = d.Xs
+                    d_ell -= 2.0 * ((xp.sum(G_uf, axis=1) @ (Xs * Xs)) / d.ell[:, 0, :] ** 2)
+            if inputs:
+                if GA is not None:  # H = H' + G_uu A (in place: H' is not needed again)
+                    H += GA
+                AR -= H
+                AR *= 2.0 / d.ell
+                g_Z = AR
         blocks = []
         for index in range(len(fam.parts)):
             if index == fam.stationary_index:
                 blocks += [d_ell, d_var[:, None]]
                 continue
             noise = self.natural[:, fam.offsets[index][0]]
-            gn = ops.zeros(self.Z, (C,))
-            if dKff_diag is not None:
-                gn += noise * xp.sum(dKff_diag, axis=1)
+            total = sum_ff
             if dKuu is not None and fam.noise_on_square[index]:
-                gn += noise * xp.sum(ops.diagonal(dKuu), axis=1)
+                on_diag = xp.sum(ops.diagonal(dKuu), axis=1)
+                total = on_diag if total is None else total + on_diag
+            gn = ops.zeros(self.Z, (C,)) if total is None else noise * total
             blocks.append(gn[:, None])
         return xp.concat(blocks, axis=1), g_Z
 

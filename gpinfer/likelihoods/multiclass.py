@@ -43,7 +43,7 @@ from gpinfer.interfaces import ExpectedLogProb, Likelihood, TiltedMoments
 from gpinfer.likelihoods.base import check_labels, check_latent, check_mean_var, check_power
 from gpinfer.likelihoods.bernoulli import LOGISTIC
 from gpinfer.numerics import settings
-from gpinfer.numerics.normal import inv_mills, log_phi, probit_curvature
+from gpinfer.numerics.normal import inv_mills, log_phi, log_Phi_derivatives, probit_curvature
 from gpinfer.numerics.quadrature import (
     chunk_slices,
     multiclass_gh_order,
@@ -72,21 +72,24 @@ class PairwiseProbitTilted(NamedTuple):
     * ``dlogz_da``: derivative wrt the winner's mean ``a_y`` (the loser's is ``-dlogz_da``).
     * ``dlogz_db``: derivative wrt either variance ``b_y`` or ``b_k`` (the same for both).
     * ``gamma``: ``-d^2 log Z / da^2 = beta (beta + alpha) / z`` in ``(0, 1/z)``, computed without
-      cancellation (use it rather than ``dlogz_da**2 - 2 dlogz_db``).
+      cancellation (use it rather than ``dlogz_da**2 - 2 dlogz_db``); ``None`` when not asked
+      for.
     """
 
     log_z: Array
     dlogz_da: Array
     dlogz_db: Array
-    gamma: Array
+    gamma: Array | None
 
 
-def argmax_factor_tilted(a_y: Array, a_k: Array, b_y: Array, b_k: Array) -> PairwiseProbitTilted:
+def argmax_factor_tilted(a_y: Array, a_k: Array, b_y: Array, b_k: Array, *,
+                         curvature: bool = True) -> PairwiseProbitTilted:
     """Closed-form tilted moments of the pairwise factor (spec ep-sep §2.4); inputs broadcast
     (host values, or arrays of one array-API namespace: ``gpinfer.backend``).
 
     ``a_y``, ``a_k``: cavity means of the winner's and loser's projections; ``b_y``, ``b_k``: their
     variances with the FITC/noise variances ``s`` already added by the caller.
+    ``curvature=False``: ``gamma`` is ``None`` (``log Z`` and its gradient alone need none).
     """
     if all(ops.is_numpy(v) or not hasattr(v, "shape") for v in (a_y, a_k, b_y, b_k)):
         a_y, a_k, b_y, b_k = np.broadcast_arrays(
@@ -94,17 +97,21 @@ def argmax_factor_tilted(a_y: Array, a_k: Array, b_y: Array, b_k: Array) -> Pair
         )
     xp = ops.namespace(a_y, a_k, b_y, b_k)
     z = b_y + b_k
-    if not ops.all_positive(z):  # finite and > 0, one check (one device sync)
-        raise InputError("argmax_factor_tilted needs finite positive total variance b_y + b_k")
+    ops.require_positive(z, lambda: InputError(  # finite and > 0: one check, no sync when deferred
+        "argmax_factor_tilted needs finite positive total variance b_y + b_k"))
     sqrt_z = xp.sqrt(z)
     alpha = (a_y - a_k) / sqrt_z
-    beta = inv_mills(alpha)
-    gamma_z = xp.clip(probit_curvature(alpha), _GAMMA_FLOOR, _GAMMA_CEIL)
+    # log Phi, r = phi / Phi and r' = -gamma(alpha) from one evaluation of log Phi
+    derivatives = log_Phi_derivatives(alpha, 2 if curvature else 1)
+    beta = derivatives[1]
+    gamma = None
+    if curvature:
+        gamma = xp.clip(-derivatives[2], _GAMMA_FLOOR, _GAMMA_CEIL) / z
     return PairwiseProbitTilted(
-        log_z=ops.log_ndtr(alpha),
+        log_z=derivatives[0],
         dlogz_da=beta / sqrt_z,
         dlogz_db=-0.5 * beta * alpha / z,
-        gamma=gamma_z / z,
+        gamma=gamma,
     )
 
 

@@ -152,7 +152,7 @@ def log_Phi_derivatives(t: Array, order: int = 4) -> tuple[Array, ...]:
     if order >= 4:
         out.append(r1 * bracket + r * ((1.0 + r1) * (t + 2.0 * r) + q * (1.0 + 2.0 * r1)))
     far = t < -settings.PROBIT_ASYMPTOTIC_CUT
-    if not bool(xp.any(far)):
+    if ops.is_numpy(far) and not bool(np.any(far)):  # on a device: no sync, the series below
         return tuple(out)
     # with x = -t: d^k psi / dt^k = (-1)^(k-1) d^(k-1) r(-x) / dx^(k-1)
     if ops.is_numpy(t) and t.ndim > 0:  # the series on the far entries only (the same values)
@@ -162,5 +162,16 @@ def log_Phi_derivatives(t: Array, order: int = 4) -> tuple[Array, ...]:
         return tuple(out)
     x = xp.where(far, -t, 1.0)  # the series only where it is used (no 1/0 elsewhere)
     for k in range(2, order + 1):
-        out[k] = xp.where(far, (-1.0) ** (k - 1) * _asymptotic(x, k - 1), out[k])
+        out[k] = xp.where(far, (-1.0) ** (k - 1) * _asymptotic_powers(x, k - 1), out[k])
     return tuple(out)
+
+
+def _asymptotic_powers(x: Array, derivative: int) -> Array:
+    """``_asymptotic`` as one product of the powers of ``x^-2`` with the coefficients (a few
+    array operations instead of one pair per term: for device arrays, evaluated on every
+    entry; the same sum to round-off)."""
+    coefs = _SERIES_B[derivative]
+    z = 1.0 / (x * x)
+    powers = z[..., None] ** ops.constant(x, tuple(float(n) for n in range(len(coefs))))
+    out = powers @ ops.constant(x, coefs)
+    return out if derivative == 1 else out * x ** (1 - derivative)

@@ -113,18 +113,18 @@ class Projections(NamedTuple):
 def site_cholesky(Bm: Array, h_w: Array, iteration: int | None = None) -> Array:
     """Lower Cholesky factor of ``B = I + P_w`` ``[M, M]`` (or a stack ``[C, M, M]``), checked
     together with the whitened shift ``h_w``: ``NumericalError`` (quantity ``"B"``) when either is
-    not finite or ``B`` is not positive definite (corrupted sites)."""
-    LB = ops.checked_cholesky(Bm, h_w)  # the usual case: one check
-    if LB is not None:
-        return LB
-    if not ops.all_finite(Bm, h_w):
-        raise NumericalError("site sums are not finite", iteration=iteration, quantity="B")
-    LB, failed = ops.cholesky(Bm)
-    if np.any(failed):
-        raise NumericalError(
-            "B = I + L^T Lambda L is not positive definite (corrupted sites)",
-            iteration=iteration, quantity="B",
-        )
+    not finite or ``B`` is not positive definite (corrupted sites); inside
+    ``ops.deferred_checks`` on a device the check is read with the others."""
+
+    def failure() -> NumericalError:
+        if not ops.all_finite(Bm, h_w):
+            return NumericalError("site sums are not finite", iteration=iteration, quantity="B")
+        return NumericalError("B = I + L^T Lambda L is not positive definite (corrupted sites)",
+                              iteration=iteration, quantity="B")
+
+    LB = ops.checked_cholesky(Bm, h_w, error=failure)  # the usual case: one check
+    if LB is None:
+        raise failure()
     return LB
 
 
@@ -251,6 +251,14 @@ class PairTilted(NamedTuple):
     gamma: Array
 
 
+class PairLogZ(NamedTuple):
+    """``PairTilted`` without the curvature: what ``log Z_q`` and its gradient need."""
+
+    log_z: Array
+    g_win: Array
+    g_b: Array
+
+
 def pair_tilted(
     a_win: Array, v_win: Array, a_lose: Array, v_lose: Array, mask: Array
 ) -> PairTilted:
@@ -259,16 +267,27 @@ def pair_tilted(
     ``v_win``/``v_lose`` already include ``s`` (``b = s + v_cavity``).
     """
     t = argmax_factor_tilted(a_win, a_lose, v_win, v_lose)
-    xp = ops.namespace(*t)
-    return PairTilted(*(xp.where(mask, f, 0.0) for f in t))
+    assert t.gamma is not None  # asked for by default
+    xp = ops.namespace(t.log_z)
+    return PairTilted(*(xp.where(mask, f, 0.0) for f in (t.log_z, t.dlogz_da, t.dlogz_db,
+                                                          t.gamma)))
+
+
+def pair_log_z(
+    a_win: Array, v_win: Array, a_lose: Array, v_lose: Array, mask: Array
+) -> PairLogZ:
+    """``pair_tilted`` without the curvature (one derivative of ``log Phi`` fewer)."""
+    t = argmax_factor_tilted(a_win, a_lose, v_win, v_lose, curvature=False)
+    xp = ops.namespace(t.log_z)
+    return PairLogZ(*(xp.where(mask, f, 0.0) for f in (t.log_z, t.dlogz_da, t.dlogz_db)))
 
 
 def new_role_site(g: Array, gamma: Array, a: Array, v: Array) -> tuple[Array, Array]:
     """Moment-matched role site ``(C1, C2)`` (spec §2.5.1): ``g`` the signed ``dlogZ/da``,
     ``a``, ``v`` the role's cavity mean and variance (without ``s``)."""
     den = 1.0 - gamma * v
-    if not ops.all_positive(den):
-        raise NumericalError("non-positive site denominator 1 - gamma v", quantity="site")
+    ops.require_positive(den, lambda: NumericalError(
+        "non-positive site denominator 1 - gamma v", quantity="site"))
     return gamma / den, (g + gamma * a) / den
 
 

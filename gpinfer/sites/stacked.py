@@ -47,8 +47,11 @@ def transpose(X: Array) -> Array:
 
 
 def symmetrize(X: Array) -> Array:
-    """``(X + X^T) / 2`` over the last two axes."""
-    return 0.5 * (X + ops.mT(X))
+    """``(X + X^T) / 2`` over the last two axes (a new array; one temporary, halved in
+    place)."""
+    out = X + ops.mT(X)
+    out *= 0.5
+    return out
 
 
 def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
@@ -103,12 +106,15 @@ class StackedTerms:
     """Kernel quantities of every class at inputs ``X [n, D]``.
 
     ``L [C, M, M]``: chol of ``Kuu`` (noise + jitter on the diagonal); ``A [C, M, n]``: whitened
-    cross-covariances ``L^-1 Kuf``; ``s [C, n]``: FITC variances.
+    cross-covariances ``L^-1 Kuf``; ``s [C, n]``: FITC variances; ``L_inv``: ``L^-1`` where
+    the backend solves a step's several systems with ``L`` by products
+    (``ops.prefers_tri_inverse``), else ``None`` (one triangular solve each).
     """
 
     L: Array
     A: Array
     s: Array
+    L_inv: Array | None = None
 
     def to_whitened(self, Lam: Array, h: Array) -> tuple[Array, Array]:
         """``(L^T Lam L [C, M, M], L^T h [C, M])`` from ``u``-space site sums."""
@@ -117,12 +123,19 @@ class StackedTerms:
 
     def to_u_space(self, P_w: Array, h_w: Array) -> tuple[Array, Array]:
         """Inverse of ``to_whitened``: ``(L^-T P_w L^-1, L^-T h_w)``."""
-        T = tri_solve_stack(self.L, P_w, transpose=True)  # L^-T P_w
-        P = tri_solve_stack(self.L, ops.copy(transpose(T)), transpose=True)  # L^-T (L^-T P_w)^T
-        return symmetrize(P), self.unwhiten(h_w[..., None])[..., 0]
+        return self.sandwich(P_w), self.unwhiten(h_w[..., None])[..., 0]
+
+    def sandwich(self, S: Array) -> Array:
+        """``L^-T S L^-1`` ``[C, M, M]`` for symmetric ``S [C, M, M]`` (symmetrised)."""
+        if self.L_inv is not None:
+            return symmetrize(self.unwhiten(S) @ self.L_inv)
+        T = tri_solve_stack(self.L, S, transpose=True)  # L^-T S
+        return symmetrize(tri_solve_stack(self.L, ops.copy(transpose(T)), transpose=True))
 
     def unwhiten(self, X: Array) -> Array:
         """``L^-T X`` ``[C, M, k]`` (whitened-space gradients to ``u``-space)."""
+        if self.L_inv is not None:
+            return transpose(self.L_inv) @ X
         return tri_solve_stack(self.L, X, transpose=True)
 
 
@@ -162,10 +175,11 @@ def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Arr
     else:
         Kuu, Kuf, Kff_diag = stacked_covariances(kernels, Zs, X)
     L = stacked_cholesky(ops.add_diagonal(Kuu, jitter), "Kuu", iteration)
-    A = tri_solve_stack(L, Kuf)
+    L_inv = ops.tri_inverse(L) if ops.prefers_tri_inverse(L) else None
+    A = tri_solve_stack(L, Kuf) if L_inv is None else L_inv @ Kuf
     s = Kff_diag + jitter
     s -= ops.einsum("cmn,cmn->cn", A, A)
-    return StackedTerms(L=L, A=A, s=ops.clip_below(s, jitter))
+    return StackedTerms(L=L, A=A, s=ops.clip_below(s, jitter), L_inv=L_inv)
 
 
 class StackedGaussians:
@@ -178,11 +192,14 @@ class StackedGaussians:
 
     def __init__(self, P_w: Array, h_w: Array, scale: Array | None = None, *,
                  iteration: int | None = None):
-        C = h_w.shape[0]
-        a = ops.like(P_w, np.ones(C) if scale is None else scale)
-        Bm = ops.add_diagonal(a[:, None, None] * P_w, 1.0)
+        if scale is None:  # a = 1: no product
+            Bm = ops.add_diagonal(ops.copy(P_w), 1.0)
+            self.h_w = h_w
+        else:
+            a = scale if ops.is_array(scale) and not ops.is_numpy(scale) else ops.like(P_w, scale)
+            Bm = ops.add_diagonal(a[:, None, None] * P_w, 1.0)
+            self.h_w = a[:, None] * h_w
         self.LB = site_cholesky(Bm, h_w, iteration)
-        self.h_w = a[:, None] * h_w
         self.w = self.B_inv_vec(self.h_w)
         self._B_inv: Array | None = None
 
@@ -243,8 +260,7 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
           - 2.0 * S_B)
     prior = ops.add_diagonal(q.B_inv() + q.w[:, :, None] * q.w[:, None, :], -1.0)
     inner = 0.5 * prior - symmetrize(AX) - S_B
-    T = tri_solve_stack(terms.L, inner, transpose=True)  # L^-T inner
-    G_K = symmetrize(tri_solve_stack(terms.L, ops.copy(transpose(T)), transpose=True))
+    G_K = terms.sandwich(inner)  # L^-T inner L^-1
     G_uf = terms.unwhiten(X)
     return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b_sum)
 

@@ -121,3 +121,29 @@ def test_finiteness_positivity_and_diagonals_of_stacks(to):
     ops.fill_diagonal(X, 5.0)
     np.testing.assert_array_equal(ops.to_host(X), 5.0 * np.eye(3)[None].repeat(2, axis=0))
     np.testing.assert_array_equal(ops.to_host(ops.arange(X, 4)), np.arange(4))
+
+
+@pytest.mark.parametrize("on_torch", [False, True])
+def test_tri_inverse_and_the_terms_solved_by_products(on_torch):
+    """``ops.tri_inverse`` inverts stacked lower factors; ``StackedTerms`` with ``L_inv``
+    (products, numpy's choice) gives what its triangular solves give."""
+    from gpinfer.sites.stacked import StackedTerms
+
+    rng = np.random.default_rng(3)
+    K = rng.normal(size=(3, 6, 9))
+    K = K @ np.swapaxes(K, -1, -2) + 0.1 * np.eye(6)
+    L = np.linalg.cholesky(K)
+    S = rng.normal(size=(3, 6, 6))
+    S = S + np.swapaxes(S, -1, -2)
+    X = rng.normal(size=(3, 6, 4))
+    if on_torch:
+        L, S, X = (torch.as_tensor(a) for a in (L, S, X))
+    inv = ops.tri_inverse(L)
+    np.testing.assert_allclose(ops.to_host(inv), np.linalg.inv(ops.to_host(L)), rtol=1e-12,
+                               atol=1e-12)
+    solved = StackedTerms(L=L, A=X, s=X[:, 0, :])
+    by_products = StackedTerms(L=L, A=X, s=X[:, 0, :], L_inv=inv)
+    for f in ("sandwich", "unwhiten"):
+        arg = S if f == "sandwich" else X
+        np.testing.assert_allclose(ops.to_host(getattr(by_products, f)(arg)),
+                                   ops.to_host(getattr(solved, f)(arg)), rtol=1e-11, atol=1e-12)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,6 +38,7 @@ from gpinfer.sites.inducing import (
     factor_counts,
     factor_mask,
     new_role_site,
+    pair_log_z,
     pair_tilted,
     remove_site,
     role_delta,
@@ -49,13 +51,21 @@ from gpinfer.sites.stacked import (
     stacked_terms,
     symmetrize,
     transpose,
-    tri_solve_stack,
 )
 
 
+class _BatchLabels(NamedTuple):
+    """A batch's labels ``y [n]``, factor ``mask [n, C]`` and factor counts ``[C]``, and the
+    data set's factor counts ``n_factors [C]``, on the state's backend."""
+
+    y: Array
+    mask: Array
+    counts: Array
+    n_factors: Array
+
+
 def _finite(name: str, *arrays: Array) -> None:
-    if not ops.all_finite(*arrays):
-        raise NumericalError(f"non-finite {name}", quantity=name)
+    ops.require_finite(lambda: NumericalError(f"non-finite {name}", quantity=name), *arrays)
 
 
 def _max_change(new: Sequence[Array], old: Sequence[Array]) -> float:
@@ -172,7 +182,7 @@ class RankOneSites(_SiteSums):
         tau_old, nu_old = aggregate(W1, L1, y, mask).T, aggregate(W2, L2, y, mask).T
         tau, nu = aggregate(new[0], new[2], y, mask).T, aggregate(new[1], new[3], y, mask).T
         A = terms.A
-        Ups = tri_solve_stack(terms.L, A, transpose=True)  # u-space directions L^-T A
+        Ups = terms.unwhiten(A)  # u-space directions L^-T A
         if idx.shape[0] == self.y.shape[0]:  # the sums are those of the new sites alone
             P_w = symmetrize((A * tau[:, None, :]) @ transpose(A))
             h_w = ops.einsum("cmn,cn->cm", A, nu)
@@ -214,7 +224,7 @@ class RankOneSites(_SiteSums):
         mu_y, v_y = at_label(mu, y), at_label(v, y)
         cav_w = remove_site(mu_y, v_y, W1, W2)
         cav_l = remove_site(mu, v, L1, L2)
-        t = pair_tilted(cav_w.a, cav_w.v + at_label(s, y), cav_l.a, cav_l.v + s, mask)
+        t = pair_log_z(cav_w.a, cav_w.v + at_label(s, y), cav_l.a, cav_l.v + s, mask)
         deltas = role_delta(mu_y, v_y, W1, W2, cav_w.d) + role_delta(mu, v, L1, L2, cav_l.d)
         xp = ops.namespace(mu)
         data = xp.sum(xp.where(mask, t.log_z + deltas, 0.0))
@@ -246,6 +256,8 @@ class TiedSites(_SiteSums):
         super().__init__(C, M, backend)
         self.y = y
         self.n_factors = factor_counts(y, C) if n_factors is None else np.asarray(n_factors, float)
+        #: ``(idx, y, labels)``: the last batch's labels on the backend (``_labels``)
+        self._batch: tuple[Array, Array, _BatchLabels] | None = None
 
     def snapshot(self) -> object:
         return {"Lam": ops.copy(self.Lam), "h": ops.copy(self.h)}
@@ -256,37 +268,57 @@ class TiedSites(_SiteSums):
         self.Lam, self.h = ops.copy(snap["Lam"]), ops.copy(snap["h"])
         self._whitened = None
 
-    def _cavity_fraction(self) -> Array:
-        """``1 - 1 / n_c`` ``[C]`` on the host."""
-        return 1.0 - 1.0 / self.n_factors
+    def _cavity_fraction(self, ref: Array) -> Array:
+        """``1 - 1 / n_c`` ``[C]`` on ``ref``'s backend (moved once)."""
+        return ops.constant(ref, tuple(float(f) for f in 1.0 - 1.0 / self.n_factors))
+
+    def _labels(self, idx: Array, ref: Array) -> _BatchLabels:
+        """The labels of the points ``idx`` on ``ref``'s backend, their factor mask and
+        factor counts: moved once per batch (an ``update`` and the ``evaluate`` after it on the
+        same points share them)."""
+        last = self._batch
+        if (last is not None and last[1] is self.y and last[0].shape == idx.shape
+                and np.array_equal(last[0], idx)):
+            return last[2]
+        C = self.n_factors.shape[0]
+        y = ops.index_like(ref, self.y[idx])
+        mask = factor_mask(y, C)
+        if ops.is_numpy(ref):
+            counts = factor_counts(self.y[idx], C)
+        else:  # on the device, in the arrays' dtype: no second move
+            xp = ops.namespace(ref)
+            n_y = xp.sum(xp.astype(~mask, ref.dtype), axis=0)
+            counts = (y.shape[0] - n_y) + (C - 1) * n_y
+        labels = _BatchLabels(y, mask, counts,
+                              ops.constant(ref, tuple(float(n) for n in self.n_factors)))
+        self._batch = (np.array(idx, copy=True), self.y, labels)
+        return labels
 
     def update(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array, rho: float,
                iteration: int | None = None) -> float:
         """Tied damped update from the points ``idx`` (spec §2.5.3); returns the max change of
         the whitened site shift."""
         terms = as_stacked(terms)
-        y_host = self.y[idx]
-        y = ops.index_like(terms.A, y_host)
-        C = terms.A.shape[0]
-        mask = factor_mask(y, C)
+        y, mask, counts, n_factors = self._labels(idx, terms.A)
         P_w, h_w = self._whitened_sums(terms)
-        cav = StackedGaussians(P_w, h_w, self._cavity_fraction(), iteration=iteration)
-        mu, v, _ = cav.project(terms.A)
-        a, v, s = mu.T, v.T, terms.s.T
-        a_y, v_y = at_label(a, y), at_label(v, y)
-        t = pair_tilted(a_y, v_y + at_label(s, y), a, v + s, mask)
-        W1, W2 = new_role_site(t.g_win, t.gamma, a_y, v_y)
-        L1, L2 = new_role_site(-t.g_win, t.gamma, a, v)
-        tau, nu = aggregate(W1, L1, y, mask), aggregate(W2, L2, y, mask)
-        _finite("SEP sites", tau, nu)
-        keep = ops.like(P_w, 1.0 - rho * factor_counts(y_host, C) / self.n_factors)
-        A = terms.A
-        P_new = (A * tau.T[:, None, :]) @ transpose(A)
-        h_new = ops.einsum("cmn,nc->cm", A, nu)
-        P_w = symmetrize(keep[:, None, None] * P_w + rho * P_new)
-        h_next = keep[:, None] * h_w + rho * h_new
-        xp = ops.namespace(h_next)
-        change = ops.scalar(xp.max(xp.abs(h_next - h_w)))
+        with ops.deferred_checks() as checks:  # on a device: read once, with the change
+            cav = StackedGaussians(P_w, h_w, self._cavity_fraction(P_w), iteration=iteration)
+            mu, v, _ = cav.project(terms.A)
+            a, v, s = mu.T, v.T, terms.s.T
+            a_y, v_y = at_label(a, y), at_label(v, y)
+            t = pair_tilted(a_y, v_y + at_label(s, y), a, v + s, mask)
+            W1, W2 = new_role_site(t.g_win, t.gamma, a_y, v_y)
+            L1, L2 = new_role_site(-t.g_win, t.gamma, a, v)
+            tau, nu = aggregate(W1, L1, y, mask), aggregate(W2, L2, y, mask)
+            _finite("SEP sites", tau, nu)
+            keep = 1.0 - rho * counts / n_factors
+            A = terms.A
+            P_new = (A * tau.T[:, None, :]) @ transpose(A)
+            h_new = ops.einsum("cmn,nc->cm", A, nu)
+            P_w = symmetrize(keep[:, None, None] * P_w + rho * P_new)
+            h_next = keep[:, None] * h_w + rho * h_new
+            xp = ops.namespace(h_next)
+            change = checks.flush(xp.max(xp.abs(h_next - h_w)))[0]  # before the state moves
         self._whitened = (terms, P_w, h_next)
         self.Lam, self.h = terms.to_u_space(P_w, h_next)
         return change
@@ -296,22 +328,19 @@ class TiedSites(_SiteSums):
                  iteration: int | None = None) -> tuple[float, StackedMatrixGradients]:
         """SEP ``log Z_q`` (§2.6) and the paper's gradient with the shared cavity (§2.7.3)."""
         terms = as_stacked(terms)
-        y_host = self.y[idx]
-        y = ops.index_like(terms.A, y_host)
-        C = terms.A.shape[0]
-        mask = factor_mask(y, C)
+        y, mask, n_b, _ = self._labels(idx, terms.A)
         P_w, h_w = self._whitened_sums(terms)
-        q = StackedGaussians(P_w, h_w, iteration=iteration)
-        cav = StackedGaussians(P_w, h_w, self._cavity_fraction(), iteration=iteration)
-        mu, v, R = cav.project(terms.A)
-        a, vs = mu.T, (v + terms.s).T
-        t = pair_tilted(at_label(a, y), at_label(vs, y), a, vs, mask)
-        n_b = ops.like(P_w, factor_counts(y_host, C))
-        lnr_q, lnr_cav = q.log_norm_ratio(), cav.log_norm_ratio()
-        xp = ops.namespace(lnr_q)
-        cav_terms = xp.sum(n_b * (lnr_cav - lnr_q))
-        value = ops.scalar(xp.sum(lnr_q) + scale * (xp.sum(t.log_z) + cav_terms))  # read once
-        a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
-        b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
-        grads = stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
-        return value, grads
+        with ops.deferred_checks() as checks:  # on a device: read once, with the value
+            q = StackedGaussians(P_w, h_w, iteration=iteration)
+            cav = StackedGaussians(P_w, h_w, self._cavity_fraction(P_w), iteration=iteration)
+            mu, v, R = cav.project(terms.A)
+            a, vs = mu.T, (v + terms.s).T
+            t = pair_log_z(at_label(a, y), at_label(vs, y), a, vs, mask)
+            lnr_q, lnr_cav = q.log_norm_ratio(), cav.log_norm_ratio()
+            xp = ops.namespace(lnr_q)
+            cav_terms = xp.sum(n_b * (lnr_cav - lnr_q))
+            value = xp.sum(lnr_q) + scale * (xp.sum(t.log_z) + cav_terms)
+            a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
+            b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
+            grads = stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
+            return checks.flush(value)[0], grads
