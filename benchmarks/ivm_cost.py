@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/ivm_cost.py [--sets iris,digits] [--methods ivm]
         [--profile] [--option key=value ...] [--no-optimize]
+    OMP_NUM_THREADS=1 python benchmarks/ivm_cost.py --rules
 
 One line per fit (the battery's data: ``gpinfer.testing.default_battery.sklearn_case``, every
 default, multi-class): the quadrature rule in use, CPU seconds (``time.process_time``, less
@@ -84,6 +85,51 @@ def run(method: str, data: str, options: dict[str, object], optimize: bool | Non
     return line
 
 
+def rules(C: int = 10, n: int = 350, repeat: int = 3) -> None:
+    """CPU seconds of one tilted-moment call: ``ivm``'s (one point, full covariance: former
+    default reduced GH-3 product against the Sobol rule) and ``ivm-baseline``'s scoring step
+    (``n`` points, diagonal covariances: former default GH-3 product against the exact 1-D
+    reduction), interleaved, with the worst error of the tilted means against a fine rule."""
+    from gpinfer.numerics.diagonal_softmax import diagonal_softmax_tilted
+    from gpinfer.numerics.gaussian_cubature import softmax_tilted
+
+    rng = np.random.default_rng(0)
+    h = rng.normal(size=(n, C))
+    a = rng.uniform(0.05, 1.0, size=(n, C))
+    y = rng.integers(C, size=n)
+    A = np.zeros((n, C, C))
+    A[:, np.arange(C), np.arange(C)] = a
+    W = rng.normal(size=(C, C)) / np.sqrt(C)
+    S = W @ W.T + 0.1 * np.eye(C)  # a full covariance for ivm
+
+    def clock(f) -> float:
+        best = np.inf
+        for _ in range(repeat):
+            t0 = time.process_time()
+            f()
+            best = min(best, time.process_time() - t0)
+        return best
+
+    cases = {
+        "ivm 1 point, product GH-3 on 1^perp": lambda: softmax_tilted(
+            y[:1], h[:1], S[None], None, 3, True, "product"),
+        "ivm 1 point, sobol 1024": lambda: softmax_tilted(
+            y[:1], h[:1], S[None], None, None, True, "sobol"),
+        f"baseline {n} points, product GH-3": lambda: softmax_tilted(
+            y, h, A, None, 3, False, "product"),
+        f"baseline {n} points, diagonal 1-D": lambda: diagonal_softmax_tilted(y, h, a),
+    }
+    for name, f in cases.items():
+        print(f"C={C} {name:40s} cpu={clock(f):.4f}s load={os.getloadavg()[0]:.1f}", flush=True)
+    ref = diagonal_softmax_tilted(y, h, a, step=0.25, inner=64)
+    gh3 = softmax_tilted(y, h, A, None, 3, False, "product")
+    sob = softmax_tilted(y, h, A, None, None, False, "sobol")
+    for name, T in (("GH-3", gh3.h_hat), ("sobol", sob.h_hat),
+                    ("diagonal", diagonal_softmax_tilted(y, h, a).h_hat)):
+        print(f"C={C} diagonal marginals, worst |h_hat error| {name:8s} "
+              f"{np.max(np.abs(T - ref.h_hat)):.2e}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sets", default=",".join(SKLEARN_SETS))
@@ -91,7 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--option", action="append", default=[], help="method option key=value")
     ap.add_argument("--no-optimize", action="store_true", help="optimize=False (one inference)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--rules", action="store_true",
+                    help="only time the quadrature rules at C = 10 (before/after)")
     args = ap.parse_args(argv)
+    if args.rules:
+        rules()
+        return 0
     options: dict[str, object] = {}
     for kv in args.option:
         key, value = kv.split("=", 1)
