@@ -7,6 +7,7 @@ import pytest
 
 from gpinfer.errors import NumericalError
 from gpinfer.numerics.diagonal_softmax import (
+    DiagonalTiltedCache,
     diagonal_softmax_expected_log_prob,
     diagonal_softmax_predictive,
     diagonal_softmax_tilted,
@@ -125,3 +126,28 @@ def test_bad_input_is_a_numerical_error():
         diagonal_softmax_tilted([0], np.zeros((1, 3)), np.array([[1.0, 0.0, 1.0]]))
     with pytest.raises(NumericalError, match="non-finite"):
         diagonal_softmax_tilted([0], np.array([[np.nan, 0.0, 0.0]]), np.ones((1, 3)))
+
+
+def test_cache_follows_column_updates_and_moves():
+    """``DiagonalTiltedCache`` over a sequence of one-column updates (the baseline's pattern),
+    a row whose mean leaves its grid, and a variance that needs a wider grid, against fresh
+    ``diagonal_softmax_tilted`` calls."""
+    y, h, a, beta = _case(5, B=6, seed=4, scale=1.0)
+    cache = DiagonalTiltedCache(y, beta)
+    rng = np.random.default_rng(5)
+    for step in range(6):
+        if step:
+            c = step % 5
+            h[:, c] += 0.3 * rng.normal(size=6)
+            a[:, c] *= rng.uniform(0.5, 1.0, size=6)
+        if step == 3:
+            h[2] += 40.0  # leaves its grid
+        if step == 5:
+            a[1, 0] = 9.0  # wider than every grid
+        got = cache(h, a)
+        fresh = diagonal_softmax_tilted(y, h, a, beta)
+        ref = diagonal_softmax_tilted(y, h, a, beta, step=0.25, inner=64)  # converged
+        for name in ("log_z", "h_hat", "a_hat"):  # as accurate as a fresh call
+            err_cache = np.max(np.abs(getattr(got, name) - getattr(ref, name)))
+            err_fresh = np.max(np.abs(getattr(fresh, name) - getattr(ref, name)))
+            assert err_cache <= 2.0 * err_fresh + 3e-8

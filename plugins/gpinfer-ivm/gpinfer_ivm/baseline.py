@@ -22,7 +22,7 @@ from scipy.linalg import solve_triangular
 
 from gpinfer.errors import InputError
 from gpinfer.kernels.base import Kernel
-from gpinfer.numerics.diagonal_softmax import diagonal_softmax_tilted
+from gpinfer.numerics.diagonal_softmax import DiagonalTiltedCache
 from gpinfer.numerics.gaussian_cubature import RULES, resolve_rule, softmax_tilted
 from gpinfer_ivm.criterion import FrozenSites
 
@@ -140,13 +140,16 @@ class BaselineRepresentation:
 
 
 def baseline_scores(
-    rep: BaselineRepresentation, y: Array, beta: Array, order: int | None, rule: str = "product"
+    rep: BaselineRepresentation, y: Array, beta: Array, order: int | None, rule: str = "product",
+    cache: DiagonalTiltedCache | None = None,
 ) -> tuple[Array, Array, Array]:
-    """Scores ``[n, C]`` (0 where ``pi_c = 0``), site precisions ``[n, C]``, tilted means."""
+    """Scores ``[n, C]`` (0 where ``pi_c = 0``), site precisions ``[n, C]``, tilted means;
+    ``cache``: the ``diagonal`` rule's factors kept between calls (one inclusion changes one
+    class column of the cavities, so only that column is recomputed)."""
     h_cav, a_cav = rep.cavity()
     rule = resolve_baseline_rule(rep.C, order, rule)
     if rule == "diagonal":
-        D = diagonal_softmax_tilted(y, h_cav, a_cav, beta)
+        D = (cache or DiagonalTiltedCache(y, beta))(h_cav, a_cav)
         h_hat, a_hat = D.h_hat, D.a_hat
     else:
         A = np.zeros((rep.n, rep.C, rep.C))
@@ -181,18 +184,19 @@ def run_baseline(
     if np.any(counts == 0):
         raise InputError(f"class(es) {np.flatnonzero(counts == 0).tolist()} have no points")
     rep = BaselineRepresentation(kernels, X)
+    cache = DiagonalTiltedCache(y, beta)
     perm = rng.permutation(n)
     # each class's first point in the random order, included in that order (not in the order
     # of the class indices): renaming the classes then renames the representation exactly
     _, first = np.unique(y[perm], return_index=True)  # each class's first position in perm
     for j in perm[np.sort(first)]:
         j, c = int(j), int(y[j])
-        score, pi, h_hat = baseline_scores(rep, y, beta, order, rule)
+        score, pi, h_hat = baseline_scores(rep, y, beta, order, rule, cache)
         if pi[j, c] > 0:
             rep.include(j, c, float(pi[j, c]), float(h_hat[j, c]))
     step = 0
     while True:
-        score, pi, h_hat = baseline_scores(rep, y, beta, order, rule)
+        score, pi, h_hat = baseline_scores(rep, y, beta, order, rule, cache)
         for c in range(C):
             if rep.size(c) >= d_max:
                 score[:, c] = -np.inf
