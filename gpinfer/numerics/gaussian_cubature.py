@@ -22,7 +22,8 @@ mean and comparable for the tilted covariance of the smooth softmax integrands (
 compare it with a high-order product rule and Monte Carlo).
 
 ``rule="auto"`` (the IVM's default, issue 27) is the product rule while its node count
-(``order ** D`` with the default order and frame) is at most ``AUTO_PRODUCT_NODES``, and the
+(``order ** D`` with the default order and frame) is at most ``AUTO_PRODUCT_NODES`` (or
+whenever ``order`` is given), and the
 ``sobol`` rule above it: with the defaults the product rule up to ``C = 8`` (GH-5 up to
 ``C = 5``, ``5^5 = 3125`` nodes; GH-3 on ``1^perp``, ``3^7 = 2187`` nodes at ``C = 8``), the
 1024-point Sobol rule from ``C = 9`` (``3^8 = 6561`` and ``3^9 = 19683`` product nodes at
@@ -105,16 +106,17 @@ def resolve_rule(C: int, order: int | None, reduced: bool | None, rule: str
                  ) -> tuple[str, int | None]:
     """The concrete ``(rule, order)`` that ``rule`` means for ``C`` classes.
 
-    ``"product"`` and ``"sobol"`` are returned as given. ``"auto"``: the product rule with
-    ``order`` (``None``: ``default_order(C)``) nodes per axis while it has at most
+    ``"product"`` and ``"sobol"`` are returned as given. ``"auto"``: with an explicit
+    ``order``, the product rule of that order (the caller chose its size); with ``None``, the
+    product rule of ``default_order(C)`` nodes per axis while it has at most
     ``AUTO_PRODUCT_NODES`` nodes on its frame (``C`` axes, ``C - 1`` with ``reduced``, ``None``:
     ``default_reduced(C)``), else the Sobol rule with its default ``SOBOL_POINTS`` nodes.
     """
     if rule not in RULES:
         raise ValueError(f"unknown quadrature rule {rule!r}; use one of {RULES}")
-    if rule != "auto":
-        return rule, order
-    k = default_order(C) if order is None else int(order)
+    if rule != "auto" or order is not None:
+        return ("product" if rule == "auto" else rule), order
+    k = default_order(C)
     dim = C - 1 if (default_reduced(C) if reduced is None else reduced) else C
     if k**dim <= AUTO_PRODUCT_NODES:
         return "product", order

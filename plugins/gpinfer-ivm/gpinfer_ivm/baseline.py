@@ -23,7 +23,7 @@ from scipy.linalg import solve_triangular
 from gpinfer.errors import InputError
 from gpinfer.kernels.base import Kernel
 from gpinfer.numerics.diagonal_softmax import DiagonalTiltedCache
-from gpinfer.numerics.gaussian_cubature import RULES, resolve_rule, softmax_tilted
+from gpinfer.numerics.gaussian_cubature import AUTO_PRODUCT_NODES, RULES, softmax_tilted
 from gpinfer_ivm.criterion import FrozenSites
 
 Array = np.ndarray
@@ -33,15 +33,21 @@ Array = np.ndarray
 BASELINE_RULES = (*RULES, "diagonal")
 
 
+#: the baseline's Gauss-Hermite nodes per axis when ``gh_order`` is not given (the paper's GH-3)
+BASELINE_GH_ORDER = 3
+
+
 def resolve_baseline_rule(C: int, order: int | None, rule: str) -> str:
-    """The concrete rule: ``auto`` is the product rule (``order`` nodes per axis, ``C`` axes)
-    while ``gaussian_cubature.resolve_rule`` keeps it, else ``diagonal``; the others as given.
-    """
+    """The concrete rule: ``auto`` is the product rule when ``order`` is given, else while
+    ``BASELINE_GH_ORDER ** C`` is at most ``AUTO_PRODUCT_NODES``, and ``diagonal`` above; the
+    others as given."""
     if rule not in BASELINE_RULES:
         raise InputError(f"quadrature rule must be one of {BASELINE_RULES}, got {rule!r}")
     if rule != "auto":
         return rule
-    return "product" if resolve_rule(C, order, False, "auto")[0] == "product" else "diagonal"
+    if order is not None or BASELINE_GH_ORDER**C <= AUTO_PRODUCT_NODES:
+        return "product"
+    return "diagonal"
 
 #: smallest marginal variance kept, relative to the prior variance (round-off guard)
 VAR_FLOOR = 1e-12
@@ -154,7 +160,8 @@ def baseline_scores(
     else:
         A = np.zeros((rep.n, rep.C, rep.C))
         A[:, np.arange(rep.C), np.arange(rep.C)] = a_cav
-        T = softmax_tilted(y, h_cav, A, beta, order, False, rule)
+        T = softmax_tilted(y, h_cav, A, beta, BASELINE_GH_ORDER if order is None else order,
+                           False, rule)
         h_hat, a_hat = T.h_hat, np.diagonal(T.A_hat, axis1=1, axis2=2)
     pi = np.maximum(1.0 / a_hat - 1.0 / rep.a, 0.0)
     m = np.maximum(rep.a / a_hat, 1.0)

@@ -39,7 +39,12 @@ from gpinfer.optim import make_optimizer
 from gpinfer.options import Option, choice, custom, flag, integer, real
 from gpinfer.posterior import Posterior
 from gpinfer.reporting import IterationReporter
-from gpinfer_ivm.baseline import BASELINE_RULES, resolve_baseline_rule, run_baseline
+from gpinfer_ivm.baseline import (
+    BASELINE_GH_ORDER,
+    BASELINE_RULES,
+    resolve_baseline_rule,
+    run_baseline,
+)
 from gpinfer_ivm.criterion import FrozenSites, criterion
 from gpinfer_ivm.inference import IVMSettings, run_inference
 from gpinfer_ivm.projection import PROJECTION_ALGORITHMS
@@ -358,7 +363,9 @@ class IVMBaseline(_ActiveSetMethod):
     name = "ivm-baseline"
     coupled = False
     option_spec: ClassVar[dict[str, Option]] = {
-        "gh_order": integer(3, "[1, inf)", doc="Gauss-Hermite nodes per axis"),
+        "gh_order": integer(None, "[1, inf)", none=True,
+                            doc="Gauss-Hermite nodes per axis (None: 3; given: rule auto is "
+                                "the product rule)"),
         "rule": choice("auto", BASELINE_RULES, doc="quadrature rule (auto: the product rule "
                        "while it has at most AUTO_PRODUCT_NODES nodes, else diagonal: the exact "
                        "1-D reduction for the baseline's diagonal marginals)"),
@@ -366,11 +373,13 @@ class IVMBaseline(_ActiveSetMethod):
     }
 
     def _order(self, C: int) -> tuple[int | None, Any]:
-        return self.options["gh_order"], False
+        order = self.options["gh_order"]
+        return (BASELINE_GH_ORDER if order is None else order), False
 
     def _rule(self, C: int) -> str:
-        """``auto``: the ``gh_order`` product rule while it has at most ``AUTO_PRODUCT_NODES``
-        nodes, else the exact 1-D reduction for diagonal marginals (``diagonal``)."""
+        """``auto``: the product rule with ``gh_order`` given, or while GH-3 has at most
+        ``AUTO_PRODUCT_NODES`` nodes, else the exact 1-D reduction for diagonal marginals
+        (``diagonal``)."""
         return resolve_baseline_rule(C, self.options["gh_order"], str(self.options["rule"]))
 
     def _infer(self, problem: Problem, kernels: list[Kernel], beta: Array,

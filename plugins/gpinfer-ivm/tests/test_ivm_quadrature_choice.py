@@ -20,16 +20,19 @@ KEEP = "warn"
 def test_auto_rule_switches_where_the_product_rule_grows_past_the_limit(C, expected):
     assert resolve_rule(C, None, None, "auto") == expected
     assert resolve_rule(C, 3, None, "product") == ("product", 3)
+    # an explicit order is the caller's choice of the product rule's size
+    assert resolve_rule(C, 4, None, "auto") == ("product", 4)
     # the seeger2004 protocol's pinned GH-3 at C = 5 stays the product rule either way
     assert resolve_rule(5, 3, None, "auto") == ("product", 3)
     assert 3**8 > AUTO_PRODUCT_NODES >= 3**7
 
 
 def test_baseline_auto_rule():
-    assert resolve_baseline_rule(3, 3, "auto") == "product"
-    assert resolve_baseline_rule(7, 3, "auto") == "product"
-    assert resolve_baseline_rule(8, 3, "auto") == "diagonal"
-    assert resolve_baseline_rule(10, 3, "product") == "product"
+    assert resolve_baseline_rule(3, None, "auto") == "product"
+    assert resolve_baseline_rule(7, None, "auto") == "product"
+    assert resolve_baseline_rule(8, None, "auto") == "diagonal"
+    assert resolve_baseline_rule(8, 3, "auto") == "product"  # gh_order given
+    assert resolve_baseline_rule(10, None, "product") == "product"
 
 
 def _blobs(C: int, n: int, seed: int = 0):
