@@ -256,7 +256,8 @@ def learn(
     p = 784
     for split_seed in splits:
         X, y, Xt, yt = mnist_even_split(split_seed)
-        opts = {"L": 25, "ep_sweeps": 3, "gh_order": 3, "pool_size": 32, "rounds": rounds,
+        opts = {"L": 25, "ep_sweeps": 3, "gh_order": 3, "rule": "product", "pool_size": 32,
+                "rounds": rounds,
                 "minor_iter": minor_iter, "learn_intercepts": learn_beta}  # fmt: skip
         t0, c0 = time.perf_counter(), time.process_time()
         est = GPClassifier(method="ivm", M=150, kernel=kernel_vw(5.0, 50.0), optimize=True,

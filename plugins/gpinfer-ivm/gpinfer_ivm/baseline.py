@@ -22,10 +22,32 @@ from scipy.linalg import solve_triangular
 
 from gpinfer.errors import InputError
 from gpinfer.kernels.base import Kernel
-from gpinfer.numerics.gaussian_cubature import softmax_tilted
+from gpinfer.numerics.diagonal_softmax import DiagonalTiltedCache
+from gpinfer.numerics.gaussian_cubature import AUTO_PRODUCT_NODES, RULES, softmax_tilted
 from gpinfer_ivm.criterion import FrozenSites
 
 Array = np.ndarray
+
+#: the baseline's quadrature rules: ``gaussian_cubature``'s and ``diagonal`` (the exact 1-D
+#: reduction of ``numerics.diagonal_softmax``, valid because every marginal is diagonal)
+BASELINE_RULES = (*RULES, "diagonal")
+
+
+#: the baseline's Gauss-Hermite nodes per axis when ``gh_order`` is not given (the paper's GH-3)
+BASELINE_GH_ORDER = 3
+
+
+def resolve_baseline_rule(C: int, order: int | None, rule: str) -> str:
+    """The concrete rule: ``auto`` is the product rule when ``order`` is given, else while
+    ``BASELINE_GH_ORDER ** C`` is at most ``AUTO_PRODUCT_NODES``, and ``diagonal`` above; the
+    others as given."""
+    if rule not in BASELINE_RULES:
+        raise InputError(f"quadrature rule must be one of {BASELINE_RULES}, got {rule!r}")
+    if rule != "auto":
+        return rule
+    if order is not None or BASELINE_GH_ORDER**C <= AUTO_PRODUCT_NODES:
+        return "product"
+    return "diagonal"
 
 #: smallest marginal variance kept, relative to the prior variance (round-off guard)
 VAR_FLOOR = 1e-12
@@ -124,20 +146,29 @@ class BaselineRepresentation:
 
 
 def baseline_scores(
-    rep: BaselineRepresentation, y: Array, beta: Array, order: int | None
+    rep: BaselineRepresentation, y: Array, beta: Array, order: int | None, rule: str = "product",
+    cache: DiagonalTiltedCache | None = None,
 ) -> tuple[Array, Array, Array]:
-    """Scores ``[n, C]`` (0 where ``pi_c = 0``), site precisions ``[n, C]``, tilted means."""
+    """Scores ``[n, C]`` (0 where ``pi_c = 0``), site precisions ``[n, C]``, tilted means;
+    ``cache``: the ``diagonal`` rule's factors kept between calls (one inclusion changes one
+    class column of the cavities, so only that column is recomputed)."""
     h_cav, a_cav = rep.cavity()
-    A = np.zeros((rep.n, rep.C, rep.C))
-    A[:, np.arange(rep.C), np.arange(rep.C)] = a_cav
-    T = softmax_tilted(y, h_cav, A, beta, order, False)
-    a_hat = np.diagonal(T.A_hat, axis1=1, axis2=2)
+    rule = resolve_baseline_rule(rep.C, order, rule)
+    if rule == "diagonal":
+        D = (cache or DiagonalTiltedCache(y, beta))(h_cav, a_cav)
+        h_hat, a_hat = D.h_hat, D.a_hat
+    else:
+        A = np.zeros((rep.n, rep.C, rep.C))
+        A[:, np.arange(rep.C), np.arange(rep.C)] = a_cav
+        T = softmax_tilted(y, h_cav, A, beta, BASELINE_GH_ORDER if order is None else order,
+                           False, rule)
+        h_hat, a_hat = T.h_hat, np.diagonal(T.A_hat, axis1=1, axis2=2)
     pi = np.maximum(1.0 / a_hat - 1.0 / rep.a, 0.0)
     m = np.maximum(rep.a / a_hat, 1.0)
-    dh = T.h_hat - rep.h
+    dh = h_hat - rep.h
     score = 0.5 * (np.log(m) + 1.0 / m - 1.0 + dh * dh / rep.a)
     score[pi <= 0] = 0.0
-    return score, pi, T.h_hat
+    return score, pi, h_hat
 
 
 def run_baseline(
@@ -149,8 +180,10 @@ def run_baseline(
     rng: np.random.Generator,
     order: int | None = 3,
     callback: Callable[[int, BaselineRepresentation], None] | None = None,
+    rule: str = "product",
 ) -> BaselineRepresentation:
-    """Greedy selection of up to ``d_max`` sites per class (spec §4.4)."""
+    """Greedy selection of up to ``d_max`` sites per class (spec §4.4); ``order``, ``rule``:
+    the quadrature of the tilted moments (``gaussian_cubature.resolve_rule``)."""
     C, n = len(kernels), X.shape[0]
     if not 1 <= d_max <= n:
         raise InputError(f"d_max (M) must be in 1..n={n}, got {d_max}")
@@ -158,18 +191,19 @@ def run_baseline(
     if np.any(counts == 0):
         raise InputError(f"class(es) {np.flatnonzero(counts == 0).tolist()} have no points")
     rep = BaselineRepresentation(kernels, X)
+    cache = DiagonalTiltedCache(y, beta)
     perm = rng.permutation(n)
     # each class's first point in the random order, included in that order (not in the order
     # of the class indices): renaming the classes then renames the representation exactly
     _, first = np.unique(y[perm], return_index=True)  # each class's first position in perm
     for j in perm[np.sort(first)]:
         j, c = int(j), int(y[j])
-        score, pi, h_hat = baseline_scores(rep, y, beta, order)
+        score, pi, h_hat = baseline_scores(rep, y, beta, order, rule, cache)
         if pi[j, c] > 0:
             rep.include(j, c, float(pi[j, c]), float(h_hat[j, c]))
     step = 0
     while True:
-        score, pi, h_hat = baseline_scores(rep, y, beta, order)
+        score, pi, h_hat = baseline_scores(rep, y, beta, order, rule, cache)
         for c in range(C):
             if rep.size(c) >= d_max:
                 score[:, c] = -np.inf

@@ -34,6 +34,7 @@ from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels.base import Kernel
 from gpinfer.numerics.cholesky import jittered_cholesky
+from gpinfer.numerics.diagonal_softmax import diagonal_softmax_expected_log_prob
 from gpinfer.numerics.gaussian_cubature import SoftmaxExpectation, softmax_expected_log_prob
 
 Array = np.ndarray
@@ -230,6 +231,16 @@ def matrix_gradients(f: ClassFactors, cp: Coupling, hI: list[Array], Pt: list[Ar
     return out
 
 
+def _diagonal_expectation(y: Array, h: Array, A: Array, beta: Array) -> SoftmaxExpectation:
+    """The softmax expectations for diagonal marginals ``A [n, C, C]`` (uncoupled sites) by the
+    exact 1-D reduction; ``dcov`` is diagonal (the only part the uncoupled gradient reads)."""
+    C = h.shape[1]
+    ex = diagonal_softmax_expected_log_prob(y, h, np.diagonal(A, axis1=1, axis2=2), beta)
+    dcov = np.zeros(A.shape)
+    dcov[:, np.arange(C), np.arange(C)] = ex.dvar
+    return SoftmaxExpectation(ex.value, ex.dmean, dcov)
+
+
 def criterion(
     kernels: Sequence[Kernel],
     X: Array,
@@ -244,6 +255,8 @@ def criterion(
 ) -> CriterionResult:
     """``G`` and its gradient wrt kernel parameters and intercepts (spec §3.2-3.3, §4.6).
 
+    ``rule``: a ``gaussian_cubature`` rule, or ``diagonal`` (uncoupled sites, whose marginals
+    are diagonal: the exact 1-D reduction of ``numerics.diagonal_softmax``).
     ``expected_log_lik(y, h [n, C], A [n, C, C])`` replaces the softmax expectations (value,
     ``dmean``, ``dcov``) by another likelihood's, e.g. the exact quadratic surrogate of spec §7
     oracle 12a; ``dbeta`` is then the softmax formula's and meaningless.
@@ -251,7 +264,9 @@ def criterion(
     f = class_factors(kernels, X, sites)
     cp = couple(f, sites)
     h, A = marginals(f, cp)
-    if expected_log_lik is None:
+    if expected_log_lik is None and rule == "diagonal":
+        ex = _diagonal_expectation(y, h, A, beta)
+    elif expected_log_lik is None:
         ex = softmax_expected_log_prob(y, h, A, beta, order, reduced, rule)
     else:
         ex = expected_log_lik(y, h, A)

@@ -10,7 +10,14 @@ The ``k`` liquid points are treated as a small GP problem whose prior is the sol
 non-liquid point ``i`` with ``g_i = Cov_f(u_liquid, u_i)`` has
 ``A_i = Cov_f(u_i) - Nt^T Nt``, ``h_i = h^f_i + g_i^T b - Nt^T theta_B``, ``Nt = L_B^-1 V^T g_i``.
 
-Site updates rebuild the representation (``O((kC)^3)``, the spec's default).
+A site update changes the liquid covariance ``Sigma = G - N^T N`` and mean
+``mu = b~ - N^T theta`` by a rank-``C`` Woodbury step, ``O((kC)^2 C)``: with ``S = Sigma[:, a]``,
+``dPi = Pi_a' - Pi_a``, ``db = b_a' - b_a`` and ``M = (I + dPi S_aa)^-1 dPi``,
+``Sigma' = Sigma - S M S^T``, ``mu' = mu - S M mu_a + (S - S M S_aa) db`` (the posterior
+precision gains ``dPi`` on block ``a``, its natural mean ``db``). ``L_B``, ``N``, ``theta``
+(needed only for non-liquid points) are rebuilt, ``O((kC)^3)``, the next time ``marginals``
+asks for them; an EP sweep of ``k`` site updates thus costs one rebuild instead of ``k``
+(issue 27: at ``C = 10``, ``L = 25`` the rebuilds were half of ``ivm``'s time).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ class EPRepresentation:
         self.G = 0.5 * (self.G + self.G.T)
         self.h_f = solid.means(self.liquid, self.gamma_f).reshape(-1)
         self.rebuild()
+        self._moments()
 
     @property
     def k(self) -> int:
@@ -63,6 +71,13 @@ class EPRepresentation:
         self.N = solve_triangular(self.LB, VtG, lower=True, check_finite=False)
         self.b_tilde = self.G @ self.b.reshape(-1) + self.h_f
         self.theta = solve_triangular(self.LB, self._Vt(self.b_tilde), lower=True)
+        self.stale = False
+
+    def _moments(self) -> None:
+        """Liquid posterior covariance ``Sigma [kC, kC]`` and mean ``mu [kC]`` from ``N``."""
+        self.Sigma = self.G - self.N.T @ self.N
+        self.Sigma = 0.5 * (self.Sigma + self.Sigma.T)
+        self.mu = self.b_tilde - self.N.T @ self.theta
 
     def _Vt(self, Y: Array) -> Array:
         """``V^T Y`` for ``Y [kC, ...]`` (block-diagonal ``V``)."""
@@ -75,8 +90,7 @@ class EPRepresentation:
     def liquid_marginal(self, a: int) -> tuple[Array, Array]:
         """Marginal ``(h [C], A [C, C])`` of liquid point ``a`` under the full posterior."""
         sl = slice(a * self.C, (a + 1) * self.C)
-        Na = self.N[:, sl]
-        return self.b_tilde[sl] - Na.T @ self.theta, self.G[sl, sl] - Na.T @ Na
+        return self.mu[sl].copy(), self.Sigma[sl, sl].copy()
 
     def marginals(self, idx: Array) -> tuple[Array, Array]:
         """Marginals ``h [B, C]``, ``A [B, C, C]`` of non-liquid training points ``idx``."""
@@ -85,6 +99,8 @@ class EPRepresentation:
         A = self.solid.covariances(idx)
         if self.k == 0:
             return h, A
+        if self.stale:
+            self.rebuild()
         B, C = idx.size, self.C
         g = self.solid.cross_covariances(self.liquid, idx).reshape(self.k * C, B, C)
         Nt = solve_triangular(
@@ -115,9 +131,24 @@ class EPRepresentation:
         return h_cav, 0.5 * (Lam + Lam.T)
 
     def set_site(self, a: int, pi: Array, b: Array) -> None:
-        """Replace liquid site ``a`` and rebuild."""
+        """Replace liquid site ``a``: rank-``C`` update of ``Sigma`` and ``mu`` (module
+        docstring); ``np.linalg.LinAlgError`` if ``I + dPi S_aa`` is singular (nothing is
+        changed then)."""
+        C = self.C
+        sl = slice(a * C, (a + 1) * C)
+        dPi = site_precision(np.asarray(pi, dtype=float)) - site_precision(self.pi[a])
+        db = np.asarray(b, dtype=float) - self.b[a]
+        S = self.Sigma[:, sl]
+        Saa = S[sl]
+        M = np.linalg.solve(np.eye(C) + dPi @ Saa, dPi)
+        SM = S @ M
+        mu = self.mu - SM @ self.mu[sl] + (S - SM @ Saa) @ db
+        Sigma = self.Sigma - SM @ S.T
+        if not (np.all(np.isfinite(Sigma)) and np.all(np.isfinite(mu))):
+            raise np.linalg.LinAlgError("non-finite liquid covariance after a site update")
+        self.Sigma, self.mu = 0.5 * (Sigma + Sigma.T), mu
         self.pi[a], self.b[a] = pi, b
-        self.rebuild()
+        self.stale = True
 
     def site_change(self, a: int, pi_new: Array) -> tuple[float, float]:
         """``(||Pi' - Pi||_F, ||Pi||_F)`` for the rejection rule of §2.9.5."""

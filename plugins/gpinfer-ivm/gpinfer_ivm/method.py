@@ -33,12 +33,18 @@ from gpinfer.errors import InputError, NumericalError
 from gpinfer.hyper import HyperParameters
 from gpinfer.interfaces import Array, FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
-from gpinfer.numerics.gaussian_cubature import RULES, softmax_predictive
+from gpinfer.numerics.diagonal_softmax import diagonal_softmax_predictive
+from gpinfer.numerics.gaussian_cubature import RULES, resolve_rule, softmax_predictive
 from gpinfer.optim import make_optimizer
 from gpinfer.options import Option, choice, custom, flag, integer, real
 from gpinfer.posterior import Posterior
 from gpinfer.reporting import IterationReporter
-from gpinfer_ivm.baseline import run_baseline
+from gpinfer_ivm.baseline import (
+    BASELINE_GH_ORDER,
+    BASELINE_RULES,
+    resolve_baseline_rule,
+    run_baseline,
+)
 from gpinfer_ivm.criterion import FrozenSites, criterion
 from gpinfer_ivm.inference import IVMSettings, run_inference
 from gpinfer_ivm.projection import PROJECTION_ALGORITHMS
@@ -75,6 +81,9 @@ class IVMPosterior(Posterior):
         super().__init__(likelihood)
         self.rep, self.beta, self.gh_order, self.reduced = rep, beta, gh_order, reduced
         self.rule = rule
+        #: the concrete ``(rule, order)`` the predictions use (``rule="auto"`` resolved)
+        self.quadrature = ((rule, None) if rule == "diagonal"
+                           else resolve_rule(len(beta), gh_order, reduced, rule))
 
     def predict_f(self, X: Array) -> tuple[Array, Array]:
         h, A = self.rep.predict(X)
@@ -82,7 +91,10 @@ class IVMPosterior(Posterior):
 
     def predict_proba(self, X: Array) -> Array:
         h, A = self.rep.predict(X)
-        P = softmax_predictive(h, A, self.beta, self.gh_order, self.reduced, self.rule)
+        if self.rule == "diagonal":  # ivm-baseline: diagonal A, exact 1-D reduction
+            P = diagonal_softmax_predictive(h, np.diagonal(A, axis1=1, axis2=2), self.beta)
+        else:
+            P = softmax_predictive(h, A, self.beta, self.gh_order, self.reduced, self.rule)
         return P / P.sum(axis=1, keepdims=True)
 
     def log_predictive(self, X: Array, y: Array) -> Array:
@@ -151,8 +163,10 @@ class _ActiveSetMethod(Method):
     def _order(self, C: int) -> tuple[int | None, Any]:
         return self.options["gh_order"], self.options["reduced"]
 
-    def _rule(self) -> str:
-        return str(self.options.get("rule") or "product")
+    def _rule(self, C: int) -> str:
+        """The quadrature rule for ``C`` classes (``ivm``: as given; ``auto`` resolves in
+        ``gaussian_cubature``)."""
+        return str(self.options.get("rule") or "auto")
 
     # -- fit ----------------------------------------------------------------------------------
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
@@ -179,10 +193,10 @@ class _ActiveSetMethod(Method):
             rep, sites = self._infer(problem, kernels, beta, np.random.default_rng(seed), report)
         else:
             rep, sites, beta = self._learn(problem, kernels, beta, seed, report)
-        crit = criterion(kernels, X, y, sites, beta, order, reduced, False, self._rule())
+        crit = criterion(kernels, X, y, sites, beta, order, reduced, False, self._rule(C))
         if not problem.optimize or it[0] < problem.max_iter:  # learning honours max_iter
             report(-crit.value, None, G1=crit.g1, G2=crit.g2)
-        post = IVMPosterior(lik(), rep, beta, order, reduced, self._rule())
+        post = IVMPosterior(lik(), rep, beta, order, reduced, self._rule(C))
         state = {"beta": beta}
         if self.coupled:
             state.update(active=sites.I[0], pi=np.stack(sites.pi, 1), b=np.stack(sites.b, 1))
@@ -241,7 +255,7 @@ class _ActiveSetMethod(Method):
             try:
                 rep, sites = self._infer(problem, kernels, b_now, np.random.default_rng(seed), None)
                 major = criterion(kernels, X, y, sites, b_now, order, reduced, False,
-                                  self._rule()).value  # fmt: skip
+                                  self._rule(C)).value  # fmt: skip
             except NumericalError as err:
                 if best is None:
                     raise
@@ -257,7 +271,7 @@ class _ActiveSetMethod(Method):
 
             def fun(th: Array, sites: FrozenSites = sites) -> tuple[float, Array]:
                 b = unpack(th)
-                res = criterion(kernels, X, y, sites, b, order, reduced, True, self._rule())
+                res = criterion(kernels, X, y, sites, b, order, reduced, True, self._rule(C))
                 g = np.concatenate(res.dkernel + [res.dbeta[:nb]])
                 return -res.value, -g
 
@@ -296,7 +310,8 @@ class IVM(_ActiveSetMethod):
         "n_init": integer(None, "[1, inf)", none=True, doc="random initial picks"),
         "gh_order": integer(None, "[1, inf)", none=True, doc="quadrature nodes per axis"),
         "reduced": flag(None, none=True, doc="integrate on the complement of 1"),
-        "rule": choice("product", RULES),
+        "rule": choice("auto", RULES, doc="quadrature rule (auto: product while it has at "
+                       "most AUTO_PRODUCT_NODES nodes, else the C-independent sobol rule)"),
         "projection": choice("newton", PROJECTION_ALGORITHMS),
         "stub_update": choice("lazy", STUB_UPDATES),
         **_ActiveSetMethod.model_options,
@@ -315,7 +330,7 @@ class IVM(_ActiveSetMethod):
             n_init=o["n_init"],
             gh_order=o["gh_order"],
             reduced=o["reduced"],
-            rule=self._rule(),
+            rule=self._rule(problem.n_classes),
             projection=o["projection"],
             stub_update=o["stub_update"],
         )
@@ -348,12 +363,24 @@ class IVMBaseline(_ActiveSetMethod):
     name = "ivm-baseline"
     coupled = False
     option_spec: ClassVar[dict[str, Option]] = {
-        "gh_order": integer(3, "[1, inf)", doc="Gauss-Hermite nodes per axis"),
+        "gh_order": integer(None, "[1, inf)", none=True,
+                            doc="Gauss-Hermite nodes per axis (None: 3; given: rule auto is "
+                                "the product rule)"),
+        "rule": choice("auto", BASELINE_RULES, doc="quadrature rule (auto: the product rule "
+                       "while it has at most AUTO_PRODUCT_NODES nodes, else diagonal: the exact "
+                       "1-D reduction for the baseline's diagonal marginals)"),
         **_ActiveSetMethod.model_options,
     }
 
     def _order(self, C: int) -> tuple[int | None, Any]:
-        return self.options["gh_order"], False
+        order = self.options["gh_order"]
+        return (BASELINE_GH_ORDER if order is None else order), False
+
+    def _rule(self, C: int) -> str:
+        """``auto``: the product rule with ``gh_order`` given, or while GH-3 has at most
+        ``AUTO_PRODUCT_NODES`` nodes, else the exact 1-D reduction for diagonal marginals
+        (``diagonal``)."""
+        return resolve_baseline_rule(C, self.options["gh_order"], str(self.options["rule"]))
 
     def _infer(self, problem: Problem, kernels: list[Kernel], beta: Array,
                rng: np.random.Generator, report: Report | None) -> tuple[Any, FrozenSites]:
@@ -365,7 +392,8 @@ class IVMBaseline(_ActiveSetMethod):
                 report(float(step), None, active_size=float(step))
 
         rep = run_baseline(kernels, problem.X, np.asarray(problem.y, np.int64), beta,
-                           self._d_final(problem), rng, self.options["gh_order"], cb)  # fmt: skip
+                           self._d_final(problem), rng, self.options["gh_order"], cb,
+                           self._rule(problem.n_classes))  # fmt: skip
         if report is not None and total[0] == 0:
             report(0.0, None, active_size=0.0)
         return rep, rep.frozen_sites()

@@ -176,8 +176,29 @@ def _local(t: Array, A: Array, A_hat: Array) -> _Local:
     return _Local(f, grad, hess)
 
 
+def _binary_minimiser(A: Array, A_hat: Array, t0: Array) -> Array | None:
+    """``C = 2``: ``f`` depends on ``pi`` only through ``tau = pi_1 pi_2 / (pi_1 + pi_2)``
+    (``Pi = tau d d^T``, ``d = e_1 - e_2``) and is least at ``tau = 1/(d^T A_hat d) -
+    1/(d^T A d)``, the binary ADF update (spec §2.6). The minimiser keeps ``t0``'s ratio
+    ``pi_1 / pi_2`` (the flat direction); ``None`` if ``tau <= 0`` or it leaves the box (then
+    the iterations decide)."""
+    a_z = A[0, 0] + A[1, 1] - 2.0 * A[0, 1]
+    a_hat_z = A_hat[0, 0] + A_hat[1, 1] - 2.0 * A_hat[0, 1]
+    if not (a_z > 0.0 and a_hat_z > 0.0):
+        return None
+    tau = 1.0 / a_hat_z - 1.0 / a_z
+    x = np.exp(t0 - np.logaddexp(t0[0], t0[1]))  # pi / alpha
+    if not tau > 0.0:
+        return None
+    t = np.log(tau / (x[0] * x[1])) + np.log(x)
+    if np.any(t < np.log(PI_FLOOR)) or np.any(t > np.log(PI_CEIL)):
+        return None
+    return t
+
+
 def project_newton(A: Array, A_hat: Array, t0: Array) -> Array:
-    """``argmin_t f(t)`` on ``[log PI_FLOOR, log PI_CEIL]^C`` by projected Newton from ``t0``.
+    """``argmin_t f(t)`` on ``[log PI_FLOOR, log PI_CEIL]^C`` by projected Newton from ``t0``
+    (``C = 2``: in closed form, ``_binary_minimiser``, unless that leaves the box).
 
     Components at a bound whose gradient points outwards are held there; on the others the
     Hessian's eigenvalues are replaced by their absolute values (floored), so every step is a
@@ -188,6 +209,10 @@ def project_newton(A: Array, A_hat: Array, t0: Array) -> Array:
     """
     lo, hi = np.log(PI_FLOOR), np.log(PI_CEIL)
     t = np.clip(np.asarray(t0, dtype=float), lo, hi)
+    if t.size == 2:
+        exact = _binary_minimiser(A, A_hat, t)
+        if exact is not None:
+            return exact
     cur = _local(t, A, A_hat)
     for _ in range(NEWTON_MAXITER):
         held = ((t <= lo) & (cur.grad > 0)) | ((t >= hi) & (cur.grad < 0))

@@ -1,0 +1,326 @@
+"""Softmax expectations under a *diagonal* Gaussian, reduced exactly to one dimension.
+
+For independent ``v_c ~ N(m_c, a_c)`` (``m = h + beta``) the ``C``-dimensional integrals of the
+softmax need no ``C``-dimensional rule. The Gumbel-max identity
+
+    softmax(v)_y = int g(t - v_y) prod_{c != y} G(t - v_c) dt,
+    G(z) = exp(-e^-z) (Gumbel CDF),  g(z) = G'(z) = e^-z G(z),
+
+holds exactly for every ``v`` (substitute ``s = e^-t``). The integrand is a product over the
+classes, so the expectation over independent ``v_c`` moves inside the product:
+
+    Z = E[softmax(v)_y] = int phi_y(t) prod_{c != y} Phi_c(t) dt,
+    Phi_c(t) = E[G(t - v_c)],  phi_y(t) = E[g(t - v_y)],
+
+and the tilted moments follow from the same integrand with ``v_c`` or ``v_c^2`` inside the one
+factor of class ``c``: ``E[v_c softmax_y] = int W(t) E[v_c f_c(t - v_c)] / E[f_c(t - v_c)] dt``
+with ``W`` the integrand of ``Z`` and ``f_c = g`` for ``c = y``, else ``G``. Cost
+``O(C T K)`` per point (``T`` nodes in ``t``, ``K`` in each 1-D expectation) against the
+product rule's ``k^C``.
+
+Quadrature. Inner: ``K``-point Gauss-Hermite in ``x = (v_c - m_c) / sqrt(a_c)``, in log space
+(``log G = -e^-z`` underflows for no ``t`` on the grid). Outer: trapezoid on a uniform grid of
+step at most ``step`` over ``[max_c(m_c - 8 s_c) - 3.6, max_c(m_c + 8 s_c) + 32]``
+(``s_c = sqrt(a_c)``), outside which the integrand is below ``e^-30`` of its mass (Gumbel left
+tail ``exp(-e^3.6)``, right tail ``e^-32``, Gaussian tails beyond 8 standard deviations). The
+integrand is analytic in a strip of half-width about ``pi / 2`` around the real axis, so the
+trapezoid error falls like ``exp(-pi^2 / step)``. Measured against a converged product rule
+(``tests/test_diagonal_softmax.py``, ``benchmarks/ivm_quadrature.py``): at the defaults,
+``log Z``, the tilted means and variances agree to about ``1e-8`` for variances up to 3; the
+inner rule limits it at larger variances (about ``1e-6`` at variance 9: ``G(t - m - s x)`` is a
+step of width ``1/s`` in ``x``; raise ``inner`` for more).
+
+``E[log softmax(v)_y]`` (the learning criterion) reduces the same way by Frullani's integral
+(``diagonal_softmax_expected_log_prob``).
+
+Used by ``ivm-baseline`` (spec ivm §4), whose marginals are diagonal. Non-finite inputs or
+results and non-positive variances raise ``NumericalError``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from gpinfer.errors import NumericalError
+from gpinfer.numerics.quadrature import chunk_slices, gauss_hermite
+
+Array = np.ndarray
+
+#: defaults: largest trapezoid step in ``t`` and Gauss-Hermite nodes per 1-D expectation
+STEP, INNER = 0.5, 32
+#: half-width of the ``t`` range in standard deviations, and the Gumbel tail margins
+SPREAD, LEFT_TAIL, RIGHT_TAIL = 8.0, 3.6, 32.0
+
+
+class DiagonalTilted(NamedTuple):
+    """``log_z [B]``, tilted means ``h_hat [B, C]`` and variances ``a_hat [B, C]``."""
+
+    log_z: Array
+    h_hat: Array
+    a_hat: Array
+
+
+def _check(h: Array, a: Array) -> tuple[Array, Array]:
+    h = np.asarray(h, dtype=float)
+    a = np.asarray(a, dtype=float)
+    if h.ndim != 2 or a.shape != h.shape:
+        raise ValueError(f"need h [B, C] and a [B, C], got {h.shape} and {a.shape}")
+    if not (np.all(np.isfinite(h)) and np.all(np.isfinite(a))):
+        raise NumericalError("non-finite Gaussian mean or variance", quantity="quadrature")
+    if np.any(a <= 0.0):
+        raise NumericalError("non-positive marginal variance", quantity="quadrature")
+    return h, a
+
+
+def _nodes(sd: Array, step: float) -> int:
+    """An upper bound on the grid size of ``_grid`` for standard deviations ``sd``."""
+    return int(np.ceil((2.0 * SPREAD * float(sd.max()) + LEFT_TAIL + RIGHT_TAIL) / step)) + 1
+
+
+def _grid(m: Array, sd: Array, step: float) -> tuple[Array, Array]:
+    """Per-row uniform ``t`` grids ``[B, T]`` and their trapezoid log-weights ``[B, T]``."""
+    lo = np.max(m - SPREAD * sd, axis=1) - LEFT_TAIL
+    hi = np.max(m + SPREAD * sd, axis=1) + RIGHT_TAIL
+    T = int(np.ceil(np.max(hi - lo) / step)) + 1
+    u = np.linspace(0.0, 1.0, T)
+    t = lo[:, None] + (hi - lo)[:, None] * u
+    trap = np.full(T, 1.0)
+    trap[[0, -1]] = 0.5
+    return t, np.log(trap)[None, :] + np.log((hi - lo) / (T - 1))[:, None]
+
+
+def _factors(label: Array, m: Array, sd: Array, t: Array, inner: int
+             ) -> tuple[Array, Array, Array]:
+    """``log E[f_c(t - v_c)]``, ``E[x f_c] / E[f_c]`` and ``E[x^2 f_c] / E[f_c]`` ``[B, C, T]``
+    (``x`` the standardised ``v_c``; ``f_c = g`` where ``label [B, C]`` is set, else ``G``)."""
+    x, w = gauss_hermite(inner)
+    z = t[:, None, :, None] - m[:, :, None, None] - sd[:, :, None, None] * x  # [B, C, T, K]
+    with np.errstate(over="ignore"):
+        log_f = -np.exp(-z)  # log G(z); -inf where G underflows
+    log_f = np.where(label[:, :, None, None], log_f - z, log_f)
+    top = np.max(log_f, axis=3, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    F = np.exp(log_f - top) * w
+    S0 = F.sum(axis=3)
+    S1, S2 = F @ x, F @ (x * x)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_phi = np.log(S0) + top[..., 0]
+        r1 = np.where(S0 > 0.0, S1 / S0, 0.0)
+        r2 = np.where(S0 > 0.0, S2 / S0, 0.0)
+    return log_phi, r1, r2
+
+
+def diagonal_softmax_tilted(
+    y: Array,
+    h: Array,
+    a: Array,
+    beta: Array | None = None,
+    step: float = STEP,
+    inner: int = INNER,
+) -> DiagonalTilted:
+    """Moments of ``softmax(u + beta)_y N(u | h, diag a)``, batched over ``B``.
+
+    ``y [B]`` labels, ``h [B, C]`` means, ``a [B, C]`` variances, ``beta [C]`` intercepts
+    (zeros by default); ``step``, ``inner``: the quadrature (module docstring).
+    """
+    h, a = _check(h, a)
+    B, C = h.shape
+    y = np.asarray(y, dtype=np.int64).reshape(B)
+    beta = np.zeros(C) if beta is None else np.asarray(beta, dtype=float)
+    m, sd = h + beta, np.sqrt(a)
+    out = DiagonalTilted(np.empty(B), np.empty((B, C)), np.empty((B, C)))
+    label = np.zeros((B, C), dtype=bool)
+    label[np.arange(B), y] = True
+    for sl in chunk_slices(B, 3 * C * _nodes(sd, step) * inner):
+        t, log_trap = _grid(m[sl], sd[sl], step)
+        log_phi, r1, r2 = _factors(label[sl], m[sl], sd[sl], t, inner)
+        lw = log_phi.sum(axis=1) + log_trap  # [b, T]
+        top = lw.max(axis=1, keepdims=True)
+        W = np.exp(lw - top)
+        Zs = W.sum(axis=1)
+        out.log_z[sl] = np.log(Zs) + top[:, 0]
+        W /= Zs[:, None]
+        e1 = np.einsum("bt,bct->bc", W, r1)
+        e2 = np.einsum("bt,bct->bc", W, r2)
+        out.h_hat[sl] = h[sl] + sd[sl] * e1
+        out.a_hat[sl] = a[sl] * np.maximum(e2 - e1 * e1, 0.0)
+    if not all(np.all(np.isfinite(v)) for v in out):
+        raise NumericalError("non-finite tilted moments", quantity="diagonal_softmax_tilted")
+    if np.any(out.a_hat <= 0.0):
+        raise NumericalError("tilted variance underflowed to zero",
+                             quantity="diagonal_softmax_tilted")
+    return out
+
+
+class DiagonalExpectation(NamedTuple):
+    """``value [B] = E[log softmax(u + beta)_y]`` and its derivatives ``dmean [B, C]``
+    (``= delta_y - E[p]``) and ``dvar [B, C]`` (wrt the variances ``a``)."""
+
+    value: Array
+    dmean: Array
+    dvar: Array
+
+
+def diagonal_softmax_expected_log_prob(
+    y: Array,
+    h: Array,
+    a: Array,
+    beta: Array | None = None,
+    step: float = STEP,
+    inner: int = INNER,
+) -> DiagonalExpectation:
+    """``E_{N(h, diag a)}[log softmax(u + beta)_y]`` and its derivatives wrt ``h`` and ``a``.
+
+    ``log sum_c e^v_c = k + int [G(t - k) - prod_c G(t - v_c)] dt`` for any shift ``k``
+    (Frullani), so ``E[lse(v)]`` is one 1-D integral of ``prod_c Phi_c(t)``; its derivatives
+    put ``E[x G] / sigma_c`` (means) or ``E[(x^2 - 1) G] / (2 a_c)`` (variances) in the
+    factor of class ``c`` (score-function identities of the 1-D Gaussian expectations).
+    ``k = max_c(m_c - 8 s_c)``, so ``G(t - k)`` is negligible below the grid.
+    """
+    h, a = _check(h, a)
+    B, C = h.shape
+    y = np.asarray(y, dtype=np.int64).reshape(B)
+    beta = np.zeros(C) if beta is None else np.asarray(beta, dtype=float)
+    m, sd = h + beta, np.sqrt(a)
+    out = DiagonalExpectation(np.empty(B), np.empty((B, C)), np.empty((B, C)))
+    for sl in chunk_slices(B, 3 * C * _nodes(sd, step) * inner):
+        t, log_trap = _grid(m[sl], sd[sl], step)
+        log_phi, r1, r2 = _factors(np.zeros(m[sl].shape, dtype=bool), m[sl], sd[sl], t, inner)
+        k = t[:, :1] + LEFT_TAIL
+        W = np.exp(log_phi.sum(axis=1) + log_trap)  # prod_c Phi_c(t) dt, [b, T]
+        G_k = np.exp(-np.exp(-(t - k)) + log_trap)
+        lse = k[:, 0] + np.sum(G_k - W, axis=1)
+        Ep = -np.einsum("bt,bct->bc", W, r1) / sd[sl]  # dE[lse]/dm = E[p]
+        dlse_da = -np.einsum("bt,bct->bc", W, r2 - 1.0) / (2.0 * a[sl])
+        rows = np.arange(sl.stop - sl.start)
+        out.value[sl] = m[sl][rows, y[sl]] - lse
+        out.dmean[sl] = -Ep
+        out.dmean[rows + sl.start, y[sl]] += 1.0
+        out.dvar[sl] = -dlse_da
+    if not all(np.all(np.isfinite(v)) for v in out):
+        raise NumericalError("non-finite expected log-likelihood",
+                             quantity="diagonal_softmax_expected_log_prob")
+    return out
+
+
+class DiagonalTiltedCache:
+    """``diagonal_softmax_tilted`` for a sequence of calls on the same ``B`` rows in which
+    few entries ``(b, c)`` of ``(h, a)`` change between calls (``ivm-baseline``: one class
+    column per inclusion): each row keeps its ``t`` grid while it covers the row's range, and
+    only the changed entries' 1-D factors are recomputed, ``O(changed * T * K)`` instead of
+    ``O(B C T K)``; the assembly over ``t`` stays ``O(B C T)``. A row whose range leaves its
+    grid gets a new one. Results equal ``diagonal_softmax_tilted``'s up to the quadrature
+    error (the grids differ).
+    """
+
+    def __init__(self, y: Array, beta: Array | None = None, step: float = STEP,
+                 inner: int = INNER):
+        self.y = np.asarray(y, dtype=np.int64).reshape(-1)
+        self.beta, self.step, self.inner = beta, float(step), int(inner)
+        self.h: Array | None = None
+        self.a = np.zeros(0)
+
+    def _rebuild(self, m: Array, sd: Array) -> None:
+        """New grids (wide enough for every row) and all factors."""
+        B, C = m.shape
+        self.T = _nodes(sd, self.step)
+        lo = np.max(m - SPREAD * sd, axis=1) - LEFT_TAIL
+        width = (self.T - 1) * self.step
+        hi_need = np.max(m + SPREAD * sd, axis=1) + RIGHT_TAIL
+        lo = np.minimum(lo, hi_need - width)  # at least the rows' needed range
+        self.lo, self.hi = lo, lo + width
+        self.t = lo[:, None] + width * np.linspace(0.0, 1.0, self.T)[None, :]
+        trap = np.full(self.T, 1.0)
+        trap[[0, -1]] = 0.5
+        self.log_trap = np.log(trap * self.step)
+        self.label = np.zeros((B, C), dtype=bool)
+        self.label[np.arange(B), self.y] = True
+        self.log_phi = np.empty((B, C, self.T))
+        self.r1, self.r2 = np.empty((B, C, self.T)), np.empty((B, C, self.T))
+        for sl in chunk_slices(B, 3 * C * self.T * self.inner):
+            self.log_phi[sl], self.r1[sl], self.r2[sl] = _factors(
+                self.label[sl], m[sl], sd[sl], self.t[sl], self.inner)
+
+    def _update(self, rows: Array, cols: Array, m: Array, sd: Array) -> None:
+        """Recompute the factors of the entries ``(rows[p], cols[p])``."""
+        for sl in chunk_slices(rows.size, 3 * self.T * self.inner):
+            r, c = rows[sl], cols[sl]
+            lp, r1, r2 = _factors(self.label[r, c][:, None], m[r, c][:, None],
+                                  sd[r, c][:, None], self.t[r], self.inner)
+            self.log_phi[r, c], self.r1[r, c], self.r2[r, c] = lp[:, 0], r1[:, 0], r2[:, 0]
+
+    def __call__(self, h: Array, a: Array) -> DiagonalTilted:
+        """Moments for ``h [B, C]``, ``a [B, C]`` (as ``diagonal_softmax_tilted``)."""
+        h, a = _check(h, a)
+        B, C = h.shape
+        beta = np.zeros(C) if self.beta is None else np.asarray(self.beta, dtype=float)
+        m, sd = h + beta, np.sqrt(a)
+        lo_need = np.max(m - SPREAD * sd, axis=1) - LEFT_TAIL
+        hi_need = np.max(m + SPREAD * sd, axis=1) + RIGHT_TAIL
+        if self.h is None or self.h.shape != h.shape or np.any(hi_need - lo_need
+                                                               > self.hi - self.lo):
+            self._rebuild(m, sd)
+        else:
+            moved = (lo_need < self.lo) | (hi_need > self.hi)
+            if np.any(moved):  # those rows get grids centred on their range
+                shift = np.where(moved, 0.5 * (lo_need + hi_need - self.lo - self.hi), 0.0)
+                self.lo, self.hi, self.t = self.lo + shift, self.hi + shift, self.t + shift[:, None]
+            changed = (h != self.h) | (a != self.a) | moved[:, None]
+            rows, cols = np.nonzero(changed)
+            if rows.size:
+                self._update(rows, cols, m, sd)
+        self.h, self.a = h.copy(), a.copy()
+        lw = self.log_phi.sum(axis=1) + self.log_trap  # [B, T]
+        top = lw.max(axis=1, keepdims=True)
+        W = np.exp(lw - top)
+        Zs = W.sum(axis=1)
+        W /= Zs[:, None]
+        e1 = np.einsum("bt,bct->bc", W, self.r1)
+        e2 = np.einsum("bt,bct->bc", W, self.r2)
+        out = DiagonalTilted(np.log(Zs) + top[:, 0], h + sd * e1,
+                             a * np.maximum(e2 - e1 * e1, 0.0))
+        if not all(np.all(np.isfinite(v)) for v in out) or np.any(out.a_hat <= 0.0):
+            raise NumericalError("non-finite or zero tilted moments",
+                                 quantity="diagonal_softmax_tilted")
+        return out
+
+
+def diagonal_softmax_predictive(
+    h: Array, a: Array, beta: Array | None = None, step: float = STEP, inner: int = INNER
+) -> Array:
+    """``E_{N(h, diag a)}[softmax(u + beta)]`` ``[B, C]``; rows sum to one up to the quadrature
+    error (module docstring). Every label's ``Z`` on one grid (it covers every class):
+    ``p_y = int (phi_y / Phi_y)(t) prod_c Phi_c(t) dt``, two factors per class instead of
+    ``C``."""
+    h, a = _check(h, a)
+    B, C = h.shape
+    beta = np.zeros(C) if beta is None else np.asarray(beta, dtype=float)
+    m, sd = h + beta, np.sqrt(a)
+    out = np.empty((B, C))
+    for sl in chunk_slices(B, 6 * C * _nodes(sd, step) * inner):
+        t, log_trap = _grid(m[sl], sd[sl], step)
+        shape = m[sl].shape
+        log_G = _factors(np.zeros(shape, dtype=bool), m[sl], sd[sl], t, inner)[0]
+        log_g = _factors(np.ones(shape, dtype=bool), m[sl], sd[sl], t, inner)[0]
+        with np.errstate(invalid="ignore"):
+            own = np.where(np.isfinite(log_G), log_g - log_G, -np.inf)  # log(phi_y / Phi_y)
+            rest = np.where(np.isfinite(log_G), log_G, -np.inf).sum(axis=1)  # [b, T]
+        lw = rest[:, None, :] + own + log_trap[:, None, :]  # [b, C, T]
+        top = lw.max(axis=2, keepdims=True)
+        top = np.where(np.isfinite(top), top, 0.0)  # a label with no mass on the grid: p = 0
+        out[sl] = np.exp(top[..., 0]) * np.sum(np.exp(lw - top), axis=2)
+    if not np.all(np.isfinite(out)):
+        raise NumericalError("non-finite predictive probabilities", quantity="predictive")
+    return out
+
+
+__all__ = [
+    "DiagonalExpectation",
+    "DiagonalTilted",
+    "DiagonalTiltedCache",
+    "diagonal_softmax_expected_log_prob",
+    "diagonal_softmax_predictive",
+    "diagonal_softmax_tilted",
+]
