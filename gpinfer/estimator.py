@@ -323,7 +323,7 @@ class _GPEstimatorBase(BaseEstimator):
         settings = EarlyStopping.from_settings(
             self.validation_fraction, self.validation_interval, self.n_iter_no_change,
             getattr(self, "refit", True), getattr(self, "validation_folds", None),
-            getattr(self, "refit_rule", "objective"))
+            getattr(self, "refit_rule", "iterations"))
         if settings is None:
             return None
         return settings, validation_splits(y, settings, self._rng(), n_classes)
@@ -553,12 +553,12 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         iteration within one standard error of its minimum, the error of the folds' paired
         differences); ``1``: always one hold-out;
         ``K >= 2``: always K folds (needs ``refit``).
-    refit_rule : "objective", "gain" or "iterations"
-        Where the refit on all the data stops: ``"objective"`` (default) at the first
-        iteration whose training objective per point reaches the level the monitored fits had
-        at their chosen iteration (or at ``max_iter``); ``"gain"`` where it has gained as much
-        per point since its first iteration; ``"iterations"`` after the chosen number of
-        iterations. Mini-batch fits and surrogate objectives take the count
+    refit_rule : "iterations", "objective" or "gain"
+        Where the refit on all the data stops: ``"iterations"`` (default) after the chosen
+        number of iterations; ``"objective"`` at the first iteration whose training objective
+        per point reaches the level the monitored fits had at their chosen iteration (or at
+        ``max_iter``); ``"gain"`` where it has gained as much per point since its first
+        iteration. Mini-batch fits and surrogate objectives take the count
         (``gpinfer.training.early_stopping``).
     standardize : "auto" or bool
         True: fit a per-feature ``(X - mean) / std`` on the training inputs (constant columns:
@@ -631,7 +631,7 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         n_iter_no_change: int = 10,
         refit: bool = True,
         validation_folds: int | None = None,
-        refit_rule: str = "objective",
+        refit_rule: str = "iterations",
         standardize: bool | str = "auto",
         backend: str | None = None,
         device: str | None = None,

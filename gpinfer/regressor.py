@@ -74,7 +74,7 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         n_iter_no_change: int = 10,
         refit: bool = True,
         validation_folds: int | None = None,
-        refit_rule: str = "objective",
+        refit_rule: str = "iterations",
         baseline_failure: str = "raise",
     ):
         self.method = method

@@ -276,7 +276,7 @@ def parse_settings(conf: Mapping[str, Any]) -> Settings:
                                                    conf.get("n_iter_no_change", 10),
                                                    conf.get("refit", True),
                                                    conf.get("validation_folds"),
-                                                   conf.get("refit_rule", "objective")),
+                                                   conf.get("refit_rule", "iterations")),
         backend=_optional_text(conf.get("backend"), "backend", "numpy or torch"),
         device=_optional_text(conf.get("device"), "device", "cpu, cuda or cuda:N"),
         dtype=_optional_text(conf.get("dtype"), "dtype", "float64 or float32"),

@@ -182,7 +182,7 @@ def test_small_data_choose_the_iterations_by_k_folds():
         X, y, callback=reports.append)
     diag = est.fit_result_.diagnostics
     assert diag["validation_folds"] == 4.0 and diag["refit"] == 1.0
-    assert est.n_iter_ == int(diag["refit_reached"])  # the refit's own stop (below)
+    assert est.n_iter_ == int(diag["best_iteration"])
     folds = [r.extra["fold_iteration"] for r in reports if "fold_iteration" in r.extra]
     assert folds.count(1) == 4  # four monitored fits, then the refit
     assert [r.iteration for r in reports] == list(range(1, len(reports) + 1))
@@ -324,14 +324,14 @@ def test_the_choice_takes_the_target_from_its_monitors_objectives():
     assert ValidationChoice(monitors).refit_target("objective") is None
 
 
-def test_the_default_refit_stops_at_the_folds_level_and_is_the_plain_fit_there():
-    """``refit_rule="objective"`` (the default): the refit on all the data stops at the first
-    iteration whose objective per point reaches the folds' level at their chosen iteration; the
-    model is the plain fit for that many iterations."""
+def test_the_objective_rule_stops_the_refit_at_the_folds_level_and_is_the_plain_fit_there():
+    """``refit_rule="objective"``: the refit on all the data stops at the first iteration whose
+    objective per point reaches the folds' level at their chosen iteration; the model is the
+    plain fit for that many iterations."""
     X, y = _three_classes()
     kw = dict(method="sep", M=10, random_state=0)
     est = gpinfer.GPClassifier(**kw, max_iter=300, validation_fraction=0.25,
-                               n_iter_no_change=3).fit(X, y)
+                               n_iter_no_change=3, refit_rule="objective").fit(X, y)
     diag, state = est.fit_result_.diagnostics, est.fit_result_.state
     k, reached = int(diag["best_iteration"]), int(diag["refit_reached"])
     assert diag["validation_folds"] == 4.0 and 1 <= reached == est.n_iter_ < 300
@@ -343,9 +343,9 @@ def test_the_default_refit_stops_at_the_folds_level_and_is_the_plain_fit_there()
     assert history[-1] >= diag["refit_target"] > max(history[:-1])
     plain = gpinfer.GPClassifier(**kw, max_iter=reached).fit(X, y)
     np.testing.assert_allclose(est.predict_proba(X), plain.predict_proba(X), rtol=0, atol=1e-12)
-    # the count rule, kept as an option
+    # the count rule, the default
     count = gpinfer.GPClassifier(**kw, max_iter=300, validation_fraction=0.25,
-                                 n_iter_no_change=3, refit_rule="iterations").fit(X, y)
+                                 n_iter_no_change=3).fit(X, y)
     assert count.n_iter_ == count.best_iteration_ == k
     assert "refit_target" not in count.fit_result_.diagnostics
 
