@@ -31,13 +31,13 @@ What the fit then keeps (``EarlyStopping.refit``):
   Why the count stays the default (``benchmarks/early_stopping.py``, 10 stratified test
   folds, test NLL of the stop over the best one count on the mean path): sep on wine 1.006
   with the count, 1.257 with ``"objective"``; the objective per point of a fit on more rows
-  is higher at the same stage (its KL term is spread over more points), so the refit reaches
+  is higher at the same stage (the prior's cost is shared by more points), so the refit reaches
   the folds' level early (iteration ~160 where the folds chose 250). ``"gain"`` removes that
   offset for sep (1.013) but on vi-robustmax's L-BFGS-B path the first iterations differ
   between folds and refit and it often never reaches the target (wine 1.806 against 1.312).
   No transfer rule measured beat the count on the four (dataset, method) pairs together.
-  A mini-batch fit (a noisy objective) or a method whose objective is a surrogate
-  (``objective_kind``) always takes the count.
+  With ``"objective"`` or ``"gain"``, a mini-batch fit (a noisy objective) or a method whose
+  objective is a surrogate (``objective_kind``) still takes the count.
 * ``refit=False``: the best validation iterate's posterior of the fit on the reduced data
   (``restore``), with no second fit (a single hold-out only).
 

@@ -350,6 +350,16 @@ def test_the_objective_rule_stops_the_refit_at_the_folds_level_and_is_the_plain_
     assert "refit_target" not in count.fit_result_.diagnostics
 
 
+def test_a_mini_batch_refit_takes_the_count_whatever_the_rule():
+    """A mini-batch objective is noisy from one iteration to the next: the count, not a level."""
+    X, y = _three_classes()
+    est = gpinfer.GPClassifier(method="sep", M=8, max_iter=60, batch_size=30, random_state=0,
+                               validation_fraction=0.25, n_iter_no_change=3,
+                               refit_rule="objective").fit(X, y)
+    diag = est.fit_result_.diagnostics
+    assert "refit_target" not in diag and est.n_iter_ == int(diag["best_iteration"])
+
+
 @pytest.mark.parametrize("kwargs,pattern", [
     ({"refit_rule": "level"}, "refit_rule must be one of"),
     ({"refit": "yes"}, "refit must be True"),
