@@ -45,6 +45,7 @@ from gpinfer.progress import progress_callback
 from gpinfer.threads import blas_threads, training_threads
 from gpinfer.training.early_stopping import (
     EarlyStopping,
+    RefitStop,
     ValidationChoice,
     ValidationMonitor,
     mean_nll,
@@ -321,7 +322,8 @@ class _GPEstimatorBase(BaseEstimator):
         ``validation_fraction``. ``InputError`` for bad settings, before any training."""
         settings = EarlyStopping.from_settings(
             self.validation_fraction, self.validation_interval, self.n_iter_no_change,
-            getattr(self, "refit", True), getattr(self, "validation_folds", None))
+            getattr(self, "refit", True), getattr(self, "validation_folds", None),
+            getattr(self, "refit_rule", "iterations"))
         if settings is None:
             return None
         return settings, validation_splits(y, settings, self._rng(), n_classes)
@@ -372,7 +374,8 @@ class _GPEstimatorBase(BaseEstimator):
             method, problem = first if f == 0 else setup(train, None)
             monitor = ValidationMonitor(
                 mean_nll(X[val], y[val]), settings,
-                renumbered(callback, offset, "fold_iteration") if several else callback)
+                renumbered(callback, offset, "fold_iteration") if several else callback,
+                n_points=problem.n)
             result, _ = self._run(method, method_name, problem, monitor, ranks_iterates=False)
             monitors.append(monitor)
             offset += monitor.last_iteration
@@ -381,10 +384,15 @@ class _GPEstimatorBase(BaseEstimator):
             return method, problem, monitors[0].restore(result)
         # no finite validation NLL at all: train on everything for as long as the folds did
         k = choice.best_iteration or max(m.last_iteration for m in monitors) or int(self.max_iter)
-        method, problem = setup(slice(None), k)
-        result = self._fit_plain(method, method_name, problem,
-                                 renumbered(callback, offset, "refit_iteration"))
-        return method, problem, choice.record(result, refitted=True)
+        # a noisy (mini-batch) or surrogate objective says nothing per iteration: the count
+        comparable = problem.batch_size is None and type(method).objective_kind != "surrogate"
+        target = choice.refit_target(settings.refit_rule) if comparable else None
+        method, problem = setup(slice(None), k if target is None else None)
+        inner = renumbered(callback, offset, "refit_iteration")
+        stop = None if target is None else RefitStop(settings.refit_rule, target, problem.n,
+                                                     inner)
+        result = self._fit_plain(method, method_name, problem, inner if stop is None else stop)
+        return method, problem, choice.record(result, refitted=True, stop=stop)
 
     def _fit_problem(
         self, method: Method, method_name: str, problem: Problem, callback: FitCallback | None,
@@ -545,6 +553,13 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         iteration within one standard error of its minimum, the error of the folds' paired
         differences); ``1``: always one hold-out;
         ``K >= 2``: always K folds (needs ``refit``).
+    refit_rule : "iterations", "objective" or "gain"
+        Where the refit on all the data stops: ``"iterations"`` (default) after the chosen
+        number of iterations; ``"objective"`` at the first iteration whose training objective
+        per point reaches the level the monitored fits had at their chosen iteration (or at
+        ``max_iter``); ``"gain"`` where it has gained as much per point since its first
+        iteration. Mini-batch fits and surrogate objectives take the count
+        (``gpinfer.training.early_stopping``).
     standardize : "auto" or bool
         True: fit a per-feature ``(X - mean) / std`` on the training inputs (constant columns:
         std 1), keep it as ``scaler_`` and apply it at prediction, so that the fit does not
@@ -616,6 +631,7 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         n_iter_no_change: int = 10,
         refit: bool = True,
         validation_folds: int | None = None,
+        refit_rule: str = "iterations",
         standardize: bool | str = "auto",
         backend: str | None = None,
         device: str | None = None,
@@ -637,6 +653,7 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         self.n_iter_no_change = n_iter_no_change
         self.refit = refit
         self.validation_folds = validation_folds
+        self.refit_rule = refit_rule
         self.standardize = standardize
         self.backend = backend
         self.device = device

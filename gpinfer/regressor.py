@@ -48,9 +48,9 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
     ``optimize``, ``max_iter``, ``batch_size``, ``random_state``, ``method_options``,
     ``verbose``, ``baseline_failure``, and early stopping: ``validation_fraction`` (a random,
     not stratified, part), ``validation_interval``, ``n_iter_no_change``, ``refit``,
-    ``validation_folds``), except that ``likelihood`` defaults to a Gaussian with noise variance
-    ``0.01 var(y)`` (the reference initialisation ``sigma = 0.1 std(y)``) and that the fit
-    guard's baseline is a Gaussian with the targets' mean and variance.
+    ``validation_folds``, ``refit_rule``), except that ``likelihood`` defaults to a Gaussian
+    with noise variance ``0.01 var(y)`` (the reference initialisation ``sigma = 0.1 std(y)``)
+    and that the fit guard's baseline is a Gaussian with the targets' mean and variance.
 
     Attributes (after ``fit``): ``n_features_in_``, ``kernel_``, ``likelihood_``,
     ``log_evidence_``, ``n_iter_``, ``history_``, ``posterior_``, ``method_``, ``fit_result_``,
@@ -74,6 +74,7 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         n_iter_no_change: int = 10,
         refit: bool = True,
         validation_folds: int | None = None,
+        refit_rule: str = "iterations",
         baseline_failure: str = "raise",
     ):
         self.method = method
@@ -91,6 +92,7 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         self.n_iter_no_change = n_iter_no_change
         self.refit = refit
         self.validation_folds = validation_folds
+        self.refit_rule = refit_rule
         self.baseline_failure = baseline_failure
 
     def _build_likelihood(self, y: Array) -> Likelihood:

@@ -471,6 +471,7 @@ def test_get_set_params_and_clone(fake_plugins, data):
         "n_iter_no_change": 10,
         "refit": True,
         "validation_folds": None,
+        "refit_rule": "iterations",
         "standardize": "auto",
         "baseline_failure": "raise",
     }

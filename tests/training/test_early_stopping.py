@@ -10,9 +10,12 @@ from gpinfer.errors import InputError
 from gpinfer.interfaces import FitResult, IterationInfo
 from gpinfer.training.early_stopping import (
     EarlyStopping,
+    RefitStop,
     ValidationChoice,
     ValidationMonitor,
+    level_target,
     split_validation,
+    stop_at,
     validation_splits,
 )
 
@@ -144,13 +147,15 @@ def test_without_a_validation_fraction_nothing_is_held_out():
 
 
 def test_refit_is_the_plain_fit_on_all_the_data_for_the_chosen_iterations():
-    """The default: the hold-out chooses the number of iterations, the model is trained on all
-    the data for that many, exactly as ``max_iter=k`` without early stopping would train it."""
+    """``refit_rule="iterations"``: the hold-out chooses the number of iterations, the model is
+    trained on all the data for that many, exactly as ``max_iter=k`` without early stopping
+    would train it."""
     X, y = _three_classes()
     reports = []
     est = gpinfer.GPClassifier(method="sep", M=10, max_iter=400, random_state=0,
                                validation_fraction=0.25, n_iter_no_change=3,
-                               validation_folds=1).fit(X, y, callback=reports.append)
+                               validation_folds=1, refit_rule="iterations").fit(
+        X, y, callback=reports.append)
     diag, state = est.fit_result_.diagnostics, est.fit_result_.state
     k = int(diag["best_iteration"])
     assert diag["refit"] == 1.0 and diag["validation_folds"] == 1.0 and 1 <= k < 400
@@ -255,7 +260,108 @@ def test_an_iteration_a_fold_never_checked_is_never_chosen():
     assert choice.min_iteration == choice.best_iteration == 3
 
 
+# -- the refit's stop: the folds' objective level, not their iteration count ---------------------
+
+
+def test_the_level_target_is_the_folds_mean_objective_per_point_at_the_chosen_iteration():
+    # two folds of 40 and 50 rows; at iteration 2: -20 / 40 = -0.5 and -30 / 50 = -0.6
+    curves = np.array([[-40.0, -20.0, -10.0], [-60.0, -30.0, np.nan]])
+    points = np.array([40.0, 50.0])
+    assert level_target(curves, points, 2, "objective") == pytest.approx(-0.55)
+    # the gain from iteration 1: +20 / 40 = 0.5 and +30 / 50 = 0.6
+    assert level_target(curves, points, 2, "gain") == pytest.approx(0.55)
+    # a fold that stopped before k (the second, after 2) counts with its last value
+    assert level_target(curves, points, 3, "objective") == pytest.approx((-0.25 - 0.6) / 2)
+    assert level_target(curves, points, 4, "objective") == pytest.approx((-0.25 - 0.6) / 2)
+    # the count rule has no level; a fold without any value up to k: the count
+    assert level_target(curves, points, 2, "iterations") is None
+    assert level_target(np.array([[np.nan, -1.0], [-2.0, -1.0]]), points, 1, "objective") is None
+
+
+def test_the_refit_stops_where_its_level_reaches_the_target_not_after_the_same_count():
+    # the folds chose iteration 3 at -0.5 per point; the refit on 100 rows climbs faster and
+    # is there at iteration 2 (a slower one at 5): the same level, not the same count
+    fast = [-90.0, -50.0, -40.0, -30.0, -20.0, -10.0]
+    slow = [-90.0, -80.0, -70.0, -60.0, -49.0, -40.0]
+    assert stop_at(np.array(fast), "objective", -0.5, 100) == 2
+    assert stop_at(np.array(slow), "objective", -0.5, 100) == 5
+    # never reached: None (the refit then trains for max_iter)
+    assert stop_at(np.array(slow), "objective", -0.3, 100) is None
+    # the gain rule measures from the first report: a constant offset changes nothing
+    assert stop_at(np.array(fast), "gain", 0.4, 100) == 2
+    assert stop_at(np.array(fast) - 1e3, "gain", 0.4, 100) == 2
+    assert stop_at(np.array(fast) - 1e3, "objective", -0.5, 100) is None
+    # a level is met once: a later dip does not undo the stop request
+    assert stop_at(np.array([-90.0, -40.0, -95.0]), "objective", -0.5, 100) == 2
+
+
+def test_the_refit_stop_wraps_the_callback_and_passes_its_stop_request_through():
+    seen = []
+    stop = RefitStop("objective", -0.5, 10, lambda info: seen.append(info.iteration) or
+                     info.iteration == 2)
+    assert stop(IterationInfo(1, -9.0, 0.0)) is False
+    assert stop(IterationInfo(2, -9.0, 0.0)) is True and stop.reached is None  # the callback's
+    assert stop(IterationInfo(3, -4.0, 0.0)) is True and stop.reached == 3
+    assert seen == [1, 2, 3]
+    with pytest.raises(ValueError, match="objective' or 'gain"):
+        RefitStop("iterations", 0.0, 10)
+
+
+def test_the_choice_takes_the_target_from_its_monitors_objectives():
+    monitors = _monitors([3.0, 1.0, 2.0], [3.0, 1.2, 1.5])  # minimum at iteration 2
+    for m, points, objectives in zip(monitors, (20, 30), ([-30.0, -10.0, -5.0],
+                                                           [-45.0, -15.0, -9.0]), strict=True):
+        m.n_points = points
+        m.objectives = dict(enumerate(objectives, start=1))
+    choice = ValidationChoice(monitors)
+    assert choice.best_iteration == 2
+    assert choice.refit_target("objective") == pytest.approx(-0.5)
+    assert choice.refit_target("gain") == pytest.approx(1.0)
+    assert choice.refit_target("iterations") is None
+    np.testing.assert_array_equal(choice.objective_curves(),
+                                  [[-30.0, -10.0, -5.0], [-45.0, -15.0, -9.0]])
+    monitors[1].n_points = None  # a fit without its size: the count
+    assert ValidationChoice(monitors).refit_target("objective") is None
+
+
+def test_the_objective_rule_stops_the_refit_at_the_folds_level_and_is_the_plain_fit_there():
+    """``refit_rule="objective"``: the refit on all the data stops at the first iteration whose
+    objective per point reaches the folds' level at their chosen iteration; the model is the
+    plain fit for that many iterations."""
+    X, y = _three_classes()
+    kw = dict(method="sep", M=10, random_state=0)
+    est = gpinfer.GPClassifier(**kw, max_iter=300, validation_fraction=0.25,
+                               n_iter_no_change=3, refit_rule="objective").fit(X, y)
+    diag, state = est.fit_result_.diagnostics, est.fit_result_.state
+    k, reached = int(diag["best_iteration"]), int(diag["refit_reached"])
+    assert diag["validation_folds"] == 4.0 and 1 <= reached == est.n_iter_ < 300
+    # each fold's objective at k, or at its last iteration where it stopped before k
+    upto = state["objective_folds"][:, :k]
+    last = [row[np.isfinite(row)][-1] for row in upto]
+    assert diag["refit_target"] == pytest.approx(np.mean(last / state["fold_points"]))
+    history = [h["objective"] / 90 for h in est.history_]
+    assert history[-1] >= diag["refit_target"] > max(history[:-1])
+    plain = gpinfer.GPClassifier(**kw, max_iter=reached).fit(X, y)
+    np.testing.assert_allclose(est.predict_proba(X), plain.predict_proba(X), rtol=0, atol=1e-12)
+    # the count rule, the default
+    count = gpinfer.GPClassifier(**kw, max_iter=300, validation_fraction=0.25,
+                                 n_iter_no_change=3).fit(X, y)
+    assert count.n_iter_ == count.best_iteration_ == k
+    assert "refit_target" not in count.fit_result_.diagnostics
+
+
+def test_a_mini_batch_refit_takes_the_count_whatever_the_rule():
+    """A mini-batch objective is noisy from one iteration to the next: the count, not a level."""
+    X, y = _three_classes()
+    est = gpinfer.GPClassifier(method="sep", M=8, max_iter=60, batch_size=30, random_state=0,
+                               validation_fraction=0.25, n_iter_no_change=3,
+                               refit_rule="objective").fit(X, y)
+    diag = est.fit_result_.diagnostics
+    assert "refit_target" not in diag and est.n_iter_ == int(diag["best_iteration"])
+
+
 @pytest.mark.parametrize("kwargs,pattern", [
+    ({"refit_rule": "level"}, "refit_rule must be one of"),
     ({"refit": "yes"}, "refit must be True"),
     ({"validation_folds": 0}, "validation_folds must be"),
     ({"validation_folds": 1.5}, "validation_folds must be"),
@@ -276,7 +382,7 @@ def test_the_regressor_refits_on_all_the_data_too():
     y = np.sin(2 * X[:, 0]) + 0.1 * rng.normal(size=80)
     kw = {"method": "fitc", "M": 8, "random_state": 0}
     est = gpinfer.GPRegressor(max_iter=40, validation_fraction=0.25, validation_folds=1,
-                              n_iter_no_change=3, **kw).fit(X, y)
+                              n_iter_no_change=3, refit_rule="iterations", **kw).fit(X, y)
     k = int(est.fit_result_.diagnostics["best_iteration"])
     assert est.fit_result_.diagnostics["refit"] == 1.0 and est.n_iter_ <= k
     plain = gpinfer.GPRegressor(max_iter=k, **kw).fit(X, y)
