@@ -124,20 +124,23 @@ def test_sep_update_and_evaluate_leave_their_reads_to_the_caller():
     assert np.isfinite(ops.scalar(state.update(terms, idx, 0.5)))
 
 
-def _sep_fit(max_iter=2):
+def _fit(method="sep", max_iter=2):
     from gpinfer.estimator import GPClassifier
 
     rng = np.random.default_rng(1)
     y = np.arange(48) % 3
     X = rng.normal(size=(48, 2)) + y[:, None]
-    return GPClassifier(method="sep", M=5, max_iter=max_iter, batch_size=16, random_state=0,
+    batches = {"batch_size": 16, "method_options": {"adam_learning_rate": 0.01}}
+    return GPClassifier(method=method, M=5, max_iter=max_iter, random_state=0,
                         backend="torch", device="cpu", dtype="float64",
-                        method_options={"adam_learning_rate": 0.01}).fit(X, y)
+                        **(batches if method == "sep" else {})).fit(X, y)
 
 
-def test_a_sep_training_step_reads_the_device_twice(monkeypatch):
+@pytest.mark.parametrize(("method", "steps"), [("sep", 6), ("ep", 2)])
+def test_a_training_step_reads_the_device_twice(monkeypatch, method, steps):
     """Kuu's Cholesky check (its jitter fallback needs the answer at once) and one read at the
-    step's end of every check, the objective and the site change."""
+    step's end of every check, the objective and the site change (sep mini-batch, ep full
+    batch)."""
     from gpinfer.training.loop import TrainingLoop
 
     original, counts = TrainingLoop._step, []
@@ -148,8 +151,8 @@ def test_a_sep_training_step_reads_the_device_twice(monkeypatch):
         return out
 
     monkeypatch.setattr(TrainingLoop, "_step", counted)
-    _sep_fit()
-    assert len(counts) == 6 and counts == [2] * 6
+    _fit(method)
+    assert counts == [2] * steps
 
 
 def test_a_check_failed_inside_a_step_restores_the_last_good_state(monkeypatch):
@@ -166,7 +169,7 @@ def test_a_check_failed_inside_a_step_restores_the_last_good_state(monkeypatch):
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(TiedSites, "update", poisoned)
-    est = _sep_fit(max_iter=3)
+    est = _fit(max_iter=3)
     assert seen["returned"]  # deferred: the update itself did not raise
     assert est.history_[-1]["failures"] == 1.0
     assert np.all(np.isfinite(est.predict_proba(np.zeros((2, 2)))))
