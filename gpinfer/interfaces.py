@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from gpinfer.posterior import Posterior
 
 Array = np.ndarray
+#: a float, or a 0-d array of a backend (e.g. a torch tensor on a device) not yet read
+Scalar = float | Any
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,8 +212,10 @@ class SiteApproximation(abc.ABC):
         hyper-parameters (called once per step, before ``update`` and ``objective``)."""
 
     @abc.abstractmethod
-    def update(self, damping: float, iteration: int) -> float:
-        """One damped update of the prepared batch's sites; returns the largest site change."""
+    def update(self, damping: float, iteration: int) -> Scalar:
+        """One damped update of the prepared batch's sites; returns the largest site change
+        (a float, or a 0-d array where the sites live: the loop reads it with its pending
+        ``ops.deferred_checks`` at the step's end)."""
 
     @abc.abstractmethod
     def objective(self, scale: float, iteration: int) -> ObjectiveValue:
@@ -269,10 +273,11 @@ class MatrixGradients:
 
 @dataclass
 class ObjectiveValue:
-    """An objective's value and its matrix-level gradients (one ``MatrixGradients``, or one per
+    """An objective's value (a float, or a 0-d array where the objective was computed, read
+    by the caller) and its matrix-level gradients (one ``MatrixGradients``, or one per
     latent)."""
 
-    value: float
+    value: Scalar
     gradients: MatrixGradients | Sequence[MatrixGradients] = field(
         default_factory=MatrixGradients)
 

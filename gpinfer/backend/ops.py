@@ -17,7 +17,8 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
   ``require_positive``, ``require_finite`` and ``checked_cholesky(..., error=...)`` on device
   arrays are collected as flags and read in one transfer with the values the caller needs
   (``DeferredChecks.flush``), which raises the first failed check's error; on numpy, and
-  outside such a context, every check runs at once.
+  outside such a context, every check runs at once. The training loop opens one context per
+  step and reads it once, at the step's end, with the objective and the site change.
 """
 
 from __future__ import annotations
@@ -229,14 +230,19 @@ def require_positive(x: Array, error: Callable[[], Exception]) -> None:
 
 def require_finite(error: Callable[[], Exception], *arrays: Array) -> None:
     """Raise ``error()`` unless every entry of every array is finite (deferred on a device
-    inside ``deferred_checks``)."""
-    checks = None if all(is_numpy(a) for a in arrays) else _pending()
+    inside ``deferred_checks``; host values among them, numpy arrays or Python floats, are
+    checked at once)."""
+    host = [a for a in arrays if is_numpy(a)]
+    device = [a for a in arrays if not is_numpy(a)]
+    checks = _pending() if device else None
     if checks is None:
         if not all_finite(*arrays):
             raise error()
         return
+    if not all_finite(*host):
+        raise error()
     torch = _torch()
-    flags = [torch.isfinite(a).all() for a in arrays]
+    flags = [torch.isfinite(a).all() for a in device]
     checks.require(flags[0] if len(flags) == 1 else torch.stack(flags).all(), error)
 
 

@@ -225,8 +225,8 @@ def remove_site(
         mu_old, v_old, cross = mu, v, v
     assert v_old is not None and cross is not None  # given together with mu_old
     d = 1.0 - C1 * v_old
-    if not ops.all_positive(d):
-        raise NumericalError("invalid cavity (1 - C1 v <= 0)", quantity="cavity")
+    ops.require_positive(d, lambda: NumericalError(  # deferred on a device, in a context
+        "invalid cavity (1 - C1 v <= 0)", quantity="cavity"))
     shift = (C1 * mu_old - C2) / d
     return RoleCavity(mu + cross * shift, v + cross * cross * C1 / d, d)
 

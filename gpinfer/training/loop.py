@@ -24,8 +24,11 @@ objective they define with its matrix gradients, snapshots, the posterior) and t
 Array backends (``gpinfer.backend``): the loop is backend-blind. The sites hold their state and
 the prepared batch's inputs (``SiteApproximation.batch_inputs``) on their backend; the
 hyper-parameter vector lives where the inducing inputs live, and so do the optimisers' states;
-non-finite values there are caught as on the host (``ops.all_finite``) and trigger the same
-back-off.
+non-finite values there are caught as on the host and trigger the same back-off. A step runs
+inside one ``ops.deferred_checks`` context: the sites' checks, the objective and the site
+change (device values) and the gradient's finiteness are read in one transfer at the step's
+end, before the optimiser step and before any snapshot, so a failed check restores the last
+good state exactly as an immediate one would (the outer schedule reads the change per sweep).
 
 Optimiser coordinates: ``coordinates`` ``d [P]`` lets the optimiser act on ``xi = d * theta``
 (gradient ``g / d``); ep/sep step in the log of the *squared* length-scale as the paper does.
@@ -167,22 +170,25 @@ class TrainingLoop:
 
     def _checked_step(self, batch: Array, rho: float) -> tuple[float, Array, float]:
         it = self.iteration
-        self.sites.prepare(batch, it)
-        change = self.sites.update(rho, it)
-        if self.problem.batch_size is None and self.schedule.kind == "outer":
-            for _ in range(int(self.schedule.outer_max_sweeps)):
-                if change < self.schedule.outer_tol:
-                    break
-                change = self.sites.update(rho, it)
-        scale = self.X.shape[0] / batch.shape[0]
-        out = self.sites.objective(scale, it)
-        X_batch = self.sites.batch_inputs()
-        grad = self.hp.gradient(self.X[batch] if X_batch is None else X_batch, out.gradients,
-                                self.n_jobs)
-        if not np.isfinite(out.value) or not ops.all_finite(grad):
-            raise NumericalError("non-finite objective or gradient", iteration=it,
-                                 quantity="objective")
-        return float(out.value), grad, change
+        with ops.deferred_checks() as checks:  # on a device: one read, at the step's end
+            self.sites.prepare(batch, it)
+            change = self.sites.update(rho, it)
+            if self.problem.batch_size is None and self.schedule.kind == "outer":
+                for _ in range(int(self.schedule.outer_max_sweeps)):
+                    change = checks.flush(change)[0]
+                    if change < self.schedule.outer_tol:
+                        break
+                    change = self.sites.update(rho, it)
+            scale = self.X.shape[0] / batch.shape[0]
+            out = self.sites.objective(scale, it)
+            X_batch = self.sites.batch_inputs()
+            grad = self.hp.gradient(self.X[batch] if X_batch is None else X_batch,
+                                    out.gradients, self.n_jobs)
+            ops.require_finite(lambda: NumericalError(
+                "non-finite objective or gradient", iteration=it, quantity="objective"),
+                out.value, grad)
+            value, change = checks.flush(out.value, change)
+        return value, grad, change
 
     # -- failure policy and divergence -------------------------------------------------------
     def _fail(self, err: NumericalError, good: tuple[object, Array],

@@ -94,21 +94,85 @@ def _sep_state(C=3, M=4, n=12, seed=0):
     return TiedSites(y, C, M, backend=backend), terms, np.arange(n)
 
 
-def test_sep_update_and_evaluate_read_once_and_keep_their_errors():
+def test_sep_update_and_evaluate_leave_their_reads_to_the_caller():
     state, terms, idx = _sep_state()
-    change, syncs = _syncs(lambda: state.update(terms, idx, 0.5))
-    assert syncs == 1 and change > 0.0
-    (value, _), syncs = _syncs(lambda: state.evaluate(terms, idx, 1.0))
-    assert syncs == 1 and np.isfinite(value)
-    Lam = ops.copy(state.Lam)
+
+    def step():
+        with ops.deferred_checks() as checks:
+            change = state.update(terms, idx, 0.5)
+            value, _ = state.evaluate(terms, idx, 1.0)
+            assert torch.is_tensor(change) and torch.is_tensor(value)  # device values
+            return checks.flush(value, change)
+
+    (value, change), syncs = _syncs(step)
+    assert syncs == 1 and change > 0.0 and np.isfinite(value)
+    good = state.snapshot()
     state.Lam = state.Lam * float("nan")
     state._whitened = None
     with pytest.raises(NumericalError, match="site sums are not finite"):
-        state.update(terms, idx, 0.5)
-    assert torch.isnan(state.Lam).all()  # a failed check stops the update before the state
-    state.Lam = Lam
+        state.update(terms, idx, 0.5)  # outside a context: at once, before the state moves
+    assert torch.isnan(state.Lam).all()
     state._whitened = None
-    state.update(terms, idx, 0.5)
+    # inside one: read at the flush; the update's check, the first to fail, names the problem
+    with pytest.raises(NumericalError, match="site sums are not finite"):
+        with ops.deferred_checks() as checks:
+            change = state.update(terms, idx, 0.5)
+            value, _ = state.evaluate(terms, idx, 1.0)
+            checks.flush(value, change)
+    assert torch.isnan(state.h).all()  # the state moved: the caller restores its snapshot
+    state.restore(good)
+    assert np.isfinite(ops.scalar(state.update(terms, idx, 0.5)))
+
+
+def _fit(method="sep", max_iter=2):
+    from gpinfer.estimator import GPClassifier
+
+    rng = np.random.default_rng(1)
+    y = np.arange(48) % 3
+    X = rng.normal(size=(48, 2)) + y[:, None]
+    batches = {"batch_size": 16, "method_options": {"adam_learning_rate": 0.01}}
+    return GPClassifier(method=method, M=5, max_iter=max_iter, random_state=0,
+                        backend="torch", device="cpu", dtype="float64",
+                        **(batches if method == "sep" else {})).fit(X, y)
+
+
+@pytest.mark.parametrize(("method", "steps"), [("sep", 6), ("ep", 2)])
+def test_a_training_step_reads_the_device_twice(monkeypatch, method, steps):
+    """Kuu's Cholesky check (its jitter fallback needs the answer at once) and one read at the
+    step's end of every check, the objective and the site change (sep mini-batch, ep full
+    batch)."""
+    from gpinfer.training.loop import TrainingLoop
+
+    original, counts = TrainingLoop._step, []
+
+    def counted(self, *args, **kwargs):
+        out, syncs = _syncs(lambda: original(self, *args, **kwargs))
+        counts.append(syncs)
+        return out
+
+    monkeypatch.setattr(TrainingLoop, "_step", counted)
+    _fit(method)
+    assert counts == [2] * steps
+
+
+def test_a_check_failed_inside_a_step_restores_the_last_good_state(monkeypatch):
+    original, seen = TiedSites.update, {"calls": 0, "returned": False}
+
+    def poisoned(self, *args, **kwargs):
+        seen["calls"] += 1
+        if seen["calls"] == 5:  # epoch 2: corrupt the sums; the check is read at the step's end
+            self.Lam = self.Lam * float("nan")
+            self._whitened = None
+            out = original(self, *args, **kwargs)
+            seen["returned"] = True
+            return out
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(TiedSites, "update", poisoned)
+    est = _fit(max_iter=3)
+    assert seen["returned"]  # deferred: the update itself did not raise
+    assert est.history_[-1]["failures"] == 1.0
+    assert np.all(np.isfinite(est.predict_proba(np.zeros((2, 2)))))
 
 
 def test_sep_moves_a_batch_s_labels_once_and_counts_them_on_the_device():

@@ -44,6 +44,7 @@ from gpinfer.interfaces import (
     Method,
     ObjectiveValue,
     Problem,
+    Scalar,
     SiteApproximation,
 )
 from gpinfer.kernels.initialisation import LENGTHSCALE_INITS
@@ -187,7 +188,7 @@ class SparseSites(SiteApproximation):
     def batch_inputs(self) -> Array:
         return self._batch_terms()[2]
 
-    def update(self, damping: float, iteration: int) -> float:
+    def update(self, damping: float, iteration: int) -> Scalar:
         batch, terms, _ = self._batch_terms()
         return self.state.update(terms, batch, damping, iteration=iteration)
 

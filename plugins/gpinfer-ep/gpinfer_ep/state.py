@@ -10,6 +10,13 @@ per-class ``ClassTerms`` is stacked on entry):
 * ``gaussians(terms)``: ``q`` per class (prediction); ``snapshot()`` / ``restore()`` for the
   failure policy; ``refresh()`` after an epoch.
 
+Device values: ``update``'s site change and ``evaluate``'s ``log Z_q`` are returned as 0-d
+arrays where the state lives, unread, and their checks (non-finite sites, invalid cavities,
+``B`` not positive definite) go to the caller's ``ops.deferred_checks`` context: the training
+loop reads them all in one transfer at the step's end, before the hyper-parameters move and
+before the state is snapshot (a failed check restores the last good state). Outside such a
+context, and on numpy, each check is immediate (``NumericalError`` before the state moves).
+
 The algebra is class-batched (``gpinfer.sites.stacked``: stacked ``[C, M, M]`` / ``[C, M, n]``
 arrays, one BLAS call per operation across classes) on the site formulas of
 ``gpinfer.sites.inducing``; what differs is only how cavities are formed and how new role sites
@@ -27,7 +34,7 @@ import numpy as np
 from gpinfer.backend import ops
 from gpinfer.backend.choice import NUMPY, Backend
 from gpinfer.errors import NumericalError
-from gpinfer.interfaces import Array
+from gpinfer.interfaces import Array, Scalar
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.stacked import StackedCovariances, StackedMatrixGradients
 from gpinfer.sites.inducing import (
@@ -68,11 +75,12 @@ def _finite(name: str, *arrays: Array) -> None:
     ops.require_finite(lambda: NumericalError(f"non-finite {name}", quantity=name), *arrays)
 
 
-def _max_change(new: Sequence[Array], old: Sequence[Array]) -> float:
-    """``max |new - old|`` over pairs of arrays (0 for empty ones)."""
+def _max_change(new: Sequence[Array], old: Sequence[Array]) -> Scalar:
+    """``max |new - old|`` over pairs of arrays (0 for empty ones), a 0-d array where they
+    live (not read: see the module doc)."""
     xp = ops.namespace(*new)
-    return max((ops.scalar(xp.max(xp.abs(n - o))) for n, o in zip(new, old) if n.shape[0]),
-               default=0.0)
+    parts = [xp.max(xp.abs(n - o)) for n, o in zip(new, old) if n.shape[0]]
+    return xp.max(xp.stack(parts)) if parts else 0.0
 
 
 class _SiteSums:
@@ -153,8 +161,9 @@ class RankOneSites(_SiteSums):
         return StackedGaussians(P_w, h_w, iteration=iteration)
 
     def update(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array, rho: float,
-               iteration: int | None = None) -> float:
-        """Damped parallel update of the factors of points ``idx``; returns max |site change|."""
+               iteration: int | None = None) -> Scalar:
+        """Damped parallel update of the factors of points ``idx``; returns max |site change|
+        (a 0-d array, unread)."""
         terms = as_stacked(terms)
         ii = ops.index_like(terms.A, idx)
         y = ops.index_like(terms.A, self.y[idx])
@@ -210,8 +219,9 @@ class RankOneSites(_SiteSums):
 
     def evaluate(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array,
                  scale: float = 1.0,
-                 iteration: int | None = None) -> tuple[float, StackedMatrixGradients]:
-        """EP ``log Z_q`` (§2.6) and its gradient (§2.7.2); directions of ``idx`` are current."""
+                 iteration: int | None = None) -> tuple[Scalar, StackedMatrixGradients]:
+        """EP ``log Z_q`` (§2.6, a 0-d array, unread) and its gradient (§2.7.2); directions of
+        ``idx`` are current."""
         terms = as_stacked(terms)
         ii = ops.index_like(terms.A, idx)
         y = ops.index_like(terms.A, self.y[idx])
@@ -228,7 +238,7 @@ class RankOneSites(_SiteSums):
         deltas = role_delta(mu_y, v_y, W1, W2, cav_w.d) + role_delta(mu, v, L1, L2, cav_l.d)
         xp = ops.namespace(mu)
         data = xp.sum(xp.where(mask, t.log_z + deltas, 0.0))
-        value = ops.scalar(xp.sum(q.log_norm_ratio()) + scale * data)  # read once
+        value = xp.sum(q.log_norm_ratio()) + scale * data
         e_w = (t.g_win * (W1 * mu_y - W2) + 2.0 * t.g_b) / cav_w.d
         e_l = (-t.g_win * (L1 * mu - L2) + 2.0 * t.g_b) / cav_l.d
         a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
@@ -295,52 +305,50 @@ class TiedSites(_SiteSums):
         return labels
 
     def update(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array, rho: float,
-               iteration: int | None = None) -> float:
+               iteration: int | None = None) -> Scalar:
         """Tied damped update from the points ``idx`` (spec §2.5.3); returns the max change of
-        the whitened site shift."""
+        the whitened site shift (a 0-d array, unread: see the module doc)."""
         terms = as_stacked(terms)
         y, mask, counts, n_factors = self._labels(idx, terms.A)
         P_w, h_w = self._whitened_sums(terms)
-        with ops.deferred_checks() as checks:  # on a device: read once, with the change
-            cav = StackedGaussians(P_w, h_w, self._cavity_fraction(P_w), iteration=iteration)
-            mu, v, _ = cav.project(terms.A)
-            a, v, s = mu.T, v.T, terms.s.T
-            a_y, v_y = at_label(a, y), at_label(v, y)
-            t = pair_tilted(a_y, v_y + at_label(s, y), a, v + s, mask)
-            W1, W2 = new_role_site(t.g_win, t.gamma, a_y, v_y)
-            L1, L2 = new_role_site(-t.g_win, t.gamma, a, v)
-            tau, nu = aggregate(W1, L1, y, mask), aggregate(W2, L2, y, mask)
-            _finite("SEP sites", tau, nu)
-            keep = 1.0 - rho * counts / n_factors
-            A = terms.A
-            P_new = (A * tau.T[:, None, :]) @ transpose(A)
-            h_new = ops.einsum("cmn,nc->cm", A, nu)
-            P_w = symmetrize(keep[:, None, None] * P_w + rho * P_new)
-            h_next = keep[:, None] * h_w + rho * h_new
-            xp = ops.namespace(h_next)
-            change = checks.flush(xp.max(xp.abs(h_next - h_w)))[0]  # before the state moves
+        cav = StackedGaussians(P_w, h_w, self._cavity_fraction(P_w), iteration=iteration)
+        mu, v, _ = cav.project(terms.A)
+        a, v, s = mu.T, v.T, terms.s.T
+        a_y, v_y = at_label(a, y), at_label(v, y)
+        t = pair_tilted(a_y, v_y + at_label(s, y), a, v + s, mask)
+        W1, W2 = new_role_site(t.g_win, t.gamma, a_y, v_y)
+        L1, L2 = new_role_site(-t.g_win, t.gamma, a, v)
+        tau, nu = aggregate(W1, L1, y, mask), aggregate(W2, L2, y, mask)
+        _finite("SEP sites", tau, nu)  # deferred in the caller's context
+        keep = 1.0 - rho * counts / n_factors
+        A = terms.A
+        P_new = (A * tau.T[:, None, :]) @ transpose(A)
+        h_new = ops.einsum("cmn,nc->cm", A, nu)
+        P_w = symmetrize(keep[:, None, None] * P_w + rho * P_new)
+        h_next = keep[:, None] * h_w + rho * h_new
+        xp = ops.namespace(h_next)
+        change = xp.max(xp.abs(h_next - h_w))
         self._whitened = (terms, P_w, h_next)
         self.Lam, self.h = terms.to_u_space(P_w, h_next)
         return change
 
     def evaluate(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array,
                  scale: float = 1.0,
-                 iteration: int | None = None) -> tuple[float, StackedMatrixGradients]:
-        """SEP ``log Z_q`` (§2.6) and the paper's gradient with the shared cavity (§2.7.3)."""
+                 iteration: int | None = None) -> tuple[Scalar, StackedMatrixGradients]:
+        """SEP ``log Z_q`` (§2.6, a 0-d array, unread: see the module doc) and the paper's
+        gradient with the shared cavity (§2.7.3)."""
         terms = as_stacked(terms)
         y, mask, n_b, _ = self._labels(idx, terms.A)
         P_w, h_w = self._whitened_sums(terms)
-        with ops.deferred_checks() as checks:  # on a device: read once, with the value
-            q = StackedGaussians(P_w, h_w, iteration=iteration)
-            cav = StackedGaussians(P_w, h_w, self._cavity_fraction(P_w), iteration=iteration)
-            mu, v, R = cav.project(terms.A)
-            a, vs = mu.T, (v + terms.s).T
-            t = pair_log_z(at_label(a, y), at_label(vs, y), a, vs, mask)
-            lnr_q, lnr_cav = q.log_norm_ratio(), cav.log_norm_ratio()
-            xp = ops.namespace(lnr_q)
-            cav_terms = xp.sum(n_b * (lnr_cav - lnr_q))
-            value = xp.sum(lnr_q) + scale * (xp.sum(t.log_z) + cav_terms)
-            a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
-            b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
-            grads = stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
-            return checks.flush(value)[0], grads
+        q = StackedGaussians(P_w, h_w, iteration=iteration)
+        cav = StackedGaussians(P_w, h_w, self._cavity_fraction(P_w), iteration=iteration)
+        mu, v, R = cav.project(terms.A)
+        a, vs = mu.T, (v + terms.s).T
+        t = pair_log_z(at_label(a, y), at_label(vs, y), a, vs, mask)
+        lnr_q, lnr_cav = q.log_norm_ratio(), cav.log_norm_ratio()
+        xp = ops.namespace(lnr_q)
+        cav_terms = xp.sum(n_b * (lnr_cav - lnr_q))
+        value = xp.sum(lnr_q) + scale * (xp.sum(t.log_z) + cav_terms)
+        a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
+        b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
+        return value, stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
