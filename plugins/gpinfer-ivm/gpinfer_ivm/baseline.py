@@ -163,6 +163,10 @@ def baseline_scores(
         T = softmax_tilted(y, h_cav, A, beta, BASELINE_GH_ORDER if order is None else order,
                            False, rule)
         h_hat, a_hat = T.h_hat, np.diagonal(T.A_hat, axis1=1, axis2=2)
+    # a few nodes on a wide cavity (GH-3 at a cavity std of tens) can put all the tilted weight
+    # on one node: a tilted variance of 0 is round-off of the rule, kept in (0, prior] like
+    # the representation's own variances (an infinite site precision otherwise)
+    a_hat = np.maximum(a_hat, VAR_FLOOR * rep.prior_var)
     pi = np.maximum(1.0 / a_hat - 1.0 / rep.a, 0.0)
     m = np.maximum(rep.a / a_hat, 1.0)
     dh = h_hat - rep.h

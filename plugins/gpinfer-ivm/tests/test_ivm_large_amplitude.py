@@ -52,3 +52,21 @@ def test_baseline_predicts_at_a_large_amplitude_binary():
     _, var = est.predict_f(X)
     assert np.all(var > 0) and np.all(var <= np.exp(10.0))
     np.testing.assert_allclose(est.predict_proba(X).sum(axis=1), 1.0, atol=1e-10)
+
+
+def test_scores_finite_where_the_rule_collapses_the_tilted_variance():
+    """GH-3 on wide cavities (a learned baseline on wine reached cavity variances of ~3000) can
+    put all the tilted weight of an axis on one node, its neighbours' weights underflowing: a
+    tilted variance of 0 or of -1e-11 (cancellation), once an infinite site precision with a
+    divide-by-zero warning, or a negative one dropped as uninformative. Such a point is the most
+    informative of all: its site precision is finite and positive, its score finite."""
+    from gpinfer_ivm.baseline import baseline_scores
+
+    X = np.zeros((1, 2))
+    kernels = [RBF(lengthscale=1.0, variance=v) for v in (600.0, 90.0, 3000.0)]
+    rep = BaselineRepresentation(kernels, X)
+    rep.h[:] = [100.0, 130.0, 0.0]  # the label, class 2, far in the tail of the others
+    with np.errstate(divide="raise", invalid="raise"):  # underflow in the weights is expected
+        score, pi, h_hat = baseline_scores(rep, np.array([2]), np.array([1.58, 1.7, 0.0]), 3)
+    assert np.all(np.isfinite(score)) and np.all(np.isfinite(pi)) and np.all(np.isfinite(h_hat))
+    assert pi[0, 2] > 0 and np.all(pi >= 0)
