@@ -236,7 +236,11 @@ class MCMCAIS(DenseBinaryMethod):
             warnings.warn(f"mcmc-ais: HMC acceptance {min_acc:.2f} is below "
                           f"{o['min_acceptance']}; the estimate may be unreliable",
                           RuntimeWarning, stacklevel=2)
-        if not res.se <= float(o["max_se"]):
+        if cfg["R"] < 2:  # one run has no spread: its error cannot be estimated, not infinite
+            warnings.warn("mcmc-ais: with R = 1 annealing run the standard error of log Z cannot "
+                          "be estimated; use R >= 2 (or a budget) to measure it",
+                          RuntimeWarning, stacklevel=2)
+        elif not res.se <= float(o["max_se"]):
             warnings.warn(f"mcmc-ais: the AIS standard error of log Z is {res.se:.3g} nats "
                           f"(above max_se = {o['max_se']:g}; T = {cfg['T']}, R = {cfg['R']}); "
                           f"raise T or R (or budget) for a more accurate estimate",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from gpinfer_mcmc.ais import (
@@ -264,3 +266,15 @@ def test_large_standard_error_is_a_warning():
         res = MCMCAIS(budget="tiny", T=30, pilot_T=20, n_samples=8, max_se=1e-9).fit(
             _problem(BernoulliProbit(), 0.0, 2.0))
     assert 1e-9 < float(res.state["log_evidence_se"]) == res.log_evidence_se
+
+
+def test_one_run_says_its_error_cannot_be_estimated():
+    """With ``R = 1`` the spread over runs is undefined: the warning says so and suggests R >= 2
+    instead of reporting an infinite error above ``max_se``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        MCMCAIS(budget="tiny", R=1, T=30, pilot_T=20, n_samples=8).fit(
+            _problem(BernoulliProbit(), 0.0, 2.0))
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert any("cannot be estimated" in m and "R >= 2" in m for m in messages)
+    assert not any("above max_se" in m for m in messages)
