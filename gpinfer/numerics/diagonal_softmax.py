@@ -74,6 +74,28 @@ def _check(h: Array, a: Array) -> tuple[Array, Array]:
     return h, a
 
 
+def _prepare(h: Array, a: Array, beta: Array | None) -> tuple[Array, Array, Array, Array]:
+    """Checked ``h [B, C]``, ``a [B, C]`` and the shifted means ``m = h + beta`` and standard
+    deviations ``sd`` ``[B, C]`` (``beta [C]``, zeros by default)."""
+    h, a = _check(h, a)
+    beta = np.zeros(h.shape[1]) if beta is None else np.asarray(beta, dtype=float)
+    return h, a, h + beta, np.sqrt(a)
+
+
+def _tilted_moments(log_phi: Array, r1: Array, r2: Array, log_trap: Array, h: Array, a: Array,
+                    sd: Array) -> tuple[Array, Array, Array]:
+    """``log Z [B]``, tilted means and variances ``[B, C]`` from the 1-D factors ``[B, C, T]``
+    (``_factors``) and the trapezoid log-weights ``[B, T]`` (or ``[T]``)."""
+    lw = log_phi.sum(axis=1) + log_trap  # [B, T]
+    top = lw.max(axis=1, keepdims=True)
+    W = np.exp(lw - top)
+    Zs = W.sum(axis=1)
+    W /= Zs[:, None]
+    e1 = np.einsum("bt,bct->bc", W, r1)
+    e2 = np.einsum("bt,bct->bc", W, r2)
+    return np.log(Zs) + top[:, 0], h + sd * e1, a * np.maximum(e2 - e1 * e1, 0.0)
+
+
 def _nodes(sd: Array, step: float) -> int:
     """An upper bound on the grid size of ``_grid`` for standard deviations ``sd``."""
     return int(np.ceil((2.0 * SPREAD * float(sd.max()) + LEFT_TAIL + RIGHT_TAIL) / step)) + 1
@@ -125,27 +147,17 @@ def diagonal_softmax_tilted(
     ``y [B]`` labels, ``h [B, C]`` means, ``a [B, C]`` variances, ``beta [C]`` intercepts
     (zeros by default); ``step``, ``inner``: the quadrature (module docstring).
     """
-    h, a = _check(h, a)
+    h, a, m, sd = _prepare(h, a, beta)
     B, C = h.shape
     y = np.asarray(y, dtype=np.int64).reshape(B)
-    beta = np.zeros(C) if beta is None else np.asarray(beta, dtype=float)
-    m, sd = h + beta, np.sqrt(a)
     out = DiagonalTilted(np.empty(B), np.empty((B, C)), np.empty((B, C)))
     label = np.zeros((B, C), dtype=bool)
     label[np.arange(B), y] = True
     for sl in chunk_slices(B, 3 * C * _nodes(sd, step) * inner):
         t, log_trap = _grid(m[sl], sd[sl], step)
         log_phi, r1, r2 = _factors(label[sl], m[sl], sd[sl], t, inner)
-        lw = log_phi.sum(axis=1) + log_trap  # [b, T]
-        top = lw.max(axis=1, keepdims=True)
-        W = np.exp(lw - top)
-        Zs = W.sum(axis=1)
-        out.log_z[sl] = np.log(Zs) + top[:, 0]
-        W /= Zs[:, None]
-        e1 = np.einsum("bt,bct->bc", W, r1)
-        e2 = np.einsum("bt,bct->bc", W, r2)
-        out.h_hat[sl] = h[sl] + sd[sl] * e1
-        out.a_hat[sl] = a[sl] * np.maximum(e2 - e1 * e1, 0.0)
+        out.log_z[sl], out.h_hat[sl], out.a_hat[sl] = _tilted_moments(
+            log_phi, r1, r2, log_trap, h[sl], a[sl], sd[sl])
     if not all(np.all(np.isfinite(v)) for v in out):
         raise NumericalError("non-finite tilted moments", quantity="diagonal_softmax_tilted")
     if np.any(out.a_hat <= 0.0):
@@ -179,11 +191,9 @@ def diagonal_softmax_expected_log_prob(
     factor of class ``c`` (score-function identities of the 1-D Gaussian expectations).
     ``k = max_c(m_c - 8 s_c)``, so ``G(t - k)`` is negligible below the grid.
     """
-    h, a = _check(h, a)
+    h, a, m, sd = _prepare(h, a, beta)
     B, C = h.shape
     y = np.asarray(y, dtype=np.int64).reshape(B)
-    beta = np.zeros(C) if beta is None else np.asarray(beta, dtype=float)
-    m, sd = h + beta, np.sqrt(a)
     out = DiagonalExpectation(np.empty(B), np.empty((B, C)), np.empty((B, C)))
     for sl in chunk_slices(B, 3 * C * _nodes(sd, step) * inner):
         t, log_trap = _grid(m[sl], sd[sl], step)
@@ -253,10 +263,7 @@ class DiagonalTiltedCache:
 
     def __call__(self, h: Array, a: Array) -> DiagonalTilted:
         """Moments for ``h [B, C]``, ``a [B, C]`` (as ``diagonal_softmax_tilted``)."""
-        h, a = _check(h, a)
-        B, C = h.shape
-        beta = np.zeros(C) if self.beta is None else np.asarray(self.beta, dtype=float)
-        m, sd = h + beta, np.sqrt(a)
+        h, a, m, sd = _prepare(h, a, self.beta)
         lo_need = np.max(m - SPREAD * sd, axis=1) - LEFT_TAIL
         hi_need = np.max(m + SPREAD * sd, axis=1) + RIGHT_TAIL
         if self.h is None or self.h.shape != h.shape or np.any(hi_need - lo_need
@@ -272,15 +279,8 @@ class DiagonalTiltedCache:
             if rows.size:
                 self._update(rows, cols, m, sd)
         self.h, self.a = h.copy(), a.copy()
-        lw = self.log_phi.sum(axis=1) + self.log_trap  # [B, T]
-        top = lw.max(axis=1, keepdims=True)
-        W = np.exp(lw - top)
-        Zs = W.sum(axis=1)
-        W /= Zs[:, None]
-        e1 = np.einsum("bt,bct->bc", W, self.r1)
-        e2 = np.einsum("bt,bct->bc", W, self.r2)
-        out = DiagonalTilted(np.log(Zs) + top[:, 0], h + sd * e1,
-                             a * np.maximum(e2 - e1 * e1, 0.0))
+        out = DiagonalTilted(*_tilted_moments(self.log_phi, self.r1, self.r2, self.log_trap,
+                                              h, a, sd))
         if not all(np.all(np.isfinite(v)) for v in out) or np.any(out.a_hat <= 0.0):
             raise NumericalError("non-finite or zero tilted moments",
                                  quantity="diagonal_softmax_tilted")
@@ -294,10 +294,8 @@ def diagonal_softmax_predictive(
     error (module docstring). Every label's ``Z`` on one grid (it covers every class):
     ``p_y = int (phi_y / Phi_y)(t) prod_c Phi_c(t) dt``, two factors per class instead of
     ``C``."""
-    h, a = _check(h, a)
+    h, a, m, sd = _prepare(h, a, beta)
     B, C = h.shape
-    beta = np.zeros(C) if beta is None else np.asarray(beta, dtype=float)
-    m, sd = h + beta, np.sqrt(a)
     out = np.empty((B, C))
     for sl in chunk_slices(B, 6 * C * _nodes(sd, step) * inner):
         t, log_trap = _grid(m[sl], sd[sl], step)
