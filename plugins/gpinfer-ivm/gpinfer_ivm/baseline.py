@@ -61,8 +61,18 @@ class _ClassState:
     pi: list[float] = field(default_factory=list)
     b: list[float] = field(default_factory=list)
     eta: list[float] = field(default_factory=list)
-    M_cols: list[Array] = field(default_factory=list)
+    #: ``M^T`` ``[capacity, n]``: its first ``len(I)`` rows are the columns of ``M``
+    Mt: Array = field(default_factory=lambda: np.zeros((0, 0)))
     L_rows: list[Array] = field(default_factory=list)
+
+    def add_column(self, nu: Array) -> None:
+        """Append ``nu [n]`` to ``M`` (the buffer doubles when full)."""
+        d = len(self.I)
+        if d == self.Mt.shape[0]:
+            grown = np.empty((max(8, 2 * d), nu.size))
+            grown[:d] = self.Mt[:d]
+            self.Mt = grown
+        self.Mt[d] = nu
 
 
 class BaselineRepresentation:
@@ -78,7 +88,7 @@ class BaselineRepresentation:
         self.prior_var = self.a.copy()
         self.site_pi = np.zeros((self.n, self.C))
         self.site_b = np.zeros((self.n, self.C))
-        self.classes = [_ClassState() for _ in range(self.C)]
+        self.classes = [_ClassState(Mt=np.empty((0, self.n))) for _ in range(self.C)]
 
     def size(self, c: int) -> int:
         return len(self.classes[c].I)
@@ -97,15 +107,15 @@ class BaselineRepresentation:
         st = self.classes[c]
         a_j, h_j = self.a[j, c], self.h[j, c]
         sq = np.sqrt(pi)
-        Mj = np.array([col[j] for col in st.M_cols])
+        M = st.Mt[: len(st.I)]  # [d, n]
+        Mj = M[:, j]
         lam = np.sqrt(1.0 + pi * a_j)
         kcol = self.kernels[c].K(self.X, self.X[j : j + 1])[:, 0]
-        Ml = sum((sq * Mj[k]) * st.M_cols[k] for k in range(len(st.M_cols))) if st.M_cols else 0.0
-        nu = (sq * kcol - Ml) / lam
+        nu = (sq * kcol - (sq * Mj) @ M) / lam
         eta = lam * (h_hat - h_j) / (sq * a_j)
         b = (h_hat - h_j) / a_j + pi * h_hat
         st.L_rows.append(np.concatenate([sq * Mj, [lam]]))
-        st.M_cols.append(nu)
+        st.add_column(nu)
         st.eta.append(eta)
         st.I.append(j)
         st.pi.append(pi)
