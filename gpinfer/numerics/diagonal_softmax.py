@@ -149,11 +149,10 @@ def _split_factors(density: bool, m: Array, sd: Array, t: Array, x: Array, w: Ar
     definition. Needs ``m - t <= SPLIT_MAX`` and ``s |x| <= SPLIT_MAX`` (``_entry_factors``)."""
     u = np.exp(m[:, None] - t)  # [N, T]
     v = np.exp(sd[:, None] * x)  # [N, K], increasing in k
-    dv = v - v[:, :1]
     with np.errstate(over="ignore", invalid="ignore"):
         top = -u * v[:, :1]  # log G(z_0); -inf where it underflows
-        A = u[:, :, None] * dv[:, None, :]  # [N, T, K], >= 0
-    np.negative(A, out=A)
+        A = u[:, :, None] * (v[:, :1] - v)[:, None, :]  # [N, T, K], <= 0
+    moments = w[:, None] * np.stack([np.ones_like(x), x, x * x], axis=1)  # [K, 3]
     if density:  # log g(z_k) - log g(z_0), shifted by its largest node
         A += (sd[:, None] * (x - x[0]))[:, None, :]
         shift = A.max(axis=2, keepdims=True)
@@ -161,9 +160,8 @@ def _split_factors(density: bool, m: Array, sd: Array, t: Array, x: Array, w: Ar
         A -= shift
         with np.errstate(invalid="ignore"):
             top = top - (t - m[:, None]) + sd[:, None] * x[0] + shift[..., 0]  # log g(z_0)
-    A += np.log(w)
     np.exp(A, out=A)
-    S = A @ np.stack([np.ones_like(x), x, x * x], axis=1)  # [N, T, 3]
+    S = A @ moments  # [N, T, 3]
     fin = np.isfinite(top) & (S[..., 0] > 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         log_phi = np.where(fin, np.log(S[..., 0]) + top, -np.inf)
