@@ -87,7 +87,8 @@ def _tilted_moments(log_phi: Array, r1: Array, r2: Array, log_trap: Array, h: Ar
                     sd: Array) -> tuple[Array, Array, Array]:
     """``log Z [B]``, tilted means and variances ``[B, C]`` from the 1-D factors ``[B, C, T]``
     (``_factors``) and the trapezoid log-weights ``[B, T]`` (or ``[T]``)."""
-    lw = log_phi.sum(axis=1) + log_trap  # [B, T]
+    with np.errstate(over="ignore"):  # factors near -1e308 sum to -inf: an underflowed product
+        lw = log_phi.sum(axis=1) + log_trap  # [B, T]
     top = lw.max(axis=1, keepdims=True)
     W = np.exp(lw - top)
     Zs = W.sum(axis=1)
@@ -268,7 +269,8 @@ def diagonal_softmax_expected_log_prob(
         t, log_trap = _grid(m[sl], sd[sl], step)
         log_phi, r1, r2 = _factors(np.zeros(m[sl].shape, dtype=bool), m[sl], sd[sl], t, inner)
         k = t[:, :1] + LEFT_TAIL
-        W = np.exp(log_phi.sum(axis=1) + log_trap)  # prod_c Phi_c(t) dt, [b, T]
+        with np.errstate(over="ignore"):  # a sum of factors near -1e308: -inf, W = 0
+            W = np.exp(log_phi.sum(axis=1) + log_trap)  # prod_c Phi_c(t) dt, [b, T]
         G_k = np.exp(-np.exp(-(t - k)) + log_trap)
         lse = k[:, 0] + np.sum(G_k - W, axis=1)
         Ep = -np.einsum("bt,bct->bc", W, r1) / sd[sl]  # dE[lse]/dm = E[p]
@@ -378,7 +380,7 @@ def diagonal_softmax_predictive(
         shape = m[sl].shape
         log_G = _factors(np.zeros(shape, dtype=bool), m[sl], sd[sl], t, inner)[0]
         log_g = _factors(np.ones(shape, dtype=bool), m[sl], sd[sl], t, inner)[0]
-        with np.errstate(invalid="ignore"):
+        with np.errstate(invalid="ignore", over="ignore"):
             own = np.where(np.isfinite(log_G), log_g - log_G, -np.inf)  # log(phi_y / Phi_y)
             rest = np.where(np.isfinite(log_G), log_G, -np.inf).sum(axis=1)  # [b, T]
         lw = rest[:, None, :] + own + log_trap[:, None, :]  # [b, C, T]

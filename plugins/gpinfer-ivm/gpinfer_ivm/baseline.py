@@ -49,6 +49,30 @@ def resolve_baseline_rule(C: int, order: int | None, rule: str) -> str:
         return "product"
     return "diagonal"
 
+#: the default budgets' cap on the sites of all ``C`` active sets together, in units of the
+#: coupled ivm's ``d_final`` (``default_budget``)
+SITES_PER_D_FINAL = 3
+
+
+def default_budget(n: int, C: int, d_final: int) -> int:
+    """The default budget ``d_max`` per class for ``n`` points, ``C`` classes and the coupled
+    ivm's default ``d_final``: the paper's ``d = min(n, d_final)`` per class (spec §4.1) while
+    the ``C`` active sets together hold at most ``max(n, SITES_PER_D_FINAL * d_final)`` sites
+    (one site per training point, or three times the ivm's active set), else that cap spread
+    over the classes.
+
+    The selection rescores all ``n`` points after each of its ``sum_c d_c`` inclusions. On the
+    10-class digits set of issue 27 (``n = 350``) the paper's ``d = 150`` means 1500 inclusions
+    (43 % of all (point, class) pairs), and its learned signal variance reaches 300 after four
+    rounds (quadrature grids of 6x the nodes): over 400 s of CPU, against 39 s for the capped
+    45 per class (``benchmarks/ivm_baseline_steps.py``, docs/methods/ivm.md). Up to ``C = 3``,
+    two-class sets and the paper's MNIST protocol (``C = 5``, ``n = 800``) keep the paper's
+    budget."""
+    d = min(n, d_final)
+    cap = max(n, SITES_PER_D_FINAL * d_final)
+    return d if C * d <= cap else max(1, cap // C)
+
+
 #: smallest marginal variance kept, relative to the prior variance (round-off guard)
 VAR_FLOOR = 1e-12
 
