@@ -362,7 +362,7 @@ class IVM(_ActiveSetMethod):
 class IVMBaseline(_ActiveSetMethod):
     """Independent-process baseline (spec ivm §4); ``M`` = budget ``d_max`` per class
     (default: ``baseline.default_budget``, the paper's ``min(n, 150)`` while the ``C``
-    active sets together hold at most ``n`` sites, else ``ceil(n / C)``)."""
+    active sets together hold at most ``max(n, 450)`` sites, else that cap over the classes)."""
 
     name = "ivm-baseline"
     coupled = False
