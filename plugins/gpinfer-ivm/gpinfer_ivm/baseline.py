@@ -102,7 +102,8 @@ class _ClassState:
 class BaselineRepresentation:
     """``C`` independent binary-IVM representations over the same ``n`` training points."""
 
-    def __init__(self, kernels: Sequence[Kernel], X: Array):
+    def __init__(self, kernels: Sequence[Kernel], X: Array, capacity: int = 0):
+        """``capacity``: sites per class to allocate ``M`` for (more double the buffer)."""
         self.kernels = list(kernels)
         self.X = X
         self.C, self.n = len(self.kernels), X.shape[0]
@@ -112,7 +113,7 @@ class BaselineRepresentation:
         self.prior_var = self.a.copy()
         self.site_pi = np.zeros((self.n, self.C))
         self.site_b = np.zeros((self.n, self.C))
-        self.classes = [_ClassState(Mt=np.empty((0, self.n))) for _ in range(self.C)]
+        self.classes = [_ClassState(Mt=np.empty((capacity, self.n))) for _ in range(self.C)]
 
     def size(self, c: int) -> int:
         return len(self.classes[c].I)
@@ -228,7 +229,7 @@ def run_baseline(
     counts = np.bincount(y, minlength=C)
     if np.any(counts == 0):
         raise InputError(f"class(es) {np.flatnonzero(counts == 0).tolist()} have no points")
-    rep = BaselineRepresentation(kernels, X)
+    rep = BaselineRepresentation(kernels, X, d_max)
     cache = DiagonalTiltedCache(y, beta)
     perm = rng.permutation(n)
     # each class's first point in the random order, included in that order (not in the order
