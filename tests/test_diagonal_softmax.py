@@ -151,3 +151,34 @@ def test_cache_follows_column_updates_and_moves():
             err_cache = np.max(np.abs(getattr(got, name) - getattr(ref, name)))
             err_fresh = np.max(np.abs(getattr(fresh, name) - getattr(ref, name)))
             assert err_cache <= 2.0 * err_fresh + 3e-8
+
+
+@pytest.mark.parametrize("density", [False, True])
+def test_separable_factors_equal_the_definition(density):
+    """The separable evaluation of the 1-D factors (``_split_factors``) equals the definition
+    (``_direct_factors``) to round-off, on grids that reach far into both tails (``G`` and
+    ``g`` underflowing at the left end: ``log`` factors below ``-1e20``), for standard
+    deviations from 0.01 to 60; ``_entry_factors`` takes the definition where the separable
+    form could overflow (``m - t`` above ``SPLIT_MAX``: factors of exactly 0 there)."""
+    from gpinfer.numerics import diagonal_softmax as ds
+    from gpinfer.numerics.quadrature import gauss_hermite
+
+    rng = np.random.default_rng(7)
+    x, w = gauss_hermite(ds.INNER)
+    sd = np.array([0.01, 0.3, 1.0, 3.0, 10.0, 30.0, 60.0])
+    m = rng.normal(scale=5.0, size=sd.size)
+    t = np.linspace(-120.0, 150.0, 541)[None, :] + rng.normal(size=(sd.size, 1))
+    fast = ds._split_factors(density, m, sd, t, x, w)
+    slow = ds._direct_factors(np.full(sd.size, density), m, sd, t, x, w)
+    assert np.min(slow[0]) < -1e20
+    for f, s in zip(fast, slow, strict=True):
+        np.testing.assert_array_equal(np.isfinite(f), np.isfinite(s))
+        fin = np.isfinite(s)
+        np.testing.assert_allclose(f[fin], s[fin], rtol=1e-11, atol=1e-11)
+    # a grid reaching 800 below the mean: the definition (the separable e^(m - t) overflows)
+    far = np.linspace(-800.0, 40.0, 200)[None, :]
+    got = ds._entry_factors(np.array([density]), np.zeros(1), np.ones(1), far, ds.INNER)
+    ref = ds._direct_factors(np.array([density]), np.zeros(1), np.ones(1), far, x, w)
+    assert np.isneginf(ref[0][0, 0])
+    for f, s in zip(got, ref, strict=True):
+        np.testing.assert_array_equal(f, s)

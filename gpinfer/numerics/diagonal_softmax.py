@@ -44,6 +44,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gpinfer.errors import NumericalError
+from gpinfer.numerics import settings
 from gpinfer.numerics.quadrature import chunk_slices, gauss_hermite
 
 Array = np.ndarray
@@ -86,13 +87,14 @@ def _tilted_moments(log_phi: Array, r1: Array, r2: Array, log_trap: Array, h: Ar
                     sd: Array) -> tuple[Array, Array, Array]:
     """``log Z [B]``, tilted means and variances ``[B, C]`` from the 1-D factors ``[B, C, T]``
     (``_factors``) and the trapezoid log-weights ``[B, T]`` (or ``[T]``)."""
-    lw = log_phi.sum(axis=1) + log_trap  # [B, T]
+    with np.errstate(over="ignore"):  # factors near -1e308 sum to -inf: an underflowed product
+        lw = log_phi.sum(axis=1) + log_trap  # [B, T]
     top = lw.max(axis=1, keepdims=True)
     W = np.exp(lw - top)
     Zs = W.sum(axis=1)
     W /= Zs[:, None]
-    e1 = np.einsum("bt,bct->bc", W, r1)
-    e2 = np.einsum("bt,bct->bc", W, r2)
+    e1 = (r1 @ W[:, :, None])[..., 0]  # [B, C]
+    e2 = (r2 @ W[:, :, None])[..., 0]
     return np.log(Zs) + top[:, 0], h + sd * e1, a * np.maximum(e2 - e1 * e1, 0.0)
 
 
@@ -113,25 +115,93 @@ def _grid(m: Array, sd: Array, step: float) -> tuple[Array, Array]:
     return t, np.log(trap)[None, :] + np.log((hi - lo) / (T - 1))[:, None]
 
 
-def _factors(label: Array, m: Array, sd: Array, t: Array, inner: int
-             ) -> tuple[Array, Array, Array]:
-    """``log E[f_c(t - v_c)]``, ``E[x f_c] / E[f_c]`` and ``E[x^2 f_c] / E[f_c]`` ``[B, C, T]``
-    (``x`` the standardised ``v_c``; ``f_c = g`` where ``label [B, C]`` is set, else ``G``)."""
-    x, w = gauss_hermite(inner)
-    z = t[:, None, :, None] - m[:, :, None, None] - sd[:, :, None, None] * x  # [B, C, T, K]
+#: the separable form of ``e^-z`` (``_split_factors``) is used while neither of its two
+#: exponentials, ``e^(m - t)`` and ``e^(s x)``, can exceed ``e^SPLIT_MAX`` (below overflow)
+SPLIT_MAX = 700.0
+
+
+def _direct_factors(label: Array, m: Array, sd: Array, t: Array, x: Array, w: Array
+                    ) -> tuple[Array, Array, Array]:
+    """``_factors`` for entries ``[N]`` (``t [N, T]``) by the definition: ``z = t - m - s x``
+    on every node ``[N, T, K]``, in log space."""
+    z = t[:, :, None] - m[:, None, None] - sd[:, None, None] * x  # [N, T, K]
     with np.errstate(over="ignore"):
         log_f = -np.exp(-z)  # log G(z); -inf where G underflows
-    log_f = np.where(label[:, :, None, None], log_f - z, log_f)
-    top = np.max(log_f, axis=3, keepdims=True)
+    log_f = np.where(label[:, None, None], log_f - z, log_f)
+    top = np.max(log_f, axis=2, keepdims=True)
     top = np.where(np.isfinite(top), top, 0.0)
     F = np.exp(log_f - top) * w
-    S0 = F.sum(axis=3)
+    S0 = F.sum(axis=2)
     S1, S2 = F @ x, F @ (x * x)
     with np.errstate(divide="ignore", invalid="ignore"):
         log_phi = np.log(S0) + top[..., 0]
         r1 = np.where(S0 > 0.0, S1 / S0, 0.0)
         r2 = np.where(S0 > 0.0, S2 / S0, 0.0)
     return log_phi, r1, r2
+
+
+def _split_factors(density: bool, m: Array, sd: Array, t: Array, x: Array, w: Array
+                   ) -> tuple[Array, Array, Array]:
+    """``_factors`` of entries ``[N]`` on grids ``t [N, T]``, all with ``f = g`` (``density``)
+    or all with ``f = G``, by the separable ``e^-z = e^(m - t) e^(s x)``: relative to the
+    smallest node ``x_0``, ``log G(z_k) - log G(z_0) = -e^(m - t) (e^(s x_k) - e^(s x_0))`` is
+    one product per node (``log g = log G - z`` adds ``s (x_k - x_0)``), and the three moments
+    one matrix product, instead of the two exponentials, shift and three sums per node of the
+    definition. Needs ``m - t <= SPLIT_MAX`` and ``s |x| <= SPLIT_MAX`` (``_entry_factors``)."""
+    u = np.exp(m[:, None] - t)  # [N, T]
+    v = np.exp(sd[:, None] * x)  # [N, K], increasing in k
+    with np.errstate(over="ignore", invalid="ignore"):
+        top = -u * v[:, :1]  # log G(z_0); -inf where it underflows
+        A = u[:, :, None] * (v[:, :1] - v)[:, None, :]  # [N, T, K], <= 0
+    moments = w[:, None] * np.stack([np.ones_like(x), x, x * x], axis=1)  # [K, 3]
+    if density:  # log g(z_k) - log g(z_0), shifted by its largest node
+        A += (sd[:, None] * (x - x[0]))[:, None, :]
+        shift = A.max(axis=2, keepdims=True)
+        shift = np.where(np.isfinite(shift), shift, 0.0)
+        A -= shift
+        with np.errstate(invalid="ignore"):
+            top = top - (t - m[:, None]) + sd[:, None] * x[0] + shift[..., 0]  # log g(z_0)
+    np.exp(A, out=A)
+    S = A @ moments  # [N, T, 3]
+    fin = np.isfinite(top) & (S[..., 0] > 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_phi = np.where(fin, np.log(S[..., 0]) + top, -np.inf)
+        r1 = np.where(fin, S[..., 1] / S[..., 0], 0.0)
+        r2 = np.where(fin, S[..., 2] / S[..., 0], 0.0)
+    return log_phi, r1, r2
+
+
+def _entry_factors(label: Array, m: Array, sd: Array, t: Array, inner: int
+                   ) -> tuple[Array, Array, Array]:
+    """``log E[f(t - v)]``, ``E[x f] / E[f]`` and ``E[x^2 f] / E[f]`` ``[N, T]`` for entries
+    ``v ~ N(m, sd^2)`` ``[N]`` on grids ``t [N, T]`` (``x`` the standardised ``v``; ``f = g``
+    where ``label [N]`` is set, else ``G``), in blocks of ``CACHE_BLOCK_FLOATS``: the separable
+    form where it cannot overflow, else the definition."""
+    x, w = gauss_hermite(inner)
+    N, T = t.shape
+    out = np.empty((3, N, T))
+    split = (np.max(m[:, None] - t, axis=1) <= SPLIT_MAX) & (sd * np.max(np.abs(x)) <= SPLIT_MAX)
+    for rows, kind in ((split & ~label, "G"), (split & label, "g"), (~split, "direct")):
+        rows = np.flatnonzero(rows)
+        for sl in chunk_slices(rows.size, T * inner, settings.CACHE_BLOCK_FLOATS):
+            r = rows[sl]
+            if kind == "direct":
+                out[:, r] = _direct_factors(label[r], m[r], sd[r], t[r], x, w)
+            else:
+                out[:, r] = _split_factors(kind == "g", m[r], sd[r], t[r], x, w)
+    return out[0], out[1], out[2]
+
+
+def _factors(label: Array, m: Array, sd: Array, t: Array, inner: int
+             ) -> tuple[Array, Array, Array]:
+    """``log E[f_c(t - v_c)]``, ``E[x f_c] / E[f_c]`` and ``E[x^2 f_c] / E[f_c]`` ``[B, C, T]``
+    (``x`` the standardised ``v_c``; ``f_c = g`` where ``label [B, C]`` is set, else ``G``) on
+    the rows' grids ``t [B, T]``."""
+    B, C = m.shape
+    T = t.shape[1]
+    tt = np.broadcast_to(t[:, None, :], (B, C, T)).reshape(B * C, T)
+    out = _entry_factors(label.reshape(-1), m.reshape(-1), sd.reshape(-1), tt, inner)
+    return out[0].reshape(B, C, T), out[1].reshape(B, C, T), out[2].reshape(B, C, T)
 
 
 def diagonal_softmax_tilted(
@@ -199,7 +269,8 @@ def diagonal_softmax_expected_log_prob(
         t, log_trap = _grid(m[sl], sd[sl], step)
         log_phi, r1, r2 = _factors(np.zeros(m[sl].shape, dtype=bool), m[sl], sd[sl], t, inner)
         k = t[:, :1] + LEFT_TAIL
-        W = np.exp(log_phi.sum(axis=1) + log_trap)  # prod_c Phi_c(t) dt, [b, T]
+        with np.errstate(over="ignore"):  # a sum of factors near -1e308: -inf, W = 0
+            W = np.exp(log_phi.sum(axis=1) + log_trap)  # prod_c Phi_c(t) dt, [b, T]
         G_k = np.exp(-np.exp(-(t - k)) + log_trap)
         lse = k[:, 0] + np.sum(G_k - W, axis=1)
         Ep = -np.einsum("bt,bct->bc", W, r1) / sd[sl]  # dE[lse]/dm = E[p]
@@ -220,9 +291,9 @@ class DiagonalTiltedCache:
     few entries ``(b, c)`` of ``(h, a)`` change between calls (``ivm-baseline``: one class
     column per inclusion): each row keeps its ``t`` grid while it covers the row's range, and
     only the changed entries' 1-D factors are recomputed, ``O(changed * T * K)`` instead of
-    ``O(B C T K)``; the assembly over ``t`` stays ``O(B C T)``. A row whose range leaves its
-    grid gets a new one. Results equal ``diagonal_softmax_tilted``'s up to the quadrature
-    error (the grids differ).
+    ``O(B C T K)``, and only the rows with a changed entry are assembled, ``O(rows * C * T)``
+    (the others keep their moments). A row whose range leaves its grid gets a new one. Results
+    equal ``diagonal_softmax_tilted``'s up to the quadrature error (the grids differ).
     """
 
     def __init__(self, y: Array, beta: Array | None = None, step: float = STEP,
@@ -231,6 +302,8 @@ class DiagonalTiltedCache:
         self.beta, self.step, self.inner = beta, float(step), int(inner)
         self.h: Array | None = None
         self.a = np.zeros(0)
+        #: the last call's moments (a row whose entries did not change keeps its own)
+        self.out = DiagonalTilted(np.zeros(0), np.zeros((0, 0)), np.zeros((0, 0)))
 
     def _rebuild(self, m: Array, sd: Array) -> None:
         """New grids (wide enough for every row) and all factors."""
@@ -255,11 +328,8 @@ class DiagonalTiltedCache:
 
     def _update(self, rows: Array, cols: Array, m: Array, sd: Array) -> None:
         """Recompute the factors of the entries ``(rows[p], cols[p])``."""
-        for sl in chunk_slices(rows.size, 3 * self.T * self.inner):
-            r, c = rows[sl], cols[sl]
-            lp, r1, r2 = _factors(self.label[r, c][:, None], m[r, c][:, None],
-                                  sd[r, c][:, None], self.t[r], self.inner)
-            self.log_phi[r, c], self.r1[r, c], self.r2[r, c] = lp[:, 0], r1[:, 0], r2[:, 0]
+        self.log_phi[rows, cols], self.r1[rows, cols], self.r2[rows, cols] = _entry_factors(
+            self.label[rows, cols], m[rows, cols], sd[rows, cols], self.t[rows], self.inner)
 
     def __call__(self, h: Array, a: Array) -> DiagonalTilted:
         """Moments for ``h [B, C]``, ``a [B, C]`` (as ``diagonal_softmax_tilted``)."""
@@ -269,6 +339,8 @@ class DiagonalTiltedCache:
         if self.h is None or self.h.shape != h.shape or np.any(hi_need - lo_need
                                                                > self.hi - self.lo):
             self._rebuild(m, sd)
+            rows = np.arange(h.shape[0])
+            self.out = DiagonalTilted(np.empty(h.shape[0]), np.empty(h.shape), np.empty(h.shape))
         else:
             moved = (lo_need < self.lo) | (hi_need > self.hi)
             if np.any(moved):  # those rows get grids centred on their range
@@ -278,9 +350,15 @@ class DiagonalTiltedCache:
             rows, cols = np.nonzero(changed)
             if rows.size:
                 self._update(rows, cols, m, sd)
+            rows = np.unique(rows)
         self.h, self.a = h.copy(), a.copy()
-        out = DiagonalTilted(*_tilted_moments(self.log_phi, self.r1, self.r2, self.log_trap,
-                                              h, a, sd))
+        # a row none of whose entries changed keeps its moments (all rows: no gathered copies)
+        sel: Array | slice = slice(None) if 2 * rows.size > h.shape[0] else rows
+        if rows.size:
+            self.out.log_z[sel], self.out.h_hat[sel], self.out.a_hat[sel] = _tilted_moments(
+                self.log_phi[sel], self.r1[sel], self.r2[sel], self.log_trap, h[sel], a[sel],
+                sd[sel])
+        out = DiagonalTilted(*(v.copy() for v in self.out))
         if not all(np.all(np.isfinite(v)) for v in out) or np.any(out.a_hat <= 0.0):
             raise NumericalError("non-finite or zero tilted moments",
                                  quantity="diagonal_softmax_tilted")
@@ -302,7 +380,7 @@ def diagonal_softmax_predictive(
         shape = m[sl].shape
         log_G = _factors(np.zeros(shape, dtype=bool), m[sl], sd[sl], t, inner)[0]
         log_g = _factors(np.ones(shape, dtype=bool), m[sl], sd[sl], t, inner)[0]
-        with np.errstate(invalid="ignore"):
+        with np.errstate(invalid="ignore", over="ignore"):
             own = np.where(np.isfinite(log_G), log_g - log_G, -np.inf)  # log(phi_y / Phi_y)
             rest = np.where(np.isfinite(log_G), log_G, -np.inf).sum(axis=1)  # [b, T]
         lw = rest[:, None, :] + own + log_trap[:, None, :]  # [b, C, T]

@@ -49,6 +49,30 @@ def resolve_baseline_rule(C: int, order: int | None, rule: str) -> str:
         return "product"
     return "diagonal"
 
+#: the default budgets' cap on the sites of all ``C`` active sets together, in units of the
+#: coupled ivm's ``d_final`` (``default_budget``)
+SITES_PER_D_FINAL = 3
+
+
+def default_budget(n: int, C: int, d_final: int) -> int:
+    """The default budget ``d_max`` per class for ``n`` points, ``C`` classes and the coupled
+    ivm's default ``d_final``: the paper's ``d = min(n, d_final)`` per class (spec §4.1) while
+    the ``C`` active sets together hold at most ``max(n, SITES_PER_D_FINAL * d_final)`` sites
+    (one site per training point, or three times the ivm's active set), else that cap spread
+    over the classes.
+
+    The selection rescores all ``n`` points after each of its ``sum_c d_c`` inclusions. On the
+    10-class digits set of issue 27 (``n = 350``) the paper's ``d = 150`` means 1500 inclusions
+    (43 % of all (point, class) pairs), and its learned signal variance reaches 300 after four
+    rounds (quadrature grids of 6x the nodes): over 400 s of CPU, against 39 s for the capped
+    45 per class (``benchmarks/ivm_baseline_steps.py``, docs/methods/ivm.md). Up to ``C = 3``,
+    two-class sets and the paper's MNIST protocol (``C = 5``, ``n = 800``) keep the paper's
+    budget."""
+    d = min(n, d_final)
+    cap = max(n, SITES_PER_D_FINAL * d_final)
+    return d if C * d <= cap else max(1, cap // C)
+
+
 #: smallest marginal variance kept, relative to the prior variance (round-off guard)
 VAR_FLOOR = 1e-12
 
@@ -61,14 +85,25 @@ class _ClassState:
     pi: list[float] = field(default_factory=list)
     b: list[float] = field(default_factory=list)
     eta: list[float] = field(default_factory=list)
-    M_cols: list[Array] = field(default_factory=list)
+    #: ``M^T`` ``[capacity, n]``: its first ``len(I)`` rows are the columns of ``M``
+    Mt: Array = field(default_factory=lambda: np.zeros((0, 0)))
     L_rows: list[Array] = field(default_factory=list)
+
+    def add_column(self, nu: Array) -> None:
+        """Append ``nu [n]`` to ``M`` (the buffer doubles when full)."""
+        d = len(self.I)
+        if d == self.Mt.shape[0]:
+            grown = np.empty((max(8, 2 * d), nu.size))
+            grown[:d] = self.Mt[:d]
+            self.Mt = grown
+        self.Mt[d] = nu
 
 
 class BaselineRepresentation:
     """``C`` independent binary-IVM representations over the same ``n`` training points."""
 
-    def __init__(self, kernels: Sequence[Kernel], X: Array):
+    def __init__(self, kernels: Sequence[Kernel], X: Array, capacity: int = 0):
+        """``capacity``: sites per class to allocate ``M`` for (more double the buffer)."""
         self.kernels = list(kernels)
         self.X = X
         self.C, self.n = len(self.kernels), X.shape[0]
@@ -78,7 +113,7 @@ class BaselineRepresentation:
         self.prior_var = self.a.copy()
         self.site_pi = np.zeros((self.n, self.C))
         self.site_b = np.zeros((self.n, self.C))
-        self.classes = [_ClassState() for _ in range(self.C)]
+        self.classes = [_ClassState(Mt=np.empty((capacity, self.n))) for _ in range(self.C)]
 
     def size(self, c: int) -> int:
         return len(self.classes[c].I)
@@ -97,15 +132,15 @@ class BaselineRepresentation:
         st = self.classes[c]
         a_j, h_j = self.a[j, c], self.h[j, c]
         sq = np.sqrt(pi)
-        Mj = np.array([col[j] for col in st.M_cols])
+        M = st.Mt[: len(st.I)]  # [d, n]
+        Mj = M[:, j]
         lam = np.sqrt(1.0 + pi * a_j)
         kcol = self.kernels[c].K(self.X, self.X[j : j + 1])[:, 0]
-        Ml = sum((sq * Mj[k]) * st.M_cols[k] for k in range(len(st.M_cols))) if st.M_cols else 0.0
-        nu = (sq * kcol - Ml) / lam
+        nu = (sq * kcol - (sq * Mj) @ M) / lam
         eta = lam * (h_hat - h_j) / (sq * a_j)
         b = (h_hat - h_j) / a_j + pi * h_hat
         st.L_rows.append(np.concatenate([sq * Mj, [lam]]))
-        st.M_cols.append(nu)
+        st.add_column(nu)
         st.eta.append(eta)
         st.I.append(j)
         st.pi.append(pi)
@@ -194,7 +229,7 @@ def run_baseline(
     counts = np.bincount(y, minlength=C)
     if np.any(counts == 0):
         raise InputError(f"class(es) {np.flatnonzero(counts == 0).tolist()} have no points")
-    rep = BaselineRepresentation(kernels, X)
+    rep = BaselineRepresentation(kernels, X, d_max)
     cache = DiagonalTiltedCache(y, beta)
     perm = rng.permutation(n)
     # each class's first point in the random order, included in that order (not in the order

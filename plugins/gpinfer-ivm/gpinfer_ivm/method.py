@@ -1,7 +1,8 @@
 """Entry points ``ivm`` (multi-class IVM, spec ivm §2-3) and ``ivm-baseline`` (spec §4).
 
-``M`` (``problem.inducing``) is the final active-set size ``d_final`` (baseline: the budget
-``d_max`` per class; default ``min(n, 150)``). Hyper-parameters:
+``M`` (``problem.inducing``) is the final active-set size ``d_final``, default ``min(n, 150)``
+(baseline: the budget ``d_max`` per class, default ``baseline.default_budget``).
+Hyper-parameters:
 
 * ``problem.optimize = False``: the paper's fixed-hyper-parameter mode, one conditional
   inference; the callback gets one iteration per inclusion (``objective`` = cumulative
@@ -42,6 +43,7 @@ from gpinfer.reporting import IterationReporter
 from gpinfer_ivm.baseline import (
     BASELINE_GH_ORDER,
     BASELINE_RULES,
+    default_budget,
     resolve_baseline_rule,
     run_baseline,
 )
@@ -358,7 +360,9 @@ class IVM(_ActiveSetMethod):
 
 
 class IVMBaseline(_ActiveSetMethod):
-    """Independent-process baseline (spec ivm §4); ``M`` = budget ``d_max`` per class."""
+    """Independent-process baseline (spec ivm §4); ``M`` = budget ``d_max`` per class
+    (default: ``baseline.default_budget``, the paper's ``min(n, 150)`` while the ``C``
+    active sets together hold at most ``max(n, 450)`` sites, else that cap over the classes)."""
 
     name = "ivm-baseline"
     coupled = False
@@ -371,6 +375,11 @@ class IVMBaseline(_ActiveSetMethod):
                        "1-D reduction for the baseline's diagonal marginals)"),
         **_ActiveSetMethod.model_options,
     }
+
+    def _d_final(self, problem: Problem) -> int:
+        if problem.inducing is None:
+            return default_budget(problem.n, problem.n_classes, DEFAULT_D_FINAL)
+        return super()._d_final(problem)
 
     def _order(self, C: int) -> tuple[int | None, Any]:
         order = self.options["gh_order"]
