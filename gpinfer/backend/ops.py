@@ -18,7 +18,11 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
   arrays are collected as flags and read in one transfer with the values the caller needs
   (``DeferredChecks.flush``), which raises the first failed check's error; on numpy, and
   outside such a context, every check runs at once. The training loop opens one context per
-  step and reads it once, at the step's end, with the objective and the site change.
+  step and reads it once, at the step's end, with the objective and the site change (or one
+  per ``read_every`` steps). A context opened with ``redo=True`` lets a check whose immediate
+  form has a host fallback (Kuu's Cholesky with jitter escalation) be deferred too: its
+  failure raises ``RedoStep``, and the caller redoes the computation from a kept snapshot in
+  a context without ``redo``, where the fallback runs at once, as it always did.
 """
 
 from __future__ import annotations
@@ -158,13 +162,21 @@ def all_positive(x: Array) -> bool:
     return bool(((x > 0.0) & (x < math.inf)).all())
 
 
+class RedoStep(Exception):
+    """A deferred check failed whose immediate form would have taken a host fallback instead
+    of failing (see ``deferred_checks(redo=True)``): the caller restores the state the
+    computation started from and redoes it without ``redo``."""
+
+
 class DeferredChecks:
     """Checks on device arrays collected as 0-d flags and read together (see
     ``deferred_checks``): the order of ``require`` calls is the order in which failures are
     reported, so the first failed check of a computation names the problem, as an immediate
-    check would have."""
+    check would have. ``redo``: the owner answers ``RedoStep`` by redoing the computation
+    (checks with a host fallback may then be deferred as well)."""
 
-    def __init__(self) -> None:
+    def __init__(self, redo: bool = False) -> None:
+        self.redo = redo
         self._flags: list[Array] = []
         self._errors: list[Callable[[], Exception]] = []
 
@@ -198,13 +210,14 @@ _DEFERRED: contextvars.ContextVar[DeferredChecks | None] = contextvars.ContextVa
 
 
 @contextlib.contextmanager
-def deferred_checks() -> Iterator[DeferredChecks]:
+def deferred_checks(redo: bool = False) -> Iterator[DeferredChecks]:
     """A context in which checks of device arrays are collected instead of read one by one;
     what is still pending at its end is read then (one sync). Use ``flush`` inside it to read
     the checks together with the values a computation returns, before anything that a failed
     check must not reach (a state update). Contexts do not nest: an inner one collects its
-    own checks."""
-    checks = DeferredChecks()
+    own checks. ``redo=True``: the caller catches ``RedoStep`` from the read and redoes the
+    computation (see the module doc); only the training loop does."""
+    checks = DeferredChecks(redo)
     token = _DEFERRED.set(checks)
     try:
         yield checks
@@ -213,14 +226,15 @@ def deferred_checks() -> Iterator[DeferredChecks]:
     checks.flush()
 
 
-def _pending() -> DeferredChecks | None:
+def pending_checks() -> DeferredChecks | None:
+    """The open ``deferred_checks`` context, if any."""
     return _DEFERRED.get()
 
 
 def require_positive(x: Array, error: Callable[[], Exception]) -> None:
     """Raise ``error()`` unless every entry of ``x`` is finite and ``> 0`` (deferred on a
     device inside ``deferred_checks``)."""
-    checks = None if is_numpy(x) else _pending()
+    checks = None if is_numpy(x) else pending_checks()
     if checks is None:
         if not all_positive(x):
             raise error()
@@ -234,7 +248,7 @@ def require_finite(error: Callable[[], Exception], *arrays: Array) -> None:
     checked at once)."""
     host = [a for a in arrays if is_numpy(a)]
     device = [a for a in arrays if not is_numpy(a)]
-    checks = _pending() if device else None
+    checks = pending_checks() if device else None
     if checks is None:
         if not all_finite(*arrays):
             raise error()
@@ -405,7 +419,7 @@ def checked_cholesky(K: Array, *also_finite: Array,
     torch = _torch()
     L, info = torch.linalg.cholesky_ex(K)
     flags = [(info == 0).all()] + [torch.isfinite(a).all() for a in (K, *also_finite)]
-    checks = _pending() if error is not None else None
+    checks = pending_checks() if error is not None else None
     if checks is not None and error is not None:
         checks.require(torch.stack(flags).all(), error)
         return L

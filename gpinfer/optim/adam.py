@@ -50,6 +50,19 @@ class Adam(StochasticAscent):
         self._work = zeros_like_vector(x0)
         self._delta = zeros_like_vector(x0)
 
+    def snapshot(self) -> tuple[int, Array, Array]:
+        """``(t, m, v)``: copies of the moments (``restore`` brings them back)."""
+        return self.t, ops.copy(self.m), ops.copy(self.v)
+
+    def restore(self, snap: tuple[int, Array, Array]) -> None:
+        """The state of ``snap`` (from ``snapshot``), written into the moments in place."""
+        t, m, v = snap
+        if tuple(self.m.shape) != tuple(m.shape) or type(self.m) is not type(m):
+            self.reset(m)
+        self.t = t
+        self.m[...] = m
+        self.v[...] = v
+
     def step(self, x: Array, grad: Array) -> Array:
         grad = as_vector(grad) if not ops.is_array(grad) else grad
         on_device = ops.is_array(x) and not ops.is_numpy(x)

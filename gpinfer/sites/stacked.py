@@ -61,13 +61,22 @@ def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
     One stacked LAPACK call; a matrix that fails gets ``jittered_cholesky`` (jitter
     escalation, on the host: a rare path) on its own. ``NumericalError`` naming ``name`` and
     the matrix (``"<name> (<unit> <first + c>)"``) for non-finite entries or when even jitter
-    fails.
+    fails. On a device inside ``ops.deferred_checks(redo=True)`` (the training loop's step)
+    nothing is read: the factors are returned as they are and a failure (non-finite entries
+    or a matrix not positive definite) raises ``ops.RedoStep`` at the step's read; the loop
+    then redoes the step without ``redo``, which takes the path above.
     """
     stack = K if K.ndim == 3 else K[None, ...]
 
     def label(c: int) -> str:
         return f"{name} ({unit} {first + c})" if K.ndim == 3 else name
 
+    checks = None if ops.is_numpy(K) else ops.pending_checks()
+    if checks is not None and checks.redo:
+        unread = cast(Array, ops.checked_cholesky(stack, error=lambda: ops.RedoStep(
+            f"{name}: Cholesky failed or non-finite (iteration {iteration}); redo the step "
+            "with jitter escalation")))  # with ``error`` in a context: the factors, unread
+        return unread if K.ndim == 3 else unread[0]
     L = ops.checked_cholesky(stack)  # the usual case: finite and positive definite, one check
     if L is not None:
         return L if K.ndim == 3 else L[0]

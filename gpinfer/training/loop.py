@@ -29,6 +29,15 @@ inside one ``ops.deferred_checks`` context: the sites' checks, the objective and
 change (device values) and the gradient's finiteness are read in one transfer at the step's
 end, before the optimiser step and before any snapshot, so a failed check restores the last
 good state exactly as an immediate one would (the outer schedule reads the change per sweep).
+On a device Kuu's Cholesky is checked in that read too (``ops.deferred_checks(redo=True)``):
+the sites' state before the step is kept (``SiteApproximation.snapshot``), and when the read
+shows a failed factorisation the step is redone from it with the factorisation checked at once
+(its jitter escalation on the host), so every step gives what an immediate check gives.
+``Schedule.read_every = k`` (mini-batch, on a device): the values and checks of ``k`` steps are
+read once, after their optimiser steps; the state before them (sites, hyper-parameters,
+Adam's moments) is kept that long, and when the read shows any failure the ``k`` steps are
+restored and replayed one read each, so the fit equals ``k = 1``'s (fewer reads, same
+numbers). numpy reads nothing: its checks run at once, whatever ``k``.
 
 Optimiser coordinates: ``coordinates`` ``d [P]`` lets the optimiser act on ``xi = d * theta``
 (gradient ``g / d``); ep/sep step in the log of the *squared* length-scale as the paper does.
@@ -36,6 +45,7 @@ Optimiser coordinates: ``coordinates`` ``d [P]`` lets the optimiser act on ``xi 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -45,7 +55,7 @@ from gpinfer.backend import ops
 from gpinfer.data.minibatch import MiniBatches
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.hyper import HyperParameters
-from gpinfer.interfaces import Array, FitCallback, Problem, SiteApproximation
+from gpinfer.interfaces import Array, FitCallback, Problem, Scalar, SiteApproximation
 from gpinfer.kernels.checks import checked_inputs
 from gpinfer.optim.adam import Adam
 from gpinfer.optim.sign_adaptive import SignAdaptiveAscent
@@ -69,6 +79,7 @@ class Schedule:
     adam_learning_rate: float = 0.001
     patience: int = 20
     max_failures: int = 30
+    read_every: int = 1
 
     def check(self, owner: str, minibatch: bool) -> Schedule:
         """``self``, or an ``InputError`` naming ``owner`` and the bad setting."""
@@ -77,6 +88,12 @@ class Schedule:
                              f"{self.kind!r}")
         if minibatch and self.kind != "inner":
             raise InputError(f"{owner}: mini-batch training uses the inner schedule only")
+        if int(self.read_every) != self.read_every or self.read_every < 1:
+            raise InputError(f"{owner}: read_every must be an integer >= 1, got "
+                             f"{self.read_every!r}")
+        if self.read_every > 1 and not minibatch:
+            raise InputError(f"{owner}: read_every > 1 applies to mini-batch training only "
+                             "(full-batch iterations read every step)")
         return self
 
 
@@ -113,6 +130,9 @@ class TrainingLoop:
         self._since_best = 0
         self.best_value = -np.inf
         self.best: tuple[object, Array] | None = None
+        #: steps redone after a deferred Kuu factorisation failed (``ops.RedoStep``)
+        self.redone = 0
+        self._on_device: bool | None = None  # known after the first step (from its gradient)
 
     # -- state -------------------------------------------------------------------------------
     def _state(self) -> tuple[object, Array]:
@@ -163,32 +183,103 @@ class TrainingLoop:
             self.hp.unpack(xi, owned=True)
 
     def _step(self, batch: Array, rho: float) -> tuple[float, Array, float]:
-        """Refine the sites of ``batch``, then the objective and its gradient on ``batch``
-        (inputs' values checked once, before training: see ``checked_inputs``)."""
+        """Refine the sites of ``batch``, then the objective and its gradient on ``batch``, read
+        at the step's end (inputs' values checked once, before training: see
+        ``checked_inputs``). On a device a failed Kuu factorisation shows in that read: the
+        step is then redone from the sites' state before it with the factorisation checked at
+        once (see the module doc)."""
         with checked_inputs():
-            return self._checked_step(batch, rho)
+            before = self.sites.snapshot() if self._on_device else None
+            try:
+                return self._read_step(batch, rho, redo=before is not None)
+            except ops.RedoStep:
+                self.sites.restore(before)
+                self.redone += 1
+                return self._read_step(batch, rho, redo=False)
 
-    def _checked_step(self, batch: Array, rho: float) -> tuple[float, Array, float]:
-        it = self.iteration
-        with ops.deferred_checks() as checks:  # on a device: one read, at the step's end
-            self.sites.prepare(batch, it)
-            change = self.sites.update(rho, it)
-            if self.problem.batch_size is None and self.schedule.kind == "outer":
-                for _ in range(int(self.schedule.outer_max_sweeps)):
-                    change = checks.flush(change)[0]
-                    if change < self.schedule.outer_tol:
-                        break
-                    change = self.sites.update(rho, it)
-            scale = self.X.shape[0] / batch.shape[0]
-            out = self.sites.objective(scale, it)
-            X_batch = self.sites.batch_inputs()
-            grad = self.hp.gradient(self.X[batch] if X_batch is None else X_batch,
-                                    out.gradients, self.n_jobs)
-            ops.require_finite(lambda: NumericalError(
-                "non-finite objective or gradient", iteration=it, quantity="objective"),
-                out.value, grad)
-            value, change = checks.flush(out.value, change)
+    def _read_step(self, batch: Array, rho: float, redo: bool) -> tuple[float, Array, float]:
+        """One step in its own ``deferred_checks`` context, read once at its end."""
+        with ops.deferred_checks(redo) as checks:  # on a device: one read, at the step's end
+            unread, grad, unread_change = self._unread_step(batch, rho, checks)
+            value, change = checks.flush(unread, unread_change)
+        if self._on_device is None:
+            self._on_device = not ops.is_numpy(grad)
         return value, grad, change
+
+    def _unread_step(self, batch: Array, rho: float, checks: ops.DeferredChecks
+                     ) -> tuple[Scalar, Array, Scalar]:
+        """The step's computation; its objective ``[]``, site change ``[]`` and the gradient's
+        finiteness check are left unread in ``checks`` (device values; floats on numpy),
+        except that the outer schedule reads the change per sweep. Returns ``(objective,
+        gradient [P], change)``."""
+        it = self.iteration
+        self.sites.prepare(batch, it)
+        change = self.sites.update(rho, it)
+        if self.problem.batch_size is None and self.schedule.kind == "outer":
+            for _ in range(int(self.schedule.outer_max_sweeps)):
+                change = checks.flush(change)[0]
+                if change < self.schedule.outer_tol:
+                    break
+                change = self.sites.update(rho, it)
+        scale = self.X.shape[0] / batch.shape[0]
+        out = self.sites.objective(scale, it)
+        X_batch = self.sites.batch_inputs()
+        grad = self.hp.gradient(self.X[batch] if X_batch is None else X_batch,
+                                out.gradients, self.n_jobs)
+        ops.require_finite(lambda: NumericalError(
+            "non-finite objective or gradient", iteration=it, quantity="objective"),
+            out.value, grad)
+        return out.value, grad, change
+
+    def _window(self, group: list[Array], opt: Adam
+                ) -> tuple[list[float], list[float], bool] | None:
+        """The steps of ``group`` (batches), each with its optimiser step, read once at the
+        end: ``(objectives, site changes, out of time)``; ``None`` when the read showed a
+        failure (any check, or a Kuu factorisation to redo), with the state before the
+        window restored (the caller replays it one read per step)."""
+        start = (self.sites.snapshot(), self.hp.pack(), opt.snapshot())
+        values: list[Scalar] = []
+        changes: list[Scalar] = []
+        stopped = False
+        try:
+            with checked_inputs(), ops.deferred_checks(redo=True) as checks:
+                for batch in group:
+                    value, grad, change = self._unread_step(batch, self.rho, checks)
+                    self._ascend(opt, grad)  # unchecked: a failure replays the window
+                    values.append(value)
+                    changes.append(change)
+                    if self.reporter.out_of_time():
+                        stopped = True
+                        break
+                read = checks.flush(*values, *changes)
+        except (NumericalError, InputError, ops.RedoStep):
+            self._restore((start[0], start[1]))
+            opt.restore(start[2])
+            return None
+        return read[:len(values)], read[len(values):], stopped
+
+    def _steps(self, group: list[Array], opt: Adam, good: tuple[object, Array]
+               ) -> tuple[list[float], list[float], bool]:
+        """The mini-batch steps of ``group``: ``(objectives, site changes, out of time)`` of
+        those that succeeded (a failed one backs off to ``good``, as ``_fail`` says)."""
+        if len(group) > 1:
+            read = self._window(group, opt)
+            if read is not None:
+                return read
+        values: list[float] = []
+        changes: list[float] = []
+        for batch in group:
+            try:
+                value, grad, change = self._step(batch, self.rho)
+            except NumericalError as err:
+                self._fail(err, good, opt)
+                continue
+            values.append(value)
+            changes.append(change)
+            self._ascend(opt, grad)
+            if self.reporter.out_of_time():
+                return values, changes, True
+        return values, changes, False
 
     # -- failure policy and divergence -------------------------------------------------------
     def _fail(self, err: NumericalError, good: tuple[object, Array],
@@ -272,20 +363,21 @@ class TrainingLoop:
         opt.reset(self._scaled_theta())
         batches = MiniBatches(N, size, self.problem.rng)
         self.rho = 1.0
+        k = int(self.schedule.read_every)
         good = self._state()  # per epoch: snapshots cost O(state)
         while self._more():
             self.iteration += 1
-            values, change = [], 0.0
-            for batch in batches:
-                try:
-                    value, grad, ch = self._step(batch, self.rho)
-                except NumericalError as err:
-                    self._fail(err, good, opt)
-                    continue
-                values.append(value)
-                change = max(change, ch)
-                self._ascend(opt, grad)
-                if self.reporter.out_of_time():
+            values: list[float] = []
+            change = 0.0
+            epoch = iter(batches)
+            while True:  # groups of k steps read together on a device (one step on numpy)
+                group = list(itertools.islice(epoch, k if self._on_device else 1))
+                if not group:
+                    break
+                read, changes, stopped = self._steps(group, opt, good)
+                values += read
+                change = max([change, *changes])
+                if stopped:
                     break
             self.sites.end_epoch()
             self.value = float(np.mean(values)) if values else self.value

@@ -73,7 +73,9 @@ class _SparseEPBase(Method):
     the best log Z_q before the best state is restored and the damping and steps are halved),
     ``time_limit_s`` (stop after this much training time; the callback's time, where test
     metrics are computed, is not counted, nor is it in ``elapsed``), ``n_jobs`` (threads for the
-    per-class kernel VJPs, ``gpinfer.parallel``: same results; one BLAS thread meanwhile).
+    per-class kernel VJPs, ``gpinfer.parallel``: same results; one BLAS thread meanwhile),
+    ``read_every`` (mini-batch on a device: the loss and checks read once per ``k`` steps, the
+    same fit with fewer host syncs: ``gpinfer.training.loop``).
     """
 
     tasks: ClassVar[tuple[str, ...]] = ("classification",)
@@ -97,6 +99,8 @@ class _SparseEPBase(Method):
         "patience": integer(20, "[1, inf)", doc="iterations below the best before a restore"),
         "time_limit_s": real(None, "(0, inf)", none=True),
         "n_jobs": integer(1, "[1, inf)", also=(-1,), doc="threads for the per-class kernel VJPs"),
+        "read_every": integer(1, "[1, inf)",
+                              doc="mini-batch on a device: read values and checks every k steps"),
     }
 
     backends: ClassVar[tuple[str, ...]] = ("numpy", "torch")
@@ -114,7 +118,8 @@ class _SparseEPBase(Method):
                             outer_max_sweeps=int(o["outer_max_sweeps"]),
                             learning_rate=float(o["learning_rate"]),
                             adam_learning_rate=float(o["adam_learning_rate"]),
-                            patience=int(o["patience"]), max_failures=MAX_FAILURES)
+                            patience=int(o["patience"]), max_failures=MAX_FAILURES,
+                            read_every=int(o["read_every"]))
         schedule.check(self.name, problem.batch_size is not None)
         X, y = np.asarray(problem.X, dtype=float), np.asarray(problem.y, dtype=np.int64)
         kernels = class_kernels(problem, o["noise"], o["lengthscale_init"], o["noise_in_Kuu"])
