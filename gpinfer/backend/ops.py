@@ -51,9 +51,12 @@ def namespace(*arrays: Array) -> Any:
     return array_api_compat.array_namespace(*arrays)
 
 
+_HOST_TYPES = (np.ndarray, np.generic, float, int)  # a tuple, not a union: torch.compile traces it
+
+
 def is_numpy(x: Array) -> bool:
     """Whether ``x`` is a numpy array (or scalar)."""
-    return isinstance(x, np.ndarray | np.generic | float | int)
+    return isinstance(x, _HOST_TYPES)
 
 
 def is_array(x: Any) -> bool:

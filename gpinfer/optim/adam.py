@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from gpinfer.backend import ops
+from gpinfer.backend.compile import compilable
 from gpinfer.interfaces import Array
 from gpinfer.optim.stochastic import StochasticAscent, as_vector, zeros_like_vector
 
@@ -90,16 +91,26 @@ class Adam(StochasticAscent):
                 ) -> None:
         """The moments ``m``, ``v`` and ``x`` updated in place (``work``, ``delta``: scratch),
         all ``[n]`` (views of one piece of the vectors)."""
-        m *= self.beta1
-        ops.multiply_into(grad, 1.0 - self.beta1, work)
-        m += work
-        v *= self.beta2
-        ops.multiply_into(grad, grad, work)
-        work *= 1.0 - self.beta2
-        v += work
-        ops.sqrt_into(v, work)
-        work *= 1.0 / math.sqrt(1.0 - self.beta2**self.t)  # sqrt(v_hat)
-        work += self.eps
-        ops.multiply_into(m, self.learning_rate / (1.0 - self.beta1**self.t), delta)
-        delta /= work
-        x += delta
+        _adam_update(x, grad, m, v, work, delta, self.beta1, self.beta2, self.eps,
+                     1.0 / math.sqrt(1.0 - self.beta2**self.t),
+                     self.learning_rate / (1.0 - self.beta1**self.t))
+
+
+@compilable
+def _adam_update(x: Array, grad: Array, m: Array, v: Array, work: Array, delta: Array,
+                 beta1: float, beta2: float, eps: float, inv_bias2: float, step: float) -> None:
+    """``Adam._update`` with its scalars as arguments: ``inv_bias2 = 1 / sqrt(1 - beta2^t)``,
+    ``step = learning_rate / (1 - beta1^t)`` (a compiled region of the step)."""
+    m *= beta1
+    ops.multiply_into(grad, 1.0 - beta1, work)
+    m += work
+    v *= beta2
+    ops.multiply_into(grad, grad, work)
+    work *= 1.0 - beta2
+    v += work
+    ops.sqrt_into(v, work)
+    work *= inv_bias2  # sqrt(v_hat)
+    work += eps
+    ops.multiply_into(m, step, delta)
+    delta /= work
+    x += delta

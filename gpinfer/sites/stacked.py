@@ -29,6 +29,7 @@ from typing import cast
 import numpy as np
 
 from gpinfer.backend import ops
+from gpinfer.backend.compile import compilable
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array
 from gpinfer.kernels.base import Kernel
@@ -243,6 +244,7 @@ class StackedGaussians:
         return (L @ self.w[..., None])[..., 0], transpose(T) @ T
 
 
+@compilable
 def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: StackedGaussians,
                              R: Array, a_sum: Array, b_sum: Array, e_sum: Array | None = None
                              ) -> StackedMatrixGradients:
@@ -257,6 +259,7 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     a sequence of one ``MatrixGradients`` per class). With ``B_g^-1 A`` from one solve,
     ``X = w a_sum^T + B_g^-1 A diag(E) - 2 A diag(B)`` and
     ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T - 2 A diag(B) A^T``.
+    (A compiled region of the step: ``gpinfer.backend.compile``.)
     """
     A = terms.A
     e = 2.0 * b_sum if e_sum is None else e_sum

@@ -39,6 +39,13 @@ Adam's moments) is kept that long, and when the read shows any failure the ``k``
 restored and replayed one read each, so the fit equals ``k = 1``'s (fewer reads, same
 numbers). numpy reads nothing: its checks run at once, whatever ``k``.
 
+Compiled steps (``compile_mode``, torch only, checked before training by
+``gpinfer.backend.compile.check_compile``): the step's computation and the optimiser update
+run inside ``compiling(mode)``, where their tensor regions (kernel covariances and VJPs, site
+algebra, matrix gradients, Adam) run ``torch.compile``d. Shapes stay fixed: a compiled
+mini-batch fit drops each epoch's last, short batch (``MiniBatches(drop_last=True)``; a
+warning names the ``N mod B`` points) instead of compiling a second shape.
+
 Optimiser coordinates: ``coordinates`` ``d [P]`` lets the optimiser act on ``xi = d * theta``
 (gradient ``g / d``); ep/sep step in the log of the *squared* length-scale as the paper does.
 """
@@ -46,12 +53,14 @@ Optimiser coordinates: ``coordinates`` ``d [P]`` lets the optimiser act on ``xi 
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from gpinfer.backend import ops
+from gpinfer.backend.compile import compiling
 from gpinfer.data.minibatch import MiniBatches
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.hyper import HyperParameters
@@ -102,14 +111,16 @@ class TrainingLoop:
 
     ``X [N, D]`` the training inputs (the kernels' vector-Jacobian products need them),
     ``coordinates [P]`` the optimiser's scaling of ``hp.pack()`` (None: 1), ``n_jobs`` threads
-    for the per-latent kernel VJPs. After ``run``: ``iteration``, ``value`` (the last objective),
+    for the per-latent kernel VJPs, ``compile_mode`` the ``compile`` option (already checked:
+    ``check_compile``). After ``run``: ``iteration``, ``value`` (the last objective),
     ``failures``, ``damping_raises``, ``rho`` (the damping), ``history``.
     """
 
     def __init__(self, name: str, problem: Problem, sites: SiteApproximation,
                  hp: HyperParameters, X: Array, schedule: Schedule,
                  callback: FitCallback | None = None, *, time_limit_s: float | None = None,
-                 coordinates: Array | None = None, n_jobs: int = 1):
+                 coordinates: Array | None = None, n_jobs: int = 1,
+                 compile_mode: str = "none"):
         self.name = name
         self.problem, self.sites, self.hp, self.X = problem, sites, hp, X
         self.schedule = schedule.check(name, problem.batch_size is not None)
@@ -122,6 +133,7 @@ class TrainingLoop:
         scaled = np.flatnonzero(self.coord != 1.0)
         self._scaled = slice(int(scaled[0]), int(scaled[-1]) + 1) if scaled.size else slice(0, 0)
         self.n_jobs = n_jobs
+        self.compile_mode = compile_mode
         self.iteration = 0
         self.failures = 0
         self.damping_raises = 0
@@ -173,14 +185,16 @@ class TrainingLoop:
         """One optimiser step in the scaled coordinates from the current hyper-parameters
         (``grad`` is scaled in place)."""
         if self.hp.size:  # in place on arrays this step owns: P can be millions
-            theta = self.hp.pack()
-            part = self._scaled
-            coord = self._coordinates(theta)[part]
-            theta[part] *= coord
-            grad[part] /= coord
-            xi = opt.step_into(theta, grad) if isinstance(opt, Adam) else opt.step(theta, grad)
-            xi[part] /= coord
-            self.hp.unpack(xi, owned=True)
+            with compiling(self.compile_mode):
+                theta = self.hp.pack()
+                part = self._scaled
+                coord = self._coordinates(theta)[part]
+                theta[part] *= coord
+                grad[part] /= coord
+                xi = (opt.step_into(theta, grad) if isinstance(opt, Adam)
+                      else opt.step(theta, grad))
+                xi[part] /= coord
+                self.hp.unpack(xi, owned=True)
 
     def _step(self, batch: Array, rho: float) -> tuple[float, Array, float]:
         """Refine the sites of ``batch``, then the objective and its gradient on ``batch``, read
@@ -212,6 +226,11 @@ class TrainingLoop:
         finiteness check are left unread in ``checks`` (device values; floats on numpy),
         except that the outer schedule reads the change per sweep. Returns ``(objective,
         gradient [P], change)``."""
+        with compiling(self.compile_mode):
+            return self._computed_step(batch, rho, checks)
+
+    def _computed_step(self, batch: Array, rho: float, checks: ops.DeferredChecks
+                       ) -> tuple[Scalar, Array, Scalar]:
         it = self.iteration
         self.sites.prepare(batch, it)
         change = self.sites.update(rho, it)
@@ -361,7 +380,12 @@ class TrainingLoop:
             raise InputError(f"{self.name}: batch_size {size} exceeds the {N} training points")
         opt = Adam(learning_rate=float(self.schedule.adam_learning_rate))
         opt.reset(self._scaled_theta())
-        batches = MiniBatches(N, size, self.problem.rng)
+        fixed = self.compile_mode != "none"
+        if fixed and N % size:
+            warnings.warn(f"{self.name}: compile={self.compile_mode!r} keeps shapes fixed: the "
+                          f"last {N % size} points of each epoch's shuffled order (N mod "
+                          f"batch_size) are dropped from that epoch", UserWarning, stacklevel=2)
+        batches = MiniBatches(N, size, self.problem.rng, drop_last=fixed)
         self.rho = 1.0
         k = int(self.schedule.read_every)
         good = self._state()  # per epoch: snapshots cost O(state)
