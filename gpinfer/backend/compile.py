@@ -7,7 +7,9 @@ optimiser's scalars as arguments). Each is marked ``@compilable``: inside ``comp
 (the training loop enters it for a fit with ``compile != "none"``) a call with torch arrays
 runs the function's ``torch.compile``d form (one per function and mode, fixed shapes:
 ``dynamic=False``), elsewhere the function itself. What stays eager between the regions is
-host bookkeeping (batch indices, labels, the deferred checks' flags).
+host bookkeeping (batch indices, labels). The checks a region meets (``ops.require_positive``,
+``require_finite``, ``checked_cholesky(error=)``) are collected while it runs and handed to
+the step's ``deferred_checks`` context after it, in order (``ops.hand_over_traced_checks``).
 
 Modes (``COMPILE_MODES``): ``none`` (eager, the default), ``default`` (inductor: fused
 element-wise kernels, C++ on a CPU), ``reduce-overhead`` (CUDA graphs on top: CUDA devices
@@ -73,6 +75,12 @@ def compiling(mode: str) -> Iterator[None]:
         _MODE.reset(token)
 
 
+def active() -> bool:
+    """Whether ``@compilable`` regions run compiled here (inside ``compiling`` with a mode
+    other than ``"none"``)."""
+    return _MODE.get() != "none"
+
+
 def _compiled(fn: Callable[..., Any], mode: str) -> Callable[..., Any]:
     key = (f"{fn.__module__}.{fn.__qualname__}", mode)
     out = _COMPILED.get(key)
@@ -94,6 +102,8 @@ def compilable(fn: F) -> F:
 
     @functools.wraps(fn)
     def region(*args: Any, **kwargs: Any) -> Any:
+        if ops.tracing():  # inside another region: traced as part of it
+            return fn(*args, **kwargs)
         mode = _MODE.get()
         if mode == "none" or mode in _FAILED or not _device_call(args):
             return fn(*args, **kwargs)
@@ -101,15 +111,18 @@ def compilable(fn: F) -> F:
             with warnings.catch_warnings():  # tracing array_api_compat's cached helpers
                 warnings.filterwarnings("ignore", message="Dynamo detected a call to a "
                                         "`functools.lru_cache`", category=UserWarning)
-                return _compiled(fn, mode)(*args, **kwargs)
+                out = _compiled(fn, mode)(*args, **kwargs)
         except Exception as err:  # noqa: BLE001 - any compiler failure: warn, then eager
             if not _is_compile_failure(err):
                 raise
+            ops.hand_over_traced_checks(discard=True)
             _FAILED.add(mode)
             warnings.warn(f"torch.compile (mode {mode!r}) failed, the step runs eagerly: "
                           f"{type(err).__name__}: {str(err).splitlines()[0][:200]}",
                           RuntimeWarning, stacklevel=2)
             return fn(*args, **kwargs)
+        ops.hand_over_traced_checks()  # its checks, in order, as if it had run eagerly
+        return out
 
     return region  # type: ignore[return-value]
 

@@ -99,6 +99,8 @@ def arange(ref: Array, n: int) -> Array:
     device and length and kept; callers only read it)."""
     if is_numpy(ref):
         return np.arange(n, dtype=np.int64)
+    if tracing():  # inside a compiled region: part of its graph
+        return _torch().arange(n, device=ref.device)
     key = (str(ref.device), n)
     out = _ARANGES.get(key)
     if out is None:
@@ -116,6 +118,8 @@ def constant(ref: Array, values: tuple[float, ...]) -> Array:
     on a device moved once per device, dtype and values and kept (callers only read it)."""
     if is_numpy(ref):
         return like(ref, values)
+    if tracing():  # inside a compiled region: a constant of its graph
+        return _torch().tensor(values, dtype=ref.dtype, device=ref.device)
     key = (str(ref.device), str(ref.dtype), values)
     out = _CONSTANTS.get(key)
     if out is None:
@@ -234,15 +238,51 @@ def pending_checks() -> DeferredChecks | None:
     return _DEFERRED.get()
 
 
+#: checks met while ``torch.compile`` traces a compiled region (``gpinfer.backend.compile``):
+#: a list that is never replaced (the compiled code appends to it); the region's wrapper hands
+#: them on after each call (``hand_over_traced_checks``)
+_TRACED: list[tuple[Array, Callable[[], Exception]]] = []
+
+
+def tracing() -> bool:
+    """Whether ``torch.compile`` is tracing the code that calls this (False without torch)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.compiler.is_compiling())
+
+
+def _require(flag: Array, error: Callable[[], Exception]) -> None:
+    """A device check: collected while tracing a compiled region, deferred inside
+    ``deferred_checks``, else read at once."""
+    if tracing():
+        _TRACED.append((flag, error))
+        return
+    checks = pending_checks()
+    if checks is not None:
+        checks.require(flag, error)
+    elif not bool(flag):
+        raise error()
+
+
+def hand_over_traced_checks(discard: bool = False) -> None:
+    """The checks a compiled region collected, in order, to the open ``deferred_checks``
+    context (or read at once outside one); ``discard``: dropped (the region failed to
+    compile and runs again eagerly)."""
+    pending = [] if discard else list(_TRACED)
+    _TRACED.clear()
+    for flag, error in pending:
+        _require(flag, error)
+
+
 def require_positive(x: Array, error: Callable[[], Exception]) -> None:
     """Raise ``error()`` unless every entry of ``x`` is finite and ``> 0`` (deferred on a
     device inside ``deferred_checks``)."""
-    checks = None if is_numpy(x) else pending_checks()
-    if checks is None:
+    if is_numpy(x):
         if not all_positive(x):
             raise error()
         return
-    checks.require(((x > 0.0) & (x < math.inf)).all(), error)
+    _require(((x > 0.0) & (x < math.inf)).all(), error)
 
 
 def require_finite(error: Callable[[], Exception], *arrays: Array) -> None:
@@ -251,16 +291,13 @@ def require_finite(error: Callable[[], Exception], *arrays: Array) -> None:
     checked at once)."""
     host = [a for a in arrays if is_numpy(a)]
     device = [a for a in arrays if not is_numpy(a)]
-    checks = pending_checks() if device else None
-    if checks is None:
-        if not all_finite(*arrays):
-            raise error()
-        return
     if not all_finite(*host):
         raise error()
+    if not device:
+        return
     torch = _torch()
     flags = [torch.isfinite(a).all() for a in device]
-    checks.require(flags[0] if len(flags) == 1 else torch.stack(flags).all(), error)
+    _require(flags[0] if len(flags) == 1 else torch.stack(flags).all(), error)
 
 
 def einsum(spec: str, *operands: Array) -> Array:
@@ -422,9 +459,8 @@ def checked_cholesky(K: Array, *also_finite: Array,
     torch = _torch()
     L, info = torch.linalg.cholesky_ex(K)
     flags = [(info == 0).all()] + [torch.isfinite(a).all() for a in (K, *also_finite)]
-    checks = pending_checks() if error is not None else None
-    if checks is not None and error is not None:
-        checks.require(torch.stack(flags).all(), error)
+    if error is not None and (tracing() or pending_checks() is not None):
+        _require(torch.stack(flags).all(), error)
         return L
     return L if bool(torch.stack(flags).all()) else None
 

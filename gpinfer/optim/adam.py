@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from gpinfer.backend import ops
+from gpinfer.backend.compile import active as compile_active
 from gpinfer.backend.compile import compilable
 from gpinfer.interfaces import Array
 from gpinfer.optim.stochastic import StochasticAscent, as_vector, zeros_like_vector
@@ -91,16 +92,22 @@ class Adam(StochasticAscent):
                 ) -> None:
         """The moments ``m``, ``v`` and ``x`` updated in place (``work``, ``delta``: scratch),
         all ``[n]`` (views of one piece of the vectors)."""
+        inv_bias2 = 1.0 / math.sqrt(1.0 - self.beta2**self.t)
+        step: float | Array = self.learning_rate / (1.0 - self.beta1**self.t)
+        if compile_active() and not ops.is_numpy(x):  # inputs of the compiled graph, not
+            scalars = ops.like(x, np.array([inv_bias2, step]))  # constants (one per step)
+            inv_bias2, step = scalars[0], scalars[1]
         _adam_update(x, grad, m, v, work, delta, self.beta1, self.beta2, self.eps,
-                     1.0 / math.sqrt(1.0 - self.beta2**self.t),
-                     self.learning_rate / (1.0 - self.beta1**self.t))
+                     inv_bias2, step)
 
 
 @compilable
 def _adam_update(x: Array, grad: Array, m: Array, v: Array, work: Array, delta: Array,
-                 beta1: float, beta2: float, eps: float, inv_bias2: float, step: float) -> None:
+                 beta1: float, beta2: float, eps: float, inv_bias2: float | Array,
+                 step: float | Array) -> None:
     """``Adam._update`` with its scalars as arguments: ``inv_bias2 = 1 / sqrt(1 - beta2^t)``,
-    ``step = learning_rate / (1 - beta1^t)`` (a compiled region of the step)."""
+    ``step = learning_rate / (1 - beta1^t)`` (0-d arrays when compiled: they change every
+    step; a compiled region of the step)."""
     m *= beta1
     ops.multiply_into(grad, 1.0 - beta1, work)
     m += work

@@ -120,3 +120,27 @@ def test_the_compiled_fit_equals_the_eager_one():
                                rtol=1e-10, atol=0.0)
     np.testing.assert_allclose([h["objective"] for h in compiled.history_],
                                [h["objective"] for h in eager.history_], rtol=1e-10)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not FULL, reason="heavy: set GPINFER_FULL_CHECKS=1 to run (inductor)")
+def test_a_compiled_region_hands_its_checks_to_the_step_in_order():
+    from gpinfer.backend import ops
+    from gpinfer.backend.compile import compilable, compiling
+    from gpinfer.errors import NumericalError
+
+    @compilable
+    def region(x):
+        y = 1.0 - x
+        ops.require_positive(y, lambda: NumericalError("first"))
+        ops.require_finite(lambda: NumericalError("second"), y.log())
+        return 2.0 * y
+
+    good = torch.full((3,), 0.5, dtype=torch.float64)
+    with compiling("default"), ops.deferred_checks() as checks:
+        out = region(good)
+        assert checks.flush(out.sum()) == [3.0]
+        with pytest.raises(NumericalError, match="first"):
+            region(torch.full((3,), 2.0, dtype=torch.float64))  # y < 0, log(y) NaN
+            checks.flush()
+    assert not ops._TRACED  # handed over, nothing left behind
