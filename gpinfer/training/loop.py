@@ -30,7 +30,8 @@ change (device values) and the gradient's finiteness are read in one transfer at
 end, before the optimiser step and before any snapshot, so a failed check restores the last
 good state exactly as an immediate one would (the outer schedule reads the change per sweep).
 On a device Kuu's Cholesky is checked in that read too (``ops.deferred_checks(redo=True)``):
-the sites' state before the step is kept (``SiteApproximation.snapshot``), and when the read
+the sites' state before the step is kept (``SiteApproximation.snapshot``; a full-batch step
+reuses the state the loop keeps after every iteration, no second copy), and when the read
 shows a failed factorisation the step is redone from it with the factorisation checked at once
 (its jitter escalation on the host), so every step gives what an immediate check gives.
 ``Schedule.read_every = k`` (mini-batch, on a device): the values and checks of ``k`` steps are
@@ -145,14 +146,18 @@ class TrainingLoop:
         #: steps redone after a deferred Kuu factorisation failed (``ops.RedoStep``)
         self.redone = 0
         self._on_device: bool | None = None  # known after the first step (from its gradient)
+        #: a snapshot the sites equal now (kept or restored), None after a step moved them
+        self._sites_now: object | None = None
 
     # -- state -------------------------------------------------------------------------------
     def _state(self) -> tuple[object, Array]:
         """``(sites snapshot, hyper-parameters)``: what a back-off or a report restores."""
-        return self.sites.snapshot(), self.hp.pack()
+        self._sites_now = self.sites.snapshot()
+        return self._sites_now, self.hp.pack()
 
     def _restore(self, pair: tuple[object, Array]) -> None:
         self.sites.restore(pair[0])
+        self._sites_now = pair[0]
         if self.hp.size:
             self.hp.unpack(pair[1])
 
@@ -203,7 +208,10 @@ class TrainingLoop:
         step is then redone from the sites' state before it with the factorisation checked at
         once (see the module doc)."""
         with checked_inputs():
-            before = self.sites.snapshot() if self._on_device else None
+            before = None  # a full-batch step starts from a kept state: no new copy
+            if self._on_device:
+                before = self._sites_now if self._sites_now is not None else self.sites.snapshot()
+            self._sites_now = None  # the step moves the sites
             try:
                 return self._read_step(batch, rho, redo=before is not None)
             except ops.RedoStep:
@@ -257,6 +265,7 @@ class TrainingLoop:
         failure (any check, or a Kuu factorisation to redo), with the state before the
         window restored (the caller replays it one read per step)."""
         start = (self.sites.snapshot(), self.hp.pack(), opt.snapshot())
+        self._sites_now = None
         values: list[Scalar] = []
         changes: list[Scalar] = []
         stopped = False

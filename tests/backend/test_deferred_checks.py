@@ -190,26 +190,28 @@ def test_sep_moves_a_batch_s_labels_once_and_counts_them_on_the_device():
     np.testing.assert_array_equal(other.counts.numpy(), factor_counts(state.y[:6], 3))
 
 
-def test_a_failed_deferred_kuu_factorisation_redoes_the_step(monkeypatch):
+@pytest.mark.parametrize(("method", "nth"), [("sep", 4), ("ep", 2)])
+def test_a_failed_deferred_kuu_factorisation_redoes_the_step(monkeypatch, method, nth):
     """A Kuu factorisation reported failed at the step's read: the step is redone from the
-    sites' state before it with the factorisation checked at once; the fit is unchanged."""
+    sites' state before it (sep mini-batch: a copy per step; ep full batch: the state the
+    loop keeps) with the factorisation checked at once; the fit is unchanged."""
     import gpinfer.sites.stacked as stacked
 
-    reference = _fit(max_iter=3).predict_proba(_PROBE)
+    reference = _fit(method, max_iter=3).predict_proba(_PROBE)
     original, seen = stacked.ops.checked_cholesky, {"deferred": 0, "failed": 0}
 
     def failing_once(K, *also, error=None):
         L = original(K, *also, error=error)
         if error is not None and isinstance(error(), ops.RedoStep):  # Kuu's, deferred
             seen["deferred"] += 1
-            if seen["deferred"] == 4:  # epoch 2: report the factorisation failed
+            if seen["deferred"] == nth:  # a later step: report the factorisation failed
                 seen["failed"] += 1
                 ops.pending_checks().require(torch.tensor(False), error)
                 return L * float("nan")  # what a failed factorisation may leave
         return L
 
     monkeypatch.setattr(stacked.ops, "checked_cholesky", failing_once)
-    est = _fit(max_iter=3)
+    est = _fit(method, max_iter=3)
     assert seen["failed"] == 1
     assert est.history_[-1]["failures"] == 0.0  # redone, not backed off
     np.testing.assert_array_equal(est.predict_proba(_PROBE), reference)
