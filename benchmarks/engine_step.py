@@ -13,7 +13,10 @@
    not called from another aten operator, the proxy for kernel launches on a GPU; ``all``:
    nested ones too), and the host synchronisations among them (``aten::item``,
    ``aten::_local_scalar_dense``).
-5. digits (split 0, M = 100, batches of 200, Adam at 0.01): process-CPU time per step of sep
+5. ``--parts compiled``: the torch-CPU float64 step of 2. and 4. eagerly and with
+   ``compile="default"`` (``gpinfer.backend.compile``), one after the other: CPU ms per step
+   (epoch 1, which compiles, left out) and aten operators per step.
+6. digits (split 0, M = 100, batches of 200, Adam at 0.01): process-CPU time per step of sep
    (M per class) and svi (robust-max, M shared), as ``../shared/peers/minibatch.py`` sets them
    up. For the ratio against GPflow's SVGP run that script with ``--peers VENV`` (it builds its
    own interleaved rounds of gpinfer, GPflow and GPyTorch).
@@ -138,9 +141,13 @@ def sep_mnist_size(epochs: int, rate: float) -> dict[str, object]:
             "phases_ms_per_step (all epochs)": {k: round(1e3 * v, 1) for k, v in split.items()}}
 
 
-def sep_ops_per_step(steps: int = 3, n: int = 1000) -> dict[str, float]:
+TORCH_CPU64 = {"backend": "torch", "device": "cpu", "dtype": "float64"}
+
+
+def sep_ops_per_step(steps: int = 3, n: int = 1000, options: dict | None = None
+                     ) -> dict[str, float]:
     """Aten operators per SEP step at MNIST size on torch-CPU float64 (steps of epoch 2;
-    ``step_profile.profile_steps``)."""
+    ``step_profile.profile_steps``; ``options``: sep's, e.g. ``compile``)."""
     from step_profile import profile_steps
 
     from gpinfer.kernels import make_kernel
@@ -149,11 +156,27 @@ def sep_ops_per_step(steps: int = 3, n: int = 1000) -> dict[str, float]:
     X, y = mnist_like(n=n)
 
     def fit() -> None:
-        fit_steps(X, y, "sep", M, B, 2, {"adam_learning_rate": 1e-3},
-                  kernel=make_kernel("rbf", D, ard=True),
-                  settings={"backend": "torch", "device": "cpu", "dtype": "float64"})
+        fit_steps(X, y, "sep", M, B, 2, options or {"adam_learning_rate": 1e-3},
+                  kernel=make_kernel("rbf", D, ard=True), settings=TORCH_CPU64)
 
     return profile_steps(fit, TrainingLoop, "_step", first=-(-n // B) + 1, steps=steps)
+
+
+def torch_compiled(epochs: int, n: int = 1000) -> dict[str, object]:
+    """The torch-CPU float64 SEP step at MNIST size eagerly and with ``compile="default"``,
+    one after the other in one process: CPU ms per step (epochs 2..; epoch 1 compiles) and
+    aten operators per step (the compiled functions are reused by the second fit)."""
+    from gpinfer.kernels import make_kernel
+
+    X, y = mnist_like(n=n)
+    out: dict[str, object] = {}
+    for mode in ("none", "default"):
+        options = {"adam_learning_rate": 1e-3, "compile": mode}
+        timed = fit_steps(X, y, "sep", M, B, epochs, options,
+                          kernel=make_kernel("rbf", D, ard=True), settings=TORCH_CPU64)
+        out[f"compile={mode}"] = {"step_cpu_ms": 1e3 * float(timed["step_cpu_s"]),
+                                  **sep_ops_per_step(n=n, options=options)}
+    return out
 
 
 def digits(epochs: int) -> dict[str, float]:
@@ -187,7 +210,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--digits-epochs", type=int, default=8)
     ap.add_argument("--parts", default="sep,ops,digits",
-                    help="comma-separated: sep (MNIST-size CPU step), ops (aten ops), digits")
+                    help="comma-separated: sep (MNIST-size CPU step), ops (aten ops), digits, "
+                    "compiled (torch-CPU step eager vs compile='default')")
     ap.add_argument("--peers", default=None, help="side venv of ../shared/peers (GPflow ratio)")
     a = ap.parse_args()
     with threadpool_limits(limits=1):
@@ -199,6 +223,8 @@ def main() -> None:
             report["sep_mnist_size"] = sep_mnist_size(a.epochs, rate)
         if "ops" in parts:
             report["sep_mnist_size_torch_cpu_ops_per_step"] = sep_ops_per_step()
+        if "compiled" in parts:
+            report["sep_mnist_size_torch_cpu_compiled"] = torch_compiled(a.epochs)
         if "digits" in parts:
             report["digits"] = digits(a.digits_epochs)
     print(json.dumps(report, indent=1))

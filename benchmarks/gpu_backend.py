@@ -36,6 +36,7 @@ float32) on the device, against numpy on one core; iterations 2..R+1 timed from 
 ``--batch-size``) and one svi ``estimate`` (robust-max, same sizes) under ``torch.profiler``:
 aten operators (top-level and all), host syncs, and on CUDA kernel launches and GPU busy time
 per step (``step_profile.py``). With ``--device cpu`` the aten-op count is the launch proxy.
+``--compile default`` counts sep's compiled step (its ``compile`` option; epoch 1 compiles).
 
 ``all`` runs the four in turn. ``--smoke`` shrinks everything (MNIST 2000 / 500 points, M = 20,
 batches of 256, 20 s, evaluations every 2 s; synthetic N = 10^4 and 2 x 10^4, M = 20, 20 numpy
@@ -358,7 +359,7 @@ def run_profile(args: argparse.Namespace) -> None:
     settings = torch_settings(args)
 
     def fit_sep() -> None:
-        est = sep(M, D, B, 2, {"adam_learning_rate": 1e-3}, settings)
+        est = sep(M, D, B, 2, {"adam_learning_rate": 1e-3, "compile": args.compile}, settings)
         est.set_params(baseline_failure="warn").fit(X, y)  # two epochs: counts, not a model
 
     def fit_svi() -> None:
@@ -373,12 +374,14 @@ def run_profile(args: argparse.Namespace) -> None:
             ("sep", fit_sep, TrainingLoop, "_step", n // B + 1),
             ("svi", fit_svi, VariationalState, "estimate", 3)):
         counts = profile_steps(fit, owner, target, first=first, steps=3, cuda=cuda)
-        print(f"== profile {name} step on {args.device} {args.dtype} (D={D} C={C} M={M} "
+        mode = f" compile={args.compile}" if name == "sep" else ""
+        print(f"== profile {name} step on {args.device} {args.dtype}{mode} (D={D} C={C} M={M} "
               f"B={B}): " + ", ".join(f"{k} {v:.1f}" for k, v in counts.items()), flush=True)
         append_jsonl(args.out, {
             "part": "profile", "library": f"gpinfer-{name}", "time": time.time(),
             **device_info(torch, args.device), "dtype": args.dtype, "D": D, "C": C, "M": M,
-            "batch_size": B, "smoke": args.smoke, **counts})
+            "batch_size": B, "smoke": args.smoke,
+            "compile": args.compile if name == "sep" else "none", **counts})
 
 
 def main() -> None:
@@ -388,6 +391,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     ap.add_argument("--out", default=str(ROOT / "outputs" / "gpu_backend.jsonl"))
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (torch-CPU check)")
+    ap.add_argument("--compile", default="none", choices=("none", "default", "reduce-overhead"),
+                    help="sep's compile option (profile: the compiled step's counts)")
     ap.add_argument("--torch-threads", type=int, default=None,
                     help="torch CPU threads (device cpu; default torch's)")
     g = ap.add_argument_group("mnist")

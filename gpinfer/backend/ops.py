@@ -18,7 +18,11 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
   arrays are collected as flags and read in one transfer with the values the caller needs
   (``DeferredChecks.flush``), which raises the first failed check's error; on numpy, and
   outside such a context, every check runs at once. The training loop opens one context per
-  step and reads it once, at the step's end, with the objective and the site change.
+  step and reads it once, at the step's end, with the objective and the site change (or one
+  per ``read_every`` steps). A context opened with ``redo=True`` lets a check whose immediate
+  form has a host fallback (Kuu's Cholesky with jitter escalation) be deferred too: its
+  failure raises ``RedoStep``, and the caller redoes the computation from a kept snapshot in
+  a context without ``redo``, where the fallback runs at once, as it always did.
 """
 
 from __future__ import annotations
@@ -47,9 +51,12 @@ def namespace(*arrays: Array) -> Any:
     return array_api_compat.array_namespace(*arrays)
 
 
+_HOST_TYPES = (np.ndarray, np.generic, float, int)  # a tuple, not a union: torch.compile traces it
+
+
 def is_numpy(x: Array) -> bool:
     """Whether ``x`` is a numpy array (or scalar)."""
-    return isinstance(x, np.ndarray | np.generic | float | int)
+    return isinstance(x, _HOST_TYPES)
 
 
 def is_array(x: Any) -> bool:
@@ -92,6 +99,8 @@ def arange(ref: Array, n: int) -> Array:
     device and length and kept; callers only read it)."""
     if is_numpy(ref):
         return np.arange(n, dtype=np.int64)
+    if tracing():  # inside a compiled region: part of its graph
+        return _torch().arange(n, device=ref.device)
     key = (str(ref.device), n)
     out = _ARANGES.get(key)
     if out is None:
@@ -109,6 +118,8 @@ def constant(ref: Array, values: tuple[float, ...]) -> Array:
     on a device moved once per device, dtype and values and kept (callers only read it)."""
     if is_numpy(ref):
         return like(ref, values)
+    if tracing():  # inside a compiled region: a constant of its graph
+        return _torch().tensor(values, dtype=ref.dtype, device=ref.device)
     key = (str(ref.device), str(ref.dtype), values)
     out = _CONSTANTS.get(key)
     if out is None:
@@ -158,13 +169,21 @@ def all_positive(x: Array) -> bool:
     return bool(((x > 0.0) & (x < math.inf)).all())
 
 
+class RedoStep(Exception):
+    """A deferred check failed whose immediate form would have taken a host fallback instead
+    of failing (see ``deferred_checks(redo=True)``): the caller restores the state the
+    computation started from and redoes it without ``redo``."""
+
+
 class DeferredChecks:
     """Checks on device arrays collected as 0-d flags and read together (see
     ``deferred_checks``): the order of ``require`` calls is the order in which failures are
     reported, so the first failed check of a computation names the problem, as an immediate
-    check would have."""
+    check would have. ``redo``: the owner answers ``RedoStep`` by redoing the computation
+    (checks with a host fallback may then be deferred as well)."""
 
-    def __init__(self) -> None:
+    def __init__(self, redo: bool = False) -> None:
+        self.redo = redo
         self._flags: list[Array] = []
         self._errors: list[Callable[[], Exception]] = []
 
@@ -198,13 +217,14 @@ _DEFERRED: contextvars.ContextVar[DeferredChecks | None] = contextvars.ContextVa
 
 
 @contextlib.contextmanager
-def deferred_checks() -> Iterator[DeferredChecks]:
+def deferred_checks(redo: bool = False) -> Iterator[DeferredChecks]:
     """A context in which checks of device arrays are collected instead of read one by one;
     what is still pending at its end is read then (one sync). Use ``flush`` inside it to read
     the checks together with the values a computation returns, before anything that a failed
     check must not reach (a state update). Contexts do not nest: an inner one collects its
-    own checks."""
-    checks = DeferredChecks()
+    own checks. ``redo=True``: the caller catches ``RedoStep`` from the read and redoes the
+    computation (see the module doc); only the training loop does."""
+    checks = DeferredChecks(redo)
     token = _DEFERRED.set(checks)
     try:
         yield checks
@@ -213,19 +233,56 @@ def deferred_checks() -> Iterator[DeferredChecks]:
     checks.flush()
 
 
-def _pending() -> DeferredChecks | None:
+def pending_checks() -> DeferredChecks | None:
+    """The open ``deferred_checks`` context, if any."""
     return _DEFERRED.get()
+
+
+#: checks met while ``torch.compile`` traces a compiled region (``gpinfer.backend.compile``):
+#: a list that is never replaced (the compiled code appends to it); the region's wrapper hands
+#: them on after each call (``hand_over_traced_checks``)
+_TRACED: list[tuple[Array, Callable[[], Exception]]] = []
+
+
+def tracing() -> bool:
+    """Whether ``torch.compile`` is tracing the code that calls this (False without torch)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.compiler.is_compiling())
+
+
+def _require(flag: Array, error: Callable[[], Exception]) -> None:
+    """A device check: collected while tracing a compiled region, deferred inside
+    ``deferred_checks``, else read at once."""
+    if tracing():
+        _TRACED.append((flag, error))
+        return
+    checks = pending_checks()
+    if checks is not None:
+        checks.require(flag, error)
+    elif not bool(flag):
+        raise error()
+
+
+def hand_over_traced_checks(discard: bool = False) -> None:
+    """The checks a compiled region collected, in order, to the open ``deferred_checks``
+    context (or read at once outside one); ``discard``: dropped (the region failed to
+    compile and runs again eagerly)."""
+    pending = [] if discard else list(_TRACED)
+    _TRACED.clear()
+    for flag, error in pending:
+        _require(flag, error)
 
 
 def require_positive(x: Array, error: Callable[[], Exception]) -> None:
     """Raise ``error()`` unless every entry of ``x`` is finite and ``> 0`` (deferred on a
     device inside ``deferred_checks``)."""
-    checks = None if is_numpy(x) else _pending()
-    if checks is None:
+    if is_numpy(x):
         if not all_positive(x):
             raise error()
         return
-    checks.require(((x > 0.0) & (x < math.inf)).all(), error)
+    _require(((x > 0.0) & (x < math.inf)).all(), error)
 
 
 def require_finite(error: Callable[[], Exception], *arrays: Array) -> None:
@@ -234,16 +291,13 @@ def require_finite(error: Callable[[], Exception], *arrays: Array) -> None:
     checked at once)."""
     host = [a for a in arrays if is_numpy(a)]
     device = [a for a in arrays if not is_numpy(a)]
-    checks = _pending() if device else None
-    if checks is None:
-        if not all_finite(*arrays):
-            raise error()
-        return
     if not all_finite(*host):
         raise error()
+    if not device:
+        return
     torch = _torch()
     flags = [torch.isfinite(a).all() for a in device]
-    checks.require(flags[0] if len(flags) == 1 else torch.stack(flags).all(), error)
+    _require(flags[0] if len(flags) == 1 else torch.stack(flags).all(), error)
 
 
 def einsum(spec: str, *operands: Array) -> Array:
@@ -405,9 +459,8 @@ def checked_cholesky(K: Array, *also_finite: Array,
     torch = _torch()
     L, info = torch.linalg.cholesky_ex(K)
     flags = [(info == 0).all()] + [torch.isfinite(a).all() for a in (K, *also_finite)]
-    checks = _pending() if error is not None else None
-    if checks is not None and error is not None:
-        checks.require(torch.stack(flags).all(), error)
+    if error is not None and (tracing() or pending_checks() is not None):
+        _require(torch.stack(flags).all(), error)
         return L
     return L if bool(torch.stack(flags).all()) else None
 

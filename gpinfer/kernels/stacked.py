@@ -33,6 +33,7 @@ from typing import overload
 import numpy as np
 
 from gpinfer.backend import ops
+from gpinfer.backend.compile import compilable
 from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels.base import Array, Kernel
 from gpinfer.kernels.combination import Sum
@@ -104,38 +105,9 @@ class StackedCovariances:
     def __init__(self, family: StackedKernels, Z: Array, X: Array):
         self.family, self.Z, self.X = family, Z, X
         self.theta = family.theta()
-        st = family.stationary
-        xp = ops.namespace(Z)
-        C, M, D = Z.shape
         #: every parameter in natural units ``[C, P]`` (all are logs), moved once
         self.natural = ops.like(Z, np.exp(self.theta))
-        start, stop = family.offsets[family.stationary_index]
-        ell = self.natural[:, None, start : stop - 1]
-        var = self.natural[:, stop - 1]
-        # one shift for every latent and the batch (distances do not change)
-        shift = xp.mean(xp.reshape(Z, (C * M, D)), axis=0)
-        A = Z - shift
-        A /= ell
-        Xs = X - shift
-        a2 = ops.einsum("cmd,cmd->cm", A, A)
-        r2_uu = self._sqdist(a2, a2, A @ ops.mT(A))
-        ops.fill_diagonal(r2_uu, 0.0)
-        As = A / ell  # (Z - shift) / ell^2: A . ((x - shift) / ell) = As . (x - shift)
-        cross = xp.reshape(xp.reshape(As, (C * M, D)) @ ops.mT(Xs), (C, M, X.shape[0]))
-        del As
-        r2_uf = self._sqdist(a2, _scaled_norms(Xs * Xs, ell), cross)
-        proto = st[0]
-        self.d = _Distances(A, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, var)
-        vk = var[:, None, None]
-        self.Kuu = vk * self.d.g_uu
-        self.Kuf = vk * self.d.g_uf
-        self.Kff_diag = ops.empty(X, (len(st), X.shape[0]))
-        self.Kff_diag[...] = var[:, None]
-        for index, _ in family.noise_parts():
-            noise = self.natural[:, family.offsets[index][0]]
-            if family.noise_on_square[index]:
-                ops.add_diagonal(self.Kuu, noise[:, None])
-            self.Kff_diag += noise[:, None]
+        self.d, self.Kuu, self.Kuf, self.Kff_diag = _forward(family, Z, X, self.natural)
 
     @staticmethod
     def _sqdist(a2: Array, b2: Array, AB: Array) -> Array:
@@ -166,78 +138,125 @@ class StackedCovariances:
         two matrices, ``rA = 2 r_uu + r_uf``, ``H' = G_uu A + G_uf Bx`` and ``H = H' + G_uu A``:
         ``d/dlog ell = -2 (rA . A^2 + c_uf . Bx^2 - 2 sum_m A * H')`` (ARD; ``c_uf`` the column
         sums of ``G_uf``), ``-2 sum G * r2`` (isotropic) and ``g_Z = (2 / ell) (A * rA - H)``.
+        A compiled region of the step (``gpinfer.backend.compile``).
         """
-        fam, d = self.family, self.d
-        xp = ops.namespace(self.Z)
-        C = self.Z.shape[0]
-        ard = fam.stationary[0].ard
-        proto = fam.stationary[0]
-        vk = d.var[:, None, None]
-        d_var = ops.zeros(self.Z, (C,))
-        sum_ff = None if dKff_diag is None else xp.sum(dKff_diag, axis=1)  # [C], shared
-        if sum_ff is not None:
-            d_var += d.var * sum_ff
-        d_ell = ops.zeros(self.Z, (C, d.ell.shape[2]))
-        rA: Array | None = None  # [C, M]
-        GA: Array | None = None  # G_uu A, [C, M, D]
-        GB: Array | None = None  # G_uf Bx, [C, M, D]
-        G_uf: Array | None = None
-        need_products = ard or inputs
-        for dK, r2, g, square in ((dKuu, d.r2_uu, d.g_uu, True), (dKuf, d.r2_uf, d.g_uf, False)):
-            if dK is None:
-                continue
-            d_var += d.var * ops.einsum("cmn,cmn->c", dK, g)
-            G = proto._dg_dr2_from(r2, g)
-            G *= vk
-            G *= dK
-            if square:  # both gradients see G only through its symmetric part
-                G = G + ops.mT(G)
-                G *= 0.5
-            row = xp.sum(G, axis=2)  # [C, M]
+        return _vjp(self, dKuu, dKuf, dKff_diag, inputs)
+
+
+@compilable
+def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
+             ) -> tuple[_Distances, Array, Array, Array]:
+    """``(distances, Kuu [C, M, M], Kuf [C, M, B], Kff_diag [C, B])`` of ``family`` at
+    ``Z [C, M, D]``, ``X [B, D]`` with parameters ``natural [C, P]`` (device arrays only: a
+    compiled region of the step)."""
+    st = family.stationary
+    xp = ops.namespace(Z)
+    C, M, D = Z.shape
+    start, stop = family.offsets[family.stationary_index]
+    ell = natural[:, None, start : stop - 1]
+    var = natural[:, stop - 1]
+    # one shift for every latent and the batch (distances do not change)
+    shift = xp.mean(xp.reshape(Z, (C * M, D)), axis=0)
+    A = Z - shift
+    A /= ell
+    Xs = X - shift
+    a2 = ops.einsum("cmd,cmd->cm", A, A)
+    r2_uu = StackedCovariances._sqdist(a2, a2, A @ ops.mT(A))
+    ops.fill_diagonal(r2_uu, 0.0)
+    As = A / ell  # (Z - shift) / ell^2: A . ((x - shift) / ell) = As . (x - shift)
+    cross = xp.reshape(xp.reshape(As, (C * M, D)) @ ops.mT(Xs), (C, M, X.shape[0]))
+    del As
+    r2_uf = StackedCovariances._sqdist(a2, _scaled_norms(Xs * Xs, ell), cross)
+    proto = st[0]
+    d = _Distances(A, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, var)
+    vk = var[:, None, None]
+    Kuu = vk * d.g_uu
+    Kuf = vk * d.g_uf
+    Kff_diag = ops.empty(X, (len(st), X.shape[0]))
+    Kff_diag[...] = var[:, None]
+    for index, _ in family.noise_parts():
+        noise = natural[:, family.offsets[index][0]]
+        if family.noise_on_square[index]:
+            ops.add_diagonal(Kuu, noise[:, None])
+        Kff_diag += noise[:, None]
+    return d, Kuu, Kuf, Kff_diag
+
+
+@compilable
+def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
+         dKff_diag: Array | None, inputs: bool) -> tuple[Array, Array | None]:
+    """``StackedCovariances.vjp`` (a compiled region of the step)."""
+    fam, d = cov.family, cov.d
+    xp = ops.namespace(cov.Z)
+    C = cov.Z.shape[0]
+    ard = fam.stationary[0].ard
+    proto = fam.stationary[0]
+    vk = d.var[:, None, None]
+    d_var = ops.zeros(cov.Z, (C,))
+    sum_ff = None if dKff_diag is None else xp.sum(dKff_diag, axis=1)  # [C], shared
+    if sum_ff is not None:
+        d_var += d.var * sum_ff
+    d_ell = ops.zeros(cov.Z, (C, d.ell.shape[2]))
+    rA: Array | None = None  # [C, M]
+    GA: Array | None = None  # G_uu A, [C, M, D]
+    GB: Array | None = None  # G_uf Bx, [C, M, D]
+    G_uf: Array | None = None
+    need_products = ard or inputs
+    for dK, r2, g, square in ((dKuu, d.r2_uu, d.g_uu, True), (dKuf, d.r2_uf, d.g_uf, False)):
+        if dK is None:
+            continue
+        d_var += d.var * ops.einsum("cmn,cmn->c", dK, g)
+        G = proto._dg_dr2_from(r2, g)
+        G *= vk
+        G *= dK
+        if square:  # both gradients see G only through its symmetric part
+            G = G + ops.mT(G)
+            G *= 0.5
+        row = xp.sum(G, axis=2)  # [C, M]
+        if square:
+            row *= 2.0
+        rA = row if rA is None else rA + row
+        if not ard:
+            d_ell += xp.reshape(-2.0 * ops.einsum("cmn,cmn->c", G, r2), (C, 1))
+        if need_products:
             if square:
-                row *= 2.0
-            rA = row if rA is None else rA + row
-            if not ard:
-                d_ell += xp.reshape(-2.0 * ops.einsum("cmn,cmn->c", G, r2), (C, 1))
-            if need_products:
-                if square:
-                    GA = G @ d.A
-                else:
-                    GB, G_uf = self._batch_product(G), G
-        g_Z = None
-        if rA is None or not need_products:
-            if inputs:
-                g_Z = ops.zeros(self.Z, tuple(self.Z.shape))
-        else:
-            H = GB if GB is not None else GA  # H' = G_uu A + G_uf Bx
-            if GA is not None and GB is not None:
+                GA = G @ d.A
+            else:
+                GB, G_uf = cov._batch_product(G), G
+    g_Z = None
+    if rA is None or not need_products:
+        if inputs:
+            g_Z = ops.zeros(cov.Z, tuple(cov.Z.shape))
+    else:
+        H = GB if GB is not None else GA  # H' = G_uu A + G_uf Bx
+        if GA is not None and GB is not None:
+            H += GA
+        AR = d.A * rA[:, :, None]
+        if ard:
+            d_ell += 4.0 * ops.einsum("cmd,cmd->cd", d.A, H)
+            d_ell -= 2.0 * ops.einsum("cmd,cmd->cd", AR, d.A)
+            if G_uf is not None:  # c_uf . Bx^2 = (c_uf (X - shift)^2) / ell^2
+                Xs = d.Xs
+                d_ell -= 2.0 * ((xp.sum(G_uf, axis=1) @ (Xs * Xs)) / d.ell[:, 0, :] ** 2)
+        if inputs:
+            if GA is not None:  # H = H' + G_uu A (in place: H' is not needed again)
                 H += GA
-            AR = d.A * rA[:, :, None]
-            if ard:
-                d_ell += 4.0 * ops.einsum("cmd,cmd->cd", d.A, H)
-                d_ell -= 2.0 * ops.einsum("cmd,cmd->cd", AR, d.A)
-                if G_uf is not None:  # c_uf . Bx^2 = (c_uf (X - shift)^2) / ell^2
-                    Xs = d.Xs
-                    d_ell -= 2.0 * ((xp.sum(G_uf, axis=1) @ (Xs * Xs)) / d.ell[:, 0, :] ** 2)
-            if inputs:
-                if GA is not None:  # H = H' + G_uu A (in place: H' is not needed again)
-                    H += GA
-                AR -= H
-                AR *= 2.0 / d.ell
-                g_Z = AR
-        blocks = []
-        for index in range(len(fam.parts)):
-            if index == fam.stationary_index:
-                blocks += [d_ell, d_var[:, None]]
-                continue
-            noise = self.natural[:, fam.offsets[index][0]]
-            total = sum_ff
-            if dKuu is not None and fam.noise_on_square[index]:
-                on_diag = xp.sum(ops.diagonal(dKuu), axis=1)
-                total = on_diag if total is None else total + on_diag
-            gn = ops.zeros(self.Z, (C,)) if total is None else noise * total
-            blocks.append(gn[:, None])
-        return xp.concat(blocks, axis=1), g_Z
+            AR -= H
+            AR *= 2.0 / d.ell
+            g_Z = AR
+    blocks = []
+    for index in range(len(fam.parts)):
+        if index == fam.stationary_index:
+            blocks += [d_ell, d_var[:, None]]
+            continue
+        noise = cov.natural[:, fam.offsets[index][0]]
+        total = sum_ff
+        if dKuu is not None and fam.noise_on_square[index]:
+            on_diag = xp.sum(ops.diagonal(dKuu), axis=1)
+            total = on_diag if total is None else total + on_diag
+        gn = ops.zeros(cov.Z, (C,)) if total is None else noise * total
+        blocks.append(gn[:, None])
+    return xp.concat(blocks, axis=1), g_Z
 
 
 class StackedMatrixGradients(Sequence[MatrixGradients]):

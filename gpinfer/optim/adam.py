@@ -7,6 +7,8 @@ import math
 import numpy as np
 
 from gpinfer.backend import ops
+from gpinfer.backend.compile import active as compile_active
+from gpinfer.backend.compile import compilable
 from gpinfer.interfaces import Array
 from gpinfer.optim.stochastic import StochasticAscent, as_vector, zeros_like_vector
 
@@ -50,6 +52,19 @@ class Adam(StochasticAscent):
         self._work = zeros_like_vector(x0)
         self._delta = zeros_like_vector(x0)
 
+    def snapshot(self) -> tuple[int, Array, Array]:
+        """``(t, m, v)``: copies of the moments (``restore`` brings them back)."""
+        return self.t, ops.copy(self.m), ops.copy(self.v)
+
+    def restore(self, snap: tuple[int, Array, Array]) -> None:
+        """The state of ``snap`` (from ``snapshot``), written into the moments in place."""
+        t, m, v = snap
+        if tuple(self.m.shape) != tuple(m.shape) or type(self.m) is not type(m):
+            self.reset(m)
+        self.t = t
+        self.m[...] = m
+        self.v[...] = v
+
     def step(self, x: Array, grad: Array) -> Array:
         grad = as_vector(grad) if not ops.is_array(grad) else grad
         on_device = ops.is_array(x) and not ops.is_numpy(x)
@@ -77,16 +92,32 @@ class Adam(StochasticAscent):
                 ) -> None:
         """The moments ``m``, ``v`` and ``x`` updated in place (``work``, ``delta``: scratch),
         all ``[n]`` (views of one piece of the vectors)."""
-        m *= self.beta1
-        ops.multiply_into(grad, 1.0 - self.beta1, work)
-        m += work
-        v *= self.beta2
-        ops.multiply_into(grad, grad, work)
-        work *= 1.0 - self.beta2
-        v += work
-        ops.sqrt_into(v, work)
-        work *= 1.0 / math.sqrt(1.0 - self.beta2**self.t)  # sqrt(v_hat)
-        work += self.eps
-        ops.multiply_into(m, self.learning_rate / (1.0 - self.beta1**self.t), delta)
-        delta /= work
-        x += delta
+        inv_bias2 = 1.0 / math.sqrt(1.0 - self.beta2**self.t)
+        step: float | Array = self.learning_rate / (1.0 - self.beta1**self.t)
+        if compile_active() and not ops.is_numpy(x):  # inputs of the compiled graph, not
+            scalars = ops.like(x, np.array([inv_bias2, step]))  # constants (one per step)
+            inv_bias2, step = scalars[0], scalars[1]
+        _adam_update(x, grad, m, v, work, delta, self.beta1, self.beta2, self.eps,
+                     inv_bias2, step)
+
+
+@compilable
+def _adam_update(x: Array, grad: Array, m: Array, v: Array, work: Array, delta: Array,
+                 beta1: float, beta2: float, eps: float, inv_bias2: float | Array,
+                 step: float | Array) -> None:
+    """``Adam._update`` with its scalars as arguments: ``inv_bias2 = 1 / sqrt(1 - beta2^t)``,
+    ``step = learning_rate / (1 - beta1^t)`` (0-d arrays when compiled: they change every
+    step; a compiled region of the step)."""
+    m *= beta1
+    ops.multiply_into(grad, 1.0 - beta1, work)
+    m += work
+    v *= beta2
+    ops.multiply_into(grad, grad, work)
+    work *= 1.0 - beta2
+    v += work
+    ops.sqrt_into(v, work)
+    work *= inv_bias2  # sqrt(v_hat)
+    work += eps
+    ops.multiply_into(m, step, delta)
+    delta /= work
+    x += delta

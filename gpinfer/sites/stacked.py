@@ -29,6 +29,7 @@ from typing import cast
 import numpy as np
 
 from gpinfer.backend import ops
+from gpinfer.backend.compile import compilable
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array
 from gpinfer.kernels.base import Kernel
@@ -61,13 +62,22 @@ def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
     One stacked LAPACK call; a matrix that fails gets ``jittered_cholesky`` (jitter
     escalation, on the host: a rare path) on its own. ``NumericalError`` naming ``name`` and
     the matrix (``"<name> (<unit> <first + c>)"``) for non-finite entries or when even jitter
-    fails.
+    fails. On a device inside ``ops.deferred_checks(redo=True)`` (the training loop's step)
+    nothing is read: the factors are returned as they are and a failure (non-finite entries
+    or a matrix not positive definite) raises ``ops.RedoStep`` at the step's read; the loop
+    then redoes the step without ``redo``, which takes the path above.
     """
     stack = K if K.ndim == 3 else K[None, ...]
 
     def label(c: int) -> str:
         return f"{name} ({unit} {first + c})" if K.ndim == 3 else name
 
+    checks = None if ops.is_numpy(K) else ops.pending_checks()
+    if checks is not None and checks.redo:
+        unread = cast(Array, ops.checked_cholesky(stack, error=lambda: ops.RedoStep(
+            f"{name}: Cholesky failed or non-finite (iteration {iteration}); redo the step "
+            "with jitter escalation")))  # with ``error`` in a context: the factors, unread
+        return unread if K.ndim == 3 else unread[0]
     L = ops.checked_cholesky(stack)  # the usual case: finite and positive definite, one check
     if L is not None:
         return L if K.ndim == 3 else L[0]
@@ -234,6 +244,7 @@ class StackedGaussians:
         return (L @ self.w[..., None])[..., 0], transpose(T) @ T
 
 
+@compilable
 def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: StackedGaussians,
                              R: Array, a_sum: Array, b_sum: Array, e_sum: Array | None = None
                              ) -> StackedMatrixGradients:
@@ -248,6 +259,7 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     a sequence of one ``MatrixGradients`` per class). With ``B_g^-1 A`` from one solve,
     ``X = w a_sum^T + B_g^-1 A diag(E) - 2 A diag(B)`` and
     ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T - 2 A diag(B) A^T``.
+    (A compiled region of the step: ``gpinfer.backend.compile``.)
     """
     A = terms.A
     e = 2.0 * b_sum if e_sum is None else e_sum

@@ -29,6 +29,23 @@ inside one ``ops.deferred_checks`` context: the sites' checks, the objective and
 change (device values) and the gradient's finiteness are read in one transfer at the step's
 end, before the optimiser step and before any snapshot, so a failed check restores the last
 good state exactly as an immediate one would (the outer schedule reads the change per sweep).
+On a device Kuu's Cholesky is checked in that read too (``ops.deferred_checks(redo=True)``):
+the sites' state before the step is kept (``SiteApproximation.snapshot``; a full-batch step
+reuses the state the loop keeps after every iteration, no second copy), and when the read
+shows a failed factorisation the step is redone from it with the factorisation checked at once
+(its jitter escalation on the host), so every step gives what an immediate check gives.
+``Schedule.read_every = k`` (mini-batch, on a device): the values and checks of ``k`` steps are
+read once, after their optimiser steps; the state before them (sites, hyper-parameters,
+Adam's moments) is kept that long, and when the read shows any failure the ``k`` steps are
+restored and replayed one read each, so the fit equals ``k = 1``'s (fewer reads, same
+numbers). numpy reads nothing: its checks run at once, whatever ``k``.
+
+Compiled steps (``compile_mode``, torch only, checked before training by
+``gpinfer.backend.compile.check_compile``): the step's computation and the optimiser update
+run inside ``compiling(mode)``, where their tensor regions (kernel covariances and VJPs, site
+algebra, matrix gradients, Adam) run ``torch.compile``d. Shapes stay fixed: a compiled
+mini-batch fit drops each epoch's last, short batch (``MiniBatches(drop_last=True)``; a
+warning names the ``N mod B`` points) instead of compiling a second shape.
 
 Optimiser coordinates: ``coordinates`` ``d [P]`` lets the optimiser act on ``xi = d * theta``
 (gradient ``g / d``); ep/sep step in the log of the *squared* length-scale as the paper does.
@@ -36,16 +53,19 @@ Optimiser coordinates: ``coordinates`` ``d [P]`` lets the optimiser act on ``xi 
 
 from __future__ import annotations
 
+import itertools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from gpinfer.backend import ops
+from gpinfer.backend.compile import compiling
 from gpinfer.data.minibatch import MiniBatches
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.hyper import HyperParameters
-from gpinfer.interfaces import Array, FitCallback, Problem, SiteApproximation
+from gpinfer.interfaces import Array, FitCallback, Problem, Scalar, SiteApproximation
 from gpinfer.kernels.checks import checked_inputs
 from gpinfer.optim.adam import Adam
 from gpinfer.optim.sign_adaptive import SignAdaptiveAscent
@@ -69,6 +89,7 @@ class Schedule:
     adam_learning_rate: float = 0.001
     patience: int = 20
     max_failures: int = 30
+    read_every: int = 1
 
     def check(self, owner: str, minibatch: bool) -> Schedule:
         """``self``, or an ``InputError`` naming ``owner`` and the bad setting."""
@@ -77,6 +98,12 @@ class Schedule:
                              f"{self.kind!r}")
         if minibatch and self.kind != "inner":
             raise InputError(f"{owner}: mini-batch training uses the inner schedule only")
+        if int(self.read_every) != self.read_every or self.read_every < 1:
+            raise InputError(f"{owner}: read_every must be an integer >= 1, got "
+                             f"{self.read_every!r}")
+        if self.read_every > 1 and not minibatch:
+            raise InputError(f"{owner}: read_every > 1 applies to mini-batch training only "
+                             "(full-batch iterations read every step)")
         return self
 
 
@@ -85,14 +112,16 @@ class TrainingLoop:
 
     ``X [N, D]`` the training inputs (the kernels' vector-Jacobian products need them),
     ``coordinates [P]`` the optimiser's scaling of ``hp.pack()`` (None: 1), ``n_jobs`` threads
-    for the per-latent kernel VJPs. After ``run``: ``iteration``, ``value`` (the last objective),
+    for the per-latent kernel VJPs, ``compile_mode`` the ``compile`` option (already checked:
+    ``check_compile``). After ``run``: ``iteration``, ``value`` (the last objective),
     ``failures``, ``damping_raises``, ``rho`` (the damping), ``history``.
     """
 
     def __init__(self, name: str, problem: Problem, sites: SiteApproximation,
                  hp: HyperParameters, X: Array, schedule: Schedule,
                  callback: FitCallback | None = None, *, time_limit_s: float | None = None,
-                 coordinates: Array | None = None, n_jobs: int = 1):
+                 coordinates: Array | None = None, n_jobs: int = 1,
+                 compile_mode: str = "none"):
         self.name = name
         self.problem, self.sites, self.hp, self.X = problem, sites, hp, X
         self.schedule = schedule.check(name, problem.batch_size is not None)
@@ -105,6 +134,7 @@ class TrainingLoop:
         scaled = np.flatnonzero(self.coord != 1.0)
         self._scaled = slice(int(scaled[0]), int(scaled[-1]) + 1) if scaled.size else slice(0, 0)
         self.n_jobs = n_jobs
+        self.compile_mode = compile_mode
         self.iteration = 0
         self.failures = 0
         self.damping_raises = 0
@@ -113,14 +143,21 @@ class TrainingLoop:
         self._since_best = 0
         self.best_value = -np.inf
         self.best: tuple[object, Array] | None = None
+        #: steps redone after a deferred Kuu factorisation failed (``ops.RedoStep``)
+        self.redone = 0
+        self._on_device: bool | None = None  # known after the first step (from its gradient)
+        #: a snapshot the sites equal now (kept or restored), None after a step moved them
+        self._sites_now: object | None = None
 
     # -- state -------------------------------------------------------------------------------
     def _state(self) -> tuple[object, Array]:
         """``(sites snapshot, hyper-parameters)``: what a back-off or a report restores."""
-        return self.sites.snapshot(), self.hp.pack()
+        self._sites_now = self.sites.snapshot()
+        return self._sites_now, self.hp.pack()
 
     def _restore(self, pair: tuple[object, Array]) -> None:
         self.sites.restore(pair[0])
+        self._sites_now = pair[0]
         if self.hp.size:
             self.hp.unpack(pair[1])
 
@@ -153,42 +190,124 @@ class TrainingLoop:
         """One optimiser step in the scaled coordinates from the current hyper-parameters
         (``grad`` is scaled in place)."""
         if self.hp.size:  # in place on arrays this step owns: P can be millions
-            theta = self.hp.pack()
-            part = self._scaled
-            coord = self._coordinates(theta)[part]
-            theta[part] *= coord
-            grad[part] /= coord
-            xi = opt.step_into(theta, grad) if isinstance(opt, Adam) else opt.step(theta, grad)
-            xi[part] /= coord
-            self.hp.unpack(xi, owned=True)
+            with compiling(self.compile_mode):
+                theta = self.hp.pack()
+                part = self._scaled
+                coord = self._coordinates(theta)[part]
+                theta[part] *= coord
+                grad[part] /= coord
+                xi = (opt.step_into(theta, grad) if isinstance(opt, Adam)
+                      else opt.step(theta, grad))
+                xi[part] /= coord
+                self.hp.unpack(xi, owned=True)
 
     def _step(self, batch: Array, rho: float) -> tuple[float, Array, float]:
-        """Refine the sites of ``batch``, then the objective and its gradient on ``batch``
-        (inputs' values checked once, before training: see ``checked_inputs``)."""
+        """Refine the sites of ``batch``, then the objective and its gradient on ``batch``, read
+        at the step's end (inputs' values checked once, before training: see
+        ``checked_inputs``). On a device a failed Kuu factorisation shows in that read: the
+        step is then redone from the sites' state before it with the factorisation checked at
+        once (see the module doc)."""
         with checked_inputs():
-            return self._checked_step(batch, rho)
+            before = None  # a full-batch step starts from a kept state: no new copy
+            if self._on_device:
+                before = self._sites_now if self._sites_now is not None else self.sites.snapshot()
+            self._sites_now = None  # the step moves the sites
+            try:
+                return self._read_step(batch, rho, redo=before is not None)
+            except ops.RedoStep:
+                self.sites.restore(before)
+                self.redone += 1
+                return self._read_step(batch, rho, redo=False)
 
-    def _checked_step(self, batch: Array, rho: float) -> tuple[float, Array, float]:
-        it = self.iteration
-        with ops.deferred_checks() as checks:  # on a device: one read, at the step's end
-            self.sites.prepare(batch, it)
-            change = self.sites.update(rho, it)
-            if self.problem.batch_size is None and self.schedule.kind == "outer":
-                for _ in range(int(self.schedule.outer_max_sweeps)):
-                    change = checks.flush(change)[0]
-                    if change < self.schedule.outer_tol:
-                        break
-                    change = self.sites.update(rho, it)
-            scale = self.X.shape[0] / batch.shape[0]
-            out = self.sites.objective(scale, it)
-            X_batch = self.sites.batch_inputs()
-            grad = self.hp.gradient(self.X[batch] if X_batch is None else X_batch,
-                                    out.gradients, self.n_jobs)
-            ops.require_finite(lambda: NumericalError(
-                "non-finite objective or gradient", iteration=it, quantity="objective"),
-                out.value, grad)
-            value, change = checks.flush(out.value, change)
+    def _read_step(self, batch: Array, rho: float, redo: bool) -> tuple[float, Array, float]:
+        """One step in its own ``deferred_checks`` context, read once at its end."""
+        with ops.deferred_checks(redo) as checks:  # on a device: one read, at the step's end
+            unread, grad, unread_change = self._unread_step(batch, rho, checks)
+            value, change = checks.flush(unread, unread_change)
+        if self._on_device is None:
+            self._on_device = not ops.is_numpy(grad)
         return value, grad, change
+
+    def _unread_step(self, batch: Array, rho: float, checks: ops.DeferredChecks
+                     ) -> tuple[Scalar, Array, Scalar]:
+        """The step's computation; its objective ``[]``, site change ``[]`` and the gradient's
+        finiteness check are left unread in ``checks`` (device values; floats on numpy),
+        except that the outer schedule reads the change per sweep. Returns ``(objective,
+        gradient [P], change)``."""
+        with compiling(self.compile_mode):
+            return self._computed_step(batch, rho, checks)
+
+    def _computed_step(self, batch: Array, rho: float, checks: ops.DeferredChecks
+                       ) -> tuple[Scalar, Array, Scalar]:
+        it = self.iteration
+        self.sites.prepare(batch, it)
+        change = self.sites.update(rho, it)
+        if self.problem.batch_size is None and self.schedule.kind == "outer":
+            for _ in range(int(self.schedule.outer_max_sweeps)):
+                change = checks.flush(change)[0]
+                if change < self.schedule.outer_tol:
+                    break
+                change = self.sites.update(rho, it)
+        scale = self.X.shape[0] / batch.shape[0]
+        out = self.sites.objective(scale, it)
+        X_batch = self.sites.batch_inputs()
+        grad = self.hp.gradient(self.X[batch] if X_batch is None else X_batch,
+                                out.gradients, self.n_jobs)
+        ops.require_finite(lambda: NumericalError(
+            "non-finite objective or gradient", iteration=it, quantity="objective"),
+            out.value, grad)
+        return out.value, grad, change
+
+    def _window(self, group: list[Array], opt: Adam
+                ) -> tuple[list[float], list[float], bool] | None:
+        """The steps of ``group`` (batches), each with its optimiser step, read once at the
+        end: ``(objectives, site changes, out of time)``; ``None`` when the read showed a
+        failure (any check, or a Kuu factorisation to redo), with the state before the
+        window restored (the caller replays it one read per step)."""
+        start = (self.sites.snapshot(), self.hp.pack(), opt.snapshot())
+        self._sites_now = None
+        values: list[Scalar] = []
+        changes: list[Scalar] = []
+        stopped = False
+        try:
+            with checked_inputs(), ops.deferred_checks(redo=True) as checks:
+                for batch in group:
+                    value, grad, change = self._unread_step(batch, self.rho, checks)
+                    self._ascend(opt, grad)  # unchecked: a failure replays the window
+                    values.append(value)
+                    changes.append(change)
+                    if self.reporter.out_of_time():
+                        stopped = True
+                        break
+                read = checks.flush(*values, *changes)
+        except (NumericalError, InputError, ops.RedoStep):
+            self._restore((start[0], start[1]))
+            opt.restore(start[2])
+            return None
+        return read[:len(values)], read[len(values):], stopped
+
+    def _steps(self, group: list[Array], opt: Adam, good: tuple[object, Array]
+               ) -> tuple[list[float], list[float], bool]:
+        """The mini-batch steps of ``group``: ``(objectives, site changes, out of time)`` of
+        those that succeeded (a failed one backs off to ``good``, as ``_fail`` says)."""
+        if len(group) > 1:
+            read = self._window(group, opt)
+            if read is not None:
+                return read
+        values: list[float] = []
+        changes: list[float] = []
+        for batch in group:
+            try:
+                value, grad, change = self._step(batch, self.rho)
+            except NumericalError as err:
+                self._fail(err, good, opt)
+                continue
+            values.append(value)
+            changes.append(change)
+            self._ascend(opt, grad)
+            if self.reporter.out_of_time():
+                return values, changes, True
+        return values, changes, False
 
     # -- failure policy and divergence -------------------------------------------------------
     def _fail(self, err: NumericalError, good: tuple[object, Array],
@@ -270,22 +389,28 @@ class TrainingLoop:
             raise InputError(f"{self.name}: batch_size {size} exceeds the {N} training points")
         opt = Adam(learning_rate=float(self.schedule.adam_learning_rate))
         opt.reset(self._scaled_theta())
-        batches = MiniBatches(N, size, self.problem.rng)
+        fixed = self.compile_mode != "none"
+        if fixed and N % size:
+            warnings.warn(f"{self.name}: compile={self.compile_mode!r} keeps shapes fixed: the "
+                          f"last {N % size} points of each epoch's shuffled order (N mod "
+                          f"batch_size) are dropped from that epoch", UserWarning, stacklevel=2)
+        batches = MiniBatches(N, size, self.problem.rng, drop_last=fixed)
         self.rho = 1.0
+        k = int(self.schedule.read_every)
         good = self._state()  # per epoch: snapshots cost O(state)
         while self._more():
             self.iteration += 1
-            values, change = [], 0.0
-            for batch in batches:
-                try:
-                    value, grad, ch = self._step(batch, self.rho)
-                except NumericalError as err:
-                    self._fail(err, good, opt)
-                    continue
-                values.append(value)
-                change = max(change, ch)
-                self._ascend(opt, grad)
-                if self.reporter.out_of_time():
+            values: list[float] = []
+            change = 0.0
+            epoch = iter(batches)
+            while True:  # groups of k steps read together on a device (one step on numpy)
+                group = list(itertools.islice(epoch, k if self._on_device else 1))
+                if not group:
+                    break
+                read, changes, stopped = self._steps(group, opt, good)
+                values += read
+                change = max([change, *changes])
+                if stopped:
                     break
             self.sites.end_epoch()
             self.value = float(np.mean(values)) if values else self.value

@@ -124,23 +124,26 @@ def test_sep_update_and_evaluate_leave_their_reads_to_the_caller():
     assert np.isfinite(ops.scalar(state.update(terms, idx, 0.5)))
 
 
-def _fit(method="sep", max_iter=2):
+def _fit(method="sep", max_iter=2, **options):
     from gpinfer.estimator import GPClassifier
 
     rng = np.random.default_rng(1)
     y = np.arange(48) % 3
     X = rng.normal(size=(48, 2)) + y[:, None]
-    batches = {"batch_size": 16, "method_options": {"adam_learning_rate": 0.01}}
+    batches = {"batch_size": 16, "method_options": {"adam_learning_rate": 0.01, **options}}
     return GPClassifier(method=method, M=5, max_iter=max_iter, random_state=0,
                         backend="torch", device="cpu", dtype="float64",
                         **(batches if method == "sep" else {})).fit(X, y)
 
 
+_PROBE = np.linspace(-2.0, 4.0, 14).reshape(7, 2)
+
+
 @pytest.mark.parametrize(("method", "steps"), [("sep", 6), ("ep", 2)])
-def test_a_training_step_reads_the_device_twice(monkeypatch, method, steps):
-    """Kuu's Cholesky check (its jitter fallback needs the answer at once) and one read at the
-    step's end of every check, the objective and the site change (sep mini-batch, ep full
-    batch)."""
+def test_a_training_step_reads_the_device_once(monkeypatch, method, steps):
+    """One read at the step's end of every check (Kuu's Cholesky included: a failure redoes
+    the step), the objective and the site change (sep mini-batch, ep full batch); the first
+    step, before the loop knows its arrays are on a device, checks Kuu at once (two reads)."""
     from gpinfer.training.loop import TrainingLoop
 
     original, counts = TrainingLoop._step, []
@@ -152,7 +155,7 @@ def test_a_training_step_reads_the_device_twice(monkeypatch, method, steps):
 
     monkeypatch.setattr(TrainingLoop, "_step", counted)
     _fit(method)
-    assert counts == [2] * steps
+    assert counts == [2] + [1] * (steps - 1)
 
 
 def test_a_check_failed_inside_a_step_restores_the_last_good_state(monkeypatch):
@@ -185,3 +188,74 @@ def test_sep_moves_a_batch_s_labels_once_and_counts_them_on_the_device():
     other = state._labels(idx[:6], terms.A)
     assert other is not first
     np.testing.assert_array_equal(other.counts.numpy(), factor_counts(state.y[:6], 3))
+
+
+@pytest.mark.parametrize(("method", "nth"), [("sep", 4), ("ep", 2)])
+def test_a_failed_deferred_kuu_factorisation_redoes_the_step(monkeypatch, method, nth):
+    """A Kuu factorisation reported failed at the step's read: the step is redone from the
+    sites' state before it (sep mini-batch: a copy per step; ep full batch: the state the
+    loop keeps) with the factorisation checked at once; the fit is unchanged."""
+    import gpinfer.sites.stacked as stacked
+
+    reference = _fit(method, max_iter=3).predict_proba(_PROBE)
+    original, seen = stacked.ops.checked_cholesky, {"deferred": 0, "failed": 0}
+
+    def failing_once(K, *also, error=None):
+        L = original(K, *also, error=error)
+        if error is not None and isinstance(error(), ops.RedoStep):  # Kuu's, deferred
+            seen["deferred"] += 1
+            if seen["deferred"] == nth:  # a later step: report the factorisation failed
+                seen["failed"] += 1
+                ops.pending_checks().require(torch.tensor(False), error)
+                return L * float("nan")  # what a failed factorisation may leave
+        return L
+
+    monkeypatch.setattr(stacked.ops, "checked_cholesky", failing_once)
+    est = _fit(method, max_iter=3)
+    assert seen["failed"] == 1
+    assert est.history_[-1]["failures"] == 0.0  # redone, not backed off
+    np.testing.assert_array_equal(est.predict_proba(_PROBE), reference)
+
+
+@pytest.mark.parametrize("poison", [False, True])
+def test_reading_every_k_steps_gives_the_same_fit(monkeypatch, poison):
+    """read_every = 3: fewer reads, the same fit as one read per step, also when a step fails
+    inside a window (the window is replayed one read per step)."""
+
+    original, seen = TiedSites.update, {"steps": []}
+
+    def poisoned(self, terms, idx, *args, **kwargs):
+        step = (kwargs.get("iteration"), tuple(idx[:4].tolist()))  # the same in a replay
+        if step not in seen["steps"]:
+            seen["steps"].append(step)
+        if poison and seen["steps"].index(step) == 4:  # epoch 2, its second batch
+            self.Lam = self.Lam * float("nan")
+            self._whitened = None
+        return original(self, terms, idx, *args, **kwargs)
+
+    monkeypatch.setattr(TiedSites, "update", poisoned)
+    one = _fit(max_iter=3)
+    reads = {"n": 0}
+    flush = ops.DeferredChecks.flush
+
+    def counted(self, *values):
+        reads["n"] += 1
+        return flush(self, *values)
+
+    monkeypatch.setattr(ops.DeferredChecks, "flush", counted)
+    three = _fit(max_iter=3, read_every=3)
+    assert one.history_[-1]["failures"] == three.history_[-1]["failures"] == float(poison)
+    np.testing.assert_array_equal(three.predict_proba(_PROBE), one.predict_proba(_PROBE))
+    np.testing.assert_array_equal([h["objective"] for h in three.history_],
+                                  [h["objective"] for h in one.history_])
+    if not poison:  # 9 steps: the first alone (device not yet known), then windows of 3
+        assert reads["n"] < 9
+
+
+def test_read_every_is_for_mini_batches():
+    from gpinfer.training.loop import Schedule
+
+    with pytest.raises(InputError, match="mini-batch training only"):
+        Schedule(read_every=2).check("sep", minibatch=False)
+    with pytest.raises(InputError, match="integer >= 1"):
+        Schedule(read_every=0).check("sep", minibatch=True)

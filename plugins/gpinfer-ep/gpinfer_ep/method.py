@@ -34,6 +34,7 @@ import numpy as np
 
 from gpinfer.backend import ops
 from gpinfer.backend.choice import NUMPY, Backend
+from gpinfer.backend.compile import COMPILE_MODES, check_compile
 from gpinfer.hyper import HyperParameters
 from gpinfer.inducing import INDUCING_INITS
 from gpinfer.interfaces import (
@@ -73,7 +74,12 @@ class _SparseEPBase(Method):
     the best log Z_q before the best state is restored and the damping and steps are halved),
     ``time_limit_s`` (stop after this much training time; the callback's time, where test
     metrics are computed, is not counted, nor is it in ``elapsed``), ``n_jobs`` (threads for the
-    per-class kernel VJPs, ``gpinfer.parallel``: same results; one BLAS thread meanwhile).
+    per-class kernel VJPs, ``gpinfer.parallel``: same results; one BLAS thread meanwhile),
+    ``read_every`` (mini-batch on a device: the loss and checks read once per ``k`` steps, the
+    same fit with fewer host syncs: ``gpinfer.training.loop``), ``compile`` (torch:
+    ``"default"`` runs the step's tensor regions ``torch.compile``d, ``"reduce-overhead"`` adds
+    CUDA graphs on a GPU; a compiled mini-batch fit drops each epoch's last short batch:
+    ``gpinfer.backend.compile``).
     """
 
     tasks: ClassVar[tuple[str, ...]] = ("classification",)
@@ -97,6 +103,9 @@ class _SparseEPBase(Method):
         "patience": integer(20, "[1, inf)", doc="iterations below the best before a restore"),
         "time_limit_s": real(None, "(0, inf)", none=True),
         "n_jobs": integer(1, "[1, inf)", also=(-1,), doc="threads for the per-class kernel VJPs"),
+        "read_every": integer(1, "[1, inf)",
+                              doc="mini-batch on a device: read values and checks every k steps"),
+        "compile": choice("none", COMPILE_MODES, doc="torch.compile the step (torch only)"),
     }
 
     backends: ClassVar[tuple[str, ...]] = ("numpy", "torch")
@@ -114,8 +123,10 @@ class _SparseEPBase(Method):
                             outer_max_sweeps=int(o["outer_max_sweeps"]),
                             learning_rate=float(o["learning_rate"]),
                             adam_learning_rate=float(o["adam_learning_rate"]),
-                            patience=int(o["patience"]), max_failures=MAX_FAILURES)
+                            patience=int(o["patience"]), max_failures=MAX_FAILURES,
+                            read_every=int(o["read_every"]))
         schedule.check(self.name, problem.batch_size is not None)
+        compile_mode = check_compile(o["compile"], problem.backend, f"{self.name} option")
         X, y = np.asarray(problem.X, dtype=float), np.asarray(problem.y, dtype=np.int64)
         kernels = class_kernels(problem, o["noise"], o["lengthscale_init"], o["noise_in_Kuu"])
         Zs = initial_inducing(problem, self.name, self.options["inducing_init"])
@@ -129,7 +140,7 @@ class _SparseEPBase(Method):
         coordinates = np.where(hp.kernel_entries("lengthscale"), 2.0, 1.0)
         loop = TrainingLoop(self.name, problem, sites, hp, X, schedule, callback,
                             time_limit_s=o["time_limit_s"], coordinates=coordinates,
-                            n_jobs=n_jobs)
+                            n_jobs=n_jobs, compile_mode=compile_mode)
         with blas_threads_for(n_jobs):
             loop.run()
         posterior = sites.posterior()

@@ -33,6 +33,7 @@ import numpy as np
 
 from gpinfer.backend import ops
 from gpinfer.backend.choice import NUMPY, Backend
+from gpinfer.backend.compile import compilable
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array, Scalar
 from gpinfer.kernels.base import Kernel
@@ -309,27 +310,12 @@ class TiedSites(_SiteSums):
         """Tied damped update from the points ``idx`` (spec §2.5.3); returns the max change of
         the whitened site shift (a 0-d array, unread: see the module doc)."""
         terms = as_stacked(terms)
-        y, mask, counts, n_factors = self._labels(idx, terms.A)
+        labels = self._labels(idx, terms.A)
         P_w, h_w = self._whitened_sums(terms)
-        cav = StackedGaussians(P_w, h_w, self._cavity_fraction(P_w), iteration=iteration)
-        mu, v, _ = cav.project(terms.A)
-        a, v, s = mu.T, v.T, terms.s.T
-        a_y, v_y = at_label(a, y), at_label(v, y)
-        t = pair_tilted(a_y, v_y + at_label(s, y), a, v + s, mask)
-        W1, W2 = new_role_site(t.g_win, t.gamma, a_y, v_y)
-        L1, L2 = new_role_site(-t.g_win, t.gamma, a, v)
-        tau, nu = aggregate(W1, L1, y, mask), aggregate(W2, L2, y, mask)
-        _finite("SEP sites", tau, nu)  # deferred in the caller's context
-        keep = 1.0 - rho * counts / n_factors
-        A = terms.A
-        P_new = (A * tau.T[:, None, :]) @ transpose(A)
-        h_new = ops.einsum("cmn,nc->cm", A, nu)
-        P_w = symmetrize(keep[:, None, None] * P_w + rho * P_new)
-        h_next = keep[:, None] * h_w + rho * h_new
-        xp = ops.namespace(h_next)
-        change = xp.max(xp.abs(h_next - h_w))
+        P_w, h_next, change, Lam, h = _tied_update(
+            terms, P_w, h_w, self._cavity_fraction(P_w), labels, rho, iteration)
         self._whitened = (terms, P_w, h_next)
-        self.Lam, self.h = terms.to_u_space(P_w, h_next)
+        self.Lam, self.h = Lam, h
         return change
 
     def evaluate(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array,
@@ -338,17 +324,55 @@ class TiedSites(_SiteSums):
         """SEP ``log Z_q`` (§2.6, a 0-d array, unread: see the module doc) and the paper's
         gradient with the shared cavity (§2.7.3)."""
         terms = as_stacked(terms)
-        y, mask, n_b, _ = self._labels(idx, terms.A)
+        labels = self._labels(idx, terms.A)
         P_w, h_w = self._whitened_sums(terms)
-        q = StackedGaussians(P_w, h_w, iteration=iteration)
-        cav = StackedGaussians(P_w, h_w, self._cavity_fraction(P_w), iteration=iteration)
-        mu, v, R = cav.project(terms.A)
-        a, vs = mu.T, (v + terms.s).T
-        t = pair_log_z(at_label(a, y), at_label(vs, y), a, vs, mask)
-        lnr_q, lnr_cav = q.log_norm_ratio(), cav.log_norm_ratio()
-        xp = ops.namespace(lnr_q)
-        cav_terms = xp.sum(n_b * (lnr_cav - lnr_q))
-        value = xp.sum(lnr_q) + scale * (xp.sum(t.log_z) + cav_terms)
-        a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
-        b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
-        return value, stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
+        return _tied_evaluate(terms, P_w, h_w, self._cavity_fraction(P_w), labels, scale,
+                              iteration)
+
+
+@compilable
+def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Array,
+                 labels: _BatchLabels, rho: float, iteration: int | None
+                 ) -> tuple[Array, Array, Array, Array, Array]:
+    """``TiedSites.update`` on device arrays (a compiled region of the step): from the
+    whitened sums ``P_w [C, M, M]``, ``h_w [C, M]`` and the cavity fraction ``[C]``, the new
+    ``(P_w, h_w, change [], Lam [C, M, M], h [C, M])``."""
+    y, mask, counts, n_factors = labels
+    cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
+    mu, v, _ = cav.project(terms.A)
+    a, v, s = mu.T, v.T, terms.s.T
+    a_y, v_y = at_label(a, y), at_label(v, y)
+    t = pair_tilted(a_y, v_y + at_label(s, y), a, v + s, mask)
+    W1, W2 = new_role_site(t.g_win, t.gamma, a_y, v_y)
+    L1, L2 = new_role_site(-t.g_win, t.gamma, a, v)
+    tau, nu = aggregate(W1, L1, y, mask), aggregate(W2, L2, y, mask)
+    _finite("SEP sites", tau, nu)  # deferred in the caller's context
+    keep = 1.0 - rho * counts / n_factors
+    A = terms.A
+    P_new = (A * tau.T[:, None, :]) @ transpose(A)
+    h_new = ops.einsum("cmn,nc->cm", A, nu)
+    P_w = symmetrize(keep[:, None, None] * P_w + rho * P_new)
+    h_next = keep[:, None] * h_w + rho * h_new
+    xp = ops.namespace(h_next)
+    change = xp.max(xp.abs(h_next - h_w))
+    return (P_w, h_next, change, *terms.to_u_space(P_w, h_next))
+
+
+@compilable
+def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Array,
+                   labels: _BatchLabels, scale: float, iteration: int | None
+                   ) -> tuple[Scalar, StackedMatrixGradients]:
+    """``TiedSites.evaluate`` on device arrays (a compiled region of the step)."""
+    y, mask, n_b, _ = labels
+    q = StackedGaussians(P_w, h_w, iteration=iteration)
+    cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
+    mu, v, R = cav.project(terms.A)
+    a, vs = mu.T, (v + terms.s).T
+    t = pair_log_z(at_label(a, y), at_label(vs, y), a, vs, mask)
+    lnr_q, lnr_cav = q.log_norm_ratio(), cav.log_norm_ratio()
+    xp = ops.namespace(lnr_q)
+    cav_terms = xp.sum(n_b * (lnr_cav - lnr_q))
+    value = xp.sum(lnr_q) + scale * (xp.sum(t.log_z) + cav_terms)
+    a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
+    b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
+    return value, stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
