@@ -188,6 +188,9 @@ class VariationalState:
         Xb = self._inputs(batch)
         scale = n / Xb.shape[0]
         kernels, Zs = self.hp.kernels, self.Zs
+        # per class: a list of [M, M] / [M, B] arrays, or one stacked [C, M, M] / [C, M, B] array
+        Kuu: list[Array] | Array
+        Kub: list[Array] | Array
         if self._fast:
             mats = [c.matrices(batch) for c in self._covs]
             Kuu, Kub = [m[0] for m in mats], [m[1] for m in mats]
