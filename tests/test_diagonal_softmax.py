@@ -1,9 +1,12 @@
 """The exact 1-D reduction of diagonal-Gaussian softmax integrals (``numerics.diagonal_softmax``)
-against converged Gauss-Hermite product rules (C = 3, 4), its derivative identities against
-finite differences of its own ``log Z``, and bad input."""
+against converged Gauss-Hermite product rules (C = 3, 4) and, over variances 1e-4 to 1e4, means
+-50 to 50 and C = 2 to 20, against an independent reference (composite Gauss-Legendre in the
+Gumbel variable); its derivative identities against finite differences of its own ``log Z``,
+and bad input."""
 
 import numpy as np
 import pytest
+from numpy.polynomial.legendre import leggauss
 
 from gpinfer.errors import NumericalError
 from gpinfer.numerics.diagonal_softmax import (
@@ -17,6 +20,7 @@ from gpinfer.numerics.gaussian_cubature import (
     softmax_predictive,
     softmax_tilted,
 )
+from gpinfer.numerics.quadrature import gauss_hermite
 
 
 def _case(C: int, B: int = 5, seed: int = 0, scale: float = 3.0):
@@ -182,3 +186,152 @@ def test_separable_factors_equal_the_definition(density):
     assert np.isneginf(ref[0][0, 0])
     for f, s in zip(got, ref, strict=True):
         np.testing.assert_array_equal(f, s)
+
+
+# --------------------------------------------------------------------------------------------
+# Stress test over variances 1e-4..1e4 (issue 27) against an independent reference
+# --------------------------------------------------------------------------------------------
+
+
+def _reference_factors(label: bool, m: float, s: float, t: np.ndarray):
+    """``log E[f(t - v)]``, ``E[x f] / E[f]``, ``E[x^2 f] / E[f]`` ``[T]`` for ``v ~ N(m, s^2)``
+    (``f = g`` if ``label``, else ``G``), computed unlike the module: over the Gumbel variable
+    ``z = t - v``, ``int N(t - z; m, s^2) f(z) dz``, by 10-point Gauss-Legendre on panels that
+    merge 24 equal panels of the window ``t - m +- 9 s`` (for ``g`` reaching ``s^2`` further
+    down, where its exponential tail tilts the mass) with unit panels on ``[-6, 30]`` (the
+    Gumbel feature), in log space. ``z < -6``: ``G < e^-400``."""
+    gx, gw = leggauss(10)
+    c = t - m
+    zlo = np.maximum(c - 9.0 * s - (s * s if label else 0.0), -6.0)
+    zhi = c + 9.0 * s
+    window = zlo[:, None] + (zhi - zlo)[:, None] * np.linspace(0.0, 1.0, 25)[None, :]
+    fine = np.clip(np.arange(-6.0, 31.0)[None, :], zlo[:, None], zhi[:, None])
+    br = np.sort(np.concatenate([window, fine], axis=1), axis=1)
+    lo, hi = br[:, :-1, None], br[:, 1:, None]
+    z = 0.5 * (lo + hi) + 0.5 * (hi - lo) * gx  # [T, panels, 10]
+    x = (c[:, None, None] - z) / s
+    with np.errstate(divide="ignore"):  # empty panels: weight 0
+        log_f = -np.exp(-z) - (z if label else 0.0) + np.log(0.5 * (hi - lo) * gw) - 0.5 * x * x
+    log_f, x = log_f.reshape(t.size, -1), x.reshape(t.size, -1)
+    top = log_f.max(axis=1, keepdims=True)
+    p = np.exp(log_f - top)
+    S0 = p.sum(axis=1)
+    return (np.log(S0) + top[:, 0] - np.log(s * np.sqrt(2.0 * np.pi)),
+            (p * x).sum(axis=1) / S0,
+            (p * x * x).sum(axis=1) / S0)
+
+
+def _reference_tilted(y, h, a):
+    """``(log Z [B], h_hat [B, C], a_hat [B, C])`` from ``_reference_factors`` and a trapezoid
+    in ``t`` over ``max(m - 9 s) - 4 .. max(m + 9 s) + 36``, step ``max(0.2, min_c s_c /
+    (2 sqrt C))``: each factor is a convolution with ``N(0, s_c^2)``, so ``|W(t + i d)| <=
+    e^(C d^2 / (2 s_min^2)) W(t)`` and the trapezoid's relative error is below ``2 exp(-2 pi^2
+    s_min^2 / (C step^2)) = 2 e^-79`` at the wider step (``e^-49`` from the Gumbel strip at
+    0.2)."""
+    B, C = h.shape
+    sd = np.sqrt(a)
+    out = (np.empty(B), np.empty((B, C)), np.empty((B, C)))
+    for i in range(B):
+        lo = np.max(h[i] - 9.0 * sd[i]) - 4.0
+        hi = np.max(h[i] + 9.0 * sd[i]) + 36.0
+        step = max(0.2, sd[i].min() / (2.0 * np.sqrt(C)))
+        T = int(np.ceil((hi - lo) / step)) + 1
+        t = np.linspace(lo, hi, T)
+        fac = [_reference_factors(c == y[i], h[i, c], sd[i, c], t) for c in range(C)]
+        trap = np.full(T, t[1] - t[0])
+        trap[[0, -1]] *= 0.5
+        lw = np.sum([f[0] for f in fac], axis=0) + np.log(trap)
+        W = np.exp(lw - lw.max())
+        out[0][i] = np.log(W.sum()) + lw.max()
+        W /= W.sum()
+        for c in range(C):
+            e1, e2 = W @ fac[c][1], W @ fac[c][2]
+            out[1][i, c] = h[i, c] + sd[i, c] * e1
+            out[2][i, c] = a[i, c] * (e2 - e1 * e1)
+    return out
+
+
+def _stress_cases():
+    """7 variance scales x C in (2, 7, 20), means uniform on [-50, 50], variances within a
+    factor 2 of the scale; and rows whose variances spread log-uniformly over 1e-4..1e4."""
+    rng = np.random.default_rng(27)
+    for v in (1e-4, 1e-2, 1.0, 2.5, 30.0, 1e3, 1e4):
+        for C in (2, 7, 20):
+            B = 1 if C == 20 else 2
+            yield (f"v={v:g},C={C}", rng.integers(C, size=B), rng.uniform(-50, 50, (B, C)),
+                   v * rng.uniform(0.5, 1.0, (B, C)))
+    for C in (3, 6):
+        yield (f"mixed,C={C}", rng.integers(C, size=1), rng.uniform(-50, 50, (1, C)),
+               10.0 ** rng.uniform(-4, 4, (1, C)))
+
+
+@pytest.mark.parametrize(("y", "h", "a"), [c[1:] for c in _stress_cases()],
+                         ids=[c[0] for c in _stress_cases()])
+def test_stress_against_independent_reference(y, h, a):
+    """Issue 27's targets at every variance: ``log Z`` within 1e-6, tilted means and variances
+    within 1e-5 (absolute) of the reference."""
+    ref = _reference_tilted(y, h, a)
+    got = diagonal_softmax_tilted(y, h, a)
+    assert np.max(np.abs(got.log_z - ref[0])) <= 1e-6
+    assert np.max(np.abs(got.h_hat - ref[1])) <= 1e-5
+    assert np.max(np.abs(got.a_hat - ref[2])) <= 1e-5
+
+
+def test_old_inner_rule_fails_the_stress_reference():
+    """The reference resolves the defect: Gauss-Hermite in ``x`` at every variance (the former
+    rule) misses it by far at variance 50."""
+    from gpinfer.numerics import diagonal_softmax as ds
+
+    rng = np.random.default_rng(3)
+    y, h, a = rng.integers(5, size=2), rng.normal(size=(2, 5)), np.full((2, 5), 50.0)
+    ref = _reference_tilted(y, h, a)
+    label = np.zeros((2, 5), dtype=bool)
+    label[np.arange(2), y] = True
+    t, log_trap = ds._grid(h, np.sqrt(a), ds.STEP)
+    x, w = gauss_hermite(ds.INNER)
+    old = ds._direct_factors(label.ravel(), h.ravel(), np.sqrt(a).ravel(),
+                             np.repeat(t, 5, axis=0), x, w)
+    log_z = ds._tilted_moments(*(f.reshape(2, 5, -1) for f in old), log_trap, h, a,
+                               np.sqrt(a))[0]
+    assert np.max(np.abs(log_z - ref[0])) > 1e-3
+
+
+@pytest.mark.parametrize("v", [5.0, 80.0, 3000.0])
+def test_wide_rule_derivatives_against_finite_differences(v):
+    """At variances the Gumbel-variable rule handles (``sd >= WIDE_SD``): ``dlogZ/dh = (h_hat -
+    h) / a``, ``dlogZ/da = ((a_hat - a) / a^2 + g^2) / 2``, and the expected log-probability's
+    ``dmean``, ``dvar``, by central differences at the default quadrature (C = 4)."""
+    rng = np.random.default_rng(11)
+    y, h = rng.integers(4, size=3), rng.normal(scale=3.0, size=(3, 4))
+    a = v * rng.uniform(0.5, 1.0, size=(3, 4))
+    T = diagonal_softmax_tilted(y, h, a)
+    ex = diagonal_softmax_expected_log_prob(y, h, a)
+    g = (T.h_hat - h) / a
+    ga = 0.5 * ((T.a_hat - a) / a**2 + g**2)
+    for c in range(4):
+        dh = np.zeros_like(h)
+        dh[:, c] = 1e-4 * np.sqrt(a[:, c])
+        da = np.zeros_like(a)
+        da[:, c] = 1e-4 * a[:, c]
+        for f, got_h, got_a in ((lambda h, a: diagonal_softmax_tilted(y, h, a).log_z, g, ga),
+                                (lambda h, a: diagonal_softmax_expected_log_prob(y, h, a).value,
+                                 ex.dmean, ex.dvar)):
+            fd = (f(h + dh, a) - f(h - dh, a)) / (2 * dh[:, c])
+            assert np.allclose(fd, got_h[:, c], rtol=1e-6, atol=1e-8 / np.sqrt(a[:, c]))
+            fd = (f(h, a + da) - f(h, a - da)) / (2 * da[:, c])
+            assert np.allclose(fd, got_a[:, c], rtol=1e-6, atol=1e-8 / a[:, c])
+
+
+@pytest.mark.parametrize("v", [3.0, 300.0, 1e4])
+def test_wide_predictive_rows_sum_to_one(v):
+    _, h, a, beta = _case(8, B=4, seed=6, scale=v)
+    P = diagonal_softmax_predictive(h, a + v / 2, beta)
+    assert np.all(P > 0) and np.max(np.abs(P.sum(axis=1) - 1.0)) < 1e-9
+
+
+def test_wide_rule_needs_one_uniform_step():
+    from gpinfer.numerics import diagonal_softmax as ds
+
+    t = np.array([[0.0, 0.5, 1.5]])
+    with pytest.raises(ValueError, match="uniform"):
+        ds._wide_factors(False, np.zeros(1), np.full(1, 2.0), t)

@@ -43,6 +43,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+from scipy.special import erfcx
 
 from gpinfer.errors import NumericalError
 from gpinfer.numerics import settings
@@ -54,6 +56,10 @@ Array = np.ndarray
 STEP, INNER = 0.5, 32
 #: half-width of the ``t`` range in standard deviations, and the Gumbel tail margins
 SPREAD, LEFT_TAIL, RIGHT_TAIL = 8.0, 3.6, 32.0
+#: standard deviations from which the 1-D factors use the Gumbel-variable rule
+#: (``_wide_factors``): its range ``[EPS_LO, EPS_HI]``, largest step, and rows per block
+WIDE_SD = 1.5
+EPS_LO, EPS_HI, EPS_STEP, EPS_BLOCK = -4.5, 28.0, 0.25, 16
 
 
 class DiagonalTilted(NamedTuple):
@@ -105,15 +111,16 @@ def _nodes(sd: Array, step: float) -> int:
 
 
 def _grid(m: Array, sd: Array, step: float) -> tuple[Array, Array]:
-    """Per-row uniform ``t`` grids ``[B, T]`` and their trapezoid log-weights ``[B, T]``."""
+    """Per-row uniform ``t`` grids ``[B, T]`` of step exactly ``step`` (the wide rule's
+    Toeplitz structure needs it, ``_wide_factors``) covering each row's range, and the
+    trapezoid log-weights ``[1, T]``."""
     lo = np.max(m - SPREAD * sd, axis=1) - LEFT_TAIL
     hi = np.max(m + SPREAD * sd, axis=1) + RIGHT_TAIL
     T = int(np.ceil(np.max(hi - lo) / step)) + 1
-    u = np.linspace(0.0, 1.0, T)
-    t = lo[:, None] + (hi - lo)[:, None] * u
-    trap = np.full(T, 1.0)
-    trap[[0, -1]] = 0.5
-    return t, np.log(trap)[None, :] + np.log((hi - lo) / (T - 1))[:, None]
+    t = lo[:, None] + step * np.arange(T)[None, :]
+    trap = np.full(T, step)
+    trap[[0, -1]] *= 0.5
+    return t, np.log(trap)[None, :]
 
 
 #: the separable form of ``e^-z`` (``_split_factors``) is used while neither of its two
@@ -172,6 +179,56 @@ def _split_factors(density: bool, m: Array, sd: Array, t: Array, x: Array, w: Ar
     return log_phi, r1, r2
 
 
+def _wide_factors(density: bool, m: Array, sd: Array, t: Array) -> tuple[Array, Array, Array]:
+    """``_factors`` of entries ``[N]`` on uniform grids ``t [N, T]`` (one step for all), all
+    with ``f = g`` (``density``) or all with ``f = G``, by the Gumbel variable: ``G(t - v) =
+    E_eps[1{v <= t - eps}]`` gives ``E[G(t - v)] = E_eps[Phi(b)]``, ``E[x G] = -E_eps[phi(b)]``
+    and ``E[x^2 G] = E_eps[Phi(b) - b phi(b)]`` with ``b = (t - m - eps) / s``; the density by
+    the exponential tilt ``E[g(t - v)] = e^(s^2/2 - (t - m)) E[G(t - v')]``, ``v' ~ N(m + s^2,
+    s^2)`` (``x = x' + s``). Trapezoid in ``eps`` of step ``h = step / q`` on ``[EPS_LO,
+    EPS_HI]``: ``b`` depends on ``q j - k`` only (node ``k``, grid point ``j``), so ``log Phi``
+    (``erfcx``) is evaluated once per diagonal, on a 1-D array per block of ``EPS_BLOCK`` grid
+    points scaled by the block's largest ``Phi``, and the sums are sliding windows times the
+    weights."""
+    N, T = t.shape
+    h_t = float(t[0, 1] - t[0, 0])
+    if not np.allclose(t[:, 1:] - t[:, :-1], h_t, rtol=1e-9, atol=1e-12 * max(1.0, h_t)):
+        raise ValueError("the wide rule needs uniform t grids of one step")
+    q = max(1, int(np.ceil(h_t / EPS_STEP - 1e-9)))
+    h = h_t / q
+    K = int(np.ceil((EPS_HI - EPS_LO) / h)) + 1
+    eps = EPS_LO + h * np.arange(K)
+    w_rev = (h * np.exp(-eps - np.exp(-eps)))[::-1]  # Gumbel density; negligible at both ends
+    s = sd[:, None, None]
+    c0 = t[:, :1] - m[:, None]  # [N, 1]
+    if density:
+        c0 = c0 - sd[:, None] ** 2
+    n_blocks = -(-T // EPS_BLOCK)
+    i = q * EPS_BLOCK * np.arange(n_blocks)[:, None] + np.arange(q * (EPS_BLOCK - 1) + K)
+    b = (c0[:, :, None] - eps[-1] + h * i[None]) / s  # [N, blocks, L], increasing along L
+    u = np.maximum(b * -np.sqrt(0.5), -26.0)  # Phi(b) = erfcx(u) e^(-u^2) / 2; 1 beyond 36.8
+    E = erfcx(u)
+    log_Phi = np.log(0.5 * E) - u * u
+    ref = log_Phi[..., -1:]  # the block's largest
+    Phi = np.exp(log_Phi - ref)
+    phi = Phi * (np.sqrt(2.0 / np.pi) / E)  # phi(b) = Phi(b) sqrt(2 / pi) / erfcx(u)
+    arr = np.stack([Phi, phi, Phi - b * phi], axis=2)  # [N, blocks, 3, L]
+    S = sliding_window_view(arr, K, axis=-1)[..., ::q, :] @ w_rev  # [N, blocks, 3, EPS_BLOCK]
+    S = S.transpose(0, 2, 1, 3).reshape(N, 3, n_blocks * EPS_BLOCK)[:, :, :T]
+    top = np.repeat(ref[..., 0], EPS_BLOCK, axis=1)[:, :T]
+    fin = S[:, 0] > 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_phi = np.where(fin, np.log(S[:, 0]) + top, -np.inf)
+        r1 = np.where(fin, -S[:, 1] / S[:, 0], 0.0)
+        r2 = np.where(fin, S[:, 2] / S[:, 0], 0.0)
+    if density:
+        s2 = sd[:, None]
+        log_phi = log_phi + (0.5 * s2 * s2 - (t - m[:, None]))
+        r2 = np.where(fin, r2 + s2 * (2.0 * r1 + s2), 0.0)
+        r1 = np.where(fin, r1 + s2, 0.0)
+    return log_phi, r1, r2
+
+
 def _entry_factors(label: Array, m: Array, sd: Array, t: Array, inner: int
                    ) -> tuple[Array, Array, Array]:
     """``log E[f(t - v)]``, ``E[x f] / E[f]`` and ``E[x^2 f] / E[f]`` ``[N, T]`` for entries
@@ -181,13 +238,20 @@ def _entry_factors(label: Array, m: Array, sd: Array, t: Array, inner: int
     x, w = gauss_hermite(inner)
     N, T = t.shape
     out = np.empty((3, N, T))
+    wide = sd >= WIDE_SD
     split = (np.max(m[:, None] - t, axis=1) <= SPLIT_MAX) & (sd * np.max(np.abs(x)) <= SPLIT_MAX)
-    for rows, kind in ((split & ~label, "G"), (split & label, "g"), (~split, "direct")):
+    kinds = ((~wide & split & ~label, "G"), (~wide & split & label, "g"),
+             (~wide & ~split, "direct"), (wide & ~label, "wide G"), (wide & label, "wide g"))
+    K_wide = int(np.ceil((EPS_HI - EPS_LO) / EPS_STEP)) + 2
+    for rows, kind in kinds:
         rows = np.flatnonzero(rows)
-        for sl in chunk_slices(rows.size, T * inner, settings.CACHE_BLOCK_FLOATS):
+        per_row = T * (3 * K_wide if kind.startswith("wide") else inner)
+        for sl in chunk_slices(rows.size, per_row, settings.CACHE_BLOCK_FLOATS):
             r = rows[sl]
             if kind == "direct":
                 out[:, r] = _direct_factors(label[r], m[r], sd[r], t[r], x, w)
+            elif kind.startswith("wide"):
+                out[:, r] = _wide_factors(kind == "wide g", m[r], sd[r], t[r])
             else:
                 out[:, r] = _split_factors(kind == "g", m[r], sd[r], t[r], x, w)
     return out[0], out[1], out[2]
