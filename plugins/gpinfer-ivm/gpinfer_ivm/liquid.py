@@ -22,16 +22,32 @@ asks for them; an EP sweep of ``k`` site updates thus costs one rebuild instead 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 from scipy.linalg import LinAlgError, cholesky, solve_triangular
+from scipy.linalg.blas import dgemm
 
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer_ivm.projection import site_precision, site_sqrt
 from gpinfer_ivm.solid import SolidRepresentation
 
 Array = np.ndarray
+
+
+def marginal_change(h0: Array, var0: Array, h1: Array, var1: Array) -> float:
+    """Largest change between two marginals with means ``h0``, ``h1 [C]`` and variances
+    ``var0``, ``var1 [C]``: ``max_c max(|h1_c - h0_c| / sqrt(var0_c), |log(var1_c / var0_c)|)``
+    (``inf`` if not finite). The mean moves in standard deviations, the variance by its log
+    ratio: unchanged by any rescaling of the latents (the signal variance, which hyper-parameter
+    learning can take to hundreds) or shift of them, and near the KL divergence's square root
+    for small changes."""
+    with np.errstate(all="ignore"):
+        shift = np.abs(h1 - h0) / np.sqrt(var0)
+        ratio = np.abs(np.log(var1 / var0))
+    change = float(max(shift.max(), ratio.max()))
+    return change if np.isfinite(change) else math.inf
 
 
 class EPRepresentation:
@@ -130,25 +146,34 @@ class EPRepresentation:
         h_cav = z + T.T @ solve_triangular(LW, Vi.T @ z, lower=True, check_finite=False)
         return h_cav, 0.5 * (Lam + Lam.T)
 
-    def set_site(self, a: int, pi: Array, b: Array) -> None:
-        """Replace liquid site ``a``: rank-``C`` update of ``Sigma`` and ``mu`` (module
-        docstring); ``np.linalg.LinAlgError`` if ``I + dPi S_aa`` is singular (nothing is
-        changed then)."""
+    def set_site(self, a: int, pi: Array, b: Array) -> float:
+        """Replace liquid site ``a``: rank-``C`` update of ``Sigma`` and ``mu`` in place (module
+        docstring); returns ``marginal_change`` of point ``a``'s marginal.
+        ``np.linalg.LinAlgError`` if ``I + dPi S_aa`` is singular or the update is not finite
+        (nothing is changed then)."""
         C = self.C
         sl = slice(a * C, (a + 1) * C)
         dPi = site_precision(np.asarray(pi, dtype=float)) - site_precision(self.pi[a])
         db = np.asarray(b, dtype=float) - self.b[a]
-        S = self.Sigma[:, sl]
+        S = self.Sigma[:, sl].copy()  # [kC, C]; Sigma changes below
         Saa = S[sl]
-        M = np.linalg.solve(np.eye(C) + dPi @ Saa, dPi)
-        SM = S @ M
-        mu = self.mu - SM @ self.mu[sl] + (S - SM @ Saa) @ db
-        Sigma = self.Sigma - SM @ S.T
-        if not (np.all(np.isfinite(Sigma)) and np.all(np.isfinite(mu))):
+        h_old, var_old = self.mu[sl].copy(), Saa.diagonal().copy()
+        M = np.linalg.solve(np.eye(C) + dPi @ Saa, dPi)  # symmetric (push-through identity)
+        SM = S @ (0.5 * (M + M.T))
+        dmu = (S - SM @ Saa) @ db - SM @ self.mu[sl]
+        if not (np.all(np.isfinite(SM)) and np.all(np.isfinite(dmu))):
             raise np.linalg.LinAlgError("non-finite liquid covariance after a site update")
-        self.Sigma, self.mu = 0.5 * (Sigma + Sigma.T), mu
+        # Sigma <- Sigma - SM S^T as one in-place GEMM; Sigma is symmetric, so its C-ordered
+        # buffer is the Fortran-ordered Sigma^T, which gets - S SM^T
+        self.Sigma = dgemm(-1.0, S, SM, 1.0, self.Sigma.T, trans_b=True, overwrite_c=True).T
+        self.mu += dmu
+        if not np.isfinite(self.Sigma.sum()):  # overflow only: SM and S are finite
+            self.rebuild()  # the moments of the unchanged sites
+            self._moments()
+            raise np.linalg.LinAlgError("non-finite liquid covariance after a site update")
         self.pi[a], self.b[a] = pi, b
         self.stale = True
+        return marginal_change(h_old, var_old, self.mu[sl], self.Sigma[sl, sl].diagonal())
 
     def site_change(self, a: int, pi_new: Array) -> tuple[float, float]:
         """``(||Pi' - Pi||_F, ||Pi||_F)`` for the rejection rule of §2.9.5."""
