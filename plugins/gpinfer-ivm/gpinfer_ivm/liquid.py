@@ -46,7 +46,7 @@ def marginal_change(h0: Array, var0: Array, h1: Array, var1: Array) -> float:
     with np.errstate(all="ignore"):
         shift = np.abs(h1 - h0) / np.sqrt(var0)
         ratio = np.abs(np.log(var1 / var0))
-    change = float(max(shift.max(), ratio.max()))
+    change = float(np.max(np.concatenate([shift, ratio])))  # NaN propagates
     return change if np.isfinite(change) else math.inf
 
 
