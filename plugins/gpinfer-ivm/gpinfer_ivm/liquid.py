@@ -79,10 +79,9 @@ class EPRepresentation:
         """Recompute ``V``, ``L_B``, ``N``, ``b~``, ``theta_B`` from the current sites."""
         k, C = self.k, self.C
         self.Vb = site_sqrt(self.pi)  # [k, C, C], the diagonal blocks of V
-        G4 = self.G.reshape(k, C, k, C)
-        VtG = np.einsum("aci,acbj->aibj", self.Vb, G4)  # V^T G, block-diagonal V
-        VtGV = np.einsum("aibm,bmj->aibj", VtG, self.Vb).reshape(k * C, k * C)
-        VtG = VtG.reshape(k * C, k * C)
+        VtG = self._Vt(self.G)  # V^T G [kC, kC], block-diagonal V
+        # (V^T G) V: G is symmetric, so this is (V^T (V^T G)^T)^T, one batched matmul again
+        VtGV = self._Vt(np.ascontiguousarray(VtG.T)).T
         self.LB = jittered_cholesky(np.eye(k * C) + VtGV, name="I + V^T G V").L
         self.N = solve_triangular(self.LB, VtG, lower=True, check_finite=False)
         self.b_tilde = self.G @ self.b.reshape(-1) + self.h_f
@@ -101,7 +100,7 @@ class EPRepresentation:
         if k == 0:
             return np.zeros_like(Y)
         Yb = Y.reshape(k, C, -1)
-        return np.einsum("aci,acm->aim", self.Vb, Yb).reshape(Y.shape)
+        return np.matmul(np.swapaxes(self.Vb, 1, 2), Yb).reshape(Y.shape)  # one batched matmul
 
     def liquid_marginal(self, a: int) -> tuple[Array, Array]:
         """Marginal ``(h [C], A [C, C])`` of liquid point ``a`` under the full posterior."""
@@ -122,12 +121,9 @@ class EPRepresentation:
         Nt = solve_triangular(
             self.LB, self._Vt(g.reshape(self.k * C, B * C)), lower=True, check_finite=False
         ).reshape(self.k * C, B, C)
-        A = A - np.einsum("kbc,kbe->bce", Nt, Nt)
-        h = (
-            h
-            + np.einsum("kbc,k->bc", g, self.b.reshape(-1))
-            - np.einsum("kbc,k->bc", Nt, self.theta)
-        )
+        Ntb = np.ascontiguousarray(np.swapaxes(Nt, 0, 1))  # [B, kC, C]
+        A = A - np.swapaxes(Ntb, 1, 2) @ Ntb
+        h = h + np.tensordot(self.b.reshape(-1), g, axes=1) - np.tensordot(self.theta, Nt, axes=1)
         return h, A
 
     def cavity(self, a: int) -> tuple[Array, Array] | None:
