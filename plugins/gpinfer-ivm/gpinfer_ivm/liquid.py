@@ -26,8 +26,9 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.linalg import LinAlgError, cholesky, solve_triangular
+from scipy.linalg import solve_triangular
 from scipy.linalg.blas import dgemm
+from scipy.linalg.lapack import dpotrf, dtrtrs
 
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer_ivm.projection import site_precision, site_sqrt
@@ -130,16 +131,18 @@ class EPRepresentation:
         """Cavity ``(h\\i, Lambda)`` of liquid point ``a``, or ``None`` if improper (§2.9.5)."""
         h, A = self.liquid_marginal(a)
         Vi = site_sqrt(self.pi[a])
-        W = np.eye(self.C) - Vi.T @ A @ Vi
-        try:
-            LW = cholesky(W, lower=True, check_finite=False)
-        except LinAlgError:
-            return None
         AV = A @ Vi
-        T = solve_triangular(LW, AV.T, lower=True, check_finite=False)  # LW^-1 V^T A
-        Lam = A + T.T @ T
+        W = np.eye(self.C) - Vi.T @ AV
+        # LAPACK directly (the same potrf/trtrs scipy.linalg calls, without its wrappers: the
+        # cavity runs once per site update, C x C)
+        LW, info = dpotrf(W, lower=1, clean=1)
+        if info != 0:
+            return None
         z = h - A @ self.b[a]
-        h_cav = z + T.T @ solve_triangular(LW, Vi.T @ z, lower=True, check_finite=False)
+        rhs = np.concatenate([AV.T, (Vi.T @ z)[:, None]], axis=1)
+        T = dtrtrs(LW, rhs, lower=1)[0]  # LW^-1 [V^T A, V^T z]
+        Lam = A + T[:, :-1].T @ T[:, :-1]
+        h_cav = z + T[:, :-1].T @ T[:, -1]
         return h_cav, 0.5 * (Lam + Lam.T)
 
     def set_site(self, a: int, pi: Array, b: Array) -> float:
