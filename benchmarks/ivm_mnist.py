@@ -89,7 +89,8 @@ def kernel_vw(v: float, w: float, p: int = 784) -> RBF:
 def run_point(v, w, split, seed, curves=False, d_final=150, L=25, sweeps=3, pool=32, gh=3):
     X, y, Xt, yt = split
     kern = kernel_vw(v, w)
-    s = IVMSettings(d_final=d_final, L=L, ep_sweeps=sweeps, pool_size=pool, gh_order=gh)
+    s = IVMSettings(d_final=d_final, L=L, ep_sweeps=sweeps, ep_tol=0.0, pool_size=pool,
+                    gh_order=gh)  # ep_tol=0: the paper's fixed sweep count
     curve: list[tuple[int, float, float]] = []
 
     def cb(size, runner):
@@ -256,7 +257,8 @@ def learn(
     p = 784
     for split_seed in splits:
         X, y, Xt, yt = mnist_even_split(split_seed)
-        opts = {"L": 25, "ep_sweeps": 3, "gh_order": 3, "rule": "product", "pool_size": 32,
+        opts = {"L": 25, "ep_sweeps": 3, "ep_tol": 0.0, "gh_order": 3, "rule": "product",
+                "pool_size": 32,
                 "rounds": rounds,
                 "minor_iter": minor_iter, "learn_intercepts": learn_beta}  # fmt: skip
         t0, c0 = time.perf_counter(), time.process_time()

@@ -143,8 +143,10 @@ def default_reduced(C: int) -> bool:
 
 
 class GaussRule(NamedTuple):
-    """Nodes ``U [B, E, C]``, weights ``w [E]``, whitened nodes ``s [E, D]``, frame ``W [C, D]``,
-    ``R^-1 [B, D, D]`` (inverse symmetric root of ``W^T A W``)."""
+    """Nodes ``U [B, C, E]`` (class-major: each class's values over the ``E`` nodes contiguous,
+    so the softmax's reductions over classes run elementwise along the nodes), weights
+    ``w [E]``, whitened nodes ``s [E, D]``, frame ``W [C, D]``, ``R^-1 [B, D, D]`` (inverse
+    symmetric root of ``W^T A W``)."""
 
     nodes: Array
     weights: Array
@@ -185,23 +187,33 @@ def gauss_rule(
     D = W.shape[1]
     if C > 10 and rule == "product":
         warnings.warn(f"{C}-class quadrature uses {order**D} nodes per integral", stacklevel=2)
-    G = np.einsum("ck,bcd,dl->bkl", W, A, W)
+    G = W.T @ A @ W  # [B, D, D]
     lam, V = np.linalg.eigh(0.5 * (G + np.swapaxes(G, 1, 2)))
     top = np.max(lam, axis=1, keepdims=True)
     if np.any(lam < -1e-8 * np.maximum(top, 1e-300)) or np.any(top <= 0):
         raise NumericalError("covariance is not positive semi-definite", quantity="quadrature")
     lam = np.maximum(lam, EIGEN_FLOOR * top)
-    R = np.einsum("bkj,bj,blj->bkl", V, np.sqrt(lam), V)
-    R_inv = np.einsum("bkj,bj,blj->bkl", V, 1.0 / np.sqrt(lam), V)
+    root = np.sqrt(lam)[:, None, :]
+    Vt = np.swapaxes(V, 1, 2)
+    R = (V * root) @ Vt
+    R_inv = (V / root) @ Vt
     s, w = _base_rule(D, order, rule)
-    WR = W @ R  # [B, C, D]
-    nodes = h[:, None, :] + s @ np.swapaxes(WR, 1, 2)  # [B, E, C]
+    nodes = h[:, :, None] + (W @ R) @ _base_nodes_t(D, order, rule)  # [B, C, E]
     return GaussRule(nodes, w, s, W, R_inv)
 
 
+@lru_cache(maxsize=32)
+def _base_nodes_t(dim: int, order: int | None, rule: str) -> Array:
+    """``s^T [dim, E]`` of ``_base_rule(dim, order, rule)``, contiguous (read-only)."""
+    out = np.ascontiguousarray(_base_rule(dim, order, rule)[0].T)
+    out.setflags(write=False)
+    return out
+
+
 def _log_softmax(U: Array) -> Array:
-    Z = U - U.max(axis=-1, keepdims=True)
-    Z -= np.log(np.sum(np.exp(Z), axis=-1, keepdims=True))
+    """``log softmax`` over the classes of class-major ``U [B, C, E]``."""
+    Z = U - U.max(axis=1, keepdims=True)
+    Z -= np.log(np.sum(np.exp(Z), axis=1, keepdims=True))
     return Z
 
 
@@ -246,24 +258,25 @@ def softmax_tilted(
     out = SoftmaxTilted(np.empty(B), np.empty((B, C)), np.empty((B, C)), np.empty((B, C, C)))
     for sl in slices:
         gr = gauss_rule(h[sl], A[sl], order, reduced, rule)
-        f = np.take_along_axis(
-            _log_softmax(gr.nodes + beta), y[sl, None, None].repeat(gr.nodes.shape[1], 1), 2
-        )[:, :, 0]
+        U = gr.nodes + beta[:, None]  # [b, C, E]
+        top = U.max(axis=1)  # [b, E]
+        rows = np.arange(U.shape[0])
+        f = (U[rows, y[sl]] - top) - np.log(np.sum(np.exp(U - top[:, None]), axis=1))  # [b, E]
         lam = np.log(gr.weights)[None, :] + f
         top = lam.max(axis=1)  # logsumexp by hand: scipy's costs ~0.4 ms a call
         log_z = top + np.log(np.sum(np.exp(lam - top[:, None]), axis=1))
         om = np.exp(lam - log_z[:, None])  # [b, E]
         mu = om @ gr.s  # [b, D]
         Sig = np.swapaxes(om[:, :, None] * gr.s, 1, 2) @ gr.s - mu[:, :, None] * mu[:, None, :]
-        WR = np.einsum("ck,bkl->bcl", gr.W, gr.R_inv)  # [b, C, D]
-        g = np.einsum("bcl,bl->bc", WR, mu)
+        WR = gr.W @ gr.R_inv  # [b, C, D]
+        g = (WR @ mu[:, :, None])[:, :, 0]
         g -= g.mean(axis=1, keepdims=True)
-        AWR = np.einsum("bcd,bdl->bcl", A[sl], WR)
+        AWR = A[sl] @ WR
         D = gr.s.shape[1]
-        A_hat = A[sl] + np.einsum("bck,bkl,bdl->bcd", AWR, Sig - np.eye(D), AWR)
+        A_hat = A[sl] + AWR @ (Sig - np.eye(D)) @ np.swapaxes(AWR, 1, 2)
         out.log_z[sl] = log_z
         out.g[sl] = g
-        out.h_hat[sl] = h[sl] + np.einsum("bcd,bd->bc", A[sl], g)
+        out.h_hat[sl] = h[sl] + (A[sl] @ g[:, :, None])[:, :, 0]
         out.A_hat[sl] = 0.5 * (A_hat + np.swapaxes(A_hat, 1, 2))
     if not all(np.all(np.isfinite(a)) for a in out):
         raise NumericalError("non-finite tilted moments", quantity="softmax_tilted")
@@ -283,7 +296,7 @@ def softmax_predictive(
     out = np.empty(h.shape)
     for sl in slices:
         gr = gauss_rule(h[sl], A[sl], order, reduced, rule)
-        out[sl] = gr.weights @ np.exp(_log_softmax(gr.nodes + beta))
+        out[sl] = np.exp(_log_softmax(gr.nodes + beta[:, None])) @ gr.weights
     if not np.all(np.isfinite(out)):
         raise NumericalError("non-finite predictive probabilities", quantity="predictive")
     return out
@@ -314,15 +327,15 @@ def softmax_expected_log_prob(
     value, dmean, dcov = np.empty(B), np.empty((B, C)), np.empty((B, C, C))
     for sl in slices:
         gr = gauss_rule(h[sl], A[sl], order, reduced, rule)
-        lp = _log_softmax(gr.nodes + beta)
+        lp = _log_softmax(gr.nodes + beta[:, None])  # [b, C, E]
         p = np.exp(lp)
         w = gr.weights
         rows = np.arange(sl.stop - sl.start)
-        value[sl] = lp[rows, :, y[sl]] @ w
-        Ep = w @ p
+        value[sl] = lp[rows, y[sl]] @ w
+        Ep = p @ w  # [b, C]
         dmean[sl] = -Ep
         dmean[rows + sl.start, y[sl]] += 1.0
-        Epp = np.swapaxes(w[None, :, None] * p, 1, 2) @ p
+        Epp = (p * w) @ np.swapaxes(p, 1, 2)
         dcov[sl] = -0.5 * (Ep[:, :, None] * np.eye(C) - Epp)
     if not (np.all(np.isfinite(value)) and np.all(np.isfinite(dmean))):
         raise NumericalError("non-finite expected log-likelihood", quantity="expected_log_prob")

@@ -20,7 +20,7 @@ def test_product_rule_weights_and_exactness(order):
     C = 3
     rule = gauss_rule(np.zeros((1, C)), np.eye(C)[None], order, reduced=False)
     np.testing.assert_allclose(rule.weights.sum(), 1.0, atol=1e-14)
-    s = rule.nodes[0]
+    s = rule.nodes[0].T
     for a in [(2, 0, 0), (2, 2, 0), (order * 2 - 2, 2, 0), (1, 1, 1), (4, 0, 2)]:
         if max(a) > 2 * order - 1:
             continue
@@ -95,3 +95,56 @@ def test_expected_log_prob_derivatives_against_finite_differences():
         out.dcov[0].reshape(-1), numerical_gradient(val_A, A.reshape(-1)), atol=1e-6
     )
     np.testing.assert_allclose(out.dmean.sum(), 0.0, atol=1e-14)
+
+
+# -- the class-major evaluation equals a plain node-major one (round-off) ------------------------
+def _node_major_reference(y, h, A, beta, order, reduced, rule):
+    """Point by point, nodes ``[E, C]``, scipy's ``log_softmax``: ``(log_z, g, h_hat, A_hat)``,
+    the predictive probabilities and ``(value, dmean, dcov)`` of the expected log-likelihood."""
+    from scipy.special import log_softmax, logsumexp
+
+    from gpinfer.numerics.gaussian_cubature import product_rule, sobol_rule
+    from gpinfer.numerics.quadrature import ones_complement_basis
+
+    C = h.shape[1]
+    W = ones_complement_basis(C) if reduced else np.eye(C)
+    D = W.shape[1]
+    s, w = product_rule(D, order) if rule == "product" else sobol_rule(D, order)
+    out = []
+    for yb, hb, Ab in zip(y, h, A):
+        lam, V = np.linalg.eigh(W.T @ Ab @ W)
+        WR, WR_inv = W @ V @ np.diag(np.sqrt(lam)) @ V.T, W @ V @ np.diag(lam**-0.5) @ V.T
+        lp = log_softmax(hb + s @ WR.T + beta, axis=1)  # [E, C]
+        log_z = logsumexp(lp[:, yb], b=w)
+        om = w * np.exp(lp[:, yb] - log_z)
+        mu = om @ s
+        Sig = (s * om[:, None]).T @ s - np.outer(mu, mu)
+        g = WR_inv @ mu
+        g -= g.mean()
+        A_hat = Ab + Ab @ WR_inv @ (Sig - np.eye(D)) @ WR_inv.T @ Ab
+        p = np.exp(lp)
+        Ep = w @ p
+        dcov = -0.5 * (np.diag(Ep) - (p * w[:, None]).T @ p)
+        out.append((log_z, g, hb + Ab @ g, A_hat, Ep, w @ lp[:, yb], np.eye(C)[yb] - Ep, dcov))
+    return [np.array(v) for v in zip(*out)]
+
+
+@pytest.mark.parametrize(("C", "order", "reduced", "rule"),
+                         [(3, 5, False, "product"), (5, 3, True, "product"),
+                          (10, 1024, True, "sobol")])  # fmt: skip
+def test_class_major_evaluation_equals_node_major_reference(C, order, reduced, rule):
+    from gpinfer.numerics.gaussian_cubature import softmax_expected_log_prob
+
+    rng = np.random.default_rng(C)
+    B = 4
+    h = 3.0 * rng.standard_normal((B, C))
+    A = np.stack([_spd(rng, C, scale) for scale in (0.1, 1.0, 10.0, 100.0)])
+    y, beta = rng.integers(0, C, B), rng.standard_normal(C)
+    ref = _node_major_reference(y, h, A, beta, order, reduced, rule)
+    got = [*softmax_tilted(y, h, A, beta, order, reduced, rule),
+           softmax_predictive(h, A, beta, order, reduced, rule),
+           *softmax_expected_log_prob(y, h, A, beta, order, reduced, rule)]
+    for name, a, b in zip(("log_z", "g", "h_hat", "A_hat", "p", "E log p", "dmean", "dcov"),
+                          got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10 * max(1.0, np.abs(b).max()),
+                                   err_msg=name)

@@ -41,6 +41,9 @@ Array = np.ndarray
 EP_REJECT_RTOL = 1e-6
 #: smallest candidate pool when the default size applies (spec §2.8, "ours")
 POOL_FLOOR = 32
+#: default ``ep_tol``: the EP phase stops after a sweep in which no liquid marginal moved by
+#: this much (``liquid.marginal_change``; measured in docs/methods/ivm.md, issue 27)
+EP_TOL = 0.03
 
 
 @dataclass
@@ -54,7 +57,9 @@ class IVMSettings:
     (``rule="product"``: Gauss-Hermite product, ``gh_order`` nodes per axis; ``rule="sobol"``:
     the symmetric Sobol rule, ``gh_order`` total nodes, cost linear in the number of nodes for
     any ``C``; ``None``: ``gaussian_cubature`` defaults); ``projection``: ``"newton"``
-    (default), ``"direct"`` (scipy L-BFGS-B) or ``"double_loop"``; ``stub_update``: ``"lazy"``
+    (default), ``"direct"`` (scipy L-BFGS-B) or ``"double_loop"``; ``ep_tol``: the EP phase stops
+    after the first sweep whose largest site-marginal change (``liquid.marginal_change``) is
+    below it (``0``: always ``ep_sweeps`` sweeps); ``stub_update``: ``"lazy"``
     (default), ``"drag"`` or ``"resolve"`` (``SolidRepresentation``); ``order``: a fixed
     inclusion order (tests; disables selection).
     """
@@ -62,6 +67,7 @@ class IVMSettings:
     d_final: int
     L: int = 25
     ep_sweeps: int = 3
+    ep_tol: float = EP_TOL
     pool_size: int | None = None
     retain: float = 0.5
     n_init: int | None = None
@@ -96,6 +102,8 @@ def check_settings(s: IVMSettings, n: int, y: Array, C: int) -> None:
         raise InputError(f"class(es) {empty} have no training points; IVM needs every class")
     if s.ep_sweeps < 0 or not 0.0 <= s.retain < 1.0:
         raise InputError("ep_sweeps must be >= 0 and retain in [0, 1)")
+    if not (math.isfinite(s.ep_tol) and s.ep_tol >= 0.0):
+        raise InputError(f"ep_tol must be a finite number >= 0, got {s.ep_tol}")
     if s.projection not in PROJECTION_ALGORITHMS:
         raise InputError(
             f"projection must be one of {PROJECTION_ALGORITHMS}, got {s.projection!r}")
@@ -157,29 +165,35 @@ class _Runner:
             self.ep_phase()
 
     def ep_phase(self) -> None:
-        """``ep_sweeps`` sweeps over the liquid sites in random order (spec §2.9.5).
+        """At most ``ep_sweeps`` sweeps over the liquid sites in random order (spec §2.9.5).
 
         A sweep that changes no site leaves the state as it found it, so every later sweep
-        would repeat it exactly: those are skipped (their permutations are still drawn and
-        their counts still added, so the result and the random stream are unchanged).
+        would repeat it exactly: those are skipped (their counts still added, so the result is
+        unchanged). After a sweep whose largest marginal change is below ``ep_tol`` the phase
+        stops (``ep_tol = 0`` never stops early). The permutations of the skipped sweeps are
+        still drawn, so the random stream (the later pools) does not depend on the stop.
         """
         ep = self.ep
         for done in range(self.s.ep_sweeps):
             before = (self.result.n_improper, self.result.n_rejected)
-            if not self.ep_sweep(self.rng.permutation(ep.k)):
-                rest = self.s.ep_sweeps - done - 1
-                for _ in range(rest):
-                    self.rng.permutation(ep.k)
+            touched, change = self.ep_sweep(self.rng.permutation(ep.k))
+            if touched and not change < self.s.ep_tol:
+                continue
+            rest = self.s.ep_sweeps - done - 1
+            for _ in range(rest):
+                self.rng.permutation(ep.k)
+            if not touched:  # the skipped sweeps would repeat this one exactly
                 self.result.n_improper += rest * (self.result.n_improper - before[0])
                 self.result.n_rejected += rest * (self.result.n_rejected - before[1])
-                break
+            break
         self.pi = list(ep.pi.copy())
         self.b = list(ep.b.copy())
 
-    def ep_sweep(self, order: Array) -> bool:
-        """One EP sweep over the liquid sites in ``order``; whether any site was touched."""
+    def ep_sweep(self, order: Array) -> tuple[bool, float]:
+        """One EP sweep over the liquid sites in ``order``: whether any site was touched, and
+        the largest ``liquid.marginal_change`` of an updated site's marginal (0 if none)."""
         ep = self.ep
-        touched = False
+        touched, change = False, 0.0
         for a in order:
             cav = ep.cavity(a)
             if cav is None:
@@ -191,17 +205,15 @@ class _Runner:
             except NumericalError:
                 self.result.n_rejected += 1
                 continue
-            change, norm = ep.site_change(a, pi)
-            if change < EP_REJECT_RTOL * (1.0 + norm):
+            step, norm = ep.site_change(a, pi)
+            if step < EP_REJECT_RTOL * (1.0 + norm):
                 continue
             touched = True
-            old = (ep.pi[a].copy(), ep.b[a].copy())
             try:
-                ep.set_site(a, pi, b)
+                change = max(change, ep.set_site(a, pi, b))
             except np.linalg.LinAlgError:
-                ep.set_site(a, *old)
                 self.result.n_rejected += 1
-        return touched
+        return touched, change
 
     def pool_size(self) -> int:
         if self.s.pool_size is not None:

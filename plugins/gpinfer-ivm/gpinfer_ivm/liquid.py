@@ -22,16 +22,33 @@ asks for them; an EP sweep of ``k`` site updates thus costs one rebuild instead 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.linalg import LinAlgError, cholesky, solve_triangular
+from scipy.linalg import solve_triangular
+from scipy.linalg.blas import dgemm
+from scipy.linalg.lapack import dpotrf, dtrtrs
 
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer_ivm.projection import site_precision, site_sqrt
 from gpinfer_ivm.solid import SolidRepresentation
 
 Array = np.ndarray
+
+
+def marginal_change(h0: Array, var0: Array, h1: Array, var1: Array) -> float:
+    """Largest change between two marginals with means ``h0``, ``h1 [C]`` and variances
+    ``var0``, ``var1 [C]``: ``max_c max(|h1_c - h0_c| / sqrt(var0_c), |log(var1_c / var0_c)|)``
+    (``inf`` if not finite). The mean moves in standard deviations, the variance by its log
+    ratio: unchanged by any rescaling of the latents (the signal variance, which hyper-parameter
+    learning can take to hundreds) or shift of them, and near the KL divergence's square root
+    for small changes."""
+    with np.errstate(all="ignore"):
+        shift = np.abs(h1 - h0) / np.sqrt(var0)
+        ratio = np.abs(np.log(var1 / var0))
+    change = float(np.max(np.concatenate([shift, ratio])))  # NaN propagates
+    return change if np.isfinite(change) else math.inf
 
 
 class EPRepresentation:
@@ -63,10 +80,9 @@ class EPRepresentation:
         """Recompute ``V``, ``L_B``, ``N``, ``b~``, ``theta_B`` from the current sites."""
         k, C = self.k, self.C
         self.Vb = site_sqrt(self.pi)  # [k, C, C], the diagonal blocks of V
-        G4 = self.G.reshape(k, C, k, C)
-        VtG = np.einsum("aci,acbj->aibj", self.Vb, G4)  # V^T G, block-diagonal V
-        VtGV = np.einsum("aibm,bmj->aibj", VtG, self.Vb).reshape(k * C, k * C)
-        VtG = VtG.reshape(k * C, k * C)
+        VtG = self._Vt(self.G)  # V^T G [kC, kC], block-diagonal V
+        # (V^T G) V: G is symmetric, so this is (V^T (V^T G)^T)^T, one batched matmul again
+        VtGV = self._Vt(np.ascontiguousarray(VtG.T)).T
         self.LB = jittered_cholesky(np.eye(k * C) + VtGV, name="I + V^T G V").L
         self.N = solve_triangular(self.LB, VtG, lower=True, check_finite=False)
         self.b_tilde = self.G @ self.b.reshape(-1) + self.h_f
@@ -85,7 +101,7 @@ class EPRepresentation:
         if k == 0:
             return np.zeros_like(Y)
         Yb = Y.reshape(k, C, -1)
-        return np.einsum("aci,acm->aim", self.Vb, Yb).reshape(Y.shape)
+        return np.matmul(np.swapaxes(self.Vb, 1, 2), Yb).reshape(Y.shape)  # one batched matmul
 
     def liquid_marginal(self, a: int) -> tuple[Array, Array]:
         """Marginal ``(h [C], A [C, C])`` of liquid point ``a`` under the full posterior."""
@@ -106,49 +122,57 @@ class EPRepresentation:
         Nt = solve_triangular(
             self.LB, self._Vt(g.reshape(self.k * C, B * C)), lower=True, check_finite=False
         ).reshape(self.k * C, B, C)
-        A = A - np.einsum("kbc,kbe->bce", Nt, Nt)
-        h = (
-            h
-            + np.einsum("kbc,k->bc", g, self.b.reshape(-1))
-            - np.einsum("kbc,k->bc", Nt, self.theta)
-        )
+        Ntb = np.ascontiguousarray(np.swapaxes(Nt, 0, 1))  # [B, kC, C]
+        A = A - np.swapaxes(Ntb, 1, 2) @ Ntb
+        h = h + np.tensordot(self.b.reshape(-1), g, axes=1) - np.tensordot(self.theta, Nt, axes=1)
         return h, A
 
     def cavity(self, a: int) -> tuple[Array, Array] | None:
         """Cavity ``(h\\i, Lambda)`` of liquid point ``a``, or ``None`` if improper (§2.9.5)."""
         h, A = self.liquid_marginal(a)
         Vi = site_sqrt(self.pi[a])
-        W = np.eye(self.C) - Vi.T @ A @ Vi
-        try:
-            LW = cholesky(W, lower=True, check_finite=False)
-        except LinAlgError:
-            return None
         AV = A @ Vi
-        T = solve_triangular(LW, AV.T, lower=True, check_finite=False)  # LW^-1 V^T A
-        Lam = A + T.T @ T
+        W = np.eye(self.C) - Vi.T @ AV
+        # LAPACK directly (the same potrf/trtrs scipy.linalg calls, without its wrappers: the
+        # cavity runs once per site update, C x C)
+        LW, info = dpotrf(W, lower=1, clean=1)
+        if info != 0:
+            return None
         z = h - A @ self.b[a]
-        h_cav = z + T.T @ solve_triangular(LW, Vi.T @ z, lower=True, check_finite=False)
+        rhs = np.concatenate([AV.T, (Vi.T @ z)[:, None]], axis=1)
+        T = dtrtrs(LW, rhs, lower=1)[0]  # LW^-1 [V^T A, V^T z]
+        Lam = A + T[:, :-1].T @ T[:, :-1]
+        h_cav = z + T[:, :-1].T @ T[:, -1]
         return h_cav, 0.5 * (Lam + Lam.T)
 
-    def set_site(self, a: int, pi: Array, b: Array) -> None:
-        """Replace liquid site ``a``: rank-``C`` update of ``Sigma`` and ``mu`` (module
-        docstring); ``np.linalg.LinAlgError`` if ``I + dPi S_aa`` is singular (nothing is
-        changed then)."""
+    def set_site(self, a: int, pi: Array, b: Array) -> float:
+        """Replace liquid site ``a``: rank-``C`` update of ``Sigma`` and ``mu`` in place (module
+        docstring); returns ``marginal_change`` of point ``a``'s marginal.
+        ``np.linalg.LinAlgError`` if ``I + dPi S_aa`` is singular or the update is not finite
+        (nothing is changed then)."""
         C = self.C
         sl = slice(a * C, (a + 1) * C)
         dPi = site_precision(np.asarray(pi, dtype=float)) - site_precision(self.pi[a])
         db = np.asarray(b, dtype=float) - self.b[a]
-        S = self.Sigma[:, sl]
+        S = self.Sigma[:, sl].copy()  # [kC, C]; Sigma changes below
         Saa = S[sl]
-        M = np.linalg.solve(np.eye(C) + dPi @ Saa, dPi)
-        SM = S @ M
-        mu = self.mu - SM @ self.mu[sl] + (S - SM @ Saa) @ db
-        Sigma = self.Sigma - SM @ S.T
-        if not (np.all(np.isfinite(Sigma)) and np.all(np.isfinite(mu))):
+        h_old, var_old = self.mu[sl].copy(), Saa.diagonal().copy()
+        M = np.linalg.solve(np.eye(C) + dPi @ Saa, dPi)  # symmetric (push-through identity)
+        SM = S @ (0.5 * (M + M.T))
+        dmu = (S - SM @ Saa) @ db - SM @ self.mu[sl]
+        if not (np.all(np.isfinite(SM)) and np.all(np.isfinite(dmu))):
             raise np.linalg.LinAlgError("non-finite liquid covariance after a site update")
-        self.Sigma, self.mu = 0.5 * (Sigma + Sigma.T), mu
+        # Sigma <- Sigma - SM S^T as one in-place GEMM; Sigma is symmetric, so its C-ordered
+        # buffer is the Fortran-ordered Sigma^T, which gets - S SM^T
+        self.Sigma = dgemm(-1.0, S, SM, 1.0, self.Sigma.T, trans_b=True, overwrite_c=True).T
+        self.mu += dmu
+        if not np.isfinite(self.Sigma.sum()):  # overflow only: SM and S are finite
+            self.rebuild()  # the moments of the unchanged sites
+            self._moments()
+            raise np.linalg.LinAlgError("non-finite liquid covariance after a site update")
         self.pi[a], self.b[a] = pi, b
         self.stale = True
+        return marginal_change(h_old, var_old, self.mu[sl], self.Sigma[sl, sl].diagonal())
 
     def site_change(self, a: int, pi_new: Array) -> tuple[float, float]:
         """``(||Pi' - Pi||_F, ||Pi||_F)`` for the rejection rule of §2.9.5."""

@@ -48,7 +48,7 @@ from gpinfer_ivm.baseline import (
     run_baseline,
 )
 from gpinfer_ivm.criterion import FrozenSites, criterion
-from gpinfer_ivm.inference import IVMSettings, run_inference
+from gpinfer_ivm.inference import EP_TOL, IVMSettings, run_inference
 from gpinfer_ivm.projection import PROJECTION_ALGORITHMS
 from gpinfer_ivm.solid import STUB_UPDATES
 
@@ -306,7 +306,11 @@ class IVM(_ActiveSetMethod):
     option_spec: ClassVar[dict[str, Option]] = {
         "L": integer(None, "[1, inf)", none=True,
                      doc=f"liquid-set size (None: min({DEFAULT_L}, d_final))"),
-        "ep_sweeps": integer(3, "[0, inf)", doc="EP sweeps over the liquid set per inclusion"),
+        "ep_sweeps": integer(3, "[0, inf)", doc="most EP sweeps over the liquid set per "
+                             "inclusion"),
+        "ep_tol": real(EP_TOL, "[0, inf)", doc="stop the EP sweeps once no liquid marginal "
+                       "moves by this much in a sweep (mean in standard deviations, log "
+                       "variance ratio; 0: always ep_sweeps)"),
         "pool_size": integer(None, "[1, inf)", none=True, doc="candidate pool size"),
         "retain": real(0.5, "[0, 1)", doc="fraction of the pool kept for the next one"),
         "n_init": integer(None, "[1, inf)", none=True, doc="random initial picks"),
@@ -327,6 +331,7 @@ class IVM(_ActiveSetMethod):
             d_final=d_final,
             L=min(DEFAULT_L, d_final) if o["L"] is None else min(int(o["L"]), d_final),
             ep_sweeps=int(o["ep_sweeps"]),
+            ep_tol=float(o["ep_tol"]),
             pool_size=o["pool_size"],
             retain=float(o["retain"]),
             n_init=o["n_init"],
