@@ -189,6 +189,21 @@ def test_small_data_choose_the_iterations_by_k_folds():
     assert [r.iteration for r in reports] == list(range(1, len(reports) + 1))
 
 
+def test_the_estimator_chooses_by_its_choice_rule_on_the_folds_curves():
+    X, y = _three_classes(60)
+    flip = np.random.default_rng(0).choice(60, 12, replace=False)
+    y[flip] = (y[flip] + 1) % 3  # label noise: the folds' curves disagree on the best stage
+    est = gpinfer.GPClassifier(method="sep", M=5, max_iter=30, random_state=0,
+                               validation_fraction=0.25, n_iter_no_change=3,
+                               choice_rule="median").fit(X, y)
+    state, diag = est.fit_result_.state, est.fit_result_.diagnostics
+    k = choose_check(state["val_nll_folds"], "median")
+    assert k is not None and diag["best_iteration"] == state["val_iteration"][k]
+    assert est.n_iter_ == int(diag["best_iteration"])
+    # the default rule would have chosen another count on these curves
+    assert choose_check(state["val_nll_folds"], "one_se") != k
+
+
 def test_k_folds_hold_out_every_row_once_stratified():
     y = np.array([0] * 10 + [1] * 30 + [2] * 5)
     splits = validation_splits(y, EarlyStopping(0.2, folds=5), np.random.default_rng(0), 3)
