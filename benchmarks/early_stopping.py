@@ -96,7 +96,7 @@ from gpinfer import registry
 from gpinfer.data import Standardizer, load_dataset
 from gpinfer.estimator import GPClassifier
 from gpinfer.kernels import make_kernel
-from gpinfer.training.early_stopping import level_target, stop_at
+from gpinfer.training.early_stopping import CHOICE_RULES, choose_check, level_target, stop_at
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASETS = ["wine", "breast_cancer", "digits"]
@@ -129,6 +129,21 @@ def cv_splits(y: np.ndarray, folds: int, repeat: int) -> list[np.ndarray]:
     return [np.flatnonzero(fold_of == f) for f in range(folds)]
 
 
+def pooled(dataset: str) -> tuple[np.ndarray, np.ndarray]:
+    """``X [N, D]``, ``y [N]``: the dataset's training and test rows together;
+    ``make_classification`` is scikit-learn's generator with 300 points, 3 classes, 10
+    features (4 informative, 2 redundant), seed 0 (a check set outside the target's three)."""
+    if dataset == "make_classification":
+        from sklearn.datasets import make_classification
+
+        X, y = make_classification(n_samples=300, n_classes=3, n_features=10, n_informative=4,
+                                   n_redundant=2, random_state=0)
+        return X.astype(float), y
+    ds = load_dataset(dataset)
+    X = np.asarray(ds.X if ds.X_test is None else np.concatenate([ds.X, ds.X_test]), float)
+    return X, np.asarray(ds.y if ds.y_test is None else np.concatenate([ds.y, ds.y_test]))
+
+
 def _nll(proba: np.ndarray, y: np.ndarray) -> float:
     return -float(np.mean(np.log(np.clip(proba[np.arange(len(y)), y], 1e-300, None))))
 
@@ -136,9 +151,7 @@ def _nll(proba: np.ndarray, y: np.ndarray) -> float:
 def one(dataset: str, method: str, repeat: int, fold: int, folds: int, iterations: int,
         patience: int, refit_rule: str | None = None) -> dict:
     """One split: the path and the early-stopped model (module docstring)."""
-    ds = load_dataset(dataset)
-    X = np.asarray(ds.X if ds.X_test is None else np.concatenate([ds.X, ds.X_test]), float)
-    y_all = ds.y if ds.y_test is None else np.concatenate([ds.y, ds.y_test])
+    X, y_all = pooled(dataset)
     test = cv_splits(np.asarray(y_all), folds, repeat)[fold]
     train = np.setdiff1d(np.arange(len(y_all)), test)
     st = Standardizer().fit(X[train])
@@ -182,10 +195,24 @@ def one(dataset: str, method: str, repeat: int, fold: int, folds: int, iteration
                                       state["val_nll_folds"], None).tolist()}
 
 
-def replay(row: dict, rule: str) -> int:
-    """The iterations the early-stopped model trains on all the data under ``rule``, replayed
-    on the row's path (``gpinfer.training.early_stopping.level_target`` and ``stop_at``)."""
-    k = row["best_iteration"] or len(row["path"])
+def chosen(row: dict, choice_rule: str | None) -> int:
+    """The number of iterations the folds of ``row`` choose under ``choice_rule``
+    (``gpinfer.training.early_stopping.choose_check`` on their recorded validation curves);
+    ``None``: the run's own choice."""
+    if choice_rule is None:
+        return int(row["best_iteration"])
+    curves = np.array([[np.nan if v is None else v for v in fold] for fold in
+                       row["val_nll_folds"]], dtype=float)
+    k = choose_check(curves, choice_rule)
+    return 0 if k is None else int(row["val_iteration"][k])
+
+
+def replay(row: dict, rule: str, choice_rule: str | None = None) -> int:
+    """The iterations the early-stopped model trains on all the data under the refit rule
+    ``rule`` after the folds chose under ``choice_rule`` (``None``: the run's own choice),
+    replayed on the row's path (``gpinfer.training.early_stopping.level_target`` and
+    ``stop_at``)."""
+    k = chosen(row, choice_rule) or len(row["path"])
     curves = np.array(row["objective_folds"], dtype=float)
     target = level_target(curves, np.array(row["fold_points"], float), k, rule)
     if target is None:
@@ -193,30 +220,37 @@ def replay(row: dict, rule: str) -> int:
     return stop_at(np.array(row["objective"]), rule, target, row["n_train"]) or len(row["path"])
 
 
-def summary(files: list[str], rules: list[str]) -> None:
-    """Per (dataset, method, rule) over the splits in ``files``: the ratio of means (target
-    <= 1.05), the per-split ratio's mean and worst, and the same without early stopping."""
+def summary(files: list[str], rules: list[str], choice_rules: list[str | None]) -> None:
+    """Per (dataset, method, choice rule, refit rule) over the splits in ``files``: the ratio
+    of means (target <= 1.05), the per-split ratio's mean and worst, and the same without
+    early stopping; the window of counts within 5 % of the mean path's best."""
     rows = [json.loads(line) for f in files for line in Path(f).read_text().splitlines()]
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["dataset"], r["method"]), []).append(r)
-    print("| dataset | method | splits (repeats) | rule | ratio of means | per split: mean / "
-          "worst | mean iterations | no ES: ratio of means, per split mean / worst |")
+    print("| dataset | method | splits (repeats) | choice, refit rule | ratio of means | per "
+          "split: mean / worst | iterations (mean, range) | no ES: ratio of means, per split "
+          "mean / worst |")
     print("|---|---|---|---|---|---|---|---|")
     for (dataset, method), rs in groups.items():
         T = min(len(r["path"]) for r in rs)
         paths = np.array([r["path"][:T] for r in rs])
         best_mean = paths.mean(axis=0).min()
+        window = np.flatnonzero(paths.mean(axis=0) <= 1.05 * best_mean) + 1
         best = paths.min(axis=1)
         plain = np.array([r["path"][T - 1] for r in rs])
         ref = (f"{plain.mean() / best_mean:.3f}, {np.mean(plain / best):.3f} / "
                f"{np.max(plain / best):.3f}")
-        for rule in rules:
-            stops = np.array([min(replay(r, rule), T) for r in rs])
-            final = paths[np.arange(len(rs)), stops - 1]
-            print(f"| {dataset} | {method} | {len(rs)} ({len({r['repeat'] for r in rs})}) | "
-                  f"{rule} | {final.mean() / best_mean:.3f} | {np.mean(final / best):.3f} / "
-                  f"{np.max(final / best):.3f} | {stops.mean():.0f} | {ref} |")
+        print(f"<!-- {dataset} {method}: counts within 5 % of the mean path's best "
+              f"({int(np.argmin(paths.mean(axis=0))) + 1}): {window.tolist()} -->")
+        for choice_rule in choice_rules:
+            for rule in rules:
+                stops = np.array([min(replay(r, rule, choice_rule), T) for r in rs])
+                final = paths[np.arange(len(rs)), stops - 1]
+                print(f"| {dataset} | {method} | {len(rs)} ({len({r['repeat'] for r in rs})}) "
+                      f"| {choice_rule or 'run'}, {rule} | {final.mean() / best_mean:.3f} | "
+                      f"{np.mean(final / best):.3f} / {np.max(final / best):.3f} | "
+                      f"{stops.mean():.1f}, {stops.min()}-{stops.max()} | {ref} |")
         run = np.array([r["final_nll_es"] for r in rs])
         check = run / np.array([r["path"][min(replay(r, r.get("refit_rule", "objective")), T) - 1]
                                 for r in rs])
@@ -240,7 +274,10 @@ def main() -> None:
     ap.add_argument("--patience", type=int, default=10)
     ap.add_argument("--datasets", default=",".join(DATASETS))
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--rules", default=",".join(RULES), help="rules the summary replays")
+    ap.add_argument("--rules", default=",".join(RULES), help="refit rules the summary replays")
+    ap.add_argument("--choice-rules", default="run," + ",".join(CHOICE_RULES),
+                    help="choice rules the summary replays on the folds' recorded curves "
+                         "(run: the run's own choice)")
     ap.add_argument("--refit-rule", default=None,
                     help="the early-stopped run's refit_rule (default: the estimator's)")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "early_stopping_cv.jsonl"))
@@ -248,7 +285,8 @@ def main() -> None:
                     help="print the per-(dataset, method, rule) summary of these files and exit")
     a = ap.parse_args()
     if a.summary:
-        summary(a.summary, a.rules.split(","))
+        summary(a.summary, a.rules.split(","),
+                [None if c == "run" else c for c in a.choice_rules.split(",")])
         return
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     splits = _range(a.splits) if a.splits else range(a.test_folds)

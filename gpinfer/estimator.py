@@ -323,9 +323,12 @@ class _GPEstimatorBase(BaseEstimator):
         settings = EarlyStopping.from_settings(
             self.validation_fraction, self.validation_interval, self.n_iter_no_change,
             getattr(self, "refit", True), getattr(self, "validation_folds", None),
-            getattr(self, "refit_rule", "iterations"))
+            getattr(self, "refit_rule", "iterations"), getattr(self, "choice_rule", "one_se"))
         if settings is None:
             return None
+        if not n_classes and settings.choice_rule == "log_one_se":
+            raise InputError("choice_rule='log_one_se' needs a positive validation NLL; a "
+                             "regression's (a density's) can be negative: use 'one_se'")
         return settings, validation_splits(y, settings, self._rng(), n_classes)
 
     def _run(self, method: Method, method_name: str, problem: Problem,
@@ -379,7 +382,7 @@ class _GPEstimatorBase(BaseEstimator):
             result, _ = self._run(method, method_name, problem, monitor, ranks_iterates=False)
             monitors.append(monitor)
             offset += monitor.last_iteration
-        choice = ValidationChoice(monitors)
+        choice = ValidationChoice(monitors, settings.choice_rule)
         if not settings.refit:
             return method, problem, monitors[0].restore(result)
         # no finite validation NLL at all: train on everything for as long as the folds did
@@ -560,6 +563,13 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         ``max_iter``); ``"gain"`` where it has gained as much per point since its first
         iteration. Mini-batch fits and surrogate objectives take the count
         (``gpinfer.training.early_stopping``).
+    choice_rule : "one_se", "log_one_se", "min" or "median"
+        How K folds choose the number of iterations from their validation NLL curves
+        (``gpinfer.training.early_stopping.choose_check``): ``"one_se"`` (default) the earliest
+        iteration within one paired standard error of the mean curve's minimum;
+        ``"log_one_se"`` the same on the folds' log NLL (classification only: ``InputError``
+        in regression); ``"min"`` the mean curve's minimum; ``"median"`` the median over the
+        folds of each fold's own best iteration. A single hold-out takes its minimum.
     standardize : "auto" or bool
         True: fit a per-feature ``(X - mean) / std`` on the training inputs (constant columns:
         std 1), keep it as ``scaler_`` and apply it at prediction, so that the fit does not
@@ -632,6 +642,7 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         refit: bool = True,
         validation_folds: int | None = None,
         refit_rule: str = "iterations",
+        choice_rule: str = "one_se",
         standardize: bool | str = "auto",
         backend: str | None = None,
         device: str | None = None,
@@ -654,6 +665,7 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         self.refit = refit
         self.validation_folds = validation_folds
         self.refit_rule = refit_rule
+        self.choice_rule = choice_rule
         self.standardize = standardize
         self.backend = backend
         self.device = device

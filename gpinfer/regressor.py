@@ -48,7 +48,8 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
     ``optimize``, ``max_iter``, ``batch_size``, ``random_state``, ``method_options``,
     ``verbose``, ``baseline_failure``, and early stopping: ``validation_fraction`` (a random,
     not stratified, part), ``validation_interval``, ``n_iter_no_change``, ``refit``,
-    ``validation_folds``, ``refit_rule``), except that ``likelihood`` defaults to a Gaussian
+    ``validation_folds``, ``refit_rule``, ``choice_rule``: not ``"log_one_se"``, the NLL of a
+    density can be negative), except that ``likelihood`` defaults to a Gaussian
     with noise variance ``0.01 var(y)`` (the reference initialisation ``sigma = 0.1 std(y)``)
     and that the fit guard's baseline is a Gaussian with the targets' mean and variance.
 
@@ -75,6 +76,7 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         refit: bool = True,
         validation_folds: int | None = None,
         refit_rule: str = "iterations",
+        choice_rule: str = "one_se",
         baseline_failure: str = "raise",
     ):
         self.method = method
@@ -93,6 +95,7 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         self.refit = refit
         self.validation_folds = validation_folds
         self.refit_rule = refit_rule
+        self.choice_rule = choice_rule
         self.baseline_failure = baseline_failure
 
     def _build_likelihood(self, y: Array) -> Likelihood:

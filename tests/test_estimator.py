@@ -472,16 +472,19 @@ def test_get_set_params_and_clone(fake_plugins, data):
         "refit": True,
         "validation_folds": None,
         "refit_rule": "iterations",
+        "choice_rule": "one_se",
         "standardize": "auto",
         "baseline_failure": "raise",
     }
     assert est.set_params(M=7, max_iter=3) is est and est.M == 7 and est.max_iter == 3
+    assert est.set_params(choice_rule="median").choice_rule == "median"
     with pytest.raises(ValueError, match="Invalid parameter"):
         est.set_params(nonsense=1)
     est.fit(*data)
     twin = clone(est)
     assert not hasattr(twin, "classes_")
     assert twin.get_params()["M"] == 7 and twin.kernel is not kernel
+    assert twin.get_params()["choice_rule"] == "median"
     np.testing.assert_array_equal(twin.fit(*data).predict_proba(data[0]), est.predict_proba(data[0]))
 
 

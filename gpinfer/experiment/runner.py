@@ -277,7 +277,8 @@ def parse_settings(conf: Mapping[str, Any]) -> Settings:
                                                    conf.get("n_iter_no_change", 10),
                                                    conf.get("refit", True),
                                                    conf.get("validation_folds"),
-                                                   conf.get("refit_rule", "iterations")),
+                                                   conf.get("refit_rule", "iterations"),
+                                                   conf.get("choice_rule", "one_se")),
         backend=_optional_text(conf.get("backend"), "backend", "numpy or torch"),
         device=_optional_text(conf.get("device"), "device", "cpu, cuda or cuda:N"),
         dtype=_optional_text(conf.get("dtype"), "dtype", "float64 or float32"),
@@ -814,7 +815,8 @@ def run_experiment(
             "n_iter_no_change": s.early_stopping.n_iter_no_change,
             "refit": s.early_stopping.refit,
             "validation_folds": s.early_stopping.folds,
-            "refit_rule": s.early_stopping.refit_rule}),
+            "refit_rule": s.early_stopping.refit_rule,
+            "choice_rule": s.early_stopping.choice_rule}),
         **({} if p.task == "regression" else p.backend.params()),
     )
     label = f"{s.method}/{s.dataset} s{s.seed}"

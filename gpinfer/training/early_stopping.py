@@ -94,6 +94,8 @@ MIN_HOLDOUT = 200
 ONE_SE = 1.0
 #: where the refit on all the data stops (``EarlyStopping.refit_rule``, module docstring)
 REFIT_RULES = ("objective", "gain", "iterations")
+#: how K folds choose the number of iterations (``EarlyStopping.choice_rule``, ``choose_check``)
+CHOICE_RULES = ("one_se", "log_one_se", "min", "median")
 
 
 @dataclass(frozen=True)
@@ -111,12 +113,13 @@ class EarlyStopping:
     refit: bool = True
     folds: int | None = None
     refit_rule: str = "iterations"
+    choice_rule: str = "one_se"
 
     @classmethod
     def from_settings(cls, validation_fraction: object, validation_interval: object,
                       n_iter_no_change: object, refit: object = True,
-                      folds: object = None, refit_rule: object = "iterations"
-                      ) -> EarlyStopping | None:
+                      folds: object = None, refit_rule: object = "iterations",
+                      choice_rule: object = "one_se") -> EarlyStopping | None:
         """The settings, or ``None`` when ``validation_fraction`` is ``None`` (off);
         ``InputError`` naming the bad setting otherwise."""
         if validation_fraction is None:
@@ -149,9 +152,12 @@ class EarlyStopping:
         if refit_rule not in REFIT_RULES:
             raise InputError(f"refit_rule must be one of {list(REFIT_RULES)} (where the refit on "
                              f"all the data stops); got {refit_rule!r}")
+        if choice_rule not in CHOICE_RULES:
+            raise InputError(f"choice_rule must be one of {list(CHOICE_RULES)} (how K folds choose "
+                             f"the number of iterations); got {choice_rule!r}")
         return cls(float(validation_fraction), int(cast(int, validation_interval)),
                    int(cast(int, n_iter_no_change)), bool(refit), n_folds,
-                   str(refit_rule))  # all checked above
+                   str(refit_rule), str(choice_rule))  # all checked above
 
     def n_folds(self, n: int) -> int:
         """The folds for ``n`` training points: ``folds``, or with ``folds=None`` one hold-out
@@ -340,7 +346,7 @@ class ValidationChoice:
     the curve's value there, ``min_iteration`` and ``min_nll`` the minimum's.
     """
 
-    def __init__(self, monitors: list[ValidationMonitor]):
+    def __init__(self, monitors: list[ValidationMonitor], rule: str = "one_se"):
         self.monitors = monitors
         iterations = sorted({it for m in monitors for it, _ in m.checks})
         self.iterations = np.array(iterations, dtype=np.int64)
@@ -356,37 +362,20 @@ class ValidationChoice:
             curves.append(np.where(at >= 0, vals[np.maximum(at, 0)], np.nan))
         #: per-fold curves ``[F, K]`` (NaN before a fold's first check)
         self.fold_curves = np.array(curves).reshape(len(monitors), self.iterations.size)
-        with np.errstate(invalid="ignore"):
-            curve = np.mean(self.fold_curves, axis=0)
-        self.curve = np.where(np.isfinite(curve), curve, np.inf)
+        self.curve = mean_curve(self.fold_curves)
         self.best_iteration: int | None = None
         self.best_nll = self.min_nll = np.inf
         self.min_iteration: int | None = None
         if self.curve.size and np.isfinite(self.curve.min()):
             k = int(np.argmin(self.curve))
             self.min_iteration, self.min_nll = int(self.iterations[k]), float(self.curve[k])
-            if len(monitors) > 1:
-                within = self.curve - self.curve[k] <= ONE_SE * self.excess_se(k)
-                k = int(np.argmax(within & np.isfinite(self.curve)))
+            k = cast(int, choose_check(self.fold_curves, rule))  # not None: a finite check
             self.best_iteration, self.best_nll = int(self.iterations[k]), float(self.curve[k])
 
     def excess_se(self, k: int) -> Array:
         """``[K]``: the standard error of the fold-averaged curve's excess over its value at
-        check ``k`` (the minimum), from the folds' paired differences: every fold validates
-        every iteration on the same rows, so a fold that is hard at one iteration is hard at
-        all of them, and only the spread of the per-fold *differences* says whether iteration
-        ``j`` is worse than ``k``. (The spread of the folds' levels at the minimum, which the
-        rule used before, mostly measures how the folds differ from each other: on wine it was
-        3-10 times the paired one and picked iterations on the curve's steep descent.) ``inf``
-        where fewer than two folds have finite values at both checks; 0 at ``k``."""
-        diff = self.fold_curves - self.fold_curves[:, [k]]
-        ok = np.isfinite(diff)
-        count = ok.sum(axis=0)
-        d = np.where(ok, diff, 0.0)
-        mean = d.sum(axis=0) / np.maximum(count, 1)
-        var = np.where(ok, (d - mean) ** 2, 0.0).sum(axis=0) / np.maximum(count - 1, 1)
-        se = np.sqrt(var / np.maximum(count, 1))
-        return np.where(count >= 2, se, np.inf)
+        check ``k`` (``paired_se`` of the fold curves)."""
+        return paired_se(self.fold_curves, k)
 
     def refit_target(self, rule: str) -> float | None:
         """Where the refit on all the data stops (``level_target`` at the chosen iteration
@@ -432,6 +421,67 @@ class ValidationChoice:
             for it, value in m.objectives.items():
                 curves[f, it - 1] = value
         return curves
+
+
+def mean_curve(fold_curves: Array) -> Array:
+    """``[K]``: the folds' mean of ``fold_curves [F, K]``, ``inf`` at a check where a fold has
+    no finite value (such a check is never chosen)."""
+    with np.errstate(invalid="ignore"):
+        curve = np.mean(fold_curves, axis=0)
+    return np.where(np.isfinite(curve), curve, np.inf)
+
+
+def paired_se(fold_curves: Array, k: int) -> Array:
+    """``[K]``: the standard error of the fold-averaged curve's excess over its value at check
+    ``k`` (the minimum), from the folds' paired differences (``fold_curves [F, K]``): every fold
+    validates every iteration on the same rows, so a fold that is hard at one iteration is hard
+    at all of them, and only the spread of the per-fold *differences* says whether iteration
+    ``j`` is worse than ``k``. (The spread of the folds' levels at the minimum, which the rule
+    used before, mostly measures how the folds differ from each other: on wine it was 3-10
+    times the paired one and picked iterations on the curve's steep descent.) ``inf`` where
+    fewer than two folds have finite values at both checks; 0 at ``k``."""
+    diff = fold_curves - fold_curves[:, [k]]
+    ok = np.isfinite(diff)
+    count = ok.sum(axis=0)
+    d = np.where(ok, diff, 0.0)
+    mean = d.sum(axis=0) / np.maximum(count, 1)
+    var = np.where(ok, (d - mean) ** 2, 0.0).sum(axis=0) / np.maximum(count - 1, 1)
+    se = np.sqrt(var / np.maximum(count, 1))
+    return np.where(count >= 2, se, np.inf)
+
+
+def choose_check(fold_curves: Array, rule: str) -> int | None:
+    """The index of the chosen check in the folds' validation NLL curves ``fold_curves [F, K]``
+    (NaN where a fold has no value; only checks where every fold has one are candidates);
+    ``None`` when there is none. One curve (a hold-out): its first minimum, whatever ``rule``.
+    Several (K folds, ``rule`` in ``CHOICE_RULES``, module docstring):
+
+    * ``"one_se"``: the earliest check whose mean excess over the minimum of the mean curve
+      is within ``ONE_SE`` paired standard errors (``paired_se``);
+    * ``"log_one_se"``: the same on the folds' log NLL (the excess relative to the level);
+      ``InputError`` for a non-positive NLL (a density's, in regression);
+    * ``"min"``: the first minimum of the mean curve;
+    * ``"median"``: the median over the folds of each fold's own first minimum (the lower
+      median for an even number of folds).
+    """
+    curves = np.asarray(fold_curves, dtype=float)
+    if rule == "log_one_se" and curves.shape[0] > 1:
+        if np.any(curves[np.isfinite(curves)] <= 0):
+            raise InputError("choice_rule='log_one_se' needs a positive validation NLL (a "
+                             "classifier's); use 'one_se' where the NLL can be negative")
+        curves = np.log(curves)
+    curve = mean_curve(curves)
+    if curve.size == 0 or not np.isfinite(curve.min()):
+        return None
+    k = int(np.argmin(curve))
+    if curves.shape[0] == 1 or rule == "min":
+        return k
+    if rule == "median":
+        candidate = np.isfinite(curve)
+        own = np.sort([int(np.argmin(np.where(candidate, c, np.inf))) for c in curves])
+        return int(own[(own.size - 1) // 2])
+    within = curve - curve[k] <= ONE_SE * paired_se(curves, k)
+    return int(np.argmax(within & np.isfinite(curve)))
 
 
 def level_target(objectives: Array, n_points: Array, k: int, rule: str) -> float | None:

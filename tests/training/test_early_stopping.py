@@ -13,6 +13,7 @@ from gpinfer.training.early_stopping import (
     RefitStop,
     ValidationChoice,
     ValidationMonitor,
+    choose_check,
     level_target,
     split_validation,
     stop_at,
@@ -188,6 +189,21 @@ def test_small_data_choose_the_iterations_by_k_folds():
     assert [r.iteration for r in reports] == list(range(1, len(reports) + 1))
 
 
+def test_the_estimator_chooses_by_its_choice_rule_on_the_folds_curves():
+    X, y = _three_classes(60)
+    flip = np.random.default_rng(0).choice(60, 12, replace=False)
+    y[flip] = (y[flip] + 1) % 3  # label noise: the folds' curves disagree on the best stage
+    est = gpinfer.GPClassifier(method="sep", M=5, max_iter=30, random_state=0,
+                               validation_fraction=0.25, n_iter_no_change=3,
+                               choice_rule="median").fit(X, y)
+    state, diag = est.fit_result_.state, est.fit_result_.diagnostics
+    k = choose_check(state["val_nll_folds"], "median")
+    assert k is not None and diag["best_iteration"] == state["val_iteration"][k]
+    assert est.n_iter_ == int(diag["best_iteration"])
+    # the default rule would have chosen another count on these curves
+    assert choose_check(state["val_nll_folds"], "one_se") != k
+
+
 def test_k_folds_hold_out_every_row_once_stratified():
     y = np.array([0] * 10 + [1] * 30 + [2] * 5)
     splits = validation_splits(y, EarlyStopping(0.2, folds=5), np.random.default_rng(0), 3)
@@ -258,6 +274,47 @@ def test_an_iteration_a_fold_never_checked_is_never_chosen():
     assert not np.isfinite(choice.curve[0]) and np.isinf(choice.excess_se(2)[0])
     # iteration 2: excess +0.1 and +0.2, mean 0.15 > its standard error 0.05
     assert choice.min_iteration == choice.best_iteration == 3
+
+
+def test_each_choice_rule_on_fold_curves_with_a_known_answer():
+    # two folds at very different levels: A = [0.04, 0.01, 0.011], B = [1.0, 1.02, 0.98]
+    curves = np.array([[0.04, 0.01, 0.011], [1.0, 1.02, 0.98]])
+    # min: the mean curve [0.52, 0.515, 0.4955] is lowest at check 2
+    assert choose_check(curves, "min") == 2
+    # one_se: check 1's paired excess over check 2 is (-0.001, +0.04): mean 0.0195, standard
+    # error 0.0205 (within); check 0's is (+0.029, +0.02): mean 0.0245, se 0.0045 (not)
+    assert choose_check(curves, "one_se") == 1
+    # log_one_se: the mean log curve [-1.609, -2.293, -2.265] is lowest at check 1; check 0's
+    # paired log excess (+1.386, -0.020): mean 0.683 within its standard error 0.703
+    assert choose_check(curves, "log_one_se") == 0
+    np.testing.assert_allclose(np.log(curves).mean(axis=0), [-1.6094, -2.2927, -2.2651],
+                               atol=1e-4)
+    # median: each fold's own first minimum (1 and 2), the lower median of an even count
+    assert choose_check(curves, "median") == 1
+    # three folds whose own minima are at checks 3, 3, 1 (median 3) while the mean curve
+    # [3, 1.667, 1.7, 1.8, 2.333] is lowest at check 1
+    curves = np.array([[3, 2, 1.5, 1.4, 2], [3, 2, 1.6, 1.5, 2], [3, 1.0, 2.0, 2.5, 3]])
+    assert choose_check(curves, "median") == 3 and choose_check(curves, "min") == 1
+    # one curve (a hold-out): its first minimum, whatever the rule
+    for rule in ("one_se", "log_one_se", "min", "median"):
+        assert choose_check(np.array([[3.0, 1.0, 2.0, 1.0]]), rule) == 1
+
+
+def test_the_choice_rules_skip_a_check_some_fold_lacks_and_none_is_chosen_without_values():
+    curves = np.array([[0.5, 1.0, 0.9], [np.nan, 1.2, 1.0]])
+    for rule in ("one_se", "log_one_se", "min", "median"):
+        assert choose_check(curves, rule) == 2
+    assert choose_check(np.full((2, 3), np.nan), "median") is None
+    with pytest.raises(InputError, match="positive validation NLL"):
+        choose_check(np.array([[0.5, -0.1], [0.4, 0.3]]), "log_one_se")
+
+
+def test_the_validation_choice_applies_its_rule():
+    monitors = _monitors([3, 2, 1.5, 1.4, 2], [3, 2, 1.6, 1.5, 2], [3, 1.0, 2.0, 2.5, 3])
+    assert ValidationChoice(monitors, "median").best_iteration == 4  # checks are 1-based
+    assert ValidationChoice(monitors, "min").best_iteration == 2
+    choice = ValidationChoice(monitors)  # one_se, the default
+    assert choice.best_iteration == choose_check(choice.fold_curves, "one_se") + 1
 
 
 # -- the refit's stop: the folds' objective level, not their iteration count ---------------------
@@ -362,6 +419,8 @@ def test_a_mini_batch_refit_takes_the_count_whatever_the_rule():
 
 @pytest.mark.parametrize("kwargs,pattern", [
     ({"refit_rule": "level"}, "refit_rule must be one of"),
+    ({"choice_rule": "best"}, "choice_rule must be one of"),
+    ({"choice_rule": None}, "choice_rule must be one of"),
     ({"refit": "yes"}, "refit must be True"),
     ({"validation_folds": 0}, "validation_folds must be"),
     ({"validation_folds": 1.5}, "validation_folds must be"),
@@ -373,6 +432,15 @@ def test_bad_refit_or_folds_is_an_input_error_before_training(kwargs, pattern):
     with pytest.raises(InputError, match=pattern):
         gpinfer.GPClassifier(method="sep", M=5, validation_fraction=0.2, **kwargs).fit(
             X, y, callback=calls.append)
+    assert calls == []
+
+
+def test_the_regressor_refuses_the_log_rule_before_training():
+    X = np.linspace(-1, 1, 40)[:, None]
+    calls = []
+    with pytest.raises(InputError, match="log_one_se"):
+        gpinfer.GPRegressor(method="fitc", M=4, validation_fraction=0.2,
+                            choice_rule="log_one_se").fit(X, X[:, 0], callback=calls.append)
     assert calls == []
 
 
