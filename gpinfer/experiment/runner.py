@@ -11,13 +11,13 @@
    before any MLflow run exists;
 2. loads the dataset, splits it with the run's seed, standardises on the training part;
 3. starts the MLflow run (params = the flattened resolved config, with ``backend``, ``device``
-   and ``dtype`` as resolved; tags, config artifact) and
-   fits a ``GPClassifier`` with a callback that logs the objective and elapsed time every
-   iteration and the test error and test NLL every ``eval_every`` iterations
+   and ``dtype`` as resolved; tags, config artifact) and fits a ``GPClassifierCore``
+   (``GPClassifier`` without scikit-learn) with a callback that logs the objective and
+   elapsed time every iteration and the test error and test NLL every ``eval_every`` iterations
    (``eval/test_error``, ``eval/test_nll``; also to the run log ``gpinfer.log``), moves the
    progress bar (``gpinfer.progress``, config ``progress.bar``), and stops the run on a
    non-finite objective. A regression dataset (``Dataset.task == "regression"``) gets a
-   ``GPRegressor`` on targets standardised with the training part instead, and test RMSE and
+   ``GPRegressorCore`` on targets standardised with the training part instead, and test RMSE and
    NLL in the original units of ``y``;
 4. logs the final metrics (``FINAL_METRICS``: once each, under the names of ``result.json``,
    so MLflow, ``result.json``, the printed line and both reports show the same numbers) and the
@@ -767,8 +767,9 @@ def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str,
         dataset=s.dataset, title=f"{s.method} on {s.dataset} (seed {s.seed})",
         step=max(int(result["n_iter"]), callback.last_iteration), curve=callback.curve,
         data=(p.X_train, y_train, p.X_test, p.y_test_index), classification=classification,
-        model=deployable_model(estimator, p.standardizer,
-                               None if classification else (p.y_shift, p.y_scale)),
+        model=deployable_model(estimator, p.standardizer,  # imports scikit-learn: only when
+                               None if classification else (p.y_shift, p.y_scale))  # logged
+        if s.mlflow.get("log_model", True) else None,
         model_example=p.X_train_raw_head,
         P_test=None if P_test is None else class_probabilities(
             P_test, p.X_test.shape[0], p.n_classes, s.method),
@@ -791,13 +792,14 @@ def run_experiment(
     ``output_dir``: the run folder (default: Hydra's output folder for this job). ``stream``
     receives the one-line summary (stdout), ``progress_stream`` the progress lines (stderr).
     """
-    from gpinfer.estimator import GPClassifier
-    from gpinfer.regressor import GPRegressor
+    from gpinfer.estimator import GPClassifierCore
+    from gpinfer.regressor import GPRegressorCore
 
     p = prepare(cfg, output_dir)
     s = p.settings
     res.reset_peak_rss()
-    estimator = (GPRegressor if p.task == "regression" else GPClassifier)(
+    # the cores: the estimators without scikit-learn, whose import a run does not need
+    estimator = (GPRegressorCore if p.task == "regression" else GPClassifierCore)(
         method=s.method,
         M=p.M_count,
         kernel=p.kernel,
