@@ -45,3 +45,41 @@ def test_the_check_sees_sklearn_when_it_is_imported():
     found = _imported(FIT_PATH.replace("from gpinfer.regressor import GPRegressorCore",
                                        "from gpinfer.regressor import GPRegressorCore, GPRegressor"))
     assert "sklearn" in found["heavy"]
+
+
+RUN = """
+import atexit, json, sys
+HEAVY = {heavy!r}
+atexit.register(lambda: print("HEAVY " + json.dumps(sorted(m for m in HEAVY if m in sys.modules))))
+from gpinfer.experiment.app import main
+sys.argv = ["gpinfer-run", *{overrides!r}]
+main()
+"""
+
+
+def test_a_default_run_imports_no_sklearn_mlflow_or_pandas(tmp_path):
+    """A default run with publishing on: the run's process imports none of scikit-learn,
+    scipy.stats, pandas, MLflow or skops (the tracking worker does), and the MLflow run holds
+    what the run logged: its status, metrics, the model, the datasets and the figures."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    heavy = (*HEAVY, "mlflow", "skops")
+    code = RUN.format(heavy=heavy, overrides=["iterations=5", f"hydra.run.dir={tmp_path / 'run'}",
+                                              f"mlflow.tracking_uri={uri}"])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("HEAVY ")][-1]
+    assert json.loads(line.removeprefix("HEAVY ")) == []
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["status"] == "FINISHED" and result["n_iter"] == 5
+    client = MlflowClient(uri)
+    run = client.get_run(result["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["test_error"] == result["test_error"]
+    assert len(client.get_metric_history(run.info.run_id, "objective")) == 5
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "state.npz", "result.json", "model_skops", "plots"} <= artifacts
+    assert len(run.inputs.dataset_inputs) == 2 and len(run.outputs.model_outputs) == 1
+    assert "publish_errors" not in run.data.tags
