@@ -19,11 +19,9 @@ from __future__ import annotations
 import copy
 import numbers
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
-from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.utils.validation import check_is_fitted
 
 from gpinfer.backend import ops
 from gpinfer.backend.choice import Backend, check_method_backend, resolve_backend
@@ -65,12 +63,26 @@ from gpinfer.validation import (
     tensor_device,
 )
 
+if TYPE_CHECKING:
+    from gpinfer.sklearn_estimators import GPClassifier
+
 Array = np.ndarray
 #: ``setup(X [n, D], y [n], max_iter)``: a method and its problem on those rows (``max_iter``
 #: None: the estimator's)
 Setup = Callable[[Any, "int | None"], tuple[Method, Problem]]
 
-__all__ = ["GPClassifier"]
+__all__ = ["GPClassifier", "GPClassifierCore"]
+
+
+def __getattr__(name: str) -> Any:
+    """``GPClassifier`` (scikit-learn's base classes over ``GPClassifierCore``) is defined in
+    ``gpinfer.sklearn_estimators`` and imported on first use, so that importing this module
+    (the runner's fit path) does not import scikit-learn."""
+    if name == "GPClassifier":
+        from gpinfer.sklearn_estimators import GPClassifier
+
+        return GPClassifier
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def class_probabilities(P: Any, n_rows: int, n_classes: int, method: object = "?") -> Array:
@@ -122,7 +134,7 @@ def _setting_name(value: Any) -> Any:
         return value
 
 
-def _check_feature_names(estimator: BaseEstimator, X: Any) -> None:
+def _check_feature_names(estimator: Any, X: Any) -> None:
     """scikit-learn's check of ``X``'s column names against ``feature_names_in_`` at prediction
     (a ``ValueError`` for other names, a ``UserWarning`` when one side has none)."""
     try:
@@ -133,11 +145,30 @@ def _check_feature_names(estimator: BaseEstimator, X: Any) -> None:
     check(estimator, X, reset=False)
 
 
-class _GPEstimatorBase(BaseEstimator):
+class _GPEstimatorBase:
     """What ``GPClassifier`` and ``GPRegressor`` share: building the problem, running the
     method, the fitted attributes and latent prediction. Subclasses keep their own explicit
     ``__init__`` (scikit-learn reads the parameters from its signature).
+
+    No scikit-learn here: ``GPClassifierCore`` / ``GPRegressorCore`` fit and predict without
+    it (the runner fits them, so a run's process never imports scikit-learn), and
+    ``gpinfer.sklearn_estimators`` adds scikit-learn's base classes (``get_params``,
+    ``set_params``, ``clone``, tags) to make ``GPClassifier`` / ``GPRegressor``.
     """
+
+    # the parameters every subclass's ``__init__`` sets (the rest are read with ``getattr``)
+    method: Any
+    M: Any
+    kernel: Any
+    likelihood: Any
+    optimize: bool | None
+    max_iter: int
+    batch_size: int | None
+    random_state: Any
+    method_options: Mapping[str, Any] | None
+    validation_fraction: float | None
+    validation_interval: int
+    n_iter_no_change: int
 
     def set_params(self, **params: Any) -> Any:
         """scikit-learn's ``set_params``; nested ``kernel__*`` names need a ``Kernel`` object as
@@ -159,7 +190,7 @@ class _GPEstimatorBase(BaseEstimator):
                     f"{type(kernel).__name__} has the parameters "
                     f"{', '.join('kernel__' + k for k in known)}"
                 )
-        return super().set_params(**params)
+        return super().set_params(**params)  # type: ignore[misc]  # BaseEstimator's
 
     def _build_kernel(self, input_dim: int) -> Kernel:
         if isinstance(self.kernel, Kernel):
@@ -438,6 +469,8 @@ class _GPEstimatorBase(BaseEstimator):
         self._set_early_stopping(result, early is not None)
 
     def _validate_for_predict(self, X: Any) -> Array:
+        from sklearn.utils.validation import check_is_fitted
+
         check_is_fitted(self)
         _check_feature_names(self, X)
         X = check_X(host_input(X, "X"), "X")
@@ -500,8 +533,12 @@ class _GPEstimatorBase(BaseEstimator):
 
 
 
-class GPClassifier(ClassifierMixin, _GPEstimatorBase):
+class GPClassifierCore(_GPEstimatorBase):
     """Gaussian-process classification with any registered approximate-inference method.
+
+    ``GPClassifierCore`` fits and predicts without scikit-learn (the experiment runner's
+    estimator); ``gpinfer.GPClassifier`` is the same estimator with scikit-learn's base classes
+    (``gpinfer.sklearn_estimators``).
 
     Parameters
     ----------
@@ -672,17 +709,6 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
         self.dtype = dtype
         self.baseline_failure = baseline_failure
 
-    # -- scikit-learn plumbing ---------------------------------------------------------------
-    def __sklearn_tags__(self):
-        """Estimator tags; ``multi_class`` follows the method's ``multiclass`` declaration."""
-        tags = super().__sklearn_tags__()
-        try:
-            method_cls = _load_method(self.method)
-        except Exception:  # tags must never raise; fit reports a bad method name properly
-            return tags
-        tags.classifier_tags.multi_class = bool(method_cls.multiclass)
-        return tags
-
     # -- building the problem -----------------------------------------------------------------
     def _build_likelihood(self, method_cls: type[Method], n_classes: int) -> Likelihood:
         from gpinfer.likelihoods import make_likelihood
@@ -715,7 +741,7 @@ class GPClassifier(ClassifierMixin, _GPEstimatorBase):
 
     # -- fit / predict ---------------------------------------------------------------------------
     def fit(self, X: Any, y: Any, sample_weight: Any = None,
-            callback: FitCallback | None = None) -> GPClassifier:
+            callback: FitCallback | None = None) -> Self:
         """Fit the approximate posterior (and hyper-parameters when ``optimize``).
 
         ``X [N, D]`` (a DataFrame's string column names become ``feature_names_in_``),

@@ -46,7 +46,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from sklearn.exceptions import ConvergenceWarning
 
 from gpinfer.backend import ops
 from gpinfer.errors import FitFailedError, InputError, NonFiniteError, NumericalError
@@ -77,6 +76,15 @@ BASELINE_TOLERANCE = 1e-3
 #: predictions that vary by less than this over the training inputs (probabilities; for
 #: regression, in units of the targets' standard deviation) are constant
 CONSTANT_SPREAD = 1e-6
+
+
+def _convergence_warning() -> type[Warning]:
+    """scikit-learn's ``ConvergenceWarning`` (the class users filter), imported when a warning
+    is raised: the fit path (the runner's) does not import scikit-learn otherwise."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    return ConvergenceWarning
+
 
 #: what a fit no better than the baseline does: ``"raise"`` a ``FitFailedError`` (default) or
 #: ``"warn"`` (``ConvergenceWarning``, the model kept)
@@ -276,7 +284,7 @@ def restore_best(result: FitResult, tracker: BestIterate) -> FitResult:
     fall, numbers = tracker.describe_fall()
     warnings.warn(
         f"{tracker.method}: training ended with {fall}; the posterior of iteration "
-        f"{best.iteration} was restored", ConvergenceWarning, stacklevel=3)
+        f"{best.iteration} was restored", _convergence_warning(), stacklevel=3)
     result.posterior, result.kernel = posterior, kernel
     result.log_evidence = best.objective
     result.warnings.append(RESTORED_BEST)
@@ -416,7 +424,7 @@ def check_against_baseline(result: FitResult, method: str, X: Array, y: Array,
              + (f"; kernel: {kernel}" if kernel else ""))
     if not failed:
         warnings.warn(f"{story}. The model may have learned little (look at the kernel "
-                      "parameters and the scaling of the inputs)", ConvergenceWarning,
+                      "parameters and the scaling of the inputs)", _convergence_warning(),
                       stacklevel=3)
         return result
     result.warnings.append(WORSE_THAN_BASELINE)
@@ -427,5 +435,5 @@ def check_against_baseline(result: FitResult, method: str, X: Array, y: Array,
             f"{story}. The fit has failed: {advice}; baseline_failure='warn' keeps such a model "
             "with a warning", result=result, quantity="training NLL")
     warnings.warn(f"{story}. The fit has failed ({advice}); kept because "
-                  "baseline_failure='warn'", ConvergenceWarning, stacklevel=3)
+                  "baseline_failure='warn'", _convergence_warning(), stacklevel=3)
     return result

@@ -8,11 +8,9 @@ up in the registry, checks that it handles regression, builds a ``Problem`` with
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
-from sklearn.base import RegressorMixin
-from sklearn.utils.validation import check_is_fitted
 
 from gpinfer.errors import InputError
 from gpinfer.estimator import _GPEstimatorBase, _load_method
@@ -21,9 +19,23 @@ from gpinfer.likelihoods.gaussian import Gaussian
 from gpinfer.progress import progress_callback
 from gpinfer.validation import check_inducing, check_method_compatible, check_X_y
 
+if TYPE_CHECKING:
+    from gpinfer.sklearn_estimators import GPRegressor
+
 Array = np.ndarray
 
-__all__ = ["GPRegressor", "check_targets"]
+__all__ = ["GPRegressor", "GPRegressorCore", "check_targets"]
+
+
+def __getattr__(name: str) -> Any:
+    """``GPRegressor`` (scikit-learn's base classes over ``GPRegressorCore``) is defined in
+    ``gpinfer.sklearn_estimators`` and imported on first use: importing this module (the
+    runner's fit path) does not import scikit-learn."""
+    if name == "GPRegressor":
+        from gpinfer.sklearn_estimators import GPRegressor
+
+        return GPRegressor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_targets(y: Array) -> Array:
@@ -41,8 +53,12 @@ def check_targets(y: Array) -> Array:
     return arr
 
 
-class GPRegressor(RegressorMixin, _GPEstimatorBase):
+class GPRegressorCore(_GPEstimatorBase):
     """Gaussian-process regression with any registered method whose ``tasks`` include regression.
+
+    ``GPRegressorCore`` fits and predicts without scikit-learn (the experiment runner's
+    estimator); ``gpinfer.GPRegressor`` is the same estimator with scikit-learn's base classes
+    (``gpinfer.sklearn_estimators``).
 
     Parameters are those of ``GPClassifier`` (``method``, ``M``, ``kernel``, ``likelihood``,
     ``optimize``, ``max_iter``, ``batch_size``, ``random_state``, ``method_options``,
@@ -113,7 +129,7 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
         return lik
 
     def fit(self, X: Any, y: Any, sample_weight: Any = None,
-            callback: FitCallback | None = None) -> GPRegressor:
+            callback: FitCallback | None = None) -> Self:
         """Fit on ``X [N, D]`` and real targets ``y [N]``; validated before training.
         ``sample_weight`` as in ``GPClassifier.fit`` (weights other than 0/1 need a method with
         ``supports_sample_weight``)."""
@@ -148,8 +164,8 @@ class GPRegressor(RegressorMixin, _GPEstimatorBase):
 
     def predict(self, X: Any, return_std: bool = False) -> Array | tuple[Array, Array]:
         """Predictive mean ``[N*]`` of ``y*``; with ``return_std`` also its std ``[N*]``
-        (latent variance plus the noise variance)."""
-        check_is_fitted(self)
+        (latent variance plus the noise variance); not fitted: scikit-learn's
+        ``NotFittedError`` (``predict_f``)."""
         mean, var = self.predict_f(X)
         mean, var = mean[:, 0], var[:, 0]
         if not return_std:

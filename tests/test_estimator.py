@@ -342,6 +342,42 @@ def test_pickle_round_trip(fake_plugins, data):
     np.testing.assert_array_equal(again.predict_proba(X), est.predict_proba(X))
 
 
+def test_public_class_is_the_scikit_learn_estimator(fake_plugins, data):
+    """``GPClassifier`` lives in ``gpinfer.sklearn_estimators`` but keeps its public name: a
+    pickle names ``gpinfer.estimator.GPClassifier`` and loads as the same class."""
+    from sklearn.base import BaseEstimator
+
+    from gpinfer import sklearn_estimators
+    from gpinfer.estimator import GPClassifierCore
+
+    assert GPClassifier is sklearn_estimators.GPClassifier is gpinfer.GPClassifier
+    assert issubclass(GPClassifier, BaseEstimator) and issubclass(GPClassifier, GPClassifierCore)
+    assert not issubclass(GPClassifierCore, BaseEstimator)
+    assert f"{GPClassifier.__module__}.{GPClassifier.__qualname__}" == "gpinfer.estimator.GPClassifier"
+    est = GPClassifier(method="fake").fit(*data)
+    assert b"gpinfer.estimator" in pickle.dumps(est)
+    assert type(pickle.loads(pickle.dumps(est))) is GPClassifier
+
+
+def test_core_fit_as_the_scikit_learn_estimator(fake_plugins, data):
+    """A fitted ``GPClassifierCore`` (the runner's) becomes the ``GPClassifier`` fitted the same
+    way: same parameters, same predictions, clonable."""
+    from gpinfer.estimator import GPClassifierCore
+    from gpinfer.sklearn_estimators import GPRegressor, as_sklearn
+
+    X, y = data
+    core = GPClassifierCore(method="fake", max_iter=7, random_state=3).fit(X, y)
+    est = as_sklearn(core)
+    assert type(est) is GPClassifier and as_sklearn(est) is est
+    assert est.get_params() == GPClassifier(method="fake", max_iter=7, random_state=3).get_params()
+    reference = GPClassifier(method="fake", max_iter=7, random_state=3).fit(X, y)
+    np.testing.assert_array_equal(est.predict_proba(X), reference.predict_proba(X))
+    np.testing.assert_array_equal(est.predict(X), reference.predict(X))
+    assert clone(est).get_params() == est.get_params()
+    with pytest.raises(TypeError, match="GPRegressorCore"):
+        GPRegressor.from_core(core)
+
+
 def test_not_fitted(fake_plugins, data):
     X, _ = data
     est = GPClassifier(method="fake")

@@ -187,6 +187,9 @@ def main() -> None:
     # credentials out of the tracking URI before Hydra sees, saves or prints the overrides
     sys.argv[1:] = protect_command_line(sys.argv[1:])
     export_policy()  # sweep workers start with the thread policy's BLAS threads
+    from gpinfer.experiment import tracking_worker
+
+    tracking_worker.start()  # imports MLflow in its own process while Hydra composes
     hydra_main = hydra.main(
         config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3"
     )(task)
@@ -203,6 +206,7 @@ def main() -> None:
         status = exc.code
     finally:
         interrupts.uninstall()
+        tracking_worker.stop()  # waits for the worker's last calls
     exit_without_teardown(status)
 
 

@@ -122,11 +122,14 @@ def deployable_model(
     ``standardizer``: the run's fitted ``gpinfer.data.Standardizer`` (``mean_``, ``scale_``
     ``[D]``), ``None`` when the run did not standardise (the step is ``"passthrough"``).
     ``target``: a regressor's ``(shift, scale)`` of ``y`` (fitted to ``(y - shift) / scale``);
-    its predictions are mapped back with ``y = shift + scale * prediction``.
+    its predictions are mapped back with ``y = shift + scale * prediction``. ``estimator``: a
+    fitted ``GPClassifier`` / ``GPRegressor`` or their core (logged as the scikit-learn one).
     """
     from sklearn.pipeline import Pipeline
 
-    model = estimator
+    from gpinfer.sklearn_estimators import as_sklearn
+
+    model = estimator = as_sklearn(estimator)  # the runner fits a core (no scikit-learn)
     if target is not None:
         from sklearn.compose import TransformedTargetRegressor
 

@@ -11,13 +11,13 @@
    before any MLflow run exists;
 2. loads the dataset, splits it with the run's seed, standardises on the training part;
 3. starts the MLflow run (params = the flattened resolved config, with ``backend``, ``device``
-   and ``dtype`` as resolved; tags, config artifact) and
-   fits a ``GPClassifier`` with a callback that logs the objective and elapsed time every
-   iteration and the test error and test NLL every ``eval_every`` iterations
+   and ``dtype`` as resolved; tags, config artifact) and fits a ``GPClassifierCore``
+   (``GPClassifier`` without scikit-learn) with a callback that logs the objective and
+   elapsed time every iteration and the test error and test NLL every ``eval_every`` iterations
    (``eval/test_error``, ``eval/test_nll``; also to the run log ``gpinfer.log``), moves the
    progress bar (``gpinfer.progress``, config ``progress.bar``), and stops the run on a
    non-finite objective. A regression dataset (``Dataset.task == "regression"``) gets a
-   ``GPRegressor`` on targets standardised with the training part instead, and test RMSE and
+   ``GPRegressorCore`` on targets standardised with the training part instead, and test RMSE and
    NLL in the original units of ``y``;
 4. logs the final metrics (``FINAL_METRICS``: once each, under the names of ``result.json``,
    so MLflow, ``result.json``, the printed line and both reports show the same numbers) and the
@@ -35,9 +35,11 @@ with the guard's ``fit_warnings``, ``train_nll`` and ``baseline_nll`` recorded; 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import numbers
+import os
 import signal
 import sys
 import threading
@@ -58,6 +60,7 @@ from gpinfer.experiment import tracking
 from gpinfer.experiment.figures import TrainingCurve
 from gpinfer.experiment.redact import redact_text, redact_uri, scrub_files, store_error
 from gpinfer.experiment.render import FigureJob
+from gpinfer.experiment.tracking_worker import open_logger
 from gpinfer.fit_guard import WORSE_THAN_BASELINE, check_baseline_failure
 from gpinfer.interfaces import IterationInfo
 from gpinfer.progress import ProgressBar
@@ -443,7 +446,7 @@ def prepare(
     _check_kernel_name(s.kernel)
     out_dir = res.check_output_dir(output_dir if output_dir is not None else _hydra_output_dir())
     uri = tracking.resolve_tracking_uri(s.mlflow.get("tracking_uri"))
-    logger = tracking.RunLogger(
+    logger = open_logger(  # through gpinfer-run's tracking worker, which imports MLflow
         uri,
         experiment=s.mlflow.get("experiment") or "gpinfer",
         artifact_location=s.mlflow.get("artifact_location"),
@@ -480,6 +483,7 @@ def prepare(
 
     n, d = X_train.shape
     _check_likelihood_task(s, task)
+    logger.ready()  # a store that cannot be used is an InputError before any run exists
     check_method_compatible(method_cls, n_classes, task, s.batch_size,
                             s.likelihood or ("gaussian" if task == "regression" else None))
     inducing = check_inducing(s.M, n, d, s.method, bool(method_cls.uses_inducing_points))
@@ -646,25 +650,21 @@ def _tags(p: Prepared) -> dict[str, str]:
     if commit != "unknown":
         tags["mlflow.source.git.commit"] = commit
     tags.update({k: redact_text(v, p.logger.tracking_uri) for k, v in _hydra_job_tags().items()})
-    from gpinfer.experiment import stale_runs  # imports MLflow: only once a run is logged
-
-    tags.update(stale_runs.run_tags())  # host and pid: a later run can tell this one died
+    tags.update(p.logger.host_tags(os.getpid()))  # a later run can tell this one died
     return tags
 
 
 def _end_stale_runs(logger: tracking.RunLogger, stream: TextIO | None) -> None:
     """End as KILLED the store's runs of this host whose process is gone (never fails a run)."""
     try:
-        from gpinfer.experiment import stale_runs
-
-        ended = tracking.store_call(stale_runs.end_stale_runs)(logger.client)
+        ended = logger.end_stale_runs()
     except Exception as exc:  # a store that cannot be searched must not stop this run
         _log.warning("could not check the store for stale runs: %s",
                      store_error(exc, logger.tracking_uri))
         return
-    for run in ended:
-        print(f"gpinfer-run: ended stale run {run.run_id} ({run.run_name}) as KILLED: "
-              f"{run.reason}", file=stream if stream is not None else sys.stderr, flush=True)
+    for run_id, run_name, reason in ended:
+        print(f"gpinfer-run: ended stale run {run_id} ({run_name}) as KILLED: {reason}",
+              file=stream if stream is not None else sys.stderr, flush=True)
 
 
 def _params(p: Prepared) -> dict[str, str]:
@@ -768,8 +768,9 @@ def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str,
         dataset=s.dataset, title=f"{s.method} on {s.dataset} (seed {s.seed})",
         step=max(int(result["n_iter"]), callback.last_iteration), curve=callback.curve,
         data=(p.X_train, y_train, p.X_test, p.y_test_index), classification=classification,
-        model=deployable_model(estimator, p.standardizer,
-                               None if classification else (p.y_shift, p.y_scale)),
+        # built where it is logged (the tracking worker): the run never imports scikit-learn
+        model=functools.partial(deployable_model, estimator, p.standardizer,
+                                None if classification else (p.y_shift, p.y_scale)),
         model_example=p.X_train_raw_head,
         P_test=None if P_test is None else class_probabilities(
             P_test, p.X_test.shape[0], p.n_classes, s.method),
@@ -792,13 +793,14 @@ def run_experiment(
     ``output_dir``: the run folder (default: Hydra's output folder for this job). ``stream``
     receives the one-line summary (stdout), ``progress_stream`` the progress lines (stderr).
     """
-    from gpinfer.estimator import GPClassifier
-    from gpinfer.regressor import GPRegressor
+    from gpinfer.estimator import GPClassifierCore
+    from gpinfer.regressor import GPRegressorCore
 
     p = prepare(cfg, output_dir)
     s = p.settings
     res.reset_peak_rss()
-    estimator = (GPRegressor if p.task == "regression" else GPClassifier)(
+    # the cores: the estimators without scikit-learn, whose import a run does not need
+    estimator = (GPRegressorCore if p.task == "regression" else GPClassifierCore)(
         method=s.method,
         M=p.M_count,
         kernel=p.kernel,
