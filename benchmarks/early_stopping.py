@@ -119,8 +119,9 @@ reached by a choice of count: its L-BFGS-B test path jumps by 10-50 % between co
 iterations on one split (15-18 test points), so even the *mean* path has 2-5 counts within
 5 % of its best, and they move with the replica (12-17 on r1, 7-8 on r2-3). Per split on wine
 r1, ``one_se`` chose 6, 6, 7, 7, 6, 6, 6, 11, 11, 6 (none in the window: 12-15 and 17),
-``median`` 11, 12, 11, 9, 9, 10, 11, 13, 15, 16 (3 in it, 6 before). Two sets of 5 folds (a second early-stopped fit
-at another ``random_state``, folds and inducing start redrawn; scratch replay on r1) gave
+``median`` 11, 12, 11, 9, 9, 10, 11, 13, 15, 16 (3 in it, 6 before). Two sets of 5 folds (a
+second early-stopped fit at another ``random_state``, folds and inducing start redrawn;
+scratch replay on r1) gave
 ``one_se`` 1.194 / 1.243 / 1.266 and ``median`` 1.100 / 1.107 / 1.235 on wine / bc / iris
 (against 1.312 / 1.196 / 1.231 and 1.132 / 1.131 / 1.329 with 5): still missed, for up to
 twice the early-stopped fit's CPU (one such fit, 5 folds and the refit, took 1.1 s CPU on
