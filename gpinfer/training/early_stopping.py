@@ -56,22 +56,23 @@ iteration on the same rows, so the folds' levels (one fold's rows are harder tha
 cancel. The folds' spread at the minimum, used before, counts those levels: on wine with
 vi-robustmax it was 3-5 times the paired error and chose iterations on the curve's steep
 descent. A single hold-out takes the minimum.
+``folds=1`` forces the single hold-out, ``folds=K`` (``>= 2``) K folds whatever ``N``.
 
 That is ``choice_rule="one_se"``, the default; the others (``choose_check``): ``"log_one_se"``,
 the same rule on the folds' log NLL (the excess relative to the level; classification only);
 ``"min"``, the minimum of the folds' mean curve; ``"median"``, the median over the folds of
-each fold's own best iteration (robust to one fold's spike, blind to how much each fold
-gains). Why ``one_se`` stays the default (``benchmarks/early_stopping.py``, its fourth round:
-the rules replayed on the recorded fold curves of 10 stratified test folds per repeat): on
-vi-robustmax (L-BFGS-B, whose validation and test curves jump by 10-50 % from one iteration
-to the next) ``median`` is better on wine (1.312 -> 1.132; 1.235 -> 1.112 on two more
-repeats), breast_cancer (1.196 -> 1.131; 1.028 -> 1.021) and a generated 3-class set (1.239
--> 1.198) but worse on iris (1.231 -> 1.329), and on sep, whose fold curves are smooth and
-flat near the end (one fold's minimum anywhere in the flat part), it chooses too early: wine
-1.000 -> 1.090. No rule reaches 1.05 for vi-robustmax on wine: the counts within 5 % of the
-mean test path's best are 5 (12-17), and the folds' curves place their best at 6-16. The
-choice does not apply to a single hold-out (digits: one curve, its minimum, whatever the rule).
-``folds=1`` forces the single hold-out, ``folds=K`` (``>= 2``) K folds whatever ``N``.
+each fold's own best iteration (robust to one fold's spike, blind to how much each fold gains).
+Why ``one_se`` stays the default (``benchmarks/early_stopping.py``, its fourth round: the rules
+replayed on the recorded fold curves of 10 stratified test folds per repeat): on vi-robustmax
+(L-BFGS-B, whose validation and test curves jump by 10-50 % from one iteration to the next)
+``median`` is better on wine (1.312 -> 1.132; 1.235 -> 1.112 on two more repeats),
+breast_cancer (1.196 -> 1.131; 1.028 -> 1.021) and a generated 3-class set (1.239 -> 1.198;
+1.060 -> 1.013) but worse on iris (1.231 -> 1.329; 1.188 -> 1.464), and on sep, whose fold
+curves are smooth and flat near the end (one fold's minimum anywhere in the flat part), it
+chooses too early: wine 1.006 -> 1.079. No rule reaches 1.05 for vi-robustmax on wine: the
+counts within 5 % of the mean test path's best are 5 (12-17), and the rules on the folds'
+curves choose 6-16. The choice does not apply to a single hold-out (digits: one curve, its
+minimum, whatever the rule).
 
 Either way the numbers are kept: ``FitResult.diagnostics`` has ``best_iteration`` (the chosen
 number of iterations), ``best_val_nll``, ``stopped_early`` (1.0 when patience ran out before
