@@ -104,30 +104,32 @@ hold-out (323 points), where every rule takes the curve's minimum (the choice ca
 | iris | vi-rm | 10 r1 | 8 | 1.231 | 1.410 | 1.576 | 1.329 |
 | iris | vi-rm | 20 r2-3 | 7 | 1.188 | 1.230 | 1.200 | 1.464 |
 | make | vi-rm | 10 r1 | 7-15 | 1.239 | 1.239 | 1.088 | 1.198 |
-| make | vi-rm | 13 r2-3 | 5-10 | 1.060 | 1.056 | 1.059 | 1.013 |
+| make | vi-rm | 20 r2-3 | 3-10 | 1.013 | 1.014 | 1.034 | 1.021 |
 | wine | sep | 10 r1 | 224-250 | **1.006** | 1.002 | 1.000 | 1.079 |
 | bc | sep | 10 r1 | 94-167 | **1.011** | 1.021 | 1.243 | 1.029 |
+| iris | sep | 10 r1 | 67-185 | 1.123 | 1.124 | 1.122 | 1.039 |
+| make | sep | 10 r1 | 49-153 | 1.051 | 1.051 | 1.099 | 1.019 |
 
-What it says. No rule meets the target for vi-robustmax on wine, on either replica, and none
-is better than ``one_se`` everywhere: ``median`` (each fold's own best, then their median)
-gains on wine, bc and make but loses on iris (1.231 -> 1.329, 1.188 -> 1.464) and on sep
-(wine 1.006 -> 1.079: sep's fold curves are flat near the end, so one fold's minimum can sit
-anywhere in the flat part, and the median ignores how much each fold still gains);
-``log_one_se`` wins on bc r1 (1.018) and loses on bc r2-3, iris; ``min`` breaks sep on bc. So
-``one_se`` stays the default and the others are options. Why vi-robustmax on wine cannot be
-reached by a choice of count: its L-BFGS-B test path jumps by 10-50 % between consecutive
-iterations on one split (15-18 test points), so even the *mean* path has 2-5 counts within
-5 % of its best, and they move with the replica (12-17 on r1, 7-8 on r2-3). Per split on wine
-r1, ``one_se`` chose 6, 6, 7, 7, 6, 6, 6, 11, 11, 6 (none in the window: 12-15 and 17),
+What it says. No rule meets the target for vi-robustmax on wine, on either replica, and none is
+better than ``one_se`` everywhere: ``median`` (each fold's own best, then their median) gains
+on vi-robustmax wine, bc and make r1 and on sep iris and make, but loses on vi-robustmax iris
+(1.231 -> 1.329, 1.188 -> 1.464), make r2-3 (1.013 -> 1.021) and on sep wine (1.006 -> 1.079,
+past the target: sep's fold curves are flat near the end, so one fold's minimum can sit
+anywhere in the flat part, and the median ignores how much each fold still gains) and bc (1.011
+-> 1.029); ``log_one_se`` wins on bc r1 (1.018) and loses on bc r2-3, iris; ``min`` breaks sep
+on bc. So ``one_se`` stays the default and the others are options. Why vi-robustmax on wine
+cannot be reached by a choice of count: its L-BFGS-B test path jumps by 10-50 % between
+consecutive iterations on one split (15-18 test points), so even the *mean* path has 2-5 counts
+within 5 % of its best, and they move with the replica (12-17 on r1, 7-8 on r2-3). Per split on
+wine r1, ``one_se`` chose 6, 6, 7, 7, 6, 6, 6, 11, 11, 6 (none in the window: 12-15 and 17),
 ``median`` 11, 12, 11, 9, 9, 10, 11, 13, 15, 16 (3 in it, 6 before). Two sets of 5 folds (a
-second early-stopped fit at another ``random_state``, folds and inducing start redrawn;
-scratch replay on r1) gave
-``one_se`` 1.194 / 1.243 / 1.266 and ``median`` 1.100 / 1.107 / 1.235 on wine / bc / iris
-(against 1.312 / 1.196 / 1.231 and 1.132 / 1.131 / 1.329 with 5): still missed, for up to
-twice the early-stopped fit's CPU (one such fit, 5 folds and the refit, took 1.1 s CPU on
-wine and 1.7 s on bc), so not adopted. Recording cost per split (the path and the
-early-stopped fit): vi-robustmax 2.7 s CPU (wine), 4.3 s (bc), 2.6 s (iris); sep 9-14 s
-(wine), 15-18 s (bc).
+second early-stopped fit at another ``random_state``, folds and inducing start redrawn; scratch
+replay on r1) gave ``one_se`` 1.194 / 1.243 / 1.266 and ``median`` 1.100 / 1.107 / 1.235 on
+wine / bc / iris (against 1.312 / 1.196 / 1.231 and 1.132 / 1.131 / 1.329 with 5): still
+missed, for up to twice the early-stopped fit's CPU (one such fit, 5 folds and the refit, took
+1.1 s CPU on wine and 1.7 s on bc), so not adopted. Recording cost per split (the path and the
+early-stopped fit): vi-robustmax 2.7 s CPU (wine), 4.3 s (bc), 2.6 s (iris); sep 9-14 s (wine),
+15-18 s (bc), 6-10 s (iris), 7-13 s (make).
 """
 
 from __future__ import annotations
