@@ -3,8 +3,9 @@
 Spec ivm §2.7-2.9. One inclusion = selection phase (score a candidate pool ``J`` by the simple
 information score ``KL[N(h_hat, A_hat) || N(h, A)]`` under the full posterior), inclusion phase
 (take the winner's marginal, freeze the oldest liquid point if the liquid set is full, restricted
-ADF projection, append to the liquid set) and EP phase (``ep_sweeps`` sweeps over the liquid set
-in random order, if it holds two points or more). ``L = 1`` is the myopic scheme (Algorithm 1).
+ADF projection, append to the liquid set) and EP phase (at most ``ep_sweeps`` sweeps over the
+liquid set in random order, if it holds two points or more; it stops after a sweep that moved no
+liquid marginal by ``ep_tol``). ``L = 1`` is the myopic scheme (Algorithm 1).
 At the end every liquid point is frozen into the solid representation.
 """
 

@@ -162,8 +162,9 @@ class EPRepresentation:
         dmu = (S - SM @ Saa) @ db - SM @ self.mu[sl]
         if not (np.all(np.isfinite(SM)) and np.all(np.isfinite(dmu))):
             raise np.linalg.LinAlgError("non-finite liquid covariance after a site update")
-        # Sigma <- Sigma - SM S^T as one in-place GEMM; Sigma is symmetric, so its C-ordered
-        # buffer is the Fortran-ordered Sigma^T, which gets - S SM^T
+        # Sigma <- Sigma - SM S^T as one in-place GEMM: the C-ordered Sigma's buffer is the
+        # Fortran-ordered Sigma^T, which gets - S SM^T (no symmetrisation per update: the
+        # asymmetry stays at round-off within one EP phase; the next representation is rebuilt)
         self.Sigma = dgemm(-1.0, S, SM, 1.0, self.Sigma.T, trans_b=True, overwrite_c=True).T
         self.mu += dmu
         if not np.isfinite(self.Sigma.sum()):  # overflow only: SM and S are finite

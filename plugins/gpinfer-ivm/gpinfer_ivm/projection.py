@@ -26,6 +26,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 from scipy.linalg import solve_triangular
+from scipy.linalg.lapack import dgesv, dpotrf
 from scipy.optimize import minimize
 
 from gpinfer.errors import NumericalError
@@ -152,10 +153,17 @@ def _local(t: Array, A: Array, A_hat: Array) -> _Local:
     x = pi / alpha
     S = np.sqrt(pi)
     E = np.eye(C) + S[:, None] * A * S[None, :]  # I + S A S, eigenvalues >= 1
-    L = np.linalg.cholesky(E)
+    # LAPACK directly (potrf, gesv: what numpy.linalg's cholesky and solve call), without
+    # numpy.linalg's per-call wrapping; the solve stays LU (more accurate here than the
+    # Cholesky factor's, which Newton's stopping tests at pi ~ 1e5 notice)
+    L, info = dpotrf(E, lower=1, clean=1)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"I + S A S is not positive definite (potrf info {info})")
     SA = S[:, None] * A
     rhs = np.concatenate([SA, np.sqrt(x)[:, None]], axis=1)
-    Z = np.linalg.solve(E, rhs)
+    Z, info = dgesv(E, rhs)[2:]
+    if info != 0:
+        raise np.linalg.LinAlgError(f"I + S A S is singular (gesv info {info})")
     Qbar = A - SA.T @ Z[:, :C]  # (A^-1 + S^2)^-1
     s = float(np.sqrt(x) @ Z[:, C])  # 1 - alpha x^T Qbar x, without cancellation
     v = Qbar @ x
