@@ -92,6 +92,7 @@ class TrackingWorker:
         self.requests: Connection = Connection(requests_write, readable=False)
         self.answers: Connection = Connection(answers_read, writable=False)
         self.pending = 0  # requests sent whose answer is not read yet
+        self.used = False  # a run sent something (else ``close`` need not wait)
         self.state: tuple[str | None, str | None] | None = None  # the run id and status
 
     def call(self, name: str, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None = None,
@@ -109,6 +110,7 @@ class TrackingWorker:
             raise WorkerError(f"the MLflow tracking worker is gone ({self._exit_status()})"
                               ) from exc
         self.pending += 1
+        self.used = True
 
     def collect(self) -> Any:
         """Read the answers due, in order; the last one's result, or the first error."""
@@ -144,9 +146,12 @@ class TrackingWorker:
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
         """End of input for the worker; wait for it to finish its calls (``timeout`` seconds,
-        then it is killed, with a line on stderr saying so)."""
+        then it is killed, with a line on stderr saying so). A worker no run used (``--help``,
+        ``--cfg``, a rejected command line) is killed at once: nothing of it is lost."""
         for conn in (self.requests, self.answers):
             conn.close()
+        if not self.used:
+            self.process.kill()
         try:
             self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -345,7 +350,6 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     requests = Connection(int(argv[0]), writable=False)
     answers = Connection(int(argv[1]), readable=False)
-    os.dup2(2, 1)  # anything printed goes to stderr
     import mlflow.tracking  # noqa: F401 - the import the worker is for, while the run composes
 
     serve(requests, answers)
