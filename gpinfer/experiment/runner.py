@@ -448,6 +448,7 @@ def prepare(
     logger = open_logger(  # through gpinfer-run's tracking worker, which imports MLflow
         uri,
         experiment=s.mlflow.get("experiment") or "gpinfer",
+        publishing=s.mlflow,
         artifact_location=s.mlflow.get("artifact_location"),
         flush_every=s.mlflow.get("flush_every", 100),
         flush_interval_s=s.mlflow.get("flush_interval_s", 2.0),
