@@ -36,7 +36,10 @@ def _adopt(cls: type[_E], core: Any, core_cls: type) -> _E:
 
 
 class GPClassifier(ClassifierMixin, GPClassifierCore, BaseEstimator):
-    __doc__ = GPClassifierCore.__doc__
+    """Gaussian-process classification with any registered approximate-inference method, as a
+    scikit-learn estimator: ``GPClassifierCore`` (its parameters, attributes and methods) with
+    scikit-learn's base classes (``get_params``, ``set_params``, ``clone``, ``score``, tags).
+    """
 
     @classmethod
     def from_core(cls, core: GPClassifierCore) -> GPClassifier:
@@ -55,7 +58,9 @@ class GPClassifier(ClassifierMixin, GPClassifierCore, BaseEstimator):
 
 
 class GPRegressor(RegressorMixin, GPRegressorCore, BaseEstimator):
-    __doc__ = GPRegressorCore.__doc__
+    """Gaussian-process regression with any registered method whose ``tasks`` include
+    regression, as a scikit-learn estimator: ``GPRegressorCore`` (its parameters, attributes
+    and methods) with scikit-learn's base classes."""
 
     @classmethod
     def from_core(cls, core: GPRegressorCore) -> GPRegressor:

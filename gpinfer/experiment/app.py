@@ -179,6 +179,16 @@ def _check_conf_dir() -> None:
         raise SystemExit(2)
 
 
+#: Hydra's options that print something and run no job
+_PRINT_ONLY = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--version",
+               "--shell-completion", "-sc"}
+
+
+def _runs_nothing(args: list[str]) -> bool:
+    """Whether the command line only asks Hydra to print something (no tracking worker)."""
+    return any(arg.split("=", 1)[0] in _PRINT_ONLY for arg in args)
+
+
 def main() -> None:
     """Console entry point: compose ``conf/config.yaml`` with the command-line overrides."""
     import hydra
@@ -189,7 +199,8 @@ def main() -> None:
     export_policy()  # sweep workers start with the thread policy's BLAS threads
     from gpinfer.experiment import tracking_worker
 
-    tracking_worker.start()  # imports MLflow in its own process while Hydra composes
+    if not _runs_nothing(sys.argv[1:]):
+        tracking_worker.start()  # imports MLflow in its own process while Hydra composes
     hydra_main = hydra.main(
         config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3"
     )(task)

@@ -26,6 +26,9 @@
    writes ``result.json`` and prints one line. The run's name is readable and unique
    (``sep-waveform-rbf-s0-3fa2c1``).
 
+Under ``gpinfer-run`` every MLflow call goes to the tracking worker (``tracking_worker``: MLflow
+is imported and the model and datasets are logged in that process, not this one).
+
 A run that raises ends FAILED (Ctrl-C or SIGTERM: KILLED) with what it had logged kept, and its
 ``result.json`` records the status, the error and the last iteration reached. A fit no better
 than predicting the class frequencies (``gpinfer.fit_guard``) raises, and its run ends FAILED
@@ -449,6 +452,7 @@ def prepare(
     logger = open_logger(  # through gpinfer-run's tracking worker, which imports MLflow
         uri,
         experiment=s.mlflow.get("experiment") or "gpinfer",
+        publishing=s.mlflow,
         artifact_location=s.mlflow.get("artifact_location"),
         flush_every=s.mlflow.get("flush_every", 100),
         flush_interval_s=s.mlflow.get("flush_interval_s", 2.0),

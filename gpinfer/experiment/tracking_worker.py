@@ -9,9 +9,9 @@ every call to the worker over a pipe, in order; the worker makes the call on its
 have raised the call itself. ``log_metrics``, ``log_artifact`` and ``log_artifacts`` do not
 wait for their answer (the next call that does raises an error they had); every other call
 waits. What needs MLflow's client beyond that (the model, the datasets) is sent as a function
-to ``RunLogger.apply`` and runs in the worker. Once the store is open, the worker imports what
-publishing will need (``WARM_MODULES``: scikit-learn, skops, ``mlflow.sklearn``) while it has
-nothing to do.
+to ``RunLogger.apply`` and runs in the worker. Once the run has started, the worker imports
+what the run's publishing will need (``WARM_UPS``: scikit-learn, skops and ``mlflow.sklearn``
+for the model, ``mlflow.data`` for the datasets) while it has nothing to do.
 
 The worker ignores SIGINT and SIGTERM: a Ctrl-C (sent to the whole process group) or a SIGTERM
 is the run's, which then ends its MLflow run KILLED through the worker. The worker exits at the
@@ -45,9 +45,11 @@ if TYPE_CHECKING:
 
 #: seconds ``close`` waits for the worker's last calls before it kills it
 CLOSE_TIMEOUT_S = 120.0
-#: imported by the worker once the store is open, while it has nothing to do
-WARM_MODULES = ("mlflow.entities", "sklearn.pipeline", "sklearn.preprocessing",
-                "skops.io", "mlflow.sklearn", "mlflow.data")
+#: what each publishing setting (``mlflow.<key>``, on by default) imports: the worker imports
+#: it once the run has started, while it has nothing to do (``warm_ups``)
+WARM_UPS = {"log_model": ("sklearn.pipeline", "sklearn.preprocessing", "skops.io",
+                          "mlflow.sklearn"),
+            "log_datasets": ("mlflow.data",)}
 #: calls that do not wait for their answer
 _NO_WAIT = frozenset({"log_metrics", "log_artifact", "log_artifacts"})
 
@@ -92,6 +94,7 @@ class TrackingWorker:
         self.requests: Connection = Connection(requests_write, readable=False)
         self.answers: Connection = Connection(answers_read, writable=False)
         self.pending = 0  # requests sent whose answer is not read yet
+        self.used = False  # a run sent something (else ``close`` need not wait)
         self.state: tuple[str | None, str | None] | None = None  # the run id and status
 
     def call(self, name: str, args: tuple[Any, ...] = (), kwargs: Mapping[str, Any] | None = None,
@@ -109,6 +112,7 @@ class TrackingWorker:
             raise WorkerError(f"the MLflow tracking worker is gone ({self._exit_status()})"
                               ) from exc
         self.pending += 1
+        self.used = True
 
     def collect(self) -> Any:
         """Read the answers due, in order; the last one's result, or the first error."""
@@ -144,9 +148,12 @@ class TrackingWorker:
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
         """End of input for the worker; wait for it to finish its calls (``timeout`` seconds,
-        then it is killed, with a line on stderr saying so)."""
+        then it is killed, with a line on stderr saying so). A worker no run used (``--help``,
+        ``--cfg``, a rejected command line) is killed at once: nothing of it is lost."""
         for conn in (self.requests, self.answers):
             conn.close()
+        if not self.used:
+            self.process.kill()
         try:
             self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -162,7 +169,7 @@ class RemoteRunLogger(RunContext):
     ``experiment_name``, ``run_id`` and ``status`` kept here)."""
 
     def __init__(self, worker: TrackingWorker, tracking_uri: str, experiment: str = "gpinfer",
-                 **options: Any) -> None:
+                 warm: list[str] | None = None, **options: Any) -> None:
         self.worker = worker
         self.tracking_uri = tracking_uri
         self.experiment_name = str(experiment)
@@ -171,7 +178,8 @@ class RemoteRunLogger(RunContext):
         worker.drain()  # what an earlier run (a sweep's job) left unread is not ours
         env = {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_")}
         # not waited for: the worker opens the store while the run loads its data (``ready``)
-        self.worker.call("open", (tracking_uri, experiment, env, options), wait=False)
+        self.worker.call("open", (tracking_uri, experiment, env, options, warm or []),
+                         wait=False)
 
     def ready(self) -> None:
         """Wait for the store to be open (``InputError`` naming a bad one)."""
@@ -221,6 +229,12 @@ class RemoteRunLogger(RunContext):
         self._call("end", status)
 
 
+def warm_ups(settings: Mapping[str, Any]) -> list[str]:
+    """The modules the run's publishing will import (``WARM_UPS``) under its ``mlflow``
+    ``settings``."""
+    return [name for key, names in WARM_UPS.items() if settings.get(key, True) for name in names]
+
+
 def start() -> None:
     """Start this process's tracking worker (``gpinfer-run``, before composing); a worker that
     cannot start leaves the runs to an in-process ``RunLogger``."""
@@ -241,11 +255,14 @@ def stop() -> None:
         worker.close()
 
 
-def open_logger(tracking_uri: str, experiment: str = "gpinfer", **options: Any) -> Any:
-    """The run's logger: a ``RemoteRunLogger`` through this process's worker when it has one,
+def open_logger(tracking_uri: str, experiment: str = "gpinfer",
+                publishing: Mapping[str, Any] | None = None, **options: Any) -> Any:
+    """The run's logger: a ``RemoteRunLogger`` through this process's worker when it has one
+    (importing what ``publishing``, the run's ``mlflow`` settings, will need: ``warm_ups``),
     else ``RunLogger(tracking_uri, experiment, **options)`` in this process."""
     if _worker is not None and _worker.owner == os.getpid():
-        return RemoteRunLogger(_worker, tracking_uri, experiment, **options)
+        return RemoteRunLogger(_worker, tracking_uri, experiment,
+                               warm=warm_ups(publishing or {}), **options)
     from gpinfer.experiment.tracking import RunLogger
 
     return RunLogger(tracking_uri, experiment, **options)
@@ -261,21 +278,23 @@ class _Served:
 
     def __init__(self) -> None:
         self.logger: RunLogger | None = None
-        self.warm: list[str] = []
+        self.warm: list[str] = []  # imported now, while nothing is asked
+        self.warm_later: list[str] = []  # once the run has started
 
     def open(self, tracking_uri: str, experiment: str, env: Mapping[str, str],
-             options: Mapping[str, Any]) -> None:
+             options: Mapping[str, Any], warm: list[str]) -> None:
         from gpinfer.experiment.tracking import RunLogger
 
         os.environ.update(env)  # the credentials the run took from the URI
         self.logger = None
         self.logger = RunLogger(tracking_uri, experiment, **options)
+        self.warm_later = [name for name in warm if name not in sys.modules]
 
     def start(self, *args: Any, **kwargs: Any) -> str:
         """Start the run; then warm up for publishing (``WARM_MODULES``) while the run trains."""
         assert self.logger is not None
         run_id = self.logger.start(*args, **kwargs)
-        self.warm = [m for m in WARM_MODULES if m not in sys.modules]
+        self.warm, self.warm_later = self.warm_later, []
         return run_id
 
     def state(self) -> tuple[str | None, str | None]:
@@ -299,7 +318,12 @@ class _Served:
 
         name = self.warm.pop(0)
         try:
-            importlib.import_module(name)
+            if name == "skops.io":  # as publishing imports it (not importing PyTorch)
+                from gpinfer.experiment.safe_model import import_skops_io
+
+                import_skops_io()
+            else:
+                importlib.import_module(name)
         except Exception:  # noqa: BLE001, S110 - the publishing step reports it
             pass
 
@@ -345,7 +369,6 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     requests = Connection(int(argv[0]), writable=False)
     answers = Connection(int(argv[1]), readable=False)
-    os.dup2(2, 1)  # anything printed goes to stderr
     import mlflow.tracking  # noqa: F401 - the import the worker is for, while the run composes
 
     serve(requests, answers)
