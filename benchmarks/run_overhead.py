@@ -27,29 +27,6 @@ and as JSON (``--json PATH``)::
 ``--before`` may be a script that runs this venv's ``gpinfer-run`` on an older copy of the
 code (``PYTHONPATH=<copy> exec .venv/bin/gpinfer-run "$@"``, with ``GPINFER_DATA_DIR`` set):
 then both columns share every installed package, and only gpinfer's code differs.
-
-Measured (s33-overhead, 2026-12-04; ``--before``: a script running main's code at a6b4068,
-extracted with ``git archive``, plugins from the same copy, on this venv's packages; the
-machine shared with three other jobs, load average 8.6 to 8.9 on 2 cores, so the wall times
-are several times those of a quiet machine, where main measured run 4.56 s, overhead 4.24 s,
-command CPU 5.40 s)::
-
-                                  before       after     (medians of 3, --repeat 3)
-    run.command_cpu_s               8.28       11.95     (run + tracking worker + figures)
-    run.command_s                  26.51       38.54
-    run.overhead_s                 24.93       35.07
-    run.train_s                     1.70        3.03
-    run.publish_s                   4.30        1.82     (skops model 3.46 -> 0.19)
-    run_bare.command_cpu_s          6.08        6.96
-    run_bare.overhead_s            22.25       22.38
-    startup.command_cpu_s           0.89        1.67     (since: no worker for --help; 1 run: 0.84)
-
-Stage 1 alone (no scikit-learn in the run's process, MLflow still in it; ``--repeat 2``,
-load 6.6 to 8.6): run CPU 6.25 -> 5.75 s, run_bare CPU 4.56 -> 3.91 s. With the tracking worker
-the run's own process takes 2.4 to 2.6 CPU s (``resource.getrusage``) and the worker 6.0 CPU s
-(MLflow's import 1.45, opening the store 0.92, the publishing imports about 2.7): at this load
-there is no idle core for the worker to use, so its duplicated start-up costs wall time; the
-2 s target could not be judged on this machine today.
 """
 
 from __future__ import annotations

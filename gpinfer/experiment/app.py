@@ -179,16 +179,6 @@ def _check_conf_dir() -> None:
         raise SystemExit(2)
 
 
-#: Hydra's options that print something and run no job
-_PRINT_ONLY = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--version",
-               "--shell-completion", "-sc"}
-
-
-def _runs_nothing(args: list[str]) -> bool:
-    """Whether the command line only asks Hydra to print something (no tracking worker)."""
-    return any(arg.split("=", 1)[0] in _PRINT_ONLY for arg in args)
-
-
 def main() -> None:
     """Console entry point: compose ``conf/config.yaml`` with the command-line overrides."""
     import hydra
@@ -197,10 +187,6 @@ def main() -> None:
     # credentials out of the tracking URI before Hydra sees, saves or prints the overrides
     sys.argv[1:] = protect_command_line(sys.argv[1:])
     export_policy()  # sweep workers start with the thread policy's BLAS threads
-    from gpinfer.experiment import tracking_worker
-
-    if not _runs_nothing(sys.argv[1:]):
-        tracking_worker.start()  # imports MLflow in its own process while Hydra composes
     hydra_main = hydra.main(
         config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3"
     )(task)
@@ -217,7 +203,6 @@ def main() -> None:
         status = exc.code
     finally:
         interrupts.uninstall()
-        tracking_worker.stop()  # waits for the worker's last calls
     exit_without_teardown(status)
 
 

@@ -128,4 +128,5 @@ def draw_figures(
 
 def upload_figures(logger: RunLogger, out_dir: Path) -> None:
     """Upload the drawn ``out_dir/plots`` to the run, in one call."""
-    logger.log_artifacts(Path(out_dir) / PLOTS_DIR, artifact_path=PLOTS_DIR)
+    logger.client.log_artifacts(logger._require_run(), str(Path(out_dir) / PLOTS_DIR),
+                                artifact_path=PLOTS_DIR)

@@ -19,7 +19,6 @@ Which parts run is set by ``mlflow.log_model``, ``mlflow.log_datasets`` and
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -59,8 +58,7 @@ def publish_run(
 
     ``data``: ``(X_train [N, D], y_train [N], X_test [N*, D], y_test [N*])`` as the estimator
     saw them (standardised inputs; class indices for a classifier). ``model``: what is logged
-    as the MLflow model and as the skops model (default: ``estimator``; a ``functools.partial``
-    builds it where it is logged, in the tracking worker), ``model_example
+    as the MLflow model and as the skops model (default: ``estimator``), ``model_example
     [n, D]``: rows of its inputs
     (default: ``X_train``). ``P_test [N*, C]``: a classifier's test probabilities when already
     computed (default: ``estimator.predict_proba(X_test)``). ``figures``: the figures' worker
@@ -102,33 +100,17 @@ def publish_run(
     part("hyper-parameters", True, hyper)
     job = part("plots", plots, draw)  # drawn meanwhile by another process
     deployable = estimator if model is None else model
-    # through logger.apply: made by gpinfer-run's tracking worker, which has MLflow's client
     part("model", bool(settings.get("log_model", True)),
-         lambda: logger.apply(_log_model, deployable,
-                              X_train if model_example is None else model_example,
-                              plugin_distribution(method)[0]))
+         lambda: log_estimator(logger, deployable,
+                               X_train if model_example is None else model_example,
+                               plugin_distribution(method)[0]))
     part("skops model", bool(settings.get("log_model", True)),  # the same model without pickle
-         lambda: logger.apply(_log_skops, deployable, out_dir))
+         lambda: log_skops(logger, deployable, out_dir))
     part("datasets", bool(settings.get("log_datasets", True)),
-         lambda: logger.apply(log_datasets, dataset, X_train, y_train, X_test, y_test))
+         lambda: log_datasets(logger, dataset, X_train, y_train, X_test, y_test))
     part("plots", job is not None, lambda: job.finish(logger))
     if figures is not None:  # given nothing to draw (plots off, or drawing failed): it exits
         figures.cancel()
     if errors:
         logger.set_tags({"publish_errors": ",".join(errors)})
     return timings
-
-
-def _built(model: Any) -> Any:
-    """``model``, or the model it builds when it is a ``functools.partial``."""
-    return model() if isinstance(model, functools.partial) else model
-
-
-def _log_model(logger: RunLogger, model: Any, example: np.ndarray, distribution: str) -> Any:
-    """``log_estimator`` of the (built) model."""
-    return log_estimator(logger, _built(model), example, distribution)
-
-
-def _log_skops(logger: RunLogger, model: Any, out_dir: Any) -> str:
-    """``log_skops`` of the (built) model."""
-    return log_skops(logger, _built(model), out_dir)

@@ -26,9 +26,6 @@
    writes ``result.json`` and prints one line. The run's name is readable and unique
    (``sep-waveform-rbf-s0-3fa2c1``).
 
-Under ``gpinfer-run`` every MLflow call goes to the tracking worker (``tracking_worker``: MLflow
-is imported and the model and datasets are logged in that process, not this one).
-
 A run that raises ends FAILED (Ctrl-C or SIGTERM: KILLED) with what it had logged kept, and its
 ``result.json`` records the status, the error and the last iteration reached. A fit no better
 than predicting the class frequencies (``gpinfer.fit_guard``) raises, and its run ends FAILED
@@ -38,11 +35,9 @@ with the guard's ``fit_warnings``, ``train_nll`` and ``baseline_nll`` recorded; 
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import numbers
-import os
 import signal
 import sys
 import threading
@@ -63,7 +58,6 @@ from gpinfer.experiment import tracking
 from gpinfer.experiment.figures import TrainingCurve
 from gpinfer.experiment.redact import redact_text, redact_uri, scrub_files, store_error
 from gpinfer.experiment.render import FigureJob
-from gpinfer.experiment.tracking_worker import open_logger
 from gpinfer.fit_guard import WORSE_THAN_BASELINE, check_baseline_failure
 from gpinfer.interfaces import IterationInfo
 from gpinfer.progress import ProgressBar
@@ -449,10 +443,9 @@ def prepare(
     _check_kernel_name(s.kernel)
     out_dir = res.check_output_dir(output_dir if output_dir is not None else _hydra_output_dir())
     uri = tracking.resolve_tracking_uri(s.mlflow.get("tracking_uri"))
-    logger = open_logger(  # through gpinfer-run's tracking worker, which imports MLflow
+    logger = tracking.RunLogger(
         uri,
         experiment=s.mlflow.get("experiment") or "gpinfer",
-        publishing=s.mlflow,
         artifact_location=s.mlflow.get("artifact_location"),
         flush_every=s.mlflow.get("flush_every", 100),
         flush_interval_s=s.mlflow.get("flush_interval_s", 2.0),
@@ -487,7 +480,6 @@ def prepare(
 
     n, d = X_train.shape
     _check_likelihood_task(s, task)
-    logger.ready()  # a store that cannot be used is an InputError before any run exists
     check_method_compatible(method_cls, n_classes, task, s.batch_size,
                             s.likelihood or ("gaussian" if task == "regression" else None))
     inducing = check_inducing(s.M, n, d, s.method, bool(method_cls.uses_inducing_points))
@@ -654,21 +646,25 @@ def _tags(p: Prepared) -> dict[str, str]:
     if commit != "unknown":
         tags["mlflow.source.git.commit"] = commit
     tags.update({k: redact_text(v, p.logger.tracking_uri) for k, v in _hydra_job_tags().items()})
-    tags.update(p.logger.host_tags(os.getpid()))  # a later run can tell this one died
+    from gpinfer.experiment import stale_runs  # imports MLflow: only once a run is logged
+
+    tags.update(stale_runs.run_tags())  # host and pid: a later run can tell this one died
     return tags
 
 
 def _end_stale_runs(logger: tracking.RunLogger, stream: TextIO | None) -> None:
     """End as KILLED the store's runs of this host whose process is gone (never fails a run)."""
     try:
-        ended = logger.end_stale_runs()
+        from gpinfer.experiment import stale_runs
+
+        ended = tracking.store_call(stale_runs.end_stale_runs)(logger.client)
     except Exception as exc:  # a store that cannot be searched must not stop this run
         _log.warning("could not check the store for stale runs: %s",
                      store_error(exc, logger.tracking_uri))
         return
-    for run_id, run_name, reason in ended:
-        print(f"gpinfer-run: ended stale run {run_id} ({run_name}) as KILLED: {reason}",
-              file=stream if stream is not None else sys.stderr, flush=True)
+    for run in ended:
+        print(f"gpinfer-run: ended stale run {run.run_id} ({run.run_name}) as KILLED: "
+              f"{run.reason}", file=stream if stream is not None else sys.stderr, flush=True)
 
 
 def _params(p: Prepared) -> dict[str, str]:
@@ -772,9 +768,9 @@ def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str,
         dataset=s.dataset, title=f"{s.method} on {s.dataset} (seed {s.seed})",
         step=max(int(result["n_iter"]), callback.last_iteration), curve=callback.curve,
         data=(p.X_train, y_train, p.X_test, p.y_test_index), classification=classification,
-        # built where it is logged (the tracking worker): the run never imports scikit-learn
-        model=functools.partial(deployable_model, estimator, p.standardizer,
-                                None if classification else (p.y_shift, p.y_scale)),
+        model=deployable_model(estimator, p.standardizer,  # imports scikit-learn: only when
+                               None if classification else (p.y_shift, p.y_scale))  # logged
+        if s.mlflow.get("log_model", True) else None,
         model_example=p.X_train_raw_head,
         P_test=None if P_test is None else class_probabilities(
             P_test, p.X_test.shape[0], p.n_classes, s.method),

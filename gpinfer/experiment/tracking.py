@@ -304,60 +304,7 @@ def store_call(method: Callable[_P, _R]) -> Callable[_P, _R]:
     return deferring
 
 
-class RunContext:
-    """``run``: a run started, then ended by its outcome; shared by ``RunLogger`` and the
-    tracking worker's ``RemoteRunLogger`` (``start``, ``set_tags``, ``end`` and ``run_id``
-    are theirs)."""
-
-    run_id: str | None
-
-    def start(self, run_name: str, tags: Mapping[str, Any] | None = None,
-              params: Mapping[str, Any] | None = None) -> str:
-        raise NotImplementedError
-
-    def set_tags(self, tags: Mapping[str, Any]) -> None:
-        raise NotImplementedError
-
-    def end(self, status: str = FINISHED) -> None:
-        raise NotImplementedError
-
-    @contextmanager
-    def run(
-        self,
-        run_name: str,
-        tags: Mapping[str, Any] | None = None,
-        params: Mapping[str, Any] | None = None,
-    ) -> Iterator[Any]:
-        """Start a run and end it FINISHED, FAILED (exception) or KILLED (KeyboardInterrupt).
-
-        On failure the error is recorded in the ``error`` tag; buffered metrics are flushed
-        before the status changes. Errors while closing never hide the original exception. A run
-        created by a ``start`` that then fails (a Ctrl-C while its params are sent) ends the same
-        way.
-        """
-        try:
-            self.start(run_name, tags=tags, params=params)
-            yield self
-        except BaseException as exc:
-            if self.run_id is None:  # no run was created
-                raise
-            status = KILLED if isinstance(exc, KeyboardInterrupt | SystemExit) else FAILED
-            try:
-                message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                self.set_tags({"error": message})
-                if getattr(exc, "iteration", None) is not None:
-                    self.set_tags({"error_iteration": exc.iteration})
-            except Exception:
-                pass
-            try:
-                self.end(status)
-            except Exception:
-                pass
-            raise
-        self.end(FINISHED)
-
-
-class RunLogger(RunContext):
+class RunLogger:
     """One MLflow run through ``MlflowClient``: params, tags, batched metrics, artifacts, status.
 
     Construction opens the store and finds (or creates) the experiment, so a bad store fails
@@ -393,10 +340,6 @@ class RunLogger(RunContext):
         self.client: MlflowClient = self._open_client()
         location = artifact_location or default_artifact_location(tracking_uri)
         self.experiment_id = self._experiment(location)
-
-    def ready(self) -> None:
-        """The store is open (a ``RunLogger`` opens it when constructed; the tracking worker's
-        ``RemoteRunLogger`` waits for it here)."""
 
     # -- set-up ------------------------------------------------------------------------------
     @store_call
@@ -549,32 +492,6 @@ class RunLogger(RunContext):
         self.client.log_artifact(self._require_run(), str(path), artifact_path=artifact_path)
 
     @store_call
-    def log_artifacts(self, folder: str | os.PathLike[str], artifact_path: str | None = None
-                      ) -> None:
-        """Upload every file of a local folder to the run's artifacts, in one call."""
-        self.client.log_artifacts(self._require_run(), str(folder), artifact_path=artifact_path)
-
-    def host_tags(self, pid: int | None = None) -> dict[str, str]:
-        """Where the run's process (``pid``, default this one) runs, as tags: a later run can
-        tell that it died (``stale_runs.run_tags``)."""
-        from gpinfer.experiment import stale_runs  # imports MLflow
-
-        return stale_runs.run_tags(pid)
-
-    def end_stale_runs(self) -> list[tuple[str, str, str]]:
-        """End as KILLED the store's runs of this host whose process is gone
-        (``stale_runs.end_stale_runs``); returns their ``(run_id, run_name, reason)``."""
-        from gpinfer.experiment import stale_runs
-
-        ended = store_call(stale_runs.end_stale_runs)(self.client)
-        return [(run.run_id, run.run_name, run.reason) for run in ended]
-
-    def apply(self, function: Callable[..., _R], *args: Any, **kwargs: Any) -> _R:
-        """``function(self, *args, **kwargs)``: a publishing step that needs this logger's
-        client (``model_logging``); the tracking worker runs it in its own process."""
-        return function(self, *args, **kwargs)
-
-    @store_call
     def end(self, status: str = FINISHED) -> None:
         """Flush and mark the run ``FINISHED``, ``FAILED`` or ``KILLED``."""
         if self.run_id is None or self.status is not None:
@@ -584,6 +501,41 @@ class RunLogger(RunContext):
         finally:
             self.client.set_terminated(self.run_id, status=status)
             self.status = status
+
+    @contextmanager
+    def run(
+        self,
+        run_name: str,
+        tags: Mapping[str, Any] | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> Iterator[RunLogger]:
+        """Start a run and end it FINISHED, FAILED (exception) or KILLED (KeyboardInterrupt).
+
+        On failure the error is recorded in the ``error`` tag; buffered metrics are flushed
+        before the status changes. Errors while closing never hide the original exception. A run
+        created by a ``start`` that then fails (a Ctrl-C while its params are sent) ends the same
+        way.
+        """
+        try:
+            self.start(run_name, tags=tags, params=params)
+            yield self
+        except BaseException as exc:
+            if self.run_id is None:  # no run was created
+                raise
+            status = KILLED if isinstance(exc, KeyboardInterrupt | SystemExit) else FAILED
+            try:
+                message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                self.set_tags({"error": message})
+                if getattr(exc, "iteration", None) is not None:
+                    self.set_tags({"error_iteration": exc.iteration})
+            except Exception:
+                pass
+            try:
+                self.end(status)
+            except Exception:
+                pass
+            raise
+        self.end(FINISHED)
 
     def _require_run(self) -> str:
         if self.run_id is None:
