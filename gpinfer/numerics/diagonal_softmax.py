@@ -40,10 +40,10 @@ results and non-positive variances raise ``NumericalError``.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 from scipy.special import erfcx
 
 from gpinfer.errors import NumericalError
@@ -59,7 +59,10 @@ SPREAD, LEFT_TAIL, RIGHT_TAIL = 8.0, 3.6, 32.0
 #: standard deviations from which the 1-D factors use the Gumbel-variable rule
 #: (``_wide_factors``): its range ``[EPS_LO, EPS_HI]``, largest step, and rows per block
 WIDE_SD = 1.5
-EPS_LO, EPS_HI, EPS_STEP, EPS_BLOCK = -4.5, 28.0, 0.25, 16
+EPS_LO, EPS_HI, EPS_STEP, EPS_BLOCK = -4.5, 28.0, 0.25, 64
+#: floats per grid point and entry that ``_wide_factors`` holds at once (about 8 arrays of
+#: ``(q (EPS_BLOCK - 1) + K) / EPS_BLOCK`` values), for its block sizes
+WIDE_FLOATS = 40
 
 
 class DiagonalTilted(NamedTuple):
@@ -179,6 +182,25 @@ def _split_factors(density: bool, m: Array, sd: Array, t: Array, x: Array, w: Ar
     return log_phi, r1, r2
 
 
+@lru_cache(maxsize=8)
+def _wide_rule(h_t: float) -> tuple[int, float, Array, Array]:
+    """The Gumbel-variable rule for a ``t`` step ``h_t``: ``q``, the ``eps`` step ``h = h_t / q
+    <= EPS_STEP``, the nodes ``eps [K]`` on ``[EPS_LO, EPS_HI]`` and the banded Toeplitz matrix
+    ``[q (EPS_BLOCK - 1) + K, EPS_BLOCK]`` whose column ``p`` holds the trapezoid weights times
+    the Gumbel density ``e^(-eps - e^-eps)``, reversed, at rows ``q p .. q p + K - 1``."""
+    q = max(1, int(np.ceil(h_t / EPS_STEP - 1e-9)))
+    h = h_t / q
+    K = int(np.ceil((EPS_HI - EPS_LO) / h)) + 1
+    eps = EPS_LO + h * np.arange(K)
+    w_rev = (h * np.exp(-eps - np.exp(-eps)))[::-1]  # negligible at both ends: no half weights
+    band = np.zeros((q * (EPS_BLOCK - 1) + K, EPS_BLOCK))
+    for p in range(EPS_BLOCK):
+        band[q * p:q * p + K, p] = w_rev
+    eps.setflags(write=False)
+    band.setflags(write=False)
+    return q, h, eps, band
+
+
 def _wide_factors(density: bool, m: Array, sd: Array, t: Array) -> tuple[Array, Array, Array]:
     """``_factors`` of entries ``[N]`` on uniform grids ``t [N, T]`` (one step for all), all
     with ``f = g`` (``density``) or all with ``f = G``, by the Gumbel variable: ``G(t - v) =
@@ -192,13 +214,10 @@ def _wide_factors(density: bool, m: Array, sd: Array, t: Array) -> tuple[Array, 
     weights."""
     N, T = t.shape
     h_t = float(t[0, 1] - t[0, 0])
-    if not np.allclose(t[:, 1:] - t[:, :-1], h_t, rtol=1e-9, atol=1e-12 * max(1.0, h_t)):
+    if np.max(np.abs(np.diff(t, axis=1) - h_t)) > 1e-9 * max(1.0, float(np.max(np.abs(t)))):
         raise ValueError("the wide rule needs uniform t grids of one step")
-    q = max(1, int(np.ceil(h_t / EPS_STEP - 1e-9)))
-    h = h_t / q
-    K = int(np.ceil((EPS_HI - EPS_LO) / h)) + 1
-    eps = EPS_LO + h * np.arange(K)
-    w_rev = (h * np.exp(-eps - np.exp(-eps)))[::-1]  # Gumbel density; negligible at both ends
+    q, h, eps, band = _wide_rule(h_t)
+    K = eps.size
     s = sd[:, None, None]
     c0 = t[:, :1] - m[:, None]  # [N, 1]
     if density:
@@ -211,9 +230,9 @@ def _wide_factors(density: bool, m: Array, sd: Array, t: Array) -> tuple[Array, 
     log_Phi = np.log(0.5 * E) - u * u
     ref = log_Phi[..., -1:]  # the block's largest
     Phi = np.exp(log_Phi - ref)
-    phi = Phi * (np.sqrt(2.0 / np.pi) / E)  # phi(b) = Phi(b) sqrt(2 / pi) / erfcx(u)
+    phi = Phi * (np.sqrt(2.0 / np.pi) / E)  # phi / Phi exactly, not a difference of logs
     arr = np.stack([Phi, phi, Phi - b * phi], axis=2)  # [N, blocks, 3, L]
-    S = sliding_window_view(arr, K, axis=-1)[..., ::q, :] @ w_rev  # [N, blocks, 3, EPS_BLOCK]
+    S = (arr.reshape(-1, arr.shape[-1]) @ band).reshape(N, n_blocks, 3, EPS_BLOCK)
     S = S.transpose(0, 2, 1, 3).reshape(N, 3, n_blocks * EPS_BLOCK)[:, :, :T]
     top = np.repeat(ref[..., 0], EPS_BLOCK, axis=1)[:, :T]
     fin = S[:, 0] > 0.0
@@ -242,10 +261,9 @@ def _entry_factors(label: Array, m: Array, sd: Array, t: Array, inner: int
     split = (np.max(m[:, None] - t, axis=1) <= SPLIT_MAX) & (sd * np.max(np.abs(x)) <= SPLIT_MAX)
     kinds = ((~wide & split & ~label, "G"), (~wide & split & label, "g"),
              (~wide & ~split, "direct"), (wide & ~label, "wide G"), (wide & label, "wide g"))
-    K_wide = int(np.ceil((EPS_HI - EPS_LO) / EPS_STEP)) + 2
     for rows, kind in kinds:
         rows = np.flatnonzero(rows)
-        per_row = T * (3 * K_wide if kind.startswith("wide") else inner)
+        per_row = T * (WIDE_FLOATS if kind.startswith("wide") else inner)
         for sl in chunk_slices(rows.size, per_row, settings.CACHE_BLOCK_FLOATS):
             r = rows[sl]
             if kind == "direct":
