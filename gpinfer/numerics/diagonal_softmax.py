@@ -51,9 +51,10 @@ Quadrature, inner: two rules for ``E[f(t - v)]``, ``v ~ N(m, s^2)``, chosen per 
   (``Phi(b) = erfcx(u) e^(-u^2) / 2``, ``u = -b / sqrt 2``; ``phi / Phi = sqrt(2 / pi) /
   erfcx(u)`` exactly, which the tilt's ``x = x' + s`` needs at large ``s``). Cost: ``b`` depends
   on ``q j - k`` only (grid point ``j``, node ``k``), so ``erfcx`` runs once per diagonal on a
-  1-D array per block of 64 grid points (scaled by the block's largest ``Phi``: at most ``e^-350``
-  apart within a block on the grid) and the sums over nodes are one matrix product with a banded
-  Toeplitz matrix; about the Gauss-Hermite rule's cost per entry.
+  1-D array per block of 64 grid points (scaled by the block's largest ``Phi``; by the bounds on
+  ``b`` above, a row's leading terms lie within about ``e^-350`` of it) and the sums over nodes
+  are one matrix product with a banded Toeplitz matrix; about the Gauss-Hermite rule's cost per
+  entry.
 
 Accuracy, against the independent reference of ``tests/test_diagonal_softmax.py`` (its stress
 test asserts ``1e-6`` in ``log Z``, ``1e-5`` in the moments), measured by
@@ -62,7 +63,8 @@ on ``[-50, 50]``, variances within a factor 2 of ``v``, at the defaults): entrie
 Gauss-Hermite side (``v`` from ``1e-4`` to 2.5) ``log Z`` within ``3.3e-8``, tilted means
 ``2.4e-8`` standard deviations, variances ``3.3e-8`` relative (``1.9e-8`` and ``1.5e-8``
 absolute); the Gumbel side (``v`` from 5 to ``1e4``) ``4e-12``, ``6e-12`` and ``4e-11``
-(``a_hat`` ``1.2e-8`` absolute at ``v = 1e4``). Against a converged product rule (C = 3, 4, variances up to 3): about ``1e-8``.
+(``a_hat`` ``1.2e-8`` absolute at ``v = 1e4``). Against a converged product rule (C = 3, 4,
+variances up to 3): about ``1e-8``.
 
 ``E[log softmax(v)_y]`` (the learning criterion) reduces the same way by Frullani's integral
 (``diagonal_softmax_expected_log_prob``).
@@ -243,13 +245,13 @@ def _wide_factors(density: bool, m: Array, sd: Array, t: Array) -> tuple[Array, 
     s^2)`` (``x = x' + s``). Trapezoid in ``eps`` of step ``h = step / q`` on ``[EPS_LO,
     EPS_HI]``: ``b`` depends on ``q j - k`` only (node ``k``, grid point ``j``), so ``log Phi``
     (``erfcx``) is evaluated once per diagonal, on a 1-D array per block of ``EPS_BLOCK`` grid
-    points scaled by the block's largest ``Phi``, and the sums are sliding windows times the
-    weights."""
+    points scaled by the block's largest ``Phi``, and the sums over nodes are one product with
+    the banded Toeplitz matrix of ``_wide_rule``."""
     N, T = t.shape
     h_t = float(t[0, 1] - t[0, 0])
     if np.max(np.abs(np.diff(t, axis=1) - h_t)) > 1e-9 * max(1.0, float(np.max(np.abs(t)))):
         raise ValueError("the wide rule needs uniform t grids of one step")
-    q, h, eps, band = _wide_rule(h_t)
+    q, h, eps, band = _wide_rule(float(f"{h_t:.12g}"))  # grids' steps differ by rounding
     K = eps.size
     s = sd[:, None, None]
     c0 = t[:, :1] - m[:, None]  # [N, 1]
@@ -285,8 +287,9 @@ def _entry_factors(label: Array, m: Array, sd: Array, t: Array, inner: int
                    ) -> tuple[Array, Array, Array]:
     """``log E[f(t - v)]``, ``E[x f] / E[f]`` and ``E[x^2 f] / E[f]`` ``[N, T]`` for entries
     ``v ~ N(m, sd^2)`` ``[N]`` on grids ``t [N, T]`` (``x`` the standardised ``v``; ``f = g``
-    where ``label [N]`` is set, else ``G``), in blocks of ``CACHE_BLOCK_FLOATS``: the separable
-    form where it cannot overflow, else the definition."""
+    where ``label [N]`` is set, else ``G``), in blocks of ``CACHE_BLOCK_FLOATS``: the Gumbel
+    variable from ``sd >= WIDE_SD`` (``_wide_factors``), below it Gauss-Hermite in ``x``, the
+    separable form where it cannot overflow, else the definition."""
     x, w = gauss_hermite(inner)
     N, T = t.shape
     out = np.empty((3, N, T))
