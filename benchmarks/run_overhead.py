@@ -69,6 +69,10 @@ run (batched), the figures' wait 0.00 s (its worker is ready first). The one avo
 left in the run's own process is the skops artifact (``publish.skops model_s`` 0.44 s wall:
 0.32 s of it skops' import): it is the run's only non-pickle copy of the model (``safe_model``),
 so its default stays on; ``mlflow.log_model=false`` drops it along with the MLflow model.
+Moving work into another process was measured slower on this machine (2 cores, busy), not
+faster, both times: a tracking worker holding MLflow (overhead 5.85 -> 7.41 s, backed out in
+16ead11), and the skops dump in the figures' worker (it imports scikit-learn and skops too; the
+run then waited 0.67-1.17 s for it, command 6.6-6.7 s against 5.3 s; not committed).
 """
 
 from __future__ import annotations
