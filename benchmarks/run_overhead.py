@@ -27,6 +27,52 @@ and as JSON (``--json PATH``)::
 ``--before`` may be a script that runs this venv's ``gpinfer-run`` on an older copy of the
 code (``PYTHONPATH=<copy> exec .venv/bin/gpinfer-run "$@"``, with ``GPINFER_DATA_DIR`` set):
 then both columns share every installed package, and only gpinfer's code differs.
+
+Measured 2026-12-04 on the 2-core CI-like machine shared with other work (load average 1.6 at
+the start, 2.6 at the end; ``--repeat 3``), ``before``: a6b4068 (the code before session s33),
+``after``: 1d5b405 (main after s33's issue-26 work: the run fits ``GPClassifierCore`` without
+scikit-learn; no later change to the run's code)::
+
+                             before   after
+    run.command_s              5.62    5.29   publishing on (model, skops, datasets, plots)
+    run.overhead_s             5.08    4.84
+    run.command_cpu_s          6.08    5.85
+    run.train_s                0.46    0.51
+    run_bare.command_s         4.53    4.05   publishing off
+    run_bare.overhead_s        4.18    3.68
+    run_bare.command_cpu_s     4.47    3.96
+    startup.command_s          0.71    0.66   gpinfer-run --help
+
+The target (overhead at most 2 s with publishing on) is missed: the imports alone cost more.
+Floor of the run's process, CPU seconds (``run_floor.py --repeat 3``, load 1.5; and
+``run_phases.py`` on an existing store, medians of 3, load 1.5-1.7)::
+
+    interpreter start                           0.04
+    Hydra + OmegaConf + gpinfer.experiment.app  0.18
+    Hydra: composition (twice: its get_mode, then the run) and job set-up   0.25
+    gpinfer.experiment.runner + estimator       0.32   numpy, scipy, the backend
+    import mlflow                               1.03   its __init__ imports genai, data
+                                                       (pandas), gateway (fastapi) eagerly;
+                                                       any mlflow.<sub> import pays it
+    SqlAlchemyStore module                      0.78   SQLAlchemy, alembic, table models
+    store open + experiment lookup              0.05
+    data (load, split, standardise, checks)     0.21   the method's plugin import included
+    fit's test evaluations (4, eval_every 10)   0.40   the method's predict_proba; counted as
+                                                       overhead (train_time_s excludes them)
+    scikit-learn + mlflow.sklearn               0.70   the sklearn-flavour model (scipy.stats)
+    skops.io                                    0.32   imports every scikit-learn module
+    the rest (run, metrics, model, artifacts)   ~0.5   wall overhead less the above
+
+Already small, checked with cProfile of a default run: ``stale_runs`` scan 0.02 s, the
+experiment looked up twice (5 ms each), the data read once (0.04 s), metric flushes 1-2 per
+run (batched), the figures' wait 0.00 s (its worker is ready first). The one avoidable part
+left in the run's own process is the skops artifact (``publish.skops model_s`` 0.44 s wall:
+0.32 s of it skops' import): it is the run's only non-pickle copy of the model (``safe_model``),
+so its default stays on; ``mlflow.log_model=false`` drops it along with the MLflow model.
+Moving work into another process was measured slower on this machine (2 cores, busy), not
+faster, both times: a tracking worker holding MLflow (overhead 5.85 -> 7.41 s, backed out in
+16ead11), and the skops dump in the figures' worker (it imports scikit-learn and skops too; the
+run then waited 0.67-1.17 s for it, command 6.6-6.7 s against 5.3 s; not committed).
 """
 
 from __future__ import annotations

@@ -90,14 +90,14 @@ def main(argv: list[str]) -> int:
     import gpinfer.experiment.runner as runner
 
     _add("runner import", start)
-    from gpinfer.estimator import GPClassifier
+    from gpinfer.estimator import GPClassifierCore
     from gpinfer.experiment import results, tracking
 
     _wrap(tracking.RunLogger, "__init__", "store")
     _wrap(runner, "prepare", "prepare")
     _wrap(runner, "_end_stale_runs", "stale runs")
     _wrap(tracking.RunLogger, "start", "run start")
-    _wrap(GPClassifier, "fit", "fit")
+    _wrap(GPClassifierCore, "fit", "fit")
     _wrap(runner, "_evaluate", "final evaluation", {"fit": "fit: its evaluations"})
     _wrap(runner, "_publish", "publish")
     _wrap(results, "write_result", "end")
