@@ -43,7 +43,7 @@ from gpinfer.interfaces import ExpectedLogProb, Likelihood, TiltedMoments
 from gpinfer.likelihoods.base import check_labels, check_latent, check_mean_var, check_power
 from gpinfer.likelihoods.bernoulli import LOGISTIC
 from gpinfer.numerics import settings
-from gpinfer.numerics.normal import inv_mills, log_phi, log_Phi_derivatives, probit_curvature
+from gpinfer.numerics.normal import inv_mills, log_phi, log_Phi_derivatives
 from gpinfer.numerics.quadrature import (
     chunk_slices,
     multiclass_gh_order,
@@ -140,8 +140,10 @@ def _argmax_mode(d: Array, rho: Array) -> Array:
     t = xp.zeros_like(lo)
     for _ in range(settings.ENGINE_MODE_ITERATIONS):
         z = d + rho * t[:, None]
-        grad = -t + xp.sum(rho * inv_mills(z), axis=1)
-        curv = 1.0 + xp.sum(rho * rho * probit_curvature(z), axis=1)
+        # r = inv_mills(z) and -r' = probit_curvature(z) from one log Phi (the same values)
+        _, r, r1 = log_Phi_derivatives(z, 2)
+        grad = -t + xp.sum(rho * r, axis=1)
+        curv = 1.0 + xp.sum(rho * rho * -r1, axis=1)
         lo = xp.where(grad > 0, t, lo)
         hi = xp.where(grad > 0, hi, t)
         new = t + grad / curv
