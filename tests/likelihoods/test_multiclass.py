@@ -473,3 +473,37 @@ def test_class_probabilities_in_one_call_equal_the_per_class_rule():
     np.testing.assert_allclose(robust.predict_proba(mean, var),
                                (1 - robust.epsilon) * per_class + robust.epsilon / 5,
                                rtol=1e-13)
+
+
+def _class_probability_suite():
+    """Generated (name, mean, var) ``[B, C]`` cases: sizes ``B`` 1..5000, ``C`` 2..20, variance
+    ratios up to 1e6, means far apart and nearly tied."""
+    rng = np.random.default_rng(11)
+    for B, C, kind in [(1, 2, "plain"), (5000, 2, "plain"), (700, 3, "plain"), (60, 20, "plain"),
+                       (40, 4, "ratio"), (200, 6, "far"), (200, 5, "tied"), (30, 20, "tied"),
+                       (100, 3, "far ratio")]:
+        mean = 1.5 * rng.normal(size=(B, C))
+        var = np.exp(rng.uniform(np.log(0.18), np.log(1.3), size=(B, C)))
+        if "ratio" in kind:  # standard deviations over three decades: variance ratios to 1e6
+            var = np.exp(rng.uniform(-3.0, 3.0, size=(B, C)) * np.log(10.0))
+        if "far" in kind:
+            mean = 30.0 * rng.normal(size=(B, C))
+        if kind == "tied":
+            mean = mean[:, :1] + 1e-9 * rng.normal(size=(B, C))
+        yield f"{B}x{C} {kind}", mean, var
+
+
+def test_class_probabilities_match_the_per_class_rule_on_a_generated_suite():
+    """``argmax_class_probabilities`` (pruned, every class in one call) equals the full
+    per-class rule to 1e-12 on every generated case, and each row sums to one to 1e-12 (the
+    rule against the truth: the classes' probabilities partition the outcome)."""
+    from gpinfer.likelihoods.multiclass import argmax_class_probabilities, argmax_log_probability
+
+    for name, mean, var in _class_probability_suite():
+        B, C = mean.shape
+        P = argmax_class_probabilities(mean, var)
+        assert P.shape == (B, C), name
+        per_class = np.stack([np.exp(argmax_log_probability(mean, var, np.full(B, c)))
+                              for c in range(C)], axis=1)
+        np.testing.assert_allclose(P, per_class, rtol=0, atol=1e-12, err_msg=name)
+        np.testing.assert_allclose(P.sum(axis=1), 1.0, rtol=0, atol=1e-12, err_msg=name)
