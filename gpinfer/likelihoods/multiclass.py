@@ -197,10 +197,20 @@ def _log_integrand(d: Array, rho: Array, t: Array) -> tuple[Array, Array, Array]
     return z, log_phi(t), xp.sum(ops.log_ndtr(z), axis=2)
 
 
+def _reach(step: float) -> tuple[int, int]:
+    """First and last node (indices into ``_argmax_nodes``' grid of this ``step``) that can
+    weigh: ``h'' <= -1`` puts the log integrand ``h`` more than ``ARGMAX_NEGLIGIBLE_NATS``
+    below its maximum at ``sqrt(2 ARGMAX_NEGLIGIBLE_NATS)`` (10) from the mode and beyond, and
+    the centre lies within ``step / 2`` of the mode (83 of the 97 base-level nodes)."""
+    half = int(round(settings.ARGMAX_WINDOW / step))
+    reach = math.ceil((math.sqrt(2.0 * settings.ARGMAX_NEGLIGIBLE_NATS) + 0.5 * step) / step)
+    return max(0, half - reach), min(2 * half, half + reach)
+
+
 def _kept_nodes(d: Array, rho: Array, center: Array, step: float) -> tuple[Array, Array]:
     """First and last node ``[b]`` (indices into ``_argmax_nodes``' grid) of the range outside
     which every node's log integrand lies more than ``ARGMAX_NEGLIGIBLE_NATS`` below the row's
-    peak (numpy rows of one fine ``step``).
+    peak (numpy rows of one fine ``step``), within ``_reach``.
 
     The log integrand ``h`` is concave, so on each interval of the base grid (every
     ``ARGMAX_BASE_STEP``, nodes of the fine grid) it lies below the extensions of the
@@ -209,7 +219,9 @@ def _kept_nodes(d: Array, rho: Array, center: Array, step: float) -> tuple[Array
     integral (``n`` nodes): below round-off."""
     half = int(round(settings.ARGMAX_WINDOW / step))
     ratio = int(round(settings.ARGMAX_BASE_STEP / step))  # fine nodes per base interval
-    base = np.arange(0, 2 * half + 1, ratio)  # [J + 1], both ends of the window included
+    lo, hi = _reach(step)
+    base = np.arange(0, 2 * half + 1, ratio)  # both ends of the window included
+    base = base[(base > lo - ratio) & (base < hi + ratio)]  # [J + 1], the intervals over reach
     t = center[:, None] + step * (base - half)[None, :].astype(float)
     _, log_gauss, log_cdfs = _log_integrand(d, rho, t)
     g = log_gauss + log_cdfs  # [b, J + 1]
@@ -221,19 +233,23 @@ def _kept_nodes(d: Array, rho: Array, center: Array, step: float) -> tuple[Array
     keep = ~(bound < peak - settings.ARGMAX_NEGLIGIBLE_NATS)  # NaN keeps everything
     first = np.argmax(keep, axis=1)
     last = keep.shape[1] - 1 - np.argmax(keep[:, ::-1], axis=1)
-    return first * ratio, (last + 1) * ratio
+    return np.maximum(base[first], lo), np.minimum(base[last + 1], hi)
 
 
 def _argmax_log_p_pruned(d: Array, rho: Array, center: Array, step: float) -> Array:
-    """``log P [b]`` of ``_argmax_nodes`` on numpy rows of one fine ``step``, summed over the
-    nodes ``_kept_nodes`` keeps only (the same nodes, weights and integrand; the rest weighs
-    less than round-off). Rows are taken in order of their kept width, in blocks of
-    ``QUADRATURE_CHUNK_FLOATS``."""
+    """``log P [b]`` of ``_argmax_nodes`` on numpy rows of one ``step``, summed over the nodes
+    ``_kept_nodes`` keeps only (refined levels) or those within ``_reach`` (the base level):
+    the same nodes, weights and integrand; the rest weighs less than round-off. Rows are
+    taken in order of their kept width, in blocks of ``QUADRATURE_CHUNK_FLOATS``."""
     half = int(round(settings.ARGMAX_WINDOW / step))
     offsets = step * np.arange(-half, half + 1)  # the grid of _argmax_nodes
     log_w = np.full(offsets.shape, math.log(step))
     log_w[[0, -1]] += math.log(0.5)
-    first, last = _kept_nodes(d, rho, center, step)
+    if step < settings.ARGMAX_BASE_STEP:
+        first, last = _kept_nodes(d, rho, center, step)
+    else:  # the base grid: no coarser one to bound it from, the nodes within reach
+        lo, hi = _reach(step)
+        first, last = np.full(d.shape[0], lo), np.full(d.shape[0], hi)
     width = last - first + 1
     order = np.argsort(width, kind="stable")
     log_p = np.empty(d.shape[0])
@@ -332,14 +348,15 @@ def argmax_log_probability(mean: Array, var: Array, y: Array, prune: bool = Fals
     """``log P(f_y > f_k, all k != y)`` ``[B]`` alone: ``argmax_probability``'s rule without
     its derivatives (prediction needs none; half the work).
 
-    ``prune`` (numpy; predictions): on the refined levels, skip the nodes whose share of the
-    integral is below round-off (``_kept_nodes``): the same value to round-off at a fraction of
-    the cost where unequal variances force a fine step over the whole window."""
+    ``prune`` (numpy; predictions): skip the nodes whose share of the integral is below
+    round-off (``_kept_nodes`` on the refined levels, ``_reach`` on the base level): the same
+    value to round-off at a fraction of the cost where unequal variances force a fine step
+    over the whole window."""
     rows, c, y, levels = _argmax_plan(mean, var, y)
     xp = ops.namespace(c.d)
     log_p = ops.zeros(c.d, (c.d.shape[0],))
     for idx_host, idx, step, center in levels:
-        if prune and ops.is_numpy(c.d) and step < settings.ARGMAX_BASE_STEP:
+        if prune and ops.is_numpy(c.d):
             log_p[idx] = _argmax_log_p_pruned(c.d[idx], c.rho[idx], center, step)
             continue
         for sl in _chunks(idx_host, step, c.d.shape[1] + 1):

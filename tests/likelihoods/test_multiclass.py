@@ -507,3 +507,22 @@ def test_class_probabilities_match_the_per_class_rule_on_a_generated_suite():
                               for c in range(C)], axis=1)
         np.testing.assert_allclose(P, per_class, rtol=0, atol=1e-12, err_msg=name)
         np.testing.assert_allclose(P.sum(axis=1), 1.0, rtol=0, atol=1e-12, err_msg=name)
+
+
+def test_reach_holds_the_peak_of_every_row_at_every_level():
+    """``_reach`` (the nodes within ``sqrt(2 ARGMAX_NEGLIGIBLE_NATS)`` of the mode) contains
+    every node within ``ARGMAX_NEGLIGIBLE_NATS`` of the row's largest log integrand, on every
+    refinement level (the full grid evaluated as the oracle), and drops some nodes."""
+    from gpinfer.likelihoods.multiclass import _argmax_nodes, _argmax_plan, _reach
+    from gpinfer.numerics import settings
+
+    mean, var, y = _unequal_variance_rows(6, n=120)
+    _, c, _, levels = _argmax_plan(mean, var, y)
+    assert len(levels) > 2
+    for idx, _, step, center in levels:
+        _, _, lam, _ = _argmax_nodes(c.d[idx], c.rho[idx], center, step)
+        lo, hi = _reach(step)
+        heavy = lam >= lam.max(axis=1, keepdims=True) - settings.ARGMAX_NEGLIGIBLE_NATS
+        nodes = np.arange(lam.shape[1])
+        assert not np.any(heavy[:, (nodes < lo) | (nodes > hi)])
+        assert 0 < lo and hi < lam.shape[1] - 1
