@@ -207,18 +207,29 @@ def _reach(step: float) -> tuple[int, int]:
     return max(0, half - reach), min(2 * half, half + reach)
 
 
+def _bound_spacing(step: float) -> int:
+    """Fine nodes per interval of ``_kept_nodes``' bound grid for rows of this ``step``: a
+    spacing ``s`` costs ``2 R / s`` evaluations over the reach ``R`` (10) and keeps up to about
+    ``s / step`` nodes too many each side, least near ``s = sqrt(2 R step)``; taken as
+    ``ARGMAX_BASE_STEP`` times the nearest power of two, at least one."""
+    reach = math.sqrt(2.0 * settings.ARGMAX_NEGLIGIBLE_NATS)
+    best = math.sqrt(2.0 * reach * step) / settings.ARGMAX_BASE_STEP
+    spacing = settings.ARGMAX_BASE_STEP * 2.0 ** max(0, round(math.log2(best)))
+    return int(round(spacing / step))
+
+
 def _kept_nodes(d: Array, rho: Array, center: Array, step: float) -> tuple[Array, Array]:
     """First and last node ``[b]`` (indices into ``_argmax_nodes``' grid) of the range outside
     which every node's log integrand lies more than ``ARGMAX_NEGLIGIBLE_NATS`` below the row's
     peak (numpy rows of one fine ``step``), within ``_reach``.
 
-    The log integrand ``h`` is concave, so on each interval of the base grid (every
-    ``ARGMAX_BASE_STEP``, nodes of the fine grid) it lies below the extensions of the
-    neighbouring chords; an interval whose bound is that far below the largest base-grid value
-    is dropped. What is dropped weighs less than ``n exp(-ARGMAX_NEGLIGIBLE_NATS)`` of the
-    integral (``n`` nodes): below round-off."""
+    The log integrand ``h`` is concave, so on each interval of the bound grid (every
+    ``_bound_spacing`` fine nodes) it lies below the extensions of the neighbouring chords; an
+    interval whose bound is that far below the largest bound-grid value is dropped. What is
+    dropped weighs less than ``n exp(-ARGMAX_NEGLIGIBLE_NATS)`` of the integral (``n`` nodes):
+    below round-off."""
     half = int(round(settings.ARGMAX_WINDOW / step))
-    ratio = int(round(settings.ARGMAX_BASE_STEP / step))  # fine nodes per base interval
+    ratio = _bound_spacing(step)  # fine nodes per bound interval
     lo, hi = _reach(step)
     base = np.arange(0, 2 * half + 1, ratio)  # both ends of the window included
     base = base[(base > lo - ratio) & (base < hi + ratio)]  # [J + 1], the intervals over reach
