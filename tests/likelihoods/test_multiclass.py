@@ -526,3 +526,18 @@ def test_reach_holds_the_peak_of_every_row_at_every_level():
         nodes = np.arange(lam.shape[1])
         assert not np.any(heavy[:, (nodes < lo) | (nodes > hi)])
         assert 0 < lo and hi < lam.shape[1] - 1
+
+
+def test_row_logsumexp_equals_scipy_with_infinite_entries():
+    """The pruned rule's row ``log sum exp`` equals scipy's to round-off, with ``-inf`` entries
+    (dropped nodes), a row of them only (``-inf``) and rows far from zero."""
+    from scipy.special import logsumexp
+
+    from gpinfer.likelihoods.multiclass import _row_logsumexp
+
+    rng = np.random.default_rng(7)
+    lam = rng.normal(size=(6, 9)) + np.array([0.0, -800.0, 700.0, -5.0, 0.0, 0.0])[:, None]
+    lam[3, 4:] = -np.inf
+    lam[4, :] = -np.inf
+    np.testing.assert_allclose(_row_logsumexp(lam), logsumexp(lam, axis=1), rtol=1e-15)
+    assert _row_logsumexp(lam)[4] == -np.inf
