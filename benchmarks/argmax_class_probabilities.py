@@ -60,7 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
-    out = {}
+    out: dict[str, object] = {}
     with threadpool_limits(1):
         for seed, (name, (B, C, log_var_range)) in enumerate(CASES.items()):
             mean, var = _case(seed, B, C, log_var_range)
