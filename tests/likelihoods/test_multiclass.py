@@ -541,3 +541,19 @@ def test_row_logsumexp_equals_scipy_with_infinite_entries():
     lam[4, :] = -np.inf
     np.testing.assert_allclose(_row_logsumexp(lam), logsumexp(lam, axis=1), rtol=1e-15)
     assert _row_logsumexp(lam)[4] == -np.inf
+
+
+def test_argmax_mode_is_stationary_when_rows_stop_on_their_own():
+    """The mode (numpy: each row stops iterating at its own convergence) is a zero of
+    ``h'(t) = -t + sum_k rho_k r(d_k + rho_k t)`` to the Newton tolerance, on rows at every
+    refinement level including those that converge last."""
+    from gpinfer.likelihoods.multiclass import _argmax_mode, label_contrasts
+    from gpinfer.numerics.normal import inv_mills, probit_curvature
+
+    mean, var, y = _unequal_variance_rows(8, n=400)
+    c = label_contrasts(mean, var, y)
+    t = _argmax_mode(c.d, c.rho)
+    z = c.d + c.rho * t[:, None]
+    grad = -t + np.sum(c.rho * inv_mills(z), axis=1)
+    curv = 1.0 + np.sum(c.rho ** 2 * probit_curvature(z), axis=1)
+    assert np.all(np.abs(grad / curv) <= 1e-7 * (1.0 + np.abs(t)))
