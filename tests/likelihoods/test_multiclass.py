@@ -473,3 +473,87 @@ def test_class_probabilities_in_one_call_equal_the_per_class_rule():
     np.testing.assert_allclose(robust.predict_proba(mean, var),
                                (1 - robust.epsilon) * per_class + robust.epsilon / 5,
                                rtol=1e-13)
+
+
+def _class_probability_suite():
+    """Generated (name, mean, var) ``[B, C]`` cases: sizes ``B`` 1..5000, ``C`` 2..20, variance
+    ratios up to 1e6, means far apart and nearly tied."""
+    rng = np.random.default_rng(11)
+    for B, C, kind in [(1, 2, "plain"), (5000, 2, "plain"), (700, 3, "plain"), (60, 20, "plain"),
+                       (40, 4, "ratio"), (200, 6, "far"), (200, 5, "tied"), (30, 20, "tied"),
+                       (100, 3, "far ratio")]:
+        mean = 1.5 * rng.normal(size=(B, C))
+        var = np.exp(rng.uniform(np.log(0.18), np.log(1.3), size=(B, C)))
+        if "ratio" in kind:  # standard deviations over three decades: variance ratios to 1e6
+            var = np.exp(rng.uniform(-3.0, 3.0, size=(B, C)) * np.log(10.0))
+        if "far" in kind:
+            mean = 30.0 * rng.normal(size=(B, C))
+        if kind == "tied":
+            mean = mean[:, :1] + 1e-9 * rng.normal(size=(B, C))
+        yield f"{B}x{C} {kind}", mean, var
+
+
+def test_class_probabilities_match_the_per_class_rule_on_a_generated_suite():
+    """``argmax_class_probabilities`` (pruned, every class in one call) equals the full
+    per-class rule to 1e-12 on every generated case, and each row sums to one to 1e-12 (the
+    rule against the truth: the classes' probabilities partition the outcome)."""
+    from gpinfer.likelihoods.multiclass import argmax_class_probabilities, argmax_log_probability
+
+    for name, mean, var in _class_probability_suite():
+        B, C = mean.shape
+        P = argmax_class_probabilities(mean, var)
+        assert P.shape == (B, C), name
+        per_class = np.stack([np.exp(argmax_log_probability(mean, var, np.full(B, c)))
+                              for c in range(C)], axis=1)
+        np.testing.assert_allclose(P, per_class, rtol=0, atol=1e-12, err_msg=name)
+        np.testing.assert_allclose(P.sum(axis=1), 1.0, rtol=0, atol=1e-12, err_msg=name)
+
+
+def test_reach_holds_the_peak_of_every_row_at_every_level():
+    """``_reach`` (the nodes within ``sqrt(2 ARGMAX_NEGLIGIBLE_NATS)`` of the mode) contains
+    every node within ``ARGMAX_NEGLIGIBLE_NATS`` of the row's largest log integrand, on every
+    refinement level (the full grid evaluated as the oracle), and drops some nodes."""
+    from gpinfer.likelihoods.multiclass import _argmax_nodes, _argmax_plan, _reach
+    from gpinfer.numerics import settings
+
+    mean, var, y = _unequal_variance_rows(6, n=120)
+    _, c, _, levels = _argmax_plan(mean, var, y)
+    assert len(levels) > 2
+    for idx, _, step, center in levels:
+        _, _, lam, _ = _argmax_nodes(c.d[idx], c.rho[idx], center, step)
+        lo, hi = _reach(step)
+        heavy = lam >= lam.max(axis=1, keepdims=True) - settings.ARGMAX_NEGLIGIBLE_NATS
+        nodes = np.arange(lam.shape[1])
+        assert not np.any(heavy[:, (nodes < lo) | (nodes > hi)])
+        assert 0 < lo and hi < lam.shape[1] - 1
+
+
+def test_row_logsumexp_equals_scipy_with_infinite_entries():
+    """The pruned rule's row ``log sum exp`` equals scipy's to round-off, with ``-inf`` entries
+    (dropped nodes), a row of them only (``-inf``) and rows far from zero."""
+    from scipy.special import logsumexp
+
+    from gpinfer.likelihoods.multiclass import _row_logsumexp
+
+    rng = np.random.default_rng(7)
+    lam = rng.normal(size=(6, 9)) + np.array([0.0, -800.0, 700.0, -5.0, 0.0, 0.0])[:, None]
+    lam[3, 4:] = -np.inf
+    lam[4, :] = -np.inf
+    np.testing.assert_allclose(_row_logsumexp(lam), logsumexp(lam, axis=1), rtol=1e-15)
+    assert _row_logsumexp(lam)[4] == -np.inf
+
+
+def test_argmax_mode_is_stationary_when_rows_stop_on_their_own():
+    """The mode (numpy: each row stops iterating at its own convergence) is a zero of
+    ``h'(t) = -t + sum_k rho_k r(d_k + rho_k t)`` to the Newton tolerance, on rows at every
+    refinement level including those that converge last."""
+    from gpinfer.likelihoods.multiclass import _argmax_mode, label_contrasts
+    from gpinfer.numerics.normal import inv_mills, probit_curvature
+
+    mean, var, y = _unequal_variance_rows(8, n=400)
+    c = label_contrasts(mean, var, y)
+    t = _argmax_mode(c.d, c.rho)
+    z = c.d + c.rho * t[:, None]
+    grad = -t + np.sum(c.rho * inv_mills(z), axis=1)
+    curv = 1.0 + np.sum(c.rho ** 2 * probit_curvature(z), axis=1)
+    assert np.all(np.abs(grad / curv) <= 1e-7 * (1.0 + np.abs(t)))
