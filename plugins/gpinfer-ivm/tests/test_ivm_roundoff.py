@@ -1,0 +1,72 @@
+"""The hot loops' fast spellings change round-off only: a digits fit (10 classes, fixed kernel,
+``ep_tol = 0``) with the plain-numpy reference spellings below patched in predicts the same
+probabilities to 1e-10."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpinfer_ivm import projection
+
+from gpinfer.estimator import GPClassifier
+from gpinfer.testing.default_battery import sklearn_case
+
+Array = np.ndarray
+
+
+def reference_newton(A: Array, A_hat: Array, t0: Array) -> Array:
+    """``projection.project_newton`` spelled with ``np.linalg.eigh``, ``np.clip``, ``np.max``
+    and a full ``np.zeros_like`` step (the spelling before the LAPACK-direct rewrite)."""
+    P = projection
+    lo, hi = np.log(P.PI_FLOOR), np.log(P.PI_CEIL)
+    t = np.clip(np.asarray(t0, dtype=float), lo, hi)
+    if t.size == 2:
+        exact = P._binary_minimiser(A, A_hat, t)
+        if exact is not None:
+            return exact
+    cur = P._local(t, A, A_hat)
+    for _ in range(P.NEWTON_MAXITER):
+        free = ~(((t <= lo) & (cur.grad > 0)) | ((t >= hi) & (cur.grad < 0)))
+        if not np.any(free) or np.max(np.abs(cur.grad[free])) <= P.NEWTON_GTOL:
+            break
+        lam, Q = np.linalg.eigh(cur.hess[np.ix_(free, free)])
+        lam = np.maximum(np.abs(lam), P.NEWTON_EIG_FLOOR * max(float(np.max(np.abs(lam))), 1e-300))
+        step = np.zeros_like(t)
+        step[free] = -(Q @ ((Q.T @ cur.grad[free]) / lam))
+        if -float(cur.grad @ step) <= P.NEWTON_FTOL * (1.0 + abs(cur.f)):
+            break
+        size, nxt = min(1.0, P.NEWTON_MAX_STEP / float(np.max(np.abs(step)))), None
+        for _ in range(P.NEWTON_HALVINGS):
+            trial = np.clip(t + size * step, lo, hi)
+            cand = P._local(trial, A, A_hat)
+            if cand.f <= cur.f + P.NEWTON_ARMIJO * float(cur.grad @ (trial - t)):
+                nxt = (trial, cand)
+                break
+            size *= 0.5
+        if nxt is None or np.array_equal(nxt[0], t):
+            break
+        gain = cur.f - nxt[1].f
+        t, cur = nxt
+        if gain <= P.NEWTON_FTOL * (1.0 + abs(cur.f)):
+            break
+    return t
+
+
+def _digits_proba() -> Array:
+    X, y, Xt, _ = sklearn_case("digits", True)
+    est = GPClassifier(method="ivm", M=40, optimize=False, random_state=0,
+                       method_options={"ep_tol": 0.0}).fit(X[:150], y[:150])
+    return est.predict_proba(Xt[:60])
+
+
+@pytest.fixture(scope="module")
+def fast_proba() -> Array:
+    return _digits_proba()
+
+
+@pytest.mark.parametrize("module, name, reference", [
+    (projection, "project_newton", reference_newton),
+])
+def test_fast_spelling_is_round_off_only(monkeypatch, fast_proba, module, name, reference):
+    monkeypatch.setattr(module, name, reference)
+    assert np.abs(fast_proba - _digits_proba()).max() <= 1e-10
