@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gpinfer_ivm import projection
+from gpinfer_ivm.solid import SolidRepresentation
 
 from gpinfer.estimator import GPClassifier
 from gpinfer.testing.default_battery import sklearn_case
@@ -52,6 +53,21 @@ def reference_newton(A: Array, A_hat: Array, t0: Array) -> Array:
     return t
 
 
+def reference_cross_covariances(self, idx1: Array, idx2: Array) -> Array:
+    """``SolidRepresentation.cross_covariances`` by ``np.einsum`` and one kernel evaluation
+    per class (the spelling before the GEMM rewrite)."""
+    idx1, idx2 = np.asarray(idx1, dtype=np.int64), np.asarray(idx2, dtype=np.int64)
+    d = self.d
+    if idx1.size == 0 or idx2.size == 0:
+        return np.zeros((idx1.size, self.C, idx2.size, self.C))
+    out = np.einsum("cdj,edk->jcke", self.q_stubs(idx1), self.q_stubs(idx2))
+    for c in range(self.C):
+        Mc = self.M[c, :d]
+        out[:, c, :, c] += (self.kernels[c].K(self.X[idx1], self.X[idx2])
+                            - Mc[:, idx1].T @ Mc[:, idx2])
+    return out
+
+
 def _digits_proba() -> Array:
     X, y, Xt, _ = sklearn_case("digits", True)
     est = GPClassifier(method="ivm", M=40, optimize=False, random_state=0,
@@ -66,6 +82,7 @@ def fast_proba() -> Array:
 
 @pytest.mark.parametrize("module, name, reference", [
     (projection, "project_newton", reference_newton),
+    (SolidRepresentation, "cross_covariances", reference_cross_covariances),
 ])
 def test_fast_spelling_is_round_off_only(monkeypatch, fast_proba, module, name, reference):
     monkeypatch.setattr(module, name, reference)
