@@ -64,7 +64,10 @@ def site_precision(pi: Array) -> Array:
     """``Pi = diag(pi) - pi pi^T / alpha`` for ``pi [..., C]`` -> ``[..., C, C]``."""
     pi = np.asarray(pi, dtype=float)
     alpha = pi.sum(axis=-1)[..., None, None]
-    return pi[..., :, None] * np.eye(pi.shape[-1]) - pi[..., :, None] * pi[..., None, :] / alpha
+    out = -(pi[..., :, None] * pi[..., None, :] / alpha)
+    diag = np.arange(pi.shape[-1])
+    out[..., diag, diag] += pi  # the same sums as diag(pi) - pi pi^T / alpha, without np.eye
+    return out
 
 
 def site_sqrt(pi: Array) -> Array:
