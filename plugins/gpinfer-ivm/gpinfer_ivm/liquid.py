@@ -132,7 +132,8 @@ class EPRepresentation:
         h, A = self.liquid_marginal(a)
         Vi = site_sqrt(self.pi[a])
         AV = A @ Vi
-        W = np.eye(self.C) - Vi.T @ AV
+        W = -(Vi.T @ AV)
+        W.flat[:: self.C + 1] += 1.0  # I - V^T A V (the same sums, without np.eye)
         # LAPACK directly (the same potrf/trtrs scipy.linalg calls, without its wrappers: the
         # cavity runs once per site update, C x C)
         LW, info = dpotrf(W, lower=1, clean=1)

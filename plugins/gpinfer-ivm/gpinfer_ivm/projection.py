@@ -74,8 +74,10 @@ def site_sqrt(pi: Array) -> Array:
     """Square-root factor ``V [..., C, C]`` with ``V V^T = Pi`` (not symmetric; spec §1.3)."""
     pi = np.asarray(pi, dtype=float)
     xt = np.sqrt(pi / pi.sum(axis=-1, keepdims=True))
-    eye = np.eye(pi.shape[-1])
-    return np.sqrt(pi)[..., :, None] * (eye - xt[..., :, None] * xt[..., None, :])
+    centred = -(xt[..., :, None] * xt[..., None, :])
+    diag = np.arange(pi.shape[-1])
+    centred[..., diag, diag] += 1.0  # I - xt xt^T: the same sums, without np.eye
+    return np.sqrt(pi)[..., :, None] * centred
 
 
 class _Terms(NamedTuple):

@@ -89,9 +89,13 @@ def test_fast_spelling_is_round_off_only(monkeypatch, fast_proba, module, name, 
     assert np.abs(fast_proba - _digits_proba()).max() <= 1e-10
 
 
-def test_site_precision_is_the_textbook_sum_exactly():
+def test_site_precision_and_sqrt_are_the_textbook_sums_exactly():
     pi = np.exp(3.0 * np.random.default_rng(1).normal(size=(3, 4, 10)))
     alpha = pi.sum(axis=-1)[..., None, None]
     textbook = pi[..., :, None] * np.eye(10) - pi[..., :, None] * pi[..., None, :] / alpha
     np.testing.assert_array_equal(projection.site_precision(pi), textbook)
     np.testing.assert_array_equal(projection.site_precision(pi[0, 0]), textbook[0, 0])
+    xt = np.sqrt(pi / pi.sum(axis=-1, keepdims=True))
+    root = np.sqrt(pi)[..., :, None] * (np.eye(10) - xt[..., :, None] * xt[..., None, :])
+    np.testing.assert_array_equal(projection.site_sqrt(pi), root)
+    np.testing.assert_array_equal(projection.site_sqrt(pi[0, 0]), root[0, 0])
