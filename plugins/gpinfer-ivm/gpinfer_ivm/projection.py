@@ -229,7 +229,7 @@ def project_newton(A: Array, A_hat: Array, t0: Array) -> Array:
             return exact
     # ndarray methods and LAPACK's syevd directly (what np.linalg.eigh calls): the same
     # arithmetic as the np.max / np.clip / np.linalg.eigh spelling, without their per-call
-    # wrapping (the loop runs ~4 times per projection, ~10^5 times per digits fit)
+    # wrapping (digits default fit, cProfile: 2.3e4 projections, 7.4e4 Newton steps)
     cur = _local(t, A, A_hat)
     for _ in range(NEWTON_MAXITER):
         held = ((t <= lo) & (cur.grad > 0)) | ((t >= hi) & (cur.grad < 0))
