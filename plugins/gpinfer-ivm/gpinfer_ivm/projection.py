@@ -227,9 +227,9 @@ def project_newton(A: Array, A_hat: Array, t0: Array) -> Array:
         exact = _binary_minimiser(A, A_hat, t)
         if exact is not None:
             return exact
-    # ndarray methods and LAPACK's syevd directly (what np.linalg.eigh calls): the same
-    # arithmetic as the np.max / np.clip / np.linalg.eigh spelling, without their per-call
-    # wrapping (digits default fit, cProfile: 2.3e4 projections, 7.4e4 Newton steps)
+    # ndarray methods and LAPACK's syevd directly (what np.linalg.eigh calls), without their
+    # per-call wrapping (digits default fit, cProfile: 2.3e4 projections, 7.4e4 Newton steps);
+    # scipy's LAPACK build moves t by round-off only (<= 1.1e-14 on 3000 digits projections)
     cur = _local(t, A, A_hat)
     for _ in range(NEWTON_MAXITER):
         held = ((t <= lo) & (cur.grad > 0)) | ((t >= hi) & (cur.grad < 0))
