@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.linalg import solve_triangular
 from scipy.linalg.blas import dgemm
-from scipy.linalg.lapack import dpotrf, dtrtrs
+from scipy.linalg.lapack import dgesv, dpotrf, dtrtrs
 
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer_ivm.projection import site_precision, site_sqrt
@@ -132,7 +132,8 @@ class EPRepresentation:
         h, A = self.liquid_marginal(a)
         Vi = site_sqrt(self.pi[a])
         AV = A @ Vi
-        W = np.eye(self.C) - Vi.T @ AV
+        W = -(Vi.T @ AV)
+        W.flat[:: self.C + 1] += 1.0  # I - V^T A V (the same sums, without np.eye)
         # LAPACK directly (the same potrf/trtrs scipy.linalg calls, without its wrappers: the
         # cavity runs once per site update, C x C)
         LW, info = dpotrf(W, lower=1, clean=1)
@@ -157,7 +158,12 @@ class EPRepresentation:
         S = self.Sigma[:, sl].copy()  # [kC, C]; Sigma changes below
         Saa = S[sl]
         h_old, var_old = self.mu[sl].copy(), Saa.diagonal().copy()
-        M = np.linalg.solve(np.eye(C) + dPi @ Saa, dPi)  # symmetric (push-through identity)
+        IdS = dPi @ Saa
+        IdS.flat[:: C + 1] += 1.0  # I + dPi S_aa
+        # LAPACK's gesv directly (what np.linalg.solve calls, without its per-call wrapping)
+        M, info = dgesv(IdS, dPi)[2:]  # symmetric (push-through identity)
+        if info != 0:
+            raise np.linalg.LinAlgError(f"I + dPi S_aa is singular (gesv info {info})")
         SM = S @ (0.5 * (M + M.T))
         dmu = (S - SM @ Saa) @ db - SM @ self.mu[sl]
         if not (np.all(np.isfinite(SM)) and np.all(np.isfinite(dmu))):

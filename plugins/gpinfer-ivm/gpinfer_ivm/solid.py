@@ -286,9 +286,16 @@ class SolidRepresentation:
         d = self.d
         if idx1.size == 0 or idx2.size == 0:
             return np.zeros((idx1.size, self.C, idx2.size, self.C))
-        out = np.einsum("cdj,edk->jcke", self.q_stubs(idx1), self.q_stubs(idx2))
-        for c in range(self.C):
-            Kc = self.kernels[c].K(self.X[idx1], self.X[idx2])
+        C, n1, n2 = self.C, idx1.size, idx2.size
+        # sum_d Q1[c, d, j] Q2[e, d, k] as one GEMM [(j c), d] @ [d, (k e)] (einsum's own loop
+        # is several times slower at these sizes); each distinct kernel evaluated once
+        Q1 = self.q_stubs(idx1).transpose(2, 0, 1).reshape(n1 * C, d)
+        Q2 = self.q_stubs(idx2).transpose(1, 2, 0).reshape(d, n2 * C)
+        out = (Q1 @ Q2).reshape(n1, C, n2, C)
+        X1, X2 = self.X[idx1], self.X[idx2]
+        Ks = [k.K(X1, X2) for k in self.distinct]
+        for c in range(C):
+            Kc = Ks[self.kern_of[c]]
             Mc = self.M[c, :d]
             out[:, c, :, c] += Kc - Mc[:, idx1].T @ Mc[:, idx2]
         return out
