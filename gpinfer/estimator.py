@@ -169,28 +169,11 @@ class _GPEstimatorBase:
     validation_fraction: float | None
     validation_interval: int
     n_iter_no_change: int
-
-    def set_params(self, **params: Any) -> Any:
-        """scikit-learn's ``set_params``; nested ``kernel__*`` names need a ``Kernel`` object as
-        ``kernel`` (``InputError`` naming the fix for a kernel name)."""
-        nested = sorted(key for key in params if key.startswith("kernel__"))
-        kernel = params.get("kernel", getattr(self, "kernel", None))
-        if nested and not isinstance(kernel, Kernel):
-            raise InputError(
-                f"{', '.join(nested)}: nested kernel parameters need a Kernel object as kernel, "
-                f"not {kernel!r}; pass e.g. kernel=gpinfer.kernels.RBF() (then "
-                "kernel__lengthscale sets its lengthscale)"
-            )
-        if nested and isinstance(kernel, Kernel):
-            known = kernel.get_params(deep=True)
-            unknown = [key for key in nested if key.removeprefix("kernel__") not in known]
-            if unknown:
-                raise InputError(
-                    f"invalid parameter(s) {unknown} for {type(self).__name__}: kernel "
-                    f"{type(kernel).__name__} has the parameters "
-                    f"{', '.join('kernel__' + k for k in known)}"
-                )
-        return super().set_params(**params)  # type: ignore[misc]  # BaseEstimator's
+    refit: bool
+    validation_folds: int | None
+    refit_rule: str
+    choice_rule: str
+    baseline_failure: str
 
     def _build_kernel(self, input_dim: int) -> Kernel:
         if isinstance(self.kernel, Kernel):
@@ -227,7 +210,7 @@ class _GPEstimatorBase:
             )
         if self.method_options is not None and not isinstance(self.method_options, Mapping):
             raise InputError(f"method_options must be a dict or None; got {self.method_options!r}")
-        check_baseline_failure(getattr(self, "baseline_failure", "raise"))
+        check_baseline_failure(self.baseline_failure)
         blas_threads()  # the thread policy's setting is checked before any training
 
     def _resolve_backend(self, method_cls: type[Method], method_name: str) -> Backend:
@@ -353,8 +336,7 @@ class _GPEstimatorBase:
         ``validation_fraction``. ``InputError`` for bad settings, before any training."""
         settings = EarlyStopping.from_settings(
             self.validation_fraction, self.validation_interval, self.n_iter_no_change,
-            getattr(self, "refit", True), getattr(self, "validation_folds", None),
-            getattr(self, "refit_rule", "iterations"), getattr(self, "choice_rule", "one_se"))
+            self.refit, self.validation_folds, self.refit_rule, self.choice_rule)
         if settings is None:
             return None
         if not n_classes and settings.choice_rule == "log_one_se":
@@ -451,7 +433,7 @@ class _GPEstimatorBase:
                     (method, problem), setup, data[0], data[1], method_name, callback, *early)
             result = check_against_baseline(
                 result, method_name, problem.X, problem.y, problem.n_classes, self._rng(),
-                check_baseline_failure(getattr(self, "baseline_failure", "raise")),
+                check_baseline_failure(self.baseline_failure),
                 problem.sample_weight)
         self.n_features_in_ = problem.X.shape[1]
         self.backend_ = problem.backend

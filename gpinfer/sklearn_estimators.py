@@ -16,7 +16,9 @@ from typing import Any, TypeVar
 
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 
+from gpinfer.errors import InputError
 from gpinfer.estimator import GPClassifierCore, _load_method
+from gpinfer.kernels.base import Kernel
 from gpinfer.regressor import GPRegressorCore
 
 __all__ = ["GPClassifier", "GPRegressor"]
@@ -35,7 +37,34 @@ def _adopt(cls: type[_E], core: Any, core_cls: type) -> _E:
     return estimator
 
 
-class GPClassifier(ClassifierMixin, GPClassifierCore, BaseEstimator):
+class _EstimatorParams(BaseEstimator):
+    """scikit-learn's parameter handling for both estimators, with nested ``kernel__*`` names
+    checked against the kernel before any is set."""
+
+    def set_params(self, **params: Any) -> Any:
+        """scikit-learn's ``set_params``; nested ``kernel__*`` names need a ``Kernel`` object as
+        ``kernel`` (``InputError`` naming the fix for a kernel name)."""
+        nested = sorted(key for key in params if key.startswith("kernel__"))
+        kernel = params.get("kernel", getattr(self, "kernel", None))
+        if nested and not isinstance(kernel, Kernel):
+            raise InputError(
+                f"{', '.join(nested)}: nested kernel parameters need a Kernel object as kernel, "
+                f"not {kernel!r}; pass e.g. kernel=gpinfer.kernels.RBF() (then "
+                "kernel__lengthscale sets its lengthscale)"
+            )
+        if nested and isinstance(kernel, Kernel):
+            known = kernel.get_params(deep=True)
+            unknown = [key for key in nested if key.removeprefix("kernel__") not in known]
+            if unknown:
+                raise InputError(
+                    f"invalid parameter(s) {unknown} for {type(self).__name__}: kernel "
+                    f"{type(kernel).__name__} has the parameters "
+                    f"{', '.join('kernel__' + k for k in known)}"
+                )
+        return super().set_params(**params)
+
+
+class GPClassifier(ClassifierMixin, GPClassifierCore, _EstimatorParams):
     """Gaussian-process classification with any registered approximate-inference method, as a
     scikit-learn estimator: ``GPClassifierCore`` (its parameters, attributes and methods) with
     scikit-learn's base classes (``get_params``, ``set_params``, ``clone``, ``score``, tags).
@@ -57,7 +86,7 @@ class GPClassifier(ClassifierMixin, GPClassifierCore, BaseEstimator):
         return tags
 
 
-class GPRegressor(RegressorMixin, GPRegressorCore, BaseEstimator):
+class GPRegressor(RegressorMixin, GPRegressorCore, _EstimatorParams):
     """Gaussian-process regression with any registered method whose ``tasks`` include
     regression, as a scikit-learn estimator: ``GPRegressorCore`` (its parameters, attributes
     and methods) with scikit-learn's base classes."""
