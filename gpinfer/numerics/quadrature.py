@@ -170,6 +170,17 @@ class TiltedScalars(NamedTuple):
     d2: Array
 
 
+def row_logsumexp(lam: Array) -> Array:
+    """``log sum exp`` of each row of a numpy ``lam [b, n]`` -> ``[b]`` (``-inf`` entries
+    allowed; a row of ``-inf`` only gives ``-inf``): ``scipy.special.logsumexp``'s value to
+    round-off without its per-call overhead (0.1-0.4 ms, paid per site or per block in the
+    quadrature loops: ``softmax_tilted``, the argmax predictions)."""
+    peak = np.max(lam, axis=1)
+    shift = np.where(np.isfinite(peak), peak, 0.0)
+    with np.errstate(divide="ignore"):  # a row of -inf only: log 0 = -inf, its value
+        return shift + np.log(np.sum(np.exp(lam - shift[:, None]), axis=1))
+
+
 def tilted_from_nodes(log_w: Array, l1: Array, l2: Array) -> TiltedScalars:
     """Combine nodes of a tilted integral ``Z = sum_k exp(log_w_k)``, all arrays ``[B, K]``.
 

@@ -528,21 +528,6 @@ def test_reach_holds_the_peak_of_every_row_at_every_level():
         assert 0 < lo and hi < lam.shape[1] - 1
 
 
-def test_row_logsumexp_equals_scipy_with_infinite_entries():
-    """The pruned rule's row ``log sum exp`` equals scipy's to round-off, with ``-inf`` entries
-    (dropped nodes), a row of them only (``-inf``) and rows far from zero."""
-    from scipy.special import logsumexp
-
-    from gpinfer.likelihoods.multiclass import _row_logsumexp
-
-    rng = np.random.default_rng(7)
-    lam = rng.normal(size=(6, 9)) + np.array([0.0, -800.0, 700.0, -5.0, 0.0, 0.0])[:, None]
-    lam[3, 4:] = -np.inf
-    lam[4, :] = -np.inf
-    np.testing.assert_allclose(_row_logsumexp(lam), logsumexp(lam, axis=1), rtol=1e-15)
-    assert _row_logsumexp(lam)[4] == -np.inf
-
-
 def test_argmax_mode_is_stationary_when_rows_stop_on_their_own():
     """The mode (numpy: each row stops iterating at its own convergence) is a zero of
     ``h'(t) = -t + sum_k rho_k r(d_k + rho_k t)`` to the Newton tolerance, on rows at every

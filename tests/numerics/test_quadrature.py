@@ -217,3 +217,18 @@ def test_quad_reference_sanity():
     """The scipy quad reference used in the likelihood tests integrates a Gaussian to one."""
     val, _ = integrate.quad(lambda t: math.exp(-0.5 * t * t) / math.sqrt(2 * math.pi), -40, 40, points=[0.0])
     assert val == pytest.approx(1.0, abs=1e-13)
+
+
+def test_row_logsumexp_equals_scipy_with_infinite_entries():
+    """``row_logsumexp`` equals scipy's to round-off, with ``-inf`` entries (dropped nodes),
+    a row of them only (``-inf``) and rows far from zero."""
+    from scipy.special import logsumexp
+
+    from gpinfer.numerics.quadrature import row_logsumexp
+
+    rng = np.random.default_rng(7)
+    lam = rng.normal(size=(6, 9)) + np.array([0.0, -800.0, 700.0, -5.0, 0.0, 0.0])[:, None]
+    lam[3, 4:] = -np.inf
+    lam[4, :] = -np.inf
+    np.testing.assert_allclose(row_logsumexp(lam), logsumexp(lam, axis=1), rtol=1e-15)
+    assert row_logsumexp(lam)[4] == -np.inf
