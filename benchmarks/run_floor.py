@@ -18,6 +18,13 @@ these imports; this script splits them:
 * ``skops``: ``skops.io`` (``safe_model.import_skops_io``), whose import lists every
   scikit-learn estimator by importing every scikit-learn module.
 
+and, as a whole command, the **MLflow floor**: a fresh interpreter that imports ``mlflow``, opens
+the store, creates a run, logs two metrics and a parameter in one batch, ends the run and exits
+without the interpreter's teardown (as ``gpinfer-run`` does): the cheapest process that records
+a run in MLflow's default (``sqlite:``) store. Its wall time bounds from below the overhead of
+any command that logs its run to MLflow in its own process, before Hydra, data, training,
+evaluation or the model (issue 26's 2 s target; measured 2026-12-05 below).
+
 Usage (``MLFLOW_TRACKING_URI`` must name an existing store; medians of ``--repeat`` runs)::
 
     MLFLOW_TRACKING_URI=sqlite:////tmp/x/mlflow.db OPENBLAS_NUM_THREADS=1 \\
@@ -32,6 +39,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 _STEPS = """
 import json, os, time
@@ -63,6 +71,33 @@ steps["skops"] = clock() - start
 print(json.dumps(steps))
 """
 
+#: the MLflow floor: record one run in the store, nothing else (``os._exit`` as gpinfer-run)
+_MLFLOW_ONLY = """
+import os, sys, time
+import mlflow
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+found = client.get_experiment_by_name("gpinfer-floor")
+experiment = found.experiment_id if found else client.create_experiment("gpinfer-floor")
+run = client.create_run(experiment)
+stamp = int(time.time() * 1000)
+client.log_batch(run.info.run_id, metrics=[Metric("test_error", 0.1, stamp, 0),
+                 Metric("test_nll", 0.3, stamp, 0)], params=[Param("method", "sep")])
+client.set_terminated(run.info.run_id)
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def _command_seconds(code: str) -> tuple[float, float]:
+    """``(wall, cpu)`` seconds of ``python -c code`` as a whole process."""
+    before, start = os.times(), time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    wall, after = time.perf_counter() - start, os.times()
+    return wall, (after.children_user + after.children_system
+                  - before.children_user - before.children_system)
+
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -89,6 +124,12 @@ def main(argv: list[str]) -> int:
         print(f"{key:32}{statistics.median(values):6.2f}")
     total = statistics.median(interpreter) + sum(statistics.median(v) for v in samples.values())
     print(f"{'total':32}{total:6.2f}")
+    _command_seconds(_MLFLOW_ONLY)  # the floor's experiment exists from here on
+    floor = [_command_seconds(_MLFLOW_ONLY) for _ in range(args.repeat)]
+    print(f"MLflow floor (a process that only records one run): wall "
+          f"{statistics.median(w for w, _ in floor):.2f} s, CPU "
+          f"{statistics.median(c for _, c in floor):.2f} s (load average now "
+          f"{os.getloadavg()[0]:.1f})")
     return 0
 
 

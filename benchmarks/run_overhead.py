@@ -12,6 +12,10 @@ load:
   ``wall_time_s`` (the fit, evaluations included) and ``publish_s`` (model, datasets, plots;
   per part as ``publish.<part>_s`` where the run reports them);
 * ``run_bare``: the same with ``mlflow.log_model/log_datasets/log_plots=false``;
+* with ``--sweep SMALL,LARGE``: multiruns of SMALL and LARGE default jobs (seeds 1..n) under
+  Hydra's basic launcher, one process each, and ``sweep.per_job_overhead_s``: the marginal
+  wall time of one more job less its training time (a protocol of many jobs pays the imports
+  once, and this per job);
 
 and for each, ``command_cpu_s``: the CPU seconds of the command and of the processes it
 waited for (the figures' process), which other load affects much less than wall time.
@@ -152,6 +156,32 @@ class Command:
             if key.startswith("publish.") and isinstance(value, int | float):
                 self._add(f"{record}.{key}", float(value))
 
+    def sweep(self, jobs: int) -> None:
+        """A multirun of ``jobs`` default runs (seeds 1..jobs) under Hydra's basic launcher,
+        in one process: the imports are paid once. Records the command's wall time and the
+        jobs' summed training time (``sweep<jobs>.*``)."""
+        self._runs += 1
+        out = self.folder / f"sweep{self._runs}"
+        seeds = ",".join(str(seed) for seed in range(1, jobs + 1))
+        seconds, cpu = _timed([self.executable, "-m", f"hydra.sweep.dir={out}", f"seed={seeds}"],
+                              self.folder, self.env)
+        results = [json.loads(path.read_text()) for path in out.glob("*/result.json")]
+        if len(results) != jobs:
+            raise RuntimeError(f"the sweep wrote {len(results)} results, not {jobs}")
+        self._add(f"sweep{jobs}.command_s", seconds)
+        self._add(f"sweep{jobs}.command_cpu_s", cpu)
+        self._add(f"sweep{jobs}.train_s", sum(float(r["train_time_s"]) for r in results))
+
+    def per_job(self, small: int, large: int) -> None:
+        """The marginal overhead of one more job in a sweep: the difference of the two sweeps'
+        wall times less that of their training times, per added job (``sweep.per_job_*``)."""
+        for a, b in zip(self.samples[f"sweep{small}.command_s"][-1:],
+                        self.samples[f"sweep{large}.command_s"][-1:], strict=True):
+            train = (self.samples[f"sweep{large}.train_s"][-1]
+                     - self.samples[f"sweep{small}.train_s"][-1])
+            self._add("sweep.per_job_overhead_s", (b - a - train) / (large - small))
+            self._add("sweep.per_job_train_s", self.samples[f"sweep{large}.train_s"][-1] / large)
+
     def startup(self) -> None:
         """``gpinfer-run --help``: imports and composition, nothing run."""
         seconds, cpu = _timed([self.executable, "--help"], self.folder, self.env)
@@ -168,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", default=None, help="another gpinfer-run to compare with")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", default=None, help="write the medians here")
+    parser.add_argument("--sweep", default=None, metavar="SMALL,LARGE",
+                        help="also time multiruns of SMALL and LARGE default jobs (e.g. 2,6): "
+                             "the marginal overhead of one more job in a sweep")
     args = parser.parse_args(argv)
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="gpinfer-overhead-") as tmp:
@@ -181,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
                 command.startup()
                 command.run()
                 command.run(*PUBLISH_OFF, record="run_bare")
+                if args.sweep:
+                    small, large = (int(n) for n in args.sweep.split(","))
+                    command.sweep(small)
+                    command.sweep(large)
+                    command.per_job(small, large)
         medians = {c.label: c.medians() for c in commands}
     keys = sorted({key for m in medians.values() for key in m})
     print(f"medians over {args.repeat} runs (load average at the start: {load_start:.1f}, "
