@@ -6,9 +6,12 @@ and repeat the same ``O(M^3 + M^2 n)`` algebra for every class. Here that algebr
 once on stacks: ``L [C, M, M]`` (chol of ``Kuu``), ``A [C, M, n]`` (``L^-1 Kuf``), site sums
 ``P_w [C, M, M]``, ``h_w [C, M]`` in whitened coordinates. Each factor is computed once per
 class per step (one stacked LAPACK call); the triangular solves run as one BLAS ``trsm`` per
-class on views of the stacks (at ``M`` in the hundreds a ``trsm`` costs less than OpenBLAS's
-``trtri`` plus a product, so factors are solved with, never inverted), and ``B^-1`` comes from
-LAPACK ``potri`` once per Gaussian. Results equal the per-class code of
+class on views of the stacks, except the step's six with ``L``, which numpy does by products
+with ``L^-1`` (``StackedTerms.L_inv``, one ``trtri``); products with a triangular factor
+(``L^T Lam L``, ``L^-T S L^-1``, ``L^-1 Kuf``) run as ``trmm`` on numpy
+(``ops.tri_matmul``), and ``B^-1`` comes from LAPACK ``potri`` once per Gaussian. (The
+cavity's factor ``L_B`` keeps its two ``trsm`` of ``[M, n]``: at ``M = 200`` one ``trtri``
+costs as much as one such ``trsm``, so inverting it would not pay.) Results equal the per-class code of
 ``gpinfer.sites.inducing`` to round-off (tests/sites/test_stacked.py).
 
 The functions take arrays of any array-API namespace (numpy, or torch on a CPU or GPU:
@@ -127,9 +130,10 @@ class StackedTerms:
     L_inv: Array | None = None
 
     def to_whitened(self, Lam: Array, h: Array) -> tuple[Array, Array]:
-        """``(L^T Lam L [C, M, M], L^T h [C, M])`` from ``u``-space site sums."""
-        Lt = transpose(self.L)
-        return symmetrize(Lt @ (Lam @ self.L)), (Lt @ h[..., None])[..., 0]
+        """``(L^T Lam L [C, M, M], L^T h [C, M])`` from ``u``-space site sums (two triangular
+        products: ``ops.tri_matmul``)."""
+        LtLamL = ops.tri_matmul(self.L, ops.tri_matmul(self.L, Lam, right=True), transpose=True)
+        return symmetrize(LtLamL), (h[:, None, :] @ self.L)[:, 0, :]  # (L^T h)^T = h^T L
 
     def to_u_space(self, P_w: Array, h_w: Array) -> tuple[Array, Array]:
         """Inverse of ``to_whitened``: ``(L^-T P_w L^-1, L^-T h_w)``."""
@@ -138,14 +142,14 @@ class StackedTerms:
     def sandwich(self, S: Array) -> Array:
         """``L^-T S L^-1`` ``[C, M, M]`` for symmetric ``S [C, M, M]`` (symmetrised)."""
         if self.L_inv is not None:
-            return symmetrize(self.unwhiten(S) @ self.L_inv)
+            return symmetrize(ops.tri_matmul(self.L_inv, self.unwhiten(S), right=True))
         T = tri_solve_stack(self.L, S, transpose=True)  # L^-T S
         return symmetrize(tri_solve_stack(self.L, ops.copy(transpose(T)), transpose=True))
 
     def unwhiten(self, X: Array) -> Array:
         """``L^-T X`` ``[C, M, k]`` (whitened-space gradients to ``u``-space)."""
         if self.L_inv is not None:
-            return transpose(self.L_inv) @ X
+            return ops.tri_matmul(self.L_inv, X, transpose=True)
         return tri_solve_stack(self.L, X, transpose=True)
 
 
@@ -186,7 +190,7 @@ def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Arr
         Kuu, Kuf, Kff_diag = stacked_covariances(kernels, Zs, X)
     L = stacked_cholesky(ops.add_diagonal(Kuu, jitter), "Kuu", iteration)
     L_inv = ops.tri_inverse(L) if ops.prefers_tri_inverse(L) else None
-    A = tri_solve_stack(L, Kuf) if L_inv is None else L_inv @ Kuf
+    A = tri_solve_stack(L, Kuf) if L_inv is None else ops.tri_matmul(L_inv, Kuf)
     s = Kff_diag + jitter
     s -= ops.einsum("cmn,cmn->cn", A, A)
     return StackedTerms(L=L, A=A, s=ops.clip_below(s, jitter), L_inv=L_inv)
