@@ -154,7 +154,8 @@ def _call_list(M_: int = M, B_: int = B, D_: int = D, C_: int = C
 
     Read from the code of one step (``kernels.stacked._forward``/``_vjp``,
     ``sites.stacked``, ``gpinfer_ep.state._tied_update``/``_tied_evaluate``): prepare (the
-    distance products, Kuu's Cholesky, its ``trtri``, ``A = L^-1 Kuf``), update
+    distance products, Kuu's Cholesky, its ``trtri``, ``A = L^-1 Kuf``; products with a triangular
+    factor are ``trmm``: ``ops.tri_matmul``), update
     (``L^T Lam L``, the cavity's Cholesky and projection, the new site sums, ``L^-T P L^-1``),
     evaluate (two Cholesky, the projection, ``B_cav^-1 A``, two ``[M, B]`` products,
     ``potri``, the gradient sandwich and ``L^-T X``), VJPs (``G_uu A``, ``G_uf X``). Inputs
@@ -180,11 +181,12 @@ def _call_list(M_: int = M, B_: int = B, D_: int = D, C_: int = C
          lambda: np.linalg.cholesky(K)),
         ("trtri [C,M,M] (L^-1)", 1, C_ * M_**3 / 3, lambda: ops.tri_inverse(L)),
         ("potri [C,M,M] (B_q^-1)", 1, C_ * 2 * M_**3 / 3, lambda: ops.cho_inverse(L)),
-        ("gemm [C,M,M]x[C,M,M] (L^T Lam L, two sandwiches)", 6, C_ * mm,
-         lambda: K @ L),
+        ("trmm [C,M,M]x[C,M,M] (L^T Lam L, two sandwiches)", 6, C_ * mm / 2,
+         lambda: ops.tri_matmul(L, K, right=True)),
         ("trsm [C,M,M]\\[C,M,B] (projections x2, B^-1 A)", 3, C_ * M_**2 * B_,
          lambda: ops.solve_triangular(L, Kuf)),
-        ("gemm [C,M,M]x[C,M,B] (L^-1 Kuf, L^-T X)", 2, C_ * mb, lambda: Linv @ Kuf),
+        ("trmm [C,M,M]x[C,M,B] (L^-1 Kuf, L^-T X)", 2, C_ * mb / 2,
+         lambda: ops.tri_matmul(Linv, Kuf)),
         ("gemm [C,M,B]x[C,B,M] (site sums, S_B, (A e) (B^-1 A)^T)", 3, C_ * mb,
          lambda: Kuf @ ops.mT(G)),
         ("VJP gemm [C,M,M]x[C,M,D] (G_uu A)", 1, C_ * mmd, lambda: K @ Zs),
@@ -206,6 +208,7 @@ def call_floor(rate: float, repeats: int = 7) -> dict[str, object]:
             t0 = time.process_time()
             thunk()
             best[i] = min(best[i], time.process_time() - t0)
+    alternatives = _inverse_or_solve(repeats)
     rows, total, flops = {}, 0.0, 0.0
     for (name, count, fl, _), t in zip(calls, best):
         rows[name] = {"per_step": count, "ms_per_step": round(1e3 * count * t, 2),
@@ -214,7 +217,35 @@ def call_floor(rate: float, repeats: int = 7) -> dict[str, object]:
         total += count * t
         flops += count * fl
     return {"call_floor_ms": 1e3 * total, "calls_gflop": flops / 1e9,
-            "calls_at_dgemm_rate_ms": 1e3 * flops / rate, "calls": rows}
+            "calls_at_dgemm_rate_ms": 1e3 * flops / rate, "calls": rows,
+            "cavity_factor_two_solves_ms": alternatives}
+
+
+def _inverse_or_solve(repeats: int, M_: int = M, B_: int = B, C_: int = C) -> dict[str, float]:
+    """The cavity factor ``L_B`` is used in two ``[C, M, B]`` solves per evaluation
+    (``R = L_B^-1 A``, ``B^-1 A = L_B^-T R``): CPU ms of the two ``trsm`` against one ``trtri``
+    and two ``trmm`` (least of ``repeats``, interleaved)."""
+    from gpinfer.backend import ops
+
+    rng = np.random.default_rng(2)
+    S = rng.normal(size=(C_, M_, M_)) / np.sqrt(M_)
+    LB = np.linalg.cholesky(S @ ops.mT(S) + 2.0 * np.eye(M_))
+    A = rng.normal(size=(C_, M_, B_))
+
+    def solves() -> None:
+        ops.solve_triangular(LB, ops.solve_triangular(LB, A), transpose=True)
+
+    def inverse() -> None:
+        T = ops.tri_inverse(LB)
+        ops.tri_matmul(T, ops.tri_matmul(T, A), transpose=True)
+
+    best = {"two trsm": np.inf, "trtri + two trmm": np.inf}
+    for _ in range(repeats):
+        for name, f in (("two trsm", solves), ("trtri + two trmm", inverse)):
+            t0 = time.process_time()
+            f()
+            best[name] = min(best[name], time.process_time() - t0)
+    return {k: round(1e3 * v, 2) for k, v in best.items()}
 
 
 TORCH_CPU64 = {"backend": "torch", "device": "cpu", "dtype": "float64"}

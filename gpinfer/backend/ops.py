@@ -567,9 +567,23 @@ def cho_inverse(LB: Array) -> tuple[Array, bool]:
         inv, info = potri(flat[c].T, lower=0)  # LB LB^T = U^T U with U = LB^T (Fortran view)
         if info != 0:
             return out.reshape(LB.shape), True
-        upper = np.triu(inv)  # the upper triangle of the Fortran result: the lower of its .T
-        out[c] = upper + np.triu(upper, 1).T
+        out[c] = inv  # its upper triangle is the inverse's (the lower one is LB's, stale)
+    i, j = _upper_indices(flat.shape[-1])
+    out[:, j, i] = out[:, i, j]  # mirrored once for the stack: the same values, fewer passes
     return out.reshape(LB.shape), False
+
+
+_UPPER: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _upper_indices(M: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.triu_indices(M, 1)``, made once per ``M`` and kept (callers only read them)."""
+    out = _UPPER.get(M)
+    if out is None:
+        if len(_UPPER) > 64:
+            _UPPER.clear()
+        out = _UPPER[M] = np.triu_indices(M, 1)
+    return out
 
 
 # -- special functions --------------------------------------------------------------------------
