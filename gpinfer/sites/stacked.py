@@ -11,8 +11,8 @@ with ``L^-1`` (``StackedTerms.L_inv``, one ``trtri``); products with a triangula
 (``L^T Lam L``, ``L^-T S L^-1``, ``L^-1 Kuf``) run as ``trmm`` on numpy
 (``ops.tri_matmul``), and ``B^-1`` comes from LAPACK ``potri`` once per Gaussian. (The
 cavity's factor ``L_B`` keeps its two ``trsm`` of ``[M, n]``: at ``M = 200`` one ``trtri``
-costs as much as one such ``trsm``, so inverting it would not pay.) Results equal the per-class code of
-``gpinfer.sites.inducing`` to round-off (tests/sites/test_stacked.py).
+costs as much as one such ``trsm``, so inverting it would not pay.) Results equal the
+per-class code of ``gpinfer.sites.inducing`` to round-off (tests/sites/test_stacked.py).
 
 The functions take arrays of any array-API namespace (numpy, or torch on a CPU or GPU:
 ``gpinfer.backend``); what the standard lacks (stacked triangular solves, Cholesky with a
