@@ -132,7 +132,8 @@ class StackedTerms:
     def to_whitened(self, Lam: Array, h: Array) -> tuple[Array, Array]:
         """``(L^T Lam L [C, M, M], L^T h [C, M])`` from ``u``-space site sums (two triangular
         products: ``ops.tri_matmul``)."""
-        LtLamL = ops.tri_matmul(self.L, ops.tri_matmul(self.L, Lam, right=True), transpose=True)
+        LamL = ops.tri_matmul(self.L, Lam, right=True)
+        LtLamL = ops.tri_matmul(self.L, LamL, transpose=True, overwrite=True)
         return symmetrize(LtLamL), (h[:, None, :] @ self.L)[:, 0, :]  # (L^T h)^T = h^T L
 
     def to_u_space(self, P_w: Array, h_w: Array) -> tuple[Array, Array]:
@@ -142,14 +143,16 @@ class StackedTerms:
     def sandwich(self, S: Array) -> Array:
         """``L^-T S L^-1`` ``[C, M, M]`` for symmetric ``S [C, M, M]`` (symmetrised)."""
         if self.L_inv is not None:
-            return symmetrize(ops.tri_matmul(self.L_inv, self.unwhiten(S), right=True))
+            return symmetrize(ops.tri_matmul(self.L_inv, self.unwhiten(S), right=True,
+                                             overwrite=True))
         T = tri_solve_stack(self.L, S, transpose=True)  # L^-T S
         return symmetrize(tri_solve_stack(self.L, ops.copy(transpose(T)), transpose=True))
 
-    def unwhiten(self, X: Array) -> Array:
-        """``L^-T X`` ``[C, M, k]`` (whitened-space gradients to ``u``-space)."""
+    def unwhiten(self, X: Array, *, overwrite: bool = False) -> Array:
+        """``L^-T X`` ``[C, M, k]`` (whitened-space gradients to ``u``-space); ``overwrite``:
+        the caller owns ``X`` and reads it no more (it may be written in place)."""
         if self.L_inv is not None:
-            return ops.tri_matmul(self.L_inv, X, transpose=True)
+            return ops.tri_matmul(self.L_inv, X, transpose=True, overwrite=overwrite)
         return tri_solve_stack(self.L, X, transpose=True)
 
 
@@ -269,15 +272,25 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     e = 2.0 * b_sum if e_sum is None else e_sum
     AB = A * b_sum[:, None, :]  # A diag(B), [C, M, n]
     BiA = tri_solve_stack(lik.LB, R, transpose=True)  # B_g^-1 A
-    X = lik.w[:, :, None] * a_sum[:, None, :] + BiA * e[:, None, :] - 2.0 * AB
+    # the sums below run in place, in the order of the formulas (the same arithmetic)
+    X = lik.w[:, :, None] * a_sum[:, None, :]
+    T = BiA * e[:, None, :]
+    X += T
+    X -= ops.multiply_into(AB, 2.0, T)
+    del T
     S_B = AB @ transpose(A)
     Aa = ops.einsum("cmn,cn->cm", A, a_sum)
-    AX = (Aa[:, :, None] * lik.w[:, None, :] + (A * e[:, None, :]) @ transpose(BiA)
-          - 2.0 * S_B)
-    prior = ops.add_diagonal(q.B_inv() + q.w[:, :, None] * q.w[:, None, :], -1.0)
-    inner = 0.5 * prior - symmetrize(AX) - S_B
+    AX = Aa[:, :, None] * lik.w[:, None, :]
+    AX += (A * e[:, None, :]) @ transpose(BiA)
+    AX -= 2.0 * S_B
+    inner = q.w[:, :, None] * q.w[:, None, :]
+    inner += q.B_inv()  # B^-1 + w w^T (q keeps its B^-1)
+    ops.add_diagonal(inner, -1.0)  # the prior term
+    inner *= 0.5
+    inner -= symmetrize(AX)
+    inner -= S_B
     G_K = terms.sandwich(inner)  # L^-T inner L^-1
-    G_uf = terms.unwhiten(X)
+    G_uf = terms.unwhiten(X, overwrite=True)
     return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b_sum)
 
 
