@@ -509,8 +509,8 @@ def tri_matmul(T: Array, X: Array, *, transpose: bool = False, right: bool = Fal
     equal to it up to the order of the triangle's non-zero terms. Other namespaces: ``@`` (the
     same operators as before: no triangular product in the standard).
     """
-    if not is_numpy(T):
-        A = T.mT if transpose else T
+    if not is_numpy(T) or T.shape[:-2] != X.shape[:-2]:  # a device, or broadcast stacks
+        A = mT(T) if transpose else T
         return X @ A if right else A @ X
     dtype = np.result_type(T, X)
     if overwrite and X.dtype == dtype and X.flags.c_contiguous and X.flags.writeable:

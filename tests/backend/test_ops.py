@@ -146,6 +146,14 @@ def test_tri_matmul_equals_the_general_product(to, dtype):
                 assert out.dtype == dtype and out.shape == want.shape
                 np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
                 np.testing.assert_array_equal(X, kept)
+                mine = to(X.copy(order="A"))  # overwrite: the same values, X may be the output
+                out = ops.to_host(ops.tri_matmul(to(T), mine, transpose=transpose, right=right,
+                                                 overwrite=True))
+                np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
+    T = np.tril(rng.normal(size=(3, 5, 5))).astype(dtype)  # one X for a stack: broadcast
+    X = rng.normal(size=(5, 2)).astype(dtype)
+    np.testing.assert_allclose(ops.to_host(ops.tri_matmul(to(T), to(X))), T @ X, rtol=tol,
+                               atol=tol)
 
 
 @pytest.mark.parametrize("on_torch", [False, True])
