@@ -20,6 +20,11 @@
    (M per class) and svi (robust-max, M shared), as ``../shared/peers/minibatch.py`` sets them
    up. For the ratio against GPflow's SVGP run that script with ``--peers VENV`` (it builds its
    own interleaved rounds of gpinfer, GPflow and GPyTorch).
+7. ``--parts floor``: the step's *call floor*, each dense LAPACK/BLAS call of one SEP step at
+   MNIST size timed on its own at its size, batched over the classes as the step batches it
+   (``[C, M, M]``, ``[C, M, B]``), times its count per step, summed (``call_floor``): the
+   step's time above it is the code's overhead, the call floor's above the dgemm floor is the
+   cost of small ``trsm``/``potrf``/``trtri`` calls at these sizes.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/engine_step.py [--epochs 3]
         [--peers ~/peers-venv]
@@ -34,6 +39,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +147,107 @@ def sep_mnist_size(epochs: int, rate: float) -> dict[str, object]:
             "phases_ms_per_step (all epochs)": {k: round(1e3 * v, 1) for k, v in split.items()}}
 
 
+def _call_list(M_: int = M, B_: int = B, D_: int = D, C_: int = C
+               ) -> list[tuple[str, int, float, Callable[[], object]]]:
+    """The SEP step's dense LAPACK/BLAS calls as the numpy code issues them, batched over the
+    ``C`` classes as the step batches them: ``(name, calls per step, FLOP per call, thunk)``.
+
+    Read from the code of one step (``kernels.stacked._forward``/``_vjp``,
+    ``sites.stacked``, ``gpinfer_ep.state._tied_update``/``_tied_evaluate``): prepare (the
+    distance products, Kuu's Cholesky, its ``trtri``, ``A = L^-1 Kuf``; products with a triangular
+    factor are ``trmm``: ``ops.tri_matmul``), update
+    (``L^T Lam L``, the cavity's Cholesky and projection, the new site sums, ``L^-T P L^-1``),
+    evaluate (two Cholesky, the projection, ``B_cav^-1 A``, two ``[M, B]`` products,
+    ``potri``, the gradient sandwich and ``L^-T X``), VJPs (``G_uu A``, ``G_uf X``). Inputs
+    are well-conditioned random stand-ins of the same shapes and memory layout.
+    """
+    from gpinfer.backend import ops
+
+    rng = np.random.default_rng(1)
+    Zs = rng.normal(size=(C_, M_, D_))
+    Xs = rng.normal(size=(B_, D_))
+    S = rng.normal(size=(C_, M_, M_)) / np.sqrt(M_)
+    K = S @ ops.mT(S) + 2.0 * np.eye(M_)  # SPD [C, M, M]
+    L = np.linalg.cholesky(K)
+    Linv = ops.tri_inverse(L)
+    Kuf = rng.normal(size=(C_, M_, B_))
+    G = rng.normal(size=(C_, M_, B_))
+    mm, mb, mmd = 2.0 * M_**3, 2.0 * M_**2 * B_, 2.0 * M_**2 * D_
+    ZsT = Zs.reshape(C_ * M_, D_)
+    return [
+        ("distance gemm A A^T [C,M,D]x[C,D,M]", 1, C_ * mmd, lambda: Zs @ ops.mT(Zs)),
+        ("distance gemm [CM,D]x[D,B]", 1, C_ * 2.0 * M_ * B_ * D_, lambda: ZsT @ Xs.T),
+        ("potrf [C,M,M] (Kuu, B_cav x2, B_q)", 4, C_ * M_**3 / 3,
+         lambda: np.linalg.cholesky(K)),
+        ("trtri [C,M,M] (L^-1)", 1, C_ * M_**3 / 3, lambda: ops.tri_inverse(L)),
+        ("potri [C,M,M] (B_q^-1)", 1, C_ * 2 * M_**3 / 3, lambda: ops.cho_inverse(L)),
+        ("trmm [C,M,M]x[C,M,M] (L^T Lam L, two sandwiches)", 6, C_ * mm / 2,
+         lambda: ops.tri_matmul(L, K, right=True)),
+        ("trsm [C,M,M]\\[C,M,B] (projections x2, B^-1 A)", 3, C_ * M_**2 * B_,
+         lambda: ops.solve_triangular(L, Kuf)),
+        ("trmm [C,M,M]x[C,M,B] (L^-1 Kuf, L^-T X)", 2, C_ * mb / 2,
+         lambda: ops.tri_matmul(Linv, Kuf)),
+        ("gemm [C,M,B]x[C,B,M] (site sums, S_B, (A e) (B^-1 A)^T)", 3, C_ * mb,
+         lambda: Kuf @ ops.mT(G)),
+        ("VJP gemm [C,M,M]x[C,M,D] (G_uu A)", 1, C_ * mmd, lambda: K @ Zs),
+        ("VJP gemm [CM,B]x[B,D] (G_uf X)", 1, C_ * 2.0 * M_ * B_ * D_,
+         lambda: G.reshape(C_ * M_, B_) @ Xs),
+    ]
+
+
+def call_floor(rate: float, repeats: int = 7) -> dict[str, object]:
+    """The step's *call floor*: each dense call of ``_call_list`` timed on its own (least
+    process-CPU time of ``repeats``, interleaved), times its count per step, summed; with its
+    FLOP rate and its time at the dgemm rate, so the floor's excess over the dgemm floor is
+    the per-call cost of small batched ``trsm``/``potrf``/``trtri`` and the step's excess
+    over the call floor is the code's overhead."""
+    calls = _call_list()
+    best = [np.inf] * len(calls)
+    for _ in range(repeats):
+        for i, (_, _, _, thunk) in enumerate(calls):
+            t0 = time.process_time()
+            thunk()
+            best[i] = min(best[i], time.process_time() - t0)
+    alternatives = _inverse_or_solve(repeats)
+    rows, total, flops = {}, 0.0, 0.0
+    for (name, count, fl, _), t in zip(calls, best):
+        rows[name] = {"per_step": count, "ms_per_step": round(1e3 * count * t, 2),
+                      "gflops": round(fl / t / 1e9, 1),
+                      "ms_at_dgemm_rate": round(1e3 * count * fl / rate, 2)}
+        total += count * t
+        flops += count * fl
+    return {"call_floor_ms": 1e3 * total, "calls_gflop": flops / 1e9,
+            "calls_at_dgemm_rate_ms": 1e3 * flops / rate, "calls": rows,
+            "cavity_factor_two_solves_ms": alternatives}
+
+
+def _inverse_or_solve(repeats: int, M_: int = M, B_: int = B, C_: int = C) -> dict[str, float]:
+    """The cavity factor ``L_B`` is used in two ``[C, M, B]`` solves per evaluation
+    (``R = L_B^-1 A``, ``B^-1 A = L_B^-T R``): CPU ms of the two ``trsm`` against one ``trtri``
+    and two ``trmm`` (least of ``repeats``, interleaved)."""
+    from gpinfer.backend import ops
+
+    rng = np.random.default_rng(2)
+    S = rng.normal(size=(C_, M_, M_)) / np.sqrt(M_)
+    LB = np.linalg.cholesky(S @ ops.mT(S) + 2.0 * np.eye(M_))
+    A = rng.normal(size=(C_, M_, B_))
+
+    def solves() -> None:
+        ops.solve_triangular(LB, ops.solve_triangular(LB, A), transpose=True)
+
+    def inverse() -> None:
+        T = ops.tri_inverse(LB)
+        ops.tri_matmul(T, ops.tri_matmul(T, A), transpose=True)
+
+    best = {"two trsm": np.inf, "trtri + two trmm": np.inf}
+    for _ in range(repeats):
+        for name, f in (("two trsm", solves), ("trtri + two trmm", inverse)):
+            t0 = time.process_time()
+            f()
+            best[name] = min(best[name], time.process_time() - t0)
+    return {k: round(1e3 * v, 2) for k, v in best.items()}
+
+
 TORCH_CPU64 = {"backend": "torch", "device": "cpu", "dtype": "float64"}
 
 
@@ -210,7 +317,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--digits-epochs", type=int, default=8)
     ap.add_argument("--parts", default="sep,ops,digits",
-                    help="comma-separated: sep (MNIST-size CPU step), ops (aten ops), digits, "
+                    help="comma-separated: sep (MNIST-size CPU step), floor (its dense calls timed "
+                    "one by one), ops (aten ops), digits, "
                     "compiled (torch-CPU step eager vs compile='default')")
     ap.add_argument("--peers", default=None, help="side venv of ../shared/peers (GPflow ratio)")
     a = ap.parse_args()
@@ -219,6 +327,8 @@ def main() -> None:
         parts = a.parts.split(",")
         report: dict[str, object] = {"dgemm_gflops_one_thread": rate / 1e9,
                                      "load_average": os.getloadavg()}
+        if "floor" in parts:
+            report["sep_mnist_size_call_floor"] = call_floor(rate)
         if "sep" in parts:
             report["sep_mnist_size"] = sep_mnist_size(a.epochs, rate)
         if "ops" in parts:

@@ -6,10 +6,13 @@ and repeat the same ``O(M^3 + M^2 n)`` algebra for every class. Here that algebr
 once on stacks: ``L [C, M, M]`` (chol of ``Kuu``), ``A [C, M, n]`` (``L^-1 Kuf``), site sums
 ``P_w [C, M, M]``, ``h_w [C, M]`` in whitened coordinates. Each factor is computed once per
 class per step (one stacked LAPACK call); the triangular solves run as one BLAS ``trsm`` per
-class on views of the stacks (at ``M`` in the hundreds a ``trsm`` costs less than OpenBLAS's
-``trtri`` plus a product, so factors are solved with, never inverted), and ``B^-1`` comes from
-LAPACK ``potri`` once per Gaussian. Results equal the per-class code of
-``gpinfer.sites.inducing`` to round-off (tests/sites/test_stacked.py).
+class on views of the stacks, except the step's six with ``L``, which numpy does by products
+with ``L^-1`` (``StackedTerms.L_inv``, one ``trtri``); products with a triangular factor
+(``L^T Lam L``, ``L^-T S L^-1``, ``L^-1 Kuf``) run as ``trmm`` on numpy
+(``ops.tri_matmul``), and ``B^-1`` comes from LAPACK ``potri`` once per Gaussian. (The
+cavity's factor ``L_B`` keeps its two ``trsm`` of ``[M, n]``: at ``M = 200`` one ``trtri``
+costs as much as one such ``trsm``, so inverting it would not pay.) Results equal the
+per-class code of ``gpinfer.sites.inducing`` to round-off (tests/sites/test_stacked.py).
 
 The functions take arrays of any array-API namespace (numpy, or torch on a CPU or GPU:
 ``gpinfer.backend``); what the standard lacks (stacked triangular solves, Cholesky with a
@@ -127,9 +130,11 @@ class StackedTerms:
     L_inv: Array | None = None
 
     def to_whitened(self, Lam: Array, h: Array) -> tuple[Array, Array]:
-        """``(L^T Lam L [C, M, M], L^T h [C, M])`` from ``u``-space site sums."""
-        Lt = transpose(self.L)
-        return symmetrize(Lt @ (Lam @ self.L)), (Lt @ h[..., None])[..., 0]
+        """``(L^T Lam L [C, M, M], L^T h [C, M])`` from ``u``-space site sums (two triangular
+        products: ``ops.tri_matmul``)."""
+        LamL = ops.tri_matmul(self.L, Lam, right=True)
+        LtLamL = ops.tri_matmul(self.L, LamL, transpose=True, overwrite=True)
+        return symmetrize(LtLamL), (h[:, None, :] @ self.L)[:, 0, :]  # (L^T h)^T = h^T L
 
     def to_u_space(self, P_w: Array, h_w: Array) -> tuple[Array, Array]:
         """Inverse of ``to_whitened``: ``(L^-T P_w L^-1, L^-T h_w)``."""
@@ -138,14 +143,16 @@ class StackedTerms:
     def sandwich(self, S: Array) -> Array:
         """``L^-T S L^-1`` ``[C, M, M]`` for symmetric ``S [C, M, M]`` (symmetrised)."""
         if self.L_inv is not None:
-            return symmetrize(self.unwhiten(S) @ self.L_inv)
+            return symmetrize(ops.tri_matmul(self.L_inv, self.unwhiten(S), right=True,
+                                             overwrite=True))
         T = tri_solve_stack(self.L, S, transpose=True)  # L^-T S
         return symmetrize(tri_solve_stack(self.L, ops.copy(transpose(T)), transpose=True))
 
-    def unwhiten(self, X: Array) -> Array:
-        """``L^-T X`` ``[C, M, k]`` (whitened-space gradients to ``u``-space)."""
+    def unwhiten(self, X: Array, *, overwrite: bool = False) -> Array:
+        """``L^-T X`` ``[C, M, k]`` (whitened-space gradients to ``u``-space); ``overwrite``:
+        the caller owns ``X`` and reads it no more (it may be written in place)."""
         if self.L_inv is not None:
-            return transpose(self.L_inv) @ X
+            return ops.tri_matmul(self.L_inv, X, transpose=True, overwrite=overwrite)
         return tri_solve_stack(self.L, X, transpose=True)
 
 
@@ -186,7 +193,7 @@ def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Arr
         Kuu, Kuf, Kff_diag = stacked_covariances(kernels, Zs, X)
     L = stacked_cholesky(ops.add_diagonal(Kuu, jitter), "Kuu", iteration)
     L_inv = ops.tri_inverse(L) if ops.prefers_tri_inverse(L) else None
-    A = tri_solve_stack(L, Kuf) if L_inv is None else L_inv @ Kuf
+    A = tri_solve_stack(L, Kuf) if L_inv is None else ops.tri_matmul(L_inv, Kuf)
     s = Kff_diag + jitter
     s -= ops.einsum("cmn,cmn->cn", A, A)
     return StackedTerms(L=L, A=A, s=ops.clip_below(s, jitter), L_inv=L_inv)
@@ -265,15 +272,25 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     e = 2.0 * b_sum if e_sum is None else e_sum
     AB = A * b_sum[:, None, :]  # A diag(B), [C, M, n]
     BiA = tri_solve_stack(lik.LB, R, transpose=True)  # B_g^-1 A
-    X = lik.w[:, :, None] * a_sum[:, None, :] + BiA * e[:, None, :] - 2.0 * AB
+    # the sums below run in place, in the order of the formulas (the same arithmetic)
+    X = lik.w[:, :, None] * a_sum[:, None, :]
+    T = BiA * e[:, None, :]
+    X += T
+    X -= ops.multiply_into(AB, 2.0, T)
+    del T
     S_B = AB @ transpose(A)
     Aa = ops.einsum("cmn,cn->cm", A, a_sum)
-    AX = (Aa[:, :, None] * lik.w[:, None, :] + (A * e[:, None, :]) @ transpose(BiA)
-          - 2.0 * S_B)
-    prior = ops.add_diagonal(q.B_inv() + q.w[:, :, None] * q.w[:, None, :], -1.0)
-    inner = 0.5 * prior - symmetrize(AX) - S_B
+    AX = Aa[:, :, None] * lik.w[:, None, :]
+    AX += (A * e[:, None, :]) @ transpose(BiA)
+    AX -= 2.0 * S_B
+    inner = q.w[:, :, None] * q.w[:, None, :]
+    inner += q.B_inv()  # B^-1 + w w^T (q keeps its B^-1)
+    ops.add_diagonal(inner, -1.0)  # the prior term
+    inner *= 0.5
+    inner -= symmetrize(AX)
+    inner -= S_B
     G_K = terms.sandwich(inner)  # L^-T inner L^-1
-    G_uf = terms.unwhiten(X)
+    G_uf = terms.unwhiten(X, overwrite=True)
     return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b_sum)
 
 

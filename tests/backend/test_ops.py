@@ -123,6 +123,39 @@ def test_finiteness_positivity_and_diagonals_of_stacks(to):
     np.testing.assert_array_equal(ops.to_host(ops.arange(X, 4)), np.arange(4))
 
 
+@pytest.mark.parametrize("to", _namespaces())
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_tri_matmul_equals_the_general_product(to, dtype):
+    """``ops.tri_matmul``: ``op(T) X`` and ``X op(T)`` of lower factors equal ``@`` (stacks with
+    two leading axes and single matrices, C- and Fortran-ordered ``X``); ``X`` is unchanged."""
+    rng = np.random.default_rng(4)
+    tol = 1e-13 if dtype == np.float64 else 1e-5
+    for lead in ((2, 3), ()):
+        T = np.tril(rng.normal(size=lead + (7, 7))).astype(dtype)
+        T += 3.0 * np.eye(7, dtype=dtype)
+        for transpose in (False, True):
+            op = np.swapaxes(T, -1, -2) if transpose else T
+            for right in (False, True):
+                X = rng.normal(size=lead + ((4, 7) if right else (7, 4))).astype(dtype)
+                if not lead:
+                    X = np.asfortranarray(X)
+                kept = X.copy()
+                out = ops.to_host(ops.tri_matmul(to(T), to(X), transpose=transpose,
+                                                 right=right))
+                want = X @ op if right else op @ X
+                assert out.dtype == dtype and out.shape == want.shape
+                np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
+                np.testing.assert_array_equal(X, kept)
+                mine = to(X.copy(order="A"))  # overwrite: the same values, X may be the output
+                out = ops.to_host(ops.tri_matmul(to(T), mine, transpose=transpose, right=right,
+                                                 overwrite=True))
+                np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
+    T = np.tril(rng.normal(size=(3, 5, 5))).astype(dtype)  # one X for a stack: broadcast
+    X = rng.normal(size=(5, 2)).astype(dtype)
+    np.testing.assert_allclose(ops.to_host(ops.tri_matmul(to(T), to(X))), T @ X, rtol=tol,
+                               atol=tol)
+
+
 @pytest.mark.parametrize("on_torch", [False, True])
 def test_tri_inverse_and_the_terms_solved_by_products(on_torch):
     """``ops.tri_inverse`` inverts stacked lower factors; ``StackedTerms`` with ``L_inv``
