@@ -86,9 +86,10 @@ class HyperParameters:
         optimize_inducing: bool = True,
         optimize_likelihood: bool = True,
         fixed: Iterable[str] = (),
+        device_kernels: bool = False,
     ):
-        self.kernels: list[Kernel] = [kernels] if isinstance(kernels, Kernel) else list(kernels)
-        if not self.kernels:
+        self._kernels: list[Kernel] = [kernels] if isinstance(kernels, Kernel) else list(kernels)
+        if not self._kernels:
             raise ValueError("HyperParameters needs at least one kernel")
         self.likelihood = likelihood
         self.Z: list[Array] | None = self._as_inducing(Z)
@@ -96,7 +97,7 @@ class HyperParameters:
         # distinct kernels (tied latents share one block)
         self._distinct: list[Kernel] = []
         self._kernel_of_latent: list[int] = []
-        for kern in self.kernels:
+        for kern in self._kernels:
             ids = [id(k) for k in self._distinct]
             if id(kern) in ids:
                 self._kernel_of_latent.append(ids.index(id(kern)))
@@ -153,13 +154,75 @@ class HyperParameters:
         #: inducing inputs of one shape; then every latent is computed on its own)
         self.stacked: StackedKernels | None = None
         if self.Z is not None and len({tuple(z.shape) for z in self.Z}) == 1:
-            self.stacked = StackedKernels.of(self.kernels)
+            self.stacked = StackedKernels.of(self._kernels)
         self._Z_stack: tuple[int, Array] | None = None
+        #: kernel parameters kept on the device (see ``kernels``): only with one stacked
+        #: kernel path, whose covariances take them from there
+        self._defer_kernels = bool(device_kernels) and self.stacked is not None
+        #: the kernel entries ``[K]`` (every distinct kernel's block, first in the layout) on
+        #: the device as last unpacked, or ``None`` (the kernel objects hold them)
+        self._device_kernels: Array | None = None
+        self._kernel_stop = max([b.stop for b in blocks if b.kind == "kernel"], default=0)
+        #: whether the kernel objects lag behind ``_device_kernels`` (``sync_host``)
+        self._host_stale = False
+        self._latent_theta: tuple[int, Array] | None = None
+        self._latent_index: Array | None = None  # latent -> kernel row, on the device
+
+    # -- kernel parameters on the device -----------------------------------------------------
+    @property
+    def kernels(self) -> list[Kernel]:
+        """The kernels, one per latent, with their current parameters.
+
+        With ``device_kernels=True`` on a device (and one stacked kernel path) ``unpack``
+        leaves the kernel parameters on the device, where the stacked covariances read them:
+        a step reads nothing back to the host. They are written into the kernel objects when
+        someone asks for them here or calls ``sync_host`` (one read); an owner that holds the
+        kernel objects itself calls ``sync_host`` before it reads them."""
+        self.sync_host()
+        return self._kernels
+
+    def sync_host(self) -> None:
+        """Write the kernel parameters kept on the device into the kernel objects (one read;
+        nothing when they are current)."""
+        if not self._host_stale or self._device_kernels is None:
+            return
+        host = ops.to_host(self._device_kernels).astype(float)
+        for block in self._blocks:
+            if block.kind == "kernel":
+                self._distinct[block.index].set_unconstrained(host[block.start : block.stop])
+        self._host_stale = False
+
+    def _keep_kernels(self, full: Array) -> bool:
+        """On a device with ``device_kernels``: keep the kernel entries of ``full [n_entries]``
+        there instead of writing them into the kernel objects (True when kept)."""
+        if not self._defer_kernels or ops.is_numpy(full) or not self._kernel_stop:
+            return False
+        self._device_kernels = ops.copy(full[: self._kernel_stop])
+        self._host_stale = True
+        return True
+
+    def _latent_parameters(self) -> Array | None:
+        """Every latent's kernel parameters ``[L, P_k]`` on the device (tied latents repeat
+        their kernel's row), or ``None`` when the kernel objects hold them."""
+        if self._device_kernels is None:
+            return None
+        if self._latent_theta is None or self._latent_theta[0] != self.version:
+            xp = ops.namespace(self._device_kernels)
+            rows = xp.reshape(self._device_kernels, (len(self._distinct), -1))
+            if self._kernel_of_latent != list(range(len(self._distinct))):  # tied latents
+                if self._latent_index is None or self._latent_index.device != rows.device:
+                    self._latent_index = ops.index_like(rows, self._kernel_of_latent)
+                rows = rows[self._latent_index]
+            self._latent_theta = (self.version, rows)
+        return self._latent_theta[1]
 
     # -- the batched kernel path -------------------------------------------------------------
     def touch(self) -> None:
         """Say that kernels or inducing inputs changed other than by ``unpack`` (cached
-        covariances are then not reused)."""
+        covariances are then not reused; kernel parameters kept on the device are dropped:
+        the kernel objects hold them again)."""
+        self.sync_host()
+        self._device_kernels = None
         self.version += 1
 
     def inducing_stack(self) -> Array:
@@ -175,7 +238,8 @@ class HyperParameters:
         batch object ``X``; ``None`` without a batched path."""
         if self.stacked is None:
             return None
-        return self.stacked.covariances(self.inducing_stack(), X, self.version)
+        return self.stacked.covariances(self.inducing_stack(), X, self.version,
+                                        theta=self._latent_parameters())
 
     # -- construction helpers ----------------------------------------------------------------
     def _inducing(self) -> list[Array]:
@@ -207,7 +271,7 @@ class HyperParameters:
     @property
     def n_latent(self) -> int:
         """Number of latent functions ``L`` (one kernel each)."""
-        return len(self.kernels)
+        return len(self._kernels)
 
     @property
     def size(self) -> int:
@@ -255,8 +319,11 @@ class HyperParameters:
         """Every entry (free and fixed) read from the kernels, ``Z`` and the likelihood."""
         ref = self._reference()
         parts: list[Array] = []
+        kept = self._device_kernels
         for block in self._blocks:
-            if block.kind == "kernel":
+            if block.kind == "kernel" and kept is not None:  # on the device (no host read)
+                parts.append(kept[block.start : block.stop])
+            elif block.kind == "kernel":
                 values = np.asarray(self._distinct[block.index].get_unconstrained(), float)
                 parts.append(ops.like(ref, values))
             elif block.kind == "inducing":
@@ -294,10 +361,13 @@ class HyperParameters:
             full = self._full()
             full[self._free_entries(full)] = theta
         Z_stack = self._unpack_inducing_stack(full, xp, copy=not owned or not self._all_free)
+        kept = self._keep_kernels(full)
         for block in self._blocks:
             if not np.any(self._free[block.start : block.stop]):
                 continue
             piece = full[block.start : block.stop]
+            if block.kind == "kernel" and kept:
+                continue
             if block.kind == "kernel":
                 self._distinct[block.index].set_unconstrained(ops.to_host(piece).astype(float))
             elif block.kind == "inducing":

@@ -224,3 +224,48 @@ def test_unpack_owned_gives_the_same_values_without_a_copy(stacked):
         np.testing.assert_array_equal(z, z_ref)
     assert np.shares_memory(hp.Z[0], theta)  # handed over: the inducing inputs are views
     assert not np.shares_memory(ref.Z[0], theta)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_device_kernels_stay_on_the_device_until_asked_for(tied):
+    """``device_kernels=True`` on torch: ``unpack`` reads nothing back (the kernel objects
+    lag), the stacked covariances, ``pack`` and ``describe`` use the device values, and
+    ``kernels`` / ``sync_host`` / ``touch`` write them into the kernel objects; every value
+    equals the immediate path's."""
+    torch = pytest.importorskip("torch")
+    from gpinfer.backend import ops
+
+    Z = [torch.as_tensor(RNG.standard_normal((M, D))) for _ in range(2)]
+
+    def build(device_kernels: bool) -> HyperParameters:
+        shared = RBF([0.8, 1.3], 1.7)
+        kernels = [shared, shared] if tied else [RBF([0.8, 1.3], 1.7), RBF([1.1, 0.9], 0.6)]
+        return HyperParameters(kernels, Z=Z, device_kernels=device_kernels)
+
+    lazy, eager = build(True), build(False)
+    theta = lazy.pack() + 0.05
+    reads = []
+    original = ops.to_host
+    try:
+        ops.to_host = lambda x: reads.append(1) or original(x)  # type: ignore[assignment]
+        lazy.unpack(theta)
+        Xt = torch.as_tensor(X)
+        cov = lazy.covariances(Xt)
+        packed = lazy.pack()
+        assert not reads  # nothing read back
+    finally:
+        ops.to_host = original  # type: ignore[assignment]
+    eager.unpack(theta)
+    ref = eager.covariances(Xt)
+    assert not np.allclose(lazy._kernels[0].get_unconstrained(),
+                           eager._kernels[0].get_unconstrained())  # the objects lag
+    for a, b in ((cov.Kuu, ref.Kuu), (cov.Kuf, ref.Kuf), (cov.Kff_diag, ref.Kff_diag),
+                 (packed, eager.pack())):
+        np.testing.assert_allclose(ops.to_host(a), ops.to_host(b), rtol=1e-15, atol=0)
+    for k, k_ref in zip(lazy.kernels, eager.kernels):  # asking for them writes them
+        np.testing.assert_array_equal(k.get_unconstrained(), k_ref.get_unconstrained())
+    lazy.unpack(theta + 0.1)
+    lazy.touch()  # written, then the kernel objects hold them again
+    eager.unpack(theta + 0.1)
+    assert lazy._device_kernels is None
+    np.testing.assert_array_equal(ops.to_host(lazy.pack()), ops.to_host(eager.pack()))

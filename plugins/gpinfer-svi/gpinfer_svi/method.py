@@ -187,7 +187,6 @@ class VariationalState:
         n = self.X.shape[0]
         Xb = self._inputs(batch)
         scale = n / Xb.shape[0]
-        kernels, Zs = self.hp.kernels, self.Zs
         # per class: a list of [M, M] / [M, B] arrays, or one stacked [C, M, M] / [C, M, B] array
         Kuu: list[Array] | Array
         Kub: list[Array] | Array
@@ -198,6 +197,7 @@ class VariationalState:
         elif (cov := self.hp.covariances(Xb)) is not None:  # one batched kernel path
             Kuu, Kub, Kdiag = cov.Kuu, cov.Kuf, cov.Kff_diag  # reused by hp.gradient's VJP
         else:
+            kernels, Zs = self.hp.kernels, self.Zs
             Kuu = [k.K(Z) for k, Z in zip(kernels, Zs)]
             Kub = [k.K(Z, Xb) for k, Z in zip(kernels, Zs)]
             Kdiag = xp.stack([k.K_diag(Xb) for k in kernels])
@@ -351,7 +351,8 @@ class SVI(Method):
         backend = problem.backend
         hp = HyperParameters(kernels, Z=[backend.asarray(Z) for Z in Zs],
                              optimize=problem.optimize,
-                             optimize_inducing=bool(o["learn_inducing"]))
+                             optimize_inducing=bool(o["learn_inducing"]),
+                             device_kernels=True)  # read back by ``hp.kernels`` only
         state = VariationalState(X, y, lik, hp, n_latent, M, problem.rng, backend,
                                  problem.sample_weight)
         x0 = state.pack(backend.asarray(np.zeros((n_latent, M))), backend.asarray(Lq0))
