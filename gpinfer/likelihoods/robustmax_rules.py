@@ -120,7 +120,11 @@ def argmax_probability_abs(
     others, sd_y, sd_o, d, rho = label_contrasts(mean, var, y)
     y = ops.index_like(mean, y) if ops.is_numpy(y) else y
     q, steps = step_levels(rho, constant)
-    q, steps = ops.to_host(q), ops.to_host(steps)  # the grouping runs on the host (one sync)
+    if ops.is_numpy(q):
+        q, steps = ops.to_host(q), ops.to_host(steps)
+    else:  # the grouping runs on the host: one read of both (q <= 1024: exact as floats)
+        both = ops.to_host(xp.stack([xp.astype(q, steps.dtype), steps]))
+        q, steps = both[0].astype(np.int64), both[1]
     # class-major layout [K, b, n]: the products and sums over classes run on whole slabs
     d, rho, inv_sd = ops.copy(ops.mT(d)), ops.copy(ops.mT(rho)), 1.0 / ops.mT(sd_o)
     P = ops.empty(mean, (B,))

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from gpinfer.backend import ops
-from gpinfer.interfaces import Likelihood, MatrixGradients
+from gpinfer.interfaces import Likelihood, MatrixGradients, Scalar
 from gpinfer.numerics import settings
 from gpinfer.numerics.quadrature import chunk_slices
 from gpinfer.sites.stacked import stacked_cholesky
@@ -71,15 +71,17 @@ class ELBOEstimate:
     per latent (``Kuu``, ``Kuf`` for the batch columns, ``Kff_diag`` for the batch),
     ``expected`` the per-point expectations ``[B]`` (unscaled), ``kl`` the total KL,
     ``dSigma [L, M, M]`` (symmetric) the gradient wrt ``Sigma_l = Lq_l Lq_l^T`` (for natural
-    gradients). Arrays of the inputs' namespace; ``value`` and ``kl`` host floats.
+    gradients). Arrays of the inputs' namespace; ``value`` and ``kl`` host floats on numpy,
+    0-d float64 arrays on a device backend (left unread: the caller reads them when it reads
+    its checks, ``ops.deferred_checks``).
     """
 
-    value: float
+    value: Scalar
     dmu: Array
     dLq: Array
     matrix: list[MatrixGradients]
     expected: Array
-    kl: float
+    kl: Scalar
     dSigma: Array | None = None
 
 
@@ -190,8 +192,12 @@ def uncollapsed_elbo(
                      for j in range(G_uu.shape[0]))
         # dL/dSigma = Pv - Kuu^-1 / 2 + Sigma^-1 / 2 (spec jj-taylor-svi §3.3)
         dSigma[sl] = Pv - 0.5 * Kinv + 0.5 * _inverse_from_factor(Lq_b)
-    kl_total = ops.scalar(xp.sum(kl))
-    value = scale * ops.scalar(xp.sum(E))
+    if ops.is_numpy(mu):
+        kl_total = ops.scalar(xp.sum(kl))
+        value = scale * ops.scalar(xp.sum(E))
+    else:  # no host read: the same float64 arithmetic on the device
+        kl_total = xp.astype(xp.sum(kl), xp.float64)
+        value = scale * xp.astype(xp.sum(E), xp.float64)
     return ELBOEstimate(value - kl_total, dmu, dLq, grads, E, kl_total, dSigma)
 
 
