@@ -105,9 +105,10 @@ class StackedCovariances:
     def __init__(self, family: StackedKernels, Z: Array, X: Array, theta: Array | None = None):
         self.family, self.Z, self.X = family, Z, X
         #: the host parameters ``[C, P]`` read (``None`` when ``theta`` was given on the device)
-        self.theta = family.theta() if theta is None else None
+        host = family.theta() if theta is None else None
+        self.theta = host
         #: every parameter in natural units ``[C, P]`` (all are logs), moved once
-        self.natural = (ops.like(Z, np.exp(self.theta)) if theta is None
+        self.natural = (ops.like(Z, np.exp(host)) if host is not None
                         else ops.namespace(theta).exp(theta))
         self.d, self.Kuu, self.Kuf, self.Kff_diag = _forward(family, Z, X, self.natural)
 
