@@ -147,6 +147,11 @@ class HyperParameters:
                 raise ValueError(f"unknown hyper-parameter name(s) {unknown}; known: {names}")
             self._free &= np.array([n not in fixed for n in names], dtype=bool)
         self._all_free = bool(np.all(self._free))  # then packing needs no mask (no copies)
+        # the free entries are the leading blocks ``[0, P)`` (e.g. kernels learned, Z fixed):
+        # packing and unpacking then need no mask either
+        P, bounds = int(self._free.sum()), {b.stop for b in blocks}
+        self._free_prefix = (not self._all_free and P in bounds
+                             and bool(np.all(self._free[:P])))
         self._blocks = blocks
         #: moves on every ``unpack`` (and ``touch``): the key of the batched covariances
         self.version = 0
@@ -195,7 +200,8 @@ class HyperParameters:
     def _keep_kernels(self, full: Array) -> bool:
         """On a device with ``device_kernels``: keep the kernel entries of ``full [n_entries]``
         there instead of writing them into the kernel objects (True when kept)."""
-        if not self._defer_kernels or ops.is_numpy(full) or not self._kernel_stop:
+        if (not self._defer_kernels or ops.is_numpy(full) or not self._kernel_stop
+                or full.shape[0] < self._kernel_stop):  # a free prefix without every kernel
             return False
         self._device_kernels = ops.copy(full[: self._kernel_stop])
         self._host_stale = True
@@ -315,12 +321,15 @@ class HyperParameters:
         when there are no inducing inputs)."""
         return self.Z[0] if self.Z else np.zeros(0)
 
-    def _full(self) -> Array:
-        """Every entry (free and fixed) read from the kernels, ``Z`` and the likelihood."""
+    def _full(self, stop: int | None = None) -> Array:
+        """Every entry (free and fixed) read from the kernels, ``Z`` and the likelihood (with
+        ``stop``, a block boundary: the entries before it)."""
         ref = self._reference()
         parts: list[Array] = []
         kept = self._device_kernels
         for block in self._blocks:
+            if stop is not None and block.start >= stop:
+                break
             if block.kind == "kernel" and kept is not None:  # on the device (no host read)
                 parts.append(kept[block.start : block.stop])
             elif block.kind == "kernel":
@@ -340,6 +349,8 @@ class HyperParameters:
     def pack(self) -> Array:
         """The free entries as one vector ``theta [P]`` (a new array, on the namespace and
         device of ``Z``)."""
+        if self._free_prefix:
+            return self._full(self.size)  # a new array already
         full = self._full()  # a new array already
         return full if self._all_free else full[self._free_entries(full)]
 
@@ -355,19 +366,20 @@ class HyperParameters:
         if theta.shape[0] != self.size:
             raise ValueError(f"expected {self.size} hyper-parameters, got {theta.shape[0]}")
         self.version += 1
-        if self._all_free:
+        if self._all_free or self._free_prefix:  # prefix: the fixed blocks are left alone
             full = theta
         else:
             full = self._full()
             full[self._free_entries(full)] = theta
         Z_stack = self._unpack_inducing_stack(full, xp, copy=not owned or not self._all_free)
+        # (below, a block without free entries is skipped: with a free prefix ``full`` holds
+        # only the free entries)
         kept = self._keep_kernels(full)
         for block in self._blocks:
-            if not np.any(self._free[block.start : block.stop]):
+            if not np.any(self._free[block.start : block.stop]) or (
+                    block.kind == "kernel" and kept):
                 continue
             piece = full[block.start : block.stop]
-            if block.kind == "kernel" and kept:
-                continue
             if block.kind == "kernel":
                 self._distinct[block.index].set_unconstrained(ops.to_host(piece).astype(float))
             elif block.kind == "inducing":
@@ -527,6 +539,9 @@ def _stacked_parameter_gradient(hp: HyperParameters, X: Array,
         X, grads)
     L = hp.n_latent
     kinds = [b.kind for b in hp._blocks]
+    if (hp._free_prefix and hp.size == hp._kernel_stop and kinds[:L] == ["kernel"] * L
+            and hp._kernel_of_latent == list(range(L))):
+        return xp.reshape(g_params, (-1,))  # only the kernels learned: their rows, in order
     if (hp._all_free and g_Z is not None and hp._kernel_of_latent == list(range(L))
             and kinds[: 2 * L] == ["kernel"] * L + ["inducing"] * L):
         # the usual layout: every latent's kernel, then every latent's Z: one concatenation

@@ -211,7 +211,9 @@ class VariationalState:
             g_theta = g_full[self._theta_index]
         else:
             g_theta = parameter_gradient(self.hp, Xb, est.matrix)
-        grad = xp.concat([ops.like(mu, g_theta), xp.reshape(est.dmu, (-1,)),
+        if ops.is_numpy(g_theta) != ops.is_numpy(mu):  # the fast path's host gradient
+            g_theta = ops.like(mu, g_theta)
+        grad = xp.concat([g_theta, xp.reshape(est.dmu, (-1,)),
                           xp.reshape(est.dLq[:, self.tril[0], self.tril[1]], (-1,))])
         return est.value, grad, est
 
