@@ -269,3 +269,30 @@ def test_device_kernels_stay_on_the_device_until_asked_for(tied):
     eager.unpack(theta + 0.1)
     assert lazy._device_kernels is None
     np.testing.assert_array_equal(ops.to_host(lazy.pack()), ops.to_host(eager.pack()))
+
+
+@pytest.mark.parametrize("stacked", [True, False])
+def test_free_prefix_packs_and_unpacks_as_the_masked_path(stacked):
+    """Only the kernels learned (``Z`` and the likelihood fixed: the free entries are the
+    leading blocks): ``pack``, ``unpack`` and the gradient skip the full vector, with the values
+    of the masked path (``fixed`` naming one more entry forces that path), and the gradient
+    matches finite differences."""
+    kernels = (lambda: [RBF([0.8, 1.3], 1.7), RBF([1.1, 0.9], 0.6)]) if stacked else (
+        lambda: [RBF([0.8, 1.3], 1.7), Matern52(1.1, 0.6)])
+    hp = make_hp(kernels=kernels(), optimize_inducing=False, optimize_likelihood=False)
+    masked = make_hp(kernels=kernels(), optimize_inducing=False, fixed=["likelihood.a"])
+    masked.Z = [z.copy() for z in hp.Z]
+    assert hp._free_prefix and not masked._free_prefix
+    P = hp.size
+    theta = hp.pack() + 0.1
+    hp.unpack(theta)
+    masked.unpack(np.concatenate([theta, masked.pack()[P:]]))
+    np.testing.assert_array_equal(hp.pack(), masked.pack()[:P])
+    for z, z_ref in zip(hp.Z, masked.Z):
+        np.testing.assert_array_equal(z, z_ref)
+    G = toy_gradients(hp)
+    no_Kff = [MatrixGradients(Kuu=g.Kuu, Kuf=g.Kuf, Kff_diag=g.Kff_diag) for g in G]
+    for grads in (G, no_Kff):  # no Kff: the stacked VJP's path when the kernels batch
+        np.testing.assert_array_equal(parameter_gradient(hp, X, grads),
+                                      parameter_gradient(masked, X, grads)[:P])
+    check_fd(hp)
