@@ -16,7 +16,9 @@ entries can be held fixed; they are then absent from ``theta``.
 
 Inducing inputs may be arrays of another array-API namespace (torch on a CPU or GPU,
 ``gpinfer.backend``): ``theta`` and its gradient then live there too, so a stochastic optimiser
-steps on the device; kernel and likelihood parameters are small and are read back to the host.
+steps on the device; kernel and likelihood parameters are small and are read back to the host
+(with ``device_kernels=True`` and one stacked kernel path the kernels' only when asked for:
+``HyperParameters.kernels``).
 """
 
 from __future__ import annotations
