@@ -329,11 +329,18 @@ class HyperParameters:
         ref = self._reference()
         parts: list[Array] = []
         kept = self._device_kernels
+        end = self._n_entries if stop is None else stop
+        Z_stack = self._Z_stack if self._Z_stack and self._Z_stack[0] == self.version else None
+        Z_stop = max([b.stop for b in self._blocks if b.kind == "inducing"], default=0)
         for block in self._blocks:
-            if stop is not None and block.start >= stop:
+            if block.start >= end:
                 break
             if block.kind == "kernel" and kept is not None:  # on the device (no host read)
-                parts.append(kept[block.start : block.stop])
+                if block.start == 0:  # the kernel blocks lead, contiguous: one part
+                    parts.append(kept if end >= self._kernel_stop else kept[:end])
+            elif block.kind == "inducing" and Z_stack is not None and Z_stop <= end:
+                if block.index == 0:  # the latents' Z are views of one current stack
+                    parts.append(ops.namespace(ref).reshape(Z_stack[1], (-1,)))
             elif block.kind == "kernel":
                 values = np.asarray(self._distinct[block.index].get_unconstrained(), float)
                 parts.append(ops.like(ref, values))
