@@ -384,9 +384,15 @@ class HyperParameters:
         # (below, a block without free entries is skipped: with a free prefix ``full`` holds
         # only the free entries)
         kept = self._keep_kernels(full)
+        # the latents' Z as views of their stack (one operation on a device)
+        Z_views = None if Z_stack is None else (
+            list(Z_stack) if ops.is_numpy(Z_stack) else list(Z_stack.unbind(0)))  # type: ignore[attr-defined]
         for block in self._blocks:
             if not np.any(self._free[block.start : block.stop]) or (
                     block.kind == "kernel" and kept):
+                continue
+            if block.kind == "inducing" and Z_views is not None:
+                self._inducing()[block.index] = Z_views[block.index]
                 continue
             piece = full[block.start : block.stop]
             if block.kind == "kernel":
@@ -394,8 +400,7 @@ class HyperParameters:
             elif block.kind == "inducing":
                 Z = self._inducing()
                 view = xp.reshape(piece, tuple(Z[block.index].shape))
-                Z[block.index] = (Z_stack[block.index] if Z_stack is not None else
-                                  view if owned and self._all_free else ops.copy(view))
+                Z[block.index] = view if owned and self._all_free else ops.copy(view)
             else:
                 self._likelihood().set_unconstrained(ops.to_host(piece).astype(float))
         if Z_stack is not None:
