@@ -102,3 +102,49 @@ def test_svi_failure_in_a_window_is_the_immediate_checks_error(monkeypatch):
         errors.append((str(info.value), info.value.iteration))
     assert errors[0] == errors[1]
     assert errors[1][1] == 4 and "gradient has non-finite entries" in errors[1][0]
+
+
+def test_svi_window_replays_a_kuu_factorisation_to_the_immediate_fit(monkeypatch):
+    """Duplicated inducing inputs without noise: Kuu needs jitter every step. Inside a window
+    the factorisation is checked with the others (``RedoStep`` at the read), the window is
+    replayed from its kept state (point, optimiser, batches, generator) with immediate checks,
+    and the fit equals the one whose every window runs immediate checks from the start."""
+    import contextlib
+
+    from gpinfer_svi.method import SVI
+
+    from gpinfer.backend import ops
+
+    X, y = _data()
+    Z = np.repeat(X[:3], 2, axis=0)  # Kuu singular without noise
+    calls = {"n": 0}
+    original = SVI._step
+
+    def counting(self, *args, **kwargs):
+        calls["n"] += 1
+        return original(self, *args, **kwargs)
+
+    def fit() -> np.ndarray:
+        est = GPClassifier(method="svi", M=Z, kernel=make_kernel("rbf", D, ard=True),
+                           likelihood=RobustMax(expectation="gauss_hermite"), max_iter=2,
+                           batch_size=B, random_state=0, baseline_failure="warn",
+                           method_options={"optimizer": "adam", "report_every": 3,
+                                           "noise": None, "init_q": "identity",
+                                           "optimizer_options": {"learning_rate": 1e-2}},
+                           **TORCH).fit(X, y)
+        return est.predict_proba(X[:10])
+
+    monkeypatch.setattr(SVI, "_step", counting)
+    deferred = fit()
+    assert calls["n"] == 2 * 6  # every window ran, failed its read, and was replayed
+
+    @contextlib.contextmanager
+    def refused(redo: bool = False):
+        raise RuntimeError("no deferred checks: every step checks at once")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(ops, "deferred_checks", refused)
+    calls["n"] = 0
+    immediate = fit()
+    assert calls["n"] == 6
+    np.testing.assert_array_equal(deferred, immediate)
