@@ -254,10 +254,10 @@ TORCH_CPU64 = {"backend": "torch", "device": "cpu", "dtype": "float64"}
 def sep_ops_per_step(steps: int = 3, n: int = 1000, options: dict | None = None
                      ) -> dict[str, float]:
     """Aten operators per SEP step at MNIST size on torch-CPU float64 (steps of epoch 2;
-    ``step_profile.profile_steps``; ``options``: sep's, e.g. ``compile``)."""
-    from step_profile import profile_steps
-
+    ``gpinfer.testing.step_profile``: a step with its optimiser update; ``options``: sep's,
+    e.g. ``compile``)."""
     from gpinfer.kernels import make_kernel
+    from gpinfer.testing.step_profile import profile_steps
     from gpinfer.training.loop import TrainingLoop
 
     X, y = mnist_like(n=n)
@@ -266,7 +266,7 @@ def sep_ops_per_step(steps: int = 3, n: int = 1000, options: dict | None = None
         fit_steps(X, y, "sep", M, B, 2, options or {"adam_learning_rate": 1e-3},
                   kernel=make_kernel("rbf", D, ard=True), settings=TORCH_CPU64)
 
-    return profile_steps(fit, TrainingLoop, "_step", first=-(-n // B) + 1, steps=steps)
+    return profile_steps(fit, TrainingLoop, "_steps", first=-(-n // B) + 1, steps=steps)
 
 
 def torch_compiled(epochs: int, n: int = 1000) -> dict[str, object]:

@@ -32,10 +32,13 @@ D = 36, C = 6, M = 644 per class) for sep (``--dtype``) and ep (float64 always: 
 float32) on the device, against numpy on one core; iterations 2..R+1 timed from the callback's
 ``elapsed`` (iteration 1 moves X to the device and loads kernels).
 
-``profile``: one sep step at MNIST size (D = 784, C = 10, M = ``--M`` per class, batches of
-``--batch-size``) and one svi ``estimate`` (robust-max, same sizes) under ``torch.profiler``:
-aten operators (top-level and all), host syncs, and on CUDA kernel launches and GPU busy time
-per step (``step_profile.py``). With ``--device cpu`` the aten-op count is the launch proxy.
+``profile``: sep steps at MNIST size (D = 784, C = 10, M = ``--M`` per class, batches of
+``--batch-size``) and svi steps (robust-max, same sizes), each with its optimiser update,
+under ``torch.profiler``: aten operators (top-level and all), host syncs, and on CUDA kernel
+launches and GPU busy time per step (``gpinfer.testing.step_profile``), and the syncs of one
+window of ``--read-every`` steps (sep's ``read_every``, svi's ``report_every``: their values
+and checks are read once per window). With ``--device cpu`` the aten-op count is the launch
+proxy.
 ``--compile default`` counts sep's compiled step (its ``compile`` option; epoch 1 compiles).
 
 ``all`` runs the four in turn. ``--smoke`` shrinks everything (MNIST 2000 / 500 points, M = 20,
@@ -338,19 +341,23 @@ def run_satellite(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------
 def run_profile(args: argparse.Namespace) -> None:
     """Per step of sep (MNIST size: D 784, C 10, M ``--M`` per class, batches of
-    ``--batch-size``) and of svi (robust-max, the same sizes, M shared; its ``estimate``:
-    ELBO and gradient, without the optimiser's update): aten operators, host syncs and, on
-    CUDA, kernel launches and GPU busy time (``step_profile.profile_steps``, steps of epoch
-    2). MNIST-like random pixels; ``--smoke``: M 20, batches of 256."""
+    ``--batch-size``; a step with its optimiser update, ``--read-every`` steps read together)
+    and of svi (robust-max, the same sizes, M shared; a step with its optimiser update, values
+    and checks read once per reported iteration of ``--read-every`` steps): aten operators,
+    host syncs and, on CUDA, kernel launches and GPU busy time
+    (``gpinfer.testing.step_profile``). Each line also gives the counts of one window of
+    ``--read-every`` steps with its read. MNIST-like random pixels; ``--smoke``: M 20, batches
+    of 256."""
     import torch
-    from gpinfer_svi.method import VariationalState
-    from step_profile import profile_steps
+    from gpinfer_svi.method import SVI
 
+    from gpinfer.testing.step_profile import profile_steps
     from gpinfer.training.loop import TrainingLoop
 
     D, C = 784, 10
     M, B = (20, 256) if args.smoke else (args.M, args.batch_size)
-    n = 4 * B
+    k = int(args.read_every)
+    n = 4 * k * B
     rng = np.random.default_rng(0)
     T = rng.uniform(size=(C, D)) ** 4
     y = rng.integers(0, C, n)
@@ -359,29 +366,36 @@ def run_profile(args: argparse.Namespace) -> None:
     settings = torch_settings(args)
 
     def fit_sep() -> None:
-        est = sep(M, D, B, 2, {"adam_learning_rate": 1e-3, "compile": args.compile}, settings)
+        est = sep(M, D, B, 2, {"adam_learning_rate": 1e-3, "compile": args.compile,
+                               "read_every": k}, settings)
         est.set_params(baseline_failure="warn").fit(X, y)  # two epochs: counts, not a model
 
     def fit_svi() -> None:
         GPClassifier(method="svi", M=M, kernel=make_kernel("rbf", D, ard=True),
-                     likelihood="robustmax", max_iter=6, batch_size=B, random_state=0,
-                     method_options={"optimizer": "adam",
+                     likelihood="robustmax", max_iter=3, batch_size=B, random_state=0,
+                     method_options={"optimizer": "adam", "report_every": k,
                                      "optimizer_options": {"learning_rate": 1e-3}},
                      baseline_failure="warn", **settings).fit(X, y)
 
-    # sep: steps of epoch 2; svi (max_iter counts its steps): steps 3..5
-    for name, fit, owner, target, first in (
-            ("sep", fit_sep, TrainingLoop, "_step", n // B + 1),
-            ("svi", fit_svi, VariationalState, "estimate", 3)):
-        counts = profile_steps(fit, owner, target, first=first, steps=3, cuda=cuda)
+    # sep: the windows of epoch 2 (k steps each); svi: its second reported iteration
+    for name, fit, owner, target, first, per in (
+            ("sep", fit_sep, TrainingLoop, "_steps", 4 + 1, k),
+            ("svi", fit_svi, SVI, "_step", k + 1, 1),
+            ("svi-window", fit_svi, SVI, "_window", 2, k)):
+        counts = profile_steps(fit, owner, target, first=first, steps=3 if per == 1 else 2,
+                               cuda=cuda)
+        per_step = {key: v / per for key, v in counts.items() if key != "steps_profiled"}
         mode = f" compile={args.compile}" if name == "sep" else ""
         print(f"== profile {name} step on {args.device} {args.dtype}{mode} (D={D} C={C} M={M} "
-              f"B={B}): " + ", ".join(f"{k} {v:.1f}" for k, v in counts.items()), flush=True)
+              f"B={B} read every {k}): per step "
+              + ", ".join(f"{key} {v:.2f}" for key, v in per_step.items())
+              + (f"; per window of {k}: host_syncs {counts['host_syncs']:.0f}"
+                 if per > 1 else ""), flush=True)
         append_jsonl(args.out, {
             "part": "profile", "library": f"gpinfer-{name}", "time": time.time(),
             **device_info(torch, args.device), "dtype": args.dtype, "D": D, "C": C, "M": M,
-            "batch_size": B, "smoke": args.smoke,
-            "compile": args.compile if name == "sep" else "none", **counts})
+            "batch_size": B, "smoke": args.smoke, "read_every": k,
+            "compile": args.compile if name == "sep" else "none", **per_step})
 
 
 def main() -> None:
@@ -399,6 +413,8 @@ def main() -> None:
     g.add_argument("--data", default=default_data(), help="mnist.npz")
     g.add_argument("--M", type=int, default=200, help="inducing inputs per class")
     g.add_argument("--batch-size", type=int, default=1024)
+    g.add_argument("--read-every", type=int, default=1,
+                   help="profile: steps read together (sep read_every, svi report_every)")
     g.add_argument("--lr", type=float, default=3e-3, help="Adam step")
     g.add_argument("--budget-s", type=float, default=150.0, help="training seconds")
     g.add_argument("--no-warmup", action="store_true",

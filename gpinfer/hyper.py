@@ -16,7 +16,9 @@ entries can be held fixed; they are then absent from ``theta``.
 
 Inducing inputs may be arrays of another array-API namespace (torch on a CPU or GPU,
 ``gpinfer.backend``): ``theta`` and its gradient then live there too, so a stochastic optimiser
-steps on the device; kernel and likelihood parameters are small and are read back to the host.
+steps on the device; kernel and likelihood parameters are small and are read back to the host
+(with ``device_kernels=True`` and one stacked kernel path the kernels' only when asked for:
+``HyperParameters.kernels``).
 """
 
 from __future__ import annotations
@@ -86,9 +88,10 @@ class HyperParameters:
         optimize_inducing: bool = True,
         optimize_likelihood: bool = True,
         fixed: Iterable[str] = (),
+        device_kernels: bool = False,
     ):
-        self.kernels: list[Kernel] = [kernels] if isinstance(kernels, Kernel) else list(kernels)
-        if not self.kernels:
+        self._kernels: list[Kernel] = [kernels] if isinstance(kernels, Kernel) else list(kernels)
+        if not self._kernels:
             raise ValueError("HyperParameters needs at least one kernel")
         self.likelihood = likelihood
         self.Z: list[Array] | None = self._as_inducing(Z)
@@ -96,7 +99,7 @@ class HyperParameters:
         # distinct kernels (tied latents share one block)
         self._distinct: list[Kernel] = []
         self._kernel_of_latent: list[int] = []
-        for kern in self.kernels:
+        for kern in self._kernels:
             ids = [id(k) for k in self._distinct]
             if id(kern) in ids:
                 self._kernel_of_latent.append(ids.index(id(kern)))
@@ -146,6 +149,11 @@ class HyperParameters:
                 raise ValueError(f"unknown hyper-parameter name(s) {unknown}; known: {names}")
             self._free &= np.array([n not in fixed for n in names], dtype=bool)
         self._all_free = bool(np.all(self._free))  # then packing needs no mask (no copies)
+        # the free entries are the leading blocks ``[0, P)`` (e.g. kernels learned, Z fixed):
+        # packing and unpacking then need no mask either
+        P, bounds = int(self._free.sum()), {b.stop for b in blocks}
+        self._free_prefix = (not self._all_free and P in bounds
+                             and bool(np.all(self._free[:P])))
         self._blocks = blocks
         #: moves on every ``unpack`` (and ``touch``): the key of the batched covariances
         self.version = 0
@@ -153,13 +161,76 @@ class HyperParameters:
         #: inducing inputs of one shape; then every latent is computed on its own)
         self.stacked: StackedKernels | None = None
         if self.Z is not None and len({tuple(z.shape) for z in self.Z}) == 1:
-            self.stacked = StackedKernels.of(self.kernels)
+            self.stacked = StackedKernels.of(self._kernels)
         self._Z_stack: tuple[int, Array] | None = None
+        #: kernel parameters kept on the device (see ``kernels``): only with one stacked
+        #: kernel path, whose covariances take them from there
+        self._defer_kernels = bool(device_kernels) and self.stacked is not None
+        #: the kernel entries ``[K]`` (every distinct kernel's block, first in the layout) on
+        #: the device as last unpacked, or ``None`` (the kernel objects hold them)
+        self._device_kernels: Array | None = None
+        self._kernel_stop = max([b.stop for b in blocks if b.kind == "kernel"], default=0)
+        #: whether the kernel objects lag behind ``_device_kernels`` (``sync_host``)
+        self._host_stale = False
+        self._latent_theta: tuple[int, Array] | None = None
+        self._latent_index: Array | None = None  # latent -> kernel row, on the device
+
+    # -- kernel parameters on the device -----------------------------------------------------
+    @property
+    def kernels(self) -> list[Kernel]:
+        """The kernels, one per latent, with their current parameters.
+
+        With ``device_kernels=True`` on a device (and one stacked kernel path) ``unpack``
+        leaves the kernel parameters on the device, where the stacked covariances read them:
+        a step reads nothing back to the host. They are written into the kernel objects when
+        someone asks for them here or calls ``sync_host`` (one read); an owner that holds the
+        kernel objects itself calls ``sync_host`` before it reads them."""
+        self.sync_host()
+        return self._kernels
+
+    def sync_host(self) -> None:
+        """Write the kernel parameters kept on the device into the kernel objects (one read;
+        nothing when they are current)."""
+        if not self._host_stale or self._device_kernels is None:
+            return
+        host = ops.to_host(self._device_kernels).astype(float)
+        for block in self._blocks:
+            if block.kind == "kernel":
+                self._distinct[block.index].set_unconstrained(host[block.start : block.stop])
+        self._host_stale = False
+
+    def _keep_kernels(self, full: Array) -> bool:
+        """On a device with ``device_kernels``: keep the kernel entries of ``full [n_entries]``
+        there instead of writing them into the kernel objects (True when kept)."""
+        if (not self._defer_kernels or ops.is_numpy(full) or not self._kernel_stop
+                or full.shape[0] < self._kernel_stop):  # a free prefix without every kernel
+            return False
+        self._device_kernels = ops.copy(full[: self._kernel_stop])
+        self._host_stale = True
+        return True
+
+    def _latent_parameters(self) -> Array | None:
+        """Every latent's kernel parameters ``[L, P_k]`` on the device (tied latents repeat
+        their kernel's row), or ``None`` when the kernel objects hold them."""
+        if self._device_kernels is None:
+            return None
+        if self._latent_theta is None or self._latent_theta[0] != self.version:
+            xp = ops.namespace(self._device_kernels)
+            rows = xp.reshape(self._device_kernels, (len(self._distinct), -1))
+            if self._kernel_of_latent != list(range(len(self._distinct))):  # tied latents
+                if self._latent_index is None or self._latent_index.device != rows.device:
+                    self._latent_index = ops.index_like(rows, self._kernel_of_latent)
+                rows = rows[self._latent_index]
+            self._latent_theta = (self.version, rows)
+        return self._latent_theta[1]
 
     # -- the batched kernel path -------------------------------------------------------------
     def touch(self) -> None:
         """Say that kernels or inducing inputs changed other than by ``unpack`` (cached
-        covariances are then not reused)."""
+        covariances are then not reused; kernel parameters kept on the device are dropped:
+        the kernel objects hold them again)."""
+        self.sync_host()
+        self._device_kernels = None
         self.version += 1
 
     def inducing_stack(self) -> Array:
@@ -175,7 +246,8 @@ class HyperParameters:
         batch object ``X``; ``None`` without a batched path."""
         if self.stacked is None:
             return None
-        return self.stacked.covariances(self.inducing_stack(), X, self.version)
+        return self.stacked.covariances(self.inducing_stack(), X, self.version,
+                                        theta=self._latent_parameters())
 
     # -- construction helpers ----------------------------------------------------------------
     def _inducing(self) -> list[Array]:
@@ -207,7 +279,7 @@ class HyperParameters:
     @property
     def n_latent(self) -> int:
         """Number of latent functions ``L`` (one kernel each)."""
-        return len(self.kernels)
+        return len(self._kernels)
 
     @property
     def size(self) -> int:
@@ -251,12 +323,25 @@ class HyperParameters:
         when there are no inducing inputs)."""
         return self.Z[0] if self.Z else np.zeros(0)
 
-    def _full(self) -> Array:
-        """Every entry (free and fixed) read from the kernels, ``Z`` and the likelihood."""
+    def _full(self, stop: int | None = None) -> Array:
+        """Every entry (free and fixed) read from the kernels, ``Z`` and the likelihood (with
+        ``stop``, a block boundary: the entries before it)."""
         ref = self._reference()
         parts: list[Array] = []
+        kept = self._device_kernels
+        end = self._n_entries if stop is None else stop
+        Z_stack = self._Z_stack if self._Z_stack and self._Z_stack[0] == self.version else None
+        Z_stop = max([b.stop for b in self._blocks if b.kind == "inducing"], default=0)
         for block in self._blocks:
-            if block.kind == "kernel":
+            if block.start >= end:
+                break
+            if block.kind == "kernel" and kept is not None:  # on the device (no host read)
+                if block.start == 0:  # the kernel blocks lead, contiguous: one part
+                    parts.append(kept if end >= self._kernel_stop else kept[:end])
+            elif block.kind == "inducing" and Z_stack is not None and Z_stop <= end:
+                if block.index == 0:  # the latents' Z are views of one current stack
+                    parts.append(ops.namespace(ref).reshape(Z_stack[1], (-1,)))
+            elif block.kind == "kernel":
                 values = np.asarray(self._distinct[block.index].get_unconstrained(), float)
                 parts.append(ops.like(ref, values))
             elif block.kind == "inducing":
@@ -273,6 +358,8 @@ class HyperParameters:
     def pack(self) -> Array:
         """The free entries as one vector ``theta [P]`` (a new array, on the namespace and
         device of ``Z``)."""
+        if self._free_prefix:
+            return self._full(self.size)  # a new array already
         full = self._full()  # a new array already
         return full if self._all_free else full[self._free_entries(full)]
 
@@ -288,14 +375,24 @@ class HyperParameters:
         if theta.shape[0] != self.size:
             raise ValueError(f"expected {self.size} hyper-parameters, got {theta.shape[0]}")
         self.version += 1
-        if self._all_free:
+        if self._all_free or self._free_prefix:  # prefix: the fixed blocks are left alone
             full = theta
         else:
             full = self._full()
             full[self._free_entries(full)] = theta
         Z_stack = self._unpack_inducing_stack(full, xp, copy=not owned or not self._all_free)
+        # (below, a block without free entries is skipped: with a free prefix ``full`` holds
+        # only the free entries)
+        kept = self._keep_kernels(full)
+        # the latents' Z as views of their stack (one operation on a device)
+        Z_views = None if Z_stack is None else (
+            list(Z_stack) if ops.is_numpy(Z_stack) else list(Z_stack.unbind(0)))  # type: ignore[attr-defined]
         for block in self._blocks:
-            if not np.any(self._free[block.start : block.stop]):
+            if not np.any(self._free[block.start : block.stop]) or (
+                    block.kind == "kernel" and kept):
+                continue
+            if block.kind == "inducing" and Z_views is not None:
+                self._inducing()[block.index] = Z_views[block.index]
                 continue
             piece = full[block.start : block.stop]
             if block.kind == "kernel":
@@ -303,8 +400,7 @@ class HyperParameters:
             elif block.kind == "inducing":
                 Z = self._inducing()
                 view = xp.reshape(piece, tuple(Z[block.index].shape))
-                Z[block.index] = (Z_stack[block.index] if Z_stack is not None else
-                                  view if owned and self._all_free else ops.copy(view))
+                Z[block.index] = view if owned and self._all_free else ops.copy(view)
             else:
                 self._likelihood().set_unconstrained(ops.to_host(piece).astype(float))
         if Z_stack is not None:
@@ -457,6 +553,9 @@ def _stacked_parameter_gradient(hp: HyperParameters, X: Array,
         X, grads)
     L = hp.n_latent
     kinds = [b.kind for b in hp._blocks]
+    if (hp._free_prefix and hp.size == hp._kernel_stop and kinds[:L] == ["kernel"] * L
+            and hp._kernel_of_latent == list(range(L))):
+        return xp.reshape(g_params, (-1,))  # only the kernels learned: their rows, in order
     if (hp._all_free and g_Z is not None and hp._kernel_of_latent == list(range(L))
             and kinds[: 2 * L] == ["kernel"] * L + ["inducing"] * L):
         # the usual layout: every latent's kernel, then every latent's Z: one concatenation

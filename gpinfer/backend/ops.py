@@ -265,6 +265,12 @@ def _require(flag: Array, error: Callable[[], Exception]) -> None:
         raise error()
 
 
+def require(flag: Array, error: Callable[[], Exception]) -> None:
+    """Raise ``error()`` unless the 0-d bool device array ``flag`` holds (deferred inside
+    ``deferred_checks``, collected while tracing, else read at once)."""
+    _require(flag, error)
+
+
 def hand_over_traced_checks(discard: bool = False) -> None:
     """The checks a compiled region collected, in order, to the open ``deferred_checks``
     context (or read at once outside one); ``discard``: dropped (the region failed to

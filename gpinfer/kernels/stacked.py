@@ -102,11 +102,14 @@ class StackedCovariances:
     shared by every latent (no ``[C, B, D]`` array), its lengthscales enter through products.
     """
 
-    def __init__(self, family: StackedKernels, Z: Array, X: Array):
+    def __init__(self, family: StackedKernels, Z: Array, X: Array, theta: Array | None = None):
         self.family, self.Z, self.X = family, Z, X
-        self.theta = family.theta()
+        #: the host parameters ``[C, P]`` read (``None`` when ``theta`` was given on the device)
+        host = family.theta() if theta is None else None
+        self.theta = host
         #: every parameter in natural units ``[C, P]`` (all are logs), moved once
-        self.natural = ops.like(Z, np.exp(self.theta))
+        self.natural = (ops.like(Z, np.exp(host)) if host is not None
+                        else ops.namespace(theta).exp(theta))
         self.d, self.Kuu, self.Kuf, self.Kff_diag = _forward(family, Z, X, self.natural)
 
     @staticmethod
@@ -323,19 +326,23 @@ class StackedKernels:
         """``(position, parts over the latents)`` of the ``White``-type parts."""
         return [(i, p) for i, p in enumerate(self.parts) if i != self.stationary_index]
 
-    def covariances(self, Z: Array, X: Array, version: object = None) -> StackedCovariances:
+    def covariances(self, Z: Array, X: Array, version: object = None,
+                    theta: Array | None = None) -> StackedCovariances:
         """``StackedCovariances`` at ``Z [C, M, D]`` and ``X [B, D]`` with the kernels'
         current parameters. ``version``: a key that changes whenever the parameters or ``Z``
         do (e.g. ``HyperParameters.version``); the last result is reused while the key and
         the very objects ``Z`` and ``X`` are the same (no values compared). ``None``: always
         computed afresh. (The host parameters, ``[C, P]`` floats, are checked as well, so a
-        kernel changed without a new version is never served stale values.)"""
+        kernel changed without a new version is never served stale values.) ``theta``: the
+        parameters ``[C, P]`` on ``Z``'s device, used instead of the kernels' host values (the
+        caller keeps them current: ``HyperParameters``; no host read)."""
         last = self._last
         if (version is not None and last is not None and last[0] == version
                 and last[1].Z is Z and last[1].X is X
-                and np.array_equal(last[1].theta, self.theta())):
+                and (theta is not None if last[1].theta is None
+                     else theta is None and np.array_equal(last[1].theta, self.theta()))):
             return last[1]
         self._last = None  # released first: one set of these arrays alive, not two
-        cov = StackedCovariances(self, Z, X)
+        cov = StackedCovariances(self, Z, X, theta)
         self._last = None if version is None else (version, cov)
         return cov

@@ -54,8 +54,9 @@ def _finite_array(x: Array, name: str) -> Array:
         xp = ops.namespace(x)
         if not xp.isdtype(x.dtype, "real floating"):
             x = xp.astype(x, xp.float64)
-        if not ops.all_finite(x):
-            raise NonFiniteError(f"{name} contains NaN or infinite values", quantity=name)
+        # deferred inside ``ops.deferred_checks`` (a training step): no read here
+        ops.require_finite(lambda: NonFiniteError(f"{name} contains NaN or infinite values",
+                                                  quantity=name), x)
         return x
     try:
         arr = np.asarray(x, dtype=float)
@@ -88,8 +89,8 @@ def check_mean_var(mean: Array, var: Array, ndim: int) -> tuple[Array, Array]:
         raise InputError(f"mean and var must have the same shape, got {mean.shape} and {var.shape}")
     if _is_backend_array(var):
         xp = ops.namespace(var)
-        if bool(xp.any(var < 0)):
-            raise InputError(f"var must be non-negative, got minimum {ops.scalar(xp.min(var)):.3g}")
+        ops.require(xp.all(var >= 0), lambda: InputError(  # deferred in a training step
+            f"var must be non-negative, got minimum {ops.scalar(xp.min(var)):.3g}"))
         return mean, xp.clip(var, min=settings.VARIANCE_FLOOR)
     if np.any(var < 0):
         raise InputError(f"var must be non-negative, got minimum {var.min():.3g}")
@@ -123,7 +124,8 @@ def check_labels(y: Array, n_classes: int, n: int) -> Array:
 
 
 def _check_backend_labels(y: Array, n_classes: int, n: int) -> Array:
-    """``check_labels`` for labels on a backend (one device sync for the range check)."""
+    """``check_labels`` for labels on a backend (one device sync for the range check, none
+    inside ``ops.deferred_checks``: read with the step's values)."""
     xp = ops.namespace(y)
     if y.ndim != 1 or y.shape[0] != n:
         raise InputError(f"y must have shape [{n}] to match the latent values, got "
@@ -134,13 +136,16 @@ def _check_backend_labels(y: Array, n_classes: int, n: int) -> Array:
     elif not xp.isdtype(y.dtype, "integral"):
         raise InputError(f"labels must be integer class indices, got dtype {y.dtype}")
     labels = xp.astype(y, xp.int64)
-    if n and bool(xp.any((labels < 0) | (labels >= n_classes))):
+
+    def out_of_range() -> InputError:
         bad = ops.to_host(labels)
         bad = bad[(bad < 0) | (bad >= n_classes)][:5]
         hint = " (sign labels -1/+1 must be mapped to 0/1)" if np.any(bad == -1) else ""
-        raise InputError(
-            f"labels must be class indices in 0..{n_classes - 1}, got {bad.tolist()}{hint}"
-        )
+        return InputError(
+            f"labels must be class indices in 0..{n_classes - 1}, got {bad.tolist()}{hint}")
+
+    if n:  # deferred inside ``ops.deferred_checks`` (a training step)
+        ops.require(xp.all((labels >= 0) & (labels < n_classes)), out_of_range)
     return labels
 
 

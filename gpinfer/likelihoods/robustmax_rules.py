@@ -116,11 +116,15 @@ def argmax_probability_abs(
     """
     xp = ops.namespace(mean)
     B, C = mean.shape
-    rows = ops.index_like(mean, np.arange(B))
+    rows = ops.arange(mean, B)  # on a device: made once and kept
     others, sd_y, sd_o, d, rho = label_contrasts(mean, var, y)
     y = ops.index_like(mean, y) if ops.is_numpy(y) else y
     q, steps = step_levels(rho, constant)
-    q, steps = ops.to_host(q), ops.to_host(steps)  # the grouping runs on the host (one sync)
+    if ops.is_numpy(q):
+        q, steps = ops.to_host(q), ops.to_host(steps)
+    else:  # the grouping runs on the host: one read of both (q <= 1024: exact as floats)
+        both = ops.to_host(xp.stack([xp.astype(q, steps.dtype), steps]))
+        q, steps = both[0].astype(np.int64), both[1]
     # class-major layout [K, b, n]: the products and sums over classes run on whole slabs
     d, rho, inv_sd = ops.copy(ops.mT(d)), ops.copy(ops.mT(rho)), 1.0 / ops.mT(sd_o)
     P = ops.empty(mean, (B,))
@@ -128,7 +132,9 @@ def argmax_probability_abs(
     dm_y, dv_y = ops.empty(mean, (B,)), ops.empty(mean, (B,))
     for level in np.unique(q):
         idx = np.flatnonzero(q == level)
-        t, w = (ops.like(mean, v) for v in _grid(float(steps[idx[0]]), window))
+        # a level's nodes and weights: on a device moved once and kept (ops.constant)
+        t, w = (ops.constant(mean, tuple(v.tolist()))
+                for v in _grid(float(steps[idx[0]]), window))
         for sl in chunk_slices(idx.size, 4 * t.shape[0] * (C - 1)):
             ii = ops.index_like(mean, idx[sl])
             z = d[:, ii, None] + rho[:, ii, None] * t  # [K, b, n]
@@ -170,10 +176,10 @@ def argmax_probability_gh(mean: Array, var: Array, y: Array, n_nodes: int
     Fast but inaccurate for many classes or unequal variances (spec ep-sep §2.10).
     """
     xp = ops.namespace(mean)
-    x, w = (ops.like(mean, v) for v in gauss_hermite(int(n_nodes)))
+    x, w = (ops.constant(mean, tuple(v.tolist())) for v in gauss_hermite(int(n_nodes)))
     y = ops.index_like(mean, y) if ops.is_numpy(y) else y
     B, C = mean.shape
-    rows = ops.index_like(mean, np.arange(B))
+    rows = ops.arange(mean, B)
     sd = xp.sqrt(var)
     m_y, sd_y = mean[rows, y], sd[rows, y]
     fy = m_y[:, None] + sd_y[:, None] * x  # [B, K]

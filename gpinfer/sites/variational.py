@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from gpinfer.backend import ops
-from gpinfer.interfaces import Likelihood, MatrixGradients
+from gpinfer.interfaces import Likelihood, MatrixGradients, Scalar
+from gpinfer.kernels.stacked import StackedMatrixGradients
 from gpinfer.numerics import settings
 from gpinfer.numerics.quadrature import chunk_slices
 from gpinfer.sites.stacked import stacked_cholesky
@@ -68,18 +69,21 @@ class ELBOEstimate:
     """Value and gradients of the (mini-batch) ELBO.
 
     ``dmu [L, M]``, ``dLq [L, M, M]`` (lower triangular), ``matrix [L]`` one ``MatrixGradients``
-    per latent (``Kuu``, ``Kuf`` for the batch columns, ``Kff_diag`` for the batch),
+    per latent (``Kuu``, ``Kuf`` for the batch columns, ``Kff_diag`` for the batch; on a
+    device one ``StackedMatrixGradients`` ``[L, ...]``, which the stacked VJP takes as it is),
     ``expected`` the per-point expectations ``[B]`` (unscaled), ``kl`` the total KL,
     ``dSigma [L, M, M]`` (symmetric) the gradient wrt ``Sigma_l = Lq_l Lq_l^T`` (for natural
-    gradients). Arrays of the inputs' namespace; ``value`` and ``kl`` host floats.
+    gradients). Arrays of the inputs' namespace; ``value`` and ``kl`` host floats on numpy,
+    0-d float64 arrays on a device backend (left unread: the caller reads them when it reads
+    its checks, ``ops.deferred_checks``).
     """
 
-    value: float
+    value: Scalar
     dmu: Array
     dLq: Array
-    matrix: list[MatrixGradients]
+    matrix: Sequence[MatrixGradients]
     expected: Array
-    kl: float
+    kl: Scalar
     dSigma: Array | None = None
 
 
@@ -145,34 +149,42 @@ def uncollapsed_elbo(
     """
     xp = ops.namespace(mu)
     n_lat, M = mu.shape
-    Kdiag = xp.reshape(ops.like(mu, Kdiag), (n_lat, -1))
+    if ops.is_numpy(Kdiag) or ops.is_numpy(mu):  # a host Kdiag moved (no no-op copy)
+        Kdiag = ops.like(mu, Kdiag)
+    Kdiag = xp.reshape(Kdiag, (n_lat, -1))
     B = Kdiag.shape[1]
     blocks = _latent_blocks(mu, n_lat, M * B)
+    # one block of every latent (a device): the arrays themselves, no slices or copies
+    part = (lambda a, sl: a) if len(blocks) == 1 else (lambda a, sl: a[sl])
     means, var = ops.empty(mu, (B, n_lat)), ops.empty(mu, (B, n_lat))  # the expectation's layout
     forward = []
     for sl in blocks:
-        L_K = stacked_cholesky(_stack(Kuu[sl], mu), "Kuu", unit="latent", first=sl.start)
-        Rb = ops.solve_triangular(L_K, _stack(Kub[sl], mu))  # [l, M, B]
+        L_K = stacked_cholesky(_stack(part(Kuu, sl), mu), "Kuu", unit="latent",
+                               first=sl.start)
+        Rb = ops.solve_triangular(L_K, _stack(part(Kub, sl), mu))  # [l, M, B]
         A = ops.solve_triangular(L_K, Rb, transpose=True)  # Kuu^-1 Kub
-        LtA = ops.mT(Lq[sl]) @ A
-        means[:, sl] = ops.mT((mu[sl, None, :] @ A)[:, 0, :])
-        var[:, sl] = ops.mT(Kdiag[sl] - ops.einsum("lmb,lmb->lb", Rb, Rb)
+        mu_b = part(mu, sl)
+        LtA = ops.mT(part(Lq, sl)) @ A
+        means[:, sl] = ops.mT((mu_b[:, None, :] @ A)[:, 0, :])
+        var[:, sl] = ops.mT(part(Kdiag, sl) - ops.einsum("lmb,lmb->lb", Rb, Rb)
                             + ops.einsum("lmb,lmb->lb", LtA, LtA))
         forward.append((L_K, A, LtA))
     var = xp.maximum(var, 1e-12)
     E, dm, dv = expectation(means, var)  # [B, L]
     gm, gv = scale * ops.mT(dm), scale * ops.mT(dv)  # [L, B]
-    dmu, kl = ops.empty(mu, (n_lat, M)), ops.empty(mu, (n_lat,))
-    dLq, dSigma = ops.empty(mu, (n_lat, M, M)), ops.empty(mu, (n_lat, M, M))
-    grads: list[MatrixGradients] = []
+    # ``dmu [L, M]``, ``kl [L]``, ``dLq``, ``dSigma [L, M, M]``: one block's results are
+    # these, several blocks' are written into them
+    outs = [] if len(blocks) == 1 else [ops.empty(mu, shape) for shape in (
+        (n_lat, M), (n_lat,), (n_lat, M, M), (n_lat, M, M))]
+    grads: list[MatrixGradients] | StackedMatrixGradients = []
     for sl, (L_K, A, LtA) in zip(blocks, forward):
-        Lq_b, mu_b, gm_b, gv_b = Lq[sl], mu[sl], gm[sl], gv[sl]
-        kl[sl], alpha, Kinv_Lq = _kl_terms(L_K, mu_b, Lq_b)
+        Lq_b, mu_b, gm_b, gv_b = part(Lq, sl), part(mu, sl), part(gm, sl), part(gv, sl)
+        kl_b, alpha, Kinv_Lq = _kl_terms(L_K, mu_b, Lq_b)
         a_col, a_row = alpha[:, :, None], alpha[:, None, :]
         Agm = (A @ gm_b[:, :, None])[..., 0]  # [l, M]
         Pv = (A * gv_b[:, None, :]) @ ops.mT(A)  # A diag(gv) A^T, [l, M, M]
-        dmu[sl] = Agm - alpha
-        dLq[sl] = ops.add_diagonal(xp.tril(2.0 * Pv @ Lq_b - Kinv_Lq), 1.0 / ops.diagonal(Lq_b))
+        dmu_b = Agm - alpha
+        dLq_b = ops.add_diagonal(xp.tril(2.0 * Pv @ Lq_b - Kinv_Lq), 1.0 / ops.diagonal(Lq_b))
         # Kuu^-1 Sigma Kuu^-1 Kub - Kuu^-1 Kub = Kuu^-1 Lq (Lq^T A) - A
         G_uf = Kinv_Lq @ LtA
         G_uf -= A
@@ -186,12 +198,26 @@ def uncollapsed_elbo(
             + 0.5 * (Kinv_Lq @ ops.mT(Kinv_Lq) + a_col * a_row - Kinv)
         )
         G_uu = 0.5 * (G_uu + ops.mT(G_uu))
-        grads.extend(MatrixGradients(Kff_diag=ops.copy(gv_b[j]), Kuu=G_uu[j], Kuf=G_uf[j])
-                     for j in range(G_uu.shape[0]))
+        if len(blocks) == 1 and not ops.is_numpy(mu):  # one block of every latent: stacks
+            grads = StackedMatrixGradients(Kuu=G_uu, Kuf=G_uf, Kff_diag=ops.copy(gv_b))
+        else:
+            assert isinstance(grads, list)
+            grads.extend(MatrixGradients(Kff_diag=ops.copy(gv_b[j]), Kuu=G_uu[j], Kuf=G_uf[j])
+                         for j in range(G_uu.shape[0]))
         # dL/dSigma = Pv - Kuu^-1 / 2 + Sigma^-1 / 2 (spec jj-taylor-svi §3.3)
-        dSigma[sl] = Pv - 0.5 * Kinv + 0.5 * _inverse_from_factor(Lq_b)
-    kl_total = ops.scalar(xp.sum(kl))
-    value = scale * ops.scalar(xp.sum(E))
+        dSigma_b = Pv - 0.5 * Kinv + 0.5 * _inverse_from_factor(Lq_b)
+        if not outs:
+            outs = [dmu_b, kl_b, dLq_b, dSigma_b]
+            continue
+        for out, b in zip(outs, (dmu_b, kl_b, dLq_b, dSigma_b)):
+            out[sl] = b
+    dmu, kl, dLq, dSigma = outs
+    if ops.is_numpy(mu):
+        kl_total = ops.scalar(xp.sum(kl))
+        value = scale * ops.scalar(xp.sum(E))
+    else:  # no host read: the same float64 arithmetic on the device
+        kl_total = xp.astype(xp.sum(kl), xp.float64)
+        value = scale * xp.astype(xp.sum(E), xp.float64)
     return ELBOEstimate(value - kl_total, dmu, dLq, grads, E, kl_total, dSigma)
 
 

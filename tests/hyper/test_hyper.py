@@ -224,3 +224,75 @@ def test_unpack_owned_gives_the_same_values_without_a_copy(stacked):
         np.testing.assert_array_equal(z, z_ref)
     assert np.shares_memory(hp.Z[0], theta)  # handed over: the inducing inputs are views
     assert not np.shares_memory(ref.Z[0], theta)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_device_kernels_stay_on_the_device_until_asked_for(tied):
+    """``device_kernels=True`` on torch: ``unpack`` reads nothing back (the kernel objects
+    lag), the stacked covariances, ``pack`` and ``describe`` use the device values, and
+    ``kernels`` / ``sync_host`` / ``touch`` write them into the kernel objects; every value
+    equals the immediate path's."""
+    torch = pytest.importorskip("torch")
+    from gpinfer.backend import ops
+
+    Z = [torch.as_tensor(RNG.standard_normal((M, D))) for _ in range(2)]
+
+    def build(device_kernels: bool) -> HyperParameters:
+        shared = RBF([0.8, 1.3], 1.7)
+        kernels = [shared, shared] if tied else [RBF([0.8, 1.3], 1.7), RBF([1.1, 0.9], 0.6)]
+        return HyperParameters(kernels, Z=Z, device_kernels=device_kernels)
+
+    lazy, eager = build(True), build(False)
+    theta = lazy.pack() + 0.05
+    reads = []
+    original = ops.to_host
+    try:
+        ops.to_host = lambda x: reads.append(1) or original(x)  # type: ignore[assignment]
+        lazy.unpack(theta)
+        Xt = torch.as_tensor(X)
+        cov = lazy.covariances(Xt)
+        packed = lazy.pack()
+        assert not reads  # nothing read back
+    finally:
+        ops.to_host = original  # type: ignore[assignment]
+    eager.unpack(theta)
+    ref = eager.covariances(Xt)
+    assert not np.allclose(lazy._kernels[0].get_unconstrained(),
+                           eager._kernels[0].get_unconstrained())  # the objects lag
+    for a, b in ((cov.Kuu, ref.Kuu), (cov.Kuf, ref.Kuf), (cov.Kff_diag, ref.Kff_diag),
+                 (packed, eager.pack())):
+        np.testing.assert_allclose(ops.to_host(a), ops.to_host(b), rtol=1e-15, atol=0)
+    for k, k_ref in zip(lazy.kernels, eager.kernels):  # asking for them writes them
+        np.testing.assert_array_equal(k.get_unconstrained(), k_ref.get_unconstrained())
+    lazy.unpack(theta + 0.1)
+    lazy.touch()  # written, then the kernel objects hold them again
+    eager.unpack(theta + 0.1)
+    assert lazy._device_kernels is None
+    np.testing.assert_array_equal(ops.to_host(lazy.pack()), ops.to_host(eager.pack()))
+
+
+@pytest.mark.parametrize("stacked", [True, False])
+def test_free_prefix_packs_and_unpacks_as_the_masked_path(stacked):
+    """Only the kernels learned (``Z`` and the likelihood fixed: the free entries are the
+    leading blocks): ``pack``, ``unpack`` and the gradient skip the full vector, with the values
+    of the masked path (``fixed`` naming one more entry forces that path), and the gradient
+    matches finite differences."""
+    kernels = (lambda: [RBF([0.8, 1.3], 1.7), RBF([1.1, 0.9], 0.6)]) if stacked else (
+        lambda: [RBF([0.8, 1.3], 1.7), Matern52(1.1, 0.6)])
+    hp = make_hp(kernels=kernels(), optimize_inducing=False, optimize_likelihood=False)
+    masked = make_hp(kernels=kernels(), optimize_inducing=False, fixed=["likelihood.a"])
+    masked.Z = [z.copy() for z in hp.Z]
+    assert hp._free_prefix and not masked._free_prefix
+    P = hp.size
+    theta = hp.pack() + 0.1
+    hp.unpack(theta)
+    masked.unpack(np.concatenate([theta, masked.pack()[P:]]))
+    np.testing.assert_array_equal(hp.pack(), masked.pack()[:P])
+    for z, z_ref in zip(hp.Z, masked.Z):
+        np.testing.assert_array_equal(z, z_ref)
+    G = toy_gradients(hp)
+    no_Kff = [MatrixGradients(Kuu=g.Kuu, Kuf=g.Kuf, Kff_diag=g.Kff_diag) for g in G]
+    for grads in (G, no_Kff):  # no Kff: the stacked VJP's path when the kernels batch
+        np.testing.assert_array_equal(parameter_gradient(hp, X, grads),
+                                      parameter_gradient(masked, X, grads)[:P])
+    check_fd(hp)

@@ -131,8 +131,10 @@ class _SparseEPBase(Method):
         kernels = class_kernels(problem, o["noise"], o["lengthscale_init"], o["noise_in_Kuu"])
         Zs = initial_inducing(problem, self.name, self.options["inducing_init"])
         backend = problem.backend
+        # on a device the kernel parameters stay there between steps (SparseSites.posterior
+        # and the end of the fit write them into ``kernels``: hp.sync_host)
         hp = HyperParameters(kernels, Z=[backend.asarray(z) for z in Zs],
-                             optimize=problem.optimize)
+                             optimize=problem.optimize, device_kernels=True)
         n_jobs = check_n_jobs(o["n_jobs"], f"{self.name} option n_jobs")
         state = self.make_state(y, problem.n_classes, Zs[0].shape[0], backend)
         sites = SparseSites(state, kernels, hp, X, problem.likelihood, backend)
@@ -143,6 +145,7 @@ class _SparseEPBase(Method):
                             n_jobs=n_jobs, compile_mode=compile_mode)
         with blas_threads_for(n_jobs):
             loop.run()
+        hp.sync_host()  # ``kernels`` hold the fitted parameters
         posterior = sites.posterior()
         return FitResult(
             posterior=posterior,
@@ -220,6 +223,7 @@ class SparseSites(SiteApproximation):
 
     def posterior(self) -> InducingPosterior:
         """``q(u_c) = N(m_c, S_c)`` per class, on the host (pickles without the backend)."""
+        self.hp.sync_host()  # ``self.kernels`` hold the current parameters
         Zs = self._inducing()
         terms = stacked_terms(self.kernels, Zs, self.backend.asarray(self.X[:1]))
         q = StackedGaussians(*terms.to_whitened(self.state.Lam, self.state.h))

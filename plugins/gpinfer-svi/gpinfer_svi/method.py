@@ -26,8 +26,9 @@ numpy arrays (it pickles without a GPU).
 
 from __future__ import annotations
 
+import copy
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -35,7 +36,7 @@ import numpy as np
 from gpinfer.backend import ops
 from gpinfer.backend.choice import NUMPY, Backend
 from gpinfer.data.minibatch import MiniBatches
-from gpinfer.errors import InputError
+from gpinfer.errors import InputError, NumericalError
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.inducing import DEFAULT_M, INDUCING_INITS, FixedInputCovariances, initial_inducing
 from gpinfer.interfaces import (
@@ -45,6 +46,7 @@ from gpinfer.interfaces import (
     Likelihood,
     Method,
     Problem,
+    Scalar,
     StochasticOptimizer,
 )
 from gpinfer.kernels.initialisation import LENGTHSCALE_INITS, prepare_kernel
@@ -178,16 +180,16 @@ class VariationalState:
     def elbo(self, x: Array, batch: Array | None) -> tuple[float, Array]:
         """Unbiased ELBO estimate on ``batch`` (``None``: all points) and its gradient."""
         value, grad, _ = self.estimate(x, batch)
-        return value, grad
+        return ops.scalar(value), grad
 
-    def estimate(self, x: Array, batch: Array | None) -> tuple[float, Array, ELBOEstimate]:
-        """``elbo`` plus the full ``ELBOEstimate`` (with ``dSigma`` for natural gradients)."""
+    def estimate(self, x: Array, batch: Array | None) -> tuple[Scalar, Array, ELBOEstimate]:
+        """``elbo`` plus the full ``ELBOEstimate`` (with ``dSigma`` for natural gradients); on
+        a device the value is a 0-d array, unread."""
         mu, Lq = self.unpack(x)
         xp = ops.namespace(mu)
         n = self.X.shape[0]
         Xb = self._inputs(batch)
         scale = n / Xb.shape[0]
-        kernels, Zs = self.hp.kernels, self.Zs
         # per class: a list of [M, M] / [M, B] arrays, or one stacked [C, M, M] / [C, M, B] array
         Kuu: list[Array] | Array
         Kub: list[Array] | Array
@@ -198,6 +200,7 @@ class VariationalState:
         elif (cov := self.hp.covariances(Xb)) is not None:  # one batched kernel path
             Kuu, Kub, Kdiag = cov.Kuu, cov.Kuf, cov.Kff_diag  # reused by hp.gradient's VJP
         else:
+            kernels, Zs = self.hp.kernels, self.Zs
             Kuu = [k.K(Z) for k, Z in zip(kernels, Zs)]
             Kub = [k.K(Z, Xb) for k, Z in zip(kernels, Zs)]
             Kdiag = xp.stack([k.K_diag(Xb) for k in kernels])
@@ -208,7 +211,9 @@ class VariationalState:
             g_theta = g_full[self._theta_index]
         else:
             g_theta = parameter_gradient(self.hp, Xb, est.matrix)
-        grad = xp.concat([ops.like(mu, g_theta), xp.reshape(est.dmu, (-1,)),
+        if ops.is_numpy(g_theta) != ops.is_numpy(mu):  # the fast path's host gradient
+            g_theta = ops.like(mu, g_theta)
+        grad = xp.concat([g_theta, xp.reshape(est.dmu, (-1,)),
                           xp.reshape(est.dLq[:, self.tril[0], self.tril[1]], (-1,))])
         return est.value, grad, est
 
@@ -251,6 +256,11 @@ class VariationalState:
                                  [lq @ lq.T for lq in Lq_h])
         self.hp.unpack(saved)
         return post
+
+
+def _next(batches: Iterator[Array] | None) -> Array | None:
+    """The next mini-batch's indices (``None``: full batch)."""
+    return None if batches is None else next(batches)
 
 
 class SVI(Method):
@@ -351,7 +361,8 @@ class SVI(Method):
         backend = problem.backend
         hp = HyperParameters(kernels, Z=[backend.asarray(Z) for Z in Zs],
                              optimize=problem.optimize,
-                             optimize_inducing=bool(o["learn_inducing"]))
+                             optimize_inducing=bool(o["learn_inducing"]),
+                             device_kernels=True)  # read back by ``hp.kernels`` only
         state = VariationalState(X, y, lik, hp, n_latent, M, problem.rng, backend,
                                  problem.sample_weight)
         x0 = state.pack(backend.asarray(np.zeros((n_latent, M))), backend.asarray(Lq0))
@@ -401,31 +412,83 @@ class SVI(Method):
         ngd = self.options["natural_gradient"]
         if ngd is not None and not 0.0 < float(ngd) <= 1.0:
             raise InputError(f"svi: natural_gradient must be None or in (0, 1], got {ngd!r}")
-        xp = ops.namespace(x)
         P = state.hp.size if ngd is not None else x.shape[0]  # entries the optimiser moves
         opt.reset(x[:P])
+        step_args = (state, P, None if ngd is None else float(ngd), n)
         value, it, step = -np.inf, 0, 0
         for it in range(1, int(problem.max_iter) + 1):
-            values = []
-            for _ in range(int(every)):
-                step += 1
-                batch = None if batches is None else next(batches)
-                b = n if batch is None else batch.size
-                xe = xp.concat([opt.lookahead(x[:P]), x[P:]]) if P else ops.copy(x)
-                v, g, est = state.estimate(xe, batch)
-                check_finite(v, g, step, "svi ELBO")
-                x = xe
-                if P:
-                    x[:P] = opt.step(xe[:P], self._scale(n, b) * g[:P])
-                if ngd is not None:
-                    x = state.natural_step(x, est, float(ngd))
-                values.append(v)
+            x, opt, values = self._window(step_args, x, opt, batches, int(every), step)
+            step += int(every)
             value = float(np.mean(values))
             rep.report(it, value, state.snapshot(x),
                        {"epoch": step / steps_per_epoch, "steps": float(step)})
             if rep.should_stop():  # time budget or a stop request (early stopping)
                 break
         return x, value, it
+
+    def _window(self, step_args: tuple[VariationalState, int, float | None, int], x: Array,
+                opt: StochasticOptimizer, batches: Iterator[Array] | None, k: int, step: int
+                ) -> tuple[Array, StochasticOptimizer, list[float]]:
+        """``k`` steps after step ``step`` (a reported iteration): ``(x, optimiser, the k ELBO
+        estimates)``. On a device nothing is read until the end (``ops.deferred_checks``): the
+        values and every check of the ``k`` steps come back in one transfer; the state before
+        them (``x``, a copy of the optimiser, each step's batch and generator state) is kept
+        that long, and when anything failed the window is replayed from it with every check
+        read at once (the Kuu factorisation's jitter escalation, the error of the step that
+        failed), so the fit is the one an immediate check gives. numpy checks at once."""
+        state = step_args[0]
+        if ops.is_numpy(x):
+            values = []
+            for i in range(k):
+                x, v = self._step(*step_args, x, opt, _next(batches), step + i + 1)
+                values.append(float(v))
+            return x, opt, values
+        start = (x, copy.deepcopy(opt))
+        record: list[tuple[Array | None, Mapping[str, Any]]] = []  # (batch, rng state) per step
+        try:
+            with ops.deferred_checks(redo=True) as checks:
+                unread = []
+                for i in range(k):
+                    batch = _next(batches)
+                    record.append((batch, state.rng.bit_generator.state))
+                    x, v = self._step(*step_args, x, opt, batch, step + i + 1)
+                    unread.append(v)
+                return x, opt, checks.flush(*unread)
+        except Exception:  # noqa: BLE001 - replayed with immediate checks: the same outcome
+            x, opt = start
+            values = []
+            for i in range(k):
+                if i < len(record):
+                    batch, rng_state = record[i]
+                    state.rng.bit_generator.state = rng_state
+                else:
+                    batch = _next(batches)
+                x, v = self._step(*step_args, x, opt, batch, step + i + 1)
+                values.append(ops.scalar(v))
+            return x, opt, values
+
+    def _step(self, state: VariationalState, P: int, ngd: float | None, n: int, x: Array,
+              opt: StochasticOptimizer, batch: Array | None, step: int) -> tuple[Array, Scalar]:
+        """One step on ``batch`` (``None``: all points): the ELBO estimate at the optimiser's
+        look-ahead point, its checks, the optimiser's update of ``x [:P]`` and the
+        natural-gradient step (``ngd``). Returns the new ``x`` and the estimate (unread on a
+        device inside ``ops.deferred_checks``: its finiteness is checked there)."""
+        xp = ops.namespace(x)
+        b = n if batch is None else batch.size
+        xe = xp.concat([opt.lookahead(x[:P]), x[P:]]) if P else ops.copy(x)
+        v, g, est = state.estimate(xe, batch)
+        if ops.is_numpy(g) or ops.pending_checks() is None:
+            check_finite(ops.scalar(v), g, step, "svi ELBO")
+        else:
+            ops.require_finite(lambda: NumericalError(
+                "svi ELBO value or gradient is not finite", iteration=step,
+                quantity="svi ELBO"), v, g)
+        x = xe
+        if P:
+            x[:P] = opt.step(xe[:P], self._scale(n, b) * g[:P])
+        if ngd is not None:
+            x = state.natural_step(x, est, ngd)
+        return x, v
 
     def _fit_lbfgs(self, problem: Problem, state: VariationalState, x: Array,
                    rep: IterationReporter, opt_options: dict[str, Any]

@@ -1,8 +1,9 @@
 """Per-step operation counts of a training step on torch (issue 25), with ``torch.profiler``.
 
-``profile_steps(fit, first, steps, cuda)`` runs ``fit()`` and profiles the training loop's
-steps ``first .. first + steps - 1`` (1-based calls of ``TrainingLoop._step`` for sep/ep,
-``SVI.estimate`` for svi: whatever ``target`` names), and returns per-step means of
+``profile_steps(fit, owner, target, first, steps, cuda)`` runs ``fit()`` and profiles the
+calls ``first .. first + steps - 1`` (1-based) of ``owner.target`` (``TrainingLoop._steps``
+for sep/ep: a group of ``read_every`` steps with their optimiser updates; ``SVI._step`` or
+``SVI._window`` for svi), and returns per-call means of
 
 * ``aten_ops_top_level``: aten operators not called from another aten operator (on a CPU the
   proxy for kernel launches);
