@@ -89,7 +89,7 @@ class GPRegressorCore(_GPEstimatorBase):
         validation_fraction: float | None = None,
         validation_interval: int = 1,
         n_iter_no_change: int = 10,
-        refit: bool = True,
+        refit: bool | str = True,
         validation_folds: int | None = None,
         refit_rule: str = "iterations",
         choice_rule: str = "one_se",
