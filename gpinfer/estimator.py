@@ -572,13 +572,17 @@ class GPClassifierCore(_GPEstimatorBase):
         Iterations between two validation checks (``k``).
     n_iter_no_change : int
         Checks without a better validation NLL before training stops (patience).
-    refit : bool
+    refit : bool or "average"
         With ``validation_fraction``: True (default) trains the method again on all the data
         (the held-out part included) for the number of iterations with the best validation NLL,
         and that is the fitted model; False keeps the best validation iterate of the fit on the
-        reduced data. ``fit_result_.diagnostics`` holds ``best_iteration`` and ``best_val_nll``,
-        ``fit_result_.state`` the per-check ``val_iteration`` and ``val_nll``. Ignored without
-        ``validation_fraction``.
+        reduced data; ``"average"`` keeps every validation fold's model at its own best
+        validation iterate and predicts with the mean of their class probabilities
+        (``posterior_`` is a ``gpinfer.posterior.AveragedPosterior`` of K members, each
+        trained on ``(K - 1) / K`` of the data; no refit; K times the prediction cost; with
+        one hold-out, the one model: as False). ``fit_result_.diagnostics`` holds
+        ``best_iteration`` and ``best_val_nll``, ``fit_result_.state`` the per-check
+        ``val_iteration`` and ``val_nll``. Ignored without ``validation_fraction``.
     validation_folds : None or int
         How the number of iterations is chosen: ``None`` (default) one hold-out of
         ``validation_fraction``, or, where that would hold fewer than 200 points (with

@@ -156,3 +156,18 @@ def test_the_regressor_refuses_to_average_before_training():
         gpinfer.GPRegressor(method="fitc", M=4, validation_fraction=0.2,
                             refit="average").fit(X, X[:, 0], callback=calls.append)
     assert calls == []
+
+
+def test_the_averaged_model_saves_without_pickle(tmp_path):
+    """``gpinfer.experiment.safe_model``: the skops file of an averaged model loads (its
+    ``AveragedPosterior`` is a gpinfer class) and predicts the same probabilities."""
+    pytest.importorskip("skops")
+    from gpinfer.experiment.safe_model import load_skops, save_skops
+
+    X, y = _three_classes(60)
+    est = gpinfer.GPClassifier(method="sep", M=5, max_iter=15, random_state=0,
+                               validation_fraction=0.25, n_iter_no_change=3,
+                               refit="average").fit(X, y)
+    loaded = load_skops(save_skops(est, tmp_path / "m.skops"))
+    assert isinstance(loaded.posterior_, AveragedPosterior)
+    np.testing.assert_array_equal(loaded.predict_proba(X), est.predict_proba(X))
