@@ -130,6 +130,49 @@ missed, for up to twice the early-stopped fit's CPU (one such fit, 5 folds and t
 1.1 s CPU on wine and 1.7 s on bc), so not adopted. Recording cost per split (the path and the
 early-stopped fit): vi-robustmax 2.7 s CPU (wine), 4.3 s (bc), 2.6 s (iris); sep 9-14 s (wine),
 15-18 s (bc), 6-10 s (iris), 7-13 s (make).
+
+Issue 27 item 4, fifth round: ``refit="average"`` (the validation folds' models, each at its
+own best validation iterate, their class probabilities averaged; no refit). The recording now
+keeps every fold model's test log probabilities after each of its iterations
+(``fold_log_proba``) and the path's (``path_log_proba``), so the summary replays the averages
+(``--averages own,chosen``: each fold's own best iterate, or the count the folds chose) next
+to the refit, from the same recording; the replay equals a real ``refit="average"`` model to
+1e-11 (wine, 3 splits; the log probabilities are stored to 12 decimals). ``--validation-folds
+K`` forces K folds (digits, whose default is one hold-out). Ratio of means per replica
+(``--repeats 1``, 2, 3: 10 test folds each; "pool" = the 30 splits on one mean path); the
+refit is the default (``one_se``, the count); 5 folds inside unless said; load average 3-7
+on 2 cores, one BLAS thread:
+
+| set | method | replica | refit | average (own) |
+|---|---|---|---|---|
+| wine | vi-rm | r1/r2/r3/pool | 1.312/1.146/1.405/1.189 | 1.216/1.062/1.061/**1.018** |
+| bc | vi-rm | r1/r2/r3/pool | 1.196/1.010/1.076/1.059 | 1.110/**0.917**/**1.012**/**0.979** |
+| digits | vi-rm | r1 splits 0-1, K=5 | **1.002** | **1.031** |
+| wine | sep | r1 (r2: 2 splits) | **1.006** (1.070) | 1.449 (1.350) |
+| bc | sep | r1 | **1.011** | **1.042** |
+| wine | vi-rm, K=10 | r1/r2 | 1.232/1.145 | 1.179/**0.982** |
+
+Averaging beats the refit for vi-robustmax on all six wine and bc replicas (a ratio below 1:
+the average of five models can beat the best single count), but still misses the target on
+wine r1-r3 and bc r1; it loses on digits (both met) and badly on sep wine, whose best count is
+near the end of the path: there a model on 4/5 of 160 rows is much worse than one on all of
+them. So the refit stays the default and ``"average"`` is an option. Cost (``--cost 2``, first
+split of r1, median CPU s of 2 interleaved rounds, load 5-6): fit about the same (no refit, but
+the refit was short: vi-rm wine 1.48 -> 1.67 s, bc 1.90 -> 1.84; sep wine 9.4 -> 8.7, bc 9.7
+-> 8.9), prediction 4-6 times dearer (5 members: vi-rm wine 3.6 -> 19 ms for 18 rows, bc
+3.9 -> 15 ms; sep 4-6 -> 21-23 ms), pickled model 3-4 times larger (vi-rm bc 178 -> 576 kB,
+sep bc 178 -> 666 kB).
+
+Other ideas replayed on the same recordings (vi-rm wine r1 / r2 / r3, bc r1 / r2 / r3), none
+better than the plain average: the refit at the count scaled by the rows (``k N / N_fold``,
+the fold/refit size difference) 1.182 / 1.092 / 1.566, 1.217 / 1.028 / 1.130; each fold's
+iterates within +-1 of its best, mixed, 1.240 / 1.067 / 1.097 (+-2, +-3 worse); each fold's
+iterates weighted by its validation likelihood (``exp(-V nll_t)``) 1.262 / 1.099 / 1.070, bc
+1.065 / 0.904 (better on bc, worse on wine); the refit's iterates over the one-SE set 1.136 /
+1.190 / 1.314; the folds plus the refit at the median count as one mixture 1.194 / 1.048 /
+1.069, bc 1.098 / 0.908 / 0.999 (close to the average, one refit dearer; on sep wine 1.364);
+"average when every fold stopped before ``max_iter``, else refit" keeps sep wine at 1.006 but
+gives sep bc 1.040 and digits 1.031 (the average's numbers), so no rule is better everywhere.
 """
 
 from __future__ import annotations
