@@ -580,9 +580,11 @@ class GPClassifierCore(_GPEstimatorBase):
         validation iterate and predicts with the mean of their class probabilities
         (``posterior_`` is a ``gpinfer.posterior.AveragedPosterior`` of K members, each
         trained on ``(K - 1) / K`` of the data; no refit; K times the prediction cost; with
-        one hold-out, the one model: as False). ``fit_result_.diagnostics`` holds
-        ``best_iteration`` and ``best_val_nll``, ``fit_result_.state`` the per-check
-        ``val_iteration`` and ``val_nll``. Ignored without ``validation_fraction``.
+        one hold-out, the one model: as False; ``best_iteration_`` is still the folds' choice,
+        reported but unused, ``fit_result_.state["member_iteration"]`` each member's).
+        ``fit_result_.diagnostics`` holds ``best_iteration`` and ``best_val_nll``,
+        ``fit_result_.state`` the per-check ``val_iteration`` and ``val_nll``. Ignored without
+        ``validation_fraction``.
     validation_folds : None or int
         How the number of iterations is chosen: ``None`` (default) one hold-out of
         ``validation_fraction``, or, where that would hold fewer than 200 points (with
