@@ -130,6 +130,55 @@ missed, for up to twice the early-stopped fit's CPU (one such fit, 5 folds and t
 1.1 s CPU on wine and 1.7 s on bc), so not adopted. Recording cost per split (the path and the
 early-stopped fit): vi-robustmax 2.7 s CPU (wine), 4.3 s (bc), 2.6 s (iris); sep 9-14 s (wine),
 15-18 s (bc), 6-10 s (iris), 7-13 s (make).
+
+Issue 27 item 4, fifth round: ``refit="average"`` (the validation folds' models, each at its
+own best validation iterate, their class probabilities averaged; no refit). The recording now
+keeps every fold model's test log probabilities after each of its iterations
+(``fold_log_proba``) and the path's (``path_log_proba``), so the summary replays the averages
+(``--averages own,chosen``: each fold's own best iterate, or the count the folds chose) next
+to the refit, from the same recording; the replay equals a real ``refit="average"`` model to
+1e-11 (wine, 3 splits; the log probabilities are stored to 12 decimals). ``--validation-folds
+K`` forces K folds (digits, whose default is one hold-out). Ratio of means per replica
+(``--repeats 1``, 2, 3: 10 test folds each; "pool" = the 30 splits on one mean path); the
+refit is the default (``one_se``, the count); 5 folds inside unless said; load average 3-7
+on 2 cores, one BLAS thread:
+
+| set | method | replica | refit | average (own) |
+|---|---|---|---|---|
+| wine | vi-rm | r1/r2/r3/pool | 1.312/1.146/1.405/1.189 | 1.216/1.062/1.061/**1.018** |
+| bc | vi-rm | r1/r2/r3/pool | 1.196/1.010/1.076/1.059 | 1.110/**0.917**/**1.012**/**0.979** |
+| digits | vi-rm | r1 splits 0-2, K=5 | 1.077 | 1.104 |
+| digits | vi-rm | r1 splits 0-2, hold-out (default) | **1.014** | 1.051 |
+| wine | sep | r1/r2 | **1.006**/**1.035** | 1.449/1.194 |
+| bc | sep | r1/r2 | **1.011**/1.067 | **1.042**/**1.007** |
+| wine | vi-rm, K=10 | r1/r2 | 1.232/1.145 | 1.179/**0.982** |
+| bc | vi-rm, K=10 | r1/r2 | 1.101/**1.040** | 1.078/**0.967** |
+
+Averaging beats the refit for vi-robustmax on all six wine and bc replicas (a ratio below 1:
+the average of five models can beat the best single count) and with 10 folds inside, but
+still misses the target on wine r1-r3 (1.216 / 1.062 / 1.061) and bc r1 (1.110); it loses
+on digits (three 180-point test folds; K = 5 forced, or the default hold-out of 323 points,
+where the "average" is the one hold-out model) and badly on sep wine, whose best count
+is near the end of the path: there a model on 4/5 of 160 rows is much worse than one on all
+of them; sep bc is split (r1 worse, r2 better). So the refit stays the default and
+``"average"`` is an option. Cost (``--cost 2``, first split of r1, median CPU s of 2
+interleaved rounds, load 5-6): fit about the same (no refit, but
+the refit was short: vi-rm wine 1.48 -> 1.67 s, bc 1.90 -> 1.84; sep wine 9.4 -> 8.7, bc 9.7
+-> 8.9), prediction 4-6 times dearer (5 members: vi-rm wine 3.6 -> 19 ms for 18 rows, bc
+3.9 -> 15 ms; sep 4-6 -> 21-23 ms), pickled model 3-4 times larger (vi-rm bc 178 -> 576 kB,
+sep bc 178 -> 666 kB).
+
+Other ideas replayed on the same recordings (vi-rm wine r1 / r2 / r3, bc r1 / r2 / r3), none
+better than the plain average: the refit at the count scaled by the rows (``k N / N_fold``,
+the fold/refit size difference) 1.182 / 1.092 / 1.566, 1.217 / 1.028 / 1.130; each fold's
+iterates within +-1 of its best, mixed, 1.240 / 1.067 / 1.097 (+-2, +-3 worse); each fold's
+iterates weighted by its validation likelihood (``exp(-V nll_t)``) 1.262 / 1.099 / 1.070, bc
+1.065 / 0.904 (better on bc, worse on wine); the refit's iterates over the one-SE set 1.136 /
+1.190 / 1.314; the folds plus the refit at the median count as one mixture 1.194 / 1.048 /
+1.069, bc 1.098 / 0.908 / 0.999 (close to the average, one refit dearer; on sep wine 1.364);
+"average when every fold stopped before ``max_iter``, else refit" keeps sep wine at the
+refit's 1.006 / 1.035 but gives sep bc 1.040 / 1.071 and digits 1.104, so no rule measured is
+better everywhere.
 """
 
 from __future__ import annotations
@@ -147,6 +196,7 @@ from gpinfer import registry
 from gpinfer.data import Standardizer, load_dataset
 from gpinfer.estimator import GPClassifier
 from gpinfer.kernels import make_kernel
+from gpinfer.posterior import class_columns
 from gpinfer.training.early_stopping import CHOICE_RULES, choose_check, level_target, stop_at
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -200,8 +250,11 @@ def _nll(proba: np.ndarray, y: np.ndarray) -> float:
 
 
 def one(dataset: str, method: str, repeat: int, fold: int, folds: int, iterations: int,
-        patience: int, refit_rule: str | None = None) -> dict:
-    """One split: the path and the early-stopped model (module docstring)."""
+        patience: int, refit_rule: str | None = None,
+        validation_folds: int | None = None) -> dict:
+    """One split: the path and the early-stopped model (module docstring); with it, each
+    validation fold model's test log class probabilities after every one of its iterations
+    (``fold_log_proba [F][T_f][N_test][C]``, the averaging rules' replay)."""
     X, y_all = pooled(dataset)
     test = cv_splits(np.asarray(y_all), folds, repeat)[fold]
     train = np.setdiff1d(np.arange(len(y_all)), test)
@@ -215,10 +268,27 @@ def one(dataset: str, method: str, repeat: int, fold: int, folds: int, iteration
     path: list[float] = []
     objective: list[float] = []
 
+    path_log_proba: list[list[list[float]]] = []
+
     def record(info) -> None:
-        lp = np.asarray(info.posterior().log_predictive(Xte, yte), dtype=float)
+        posterior = info.posterior()
+        lp = np.asarray(posterior.log_predictive(Xte, yte), dtype=float)
         path.append(-float(np.mean(lp)))
+        with np.errstate(divide="ignore"):
+            logp = np.log(class_columns(posterior.predict_proba(Xte), len(classes)))
+        path_log_proba.append(np.round(logp, 12).tolist())
         objective.append(float(info.objective))
+
+    fold_log_proba: list[list[list[list[float]]]] = []
+
+    def record_folds(info) -> None:
+        if "refit_iteration" in info.extra or info.posterior is None:
+            return
+        if info.extra.get("fold_iteration", info.iteration) == 1:
+            fold_log_proba.append([])
+        proba = class_columns(info.posterior().predict_proba(Xte), len(classes))
+        with np.errstate(divide="ignore"):
+            fold_log_proba[-1].append(np.round(np.log(proba), 12).tolist())
 
     seed = 1000 * repeat + fold
     common = dict(method=name, M=M, kernel=kernel, likelihood=likelihood, max_iter=iterations,
@@ -227,9 +297,9 @@ def one(dataset: str, method: str, repeat: int, fold: int, folds: int, iteration
         warnings.simplefilter("ignore")
         full = GPClassifier(**common).fit(Xtr, ytr, callback=record)
         early = GPClassifier(**common, validation_fraction=0.2, validation_interval=1,
-                             n_iter_no_change=patience,
+                             n_iter_no_change=patience, validation_folds=validation_folds,
                              **({} if refit_rule is None else {"refit_rule": refit_rule})
-                             ).fit(Xtr, ytr)
+                             ).fit(Xtr, ytr, callback=record_folds)
     diag, state = early.fit_result_.diagnostics, early.fit_result_.state
     return {"dataset": dataset, "method": method, "repeat": repeat, "fold": fold, "M": M,
             "n_train": int(len(ytr)), "n_test": int(len(yte)), "path": path,
@@ -241,9 +311,51 @@ def one(dataset: str, method: str, repeat: int, fold: int, folds: int, iteration
             "objective_folds": np.where(np.isfinite(state["objective_folds"]),
                                         state["objective_folds"], None).tolist(),
             "fold_points": state["fold_points"].tolist(), "refit_rule": early.refit_rule,
-            "val_iteration": state["val_iteration"].tolist(),
+            "val_iteration": state["val_iteration"].tolist(), "y_test": yte.tolist(),
+            "fold_log_proba": fold_log_proba, "path_log_proba": path_log_proba,
             "val_nll_folds": np.where(np.isfinite(state["val_nll_folds"]),
                                       state["val_nll_folds"], None).tolist()}
+
+
+def cost(dataset: str, method: str, repeats: int, validation_folds: int | None = None,
+         refits: tuple[bool | str, ...] = (True, "average")) -> None:
+    """Fit and predict CPU seconds (``time.process_time``, the settings interleaved, ``repeats``
+    rounds) and the pickled size of the early-stopped model for each ``refit`` setting on the
+    first test split of repeat 1 (the benchmark's settings otherwise)."""
+    import pickle
+
+    X, y_all = pooled(dataset)
+    test = cv_splits(np.asarray(y_all), 10, 1)[0]
+    train = np.setdiff1d(np.arange(len(y_all)), test)
+    st = Standardizer().fit(X[train])
+    Xtr, Xte = st.transform(X[train]), st.transform(X[test])
+    ytr = np.unique(y_all[train], return_inverse=True)[1]
+    name, likelihood, options = _method(method)
+    times: dict[str, list[tuple[float, float]]] = {str(r): [] for r in refits}
+    size: dict[str, int] = {}
+    for _ in range(repeats):
+        for refit in refits:
+            est = GPClassifier(method=name, M=max(1, round(0.1 * Xtr.shape[0])),
+                               kernel=make_kernel("rbf", Xtr.shape[1], ard=True),
+                               likelihood=likelihood, max_iter=250, random_state=1000,
+                               method_options=options, validation_fraction=0.2,
+                               n_iter_no_change=10, validation_folds=validation_folds,
+                               refit=refit)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                t0 = time.process_time()
+                est.fit(Xtr, ytr)
+                t1 = time.process_time()
+                for _ in range(20):
+                    est.predict_proba(Xte)
+                t2 = time.process_time()
+            times[str(refit)].append((t1 - t0, (t2 - t1) / 20))
+            size[str(refit)] = len(pickle.dumps(est))
+    for refit, ts in times.items():
+        fit, predict = np.array(ts).T
+        print(f"| {dataset} | {method} | refit={refit} | fit {np.median(fit):.2f} s "
+              f"({fit.min():.2f}-{fit.max():.2f}) | predict {1e3 * np.median(predict):.2f} ms "
+              f"({len(test)} rows) | pickled {size[refit] / 1e3:.0f} kB |", flush=True)
 
 
 def chosen(row: dict, choice_rule: str | None) -> int:
@@ -271,7 +383,32 @@ def replay(row: dict, rule: str, choice_rule: str | None = None) -> int:
     return stop_at(np.array(row["objective"]), rule, target, row["n_train"]) or len(row["path"])
 
 
-def summary(files: list[str], rules: list[str], choice_rules: list[str | None]) -> None:
+def fold_stops(row: dict, average: str, choice_rule: str | None = None) -> list[int]:
+    """The iteration (1-based) of each validation fold model that ``refit="average"`` keeps,
+    replayed on the row's recorded fold curves: ``"own"``, each fold's own best validation
+    iterate (the first minimum of its curve); ``"chosen"``, the count the folds choose under
+    ``choice_rule`` (``chosen``), or a fold's last iterate where it stopped before."""
+    curves = np.array([[np.nan if v is None else v for v in fold] for fold in
+                       row["val_nll_folds"]], dtype=float)
+    its = np.array(row["val_iteration"])
+    lengths = [len(f) for f in row["fold_log_proba"]]
+    if average == "own":
+        return [int(its[np.argmin(np.where(np.isfinite(c), c, np.inf))]) for c in curves]
+    k = chosen(row, choice_rule) or max(lengths)
+    return [min(k, n) for n in lengths]
+
+
+def averaged_nll(row: dict, stops: list[int]) -> float:
+    """The test NLL of the mean of the fold models' class probabilities, each fold after
+    ``stops[f]`` iterations (its recorded ``fold_log_proba``)."""
+    logp = np.array([row["fold_log_proba"][f][t - 1] for f, t in enumerate(stops)], float)
+    y = np.array(row["y_test"])
+    mixed = np.logaddexp.reduce(logp, axis=0) - np.log(len(stops))  # [N_test, C]
+    return -float(np.mean(mixed[np.arange(y.size), y]))
+
+
+def summary(files: list[str], rules: list[str], choice_rules: list[str | None],
+            averages: list[str] = ()) -> None:
     """Per (dataset, method, choice rule, refit rule) over the splits in ``files``: the ratio
     of means (target <= 1.05), the per-split ratio's mean and worst, and the same without
     early stopping; the window of counts within 5 % of the mean path's best."""
@@ -302,6 +439,16 @@ def summary(files: list[str], rules: list[str], choice_rules: list[str | None]) 
                       f"| {choice_rule or 'run'}, {rule} | {final.mean() / best_mean:.3f} | "
                       f"{np.mean(final / best):.3f} / {np.max(final / best):.3f} | "
                       f"{stops.mean():.1f}, {stops.min()}-{stops.max()} | {ref} |")
+        for average in averages if all("fold_log_proba" in r for r in rs) else ():
+            for choice_rule in (choice_rules if average == "chosen" else [None]):
+                final = np.array([averaged_nll(r, fold_stops(r, average, choice_rule))
+                                  for r in rs])
+                stops = np.array([np.mean(fold_stops(r, average, choice_rule)) for r in rs])
+                label = f"{choice_rule or 'run'}, " if average == "chosen" else ""
+                print(f"| {dataset} | {method} | {len(rs)} ({len({r['repeat'] for r in rs})}) "
+                      f"| {label}average {average} | {final.mean() / best_mean:.3f} | "
+                      f"{np.mean(final / best):.3f} / {np.max(final / best):.3f} | "
+                      f"{stops.mean():.1f}, {stops.min():.0f}-{stops.max():.0f} | {ref} |")
         run = np.array([r["final_nll_es"] for r in rs])
         check = run / np.array([r["path"][min(replay(r, r.get("refit_rule", "objective")), T) - 1]
                                 for r in rs])
@@ -329,15 +476,30 @@ def main() -> None:
     ap.add_argument("--choice-rules", default="run," + ",".join(CHOICE_RULES),
                     help="choice rules the summary replays on the folds' recorded curves "
                          "(run: the run's own choice)")
+    ap.add_argument("--averages", default="own,chosen",
+                    help="fold-averaging rules the summary replays (refit='average': each "
+                         "fold's own best iterate, or the chosen count), from fold_log_proba")
     ap.add_argument("--refit-rule", default=None,
                     help="the early-stopped run's refit_rule (default: the estimator's)")
+    ap.add_argument("--validation-folds", type=int, default=None,
+                    help="the early-stopped run's validation_folds (default: the estimator's)")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "early_stopping_cv.jsonl"))
     ap.add_argument("--summary", nargs="+", default=None, metavar="JSONL",
                     help="print the per-(dataset, method, rule) summary of these files and exit")
+    ap.add_argument("--cost", type=int, default=0, metavar="ROUNDS",
+                    help="measure fit / predict CPU time and model size of refit=True and "
+                         "refit='average' (interleaved, ROUNDS rounds) and exit")
     a = ap.parse_args()
+    if a.cost:
+        with threadpool_limits(limits=1):
+            for dataset in a.datasets.split(","):
+                for method in a.methods.split(","):
+                    cost(dataset, method, a.cost, a.validation_folds)
+        return
     if a.summary:
         summary(a.summary, a.rules.split(","),
-                [None if c == "run" else c for c in a.choice_rules.split(",")])
+                [None if c == "run" else c for c in a.choice_rules.split(",")],
+                [v for v in a.averages.split(",") if v])
         return
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     splits = _range(a.splits) if a.splits else range(a.test_folds)
@@ -348,7 +510,7 @@ def main() -> None:
                     for fold in splits:
                         t0 = time.process_time()
                         r = one(dataset, method, repeat, fold, a.test_folds, a.iterations,
-                                a.patience, a.refit_rule)
+                                a.patience, a.refit_rule, a.validation_folds)
                         fh.write(json.dumps(r) + "\n")
                         fh.flush()
                         print(f"{dataset} {method} r{repeat} f{fold}: best {min(r['path']):.4f}"

@@ -46,6 +46,7 @@ from gpinfer.training.early_stopping import (
     RefitStop,
     ValidationChoice,
     ValidationMonitor,
+    averaged_result,
     mean_nll,
     renumbered,
     validation_splits,
@@ -169,7 +170,7 @@ class _GPEstimatorBase:
     validation_fraction: float | None
     validation_interval: int
     n_iter_no_change: int
-    refit: bool
+    refit: bool | str
     validation_folds: int | None
     refit_rule: str
     choice_rule: str
@@ -342,6 +343,10 @@ class _GPEstimatorBase:
         if not n_classes and settings.choice_rule == "log_one_se":
             raise InputError("choice_rule='log_one_se' needs a positive validation NLL; a "
                              "regression's (a density's) can be negative: use 'one_se'")
+        if not n_classes and settings.averages:
+            raise InputError("refit='average' is for classifiers (the mean of the folds' class "
+                             "probabilities); a regressor's folds learn their own noise "
+                             "variances: use refit=True")
         return settings, validation_splits(y, settings, self._rng(), n_classes)
 
     def _run(self, method: Method, method_name: str, problem: Problem,
@@ -381,9 +386,12 @@ class _GPEstimatorBase:
         (``first`` is the first split's method and problem), the number of iterations chosen on
         their validation NLL, then, with ``refit``, a fit on all of ``X [N, D]``, ``y [N]`` for
         that many iterations (``setup(rows, max_iter)`` builds a method and its problem on
-        ``X[rows]``). The held-out rows live only in this call (never pickled with the fitted
-        model). Returns the fitted model's method, problem and result."""
+        ``X[rows]``), or with ``refit="average"`` the average of the fits' best iterates
+        (``averaged_result``; the returned problem is that of all the rows). The held-out
+        rows live only in this call (never pickled with the fitted model). Returns the fitted
+        model's method, problem and result."""
         monitors: list[ValidationMonitor] = []
+        results: list[FitResult] = []
         several = len(splits) > 1
         offset = 0
         for f, (train, val) in enumerate(splits):
@@ -394,8 +402,12 @@ class _GPEstimatorBase:
                 n_points=problem.n)
             result, _ = self._run(method, method_name, problem, monitor, ranks_iterates=False)
             monitors.append(monitor)
+            results.append(result)
             offset += monitor.last_iteration
         choice = ValidationChoice(monitors, settings.choice_rule)
+        if settings.averages:  # the fit guard judges the average on all the rows
+            return (method, setup(slice(None), None)[1],
+                    averaged_result(monitors, results, choice))
         if not settings.refit:
             return method, problem, monitors[0].restore(result)
         # no finite validation NLL at all: train on everything for as long as the folds did
@@ -560,11 +572,17 @@ class GPClassifierCore(_GPEstimatorBase):
         Iterations between two validation checks (``k``).
     n_iter_no_change : int
         Checks without a better validation NLL before training stops (patience).
-    refit : bool
+    refit : bool or "average"
         With ``validation_fraction``: True (default) trains the method again on all the data
         (the held-out part included) for the number of iterations with the best validation NLL,
         and that is the fitted model; False keeps the best validation iterate of the fit on the
-        reduced data. ``fit_result_.diagnostics`` holds ``best_iteration`` and ``best_val_nll``,
+        reduced data; ``"average"`` keeps every validation fold's model at its own best
+        validation iterate and predicts with the mean of their class probabilities
+        (``posterior_`` is a ``gpinfer.posterior.AveragedPosterior`` of K members, each
+        trained on ``(K - 1) / K`` of the data; no refit; K times the prediction cost; with
+        one hold-out, the one model: as False; ``best_iteration_`` is still the folds' choice,
+        reported but unused, ``fit_result_.state["member_iteration"]`` each member's).
+        ``fit_result_.diagnostics`` holds ``best_iteration`` and ``best_val_nll``,
         ``fit_result_.state`` the per-check ``val_iteration`` and ``val_nll``. Ignored without
         ``validation_fraction``.
     validation_folds : None or int
@@ -658,7 +676,7 @@ class GPClassifierCore(_GPEstimatorBase):
         validation_fraction: float | None = None,
         validation_interval: int = 1,
         n_iter_no_change: int = 10,
-        refit: bool = True,
+        refit: bool | str = True,
         validation_folds: int | None = None,
         refit_rule: str = "iterations",
         choice_rule: str = "one_se",

@@ -9,7 +9,9 @@ and independent Gaussians over inducing values per latent (sparse EP/SEP, Power 
 from __future__ import annotations
 
 import abc
+import operator
 from collections.abc import Sequence
+from functools import reduce
 
 import numpy as np
 from scipy.linalg import solve_triangular
@@ -176,3 +178,46 @@ class InducingPosterior(Posterior):
         for l, (Z, m, S) in enumerate(zip(self.Z, self.m, self.S)):
             out[f"Z_{l}"], out[f"m_{l}"], out[f"S_{l}"] = Z, m, S
         return out
+
+
+class AveragedPosterior(Posterior):
+    """An equally weighted mixture of fitted posteriors ``members`` (``K`` of them, alike: the
+    same likelihood and number of latents), e.g. the validation folds' models of early stopping
+    with ``refit="average"`` (``gpinfer.training.early_stopping``).
+
+    It predicts as their average: ``predict_proba`` is the mean of the members' class
+    probabilities (``[N*, C]``, or ``[N*]`` for a binary likelihood, as theirs), and
+    ``log_predictive`` the log of the mean of their predictive densities, ``[N*]``. The test
+    NLL of the average is at most the average of the members' (Jensen). ``predict_f`` gives the
+    mixture's latent moments ``[N*, L]`` (the mean of the means; the mean of ``var + mean^2``
+    less the squared mean), which are exact for the mixture but are not what its class
+    probabilities are computed from. ``likelihood`` is the first member's.
+    """
+
+    def __init__(self, members: Sequence[Posterior]):
+        if not members:
+            raise ValueError("AveragedPosterior needs at least one member posterior")
+        super().__init__(members[0].likelihood)
+        self.members = list(members)
+
+    def predict_f(self, X: Array) -> tuple[Array, Array]:
+        moments = [member.predict_f(X) for member in self.members]
+        k = len(moments)
+        mean = reduce(operator.add, [m for m, _ in moments]) / k
+        second = reduce(operator.add, [v + m * m for m, v in moments]) / k
+        floor = 1e-300 if str(mean.dtype).endswith("float64") else 1e-30
+        return mean, ops.namespace(mean).clip(second - mean * mean, min=floor)
+
+    def predict_proba(self, X: Array) -> Array:
+        each = [np.asarray(ops.to_host(member.predict_proba(X))) for member in self.members]
+        return reduce(operator.add, each) / len(each)
+
+    def log_predictive(self, X: Array, y: Array) -> Array:
+        logs = np.stack([np.asarray(ops.to_host(member.log_predictive(X, y)), dtype=float)
+                         for member in self.members])  # [K, N*]
+        return np.logaddexp.reduce(logs, axis=0) - np.log(len(self.members))
+
+    def state(self) -> dict[str, Array]:
+        """The members' arrays, ``member<k>_<name>``."""
+        return {f"member{k}_{key}": value for k, member in enumerate(self.members)
+                for key, value in member.state().items()}

@@ -63,7 +63,8 @@ class GPRegressorCore(_GPEstimatorBase):
     Parameters are those of ``GPClassifier`` (``method``, ``M``, ``kernel``, ``likelihood``,
     ``optimize``, ``max_iter``, ``batch_size``, ``random_state``, ``method_options``,
     ``verbose``, ``baseline_failure``, and early stopping: ``validation_fraction`` (a random,
-    not stratified, part), ``validation_interval``, ``n_iter_no_change``, ``refit``,
+    not stratified, part), ``validation_interval``, ``n_iter_no_change``, ``refit`` (not
+    ``"average"``: each fold learns its own noise variance),
     ``validation_folds``, ``refit_rule``, ``choice_rule``: not ``"log_one_se"``, the NLL of a
     density can be negative), except that ``likelihood`` defaults to a Gaussian
     with noise variance ``0.01 var(y)`` (the reference initialisation ``sigma = 0.1 std(y)``)
@@ -89,7 +90,7 @@ class GPRegressorCore(_GPEstimatorBase):
         validation_fraction: float | None = None,
         validation_interval: int = 1,
         n_iter_no_change: int = 10,
-        refit: bool = True,
+        refit: bool | str = True,
         validation_folds: int | None = None,
         refit_rule: str = "iterations",
         choice_rule: str = "one_se",

@@ -689,17 +689,24 @@ def _params(p: Prepared) -> dict[str, str]:
 def _n_fit(p: Prepared) -> int:
     """The training rows the fitted model was trained on: all of ``X_train``, less the
     early-stopping validation part (``validation_size``) where the model is the best iterate of
-    the fit on the rest (``refit=False``; a refit trains on all of them)."""
+    the fit on the rest (``refit=False``; a refit trains on all of them); with
+    ``refit="average"``, the rows of one of the averaged models (``n - n // K`` for K folds,
+    the largest of them)."""
     n, es = int(p.X_train.shape[0]), p.settings.early_stopping
-    if es is None or es.refit:
+    if es is None or es.refit is True:
         return n
+    folds = es.n_folds(n)
+    if folds > 1:
+        return n - n // folds
     return n - validation_size(p.y_train, es.validation_fraction, p.n_classes)
 
 
 def fitted_inducing_count(posterior: object) -> int | None:
     """Inducing points per latent of a fitted sparse posterior (``Z [M, D]`` or a list of
-    them); None for a posterior without inducing inputs."""
-    Z = getattr(posterior, "Z", None)
+    them; an ``AveragedPosterior``'s first member's); None for a posterior without inducing
+    inputs."""
+    members = getattr(posterior, "members", None)
+    Z = getattr(posterior if members is None else members[0], "Z", None)
     if Z is None:
         return None
     first = Z[0] if isinstance(Z, list | tuple) else Z

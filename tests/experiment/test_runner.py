@@ -336,17 +336,19 @@ def test_dataset_configs_load_and_split(
     assert np.unique(split.y_train).tolist() == list(range(n_classes))
 
 
-@pytest.mark.parametrize("refit", [True, False])
-def test_early_stopping_counts_and_metrics(tmp_path: Path, store_uri: str, refit: bool) -> None:
+@pytest.mark.parametrize("refit", [True, False, "average"])
+def test_early_stopping_counts_and_metrics(tmp_path: Path, store_uri: str,
+                                           refit: bool | str) -> None:
     """With a validation part, n_train is the count the fitted model was trained on: all the
     training rows after a refit (the default; n_validation 0), the rows less the held-out fifth
-    of each class without one. The run records (result.json and MLflow's final metrics) whether
-    training stopped early, at which iteration the best validation NLL was and its score."""
+    of each class without one (or, averaging, less one of 5 folds). The run records (result.json
+    and MLflow's final metrics) whether training stopped early, at which iteration the best
+    validation NLL was and its score."""
     cfg = store_cfg(store_uri, "method.name=toygp", "iterations=30", "seed=3",
                     "validation_fraction=0.2", "n_iter_no_change=2", f"refit={str(refit).lower()}")
     result = run_experiment(cfg, output_dir=tmp_path / "run")
     held_out = 512 - result["n_train"]  # 512 training rows
-    if refit:
+    if refit is True:
         assert held_out == 0
     else:  # a fifth of each class held out
         assert 0.19 * 512 < held_out < 0.21 * 512
