@@ -288,7 +288,10 @@ def require_positive(x: Array, error: Callable[[], Exception]) -> None:
         if not all_positive(x):
             raise error()
         return
-    _require(((x > 0.0) & (x < math.inf)).all(), error)
+    # log(x) is finite exactly where 0 < x < inf (log 0 = -inf, log of a negative or NaN is
+    # NaN, log inf = inf): three operators instead of four
+    torch = _torch()
+    _require(torch.isfinite(torch.log(x)).all(), error)
 
 
 def require_finite(error: Callable[[], Exception], *arrays: Array) -> None:
@@ -302,8 +305,21 @@ def require_finite(error: Callable[[], Exception], *arrays: Array) -> None:
     if not device:
         return
     torch = _torch()
-    flags = [torch.isfinite(a).all() for a in device]
-    _require(flags[0] if len(flags) == 1 else torch.stack(flags).all(), error)
+    _require_all([torch.isfinite(a).all() for a in device], error)
+
+
+def _require_all(flags: list[Array], error: Callable[[], Exception]) -> None:
+    """``_require`` of every 0-d flag: inside ``deferred_checks`` (or while tracing) each flag
+    is kept on its own with the same error (no stack and reduction of its own: the read
+    stacks them all anyway; the first failed one raises, as their conjunction would), else
+    one reduction and one read."""
+    if len(flags) == 1:
+        _require(flags[0], error)
+    elif tracing() or pending_checks() is not None:
+        for flag in flags:
+            _require(flag, error)
+    else:
+        _require(_torch().stack(flags).all(), error)
 
 
 def einsum(spec: str, *operands: Array) -> Array:
@@ -466,7 +482,7 @@ def checked_cholesky(K: Array, *also_finite: Array,
     L, info = torch.linalg.cholesky_ex(K)
     flags = [(info == 0).all()] + [torch.isfinite(a).all() for a in (K, *also_finite)]
     if error is not None and (tracing() or pending_checks() is not None):
-        _require(torch.stack(flags).all(), error)
+        _require_all(flags, error)
         return L
     return L if bool(torch.stack(flags).all()) else None
 
