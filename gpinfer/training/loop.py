@@ -194,11 +194,15 @@ class TrainingLoop:
                 theta = self.hp.pack()
                 part = self._scaled
                 coord = self._coordinates(theta)[part]
-                theta[part] *= coord
-                grad[part] /= coord
+                # on views (``x[part] *= c`` would also write the result back onto itself:
+                # one more slice and copy on a device)
+                theta_part, grad_part = theta[part], grad[part]
+                theta_part *= coord
+                grad_part /= coord
                 xi = (opt.step_into(theta, grad) if isinstance(opt, Adam)
                       else opt.step(theta, grad))
-                xi[part] /= coord
+                xi_part = xi[part]
+                xi_part /= coord
                 self.hp.unpack(xi, owned=True)
 
     def _step(self, batch: Array, rho: float) -> tuple[float, Array, float]:
