@@ -503,12 +503,17 @@ def _trsm_stack(L: np.ndarray, B: np.ndarray, transpose: bool) -> np.ndarray:
     return out
 
 
-def solve_triangular(L: Array, B: Array, *, transpose: bool = False) -> Array:
+def solve_triangular(L: Array, B: Array, *, transpose: bool = False,
+                     L_T: Array | None = None) -> Array:
     """``L^-1 B`` (``L^-T B`` with ``transpose``) for lower-triangular ``L [..., M, M]`` and
-    ``B [..., M, k]`` (a matrix, or a stack of them with the same leading axes)."""
+    ``B [..., M, k]`` (a matrix, or a stack of them with the same leading axes). ``L_T``:
+    ``mT(L)`` where the caller keeps it (a device then forms no transposed view per solve;
+    numpy ignores it)."""
     if not is_numpy(L):
         torch = _torch()
-        return torch.linalg.solve_triangular(L.mT if transpose else L, B, upper=transpose)
+        if transpose:
+            return torch.linalg.solve_triangular(L.mT if L_T is None else L_T, B, upper=True)
+        return torch.linalg.solve_triangular(L, B, upper=False)
     if L.ndim == 2:
         return _scipy_solve_triangular(L, B, lower=True, trans=1 if transpose else 0,
                                        check_finite=False)
