@@ -110,6 +110,23 @@ def arange(ref: Array, n: int) -> Array:
     return out
 
 
+_IDENTITIES: dict[tuple[str, str, int], Array] = {}
+
+
+def _identity(ref: Array, n: int) -> Array:
+    """The ``n x n`` identity on ``ref``'s device and dtype (a device array: made once per
+    device, dtype and size and kept, like ``arange``; callers only read it)."""
+    if tracing():  # inside a compiled region: part of its graph
+        return eye(ref, n)
+    key = (str(ref.device), str(ref.dtype), n)
+    out = _IDENTITIES.get(key)
+    if out is None:
+        if len(_IDENTITIES) > 16:
+            _IDENTITIES.clear()
+        out = _IDENTITIES[key] = eye(ref, n)
+    return out
+
+
 _CONSTANTS: dict[tuple[str, str, tuple[float, ...]], Array] = {}
 
 
@@ -573,7 +590,7 @@ def tri_inverse(L: Array) -> Array:
     """``L^-1`` ``[..., M, M]`` of lower-triangular factors ``L`` with a positive diagonal
     (LAPACK ``trtri`` per matrix on numpy, a triangular solve with the identity on torch)."""
     if not is_numpy(L):
-        return _torch().linalg.solve_triangular(L, eye(L, L.shape[-1]), upper=False)
+        return _torch().linalg.solve_triangular(L, _identity(L, L.shape[-1]), upper=False)
     flat = L.reshape((-1,) + L.shape[-2:])
     out = np.empty_like(flat)
     trtri = strtri if flat.dtype == np.float32 else dtrtri
@@ -591,7 +608,7 @@ def cho_inverse(LB: Array) -> tuple[Array, bool]:
     triangular solve, which has no error check to read, where ``cholesky_inverse`` reads its
     LAPACK status on the host: a sync)."""
     if not is_numpy(LB):
-        T = _torch().linalg.solve_triangular(LB, eye(LB, LB.shape[-1]), upper=False)
+        T = _torch().linalg.solve_triangular(LB, _identity(LB, LB.shape[-1]), upper=False)
         return T.mT @ T, False
     flat = LB.reshape((-1,) + LB.shape[-2:])
     out = np.empty_like(flat)
