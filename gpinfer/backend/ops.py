@@ -439,6 +439,21 @@ def piecewise(mask: Array, f_in: Any, f_out: Any, *args: Array) -> Array:
     return out
 
 
+def reciprocal(x: Array) -> Array:
+    """``1 / x`` elementwise (a new array; on a device one operator, where ``1.0 / x`` is a
+    reciprocal and a product by one)."""
+    return 1.0 / x if is_numpy(x) else x.reciprocal()
+
+
+def repeat_columns(v: Array, n: int) -> Array:
+    """``[C, n]``: ``v [C]`` in every column (a new, writable array)."""
+    if is_numpy(v):
+        out = np.empty((v.shape[0], n), dtype=v.dtype)
+        out[...] = v[:, None]
+        return out
+    return v[:, None].repeat(1, n)
+
+
 def multiply_into(a: Array, b: Array | float, out: Array) -> Array:
     """``out = a * b`` without a temporary (the standard has no ``out=``); returns ``out``."""
     if is_numpy(out):

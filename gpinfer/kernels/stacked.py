@@ -91,7 +91,7 @@ class _Distances:
 def _scaled_norms(X2: Array, ell2: Array) -> Array:
     """``sum_d X2[b, d] / ell[c, 0, d]^2`` ``[C, B]`` for squared inputs ``X2 [B, D]`` and
     squared lengthscales ``ell2 [C, D]`` (ARD) or ``[C, 1]`` (isotropic)."""
-    inv = 1.0 / ell2  # [C, D']
+    inv = ops.reciprocal(ell2)  # [C, D']
     if inv.shape[1] == 1:
         return inv * ops.namespace(X2).sum(X2, axis=1)[None, :]
     return inv @ ops.mT(X2)
@@ -162,8 +162,9 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     xp = ops.namespace(Z)
     C, M, D = Z.shape
     start, stop = family.offsets[family.stationary_index]
-    ell = natural[:, None, start : stop - 1]
-    ell2 = ell[:, 0, :] * ell[:, 0, :]  # [C, D']
+    ell_rows = natural[:, start : stop - 1]  # [C, D']
+    ell = ell_rows[:, None, :]
+    ell2 = ell_rows * ell_rows
     var = natural[:, stop - 1]
     # one shift for every latent and the batch (distances do not change)
     shift = xp.mean(xp.reshape(Z, (C * M, D)), axis=0)
@@ -180,13 +181,12 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     Xs2 = Xs * Xs
     r2_uf = StackedCovariances._sqdist(a2_col, _scaled_norms(Xs2, ell2)[:, None, :], cross)
     proto = st[0]
-    vk = var[:, None, None]
+    vk = xp.reshape(var, (C, 1, 1))
     d = _Distances(A, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, var, Xs2, ell2,
                    vk)
     Kuu = vk * d.g_uu
     Kuf = vk * d.g_uf
-    Kff_diag = ops.empty(X, (len(st), X.shape[0]))
-    Kff_diag[...] = var[:, None]
+    Kff_diag = ops.repeat_columns(var, X.shape[0])  # [C, B]
     for index, _ in family.noise_parts():
         noise = natural[:, family.offsets[index][0]]
         if family.noise_on_square[index]:
