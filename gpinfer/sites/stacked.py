@@ -227,7 +227,7 @@ class StackedGaussians:
             self.h_w = h_w
         else:
             a = scale if ops.is_array(scale) and not ops.is_numpy(scale) else ops.like(P_w, scale)
-            Bm = ops.add_diagonal(a[:, None, None] * P_w, 1.0)
+            Bm = ops.add_diagonal(ops.namespace(a).reshape(a, (-1, 1, 1)) * P_w, 1.0)
             self.h_w = a[:, None] * h_w
         self.LB = site_cholesky(Bm, h_w, iteration)
         #: ``transpose(LB)``, formed once: every ``L_B^-T`` solve shares it
@@ -257,7 +257,8 @@ class StackedGaussians:
         """``G(q_c) - G(prior)`` per class ``[C]`` (spec ep-sep §2.6)."""
         xp = ops.namespace(self.LB)
         log_diag = xp.log(ops.diagonal(self.LB))
-        return -xp.sum(log_diag, axis=1) + 0.5 * ops.einsum("cm,cm->c", self.w, self.h_w)
+        # b - a, the same value as -a + b (one operator fewer on a device)
+        return 0.5 * ops.einsum("cm,cm->c", self.w, self.h_w) - xp.sum(log_diag, axis=1)
 
     def moments(self, L: Array) -> tuple[Array, Array]:
         """``(m [C, M], V [C, M, M])`` in ``u``-space given ``L [C, M, M] = chol(Kuu)``:
@@ -285,18 +286,19 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     """
     A = terms.A
     e = 2.0 * b_sum if e_sum is None else e_sum
+    e_row = e[:, None, :]  # [C, 1, n]
     AB = A * b_sum[:, None, :]  # A diag(B), [C, M, n]
     BiA = tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)  # B_g^-1 A
     # the sums below run in place, in the order of the formulas (the same arithmetic)
     X = lik.w[:, :, None] * a_sum[:, None, :]
-    T = BiA * e[:, None, :]
+    T = BiA * e_row
     X += T
     X -= ops.multiply_into(AB, 2.0, T)
     del T
     S_B = AB @ transpose(A)
     Aa = ops.einsum("cmn,cn->cm", A, a_sum)
     AX = Aa[:, :, None] * lik.w[:, None, :]
-    AX += (A * e[:, None, :]) @ transpose(BiA)
+    AX += (A * e_row) @ transpose(BiA)
     AX -= 2.0 * S_B
     inner = q.w[:, :, None] * q.w[:, None, :]
     inner += q.B_inv()  # B^-1 + w w^T (q keeps its B^-1)
