@@ -358,16 +358,51 @@ def diagonal(X: Array) -> Array:
     return _torch().diagonal(X, dim1=-2, dim2=-1)
 
 
+def _diagonal_matrix(ref: Array, n: int, value: float) -> Array:
+    """``value`` on the diagonal of an ``n x n`` matrix with ``-0.0`` elsewhere (``x + (-0.0)``
+    is ``x`` for every ``x``, signed zeros included), on ``ref``'s device and dtype: made
+    once per device, dtype, size and value and kept (callers only read it)."""
+    key = (str(ref.device), str(ref.dtype), n, float(value))
+    out = _DIAGONALS.get(key)
+    if out is None:
+        if len(_DIAGONALS) > 16:
+            _DIAGONALS.clear()
+        out = full(ref, (n, n), -0.0)
+        diagonal(out).fill_(value)
+        _DIAGONALS[key] = out
+    return out
+
+
+_DIAGONALS: dict[tuple[str, str, int, float], Array] = {}
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def add_diagonal(X: Array, value: Any) -> Array:
     """``X [..., M, M]`` with ``value`` (scalar or ``[..., M]``) added to its diagonal, in
-    place; returns ``X``."""
-    if not is_numpy(X):  # the diagonal is a writable view: one in-place op
-        diagonal(X).add_(value)
+    place; returns ``X``. (On a device a scalar is added as a kept diagonal matrix: one
+    operator, the same values.)"""
+    if not is_numpy(X):
+        if _scalar(value) and not tracing():
+            X += _diagonal_matrix(X, X.shape[-1], value)
+        else:  # the diagonal is a writable view
+            diagonal(X).add_(value)
         return X
     M = X.shape[-1]
     i = np.arange(M)
     X[..., i, i] += value
     return X
+
+
+def plus_diagonal(X: Array, value: float) -> Array:
+    """``X [..., M, M]`` with the scalar ``value`` added to its diagonal, as a new array
+    (``X`` is left alone; on a device one operator, where a copy and an in-place addition
+    are three)."""
+    if not is_numpy(X) and not tracing():
+        return X + _diagonal_matrix(X, X.shape[-1], value)
+    return add_diagonal(copy(X), value)
 
 
 def zeros(ref: Array, shape: tuple[int, ...]) -> Array:

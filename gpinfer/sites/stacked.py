@@ -201,10 +201,11 @@ def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Arr
     jitter = inducing_jitter(X) if jitter is None else jitter
     if covariances is not None:
         Kuu, Kuf, Kff_diag = covariances.Kuu, covariances.Kuf, covariances.Kff_diag
-        Kuu = ops.copy(Kuu)  # the shared covariances stay as they are
+        Kuu = ops.plus_diagonal(Kuu, jitter)  # a new array: the shared covariances stay
     else:
         Kuu, Kuf, Kff_diag = stacked_covariances(kernels, Zs, X)
-    L = stacked_cholesky(ops.add_diagonal(Kuu, jitter), "Kuu", iteration)
+        ops.add_diagonal(Kuu, jitter)
+    L = stacked_cholesky(Kuu, "Kuu", iteration)
     L_inv = ops.tri_inverse(L) if ops.prefers_tri_inverse(L) else None
     A = tri_solve_stack(L, Kuf) if L_inv is None else ops.tri_matmul(L_inv, Kuf)
     s = Kff_diag + jitter
@@ -223,7 +224,7 @@ class StackedGaussians:
     def __init__(self, P_w: Array, h_w: Array, scale: Array | None = None, *,
                  iteration: int | None = None):
         if scale is None:  # a = 1: no product
-            Bm = ops.add_diagonal(ops.copy(P_w), 1.0)
+            Bm = ops.plus_diagonal(P_w, 1.0)
             self.h_w = h_w
         else:
             a = scale if ops.is_array(scale) and not ops.is_numpy(scale) else ops.like(P_w, scale)
