@@ -217,11 +217,8 @@ class DeferredChecks:
         device = [v for v in values if not is_numpy(v)]
         if not flags and not device:
             return [float(v) for v in values]
-        torch = _torch()
-        parts = [torch.stack(flags)] if flags else []  # bool: cat promotes it (0 and 1 exact)
-        if device:
-            parts.append(torch.stack(device))
-        host = to_host(parts[0] if len(parts) == 1 else torch.cat(parts)).tolist()  # 1 sync
+        # one stack of flags and values (bool promoted with the values' dtype: 0 and 1 exact)
+        host = to_host(_torch().stack(flags + device)).tolist()  # 1 sync
         for ok, error in zip(host, errors):
             if not ok:
                 raise error()
