@@ -471,6 +471,13 @@ def piecewise(mask: Array, f_in: Any, f_out: Any, *args: Array) -> Array:
     return out
 
 
+def take_columns(X: Array, idx: Array) -> Array:
+    """``X[i, idx[i, j]]`` ``[n, k]`` for ``X [n, m]`` and integer ``idx [n, k]``."""
+    if is_numpy(X):
+        return np.take_along_axis(X, idx, axis=1)
+    return X.gather(1, idx)
+
+
 def reciprocal(x: Array) -> Array:
     """``1 / x`` elementwise (a new array; on a device one operator, where ``1.0 / x`` is a
     reciprocal and a product by one)."""
