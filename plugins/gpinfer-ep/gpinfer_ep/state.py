@@ -354,7 +354,7 @@ def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Array,
     A = terms.A
     P_new = (A * tau.T[:, None, :]) @ transpose(A)
     h_new = ops.einsum("cmn,nc->cm", A, nu)
-    P_w = symmetrize(keep[:, None, None] * P_w + rho * P_new)
+    P_w = symmetrize(ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w + rho * P_new)
     h_next = keep[:, None] * h_w + rho * h_new
     xp = ops.namespace(h_next)
     change = xp.max(xp.abs(h_next - h_w))
