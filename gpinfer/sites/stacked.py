@@ -158,8 +158,10 @@ class StackedTerms:
             return symmetrize(ops.tri_matmul(self.L_inv, self.unwhiten(S), right=True,
                                              overwrite=True))
         T = tri_solve_stack(self.L, S, transpose=True, L_T=self.L_T)  # L^-T S
-        return symmetrize(tri_solve_stack(self.L, ops.copy(transpose(T)), transpose=True,
-                                          L_T=self.L_T))
+        # T^T as it is on a device (the solve lays its right-hand side out itself), a
+        # C-ordered copy on numpy (``_trsm_stack`` solves on its Fortran views)
+        T_t = ops.copy(transpose(T)) if ops.is_numpy(T) else transpose(T)
+        return symmetrize(tri_solve_stack(self.L, T_t, transpose=True, L_T=self.L_T))
 
     def unwhiten(self, X: Array, *, overwrite: bool = False) -> Array:
         """``L^-T X`` ``[C, M, k]`` (whitened-space gradients to ``u``-space); ``overwrite``:
