@@ -110,6 +110,23 @@ def arange(ref: Array, n: int) -> Array:
     return out
 
 
+_IDENTITIES: dict[tuple[str, str, int], Array] = {}
+
+
+def _identity(ref: Array, n: int) -> Array:
+    """The ``n x n`` identity on ``ref``'s device and dtype (a device array: made once per
+    device, dtype and size and kept, like ``arange``; callers only read it)."""
+    if tracing():  # inside a compiled region: part of its graph
+        return eye(ref, n)
+    key = (str(ref.device), str(ref.dtype), n)
+    out = _IDENTITIES.get(key)
+    if out is None:
+        if len(_IDENTITIES) > 16:
+            _IDENTITIES.clear()
+        out = _IDENTITIES[key] = eye(ref, n)
+    return out
+
+
 _CONSTANTS: dict[tuple[str, str, tuple[float, ...]], Array] = {}
 
 
@@ -200,11 +217,8 @@ class DeferredChecks:
         device = [v for v in values if not is_numpy(v)]
         if not flags and not device:
             return [float(v) for v in values]
-        torch = _torch()
-        parts = [torch.stack(flags)] if flags else []  # bool: cat promotes it (0 and 1 exact)
-        if device:
-            parts.append(torch.stack(device))
-        host = to_host(parts[0] if len(parts) == 1 else torch.cat(parts)).tolist()  # 1 sync
+        # one stack of flags and values (bool promoted with the values' dtype: 0 and 1 exact)
+        host = to_host(_torch().stack(flags + device)).tolist()  # 1 sync
         for ok, error in zip(host, errors):
             if not ok:
                 raise error()
@@ -288,7 +302,10 @@ def require_positive(x: Array, error: Callable[[], Exception]) -> None:
         if not all_positive(x):
             raise error()
         return
-    _require(((x > 0.0) & (x < math.inf)).all(), error)
+    # log(x) is finite exactly where 0 < x < inf (log 0 = -inf, log of a negative or NaN is
+    # NaN, log inf = inf): three operators instead of four
+    torch = _torch()
+    _require(torch.isfinite(torch.log(x)).all(), error)
 
 
 def require_finite(error: Callable[[], Exception], *arrays: Array) -> None:
@@ -302,8 +319,21 @@ def require_finite(error: Callable[[], Exception], *arrays: Array) -> None:
     if not device:
         return
     torch = _torch()
-    flags = [torch.isfinite(a).all() for a in device]
-    _require(flags[0] if len(flags) == 1 else torch.stack(flags).all(), error)
+    _require_all([torch.isfinite(a).all() for a in device], error)
+
+
+def _require_all(flags: list[Array], error: Callable[[], Exception]) -> None:
+    """``_require`` of every 0-d flag: inside ``deferred_checks`` (or while tracing) each flag
+    is kept on its own with the same error (no stack and reduction of its own: the read
+    stacks them all anyway; the first failed one raises, as their conjunction would), else
+    one reduction and one read."""
+    if len(flags) == 1:
+        _require(flags[0], error)
+    elif tracing() or pending_checks() is not None:
+        for flag in flags:
+            _require(flag, error)
+    else:
+        _require(_torch().stack(flags).all(), error)
 
 
 def einsum(spec: str, *operands: Array) -> Array:
@@ -325,16 +355,51 @@ def diagonal(X: Array) -> Array:
     return _torch().diagonal(X, dim1=-2, dim2=-1)
 
 
+def _diagonal_matrix(ref: Array, n: int, value: float) -> Array:
+    """``value`` on the diagonal of an ``n x n`` matrix with ``-0.0`` elsewhere (``x + (-0.0)``
+    is ``x`` for every ``x``, signed zeros included), on ``ref``'s device and dtype: made
+    once per device, dtype, size and value and kept (callers only read it)."""
+    key = (str(ref.device), str(ref.dtype), n, float(value))
+    out = _DIAGONALS.get(key)
+    if out is None:
+        if len(_DIAGONALS) > 16:
+            _DIAGONALS.clear()
+        out = full(ref, (n, n), -0.0)
+        diagonal(out).fill_(value)
+        _DIAGONALS[key] = out
+    return out
+
+
+_DIAGONALS: dict[tuple[str, str, int, float], Array] = {}
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def add_diagonal(X: Array, value: Any) -> Array:
     """``X [..., M, M]`` with ``value`` (scalar or ``[..., M]``) added to its diagonal, in
-    place; returns ``X``."""
-    if not is_numpy(X):  # the diagonal is a writable view: one in-place op
-        diagonal(X).add_(value)
+    place; returns ``X``. (On a device a scalar is added as a kept diagonal matrix: one
+    operator, the same values.)"""
+    if not is_numpy(X):
+        if _scalar(value) and not tracing():
+            X += _diagonal_matrix(X, X.shape[-1], value)
+        else:  # the diagonal is a writable view
+            diagonal(X).add_(value)
         return X
     M = X.shape[-1]
     i = np.arange(M)
     X[..., i, i] += value
     return X
+
+
+def plus_diagonal(X: Array, value: float) -> Array:
+    """``X [..., M, M]`` with the scalar ``value`` added to its diagonal, as a new array
+    (``X`` is left alone; on a device one operator, where a copy and an in-place addition
+    are three)."""
+    if not is_numpy(X) and not tracing():
+        return X + _diagonal_matrix(X, X.shape[-1], value)
+    return add_diagonal(copy(X), value)
 
 
 def zeros(ref: Array, shape: tuple[int, ...]) -> Array:
@@ -406,6 +471,28 @@ def piecewise(mask: Array, f_in: Any, f_out: Any, *args: Array) -> Array:
     return out
 
 
+def take_columns(X: Array, idx: Array) -> Array:
+    """``X[i, idx[i, j]]`` ``[n, k]`` for ``X [n, m]`` and integer ``idx [n, k]``."""
+    if is_numpy(X):
+        return np.take_along_axis(X, idx, axis=1)
+    return X.gather(1, idx)
+
+
+def reciprocal(x: Array) -> Array:
+    """``1 / x`` elementwise (a new array; on a device one operator, where ``1.0 / x`` is a
+    reciprocal and a product by one)."""
+    return 1.0 / x if is_numpy(x) else x.reciprocal()
+
+
+def repeat_columns(v: Array, n: int) -> Array:
+    """``[C, n]``: ``v [C]`` in every column (a new, writable array)."""
+    if is_numpy(v):
+        out = np.empty((v.shape[0], n), dtype=v.dtype)
+        out[...] = v[:, None]
+        return out
+    return v[:, None].repeat(1, n)
+
+
 def multiply_into(a: Array, b: Array | float, out: Array) -> Array:
     """``out = a * b`` without a temporary (the standard has no ``out=``); returns ``out``."""
     if is_numpy(out):
@@ -466,7 +553,7 @@ def checked_cholesky(K: Array, *also_finite: Array,
     L, info = torch.linalg.cholesky_ex(K)
     flags = [(info == 0).all()] + [torch.isfinite(a).all() for a in (K, *also_finite)]
     if error is not None and (tracing() or pending_checks() is not None):
-        _require(torch.stack(flags).all(), error)
+        _require_all(flags, error)
         return L
     return L if bool(torch.stack(flags).all()) else None
 
@@ -487,12 +574,17 @@ def _trsm_stack(L: np.ndarray, B: np.ndarray, transpose: bool) -> np.ndarray:
     return out
 
 
-def solve_triangular(L: Array, B: Array, *, transpose: bool = False) -> Array:
+def solve_triangular(L: Array, B: Array, *, transpose: bool = False,
+                     L_T: Array | None = None) -> Array:
     """``L^-1 B`` (``L^-T B`` with ``transpose``) for lower-triangular ``L [..., M, M]`` and
-    ``B [..., M, k]`` (a matrix, or a stack of them with the same leading axes)."""
+    ``B [..., M, k]`` (a matrix, or a stack of them with the same leading axes). ``L_T``:
+    ``mT(L)`` where the caller keeps it (a device then forms no transposed view per solve;
+    numpy ignores it)."""
     if not is_numpy(L):
         torch = _torch()
-        return torch.linalg.solve_triangular(L.mT if transpose else L, B, upper=transpose)
+        if transpose:
+            return torch.linalg.solve_triangular(L.mT if L_T is None else L_T, B, upper=True)
+        return torch.linalg.solve_triangular(L, B, upper=False)
     if L.ndim == 2:
         return _scipy_solve_triangular(L, B, lower=True, trans=1 if transpose else 0,
                                        check_finite=False)
@@ -552,7 +644,7 @@ def tri_inverse(L: Array) -> Array:
     """``L^-1`` ``[..., M, M]`` of lower-triangular factors ``L`` with a positive diagonal
     (LAPACK ``trtri`` per matrix on numpy, a triangular solve with the identity on torch)."""
     if not is_numpy(L):
-        return _torch().linalg.solve_triangular(L, eye(L, L.shape[-1]), upper=False)
+        return _torch().linalg.solve_triangular(L, _identity(L, L.shape[-1]), upper=False)
     flat = L.reshape((-1,) + L.shape[-2:])
     out = np.empty_like(flat)
     trtri = strtri if flat.dtype == np.float32 else dtrtri
@@ -570,7 +662,7 @@ def cho_inverse(LB: Array) -> tuple[Array, bool]:
     triangular solve, which has no error check to read, where ``cholesky_inverse`` reads its
     LAPACK status on the host: a sync)."""
     if not is_numpy(LB):
-        T = _torch().linalg.solve_triangular(LB, eye(LB, LB.shape[-1]), upper=False)
+        T = _torch().linalg.solve_triangular(LB, _identity(LB, LB.shape[-1]), upper=False)
         return T.mT @ T, False
     flat = LB.reshape((-1,) + LB.shape[-2:])
     out = np.empty_like(flat)

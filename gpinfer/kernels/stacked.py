@@ -70,7 +70,9 @@ class _Distances:
     ``A [C, M, D]`` the scaled inducing inputs ``(Z - shift) / ell``, ``Xs [B, D]`` the batch
     shifted alike (unscaled: shared by every latent), ``r2`` and ``g`` ``[C, M, M]`` (square)
     and ``[C, M, B]`` (cross), ``ell [C, 1, D']`` and ``var [C]`` the stationary part's
-    lengthscales and variances on the arrays' device.
+    lengthscales and variances on the arrays' device; kept so that the VJPs do not form them
+    again: ``Xs2 = Xs * Xs [B, D]``, ``ell2 = ell[:, 0] ** 2 [C, D']`` and ``vk = var`` as
+    ``[C, 1, 1]``.
     """
 
     A: Array
@@ -81,12 +83,15 @@ class _Distances:
     g_uf: Array
     ell: Array
     var: Array
+    Xs2: Array
+    ell2: Array
+    vk: Array
 
 
-def _scaled_norms(X2: Array, ell: Array) -> Array:
+def _scaled_norms(X2: Array, ell2: Array) -> Array:
     """``sum_d X2[b, d] / ell[c, 0, d]^2`` ``[C, B]`` for squared inputs ``X2 [B, D]`` and
-    lengthscales ``ell [C, 1, D]`` (ARD) or ``[C, 1, 1]`` (isotropic)."""
-    inv = 1.0 / (ell[:, 0, :] * ell[:, 0, :])  # [C, D']
+    squared lengthscales ``ell2 [C, D]`` (ARD) or ``[C, 1]`` (isotropic)."""
+    inv = ops.reciprocal(ell2)  # [C, D']
     if inv.shape[1] == 1:
         return inv * ops.namespace(X2).sum(X2, axis=1)[None, :]
     return inv @ ops.mT(X2)
@@ -114,10 +119,11 @@ class StackedCovariances:
 
     @staticmethod
     def _sqdist(a2: Array, b2: Array, AB: Array) -> Array:
-        """``r2 = a2 + b2 - 2 AB`` ``[C, Ma, Mb]`` (in place on ``AB``), clipped at 0."""
+        """``r2 = a2 + b2 - 2 AB`` ``[C, Ma, Mb]`` (in place on ``AB``), clipped at 0, for
+        ``a2 [C, Ma, 1]`` and ``b2 [C, 1, Mb]``."""
         AB *= -2.0
-        AB += a2[:, :, None]
-        AB += b2[:, None, :]
+        AB += a2
+        AB += b2
         return ops.clip_below(AB, 0.0)
 
     def _batch_product(self, G: Array) -> Array:
@@ -156,7 +162,9 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     xp = ops.namespace(Z)
     C, M, D = Z.shape
     start, stop = family.offsets[family.stationary_index]
-    ell = natural[:, None, start : stop - 1]
+    ell_rows = natural[:, start : stop - 1]  # [C, D']
+    ell = ell_rows[:, None, :]
+    ell2 = ell_rows * ell_rows
     var = natural[:, stop - 1]
     # one shift for every latent and the batch (distances do not change)
     shift = xp.mean(xp.reshape(Z, (C * M, D)), axis=0)
@@ -164,19 +172,21 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     A /= ell
     Xs = X - shift
     a2 = ops.einsum("cmd,cmd->cm", A, A)
-    r2_uu = StackedCovariances._sqdist(a2, a2, A @ ops.mT(A))
+    a2_col = a2[:, :, None]  # [C, M, 1], shared by both distances
+    r2_uu = StackedCovariances._sqdist(a2_col, a2[:, None, :], A @ ops.mT(A))
     ops.fill_diagonal(r2_uu, 0.0)
     As = A / ell  # (Z - shift) / ell^2: A . ((x - shift) / ell) = As . (x - shift)
     cross = xp.reshape(xp.reshape(As, (C * M, D)) @ ops.mT(Xs), (C, M, X.shape[0]))
     del As
-    r2_uf = StackedCovariances._sqdist(a2, _scaled_norms(Xs * Xs, ell), cross)
+    Xs2 = Xs * Xs
+    r2_uf = StackedCovariances._sqdist(a2_col, _scaled_norms(Xs2, ell2)[:, None, :], cross)
     proto = st[0]
-    d = _Distances(A, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, var)
-    vk = var[:, None, None]
+    vk = xp.reshape(var, (C, 1, 1))
+    d = _Distances(A, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, var, Xs2, ell2,
+                   vk)
     Kuu = vk * d.g_uu
     Kuf = vk * d.g_uf
-    Kff_diag = ops.empty(X, (len(st), X.shape[0]))
-    Kff_diag[...] = var[:, None]
+    Kff_diag = ops.repeat_columns(var, X.shape[0])  # [C, B]
     for index, _ in family.noise_parts():
         noise = natural[:, family.offsets[index][0]]
         if family.noise_on_square[index]:
@@ -194,12 +204,13 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
     C = cov.Z.shape[0]
     ard = fam.stationary[0].ard
     proto = fam.stationary[0]
-    vk = d.var[:, None, None]
-    d_var = ops.zeros(cov.Z, (C,))
+    vk = d.vk
+    # the sums below start from their first term (0 + x = x: no zeros and no addition)
+    d_var: Array | None = None  # [C]
     sum_ff = None if dKff_diag is None else xp.sum(dKff_diag, axis=1)  # [C], shared
     if sum_ff is not None:
-        d_var += d.var * sum_ff
-    d_ell = ops.zeros(cov.Z, (C, d.ell.shape[2]))
+        d_var = d.var * sum_ff
+    d_ell: Array | None = None  # [C, D']
     rA: Array | None = None  # [C, M]
     GA: Array | None = None  # G_uu A, [C, M, D]
     GB: Array | None = None  # G_uf Bx, [C, M, D]
@@ -208,7 +219,11 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
     for dK, r2, g, square in ((dKuu, d.r2_uu, d.g_uu, True), (dKuf, d.r2_uf, d.g_uf, False)):
         if dK is None:
             continue
-        d_var += d.var * ops.einsum("cmn,cmn->c", dK, g)
+        term = d.var * ops.einsum("cmn,cmn->c", dK, g)
+        if d_var is None:
+            d_var = term
+        else:
+            d_var += term
         G = proto._dg_dr2_from(r2, g)
         G *= vk
         G *= dK
@@ -220,7 +235,11 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
             row *= 2.0
         rA = row if rA is None else rA + row
         if not ard:
-            d_ell += xp.reshape(-2.0 * ops.einsum("cmn,cmn->c", G, r2), (C, 1))
+            term = xp.reshape(-2.0 * ops.einsum("cmn,cmn->c", G, r2), (C, 1))
+            if d_ell is None:
+                d_ell = term
+            else:
+                d_ell += term
         if need_products:
             if square:
                 GA = G @ d.A
@@ -236,17 +255,20 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
             H += GA
         AR = d.A * rA[:, :, None]
         if ard:
-            d_ell += 4.0 * ops.einsum("cmd,cmd->cd", d.A, H)
+            d_ell = 4.0 * ops.einsum("cmd,cmd->cd", d.A, H)
             d_ell -= 2.0 * ops.einsum("cmd,cmd->cd", AR, d.A)
             if G_uf is not None:  # c_uf . Bx^2 = (c_uf (X - shift)^2) / ell^2
-                Xs = d.Xs
-                d_ell -= 2.0 * ((xp.sum(G_uf, axis=1) @ (Xs * Xs)) / d.ell[:, 0, :] ** 2)
+                d_ell -= 2.0 * ((xp.sum(G_uf, axis=1) @ d.Xs2) / d.ell2)
         if inputs:
             if GA is not None:  # H = H' + G_uu A (in place: H' is not needed again)
                 H += GA
             AR -= H
             AR *= 2.0 / d.ell
             g_Z = AR
+    if d_var is None:
+        d_var = ops.zeros(cov.Z, (C,))
+    if d_ell is None:
+        d_ell = ops.zeros(cov.Z, (C, d.ell.shape[2]))
     blocks = []
     for index in range(len(fam.parts)):
         if index == fam.stationary_index:

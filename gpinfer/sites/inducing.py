@@ -175,11 +175,15 @@ def _rows(X: Array) -> Array:
 def factor_mask(y: Array, C: int) -> Array:
     """``mask [n, C]``: True where ``(i, k)`` is a factor (``k != y_i``); ``y`` host or backend
     labels (the mask is on ``y``'s namespace and device)."""
-    return y[:, None] != ops.arange(y, C)[None, :]
+    return y[:, None] != ops.arange(y, C)  # [n, 1] against [C]
 
 
 def at_label(X: Array, y: Array) -> Array:
-    """``X[i, y_i]`` as a column ``[n, 1]`` (the winner's value broadcast over factors)."""
+    """``X[i, y_i]`` as a column ``[n, 1]`` (the winner's value broadcast over factors) for
+    labels ``y [n]``, or ``[n, 1]`` (a column the caller keeps for several calls: one
+    operator each on a device, ``ops.take_columns``)."""
+    if y.ndim == 2:
+        return ops.take_columns(X, y)
     return X[_rows(X), y][:, None]
 
 

@@ -26,7 +26,7 @@ class (1 for ``q``, the cavity fraction for SEP's cavity), ``w = B^-1 a h_w``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
@@ -98,11 +98,13 @@ def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
     return L if K.ndim == 3 else L[0]
 
 
-def tri_solve_stack(L: Array, B: Array, *, transpose: bool = False) -> Array:
+def tri_solve_stack(L: Array, B: Array, *, transpose: bool = False,
+                    L_T: Array | None = None) -> Array:
     """``L^-1 B`` (or ``L^-T B``) ``[C, M, k]`` for lower-triangular ``L [C, M, M]`` and
     ``B [C, M, k]`` (``gpinfer.backend.ops.solve_triangular``: on numpy one BLAS ``trsm`` per
-    class on Fortran views, cheaper than inverting at ``M`` in the hundreds)."""
-    return ops.solve_triangular(L, B, transpose=transpose)
+    class on Fortran views, cheaper than inverting at ``M`` in the hundreds). ``L_T``: the
+    transposed view of ``L`` where the caller keeps one (see ``ops.solve_triangular``)."""
+    return ops.solve_triangular(L, B, transpose=transpose, L_T=L_T)
 
 
 def cho_inverse_stack(LB: Array) -> Array:
@@ -128,6 +130,16 @@ class StackedTerms:
     A: Array
     s: Array
     L_inv: Array | None = None
+    #: ``transpose(L)``, formed on first use (``L_T``) and kept: one view for every ``L^-T``
+    #: solve of the step (an operator each on a device)
+    _L_T: Array | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def L_T(self) -> Array:
+        """``L^T`` ``[C, M, M]`` (a view of ``L``, kept)."""
+        if self._L_T is None:
+            self._L_T = transpose(self.L)
+        return self._L_T
 
     def to_whitened(self, Lam: Array, h: Array) -> tuple[Array, Array]:
         """``(L^T Lam L [C, M, M], L^T h [C, M])`` from ``u``-space site sums (two triangular
@@ -145,15 +157,18 @@ class StackedTerms:
         if self.L_inv is not None:
             return symmetrize(ops.tri_matmul(self.L_inv, self.unwhiten(S), right=True,
                                              overwrite=True))
-        T = tri_solve_stack(self.L, S, transpose=True)  # L^-T S
-        return symmetrize(tri_solve_stack(self.L, ops.copy(transpose(T)), transpose=True))
+        T = tri_solve_stack(self.L, S, transpose=True, L_T=self.L_T)  # L^-T S
+        # T^T as it is on a device (the solve lays its right-hand side out itself), a
+        # C-ordered copy on numpy (``_trsm_stack`` solves on its Fortran views)
+        T_t = ops.copy(transpose(T)) if ops.is_numpy(T) else transpose(T)
+        return symmetrize(tri_solve_stack(self.L, T_t, transpose=True, L_T=self.L_T))
 
     def unwhiten(self, X: Array, *, overwrite: bool = False) -> Array:
         """``L^-T X`` ``[C, M, k]`` (whitened-space gradients to ``u``-space); ``overwrite``:
         the caller owns ``X`` and reads it no more (it may be written in place)."""
         if self.L_inv is not None:
             return ops.tri_matmul(self.L_inv, X, transpose=True, overwrite=overwrite)
-        return tri_solve_stack(self.L, X, transpose=True)
+        return tri_solve_stack(self.L, X, transpose=True, L_T=self.L_T)
 
 
 def stacked_covariances(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Array
@@ -188,10 +203,11 @@ def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Arr
     jitter = inducing_jitter(X) if jitter is None else jitter
     if covariances is not None:
         Kuu, Kuf, Kff_diag = covariances.Kuu, covariances.Kuf, covariances.Kff_diag
-        Kuu = ops.copy(Kuu)  # the shared covariances stay as they are
+        Kuu = ops.plus_diagonal(Kuu, jitter)  # a new array: the shared covariances stay
     else:
         Kuu, Kuf, Kff_diag = stacked_covariances(kernels, Zs, X)
-    L = stacked_cholesky(ops.add_diagonal(Kuu, jitter), "Kuu", iteration)
+        ops.add_diagonal(Kuu, jitter)
+    L = stacked_cholesky(Kuu, "Kuu", iteration)
     L_inv = ops.tri_inverse(L) if ops.prefers_tri_inverse(L) else None
     A = tri_solve_stack(L, Kuf) if L_inv is None else ops.tri_matmul(L_inv, Kuf)
     s = Kff_diag + jitter
@@ -210,20 +226,22 @@ class StackedGaussians:
     def __init__(self, P_w: Array, h_w: Array, scale: Array | None = None, *,
                  iteration: int | None = None):
         if scale is None:  # a = 1: no product
-            Bm = ops.add_diagonal(ops.copy(P_w), 1.0)
+            Bm = ops.plus_diagonal(P_w, 1.0)
             self.h_w = h_w
         else:
             a = scale if ops.is_array(scale) and not ops.is_numpy(scale) else ops.like(P_w, scale)
-            Bm = ops.add_diagonal(a[:, None, None] * P_w, 1.0)
+            Bm = ops.add_diagonal(ops.namespace(a).reshape(a, (-1, 1, 1)) * P_w, 1.0)
             self.h_w = a[:, None] * h_w
         self.LB = site_cholesky(Bm, h_w, iteration)
+        #: ``transpose(LB)``, formed once: every ``L_B^-T`` solve shares it
+        self.LB_T = transpose(self.LB)
         self.w = self.B_inv_vec(self.h_w)
         self._B_inv: Array | None = None
 
     def B_inv_vec(self, v: Array) -> Array:
         """``B^-1 v`` ``[C, M]`` for ``v [C, M]``."""
         half = tri_solve_stack(self.LB, v[..., None])
-        return tri_solve_stack(self.LB, half, transpose=True)[..., 0]
+        return tri_solve_stack(self.LB, half, transpose=True, L_T=self.LB_T)[..., 0]
 
     def B_inv(self) -> Array:
         """``B^-1`` ``[C, M, M]`` (computed once)."""
@@ -242,7 +260,8 @@ class StackedGaussians:
         """``G(q_c) - G(prior)`` per class ``[C]`` (spec ep-sep §2.6)."""
         xp = ops.namespace(self.LB)
         log_diag = xp.log(ops.diagonal(self.LB))
-        return -xp.sum(log_diag, axis=1) + 0.5 * ops.einsum("cm,cm->c", self.w, self.h_w)
+        # b - a, the same value as -a + b (one operator fewer on a device)
+        return 0.5 * ops.einsum("cm,cm->c", self.w, self.h_w) - xp.sum(log_diag, axis=1)
 
     def moments(self, L: Array) -> tuple[Array, Array]:
         """``(m [C, M], V [C, M, M])`` in ``u``-space given ``L [C, M, M] = chol(Kuu)``:
@@ -270,18 +289,19 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     """
     A = terms.A
     e = 2.0 * b_sum if e_sum is None else e_sum
+    e_row = e[:, None, :]  # [C, 1, n]
     AB = A * b_sum[:, None, :]  # A diag(B), [C, M, n]
-    BiA = tri_solve_stack(lik.LB, R, transpose=True)  # B_g^-1 A
+    BiA = tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)  # B_g^-1 A
     # the sums below run in place, in the order of the formulas (the same arithmetic)
     X = lik.w[:, :, None] * a_sum[:, None, :]
-    T = BiA * e[:, None, :]
+    T = BiA * e_row
     X += T
     X -= ops.multiply_into(AB, 2.0, T)
     del T
     S_B = AB @ transpose(A)
     Aa = ops.einsum("cmn,cn->cm", A, a_sum)
     AX = Aa[:, :, None] * lik.w[:, None, :]
-    AX += (A * e[:, None, :]) @ transpose(BiA)
+    AX += (A * e_row) @ transpose(BiA)
     AX -= 2.0 * S_B
     inner = q.w[:, :, None] * q.w[:, None, :]
     inner += q.B_inv()  # B^-1 + w w^T (q keeps its B^-1)

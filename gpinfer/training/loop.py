@@ -129,6 +129,7 @@ class TrainingLoop:
         self.history = self.reporter.history
         self.coord = np.ones(hp.size) if coordinates is None else np.asarray(coordinates, float)
         self._coord_on: Array = self.coord
+        self._coord_part: Array | None = None  # ``_scaled_coordinates``
         # the entries with a scale other than 1, as one range (x * 1 and x / 1 are x exactly,
         # so the others are left alone: P can be millions, the scaled entries few)
         scaled = np.flatnonzero(self.coord != 1.0)
@@ -179,7 +180,16 @@ class TrainingLoop:
         """``coordinates [P]`` where ``theta`` lives (moved to a backend device once)."""
         if type(self._coord_on) is not type(theta):
             self._coord_on = ops.like(theta, self.coord)
+            self._coord_part = None
         return self._coord_on
+
+    def _scaled_coordinates(self, theta: Array) -> Array:
+        """``coordinates[part]`` of the scaled entries, where ``theta`` lives (kept: a view
+        of ``_coordinates``, sliced once)."""
+        coord = self._coordinates(theta)
+        if self._coord_part is None:
+            self._coord_part = coord[self._scaled]
+        return self._coord_part
 
     def _scaled_theta(self) -> Array:
         """``coordinates * theta`` (what the optimisers step on)."""
@@ -193,12 +203,16 @@ class TrainingLoop:
             with compiling(self.compile_mode):
                 theta = self.hp.pack()
                 part = self._scaled
-                coord = self._coordinates(theta)[part]
-                theta[part] *= coord
-                grad[part] /= coord
+                coord = self._scaled_coordinates(theta)
+                # on views (``x[part] *= c`` would also write the result back onto itself:
+                # one more slice and copy on a device)
+                theta_part, grad_part = theta[part], grad[part]
+                theta_part *= coord
+                grad_part /= coord
                 xi = (opt.step_into(theta, grad) if isinstance(opt, Adam)
                       else opt.step(theta, grad))
-                xi[part] /= coord
+                xi_part = xi[part]
+                xi_part /= coord
                 self.hp.unpack(xi, owned=True)
 
     def _step(self, batch: Array, rho: float) -> tuple[float, Array, float]:

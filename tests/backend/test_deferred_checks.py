@@ -55,6 +55,25 @@ def test_the_first_failed_check_names_the_problem():
             ops.require_finite(lambda: NumericalError("third"), bad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("bad", [0.0, -0.0, -1e-300, -2.0, float("nan"), float("inf"),
+                                 float("-inf")])
+def test_require_positive_on_a_device_rejects_what_numpy_rejects(bad, dtype):
+    """The device form (``log`` finite) accepts exactly the finite entries ``> 0``, the
+    smallest subnormal included, deferred or not."""
+    tiny = torch.finfo(dtype).smallest_normal / 4  # a subnormal
+    good = torch.tensor([tiny, 1.0, torch.finfo(dtype).max], dtype=dtype)
+    ops.require_positive(good, lambda: InputError("good"))
+    with ops.deferred_checks():
+        ops.require_positive(good, lambda: InputError("good"))
+    x = torch.tensor([1.0, bad, 2.0], dtype=dtype)
+    assert not ops.all_positive(x.numpy())
+    with pytest.raises(InputError, match="bad"):
+        ops.require_positive(x, lambda: InputError("bad"))
+    with pytest.raises(InputError, match="bad"), ops.deferred_checks():
+        ops.require_positive(x, lambda: InputError("bad"))
+
+
 @pytest.mark.parametrize("device_array", [False, True])
 def test_outside_a_context_and_on_numpy_checks_run_at_once(device_array):
     bad = np.array([1.0, 0.0])

@@ -124,6 +124,23 @@ def test_finiteness_positivity_and_diagonals_of_stacks(to):
 
 
 @pytest.mark.parametrize("to", _namespaces())
+@pytest.mark.parametrize("value", [1.0, -1.0, 1e-6])
+def test_scalar_diagonals_keep_every_other_entry_bit_for_bit(to, value):
+    """A scalar on the diagonal (on a device: a kept diagonal matrix added in one operator)
+    changes the diagonal only: off the diagonal signed zeros, infinities and NaN stay."""
+    X0 = np.array([[[2.0, -0.0, 0.0], [np.inf, 3.0, np.nan], [-np.inf, 1e-300, 4.0]]] * 2)
+    want = X0.copy()
+    want[:, range(3), range(3)] += value
+    X = to(X0.copy())
+    new = ops.plus_diagonal(X, value)
+    np.testing.assert_array_equal(ops.to_host(X), X0)  # left alone
+    assert ops.to_host(ops.add_diagonal(X, value)).tobytes() == want.tobytes()
+    assert ops.to_host(new).tobytes() == want.tobytes()
+    single = ops.plus_diagonal(to(X0[0].copy()), value)  # one matrix [M, M]
+    assert ops.to_host(single).tobytes() == want[0].tobytes()
+
+
+@pytest.mark.parametrize("to", _namespaces())
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_tri_matmul_equals_the_general_product(to, dtype):
     """``ops.tri_matmul``: ``op(T) X`` and ``X op(T)`` of lower factors equal ``@`` (stacks with

@@ -63,13 +63,15 @@ from gpinfer.sites.stacked import (
 
 
 class _BatchLabels(NamedTuple):
-    """A batch's labels ``y [n]``, factor ``mask [n, C]`` and factor counts ``[C]``, and the
-    data set's factor counts ``n_factors [C]``, on the state's backend."""
+    """A batch's labels ``y [n]``, factor ``mask [n, C]`` and factor counts ``[C]``, the
+    data set's factor counts ``n_factors [C]``, and the labels as a column ``y_col [n, 1]``
+    (for ``at_label``), on the state's backend."""
 
     y: Array
     mask: Array
     counts: Array
     n_factors: Array
+    y_col: Array
 
 
 def _finite(name: str, *arrays: Array) -> None:
@@ -301,7 +303,8 @@ class TiedSites(_SiteSums):
             n_y = xp.sum(xp.astype(~mask, ref.dtype), axis=0)
             counts = (y.shape[0] - n_y) + (C - 1) * n_y
         labels = _BatchLabels(y, mask, counts,
-                              ops.constant(ref, tuple(float(n) for n in self.n_factors)))
+                              ops.constant(ref, tuple(float(n) for n in self.n_factors)),
+                              y[:, None])
         self._batch = (np.array(idx, copy=True), self.y, labels)
         return labels
 
@@ -337,12 +340,12 @@ def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Array,
     """``TiedSites.update`` on device arrays (a compiled region of the step): from the
     whitened sums ``P_w [C, M, M]``, ``h_w [C, M]`` and the cavity fraction ``[C]``, the new
     ``(P_w, h_w, change [], Lam [C, M, M], h [C, M])``."""
-    y, mask, counts, n_factors = labels
+    y, mask, counts, n_factors, y_col = labels
     cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
     mu, v, _ = cav.project(terms.A)
     a, v, s = mu.T, v.T, terms.s.T
-    a_y, v_y = at_label(a, y), at_label(v, y)
-    t = pair_tilted(a_y, v_y + at_label(s, y), a, v + s, mask)
+    a_y, v_y = at_label(a, y_col), at_label(v, y_col)
+    t = pair_tilted(a_y, v_y + at_label(s, y_col), a, v + s, mask)
     W1, W2 = new_role_site(t.g_win, t.gamma, a_y, v_y)
     L1, L2 = new_role_site(-t.g_win, t.gamma, a, v)
     tau, nu = aggregate(W1, L1, y, mask), aggregate(W2, L2, y, mask)
@@ -351,7 +354,7 @@ def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Array,
     A = terms.A
     P_new = (A * tau.T[:, None, :]) @ transpose(A)
     h_new = ops.einsum("cmn,nc->cm", A, nu)
-    P_w = symmetrize(keep[:, None, None] * P_w + rho * P_new)
+    P_w = symmetrize(ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w + rho * P_new)
     h_next = keep[:, None] * h_w + rho * h_new
     xp = ops.namespace(h_next)
     change = xp.max(xp.abs(h_next - h_w))
@@ -363,12 +366,12 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Array,
                    labels: _BatchLabels, scale: float, iteration: int | None
                    ) -> tuple[Scalar, StackedMatrixGradients]:
     """``TiedSites.evaluate`` on device arrays (a compiled region of the step)."""
-    y, mask, n_b, _ = labels
+    y, mask, n_b, _, y_col = labels
     q = StackedGaussians(P_w, h_w, iteration=iteration)
     cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
     mu, v, R = cav.project(terms.A)
     a, vs = mu.T, (v + terms.s).T
-    t = pair_log_z(at_label(a, y), at_label(vs, y), a, vs, mask)
+    t = pair_log_z(at_label(a, y_col), at_label(vs, y_col), a, vs, mask)
     lnr_q, lnr_cav = q.log_norm_ratio(), cav.log_norm_ratio()
     xp = ops.namespace(lnr_q)
     cav_terms = xp.sum(n_b * (lnr_cav - lnr_q))
