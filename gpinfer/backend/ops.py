@@ -91,6 +91,17 @@ def index_like(ref: Array, idx: Any) -> Array:
     return _torch().as_tensor(np.asarray(idx, dtype=np.int64), device=ref.device)
 
 
+def _kept(cache: dict[Any, Any], key: Any, make: Callable[[], Any], limit: int = 64) -> Any:
+    """``cache[key]``, made by ``make()`` the first time it is asked for and kept (callers only
+    read it); past ``limit`` entries the cache starts afresh (a bound on what stays alive)."""
+    out = cache.get(key)
+    if out is None:
+        if len(cache) > limit:
+            cache.clear()
+        out = cache[key] = make()
+    return out
+
+
 _ARANGES: dict[tuple[str, int], Array] = {}
 
 
@@ -101,13 +112,8 @@ def arange(ref: Array, n: int) -> Array:
         return np.arange(n, dtype=np.int64)
     if tracing():  # inside a compiled region: part of its graph
         return _torch().arange(n, device=ref.device)
-    key = (str(ref.device), n)
-    out = _ARANGES.get(key)
-    if out is None:
-        if len(_ARANGES) > 64:
-            _ARANGES.clear()
-        out = _ARANGES[key] = _torch().arange(n, device=ref.device)
-    return out
+    return _kept(_ARANGES, (str(ref.device), n),
+                 lambda: _torch().arange(n, device=ref.device))
 
 
 _IDENTITIES: dict[tuple[str, str, int], Array] = {}
@@ -118,13 +124,8 @@ def _identity(ref: Array, n: int) -> Array:
     device, dtype and size and kept, like ``arange``; callers only read it)."""
     if tracing():  # inside a compiled region: part of its graph
         return eye(ref, n)
-    key = (str(ref.device), str(ref.dtype), n)
-    out = _IDENTITIES.get(key)
-    if out is None:
-        if len(_IDENTITIES) > 16:
-            _IDENTITIES.clear()
-        out = _IDENTITIES[key] = eye(ref, n)
-    return out
+    return _kept(_IDENTITIES, (str(ref.device), str(ref.dtype), n), lambda: eye(ref, n),
+                 limit=16)
 
 
 _CONSTANTS: dict[tuple[str, str, tuple[float, ...]], Array] = {}
@@ -137,13 +138,8 @@ def constant(ref: Array, values: tuple[float, ...]) -> Array:
         return like(ref, values)
     if tracing():  # inside a compiled region: a constant of its graph
         return _torch().tensor(values, dtype=ref.dtype, device=ref.device)
-    key = (str(ref.device), str(ref.dtype), values)
-    out = _CONSTANTS.get(key)
-    if out is None:
-        if len(_CONSTANTS) > 64:
-            _CONSTANTS.clear()
-        out = _CONSTANTS[key] = like(ref, np.array(values))
-    return out
+    return _kept(_CONSTANTS, (str(ref.device), str(ref.dtype), values),
+                 lambda: like(ref, np.array(values)))
 
 
 #: the profiler's name for a read of device values on the host (``to_host``): on a CPU the
@@ -359,15 +355,13 @@ def _diagonal_matrix(ref: Array, n: int, value: float) -> Array:
     """``value`` on the diagonal of an ``n x n`` matrix with ``-0.0`` elsewhere (``x + (-0.0)``
     is ``x`` for every ``x``, signed zeros included), on ``ref``'s device and dtype: made
     once per device, dtype, size and value and kept (callers only read it)."""
-    key = (str(ref.device), str(ref.dtype), n, float(value))
-    out = _DIAGONALS.get(key)
-    if out is None:
-        if len(_DIAGONALS) > 16:
-            _DIAGONALS.clear()
+    def make() -> Array:
         out = full(ref, (n, n), -0.0)
         diagonal(out).fill_(value)
-        _DIAGONALS[key] = out
-    return out
+        return out
+
+    return _kept(_DIAGONALS, (str(ref.device), str(ref.dtype), n, float(value)), make,
+                 limit=16)
 
 
 _DIAGONALS: dict[tuple[str, str, int, float], Array] = {}
@@ -682,12 +676,7 @@ _UPPER: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 def _upper_indices(M: int) -> tuple[np.ndarray, np.ndarray]:
     """``np.triu_indices(M, 1)``, made once per ``M`` and kept (callers only read them)."""
-    out = _UPPER.get(M)
-    if out is None:
-        if len(_UPPER) > 64:
-            _UPPER.clear()
-        out = _UPPER[M] = np.triu_indices(M, 1)
-    return out
+    return _kept(_UPPER, M, lambda: np.triu_indices(M, 1))
 
 
 # -- special functions --------------------------------------------------------------------------
