@@ -661,22 +661,25 @@ def cho_inverse(LB: Array) -> tuple[Array, bool]:
     flat = LB.reshape((-1,) + LB.shape[-2:])
     out = np.empty_like(flat)
     potri = spotri if flat.dtype == np.float32 else dpotri
+    lower = _strict_lower(flat.shape[-1])
     for c in range(flat.shape[0]):
         inv, info = potri(flat[c].T, lower=0)  # LB LB^T = U^T U with U = LB^T (Fortran view)
         if info != 0:
             return out.reshape(LB.shape), True
         out[c] = inv  # its upper triangle is the inverse's (the lower one is LB's, stale)
-    i, j = _upper_indices(flat.shape[-1])
-    out[:, j, i] = out[:, i, j]  # mirrored once for the stack: the same values, fewer passes
+        # the upper triangle mirrored while the matrix is in cache (a masked copy: no index
+        # arrays gathered and scattered); the same values
+        np.copyto(out[c], inv.T, where=lower)
     return out.reshape(LB.shape), False
 
 
-_UPPER: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+_LOWER: dict[int, np.ndarray] = {}
 
 
-def _upper_indices(M: int) -> tuple[np.ndarray, np.ndarray]:
-    """``np.triu_indices(M, 1)``, made once per ``M`` and kept (callers only read them)."""
-    return _kept(_UPPER, M, lambda: np.triu_indices(M, 1))
+def _strict_lower(M: int) -> np.ndarray:
+    """The mask ``[M, M]`` of the entries below the diagonal, made once per ``M`` and kept
+    (callers only read it)."""
+    return _kept(_LOWER, M, lambda: np.tril(np.ones((M, M), dtype=bool), -1))
 
 
 # -- special functions --------------------------------------------------------------------------

@@ -48,9 +48,14 @@ class Adam(StochasticAscent):
         self.t = 0
         self.m = zeros_like_vector(x0)
         self.v = zeros_like_vector(x0)
-        # scratch: P can be millions, so no temporaries (and no fresh pages) per step
-        self._work = zeros_like_vector(x0)
-        self._delta = zeros_like_vector(x0)
+        # scratch: P can be millions, so no temporaries (and no fresh pages) per step; on the
+        # host one piece of it (the update runs piece by piece), on a device the whole vector
+        if ops.is_numpy(self.m):
+            self._work = np.zeros(min(int(self.m.shape[0]), _HOST_PIECE))
+            self._delta = np.zeros_like(self._work)
+        else:
+            self._work = zeros_like_vector(x0)
+            self._delta = zeros_like_vector(x0)
 
     def snapshot(self) -> tuple[int, Array, Array]:
         """``(t, m, v)``: copies of the moments (``restore`` brings them back)."""
@@ -78,34 +83,56 @@ class Adam(StochasticAscent):
         if tuple(self.m.shape) != tuple(grad.shape) or type(self.m) is not type(grad):
             self.reset(grad)
         self.t += 1
-        arrays = (x, grad, self.m, self.v, self._work, self._delta)
-        P = int(grad.shape[0])
-        if not ops.is_numpy(grad) or P <= 2 * _HOST_PIECE:
-            self._update(*arrays)
-            return x
-        for lo in range(0, P, _HOST_PIECE):
-            piece = slice(lo, min(lo + _HOST_PIECE, P))
-            self._update(*(a[piece] for a in arrays))
-        return x
-
-    def _update(self, x: Array, grad: Array, m: Array, v: Array, work: Array, delta: Array
-                ) -> None:
-        """The moments ``m``, ``v`` and ``x`` updated in place (``work``, ``delta``: scratch),
-        all ``[n]`` (views of one piece of the vectors)."""
         inv_bias2 = 1.0 / math.sqrt(1.0 - self.beta2**self.t)
         step: float | Array = self.learning_rate / (1.0 - self.beta1**self.t)
-        if compile_active() and not ops.is_numpy(x):  # inputs of the compiled graph, not
-            scalars = ops.like(x, np.array([inv_bias2, step]))  # constants (one per step)
+        if ops.is_numpy(grad):
+            _host_update(x, grad, self.m, self.v, self._work, self._delta, self.beta1,
+                         self.beta2, self.eps, inv_bias2, float(step))
+            return x
+        if compile_active():  # inputs of the compiled graph, not constants (one per step)
+            scalars = ops.like(x, np.array([inv_bias2, step]))
             inv_bias2, step = scalars[0], scalars[1]
-        _adam_update(x, grad, m, v, work, delta, self.beta1, self.beta2, self.eps,
-                     inv_bias2, step)
+        _adam_update(x, grad, self.m, self.v, self._work, self._delta, self.beta1, self.beta2,
+                     self.eps, inv_bias2, step)
+        return x
+
+
+def _host_update(x: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray,
+                 work: np.ndarray, delta: np.ndarray, beta1: float, beta2: float, eps: float,
+                 inv_bias2: float, step: float) -> None:
+    """``_adam_update`` on numpy vectors ``[P]``, one piece of ``_HOST_PIECE`` entries at a
+    time: every operation of the chain runs on a piece while it is in a core's cache (the
+    same operations in the same order on every entry: the same bits as whole-vector
+    operations; a full-size pass would stream all six vectors through memory 13 times).
+    ``work``, ``delta``: scratch of at least ``min(P, _HOST_PIECE)`` entries. The ufuncs are
+    called directly: the pieces are many and small, per-call dispatch shows."""
+    mul, add, c1, c2 = np.multiply, np.add, 1.0 - beta1, 1.0 - beta2
+    P = grad.shape[0]
+    for lo in range(0, P, _HOST_PIECE):
+        hi = min(lo + _HOST_PIECE, P)
+        xs, gs, ms, vs = x[lo:hi], grad[lo:hi], m[lo:hi], v[lo:hi]
+        w, d = work[: hi - lo], delta[: hi - lo]
+        mul(ms, beta1, out=ms)
+        mul(gs, c1, out=w)
+        add(ms, w, out=ms)
+        mul(vs, beta2, out=vs)
+        mul(gs, gs, out=w)
+        mul(w, c2, out=w)
+        add(vs, w, out=vs)
+        np.sqrt(vs, out=w)
+        mul(w, inv_bias2, out=w)  # sqrt(v_hat)
+        add(w, eps, out=w)
+        mul(ms, step, out=d)
+        np.divide(d, w, out=d)
+        add(xs, d, out=xs)
 
 
 @compilable
 def _adam_update(x: Array, grad: Array, m: Array, v: Array, work: Array, delta: Array,
                  beta1: float, beta2: float, eps: float, inv_bias2: float | Array,
                  step: float | Array) -> None:
-    """``Adam._update`` with its scalars as arguments: ``inv_bias2 = 1 / sqrt(1 - beta2^t)``,
+    """Adam's update of ``x``, ``m``, ``v`` ``[P]`` in place (``work``, ``delta``: scratch
+    ``[P]``) with its scalars as arguments: ``inv_bias2 = 1 / sqrt(1 - beta2^t)``,
     ``step = learning_rate / (1 - beta1^t)`` (0-d arrays when compiled: they change every
     step; a compiled region of the step)."""
     m *= beta1

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -44,12 +44,15 @@ from gpinfer.interfaces import (
     FitCallback,
     FitResult,
     Likelihood,
+    MatrixGradients,
     Method,
     Problem,
     Scalar,
     StochasticOptimizer,
 )
+from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.initialisation import LENGTHSCALE_INITS, prepare_kernel
+from gpinfer.kernels.stacked import StackedMatrixGradients
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.optim import LBFGSB, make_optimizer
 from gpinfer.optim.lbfgs import check_finite
@@ -115,19 +118,26 @@ class VariationalState:
                  backend: Backend = NUMPY, sample_weight: Array | None = None):
         """``X [N, D]``, class indices ``y [N]`` (both host arrays), ``n_latent`` latents with
         ``M`` inducing inputs each; ``rng`` feeds Monte-Carlo expectation rules of the
-        likelihood. ``backend``: where the ELBO runs (``hp.Z`` already lives there); each batch
-        of ``X`` and ``y`` is moved to it. ``sample_weight [N]``: weights of the points'
-        expected log-likelihoods (``None``: all one)."""
+        likelihood. ``hp`` holds one kernel and ``Z`` per latent, or one of each shared by
+        every latent (``shared_inducing``: ``Kuu [M, M]``, ``Kuf [M, B]`` are formed once per
+        step and broadcast over the latents; their matrix gradients are summed over the
+        latents before the one VJP). ``backend``: where the ELBO runs (``hp.Z`` already
+        lives there); each batch of ``X`` and ``y`` is moved to it. ``sample_weight [N]``:
+        weights of the points' expected log-likelihoods (``None``: all one)."""
         self.X, self.y, self.likelihood, self.hp = X, np.asarray(y, dtype=np.int64), likelihood, hp
         self.weights = None if sample_weight is None else np.asarray(sample_weight, float)
         self.L, self.M = n_latent, M
+        if hp.n_latent not in (1, n_latent):
+            raise ValueError(f"hyper-parameters of {hp.n_latent} latents for {n_latent} latents")
+        #: one kernel and one ``Z`` shared by every latent
+        self.shared = hp.n_latent != n_latent
         self.backend = backend
         self.tril = tuple(backend.as_index(i) for i in np.tril_indices(M))
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self._X_full: Array | None = None  # X on the backend, for full-batch steps
         # fixed Z, only kernel parameters learned: cached distances and fused kernel VJPs (a
         # numpy fast path; other backends take the generic one)
-        self._fast = (backend.is_numpy and hp.Z is not None
+        self._fast = (backend.is_numpy and hp.Z is not None and not self.shared
                       and not any(hp.inducing_is_free(l) for l in range(self.L))
                       and bool(np.all(hp.kernel_entries("")))
                       and len({id(k) for k in hp.kernels}) == self.L)
@@ -145,11 +155,23 @@ class VariationalState:
 
     @property
     def Zs(self) -> list[Array]:
-        """The inducing inputs, one ``[M, D]`` per latent (``hp.Z``; always set for svi)."""
+        """The inducing inputs, one ``[M, D]`` per latent (``hp.Z``; always set for svi; when
+        shared, the one array repeated)."""
         Z = self.hp.Z
         if Z is None:
             raise ValueError("svi's hyper-parameters hold no inducing inputs")
-        return Z
+        return Z * self.L if self.shared else Z
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        """One kernel per latent (``hp.kernels``; when shared, the one kernel repeated)."""
+        return self.hp.kernels * self.L if self.shared else self.hp.kernels
+
+    def _broadcast(self, K: list[Array] | Array) -> Array:
+        """The shared latent's ``K`` (one array in a list, or a stack of one ``[1, ...]``) as
+        a read-only view ``[L, ...]`` for every latent."""
+        one = K[0]
+        return ops.namespace(one).broadcast_to(one[None, ...], (self.L, *one.shape))
 
     def pack(self, mu: Array, Lq: Array) -> Array:
         """``(theta, mu [L, M], Lq [L, M, M])`` as one vector on ``mu``'s namespace."""
@@ -200,17 +222,20 @@ class VariationalState:
         elif (cov := self.hp.covariances(Xb)) is not None:  # one batched kernel path
             Kuu, Kub, Kdiag = cov.Kuu, cov.Kuf, cov.Kff_diag  # reused by hp.gradient's VJP
         else:
-            kernels, Zs = self.hp.kernels, self.Zs
+            kernels, Zs = self.hp.kernels, self.hp.Z or []
             Kuu = [k.K(Z) for k, Z in zip(kernels, Zs)]
             Kub = [k.K(Z, Xb) for k, Z in zip(kernels, Zs)]
             Kdiag = xp.stack([k.K_diag(Xb) for k in kernels])
+        if self.shared:
+            Kuu, Kub, Kdiag = self._broadcast(Kuu), self._broadcast(Kub), self._broadcast(Kdiag)
         est = uncollapsed_elbo(Kuu, Kub, Kdiag, mu, Lq, self._expectation(batch), scale)
         if self._fast:
             g_full = np.concatenate([c.kernel_gradient(G.Kuu, G.Kuf, G.Kff_diag, batch)
                                      for c, G in zip(self._covs, est.matrix)])
             g_theta = g_full[self._theta_index]
         else:
-            g_theta = parameter_gradient(self.hp, Xb, est.matrix)
+            matrix = summed_over_latents(est.matrix) if self.shared else est.matrix
+            g_theta = parameter_gradient(self.hp, Xb, matrix)
         if ops.is_numpy(g_theta) != ops.is_numpy(mu):  # the fast path's host gradient
             g_theta = ops.like(mu, g_theta)
         grad = xp.concat([g_theta, xp.reshape(est.dmu, (-1,)),
@@ -251,11 +276,29 @@ class VariationalState:
         saved = self.hp.pack()
         mu, Lq = self.unpack(x)
         mu_h, Lq_h = np.array(ops.to_host(mu)), ops.to_host(Lq)
-        post = InducingPosterior(self.likelihood, [k.copy() for k in self.hp.kernels],
+        post = InducingPosterior(self.likelihood, [k.copy() for k in self.kernels],
                                  [np.array(ops.to_host(z)) for z in self.Zs], list(mu_h),
                                  [lq @ lq.T for lq in Lq_h])
         self.hp.unpack(saved)
         return post
+
+
+def summed_over_latents(grads: Sequence[MatrixGradients]) -> StackedMatrixGradients:
+    """The matrix gradients of every latent summed into those of one latent ``[1, ...]``
+    (``Kuu [1, M, M]``, ``Kuf [1, M, B]``, ``Kff_diag [1, B]``): the gradient of a kernel and
+    inducing inputs shared by every latent is the sum of the latents' (chain rule through the
+    broadcast)."""
+    if isinstance(grads, StackedMatrixGradients):
+        stacks = [grads.Kuu, grads.Kuf, grads.Kff_diag]
+    else:
+        ref = next(a for G in grads for a in (G.Kuu, G.Kuf, G.Kff_diag) if a is not None)
+        xp = ops.namespace(ref)
+        stacks = [None if all(getattr(G, f) is None for G in grads) else
+                  xp.stack([getattr(G, f) for G in grads])
+                  for f in ("Kuu", "Kuf", "Kff_diag")]
+    one = [None if a is None else ops.namespace(a).sum(a, axis=0, keepdims=True)
+           for a in stacks]
+    return StackedMatrixGradients(Kuu=one[0], Kuf=one[1], Kff_diag=one[2])
 
 
 def _next(batches: Iterator[Array] | None) -> Array | None:
@@ -284,7 +327,9 @@ class SVI(Method):
 
     Model set-up options: ``inducing_init`` (``"kmeans"``: K-means centres shared
     by all latents; ``"random"``: ``M`` distinct training inputs drawn independently per latent
-    from the problem's generator, the same draws as ep/sep/gfitc), ``init_q`` (``"prior"``, the
+    from the problem's generator, the same draws as ep/sep/gfitc), ``shared_inducing`` (``True``:
+    one ``Z`` and one kernel shared by every latent, GPflow SVGP's model: ``Kuu``, ``Kuf`` formed
+    once per step and broadcast over the latents; default ``False``), ``init_q`` (``"prior"``, the
     default: ``Sigma = Kuu``; ``"identity"``: ``Sigma = I``, the svi paper's, whose KL term is
     huge when ``Kuu`` is ill-conditioned, so that small problems under-train), ``noise`` (a
     white-noise variance added to the kernel when it has none, default ``1e-2``, which keeps
@@ -321,6 +366,7 @@ class SVI(Method):
         "softmax_samples": integer(None, "[1, inf)", none=True, doc="deprecated"),
         "scale": choice("batch", SCALES),
         "learn_inducing": flag(False),
+        "shared_inducing": flag(False, doc="one Z and one kernel shared by every latent"),
         "report_every": integer(None, "[1, inf)", none=True, doc="steps per iteration"),
         "time_budget_s": real(None, "(0, inf)", none=True),
         "default_M": integer(DEFAULT_M, "[1, inf)", doc="M when the run leaves it null"),
@@ -350,12 +396,14 @@ class SVI(Method):
                 raise InputError(f"svi: {key} must be one of {allowed}, got {o[key]!r}")
         kernel = prepare_kernel(problem.kernel, X, o["noise"], str(o["lengthscale_init"]),
                                 owner="svi")
-        Zs = initial_inducing(problem.inducing, X, problem.rng, n_latent,
+        n_own = 1 if o["shared_inducing"] else n_latent  # latents with their own kernel and Z
+        Zs = initial_inducing(problem.inducing, X, problem.rng, n_own,
                               init=o["inducing_init"], default=int(o["default_M"]), owner="svi")
-        kernels = [kernel.copy() for _ in range(n_latent)]
+        kernels = [kernel.copy() for _ in range(n_own)]
         M = Zs[0].shape[0]
         if o["init_q"] == "prior":  # on the host, before Z moves to the backend
             Lq0 = np.stack([jittered_cholesky(k.K(Z), name="Kuu").L for k, Z in zip(kernels, Zs)])
+            Lq0 = np.repeat(Lq0, n_latent // n_own, axis=0)
         else:
             Lq0 = np.repeat(np.eye(M)[None], n_latent, axis=0)
         backend = problem.backend
@@ -391,7 +439,7 @@ class SVI(Method):
                "Z": np.array(ops.to_host(state.Zs[0])), **extra_state}
         for l, k in enumerate(state.hp.kernels):
             out[f"kernel_params_{l}"] = k.get_unconstrained().copy()
-        kernel = state.hp.kernels[0] if state.L == 1 else state.hp.kernels
+        kernel = state.hp.kernels[0] if state.L == 1 else state.kernels
         return FitResult(posterior=posterior, log_evidence=float(value), kernel=kernel,
                          n_iter=n_iter, history=rep.history, state=out)
 
