@@ -46,7 +46,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeAlias
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -63,6 +63,16 @@ from gpinfer.interfaces import IterationInfo
 from gpinfer.progress import ProgressBar
 from gpinfer.threads import blas_threads
 from gpinfer.training.early_stopping import EarlyStopping, validation_size
+
+if TYPE_CHECKING:
+    from gpinfer.data import Standardizer
+    from gpinfer.data.splits import Split
+    from gpinfer.estimator import GPClassifierCore
+    from gpinfer.kernels.base import Kernel
+    from gpinfer.regressor import GPRegressorCore
+
+    #: the run's estimator: a core, without scikit-learn
+    Estimator: TypeAlias = GPClassifierCore | GPRegressorCore
 
 Array = np.ndarray
 _log = logging.getLogger("gpinfer.run")
@@ -154,7 +164,7 @@ class Prepared:
     #: the array backend the fit runs on (resolved from the settings, checked for the method)
     backend: Backend = NUMPY
     #: the training part's standardisation of the inputs (``None``: inputs used as loaded)
-    standardizer: Any = None
+    standardizer: Standardizer | None = None
     #: the first training rows as loaded (raw features ``[n, D]``): the logged model's example
     X_train_raw_head: Array | None = None
 
@@ -221,12 +231,10 @@ def _check_backend(s: Settings, method_cls: type) -> Backend:
     return backend
 
 
-def parse_settings(conf: Mapping[str, Any]) -> Settings:
-    """Check the plain values of the config; ``InputError`` naming the key otherwise."""
-    method = _group(conf, "method")
-    dataset = _group(conf, "dataset")
-    kernel = _group(conf, "kernel")
-    optimizer = _group(conf, "optimizer")
+def _check_plain(conf: Mapping[str, Any], method: Mapping[str, Any],
+                 dataset: Mapping[str, Any]) -> None:
+    """The dataset group's keys, ``M``, ``optimize``, ``method.likelihood`` and
+    ``dataset.test_fraction``: ``InputError`` naming the key otherwise."""
     unknown = sorted(set(dataset) - _DATASET_KEYS)
     if unknown:
         raise InputError(
@@ -256,9 +264,29 @@ def parse_settings(conf: Mapping[str, Any]) -> Settings:
             f"dataset.test_fraction must be in (0, 1) or null (the dataset's standard split); "
             f"got {tf!r}"
         )
+
+
+def _early_stopping_settings(conf: Mapping[str, Any]) -> EarlyStopping | None:
+    """The early-stopping keys of the config (``EarlyStopping.from_settings``)."""
+    return EarlyStopping.from_settings(conf.get("validation_fraction"),
+                                       conf.get("validation_interval", 1),
+                                       conf.get("n_iter_no_change", 10),
+                                       conf.get("refit", True),
+                                       conf.get("validation_folds"),
+                                       conf.get("refit_rule", "iterations"),
+                                       conf.get("choice_rule", "one_se"))
+
+
+def parse_settings(conf: Mapping[str, Any]) -> Settings:
+    """Check the plain values of the config; ``InputError`` naming the key otherwise."""
+    method = _group(conf, "method")
+    dataset = _group(conf, "dataset")
+    kernel = _group(conf, "kernel")
+    optimizer = _group(conf, "optimizer")
+    _check_plain(conf, method, dataset)
     return Settings(
         method=str(method["name"]),
-        likelihood=likelihood,
+        likelihood=method.get("likelihood"),
         method_options=_mapping(method.get("options"), "method.options"),
         dataset=str(dataset["name"]),
         dataset_cfg=dataset,
@@ -266,19 +294,13 @@ def parse_settings(conf: Mapping[str, Any]) -> Settings:
         kernel_cfg=kernel,
         optimizer=str(optimizer["name"]),
         optimizer_options=_mapping(optimizer.get("options"), "optimizer.options"),
-        M=M,
+        M=conf.get("M"),
         seed=_int(conf.get("seed", 0), "seed", minimum=0),
         iterations=_int(conf.get("iterations"), "iterations", minimum=1),
-        optimize=optimize,
+        optimize=conf.get("optimize"),
         batch_size=_int(conf.get("batch_size"), "batch_size", minimum=1, allow_none=True),
         eval_every=_int(conf.get("eval_every", 10), "eval_every", minimum=1),
-        early_stopping=EarlyStopping.from_settings(conf.get("validation_fraction"),
-                                                   conf.get("validation_interval", 1),
-                                                   conf.get("n_iter_no_change", 10),
-                                                   conf.get("refit", True),
-                                                   conf.get("validation_folds"),
-                                                   conf.get("refit_rule", "iterations"),
-                                                   conf.get("choice_rule", "one_se")),
+        early_stopping=_early_stopping_settings(conf),
         backend=_optional_text(conf.get("backend"), "backend", "numpy or torch"),
         device=_optional_text(conf.get("device"), "device", "cpu, cuda or cuda:N"),
         dtype=_optional_text(conf.get("dtype"), "dtype", "float64 or float32"),
@@ -427,21 +449,9 @@ def _check_likelihood_task(s: Settings, task: str) -> None:
         )
 
 
-def prepare(
-    cfg: DictConfig | Mapping[str, Any], output_dir: str | Path | None = None
-) -> Prepared:
-    """Every check and every load that comes before training; nothing is logged yet."""
-    from gpinfer.data import Standardizer
-    from gpinfer.kernels import make_kernel
-    from gpinfer.validation import check_inducing, check_method_compatible
-
-    conf = config_to_dict(cfg)
-    s = parse_settings(conf)
-    blas_threads()  # the thread policy (GPINFER_BLAS_THREADS), checked before any MLflow run
-    method_cls, options, applied = _check_method(s)
-    backend = _check_backend(s, method_cls)
-    _check_kernel_name(s.kernel)
-    out_dir = res.check_output_dir(output_dir if output_dir is not None else _hydra_output_dir())
+def _open_store(s: Settings, conf: dict[str, Any]) -> tracking.RunLogger:
+    """The MLflow store's ``RunLogger`` (no run yet); the stored config's tracking URI is
+    redacted in ``conf`` (params and the config.yaml artifact never hold credentials)."""
     uri = tracking.resolve_tracking_uri(s.mlflow.get("tracking_uri"))
     logger = tracking.RunLogger(
         uri,
@@ -451,66 +461,106 @@ def prepare(
         flush_interval_s=s.mlflow.get("flush_interval_s", 2.0),
     )
     if isinstance(conf.get("mlflow"), dict) and conf["mlflow"].get("tracking_uri"):
-        # the stored config (params, config.yaml artifact) never holds credentials
         conf["mlflow"]["tracking_uri"] = redact_uri(str(conf["mlflow"]["tracking_uri"]))
-    ds, split = _load_split(s)
-    task = ds.task
-    y_train, y_shift, y_scale = split.y_train, 0.0, 1.0
+    return logger
+
+
+@dataclass
+class _Targets:
+    """The split's targets as the model sees them: classes ``[C]`` (empty for regression),
+    ``C`` (0), the training targets ``y [n]`` (labels, or real targets not yet standardised)
+    and the test targets ``[N*]`` (class indices, or real targets)."""
+
+    classes: Array
+    n_classes: int
+    y_train: Array
+    y_test: Array
+
+
+def _targets(s: Settings, split: Split, task: str, backend: Backend) -> _Targets:
+    """The task's targets of ``split`` (``InputError`` for an empty test part, classes the
+    training part lacks, non-finite regression targets, a regression off numpy)."""
     if task == "classification":
         classes, n_classes, y_test_index = _check_classes(s, split)
+        targets = _Targets(classes, n_classes, split.y_train, y_test_index)
     else:
         from gpinfer.regressor import check_targets
 
-        classes, n_classes = np.zeros(0), 0
-        y_train, y_test_index = check_targets(split.y_train), check_targets(split.y_test)
+        targets = _Targets(np.zeros(0), 0, check_targets(split.y_train),
+                           check_targets(split.y_test))
     if split.X_test.shape[0] == 0:
         raise InputError(f"dataset {s.dataset!r}: the test part is empty")
     if task == "regression" and not backend.is_numpy:
         raise InputError(f"dataset {s.dataset!r} is a regression dataset, and regression runs "
                          f"on numpy only: leave backend and device unset (got {backend})")
+    return targets
 
-    X_train, X_test = split.X_train, split.X_test
-    st = None
-    if s.dataset_cfg.get("standardize", True):
-        st = Standardizer().fit(X_train)
-        X_train, X_test = st.transform(X_train), st.transform(X_test)
-        if task == "regression":
-            y_shift, y_scale = float(np.mean(y_train)), float(np.std(y_train)) or 1.0
-            y_train = (y_train - y_shift) / y_scale
 
-    n, d = X_train.shape
+def _standardise(s: Settings, split: Split, task: str, y_train: Array
+                 ) -> tuple[Array, Array, Array, Standardizer | None, float, float]:
+    """``(X_train, X_test, y_train, standardizer, y_shift, y_scale)``: the inputs standardised
+    on the training part (``dataset.standardize``, default true), and a regression's targets
+    too (``(y - shift) / scale``); unchanged (None, 0, 1) otherwise."""
+    from gpinfer.data import Standardizer
+
+    if not s.dataset_cfg.get("standardize", True):
+        return split.X_train, split.X_test, y_train, None, 0.0, 1.0
+    st = Standardizer().fit(split.X_train)
+    y_shift, y_scale = 0.0, 1.0
+    if task == "regression":
+        y_shift, y_scale = float(np.mean(y_train)), float(np.std(y_train)) or 1.0
+        y_train = (y_train - y_shift) / y_scale
+    return st.transform(split.X_train), st.transform(split.X_test), y_train, st, y_shift, y_scale
+
+
+def _build_kernel(s: Settings, input_dim: int) -> Kernel:
+    """The kernel group's kernel on ``input_dim`` features."""
+    from gpinfer.kernels import make_kernel
+
+    k = s.kernel_cfg
+    params = {key: v for key, v in k.items() if key not in _KERNEL_META and v is not None}
+    return make_kernel(
+        s.kernel, input_dim=input_dim, ard=bool(k.get("ard", False)), noise=k.get("noise"),
+        **params
+    )
+
+
+def _check_problem(s: Settings, method_cls: type, task: str, n_classes: int, n: int,
+                   d: int) -> int | None:
+    """The problem against what the method declares (task, classes, mini-batches,
+    likelihood); returns the inducing-point count (None: the method chooses, or none)."""
+    from gpinfer.validation import check_inducing, check_method_compatible
+
     _check_likelihood_task(s, task)
     check_method_compatible(method_cls, n_classes, task, s.batch_size,
                             s.likelihood or ("gaussian" if task == "regression" else None))
     inducing = check_inducing(s.M, n, d, s.method, bool(method_cls.uses_inducing_points))
-    M_count = None if inducing is None else int(inducing)
+    return None if inducing is None else int(inducing)
 
-    k = s.kernel_cfg
-    params = {key: v for key, v in k.items() if key not in _KERNEL_META and v is not None}
-    kernel = make_kernel(
-        s.kernel, input_dim=d, ard=bool(k.get("ard", False)), noise=k.get("noise"), **params
-    )
+
+def prepare(
+    cfg: DictConfig | Mapping[str, Any], output_dir: str | Path | None = None
+) -> Prepared:
+    """Every check and every load that comes before training; nothing is logged yet."""
+    conf = config_to_dict(cfg)
+    s = parse_settings(conf)
+    blas_threads()  # the thread policy (GPINFER_BLAS_THREADS), checked before any MLflow run
+    method_cls, options, applied = _check_method(s)
+    backend = _check_backend(s, method_cls)
+    _check_kernel_name(s.kernel)
+    out_dir = res.check_output_dir(output_dir if output_dir is not None else _hydra_output_dir())
+    logger = _open_store(s, conf)
+    ds, split = _load_split(s)
+    t = _targets(s, split, ds.task, backend)
+    X_train, X_test, y_train, st, y_shift, y_scale = _standardise(s, split, ds.task, t.y_train)
+    n, d = X_train.shape
+    M_count = _check_problem(s, method_cls, ds.task, t.n_classes, n, d)
     return Prepared(
-        settings=s,
-        out_dir=out_dir,
-        method_cls=method_cls,
-        X_train=X_train,
-        y_train=y_train,
-        X_test=X_test,
-        y_test_index=y_test_index,
-        classes=classes,
-        n_classes=n_classes,
-        task=task,
-        M_count=M_count,
-        kernel=kernel,
-        method_options=options,
-        optimizer_applied=applied,
-        logger=logger,
-        config=conf,
-        y_shift=y_shift,
-        y_scale=y_scale,
-        backend=backend,
-        standardizer=st,
+        settings=s, out_dir=out_dir, method_cls=method_cls, X_train=X_train, y_train=y_train,
+        X_test=X_test, y_test_index=t.y_test, classes=t.classes, n_classes=t.n_classes,
+        task=ds.task, M_count=M_count, kernel=_build_kernel(s, d), method_options=options,
+        optimizer_applied=applied, logger=logger, config=conf, y_shift=y_shift,
+        y_scale=y_scale, backend=backend, standardizer=st,
         X_train_raw_head=np.array(split.X_train[:_EXAMPLE_ROWS], dtype=np.float64),
     )
 
@@ -788,6 +838,140 @@ def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str,
     return time.perf_counter() - start
 
 
+def _make_estimator(p: Prepared) -> GPClassifierCore | GPRegressorCore:
+    """The run's estimator: a core (the estimator without scikit-learn, whose import a run does
+    not need), ``GPRegressorCore`` for a regression dataset, else ``GPClassifierCore``."""
+    from gpinfer.estimator import GPClassifierCore
+    from gpinfer.regressor import GPRegressorCore
+
+    s, es = p.settings, p.settings.early_stopping
+    early: dict[str, Any] = {} if es is None else {
+        "validation_fraction": es.validation_fraction,
+        "validation_interval": es.validation_interval,
+        "n_iter_no_change": es.n_iter_no_change,
+        "refit": es.refit,
+        "validation_folds": es.folds,
+        "refit_rule": es.refit_rule,
+        "choice_rule": es.choice_rule}
+    return (GPRegressorCore if p.task == "regression" else GPClassifierCore)(
+        method=s.method, M=p.M_count, kernel=p.kernel, likelihood=s.likelihood,
+        optimize=s.optimize, max_iter=s.iterations, batch_size=s.batch_size,
+        random_state=s.seed, method_options=p.method_options,
+        baseline_failure=s.baseline_failure, **early,
+        **({} if p.task == "regression" else p.backend.params()),
+    )
+
+
+def _write_config(p: Prepared) -> tuple[Path, str]:
+    """The run folder's ``config.yaml`` (Hydra's record of the overrides scrubbed of
+    credentials first) and the run's unique name; returns both."""
+    s = p.settings
+    scrub_files(p.out_dir / ".hydra", p.logger.tracking_uri)  # Hydra's record of the overrides
+    config_path = p.out_dir / "config.yaml"
+    config_path.write_text(OmegaConf.to_yaml(OmegaConf.create(p.config)))
+    run_name = tracking.unique_run_name(
+        [s.method, s.dataset, s.kernel] + ([f"M{s.M}"] if s.M is not None else []) + [f"s{s.seed}"]
+    )
+    _log.info("run %s: %s/%s s%s (output folder %s)", run_name, s.method, s.dataset, s.seed,
+              p.out_dir)
+    return config_path, run_name
+
+
+def _train(p: Prepared, estimator: Estimator, callback: _Callback, progress: ProgressBar,
+           result: dict[str, Any]) -> None:
+    """Fit, evaluate and publish inside the open MLflow run; on any exception (Ctrl-C and
+    SIGTERM included) record it in ``result.json`` and re-raise."""
+    figures: FigureJob | None = None
+    callback.start = time.perf_counter()
+    try:
+        if p.settings.mlflow.get("log_plots", True):  # its matplotlib import overlaps the fit
+            figures = FigureJob.spawn(p.out_dir)
+            callback.start = time.perf_counter()
+        with _sigterm_as_interrupt(), progress:
+            estimator.fit(p.X_train, p.y_train, callback=callback)
+        wall = time.perf_counter() - callback.start
+        P_test = _record_fit(p, estimator, callback, result, wall)
+        _close(p, estimator, callback, result, P_test, figures)
+    except BaseException as exc:
+        if figures is not None:  # a worker given nothing to draw exits
+            figures.cancel()
+        _record_failure(p, callback, result, exc)
+        raise
+
+
+def _record_fit(p: Prepared, estimator: Estimator, callback: _Callback,
+                result: dict[str, Any], wall: float) -> Array | None:
+    """The fitted model's final numbers into ``result``: test metrics, evidence, times, the
+    fit guard's report (a kept fit no better than the baseline makes the status FAILED);
+    returns a classifier's test predictions ``[N*, C]`` (None for a regressor)."""
+    # the classifier's test predictions: the final numbers and the reliability diagram
+    P_test = None if p.task == "regression" else estimator.posterior_.predict_proba(p.X_test)
+    result.update(
+        _evaluate(p, estimator.posterior_, P_test),
+        log_evidence=float(estimator.log_evidence_),
+        train_time_s=max(wall - callback.overhead_s, 0.0),
+        wall_time_s=wall,
+        n_iter=int(estimator.n_iter_),
+        peak_rss_mb=res.peak_rss_mb(),
+        status=tracking.FINISHED,
+    )
+    if p.M_count is None:  # report the number of inducing points the method chose
+        result["M_count"] = fitted_inducing_count(estimator.posterior_)
+    fit_report = estimator.fit_result_
+    _record_fit_report(p.logger, result, fit_report)
+    if estimator.best_validation_score_ is not None:
+        result["best_validation_score"] = float(estimator.best_validation_score_)
+    if WORSE_THAN_BASELINE in fit_report.warnings:  # kept (baseline_failure=warn)
+        what = "a constant Gaussian" if p.task == "regression" else "the class frequencies"
+        result.update(status=tracking.FAILED, error=(
+            f"training NLL {result['train_nll']:.4g} is no better than predicting {what} "
+            f"({result['baseline_nll']:.4g}); the model was kept (baseline_failure=warn)"))
+    return P_test
+
+
+def _close(p: Prepared, estimator: Estimator, callback: _Callback, result: dict[str, Any],
+           P_test: Array | None, figures: FigureJob | None) -> None:
+    """Log the final metrics and the fitted state, publish, write ``result.json``; a kept fit
+    no better than the baseline ends the run FAILED with its error as a tag."""
+    logger = p.logger
+    logger.log_final({key: result[key] for key in FINAL_METRICS if key in result},
+                     step=max(result["n_iter"], callback.last_iteration))
+    state = tracking.collect_state(
+        estimator.fit_result_,
+        extra={"classes": p.classes, "M_count": np.asarray(p.M_count or 0)},
+    )
+    logger.log_artifact(tracking.save_state(p.out_dir / "state.npz", state))
+    result["publish_s"] = _publish(p, estimator, callback, result, P_test, figures)
+    res.write_result(p.out_dir, result)
+    logger.log_artifact(p.out_dir / res.RESULT_FILE)
+    if result["status"] == tracking.FAILED:
+        logger.set_tags({"error": result["error"]})
+        logger.end(tracking.FAILED)
+
+
+def _record_failure(p: Prepared, callback: _Callback, result: dict[str, Any],
+                    exc: BaseException) -> None:
+    """A run that raised: KILLED (Ctrl-C, SIGTERM) or FAILED with the error, the last
+    iteration reached and the fit guard's report where there is one, into ``result.json``
+    (never hiding ``exc``)."""
+    interrupted = isinstance(exc, KeyboardInterrupt)
+    if isinstance(exc, FitFailedError) and exc.result is not None:
+        _record_fit_report(p.logger, result, exc.result)
+    result.update(
+        status=tracking.KILLED if interrupted else tracking.FAILED,
+        error=f"{type(exc).__name__}: {exc}",
+        n_iter=callback.last_iteration,
+        error_iteration=getattr(exc, "iteration", None),
+        train_time_s=time.perf_counter() - callback.start - callback.overhead_s,
+        peak_rss_mb=res.peak_rss_mb(),
+    )
+    try:
+        res.write_result(p.out_dir, result)
+        p.logger.log_artifact(p.out_dir / res.RESULT_FILE)
+    except Exception:  # never hide the original error
+        pass
+
+
 def run_experiment(
     cfg: DictConfig | Mapping[str, Any],
     *,
@@ -800,120 +984,21 @@ def run_experiment(
     ``output_dir``: the run folder (default: Hydra's output folder for this job). ``stream``
     receives the one-line summary (stdout), ``progress_stream`` the progress lines (stderr).
     """
-    from gpinfer.estimator import GPClassifierCore
-    from gpinfer.regressor import GPRegressorCore
-
     p = prepare(cfg, output_dir)
     s = p.settings
     res.reset_peak_rss()
-    # the cores: the estimators without scikit-learn, whose import a run does not need
-    estimator = (GPRegressorCore if p.task == "regression" else GPClassifierCore)(
-        method=s.method,
-        M=p.M_count,
-        kernel=p.kernel,
-        likelihood=s.likelihood,
-        optimize=s.optimize,
-        max_iter=s.iterations,
-        batch_size=s.batch_size,
-        random_state=s.seed,
-        method_options=p.method_options,
-        baseline_failure=s.baseline_failure,
-        **({} if s.early_stopping is None else {
-            "validation_fraction": s.early_stopping.validation_fraction,
-            "validation_interval": s.early_stopping.validation_interval,
-            "n_iter_no_change": s.early_stopping.n_iter_no_change,
-            "refit": s.early_stopping.refit,
-            "validation_folds": s.early_stopping.folds,
-            "refit_rule": s.early_stopping.refit_rule,
-            "choice_rule": s.early_stopping.choice_rule}),
-        **({} if p.task == "regression" else p.backend.params()),
-    )
-    label = f"{s.method}/{s.dataset} s{s.seed}"
-    progress = ProgressBar(s.iterations, label, show=s.progress.get("bar", "auto"),
-                           stream=progress_stream)
+    estimator = _make_estimator(p)
+    progress = ProgressBar(s.iterations, f"{s.method}/{s.dataset} s{s.seed}",
+                           show=s.progress.get("bar", "auto"), stream=progress_stream)
     callback = _Callback(p, progress)
-    scrub_files(p.out_dir / ".hydra", p.logger.tracking_uri)  # Hydra's record of the overrides
-    config_path = p.out_dir / "config.yaml"
-    config_path.write_text(OmegaConf.to_yaml(OmegaConf.create(p.config)))
-    run_name = tracking.unique_run_name(
-        [s.method, s.dataset, s.kernel] + ([f"M{s.M}"] if s.M is not None else []) + [f"s{s.seed}"]
-    )
-    _log.info("run %s: %s (output folder %s)", run_name, label, p.out_dir)
+    config_path, run_name = _write_config(p)
     result = _base_result(p)
-    logger = p.logger
-    _end_stale_runs(logger, progress_stream)
-    with logger.run(run_name, tags=_tags(p), params=_params(p)):
-        result["mlflow_run_id"] = logger.run_id
-        logger.log_artifact(config_path)
-        figures: FigureJob | None = None
-        start = callback.start = time.perf_counter()
-        try:
-            if s.mlflow.get("log_plots", True):  # its matplotlib import overlaps the fit
-                figures = FigureJob.spawn(p.out_dir)
-                start = callback.start = time.perf_counter()
-            with _sigterm_as_interrupt(), progress:
-                estimator.fit(p.X_train, p.y_train, callback=callback)
-            wall = time.perf_counter() - start
-            # the classifier's test predictions: the final numbers and the reliability diagram
-            P_test = (None if p.task == "regression"
-                      else estimator.posterior_.predict_proba(p.X_test))
-            final = _evaluate(p, estimator.posterior_, P_test)
-            result.update(
-                final,
-                log_evidence=float(estimator.log_evidence_),
-                train_time_s=max(wall - callback.overhead_s, 0.0),
-                wall_time_s=wall,
-                n_iter=int(estimator.n_iter_),
-                peak_rss_mb=res.peak_rss_mb(),
-                status=tracking.FINISHED,
-            )
-            if p.M_count is None:  # report the number of inducing points the method chose
-                result["M_count"] = fitted_inducing_count(estimator.posterior_)
-            fit_report = estimator.fit_result_
-            _record_fit_report(logger, result, fit_report)
-            if getattr(estimator, "best_validation_score_", None) is not None:
-                result["best_validation_score"] = float(estimator.best_validation_score_)
-            if WORSE_THAN_BASELINE in fit_report.warnings:  # kept (baseline_failure=warn)
-                what = "a constant Gaussian" if p.task == "regression" else "the class frequencies"
-                result.update(status=tracking.FAILED, error=(
-                    f"training NLL {result['train_nll']:.4g} is no better than predicting {what} "
-                    f"({result['baseline_nll']:.4g}); the model was kept (baseline_failure=warn)"))
-            logger.log_final({key: result[key] for key in FINAL_METRICS if key in result},
-                             step=max(result["n_iter"], callback.last_iteration))
-            state = tracking.collect_state(
-                estimator.fit_result_,
-                extra={"classes": p.classes, "M_count": np.asarray(p.M_count or 0)},
-            )
-            state_path = tracking.save_state(p.out_dir / "state.npz", state)
-            logger.log_artifact(state_path)
-            result["publish_s"] = _publish(p, estimator, callback, result, P_test, figures)
-            res.write_result(p.out_dir, result)
-            logger.log_artifact(p.out_dir / res.RESULT_FILE)
-            if result["status"] == tracking.FAILED:
-                logger.set_tags({"error": result["error"]})
-                logger.end(tracking.FAILED)
-        except BaseException as exc:
-            if figures is not None:  # a worker given nothing to draw exits
-                figures.cancel()
-            interrupted = isinstance(exc, KeyboardInterrupt)
-            if isinstance(exc, FitFailedError) and exc.result is not None:
-                _record_fit_report(logger, result, exc.result)
-            result.update(
-                status=tracking.KILLED if interrupted else tracking.FAILED,
-                error=f"{type(exc).__name__}: {exc}",
-                n_iter=callback.last_iteration,
-                error_iteration=getattr(exc, "iteration", None),
-                train_time_s=time.perf_counter() - start - callback.overhead_s,
-                peak_rss_mb=res.peak_rss_mb(),
-            )
-            try:
-                res.write_result(p.out_dir, result)
-                logger.log_artifact(p.out_dir / res.RESULT_FILE)
-            except Exception:  # never hide the original error
-                pass
-            raise
-    out = stream if stream is not None else sys.stdout
+    _end_stale_runs(p.logger, progress_stream)
+    with p.logger.run(run_name, tags=_tags(p), params=_params(p)):
+        result["mlflow_run_id"] = p.logger.run_id
+        p.logger.log_artifact(config_path)
+        _train(p, estimator, callback, progress, result)
     line = res.summary_line(result)
     _log.info("%s", line)
-    print(line, file=out, flush=True)
+    print(line, file=stream if stream is not None else sys.stdout, flush=True)
     return result
