@@ -245,8 +245,8 @@ def log_datasets(
     given here so that MLflow does not run its context providers, git's among them, to find
     them).
     """
-    import mlflow.data
     from mlflow.data.code_dataset_source import CodeDatasetSource
+    from mlflow.data.numpy_dataset import from_numpy
     from mlflow.entities import DatasetInput, InputTag
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
@@ -254,8 +254,8 @@ def log_datasets(
     inputs = []
     for context, part, X, y in (("training", "train", X_train, y_train),
                                 ("evaluation", "test", X_test, y_test)):
-        dataset = mlflow.data.from_numpy(np.asarray(X), targets=np.asarray(y),
-                                         name=f"{name}-{part}", source=origin)
+        dataset = from_numpy(np.asarray(X), targets=np.asarray(y), name=f"{name}-{part}",
+                             source=origin)
         tags = [InputTag(MLFLOW_DATASET_CONTEXT, context)]
         inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=tags))
     logger.client.log_inputs(logger._require_run(), datasets=inputs)

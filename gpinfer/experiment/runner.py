@@ -59,13 +59,14 @@ from gpinfer.experiment.figures import TrainingCurve
 from gpinfer.experiment.redact import redact_text, redact_uri, scrub_files, store_error
 from gpinfer.experiment.render import FigureJob
 from gpinfer.fit_guard import WORSE_THAN_BASELINE, check_baseline_failure
-from gpinfer.interfaces import IterationInfo
+from gpinfer.interfaces import FitResult, IterationInfo, Method
 from gpinfer.progress import ProgressBar
 from gpinfer.threads import blas_threads
 from gpinfer.training.early_stopping import EarlyStopping, validation_size
 
 if TYPE_CHECKING:
     from gpinfer.data import Standardizer
+    from gpinfer.data.base import Dataset
     from gpinfer.data.splits import Split
     from gpinfer.estimator import GPClassifierCore
     from gpinfer.kernels.base import Kernel
@@ -143,7 +144,7 @@ class Prepared:
 
     settings: Settings
     out_dir: Path
-    method_cls: type
+    method_cls: type[Method]
     X_train: Array
     y_train: Array
     X_test: Array
@@ -152,7 +153,7 @@ class Prepared:
     n_classes: int
     task: str
     M_count: int | None
-    kernel: Any
+    kernel: Kernel
     method_options: dict[str, Any]
     optimizer_applied: bool
     logger: tracking.RunLogger
@@ -185,7 +186,7 @@ def config_to_dict(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
         data = OmegaConf.to_container(OmegaConf.create(dict(cfg)), resolve=True)
     assert isinstance(data, dict)
     data.pop("hydra", None)
-    return data
+    return {str(key): value for key, value in data.items()}
 
 
 def _group(conf: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -223,7 +224,7 @@ def _optional_text(value: Any, key: str, allowed: str) -> str | None:
     raise InputError(f"{key} must be null or one of {allowed}; got {value!r}")
 
 
-def _check_backend(s: Settings, method_cls: type) -> Backend:
+def _check_backend(s: Settings, method_cls: type[Method]) -> Backend:
     """The run's ``Backend`` from ``backend``/``device``/``dtype``, checked against the method
     (``InputError`` naming the fix) before any MLflow run exists."""
     backend = resolve_backend(s.backend, s.device, s.dtype)
@@ -344,7 +345,7 @@ def _hydra_job_tags() -> dict[str, str]:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_method(s: Settings) -> tuple[type, dict[str, Any], bool]:
+def _check_method(s: Settings) -> tuple[type[Method], dict[str, Any], bool]:
     """Load the method class and build its options (optimizer included when it declares one)."""
     from gpinfer import registry
 
@@ -383,7 +384,7 @@ def _check_kernel_name(name: str) -> None:
     registry.find(registry.KERNELS, name)  # UnknownNameError with the nearest names
 
 
-def _load_split(s: Settings) -> tuple[Any, Any]:
+def _load_split(s: Settings) -> tuple[Dataset, Split]:
     """Load the dataset and split it with the run's seed (``InputError`` naming the problem)."""
     from gpinfer.data import load_dataset, train_test_split
 
@@ -412,7 +413,7 @@ def _load_split(s: Settings) -> tuple[Any, Any]:
     return ds, split
 
 
-def _check_classes(s: Settings, split: Any) -> tuple[Array, int, Array]:
+def _check_classes(s: Settings, split: Split) -> tuple[Array, int, Array]:
     """Classes of the training part ``[C]``, ``C`` and the test labels as class indices."""
     classes = np.unique(split.y_train)
     n_classes = int(classes.size)
@@ -525,7 +526,7 @@ def _build_kernel(s: Settings, input_dim: int) -> Kernel:
     )
 
 
-def _check_problem(s: Settings, method_cls: type, task: str, n_classes: int, n: int,
+def _check_problem(s: Settings, method_cls: type[Method], task: str, n_classes: int, n: int,
                    d: int) -> int | None:
     """The problem against what the method declares (task, classes, mini-batches,
     likelihood); returns the inducing-point count (None: the method chooses, or none)."""
@@ -794,7 +795,8 @@ def _base_result(p: Prepared) -> dict[str, Any]:
     }
 
 
-def _record_fit_report(logger: tracking.RunLogger, result: dict[str, Any], report: Any) -> None:
+def _record_fit_report(logger: tracking.RunLogger, result: dict[str, Any],
+                       report: FitResult) -> None:
     """The fit guard's codes and numbers (``FitResult.warnings`` and ``diagnostics``) into
     ``result`` and the MLflow tag ``fit_warnings``."""
     result["fit_warnings"] = list(report.warnings)
@@ -802,7 +804,7 @@ def _record_fit_report(logger: tracking.RunLogger, result: dict[str, Any], repor
     logger.set_tags({"fit_warnings": ",".join(report.warnings) or "none"})
 
 
-def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str, Any],
+def _publish(p: Prepared, estimator: Estimator, callback: _Callback, result: dict[str, Any],
              P_test: Any = None, figures: FigureJob | None = None) -> float:
     """Learned hyper-parameters, model, datasets and plots to MLflow (``publish.publish_run``;
     ``P_test``: the posterior's test predictions of a classifier, for the reliability diagram;
@@ -838,27 +840,25 @@ def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str,
     return time.perf_counter() - start
 
 
-def _make_estimator(p: Prepared) -> GPClassifierCore | GPRegressorCore:
+def _make_estimator(p: Prepared) -> Estimator:
     """The run's estimator: a core (the estimator without scikit-learn, whose import a run does
     not need), ``GPRegressorCore`` for a regression dataset, else ``GPClassifierCore``."""
     from gpinfer.estimator import GPClassifierCore
     from gpinfer.regressor import GPRegressorCore
 
     s, es = p.settings, p.settings.early_stopping
-    early: dict[str, Any] = {} if es is None else {
-        "validation_fraction": es.validation_fraction,
-        "validation_interval": es.validation_interval,
-        "n_iter_no_change": es.n_iter_no_change,
-        "refit": es.refit,
-        "validation_folds": es.folds,
-        "refit_rule": es.refit_rule,
-        "choice_rule": es.choice_rule}
+    options: dict[str, Any] = {} if p.task == "regression" else dict(p.backend.params())
+    if es is not None:
+        options.update(validation_fraction=es.validation_fraction,
+                       validation_interval=es.validation_interval,
+                       n_iter_no_change=es.n_iter_no_change, refit=es.refit,
+                       validation_folds=es.folds, refit_rule=es.refit_rule,
+                       choice_rule=es.choice_rule)
     return (GPRegressorCore if p.task == "regression" else GPClassifierCore)(
         method=s.method, M=p.M_count, kernel=p.kernel, likelihood=s.likelihood,
         optimize=s.optimize, max_iter=s.iterations, batch_size=s.batch_size,
         random_state=s.seed, method_options=p.method_options,
-        baseline_failure=s.baseline_failure, **early,
-        **({} if p.task == "regression" else p.backend.params()),
+        baseline_failure=s.baseline_failure, **options,
     )
 
 
