@@ -847,7 +847,7 @@ def _make_estimator(p: Prepared) -> Estimator:
     from gpinfer.regressor import GPRegressorCore
 
     s, es = p.settings, p.settings.early_stopping
-    options: dict[str, Any] = {} if p.task == "regression" else dict(p.backend.params())
+    options: dict[str, Any] = dict(p.backend.params())  # numpy for a regression (prepare)
     if es is not None:
         options.update(validation_fraction=es.validation_fraction,
                        validation_interval=es.validation_interval,
