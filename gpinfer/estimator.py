@@ -511,9 +511,15 @@ class _GPEstimatorBase:
         self._set_early_stopping(result, early is not None)
 
     def _validate_for_predict(self, X: Any) -> Array:
-        from sklearn.utils.validation import check_is_fitted
+        """``X [N*, D]`` checked against the fit (features, their names) and scaled as the
+        training inputs were; scikit-learn's ``NotFittedError`` before ``fit`` (the cores
+        included: they have no scikit-learn tags for ``check_is_fitted`` to read)."""
+        if not hasattr(self, "posterior_"):
+            from sklearn.exceptions import NotFittedError
 
-        check_is_fitted(self)
+            raise NotFittedError(
+                f"This {type(self).__name__} instance is not fitted yet. Call 'fit' with "
+                "appropriate arguments before using this estimator.")
         _check_feature_names(self, X)
         X = check_X(host_input(X, "X"), "X")
         if X.shape[1] != self.n_features_in_:

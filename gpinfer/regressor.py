@@ -51,6 +51,11 @@ def check_targets(y: Array) -> Array:
     return arr
 
 
+#: parameters added after the first release of ``GPRegressor``, with their defaults
+_ADDED_PARAMETERS: dict[str, Any] = {"standardize": False, "backend": None, "device": None,
+                                     "dtype": None}
+
+
 class GPRegressorCore(_GPEstimatorBase):
     """Gaussian-process regression with any registered method whose ``tasks`` include regression.
 
@@ -159,6 +164,16 @@ class GPRegressorCore(_GPEstimatorBase):
         (weights other than 0/1 need a method with ``supports_sample_weight``)."""
         self._fit(X, y, sample_weight, callback)
         return self
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A regressor pickled before it had ``standardize``, ``backend``, ``device`` and
+        ``dtype`` loads with their defaults (``get_params``, ``clone`` and a refit work)."""
+        state = {**_ADDED_PARAMETERS, **state}
+        parent = getattr(super(), "__setstate__", None)  # scikit-learn's, on GPRegressor
+        if parent is None:
+            self.__dict__.update(state)
+        else:
+            parent(state)
 
     def predict(self, X: Any, return_std: bool = False) -> Array | tuple[Array, Array]:
         """Predictive mean ``[N*]`` of ``y*``; with ``return_std`` also its std ``[N*]``

@@ -95,3 +95,43 @@ def test_the_regressor_passes_check_estimator():
         expected_failed_checks=PEP_EXPECTED_FAILED_CHECKS,
         on_skip=None,
     )
+
+
+@pytest.mark.parametrize("core", [False, True], ids=["GPRegressor", "GPRegressorCore"])
+def test_a_regressor_pickled_before_the_new_parameters_loads(core, regression_data):
+    import pickle
+
+    from sklearn.base import clone
+
+    from gpinfer.regressor import GPRegressorCore
+
+    cls = GPRegressorCore if core else GPRegressor
+    est = cls(method="pep", M=5, max_iter=3, random_state=0).fit(*regression_data)
+    for key in ("standardize", "backend", "device", "dtype"):  # as an old pickle holds it
+        del est.__dict__[key]
+    old = pickle.loads(pickle.dumps(est))
+    assert (old.standardize, old.backend, old.device, old.dtype) == (False, None, None, None)
+    X = regression_data[0]
+    np.testing.assert_array_equal(old.posterior_.predict_f(X)[0], est.posterior_.predict_f(X)[0])
+    if not core:
+        assert clone(old).get_params() == GPRegressor(method="pep", M=5, max_iter=3,
+                                                      random_state=0).get_params()
+    old.fit(*regression_data)  # a refit reads the parameters
+
+
+def test_the_cores_predict_as_their_estimators(regression_data, classification_data):
+    """The cores (no scikit-learn base classes: the runner's) predict, and refuse to before
+    ``fit``, as the scikit-learn estimators do."""
+    from sklearn.exceptions import NotFittedError
+
+    from gpinfer.estimator import GPClassifierCore
+    from gpinfer.regressor import GPRegressorCore
+
+    for core_cls, est_cls, (X, y), kw in (
+            (GPRegressorCore, GPRegressor, regression_data, {"method": "pep", "M": 5}),
+            (GPClassifierCore, GPClassifier, classification_data, {"method": "laplace"})):
+        with pytest.raises(NotFittedError, match=core_cls.__name__):
+            core_cls(**kw).predict(X)
+        core = core_cls(max_iter=3, random_state=0, **kw).fit(X, y)
+        est = est_cls(max_iter=3, random_state=0, **kw).fit(X, y)
+        np.testing.assert_array_equal(core.predict(X), est.predict(X))
