@@ -19,11 +19,13 @@ Counting rules (sizes: batch ``B`` or data ``N``, inducing points ``M``, feature
 * Only products whose size involves ``B``/``N`` or ``M^3`` count; ``O(MB)``, ``O(M^2)``,
   ``O(BD)`` element-wise work (quadrature, exponentials, matrix-vector products) is ignored.
 
-The ``where`` fields and ``coded`` counts of sep and ep describe their per-class code as it was
-before the class-batched engine (``gpinfer/sites/stacked.py``, ``gpinfer/training/loop.py``):
-that code now forms ``L^T Lam L`` once per step (sep), solves with the factors instead of
-forming ``B^-1`` against the identity, and replaces ``B_g^-1 S_E`` by one ``[M, B]`` solve;
-the ``needed`` counts, which the scale suite uses, do not depend on how the code is arranged.
+The ``coded`` counts of sep and ep are those of their per-class code before the class-batched
+engine (``gpinfer/sites/stacked.py``, ``gpinfer/training/loop.py``), which now forms
+``L^T Lam L`` once per step (sep), solves with the factors instead of forming ``B^-1`` against
+the identity, and replaces ``B_g^-1 S_E`` by one ``[M, B]`` solve; their ``where`` fields point
+at the class-batched code that forms each product now (all classes in one call; the per-class
+formulas of ``gpinfer/sites/inducing.py`` are its test oracle). The ``needed`` counts, which the
+scale suite uses, do not depend on how the code is arranged.
 
 Each term has two counts: ``needed`` (what the algorithm needs: a product the code forms twice
 counts once, a triangular or symmetric product counts at the triangular/syrk rate even where the
@@ -122,26 +124,27 @@ def _epoch_batches(N: int, B: int) -> list[tuple[int, int]]:
 # sep: tied sites (plugins/gpinfer-ep/gpinfer_ep/state.py:TiedSites)
 # --------------------------------------------------------------------------------------------
 
-_INDUCING = "gpinfer/sites/inducing.py"
+_STACKED = "gpinfer/sites/stacked.py"
 _STATE = "plugins/gpinfer-ep/gpinfer_ep/state.py"
 
 
 def _class_terms(B: float, M: float, D: float) -> list[Term]:
     """Kernel quantities of one class at the batch (shared by sep and ep)."""
     return [
-        Term("Kuf = k(Z, Xb): distances 2 M B D", f"{_INDUCING}:class_terms -> "
-             "gpinfer/kernels/stationary.py:Stationary._r2", 2 * M * B * D, 2 * M * B * D),
-        Term("chol(Kuu): M^3/3", f"{_INDUCING}:class_terms (jittered_cholesky)",
+        Term("Kuf = k(Z, Xb): distances 2 M B D", f"{_STACKED}:stacked_terms -> "
+             "gpinfer/kernels/stacked.py:StackedCovariances", 2 * M * B * D, 2 * M * B * D),
+        Term("chol(Kuu): M^3/3", f"{_STACKED}:stacked_terms (stacked_cholesky)",
              M**3 / 3, M**3 / 3),
-        Term("A = L^-1 Kuf: M^2 B", f"{_INDUCING}:class_terms (tri_solve)", M**2 * B, M**2 * B),
+        Term("A = L^-1 Kuf: M^2 B", f"{_STACKED}:stacked_terms (tri_solve_stack)", M**2 * B,
+             M**2 * B),
     ]
 
 
 def _vjp_term(B: float, M: float, D: float, learn_inducing: bool) -> Term:
     flops = 2 * M * B * D if learn_inducing else 0.0
     return Term("Kuf VJP w.r.t. Z: G @ Xb 2 M B D (distances reused from the memo, not "
-                "recomputed)", "gpinfer/hyper.py:_latent_gradients -> gpinfer/kernels/"
-                "stationary.py:Stationary.vjp/_inputs_from", flops, flops)
+                "recomputed)", "gpinfer/hyper.py:_stacked_parameter_gradient -> gpinfer/kernels/"
+                "stacked.py:StackedCovariances.vjp", flops, flops)
 
 
 def _gradient_tail(B: int, M: int, D: int, learn_inducing: bool) -> list[Term]:
@@ -149,11 +152,11 @@ def _gradient_tail(B: int, M: int, D: int, learn_inducing: bool) -> list[Term]:
     the kernel VJP."""
     return [
         Term("gradient: B_q^-1 for the prior term: potri 2 M^3/3 (coded: two solves "
-             "against I, 2 M^3)", f"{_INDUCING}:inducing_matrix_gradients (q.B_inv(eye))",
+             "against I, 2 M^3)", f"{_STACKED}:stacked_matrix_gradients (q.B_inv())",
              2 * M**3 / 3, 2 * M**3),
-        Term("gradient: G_K = L^-T inner L^-1: 2 M^3", f"{_INDUCING}:inducing_matrix_gradients",
+        Term("gradient: G_K = L^-T inner L^-1: 2 M^3", f"{_STACKED}:stacked_matrix_gradients",
              2 * M**3, 2 * M**3),
-        Term("gradient: G_uf = L^-T X: M^2 B", f"{_INDUCING}:inducing_matrix_gradients",
+        Term("gradient: G_uf = L^-T X: M^2 B", f"{_STACKED}:stacked_matrix_gradients",
              M**2 * B, M**2 * B),
         _vjp_term(B, M, D, learn_inducing),
     ]
@@ -164,35 +167,35 @@ def sep_step_terms(B: int, M: int, C: int, D: int, n_latent: int,
     """Itemised ``sep_step_flops`` (every term already multiplied by ``n_latent``)."""
     B, M, D = float(B), float(M), float(D)
     per_class = _class_terms(B, M, D) + [
-        # TiedSites.update -> _cavity_projections(with_q=False)
+        # TiedSites.update -> _tied_update
         Term("update: whiten the site sums P_w = L^T Lam L: two triangular multiplies 2 M^3 "
              "(coded as two general GEMMs, 4 M^3)",
-             f"{_INDUCING}:ClassTerms.to_whitened via {_STATE}:TiedSites.update", 2 * M**3,
+             f"{_STACKED}:StackedTerms.to_whitened via {_STATE}:_SiteSums._whitened_sums", 2 * M**3,
              4 * M**3),
         Term("update: chol of the cavity B = I + f P_w: M^3/3",
-             f"{_INDUCING}:WhitenedGaussian.__init__", M**3 / 3, M**3 / 3),
+             f"{_STACKED}:StackedGaussians.__init__", M**3 / 3, M**3 / 3),
         Term("update: cavity projections R = L_B^-1 A: M^2 B",
-             f"{_INDUCING}:WhitenedGaussian.project", M**2 * B, M**2 * B),
+             f"{_STACKED}:StackedGaussians.project", M**2 * B, M**2 * B),
         Term("update: new site precision A diag(tau) A^T (syrk): M^2 B",
-             f"{_STATE}:TiedSites.update.fold_in (weighted_gram)", M**2 * B, M**2 * B),
+             f"{_STATE}:_tied_update (A diag(tau) A^T)", M**2 * B, M**2 * B),
         Term("update: back to u-space L^-T P L^-1: 2 M^3",
-             f"{_INDUCING}:ClassTerms.to_u_space", 2 * M**3, 2 * M**3),
+             f"{_STACKED}:StackedTerms.to_u_space", 2 * M**3, 2 * M**3),
         # TiedSites.evaluate
         Term("evaluate: whiten the updated site sums again: needed 0 (a round trip of the "
              "to_u_space just done with the same L; keep * P_w_old + rho * A diag(tau) A^T is "
              "the result), coded 4 M^3",
-             f"{_INDUCING}:ClassTerms.to_whitened via {_STATE}:TiedSites._cavity_projections",
+             f"{_STATE}:_SiteSums._whitened_sums (now kept from the update)",
              0.0, 4 * M**3),
         Term("evaluate: chol of B_q and of the cavity B_cav: 2 M^3/3",
-             f"{_INDUCING}:WhitenedGaussian.__init__", 2 * M**3 / 3, 2 * M**3 / 3),
+             f"{_STACKED}:StackedGaussians.__init__", 2 * M**3 / 3, 2 * M**3 / 3),
         Term("evaluate: cavity projections R = L_Bcav^-1 A: M^2 B",
-             f"{_INDUCING}:WhitenedGaussian.project", M**2 * B, M**2 * B),
+             f"{_STACKED}:StackedGaussians.project", M**2 * B, M**2 * B),
         Term("gradient: B_cav^-1 A diag(E) = L_B^-T (R diag E): M^2 B",
-             f"{_INDUCING}:inducing_matrix_gradients", M**2 * B, M**2 * B),
+             f"{_STACKED}:stacked_matrix_gradients", M**2 * B, M**2 * B),
         Term("gradient: S_B = A diag(b) A^T (syrk; S_E = 2 S_B is free): M^2 B",
-             f"{_INDUCING}:inducing_matrix_gradients (weighted_gram)", M**2 * B, M**2 * B),
+             f"{_STACKED}:stacked_matrix_gradients (A diag(b) A^T)", M**2 * B, M**2 * B),
         Term("gradient: B_cav^-1 S_E: two triangular solves 2 M^3",
-             f"{_INDUCING}:WhitenedGaussian.B_inv", 2 * M**3, 2 * M**3),
+             f"{_STACKED}:StackedGaussians.B_inv", 2 * M**3, 2 * M**3),
         *_gradient_tail(B, M, D, learn_inducing),
     ]
     return _scaled(per_class, float(n_latent))
@@ -200,29 +203,29 @@ def sep_step_terms(B: int, M: int, C: int, D: int, n_latent: int,
 
 def sep_step_flops(B: int, M: int, C: int, D: int, n_latent: int, *,
                    learn_inducing: bool = True, coded: bool = False) -> float:
-    """FLOP of one sep mini-batch step (``_Run._step_sites``: ``all_terms``,
+    """FLOP of one sep mini-batch step (``TrainingLoop``'s step: ``TiedSites.terms_at``,
     ``TiedSites.update``, ``TiedSites.evaluate``, ``hp.gradient``; then an Adam step, O(P)).
 
     Per latent (``n_latent = C`` for the argmax likelihood; ``C`` enters only element-wise
     work, which is not counted):
 
-    * kernel terms, ``gpinfer/sites/inducing.py:class_terms``: ``Kuf`` distances ``2 M B D``,
+    * kernel terms, ``gpinfer/sites/stacked.py:stacked_terms``: ``Kuf`` distances ``2 M B D``,
       ``chol(Kuu)`` ``M^3/3``, ``A = L^-1 Kuf`` ``M^2 B``;
     * ``TiedSites.update`` (state.py): whitening ``L^T Lam L`` ``2 M^3``
-      (``ClassTerms.to_whitened``; coded as two general GEMMs, ``4 M^3``), cavity Cholesky
-      ``M^3/3``, projections ``L_B^-1 A`` ``M^2 B`` (``WhitenedGaussian.project``), new site
-      precision ``A diag(tau) A^T`` ``M^2 B`` (``weighted_gram``, syrk), ``to_u_space``
+      (``StackedTerms.to_whitened``; coded as two general GEMMs, ``4 M^3``), cavity Cholesky
+      ``M^3/3``, projections ``L_B^-1 A`` ``M^2 B`` (``StackedGaussians.project``), new site
+      precision ``A diag(tau) A^T`` ``M^2 B`` (``_tied_update``, syrk), ``to_u_space``
       ``2 M^3``;
     * ``TiedSites.evaluate``: the re-whitening of the just-updated sums is a round trip of
       ``to_u_space`` with the same ``L`` (counted 0, coded ``4 M^3``), Cholesky of ``B_q`` and
       ``B_cav`` ``2 M^3/3``, projections ``M^2 B``;
-    * ``inducing_matrix_gradients`` (inducing.py): ``L_B^-T (R diag E)`` ``M^2 B``,
+    * ``stacked_matrix_gradients`` (stacked.py): ``L_B^-T (R diag E)`` ``M^2 B``,
       ``S_B = A diag(b) A^T`` ``M^2 B``, ``B_cav^-1 S_E`` ``2 M^3``, ``B_q^-1`` ``2 M^3/3``
       (potri; coded as two solves against ``I``, ``2 M^3``), ``G_K = L^-T inner L^-1``
       ``2 M^3``, ``G_uf = L^-T X`` ``M^2 B``;
-    * kernel VJP (``gpinfer/hyper.py:_latent_gradients`` -> ``Stationary.vjp``): ``G @ Xb``
-      ``2 M B D`` when the inducing inputs are learned (the default); the distances come from
-      the kernel's memo (``Stationary._distances``).
+    * kernel VJP (``gpinfer/hyper.py:_stacked_parameter_gradient`` ->
+      ``StackedCovariances.vjp``): ``G @ Xb`` ``2 M B D`` when the inducing inputs are learned
+      (the default); the distances are kept from the forward pass.
 
     needed = ``n_latent * (4 M B D + 7 M^2 B + 10 M^3)``;
     coded = ``n_latent * (4 M B D + 7 M^2 B + 52/3 M^3)``.
@@ -233,7 +236,7 @@ def sep_step_flops(B: int, M: int, C: int, D: int, n_latent: int, *,
 def sep_iteration_flops(N: int, B: int, M: int, C: int, D: int, n_latent: int, *,
                         learn_inducing: bool = True, coded: bool = False) -> float:
     """One reported sep iteration in mini-batch mode: an epoch of ``ceil(N / B)`` steps
-    (``_Run.minibatch``; the last batch has ``N mod B`` points when ``B`` does not divide
+    (``TrainingLoop._minibatch``; the last batch has ``N mod B`` points when ``B`` does not divide
     ``N``). Nothing else at the epoch's end (TiedSites has no ``refresh``)."""
     return sum(count * sep_step_flops(b, M, C, D, n_latent, learn_inducing=learn_inducing,
                                       coded=coded) for b, count in _epoch_batches(N, B))
@@ -251,40 +254,40 @@ def ep_step_terms(B: int, M: int, C: int, D: int, n_latent: int,
     per_class = _class_terms(B, M, D) + [
         # RankOneSites.update
         Term("update: whiten the site sums L^T Lam L: 2 M^3 (coded 4 M^3, general GEMMs)",
-             f"{_INDUCING}:ClassTerms.to_whitened via {_STATE}:RankOneSites.update", 2 * M**3,
+             f"{_STACKED}:StackedTerms.to_whitened via {_STATE}:_SiteSums._whitened_sums", 2 * M**3,
              4 * M**3),
-        Term("update: chol(B_q): M^3/3", f"{_INDUCING}:WhitenedGaussian.__init__",
+        Term("update: chol(B_q): M^3/3", f"{_STACKED}:StackedGaussians.__init__",
              M**3 / 3, M**3 / 3),
         Term("update: projections on the current directions L_B^-1 A: M^2 B",
-             f"{_INDUCING}:WhitenedGaussian.project", M**2 * B, M**2 * B),
+             f"{_STACKED}:StackedGaussians.project", M**2 * B, M**2 * B),
         Term("update: stored directions in whitened coordinates L^T U_old: triangular "
              "multiply M^2 B (coded as a general GEMM, 2 M^2 B)",
-             f"{_STATE}:RankOneSites.update (t.L.T @ self.U[c][:, idx])", M**2 * B,
+             f"{_STATE}:RankOneSites.update (transpose(terms.L) @ U_old)", M**2 * B,
              2 * M**2 * B),
         Term("update: projections on the stored directions L_B^-1 (L^T U_old): M^2 B",
-             f"{_INDUCING}:WhitenedGaussian.project", M**2 * B, M**2 * B),
+             f"{_STACKED}:StackedGaussians.project", M**2 * B, M**2 * B),
         Term("update: new directions Ups = L^-T A: M^2 B",
-             f"{_INDUCING}:ClassTerms.directions via RankOneSites.update.fold_in",
+             f"{_STACKED}:StackedTerms.unwhiten via {_STATE}:RankOneSites.update",
              M**2 * B, M**2 * B),
         Term("update: add Ups diag(tau) Ups^T (syrk): M^2 B",
-             f"{_STATE}:RankOneSites.update.fold_in (weighted_gram)", M**2 * B, M**2 * B),
+             f"{_STATE}:RankOneSites.update (U diag(tau) U^T)", M**2 * B, M**2 * B),
         Term("update: remove U_old diag(tau_old) U_old^T (syrk): M^2 B",
-             f"{_STATE}:RankOneSites.update.fold_in (weighted_gram)", M**2 * B, M**2 * B),
+             f"{_STATE}:RankOneSites.update (U diag(tau) U^T)", M**2 * B, M**2 * B),
         # RankOneSites.evaluate
         Term("evaluate: whiten the updated site sums: 2 M^3 (coded 4 M^3)",
-             f"{_INDUCING}:ClassTerms.to_whitened via {_STATE}:RankOneSites.evaluate",
+             f"{_STACKED}:StackedTerms.to_whitened via {_STATE}:RankOneSites.evaluate",
              2 * M**3, 4 * M**3),
-        Term("evaluate: chol(B_q): M^3/3", f"{_INDUCING}:WhitenedGaussian.__init__",
+        Term("evaluate: chol(B_q): M^3/3", f"{_STACKED}:StackedGaussians.__init__",
              M**3 / 3, M**3 / 3),
-        Term("evaluate: projections L_B^-1 A: M^2 B", f"{_INDUCING}:WhitenedGaussian.project",
+        Term("evaluate: projections L_B^-1 A: M^2 B", f"{_STACKED}:StackedGaussians.project",
              M**2 * B, M**2 * B),
         Term("gradient: B^-1 A diag(E) = L_B^-T (R diag E): M^2 B",
-             f"{_INDUCING}:inducing_matrix_gradients", M**2 * B, M**2 * B),
+             f"{_STACKED}:stacked_matrix_gradients", M**2 * B, M**2 * B),
         Term("gradient: S_B = A diag(b) A^T (syrk): M^2 B",
-             f"{_INDUCING}:inducing_matrix_gradients (weighted_gram)", M**2 * B, M**2 * B),
+             f"{_STACKED}:stacked_matrix_gradients (A diag(b) A^T)", M**2 * B, M**2 * B),
         Term("gradient: S_E = A diag(E) A^T (syrk): M^2 B",
-             f"{_INDUCING}:inducing_matrix_gradients (weighted_gram)", M**2 * B, M**2 * B),
-        Term("gradient: B^-1 S_E: 2 M^3", f"{_INDUCING}:WhitenedGaussian.B_inv",
+             f"{_STACKED}:stacked_matrix_gradients (A diag(b) A^T)", M**2 * B, M**2 * B),
+        Term("gradient: B^-1 S_E: 2 M^3", f"{_STACKED}:StackedGaussians.B_inv",
              2 * M**3, 2 * M**3),
         *_gradient_tail(B, M, D, learn_inducing),
     ]
@@ -293,20 +296,20 @@ def ep_step_terms(B: int, M: int, C: int, D: int, n_latent: int,
 
 def ep_step_flops(B: int, M: int, C: int, D: int, n_latent: int, *,
                   learn_inducing: bool = True, coded: bool = False) -> float:
-    """FLOP of one ep mini-batch step (``_Run._step_sites`` with ``RankOneSites``).
+    """FLOP of one ep mini-batch step (``TrainingLoop._step`` with ``RankOneSites``).
 
     Per latent (``n_latent = C``; ``C`` itself enters only element-wise work):
 
-    * kernel terms (inducing.py:class_terms): ``2 M B D + M^3/3 + M^2 B``;
+    * kernel terms (stacked.py:stacked_terms): ``2 M B D + M^3/3 + M^2 B``;
     * ``RankOneSites.update`` (state.py): whitening ``2 M^3`` (coded ``4 M^3``),
       ``chol(B_q)`` ``M^3/3``, projections on the current directions ``L_B^-1 A`` ``M^2 B``,
       stored directions in whitened coordinates ``L^T U_old`` ``M^2 B`` (a triangular
       multiply; coded as a general GEMM, ``2 M^2 B``), their projections ``M^2 B``, new
       directions ``L^-T A`` ``M^2 B``, the fold-in ``Ups diag(tau) Ups^T`` and
-      ``U_old diag(tau_old) U_old^T`` ``2 M^2 B`` (``weighted_gram``, syrk);
+      ``U_old diag(tau_old) U_old^T`` ``2 M^2 B`` (syrk);
     * ``RankOneSites.evaluate``: whitening ``2 M^3`` (coded ``4 M^3``; needed, the fold-in was
       in u-space), ``chol(B_q)`` ``M^3/3``, projections ``M^2 B``;
-    * ``inducing_matrix_gradients``: ``L_B^-T (R diag E)``, ``S_B``, ``S_E`` (EP has its own
+    * ``stacked_matrix_gradients``: ``L_B^-T (R diag E)``, ``S_B``, ``S_E`` (EP has its own
       ``E``), ``G_uf``: ``4 M^2 B``; ``B^-1 S_E`` ``2 M^3``, ``B^-1`` ``2 M^3/3`` (coded
       ``2 M^3``), ``G_K`` ``2 M^3``;
     * kernel VJP ``G @ Xb`` ``2 M B D`` (inducing inputs learned).
@@ -322,7 +325,7 @@ def ep_epoch_extra_flops(N: int, M: int, n_latent: int) -> float:
     """End of an ep epoch: ``RankOneSites.refresh`` recomputes ``Lam_c = U_c diag(tau_c)
     U_c^T`` from all ``N`` stored directions (syrk, ``M^2 N`` per latent; state.py:refresh).
     It only removes floating-point drift of the incremental fold-ins; the per-epoch snapshot
-    (a deep copy of ``U [C, M, N]``, method.py:_Run.minibatch) is memory traffic, not FLOP."""
+    (a deep copy of ``U [C, M, N]``, ``TrainingLoop._minibatch``) is memory traffic, not FLOP."""
     return float(n_latent) * float(M) ** 2 * float(N)
 
 

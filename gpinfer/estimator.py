@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import numbers
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 
@@ -157,7 +157,7 @@ class _GPEstimatorBase:
     ``set_params``, ``clone``, tags) to make ``GPClassifier`` / ``GPRegressor``.
     """
 
-    # the parameters every subclass's ``__init__`` sets (the rest are read with ``getattr``)
+    # the parameters every subclass's ``__init__`` sets
     method: Any
     M: Any
     kernel: Any
@@ -174,7 +174,16 @@ class _GPEstimatorBase:
     validation_folds: int | None
     refit_rule: str
     choice_rule: str
+    standardize: bool | str
+    backend: str | None
+    device: Any
+    dtype: Any
     baseline_failure: str
+    verbose: bool | str
+    #: the task the estimator fits (``Method.tasks``) and the likelihood name checked against
+    #: the method when ``likelihood`` is None (None: the method's own default)
+    _task: ClassVar[str]
+    _default_likelihood: ClassVar[str | None] = None
 
     def _build_kernel(self, input_dim: int) -> Kernel:
         if isinstance(self.kernel, Kernel):
@@ -218,9 +227,8 @@ class _GPEstimatorBase:
         """The ``Backend`` of ``backend``/``device``/``dtype``, checked against the method
         (``InputError`` naming the fix: unknown setting, torch or CUDA missing, a numpy-only
         method, float32 for a method that needs float64), before any training."""
-        backend = resolve_backend(getattr(self, "backend", None),
-                                  _setting_name(getattr(self, "device", None)),
-                                  _setting_name(getattr(self, "dtype", None)))
+        backend = resolve_backend(self.backend, _setting_name(self.device),
+                                  _setting_name(self.dtype))
         check_method_backend(method_cls, method_name, backend)
         return backend
 
@@ -422,6 +430,46 @@ class _GPEstimatorBase:
         result = self._fit_plain(method, method_name, problem, inner if stop is None else stop)
         return method, problem, choice.record(result, refitted=True, stop=stop)
 
+    def _build_likelihood(self, method_cls: type[Method], n_classes: int, y: Array
+                          ) -> Likelihood:
+        """The likelihood of a problem with ``n_classes`` classes (0: regression) on the
+        targets ``y [n]`` of its rows; an ``InputError`` for one of another task."""
+        raise NotImplementedError
+
+    def _targets(self, y: Array) -> tuple[Array, Array | None]:
+        """The checked targets ``y [N]`` as the method sees them (class indices, or real
+        numbers) and the classes ``[C]`` (None for a regressor)."""
+        raise NotImplementedError
+
+    def _fit(self, X: Any, y: Any, sample_weight: Any, callback: FitCallback | None
+             ) -> Array | None:
+        """The one fit sequence of both estimators: validate everything before training
+        (inputs, targets, settings, method, weights, scaling, backend, compatibility, early
+        stopping), build the method and its problem, fit (``_fit_problem``). Returns the
+        classes ``[C]`` of a classifier (None for a regressor), which its ``fit`` keeps."""
+        self._set_feature_names(X)
+        X, y = check_X_y(*self._host_inputs(X=X, y=y))
+        y, classes = self._targets(y)
+        n_classes = 0 if classes is None else len(classes)
+        self._check_settings()
+        method_cls = _load_method(self.method)
+        name = _method_name(method_cls, self.method)
+        X, y, weights = self._weighted_rows(sample_weight, X, y, method_cls, name)
+        if classes is not None:
+            _check_two_classes(classes, y)
+        X = self._scale_inputs(X, weights)
+        backend = self._resolve_backend(method_cls, name)
+        check_method_compatible(
+            method_cls, n_classes, self._task, self.batch_size,
+            self._likelihood_name() or self._default_likelihood,
+            likelihood=self.likelihood if isinstance(self.likelihood, Likelihood) else None)
+        early = self._early_stopping(y, n_classes)
+        setup = _ProblemSetup(self, method_cls, name, backend, X, y, n_classes, weights)
+        method, problem = setup(slice(None) if early is None else early[1][0][0])
+        with progress_callback(self.verbose, problem.max_iter, name, callback) as callback:
+            self._fit_problem(method, name, problem, callback, setup, (X, y), early)
+        return classes
+
     def _fit_problem(
         self, method: Method, method_name: str, problem: Problem, callback: FitCallback | None,
         setup: Setup | None = None, data: tuple[Array, Array] | None = None,
@@ -463,9 +511,15 @@ class _GPEstimatorBase:
         self._set_early_stopping(result, early is not None)
 
     def _validate_for_predict(self, X: Any) -> Array:
-        from sklearn.utils.validation import check_is_fitted
+        """``X [N*, D]`` checked against the fit (features, their names) and scaled as the
+        training inputs were; scikit-learn's ``NotFittedError`` before ``fit`` (the cores
+        included: they have no scikit-learn tags for ``check_is_fitted`` to read)."""
+        if not hasattr(self, "posterior_"):
+            from sklearn.exceptions import NotFittedError
 
-        check_is_fitted(self)
+            raise NotFittedError(
+                f"This {type(self).__name__} instance is not fitted yet. Call 'fit' with "
+                "appropriate arguments before using this estimator.")
         _check_feature_names(self, X)
         X = check_X(host_input(X, "X"), "X")
         if X.shape[1] != self.n_features_in_:
@@ -498,7 +552,7 @@ class _GPEstimatorBase:
         whether the kernel is given by name (its unit length-scale and variance are made for
         standardised inputs); a ``Kernel`` object's parameters are in the units of ``X`` as
         given, so ``"auto"`` leaves ``X`` alone under it. ``InputError`` for other values."""
-        standardize = getattr(self, "standardize", False)
+        standardize = self.standardize
         if isinstance(standardize, str) and standardize == "auto":
             return not isinstance(self.kernel, Kernel)
         if not isinstance(standardize, bool | np.bool_):
@@ -525,6 +579,51 @@ class _GPEstimatorBase:
         mean, var = self.posterior_.predict_f(self._on_fit_device(X))
         return ops.to_host(mean), ops.to_host(var)
 
+
+
+def _check_two_classes(classes: Array, y_index: Array) -> None:
+    """``InputError`` when the rows of positive weight, ``y_index [N']`` (indices into
+    ``classes [C]``), hold a single class."""
+    kept = np.unique(y_index)
+    if kept.size < 2:
+        raise InputError(
+            f"sample_weight leaves only class {classes[kept].tolist()[0]!r} with a positive "
+            "weight; classification needs at least two classes of positive weight"
+        )
+
+
+class _ProblemSetup:
+    """``setup(rows, max_iter=None)``: a fresh method and its problem on the rows ``rows`` (an
+    index array or a slice) of the checked, weighted and scaled ``X [N, D]`` and ``y [N]``
+    (``weights [N]`` or None); ``max_iter`` None: the estimator's (the refit after early
+    stopping gives the chosen number). A named kernel on standardised inputs starts at
+    ``standardised_lengthscale(X)``."""
+
+    def __init__(self, estimator: _GPEstimatorBase, method_cls: type[Method], name: str,
+                 backend: Backend, X: Array, y: Array, n_classes: int,
+                 weights: Array | None) -> None:
+        self.estimator, self.method_cls, self.name, self.backend = (estimator, method_cls, name,
+                                                                    backend)
+        self.X, self.y, self.n_classes, self.weights = X, y, n_classes, weights
+        self.start_lengthscale = (
+            standardised_lengthscale(X)
+            if estimator.scaler_ is not None and not isinstance(estimator.kernel, Kernel)
+            else None)
+
+    def __call__(self, rows: Any, max_iter: int | None = None) -> tuple[Method, Problem]:
+        est, X_rows, y_rows = self.estimator, self.X[rows], self.y[rows]
+        d = X_rows.shape[1]
+        inducing = check_inducing(est.M, X_rows.shape[0], d, self.name,
+                                  self.method_cls.uses_inducing_points)
+        kernel = est._build_kernel(d)
+        if self.start_lengthscale is not None:
+            set_lengthscales(kernel, self.start_lengthscale)
+        problem = est._problem(
+            X_rows, y_rows, self.n_classes, kernel,
+            est._build_likelihood(self.method_cls, self.n_classes, y_rows), inducing,
+            self.method_cls, self.backend, None if self.weights is None else self.weights[rows],
+            max_iter)
+        return est._instantiate(self.method_cls), problem
 
 
 class GPClassifierCore(_GPEstimatorBase):
@@ -710,7 +809,12 @@ class GPClassifierCore(_GPEstimatorBase):
         self.baseline_failure = baseline_failure
 
     # -- building the problem -----------------------------------------------------------------
-    def _build_likelihood(self, method_cls: type[Method], n_classes: int) -> Likelihood:
+    _task = "classification"
+
+    def _build_likelihood(self, method_cls: type[Method], n_classes: int, y: Array
+                          ) -> Likelihood:
+        """``likelihood`` (a copy, or made from its name), else the first of the method's
+        likelihoods suited to ``n_classes`` (``y`` unused)."""
         from gpinfer.likelihoods import make_likelihood
 
         if isinstance(self.likelihood, Likelihood):
@@ -753,59 +857,16 @@ class GPClassifierCore(_GPEstimatorBase):
         Returns ``self``. ``X`` and ``y`` may be torch tensors (for a method with a torch
         backend): they are copied to host memory.
         """
-        self._set_feature_names(X)
-        X, y = self._host_inputs(X=X, y=y)
-        X, y = check_X_y(X, y)
-        classes, y_index = encode_labels(y)
-        n_classes = len(classes)
-        self._check_settings()
-        method_cls = _load_method(self.method)
-        method_name = _method_name(method_cls, self.method)
-        X, y_index, weights = self._weighted_rows(sample_weight, X, y_index, method_cls,
-                                                  method_name)
-        kept = np.unique(y_index)
-        if kept.size < 2:
-            raise InputError(
-                f"sample_weight leaves only class {classes[kept].tolist()[0]!r} with a positive "
-                "weight; classification needs at least two classes of positive weight"
-            )
-        X = self._scale_inputs(X, weights)
-        d = X.shape[1]
-        start_lengthscale = None
-        backend = self._resolve_backend(method_cls, method_name)
-        check_method_compatible(
-            method_cls,
-            n_classes,
-            "classification",
-            self.batch_size,
-            self._likelihood_name(),
-            likelihood=self.likelihood if isinstance(self.likelihood, Likelihood) else None,
-        )
-        if self.scaler_ is not None and not isinstance(self.kernel, Kernel):
-            # a named kernel on standardised inputs starts where they are (any D)
-            start_lengthscale = standardised_lengthscale(X)
-        early = self._early_stopping(y_index, n_classes)
-
-        def setup(rows: Any, max_iter: int | None = None) -> tuple[Method, Problem]:
-            """The method and its problem on the rows ``rows`` of ``X [N, D]``, ``y [N]`` (an
-            index array or a slice)."""
-            X_rows = X[rows]
-            inducing = check_inducing(self.M, X_rows.shape[0], d, method_name,
-                                      method_cls.uses_inducing_points)
-            kernel = self._build_kernel(d)
-            if start_lengthscale is not None:
-                set_lengthscales(kernel, start_lengthscale)
-            problem = self._problem(X_rows, y_index[rows], n_classes, kernel,
-                                    self._build_likelihood(method_cls, n_classes), inducing,
-                                    method_cls, backend, None if weights is None else
-                                    weights[rows], max_iter)
-            return self._instantiate(method_cls), problem
-
-        method, problem = setup(slice(None) if early is None else early[1][0][0])
-        with progress_callback(self.verbose, problem.max_iter, method_name, callback) as callback:
-            self._fit_problem(method, method_name, problem, callback, setup, (X, y_index), early)
+        classes = self._fit(X, y, sample_weight, callback)
+        assert classes is not None  # a classifier's targets always have classes
         self.classes_ = classes
         return self
+
+    def _targets(self, y: Array) -> tuple[Array, Array | None]:
+        """Labels ``y [N]`` as class indices ``[N]`` and the classes ``[C]`` (``InputError``
+        for fewer than two)."""
+        classes, y_index = encode_labels(y)
+        return y_index, classes
 
     def predict_proba(self, X: Any) -> Array:
         """Class probabilities ``[N*, C]``, columns ordered as ``classes_``; rows sum to one.

@@ -13,11 +13,9 @@ from typing import TYPE_CHECKING, Any, Self
 import numpy as np
 
 from gpinfer.errors import InputError
-from gpinfer.estimator import _GPEstimatorBase, _load_method
-from gpinfer.interfaces import FitCallback, Likelihood, Method, Problem
+from gpinfer.estimator import _GPEstimatorBase
+from gpinfer.interfaces import FitCallback, Likelihood, Method
 from gpinfer.likelihoods.gaussian import Gaussian
-from gpinfer.progress import progress_callback
-from gpinfer.validation import check_inducing, check_method_compatible, check_X_y
 
 if TYPE_CHECKING:
     from gpinfer.sklearn_estimators import GPRegressor
@@ -53,6 +51,11 @@ def check_targets(y: Array) -> Array:
     return arr
 
 
+#: parameters added after the first release of ``GPRegressor``, with their defaults
+_ADDED_PARAMETERS: dict[str, Any] = {"standardize": False, "backend": None, "device": None,
+                                     "dtype": None}
+
+
 class GPRegressorCore(_GPEstimatorBase):
     """Gaussian-process regression with any registered method whose ``tasks`` include regression.
 
@@ -66,13 +69,20 @@ class GPRegressorCore(_GPEstimatorBase):
     not stratified, part), ``validation_interval``, ``n_iter_no_change``, ``refit`` (not
     ``"average"``: each fold learns its own noise variance),
     ``validation_folds``, ``refit_rule``, ``choice_rule``: not ``"log_one_se"``, the NLL of a
-    density can be negative), except that ``likelihood`` defaults to a Gaussian
-    with noise variance ``0.01 var(y)`` (the reference initialisation ``sigma = 0.1 std(y)``)
-    and that the fit guard's baseline is a Gaussian with the targets' mean and variance.
+    density can be negative), ``standardize``, ``backend``, ``device``, ``dtype``), fitted by
+    the same sequence, except that ``likelihood`` defaults to a Gaussian
+    with noise variance ``0.01 var(y)`` (the reference initialisation ``sigma = 0.1 std(y)``),
+    that the fit guard's baseline is a Gaussian with the targets' mean and variance, and that
+    ``standardize`` defaults to False (the inputs as given, as before the parameter existed;
+    True or ``"auto"``: as the classifier's, the scaling kept as ``scaler_`` and applied at
+    prediction; the targets are never rescaled). ``backend``/``device``/``dtype`` are checked
+    against the method before training (the same ``InputError``s as the classifier's); the
+    regression methods installed here (pep) run on numpy only.
 
     Attributes (after ``fit``): ``n_features_in_``, ``kernel_``, ``likelihood_``,
     ``log_evidence_``, ``n_iter_``, ``history_``, ``posterior_``, ``method_``, ``fit_result_``,
-    ``feature_names_in_`` and the early-stopping ones, as ``GPClassifier``.
+    ``feature_names_in_``, ``scaler_``, ``backend_`` and the early-stopping ones, as
+    ``GPClassifier``.
     """
 
     def __init__(
@@ -94,6 +104,10 @@ class GPRegressorCore(_GPEstimatorBase):
         validation_folds: int | None = None,
         refit_rule: str = "iterations",
         choice_rule: str = "one_se",
+        standardize: bool | str = False,
+        backend: str | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
         baseline_failure: str = "raise",
     ):
         self.method = method
@@ -113,9 +127,19 @@ class GPRegressorCore(_GPEstimatorBase):
         self.validation_folds = validation_folds
         self.refit_rule = refit_rule
         self.choice_rule = choice_rule
+        self.standardize = standardize
+        self.backend = backend
+        self.device = device
+        self.dtype = dtype
         self.baseline_failure = baseline_failure
 
-    def _build_likelihood(self, y: Array) -> Likelihood:
+    _task = "regression"
+    _default_likelihood = "gaussian"
+
+    def _build_likelihood(self, method_cls: type[Method], n_classes: int, y: Array
+                          ) -> Likelihood:
+        """``likelihood`` (a copy, or made from its name), else a Gaussian with noise variance
+        ``0.01 var(y)`` of the rows' targets ``y [n]``."""
         from gpinfer.likelihoods import Gaussian, make_likelihood
 
         if self.likelihood is None:
@@ -129,39 +153,27 @@ class GPRegressorCore(_GPEstimatorBase):
                              "GPRegressor needs a regression likelihood (e.g. gaussian)")
         return lik
 
+    def _targets(self, y: Array) -> tuple[Array, Array | None]:
+        """Real targets ``y [N]`` as float64 (``check_targets``); no classes."""
+        return check_targets(y), None
+
     def fit(self, X: Any, y: Any, sample_weight: Any = None,
             callback: FitCallback | None = None) -> Self:
-        """Fit on ``X [N, D]`` and real targets ``y [N]``; validated before training.
-        ``sample_weight`` as in ``GPClassifier.fit`` (weights other than 0/1 need a method with
-        ``supports_sample_weight``)."""
-        self._set_feature_names(X)
-        X, y = check_X_y(X, y)
-        y = check_targets(y)
-        self._check_settings()
-        method_cls = _load_method(self.method)
-        name = method_cls.name or getattr(self.method, "__name__", str(self.method))
-        X, y, weights = self._weighted_rows(sample_weight, X, y, method_cls, name)
-        early = self._early_stopping(y, 0)
-        d = X.shape[1]
-        check_method_compatible(method_cls, 0, "regression", self.batch_size,
-                                self._likelihood_name() or "gaussian")
-
-        def setup(rows: Any, max_iter: int | None = None) -> tuple[Method, Problem]:
-            """The method and its problem on the rows ``rows`` of ``X [N, D]``, ``y [N]`` (an
-            index array or a slice)."""
-            X_rows, y_rows = X[rows], y[rows]
-            inducing = check_inducing(self.M, X_rows.shape[0], d, name,
-                                      method_cls.uses_inducing_points)
-            problem = self._problem(X_rows, y_rows, 0, self._build_kernel(d),
-                                    self._build_likelihood(y_rows), inducing,
-                                    sample_weight=None if weights is None else weights[rows],
-                                    max_iter=max_iter)
-            return self._instantiate(method_cls), problem
-
-        method, problem = setup(slice(None) if early is None else early[1][0][0])
-        with progress_callback(self.verbose, problem.max_iter, name, callback) as callback:
-            self._fit_problem(method, name, problem, callback, setup, (X, y), early)
+        """Fit on ``X [N, D]`` and real targets ``y [N]``; validated before training (the same
+        sequence as ``GPClassifier.fit``). ``sample_weight`` as in ``GPClassifier.fit``
+        (weights other than 0/1 need a method with ``supports_sample_weight``)."""
+        self._fit(X, y, sample_weight, callback)
         return self
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A regressor pickled before it had ``standardize``, ``backend``, ``device`` and
+        ``dtype`` loads with their defaults (``get_params``, ``clone`` and a refit work)."""
+        state = {**_ADDED_PARAMETERS, **state}
+        parent = getattr(super(), "__setstate__", None)  # scikit-learn's, on GPRegressor
+        if parent is None:
+            self.__dict__.update(state)
+        else:
+            parent(state)
 
     def predict(self, X: Any, return_std: bool = False) -> Array | tuple[Array, Array]:
         """Predictive mean ``[N*]`` of ``y*``; with ``return_std`` also its std ``[N*]``

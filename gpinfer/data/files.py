@@ -223,24 +223,8 @@ def load_csv(
     (``check_dense_size``).
     """
     p = Path(path)
-    name = name or p.stem
     check_file_size(p, max_dense_gb)  # also: a bad limit fails before the file is read
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read dataset file {str(p)!r}: {exc}") from exc
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    if not lines:
-        raise InputError(f"dataset file {str(p)!r} has no data lines")
-    if delimiter is None:
-        delimiter = next((d for d in (",", ";", "\t") if d in lines[0]), None)
-    if delimiter is None:
-        rows = [ln.split() for ln in lines]
-    else:
-        rows = [
-            [c.strip() for c in r]
-            for r in csv.reader(io.StringIO("\n".join(lines)), delimiter=delimiter)
-        ]
+    rows = _csv_rows(p, delimiter)
     width = len(rows[0])
     if width < 2:
         raise InputError(
@@ -255,39 +239,15 @@ def load_csv(
     feats = [j for j in range(width) if j != lab]
     if header is None:
         header = any(not _is_number(rows[0][j]) for j in feats)
-    names = None
-    if header:
-        names = [rows[0][j] for j in feats]
-        rows = rows[1:]
+    names = [rows[0][j] for j in feats] if header else None
+    rows = rows[1:] if header else rows
     if not rows:
         raise InputError(f"{str(p)!r}: only a header line, no data")
     check_dense_size(p, len(rows), len(feats), max_dense_gb)
-    X = np.empty((len(rows), len(feats)))
-    labels = []
-    for i, r in enumerate(rows):
-        if len(r) != width:
-            raise InputError(
-                f"{str(p)!r}: line {i + 1 + bool(header)} has {len(r)} fields, expected {width}"
-            )
-        for k, j in enumerate(feats):
-            try:
-                X[i, k] = float(r[j])
-            except ValueError:
-                raise InputError(
-                    f"{str(p)!r}: line {i + 1 + bool(header)}, column {j}: feature value "
-                    f"{r[j]!r} is not a number"
-                ) from None
-        labels.append(r[lab])
-    if task == "regression":
-        try:
-            y = np.array([float(v) for v in labels])
-        except ValueError as exc:
-            raise InputError(f"{str(p)!r}: regression targets must be numbers: {exc}") from exc
-        class_names = None
-    else:
-        y, class_names = encode_labels(np.array(labels))
+    X, labels = _csv_values(p, rows, feats, lab, int(bool(header)))
+    y, class_names = _csv_targets(p, labels, task)
     return Dataset(
-        name=name,
+        name=name or p.stem,
         X=X,
         y=y,
         task=task,  # type: ignore[arg-type]
@@ -295,6 +255,62 @@ def load_csv(
         feature_names=names,
         description=f"CSV file {p} (label column {label_column})",
     )
+
+
+def _csv_rows(p: Path, delimiter: str | None) -> list[list[str]]:
+    """The fields of every data line of ``p`` (blank and ``#`` lines skipped), split at
+    ``delimiter`` (None: comma, semicolon or tab when the first line holds one, else any
+    whitespace); ``InputError`` for an unreadable or empty file."""
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read dataset file {str(p)!r}: {exc}") from exc
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        raise InputError(f"dataset file {str(p)!r} has no data lines")
+    if delimiter is None:
+        delimiter = next((d for d in (",", ";", "\t") if d in lines[0]), None)
+    if delimiter is None:
+        return [ln.split() for ln in lines]
+    return [[c.strip() for c in r]
+            for r in csv.reader(io.StringIO("\n".join(lines)), delimiter=delimiter)]
+
+
+def _csv_values(p: Path, rows: list[list[str]], feats: list[int], lab: int, skipped: int
+                ) -> tuple[np.ndarray, list[str]]:
+    """``X [N, D]`` from the feature columns ``feats`` of ``rows`` and the label fields ``[N]``
+    (column ``lab``); ``InputError`` naming the line (``skipped`` header lines before them)
+    of a short row or a feature that is not a number."""
+    width = len(feats) + 1
+    X = np.empty((len(rows), len(feats)))
+    labels = []
+    for i, r in enumerate(rows):
+        if len(r) != width:
+            raise InputError(
+                f"{str(p)!r}: line {i + 1 + skipped} has {len(r)} fields, expected {width}"
+            )
+        for k, j in enumerate(feats):
+            try:
+                X[i, k] = float(r[j])
+            except ValueError:
+                raise InputError(
+                    f"{str(p)!r}: line {i + 1 + skipped}, column {j}: feature value "
+                    f"{r[j]!r} is not a number"
+                ) from None
+        labels.append(r[lab])
+    return X, labels
+
+
+def _csv_targets(p: Path, labels: list[str], task: str
+                 ) -> tuple[np.ndarray, list[str] | None]:
+    """Regression targets ``[N]`` as numbers (no class names), or class indices ``[N]`` and
+    the sorted original labels."""
+    if task != "regression":
+        return encode_labels(np.array(labels))
+    try:
+        return np.array([float(v) for v in labels]), None
+    except ValueError as exc:
+        raise InputError(f"{str(p)!r}: regression targets must be numbers: {exc}") from exc
 
 
 def _is_number(s: str) -> bool:

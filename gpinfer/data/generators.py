@@ -220,6 +220,69 @@ def _arc_distance(X: Array, n_knots: int = 256) -> Array:
     return out
 
 
+def _check_stress(ratio: float, layout: str, flip: float,
+                  scales: tuple[float, float, float]) -> np.ndarray:
+    """``stress_binary``'s settings checked (``InputError`` naming the bad one); returns the
+    feature scales ``[3]``."""
+    if not np.isfinite(ratio) or ratio < 1.0:
+        raise InputError(f"stress: ratio (negatives per positive) must be >= 1, got {ratio}")
+    if layout not in STRESS_LAYOUTS:
+        raise InputError(f"stress: layout must be one of {STRESS_LAYOUTS}, got {layout!r}")
+    if not 0.0 <= flip < 0.5:
+        raise InputError(f"stress: flip must be in [0, 0.5), got {flip}")
+    scale_arr = np.asarray(scales, dtype=float)
+    if scale_arr.shape != (3,) or not np.all(np.isfinite(scale_arr) & (scale_arr > 0)):
+        raise InputError(f"stress: scales must be three finite positive numbers, got {scales}")
+    return scale_arr
+
+
+def _stress_tube(rng: np.random.Generator, n_pos: int, n_neg: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``layout="tube"``: positives ``[n_pos, 3]`` in a tube of radius 18 around the arc,
+    negatives ``[n_neg, 3]`` outside it, and every point's signed margin ``[n]`` (positive:
+    on its class's side)."""
+    radius = 18.0
+    t = rng.uniform(0.0, 1.0, n_pos)
+    direction = rng.standard_normal((n_pos, 3))
+    direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+    r = radius * rng.uniform(0.0, 1.0, n_pos) ** (1.0 / 2.0)
+    pos = _arc(t) + r[:, None] * direction
+    neg = np.empty((0, 3))
+    centres = np.array([[200.0, 60.0, 60.0], [60.0, 180.0, 200.0], [150.0, 150.0, 40.0]])
+    while neg.shape[0] < n_neg:
+        k = 2 * (n_neg - neg.shape[0]) + 100
+        blob = rng.uniform(0.0, 1.0, k) < 0.25
+        cand = rng.uniform(0.0, 255.0, (k, 3))
+        cand[blob] = (centres[rng.integers(0, 3, int(blob.sum()))]
+                      + 35.0 * rng.standard_normal((int(blob.sum()), 3)))
+        neg = np.concatenate([neg, cand[_arc_distance(cand) > radius]])
+    neg = neg[:n_neg]
+    margin = np.concatenate([radius - _arc_distance(pos), _arc_distance(neg) - radius])
+    return pos, neg, margin
+
+
+def _stress_clusters(rng: np.random.Generator, n_pos: int, n_neg: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``layout="clusters"``: positives in four tight clusters, negatives in six broad ones
+    and a uniform background kept 22 away from the positive centres; as ``_stress_tube``."""
+    pos_c = rng.uniform(40.0, 215.0, (4, 3))
+    neg_c = rng.uniform(20.0, 235.0, (6, 3))
+    pos = pos_c[rng.integers(0, 4, n_pos)] + 9.0 * rng.standard_normal((n_pos, 3))
+    background = rng.uniform(0.0, 1.0, n_neg) < 0.3
+    neg = neg_c[rng.integers(0, 6, n_neg)] + 30.0 * rng.standard_normal((n_neg, 3))
+    neg[background] = rng.uniform(0.0, 255.0, (int(background.sum()), 3))
+    d_pos = np.min(np.linalg.norm(neg[:, None, :] - pos_c[None], axis=2), axis=1)
+    neg = neg[d_pos > 22.0]  # a thin overlap only: refill from the background
+    while neg.shape[0] < n_neg:
+        cand = rng.uniform(0.0, 255.0, (2 * (n_neg - neg.shape[0]) + 100, 3))
+        d = np.min(np.linalg.norm(cand[:, None, :] - pos_c[None], axis=2), axis=1)
+        neg = np.concatenate([neg, cand[d > 22.0]])
+    neg = neg[:n_neg]
+    d_pos_pos = np.min(np.linalg.norm(pos[:, None, :] - pos_c[None], axis=2), axis=1)
+    d_neg = np.min(np.linalg.norm(neg[:, None, :] - pos_c[None], axis=2), axis=1)
+    return pos, neg, np.concatenate([22.0 - d_pos_pos, d_neg - 22.0])
+
+
 def stress_binary(
     n: int = 200_000,
     ratio: float = 4.0,
@@ -242,53 +305,12 @@ def stress_binary(
     would). Returns ``X [n, 3]``, ``y [n]`` in ``{0, 1}``.
     """
     n = _positive_int(n, "n", "stress")
-    if not np.isfinite(ratio) or ratio < 1.0:
-        raise InputError(f"stress: ratio (negatives per positive) must be >= 1, got {ratio}")
-    if layout not in STRESS_LAYOUTS:
-        raise InputError(f"stress: layout must be one of {STRESS_LAYOUTS}, got {layout!r}")
-    if not 0.0 <= flip < 0.5:
-        raise InputError(f"stress: flip must be in [0, 0.5), got {flip}")
-    scale_arr = np.asarray(scales, dtype=float)
-    if scale_arr.shape != (3,) or not np.all(np.isfinite(scale_arr) & (scale_arr > 0)):
-        raise InputError(f"stress: scales must be three finite positive numbers, got {scales}")
+    scale_arr = _check_stress(ratio, layout, flip, scales)
     rng = np.random.default_rng(seed)
     n_pos = max(1, int(round(n / (1.0 + ratio))))
     n_neg = n - n_pos
-    if layout == "tube":
-        radius = 18.0
-        t = rng.uniform(0.0, 1.0, n_pos)
-        direction = rng.standard_normal((n_pos, 3))
-        direction /= np.linalg.norm(direction, axis=1, keepdims=True)
-        r = radius * rng.uniform(0.0, 1.0, n_pos) ** (1.0 / 2.0)
-        pos = _arc(t) + r[:, None] * direction
-        neg = np.empty((0, 3))
-        centres = np.array([[200.0, 60.0, 60.0], [60.0, 180.0, 200.0], [150.0, 150.0, 40.0]])
-        while neg.shape[0] < n_neg:
-            k = 2 * (n_neg - neg.shape[0]) + 100
-            blob = rng.uniform(0.0, 1.0, k) < 0.25
-            cand = rng.uniform(0.0, 255.0, (k, 3))
-            cand[blob] = (centres[rng.integers(0, 3, int(blob.sum()))]
-                          + 35.0 * rng.standard_normal((int(blob.sum()), 3)))
-            neg = np.concatenate([neg, cand[_arc_distance(cand) > radius]])
-        neg = neg[:n_neg]
-        margin = np.concatenate([radius - _arc_distance(pos), _arc_distance(neg) - radius])
-    else:
-        pos_c = rng.uniform(40.0, 215.0, (4, 3))
-        neg_c = rng.uniform(20.0, 235.0, (6, 3))
-        pos = pos_c[rng.integers(0, 4, n_pos)] + 9.0 * rng.standard_normal((n_pos, 3))
-        background = rng.uniform(0.0, 1.0, n_neg) < 0.3
-        neg = neg_c[rng.integers(0, 6, n_neg)] + 30.0 * rng.standard_normal((n_neg, 3))
-        neg[background] = rng.uniform(0.0, 255.0, (int(background.sum()), 3))
-        d_pos = np.min(np.linalg.norm(neg[:, None, :] - pos_c[None], axis=2), axis=1)
-        neg = neg[d_pos > 22.0]  # a thin overlap only: refill from the background
-        while neg.shape[0] < n_neg:
-            cand = rng.uniform(0.0, 255.0, (2 * (n_neg - neg.shape[0]) + 100, 3))
-            d = np.min(np.linalg.norm(cand[:, None, :] - pos_c[None], axis=2), axis=1)
-            neg = np.concatenate([neg, cand[d > 22.0]])
-        neg = neg[:n_neg]
-        d_pos_pos = np.min(np.linalg.norm(pos[:, None, :] - pos_c[None], axis=2), axis=1)
-        d_neg = np.min(np.linalg.norm(neg[:, None, :] - pos_c[None], axis=2), axis=1)
-        margin = np.concatenate([22.0 - d_pos_pos, d_neg - 22.0])
+    make = _stress_tube if layout == "tube" else _stress_clusters
+    pos, neg, margin = make(rng, n_pos, n_neg)
     X = np.concatenate([pos, neg])
     y = np.concatenate([np.ones(n_pos, dtype=np.int64), np.zeros(n_neg, dtype=np.int64)])
     n_flip = int(round(flip * n))

@@ -1,7 +1,8 @@
 """Experiments: the Hydra app ``gpinfer-run``, MLflow logging, ``result.json`` and progress.
 
 * ``app.main``: the console script (also ``python -m gpinfer``), composing ``conf/config.yaml``;
-* ``runner.run_experiment(cfg)``: one run, from validation to ``result.json``;
+* ``runner.run_experiment(cfg)``: one run, from validation to ``result.json`` (its settings
+  checked by ``settings.parse_settings``, everything before training by ``prepare.prepare``);
 * ``tracking.RunLogger``: the MLflow run (params, tags, batched metrics, artifacts, status);
 * ``publish``: after the fit, learned hyper-parameters, the model (``model_logging``), dataset
   inputs and plots (``figures``); ``report``: the sweep report (``gpinfer report``);

@@ -162,15 +162,8 @@ def log_estimator(
     first ``EXAMPLE_ROWS`` become the input example and, with the model's output on them, the
     signature.
     """
-    import tempfile
-
-    import mlflow.sklearn
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
-    from mlflow.models import Model, infer_signature
 
-    example = np.ascontiguousarray(X_example[:EXAMPLE_ROWS], dtype=np.float64)
-    classifier = hasattr(estimator, "predict_proba")
-    output = estimator.predict_proba(example) if classifier else estimator.predict(example)
     run_id = logger._require_run()
     # created here so that the model belongs to the run's experiment (MLflow's fluent API would
     # put it in the active experiment, and runs:/<run_id>/model would not find it)
@@ -178,25 +171,11 @@ def log_estimator(
         logger.experiment_id, name=MODEL_NAME, source_run_id=run_id,
         tags={"mlflow.source.name": "gpinfer-run"}, model_type=_model_type(estimator),
     )
-    # what mlflow.sklearn.log_model does, less what costs a second and adds nothing here: no
-    # reload of the saved model to score the example (the tests load it with both flavours),
-    # no re-read of every metric's history to link the run's step-0 metrics (a run has none);
     # the model ends READY, or FAILED if saving or uploading it fails
     try:
-        with tempfile.TemporaryDirectory(prefix="gpinfer-model-") as tmp, \
-                _quiet("mlflow.sklearn"), _requirements_as_given():
-            mlflow.sklearn.save_model(
-                estimator,
-                path=f"{tmp}/{MODEL_NAME}",
-                mlflow_model=Model(artifact_path=model.artifact_location, run_id=run_id,
-                                   model_uuid=model.model_id, model_id=model.model_id),
-                signature=infer_signature(example, np.asarray(output)),
-                input_example=example,
-                pip_requirements=pip_requirements(plugin_distribution),
-                serialization_format=mlflow.sklearn.SERIALIZATION_FORMAT_CLOUDPICKLE,
-                pyfunc_predict_fn="predict_proba" if classifier else "predict",
-            )
-            logger.client.log_model_artifacts(model.model_id, f"{tmp}/{MODEL_NAME}")
+        _save_model(logger, estimator, model, run_id,
+                    np.ascontiguousarray(X_example[:EXAMPLE_ROWS], dtype=np.float64),
+                    plugin_distribution)
         logger.client.log_outputs(run_id, models=[LoggedModelOutput(model.model_id, step=0)])
     except BaseException:
         with suppress(Exception):  # the error that stopped the logging is the one to see
@@ -204,6 +183,37 @@ def log_estimator(
         raise
     logger.client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
     return f"runs:/{run_id}/{MODEL_NAME}"
+
+
+def _save_model(logger: RunLogger, estimator: Any, model: Any, run_id: str, example: Array,
+                plugin_distribution: str | None) -> None:
+    """Save ``estimator`` as the sklearn flavour of the logged model ``model`` (an MLflow
+    ``LoggedModel``) with ``example [n, D]`` as its input example, and upload it.
+
+    What ``mlflow.sklearn.log_model`` does, less what costs a second and adds nothing here: no
+    reload of the saved model to score the example (the tests load it with both flavours), no
+    re-read of every metric's history to link the run's step-0 metrics (a run has none)."""
+    import tempfile
+
+    import mlflow.sklearn
+    from mlflow.models import Model, infer_signature
+
+    classifier = hasattr(estimator, "predict_proba")
+    output = estimator.predict_proba(example) if classifier else estimator.predict(example)
+    with tempfile.TemporaryDirectory(prefix="gpinfer-model-") as tmp, \
+            _quiet("mlflow.sklearn"), _requirements_as_given():
+        mlflow.sklearn.save_model(
+            estimator,
+            path=f"{tmp}/{MODEL_NAME}",
+            mlflow_model=Model(artifact_path=model.artifact_location, run_id=run_id,
+                               model_uuid=model.model_id, model_id=model.model_id),
+            signature=infer_signature(example, np.asarray(output)),
+            input_example=example,
+            pip_requirements=pip_requirements(plugin_distribution),
+            serialization_format=mlflow.sklearn.SERIALIZATION_FORMAT_CLOUDPICKLE,
+            pyfunc_predict_fn="predict_proba" if classifier else "predict",
+        )
+        logger.client.log_model_artifacts(model.model_id, f"{tmp}/{MODEL_NAME}")
 
 
 def _code_source_tags() -> dict[str, str]:
@@ -235,8 +245,8 @@ def log_datasets(
     given here so that MLflow does not run its context providers, git's among them, to find
     them).
     """
-    import mlflow.data
     from mlflow.data.code_dataset_source import CodeDatasetSource
+    from mlflow.data.numpy_dataset import from_numpy
     from mlflow.entities import DatasetInput, InputTag
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
@@ -244,8 +254,8 @@ def log_datasets(
     inputs = []
     for context, part, X, y in (("training", "train", X_train, y_train),
                                 ("evaluation", "test", X_test, y_test)):
-        dataset = mlflow.data.from_numpy(np.asarray(X), targets=np.asarray(y),
-                                         name=f"{name}-{part}", source=origin)
+        dataset = from_numpy(np.asarray(X), targets=np.asarray(y), name=f"{name}-{part}",
+                             source=origin)
         tags = [InputTag(MLFLOW_DATASET_CONTEXT, context)]
         inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=tags))
     logger.client.log_inputs(logger._require_run(), datasets=inputs)

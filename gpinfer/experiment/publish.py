@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -34,25 +34,66 @@ from gpinfer.experiment.safe_model import log_skops
 from gpinfer.experiment.tracking import RunLogger, plugin_distribution
 
 log = logging.getLogger("gpinfer.run")
+_T = TypeVar("_T")
+
+
+class _Parts:
+    """Runs the publishing parts, each on its own: a part that raises is a warning, its name
+    kept in ``errors`` (and not run again), its seconds added to ``timings``."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self.errors: list[str] = []
+
+    def run(self, name: str, enabled: bool, action: Callable[[], _T]) -> _T | None:
+        """``action()`` unless disabled or failed before; its value, None if it raised."""
+        if not enabled or name in self.errors:
+            return None
+        start = time.perf_counter()
+        out = None
+        try:
+            out = action()
+        except Exception as exc:  # noqa: BLE001 - a publishing failure must not fail the run
+            self.errors.append(name)
+            log.warning("could not log the %s to MLflow: %s: %s", name, type(exc).__name__, exc)
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
+        return out
+
+
+def _log_hyper(logger: RunLogger, estimator: Any, step: int) -> None:
+    """The learned hyper-parameters as ``learned.*`` metrics at ``step`` and in the run log."""
+    metrics = learned.learned_metrics(estimator.kernel_, estimator.likelihood_,
+                                      estimator.posterior_)
+    logger.log_metrics(metrics, step=step)
+    logger.flush()
+    log.info("learned hyper-parameters:\n%s", learned.as_text(metrics))
+
+
+def _draw(job: FigureJob | None, out_dir: Any, curve: TrainingCurve, title: str,
+          y_test: np.ndarray | None, P: np.ndarray | None) -> FigureJob:
+    """The figures handed to ``job`` (one started here if None) to draw meanwhile;
+    ``y_test [N*]`` and ``P [N*, C]``: a classifier's (None for a regressor)."""
+    job = FigureJob.spawn(out_dir) if job is None else job
+    job.submit(curve, title, y_test, P)
+    return job
+
+
+def _log_model(parts: _Parts, logger: RunLogger, model: Any, example: np.ndarray, method: str,
+               settings: Mapping[str, Any], out_dir: Any) -> None:
+    """``model`` as the MLflow model (``example [n, D]``: rows of its inputs) and, the same
+    model without pickle, as the skops artifact (``mlflow.log_model``, default true)."""
+    log_model = bool(settings.get("log_model", True))
+    parts.run("model", log_model,
+              lambda: log_estimator(logger, model, example, plugin_distribution(method)[0]))
+    parts.run("skops model", log_model, lambda: log_skops(logger, model, out_dir))
 
 
 def publish_run(
-    logger: RunLogger,
-    estimator: Any,
-    *,
-    settings: Mapping[str, Any],
-    out_dir: Any,
-    method: str,
-    dataset: str,
-    title: str,
-    step: int,
-    curve: TrainingCurve,
-    data: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-    classification: bool,
-    model: Any = None,
-    model_example: np.ndarray | None = None,
-    P_test: np.ndarray | None = None,
-    figures: FigureJob | None = None,
+    logger: RunLogger, estimator: Any, *, settings: Mapping[str, Any], out_dir: Any,
+    method: str, dataset: str, title: str, step: int, curve: TrainingCurve,
+    data: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], classification: bool,
+    model: Any = None, model_example: np.ndarray | None = None,
+    P_test: np.ndarray | None = None, figures: FigureJob | None = None,
 ) -> dict[str, float]:
     """Log the parts above; returns ``{part: seconds}`` (``publish.<part>_s`` in the result).
 
@@ -65,52 +106,21 @@ def publish_run(
     started by the run (``FigureJob.spawn``; default: one started here).
     """
     X_train, y_train, X_test, y_test = data
-    timings: dict[str, float] = {}
-    errors: list[str] = []
-
-    def part(name: str, enabled: bool, action: Callable[[], Any]) -> Any:
-        if not enabled or name in errors:
-            return None
-        start = time.perf_counter()
-        out = None
-        try:
-            out = action()
-        except Exception as exc:  # noqa: BLE001 - a publishing failure must not fail the run
-            errors.append(name)
-            log.warning("could not log the %s to MLflow: %s: %s", name, type(exc).__name__, exc)
-        timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
-        return out
-
-    def hyper() -> None:
-        metrics = learned.learned_metrics(estimator.kernel_, estimator.likelihood_,
-                                          estimator.posterior_)
-        logger.log_metrics(metrics, step=step)
-        logger.flush()
-        log.info("learned hyper-parameters:\n%s", learned.as_text(metrics))
-
-    def draw() -> FigureJob:
-        P = None
-        if classification:
-            P = estimator.predict_proba(X_test) if P_test is None else P_test
-        job = FigureJob.spawn(out_dir) if figures is None else figures
-        job.submit(curve, title, y_test if classification else None, P)
-        return job
-
-    plots = bool(settings.get("log_plots", True))
-    part("hyper-parameters", True, hyper)
-    job = part("plots", plots, draw)  # drawn meanwhile by another process
-    deployable = estimator if model is None else model
-    part("model", bool(settings.get("log_model", True)),
-         lambda: log_estimator(logger, deployable,
-                               X_train if model_example is None else model_example,
-                               plugin_distribution(method)[0]))
-    part("skops model", bool(settings.get("log_model", True)),  # the same model without pickle
-         lambda: log_skops(logger, deployable, out_dir))
-    part("datasets", bool(settings.get("log_datasets", True)),
-         lambda: log_datasets(logger, dataset, X_train, y_train, X_test, y_test))
-    part("plots", job is not None, lambda: job.finish(logger))
+    parts = _Parts()
+    parts.run("hyper-parameters", True, lambda: _log_hyper(logger, estimator, step))
+    job = parts.run("plots", bool(settings.get("log_plots", True)),  # drawn meanwhile
+                    lambda: _draw(figures, out_dir, curve, title,
+                                  y_test if classification else None,
+                                  None if not classification else
+                                  estimator.predict_proba(X_test) if P_test is None else P_test))
+    _log_model(parts, logger, estimator if model is None else model,
+               X_train if model_example is None else model_example, method, settings, out_dir)
+    parts.run("datasets", bool(settings.get("log_datasets", True)),
+              lambda: log_datasets(logger, dataset, X_train, y_train, X_test, y_test))
+    if job is not None:
+        parts.run("plots", True, lambda: job.finish(logger))
     if figures is not None:  # given nothing to draw (plots off, or drawing failed): it exits
         figures.cancel()
-    if errors:
-        logger.set_tags({"publish_errors": ",".join(errors)})
-    return timings
+    if parts.errors:
+        logger.set_tags({"publish_errors": ",".join(parts.errors)})
+    return parts.timings

@@ -342,12 +342,40 @@ def _facets(done: Sequence[RunRecord]) -> list[tuple[str, str]]:
                                                                       f[1]))
 
 
+def _panel(ax: Any, panel: Sequence[RunRecord], task: str, dataset: str,
+           colour: Mapping[str, Any], marker: Mapping[str, str]) -> None:
+    """One ``(task, dataset)`` panel: test NLL against training time of its runs (a log time
+    axis where they span more than a decade)."""
+    for r in panel:
+        ax.scatter(r.metrics["train_time_s"], r.metrics["test_nll"], s=24, alpha=0.8,
+                   color=colour[r.method], marker=marker[r.M])
+    times = [r.metrics["train_time_s"] for r in panel]
+    if times and min(times) > 0 and max(times) > 10 * min(times):  # a decade: log axis
+        ax.set_xscale("log")
+    ax.set_title(f"{dataset} ({task})", fontsize=9)
+    ax.set_xlabel("training time [s]", fontsize=8)
+    ax.set_ylabel("test NLL", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+
+
+def _legend(fig: Any, methods: Sequence[str], Ms: Sequence[str], colour: Mapping[str, Any],
+            marker: Mapping[str, str]) -> None:
+    """The figure's legend: a colour per method, a marker per M (unless M is always "-")."""
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], ls="", marker="o", color=colour[m], label=m) for m in methods]
+    if len(Ms) > 1 or list(Ms) != ["-"]:
+        handles += [Line2D([], [], ls="", marker=marker[m], color="0.4", label=f"M = {m}")
+                    for m in Ms]
+    if handles:
+        fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
+
+
 def nll_vs_time_figure(records: Sequence[RunRecord], title: str = "") -> Any:
     """Test NLL against training time, one point per finished run: one panel per dataset and
     task (classification, regression), colour by method, marker by M; returns the figure."""
     import textwrap
-
-    from matplotlib.lines import Line2D
 
     from gpinfer.plots import _pyplot
 
@@ -365,26 +393,11 @@ def nll_vs_time_figure(records: Sequence[RunRecord], title: str = "") -> Any:
     colour = {m: cmap(i % cmap.N) for i, m in enumerate(methods)}
     marker = {m: _MARKERS[i % len(_MARKERS)] for i, m in enumerate(Ms)}
     for ax, (task, dataset) in zip(axes.flat, facets):
-        panel = [r for r in done if (r.task, r.dataset) == (task, dataset)]
-        for r in panel:
-            ax.scatter(r.metrics["train_time_s"], r.metrics["test_nll"], s=24, alpha=0.8,
-                       color=colour[r.method], marker=marker[r.M])
-        times = [r.metrics["train_time_s"] for r in panel]
-        if times and min(times) > 0 and max(times) > 10 * min(times):  # a decade: log axis
-            ax.set_xscale("log")
-        ax.set_title(f"{dataset} ({task})", fontsize=9)
-        ax.set_xlabel("training time [s]", fontsize=8)
-        ax.set_ylabel("test NLL", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
+        _panel(ax, [r for r in done if (r.task, r.dataset) == (task, dataset)], task, dataset,
+               colour, marker)
     for ax in axes.flat[len(facets):]:
         ax.set_visible(False)
-    handles = [Line2D([], [], ls="", marker="o", color=colour[m], label=m) for m in methods]
-    if len(Ms) > 1 or Ms != ["-"]:
-        handles += [Line2D([], [], ls="", marker=marker[m], color="0.4", label=f"M = {m}")
-                    for m in Ms]
-    if handles:
-        fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
+    _legend(fig, methods, Ms, colour, marker)
     name = Path(title).name if title else ""
     heading = "test NLL against training time" + (f": {name}" if name else "")
     fig.suptitle("\n".join(textwrap.wrap(heading, width=int(14 * ncols + 16))), fontsize=10)
@@ -421,7 +434,7 @@ def counts_line(records: Sequence[RunRecord], plan: SweepPlan | None = None) -> 
     statuses = [r.status for r in records]
     parts = [f"{statuses.count('FINISHED')} finished"]
     parts += [f"{statuses.count(s)} {s.lower()}"
-              for s in sorted(set(statuses) - {"FINISHED"}, key=_STATUS_ORDER.get)]
+              for s in sorted(set(statuses) - {"FINISHED"}, key=lambda s: _STATUS_ORDER[s])]
     total = plan.jobs if plan.jobs is not None else len(records)
     line = f"{', '.join(parts)} of {total} job(s)"
     missing = total - len(records)

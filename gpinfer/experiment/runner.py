@@ -1,6 +1,8 @@
 """One experiment run: validate, load and split the data, fit, evaluate, log, write result.json.
 
-``run_experiment(cfg)`` takes the composed Hydra config (``conf/config.yaml``) and does, in order:
+``run_experiment(cfg)`` takes the composed Hydra config (``conf/config.yaml``) and does, in order
+(steps 1 and 2: ``prepare``, in ``gpinfer.experiment.prepare``, on the settings that
+``gpinfer.experiment.settings`` checks; steps 3 and 4 here, each a named step):
 
 1. checks the plain settings (seed, iterations, M, batch_size, ...), the array backend
    (``backend``, ``device``, ``dtype``: ``gpinfer.backend``) against the method, the output
@@ -37,50 +39,47 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
 import signal
 import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeAlias
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from gpinfer.backend.choice import NUMPY, Backend, check_method_backend, resolve_backend
-from gpinfer.errors import FitFailedError, InputError, NumericalError
+from gpinfer.errors import FitFailedError, NumericalError
 from gpinfer.experiment import results as res
 from gpinfer.experiment import tracking
 from gpinfer.experiment.figures import TrainingCurve
+from gpinfer.experiment.prepare import Prepared, prepare
 from gpinfer.experiment.redact import redact_text, redact_uri, scrub_files, store_error
 from gpinfer.experiment.render import FigureJob
-from gpinfer.fit_guard import WORSE_THAN_BASELINE, check_baseline_failure
-from gpinfer.interfaces import IterationInfo
+from gpinfer.experiment.settings import Settings, config_to_dict, parse_settings
+from gpinfer.fit_guard import WORSE_THAN_BASELINE
+from gpinfer.interfaces import FitResult, IterationInfo
 from gpinfer.progress import ProgressBar
-from gpinfer.threads import blas_threads
-from gpinfer.training.early_stopping import EarlyStopping, validation_size
+from gpinfer.training.early_stopping import validation_size
+
+if TYPE_CHECKING:
+    from gpinfer.estimator import GPClassifierCore
+    from gpinfer.regressor import GPRegressorCore
+
+    #: the run's estimator: a core, without scikit-learn
+    Estimator: TypeAlias = GPClassifierCore | GPRegressorCore
+
+#: what callers import from here (the checks and loads before training live in
+#: ``gpinfer.experiment.settings`` and ``gpinfer.experiment.prepare``)
+__all__ = ["FINAL_METRICS", "EVAL_PREFIX", "Prepared", "Settings", "config_to_dict",
+           "evaluate_regression", "evaluate_test", "fitted_inducing_count", "parse_settings",
+           "prepare", "run_experiment"]
 
 Array = np.ndarray
 _log = logging.getLogger("gpinfer.run")
 
-#: keys of the dataset group that the runner handles (everything else is an error)
-_DATASET_KEYS = {
-    "name",
-    "options",
-    "path",
-    "test_fraction",
-    "standardize",
-    "stratify",
-    "features",
-    "keep_classes",
-    "n_max",
-}
-#: kernel group keys that are not constructor parameters
-_KERNEL_META = {"name", "ard", "noise"}
 #: the run's final numbers: result.json's keys and MLflow metrics of the same names, each logged
 #: once (``RunLogger.log_final``), so that MLflow's value of the key is the reported number
 FINAL_METRICS = ("test_error", "test_rmse", "test_nll", "log_evidence", "train_time_s", "n_iter",
@@ -89,215 +88,8 @@ FINAL_METRICS = ("test_error", "test_rmse", "test_nll", "log_evidence", "train_t
 #: prefix of the test metrics computed every ``eval_every`` iterations (``eval/test_error``, ...):
 #: the history of the test metrics, kept apart from the final numbers
 EVAL_PREFIX = "eval/"
-#: raw training rows kept for the logged model's input example
-_EXAMPLE_ROWS = 5
 #: per-iteration metric names the runner owns (method extras with these names get a prefix)
 _RESERVED = {"objective", "elapsed_s", *FINAL_METRICS}
-
-
-@dataclass
-class Settings:
-    """The validated plain settings of one run (see ``conf/config.yaml``)."""
-
-    method: str
-    likelihood: str | None
-    method_options: dict[str, Any]
-    dataset: str
-    dataset_cfg: dict[str, Any]
-    kernel: str
-    kernel_cfg: dict[str, Any]
-    optimizer: str
-    optimizer_options: dict[str, Any]
-    M: int | float | None
-    seed: int
-    iterations: int
-    optimize: bool | None
-    batch_size: int | None
-    eval_every: int
-    early_stopping: EarlyStopping | None = None
-    #: the array backend as asked for (top-level ``backend``, ``device``, ``dtype``; null: the
-    #: default), resolved and checked against the method by ``prepare``
-    backend: str | None = None
-    device: str | None = None
-    dtype: str | None = None
-    #: what a fit no better than the class frequencies does: "raise" or "warn" (the model is
-    #: kept; either way the MLflow run ends FAILED)
-    baseline_failure: str = "raise"
-    progress: dict[str, Any] = field(default_factory=dict)
-    mlflow: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Prepared:
-    """Everything checked and loaded before training starts."""
-
-    settings: Settings
-    out_dir: Path
-    method_cls: type
-    X_train: Array
-    y_train: Array
-    X_test: Array
-    y_test_index: Array
-    classes: Array
-    n_classes: int
-    task: str
-    M_count: int | None
-    kernel: Any
-    method_options: dict[str, Any]
-    optimizer_applied: bool
-    logger: tracking.RunLogger
-    config: dict[str, Any]
-    #: regression: the training mean and std of ``y`` (the model sees ``(y - shift) / scale``;
-    #: ``y_test_index`` then holds the real test targets in their original units)
-    y_shift: float = 0.0
-    y_scale: float = 1.0
-    #: the array backend the fit runs on (resolved from the settings, checked for the method)
-    backend: Backend = NUMPY
-    #: the training part's standardisation of the inputs (``None``: inputs used as loaded)
-    standardizer: Any = None
-    #: the first training rows as loaded (raw features ``[n, D]``): the logged model's example
-    X_train_raw_head: Array | None = None
-
-
-# --------------------------------------------------------------------------------------------
-# settings
-# --------------------------------------------------------------------------------------------
-
-
-def config_to_dict(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
-    """The resolved run config as plain containers, without the ``hydra`` node."""
-    if isinstance(cfg, DictConfig):
-        try:
-            data = OmegaConf.to_container(cfg, resolve=True)
-        except Exception as exc:  # an interpolation that cannot be resolved
-            raise InputError(f"the configuration cannot be resolved: {exc}") from exc
-    else:
-        data = OmegaConf.to_container(OmegaConf.create(dict(cfg)), resolve=True)
-    assert isinstance(data, dict)
-    data.pop("hydra", None)
-    return data
-
-
-def _group(conf: Mapping[str, Any], name: str) -> dict[str, Any]:
-    node = conf.get(name)
-    if not isinstance(node, Mapping) or not node.get("name"):
-        raise InputError(
-            f"config group {name!r} is missing or has no 'name'; choose one with {name}=<name> "
-            f"(see conf/{name}/)"
-        )
-    return dict(node)
-
-
-def _int(value: Any, key: str, minimum: int | None = None, allow_none: bool = False) -> Any:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InputError(f"{key} must be an integer; got {value!r}")
-    if minimum is not None and value < minimum:
-        raise InputError(f"{key} must be >= {minimum}; got {value!r}")
-    return int(value)
-
-
-def _mapping(value: Any, key: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise InputError(f"{key} must be a mapping (key: value); got {value!r}")
-    return dict(value)
-
-
-def _optional_text(value: Any, key: str, allowed: str) -> str | None:
-    """A top-level setting that is null or a name (``device=0`` composes as an int)."""
-    if value is None or isinstance(value, str):
-        return value
-    raise InputError(f"{key} must be null or one of {allowed}; got {value!r}")
-
-
-def _check_backend(s: Settings, method_cls: type) -> Backend:
-    """The run's ``Backend`` from ``backend``/``device``/``dtype``, checked against the method
-    (``InputError`` naming the fix) before any MLflow run exists."""
-    backend = resolve_backend(s.backend, s.device, s.dtype)
-    check_method_backend(method_cls, s.method, backend)
-    return backend
-
-
-def parse_settings(conf: Mapping[str, Any]) -> Settings:
-    """Check the plain values of the config; ``InputError`` naming the key otherwise."""
-    method = _group(conf, "method")
-    dataset = _group(conf, "dataset")
-    kernel = _group(conf, "kernel")
-    optimizer = _group(conf, "optimizer")
-    unknown = sorted(set(dataset) - _DATASET_KEYS)
-    if unknown:
-        raise InputError(
-            f"dataset config {dataset['name']!r} has unknown key(s) {unknown}; known: "
-            f"{', '.join(sorted(_DATASET_KEYS))} (generator/loader options go under "
-            "dataset.options)"
-        )
-    M = conf.get("M")
-    if M is not None and (isinstance(M, bool) or not isinstance(M, numbers.Real)):
-        raise InputError(
-            f"M must be null, a count of inducing points (M=50) or a fraction of the training "
-            f"size (M=0.1); got {M!r}"
-        )
-    optimize = conf.get("optimize")
-    if optimize is not None and not isinstance(optimize, bool):
-        raise InputError(
-            f"optimize must be true, false or null (the method's default); got {optimize!r}"
-        )
-    likelihood = method.get("likelihood")
-    if likelihood is not None and not isinstance(likelihood, str):
-        raise InputError(f"method.likelihood must be a name or null; got {likelihood!r}")
-    tf = dataset.get("test_fraction")
-    if tf is not None and (
-        isinstance(tf, bool) or not isinstance(tf, numbers.Real) or not 0.0 < float(tf) < 1.0
-    ):
-        raise InputError(
-            f"dataset.test_fraction must be in (0, 1) or null (the dataset's standard split); "
-            f"got {tf!r}"
-        )
-    return Settings(
-        method=str(method["name"]),
-        likelihood=likelihood,
-        method_options=_mapping(method.get("options"), "method.options"),
-        dataset=str(dataset["name"]),
-        dataset_cfg=dataset,
-        kernel=str(kernel["name"]),
-        kernel_cfg=kernel,
-        optimizer=str(optimizer["name"]),
-        optimizer_options=_mapping(optimizer.get("options"), "optimizer.options"),
-        M=M,
-        seed=_int(conf.get("seed", 0), "seed", minimum=0),
-        iterations=_int(conf.get("iterations"), "iterations", minimum=1),
-        optimize=optimize,
-        batch_size=_int(conf.get("batch_size"), "batch_size", minimum=1, allow_none=True),
-        eval_every=_int(conf.get("eval_every", 10), "eval_every", minimum=1),
-        early_stopping=EarlyStopping.from_settings(conf.get("validation_fraction"),
-                                                   conf.get("validation_interval", 1),
-                                                   conf.get("n_iter_no_change", 10),
-                                                   conf.get("refit", True),
-                                                   conf.get("validation_folds"),
-                                                   conf.get("refit_rule", "iterations"),
-                                                   conf.get("choice_rule", "one_se")),
-        backend=_optional_text(conf.get("backend"), "backend", "numpy or torch"),
-        device=_optional_text(conf.get("device"), "device", "cpu, cuda or cuda:N"),
-        dtype=_optional_text(conf.get("dtype"), "dtype", "float64 or float32"),
-        baseline_failure=check_baseline_failure(conf.get("baseline_failure", "raise")),
-        progress=_mapping(conf.get("progress"), "progress"),
-        mlflow=_mapping(conf.get("mlflow"), "mlflow"),
-    )
-
-
-def _hydra_output_dir() -> Path:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return Path(HydraConfig.get().runtime.output_dir)
-    except Exception as exc:
-        raise InputError(
-            "no output folder: run through gpinfer-run (Hydra chooses one) or pass "
-            "run_experiment(cfg, output_dir=...)"
-        ) from exc
 
 
 def _hydra_job_tags() -> dict[str, str]:
@@ -315,204 +107,6 @@ def _hydra_job_tags() -> dict[str, str]:
         tags["hydra.sweep.dir"] = str(hc.sweep.dir)
         tags["hydra.overrides"] = " ".join(hc.overrides.task)
     return tags
-
-
-# --------------------------------------------------------------------------------------------
-# everything before training
-# --------------------------------------------------------------------------------------------
-
-
-def _check_method(s: Settings) -> tuple[type, dict[str, Any], bool]:
-    """Load the method class and build its options (optimizer included when it declares one)."""
-    from gpinfer import registry
-
-    method_cls = registry.load_method(s.method)
-    options = dict(s.method_options)
-    declared = dict(getattr(method_cls, "default_options", {}) or {})
-    applied = "optimizer" in declared
-    if applied:
-        options.setdefault("optimizer", s.optimizer)
-        if "optimizer_options" in declared and s.optimizer_options:
-            options.setdefault("optimizer_options", dict(s.optimizer_options))
-    try:  # unknown names, and values against the method's declaration (gpinfer.options)
-        method_cls(**options)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"method.options: {exc}") from exc
-    if applied and options["optimizer"] is not None:  # None: the method chooses
-        _check_optimizer(str(options["optimizer"]), options.get("optimizer_options") or {})
-    return method_cls, options, applied
-
-
-def _check_optimizer(name: str, options: Mapping[str, Any]) -> None:
-    """Build the optimiser once so that a bad name or option fails before training."""
-    try:
-        from gpinfer.optim import make_optimizer
-    except ImportError:  # pragma: no cover - the optimisers are part of the core
-        return
-    try:
-        make_optimizer(name, **dict(options))
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"optimizer {name!r}: {exc}") from exc
-
-
-def _check_kernel_name(name: str) -> None:
-    from gpinfer import registry
-
-    registry.find(registry.KERNELS, name)  # UnknownNameError with the nearest names
-
-
-def _load_split(s: Settings) -> tuple[Any, Any]:
-    """Load the dataset and split it with the run's seed (``InputError`` naming the problem)."""
-    from gpinfer.data import load_dataset, train_test_split
-
-    d = s.dataset_cfg
-    options = _mapping(d.get("options"), "dataset.options")
-    if "path" in d:
-        if d["path"] is None:
-            raise InputError(
-                f"dataset {s.dataset!r} needs a file: add dataset.path=/path/to/data.npz "
-                "(.npz, .csv or LIBSVM)"
-            )
-        options.setdefault("path", str(d["path"]))
-    for key in ("features", "keep_classes", "n_max"):
-        if d.get(key) is not None:
-            options[key] = list(d[key]) if isinstance(d[key], list | tuple) else d[key]
-    try:
-        ds = load_dataset(s.dataset, **options)
-    except (OSError, EOFError) as exc:
-        raise InputError(f"dataset {s.dataset!r} could not be read: {exc}") from exc
-    split = train_test_split(
-        ds,
-        test_fraction=None if d.get("test_fraction") is None else float(d["test_fraction"]),
-        seed=s.seed,
-        stratify=bool(d.get("stratify", True)),
-    )
-    return ds, split
-
-
-def _check_classes(s: Settings, split: Any) -> tuple[Array, int, Array]:
-    """Classes of the training part ``[C]``, ``C`` and the test labels as class indices."""
-    classes = np.unique(split.y_train)
-    n_classes = int(classes.size)
-    if n_classes < 2:
-        raise InputError(
-            f"dataset {s.dataset!r}: the training part has a single class ({classes.tolist()}); "
-            "check keep_classes / test_fraction"
-        )
-    y_test_index = np.searchsorted(classes, split.y_test)
-    unseen = (y_test_index >= n_classes) | (
-        classes[np.minimum(y_test_index, n_classes - 1)] != split.y_test
-    )
-    if np.any(unseen):
-        raise InputError(
-            f"dataset {s.dataset!r}: the test part has classes "
-            f"{sorted(set(split.y_test[unseen].tolist()))} that the training part lacks; "
-            "use a stratified split or a smaller test_fraction"
-        )
-    return classes, n_classes, y_test_index
-
-
-def _check_likelihood_task(s: Settings, task: str) -> None:
-    """A named likelihood must suit the dataset's task (probit on a regression set, say)."""
-    if s.likelihood is None:
-        return
-    from gpinfer.likelihoods import make_likelihood
-
-    lik_task = make_likelihood(s.likelihood).task
-    if lik_task != task:
-        raise InputError(
-            f"method.likelihood={s.likelihood} is for {lik_task} but dataset {s.dataset!r} is "
-            f"a {task} dataset; use method.likelihood="
-            f"{'gaussian' if task == 'regression' else 'null'} (or null: the method's default)"
-        )
-
-
-def prepare(
-    cfg: DictConfig | Mapping[str, Any], output_dir: str | Path | None = None
-) -> Prepared:
-    """Every check and every load that comes before training; nothing is logged yet."""
-    from gpinfer.data import Standardizer
-    from gpinfer.kernels import make_kernel
-    from gpinfer.validation import check_inducing, check_method_compatible
-
-    conf = config_to_dict(cfg)
-    s = parse_settings(conf)
-    blas_threads()  # the thread policy (GPINFER_BLAS_THREADS), checked before any MLflow run
-    method_cls, options, applied = _check_method(s)
-    backend = _check_backend(s, method_cls)
-    _check_kernel_name(s.kernel)
-    out_dir = res.check_output_dir(output_dir if output_dir is not None else _hydra_output_dir())
-    uri = tracking.resolve_tracking_uri(s.mlflow.get("tracking_uri"))
-    logger = tracking.RunLogger(
-        uri,
-        experiment=s.mlflow.get("experiment") or "gpinfer",
-        artifact_location=s.mlflow.get("artifact_location"),
-        flush_every=s.mlflow.get("flush_every", 100),
-        flush_interval_s=s.mlflow.get("flush_interval_s", 2.0),
-    )
-    if isinstance(conf.get("mlflow"), dict) and conf["mlflow"].get("tracking_uri"):
-        # the stored config (params, config.yaml artifact) never holds credentials
-        conf["mlflow"]["tracking_uri"] = redact_uri(str(conf["mlflow"]["tracking_uri"]))
-    ds, split = _load_split(s)
-    task = ds.task
-    y_train, y_shift, y_scale = split.y_train, 0.0, 1.0
-    if task == "classification":
-        classes, n_classes, y_test_index = _check_classes(s, split)
-    else:
-        from gpinfer.regressor import check_targets
-
-        classes, n_classes = np.zeros(0), 0
-        y_train, y_test_index = check_targets(split.y_train), check_targets(split.y_test)
-    if split.X_test.shape[0] == 0:
-        raise InputError(f"dataset {s.dataset!r}: the test part is empty")
-    if task == "regression" and not backend.is_numpy:
-        raise InputError(f"dataset {s.dataset!r} is a regression dataset, and regression runs "
-                         f"on numpy only: leave backend and device unset (got {backend})")
-
-    X_train, X_test = split.X_train, split.X_test
-    st = None
-    if s.dataset_cfg.get("standardize", True):
-        st = Standardizer().fit(X_train)
-        X_train, X_test = st.transform(X_train), st.transform(X_test)
-        if task == "regression":
-            y_shift, y_scale = float(np.mean(y_train)), float(np.std(y_train)) or 1.0
-            y_train = (y_train - y_shift) / y_scale
-
-    n, d = X_train.shape
-    _check_likelihood_task(s, task)
-    check_method_compatible(method_cls, n_classes, task, s.batch_size,
-                            s.likelihood or ("gaussian" if task == "regression" else None))
-    inducing = check_inducing(s.M, n, d, s.method, bool(method_cls.uses_inducing_points))
-    M_count = None if inducing is None else int(inducing)
-
-    k = s.kernel_cfg
-    params = {key: v for key, v in k.items() if key not in _KERNEL_META and v is not None}
-    kernel = make_kernel(
-        s.kernel, input_dim=d, ard=bool(k.get("ard", False)), noise=k.get("noise"), **params
-    )
-    return Prepared(
-        settings=s,
-        out_dir=out_dir,
-        method_cls=method_cls,
-        X_train=X_train,
-        y_train=y_train,
-        X_test=X_test,
-        y_test_index=y_test_index,
-        classes=classes,
-        n_classes=n_classes,
-        task=task,
-        M_count=M_count,
-        kernel=kernel,
-        method_options=options,
-        optimizer_applied=applied,
-        logger=logger,
-        config=conf,
-        y_shift=y_shift,
-        y_scale=y_scale,
-        backend=backend,
-        standardizer=st,
-        X_train_raw_head=np.array(split.X_train[:_EXAMPLE_ROWS], dtype=np.float64),
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -744,7 +338,8 @@ def _base_result(p: Prepared) -> dict[str, Any]:
     }
 
 
-def _record_fit_report(logger: tracking.RunLogger, result: dict[str, Any], report: Any) -> None:
+def _record_fit_report(logger: tracking.RunLogger, result: dict[str, Any],
+                       report: FitResult) -> None:
     """The fit guard's codes and numbers (``FitResult.warnings`` and ``diagnostics``) into
     ``result`` and the MLflow tag ``fit_warnings``."""
     result["fit_warnings"] = list(report.warnings)
@@ -752,7 +347,7 @@ def _record_fit_report(logger: tracking.RunLogger, result: dict[str, Any], repor
     logger.set_tags({"fit_warnings": ",".join(report.warnings) or "none"})
 
 
-def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str, Any],
+def _publish(p: Prepared, estimator: Estimator, callback: _Callback, result: dict[str, Any],
              P_test: Any = None, figures: FigureJob | None = None) -> float:
     """Learned hyper-parameters, model, datasets and plots to MLflow (``publish.publish_run``;
     ``P_test``: the posterior's test predictions of a classifier, for the reliability diagram;
@@ -788,6 +383,138 @@ def _publish(p: Prepared, estimator: Any, callback: _Callback, result: dict[str,
     return time.perf_counter() - start
 
 
+def _make_estimator(p: Prepared) -> Estimator:
+    """The run's estimator: a core (the estimator without scikit-learn, whose import a run does
+    not need), ``GPRegressorCore`` for a regression dataset, else ``GPClassifierCore``."""
+    from gpinfer.estimator import GPClassifierCore
+    from gpinfer.regressor import GPRegressorCore
+
+    s, es = p.settings, p.settings.early_stopping
+    options: dict[str, Any] = dict(p.backend.params())  # numpy for a regression (prepare)
+    if es is not None:
+        options.update(validation_fraction=es.validation_fraction,
+                       validation_interval=es.validation_interval,
+                       n_iter_no_change=es.n_iter_no_change, refit=es.refit,
+                       validation_folds=es.folds, refit_rule=es.refit_rule,
+                       choice_rule=es.choice_rule)
+    return (GPRegressorCore if p.task == "regression" else GPClassifierCore)(
+        method=s.method, M=p.M_count, kernel=p.kernel, likelihood=s.likelihood,
+        optimize=s.optimize, max_iter=s.iterations, batch_size=s.batch_size,
+        random_state=s.seed, method_options=p.method_options,
+        baseline_failure=s.baseline_failure, **options,
+    )
+
+
+def _write_config(p: Prepared) -> tuple[Path, str]:
+    """The run folder's ``config.yaml`` (Hydra's record of the overrides scrubbed of
+    credentials first) and the run's unique name; returns both."""
+    s = p.settings
+    scrub_files(p.out_dir / ".hydra", p.logger.tracking_uri)  # Hydra's record of the overrides
+    config_path = p.out_dir / "config.yaml"
+    config_path.write_text(OmegaConf.to_yaml(OmegaConf.create(p.config)))
+    run_name = tracking.unique_run_name(
+        [s.method, s.dataset, s.kernel] + ([f"M{s.M}"] if s.M is not None else []) + [f"s{s.seed}"]
+    )
+    _log.info("run %s: %s/%s s%s (output folder %s)", run_name, s.method, s.dataset, s.seed,
+              p.out_dir)
+    return config_path, run_name
+
+
+def _train(p: Prepared, estimator: Estimator, callback: _Callback, progress: ProgressBar,
+           result: dict[str, Any]) -> None:
+    """Fit, evaluate and publish inside the open MLflow run; on any exception (Ctrl-C and
+    SIGTERM included) record it in ``result.json`` and re-raise."""
+    figures: FigureJob | None = None
+    callback.start = time.perf_counter()
+    try:
+        if p.settings.mlflow.get("log_plots", True):  # its matplotlib import overlaps the fit
+            figures = FigureJob.spawn(p.out_dir)
+            callback.start = time.perf_counter()
+        with _sigterm_as_interrupt(), progress:
+            estimator.fit(p.X_train, p.y_train, callback=callback)
+        wall = time.perf_counter() - callback.start
+        P_test = _record_fit(p, estimator, callback, result, wall)
+        _close(p, estimator, callback, result, P_test, figures)
+    except BaseException as exc:
+        if figures is not None:  # a worker given nothing to draw exits
+            figures.cancel()
+        _record_failure(p, callback, result, exc)
+        raise
+
+
+def _record_fit(p: Prepared, estimator: Estimator, callback: _Callback,
+                result: dict[str, Any], wall: float) -> Array | None:
+    """The fitted model's final numbers into ``result``: test metrics, evidence, times, the
+    fit guard's report (a kept fit no better than the baseline makes the status FAILED);
+    returns a classifier's test predictions ``[N*, C]`` (None for a regressor)."""
+    # the classifier's test predictions: the final numbers and the reliability diagram
+    P_test = None if p.task == "regression" else estimator.posterior_.predict_proba(p.X_test)
+    result.update(
+        _evaluate(p, estimator.posterior_, P_test),
+        log_evidence=float(estimator.log_evidence_),
+        train_time_s=max(wall - callback.overhead_s, 0.0),
+        wall_time_s=wall,
+        n_iter=int(estimator.n_iter_),
+        peak_rss_mb=res.peak_rss_mb(),
+        status=tracking.FINISHED,
+    )
+    if p.M_count is None:  # report the number of inducing points the method chose
+        result["M_count"] = fitted_inducing_count(estimator.posterior_)
+    fit_report = estimator.fit_result_
+    _record_fit_report(p.logger, result, fit_report)
+    if estimator.best_validation_score_ is not None:
+        result["best_validation_score"] = float(estimator.best_validation_score_)
+    if WORSE_THAN_BASELINE in fit_report.warnings:  # kept (baseline_failure=warn)
+        what = "a constant Gaussian" if p.task == "regression" else "the class frequencies"
+        result.update(status=tracking.FAILED, error=(
+            f"training NLL {result['train_nll']:.4g} is no better than predicting {what} "
+            f"({result['baseline_nll']:.4g}); the model was kept (baseline_failure=warn)"))
+    return P_test
+
+
+def _close(p: Prepared, estimator: Estimator, callback: _Callback, result: dict[str, Any],
+           P_test: Array | None, figures: FigureJob | None) -> None:
+    """Log the final metrics and the fitted state, publish, write ``result.json``; a kept fit
+    no better than the baseline ends the run FAILED with its error as a tag."""
+    logger = p.logger
+    logger.log_final({key: result[key] for key in FINAL_METRICS if key in result},
+                     step=max(result["n_iter"], callback.last_iteration))
+    state = tracking.collect_state(
+        estimator.fit_result_,
+        extra={"classes": p.classes, "M_count": np.asarray(p.M_count or 0)},
+    )
+    logger.log_artifact(tracking.save_state(p.out_dir / "state.npz", state))
+    result["publish_s"] = _publish(p, estimator, callback, result, P_test, figures)
+    res.write_result(p.out_dir, result)
+    logger.log_artifact(p.out_dir / res.RESULT_FILE)
+    if result["status"] == tracking.FAILED:
+        logger.set_tags({"error": result["error"]})
+        logger.end(tracking.FAILED)
+
+
+def _record_failure(p: Prepared, callback: _Callback, result: dict[str, Any],
+                    exc: BaseException) -> None:
+    """A run that raised: KILLED (Ctrl-C, SIGTERM) or FAILED with the error, the last
+    iteration reached and the fit guard's report where there is one, into ``result.json``
+    (never hiding ``exc``)."""
+    interrupted = isinstance(exc, KeyboardInterrupt)
+    if isinstance(exc, FitFailedError) and exc.result is not None:
+        _record_fit_report(p.logger, result, exc.result)
+    result.update(
+        status=tracking.KILLED if interrupted else tracking.FAILED,
+        error=f"{type(exc).__name__}: {exc}",
+        n_iter=callback.last_iteration,
+        error_iteration=getattr(exc, "iteration", None),
+        train_time_s=time.perf_counter() - callback.start - callback.overhead_s,
+        peak_rss_mb=res.peak_rss_mb(),
+    )
+    try:
+        res.write_result(p.out_dir, result)
+        p.logger.log_artifact(p.out_dir / res.RESULT_FILE)
+    except Exception:  # never hide the original error
+        pass
+
+
 def run_experiment(
     cfg: DictConfig | Mapping[str, Any],
     *,
@@ -800,120 +527,21 @@ def run_experiment(
     ``output_dir``: the run folder (default: Hydra's output folder for this job). ``stream``
     receives the one-line summary (stdout), ``progress_stream`` the progress lines (stderr).
     """
-    from gpinfer.estimator import GPClassifierCore
-    from gpinfer.regressor import GPRegressorCore
-
     p = prepare(cfg, output_dir)
     s = p.settings
     res.reset_peak_rss()
-    # the cores: the estimators without scikit-learn, whose import a run does not need
-    estimator = (GPRegressorCore if p.task == "regression" else GPClassifierCore)(
-        method=s.method,
-        M=p.M_count,
-        kernel=p.kernel,
-        likelihood=s.likelihood,
-        optimize=s.optimize,
-        max_iter=s.iterations,
-        batch_size=s.batch_size,
-        random_state=s.seed,
-        method_options=p.method_options,
-        baseline_failure=s.baseline_failure,
-        **({} if s.early_stopping is None else {
-            "validation_fraction": s.early_stopping.validation_fraction,
-            "validation_interval": s.early_stopping.validation_interval,
-            "n_iter_no_change": s.early_stopping.n_iter_no_change,
-            "refit": s.early_stopping.refit,
-            "validation_folds": s.early_stopping.folds,
-            "refit_rule": s.early_stopping.refit_rule,
-            "choice_rule": s.early_stopping.choice_rule}),
-        **({} if p.task == "regression" else p.backend.params()),
-    )
-    label = f"{s.method}/{s.dataset} s{s.seed}"
-    progress = ProgressBar(s.iterations, label, show=s.progress.get("bar", "auto"),
-                           stream=progress_stream)
+    estimator = _make_estimator(p)
+    progress = ProgressBar(s.iterations, f"{s.method}/{s.dataset} s{s.seed}",
+                           show=s.progress.get("bar", "auto"), stream=progress_stream)
     callback = _Callback(p, progress)
-    scrub_files(p.out_dir / ".hydra", p.logger.tracking_uri)  # Hydra's record of the overrides
-    config_path = p.out_dir / "config.yaml"
-    config_path.write_text(OmegaConf.to_yaml(OmegaConf.create(p.config)))
-    run_name = tracking.unique_run_name(
-        [s.method, s.dataset, s.kernel] + ([f"M{s.M}"] if s.M is not None else []) + [f"s{s.seed}"]
-    )
-    _log.info("run %s: %s (output folder %s)", run_name, label, p.out_dir)
+    config_path, run_name = _write_config(p)
     result = _base_result(p)
-    logger = p.logger
-    _end_stale_runs(logger, progress_stream)
-    with logger.run(run_name, tags=_tags(p), params=_params(p)):
-        result["mlflow_run_id"] = logger.run_id
-        logger.log_artifact(config_path)
-        figures: FigureJob | None = None
-        start = callback.start = time.perf_counter()
-        try:
-            if s.mlflow.get("log_plots", True):  # its matplotlib import overlaps the fit
-                figures = FigureJob.spawn(p.out_dir)
-                start = callback.start = time.perf_counter()
-            with _sigterm_as_interrupt(), progress:
-                estimator.fit(p.X_train, p.y_train, callback=callback)
-            wall = time.perf_counter() - start
-            # the classifier's test predictions: the final numbers and the reliability diagram
-            P_test = (None if p.task == "regression"
-                      else estimator.posterior_.predict_proba(p.X_test))
-            final = _evaluate(p, estimator.posterior_, P_test)
-            result.update(
-                final,
-                log_evidence=float(estimator.log_evidence_),
-                train_time_s=max(wall - callback.overhead_s, 0.0),
-                wall_time_s=wall,
-                n_iter=int(estimator.n_iter_),
-                peak_rss_mb=res.peak_rss_mb(),
-                status=tracking.FINISHED,
-            )
-            if p.M_count is None:  # report the number of inducing points the method chose
-                result["M_count"] = fitted_inducing_count(estimator.posterior_)
-            fit_report = estimator.fit_result_
-            _record_fit_report(logger, result, fit_report)
-            if getattr(estimator, "best_validation_score_", None) is not None:
-                result["best_validation_score"] = float(estimator.best_validation_score_)
-            if WORSE_THAN_BASELINE in fit_report.warnings:  # kept (baseline_failure=warn)
-                what = "a constant Gaussian" if p.task == "regression" else "the class frequencies"
-                result.update(status=tracking.FAILED, error=(
-                    f"training NLL {result['train_nll']:.4g} is no better than predicting {what} "
-                    f"({result['baseline_nll']:.4g}); the model was kept (baseline_failure=warn)"))
-            logger.log_final({key: result[key] for key in FINAL_METRICS if key in result},
-                             step=max(result["n_iter"], callback.last_iteration))
-            state = tracking.collect_state(
-                estimator.fit_result_,
-                extra={"classes": p.classes, "M_count": np.asarray(p.M_count or 0)},
-            )
-            state_path = tracking.save_state(p.out_dir / "state.npz", state)
-            logger.log_artifact(state_path)
-            result["publish_s"] = _publish(p, estimator, callback, result, P_test, figures)
-            res.write_result(p.out_dir, result)
-            logger.log_artifact(p.out_dir / res.RESULT_FILE)
-            if result["status"] == tracking.FAILED:
-                logger.set_tags({"error": result["error"]})
-                logger.end(tracking.FAILED)
-        except BaseException as exc:
-            if figures is not None:  # a worker given nothing to draw exits
-                figures.cancel()
-            interrupted = isinstance(exc, KeyboardInterrupt)
-            if isinstance(exc, FitFailedError) and exc.result is not None:
-                _record_fit_report(logger, result, exc.result)
-            result.update(
-                status=tracking.KILLED if interrupted else tracking.FAILED,
-                error=f"{type(exc).__name__}: {exc}",
-                n_iter=callback.last_iteration,
-                error_iteration=getattr(exc, "iteration", None),
-                train_time_s=time.perf_counter() - start - callback.overhead_s,
-                peak_rss_mb=res.peak_rss_mb(),
-            )
-            try:
-                res.write_result(p.out_dir, result)
-                logger.log_artifact(p.out_dir / res.RESULT_FILE)
-            except Exception:  # never hide the original error
-                pass
-            raise
-    out = stream if stream is not None else sys.stdout
+    _end_stale_runs(p.logger, progress_stream)
+    with p.logger.run(run_name, tags=_tags(p), params=_params(p)):
+        result["mlflow_run_id"] = p.logger.run_id
+        p.logger.log_artifact(config_path)
+        _train(p, estimator, callback, progress, result)
     line = res.summary_line(result)
     _log.info("%s", line)
-    print(line, file=out, flush=True)
+    print(line, file=stream if stream is not None else sys.stdout, flush=True)
     return result

@@ -31,7 +31,8 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import psutil  # type: ignore[import-untyped]
+import psutil
+from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from gpinfer.errors import InputError
@@ -134,7 +135,7 @@ class StaleRun:
     reason: str
 
 
-def _last_activity_ms(client: MlflowClient, run) -> int:
+def _last_activity_ms(client: MlflowClient, run: Run) -> int:
     """The latest sign of life (ms) of ``run``: its heartbeat tag, else its start or a metric
     step (runs logged before the heartbeat existed)."""
     latest = int(run.info.start_time or 0)

@@ -277,7 +277,9 @@ def collect_state(fit: FitResult, extra: Mapping[str, Any] | None = None) -> dic
 def save_state(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray]) -> Path:
     """``np.savez_compressed`` the arrays to ``path`` (loadable without pickle)."""
     path = Path(path)
-    np.savez_compressed(path, **dict(arrays))
+    # numpy's stub types the keyword arrays as possibly ``allow_pickle``: a plain dict of them
+    named: dict[str, Any] = {str(key): value for key, value in arrays.items()}
+    np.savez_compressed(path, **named)
     return path
 
 
@@ -526,8 +528,9 @@ class RunLogger:
             try:
                 message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 self.set_tags({"error": message})
-                if getattr(exc, "iteration", None) is not None:
-                    self.set_tags({"error_iteration": exc.iteration})
+                iteration = getattr(exc, "iteration", None)
+                if iteration is not None:
+                    self.set_tags({"error_iteration": iteration})
             except Exception:
                 pass
             try:

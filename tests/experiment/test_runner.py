@@ -324,7 +324,8 @@ def test_dataset_configs_load_and_split(
     name: str, n_train: int, n_test: int, n_features: int, n_classes: int
 ) -> None:
     from gpinfer.data import data_dir, data_files
-    from gpinfer.experiment.runner import _load_split, config_to_dict, parse_settings
+    from gpinfer.experiment.prepare import _load_split
+    from gpinfer.experiment.runner import config_to_dict, parse_settings
 
     embedded = {"breast_cancer", "waveform", "wine", "iris", "digits", "synthetic2d"}
     if name not in embedded and (data_dir() is None or name not in data_files()):

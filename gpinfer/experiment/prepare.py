@@ -1,0 +1,318 @@
+"""Everything a run checks and loads before training (``prepare`` -> ``Prepared``); nothing
+is logged yet and no MLflow run exists.
+
+The plain settings (``gpinfer.experiment.settings``), the thread policy, the method and its
+options (optimizer included), the array backend against the method, the kernel name, the
+output folder, the MLflow store; then the dataset, loaded and split with the run's seed, its
+targets checked for the task, the inputs (and a regression's targets) standardised on the
+training part, the problem checked against what the method declares (task, classes,
+mini-batches, likelihood, inducing points) and the kernel built. Every problem is a
+``gpinfer.errors`` error naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from omegaconf import DictConfig
+
+from gpinfer.backend.choice import NUMPY, Backend, check_method_backend, resolve_backend
+from gpinfer.errors import InputError
+from gpinfer.experiment import results as res
+from gpinfer.experiment import tracking
+from gpinfer.experiment.redact import redact_uri
+from gpinfer.experiment.settings import Settings, as_mapping, config_to_dict, parse_settings
+from gpinfer.interfaces import Method
+from gpinfer.threads import blas_threads
+
+if TYPE_CHECKING:
+    from gpinfer.data import Standardizer
+    from gpinfer.data.base import Dataset
+    from gpinfer.data.splits import Split
+    from gpinfer.kernels.base import Kernel
+
+Array = np.ndarray
+
+#: kernel group keys that are not constructor parameters
+_KERNEL_META = {"name", "ard", "noise"}
+
+
+#: raw training rows kept for the logged model's input example
+_EXAMPLE_ROWS = 5
+
+
+@dataclass
+class Prepared:
+    """Everything checked and loaded before training starts."""
+
+    settings: Settings
+    out_dir: Path
+    method_cls: type[Method]
+    X_train: Array
+    y_train: Array
+    X_test: Array
+    y_test_index: Array
+    classes: Array
+    n_classes: int
+    task: str
+    M_count: int | None
+    kernel: Kernel
+    method_options: dict[str, Any]
+    optimizer_applied: bool
+    logger: tracking.RunLogger
+    config: dict[str, Any]
+    #: regression: the training mean and std of ``y`` (the model sees ``(y - shift) / scale``;
+    #: ``y_test_index`` then holds the real test targets in their original units)
+    y_shift: float = 0.0
+    y_scale: float = 1.0
+    #: the array backend the fit runs on (resolved from the settings, checked for the method)
+    backend: Backend = NUMPY
+    #: the training part's standardisation of the inputs (``None``: inputs used as loaded)
+    standardizer: Standardizer | None = None
+    #: the first training rows as loaded (raw features ``[n, D]``): the logged model's example
+    X_train_raw_head: Array | None = None
+
+
+def _check_backend(s: Settings, method_cls: type[Method]) -> Backend:
+    """The run's ``Backend`` from ``backend``/``device``/``dtype``, checked against the method
+    (``InputError`` naming the fix) before any MLflow run exists."""
+    backend = resolve_backend(s.backend, s.device, s.dtype)
+    check_method_backend(method_cls, s.method, backend)
+    return backend
+
+
+def _hydra_output_dir() -> Path:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return Path(HydraConfig.get().runtime.output_dir)
+    except Exception as exc:
+        raise InputError(
+            "no output folder: run through gpinfer-run (Hydra chooses one) or pass "
+            "run_experiment(cfg, output_dir=...)"
+        ) from exc
+
+
+def _check_method(s: Settings) -> tuple[type[Method], dict[str, Any], bool]:
+    """Load the method class and build its options (optimizer included when it declares one)."""
+    from gpinfer import registry
+
+    method_cls = registry.load_method(s.method)
+    options = dict(s.method_options)
+    declared = dict(getattr(method_cls, "default_options", {}) or {})
+    applied = "optimizer" in declared
+    if applied:
+        options.setdefault("optimizer", s.optimizer)
+        if "optimizer_options" in declared and s.optimizer_options:
+            options.setdefault("optimizer_options", dict(s.optimizer_options))
+    try:  # unknown names, and values against the method's declaration (gpinfer.options)
+        method_cls(**options)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"method.options: {exc}") from exc
+    if applied and options["optimizer"] is not None:  # None: the method chooses
+        _check_optimizer(str(options["optimizer"]), options.get("optimizer_options") or {})
+    return method_cls, options, applied
+
+
+def _check_optimizer(name: str, options: Mapping[str, Any]) -> None:
+    """Build the optimiser once so that a bad name or option fails before training."""
+    try:
+        from gpinfer.optim import make_optimizer
+    except ImportError:  # pragma: no cover - the optimisers are part of the core
+        return
+    try:
+        make_optimizer(name, **dict(options))
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"optimizer {name!r}: {exc}") from exc
+
+
+def _check_kernel_name(name: str) -> None:
+    from gpinfer import registry
+
+    registry.find(registry.KERNELS, name)  # UnknownNameError with the nearest names
+
+
+def _load_split(s: Settings) -> tuple[Dataset, Split]:
+    """Load the dataset and split it with the run's seed (``InputError`` naming the problem)."""
+    from gpinfer.data import load_dataset, train_test_split
+
+    d = s.dataset_cfg
+    options = as_mapping(d.get("options"), "dataset.options")
+    if "path" in d:
+        if d["path"] is None:
+            raise InputError(
+                f"dataset {s.dataset!r} needs a file: add dataset.path=/path/to/data.npz "
+                "(.npz, .csv or LIBSVM)"
+            )
+        options.setdefault("path", str(d["path"]))
+    for key in ("features", "keep_classes", "n_max"):
+        if d.get(key) is not None:
+            options[key] = list(d[key]) if isinstance(d[key], list | tuple) else d[key]
+    try:
+        ds = load_dataset(s.dataset, **options)
+    except (OSError, EOFError) as exc:
+        raise InputError(f"dataset {s.dataset!r} could not be read: {exc}") from exc
+    split = train_test_split(
+        ds,
+        test_fraction=None if d.get("test_fraction") is None else float(d["test_fraction"]),
+        seed=s.seed,
+        stratify=bool(d.get("stratify", True)),
+    )
+    return ds, split
+
+
+def _check_classes(s: Settings, split: Split) -> tuple[Array, int, Array]:
+    """Classes of the training part ``[C]``, ``C`` and the test labels as class indices."""
+    classes = np.unique(split.y_train)
+    n_classes = int(classes.size)
+    if n_classes < 2:
+        raise InputError(
+            f"dataset {s.dataset!r}: the training part has a single class ({classes.tolist()}); "
+            "check keep_classes / test_fraction"
+        )
+    y_test_index = np.searchsorted(classes, split.y_test)
+    unseen = (y_test_index >= n_classes) | (
+        classes[np.minimum(y_test_index, n_classes - 1)] != split.y_test
+    )
+    if np.any(unseen):
+        raise InputError(
+            f"dataset {s.dataset!r}: the test part has classes "
+            f"{sorted(set(split.y_test[unseen].tolist()))} that the training part lacks; "
+            "use a stratified split or a smaller test_fraction"
+        )
+    return classes, n_classes, y_test_index
+
+
+def _check_likelihood_task(s: Settings, task: str) -> None:
+    """A named likelihood must suit the dataset's task (probit on a regression set, say)."""
+    if s.likelihood is None:
+        return
+    from gpinfer.likelihoods import make_likelihood
+
+    lik_task = make_likelihood(s.likelihood).task
+    if lik_task != task:
+        raise InputError(
+            f"method.likelihood={s.likelihood} is for {lik_task} but dataset {s.dataset!r} is "
+            f"a {task} dataset; use method.likelihood="
+            f"{'gaussian' if task == 'regression' else 'null'} (or null: the method's default)"
+        )
+
+
+def _open_store(s: Settings, conf: dict[str, Any]) -> tracking.RunLogger:
+    """The MLflow store's ``RunLogger`` (no run yet); the stored config's tracking URI is
+    redacted in ``conf`` (params and the config.yaml artifact never hold credentials)."""
+    uri = tracking.resolve_tracking_uri(s.mlflow.get("tracking_uri"))
+    logger = tracking.RunLogger(
+        uri,
+        experiment=s.mlflow.get("experiment") or "gpinfer",
+        artifact_location=s.mlflow.get("artifact_location"),
+        flush_every=s.mlflow.get("flush_every", 100),
+        flush_interval_s=s.mlflow.get("flush_interval_s", 2.0),
+    )
+    if isinstance(conf.get("mlflow"), dict) and conf["mlflow"].get("tracking_uri"):
+        conf["mlflow"]["tracking_uri"] = redact_uri(str(conf["mlflow"]["tracking_uri"]))
+    return logger
+
+
+@dataclass
+class _Targets:
+    """The split's targets as the model sees them: classes ``[C]`` (empty for regression),
+    ``C`` (0), the training targets ``y [n]`` (labels, or real targets not yet standardised)
+    and the test targets ``[N*]`` (class indices, or real targets)."""
+
+    classes: Array
+    n_classes: int
+    y_train: Array
+    y_test: Array
+
+
+def _targets(s: Settings, split: Split, task: str, backend: Backend) -> _Targets:
+    """The task's targets of ``split`` (``InputError`` for an empty test part, classes the
+    training part lacks, non-finite regression targets, a regression off numpy)."""
+    if task == "classification":
+        classes, n_classes, y_test_index = _check_classes(s, split)
+        targets = _Targets(classes, n_classes, split.y_train, y_test_index)
+    else:
+        from gpinfer.regressor import check_targets
+
+        targets = _Targets(np.zeros(0), 0, check_targets(split.y_train),
+                           check_targets(split.y_test))
+    if split.X_test.shape[0] == 0:
+        raise InputError(f"dataset {s.dataset!r}: the test part is empty")
+    if task == "regression" and not backend.is_numpy:
+        raise InputError(f"dataset {s.dataset!r} is a regression dataset, and regression runs "
+                         f"on numpy only: leave backend and device unset (got {backend})")
+    return targets
+
+
+def _standardise(s: Settings, split: Split, task: str, y_train: Array
+                 ) -> tuple[Array, Array, Array, Standardizer | None, float, float]:
+    """``(X_train, X_test, y_train, standardizer, y_shift, y_scale)``: the inputs standardised
+    on the training part (``dataset.standardize``, default true), and a regression's targets
+    too (``(y - shift) / scale``); unchanged (None, 0, 1) otherwise."""
+    from gpinfer.data import Standardizer
+
+    if not s.dataset_cfg.get("standardize", True):
+        return split.X_train, split.X_test, y_train, None, 0.0, 1.0
+    st = Standardizer().fit(split.X_train)
+    y_shift, y_scale = 0.0, 1.0
+    if task == "regression":
+        y_shift, y_scale = float(np.mean(y_train)), float(np.std(y_train)) or 1.0
+        y_train = (y_train - y_shift) / y_scale
+    return st.transform(split.X_train), st.transform(split.X_test), y_train, st, y_shift, y_scale
+
+
+def _build_kernel(s: Settings, input_dim: int) -> Kernel:
+    """The kernel group's kernel on ``input_dim`` features."""
+    from gpinfer.kernels import make_kernel
+
+    k = s.kernel_cfg
+    params = {key: v for key, v in k.items() if key not in _KERNEL_META and v is not None}
+    return make_kernel(
+        s.kernel, input_dim=input_dim, ard=bool(k.get("ard", False)), noise=k.get("noise"),
+        **params
+    )
+
+
+def _check_problem(s: Settings, method_cls: type[Method], task: str, n_classes: int, n: int,
+                   d: int) -> int | None:
+    """The problem against what the method declares (task, classes, mini-batches,
+    likelihood); returns the inducing-point count (None: the method chooses, or none)."""
+    from gpinfer.validation import check_inducing, check_method_compatible
+
+    _check_likelihood_task(s, task)
+    check_method_compatible(method_cls, n_classes, task, s.batch_size,
+                            s.likelihood or ("gaussian" if task == "regression" else None))
+    inducing = check_inducing(s.M, n, d, s.method, bool(method_cls.uses_inducing_points))
+    return None if inducing is None else int(inducing)
+
+
+def prepare(
+    cfg: DictConfig | Mapping[str, Any], output_dir: str | Path | None = None
+) -> Prepared:
+    """Every check and every load that comes before training; nothing is logged yet."""
+    conf = config_to_dict(cfg)
+    s = parse_settings(conf)
+    blas_threads()  # the thread policy (GPINFER_BLAS_THREADS), checked before any MLflow run
+    method_cls, options, applied = _check_method(s)
+    backend = _check_backend(s, method_cls)
+    _check_kernel_name(s.kernel)
+    out_dir = res.check_output_dir(output_dir if output_dir is not None else _hydra_output_dir())
+    logger = _open_store(s, conf)
+    ds, split = _load_split(s)
+    t = _targets(s, split, ds.task, backend)
+    X_train, X_test, y_train, st, y_shift, y_scale = _standardise(s, split, ds.task, t.y_train)
+    n, d = X_train.shape
+    M_count = _check_problem(s, method_cls, ds.task, t.n_classes, n, d)
+    return Prepared(
+        settings=s, out_dir=out_dir, method_cls=method_cls, X_train=X_train, y_train=y_train,
+        X_test=X_test, y_test_index=t.y_test, classes=t.classes, n_classes=t.n_classes,
+        task=ds.task, M_count=M_count, kernel=_build_kernel(s, d), method_options=options,
+        optimizer_applied=applied, logger=logger, config=conf, y_shift=y_shift,
+        y_scale=y_scale, backend=backend, standardizer=st,
+        X_train_raw_head=np.array(split.X_train[:_EXAMPLE_ROWS], dtype=np.float64),
+    )

@@ -1,0 +1,194 @@
+"""The plain settings of one run: the composed Hydra config (``conf/config.yaml``) as plain
+containers (``config_to_dict``) and its values checked (``parse_settings`` -> ``Settings``):
+the config groups (method, dataset, kernel, optimizer), seed, iterations, ``M``,
+``batch_size``, early stopping, the array backend as asked for, the fit guard's
+``baseline_failure``, progress and MLflow settings. Every problem is an ``InputError`` naming
+the key, before anything is loaded (``gpinfer.experiment.prepare`` does the rest).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from gpinfer.errors import InputError
+from gpinfer.fit_guard import check_baseline_failure
+from gpinfer.training.early_stopping import EarlyStopping
+
+#: keys of the dataset group that the runner handles (everything else is an error)
+_DATASET_KEYS = {
+    "name",
+    "options",
+    "path",
+    "test_fraction",
+    "standardize",
+    "stratify",
+    "features",
+    "keep_classes",
+    "n_max",
+}
+
+
+@dataclass
+class Settings:
+    """The validated plain settings of one run (see ``conf/config.yaml``)."""
+
+    method: str
+    likelihood: str | None
+    method_options: dict[str, Any]
+    dataset: str
+    dataset_cfg: dict[str, Any]
+    kernel: str
+    kernel_cfg: dict[str, Any]
+    optimizer: str
+    optimizer_options: dict[str, Any]
+    M: int | float | None
+    seed: int
+    iterations: int
+    optimize: bool | None
+    batch_size: int | None
+    eval_every: int
+    early_stopping: EarlyStopping | None = None
+    #: the array backend as asked for (top-level ``backend``, ``device``, ``dtype``; null: the
+    #: default), resolved and checked against the method by ``prepare``
+    backend: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    #: what a fit no better than the class frequencies does: "raise" or "warn" (the model is
+    #: kept; either way the MLflow run ends FAILED)
+    baseline_failure: str = "raise"
+    progress: dict[str, Any] = field(default_factory=dict)
+    mlflow: dict[str, Any] = field(default_factory=dict)
+
+
+def config_to_dict(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved run config as plain containers, without the ``hydra`` node."""
+    if isinstance(cfg, DictConfig):
+        try:
+            data = OmegaConf.to_container(cfg, resolve=True)
+        except Exception as exc:  # an interpolation that cannot be resolved
+            raise InputError(f"the configuration cannot be resolved: {exc}") from exc
+    else:
+        data = OmegaConf.to_container(OmegaConf.create(dict(cfg)), resolve=True)
+    assert isinstance(data, dict)
+    data.pop("hydra", None)
+    return {str(key): value for key, value in data.items()}
+
+
+def _group(conf: Mapping[str, Any], name: str) -> dict[str, Any]:
+    node = conf.get(name)
+    if not isinstance(node, Mapping) or not node.get("name"):
+        raise InputError(
+            f"config group {name!r} is missing or has no 'name'; choose one with {name}=<name> "
+            f"(see conf/{name}/)"
+        )
+    return dict(node)
+
+
+def _int(value: Any, key: str, minimum: int | None = None, allow_none: bool = False) -> Any:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InputError(f"{key} must be an integer; got {value!r}")
+    if minimum is not None and value < minimum:
+        raise InputError(f"{key} must be >= {minimum}; got {value!r}")
+    return int(value)
+
+
+def as_mapping(value: Any, key: str) -> dict[str, Any]:
+    """A setting that is a mapping (null: empty) as a dict; ``InputError`` naming ``key``."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InputError(f"{key} must be a mapping (key: value); got {value!r}")
+    return dict(value)
+
+
+def _optional_text(value: Any, key: str, allowed: str) -> str | None:
+    """A top-level setting that is null or a name (``device=0`` composes as an int)."""
+    if value is None or isinstance(value, str):
+        return value
+    raise InputError(f"{key} must be null or one of {allowed}; got {value!r}")
+
+
+def _check_plain(conf: Mapping[str, Any], method: Mapping[str, Any],
+                 dataset: Mapping[str, Any]) -> None:
+    """The dataset group's keys, ``M``, ``optimize``, ``method.likelihood`` and
+    ``dataset.test_fraction``: ``InputError`` naming the key otherwise."""
+    unknown = sorted(set(dataset) - _DATASET_KEYS)
+    if unknown:
+        raise InputError(
+            f"dataset config {dataset['name']!r} has unknown key(s) {unknown}; known: "
+            f"{', '.join(sorted(_DATASET_KEYS))} (generator/loader options go under "
+            "dataset.options)"
+        )
+    M = conf.get("M")
+    if M is not None and (isinstance(M, bool) or not isinstance(M, numbers.Real)):
+        raise InputError(
+            f"M must be null, a count of inducing points (M=50) or a fraction of the training "
+            f"size (M=0.1); got {M!r}"
+        )
+    optimize = conf.get("optimize")
+    if optimize is not None and not isinstance(optimize, bool):
+        raise InputError(
+            f"optimize must be true, false or null (the method's default); got {optimize!r}"
+        )
+    likelihood = method.get("likelihood")
+    if likelihood is not None and not isinstance(likelihood, str):
+        raise InputError(f"method.likelihood must be a name or null; got {likelihood!r}")
+    tf = dataset.get("test_fraction")
+    if tf is not None and (
+        isinstance(tf, bool) or not isinstance(tf, numbers.Real) or not 0.0 < float(tf) < 1.0
+    ):
+        raise InputError(
+            f"dataset.test_fraction must be in (0, 1) or null (the dataset's standard split); "
+            f"got {tf!r}"
+        )
+
+
+def _early_stopping_settings(conf: Mapping[str, Any]) -> EarlyStopping | None:
+    """The early-stopping keys of the config (``EarlyStopping.from_settings``)."""
+    return EarlyStopping.from_settings(conf.get("validation_fraction"),
+                                       conf.get("validation_interval", 1),
+                                       conf.get("n_iter_no_change", 10),
+                                       conf.get("refit", True),
+                                       conf.get("validation_folds"),
+                                       conf.get("refit_rule", "iterations"),
+                                       conf.get("choice_rule", "one_se"))
+
+
+def parse_settings(conf: Mapping[str, Any]) -> Settings:
+    """Check the plain values of the config; ``InputError`` naming the key otherwise."""
+    method = _group(conf, "method")
+    dataset = _group(conf, "dataset")
+    kernel = _group(conf, "kernel")
+    optimizer = _group(conf, "optimizer")
+    _check_plain(conf, method, dataset)
+    return Settings(
+        method=str(method["name"]),
+        likelihood=method.get("likelihood"),
+        method_options=as_mapping(method.get("options"), "method.options"),
+        dataset=str(dataset["name"]),
+        dataset_cfg=dataset,
+        kernel=str(kernel["name"]),
+        kernel_cfg=kernel,
+        optimizer=str(optimizer["name"]),
+        optimizer_options=as_mapping(optimizer.get("options"), "optimizer.options"),
+        M=conf.get("M"),
+        seed=_int(conf.get("seed", 0), "seed", minimum=0),
+        iterations=_int(conf.get("iterations"), "iterations", minimum=1),
+        optimize=conf.get("optimize"),
+        batch_size=_int(conf.get("batch_size"), "batch_size", minimum=1, allow_none=True),
+        eval_every=_int(conf.get("eval_every", 10), "eval_every", minimum=1),
+        early_stopping=_early_stopping_settings(conf),
+        backend=_optional_text(conf.get("backend"), "backend", "numpy or torch"),
+        device=_optional_text(conf.get("device"), "device", "cpu, cuda or cuda:N"),
+        dtype=_optional_text(conf.get("dtype"), "dtype", "float64 or float32"),
+        baseline_failure=check_baseline_failure(conf.get("baseline_failure", "raise")),
+        progress=as_mapping(conf.get("progress"), "progress"),
+        mlflow=as_mapping(conf.get("mlflow"), "mlflow"),
+    )
