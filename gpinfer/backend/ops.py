@@ -188,9 +188,35 @@ class RedoStep(Exception):
     computation started from and redoes it without ``redo``."""
 
 
+#: what a check's 0-d value must satisfy on the host (its read is the only place it is tested)
+Test = Callable[[float], bool]
+
+
+def _true(v: float) -> bool:
+    """A flag (bool read as 0 or 1) that holds."""
+    return v != 0
+
+
+def _finite(v: float) -> bool:
+    """A finite value (the minimum or maximum of an array: NaN and infinities propagate)."""
+    return math.isfinite(v)
+
+
+def _positive(v: float) -> bool:
+    """A finite value ``> 0`` (the minimum of an array whose maximum is checked finite)."""
+    return 0.0 < v < math.inf
+
+
+def _zero(v: float) -> bool:
+    """A value ``== 0`` (the largest LAPACK status of a batch of factorisations)."""
+    return v == 0
+
+
 class DeferredChecks:
-    """Checks on device arrays collected as 0-d flags and read together (see
-    ``deferred_checks``): the order of ``require`` calls is the order in which failures are
+    """Checks on device arrays collected as 0-d values and read together (see
+    ``deferred_checks``): each value comes with the host test it must pass (a flag, or the
+    minimum / maximum of an array: one reduction per array, no flag formed on the device) and
+    the error for a failure. The order of ``require`` calls is the order in which failures are
     reported, so the first failed check of a computation names the problem, as an immediate
     check would have. ``redo``: the owner answers ``RedoStep`` by redoing the computation
     (checks with a host fallback may then be deferred as well)."""
@@ -198,25 +224,29 @@ class DeferredChecks:
     def __init__(self, redo: bool = False) -> None:
         self.redo = redo
         self._flags: list[Array] = []
+        self._tests: list[Test] = []
         self._errors: list[Callable[[], Exception]] = []
 
-    def require(self, flag: Array, error: Callable[[], Exception]) -> None:
-        """Remember ``flag`` (a 0-d bool device array) and the error for ``False``."""
+    def require(self, flag: Array, error: Callable[[], Exception], test: Test = _true) -> None:
+        """Remember ``flag`` (a 0-d device array; by default a bool that must hold, else a value
+        that must pass ``test`` on the host) and the error for a failure."""
         self._flags.append(flag)
+        self._tests.append(test)
         self._errors.append(error)
 
     def flush(self, *values: Array) -> list[float]:
-        """Read every pending flag and ``values`` (0-d arrays) in one transfer; raise the
-        error of the first failed flag, else return the values as floats."""
-        flags, errors = self._flags, self._errors
-        self._flags, self._errors = [], []
+        """Read every pending check and ``values`` (0-d arrays) in one transfer; raise the
+        error of the first failed check, else return the values as floats."""
+        flags, tests, errors = self._flags, self._tests, self._errors
+        self._flags, self._tests, self._errors = [], [], []
         device = [v for v in values if not is_numpy(v)]
         if not flags and not device:
             return [float(v) for v in values]
-        # one stack of flags and values (bool promoted with the values' dtype: 0 and 1 exact)
+        # one stack of checks and values (promoted to their widest dtype: flags, LAPACK
+        # statuses and each array's extremes are exact in it)
         host = to_host(_torch().stack(flags + device)).tolist()  # 1 sync
-        for ok, error in zip(host, errors):
-            if not ok:
+        for v, test, error in zip(host, tests, errors):
+            if not test(v):
                 raise error()
         read = iter(host[len(flags):])
         return [float(v) if is_numpy(v) else float(next(read)) for v in values]
@@ -251,7 +281,7 @@ def pending_checks() -> DeferredChecks | None:
 #: checks met while ``torch.compile`` traces a compiled region (``gpinfer.backend.compile``):
 #: a list that is never replaced (the compiled code appends to it); the region's wrapper hands
 #: them on after each call (``hand_over_traced_checks``)
-_TRACED: list[tuple[Array, Callable[[], Exception]]] = []
+_TRACED: list[tuple[Array, Callable[[], Exception], Test]] = []
 
 
 def tracing() -> bool:
@@ -262,16 +292,16 @@ def tracing() -> bool:
     return torch is not None and bool(torch.compiler.is_compiling())
 
 
-def _require(flag: Array, error: Callable[[], Exception]) -> None:
-    """A device check: collected while tracing a compiled region, deferred inside
-    ``deferred_checks``, else read at once."""
+def _require(flag: Array, error: Callable[[], Exception], test: Test = _true) -> None:
+    """A device check (``flag`` must pass ``test`` on the host): collected while tracing a
+    compiled region, deferred inside ``deferred_checks``, else read at once."""
     if tracing():
-        _TRACED.append((flag, error))
+        _TRACED.append((flag, error, test))
         return
     checks = pending_checks()
     if checks is not None:
-        checks.require(flag, error)
-    elif not bool(flag):
+        checks.require(flag, error, test)
+    elif not test(float(flag)):
         raise error()
 
 
@@ -287,8 +317,18 @@ def hand_over_traced_checks(discard: bool = False) -> None:
     compile and runs again eagerly)."""
     pending = [] if discard else list(_TRACED)
     _TRACED.clear()
-    for flag, error in pending:
-        _require(flag, error)
+    for flag, error, test in pending:
+        _require(flag, error, test)
+
+
+def _extremes(x: Array, low: Test) -> list[tuple[Array, Test]]:
+    """The checks that every entry of the device array ``x`` passes ``low`` at its minimum
+    and is finite at its maximum: one reduction (``aminmax``; NaN propagates into both, an
+    infinity into one of them), none for an empty array."""
+    if x.numel() == 0:
+        return []
+    lo, hi = _torch().aminmax(x)
+    return [(lo, low), (hi, _finite)]
 
 
 def require_positive(x: Array, error: Callable[[], Exception]) -> None:
@@ -298,10 +338,7 @@ def require_positive(x: Array, error: Callable[[], Exception]) -> None:
         if not all_positive(x):
             raise error()
         return
-    # log(x) is finite exactly where 0 < x < inf (log 0 = -inf, log of a negative or NaN is
-    # NaN, log inf = inf): three operators instead of four
-    torch = _torch()
-    _require(torch.isfinite(torch.log(x)).all(), error)
+    _require_all(_extremes(x, _positive), error)  # min > 0, max < inf: one reduction
 
 
 def require_finite(error: Callable[[], Exception], *arrays: Array) -> None:
@@ -312,24 +349,26 @@ def require_finite(error: Callable[[], Exception], *arrays: Array) -> None:
     device = [a for a in arrays if not is_numpy(a)]
     if not all_finite(*host):
         raise error()
-    if not device:
-        return
-    torch = _torch()
-    _require_all([torch.isfinite(a).all() for a in device], error)
+    _require_all([c for a in device for c in _extremes(a, _finite)], error)
 
 
-def _require_all(flags: list[Array], error: Callable[[], Exception]) -> None:
-    """``_require`` of every 0-d flag: inside ``deferred_checks`` (or while tracing) each flag
-    is kept on its own with the same error (no stack and reduction of its own: the read
-    stacks them all anyway; the first failed one raises, as their conjunction would), else
-    one reduction and one read."""
-    if len(flags) == 1:
-        _require(flags[0], error)
-    elif tracing() or pending_checks() is not None:
-        for flag in flags:
-            _require(flag, error)
-    else:
-        _require(_torch().stack(flags).all(), error)
+def _read_checks(checks: list[tuple[Array, Test]]) -> bool:
+    """Whether every ``(value, test)`` passes, read at once (one transfer for all)."""
+    if not checks:
+        return True
+    host = to_host(_torch().stack([v for v, _ in checks])).tolist()
+    return all(test(v) for v, (_, test) in zip(host, checks))
+
+
+def _require_all(checks: list[tuple[Array, Test]], error: Callable[[], Exception]) -> None:
+    """``_require`` of every ``(value, test)`` with the same error: inside
+    ``deferred_checks`` (or while tracing) each is kept on its own (the read stacks them all
+    anyway; the first failed one raises, as their conjunction would), else one read."""
+    if tracing() or pending_checks() is not None:
+        for flag, test in checks:
+            _require(flag, error, test)
+    elif not _read_checks(checks):
+        raise error()
 
 
 def einsum(spec: str, *operands: Array) -> Array:
@@ -543,13 +582,15 @@ def checked_cholesky(K: Array, *also_finite: Array,
             return None
         L, failed = cholesky(K)
         return None if np.any(failed) else L
-    torch = _torch()
-    L, info = torch.linalg.cholesky_ex(K)
-    flags = [(info == 0).all()] + [torch.isfinite(a).all() for a in (K, *also_finite)]
+    L, info = _torch().linalg.cholesky_ex(K)
+    # the largest status (0: every matrix factorised) and each array's extremes: one
+    # reduction each, tested on the host
+    checks = [(info.max(), _zero)] + [c for a in (K, *also_finite)
+                                      for c in _extremes(a, _finite)]
     if error is not None and (tracing() or pending_checks() is not None):
-        _require_all(flags, error)
+        _require_all(checks, error)
         return L
-    return L if bool(torch.stack(flags).all()) else None
+    return L if _read_checks(checks) else None
 
 
 def _trsm_stack(L: np.ndarray, B: np.ndarray, transpose: bool) -> np.ndarray:
