@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import Any, cast, overload
 
 import numpy as np
 
@@ -88,6 +88,24 @@ class _Distances:
     vk: Array
 
 
+def _rows_product(X: Array, Y: Array) -> Array:
+    """``X @ Y`` ``[C, M, N]`` for ``X [C, M, K]`` and ``Y [K, N]`` as one product over the
+    ``C M`` rows: numpy reshapes to one ``gemm``; torch's ``matmul`` folds the leading axes
+    itself (the same ``gemm``, without two reshape operators)."""
+    if not ops.is_numpy(X):
+        return X @ Y
+    C, M, K = X.shape
+    return np.reshape(np.reshape(X, (C * M, K)) @ Y, (C, M, Y.shape[1]))
+
+
+def _mean_rows(Z: Array) -> Array:
+    """The mean ``[D]`` of the rows of ``Z [C, M, D]`` (torch: one reduction over the two
+    leading axes, the same sum as over the reshaped rows; numpy: the reshaped rows)."""
+    if not ops.is_numpy(Z):
+        return cast(Any, Z).mean(dim=(0, 1))
+    return np.mean(np.reshape(Z, (-1, Z.shape[2])), axis=0)
+
+
 def _scaled_norms(X2: Array, ell2: Array) -> Array:
     """``sum_d X2[b, d] / ell[c, 0, d]^2`` ``[C, B]`` for squared inputs ``X2 [B, D]`` and
     squared lengthscales ``ell2 [C, D]`` (ARD) or ``[C, 1]`` (isotropic)."""
@@ -129,10 +147,7 @@ class StackedCovariances:
     def _batch_product(self, G: Array) -> Array:
         """``G Bx`` ``[C, M, D]`` for ``G [C, M, B]``, ``Bx = (X - shift) / ell`` the scaled
         batch of each latent: one product with the shared shifted batch, then the scales."""
-        xp = ops.namespace(G)
-        C, M, B = G.shape
-        Xs = self.d.Xs
-        out = xp.reshape(xp.reshape(G, (C * M, B)) @ Xs, (C, M, Xs.shape[1]))
+        out = _rows_product(G, self.d.Xs)
         out /= self.d.ell
         return out
 
@@ -167,7 +182,7 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     ell2 = ell_rows * ell_rows
     var = natural[:, stop - 1]
     # one shift for every latent and the batch (distances do not change)
-    shift = xp.mean(xp.reshape(Z, (C * M, D)), axis=0)
+    shift = _mean_rows(Z)
     A = Z - shift
     A /= ell
     Xs = X - shift
@@ -176,7 +191,7 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     r2_uu = StackedCovariances._sqdist(a2_col, a2[:, None, :], A @ ops.mT(A))
     ops.fill_diagonal(r2_uu, 0.0)
     As = A / ell  # (Z - shift) / ell^2: A . ((x - shift) / ell) = As . (x - shift)
-    cross = xp.reshape(xp.reshape(As, (C * M, D)) @ ops.mT(Xs), (C, M, X.shape[0]))
+    cross = _rows_product(As, ops.mT(Xs))
     del As
     Xs2 = Xs * Xs
     r2_uf = StackedCovariances._sqdist(a2_col, _scaled_norms(Xs2, ell2)[:, None, :], cross)
@@ -188,10 +203,10 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     Kuf = vk * d.g_uf
     Kff_diag = ops.repeat_columns(var, X.shape[0])  # [C, B]
     for index, _ in family.noise_parts():
-        noise = natural[:, family.offsets[index][0]]
+        noise = natural[:, family.offsets[index][0], None]  # [C, 1]
         if family.noise_on_square[index]:
-            ops.add_diagonal(Kuu, noise[:, None])
-        Kff_diag += noise[:, None]
+            ops.add_diagonal(Kuu, noise)
+        Kff_diag += noise
     return d, Kuu, Kuf, Kff_diag
 
 
