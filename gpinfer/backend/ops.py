@@ -526,6 +526,14 @@ def repeat_columns(v: Array, n: int) -> Array:
     return v[:, None].repeat(1, n)
 
 
+def rsub(x: Array, value: float, alpha: float = 1.0) -> Array:
+    """``value - alpha x`` elementwise (a new array; on a device one operator, where the
+    expression is two or three)."""
+    if is_numpy(x):
+        return value - alpha * x
+    return _torch().rsub(x, value, alpha=alpha)
+
+
 def multiply_into(a: Array, b: Array | float, out: Array) -> Array:
     """``out = a * b`` without a temporary (the standard has no ``out=``); returns ``out``."""
     if is_numpy(out):

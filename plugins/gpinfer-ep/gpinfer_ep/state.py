@@ -299,9 +299,11 @@ class TiedSites(_SiteSums):
         if ops.is_numpy(ref):
             counts = factor_counts(self.y[idx], C)
         else:  # on the device, in the arrays' dtype: no second move
-            xp = ops.namespace(ref)
-            n_y = xp.sum(xp.astype(~mask, ref.dtype), axis=0)
-            counts = (y.shape[0] - n_y) + (C - 1) * n_y
+            # with m_c = n - n_c^y the batch's factors per class (mask entries):
+            # (n - n_c^y) + (C - 1) n_c^y = (C - 1) n - (C - 2) m_c, exact small integers
+            # (two operators: a typed sum and one rsub)
+            m = ops.namespace(ref).sum(mask, axis=0, dtype=ref.dtype)
+            counts = ops.rsub(m, float((C - 1) * y.shape[0]), C - 2)
         labels = _BatchLabels(y, mask, counts,
                               ops.constant(ref, tuple(float(n) for n in self.n_factors)),
                               y[:, None])
