@@ -12,6 +12,7 @@ from gpinfer.numerics.normal import (
     inv_mills,
     log_Phi,
     log_phi,
+    log_Phi_curvature,
     log_Phi_derivatives,
     probit_curvature,
 )
@@ -137,3 +138,22 @@ def test_device_inverse_mills_one_formula_equals_the_two_branch_form():
         t32 = torch.linspace(-30.0, hi, 421, dtype=torch.float32)
         np.testing.assert_allclose(inv_mills(t32).numpy(), inv_mills(t32.double().numpy()),
                                    rtol=rtol)
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_log_Phi_curvature_equals_the_derivatives_it_stands_for(device):
+    """``log_Phi_curvature`` (the device form: ``r (t + r)`` and the even series, without
+    sign flips) gives bit for bit ``log Phi``, ``r`` and ``-psi''`` of
+    ``log_Phi_derivatives(t, 2)``, across the asymptotic cut and far in both tails."""
+    torch = pytest.importorskip("torch")
+    cut = settings.PROBIT_ASYMPTOTIC_CUT
+    t = np.concatenate([-np.logspace(-3, 150, 200), np.linspace(-60.0, 40.0, 2001),
+                        [-cut, np.nextafter(-cut, 0.0), np.nextafter(-cut, -np.inf), 0.0]])
+    tt = torch.as_tensor(t) if device else t
+    psi, r, gamma = log_Phi_curvature(tt)
+    d = log_Phi_derivatives(tt, 2)
+    for got, want in zip((psi, r, gamma), (d[0], d[1], -d[2])):
+        got = np.asarray(got)
+        want = np.asarray(want)
+        assert np.array_equal(got, want)
+    assert np.all(np.asarray(gamma) >= 0)  # 0 where r underflows (t > 37)
