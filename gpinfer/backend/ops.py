@@ -128,18 +128,22 @@ def _identity(ref: Array, n: int) -> Array:
                  limit=16)
 
 
-_CONSTANTS: dict[tuple[str, str, tuple[float, ...]], Array] = {}
+_CONSTANTS: dict[tuple[str, str, tuple[float, ...], tuple[int, ...] | None], Array] = {}
 
 
-def constant(ref: Array, values: tuple[float, ...]) -> Array:
-    """The host ``values`` as a 1-D array of ``ref``'s namespace, device and floating dtype;
-    on a device moved once per device, dtype and values and kept (callers only read it)."""
+def constant(ref: Array, values: tuple[float, ...], shape: tuple[int, ...] | None = None
+             ) -> Array:
+    """The host ``values`` as a 1-D array (or one of ``shape``, e.g. ``(-1, 1, 1)`` for a
+    column that broadcasts over matrices) of ``ref``'s namespace, device and floating dtype;
+    on a device moved once per device, dtype, values and shape and kept (callers only read
+    it: no reshape operator per use)."""
+    host = np.array(values) if shape is None else np.reshape(np.array(values), shape)
     if is_numpy(ref):
-        return like(ref, values)
+        return like(ref, host)
     if tracing():  # inside a compiled region: a constant of its graph
-        return _torch().tensor(values, dtype=ref.dtype, device=ref.device)
-    return _kept(_CONSTANTS, (str(ref.device), str(ref.dtype), values),
-                 lambda: like(ref, np.array(values)))
+        return _torch().tensor(host.tolist(), dtype=ref.dtype, device=ref.device)
+    return _kept(_CONSTANTS, (str(ref.device), str(ref.dtype), values, shape),
+                 lambda: like(ref, host))
 
 
 #: the profiler's name for a read of device values on the host (``to_host``): on a CPU the

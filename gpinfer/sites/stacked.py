@@ -25,9 +25,9 @@ class (1 for ``q``, the cavity fraction for SEP's cavity), ``w = B^-1 a h_w``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -215,28 +215,89 @@ def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Arr
     return StackedTerms(L=L, A=A, s=ops.clip_below(s, jitter), L_inv=L_inv)
 
 
+class Scales(NamedTuple):
+    """The factors ``a`` of ``StackedGaussians`` in the shapes they broadcast in:
+    ``matrix [..., 1, 1]`` (times ``P_w``) and ``vector [..., 1]`` (times ``h_w``), kept
+    constants (``scales``): no reshape operator per use."""
+
+    matrix: Array
+    vector: Array
+
+
+def scales(ref: Array, values: tuple[float, ...], lead: tuple[int, ...]) -> Scales:
+    """``Scales`` of the host ``values`` (``lead`` = ``(C,)``, or ``(2, C)`` for
+    ``StackedGaussians.paired``) on ``ref``'s backend (on a device moved once and kept)."""
+    return Scales(ops.constant(ref, values, (*lead, 1, 1)), ops.constant(ref, values, (*lead, 1)))
+
+
 class StackedGaussians:
     """``q_c(u) = N(L w_c, L B_c^-1 L^T)`` for every class, ``B_c = I + a_c P_w[c]``.
 
     ``P_w [C, M, M]``, ``h_w [C, M]`` whitened site sums; ``scale [C]`` the factors ``a_c``
-    (``None``: 1). ``NumericalError`` (quantity ``"B"``) when some ``B_c`` is not positive
-    definite.
+    (``None``: 1), or ``Scales`` of them (with leading axes ``[2, C]``: both Gaussians of
+    ``paired`` in one stack). ``NumericalError`` (quantity ``"B"``) when some ``B_c`` is not
+    positive definite.
     """
 
-    def __init__(self, P_w: Array, h_w: Array, scale: Array | None = None, *,
+    def __init__(self, P_w: Array, h_w: Array, scale: Array | Scales | None = None, *,
                  iteration: int | None = None):
         if scale is None:  # a = 1: no product
             Bm = ops.plus_diagonal(P_w, 1.0)
             self.h_w = h_w
         else:
-            a = scale if ops.is_array(scale) and not ops.is_numpy(scale) else ops.like(P_w, scale)
-            Bm = ops.add_diagonal(ops.namespace(a).reshape(a, (-1, 1, 1)) * P_w, 1.0)
-            self.h_w = a[:, None] * h_w
+            if isinstance(scale, Scales):
+                a_matrix, a_vector = scale
+            else:
+                a = (scale if ops.is_array(scale) and not ops.is_numpy(scale)
+                     else ops.like(P_w, scale))
+                a_matrix, a_vector = ops.namespace(a).reshape(a, (-1, 1, 1)), a[:, None]
+            Bm = ops.add_diagonal(a_matrix * P_w, 1.0)
+            self.h_w = a_vector * h_w
         self.LB = site_cholesky(Bm, h_w, iteration)
-        #: ``transpose(LB)``, formed once: every ``L_B^-T`` solve shares it
-        self.LB_T = transpose(self.LB)
+        self._LB_T: Array | None = transpose(self.LB)  # formed here: __init__ solves with it
+        self._make_LB_T: Callable[[], Array] | None = None  # a view's (``_view``)
         self.w = self.B_inv_vec(self.h_w)
         self._B_inv: Array | None = None
+
+    @classmethod
+    def paired(cls, P_w: Array, h_w: Array, pair: Scales, *, iteration: int | None = None
+               ) -> tuple[StackedGaussians, StackedGaussians, Array]:
+        """``(q, cav, log_norm_ratio [2, C])``: the Gaussians of the site sums ``P_w``,
+        ``h_w`` with scale 1 (``q``) and with the cavity scales ``a [C]`` (``cav``), and
+        their log-norm ratios (row 0: ``q``'s), from ``pair``, the ``Scales`` of
+        ``(1, ..., 1, a_1, ..., a_C)`` with leading axes ``[2, C]``.
+
+        On a device both live in one ``[2, C]`` stack: one Cholesky, one check, one pair of
+        solves for both means and one log-norm ratio (each matrix factorised and solved as
+        on its own: the same values), and the two are views of it; on numpy two
+        ``StackedGaussians`` as before.
+        """
+        if ops.is_numpy(P_w):
+            q = cls(P_w, h_w, iteration=iteration)
+            cav = cls(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]), iteration=iteration)
+            return q, cav, np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
+        both = cls(P_w, h_w, pair, iteration=iteration)
+        q = cls._view(both.LB[0], both.w[0], h_w, lambda: both.LB_T[0])
+        cav = cls._view(both.LB[1], both.w[1], both.h_w[1], lambda: both.LB_T[1])
+        return q, cav, both.log_norm_ratio()
+
+    @classmethod
+    def _view(cls, LB: Array, w: Array, h_w: Array, LB_T: Callable[[], Array]
+              ) -> StackedGaussians:
+        """A ``StackedGaussians`` of given factors, means and shifts (views of a larger
+        stack), its ``LB_T`` formed by ``LB_T()`` on first use."""
+        out = cls.__new__(cls)
+        out.LB, out.w, out.h_w, out._B_inv = LB, w, h_w, None
+        out._LB_T, out._make_LB_T = None, LB_T
+        return out
+
+    @property
+    def LB_T(self) -> Array:
+        """``transpose(LB)``, formed once: every ``L_B^-T`` solve shares it."""
+        if self._LB_T is None:
+            assert self._make_LB_T is not None  # a view's: set by ``_view``
+            self._LB_T = self._make_LB_T()
+        return self._LB_T
 
     def B_inv_vec(self, v: Array) -> Array:
         """``B^-1 v`` ``[C, M]`` for ``v [C, M]``."""
@@ -260,8 +321,9 @@ class StackedGaussians:
         """``G(q_c) - G(prior)`` per class ``[C]`` (spec ep-sep §2.6)."""
         xp = ops.namespace(self.LB)
         log_diag = xp.log(ops.diagonal(self.LB))
+        spec = "cm,cm->c" if self.w.ndim == 2 else "acm,acm->ac"  # [C], or [2, C] (paired)
         # b - a, the same value as -a + b (one operator fewer on a device)
-        return 0.5 * ops.einsum("cm,cm->c", self.w, self.h_w) - xp.sum(log_diag, axis=1)
+        return 0.5 * ops.einsum(spec, self.w, self.h_w) - xp.sum(log_diag, axis=-1)
 
     def moments(self, L: Array) -> tuple[Array, Array]:
         """``(m [C, M], V [C, M, M])`` in ``u``-space given ``L [C, M, M] = chol(Kuu)``:

@@ -52,9 +52,11 @@ from gpinfer.sites.inducing import (
     role_delta,
 )
 from gpinfer.sites.stacked import (
+    Scales,
     StackedGaussians,
     StackedTerms,
     as_stacked,
+    scales,
     stacked_matrix_gradients,
     stacked_terms,
     symmetrize,
@@ -281,9 +283,14 @@ class TiedSites(_SiteSums):
         self.Lam, self.h = ops.copy(snap["Lam"]), ops.copy(snap["h"])
         self._whitened = None
 
-    def _cavity_fraction(self, ref: Array) -> Array:
-        """``1 - 1 / n_c`` ``[C]`` on ``ref``'s backend (moved once)."""
-        return ops.constant(ref, tuple(float(f) for f in 1.0 - 1.0 / self.n_factors))
+    def _cavity_scales(self, ref: Array, paired: bool = False) -> Scales:
+        """The cavity fractions ``1 - 1 / n_c`` ``[C]`` as ``Scales`` on ``ref``'s backend
+        (moved once and kept); ``paired``: preceded by ``C`` ones, with leading axes
+        ``[2, C]`` (``StackedGaussians.paired``: ``q`` and the cavity in one stack)."""
+        fraction = tuple(float(f) for f in 1.0 - 1.0 / self.n_factors)
+        if paired:
+            return scales(ref, (1.0,) * len(fraction) + fraction, (2, len(fraction)))
+        return scales(ref, fraction, (len(fraction),))
 
     def _labels(self, idx: Array, ref: Array) -> _BatchLabels:
         """The labels of the points ``idx`` on ``ref``'s backend, their factor mask and
@@ -318,7 +325,7 @@ class TiedSites(_SiteSums):
         labels = self._labels(idx, terms.A)
         P_w, h_w = self._whitened_sums(terms)
         P_w, h_next, change, Lam, h = _tied_update(
-            terms, P_w, h_w, self._cavity_fraction(P_w), labels, rho, iteration)
+            terms, P_w, h_w, self._cavity_scales(P_w), labels, rho, iteration)
         self._whitened = (terms, P_w, h_next)
         self.Lam, self.h = Lam, h
         return change
@@ -331,17 +338,17 @@ class TiedSites(_SiteSums):
         terms = as_stacked(terms)
         labels = self._labels(idx, terms.A)
         P_w, h_w = self._whitened_sums(terms)
-        return _tied_evaluate(terms, P_w, h_w, self._cavity_fraction(P_w), labels, scale,
-                              iteration)
+        return _tied_evaluate(terms, P_w, h_w, self._cavity_scales(P_w, paired=True), labels,
+                              scale, iteration)
 
 
 @compilable
-def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Array,
+def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
                  labels: _BatchLabels, rho: float, iteration: int | None
                  ) -> tuple[Array, Array, Array, Array, Array]:
     """``TiedSites.update`` on device arrays (a compiled region of the step): from the
-    whitened sums ``P_w [C, M, M]``, ``h_w [C, M]`` and the cavity fraction ``[C]``, the new
-    ``(P_w, h_w, change [], Lam [C, M, M], h [C, M])``."""
+    whitened sums ``P_w [C, M, M]``, ``h_w [C, M]`` and the cavity fractions (``Scales`` of
+    ``[C]``), the new ``(P_w, h_w, change [], Lam [C, M, M], h [C, M])``."""
     y, mask, counts, n_factors, y_col = labels
     cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
     mu, v, _ = cav.project(terms.A)
@@ -364,17 +371,17 @@ def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Array,
 
 
 @compilable
-def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Array,
+def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
                    labels: _BatchLabels, scale: float, iteration: int | None
                    ) -> tuple[Scalar, StackedMatrixGradients]:
-    """``TiedSites.evaluate`` on device arrays (a compiled region of the step)."""
+    """``TiedSites.evaluate`` on device arrays (a compiled region of the step); ``pair``:
+    the scales of ``q`` and of the cavity (``StackedGaussians.paired``)."""
     y, mask, n_b, _, y_col = labels
-    q = StackedGaussians(P_w, h_w, iteration=iteration)
-    cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
+    q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration)
     mu, v, R = cav.project(terms.A)
     a, vs = mu.T, (v + terms.s).T
     t = pair_log_z(at_label(a, y_col), at_label(vs, y_col), a, vs, mask)
-    lnr_q, lnr_cav = q.log_norm_ratio(), cav.log_norm_ratio()
+    lnr_q, lnr_cav = lnr[0], lnr[1]
     xp = ops.namespace(lnr_q)
     cav_terms = xp.sum(n_b * (lnr_cav - lnr_q))
     value = xp.sum(lnr_q) + scale * (xp.sum(t.log_z) + cav_terms)
