@@ -382,6 +382,32 @@ def einsum(spec: str, *operands: Array) -> Array:
     return _torch().einsum(spec, *operands)
 
 
+def outer(u: Array, v: Array) -> Array:
+    """``u[..., :, None] * v[..., None, :]`` ``[..., m, n]`` for ``u [..., m]``,
+    ``v [..., n]`` (on a device one ``einsum`` operator instead of two views and a product:
+    the same products, laid out alike)."""
+    if is_numpy(u):
+        return u[..., :, None] * v[..., None, :]
+    return _torch().einsum("...m,...n->...mn", u, v)
+
+
+def scale_columns(X: Array, v: Array) -> Array:
+    """``X [..., m, n] * v[..., None, :]`` for ``v [..., n]`` (column ``j`` of each matrix
+    times ``v[..., j]``; on a device one ``einsum`` operator instead of a view and a
+    product: the same products, laid out alike)."""
+    if is_numpy(X):
+        return X * v[..., None, :]
+    return _torch().einsum("...mn,...n->...mn", X, v)
+
+
+def scale_rows(X: Array, v: Array) -> Array:
+    """``X [..., m, n] * v[..., :, None]`` for ``v [..., m]`` (row ``i`` of each matrix times
+    ``v[..., i]``; on a device one ``einsum`` operator, as ``scale_columns``)."""
+    if is_numpy(X):
+        return X * v[..., :, None]
+    return _torch().einsum("...mn,...m->...mn", X, v)
+
+
 def mT(X: Array) -> Array:
     """The last two axes swapped (a view): ``[..., a, b] -> [..., b, a]``."""
     return np.swapaxes(X, -1, -2) if is_numpy(X) else X.mT

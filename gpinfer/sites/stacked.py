@@ -351,21 +351,21 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     """
     A = terms.A
     e = 2.0 * b_sum if e_sum is None else e_sum
-    e_row = e[:, None, :]  # [C, 1, n]
-    AB = A * b_sum[:, None, :]  # A diag(B), [C, M, n]
+    AB = ops.scale_columns(A, b_sum)  # A diag(B), [C, M, n]
     BiA = tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)  # B_g^-1 A
-    # the sums below run in place, in the order of the formulas (the same arithmetic)
-    X = lik.w[:, :, None] * a_sum[:, None, :]
-    T = BiA * e_row
+    # the sums below run in place, in the order of the formulas (the same arithmetic); the
+    # outer and column-scaled products are one operator each on a device (ops.outer, ...)
+    X = ops.outer(lik.w, a_sum)
+    T = ops.scale_columns(BiA, e)
     X += T
     X -= ops.multiply_into(AB, 2.0, T)
     del T
     S_B = AB @ transpose(A)
     Aa = ops.einsum("cmn,cn->cm", A, a_sum)
-    AX = Aa[:, :, None] * lik.w[:, None, :]
-    AX += (A * e_row) @ transpose(BiA)
+    AX = ops.outer(Aa, lik.w)
+    AX += ops.scale_columns(A, e) @ transpose(BiA)
     AX -= 2.0 * S_B
-    inner = q.w[:, :, None] * q.w[:, None, :]
+    inner = ops.outer(q.w, q.w)
     inner += q.B_inv()  # B^-1 + w w^T (q keeps its B^-1)
     ops.add_diagonal(inner, -1.0)  # the prior term
     inner *= 0.5
