@@ -268,7 +268,7 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
         H = GB if GB is not None else GA  # H' = G_uu A + G_uf Bx
         if GA is not None and GB is not None:
             H += GA
-        AR = d.A * rA[:, :, None]
+        AR = ops.scale_rows(d.A, rA)  # A * rA[:, :, None]
         if ard:
             d_ell = 4.0 * ops.einsum("cmd,cmd->cd", d.A, H)
             d_ell -= 2.0 * ops.einsum("cmd,cmd->cd", AR, d.A)

@@ -361,7 +361,7 @@ def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     _finite("SEP sites", tau, nu)  # deferred in the caller's context
     keep = 1.0 - rho * counts / n_factors
     A = terms.A
-    P_new = (A * tau.T[:, None, :]) @ transpose(A)
+    P_new = ops.scale_columns(A, tau.T) @ transpose(A)
     h_new = ops.einsum("cmn,nc->cm", A, nu)
     P_w = symmetrize(ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w + rho * P_new)
     h_next = keep[:, None] * h_w + rho * h_new
