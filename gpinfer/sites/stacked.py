@@ -146,7 +146,10 @@ class StackedTerms:
         products: ``ops.tri_matmul``)."""
         LamL = ops.tri_matmul(self.L, Lam, right=True)
         LtLamL = ops.tri_matmul(self.L, LamL, transpose=True, overwrite=True)
-        return symmetrize(LtLamL), (h[:, None, :] @ self.L)[:, 0, :]  # (L^T h)^T = h^T L
+        # (L^T h)^T = h^T L: on a device one einsum (the same batched product, no views)
+        hL = ((h[:, None, :] @ self.L)[:, 0, :] if ops.is_numpy(h)
+              else ops.einsum("cm,cmk->ck", h, self.L))
+        return symmetrize(LtLamL), hL
 
     def to_u_space(self, P_w: Array, h_w: Array) -> tuple[Array, Array]:
         """Inverse of ``to_whitened``: ``(L^-T P_w L^-1, L^-T h_w)``."""
