@@ -335,6 +335,17 @@ def _extremes(x: Array, low: Test) -> list[tuple[Array, Test]]:
     return [(lo, low), (hi, _finite)]
 
 
+def _finite_checks(arrays: tuple[Array, ...] | list[Array]) -> list[tuple[Array, Test]]:
+    """The checks that every entry of the device ``arrays`` is finite: their largest
+    magnitudes, one ``_foreach_norm`` of order inf for all of them (one operator; NaN
+    propagates into it, on a GPU too, and an infinity is its own largest magnitude), none for
+    an empty array."""
+    full = [a for a in arrays if a.numel()]
+    if not full:
+        return []
+    return [(n, _finite) for n in _torch()._foreach_norm(full, math.inf)]
+
+
 def require_positive(x: Array, error: Callable[[], Exception]) -> None:
     """Raise ``error()`` unless every entry of ``x`` is finite and ``> 0`` (deferred on a
     device inside ``deferred_checks``)."""
@@ -353,7 +364,7 @@ def require_finite(error: Callable[[], Exception], *arrays: Array) -> None:
     device = [a for a in arrays if not is_numpy(a)]
     if not all_finite(*host):
         raise error()
-    _require_all([c for a in device for c in _extremes(a, _finite)], error)
+    _require_all(_finite_checks(device), error)
 
 
 def _read_checks(checks: list[tuple[Array, Test]]) -> bool:
@@ -621,10 +632,9 @@ def checked_cholesky(K: Array, *also_finite: Array,
         L, failed = cholesky(K)
         return None if np.any(failed) else L
     L, info = _torch().linalg.cholesky_ex(K)
-    # the largest status (0: every matrix factorised) and each array's extremes: one
-    # reduction each, tested on the host
-    checks = [(info.max(), _zero)] + [c for a in (K, *also_finite)
-                                      for c in _extremes(a, _finite)]
+    # the largest status (0: every matrix factorised) and the arrays' largest magnitudes:
+    # two reductions, tested on the host
+    checks = [(info.max(), _zero), *_finite_checks((K, *also_finite))]
     if error is not None and (tracing() or pending_checks() is not None):
         _require_all(checks, error)
         return L

@@ -77,7 +77,8 @@ def test_require_positive_on_a_device_rejects_what_numpy_rejects(bad, dtype):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_require_finite_on_a_device_rejects_what_numpy_rejects(bad, dtype):
-    """The device form (an array's minimum and maximum finite) accepts every finite entry,
+    """The device form (the arrays' largest magnitudes finite: one ``_foreach_norm`` of
+    order inf for all of them) accepts every finite entry,
     the largest and the most negative included, and an empty array; it rejects NaN and both
     infinities wherever they sit, deferred or not."""
     big = torch.finfo(dtype).max
