@@ -134,12 +134,23 @@ class StackedTerms:
     #: solve of the step (an operator each on a device)
     _L_T: Array | None = field(default=None, init=False, repr=False, compare=False)
 
+    #: ``transpose(A)``, formed on first use (``A_T``) and kept, as ``L_T``
+    _A_T: Array | None = field(default=None, init=False, repr=False, compare=False)
+
     @property
     def L_T(self) -> Array:
         """``L^T`` ``[C, M, M]`` (a view of ``L``, kept)."""
         if self._L_T is None:
             self._L_T = transpose(self.L)
         return self._L_T
+
+    @property
+    def A_T(self) -> Array:
+        """``A^T`` ``[C, n, M]`` (a view of ``A``, kept: the update's and the gradient's
+        products share it)."""
+        if self._A_T is None:
+            self._A_T = transpose(self.A)
+        return self._A_T
 
     def to_whitened(self, Lam: Array, h: Array) -> tuple[Array, Array]:
         """``(L^T Lam L [C, M, M], L^T h [C, M])`` from ``u``-space site sums (two triangular
@@ -313,11 +324,18 @@ class StackedGaussians:
             self._B_inv = cho_inverse_stack(self.LB)
         return self._B_inv
 
-    def project(self, A: Array) -> tuple[Array, Array, Array]:
+    def project(self, A: Array, *, means_by_point: bool = False
+                ) -> tuple[Array, Array, Array]:
         """Means ``mu = A^T w [C, n]``, variances ``v = ||L_B^-1 a||^2 [C, n]`` and
-        ``R = L_B^-1 A [C, M, n]`` along whitened directions ``A [C, M, n]``."""
+        ``R = L_B^-1 A [C, M, n]`` along whitened directions ``A [C, M, n]``.
+        ``means_by_point``: ``mu`` as ``[n, C]``, the transposed view of the same values (on
+        a device the einsum's own output: no transpose operator)."""
         R = tri_solve_stack(self.LB, A)
-        mu = ops.einsum("cmn,cm->cn", A, self.w)
+        if means_by_point and not ops.is_numpy(A):
+            mu = ops.einsum("cmn,cm->nc", A, self.w)
+        else:
+            mu = ops.einsum("cmn,cm->cn", A, self.w)
+            mu = ops.mT(mu) if means_by_point else mu
         return mu, ops.einsum("cmn,cmn->cn", R, R), R
 
     def log_norm_ratio(self) -> Array:
@@ -363,7 +381,7 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     X += T
     X -= ops.multiply_into(AB, 2.0, T)
     del T
-    S_B = AB @ transpose(A)
+    S_B = AB @ terms.A_T
     Aa = ops.einsum("cmn,cn->cm", A, a_sum)
     AX = ops.outer(Aa, lik.w)
     AX += ops.scale_columns(A, e) @ transpose(BiA)

@@ -351,8 +351,8 @@ def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     ``[C]``), the new ``(P_w, h_w, change [], Lam [C, M, M], h [C, M])``."""
     y, mask, counts, n_factors, y_col = labels
     cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
-    mu, v, _ = cav.project(terms.A)
-    a, v, s = mu.T, v.T, terms.s.T
+    a, v, _ = cav.project(terms.A, means_by_point=True)
+    v, s = v.T, terms.s.T
     a_y, v_y = at_label(a, y_col), at_label(v, y_col)
     t = pair_tilted(a_y, v_y + at_label(s, y_col), a, v + s, mask)
     W1, W2 = new_role_site(t.g_win, t.gamma, a_y, v_y)
@@ -361,7 +361,7 @@ def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     _finite("SEP sites", tau, nu)  # deferred in the caller's context
     keep = 1.0 - rho * counts / n_factors
     A = terms.A
-    P_new = ops.scale_columns(A, tau.T) @ transpose(A)
+    P_new = ops.scale_columns(A, tau.T) @ terms.A_T
     h_new = ops.einsum("cmn,nc->cm", A, nu)
     P_w = symmetrize(ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w + rho * P_new)
     h_next = keep[:, None] * h_w + rho * h_new
@@ -378,8 +378,8 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     the scales of ``q`` and of the cavity (``StackedGaussians.paired``)."""
     y, mask, n_b, _, y_col = labels
     q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration)
-    mu, v, R = cav.project(terms.A)
-    a, vs = mu.T, (v + terms.s).T
+    a, v, R = cav.project(terms.A, means_by_point=True)
+    vs = (v + terms.s).T
     t = pair_log_z(at_label(a, y_col), at_label(vs, y_col), a, vs, mask)
     lnr_q, lnr_cav = lnr[0], lnr[1]
     xp = ops.namespace(lnr_q)
