@@ -284,18 +284,29 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
         d_var = ops.zeros(cov.Z, (C,))
     if d_ell is None:
         d_ell = ops.zeros(cov.Z, (C, d.ell.shape[2]))
-    blocks = []
+    # the parameters' gradients in each kernel's order: [C, D'] blocks and [C] columns, runs
+    # of adjacent columns stacked at once (one operator, not one view each)
+    blocks: list[Array] = []
+    columns: list[Array] = []
+
+    def close_columns() -> None:
+        if columns:
+            blocks.append(xp.stack(columns, axis=1) if len(columns) > 1 else columns[0][:, None])
+            columns.clear()
+
     for index in range(len(fam.parts)):
         if index == fam.stationary_index:
-            blocks += [d_ell, d_var[:, None]]
+            close_columns()
+            blocks.append(d_ell)
+            columns.append(d_var)
             continue
         noise = cov.natural[:, fam.offsets[index][0]]
         total = sum_ff
         if dKuu is not None and fam.noise_on_square[index]:
             on_diag = xp.sum(ops.diagonal(dKuu), axis=1)
             total = on_diag if total is None else total + on_diag
-        gn = ops.zeros(cov.Z, (C,)) if total is None else noise * total
-        blocks.append(gn[:, None])
+        columns.append(ops.zeros(cov.Z, (C,)) if total is None else noise * total)
+    close_columns()
     return xp.concat(blocks, axis=1), g_Z
 
 

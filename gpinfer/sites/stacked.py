@@ -156,7 +156,7 @@ class StackedTerms:
         """``(L^T Lam L [C, M, M], L^T h [C, M])`` from ``u``-space site sums (two triangular
         products: ``ops.tri_matmul``)."""
         LamL = ops.tri_matmul(self.L, Lam, right=True)
-        LtLamL = ops.tri_matmul(self.L, LamL, transpose=True, overwrite=True)
+        LtLamL = ops.tri_matmul(self.L, LamL, transpose=True, overwrite=True, T_T=self.L_T)
         # (L^T h)^T = h^T L: on a device one einsum (the same batched product, no views)
         hL = ((h[:, None, :] @ self.L)[:, 0, :] if ops.is_numpy(h)
               else ops.einsum("cm,cmk->ck", h, self.L))
