@@ -575,6 +575,37 @@ def rsub(x: Array, value: float, alpha: float = 1.0) -> Array:
     return _torch().rsub(x, value, alpha=alpha)
 
 
+def scale_add_(X: Array, alpha: float, base: Array) -> Array:
+    """``X = alpha X + base`` in place (``base`` broadcasts against ``X``); returns ``X``.
+    ``alpha`` is a power of two (``-2.0``, ...): the product is exact, so the one fused
+    operator on a device (``torch.add(base, X, alpha=)``) gives the values of the two steps
+    numpy keeps (``X *= alpha; X += base``) bit for bit."""
+    if is_numpy(X):
+        X *= alpha
+        X += base
+        return X
+    return _torch().add(base, X, alpha=alpha, out=X)
+
+
+def add_scaled_(base: Array, X: Array, alpha: float, scratch: Array | None = None) -> Array:
+    """``base += alpha X`` in place; returns ``base``. ``alpha`` a power of two (exact
+    product: one operator on a device, ``base.add_(X, alpha=)``, the same values as numpy's
+    two steps); ``scratch``: an array like ``X`` numpy may overwrite with ``alpha X`` (no
+    temporary)."""
+    if is_numpy(base):
+        base += alpha * X if scratch is None else multiply_into(X, alpha, scratch)
+        return base
+    return base.add_(X, alpha=alpha)
+
+
+def plus_scaled(base: Array, X: Array, alpha: float) -> Array:
+    """``base + alpha X`` as a new array, ``alpha`` a power of two (exact product: one
+    operator on a device, the same values as numpy's two steps)."""
+    if is_numpy(base):
+        return alpha * X + base
+    return _torch().add(base, X, alpha=alpha)
+
+
 def multiply_into(a: Array, b: Array | float, out: Array) -> Array:
     """``out = a * b`` without a temporary (the standard has no ``out=``); returns ``out``."""
     if is_numpy(out):

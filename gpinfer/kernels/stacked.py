@@ -139,8 +139,7 @@ class StackedCovariances:
     def _sqdist(a2: Array, b2: Array, AB: Array) -> Array:
         """``r2 = a2 + b2 - 2 AB`` ``[C, Ma, Mb]`` (in place on ``AB``), clipped at 0, for
         ``a2 [C, Ma, 1]`` and ``b2 [C, 1, Mb]``."""
-        AB *= -2.0
-        AB += a2
+        ops.scale_add_(AB, -2.0, a2)  # -2 AB + a2, one operator on a device
         AB += b2
         return ops.clip_below(AB, 0.0)
 
@@ -227,6 +226,7 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
         d_var = d.var * sum_ff
     d_ell: Array | None = None  # [C, D']
     rA: Array | None = None  # [C, M]
+    row_uu: Array | None = None  # G_uu's row sums, [C, M]
     GA: Array | None = None  # G_uu A, [C, M, D]
     GB: Array | None = None  # G_uf Bx, [C, M, D]
     G_uf: Array | None = None
@@ -246,9 +246,10 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
             G = G + ops.mT(G)
             G *= 0.5
         row = xp.sum(G, axis=2)  # [C, M]
-        if square:
-            row *= 2.0
-        rA = row if rA is None else rA + row
+        if square:  # counted twice: doubled where it is added (2 row_uu + row_uf, one op)
+            row_uu = row
+        else:
+            rA = row if row_uu is None else ops.plus_scaled(row, row_uu, 2.0)
         if not ard:
             term = xp.reshape(-2.0 * ops.einsum("cmn,cmn->c", G, r2), (C, 1))
             if d_ell is None:
@@ -260,6 +261,8 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
                 GA = G @ d.A
             else:
                 GB, G_uf = cov._batch_product(G), G
+    if rA is None and row_uu is not None:
+        rA = 2.0 * row_uu
     g_Z = None
     if rA is None or not need_products:
         if inputs:
@@ -271,9 +274,9 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
         AR = ops.scale_rows(d.A, rA)  # A * rA[:, :, None]
         if ard:
             d_ell = 4.0 * ops.einsum("cmd,cmd->cd", d.A, H)
-            d_ell -= 2.0 * ops.einsum("cmd,cmd->cd", AR, d.A)
+            ops.add_scaled_(d_ell, ops.einsum("cmd,cmd->cd", AR, d.A), -2.0)
             if G_uf is not None:  # c_uf . Bx^2 = (c_uf (X - shift)^2) / ell^2
-                d_ell -= 2.0 * ((xp.sum(G_uf, axis=1) @ d.Xs2) / d.ell2)
+                ops.add_scaled_(d_ell, (xp.sum(G_uf, axis=1) @ d.Xs2) / d.ell2, -2.0)
         if inputs:
             if GA is not None:  # H = H' + G_uu A (in place: H' is not needed again)
                 H += GA

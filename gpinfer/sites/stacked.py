@@ -379,13 +379,13 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     X = ops.outer(lik.w, a_sum)
     T = ops.scale_columns(BiA, e)
     X += T
-    X -= ops.multiply_into(AB, 2.0, T)
+    ops.add_scaled_(X, AB, -2.0, scratch=T)  # X -= 2 AB (numpy: 2 AB written into T)
     del T
     S_B = AB @ terms.A_T
     Aa = ops.einsum("cmn,cn->cm", A, a_sum)
     AX = ops.outer(Aa, lik.w)
     AX += ops.scale_columns(A, e) @ transpose(BiA)
-    AX -= 2.0 * S_B
+    ops.add_scaled_(AX, S_B, -2.0)
     inner = ops.outer(q.w, q.w)
     inner += q.B_inv()  # B^-1 + w w^T (q keeps its B^-1)
     ops.add_diagonal(inner, -1.0)  # the prior term
