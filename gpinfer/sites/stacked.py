@@ -371,20 +371,28 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     (A compiled region of the step: ``gpinfer.backend.compile``.)
     """
     A = terms.A
-    e = 2.0 * b_sum if e_sum is None else e_sum
     AB = ops.scale_columns(A, b_sum)  # A diag(B), [C, M, n]
     BiA = tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)  # B_g^-1 A
     # the sums below run in place, in the order of the formulas (the same arithmetic); the
-    # outer and column-scaled products are one operator each on a device (ops.outer, ...)
+    # outer and column-scaled products are one operator each on a device (ops.outer, ...).
+    # SEP's E = 2 B enters as an exact factor 2 of the products with diag(B) (the same
+    # values as forming 2 B first: scaling by 2 commutes with every rounding)
     X = ops.outer(lik.w, a_sum)
-    T = ops.scale_columns(BiA, e)
-    X += T
+    if e_sum is None:
+        T = ops.scale_columns(BiA, b_sum)
+        ops.add_scaled_(X, T, 2.0, scratch=T)  # X += B_g^-1 A diag(2 B)
+    else:
+        T = ops.scale_columns(BiA, e_sum)
+        X += T
     ops.add_scaled_(X, AB, -2.0, scratch=T)  # X -= 2 AB (numpy: 2 AB written into T)
     del T
     S_B = AB @ terms.A_T
     Aa = ops.einsum("cmn,cn->cm", A, a_sum)
     AX = ops.outer(Aa, lik.w)
-    AX += ops.scale_columns(A, e) @ transpose(BiA)
+    if e_sum is None:  # A diag(2 B) (B_g^-1 A)^T = 2 (A diag(B)) (B_g^-1 A)^T
+        ops.add_scaled_(AX, AB @ transpose(BiA), 2.0)
+    else:
+        AX += ops.scale_columns(A, e_sum) @ transpose(BiA)
     ops.add_scaled_(AX, S_B, -2.0)
     inner = ops.outer(q.w, q.w)
     inner += q.B_inv()  # B^-1 + w w^T (q keeps its B^-1)
