@@ -567,6 +567,14 @@ def repeat_columns(v: Array, n: int) -> Array:
     return v[:, None].repeat(1, n)
 
 
+def max_abs(x: Array) -> Array:
+    """``max |x|`` over every entry, a 0-d array (on a device one operator, the infinity
+    norm: the same value, NaN propagated)."""
+    if is_numpy(x):
+        return np.max(np.abs(x))
+    return _torch().linalg.vector_norm(x, math.inf)
+
+
 def rsub(x: Array, value: float, alpha: float = 1.0) -> Array:
     """``value - alpha x`` elementwise (a new array; on a device one operator, where the
     expression is two or three)."""

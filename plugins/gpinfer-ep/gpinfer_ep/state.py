@@ -365,8 +365,7 @@ def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     h_new = ops.einsum("cmn,nc->cm", A, nu)
     P_w = symmetrize(ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w + rho * P_new)
     h_next = keep[:, None] * h_w + rho * h_new
-    xp = ops.namespace(h_next)
-    change = xp.max(xp.abs(h_next - h_w))
+    change = ops.max_abs(h_next - h_w)
     return (P_w, h_next, change, *terms.to_u_space(P_w, h_next))
 
 
