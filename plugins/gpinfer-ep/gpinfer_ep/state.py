@@ -352,9 +352,10 @@ def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     y, mask, counts, n_factors, y_col = labels
     cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
     a, v, _ = cav.project(terms.A, means_by_point=True)
-    v, s = v.T, terms.s.T
+    v = v.T
+    vs = v + terms.s.T  # b = v + s for every role; the winners' is its gather (the same sums)
     a_y, v_y = at_label(a, y_col), at_label(v, y_col)
-    t = pair_tilted(a_y, v_y + at_label(s, y_col), a, v + s, mask)
+    t = pair_tilted(a_y, at_label(vs, y_col), a, vs, mask)
     W1, W2 = new_role_site(t.g_win, t.gamma, a_y, v_y)
     L1, L2 = new_role_site(-t.g_win, t.gamma, a, v)
     tau, nu = aggregate(W1, L1, y, mask), aggregate(W2, L2, y, mask)
