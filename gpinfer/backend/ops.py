@@ -8,16 +8,19 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
   matrix on Fortran views), torch calls its batched kernels;
 * special functions: ``log_ndtr``, ``ndtr``, ``expit``, ``log_expit``, ``erfcx``,
   ``logsumexp``;
-* ``einsum``, ``mT`` (last two axes swapped), ``diagonal``, ``add_diagonal``, and writes into
-  existing arrays (``multiply_into``, ``sqrt_into``, ``clip_below``, ``fill_diagonal``) where a
-  temporary of millions of entries would cost a pass over memory;
+* ``einsum``, ``outer``, ``scale_columns`` / ``scale_rows``, power-of-two scaled sums
+  (``scale_add_``, ``add_scaled_``, ``plus_scaled``), ``rsub``, ``max_abs`` (one operator
+  each on a device), ``mT`` (last two axes swapped), ``diagonal``, ``add_diagonal``, and
+  writes into existing arrays (``multiply_into``, ``sqrt_into``, ``clip_below``,
+  ``fill_diagonal``) where a temporary of millions of entries would cost a pass over memory;
 * moving values: ``like`` (host values onto an array's namespace, device and dtype),
   ``to_host``, ``scalar``, ``all_finite``;
 * checks without a device sync each: inside ``deferred_checks()`` the checks of
   ``require_positive``, ``require_finite`` and ``checked_cholesky(..., error=...)`` on device
-  arrays are collected as flags and read in one transfer with the values the caller needs
-  (``DeferredChecks.flush``), which raises the first failed check's error; on numpy, and
-  outside such a context, every check runs at once. The training loop opens one context per
+  arrays are collected as 0-d values, each with the host test it must pass (one reduction per
+  check, no flag formed on the device), and read in one transfer with the values the caller
+  needs (``DeferredChecks.flush``), which raises the first failed check's error; on numpy,
+  and outside such a context, every check runs at once. The training loop opens one context per
   step and reads it once, at the step's end, with the objective and the site change (or one
   per ``read_every`` steps). A context opened with ``redo=True`` lets a check whose immediate
   form has a host fallback (Kuu's Cholesky with jitter escalation) be deferred too: its
@@ -202,7 +205,8 @@ def _true(v: float) -> bool:
 
 
 def _finite(v: float) -> bool:
-    """A finite value (the minimum or maximum of an array: NaN and infinities propagate)."""
+    """A finite value (an array's largest magnitude, minimum or maximum: NaN and infinities
+    propagate into them)."""
     return math.isfinite(v)
 
 
@@ -218,12 +222,12 @@ def _zero(v: float) -> bool:
 
 class DeferredChecks:
     """Checks on device arrays collected as 0-d values and read together (see
-    ``deferred_checks``): each value comes with the host test it must pass (a flag, or the
-    minimum / maximum of an array: one reduction per array, no flag formed on the device) and
-    the error for a failure. The order of ``require`` calls is the order in which failures are
-    reported, so the first failed check of a computation names the problem, as an immediate
-    check would have. ``redo``: the owner answers ``RedoStep`` by redoing the computation
-    (checks with a host fallback may then be deferred as well)."""
+    ``deferred_checks``): each value comes with the host test it must pass (a flag, the largest
+    magnitude, minimum or maximum of arrays, a LAPACK status: one reduction per check, no flag
+    formed on the device) and the error for a failure. The order of ``require`` calls is the
+    order in which failures are reported, so the first failed check of a computation names the
+    problem, as an immediate check would have. ``redo``: the owner answers ``RedoStep`` by
+    redoing the computation (checks with a host fallback may then be deferred as well)."""
 
     def __init__(self, redo: bool = False) -> None:
         self.redo = redo
