@@ -381,10 +381,9 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     a, v, R = cav.project(terms.A, means_by_point=True)
     vs = (v + terms.s).T
     t = pair_log_z(at_label(a, y_col), at_label(vs, y_col), a, vs, mask)
-    lnr_q, lnr_cav = lnr[0], lnr[1]
-    xp = ops.namespace(lnr_q)
-    cav_terms = xp.sum(n_b * (lnr_cav - lnr_q))
-    value = xp.sum(lnr_q) + scale * (xp.sum(t.log_z) + cav_terms)
+    xp = ops.namespace(lnr)
+    cav_terms = xp.sum(n_b * xp.diff(lnr, axis=0))  # lnr_cav - lnr_q, [1, C]: one operator
+    value = xp.sum(lnr[0]) + scale * (xp.sum(t.log_z) + cav_terms)
     a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
     b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
     return value, stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
