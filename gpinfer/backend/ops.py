@@ -343,8 +343,8 @@ def _finite_checks(arrays: tuple[Array, ...] | list[Array]) -> list[tuple[Array,
     """The checks that every entry of the device ``arrays`` is finite: their largest
     magnitudes, one ``_foreach_norm`` of order inf for all of them (one operator; NaN
     propagates into it, on a GPU too, and an infinity is its own largest magnitude), none for
-    an empty array."""
-    full = [a for a in arrays if a.numel()]
+    an empty array or one of integers or booleans (always finite)."""
+    full = [a for a in arrays if a.numel() and (a.is_floating_point() or a.is_complex())]
     if not full:
         return []
     return [(n, _finite) for n in _torch()._foreach_norm(full, math.inf)]

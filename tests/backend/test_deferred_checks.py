@@ -78,12 +78,13 @@ def test_require_positive_on_a_device_rejects_what_numpy_rejects(bad, dtype):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_require_finite_on_a_device_rejects_what_numpy_rejects(bad, dtype):
     """The device form (the arrays' largest magnitudes finite: one ``_foreach_norm`` of
-    order inf for all of them) accepts every finite entry,
-    the largest and the most negative included, and an empty array; it rejects NaN and both
-    infinities wherever they sit, deferred or not."""
+    order inf for all of them) accepts every finite entry, the largest and the most negative
+    included, an empty array and integer or boolean ones (always finite); it rejects NaN and
+    both infinities wherever they sit, deferred or not."""
     big = torch.finfo(dtype).max
     good = torch.tensor([[-big, 0.0], [big, -0.0]], dtype=dtype).T  # a strided view
-    for arrays in ((good,), (good, torch.zeros((0, 3), dtype=dtype))):
+    for arrays in ((good,), (good, torch.zeros((0, 3), dtype=dtype)),
+                   (good, torch.arange(3), torch.ones(2, dtype=torch.bool))):
         ops.require_finite(lambda: InputError("good"), *arrays)
         with ops.deferred_checks():
             ops.require_finite(lambda: InputError("good"), *arrays)
