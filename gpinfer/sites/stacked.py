@@ -255,9 +255,10 @@ class StackedGaussians:
 
     def __init__(self, P_w: Array, h_w: Array, scale: Array | Scales | None = None, *,
                  iteration: int | None = None):
+        self._make_h_w: Callable[[], Array] | None = None  # a view's (``_view``)
         if scale is None:  # a = 1: no product
             Bm = ops.plus_diagonal(P_w, 1.0)
-            self.h_w = h_w
+            self._h_w: Array | None = h_w
         else:
             if isinstance(scale, Scales):
                 a_matrix, a_vector = scale
@@ -266,7 +267,7 @@ class StackedGaussians:
                      else ops.like(P_w, scale))
                 a_matrix, a_vector = ops.namespace(a).reshape(a, (-1, 1, 1)), a[:, None]
             Bm = ops.add_diagonal(a_matrix * P_w, 1.0)
-            self.h_w = a_vector * h_w
+            self._h_w = a_vector * h_w
         self.LB = site_cholesky(Bm, h_w, iteration)
         self._LB_T: Array | None = transpose(self.LB)  # formed here: __init__ solves with it
         self._make_LB_T: Callable[[], Array] | None = None  # a view's (``_view``)
@@ -292,18 +293,28 @@ class StackedGaussians:
             return q, cav, np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
         both = cls(P_w, h_w, pair, iteration=iteration)
         q = cls._view(both.LB[0], both.w[0], h_w, lambda: both.LB_T[0])
-        cav = cls._view(both.LB[1], both.w[1], both.h_w[1], lambda: both.LB_T[1])
+        cav = cls._view(both.LB[1], both.w[1], lambda: both.h_w[1], lambda: both.LB_T[1])
         return q, cav, both.log_norm_ratio()
 
     @classmethod
-    def _view(cls, LB: Array, w: Array, h_w: Array, LB_T: Callable[[], Array]
-              ) -> StackedGaussians:
+    def _view(cls, LB: Array, w: Array, h_w: Array | Callable[[], Array],
+              LB_T: Callable[[], Array]) -> StackedGaussians:
         """A ``StackedGaussians`` of given factors, means and shifts (views of a larger
-        stack), its ``LB_T`` formed by ``LB_T()`` on first use."""
+        stack), its ``LB_T`` (and ``h_w`` where a callable is given) formed on first use."""
         out = cls.__new__(cls)
-        out.LB, out.w, out.h_w, out._B_inv = LB, w, h_w, None
+        out.LB, out.w, out._B_inv = LB, w, None
+        out._h_w, out._make_h_w = (None, h_w) if callable(h_w) else (h_w, None)
         out._LB_T, out._make_LB_T = None, LB_T
         return out
+
+    @property
+    def h_w(self) -> Array:
+        """The scaled whitened shifts ``a h_w`` ``[C, M]`` (a view's: formed on first
+        use)."""
+        if self._h_w is None:
+            assert self._make_h_w is not None  # a view's: set by ``_view``
+            self._h_w = self._make_h_w()
+        return self._h_w
 
     @property
     def LB_T(self) -> Array:
