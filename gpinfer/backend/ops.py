@@ -8,16 +8,19 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
   matrix on Fortran views), torch calls its batched kernels;
 * special functions: ``log_ndtr``, ``ndtr``, ``expit``, ``log_expit``, ``erfcx``,
   ``logsumexp``;
-* ``einsum``, ``mT`` (last two axes swapped), ``diagonal``, ``add_diagonal``, and writes into
-  existing arrays (``multiply_into``, ``sqrt_into``, ``clip_below``, ``fill_diagonal``) where a
-  temporary of millions of entries would cost a pass over memory;
+* ``einsum``, ``outer``, ``scale_columns`` / ``scale_rows``, power-of-two scaled sums
+  (``scale_add_``, ``add_scaled_``, ``plus_scaled``), ``rsub``, ``max_abs`` (one operator
+  each on a device), ``mT`` (last two axes swapped), ``diagonal``, ``add_diagonal``, and
+  writes into existing arrays (``multiply_into``, ``sqrt_into``, ``clip_below``,
+  ``fill_diagonal``) where a temporary of millions of entries would cost a pass over memory;
 * moving values: ``like`` (host values onto an array's namespace, device and dtype),
   ``to_host``, ``scalar``, ``all_finite``;
 * checks without a device sync each: inside ``deferred_checks()`` the checks of
   ``require_positive``, ``require_finite`` and ``checked_cholesky(..., error=...)`` on device
-  arrays are collected as flags and read in one transfer with the values the caller needs
-  (``DeferredChecks.flush``), which raises the first failed check's error; on numpy, and
-  outside such a context, every check runs at once. The training loop opens one context per
+  arrays are collected as 0-d values, each with the host test it must pass (one reduction per
+  check, no flag formed on the device), and read in one transfer with the values the caller
+  needs (``DeferredChecks.flush``), which raises the first failed check's error; on numpy,
+  and outside such a context, every check runs at once. The training loop opens one context per
   step and reads it once, at the step's end, with the objective and the site change (or one
   per ``read_every`` steps). A context opened with ``redo=True`` lets a check whose immediate
   form has a host fallback (Kuu's Cholesky with jitter escalation) be deferred too: its
@@ -128,18 +131,22 @@ def _identity(ref: Array, n: int) -> Array:
                  limit=16)
 
 
-_CONSTANTS: dict[tuple[str, str, tuple[float, ...]], Array] = {}
+_CONSTANTS: dict[tuple[str, str, tuple[float, ...], tuple[int, ...] | None], Array] = {}
 
 
-def constant(ref: Array, values: tuple[float, ...]) -> Array:
-    """The host ``values`` as a 1-D array of ``ref``'s namespace, device and floating dtype;
-    on a device moved once per device, dtype and values and kept (callers only read it)."""
+def constant(ref: Array, values: tuple[float, ...], shape: tuple[int, ...] | None = None
+             ) -> Array:
+    """The host ``values`` as a 1-D array (or one of ``shape``, e.g. ``(-1, 1, 1)`` for a
+    column that broadcasts over matrices) of ``ref``'s namespace, device and floating dtype;
+    on a device moved once per device, dtype, values and shape and kept (callers only read
+    it: no reshape operator per use)."""
+    host = np.array(values) if shape is None else np.reshape(np.array(values), shape)
     if is_numpy(ref):
-        return like(ref, values)
+        return like(ref, host)
     if tracing():  # inside a compiled region: a constant of its graph
-        return _torch().tensor(values, dtype=ref.dtype, device=ref.device)
-    return _kept(_CONSTANTS, (str(ref.device), str(ref.dtype), values),
-                 lambda: like(ref, np.array(values)))
+        return _torch().tensor(host.tolist(), dtype=ref.dtype, device=ref.device)
+    return _kept(_CONSTANTS, (str(ref.device), str(ref.dtype), values, shape),
+                 lambda: like(ref, host))
 
 
 #: the profiler's name for a read of device values on the host (``to_host``): on a CPU the
@@ -188,35 +195,66 @@ class RedoStep(Exception):
     computation started from and redoes it without ``redo``."""
 
 
+#: what a check's 0-d value must satisfy on the host (its read is the only place it is tested)
+Test = Callable[[float], bool]
+
+
+def _true(v: float) -> bool:
+    """A flag (bool read as 0 or 1) that holds."""
+    return v != 0
+
+
+def _finite(v: float) -> bool:
+    """A finite value (an array's largest magnitude, minimum or maximum: NaN and infinities
+    propagate into them)."""
+    return math.isfinite(v)
+
+
+def _positive(v: float) -> bool:
+    """A finite value ``> 0`` (the minimum of an array whose maximum is checked finite)."""
+    return 0.0 < v < math.inf
+
+
+def _zero(v: float) -> bool:
+    """A value ``== 0`` (the largest LAPACK status of a batch of factorisations)."""
+    return v == 0
+
+
 class DeferredChecks:
-    """Checks on device arrays collected as 0-d flags and read together (see
-    ``deferred_checks``): the order of ``require`` calls is the order in which failures are
-    reported, so the first failed check of a computation names the problem, as an immediate
-    check would have. ``redo``: the owner answers ``RedoStep`` by redoing the computation
-    (checks with a host fallback may then be deferred as well)."""
+    """Checks on device arrays collected as 0-d values and read together (see
+    ``deferred_checks``): each value comes with the host test it must pass (a flag, the largest
+    magnitude, minimum or maximum of arrays, a LAPACK status: one reduction per check, no flag
+    formed on the device) and the error for a failure. The order of ``require`` calls is the
+    order in which failures are reported, so the first failed check of a computation names the
+    problem, as an immediate check would have. ``redo``: the owner answers ``RedoStep`` by
+    redoing the computation (checks with a host fallback may then be deferred as well)."""
 
     def __init__(self, redo: bool = False) -> None:
         self.redo = redo
         self._flags: list[Array] = []
+        self._tests: list[Test] = []
         self._errors: list[Callable[[], Exception]] = []
 
-    def require(self, flag: Array, error: Callable[[], Exception]) -> None:
-        """Remember ``flag`` (a 0-d bool device array) and the error for ``False``."""
+    def require(self, flag: Array, error: Callable[[], Exception], test: Test = _true) -> None:
+        """Remember ``flag`` (a 0-d device array; by default a bool that must hold, else a value
+        that must pass ``test`` on the host) and the error for a failure."""
         self._flags.append(flag)
+        self._tests.append(test)
         self._errors.append(error)
 
     def flush(self, *values: Array) -> list[float]:
-        """Read every pending flag and ``values`` (0-d arrays) in one transfer; raise the
-        error of the first failed flag, else return the values as floats."""
-        flags, errors = self._flags, self._errors
-        self._flags, self._errors = [], []
+        """Read every pending check and ``values`` (0-d arrays) in one transfer; raise the
+        error of the first failed check, else return the values as floats."""
+        flags, tests, errors = self._flags, self._tests, self._errors
+        self._flags, self._tests, self._errors = [], [], []
         device = [v for v in values if not is_numpy(v)]
         if not flags and not device:
             return [float(v) for v in values]
-        # one stack of flags and values (bool promoted with the values' dtype: 0 and 1 exact)
+        # one stack of checks and values (promoted to their widest dtype: flags, LAPACK
+        # statuses and each array's extremes are exact in it)
         host = to_host(_torch().stack(flags + device)).tolist()  # 1 sync
-        for ok, error in zip(host, errors):
-            if not ok:
+        for v, test, error in zip(host, tests, errors):
+            if not test(v):
                 raise error()
         read = iter(host[len(flags):])
         return [float(v) if is_numpy(v) else float(next(read)) for v in values]
@@ -251,7 +289,7 @@ def pending_checks() -> DeferredChecks | None:
 #: checks met while ``torch.compile`` traces a compiled region (``gpinfer.backend.compile``):
 #: a list that is never replaced (the compiled code appends to it); the region's wrapper hands
 #: them on after each call (``hand_over_traced_checks``)
-_TRACED: list[tuple[Array, Callable[[], Exception]]] = []
+_TRACED: list[tuple[Array, Callable[[], Exception], Test]] = []
 
 
 def tracing() -> bool:
@@ -262,16 +300,16 @@ def tracing() -> bool:
     return torch is not None and bool(torch.compiler.is_compiling())
 
 
-def _require(flag: Array, error: Callable[[], Exception]) -> None:
-    """A device check: collected while tracing a compiled region, deferred inside
-    ``deferred_checks``, else read at once."""
+def _require(flag: Array, error: Callable[[], Exception], test: Test = _true) -> None:
+    """A device check (``flag`` must pass ``test`` on the host): collected while tracing a
+    compiled region, deferred inside ``deferred_checks``, else read at once."""
     if tracing():
-        _TRACED.append((flag, error))
+        _TRACED.append((flag, error, test))
         return
     checks = pending_checks()
     if checks is not None:
-        checks.require(flag, error)
-    elif not bool(flag):
+        checks.require(flag, error, test)
+    elif not test(float(flag)):
         raise error()
 
 
@@ -287,8 +325,29 @@ def hand_over_traced_checks(discard: bool = False) -> None:
     compile and runs again eagerly)."""
     pending = [] if discard else list(_TRACED)
     _TRACED.clear()
-    for flag, error in pending:
-        _require(flag, error)
+    for flag, error, test in pending:
+        _require(flag, error, test)
+
+
+def _extremes(x: Array, low: Test) -> list[tuple[Array, Test]]:
+    """The checks that every entry of the device array ``x`` passes ``low`` at its minimum
+    and is finite at its maximum: one reduction (``aminmax``; NaN propagates into both, an
+    infinity into one of them), none for an empty array."""
+    if x.numel() == 0:
+        return []
+    lo, hi = _torch().aminmax(x)
+    return [(lo, low), (hi, _finite)]
+
+
+def _finite_checks(arrays: tuple[Array, ...] | list[Array]) -> list[tuple[Array, Test]]:
+    """The checks that every entry of the device ``arrays`` is finite: their largest
+    magnitudes, one ``_foreach_norm`` of order inf for all of them (one operator; NaN
+    propagates into it, on a GPU too, and an infinity is its own largest magnitude), none for
+    an empty array or one of integers or booleans (always finite)."""
+    full = [a for a in arrays if a.numel() and (a.is_floating_point() or a.is_complex())]
+    if not full:
+        return []
+    return [(n, _finite) for n in _torch()._foreach_norm(full, math.inf)]
 
 
 def require_positive(x: Array, error: Callable[[], Exception]) -> None:
@@ -298,10 +357,7 @@ def require_positive(x: Array, error: Callable[[], Exception]) -> None:
         if not all_positive(x):
             raise error()
         return
-    # log(x) is finite exactly where 0 < x < inf (log 0 = -inf, log of a negative or NaN is
-    # NaN, log inf = inf): three operators instead of four
-    torch = _torch()
-    _require(torch.isfinite(torch.log(x)).all(), error)
+    _require_all(_extremes(x, _positive), error)  # min > 0, max < inf: one reduction
 
 
 def require_finite(error: Callable[[], Exception], *arrays: Array) -> None:
@@ -312,24 +368,26 @@ def require_finite(error: Callable[[], Exception], *arrays: Array) -> None:
     device = [a for a in arrays if not is_numpy(a)]
     if not all_finite(*host):
         raise error()
-    if not device:
-        return
-    torch = _torch()
-    _require_all([torch.isfinite(a).all() for a in device], error)
+    _require_all(_finite_checks(device), error)
 
 
-def _require_all(flags: list[Array], error: Callable[[], Exception]) -> None:
-    """``_require`` of every 0-d flag: inside ``deferred_checks`` (or while tracing) each flag
-    is kept on its own with the same error (no stack and reduction of its own: the read
-    stacks them all anyway; the first failed one raises, as their conjunction would), else
-    one reduction and one read."""
-    if len(flags) == 1:
-        _require(flags[0], error)
-    elif tracing() or pending_checks() is not None:
-        for flag in flags:
-            _require(flag, error)
-    else:
-        _require(_torch().stack(flags).all(), error)
+def _read_checks(checks: list[tuple[Array, Test]]) -> bool:
+    """Whether every ``(value, test)`` passes, read at once (one transfer for all)."""
+    if not checks:
+        return True
+    host = to_host(_torch().stack([v for v, _ in checks])).tolist()
+    return all(test(v) for v, (_, test) in zip(host, checks))
+
+
+def _require_all(checks: list[tuple[Array, Test]], error: Callable[[], Exception]) -> None:
+    """``_require`` of every ``(value, test)`` with the same error: inside
+    ``deferred_checks`` (or while tracing) each is kept on its own (the read stacks them all
+    anyway; the first failed one raises, as their conjunction would), else one read."""
+    if tracing() or pending_checks() is not None:
+        for flag, test in checks:
+            _require(flag, error, test)
+    elif not _read_checks(checks):
+        raise error()
 
 
 def einsum(spec: str, *operands: Array) -> Array:
@@ -337,6 +395,32 @@ def einsum(spec: str, *operands: Array) -> Array:
     if is_numpy(operands[0]):
         return np.einsum(spec, *operands)
     return _torch().einsum(spec, *operands)
+
+
+def outer(u: Array, v: Array) -> Array:
+    """``u[..., :, None] * v[..., None, :]`` ``[..., m, n]`` for ``u [..., m]``,
+    ``v [..., n]`` (on a device one ``einsum`` operator instead of two views and a product:
+    the same products, laid out alike)."""
+    if is_numpy(u):
+        return u[..., :, None] * v[..., None, :]
+    return _torch().einsum("...m,...n->...mn", u, v)
+
+
+def scale_columns(X: Array, v: Array) -> Array:
+    """``X [..., m, n] * v[..., None, :]`` for ``v [..., n]`` (column ``j`` of each matrix
+    times ``v[..., j]``; on a device one ``einsum`` operator instead of a view and a
+    product: the same products, laid out alike)."""
+    if is_numpy(X):
+        return X * v[..., None, :]
+    return _torch().einsum("...mn,...n->...mn", X, v)
+
+
+def scale_rows(X: Array, v: Array) -> Array:
+    """``X [..., m, n] * v[..., :, None]`` for ``v [..., m]`` (row ``i`` of each matrix times
+    ``v[..., i]``; on a device one ``einsum`` operator, as ``scale_columns``)."""
+    if is_numpy(X):
+        return X * v[..., :, None]
+    return _torch().einsum("...mn,...m->...mn", X, v)
 
 
 def mT(X: Array) -> Array:
@@ -487,6 +571,53 @@ def repeat_columns(v: Array, n: int) -> Array:
     return v[:, None].repeat(1, n)
 
 
+def max_abs(x: Array) -> Array:
+    """``max |x|`` over every entry, a 0-d array (on a device one operator, the infinity
+    norm: the same value, NaN propagated)."""
+    if is_numpy(x):
+        return np.max(np.abs(x))
+    return _torch().linalg.vector_norm(x, math.inf)
+
+
+def rsub(x: Array, value: float, alpha: float = 1.0) -> Array:
+    """``value - alpha x`` elementwise (a new array; on a device one operator, where the
+    expression is two or three)."""
+    if is_numpy(x):
+        return value - alpha * x
+    return _torch().rsub(x, value, alpha=alpha)
+
+
+def scale_add_(X: Array, alpha: float, base: Array) -> Array:
+    """``X = alpha X + base`` in place (``base`` broadcasts against ``X``); returns ``X``.
+    ``alpha`` is a power of two (``-2.0``, ...): the product is exact, so the one fused
+    operator on a device (``torch.add(base, X, alpha=)``) gives the values of the two steps
+    numpy keeps (``X *= alpha; X += base``) bit for bit."""
+    if is_numpy(X):
+        X *= alpha
+        X += base
+        return X
+    return _torch().add(base, X, alpha=alpha, out=X)
+
+
+def add_scaled_(base: Array, X: Array, alpha: float, scratch: Array | None = None) -> Array:
+    """``base += alpha X`` in place; returns ``base``. ``alpha`` a power of two (exact
+    product: one operator on a device, ``base.add_(X, alpha=)``, the same values as numpy's
+    two steps); ``scratch``: an array like ``X`` numpy may overwrite with ``alpha X`` (no
+    temporary)."""
+    if is_numpy(base):
+        base += alpha * X if scratch is None else multiply_into(X, alpha, scratch)
+        return base
+    return base.add_(X, alpha=alpha)
+
+
+def plus_scaled(base: Array, X: Array, alpha: float) -> Array:
+    """``base + alpha X`` as a new array, ``alpha`` a power of two (exact product: one
+    operator on a device, the same values as numpy's two steps)."""
+    if is_numpy(base):
+        return alpha * X + base
+    return _torch().add(base, X, alpha=alpha)
+
+
 def multiply_into(a: Array, b: Array | float, out: Array) -> Array:
     """``out = a * b`` without a temporary (the standard has no ``out=``); returns ``out``."""
     if is_numpy(out):
@@ -543,13 +674,14 @@ def checked_cholesky(K: Array, *also_finite: Array,
             return None
         L, failed = cholesky(K)
         return None if np.any(failed) else L
-    torch = _torch()
-    L, info = torch.linalg.cholesky_ex(K)
-    flags = [(info == 0).all()] + [torch.isfinite(a).all() for a in (K, *also_finite)]
+    L, info = _torch().linalg.cholesky_ex(K)
+    # the largest status (0: every matrix factorised) and the arrays' largest magnitudes:
+    # two reductions, tested on the host
+    checks = [(info.max(), _zero), *_finite_checks((K, *also_finite))]
     if error is not None and (tracing() or pending_checks() is not None):
-        _require_all(flags, error)
+        _require_all(checks, error)
         return L
-    return L if bool(torch.stack(flags).all()) else None
+    return L if _read_checks(checks) else None
 
 
 def _trsm_stack(L: np.ndarray, B: np.ndarray, transpose: bool) -> np.ndarray:
@@ -589,7 +721,7 @@ def solve_triangular(L: Array, B: Array, *, transpose: bool = False,
 
 
 def tri_matmul(T: Array, X: Array, *, transpose: bool = False, right: bool = False,
-               overwrite: bool = False) -> Array:
+               overwrite: bool = False, T_T: Array | None = None) -> Array:
     """``op(T) X`` (``X op(T)`` with ``right``), ``op(T) = T^T`` with ``transpose``, for
     lower-triangular ``T [..., M, M]`` and ``X [..., M, k]`` (``[..., k, M]`` with ``right``),
     one stack or matrix each with the same leading axes; a new array, or with ``overwrite``
@@ -599,10 +731,11 @@ def tri_matmul(T: Array, X: Array, *, transpose: bool = False, right: bool = Fal
     of ``X``: half the FLOP of a general product, measured 1.45x faster than ``@`` at
     ``M = 200`` on one thread (1.9 vs 2.8 ms for ``[10, 200, 200] @ [10, 200, 200]``), and
     equal to it up to the order of the triangle's non-zero terms. Other namespaces: ``@`` (the
-    same operators as before: no triangular product in the standard).
+    same operators as before: no triangular product in the standard). ``T_T``: ``mT(T)``
+    where the caller keeps it (a device then forms no transposed view; numpy ignores it).
     """
     if not is_numpy(T) or T.shape[:-2] != X.shape[:-2]:  # a device, or broadcast stacks
-        A = mT(T) if transpose else T
+        A = (mT(T) if T_T is None else T_T) if transpose else T
         return X @ A if right else A @ X
     dtype = np.result_type(T, X)
     if overwrite and X.dtype == dtype and X.flags.c_contiguous and X.flags.writeable:

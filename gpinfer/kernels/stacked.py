@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import Any, cast, overload
 
 import numpy as np
 
@@ -88,6 +88,24 @@ class _Distances:
     vk: Array
 
 
+def _rows_product(X: Array, Y: Array) -> Array:
+    """``X @ Y`` ``[C, M, N]`` for ``X [C, M, K]`` and ``Y [K, N]`` as one product over the
+    ``C M`` rows: numpy reshapes to one ``gemm``; torch's ``matmul`` folds the leading axes
+    itself (the same ``gemm``, without two reshape operators)."""
+    if not ops.is_numpy(X):
+        return X @ Y
+    C, M, K = X.shape
+    return np.reshape(np.reshape(X, (C * M, K)) @ Y, (C, M, Y.shape[1]))
+
+
+def _mean_rows(Z: Array) -> Array:
+    """The mean ``[D]`` of the rows of ``Z [C, M, D]`` (torch: one reduction over the two
+    leading axes, the same sum as over the reshaped rows; numpy: the reshaped rows)."""
+    if not ops.is_numpy(Z):
+        return cast(Any, Z).mean(dim=(0, 1))
+    return np.mean(np.reshape(Z, (-1, Z.shape[2])), axis=0)
+
+
 def _scaled_norms(X2: Array, ell2: Array) -> Array:
     """``sum_d X2[b, d] / ell[c, 0, d]^2`` ``[C, B]`` for squared inputs ``X2 [B, D]`` and
     squared lengthscales ``ell2 [C, D]`` (ARD) or ``[C, 1]`` (isotropic)."""
@@ -121,18 +139,14 @@ class StackedCovariances:
     def _sqdist(a2: Array, b2: Array, AB: Array) -> Array:
         """``r2 = a2 + b2 - 2 AB`` ``[C, Ma, Mb]`` (in place on ``AB``), clipped at 0, for
         ``a2 [C, Ma, 1]`` and ``b2 [C, 1, Mb]``."""
-        AB *= -2.0
-        AB += a2
+        ops.scale_add_(AB, -2.0, a2)  # -2 AB + a2, one operator on a device
         AB += b2
         return ops.clip_below(AB, 0.0)
 
     def _batch_product(self, G: Array) -> Array:
         """``G Bx`` ``[C, M, D]`` for ``G [C, M, B]``, ``Bx = (X - shift) / ell`` the scaled
         batch of each latent: one product with the shared shifted batch, then the scales."""
-        xp = ops.namespace(G)
-        C, M, B = G.shape
-        Xs = self.d.Xs
-        out = xp.reshape(xp.reshape(G, (C * M, B)) @ Xs, (C, M, Xs.shape[1]))
+        out = _rows_product(G, self.d.Xs)
         out /= self.d.ell
         return out
 
@@ -167,7 +181,7 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     ell2 = ell_rows * ell_rows
     var = natural[:, stop - 1]
     # one shift for every latent and the batch (distances do not change)
-    shift = xp.mean(xp.reshape(Z, (C * M, D)), axis=0)
+    shift = _mean_rows(Z)
     A = Z - shift
     A /= ell
     Xs = X - shift
@@ -176,7 +190,7 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     r2_uu = StackedCovariances._sqdist(a2_col, a2[:, None, :], A @ ops.mT(A))
     ops.fill_diagonal(r2_uu, 0.0)
     As = A / ell  # (Z - shift) / ell^2: A . ((x - shift) / ell) = As . (x - shift)
-    cross = xp.reshape(xp.reshape(As, (C * M, D)) @ ops.mT(Xs), (C, M, X.shape[0]))
+    cross = _rows_product(As, ops.mT(Xs))
     del As
     Xs2 = Xs * Xs
     r2_uf = StackedCovariances._sqdist(a2_col, _scaled_norms(Xs2, ell2)[:, None, :], cross)
@@ -188,10 +202,10 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     Kuf = vk * d.g_uf
     Kff_diag = ops.repeat_columns(var, X.shape[0])  # [C, B]
     for index, _ in family.noise_parts():
-        noise = natural[:, family.offsets[index][0]]
+        noise = natural[:, family.offsets[index][0], None]  # [C, 1]
         if family.noise_on_square[index]:
-            ops.add_diagonal(Kuu, noise[:, None])
-        Kff_diag += noise[:, None]
+            ops.add_diagonal(Kuu, noise)
+        Kff_diag += noise
     return d, Kuu, Kuf, Kff_diag
 
 
@@ -212,6 +226,7 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
         d_var = d.var * sum_ff
     d_ell: Array | None = None  # [C, D']
     rA: Array | None = None  # [C, M]
+    row_uu: Array | None = None  # G_uu's row sums, [C, M]
     GA: Array | None = None  # G_uu A, [C, M, D]
     GB: Array | None = None  # G_uf Bx, [C, M, D]
     G_uf: Array | None = None
@@ -231,9 +246,10 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
             G = G + ops.mT(G)
             G *= 0.5
         row = xp.sum(G, axis=2)  # [C, M]
-        if square:
-            row *= 2.0
-        rA = row if rA is None else rA + row
+        if square:  # counted twice: doubled where it is added (2 row_uu + row_uf, one op)
+            row_uu = row
+        else:
+            rA = row if row_uu is None else ops.plus_scaled(row, row_uu, 2.0)
         if not ard:
             term = xp.reshape(-2.0 * ops.einsum("cmn,cmn->c", G, r2), (C, 1))
             if d_ell is None:
@@ -245,6 +261,8 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
                 GA = G @ d.A
             else:
                 GB, G_uf = cov._batch_product(G), G
+    if rA is None and row_uu is not None:
+        rA = 2.0 * row_uu
     g_Z = None
     if rA is None or not need_products:
         if inputs:
@@ -253,12 +271,12 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
         H = GB if GB is not None else GA  # H' = G_uu A + G_uf Bx
         if GA is not None and GB is not None:
             H += GA
-        AR = d.A * rA[:, :, None]
+        AR = ops.scale_rows(d.A, rA)  # A * rA[:, :, None]
         if ard:
             d_ell = 4.0 * ops.einsum("cmd,cmd->cd", d.A, H)
-            d_ell -= 2.0 * ops.einsum("cmd,cmd->cd", AR, d.A)
+            ops.add_scaled_(d_ell, ops.einsum("cmd,cmd->cd", AR, d.A), -2.0)
             if G_uf is not None:  # c_uf . Bx^2 = (c_uf (X - shift)^2) / ell^2
-                d_ell -= 2.0 * ((xp.sum(G_uf, axis=1) @ d.Xs2) / d.ell2)
+                ops.add_scaled_(d_ell, (xp.sum(G_uf, axis=1) @ d.Xs2) / d.ell2, -2.0)
         if inputs:
             if GA is not None:  # H = H' + G_uu A (in place: H' is not needed again)
                 H += GA
@@ -269,18 +287,29 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
         d_var = ops.zeros(cov.Z, (C,))
     if d_ell is None:
         d_ell = ops.zeros(cov.Z, (C, d.ell.shape[2]))
-    blocks = []
+    # the parameters' gradients in each kernel's order: [C, D'] blocks and [C] columns, runs
+    # of adjacent columns stacked at once (one operator, not one view each)
+    blocks: list[Array] = []
+    columns: list[Array] = []
+
+    def close_columns() -> None:
+        if columns:
+            blocks.append(xp.stack(columns, axis=1) if len(columns) > 1 else columns[0][:, None])
+            columns.clear()
+
     for index in range(len(fam.parts)):
         if index == fam.stationary_index:
-            blocks += [d_ell, d_var[:, None]]
+            close_columns()
+            blocks.append(d_ell)
+            columns.append(d_var)
             continue
         noise = cov.natural[:, fam.offsets[index][0]]
         total = sum_ff
         if dKuu is not None and fam.noise_on_square[index]:
             on_diag = xp.sum(ops.diagonal(dKuu), axis=1)
             total = on_diag if total is None else total + on_diag
-        gn = ops.zeros(cov.Z, (C,)) if total is None else noise * total
-        blocks.append(gn[:, None])
+        columns.append(ops.zeros(cov.Z, (C,)) if total is None else noise * total)
+    close_columns()
     return xp.concat(blocks, axis=1), g_Z
 
 

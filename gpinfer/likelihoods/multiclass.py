@@ -43,7 +43,12 @@ from gpinfer.interfaces import ExpectedLogProb, Likelihood, TiltedMoments
 from gpinfer.likelihoods.base import check_labels, check_latent, check_mean_var, check_power
 from gpinfer.likelihoods.bernoulli import LOGISTIC
 from gpinfer.numerics import settings
-from gpinfer.numerics.normal import inv_mills, log_phi, log_Phi_derivatives
+from gpinfer.numerics.normal import (
+    inv_mills,
+    log_phi,
+    log_Phi_curvature,
+    log_Phi_derivatives,
+)
 from gpinfer.numerics.quadrature import (
     chunk_slices,
     multiclass_gh_order,
@@ -102,14 +107,15 @@ def argmax_factor_tilted(a_y: Array, a_k: Array, b_y: Array, b_k: Array, *,
         "argmax_factor_tilted needs finite positive total variance b_y + b_k"))
     sqrt_z = xp.sqrt(z)
     alpha = (a_y - a_k) / sqrt_z
-    # log Phi, r = phi / Phi and r' = -gamma(alpha) from one evaluation of log Phi
-    derivatives = log_Phi_derivatives(alpha, 2 if curvature else 1)
-    beta = derivatives[1]
+    # log Phi, r = phi / Phi and -r' = gamma(alpha) from one evaluation of log Phi
     gamma = None
     if curvature:
-        gamma = xp.clip(-derivatives[2], _GAMMA_FLOOR, _GAMMA_CEIL) / z
+        log_z, beta, curv = log_Phi_curvature(alpha)
+        gamma = xp.clip(curv, _GAMMA_FLOOR, _GAMMA_CEIL) / z
+    else:
+        log_z, beta = log_Phi_derivatives(alpha, 1)
     return PairwiseProbitTilted(
-        log_z=derivatives[0],
+        log_z=log_z,
         dlogz_da=beta / sqrt_z,
         dlogz_db=-0.5 * beta * alpha / z,
         gamma=gamma,

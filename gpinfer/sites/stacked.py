@@ -25,9 +25,9 @@ class (1 for ``q``, the cavity fraction for SEP's cavity), ``w = B^-1 a h_w``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -134,6 +134,9 @@ class StackedTerms:
     #: solve of the step (an operator each on a device)
     _L_T: Array | None = field(default=None, init=False, repr=False, compare=False)
 
+    #: ``transpose(A)``, formed on first use (``A_T``) and kept, as ``L_T``
+    _A_T: Array | None = field(default=None, init=False, repr=False, compare=False)
+
     @property
     def L_T(self) -> Array:
         """``L^T`` ``[C, M, M]`` (a view of ``L``, kept)."""
@@ -141,12 +144,23 @@ class StackedTerms:
             self._L_T = transpose(self.L)
         return self._L_T
 
+    @property
+    def A_T(self) -> Array:
+        """``A^T`` ``[C, n, M]`` (a view of ``A``, kept: the update's and the gradient's
+        products share it)."""
+        if self._A_T is None:
+            self._A_T = transpose(self.A)
+        return self._A_T
+
     def to_whitened(self, Lam: Array, h: Array) -> tuple[Array, Array]:
         """``(L^T Lam L [C, M, M], L^T h [C, M])`` from ``u``-space site sums (two triangular
         products: ``ops.tri_matmul``)."""
         LamL = ops.tri_matmul(self.L, Lam, right=True)
-        LtLamL = ops.tri_matmul(self.L, LamL, transpose=True, overwrite=True)
-        return symmetrize(LtLamL), (h[:, None, :] @ self.L)[:, 0, :]  # (L^T h)^T = h^T L
+        LtLamL = ops.tri_matmul(self.L, LamL, transpose=True, overwrite=True, T_T=self.L_T)
+        # (L^T h)^T = h^T L: on a device one einsum (the same batched product, no views)
+        hL = ((h[:, None, :] @ self.L)[:, 0, :] if ops.is_numpy(h)
+              else ops.einsum("cm,cmk->ck", h, self.L))
+        return symmetrize(LtLamL), hL
 
     def to_u_space(self, P_w: Array, h_w: Array) -> tuple[Array, Array]:
         """Inverse of ``to_whitened``: ``(L^-T P_w L^-1, L^-T h_w)``."""
@@ -215,28 +229,100 @@ def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Arr
     return StackedTerms(L=L, A=A, s=ops.clip_below(s, jitter), L_inv=L_inv)
 
 
+class Scales(NamedTuple):
+    """The factors ``a`` of ``StackedGaussians`` in the shapes they broadcast in:
+    ``matrix [..., 1, 1]`` (times ``P_w``) and ``vector [..., 1]`` (times ``h_w``), kept
+    constants (``scales``): no reshape operator per use."""
+
+    matrix: Array
+    vector: Array
+
+
+def scales(ref: Array, values: tuple[float, ...], lead: tuple[int, ...]) -> Scales:
+    """``Scales`` of the host ``values`` (``lead`` = ``(C,)``, or ``(2, C)`` for
+    ``StackedGaussians.paired``) on ``ref``'s backend (on a device moved once and kept)."""
+    return Scales(ops.constant(ref, values, (*lead, 1, 1)), ops.constant(ref, values, (*lead, 1)))
+
+
 class StackedGaussians:
     """``q_c(u) = N(L w_c, L B_c^-1 L^T)`` for every class, ``B_c = I + a_c P_w[c]``.
 
     ``P_w [C, M, M]``, ``h_w [C, M]`` whitened site sums; ``scale [C]`` the factors ``a_c``
-    (``None``: 1). ``NumericalError`` (quantity ``"B"``) when some ``B_c`` is not positive
-    definite.
+    (``None``: 1), or ``Scales`` of them (with leading axes ``[2, C]``: both Gaussians of
+    ``paired`` in one stack). ``NumericalError`` (quantity ``"B"``) when some ``B_c`` is not
+    positive definite.
     """
 
-    def __init__(self, P_w: Array, h_w: Array, scale: Array | None = None, *,
+    def __init__(self, P_w: Array, h_w: Array, scale: Array | Scales | None = None, *,
                  iteration: int | None = None):
+        self._make_h_w: Callable[[], Array] | None = None  # a view's (``_view``)
         if scale is None:  # a = 1: no product
             Bm = ops.plus_diagonal(P_w, 1.0)
-            self.h_w = h_w
+            self._h_w: Array | None = h_w
         else:
-            a = scale if ops.is_array(scale) and not ops.is_numpy(scale) else ops.like(P_w, scale)
-            Bm = ops.add_diagonal(ops.namespace(a).reshape(a, (-1, 1, 1)) * P_w, 1.0)
-            self.h_w = a[:, None] * h_w
+            if isinstance(scale, Scales):
+                a_matrix, a_vector = scale
+            else:
+                a = (scale if ops.is_array(scale) and not ops.is_numpy(scale)
+                     else ops.like(P_w, scale))
+                a_matrix, a_vector = ops.namespace(a).reshape(a, (-1, 1, 1)), a[:, None]
+            Bm = ops.add_diagonal(a_matrix * P_w, 1.0)
+            self._h_w = a_vector * h_w
         self.LB = site_cholesky(Bm, h_w, iteration)
-        #: ``transpose(LB)``, formed once: every ``L_B^-T`` solve shares it
-        self.LB_T = transpose(self.LB)
+        self._LB_T: Array | None = transpose(self.LB)  # formed here: __init__ solves with it
+        self._make_LB_T: Callable[[], Array] | None = None  # a view's (``_view``)
         self.w = self.B_inv_vec(self.h_w)
         self._B_inv: Array | None = None
+
+    @classmethod
+    def paired(cls, P_w: Array, h_w: Array, pair: Scales, *, iteration: int | None = None
+               ) -> tuple[StackedGaussians, StackedGaussians, Array]:
+        """``(q, cav, log_norm_ratio [2, C])``: the Gaussians of the site sums ``P_w``,
+        ``h_w`` with scale 1 (``q``) and with the cavity scales ``a [C]`` (``cav``), and
+        their log-norm ratios (row 0: ``q``'s), from ``pair``, the ``Scales`` of
+        ``(1, ..., 1, a_1, ..., a_C)`` with leading axes ``[2, C]``.
+
+        On a device both live in one ``[2, C]`` stack: one Cholesky, one check, one pair of
+        solves for both means and one log-norm ratio (each matrix factorised and solved as
+        on its own: the same values), and the two are views of it; on numpy two
+        ``StackedGaussians`` as before.
+        """
+        if ops.is_numpy(P_w):
+            q = cls(P_w, h_w, iteration=iteration)
+            cav = cls(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]), iteration=iteration)
+            return q, cav, np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
+        both = cls(P_w, h_w, pair, iteration=iteration)
+        q = cls._view(both.LB[0], both.w[0], h_w, lambda: both.LB_T[0])
+        cav = cls._view(both.LB[1], both.w[1], lambda: both.h_w[1], lambda: both.LB_T[1])
+        return q, cav, both.log_norm_ratio()
+
+    @classmethod
+    def _view(cls, LB: Array, w: Array, h_w: Array | Callable[[], Array],
+              LB_T: Callable[[], Array]) -> StackedGaussians:
+        """A ``StackedGaussians`` of given factors, means and shifts (views of a larger
+        stack), its ``LB_T`` (and ``h_w`` where a callable is given) formed on first use."""
+        out = cls.__new__(cls)
+        out.LB, out.w, out._B_inv = LB, w, None
+        out._h_w, out._make_h_w = (None, h_w) if callable(h_w) else (h_w, None)
+        out._LB_T, out._make_LB_T = None, LB_T
+        return out
+
+    @property
+    def h_w(self) -> Array:
+        """The scaled whitened shifts ``a h_w`` ``[C, M]`` (a view's: formed on first
+        use)."""
+        if self._h_w is None:
+            assert self._make_h_w is not None  # a view's: set by ``_view``
+            self._h_w = self._make_h_w()
+        return self._h_w
+
+    @property
+    def LB_T(self) -> Array:
+        """``transpose(LB)``, formed once: every ``L_B^-T`` solve shares it."""
+        if self._LB_T is None:
+            assert self._make_LB_T is not None  # a view's: set by ``_view``
+            self._LB_T = self._make_LB_T()
+        return self._LB_T
 
     def B_inv_vec(self, v: Array) -> Array:
         """``B^-1 v`` ``[C, M]`` for ``v [C, M]``."""
@@ -249,19 +335,27 @@ class StackedGaussians:
             self._B_inv = cho_inverse_stack(self.LB)
         return self._B_inv
 
-    def project(self, A: Array) -> tuple[Array, Array, Array]:
+    def project(self, A: Array, *, means_by_point: bool = False
+                ) -> tuple[Array, Array, Array]:
         """Means ``mu = A^T w [C, n]``, variances ``v = ||L_B^-1 a||^2 [C, n]`` and
-        ``R = L_B^-1 A [C, M, n]`` along whitened directions ``A [C, M, n]``."""
+        ``R = L_B^-1 A [C, M, n]`` along whitened directions ``A [C, M, n]``.
+        ``means_by_point``: ``mu`` as ``[n, C]``, the transposed view of the same values (on
+        a device the einsum's own output: no transpose operator)."""
         R = tri_solve_stack(self.LB, A)
-        mu = ops.einsum("cmn,cm->cn", A, self.w)
+        if means_by_point and not ops.is_numpy(A):
+            mu = ops.einsum("cmn,cm->nc", A, self.w)
+        else:
+            mu = ops.einsum("cmn,cm->cn", A, self.w)
+            mu = ops.mT(mu) if means_by_point else mu
         return mu, ops.einsum("cmn,cmn->cn", R, R), R
 
     def log_norm_ratio(self) -> Array:
         """``G(q_c) - G(prior)`` per class ``[C]`` (spec ep-sep §2.6)."""
         xp = ops.namespace(self.LB)
         log_diag = xp.log(ops.diagonal(self.LB))
+        spec = "cm,cm->c" if self.w.ndim == 2 else "acm,acm->ac"  # [C], or [2, C] (paired)
         # b - a, the same value as -a + b (one operator fewer on a device)
-        return 0.5 * ops.einsum("cm,cm->c", self.w, self.h_w) - xp.sum(log_diag, axis=1)
+        return 0.5 * ops.einsum(spec, self.w, self.h_w) - xp.sum(log_diag, axis=-1)
 
     def moments(self, L: Array) -> tuple[Array, Array]:
         """``(m [C, M], V [C, M, M])`` in ``u``-space given ``L [C, M, M] = chol(Kuu)``:
@@ -288,22 +382,30 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     (A compiled region of the step: ``gpinfer.backend.compile``.)
     """
     A = terms.A
-    e = 2.0 * b_sum if e_sum is None else e_sum
-    e_row = e[:, None, :]  # [C, 1, n]
-    AB = A * b_sum[:, None, :]  # A diag(B), [C, M, n]
+    AB = ops.scale_columns(A, b_sum)  # A diag(B), [C, M, n]
     BiA = tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)  # B_g^-1 A
-    # the sums below run in place, in the order of the formulas (the same arithmetic)
-    X = lik.w[:, :, None] * a_sum[:, None, :]
-    T = BiA * e_row
-    X += T
-    X -= ops.multiply_into(AB, 2.0, T)
+    # the sums below run in place, in the order of the formulas (the same arithmetic); the
+    # outer and column-scaled products are one operator each on a device (ops.outer, ...).
+    # SEP's E = 2 B enters as an exact factor 2 of the products with diag(B) (the same
+    # values as forming 2 B first: scaling by 2 commutes with every rounding)
+    X = ops.outer(lik.w, a_sum)
+    if e_sum is None:
+        T = ops.scale_columns(BiA, b_sum)
+        ops.add_scaled_(X, T, 2.0, scratch=T)  # X += B_g^-1 A diag(2 B)
+    else:
+        T = ops.scale_columns(BiA, e_sum)
+        X += T
+    ops.add_scaled_(X, AB, -2.0, scratch=T)  # X -= 2 AB (numpy: 2 AB written into T)
     del T
-    S_B = AB @ transpose(A)
+    S_B = AB @ terms.A_T
     Aa = ops.einsum("cmn,cn->cm", A, a_sum)
-    AX = Aa[:, :, None] * lik.w[:, None, :]
-    AX += (A * e_row) @ transpose(BiA)
-    AX -= 2.0 * S_B
-    inner = q.w[:, :, None] * q.w[:, None, :]
+    AX = ops.outer(Aa, lik.w)
+    if e_sum is None:  # A diag(2 B) (B_g^-1 A)^T = 2 (A diag(B)) (B_g^-1 A)^T
+        ops.add_scaled_(AX, AB @ transpose(BiA), 2.0)
+    else:
+        AX += ops.scale_columns(A, e_sum) @ transpose(BiA)
+    ops.add_scaled_(AX, S_B, -2.0)
+    inner = ops.outer(q.w, q.w)
     inner += q.B_inv()  # B^-1 + w w^T (q keeps its B^-1)
     ops.add_diagonal(inner, -1.0)  # the prior term
     inner *= 0.5

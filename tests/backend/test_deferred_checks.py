@@ -59,8 +59,8 @@ def test_the_first_failed_check_names_the_problem():
 @pytest.mark.parametrize("bad", [0.0, -0.0, -1e-300, -2.0, float("nan"), float("inf"),
                                  float("-inf")])
 def test_require_positive_on_a_device_rejects_what_numpy_rejects(bad, dtype):
-    """The device form (``log`` finite) accepts exactly the finite entries ``> 0``, the
-    smallest subnormal included, deferred or not."""
+    """The device form (minimum ``> 0`` and maximum finite, one ``aminmax``) accepts exactly
+    the finite entries ``> 0``, the smallest subnormal included, deferred or not."""
     tiny = torch.finfo(dtype).smallest_normal / 4  # a subnormal
     good = torch.tensor([tiny, 1.0, torch.finfo(dtype).max], dtype=dtype)
     ops.require_positive(good, lambda: InputError("good"))
@@ -72,6 +72,30 @@ def test_require_positive_on_a_device_rejects_what_numpy_rejects(bad, dtype):
         ops.require_positive(x, lambda: InputError("bad"))
     with pytest.raises(InputError, match="bad"), ops.deferred_checks():
         ops.require_positive(x, lambda: InputError("bad"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_require_finite_on_a_device_rejects_what_numpy_rejects(bad, dtype):
+    """The device form (the arrays' largest magnitudes finite: one ``_foreach_norm`` of
+    order inf for all of them) accepts every finite entry, the largest and the most negative
+    included, an empty array and integer or boolean ones (always finite); it rejects NaN and
+    both infinities wherever they sit, deferred or not."""
+    big = torch.finfo(dtype).max
+    good = torch.tensor([[-big, 0.0], [big, -0.0]], dtype=dtype).T  # a strided view
+    for arrays in ((good,), (good, torch.zeros((0, 3), dtype=dtype)),
+                   (good, torch.arange(3), torch.ones(2, dtype=torch.bool))):
+        ops.require_finite(lambda: InputError("good"), *arrays)
+        with ops.deferred_checks():
+            ops.require_finite(lambda: InputError("good"), *arrays)
+    for where in range(3):
+        x = torch.tensor([1.0, -2.0, 3.0], dtype=dtype)
+        x[where] = bad
+        assert not ops.all_finite(x.numpy())
+        with pytest.raises(InputError, match="bad"):
+            ops.require_finite(lambda: InputError("bad"), good, x)
+        with pytest.raises(InputError, match="bad"), ops.deferred_checks():
+            ops.require_finite(lambda: InputError("bad"), good, x)
 
 
 @pytest.mark.parametrize("device_array", [False, True])

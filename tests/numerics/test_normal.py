@@ -12,6 +12,7 @@ from gpinfer.numerics.normal import (
     inv_mills,
     log_Phi,
     log_phi,
+    log_Phi_curvature,
     log_Phi_derivatives,
     probit_curvature,
 )
@@ -109,3 +110,50 @@ def test_log_Phi_derivatives_order_checks():
     assert len(log_Phi_derivatives(np.zeros(3), 2)) == 3
     with pytest.raises(ValueError):
         log_Phi_derivatives(np.zeros(3), 5)
+
+
+def test_device_inverse_mills_one_formula_equals_the_two_branch_form():
+    """On a device ``r(t)`` is the ``erfcx`` form for every ``t`` (no select between two
+    evaluated branches): equal to numpy's two-branch form (``exp(log phi - log Phi)`` for
+    ``t >= 0``) and to the former device form (both branches and a select) within 2e-13
+    relative from the far left tail to ``t = 37``, bit-equal to the latter for ``t < 0``, and below 1e-300 with it beyond; in float32 within 2e-5."""
+    torch = pytest.importorskip("torch")
+    t = np.concatenate([-np.logspace(-3, 150, 300), np.linspace(-40.0, 37.0, 3081),
+                        np.logspace(-12, 0, 50), [0.0, -0.0]])
+    dev = inv_mills(torch.as_tensor(t)).numpy()
+    host = inv_mills(t)
+    np.testing.assert_allclose(dev, host, rtol=2e-13, atol=0.0)
+    tt = torch.as_tensor(t)  # the former device form: both branches, then a select
+    right = torch.exp(log_phi(tt) - torch.special.log_ndtr(tt))
+    left = math.sqrt(2 / math.pi) / torch.special.erfcx(-tt * math.sqrt(0.5))
+    former = torch.where(tt < 0, left, right).numpy()
+    assert np.array_equal(dev[t < 0], former[t < 0])
+    np.testing.assert_allclose(dev, former, rtol=2e-13, atol=0.0)
+    far = np.array([37.5, 38.0, 40.0, 1e3, 1e150])
+    dev_far, host_far = inv_mills(torch.as_tensor(far)).numpy(), inv_mills(far)
+    assert np.all((dev_far >= 0) & (dev_far < 1e-300)) and np.all(host_far < 1e-300)
+    # float32 against float64 at the same inputs: 2e-6 up to t = 5, 2e-5 out to t = 12
+    # (exp(t^2 / 2) inside erfcx carries t^2 / 2 float32 roundings; r(12) ~ 1e-32)
+    for hi, rtol in ((5.0, 2e-6), (12.0, 2e-5)):
+        t32 = torch.linspace(-30.0, hi, 421, dtype=torch.float32)
+        np.testing.assert_allclose(inv_mills(t32).numpy(), inv_mills(t32.double().numpy()),
+                                   rtol=rtol)
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_log_Phi_curvature_equals_the_derivatives_it_stands_for(device):
+    """``log_Phi_curvature`` (the device form: ``r (t + r)`` and the even series, without
+    sign flips) gives bit for bit ``log Phi``, ``r`` and ``-psi''`` of
+    ``log_Phi_derivatives(t, 2)``, across the asymptotic cut and far in both tails."""
+    torch = pytest.importorskip("torch")
+    cut = settings.PROBIT_ASYMPTOTIC_CUT
+    t = np.concatenate([-np.logspace(-3, 150, 200), np.linspace(-60.0, 40.0, 2001),
+                        [-cut, np.nextafter(-cut, 0.0), np.nextafter(-cut, -np.inf), 0.0]])
+    tt = torch.as_tensor(t) if device else t
+    psi, r, gamma = log_Phi_curvature(tt)
+    d = log_Phi_derivatives(tt, 2)
+    for got, want in zip((psi, r, gamma), (d[0], d[1], -d[2])):
+        got = np.asarray(got)
+        want = np.asarray(want)
+        assert np.array_equal(got, want)
+    assert np.all(np.asarray(gamma) >= 0)  # 0 where r underflows (t > 37)

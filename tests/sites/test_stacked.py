@@ -14,6 +14,7 @@ from gpinfer.sites.stacked import (
     StackedGaussians,
     as_stacked,
     cho_inverse_stack,
+    scales,
     stacked_cholesky,
     stacked_matrix_gradients,
     stacked_terms,
@@ -96,6 +97,41 @@ def test_gaussians_equal_whitened_gaussians(scale):
         np.testing.assert_allclose(R[c], p.R, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(lnr[c], ref.log_norm_ratio(), rtol=1e-10)
         np.testing.assert_allclose(g.B_inv()[c], ref.B_inv(np.eye(M)), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_paired_gaussians_equal_the_two_gaussians_bit_for_bit(device):
+    """``StackedGaussians.paired`` (on a device one ``[2, C]`` stack, its halves views of it)
+    gives ``q`` and the cavity exactly as two ``StackedGaussians`` do: factors, means,
+    projections, ``B^-1``, log-norm ratios and the matrix gradients built on them."""
+    rng, X, kernels, Zs, P, h = _setup(3)
+    frac = (0.8, 0.9, 0.95)
+    if device:
+        torch = pytest.importorskip("torch")
+        X, P, h = (torch.as_tensor(a) for a in (X, P, h))
+        Zs = [torch.as_tensor(z) for z in Zs]
+    terms = stacked_terms(kernels, Zs, X)
+    q, cav, lnr = StackedGaussians.paired(P, h, scales(P, (1.0,) * C + frac, (2, C)))
+    q0 = StackedGaussians(P, h)
+    cav0 = StackedGaussians(P, h, scales(P, frac, (C,)))
+    same = np.array_equal
+    for got, want in ((q, q0), (cav, cav0)):
+        assert same(np.asarray(got.LB), np.asarray(want.LB))
+        assert same(np.asarray(got.LB_T), np.asarray(want.LB_T))
+        assert same(np.asarray(got.w), np.asarray(want.w))
+        assert same(np.asarray(got.B_inv()), np.asarray(want.B_inv()))
+        for a, b in zip(got.project(terms.A), want.project(terms.A)):
+            assert same(np.asarray(a), np.asarray(b))
+    assert same(np.asarray(lnr[0]), np.asarray(q0.log_norm_ratio()))
+    assert same(np.asarray(lnr[1]), np.asarray(cav0.log_norm_ratio()))
+    R = cav.project(terms.A)[2]
+    a_sum, b_sum = (rng.normal(size=(C, N)) for _ in range(2))
+    if device:
+        a_sum, b_sum = torch.as_tensor(a_sum), torch.as_tensor(b_sum)
+    g = stacked_matrix_gradients(terms, q, cav, R, a_sum, b_sum)
+    g0 = stacked_matrix_gradients(terms, q0, cav0, R, a_sum, b_sum)
+    for name in ("Kuu", "Kuf", "Kff_diag"):
+        assert same(np.asarray(getattr(g, name)), np.asarray(getattr(g0, name)))
 
 
 def test_sep_matrix_gradients_equal_the_per_class_gradients():

@@ -52,9 +52,11 @@ from gpinfer.sites.inducing import (
     role_delta,
 )
 from gpinfer.sites.stacked import (
+    Scales,
     StackedGaussians,
     StackedTerms,
     as_stacked,
+    scales,
     stacked_matrix_gradients,
     stacked_terms,
     symmetrize,
@@ -281,9 +283,14 @@ class TiedSites(_SiteSums):
         self.Lam, self.h = ops.copy(snap["Lam"]), ops.copy(snap["h"])
         self._whitened = None
 
-    def _cavity_fraction(self, ref: Array) -> Array:
-        """``1 - 1 / n_c`` ``[C]`` on ``ref``'s backend (moved once)."""
-        return ops.constant(ref, tuple(float(f) for f in 1.0 - 1.0 / self.n_factors))
+    def _cavity_scales(self, ref: Array, paired: bool = False) -> Scales:
+        """The cavity fractions ``1 - 1 / n_c`` ``[C]`` as ``Scales`` on ``ref``'s backend
+        (moved once and kept); ``paired``: preceded by ``C`` ones, with leading axes
+        ``[2, C]`` (``StackedGaussians.paired``: ``q`` and the cavity in one stack)."""
+        fraction = tuple(float(f) for f in 1.0 - 1.0 / self.n_factors)
+        if paired:
+            return scales(ref, (1.0,) * len(fraction) + fraction, (2, len(fraction)))
+        return scales(ref, fraction, (len(fraction),))
 
     def _labels(self, idx: Array, ref: Array) -> _BatchLabels:
         """The labels of the points ``idx`` on ``ref``'s backend, their factor mask and
@@ -299,9 +306,11 @@ class TiedSites(_SiteSums):
         if ops.is_numpy(ref):
             counts = factor_counts(self.y[idx], C)
         else:  # on the device, in the arrays' dtype: no second move
-            xp = ops.namespace(ref)
-            n_y = xp.sum(xp.astype(~mask, ref.dtype), axis=0)
-            counts = (y.shape[0] - n_y) + (C - 1) * n_y
+            # with m_c = n - n_c^y the batch's factors per class (mask entries):
+            # (n - n_c^y) + (C - 1) n_c^y = (C - 1) n - (C - 2) m_c, exact small integers
+            # (two operators: a typed sum and one rsub)
+            m = ops.namespace(ref).sum(mask, axis=0, dtype=ref.dtype)
+            counts = ops.rsub(m, float((C - 1) * y.shape[0]), C - 2)
         labels = _BatchLabels(y, mask, counts,
                               ops.constant(ref, tuple(float(n) for n in self.n_factors)),
                               y[:, None])
@@ -316,7 +325,7 @@ class TiedSites(_SiteSums):
         labels = self._labels(idx, terms.A)
         P_w, h_w = self._whitened_sums(terms)
         P_w, h_next, change, Lam, h = _tied_update(
-            terms, P_w, h_w, self._cavity_fraction(P_w), labels, rho, iteration)
+            terms, P_w, h_w, self._cavity_scales(P_w), labels, rho, iteration)
         self._whitened = (terms, P_w, h_next)
         self.Lam, self.h = Lam, h
         return change
@@ -329,53 +338,52 @@ class TiedSites(_SiteSums):
         terms = as_stacked(terms)
         labels = self._labels(idx, terms.A)
         P_w, h_w = self._whitened_sums(terms)
-        return _tied_evaluate(terms, P_w, h_w, self._cavity_fraction(P_w), labels, scale,
-                              iteration)
+        return _tied_evaluate(terms, P_w, h_w, self._cavity_scales(P_w, paired=True), labels,
+                              scale, iteration)
 
 
 @compilable
-def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Array,
+def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
                  labels: _BatchLabels, rho: float, iteration: int | None
                  ) -> tuple[Array, Array, Array, Array, Array]:
     """``TiedSites.update`` on device arrays (a compiled region of the step): from the
-    whitened sums ``P_w [C, M, M]``, ``h_w [C, M]`` and the cavity fraction ``[C]``, the new
-    ``(P_w, h_w, change [], Lam [C, M, M], h [C, M])``."""
+    whitened sums ``P_w [C, M, M]``, ``h_w [C, M]`` and the cavity fractions (``Scales`` of
+    ``[C]``), the new ``(P_w, h_w, change [], Lam [C, M, M], h [C, M])``."""
     y, mask, counts, n_factors, y_col = labels
     cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
-    mu, v, _ = cav.project(terms.A)
-    a, v, s = mu.T, v.T, terms.s.T
+    a, v, _ = cav.project(terms.A, means_by_point=True)
+    v = v.T
+    vs = v + terms.s.T  # b = v + s for every role; the winners' is its gather (the same sums)
     a_y, v_y = at_label(a, y_col), at_label(v, y_col)
-    t = pair_tilted(a_y, v_y + at_label(s, y_col), a, v + s, mask)
+    t = pair_tilted(a_y, at_label(vs, y_col), a, vs, mask)
     W1, W2 = new_role_site(t.g_win, t.gamma, a_y, v_y)
     L1, L2 = new_role_site(-t.g_win, t.gamma, a, v)
     tau, nu = aggregate(W1, L1, y, mask), aggregate(W2, L2, y, mask)
     _finite("SEP sites", tau, nu)  # deferred in the caller's context
     keep = 1.0 - rho * counts / n_factors
     A = terms.A
-    P_new = (A * tau.T[:, None, :]) @ transpose(A)
+    P_new = ops.scale_columns(A, tau.T) @ terms.A_T
     h_new = ops.einsum("cmn,nc->cm", A, nu)
     P_w = symmetrize(ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w + rho * P_new)
     h_next = keep[:, None] * h_w + rho * h_new
-    xp = ops.namespace(h_next)
-    change = xp.max(xp.abs(h_next - h_w))
+    change = ops.max_abs(h_next - h_w)
     return (P_w, h_next, change, *terms.to_u_space(P_w, h_next))
 
 
 @compilable
-def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Array,
+def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
                    labels: _BatchLabels, scale: float, iteration: int | None
                    ) -> tuple[Scalar, StackedMatrixGradients]:
-    """``TiedSites.evaluate`` on device arrays (a compiled region of the step)."""
+    """``TiedSites.evaluate`` on device arrays (a compiled region of the step); ``pair``:
+    the scales of ``q`` and of the cavity (``StackedGaussians.paired``)."""
     y, mask, n_b, _, y_col = labels
-    q = StackedGaussians(P_w, h_w, iteration=iteration)
-    cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
-    mu, v, R = cav.project(terms.A)
-    a, vs = mu.T, (v + terms.s).T
+    q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration)
+    a, v, R = cav.project(terms.A, means_by_point=True)
+    vs = (v + terms.s).T
     t = pair_log_z(at_label(a, y_col), at_label(vs, y_col), a, vs, mask)
-    lnr_q, lnr_cav = q.log_norm_ratio(), cav.log_norm_ratio()
-    xp = ops.namespace(lnr_q)
-    cav_terms = xp.sum(n_b * (lnr_cav - lnr_q))
-    value = xp.sum(lnr_q) + scale * (xp.sum(t.log_z) + cav_terms)
+    xp = ops.namespace(lnr)
+    cav_terms = xp.sum(n_b * xp.diff(lnr, axis=0))  # lnr_cav - lnr_q, [1, C]: one operator
+    value = xp.sum(lnr[0]) + scale * (xp.sum(t.log_z) + cav_terms)
     a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
     b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
     return value, stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
