@@ -145,12 +145,17 @@ def uncollapsed_elbo(
     estimate). Arrays of one array-API namespace (that of ``mu``). Every step runs once on the
     stacks ``[l, M, M]`` / ``[l, M, B]`` of a block of latents: all of them on a device backend,
     cache-sized blocks on numpy (``HOST_LATENT_BLOCK_FLOATS``); the expectation runs once on
-    all latents.
+    all latents. One ``Kuu`` and ``Kub`` for ``L > 1`` latents (a list of one matrix, or a
+    stack ``[1, ...]``; ``Kdiag [1, B]`` or ``[B]``) is shared by every latent:
+    ``shared_uncollapsed_elbo``, whose matrix gradients are the latents' sums ``[1, ...]``.
     """
     xp = ops.namespace(mu)
     n_lat, M = mu.shape
     if ops.is_numpy(Kdiag) or ops.is_numpy(mu):  # a host Kdiag moved (no no-op copy)
         Kdiag = ops.like(mu, Kdiag)
+    if n_lat > 1 and len(Kuu) == 1:  # one Kuu, Kub and Kdiag shared by every latent
+        return shared_uncollapsed_elbo(_stack(Kuu, mu)[0], _stack(Kub, mu)[0],
+                                       xp.reshape(Kdiag, (-1,)), mu, Lq, expectation, scale)
     Kdiag = xp.reshape(Kdiag, (n_lat, -1))
     B = Kdiag.shape[1]
     blocks = _latent_blocks(mu, n_lat, M * B)
@@ -212,13 +217,85 @@ def uncollapsed_elbo(
         for out, b in zip(outs, (dmu_b, kl_b, dLq_b, dSigma_b)):
             out[sl] = b
     dmu, kl, dLq, dSigma = outs
-    if ops.is_numpy(mu):
+    return _estimate(E, kl, scale, dmu, dLq, grads, dSigma)
+
+
+def _estimate(E: Array, kl: Array, scale: float, dmu: Array, dLq: Array,
+              grads: Sequence[MatrixGradients], dSigma: Array) -> ELBOEstimate:
+    """The ``ELBOEstimate`` of the expectations ``E [B]`` and the latents' ``kl [L]``: its
+    value and KL host floats on numpy, unread 0-d float64 arrays on a device."""
+    xp = ops.namespace(E)
+    if ops.is_numpy(E):
         kl_total = ops.scalar(xp.sum(kl))
         value = scale * ops.scalar(xp.sum(E))
     else:  # no host read: the same float64 arithmetic on the device
         kl_total = xp.astype(xp.sum(kl), xp.float64)
         value = scale * xp.astype(xp.sum(E), xp.float64)
     return ELBOEstimate(value - kl_total, dmu, dLq, grads, E, kl_total, dSigma)
+
+
+def _side_by_side(S: Array) -> Array:
+    """A stack ``S [L, M, K]`` as one matrix ``[M, L K]``, its matrices side by side."""
+    n, M, K = S.shape
+    return ops.namespace(S).reshape(ops.namespace(S).permute_dims(S, (1, 0, 2)), (M, n * K))
+
+
+def _stacked(W: Array, n: int) -> Array:
+    """``_side_by_side``'s inverse: ``W [M, n K]`` as the stack ``[n, M, K]`` (a view)."""
+    xp = ops.namespace(W)
+    return xp.permute_dims(xp.reshape(W, (W.shape[0], n, -1)), (1, 0, 2))
+
+
+def shared_uncollapsed_elbo(Kuu: Array, Kub: Array, Kdiag: Array, mu: Array, Lq: Array,
+                            expectation: ExpectationFn, scale: float = 1.0) -> ELBOEstimate:
+    """``uncollapsed_elbo`` for ``L`` latents sharing one ``Kuu [M, M]``, ``Kub [M, B]`` and
+    ``Kdiag [B]`` (one kernel and one ``Z``: GPflow SVGP's model); ``mu [L, M]``,
+    ``Lq [L, M, M]``. The same ELBO and ``q(u)`` gradients as the per-latent algebra on the
+    broadcast matrices (to round-off), with the shared work done once: one Cholesky of
+    ``Kuu``, one ``A = Kuu^-1 Kub``, one ``Kuu^-1``, and the sums over the latents as single
+    products of the latents' matrices laid side by side (``[M, L M]``). ``matrix``: one
+    ``StackedMatrixGradients`` ``[1, ...]``, the latents' gradients summed (the shared
+    kernel's and ``Z``'s, by the chain rule through the broadcast).
+    """
+    xp = ops.namespace(mu)
+    n_lat, M = mu.shape
+    L_K = stacked_cholesky(Kuu, "Kuu")
+    Rb = ops.solve_triangular(L_K, Kub)  # [M, B]
+    A = ops.solve_triangular(L_K, Rb, transpose=True)  # Kuu^-1 Kub
+    LtA = ops.mT(Lq) @ A  # [L, M, B]
+    var = (Kdiag - xp.sum(Rb * Rb, axis=0))[:, None] + ops.mT(xp.sum(LtA * LtA, axis=1))
+    E, dm, dv = expectation(ops.mT(mu @ A), xp.maximum(var, 1e-12))  # [B, L]
+    gm, gv = scale * ops.mT(dm), scale * ops.mT(dv)  # [L, B]
+    # the KL's terms, every latent in one solve: P = L_K^-1 Lq, alpha = Kuu^-1 mu
+    P = ops.solve_triangular(L_K, _side_by_side(Lq))  # [M, L M]
+    Kinv_Lq = ops.solve_triangular(L_K, P, transpose=True)  # Kuu^-1 Lq, side by side
+    alpha = ops.solve_triangular(L_K, ops.solve_triangular(L_K, ops.mT(mu)),
+                                 transpose=True)  # [M, L]
+    logdet = (2.0 * xp.sum(xp.log(ops.diagonal(L_K)))
+              - 2.0 * xp.sum(xp.log(xp.abs(ops.diagonal(Lq))), axis=-1))
+    kl = 0.5 * (xp.sum(xp.reshape(P * P, (M, n_lat, M)), axis=(0, 2))
+                + xp.sum(mu * ops.mT(alpha), axis=-1) - M + logdet)
+    Agm = gm @ ops.mT(A)  # [L, M]: A gm_l per latent
+    W = xp.reshape(LtA * gv[:, None, :], (n_lat * M, -1))  # Lq_l^T A diag(gv_l), stacked
+    PvLq = A @ ops.mT(W)  # Pv_l Lq_l side by side, Pv_l = A diag(gv_l) A^T
+    Kinv_Lq_l = _stacked(Kinv_Lq, n_lat)
+    dLq = ops.add_diagonal(xp.tril(2.0 * _stacked(PvLq, n_lat) - Kinv_Lq_l),
+                           1.0 / ops.diagonal(Lq))
+    # the latents' sums of the per-latent G_uf and G_uu (uncollapsed_elbo's algebra)
+    gv_sum = xp.sum(gv, axis=0)
+    G_uf = 2.0 * (Kinv_Lq @ W) - 2.0 * (A * gv_sum) + alpha @ gm
+    Kinv = _inverse_from_factor(L_K)
+    Pv_sum = (A * gv_sum) @ ops.mT(A)
+    SP = Kinv_Lq @ ops.mT(PvLq)  # sum of Kuu^-1 Sigma_l Pv_l
+    Ga = ops.mT(Agm) @ ops.mT(alpha)  # sum of A gm_l alpha_l^T
+    G_uu = (-0.5 * (Ga + ops.mT(Ga)) + Pv_sum - SP - ops.mT(SP)
+            + 0.5 * (Kinv_Lq @ ops.mT(Kinv_Lq) + alpha @ ops.mT(alpha) - n_lat * Kinv))
+    G_uu = 0.5 * (G_uu + ops.mT(G_uu))
+    grads = StackedMatrixGradients(Kuu=G_uu[None, ...], Kuf=G_uf[None, ...],
+                                   Kff_diag=gv_sum[None, ...])
+    # dL/dSigma = Pv - Kuu^-1 / 2 + Sigma^-1 / 2 per latent (spec jj-taylor-svi §3.3)
+    dSigma = (A * gv[:, None, :]) @ ops.mT(A) - 0.5 * Kinv + 0.5 * _inverse_from_factor(Lq)
+    return _estimate(E, kl, scale, Agm - ops.mT(alpha), dLq, grads, dSigma)
 
 
 #: halvings of a natural-gradient step whose new precision is not positive definite
