@@ -136,6 +136,7 @@ def uncollapsed_elbo(
     Lq: Array,
     expectation: ExpectationFn,
     scale: float = 1.0,
+    with_dSigma: bool = True,
 ) -> ELBOEstimate:
     """The ELBO (spec jj-taylor-svi §3.1, jj-taylor-svi §3.3) for ``L`` latents on ``B`` points.
 
@@ -148,6 +149,7 @@ def uncollapsed_elbo(
     all latents. One ``Kuu`` and ``Kub`` for ``L > 1`` latents (a list of one matrix, or a
     stack ``[1, ...]``; ``Kdiag [1, B]`` or ``[B]``) is shared by every latent:
     ``shared_uncollapsed_elbo``, whose matrix gradients are the latents' sums ``[1, ...]``.
+    ``with_dSigma=False``: no ``dSigma`` (``None``; only natural-gradient steps read it).
     """
     xp = ops.namespace(mu)
     n_lat, M = mu.shape
@@ -155,7 +157,8 @@ def uncollapsed_elbo(
         Kdiag = ops.like(mu, Kdiag)
     if n_lat > 1 and len(Kuu) == 1:  # one Kuu, Kub and Kdiag shared by every latent
         return shared_uncollapsed_elbo(_stack(Kuu, mu)[0], _stack(Kub, mu)[0],
-                                       xp.reshape(Kdiag, (-1,)), mu, Lq, expectation, scale)
+                                       xp.reshape(Kdiag, (-1,)), mu, Lq, expectation, scale,
+                                       with_dSigma)
     Kdiag = xp.reshape(Kdiag, (n_lat, -1))
     B = Kdiag.shape[1]
     blocks = _latent_blocks(mu, n_lat, M * B)
@@ -180,7 +183,7 @@ def uncollapsed_elbo(
     # ``dmu [L, M]``, ``kl [L]``, ``dLq``, ``dSigma [L, M, M]``: one block's results are
     # these, several blocks' are written into them
     outs = [] if len(blocks) == 1 else [ops.empty(mu, shape) for shape in (
-        (n_lat, M), (n_lat,), (n_lat, M, M), (n_lat, M, M))]
+        (n_lat, M), (n_lat,), (n_lat, M, M), (n_lat, M, M) if with_dSigma else (0,))]
     grads: list[MatrixGradients] | StackedMatrixGradients = []
     for sl, (L_K, A, LtA) in zip(blocks, forward):
         Lq_b, mu_b, gm_b, gv_b = part(Lq, sl), part(mu, sl), part(gm, sl), part(gv, sl)
@@ -210,18 +213,20 @@ def uncollapsed_elbo(
             grads.extend(MatrixGradients(Kff_diag=ops.copy(gv_b[j]), Kuu=G_uu[j], Kuf=G_uf[j])
                          for j in range(G_uu.shape[0]))
         # dL/dSigma = Pv - Kuu^-1 / 2 + Sigma^-1 / 2 (spec jj-taylor-svi §3.3)
-        dSigma_b = Pv - 0.5 * Kinv + 0.5 * _inverse_from_factor(Lq_b)
+        dSigma_b = Pv - 0.5 * Kinv + 0.5 * _inverse_from_factor(Lq_b) if with_dSigma else None
         if not outs:
             outs = [dmu_b, kl_b, dLq_b, dSigma_b]
             continue
         for out, b in zip(outs, (dmu_b, kl_b, dLq_b, dSigma_b)):
-            out[sl] = b
+            if b is not None:
+                out[sl] = b
     dmu, kl, dLq, dSigma = outs
+    dSigma = dSigma if with_dSigma else None
     return _estimate(E, kl, scale, dmu, dLq, grads, dSigma)
 
 
 def _estimate(E: Array, kl: Array, scale: float, dmu: Array, dLq: Array,
-              grads: Sequence[MatrixGradients], dSigma: Array) -> ELBOEstimate:
+              grads: Sequence[MatrixGradients], dSigma: Array | None) -> ELBOEstimate:
     """The ``ELBOEstimate`` of the expectations ``E [B]`` and the latents' ``kl [L]``: its
     value and KL host floats on numpy, unread 0-d float64 arrays on a device."""
     xp = ops.namespace(E)
@@ -247,7 +252,8 @@ def _stacked(W: Array, n: int) -> Array:
 
 
 def shared_uncollapsed_elbo(Kuu: Array, Kub: Array, Kdiag: Array, mu: Array, Lq: Array,
-                            expectation: ExpectationFn, scale: float = 1.0) -> ELBOEstimate:
+                            expectation: ExpectationFn, scale: float = 1.0,
+                            with_dSigma: bool = True) -> ELBOEstimate:
     """``uncollapsed_elbo`` for ``L`` latents sharing one ``Kuu [M, M]``, ``Kub [M, B]`` and
     ``Kdiag [B]`` (one kernel and one ``Z``: GPflow SVGP's model); ``mu [L, M]``,
     ``Lq [L, M, M]``. The same ELBO and ``q(u)`` gradients as the per-latent algebra on the
@@ -294,7 +300,8 @@ def shared_uncollapsed_elbo(Kuu: Array, Kub: Array, Kdiag: Array, mu: Array, Lq:
     grads = StackedMatrixGradients(Kuu=G_uu[None, ...], Kuf=G_uf[None, ...],
                                    Kff_diag=gv_sum[None, ...])
     # dL/dSigma = Pv - Kuu^-1 / 2 + Sigma^-1 / 2 per latent (spec jj-taylor-svi §3.3)
-    dSigma = (A * gv[:, None, :]) @ ops.mT(A) - 0.5 * Kinv + 0.5 * _inverse_from_factor(Lq)
+    dSigma = None if not with_dSigma else (
+        (A * gv[:, None, :]) @ ops.mT(A) - 0.5 * Kinv + 0.5 * _inverse_from_factor(Lq))
     return _estimate(E, kl, scale, Agm - ops.mT(alpha), dLq, grads, dSigma)
 
 

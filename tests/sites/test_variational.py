@@ -249,3 +249,32 @@ def test_shared_kuu_path_equals_the_per_latent_algebra(backend_name):
     assert len(one.matrix) == 1
     for f in ("Kuu", "Kuf", "Kff_diag"):
         close(getattr(one.matrix[0], f), sum(host(getattr(g, f)) for g in per.matrix))
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["per-latent", "shared"])
+def test_without_dSigma_the_same_estimate(shared):
+    """``with_dSigma=False`` (no natural gradients) leaves ``dSigma`` out and changes nothing
+    else (bit for bit)."""
+    from gpinfer.likelihoods import RobustMax
+
+    rng = np.random.default_rng(2)
+    C, M, B = 3, 5, 8
+    X, Z = rng.normal(size=(B, 2)), rng.normal(size=(M, 2))
+    k = RBF(lengthscale=0.8, variance=1.2) + White(1e-3)
+    Kuu, Kub, Kd = k.K(Z), k.K(Z, X), k.K_diag(X)
+    if not shared:
+        Kuu, Kub, Kd = np.stack([Kuu] * C), np.stack([Kub] * C), np.stack([Kd] * C)
+    else:
+        Kuu, Kub, Kd = [Kuu], [Kub], Kd[None]
+    mu = rng.normal(size=(C, M))
+    Lq = np.tril(rng.normal(size=(C, M, M)) * 0.3) + np.eye(M)
+    ex = likelihood_expectation(RobustMax(1e-3), rng.integers(0, C, B))
+    full = uncollapsed_elbo(Kuu, Kub, Kd, mu, Lq, ex, 2.0)
+    lean = uncollapsed_elbo(Kuu, Kub, Kd, mu, Lq, ex, 2.0, with_dSigma=False)
+    assert full.dSigma is not None and lean.dSigma is None
+    assert lean.value == full.value and lean.kl == full.kl
+    for f in ("dmu", "dLq", "expected"):
+        np.testing.assert_array_equal(getattr(lean, f), getattr(full, f))
+    for g_lean, g_full in zip(lean.matrix, full.matrix):
+        for f in ("Kuu", "Kuf", "Kff_diag"):
+            np.testing.assert_array_equal(getattr(g_lean, f), getattr(g_full, f))

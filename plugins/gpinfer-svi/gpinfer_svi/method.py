@@ -193,12 +193,13 @@ class VariationalState:
 
     def elbo(self, x: Array, batch: Array | None) -> tuple[float, Array]:
         """Unbiased ELBO estimate on ``batch`` (``None``: all points) and its gradient."""
-        value, grad, _ = self.estimate(x, batch)
+        value, grad, _ = self.estimate(x, batch, natural=False)
         return ops.scalar(value), grad
 
-    def estimate(self, x: Array, batch: Array | None) -> tuple[Scalar, Array, ELBOEstimate]:
-        """``elbo`` plus the full ``ELBOEstimate`` (with ``dSigma`` for natural gradients); on
-        a device the value is a 0-d array, unread."""
+    def estimate(self, x: Array, batch: Array | None, natural: bool = True
+                 ) -> tuple[Scalar, Array, ELBOEstimate]:
+        """``elbo`` plus the full ``ELBOEstimate`` (with ``dSigma`` for natural gradients, or
+        ``natural=False``: without it); on a device the value is a 0-d array, unread."""
         mu, Lq = self.unpack(x)
         xp = ops.namespace(mu)
         n = self.X.shape[0]
@@ -219,7 +220,8 @@ class VariationalState:
             Kub = [k.K(Z, Xb) for k, Z in zip(kernels, Zs)]
             Kdiag = xp.stack([k.K_diag(Xb) for k in kernels])
         # shared: one Kuu, Kub, Kdiag for every latent; est.matrix their gradients' sums
-        est = uncollapsed_elbo(Kuu, Kub, Kdiag, mu, Lq, self._expectation(batch), scale)
+        est = uncollapsed_elbo(Kuu, Kub, Kdiag, mu, Lq, self._expectation(batch), scale,
+                               with_dSigma=natural)
         if self._fast:
             g_full = np.concatenate([c.kernel_gradient(G.Kuu, G.Kuf, G.Kff_diag, batch)
                                      for c, G in zip(self._covs, est.matrix)])
@@ -496,7 +498,7 @@ class SVI(Method):
         xp = ops.namespace(x)
         b = n if batch is None else batch.size
         xe = xp.concat([opt.lookahead(x[:P]), x[P:]]) if P else ops.copy(x)
-        v, g, est = state.estimate(xe, batch)
+        v, g, est = state.estimate(xe, batch, natural=ngd is not None)
         if ops.is_numpy(g) or ops.pending_checks() is None:
             check_finite(ops.scalar(v), g, step, "svi ELBO")
         else:
