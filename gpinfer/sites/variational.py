@@ -269,7 +269,8 @@ def shared_uncollapsed_elbo(Kuu: Array, Kub: Array, Kdiag: Array, mu: Array, Lq:
     Rb = ops.solve_triangular(L_K, Kub)  # [M, B]
     A = ops.solve_triangular(L_K, Rb, transpose=True)  # Kuu^-1 Kub
     LtA = ops.mT(Lq) @ A  # [L, M, B]
-    var = (Kdiag - xp.sum(Rb * Rb, axis=0))[:, None] + ops.mT(xp.sum(LtA * LtA, axis=1))
+    var = ((Kdiag - ops.einsum("mb,mb->b", Rb, Rb))[:, None]
+           + ops.mT(ops.einsum("lmb,lmb->lb", LtA, LtA)))
     E, dm, dv = expectation(ops.mT(mu @ A), xp.maximum(var, 1e-12))  # [B, L]
     gm, gv = scale * ops.mT(dm), scale * ops.mT(dv)  # [L, B]
     # the KL's terms, every latent in one solve: P = L_K^-1 Lq, alpha = Kuu^-1 mu
@@ -282,20 +283,24 @@ def shared_uncollapsed_elbo(Kuu: Array, Kub: Array, Kdiag: Array, mu: Array, Lq:
     kl = 0.5 * (xp.sum(xp.reshape(P * P, (M, n_lat, M)), axis=(0, 2))
                 + xp.sum(mu * ops.mT(alpha), axis=-1) - M + logdet)
     Agm = gm @ ops.mT(A)  # [L, M]: A gm_l per latent
-    W = xp.reshape(LtA * gv[:, None, :], (n_lat * M, -1))  # Lq_l^T A diag(gv_l), stacked
+    LtA *= gv[:, None, :]  # read no more: W_l = Lq_l^T A diag(gv_l), in place
+    W = xp.reshape(LtA, (n_lat * M, -1))  # stacked [L M, B]
     PvLq = A @ ops.mT(W)  # Pv_l Lq_l side by side, Pv_l = A diag(gv_l) A^T
-    Kinv_Lq_l = _stacked(Kinv_Lq, n_lat)
-    dLq = ops.add_diagonal(xp.tril(2.0 * _stacked(PvLq, n_lat) - Kinv_Lq_l),
-                           1.0 / ops.diagonal(Lq))
+    dLq = 2.0 * PvLq
+    dLq -= Kinv_Lq
+    dLq = ops.add_diagonal(xp.tril(_stacked(dLq, n_lat)), 1.0 / ops.diagonal(Lq))
     # the latents' sums of the per-latent G_uf and G_uu (uncollapsed_elbo's algebra)
     gv_sum = xp.sum(gv, axis=0)
     G_uf = 2.0 * (Kinv_Lq @ W) - 2.0 * (A * gv_sum) + alpha @ gm
     Kinv = _inverse_from_factor(L_K)
     Pv_sum = (A * gv_sum) @ ops.mT(A)
-    SP = Kinv_Lq @ ops.mT(PvLq)  # sum of Kuu^-1 Sigma_l Pv_l
+    # symmetrised at the end, so -SP - SP^T + (Kuu^-1 Lq)(Kuu^-1 Lq)^T / 2 (SP the sum of
+    # Kuu^-1 Sigma_l Pv_l) is one product: Kuu^-1 Lq (Kuu^-1 Lq / 2 - 2 Pv Lq)^T
+    PvLq *= -2.0
+    PvLq += 0.5 * Kinv_Lq
     Ga = ops.mT(Agm) @ ops.mT(alpha)  # sum of A gm_l alpha_l^T
-    G_uu = (-0.5 * (Ga + ops.mT(Ga)) + Pv_sum - SP - ops.mT(SP)
-            + 0.5 * (Kinv_Lq @ ops.mT(Kinv_Lq) + alpha @ ops.mT(alpha) - n_lat * Kinv))
+    G_uu = (Kinv_Lq @ ops.mT(PvLq) - Ga + Pv_sum
+            + 0.5 * (alpha @ ops.mT(alpha) - n_lat * Kinv))
     G_uu = 0.5 * (G_uu + ops.mT(G_uu))
     grads = StackedMatrixGradients(Kuu=G_uu[None, ...], Kuf=G_uf[None, ...],
                                    Kff_diag=gv_sum[None, ...])
