@@ -266,18 +266,25 @@ def shared_uncollapsed_elbo(Kuu: Array, Kub: Array, Kdiag: Array, mu: Array, Lq:
     xp = ops.namespace(mu)
     n_lat, M = mu.shape
     L_K = stacked_cholesky(Kuu, "Kuu")
-    Rb = ops.solve_triangular(L_K, Kub)  # [M, B]
-    A = ops.solve_triangular(L_K, Rb, transpose=True)  # Kuu^-1 Kub
+    # its six solves: by L_K^-1 formed once and products on numpy (ops.prefers_tri_inverse)
+    L_inv = ops.tri_inverse(L_K) if ops.prefers_tri_inverse(L_K) else None
+
+    def solve(X: Array, transpose: bool = False) -> Array:  # L_K^-1 X (L_K^-T X)
+        if L_inv is None:
+            return ops.solve_triangular(L_K, X, transpose=transpose)
+        return ops.tri_matmul(L_inv, X, transpose=transpose)
+
+    Rb = solve(Kub)  # [M, B]
+    A = solve(Rb, transpose=True)  # Kuu^-1 Kub
     LtA = ops.mT(Lq) @ A  # [L, M, B]
     var = ((Kdiag - ops.einsum("mb,mb->b", Rb, Rb))[:, None]
            + ops.mT(ops.einsum("lmb,lmb->lb", LtA, LtA)))
     E, dm, dv = expectation(ops.mT(mu @ A), xp.maximum(var, 1e-12))  # [B, L]
     gm, gv = scale * ops.mT(dm), scale * ops.mT(dv)  # [L, B]
     # the KL's terms, every latent in one solve: P = L_K^-1 Lq, alpha = Kuu^-1 mu
-    P = ops.solve_triangular(L_K, _side_by_side(Lq))  # [M, L M]
-    Kinv_Lq = ops.solve_triangular(L_K, P, transpose=True)  # Kuu^-1 Lq, side by side
-    alpha = ops.solve_triangular(L_K, ops.solve_triangular(L_K, ops.mT(mu)),
-                                 transpose=True)  # [M, L]
+    P = solve(_side_by_side(Lq))  # [M, L M]
+    Kinv_Lq = solve(P, transpose=True)  # Kuu^-1 Lq, side by side
+    alpha = solve(solve(ops.mT(mu)), transpose=True)  # [M, L]
     logdet = (2.0 * xp.sum(xp.log(ops.diagonal(L_K)))
               - 2.0 * xp.sum(xp.log(xp.abs(ops.diagonal(Lq))), axis=-1))
     kl = 0.5 * (xp.sum(xp.reshape(P * P, (M, n_lat, M)), axis=(0, 2))
