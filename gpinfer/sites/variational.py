@@ -276,7 +276,8 @@ def shared_uncollapsed_elbo(Kuu: Array, Kub: Array, Kdiag: Array, mu: Array, Lq:
 
     Rb = solve(Kub)  # [M, B]
     A = solve(Rb, transpose=True)  # Kuu^-1 Kub
-    LtA = ops.mT(Lq) @ A  # [L, M, B]
+    # Lq_l^T A [L, M, B]: a triangular product (numpy: trmm on a copy of A per latent)
+    LtA = ops.tri_matmul(Lq, xp.broadcast_to(A, (n_lat, M, A.shape[-1])), transpose=True)
     var = ((Kdiag - ops.einsum("mb,mb->b", Rb, Rb))[:, None]
            + ops.mT(ops.einsum("lmb,lmb->lb", LtA, LtA)))
     E, dm, dv = expectation(ops.mT(mu @ A), xp.maximum(var, 1e-12))  # [B, L]
@@ -293,21 +294,26 @@ def shared_uncollapsed_elbo(Kuu: Array, Kub: Array, Kdiag: Array, mu: Array, Lq:
     LtA *= gv[:, None, :]  # read no more: W_l = Lq_l^T A diag(gv_l), in place
     W = xp.reshape(LtA, (n_lat * M, -1))  # stacked [L M, B]
     PvLq = A @ ops.mT(W)  # Pv_l Lq_l side by side, Pv_l = A diag(gv_l) A^T
-    dLq = 2.0 * PvLq
-    dLq -= Kinv_Lq
-    dLq = ops.add_diagonal(xp.tril(_stacked(dLq, n_lat)), 1.0 / ops.diagonal(Lq))
-    # the latents' sums of the per-latent G_uf and G_uu (uncollapsed_elbo's algebra)
+    # the latents' sums of the per-latent G_uf and G_uu (uncollapsed_elbo's algebra); the
+    # [M, L M] arrays updated in place (fresh MiB-sized temporaries page-fault)
+    # G_uu is symmetrised at the end, so -SP - SP^T + (Kuu^-1 Lq)(Kuu^-1 Lq)^T / 2 (SP the
+    # sum of Kuu^-1 Sigma_l Pv_l) is one product: Kuu^-1 Lq (Kuu^-1 Lq - 4 Pv Lq)^T / 2
+    PvLq *= -4.0
+    PvLq += Kinv_Lq
+    SP = Kinv_Lq @ ops.mT(PvLq)
+    SP *= 0.5
+    PvLq += Kinv_Lq  # dLq's 2 Pv Lq - Kuu^-1 Lq = -(Kuu^-1 Lq - 4 Pv Lq + Kuu^-1 Lq) / 2
+    PvLq *= -0.5
+    dLq = ops.add_diagonal(xp.tril(_stacked(PvLq, n_lat)), 1.0 / ops.diagonal(Lq))
     gv_sum = xp.sum(gv, axis=0)
-    G_uf = 2.0 * (Kinv_Lq @ W) - 2.0 * (A * gv_sum) + alpha @ gm
+    G_uf = Kinv_Lq @ W
+    G_uf -= A * gv_sum
+    G_uf *= 2.0
+    G_uf += alpha @ gm
     Kinv = _inverse_from_factor(L_K)
     Pv_sum = (A * gv_sum) @ ops.mT(A)
-    # symmetrised at the end, so -SP - SP^T + (Kuu^-1 Lq)(Kuu^-1 Lq)^T / 2 (SP the sum of
-    # Kuu^-1 Sigma_l Pv_l) is one product: Kuu^-1 Lq (Kuu^-1 Lq / 2 - 2 Pv Lq)^T
-    PvLq *= -2.0
-    PvLq += 0.5 * Kinv_Lq
     Ga = ops.mT(Agm) @ ops.mT(alpha)  # sum of A gm_l alpha_l^T
-    G_uu = (Kinv_Lq @ ops.mT(PvLq) - Ga + Pv_sum
-            + 0.5 * (alpha @ ops.mT(alpha) - n_lat * Kinv))
+    G_uu = SP - Ga + Pv_sum + 0.5 * (alpha @ ops.mT(alpha) - n_lat * Kinv)
     G_uu = 0.5 * (G_uu + ops.mT(G_uu))
     grads = StackedMatrixGradients(Kuu=G_uu[None, ...], Kuf=G_uf[None, ...],
                                    Kff_diag=gv_sum[None, ...])
