@@ -379,9 +379,9 @@ def svi_step_terms(B: int, M: int, D: int, n_latent: int, *, learn_inducing: boo
              2 * M**3),
         Term("(Kuu^-1 Lq)(Kuu^-1 Lq)^T: syrk M^3", f"{_VAR}:uncollapsed_elbo (G_uu)", M**3, M**3),
         Term("dSigma's Sigma^-1 = Lq^-T Lq^-1: potri 2 M^3/3 with natural gradients, else 0 "
-             "(dSigma is unused then); coded always: M^3 + syrk M^3",
-             f"{_VAR}:uncollapsed_elbo (Lq_inv, dSigma)",
-             2 * M**3 / 3 if natural_gradient else 0.0, 2 * M**3),
+             "(dSigma is unused then); coded with natural gradients only: potri M^3 + Pv",
+             f"{_VAR}:uncollapsed_elbo (with_dSigma)",
+             2 * M**3 / 3 if natural_gradient else 0.0, 2 * M**3 if natural_gradient else 0.0),
         Term("kernel VJP: 2 M B D with learned Z (G @ Xb) or ARD (H @ A); 0 on the isotropic "
              "fast path (element-wise)",
              "gpinfer/inducing.py:FixedInputCovariances.kernel_gradient / gpinfer/hyper.py",
@@ -419,7 +419,8 @@ def svi_step_flops(B: int, M: int, D: int, n_latent: int, *, learn_inducing: boo
       ``Kuu^-1 Sigma`` ``M^3`` (coded ``2 M^3``); ``Kuu^-1`` ``2 M^3/3`` (coded ``2 M^3``);
       ``G_uf`` ``2 M^2 B``; ``SP`` ``2 M^3``; ``(Kuu^-1 Lq)(.)^T`` ``M^3`` (syrk);
     * ``dSigma``'s ``Sigma^-1`` (variational.py, ``Lq_inv``): counted 0 unless
-      ``natural_gradient`` (nothing reads ``dSigma`` otherwise), coded ``2 M^3``;
+      ``natural_gradient`` (nothing reads ``dSigma`` otherwise; not coded then either),
+      coded ``2 M^3``;
     * kernel: 0 on the fast path (element-wise ``exp`` of cached distances); ``4 M B D``
       (matrix + VJP) with ``learn_inducing`` or ``ard``; ``2 M B D`` when the distances are not
       cached (``distances_cached=False``, ``M N > 3e7``).
@@ -427,7 +428,7 @@ def svi_step_flops(B: int, M: int, D: int, n_latent: int, *, learn_inducing: boo
       ``4/3 M^3``; its ``Sigma^-1`` duplicates ``dSigma``'s and counts 0).
 
     needed (defaults) = ``n_latent * (6 M^2 B + 8 M^3)``;
-    coded (defaults) = ``n_latent * (8 M^2 B + 40/3 M^3)``.
+    coded (defaults) = ``n_latent * (8 M^2 B + 34/3 M^3)``.
     """
     return _sum(svi_step_terms(B, M, D, n_latent, learn_inducing=learn_inducing, ard=ard,
                                distances_cached=distances_cached,

@@ -136,6 +136,7 @@ def uncollapsed_elbo(
     Lq: Array,
     expectation: ExpectationFn,
     scale: float = 1.0,
+    with_dSigma: bool = True,
 ) -> ELBOEstimate:
     """The ELBO (spec jj-taylor-svi §3.1, jj-taylor-svi §3.3) for ``L`` latents on ``B`` points.
 
@@ -145,12 +146,19 @@ def uncollapsed_elbo(
     estimate). Arrays of one array-API namespace (that of ``mu``). Every step runs once on the
     stacks ``[l, M, M]`` / ``[l, M, B]`` of a block of latents: all of them on a device backend,
     cache-sized blocks on numpy (``HOST_LATENT_BLOCK_FLOATS``); the expectation runs once on
-    all latents.
+    all latents. One ``Kuu`` and ``Kub`` for ``L > 1`` latents (a list of one matrix, or a
+    stack ``[1, ...]``; ``Kdiag [1, B]`` or ``[B]``) is shared by every latent:
+    ``shared_uncollapsed_elbo``, whose matrix gradients are the latents' sums ``[1, ...]``.
+    ``with_dSigma=False``: no ``dSigma`` (``None``; only natural-gradient steps read it).
     """
     xp = ops.namespace(mu)
     n_lat, M = mu.shape
     if ops.is_numpy(Kdiag) or ops.is_numpy(mu):  # a host Kdiag moved (no no-op copy)
         Kdiag = ops.like(mu, Kdiag)
+    if n_lat > 1 and len(Kuu) == 1:  # one Kuu, Kub and Kdiag shared by every latent
+        return shared_uncollapsed_elbo(_stack(Kuu, mu)[0], _stack(Kub, mu)[0],
+                                       xp.reshape(Kdiag, (-1,)), mu, Lq, expectation, scale,
+                                       with_dSigma)
     Kdiag = xp.reshape(Kdiag, (n_lat, -1))
     B = Kdiag.shape[1]
     blocks = _latent_blocks(mu, n_lat, M * B)
@@ -175,7 +183,7 @@ def uncollapsed_elbo(
     # ``dmu [L, M]``, ``kl [L]``, ``dLq``, ``dSigma [L, M, M]``: one block's results are
     # these, several blocks' are written into them
     outs = [] if len(blocks) == 1 else [ops.empty(mu, shape) for shape in (
-        (n_lat, M), (n_lat,), (n_lat, M, M), (n_lat, M, M))]
+        (n_lat, M), (n_lat,), (n_lat, M, M), (n_lat, M, M) if with_dSigma else (0,))]
     grads: list[MatrixGradients] | StackedMatrixGradients = []
     for sl, (L_K, A, LtA) in zip(blocks, forward):
         Lq_b, mu_b, gm_b, gv_b = part(Lq, sl), part(mu, sl), part(gm, sl), part(gv, sl)
@@ -205,20 +213,114 @@ def uncollapsed_elbo(
             grads.extend(MatrixGradients(Kff_diag=ops.copy(gv_b[j]), Kuu=G_uu[j], Kuf=G_uf[j])
                          for j in range(G_uu.shape[0]))
         # dL/dSigma = Pv - Kuu^-1 / 2 + Sigma^-1 / 2 (spec jj-taylor-svi §3.3)
-        dSigma_b = Pv - 0.5 * Kinv + 0.5 * _inverse_from_factor(Lq_b)
+        dSigma_b = Pv - 0.5 * Kinv + 0.5 * _inverse_from_factor(Lq_b) if with_dSigma else None
         if not outs:
             outs = [dmu_b, kl_b, dLq_b, dSigma_b]
             continue
         for out, b in zip(outs, (dmu_b, kl_b, dLq_b, dSigma_b)):
-            out[sl] = b
+            if b is not None:
+                out[sl] = b
     dmu, kl, dLq, dSigma = outs
-    if ops.is_numpy(mu):
+    dSigma = dSigma if with_dSigma else None
+    return _estimate(E, kl, scale, dmu, dLq, grads, dSigma)
+
+
+def _estimate(E: Array, kl: Array, scale: float, dmu: Array, dLq: Array,
+              grads: Sequence[MatrixGradients], dSigma: Array | None) -> ELBOEstimate:
+    """The ``ELBOEstimate`` of the expectations ``E [B]`` and the latents' ``kl [L]``: its
+    value and KL host floats on numpy, unread 0-d float64 arrays on a device."""
+    xp = ops.namespace(E)
+    if ops.is_numpy(E):
         kl_total = ops.scalar(xp.sum(kl))
         value = scale * ops.scalar(xp.sum(E))
     else:  # no host read: the same float64 arithmetic on the device
         kl_total = xp.astype(xp.sum(kl), xp.float64)
         value = scale * xp.astype(xp.sum(E), xp.float64)
     return ELBOEstimate(value - kl_total, dmu, dLq, grads, E, kl_total, dSigma)
+
+
+def _side_by_side(S: Array) -> Array:
+    """A stack ``S [L, M, K]`` as one matrix ``[M, L K]``, its matrices side by side."""
+    n, M, K = S.shape
+    return ops.namespace(S).reshape(ops.namespace(S).permute_dims(S, (1, 0, 2)), (M, n * K))
+
+
+def _stacked(W: Array, n: int) -> Array:
+    """``_side_by_side``'s inverse: ``W [M, n K]`` as the stack ``[n, M, K]`` (a view)."""
+    xp = ops.namespace(W)
+    return xp.permute_dims(xp.reshape(W, (W.shape[0], n, -1)), (1, 0, 2))
+
+
+def shared_uncollapsed_elbo(Kuu: Array, Kub: Array, Kdiag: Array, mu: Array, Lq: Array,
+                            expectation: ExpectationFn, scale: float = 1.0,
+                            with_dSigma: bool = True) -> ELBOEstimate:
+    """``uncollapsed_elbo`` for ``L`` latents sharing one ``Kuu [M, M]``, ``Kub [M, B]`` and
+    ``Kdiag [B]`` (one kernel and one ``Z``: GPflow SVGP's model); ``mu [L, M]``,
+    ``Lq [L, M, M]``. The same ELBO and ``q(u)`` gradients as the per-latent algebra on the
+    broadcast matrices (to round-off), with the shared work done once: one Cholesky of
+    ``Kuu``, one ``A = Kuu^-1 Kub``, one ``Kuu^-1``, and the sums over the latents as single
+    products of the latents' matrices laid side by side (``[M, L M]``). ``matrix``: one
+    ``StackedMatrixGradients`` ``[1, ...]``, the latents' gradients summed (the shared
+    kernel's and ``Z``'s, by the chain rule through the broadcast).
+    """
+    xp = ops.namespace(mu)
+    n_lat, M = mu.shape
+    L_K = stacked_cholesky(Kuu, "Kuu")
+    # its six solves: by L_K^-1 formed once and products on numpy (ops.prefers_tri_inverse)
+    L_inv = ops.tri_inverse(L_K) if ops.prefers_tri_inverse(L_K) else None
+
+    def solve(X: Array, transpose: bool = False) -> Array:  # L_K^-1 X (L_K^-T X)
+        if L_inv is None:
+            return ops.solve_triangular(L_K, X, transpose=transpose)
+        return ops.tri_matmul(L_inv, X, transpose=transpose)
+
+    Rb = solve(Kub)  # [M, B]
+    A = solve(Rb, transpose=True)  # Kuu^-1 Kub
+    # Lq_l^T A [L, M, B]: a triangular product (numpy: trmm on a copy of A per latent)
+    LtA = ops.tri_matmul(Lq, xp.broadcast_to(A, (n_lat, M, A.shape[-1])), transpose=True)
+    var = ((Kdiag - ops.einsum("mb,mb->b", Rb, Rb))[:, None]
+           + ops.mT(ops.einsum("lmb,lmb->lb", LtA, LtA)))
+    E, dm, dv = expectation(ops.mT(mu @ A), xp.maximum(var, 1e-12))  # [B, L]
+    gm, gv = scale * ops.mT(dm), scale * ops.mT(dv)  # [L, B]
+    # the KL's terms, every latent in one solve: P = L_K^-1 Lq, alpha = Kuu^-1 mu
+    P = solve(_side_by_side(Lq))  # [M, L M]
+    Kinv_Lq = solve(P, transpose=True)  # Kuu^-1 Lq, side by side
+    alpha = solve(solve(ops.mT(mu)), transpose=True)  # [M, L]
+    logdet = (2.0 * xp.sum(xp.log(ops.diagonal(L_K)))
+              - 2.0 * xp.sum(xp.log(xp.abs(ops.diagonal(Lq))), axis=-1))
+    kl = 0.5 * (xp.sum(xp.reshape(P * P, (M, n_lat, M)), axis=(0, 2))
+                + xp.sum(mu * ops.mT(alpha), axis=-1) - M + logdet)
+    Agm = gm @ ops.mT(A)  # [L, M]: A gm_l per latent
+    LtA *= gv[:, None, :]  # read no more: W_l = Lq_l^T A diag(gv_l), in place
+    W = xp.reshape(LtA, (n_lat * M, -1))  # stacked [L M, B]
+    PvLq = A @ ops.mT(W)  # Pv_l Lq_l side by side, Pv_l = A diag(gv_l) A^T
+    # the latents' sums of the per-latent G_uf and G_uu (uncollapsed_elbo's algebra); the
+    # [M, L M] arrays updated in place (fresh MiB-sized temporaries page-fault)
+    # G_uu is symmetrised at the end, so -SP - SP^T + (Kuu^-1 Lq)(Kuu^-1 Lq)^T / 2 (SP the
+    # sum of Kuu^-1 Sigma_l Pv_l) is one product: Kuu^-1 Lq (Kuu^-1 Lq - 4 Pv Lq)^T / 2
+    PvLq *= -4.0
+    PvLq += Kinv_Lq
+    SP = Kinv_Lq @ ops.mT(PvLq)
+    SP *= 0.5
+    PvLq += Kinv_Lq  # dLq's 2 Pv Lq - Kuu^-1 Lq = -(Kuu^-1 Lq - 4 Pv Lq + Kuu^-1 Lq) / 2
+    PvLq *= -0.5
+    dLq = ops.add_diagonal(xp.tril(_stacked(PvLq, n_lat)), 1.0 / ops.diagonal(Lq))
+    gv_sum = xp.sum(gv, axis=0)
+    G_uf = Kinv_Lq @ W
+    G_uf -= A * gv_sum
+    G_uf *= 2.0
+    G_uf += alpha @ gm
+    Kinv = _inverse_from_factor(L_K)
+    Pv_sum = (A * gv_sum) @ ops.mT(A)
+    Ga = ops.mT(Agm) @ ops.mT(alpha)  # sum of A gm_l alpha_l^T
+    G_uu = SP - Ga + Pv_sum + 0.5 * (alpha @ ops.mT(alpha) - n_lat * Kinv)
+    G_uu = 0.5 * (G_uu + ops.mT(G_uu))
+    grads = StackedMatrixGradients(Kuu=G_uu[None, ...], Kuf=G_uf[None, ...],
+                                   Kff_diag=gv_sum[None, ...])
+    # dL/dSigma = Pv - Kuu^-1 / 2 + Sigma^-1 / 2 per latent (spec jj-taylor-svi §3.3)
+    dSigma = None if not with_dSigma else (
+        (A * gv[:, None, :]) @ ops.mT(A) - 0.5 * Kinv + 0.5 * _inverse_from_factor(Lq))
+    return _estimate(E, kl, scale, Agm - ops.mT(alpha), dLq, grads, dSigma)
 
 
 #: halvings of a natural-gradient step whose new precision is not positive definite

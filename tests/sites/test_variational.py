@@ -208,3 +208,73 @@ def test_uncollapsed_elbo_gradients_by_finite_differences(n_latent):
         assert_gradient_close(with_kuu, G.Kuu, Kuu[l], name=f"dELBO/dKuu[{l}]")
         assert_gradient_close(with_kub, G.Kuf, Kub[l], name=f"dELBO/dKuf[{l}]")
         assert_gradient_close(with_kd, G.Kff_diag, Kd[l], name=f"dELBO/dKff_diag[{l}]")
+
+
+@pytest.mark.parametrize("backend_name", ["numpy", "torch"])
+def test_shared_kuu_path_equals_the_per_latent_algebra(backend_name):
+    """One ``Kuu``/``Kub``/``Kdiag`` for every latent (``shared_uncollapsed_elbo``) gives the
+    per-latent algebra's ELBO and ``q(u)`` gradients on the broadcast matrices, and its matrix
+    gradients are the sums of the per-latent ones (to round-off)."""
+    from gpinfer.backend import resolve_backend
+    from gpinfer.likelihoods import RobustMax
+
+    if backend_name == "torch":
+        pytest.importorskip("torch")
+    be = resolve_backend(backend_name)
+    rng = np.random.default_rng(1)
+    C, M, B = 4, 6, 9
+    X, Z = rng.normal(size=(B, 2)), rng.normal(size=(M, 2))
+    k = RBF(lengthscale=1.1, variance=1.5) + White(1e-3)
+    Kuu, Kub, Kd = (be.asarray(a) for a in (k.K(Z), k.K(Z, X), k.K_diag(X)))
+    mu = be.asarray(rng.normal(size=(C, M)))
+    Lq = be.asarray(np.tril(rng.normal(size=(C, M, M)) * 0.3) + np.eye(M))
+    ex = likelihood_expectation(RobustMax(1e-3), be.as_index(rng.integers(0, C, B)))
+    def expand(a):  # the per-latent path on read-only broadcast views
+        return a.expand(C, *a.shape) if backend_name == "torch" else np.broadcast_to(
+            a, (C, *a.shape))
+
+    per = uncollapsed_elbo(expand(Kuu), expand(Kub), expand(Kd), mu, Lq, ex, 2.5)
+    one = uncollapsed_elbo([Kuu], [Kub], Kd[None], mu, Lq, ex, 2.5)
+
+    def host(a):
+        return a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a)
+
+    def close(a, b):
+        a, b = host(a), host(b)
+        assert np.abs(b).max() > 1e-3  # not a vacuous comparison
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * np.abs(b).max())
+
+    for f in ("value", "kl", "dmu", "dLq", "dSigma", "expected"):
+        close(getattr(one, f), getattr(per, f))
+    assert len(one.matrix) == 1
+    for f in ("Kuu", "Kuf", "Kff_diag"):
+        close(getattr(one.matrix[0], f), sum(host(getattr(g, f)) for g in per.matrix))
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["per-latent", "shared"])
+def test_without_dSigma_the_same_estimate(shared):
+    """``with_dSigma=False`` (no natural gradients) leaves ``dSigma`` out and changes nothing
+    else (bit for bit)."""
+    from gpinfer.likelihoods import RobustMax
+
+    rng = np.random.default_rng(2)
+    C, M, B = 3, 5, 8
+    X, Z = rng.normal(size=(B, 2)), rng.normal(size=(M, 2))
+    k = RBF(lengthscale=0.8, variance=1.2) + White(1e-3)
+    Kuu, Kub, Kd = k.K(Z), k.K(Z, X), k.K_diag(X)
+    if not shared:
+        Kuu, Kub, Kd = np.stack([Kuu] * C), np.stack([Kub] * C), np.stack([Kd] * C)
+    else:
+        Kuu, Kub, Kd = [Kuu], [Kub], Kd[None]
+    mu = rng.normal(size=(C, M))
+    Lq = np.tril(rng.normal(size=(C, M, M)) * 0.3) + np.eye(M)
+    ex = likelihood_expectation(RobustMax(1e-3), rng.integers(0, C, B))
+    full = uncollapsed_elbo(Kuu, Kub, Kd, mu, Lq, ex, 2.0)
+    lean = uncollapsed_elbo(Kuu, Kub, Kd, mu, Lq, ex, 2.0, with_dSigma=False)
+    assert full.dSigma is not None and lean.dSigma is None
+    assert lean.value == full.value and lean.kl == full.kl
+    for f in ("dmu", "dLq", "expected"):
+        np.testing.assert_array_equal(getattr(lean, f), getattr(full, f))
+    for g_lean, g_full in zip(lean.matrix, full.matrix):
+        for f in ("Kuu", "Kuf", "Kff_diag"):
+            np.testing.assert_array_equal(getattr(g_lean, f), getattr(g_full, f))

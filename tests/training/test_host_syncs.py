@@ -85,8 +85,8 @@ def test_svi_failure_in_a_window_is_the_immediate_checks_error(monkeypatch):
     original = VariationalState.estimate
     seen: list[np.ndarray] = []  # the batches met, kept (their order is the steps')
 
-    def poisoned(self, x, batch):
-        value, grad, est = original(self, x, batch)
+    def poisoned(self, x, batch, natural=True):
+        value, grad, est = original(self, x, batch, natural)
         if not any(b is batch for b in seen):
             seen.append(batch)
         if batch is seen[3] if len(seen) > 3 else False:  # the 4th batch, also in a replay

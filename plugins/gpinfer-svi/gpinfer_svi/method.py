@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -44,7 +44,6 @@ from gpinfer.interfaces import (
     FitCallback,
     FitResult,
     Likelihood,
-    MatrixGradients,
     Method,
     Problem,
     Scalar,
@@ -52,7 +51,6 @@ from gpinfer.interfaces import (
 )
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.initialisation import LENGTHSCALE_INITS, prepare_kernel
-from gpinfer.kernels.stacked import StackedMatrixGradients
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.optim import LBFGSB, make_optimizer
 from gpinfer.optim.lbfgs import check_finite
@@ -120,8 +118,8 @@ class VariationalState:
         ``M`` inducing inputs each; ``rng`` feeds Monte-Carlo expectation rules of the
         likelihood. ``hp`` holds one kernel and ``Z`` per latent, or one of each shared by
         every latent (``shared_inducing``: ``Kuu [M, M]``, ``Kuf [M, B]`` are formed once per
-        step and broadcast over the latents; their matrix gradients are summed over the
-        latents before the one VJP). ``backend``: where the ELBO runs (``hp.Z`` already
+        step and shared by the latents, ``shared_uncollapsed_elbo``, whose matrix gradients
+        are the latents' sums, for the one VJP). ``backend``: where the ELBO runs (``hp.Z`` already
         lives there); each batch of ``X`` and ``y`` is moved to it. ``sample_weight [N]``:
         weights of the points' expected log-likelihoods (``None``: all one)."""
         self.X, self.y, self.likelihood, self.hp = X, np.asarray(y, dtype=np.int64), likelihood, hp
@@ -167,12 +165,6 @@ class VariationalState:
         """One kernel per latent (``hp.kernels``; when shared, the one kernel repeated)."""
         return self.hp.kernels * self.L if self.shared else self.hp.kernels
 
-    def _broadcast(self, K: list[Array] | Array) -> Array:
-        """The shared latent's ``K`` (one array in a list, or a stack of one ``[1, ...]``) as
-        a read-only view ``[L, ...]`` for every latent."""
-        one = K[0]
-        return ops.namespace(one).broadcast_to(one[None, ...], (self.L, *one.shape))
-
     def pack(self, mu: Array, Lq: Array) -> Array:
         """``(theta, mu [L, M], Lq [L, M, M])`` as one vector on ``mu``'s namespace."""
         xp = ops.namespace(mu)
@@ -201,12 +193,13 @@ class VariationalState:
 
     def elbo(self, x: Array, batch: Array | None) -> tuple[float, Array]:
         """Unbiased ELBO estimate on ``batch`` (``None``: all points) and its gradient."""
-        value, grad, _ = self.estimate(x, batch)
+        value, grad, _ = self.estimate(x, batch, natural=False)
         return ops.scalar(value), grad
 
-    def estimate(self, x: Array, batch: Array | None) -> tuple[Scalar, Array, ELBOEstimate]:
-        """``elbo`` plus the full ``ELBOEstimate`` (with ``dSigma`` for natural gradients); on
-        a device the value is a 0-d array, unread."""
+    def estimate(self, x: Array, batch: Array | None, natural: bool = True
+                 ) -> tuple[Scalar, Array, ELBOEstimate]:
+        """``elbo`` plus the full ``ELBOEstimate`` (with ``dSigma`` for natural gradients, or
+        ``natural=False``: without it); on a device the value is a 0-d array, unread."""
         mu, Lq = self.unpack(x)
         xp = ops.namespace(mu)
         n = self.X.shape[0]
@@ -226,16 +219,15 @@ class VariationalState:
             Kuu = [k.K(Z) for k, Z in zip(kernels, Zs)]
             Kub = [k.K(Z, Xb) for k, Z in zip(kernels, Zs)]
             Kdiag = xp.stack([k.K_diag(Xb) for k in kernels])
-        if self.shared:
-            Kuu, Kub, Kdiag = self._broadcast(Kuu), self._broadcast(Kub), self._broadcast(Kdiag)
-        est = uncollapsed_elbo(Kuu, Kub, Kdiag, mu, Lq, self._expectation(batch), scale)
+        # shared: one Kuu, Kub, Kdiag for every latent; est.matrix their gradients' sums
+        est = uncollapsed_elbo(Kuu, Kub, Kdiag, mu, Lq, self._expectation(batch), scale,
+                               with_dSigma=natural)
         if self._fast:
             g_full = np.concatenate([c.kernel_gradient(G.Kuu, G.Kuf, G.Kff_diag, batch)
                                      for c, G in zip(self._covs, est.matrix)])
             g_theta = g_full[self._theta_index]
         else:
-            matrix = summed_over_latents(est.matrix) if self.shared else est.matrix
-            g_theta = parameter_gradient(self.hp, Xb, matrix)
+            g_theta = parameter_gradient(self.hp, Xb, est.matrix)
         if ops.is_numpy(g_theta) != ops.is_numpy(mu):  # the fast path's host gradient
             g_theta = ops.like(mu, g_theta)
         grad = xp.concat([g_theta, xp.reshape(est.dmu, (-1,)),
@@ -281,24 +273,6 @@ class VariationalState:
                                  [lq @ lq.T for lq in Lq_h])
         self.hp.unpack(saved)
         return post
-
-
-def summed_over_latents(grads: Sequence[MatrixGradients]) -> StackedMatrixGradients:
-    """The matrix gradients of every latent summed into those of one latent ``[1, ...]``
-    (``Kuu [1, M, M]``, ``Kuf [1, M, B]``, ``Kff_diag [1, B]``): the gradient of a kernel and
-    inducing inputs shared by every latent is the sum of the latents' (chain rule through the
-    broadcast)."""
-    if isinstance(grads, StackedMatrixGradients):
-        stacks = [grads.Kuu, grads.Kuf, grads.Kff_diag]
-    else:
-        ref = next(a for G in grads for a in (G.Kuu, G.Kuf, G.Kff_diag) if a is not None)
-        xp = ops.namespace(ref)
-        stacks = [None if all(getattr(G, f) is None for G in grads) else
-                  xp.stack([getattr(G, f) for G in grads])
-                  for f in ("Kuu", "Kuf", "Kff_diag")]
-    one = [None if a is None else ops.namespace(a).sum(a, axis=0, keepdims=True)
-           for a in stacks]
-    return StackedMatrixGradients(Kuu=one[0], Kuf=one[1], Kff_diag=one[2])
 
 
 def _next(batches: Iterator[Array] | None) -> Array | None:
@@ -524,7 +498,7 @@ class SVI(Method):
         xp = ops.namespace(x)
         b = n if batch is None else batch.size
         xe = xp.concat([opt.lookahead(x[:P]), x[P:]]) if P else ops.copy(x)
-        v, g, est = state.estimate(xe, batch)
+        v, g, est = state.estimate(xe, batch, natural=ngd is not None)
         if ops.is_numpy(g) or ops.pending_checks() is None:
             check_finite(ops.scalar(v), g, step, "svi ELBO")
         else:

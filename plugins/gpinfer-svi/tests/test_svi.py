@@ -178,8 +178,8 @@ def test_non_finite_elbo_is_a_clear_error(monkeypatch):
     steps) raises ``NumericalError`` naming it, never a silent NaN."""
     from gpinfer.errors import NumericalError
 
-    def bad(self, x, batch):
-        value, grad, est = original(self, x, batch)
+    def bad(self, x, batch, natural=True):
+        value, grad, est = original(self, x, batch, natural)
         return float("nan"), grad, est
 
     original = VariationalState.estimate
@@ -193,8 +193,8 @@ def test_non_finite_elbo_is_a_clear_error(monkeypatch):
 def test_abnormal_lbfgs_end_is_in_the_metrics(monkeypatch):
     original = VariationalState.estimate
 
-    def wrong_gradient(self, x, batch):
-        value, grad, est = original(self, x, batch)
+    def wrong_gradient(self, x, batch, natural=True):
+        value, grad, est = original(self, x, batch, natural)
         return value, -grad, est  # not an ascent direction: the line search fails
 
     monkeypatch.setattr(VariationalState, "estimate", wrong_gradient)
