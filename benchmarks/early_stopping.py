@@ -251,10 +251,13 @@ def _nll(proba: np.ndarray, y: np.ndarray) -> float:
 
 def one(dataset: str, method: str, repeat: int, fold: int, folds: int, iterations: int,
         patience: int, refit_rule: str | None = None,
-        validation_folds: int | None = None) -> dict:
+        validation_folds: int | None = None, refine: tuple[int, ...] = ()) -> dict:
     """One split: the path and the early-stopped model (module docstring); with it, each
     validation fold model's test log class probabilities after every one of its iterations
-    (``fold_log_proba [F][T_f][N_test][C]``, the averaging rules' replay)."""
+    (``fold_log_proba [F][T_f][N_test][C]``, the averaging rules' replay), and for every
+    ``refine_iter`` in ``refine`` the test NLL of the same early-stopped fit with that many
+    iterations on the posterior at the refit's hyper-parameters (``refined``, a real fit:
+    it cannot be replayed from the path)."""
     X, y_all = pooled(dataset)
     test = cv_splits(np.asarray(y_all), folds, repeat)[fold]
     train = np.setdiff1d(np.arange(len(y_all)), test)
@@ -300,6 +303,16 @@ def one(dataset: str, method: str, repeat: int, fold: int, folds: int, iteration
                              n_iter_no_change=patience, validation_folds=validation_folds,
                              **({} if refit_rule is None else {"refit_rule": refit_rule})
                              ).fit(Xtr, ytr, callback=record_folds)
+        refined = {}
+        for n in refine:
+            model = GPClassifier(**common, validation_fraction=0.2, validation_interval=1,
+                                 n_iter_no_change=patience, validation_folds=validation_folds,
+                                 refine_iter=n,
+                                 **({} if refit_rule is None else {"refit_rule": refit_rule})
+                                 ).fit(Xtr, ytr)
+            refined[str(n)] = {"nll": _nll(model.predict_proba(Xte), yte),
+                               "best_iteration": model.best_iteration_,
+                               "refined": model.fit_result_.diagnostics.get("refined", 0.0)}
     diag, state = early.fit_result_.diagnostics, early.fit_result_.state
     return {"dataset": dataset, "method": method, "repeat": repeat, "fold": fold, "M": M,
             "n_train": int(len(ytr)), "n_test": int(len(yte)), "path": path,
@@ -313,6 +326,7 @@ def one(dataset: str, method: str, repeat: int, fold: int, folds: int, iteration
             "fold_points": state["fold_points"].tolist(), "refit_rule": early.refit_rule,
             "val_iteration": state["val_iteration"].tolist(), "y_test": yte.tolist(),
             "fold_log_proba": fold_log_proba, "path_log_proba": path_log_proba,
+            "refined": refined,
             "val_nll_folds": np.where(np.isfinite(state["val_nll_folds"]),
                                       state["val_nll_folds"], None).tolist()}
 
@@ -449,6 +463,15 @@ def summary(files: list[str], rules: list[str], choice_rules: list[str | None],
                       f"| {label}average {average} | {final.mean() / best_mean:.3f} | "
                       f"{np.mean(final / best):.3f} / {np.max(final / best):.3f} | "
                       f"{stops.mean():.1f}, {stops.min():.0f}-{stops.max():.0f} | {ref} |")
+        for n in sorted({k for r in rs for k in r.get("refined", {})}, key=int):
+            if not all(n in r.get("refined", {}) for r in rs):
+                continue
+            final = np.array([r["refined"][n]["nll"] for r in rs])
+            extra = np.array([r["refined"][n]["refined"] for r in rs])
+            print(f"| {dataset} | {method} | {len(rs)} ({len({r['repeat'] for r in rs})}) "
+                  f"| run, refit + refine_iter={n} | {final.mean() / best_mean:.3f} | "
+                  f"{np.mean(final / best):.3f} / {np.max(final / best):.3f} | "
+                  f"refined {extra.mean():.1f}, {extra.min():.0f}-{extra.max():.0f} | {ref} |")
         run = np.array([r["final_nll_es"] for r in rs])
         check = run / np.array([r["path"][min(replay(r, r.get("refit_rule", "objective")), T) - 1]
                                 for r in rs])
@@ -483,6 +506,9 @@ def main() -> None:
                     help="the early-stopped run's refit_rule (default: the estimator's)")
     ap.add_argument("--validation-folds", type=int, default=None,
                     help="the early-stopped run's validation_folds (default: the estimator's)")
+    ap.add_argument("--refine-iter", default="",
+                    help="refine_iter values fitted (each one more early-stopped fit per "
+                         "split), e.g. 0,50,250")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "early_stopping_cv.jsonl"))
     ap.add_argument("--summary", nargs="+", default=None, metavar="JSONL",
                     help="print the per-(dataset, method, rule) summary of these files and exit")
@@ -510,12 +536,15 @@ def main() -> None:
                     for fold in splits:
                         t0 = time.process_time()
                         r = one(dataset, method, repeat, fold, a.test_folds, a.iterations,
-                                a.patience, a.refit_rule, a.validation_folds)
+                                a.patience, a.refit_rule, a.validation_folds,
+                                tuple(int(n) for n in a.refine_iter.split(",") if n))
                         fh.write(json.dumps(r) + "\n")
                         fh.flush()
                         print(f"{dataset} {method} r{repeat} f{fold}: best {min(r['path']):.4f}"
                               f" final {r['final_nll']:.4f} ES {r['final_nll_es']:.4f} "
                               f"(k {r['best_iteration']}, stop {r['es_iterations']}) "
+                              + "".join(f"refine {n}: {v['nll']:.4f} "
+                                        for n, v in r["refined"].items()) +
                               f"{time.process_time() - t0:.0f} s CPU", flush=True)
 
 

@@ -337,7 +337,8 @@ class _GPEstimatorBase:
         ``validation_fraction``. ``InputError`` for bad settings, before any training."""
         settings = EarlyStopping.from_settings(
             self.validation_fraction, self.validation_interval, self.n_iter_no_change,
-            self.refit, self.validation_folds, self.refit_rule, self.choice_rule)
+            self.refit, self.validation_folds, self.refit_rule, self.choice_rule,
+            getattr(self, "refine_iter", 0))
         if settings is None:
             return None
         if not n_classes and settings.choice_rule == "log_one_se":
@@ -390,6 +391,10 @@ class _GPEstimatorBase:
         (``averaged_result``; the returned problem is that of all the rows). The held-out
         rows live only in this call (never pickled with the fitted model). Returns the fitted
         model's method, problem and result."""
+        if settings.refine_iter and not type(first[0]).refines:
+            raise InputError(f"refine_iter={settings.refine_iter}: method {method_name!r} "
+                             "cannot refine a fit at fixed hyper-parameters (Method.refines); "
+                             "use refine_iter=0")
         monitors: list[ValidationMonitor] = []
         results: list[FitResult] = []
         several = len(splits) > 1
@@ -420,7 +425,31 @@ class _GPEstimatorBase:
         stop = None if target is None else RefitStop(settings.refit_rule, target, problem.n,
                                                      inner)
         result = self._fit_plain(method, method_name, problem, inner if stop is None else stop)
+        if settings.refine_iter:  # q(u) / the sites on, hyper-parameters fixed
+            result = self._refine(method, method_name, setup(slice(None),
+                                                             settings.refine_iter)[1],
+                                  result, renumbered(callback, offset + result.n_iter,
+                                                     "refine_iteration"))
         return method, problem, choice.record(result, refitted=True, stop=stop)
+
+    def _refine(self, method: Method, method_name: str, problem: Problem, fitted: FitResult,
+                callback: FitCallback | None) -> FitResult:
+        """``method.refine(problem, fitted)`` under the fit guard (as ``_fit_plain``); the
+        result counts ``fitted``'s iterations and history too, ``diagnostics["refined"]``
+        the refinement's iterations."""
+        tracker = tracker_for(type(method), callback, method_name, problem.X, problem.y,
+                              self._rng(), minibatch=problem.batch_size is not None,
+                              sample_weight=problem.sample_weight)
+        with training_threads():
+            result = method.refine(problem, fitted, tracker)
+        check_objective_limit(float(result.log_evidence), type(method).objective_limit,
+                              method_name, problem.n)
+        if type(method).restore_best_iterate:
+            result = restore_best(result, tracker)
+        result.diagnostics["refined"] = float(result.n_iter)
+        result.n_iter += fitted.n_iter
+        result.history = [*fitted.history, *({**h, "refine": 1.0} for h in result.history)]
+        return result
 
     def _fit_problem(
         self, method: Method, method_name: str, problem: Problem, callback: FitCallback | None,
@@ -607,6 +636,12 @@ class GPClassifierCore(_GPEstimatorBase):
         ``"log_one_se"`` the same on the folds' log NLL (classification only: ``InputError``
         in regression); ``"min"`` the mean curve's minimum; ``"median"`` the median over the
         folds of each fold's own best iteration. A single hold-out takes its minimum.
+    refine_iter : int
+        With ``refit=True``: after the refit, up to this many further iterations on the
+        approximate posterior alone (``q(u)`` for svi and its presets such as vi-robustmax),
+        the kernel parameters and inducing inputs held at the refit's values, which are what
+        over-fits with iterations (``Method.refine``; ``InputError`` for a method that cannot).
+        0 (default): the refit is the model.
     standardize : "auto" or bool
         True: fit a per-feature ``(X - mean) / std`` on the training inputs (constant columns:
         std 1), keep it as ``scaler_`` and apply it at prediction, so that the fit does not
@@ -680,6 +715,7 @@ class GPClassifierCore(_GPEstimatorBase):
         validation_folds: int | None = None,
         refit_rule: str = "iterations",
         choice_rule: str = "one_se",
+        refine_iter: int = 0,
         standardize: bool | str = "auto",
         backend: str | None = None,
         device: str | None = None,
@@ -703,6 +739,7 @@ class GPClassifierCore(_GPEstimatorBase):
         self.validation_folds = validation_folds
         self.refit_rule = refit_rule
         self.choice_rule = choice_rule
+        self.refine_iter = refine_iter
         self.standardize = standardize
         self.backend = backend
         self.device = device

@@ -66,9 +66,10 @@ class GPRegressorCore(_GPEstimatorBase):
     not stratified, part), ``validation_interval``, ``n_iter_no_change``, ``refit`` (not
     ``"average"``: each fold learns its own noise variance),
     ``validation_folds``, ``refit_rule``, ``choice_rule``: not ``"log_one_se"``, the NLL of a
-    density can be negative), except that ``likelihood`` defaults to a Gaussian
-    with noise variance ``0.01 var(y)`` (the reference initialisation ``sigma = 0.1 std(y)``)
-    and that the fit guard's baseline is a Gaussian with the targets' mean and variance.
+    density can be negative, ``refine_iter``: for a method with ``Method.refines``), except
+    that ``likelihood`` defaults to a Gaussian with noise variance ``0.01 var(y)`` (the
+    reference initialisation ``sigma = 0.1 std(y)``) and that the fit guard's baseline is a
+    Gaussian with the targets' mean and variance.
 
     Attributes (after ``fit``): ``n_features_in_``, ``kernel_``, ``likelihood_``,
     ``log_evidence_``, ``n_iter_``, ``history_``, ``posterior_``, ``method_``, ``fit_result_``,
@@ -94,6 +95,7 @@ class GPRegressorCore(_GPEstimatorBase):
         validation_folds: int | None = None,
         refit_rule: str = "iterations",
         choice_rule: str = "one_se",
+        refine_iter: int = 0,
         baseline_failure: str = "raise",
     ):
         self.method = method
@@ -113,6 +115,7 @@ class GPRegressorCore(_GPEstimatorBase):
         self.validation_folds = validation_folds
         self.refit_rule = refit_rule
         self.choice_rule = choice_rule
+        self.refine_iter = refine_iter
         self.baseline_failure = baseline_failure
 
     def _build_likelihood(self, y: Array) -> Likelihood:

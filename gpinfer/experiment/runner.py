@@ -278,7 +278,8 @@ def parse_settings(conf: Mapping[str, Any]) -> Settings:
                                                    conf.get("refit", True),
                                                    conf.get("validation_folds"),
                                                    conf.get("refit_rule", "iterations"),
-                                                   conf.get("choice_rule", "one_se")),
+                                                   conf.get("choice_rule", "one_se"),
+                                                   conf.get("refine_iter", 0)),
         backend=_optional_text(conf.get("backend"), "backend", "numpy or torch"),
         device=_optional_text(conf.get("device"), "device", "cpu, cuda or cuda:N"),
         dtype=_optional_text(conf.get("dtype"), "dtype", "float64 or float32"),
@@ -825,7 +826,8 @@ def run_experiment(
             "refit": s.early_stopping.refit,
             "validation_folds": s.early_stopping.folds,
             "refit_rule": s.early_stopping.refit_rule,
-            "choice_rule": s.early_stopping.choice_rule}),
+            "choice_rule": s.early_stopping.choice_rule,
+            "refine_iter": s.early_stopping.refine_iter}),
         **({} if p.task == "regression" else p.backend.params()),
     )
     label = f"{s.method}/{s.dataset} s{s.seed}"

@@ -154,12 +154,14 @@ class EarlyStopping:
     folds: int | None = None
     refit_rule: str = "iterations"
     choice_rule: str = "one_se"
+    refine_iter: int = 0
 
     @classmethod
     def from_settings(cls, validation_fraction: object, validation_interval: object,
                       n_iter_no_change: object, refit: object = True,
                       folds: object = None, refit_rule: object = "iterations",
-                      choice_rule: object = "one_se") -> EarlyStopping | None:
+                      choice_rule: object = "one_se",
+                      refine_iter: object = 0) -> EarlyStopping | None:
         """The settings, or ``None`` when ``validation_fraction`` is ``None`` (off);
         ``InputError`` naming the bad setting otherwise."""
         if validation_fraction is None:
@@ -197,10 +199,18 @@ class EarlyStopping:
         if choice_rule not in CHOICE_RULES:
             raise InputError(f"choice_rule must be one of {list(CHOICE_RULES)} (how K folds choose "
                              f"the number of iterations); got {choice_rule!r}")
+        if (isinstance(refine_iter, bool) or not isinstance(refine_iter, numbers.Integral)
+                or refine_iter < 0):
+            raise InputError(f"refine_iter must be a non-negative integer (iterations on the "
+                             f"approximate posterior after the refit, hyper-parameters fixed); "
+                             f"got {refine_iter!r}")
+        if refine_iter and (refit == AVERAGE or not refit):
+            raise InputError(f"refine_iter={refine_iter} needs refit=True: it continues the "
+                             f"refit on all the data; got refit={refit!r}")
         return cls(float(validation_fraction), int(cast(int, validation_interval)),
                    int(cast(int, n_iter_no_change)),
                    AVERAGE if refit == AVERAGE else bool(refit), n_folds,
-                   str(refit_rule), str(choice_rule))  # all checked above
+                   str(refit_rule), str(choice_rule), int(refine_iter))  # all checked above
 
     @property
     def averages(self) -> bool:

@@ -205,6 +205,7 @@ def test_non_finite_objective_names_iteration_and_quantity(tmp_path: Path, store
         ("method=laplace dataset=wine", InputError, r"'laplace' handles binary problems only"),
         ("method=laplace method.likelihood=softmax", InputError, r"does not accept likelihood"),
         ("validation_fraction=0.2 choice_rule=best", InputError, r"choice_rule must be one of"),
+        ("validation_fraction=0.2 refine_iter=-1", InputError, r"refine_iter must be a non-neg"),
     ],
 )
 def test_bad_input_fails_before_any_mlflow_run(
