@@ -251,13 +251,14 @@ def _nll(proba: np.ndarray, y: np.ndarray) -> float:
 
 def one(dataset: str, method: str, repeat: int, fold: int, folds: int, iterations: int,
         patience: int, refit_rule: str | None = None,
-        validation_folds: int | None = None, refine: tuple[int, ...] = ()) -> dict:
+        validation_folds: int | None = None, refine: tuple[str, ...] = ()) -> dict:
     """One split: the path and the early-stopped model (module docstring); with it, each
     validation fold model's test log class probabilities after every one of its iterations
     (``fold_log_proba [F][T_f][N_test][C]``, the averaging rules' replay), and for every
     ``refine_iter`` in ``refine`` the test NLL of the same early-stopped fit with that many
     iterations on the posterior at the refit's hyper-parameters (``refined``, a real fit:
-    it cannot be replayed from the path)."""
+    it cannot be replayed from the path); an entry ``aN`` is ``refit="average"`` with
+    ``refine_iter=N`` (each fold's model refined on all the rows)."""
     X, y_all = pooled(dataset)
     test = cv_splits(np.asarray(y_all), folds, repeat)[fold]
     train = np.setdiff1d(np.arange(len(y_all)), test)
@@ -307,7 +308,8 @@ def one(dataset: str, method: str, repeat: int, fold: int, folds: int, iteration
         for n in refine:
             model = GPClassifier(**common, validation_fraction=0.2, validation_interval=1,
                                  n_iter_no_change=patience, validation_folds=validation_folds,
-                                 refine_iter=n,
+                                 refine_iter=int(n.lstrip("a")),
+                                 refit="average" if n.startswith("a") else True,
                                  **({} if refit_rule is None else {"refit_rule": refit_rule})
                                  ).fit(Xtr, ytr)
             refined[str(n)] = {"nll": _nll(model.predict_proba(Xte), yte),
@@ -463,13 +465,15 @@ def summary(files: list[str], rules: list[str], choice_rules: list[str | None],
                       f"| {label}average {average} | {final.mean() / best_mean:.3f} | "
                       f"{np.mean(final / best):.3f} / {np.max(final / best):.3f} | "
                       f"{stops.mean():.1f}, {stops.min():.0f}-{stops.max():.0f} | {ref} |")
-        for n in sorted({k for r in rs for k in r.get("refined", {})}, key=int):
+        for n in sorted({k for r in rs for k in r.get("refined", {})},
+                        key=lambda k: (k.startswith("a"), int(k.lstrip("a")))):
             if not all(n in r.get("refined", {}) for r in rs):
                 continue
             final = np.array([r["refined"][n]["nll"] for r in rs])
             extra = np.array([r["refined"][n]["refined"] for r in rs])
             print(f"| {dataset} | {method} | {len(rs)} ({len({r['repeat'] for r in rs})}) "
-                  f"| run, refit + refine_iter={n} | {final.mean() / best_mean:.3f} | "
+                  f"| run, {'average' if n.startswith('a') else 'refit'} + refine_iter="
+                  f"{n.lstrip('a')} | {final.mean() / best_mean:.3f} | "
                   f"{np.mean(final / best):.3f} / {np.max(final / best):.3f} | "
                   f"refined {extra.mean():.1f}, {extra.min():.0f}-{extra.max():.0f} | {ref} |")
         run = np.array([r["final_nll_es"] for r in rs])
@@ -508,7 +512,7 @@ def main() -> None:
                     help="the early-stopped run's validation_folds (default: the estimator's)")
     ap.add_argument("--refine-iter", default="",
                     help="refine_iter values fitted (each one more early-stopped fit per "
-                         "split), e.g. 0,50,250")
+                         "split), e.g. 0,50,250; aN: refit='average' with refine_iter=N")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "early_stopping_cv.jsonl"))
     ap.add_argument("--summary", nargs="+", default=None, metavar="JSONL",
                     help="print the per-(dataset, method, rule) summary of these files and exit")
@@ -537,7 +541,7 @@ def main() -> None:
                         t0 = time.process_time()
                         r = one(dataset, method, repeat, fold, a.test_folds, a.iterations,
                                 a.patience, a.refit_rule, a.validation_folds,
-                                tuple(int(n) for n in a.refine_iter.split(",") if n))
+                                tuple(n for n in a.refine_iter.split(",") if n))
                         fh.write(json.dumps(r) + "\n")
                         fh.flush()
                         print(f"{dataset} {method} r{repeat} f{fold}: best {min(r['path']):.4f}"

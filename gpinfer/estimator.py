@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import numbers
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, cast
 
 import numpy as np
 
@@ -32,13 +32,14 @@ from gpinfer.fit_guard import (
     check_baseline_failure,
     check_objective_limit,
     internal_values,
+    posterior_kernel,
     restore_best,
     tracker_for,
 )
 from gpinfer.interfaces import FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.initialisation import set_lengthscales, standardised_lengthscale
-from gpinfer.posterior import class_columns
+from gpinfer.posterior import AveragedPosterior, class_columns
 from gpinfer.progress import progress_callback
 from gpinfer.threads import blas_threads, training_threads
 from gpinfer.training.early_stopping import (
@@ -411,8 +412,11 @@ class _GPEstimatorBase:
             offset += monitor.last_iteration
         choice = ValidationChoice(monitors, settings.choice_rule)
         if settings.averages:  # the fit guard judges the average on all the rows
-            return (method, setup(slice(None), None)[1],
-                    averaged_result(monitors, results, choice))
+            averaged = averaged_result(monitors, results, choice)
+            if settings.refine_iter:  # each member's posterior on all the rows
+                averaged = self._refine_members(method, method_name, setup, averaged,
+                                                settings.refine_iter)
+            return method, setup(slice(None), None)[1], averaged
         if not settings.refit:
             return method, problem, monitors[0].restore(result)
         # no finite validation NLL at all: train on everything for as long as the folds did
@@ -431,6 +435,24 @@ class _GPEstimatorBase:
                                   result, renumbered(callback, offset + result.n_iter,
                                                      "refine_iteration"))
         return method, problem, choice.record(result, refitted=True, stop=stop)
+
+    def _refine_members(self, method: Method, method_name: str, setup: Setup,
+                        averaged: FitResult, refine_iter: int) -> FitResult:
+        """``refit="average"`` with ``refine_iter``: every member of ``averaged``'s
+        ``AveragedPosterior`` refined on all the rows at its own hyper-parameters
+        (``Method.refine``, from the member's posterior); ``diagnostics["refined"]`` the mean
+        of their refinement iterations."""
+        members, counts = [], []
+        for member in cast(AveragedPosterior, averaged.posterior).members:
+            start = FitResult(member, 0.0, posterior_kernel(member, averaged.kernel), 0)
+            out = self._refine(method, method_name, setup(slice(None), refine_iter)[1], start,
+                               None)
+            members.append(out.posterior)
+            counts.append(out.diagnostics["refined"])
+        averaged.posterior = AveragedPosterior(members)
+        averaged.diagnostics["refined"] = float(np.mean(counts))
+        averaged.n_iter += int(sum(counts))
+        return averaged
 
     def _refine(self, method: Method, method_name: str, problem: Problem, fitted: FitResult,
                 callback: FitCallback | None) -> FitResult:
@@ -638,10 +660,12 @@ class GPClassifierCore(_GPEstimatorBase):
         folds of each fold's own best iteration. A single hold-out takes its minimum.
     refine_iter : int
         With ``refit=True``: after the refit, up to this many further iterations on the
-        approximate posterior alone (``q(u)`` for svi and its presets such as vi-robustmax),
-        the kernel parameters and inducing inputs held at the refit's values, which are what
-        over-fits with iterations (``Method.refine``; ``InputError`` for a method that cannot).
-        0 (default): the refit is the model.
+        approximate posterior alone (``q(u)`` for svi and its presets such as vi-robustmax,
+        the tied sites for sep), on all the data, the kernel parameters and inducing inputs
+        held at the refit's values (they are what over-fits with iterations; at fixed
+        hyper-parameters the posterior approximation does not). With ``refit="average"``:
+        every fold's model so trained on all the data at its own hyper-parameters.
+        (``Method.refine``; ``InputError`` for a method that cannot.) 0 (default): none.
     standardize : "auto" or bool
         True: fit a per-feature ``(X - mean) / std`` on the training inputs (constant columns:
         std 1), keep it as ``scaler_`` and apply it at prediction, so that the fit does not

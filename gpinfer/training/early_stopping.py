@@ -204,9 +204,10 @@ class EarlyStopping:
             raise InputError(f"refine_iter must be a non-negative integer (iterations on the "
                              f"approximate posterior after the refit, hyper-parameters fixed); "
                              f"got {refine_iter!r}")
-        if refine_iter and (refit == AVERAGE or not refit):
-            raise InputError(f"refine_iter={refine_iter} needs refit=True: it continues the "
-                             f"refit on all the data; got refit={refit!r}")
+        if refine_iter and not refit:
+            raise InputError(f"refine_iter={refine_iter} needs refit=True (it continues the "
+                             f"refit on all the data) or refit={AVERAGE!r} (each fold's model "
+                             f"on all the data); got refit={refit!r}")
         return cls(float(validation_fraction), int(cast(int, validation_interval)),
                    int(cast(int, n_iter_no_change)),
                    AVERAGE if refit == AVERAGE else bool(refit), n_folds,

@@ -429,7 +429,6 @@ def test_a_mini_batch_refit_takes_the_count_whatever_the_rule():
     ({"refine_iter": 2.5}, "refine_iter must be a non-negative integer"),
     ({"refine_iter": True}, "refine_iter must be a non-negative integer"),
     ({"refine_iter": 5, "refit": False}, "refine_iter=5 needs refit=True"),
-    ({"refine_iter": 5, "refit": "average"}, "refine_iter=5 needs refit=True"),
     ({"refine_iter": 5, "method": "ep"}, "'ep' cannot refine"),
 ])
 def test_bad_refit_or_folds_is_an_input_error_before_training(kwargs, pattern):
@@ -495,4 +494,24 @@ def test_refine_continues_the_refit_with_its_hyper_parameters_held(method, extra
     assert [r.extra["refine_iteration"] for r in reports[-refined:]] == list(
         range(1, refined + 1))
     assert [h.get("refine") for h in est.history_[-refined:]] == [1.0] * refined
+    assert est.score(X, y) >= 0.9
+
+
+def test_refine_with_the_average_refines_every_fold_model_on_all_the_rows():
+    """``refit="average"`` with ``refine_iter``: each fold's model keeps its own kernel
+    parameters and inducing inputs (those of ``refine_iter=0``'s members, bit for bit) and its
+    posterior is trained further on all the rows."""
+    X, y = _three_classes(60)
+    kw = {"method": "vi-robustmax", "M": 6, "max_iter": 30, "random_state": 0,
+          "validation_fraction": 0.2, "validation_folds": 3, "n_iter_no_change": 3,
+          "refit": "average"}
+    plain = gpinfer.GPClassifier(**kw).fit(X, y)
+    est = gpinfer.GPClassifier(**kw, refine_iter=10).fit(X, y)
+    assert len(est.posterior_.members) == len(plain.posterior_.members) == 3
+    assert 1 <= est.fit_result_.diagnostics["refined"] <= 10
+    for a, b in zip(est.posterior_.members, plain.posterior_.members):
+        for ka, kb in zip(a.kernels, b.kernels):
+            np.testing.assert_array_equal(ka.get_unconstrained(), kb.get_unconstrained())
+        np.testing.assert_array_equal(a.Z[0], b.Z[0])
+        assert not np.allclose(a.m, b.m)
     assert est.score(X, y) >= 0.9

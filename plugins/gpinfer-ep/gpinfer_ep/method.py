@@ -288,8 +288,26 @@ class SEP(_SparseEPBase):
         """The tied sites updated further (the fit's schedule, no hyper-parameter step) at
         ``fitted``'s kernel parameters and inducing inputs, held fixed, from its sites
         (``site_Lam``, ``site_h`` in its ``state``) (``Method.refine``)."""
-        if not isinstance(fitted.posterior, InducingPosterior) or "site_Lam" not in fitted.state:
-            raise InputError("sep.refine needs a fit of sep (an InducingPosterior and its "
-                             "sites in FitResult.state)")
-        sites = {"Lam": fitted.state["site_Lam"], "h": fitted.state["site_h"]}
+        post = fitted.posterior
+        if not isinstance(post, InducingPosterior):
+            raise InputError("sep.refine needs a fit of sep (an InducingPosterior); got "
+                             f"{type(post).__name__}")
+        if "site_Lam" in fitted.state:
+            sites = {"Lam": fitted.state["site_Lam"], "h": fitted.state["site_h"]}
+        else:  # a posterior alone (an iterate): the sites that give its q(u)
+            sites = tied_sites_of(post, np.asarray(problem.X[:1], dtype=float))
         return self._train(problem, callback, (fitted, sites))
+
+
+def tied_sites_of(posterior: InducingPosterior, x: Array) -> dict[str, Array]:
+    """The ``u``-space site sums ``Lam [C, M, M]``, ``h [C, M]`` whose ``q(u_c) = N(m_c,
+    S_c)`` is ``posterior``'s: ``S^-1 = Kuu^-1 + Lam`` and ``S^-1 m = h``, with ``Kuu`` the
+    jittered one of the site algebra (``stacked_terms`` at one input row ``x [1, D]``)."""
+    L = np.asarray(ops.to_host(stacked_terms(posterior.kernels, posterior.Z, x).L), float)
+    Lam, h = [], []
+    for Lc, m, S in zip(L, posterior.m, posterior.S):
+        S_inv = np.linalg.inv(S)
+        Kuu_inv = np.linalg.inv(Lc @ Lc.T)
+        Lam.append(0.5 * (S_inv - Kuu_inv + (S_inv - Kuu_inv).T))
+        h.append(S_inv @ m)
+    return {"Lam": np.stack(Lam), "h": np.stack(h)}

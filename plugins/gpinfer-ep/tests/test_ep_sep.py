@@ -26,6 +26,7 @@ from gpinfer.estimator import GPClassifier
 from gpinfer.interfaces import FitResult, Problem
 from gpinfer.likelihoods.bernoulli import BernoulliProbit
 from gpinfer.likelihoods.multiclass import ArgmaxNoise
+from gpinfer.posterior import AveragedPosterior
 from gpinfer.sites.inducing import new_role_site, pair_tilted
 from gpinfer.testing import MethodTestSuite, assert_gradient_close
 from gpinfer.testing.method_suite import make_suite_data
@@ -490,7 +491,8 @@ def test_sep_refine_holds_the_hyper_parameters_and_continues_from_the_sites():
     moved = np.abs(one.state["site_h"] - fitted.state["site_h"]).max()
     assert moved < 0.5 * np.abs(cold.state["site_h"] - fitted.state["site_h"]).max()
     with pytest.raises(InputError, match="sep.refine needs a fit of sep"):
-        SEP().refine(_sep_problem(1), FitResult(fitted.posterior, 0.0, fitted.kernel, 1))
+        SEP().refine(_sep_problem(1), FitResult(AveragedPosterior([fitted.posterior]), 0.0,
+                                                fitted.kernel, 1))
 
 
 def test_sep_refine_reaches_the_fixed_hyper_parameter_fixed_point_of_a_fit_from_zero_sites():
@@ -503,3 +505,15 @@ def test_sep_refine_reaches_the_fixed_hyper_parameter_fixed_point_of_a_fit_from_
     long = SEP(damping_decay=1.0).fit(_sep_problem(305, optimize=False, inducing=Z))
     np.testing.assert_allclose(refined.state["site_Lam"], long.state["site_Lam"], atol=1e-7)
     np.testing.assert_allclose(refined.state["site_h"], long.state["site_h"], atol=1e-7)
+
+
+def test_the_sites_of_a_sep_posterior_give_it_back():
+    """``tied_sites_of`` inverts the posterior's site algebra: the state holding the sites
+    recovered from a fitted posterior builds that posterior again (a refine from an iterate,
+    e.g. an averaged fold model, starts from its own q(u))."""
+    from gpinfer_ep.method import tied_sites_of
+
+    fitted = SEP().fit(_sep_problem(20))
+    sites = tied_sites_of(fitted.posterior, _sep_problem(1).X[:1])
+    np.testing.assert_allclose(sites["Lam"], fitted.state["site_Lam"], rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(sites["h"], fitted.state["site_h"], rtol=1e-6, atol=1e-8)

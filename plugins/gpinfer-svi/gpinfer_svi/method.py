@@ -385,11 +385,12 @@ class SVI(Method):
                callback: FitCallback | None = None) -> FitResult:
         """``q(u)`` optimised further (the same optimiser as ``fit``) at ``fitted``'s kernel
         parameters and inducing inputs, held fixed, from ``fitted``'s ``q(u)`` (its ``state``
-        ``mu [L, M]`` and ``Lq [L, M, M]``) (``Method.refine``)."""
+        ``mu [L, M]`` and ``Lq [L, M, M]``; without them, its posterior's means and the
+        Cholesky factors of its covariances) (``Method.refine``)."""
         post = fitted.posterior
-        if not isinstance(post, InducingPosterior) or "mu" not in fitted.state:
-            raise InputError("svi.refine needs a fit of svi (an InducingPosterior and its "
-                             "q(u) in FitResult.state)")
+        if not isinstance(post, InducingPosterior):
+            raise InputError("svi.refine needs a fit of svi (an InducingPosterior); got "
+                             f"{type(post).__name__}")
         lik, X, y, n_latent = self._data(problem)
         backend = problem.backend
         hp = HyperParameters([k.copy() for k in post.kernels],
@@ -397,8 +398,12 @@ class SVI(Method):
                              device_kernels=True)
         state = VariationalState(X, y, lik, hp, n_latent, post.Z[0].shape[0], problem.rng,
                                  backend, problem.sample_weight)
-        x = state.pack(backend.asarray(np.asarray(fitted.state["mu"], dtype=float)),
-                       backend.asarray(np.asarray(fitted.state["Lq"], dtype=float)))
+        if "mu" in fitted.state:  # the fit's own parameters
+            mu, Lq = fitted.state["mu"], fitted.state["Lq"]
+        else:  # a posterior alone (an iterate): Lq from S
+            mu, Lq = np.stack(post.m), np.stack([np.linalg.cholesky(S) for S in post.S])
+        x = state.pack(backend.asarray(np.asarray(mu, dtype=float)),
+                       backend.asarray(np.asarray(Lq, dtype=float)))
         return self._train(problem, state, x, callback)
 
     def _train(self, problem: Problem, state: VariationalState, x: Array,

@@ -9,9 +9,10 @@ from gpinfer_svi.method import SVI, VariationalState
 
 from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters
-from gpinfer.interfaces import Problem
+from gpinfer.interfaces import FitResult, Problem
 from gpinfer.kernels import RBF, White
 from gpinfer.likelihoods import BernoulliLogit, BernoulliProbit, RobustMax, Softmax
+from gpinfer.posterior import AveragedPosterior
 from gpinfer.sites.variational import (
     likelihood_expectation,
 )
@@ -243,8 +244,14 @@ def test_refine_reaches_the_fixed_hyper_parameter_optimum_of_a_fit_from_the_prio
     np.testing.assert_allclose(refined.posterior.S[0], long.posterior.S[0], atol=1e-4)
 
 
-def test_refine_needs_a_fit_of_svi():
-    fitted = SVI().fit(_problem(max_iter=2))
-    fitted.state.pop("mu")
+def test_refine_needs_a_fit_of_svi_and_starts_from_its_posterior_alone_too():
+    """Without ``mu`` and ``Lq`` in its state (a fold model's iterate), the refine starts from
+    the posterior's means and covariances: the same q(u), the same first step's ELBO."""
+    fitted = SVI().fit(_problem(max_iter=4))
+    own = SVI().refine(_problem(max_iter=1), fitted)
+    bare = FitResult(fitted.posterior, fitted.log_evidence, fitted.kernel, fitted.n_iter)
+    alone = SVI().refine(_problem(max_iter=1), bare)
+    assert alone.log_evidence == pytest.approx(own.log_evidence, rel=1e-9)
     with pytest.raises(InputError, match="svi.refine needs a fit of svi"):
-        SVI().refine(_problem(), fitted)
+        SVI().refine(_problem(), FitResult(AveragedPosterior([fitted.posterior]), 0.0,
+                                           fitted.kernel, 1))
