@@ -334,10 +334,10 @@ def one(dataset: str, method: str, repeat: int, fold: int, folds: int, iteration
 
 
 def cost(dataset: str, method: str, repeats: int, validation_folds: int | None = None,
-         refits: tuple[bool | str, ...] = (True, "average")) -> None:
+         refits: tuple[tuple[bool | str, int], ...] = ((True, 0), ("average", 0))) -> None:
     """Fit and predict CPU seconds (``time.process_time``, the settings interleaved, ``repeats``
-    rounds) and the pickled size of the early-stopped model for each ``refit`` setting on the
-    first test split of repeat 1 (the benchmark's settings otherwise)."""
+    rounds) and the pickled size of the early-stopped model for each ``(refit, refine_iter)``
+    setting on the first test split of repeat 1 (the benchmark's settings otherwise)."""
     import pickle
 
     X, y_all = pooled(dataset)
@@ -347,16 +347,17 @@ def cost(dataset: str, method: str, repeats: int, validation_folds: int | None =
     Xtr, Xte = st.transform(X[train]), st.transform(X[test])
     ytr = np.unique(y_all[train], return_inverse=True)[1]
     name, likelihood, options = _method(method)
-    times: dict[str, list[tuple[float, float]]] = {str(r): [] for r in refits}
+    times: dict[str, list[tuple[float, float]]] = {f"{r}, refine_iter={n}": []
+                                                   for r, n in refits}
     size: dict[str, int] = {}
     for _ in range(repeats):
-        for refit in refits:
+        for refit, refine in refits:
             est = GPClassifier(method=name, M=max(1, round(0.1 * Xtr.shape[0])),
                                kernel=make_kernel("rbf", Xtr.shape[1], ard=True),
                                likelihood=likelihood, max_iter=250, random_state=1000,
                                method_options=options, validation_fraction=0.2,
                                n_iter_no_change=10, validation_folds=validation_folds,
-                               refit=refit)
+                               refit=refit, refine_iter=refine)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 t0 = time.process_time()
@@ -365,8 +366,8 @@ def cost(dataset: str, method: str, repeats: int, validation_folds: int | None =
                 for _ in range(20):
                     est.predict_proba(Xte)
                 t2 = time.process_time()
-            times[str(refit)].append((t1 - t0, (t2 - t1) / 20))
-            size[str(refit)] = len(pickle.dumps(est))
+            times[f"{refit}, refine_iter={refine}"].append((t1 - t0, (t2 - t1) / 20))
+            size[f"{refit}, refine_iter={refine}"] = len(pickle.dumps(est))
     for refit, ts in times.items():
         fit, predict = np.array(ts).T
         print(f"| {dataset} | {method} | refit={refit} | fit {np.median(fit):.2f} s "
@@ -424,14 +425,23 @@ def averaged_nll(row: dict, stops: list[int]) -> float:
 
 
 def summary(files: list[str], rules: list[str], choice_rules: list[str | None],
-            averages: list[str] = ()) -> None:
-    """Per (dataset, method, choice rule, refit rule) over the splits in ``files``: the ratio
-    of means (target <= 1.05), the per-split ratio's mean and worst, and the same without
-    early stopping; the window of counts within 5 % of the mean path's best."""
-    rows = [json.loads(line) for f in files for line in Path(f).read_text().splitlines()]
+            averages: list[str] = (), by_repeat: bool = False) -> None:
+    """Per (dataset, method, choice rule, refit rule) over the splits in ``files`` (and per
+    repeat with ``by_repeat``): the ratio of means (target <= 1.05), the per-split ratio's
+    mean and worst, and the same without early stopping; the window of counts within 5 % of
+    the mean path's best."""
+    merged: dict[tuple, dict] = {}  # a split recorded in several files: one row, refined merged
+    for line in (line for f in files for line in Path(f).read_text().splitlines()):
+        r = json.loads(line)
+        key = (r["dataset"], r["method"], r["repeat"], r["fold"])
+        if key in merged:
+            merged[key].setdefault("refined", {}).update(r.get("refined", {}))
+        else:
+            merged[key] = r
     groups: dict[tuple[str, str], list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["dataset"], r["method"]), []).append(r)
+    for r in merged.values():
+        name = f"{r['method']} r{r['repeat']}" if by_repeat else r["method"]
+        groups.setdefault((r["dataset"], name), []).append(r)
     print("| dataset | method | splits (repeats) | choice, refit rule | ratio of means | per "
           "split: mean / worst | iterations (mean, range) | no ES: ratio of means, per split "
           "mean / worst |")
@@ -516,20 +526,25 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "outputs" / "early_stopping_cv.jsonl"))
     ap.add_argument("--summary", nargs="+", default=None, metavar="JSONL",
                     help="print the per-(dataset, method, rule) summary of these files and exit")
+    ap.add_argument("--by-repeat", action="store_true",
+                    help="the summary per repeat (replica) as well as per dataset and method")
     ap.add_argument("--cost", type=int, default=0, metavar="ROUNDS",
-                    help="measure fit / predict CPU time and model size of refit=True and "
-                         "refit='average' (interleaved, ROUNDS rounds) and exit")
+                    help="measure fit / predict CPU time and model size of the --refine-iter "
+                         "settings (default 0,a0: refit=True and refit='average'; "
+                         "interleaved, ROUNDS rounds) and exit")
     a = ap.parse_args()
     if a.cost:
         with threadpool_limits(limits=1):
             for dataset in a.datasets.split(","):
                 for method in a.methods.split(","):
-                    cost(dataset, method, a.cost, a.validation_folds)
+                    cost(dataset, method, a.cost, a.validation_folds,
+                         tuple(("average" if n.startswith("a") else True, int(n.lstrip("a")))
+                               for n in (a.refine_iter or "0,a0").split(",")))
         return
     if a.summary:
         summary(a.summary, a.rules.split(","),
                 [None if c == "run" else c for c in a.choice_rules.split(",")],
-                [v for v in a.averages.split(",") if v])
+                [v for v in a.averages.split(",") if v], a.by_repeat)
         return
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     splits = _range(a.splits) if a.splits else range(a.test_folds)
