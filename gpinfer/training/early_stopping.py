@@ -58,6 +58,18 @@ What the fit then keeps (``EarlyStopping.refit``):
   rows is much worse than one on all of them) and sep breast_cancer 1.011 / 1.067 -> 1.042 /
   1.007, so the refit stays the default (the tables: the benchmark's fifth round).
 
+``refine_iter`` (``EarlyStopping.refine_iter``, 0 by default): after the refit (or, with
+``refit="average"``, for every fold's model), up to that many further iterations on the
+approximate posterior alone, on all the data, with the kernel parameters and inducing inputs
+held where that model left them (``Method.refine``: svi and its presets move ``q(u)`` with the
+fit's optimiser, sep its tied sites with the fit's sweeps; ``InputError`` for other methods).
+What over-fits with iterations is the hyper-parameters (the kernel parameters and, for
+vi-robustmax, ``Z``); at fixed ones the optimal ``q(u)`` is the posterior approximation and
+cannot over-fit, while the refit stopped at the chosen count leaves it half-trained
+(vi-robustmax's L-BFGS-B moves ``q(u)``, ``Z`` and the kernel jointly). With the average,
+each fold model's ``q(u)`` also sees the rows its fold held out. Diagnostics: ``refined``,
+the refinement's iterations (the members' mean with the average).
+
 Small data (``EarlyStopping.folds``): a hold-out of a few dozen points says little about which
 iteration is best, so where the hold-out would have fewer than ``MIN_HOLDOUT`` points the
 number of iterations is chosen by stratified K-fold cross-validation instead, ``K =
