@@ -258,7 +258,8 @@ def one(dataset: str, method: str, repeat: int, fold: int, folds: int, iteration
     ``refine_iter`` in ``refine`` the test NLL of the same early-stopped fit with that many
     iterations on the posterior at the refit's hyper-parameters (``refined``, a real fit:
     it cannot be replayed from the path); an entry ``aN`` is ``refit="average"`` with
-    ``refine_iter=N`` (each fold's model refined on all the rows)."""
+    ``refine_iter=N`` (each fold's model refined on all the rows), ``RULE:N`` (or ``RULE:aN``)
+    the same with ``choice_rule=RULE``."""
     X, y_all = pooled(dataset)
     test = cv_splits(np.asarray(y_all), folds, repeat)[fold]
     train = np.setdiff1d(np.arange(len(y_all)), test)
@@ -306,10 +307,12 @@ def one(dataset: str, method: str, repeat: int, fold: int, folds: int, iteration
                              ).fit(Xtr, ytr, callback=record_folds)
         refined = {}
         for n in refine:
+            rule, _, count = n.rpartition(":")
             model = GPClassifier(**common, validation_fraction=0.2, validation_interval=1,
                                  n_iter_no_change=patience, validation_folds=validation_folds,
-                                 refine_iter=int(n.lstrip("a")),
-                                 refit="average" if n.startswith("a") else True,
+                                 refine_iter=int(count.lstrip("a")),
+                                 refit="average" if count.startswith("a") else True,
+                                 choice_rule=rule or "one_se",
                                  **({} if refit_rule is None else {"refit_rule": refit_rule})
                                  ).fit(Xtr, ytr)
             refined[str(n)] = {"nll": _nll(model.predict_proba(Xte), yte),
@@ -475,15 +478,15 @@ def summary(files: list[str], rules: list[str], choice_rules: list[str | None],
                       f"| {label}average {average} | {final.mean() / best_mean:.3f} | "
                       f"{np.mean(final / best):.3f} / {np.max(final / best):.3f} | "
                       f"{stops.mean():.1f}, {stops.min():.0f}-{stops.max():.0f} | {ref} |")
-        for n in sorted({k for r in rs for k in r.get("refined", {})},
-                        key=lambda k: (k.startswith("a"), int(k.lstrip("a")))):
+        for n in sorted({k for r in rs for k in r.get("refined", {})}):
             if not all(n in r.get("refined", {}) for r in rs):
                 continue
             final = np.array([r["refined"][n]["nll"] for r in rs])
             extra = np.array([r["refined"][n]["refined"] for r in rs])
+            rule, _, count = n.rpartition(":")
             print(f"| {dataset} | {method} | {len(rs)} ({len({r['repeat'] for r in rs})}) "
-                  f"| run, {'average' if n.startswith('a') else 'refit'} + refine_iter="
-                  f"{n.lstrip('a')} | {final.mean() / best_mean:.3f} | "
+                  f"| {rule or 'run'}, {'average' if count.startswith('a') else 'refit'} + "
+                  f"refine_iter={count.lstrip('a')} | {final.mean() / best_mean:.3f} | "
                   f"{np.mean(final / best):.3f} / {np.max(final / best):.3f} | "
                   f"refined {extra.mean():.1f}, {extra.min():.0f}-{extra.max():.0f} | {ref} |")
         run = np.array([r["final_nll_es"] for r in rs])
