@@ -515,3 +515,22 @@ def test_refine_with_the_average_refines_every_fold_model_on_all_the_rows():
         np.testing.assert_array_equal(a.Z[0], b.Z[0])
         assert not np.allclose(a.m, b.m)
     assert est.score(X, y) >= 0.9
+
+
+@pytest.mark.parametrize("method,extra", [
+    ("vi-robustmax", {}),
+    ("sep", {"max_iter": 30}),
+])
+def test_refine_gives_the_same_model_on_torch_as_on_numpy(method, extra):
+    """The refinement runs on the fit's backend: float64 torch (CPU) gives numpy's model."""
+    pytest.importorskip("torch")
+    X, y = _three_classes(60)
+    kw = {"method": method, "M": 6, "max_iter": 20, "random_state": 0,
+          "validation_fraction": 0.25, "validation_folds": 1, "n_iter_no_change": 3,
+          "refine_iter": 8, **extra}
+    on_numpy = gpinfer.GPClassifier(**kw).fit(X, y)
+    on_torch = gpinfer.GPClassifier(**kw, backend="torch", dtype="float64").fit(X, y)
+    assert on_torch.fit_result_.diagnostics["refined"] == on_numpy.fit_result_.diagnostics[
+        "refined"] > 0
+    np.testing.assert_allclose(on_torch.predict_proba(X), on_numpy.predict_proba(X),
+                               rtol=0, atol=1e-6)
