@@ -201,7 +201,9 @@ Ratio of means per replica (10 stratified test folds each; 5 folds inside unless
 | bc | vi-rm | r2 | **1.010** | **0.939** | **0.917** | **0.857** |
 | bc | vi-rm | r3 | 1.076 | **0.975** | **1.012** | **0.922** |
 | bc | vi-rm | pool | 1.059 | **0.980** | **0.979** | **0.910** |
-| wine | vi-rm, K=10 | r1 / r2 / r3 | 1.232 / 1.145 / 1.264 | | 1.179 / **0.982** / 1.136 | 1.136 / **0.974** / 1.174 |
+| wine | vi-rm, K=10 | r1 | 1.232 | | 1.179 | 1.136 |
+| wine | vi-rm, K=10 | r2 | 1.145 | | **0.982** | **0.974** |
+| wine | vi-rm, K=10 | r3 | 1.264 | | 1.136 | 1.174 |
 | wine | sep | r1 | **1.006** | **1.004** (refine 50) | 1.449 | 1.353 (refine 50) |
 DIGITS_ROWS
 
@@ -214,17 +216,17 @@ path's best (12-17 on wine), and ``q(u)`` cannot make up for them. With the aver
 model's kernel and ``Z`` were chosen on its own held-out rows (their own best iterates, 8-24),
 and the refinement then trains its ``q(u)`` on the rows it never saw: better than the plain
 average on 5 of 6 replicas (wine r1 1.216 -> 1.185) and under the target on 5 of 6 (wine r1
-misses by 0.135); 10 folds inside do not help (pool 1.010 -> 1.009). sep is a different case:
+misses by 0.135); 10 folds inside do not help (pool 0.987 with 5, 1.009 with 10). sep is a different case:
 its best count is near the end of the path, its refit already meets the target, and the
 average (fold models on 4/5 of the rows) loses even after its sites see every row, since the
 hyper-parameters of those models are the worse part. So ``refine_iter`` stays 0 by default and
 the estimator's defaults do not move; the measured best for vi-robustmax is ``refit="average",
 refine_iter=250`` (a per-family default is the next step, not made here: digits has three
-test splits only and the estimators have one default for every method). Cost (``--cost 2 --refine-iter 0,250,a0,a250``, fit CPU s, median of 2 interleaved rounds
-on the first split of r1, load 3.6-3.9): vi-robustmax wine 1.20 (refit) / 1.23 (refit +
-refine) / 1.11 (average) / 2.43 (average + refine), bc 1.64 / 2.52 / 1.77 / 6.57; the
-refinement leaves the prediction cost and model size as they were (the average's: 4-5 times
-the refit's).
+test splits only and the estimators have one default for every method). Cost (``--cost 2
+--refine-iter 0,250,a0,a250``, fit CPU s, median of 2 interleaved rounds on the first split of
+r1, load 3.6-3.9): vi-robustmax wine 1.20 (refit) / 1.23 (refit + refine) / 1.11 (average) /
+2.43 (average + refine), bc 1.64 / 2.52 / 1.77 / 6.57; the refinement leaves the prediction cost
+and model size as they were (the average's: 4-5 times the refit's).
 """
 
 from __future__ import annotations
