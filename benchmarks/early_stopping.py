@@ -216,8 +216,9 @@ path's best (12-17 on wine), and ``q(u)`` cannot make up for them. With the aver
 model's kernel and ``Z`` were chosen on its own held-out rows (their own best iterates, 8-24),
 and the refinement then trains its ``q(u)`` on the rows it never saw: better than the plain
 average on 5 of 6 replicas (wine r1 1.216 -> 1.185) and under the target on 5 of 6 (wine r1
-misses by 0.135); 10 folds inside do not help (pool 0.987 with 5, 1.009 with 10). sep is a different case:
-its best count is near the end of the path, its refit already meets the target, and the
+misses by 0.135); 10 folds inside do not help (pool 0.987 with 5, 1.009 with 10). sep is a
+different case: its best count is near the end of the path, its refit already meets the target,
+and the
 average (fold models on 4/5 of the rows) loses even after its sites see every row, since the
 hyper-parameters of those models are the worse part. So ``refine_iter`` stays 0 by default and
 the estimator's defaults do not move; the measured best for vi-robustmax is ``refit="average",
