@@ -449,6 +449,15 @@ def test_the_regressor_refuses_the_log_rule_before_training():
     assert calls == []
 
 
+def test_the_regressor_refuses_refine_iter_for_a_method_that_cannot_refine():
+    X = np.linspace(-1, 1, 40)[:, None]
+    calls = []
+    with pytest.raises(InputError, match="'fitc' cannot refine"):
+        gpinfer.GPRegressor(method="fitc", M=4, validation_fraction=0.2,
+                            refine_iter=3).fit(X, X[:, 0], callback=calls.append)
+    assert calls == []
+
+
 def test_the_regressor_refits_on_all_the_data_too():
     rng = np.random.default_rng(3)
     X = rng.uniform(-3, 3, size=(80, 1))
