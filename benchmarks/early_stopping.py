@@ -206,7 +206,7 @@ Ratio of means per replica (10 stratified test folds each; 5 folds inside unless
 | wine | vi-rm, K=10 | r3 | 1.264 | | 1.136 | 1.174 |
 | wine | sep | r1 | **1.006** | **1.004** (refine 50) | 1.449 | 1.353 (refine 50) |
 | bc | sep | r2 | 1.067 | 1.056 (refine 50) | **1.007** | |
-| digits | vi-rm | r1 splits 0-1, hold-out | **1.009** | **1.014** | 1.061 | **1.037** |
+| digits | vi-rm | r1 splits 0-2, hold-out | **1.014** | **1.016** | 1.051 | **1.016** |
 
 Other entries: ``choice_rule="median"`` with the refit and ``refine_iter=250`` on wine 1.131 /
 **1.029** / 1.226 (the median's count alone 1.132 / 1.092 / 1.212: the refinement adds nothing
@@ -223,15 +223,15 @@ misses on bc r2 by a little (1.067, 1.056 refined), and on wine its average (fol
 of the rows) loses even after its sites see every row (1.449 -> 1.353), since the hyper-
 parameters of those models are the worse part. So ``refine_iter`` stays 0 by default and the
 estimator's defaults do not move; the measured best for vi-robustmax is ``refit="average",
-refine_iter=250`` (a per-family default is the next step, not made here: digits has two test
+refine_iter=250`` (a per-family default is the next step, not made here: digits has three test
 splits measured and the estimators have one default for every method). digits (one hold-out of
 323 points, so the "average" is the hold-out's one model on 4/5 of the rows): the refinement
-takes that model from 1.061 to 1.037 (its ``q(u)`` sees every row); the refit stays best there
-(1.009; 1.014 refined), 426 and 309 s CPU per split with all four models. Cost (``--cost 2
---refine-iter 0,250,a0,a250``, fit CPU s, median of 2 interleaved rounds on the first split of
-r1, load 3.6-3.9): vi-robustmax wine 1.20 (refit) / 1.23 (refit + refine) / 1.11 (average) /
-2.43 (average + refine), bc 1.64 / 2.52 / 1.77 / 6.57; the refinement leaves the prediction cost
-and model size as they were (the average's: 4-5 times the refit's).
+takes that model from 1.051 to 1.016 (its ``q(u)`` sees every row), level with the refit (1.014;
+1.016 refined), 309-426 s CPU per split with all four models. Cost (``--cost 2 --refine-iter
+0,250,a0,a250``, fit CPU s, median of 2 interleaved rounds on the first split of r1, load
+3.6-3.9): vi-robustmax wine 1.20 (refit) / 1.23 (refit + refine) / 1.11 (average) / 2.43
+(average + refine), bc 1.64 / 2.52 / 1.77 / 6.57; the refinement leaves the prediction cost and
+model size as they were (the average's: 4-5 times the refit's).
 """
 
 from __future__ import annotations

@@ -74,10 +74,10 @@ the refinement's iterations (the members' mean with the average). Measured
 breast_cancer 1.045 / 0.857 / 0.922 (the refit: 1.312 / 1.146 / 1.405, 1.196 / 1.010 /
 1.076; the plain average 1.216 / 1.062 / 1.061, 1.110 / 0.917 / 1.012); the refit with
 ``refine_iter=250`` 1.168 / 1.129 / 1.250, 1.124 / 0.939 / 0.975 (the count it refines is
-too early); vi-robustmax digits (two test splits, one hold-out) 1.009 with the refit, 1.037
-averaged and refined; sep wine r1 1.006 -> 1.004 and bc r2 1.067 -> 1.056 with the refit and
-``refine_iter=50``, while its average on wine stays far off (1.449 -> 1.353). Off by default:
-no one setting is best for both families.
+too early); vi-robustmax digits (three test splits, one hold-out) 1.014 with the refit, 1.016
+averaged and refined (1.051 averaged alone); sep wine r1 1.006 -> 1.004 and bc r2 1.067 ->
+1.056 with the refit and ``refine_iter=50``, while its average on wine stays far off (1.449 ->
+1.353). Off by default: no one setting is best for both families.
 
 Small data (``EarlyStopping.folds``): a hold-out of a few dozen points says little about which
 iteration is best, so where the hold-out would have fewer than ``MIN_HOLDOUT`` points the
