@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import numbers
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self, cast
 
 import numpy as np
 
@@ -32,13 +32,14 @@ from gpinfer.fit_guard import (
     check_baseline_failure,
     check_objective_limit,
     internal_values,
+    posterior_kernel,
     restore_best,
     tracker_for,
 )
 from gpinfer.interfaces import FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.initialisation import set_lengthscales, standardised_lengthscale
-from gpinfer.posterior import class_columns
+from gpinfer.posterior import AveragedPosterior, class_columns
 from gpinfer.progress import progress_callback
 from gpinfer.threads import blas_threads, training_threads
 from gpinfer.training.early_stopping import (
@@ -174,6 +175,7 @@ class _GPEstimatorBase:
     validation_folds: int | None
     refit_rule: str
     choice_rule: str
+    refine_iter: int
     standardize: bool | str
     backend: str | None
     device: Any
@@ -345,7 +347,8 @@ class _GPEstimatorBase:
         ``validation_fraction``. ``InputError`` for bad settings, before any training."""
         settings = EarlyStopping.from_settings(
             self.validation_fraction, self.validation_interval, self.n_iter_no_change,
-            self.refit, self.validation_folds, self.refit_rule, self.choice_rule)
+            self.refit, self.validation_folds, self.refit_rule, self.choice_rule,
+            self.refine_iter)
         if settings is None:
             return None
         if not n_classes and settings.choice_rule == "log_one_se":
@@ -398,6 +401,10 @@ class _GPEstimatorBase:
         (``averaged_result``; the returned problem is that of all the rows). The held-out
         rows live only in this call (never pickled with the fitted model). Returns the fitted
         model's method, problem and result."""
+        if settings.refine_iter and not type(first[0]).refines:
+            raise InputError(f"refine_iter={settings.refine_iter}: method {method_name!r} "
+                             "cannot refine a fit at fixed hyper-parameters (Method.refines); "
+                             "use refine_iter=0")
         monitors: list[ValidationMonitor] = []
         results: list[FitResult] = []
         several = len(splits) > 1
@@ -414,8 +421,11 @@ class _GPEstimatorBase:
             offset += monitor.last_iteration
         choice = ValidationChoice(monitors, settings.choice_rule)
         if settings.averages:  # the fit guard judges the average on all the rows
-            return (method, setup(slice(None), None)[1],
-                    averaged_result(monitors, results, choice))
+            averaged = averaged_result(monitors, results, choice)
+            if settings.refine_iter:  # each member's posterior on all the rows
+                averaged = self._refine_members(method, method_name, setup, averaged,
+                                                settings.refine_iter)
+            return method, setup(slice(None), None)[1], averaged
         if not settings.refit:
             return method, problem, monitors[0].restore(result)
         # no finite validation NLL at all: train on everything for as long as the folds did
@@ -428,6 +438,11 @@ class _GPEstimatorBase:
         stop = None if target is None else RefitStop(settings.refit_rule, target, problem.n,
                                                      inner)
         result = self._fit_plain(method, method_name, problem, inner if stop is None else stop)
+        if settings.refine_iter:  # q(u) / the sites on, hyper-parameters fixed
+            result = self._refine(method, method_name, setup(slice(None),
+                                                             settings.refine_iter)[1],
+                                  result, renumbered(callback, offset + result.n_iter,
+                                                     "refine_iteration"))
         return method, problem, choice.record(result, refitted=True, stop=stop)
 
     def _build_likelihood(self, method_cls: type[Method], n_classes: int, y: Array
@@ -469,6 +484,43 @@ class _GPEstimatorBase:
         with progress_callback(self.verbose, problem.max_iter, name, callback) as callback:
             self._fit_problem(method, name, problem, callback, setup, (X, y), early)
         return classes
+
+    def _refine_members(self, method: Method, method_name: str, setup: Setup,
+                        averaged: FitResult, refine_iter: int) -> FitResult:
+        """``refit="average"`` with ``refine_iter``: every member of ``averaged``'s
+        ``AveragedPosterior`` refined on all the rows at its own hyper-parameters
+        (``Method.refine``, from the member's posterior); ``diagnostics["refined"]`` the mean
+        of their refinement iterations."""
+        members, counts = [], []
+        for member in cast(AveragedPosterior, averaged.posterior).members:
+            start = FitResult(member, 0.0, posterior_kernel(member, averaged.kernel), 0)
+            out = self._refine(method, method_name, setup(slice(None), refine_iter)[1], start,
+                               None)
+            members.append(out.posterior)
+            counts.append(out.diagnostics["refined"])
+        averaged.posterior = AveragedPosterior(members)
+        averaged.diagnostics["refined"] = float(np.mean(counts))
+        averaged.n_iter += int(sum(counts))
+        return averaged
+
+    def _refine(self, method: Method, method_name: str, problem: Problem, fitted: FitResult,
+                callback: FitCallback | None) -> FitResult:
+        """``method.refine(problem, fitted)`` under the fit guard (as ``_fit_plain``); the
+        result counts ``fitted``'s iterations and history too, ``diagnostics["refined"]``
+        the refinement's iterations."""
+        tracker = tracker_for(type(method), callback, method_name, problem.X, problem.y,
+                              self._rng(), minibatch=problem.batch_size is not None,
+                              sample_weight=problem.sample_weight)
+        with training_threads():
+            result = method.refine(problem, fitted, tracker)
+        check_objective_limit(float(result.log_evidence), type(method).objective_limit,
+                              method_name, problem.n)
+        if type(method).restore_best_iterate:
+            result = restore_best(result, tracker)
+        result.diagnostics["refined"] = float(result.n_iter)
+        result.n_iter += fitted.n_iter
+        result.history = [*fitted.history, *({**h, "refine": 1.0} for h in result.history)]
+        return result
 
     def _fit_problem(
         self, method: Method, method_name: str, problem: Problem, callback: FitCallback | None,
@@ -706,6 +758,14 @@ class GPClassifierCore(_GPEstimatorBase):
         ``"log_one_se"`` the same on the folds' log NLL (classification only: ``InputError``
         in regression); ``"min"`` the mean curve's minimum; ``"median"`` the median over the
         folds of each fold's own best iteration. A single hold-out takes its minimum.
+    refine_iter : int
+        With ``refit=True``: after the refit, up to this many further iterations on the
+        approximate posterior alone (``q(u)`` for svi and its presets such as vi-robustmax,
+        the tied sites for sep), on all the data, the kernel parameters and inducing inputs
+        held at the refit's values (they are what over-fits with iterations; at fixed
+        hyper-parameters the posterior approximation does not). With ``refit="average"``:
+        every fold's model so trained on all the data at its own hyper-parameters.
+        (``Method.refine``; ``InputError`` for a method that cannot.) 0 (default): none.
     standardize : "auto" or bool
         True: fit a per-feature ``(X - mean) / std`` on the training inputs (constant columns:
         std 1), keep it as ``scaler_`` and apply it at prediction, so that the fit does not
@@ -779,6 +839,7 @@ class GPClassifierCore(_GPEstimatorBase):
         validation_folds: int | None = None,
         refit_rule: str = "iterations",
         choice_rule: str = "one_se",
+        refine_iter: int = 0,
         standardize: bool | str = "auto",
         backend: str | None = None,
         device: str | None = None,
@@ -802,6 +863,7 @@ class GPClassifierCore(_GPEstimatorBase):
         self.validation_folds = validation_folds
         self.refit_rule = refit_rule
         self.choice_rule = choice_rule
+        self.refine_iter = refine_iter
         self.standardize = standardize
         self.backend = backend
         self.device = device

@@ -507,6 +507,8 @@ class Method(abc.ABC):
     #: array backends the method runs on (``gpinfer.backend``): numpy only by default; methods
     #: written against the array API (sep, ep, svi) add ``"torch"`` (CPU or CUDA)
     backends: ClassVar[Sequence[str]] = ("numpy",)
+    #: whether ``refine`` (the approximation at fixed hyper-parameters, from a fit) is there
+    refines: ClassVar[bool] = False
     #: whether the method is stable in single precision (``dtype="float32"``)
     float32: ClassVar[bool] = False
     #: why not, when ``float32`` is False (the error a user sees names it)
@@ -541,6 +543,16 @@ class Method(abc.ABC):
     @abc.abstractmethod
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
         """Fit the approximation (and, if ``problem.optimize``, the hyper-parameters)."""
+
+    def refine(self, problem: Problem, fitted: FitResult,
+               callback: FitCallback | None = None) -> FitResult:
+        """Optimise the approximate posterior of ``fitted`` (a fit of this method to
+        ``problem``'s data) further with its hyper-parameters (kernel parameters, inducing
+        inputs) held where ``fitted`` left them, for up to ``problem.max_iter`` iterations,
+        starting from ``fitted``'s posterior: early stopping's ``refine_iter``
+        (``gpinfer.training.early_stopping``). Methods that can do so set ``refines``."""
+        raise NotImplementedError(f"method {self.name!r} cannot refine a fit at fixed "
+                                  "hyper-parameters")
 
 
 def _apply_renames(method: str, renamed: Mapping[str, str], options: dict[str, Any]

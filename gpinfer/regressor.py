@@ -69,7 +69,8 @@ class GPRegressorCore(_GPEstimatorBase):
     not stratified, part), ``validation_interval``, ``n_iter_no_change``, ``refit`` (not
     ``"average"``: each fold learns its own noise variance),
     ``validation_folds``, ``refit_rule``, ``choice_rule``: not ``"log_one_se"``, the NLL of a
-    density can be negative), ``standardize``, ``backend``, ``device``, ``dtype``), fitted by
+    density can be negative, ``refine_iter``: for a method with ``Method.refines``),
+    ``standardize``, ``backend``, ``device``, ``dtype``), fitted by
     the same sequence, except that ``likelihood`` defaults to a Gaussian
     with noise variance ``0.01 var(y)`` (the reference initialisation ``sigma = 0.1 std(y)``),
     that the fit guard's baseline is a Gaussian with the targets' mean and variance, and that
@@ -104,6 +105,7 @@ class GPRegressorCore(_GPEstimatorBase):
         validation_folds: int | None = None,
         refit_rule: str = "iterations",
         choice_rule: str = "one_se",
+        refine_iter: int = 0,
         standardize: bool | str = False,
         backend: str | None = None,
         device: str | None = None,
@@ -127,6 +129,7 @@ class GPRegressorCore(_GPEstimatorBase):
         self.validation_folds = validation_folds
         self.refit_rule = refit_rule
         self.choice_rule = choice_rule
+        self.refine_iter = refine_iter
         self.standardize = standardize
         self.backend = backend
         self.device = device

@@ -509,6 +509,7 @@ def test_get_set_params_and_clone(fake_plugins, data):
         "validation_folds": None,
         "refit_rule": "iterations",
         "choice_rule": "one_se",
+        "refine_iter": 0,
         "standardize": "auto",
         "baseline_failure": "raise",
     }

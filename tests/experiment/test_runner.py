@@ -205,6 +205,7 @@ def test_non_finite_objective_names_iteration_and_quantity(tmp_path: Path, store
         ("method=laplace dataset=wine", InputError, r"'laplace' handles binary problems only"),
         ("method=laplace method.likelihood=softmax", InputError, r"does not accept likelihood"),
         ("validation_fraction=0.2 choice_rule=best", InputError, r"choice_rule must be one of"),
+        ("validation_fraction=0.2 refine_iter=-1", InputError, r"refine_iter must be a non-neg"),
     ],
 )
 def test_bad_input_fails_before_any_mlflow_run(
@@ -364,3 +365,16 @@ def test_early_stopping_counts_and_metrics(tmp_path: Path, store_uri: str,
     assert metrics["best_validation_score"] == pytest.approx(result["best_validation_score"])
     saved = json.loads((tmp_path / "run" / "result.json").read_text())
     assert saved["n_train"] == result["n_train"] and saved["stopped_early"] == 1.0
+
+
+def test_refine_iter_reaches_the_estimator_and_the_run_records_it(tmp_path: Path,
+                                                                  store_uri: str) -> None:
+    """The config key ``refine_iter`` is passed to the estimator: the run's model is the refit
+    plus up to ``refine_iter`` iterations on the posterior (``refined`` in result.json)."""
+    cfg = store_cfg(store_uri, "method=sep", "dataset=wine", "M=5", "iterations=4", "seed=0",
+                    "validation_fraction=0.2", "n_iter_no_change=2", "refine_iter=3")
+    result = run_experiment(cfg, output_dir=tmp_path / "run")
+    assert result["refined"] == 3.0
+    assert result["n_iter"] == result["best_val_iteration"] + 3
+    saved = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert saved["refined"] == 3.0

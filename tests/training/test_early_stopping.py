@@ -425,13 +425,18 @@ def test_a_mini_batch_refit_takes_the_count_whatever_the_rule():
     ({"validation_folds": 0}, "validation_folds must be"),
     ({"validation_folds": 1.5}, "validation_folds must be"),
     ({"validation_folds": 3, "refit": False}, "needs refit=True"),
+    ({"refine_iter": -1}, "refine_iter must be a non-negative integer"),
+    ({"refine_iter": 2.5}, "refine_iter must be a non-negative integer"),
+    ({"refine_iter": True}, "refine_iter must be a non-negative integer"),
+    ({"refine_iter": 5, "refit": False}, "refine_iter=5 needs refit=True"),
+    ({"refine_iter": 5, "method": "ep"}, "'ep' cannot refine"),
 ])
 def test_bad_refit_or_folds_is_an_input_error_before_training(kwargs, pattern):
     X, y = _three_classes(30)
     calls = []
     with pytest.raises(InputError, match=pattern):
-        gpinfer.GPClassifier(method="sep", M=5, validation_fraction=0.2, **kwargs).fit(
-            X, y, callback=calls.append)
+        gpinfer.GPClassifier(**{"method": "sep", "M": 5, "validation_fraction": 0.2,
+                                **kwargs}).fit(X, y, callback=calls.append)
     assert calls == []
 
 
@@ -441,6 +446,15 @@ def test_the_regressor_refuses_the_log_rule_before_training():
     with pytest.raises(InputError, match="log_one_se"):
         gpinfer.GPRegressor(method="fitc", M=4, validation_fraction=0.2,
                             choice_rule="log_one_se").fit(X, X[:, 0], callback=calls.append)
+    assert calls == []
+
+
+def test_the_regressor_refuses_refine_iter_for_a_method_that_cannot_refine():
+    X = np.linspace(-1, 1, 40)[:, None]
+    calls = []
+    with pytest.raises(InputError, match="'fitc' cannot refine"):
+        gpinfer.GPRegressor(method="fitc", M=4, validation_fraction=0.2,
+                            refine_iter=3).fit(X, X[:, 0], callback=calls.append)
     assert calls == []
 
 
@@ -455,3 +469,77 @@ def test_the_regressor_refits_on_all_the_data_too():
     assert est.fit_result_.diagnostics["refit"] == 1.0 and est.n_iter_ <= k
     plain = gpinfer.GPRegressor(max_iter=k, **kw).fit(X, y)
     np.testing.assert_allclose(est.predict(X), plain.predict(X), rtol=0, atol=1e-10)
+
+
+# -- refine_iter: the posterior at the refit's hyper-parameters --------------------------------
+
+
+@pytest.mark.parametrize("method,extra", [
+    ("vi-robustmax", {}),
+    ("sep", {"max_iter": 60}),
+])
+def test_refine_continues_the_refit_with_its_hyper_parameters_held(method, extra):
+    """``refine_iter``: the refit (the same as with ``refine_iter=0``: the same choice, the
+    same steps), then up to ``refine_iter`` iterations on the posterior alone: the kernel
+    parameters and inducing inputs are the refit's, bit for bit; the iterations and the
+    callback's count go on from the refit's."""
+    X, y = _three_classes()
+    kw = {"method": method, "M": 8, "max_iter": 40, "random_state": 0,
+          "validation_fraction": 0.25, "validation_folds": 1, "n_iter_no_change": 3, **extra}
+    plain = gpinfer.GPClassifier(**kw).fit(X, y)
+    reports = []
+    est = gpinfer.GPClassifier(**kw, refine_iter=15).fit(X, y, callback=reports.append)
+    diag = est.fit_result_.diagnostics
+    k, refined = int(diag["best_iteration"]), int(diag["refined"])
+    assert k == plain.best_iteration_ and plain.n_iter_ == k and 1 <= refined <= 15
+    assert est.n_iter_ == k + refined and "refined" not in plain.fit_result_.diagnostics
+    for a, b in zip(est.posterior_.kernels, plain.posterior_.kernels):
+        np.testing.assert_array_equal(a.get_unconstrained(), b.get_unconstrained())
+    for a, b in zip(est.posterior_.Z, plain.posterior_.Z):
+        np.testing.assert_array_equal(a, b)
+    assert not np.allclose(est.posterior_.m, plain.posterior_.m)  # the posterior moved
+    its = [r.iteration for r in reports]
+    assert its == list(range(1, len(its) + 1))
+    assert [r.extra["refine_iteration"] for r in reports[-refined:]] == list(
+        range(1, refined + 1))
+    assert [h.get("refine") for h in est.history_[-refined:]] == [1.0] * refined
+    assert est.score(X, y) >= 0.9
+
+
+def test_refine_with_the_average_refines_every_fold_model_on_all_the_rows():
+    """``refit="average"`` with ``refine_iter``: each fold's model keeps its own kernel
+    parameters and inducing inputs (those of ``refine_iter=0``'s members, bit for bit) and its
+    posterior is trained further on all the rows."""
+    X, y = _three_classes(60)
+    kw = {"method": "vi-robustmax", "M": 6, "max_iter": 30, "random_state": 0,
+          "validation_fraction": 0.2, "validation_folds": 3, "n_iter_no_change": 3,
+          "refit": "average"}
+    plain = gpinfer.GPClassifier(**kw).fit(X, y)
+    est = gpinfer.GPClassifier(**kw, refine_iter=10).fit(X, y)
+    assert len(est.posterior_.members) == len(plain.posterior_.members) == 3
+    assert 1 <= est.fit_result_.diagnostics["refined"] <= 10
+    for a, b in zip(est.posterior_.members, plain.posterior_.members):
+        for ka, kb in zip(a.kernels, b.kernels):
+            np.testing.assert_array_equal(ka.get_unconstrained(), kb.get_unconstrained())
+        np.testing.assert_array_equal(a.Z[0], b.Z[0])
+        assert not np.allclose(a.m, b.m)
+    assert est.score(X, y) >= 0.9
+
+
+@pytest.mark.parametrize("method,extra", [
+    ("vi-robustmax", {}),
+    ("sep", {"max_iter": 30}),
+])
+def test_refine_gives_the_same_model_on_torch_as_on_numpy(method, extra):
+    """The refinement runs on the fit's backend: float64 torch (CPU) gives numpy's model."""
+    pytest.importorskip("torch")
+    X, y = _three_classes(60)
+    kw = {"method": method, "M": 6, "max_iter": 20, "random_state": 0,
+          "validation_fraction": 0.25, "validation_folds": 1, "n_iter_no_change": 3,
+          "refine_iter": 8, **extra}
+    on_numpy = gpinfer.GPClassifier(**kw).fit(X, y)
+    on_torch = gpinfer.GPClassifier(**kw, backend="torch", dtype="float64").fit(X, y)
+    assert on_torch.fit_result_.diagnostics["refined"] == on_numpy.fit_result_.diagnostics[
+        "refined"] > 0
+    np.testing.assert_allclose(on_torch.predict_proba(X), on_numpy.predict_proba(X),
+                               rtol=0, atol=1e-6)

@@ -28,13 +28,14 @@ would be in the kernels' own coordinates.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import numpy as np
 
 from gpinfer.backend import ops
 from gpinfer.backend.choice import NUMPY, Backend
 from gpinfer.backend.compile import COMPILE_MODES, check_compile
+from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters
 from gpinfer.inducing import INDUCING_INITS
 from gpinfer.interfaces import (
@@ -115,6 +116,12 @@ class _SparseEPBase(Method):
 
     # -- entry point -------------------------------------------------------------------------
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
+        return self._train(problem, callback)
+
+    def _train(self, problem: Problem, callback: FitCallback | None,
+               start: tuple[FitResult, dict[str, Array]] | None = None) -> FitResult:
+        """The fit; from ``start`` = ``(fitted, sites)`` (``refine``): ``fitted``'s kernels
+        and inducing inputs, held fixed, and the site state ``sites`` (``snapshot``'s)."""
         check_likelihood(problem, self.name)
         o = self.options
         schedule = Schedule(kind=o["schedule"], damping=float(o["damping"]),
@@ -128,15 +135,22 @@ class _SparseEPBase(Method):
         schedule.check(self.name, problem.batch_size is not None)
         compile_mode = check_compile(o["compile"], problem.backend, f"{self.name} option")
         X, y = np.asarray(problem.X, dtype=float), np.asarray(problem.y, dtype=np.int64)
-        kernels = class_kernels(problem, o["noise"], o["lengthscale_init"], o["noise_in_Kuu"])
-        Zs = initial_inducing(problem, self.name, self.options["inducing_init"])
+        if start is None:
+            kernels = class_kernels(problem, o["noise"], o["lengthscale_init"],
+                                    o["noise_in_Kuu"])
+            Zs = initial_inducing(problem, self.name, self.options["inducing_init"])
+        else:
+            post = cast(InducingPosterior, start[0].posterior)
+            kernels, Zs = [k.copy() for k in post.kernels], [np.array(z) for z in post.Z]
         backend = problem.backend
         # on a device the kernel parameters stay there between steps (SparseSites.posterior
         # and the end of the fit write them into ``kernels``: hp.sync_host)
         hp = HyperParameters(kernels, Z=[backend.asarray(z) for z in Zs],
-                             optimize=problem.optimize, device_kernels=True)
+                             optimize=problem.optimize and start is None, device_kernels=True)
         n_jobs = check_n_jobs(o["n_jobs"], f"{self.name} option n_jobs")
         state = self.make_state(y, problem.n_classes, Zs[0].shape[0], backend)
+        if start is not None:
+            state.restore({k: backend.asarray(v) for k, v in start[1].items()})
         sites = SparseSites(state, kernels, hp, X, problem.likelihood, backend)
         # the paper steps in log l with l = ell^2 (spec §2.9): xi = 2 theta for length-scales
         coordinates = np.where(hp.kernel_entries("lengthscale"), 2.0, 1.0)
@@ -154,8 +168,14 @@ class _SparseEPBase(Method):
             n_iter=loop.iteration,
             history=loop.history,
             state={**posterior.state(), "theta": ops.to_host(hp.pack()),
-                   "failures": np.array(loop.failures), "damping": np.array(loop.rho)},
+                   "failures": np.array(loop.failures), "damping": np.array(loop.rho),
+                   **self.site_state(state)},
         )
+
+    def site_state(self, state: RankOneSites | TiedSites) -> dict[str, Array]:
+        """The site arrays ``refine`` starts from, on the host, under ``site_`` names in the
+        result's ``state`` (none for a method without ``refines``)."""
+        return {}
 
 
 class SparseSites(SiteApproximation):
@@ -252,5 +272,42 @@ class SEP(_SparseEPBase):
     name: ClassVar[str] = "sep"
     float32: ClassVar[bool] = True
 
+    #: ``refine``: the tied sites at the fit's kernel parameters and inducing inputs
+    refines: ClassVar[bool] = True
+
     def make_state(self, y: Array, C: int, M: int, backend: Backend) -> TiedSites:
         return TiedSites(y, C, M, backend=backend)
+
+    def site_state(self, state: RankOneSites | TiedSites) -> dict[str, Array]:
+        """``site_Lam [C, M, M]`` and ``site_h [C, M]``: the tied sites (host arrays)."""
+        return {"site_Lam": np.array(ops.to_host(state.Lam)),
+                "site_h": np.array(ops.to_host(state.h))}
+
+    def refine(self, problem: Problem, fitted: FitResult,
+               callback: FitCallback | None = None) -> FitResult:
+        """The tied sites updated further (the fit's schedule, no hyper-parameter step) at
+        ``fitted``'s kernel parameters and inducing inputs, held fixed, from its sites
+        (``site_Lam``, ``site_h`` in its ``state``) (``Method.refine``)."""
+        post = fitted.posterior
+        if not isinstance(post, InducingPosterior):
+            raise InputError("sep.refine needs a fit of sep (an InducingPosterior); got "
+                             f"{type(post).__name__}")
+        if "site_Lam" in fitted.state:
+            sites = {"Lam": fitted.state["site_Lam"], "h": fitted.state["site_h"]}
+        else:  # a posterior alone (an iterate): the sites that give its q(u)
+            sites = tied_sites_of(post, np.asarray(problem.X[:1], dtype=float))
+        return self._train(problem, callback, (fitted, sites))
+
+
+def tied_sites_of(posterior: InducingPosterior, x: Array) -> dict[str, Array]:
+    """The ``u``-space site sums ``Lam [C, M, M]``, ``h [C, M]`` whose ``q(u_c) = N(m_c,
+    S_c)`` is ``posterior``'s: ``S^-1 = Kuu^-1 + Lam`` and ``S^-1 m = h``, with ``Kuu`` the
+    jittered one of the site algebra (``stacked_terms`` at one input row ``x [1, D]``)."""
+    L = np.asarray(ops.to_host(stacked_terms(posterior.kernels, posterior.Z, x).L), float)
+    Lam, h = [], []
+    for Lc, m, S in zip(L, posterior.m, posterior.S):
+        S_inv = np.linalg.inv(S)
+        Kuu_inv = np.linalg.inv(Lc @ Lc.T)
+        Lam.append(0.5 * (S_inv - Kuu_inv + (S_inv - Kuu_inv).T))
+        h.append(S_inv @ m)
+    return {"Lam": np.stack(Lam), "h": np.stack(h)}

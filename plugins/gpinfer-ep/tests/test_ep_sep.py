@@ -23,9 +23,10 @@ from sklearn.exceptions import ConvergenceWarning
 
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.estimator import GPClassifier
-from gpinfer.interfaces import Problem
+from gpinfer.interfaces import FitResult, Problem
 from gpinfer.likelihoods.bernoulli import BernoulliProbit
 from gpinfer.likelihoods.multiclass import ArgmaxNoise
+from gpinfer.posterior import AveragedPosterior
 from gpinfer.sites.inducing import new_role_site, pair_tilted
 from gpinfer.testing import MethodTestSuite, assert_gradient_close
 from gpinfer.testing.method_suite import make_suite_data
@@ -458,3 +459,61 @@ def test_falling_log_zq_restores_the_best_state(monkeypatch):
     np.testing.assert_array_equal(seen[8][1], seen[5][1])  # sites as iteration 5 left them
     assert not np.array_equal(seen[8][0], seen[7][0])
     assert est.history_[7]["damping"] < 0.5 * est.history_[6]["damping"]
+
+
+# -- refine: the tied sites at fixed hyper-parameters (early stopping's refine_iter) ------------
+
+
+def _sep_problem(max_iter, optimize=True, inducing=6):
+    rng = np.random.default_rng(4)
+    y = np.arange(45) % 3
+    X = rng.normal(size=(45, 2)) + 2.0 * np.stack([np.cos(2.1 * y), np.sin(2.1 * y)], axis=1)
+    return Problem(X=X, y=y.astype(np.int64), n_classes=3,
+                   kernel=GPClassifier()._build_kernel(2), likelihood=ArgmaxNoise(),
+                   inducing=inducing, max_iter=max_iter, optimize=optimize)
+
+
+def test_sep_refine_holds_the_hyper_parameters_and_continues_from_the_sites():
+    """Kernel parameters and Z stay bit-identical; the sites start where the fit left them
+    (zero refinement sweeps would be the fit: one sweep moves them by less than a sweep from
+    zero sites would)."""
+    fitted = SEP().fit(_sep_problem(30))
+    refined = SEP().refine(_sep_problem(40), fitted)
+    for a, b in zip(refined.posterior.kernels, fitted.posterior.kernels):
+        np.testing.assert_array_equal(a.get_unconstrained(), b.get_unconstrained())
+    for a, b in zip(refined.posterior.Z, fitted.posterior.Z):
+        np.testing.assert_array_equal(a, b)
+    one = SEP().refine(_sep_problem(1), fitted)
+    fresh = {**fitted.state, "site_Lam": 0 * fitted.state["site_Lam"],
+             "site_h": 0 * fitted.state["site_h"]}
+    cold = SEP().refine(_sep_problem(1), FitResult(fitted.posterior, 0.0, fitted.kernel, 1,
+                                                   state=fresh))
+    moved = np.abs(one.state["site_h"] - fitted.state["site_h"]).max()
+    assert moved < 0.5 * np.abs(cold.state["site_h"] - fitted.state["site_h"]).max()
+    with pytest.raises(InputError, match="sep.refine needs a fit of sep"):
+        SEP().refine(_sep_problem(1), FitResult(AveragedPosterior([fitted.posterior]), 0.0,
+                                                fitted.kernel, 1))
+
+
+def test_sep_refine_reaches_the_fixed_hyper_parameter_fixed_point_of_a_fit_from_zero_sites():
+    """The limiting case: at fixed hyper-parameters (``optimize=False``) SEP's damped sweeps
+    converge to one fixed point; refining a short fit reaches the sites of a long fit from
+    zero sites (no damping decay: the same damping in both)."""
+    Z = _sep_problem(1).X[::8]  # the same inducing inputs for both fits
+    short = SEP(damping_decay=1.0).fit(_sep_problem(5, optimize=False, inducing=Z))
+    refined = SEP(damping_decay=1.0).refine(_sep_problem(300, optimize=False, inducing=Z), short)
+    long = SEP(damping_decay=1.0).fit(_sep_problem(305, optimize=False, inducing=Z))
+    np.testing.assert_allclose(refined.state["site_Lam"], long.state["site_Lam"], atol=1e-7)
+    np.testing.assert_allclose(refined.state["site_h"], long.state["site_h"], atol=1e-7)
+
+
+def test_the_sites_of_a_sep_posterior_give_it_back():
+    """``tied_sites_of`` inverts the posterior's site algebra: the state holding the sites
+    recovered from a fitted posterior builds that posterior again (a refine from an iterate,
+    e.g. an averaged fold model, starts from its own q(u))."""
+    from gpinfer_ep.method import tied_sites_of
+
+    fitted = SEP().fit(_sep_problem(20))
+    sites = tied_sites_of(fitted.posterior, _sep_problem(1).X[:1])
+    np.testing.assert_allclose(sites["Lam"], fitted.state["site_Lam"], rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(sites["h"], fitted.state["site_h"], rtol=1e-6, atol=1e-8)

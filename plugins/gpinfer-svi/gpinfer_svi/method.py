@@ -315,6 +315,8 @@ class SVI(Method):
     #: the objective, log p(y) of discrete labels or a bound on it, is never positive
     objective_limit: ClassVar[float | None] = 0.0
     objective_kind = "bound"
+    #: ``refine``: q(u) at the fit's kernel parameters and inducing inputs
+    refines: ClassVar[bool] = True
     #: the ELBO runs on numpy or torch (CPU, CUDA), float64 or float32 (``gpinfer.backend``)
     backends: ClassVar[tuple[str, ...]] = ("numpy", "torch")
     float32: ClassVar[bool] = True
@@ -351,17 +353,21 @@ class SVI(Method):
         "hyper_bounds": bounds(None, none=True, doc="L-BFGS-B box on the log kernel parameters"),
     }
 
-    def _setup(self, problem: Problem) -> tuple[VariationalState, Array]:
+    def _data(self, problem: Problem) -> tuple[Likelihood, Array, Array, int]:
+        """The likelihood (with the deprecated options' rule), ``X [N, D]``, the labels
+        ``y [N]`` as svi reads them (class indices; 0/1 for a binary likelihood) and the
+        number of latents."""
         lik = legacy_expectation(problem.likelihood, self.options)
         X = np.asarray(problem.X, dtype=float)
         if lik.task != "classification":
             raise InputError(f"svi needs a classification likelihood; got {type(lik).__name__}")
         if lik.multiclass:
-            y = np.asarray(problem.y, dtype=np.int64)
-            n_latent = lik.n_latent(problem.n_classes)
-        else:
-            y = (binary_signs(problem.y, problem.n_classes, "svi") > 0).astype(np.int64)
-            n_latent = 1
+            return lik, X, np.asarray(problem.y, dtype=np.int64), lik.n_latent(problem.n_classes)
+        y = (binary_signs(problem.y, problem.n_classes, "svi") > 0).astype(np.int64)
+        return lik, X, y, 1
+
+    def _setup(self, problem: Problem) -> tuple[VariationalState, Array]:
+        lik, X, y, n_latent = self._data(problem)
         if self.options["scale"] not in SCALES:
             raise InputError(f"svi: scale must be one of {SCALES}, got {self.options['scale']!r}")
         o = self.options
@@ -394,10 +400,41 @@ class SVI(Method):
         return {"batch": b / n, "per_datum": 1.0 / n, "full": 1.0}[self.options["scale"]]
 
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
+        state, x = self._setup(problem)
+        return self._train(problem, state, x, callback)
+
+    def refine(self, problem: Problem, fitted: FitResult,
+               callback: FitCallback | None = None) -> FitResult:
+        """``q(u)`` optimised further (the same optimiser as ``fit``) at ``fitted``'s kernel
+        parameters and inducing inputs, held fixed, from ``fitted``'s ``q(u)`` (its ``state``
+        ``mu [L, M]`` and ``Lq [L, M, M]``; without them, its posterior's means and the
+        Cholesky factors of its covariances) (``Method.refine``)."""
+        post = fitted.posterior
+        if not isinstance(post, InducingPosterior):
+            raise InputError("svi.refine needs a fit of svi (an InducingPosterior); got "
+                             f"{type(post).__name__}")
+        lik, X, y, n_latent = self._data(problem)
+        backend = problem.backend
+        hp = HyperParameters([k.copy() for k in post.kernels],
+                             Z=[backend.asarray(Z) for Z in post.Z], optimize=False,
+                             device_kernels=True)
+        state = VariationalState(X, y, lik, hp, n_latent, post.Z[0].shape[0], problem.rng,
+                                 backend, problem.sample_weight)
+        if "mu" in fitted.state:  # the fit's own parameters
+            mu, Lq = fitted.state["mu"], fitted.state["Lq"]
+        else:  # a posterior alone (an iterate): Lq from S
+            mu, Lq = np.stack(post.m), np.stack([np.linalg.cholesky(S) for S in post.S])
+        x = state.pack(backend.asarray(np.asarray(mu, dtype=float)),
+                       backend.asarray(np.asarray(Lq, dtype=float)))
+        return self._train(problem, state, x, callback)
+
+    def _train(self, problem: Problem, state: VariationalState, x: Array,
+               callback: FitCallback | None) -> FitResult:
+        """The fit from the packed start ``x`` (``VariationalState.pack``): every entry that
+        ``state.hp`` leaves free and ``q(u)``."""
         # the same default on every backend: the same call gives the same model
         name = self.options["optimizer"] or ("lbfgs" if problem.batch_size is None
                                              else "adadelta")
-        state, x = self._setup(problem)
         rep = IterationReporter(callback, self.name, self.options["time_budget_s"])
         opt_options = dict(self.options["optimizer_options"] or {})
         extra_state: dict[str, Array] = {}

@@ -9,9 +9,10 @@ from gpinfer_svi.method import SVI, VariationalState
 
 from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters
-from gpinfer.interfaces import Problem
+from gpinfer.interfaces import FitResult, Problem
 from gpinfer.kernels import RBF, White
 from gpinfer.likelihoods import BernoulliLogit, BernoulliProbit, RobustMax, Softmax
+from gpinfer.posterior import AveragedPosterior
 from gpinfer.sites.variational import (
     likelihood_expectation,
 )
@@ -204,3 +205,53 @@ def test_abnormal_lbfgs_end_is_in_the_metrics(monkeypatch):
     assert seen[-1].extra["lbfgs_abnormal"] == 1.0
     assert not bool(res.state["lbfgs_success"])
     assert "ABNORMAL" in str(res.state["lbfgs_message"])
+
+
+# -- refine: q(u) at fixed hyper-parameters (early stopping's refine_iter) ----------------------
+
+
+def _q(result):
+    return np.array(result.state["mu"]), np.array(result.state["Lq"])
+
+
+def test_refine_holds_the_kernel_and_inducing_inputs_and_starts_from_the_fit():
+    """The refinement moves q(u) only: kernel parameters and Z stay bit-identical, and
+    L-BFGS-B from the fit's q(u) never ends below the fit's ELBO (its start)."""
+    fitted = SVI(learn_inducing=True).fit(_problem(max_iter=8))
+    refined = SVI(learn_inducing=True).refine(_problem(max_iter=50), fitted)
+    np.testing.assert_array_equal(refined.state["kernel_params_0"],
+                                  fitted.state["kernel_params_0"])
+    np.testing.assert_array_equal(refined.posterior.Z[0], fitted.posterior.Z[0])
+    assert refined.log_evidence >= fitted.log_evidence - 1e-9
+    # one step: from the fit's q(u) (a start at the prior's would be far below the fit)
+    one = SVI(learn_inducing=True).refine(_problem(max_iter=1), fitted)
+    assert fitted.log_evidence - 1e-9 <= one.log_evidence <= refined.log_evidence + 1e-9
+    assert not np.allclose(refined.state["mu"], fitted.state["mu"])  # q(u) did move
+
+
+def test_refine_reaches_the_fixed_hyper_parameter_optimum_of_a_fit_from_the_prior():
+    """The limiting case: at fixed hyper-parameters (``optimize=False``) the ELBO has one
+    optimum in q(u); refining a short fit converges to the same q(u) as a long fit from the
+    prior start."""
+    fixed = _problem(max_iter=3)
+    fixed.optimize = False
+    short = SVI().fit(fixed)
+    fixed.max_iter, fixed.inducing = 400, short.posterior.Z[0]  # the same Z for the long fit
+    refined = SVI().refine(fixed, short)
+    long = SVI().fit(fixed)
+    assert refined.log_evidence == pytest.approx(long.log_evidence, rel=1e-8)
+    np.testing.assert_allclose(refined.posterior.m[0], long.posterior.m[0], atol=1e-4)
+    np.testing.assert_allclose(refined.posterior.S[0], long.posterior.S[0], atol=1e-4)
+
+
+def test_refine_needs_a_fit_of_svi_and_starts_from_its_posterior_alone_too():
+    """Without ``mu`` and ``Lq`` in its state (a fold model's iterate), the refine starts from
+    the posterior's means and covariances: the same q(u), the same first step's ELBO."""
+    fitted = SVI().fit(_problem(max_iter=4))
+    own = SVI().refine(_problem(max_iter=1), fitted)
+    bare = FitResult(fitted.posterior, fitted.log_evidence, fitted.kernel, fitted.n_iter)
+    alone = SVI().refine(_problem(max_iter=1), bare)
+    assert alone.log_evidence == pytest.approx(own.log_evidence, rel=1e-9)
+    with pytest.raises(InputError, match="svi.refine needs a fit of svi"):
+        SVI().refine(_problem(), FitResult(AveragedPosterior([fitted.posterior]), 0.0,
+                                           fitted.kernel, 1))
