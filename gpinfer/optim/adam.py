@@ -131,19 +131,25 @@ def _host_update(x: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray,
 def _adam_update(x: Array, grad: Array, m: Array, v: Array, work: Array, delta: Array,
                  beta1: float, beta2: float, eps: float, inv_bias2: float | Array,
                  step: float | Array) -> None:
-    """Adam's update of ``x``, ``m``, ``v`` ``[P]`` in place (``work``, ``delta``: scratch
-    ``[P]``) with its scalars as arguments: ``inv_bias2 = 1 / sqrt(1 - beta2^t)``,
+    """Adam's update of torch ``x``, ``m``, ``v`` ``[P]`` in place (``work``, ``delta``:
+    scratch ``[P]``) with its scalars as arguments: ``inv_bias2 = 1 / sqrt(1 - beta2^t)``,
     ``step = learning_rate / (1 - beta1^t)`` (0-d arrays when compiled: they change every
-    step; a compiled region of the step)."""
-    m *= beta1
-    ops.multiply_into(grad, 1.0 - beta1, work)
-    m += work
-    v *= beta2
-    ops.multiply_into(grad, grad, work)
-    work *= 1.0 - beta2
-    v += work
+    step; a compiled region of the step).
+
+    Fused operators (7 eager aten ops instead of 13): ``m = beta1 m + (1 - beta1) g``
+    (``add_(alpha=)``), ``v = beta2 v + (1 - beta2) g^2`` (``addcmul_``) and, with python
+    scalars, ``x += (step / inv_bias2) m / (sqrt(v) + eps / inv_bias2)`` (``addcdiv_``: the
+    same quotient as ``step m / (sqrt(v) inv_bias2 + eps)``). The products inside the fused
+    operators are not rounded apart: values differ from the host's ``_host_update`` by
+    round-off (about 1e-16 relative per step)."""
+    m.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+    v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
     ops.sqrt_into(v, work)
-    work *= inv_bias2  # sqrt(v_hat)
+    if isinstance(inv_bias2, float) and isinstance(step, float):
+        work.add_(eps / inv_bias2)
+        x.addcdiv_(m, work, value=step / inv_bias2)
+        return
+    work *= inv_bias2  # sqrt(v_hat); 0-d arrays (compiled): no host read of the scalars
     work += eps
     ops.multiply_into(m, step, delta)
     delta /= work

@@ -266,3 +266,31 @@ def test_adam_host_pieces_give_the_bits_of_whole_vector_operations():
         ref_x = ref_x + (m * (0.02 / (1.0 - 0.9**t))) / den
         x = opt.step_into(x, g)
         np.testing.assert_array_equal(x, ref_x)
+
+
+@pytest.mark.parametrize("scalars_as_arrays", [False, True])
+def test_adam_on_torch_follows_the_host_update_to_round_off(scalars_as_arrays):
+    """The device update (fused operators: ``add_(alpha=)``, ``addcmul_``, ``addcdiv_`` with
+    python scalars; the step-by-step chain with 0-d scalars, as compiled) against the host's
+    over five steps: the same iterates and moments to round-off, and the gradient read only."""
+    torch = pytest.importorskip("torch")
+    from gpinfer.optim.adam import _adam_update
+
+    rng = np.random.default_rng(6)
+    P, b1, b2, eps, lr = 40, 0.8, 0.99, 1e-6, 0.03
+    host = Adam(learning_rate=lr, beta1=b1, beta2=b2, eps=eps)
+    x_h = rng.normal(size=P)
+    x_d = torch.tensor(x_h)
+    m, v, work, delta = (torch.zeros(P, dtype=torch.float64) for _ in range(4))
+    for t in range(1, 6):
+        g = rng.normal(size=P) * 10.0 ** rng.integers(-3, 3, size=P)
+        g_d = torch.tensor(g)
+        x_h = host.step_into(x_h, g)
+        inv_bias2, step = 1.0 / np.sqrt(1.0 - b2**t), lr / (1.0 - b1**t)
+        if scalars_as_arrays:
+            inv_bias2, step = (torch.tensor(s, dtype=torch.float64) for s in (inv_bias2, step))
+        _adam_update(x_d, g_d, m, v, work, delta, b1, b2, eps, inv_bias2, step)
+        np.testing.assert_array_equal(g_d.numpy(), g)
+        np.testing.assert_allclose(x_d.numpy(), x_h, rtol=1e-14, atol=0)
+        np.testing.assert_allclose(m.numpy(), host.m, rtol=1e-14, atol=0)
+        np.testing.assert_allclose(v.numpy(), host.v, rtol=1e-14, atol=0)
