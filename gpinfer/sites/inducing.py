@@ -187,13 +187,15 @@ def at_label(X: Array, y: Array) -> Array:
     return X[_rows(X), y][:, None]
 
 
-def aggregate(win: Array, lose: Array, y: Array, mask: Array) -> Array:
+def aggregate(win: Array, lose: Array, mask: Array, *, win_masked: bool = False) -> Array:
     """Per ``(i, c)`` sums of role-site values ``[n, C]`` (spec §1.5): the ``C - 1`` winner
-    roles at ``c = y_i``, the single loser role elsewhere."""
+    roles at ``c = y_i`` (the one entry of row ``i`` where ``mask [n, C]`` is False), the
+    single loser role elsewhere. ``win_masked``: ``win`` is already zero where ``mask`` is
+    False (``pair_tilted``'s outputs and sites formed from them), so its rows are summed as
+    they are (one operator fewer; the same sums up to the sign of a zero)."""
     xp = ops.namespace(win, lose)
-    out = xp.where(mask, lose, 0.0)
-    out[_rows(out), y] = xp.sum(xp.where(mask, win, 0.0), axis=1)
-    return out
+    win_sum = xp.sum(win if win_masked else xp.where(mask, win, 0.0), axis=1, keepdims=True)
+    return xp.where(mask, lose, win_sum)  # [n, C] against [n, 1]: two or three operators
 
 
 def factor_counts(y: Array, C: int) -> Array:
