@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpinfer.sites.inducing import aggregate, factor_mask
+from gpinfer.sites.inducing import aggregate, factor_mask, pair_slopes, pair_tilted
 
 
 def _loop_aggregate(win: np.ndarray, lose: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -42,3 +42,22 @@ def test_aggregate_sums_the_winner_roles_at_the_label_and_keeps_the_loser_elsewh
         out = aggregate(win, lose, mask, win_masked=win_masked)
     assert out.shape == (n, C)
     np.testing.assert_allclose(out, ref, rtol=1e-14, atol=1e-15)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_pair_slopes_are_pair_tilteds_masked_slope_and_curvature(backend):
+    rng = np.random.default_rng(7)
+    n, C = 8, 3
+    y = rng.integers(0, C, size=n)
+    a, v = rng.normal(size=(n, C)), rng.uniform(0.2, 2.0, size=(n, C))
+    a_y, v_y = a[np.arange(n), y][:, None], v[np.arange(n), y][:, None]
+    mask = factor_mask(y, C)
+    args: tuple = (a_y, v_y, a, v, mask)
+    if backend == "torch":
+        torch = pytest.importorskip("torch")
+        args = tuple(torch.as_tensor(x) for x in args)
+    full, slopes = pair_tilted(*args), pair_slopes(*args)
+    for got, ref in ((slopes.g_win, full.g_win), (slopes.gamma, full.gamma)):
+        got, ref = np.asarray(got), np.asarray(ref)
+        np.testing.assert_array_equal(got, ref)
+        assert np.all(got[~mask] == 0.0) and np.all(ref[mask] != 0.0)

@@ -47,7 +47,7 @@ from gpinfer.sites.inducing import (
     factor_mask,
     new_role_site,
     pair_log_z,
-    pair_tilted,
+    pair_slopes,
     remove_site,
     role_delta,
 )
@@ -185,7 +185,7 @@ class RankOneSites(_SiteSums):
         mu_y, v_y, mu_oy, v_oy, cross_y = (at_label(a, y) for a in (mu, v, mu_o, v_o, cross))
         cav_w = remove_site(mu_y, v_y, W1, W2, mu_oy, v_oy, cross_y)
         cav_l = remove_site(mu, v, L1, L2, mu_o, v_o, cross)
-        t = pair_tilted(cav_w.a, cav_w.v + at_label(s, y), cav_l.a, cav_l.v + s, mask)
+        t = pair_slopes(cav_w.a, cav_w.v + at_label(s, y), cav_l.a, cav_l.v + s, mask)
         matched = (*new_role_site(t.g_win, t.gamma, cav_w.a, cav_w.v),
                    *new_role_site(-t.g_win, t.gamma, cav_l.a, cav_l.v))
         xp = ops.namespace(mu)
@@ -356,10 +356,10 @@ def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     v = v.T
     vs = v + terms.s.T  # b = v + s for every role; the winners' is its gather (the same sums)
     a_y, v_y = at_label(a, y_col), at_label(v, y_col)
-    t = pair_tilted(a_y, at_label(vs, y_col), a, vs, mask)
+    t = pair_slopes(a_y, at_label(vs, y_col), a, vs, mask)
     W1, W2 = new_role_site(t.g_win, t.gamma, a_y, v_y)
     L1, L2 = new_role_site(-t.g_win, t.gamma, a, v)
-    # the sites of non-factors are 0 / 1 (pair_tilted's zeros, finite cavities; else the check
+    # the sites of non-factors are 0 / 1 (pair_slopes' zeros, finite cavities; else the check
     # below fails either way)
     tau = aggregate(W1, L1, mask, win_masked=True)
     nu = aggregate(W2, L2, mask, win_masked=True)
