@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import numpy as np
 
@@ -147,12 +148,13 @@ def _adam_update(x: Array, grad: Array, m: Array, v: Array, work: Array, delta: 
     take, the same three steps one by one give the same bits). Products inside the fused
     operators are not rounded apart: values differ from the host's by round-off (about
     1e-16 relative per step)."""
-    m.mul_(beta1).add_(grad, alpha=1.0 - beta1)
-    v.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+    tm, tv, tx = cast(Any, m), cast(Any, v), cast(Any, x)  # torch tensors: fused methods
+    tm.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+    tv.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
     ops.sqrt_into(v, work)
     work += shift
     if isinstance(step, float):
-        x.addcdiv_(m, work, value=step)
+        tx.addcdiv_(m, work, value=step)
         return
     ops.multiply_into(m, step, delta)
     delta /= work
