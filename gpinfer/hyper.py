@@ -174,6 +174,11 @@ class HyperParameters:
         self._host_stale = False
         self._latent_theta: tuple[int, Array] | None = None
         self._latent_index: Array | None = None  # latent -> kernel row, on the device
+        #: ``(version, theta [P])``: a vector handed over by ``unpack(owned=True)`` whose
+        #: views are the kept kernel entries and the inducing stack (every entry free, no
+        #: likelihood block): ``pack`` at that version copies it (one operator)
+        self._owned: tuple[int, Array] | None = None
+        self._kernels_and_inducing_only = all(b.kind != "likelihood" for b in blocks)
 
     # -- kernel parameters on the device -----------------------------------------------------
     @property
@@ -199,13 +204,15 @@ class HyperParameters:
                 self._distinct[block.index].set_unconstrained(host[block.start : block.stop])
         self._host_stale = False
 
-    def _keep_kernels(self, full: Array) -> bool:
+    def _keep_kernels(self, full: Array, view: bool = False) -> bool:
         """On a device with ``device_kernels``: keep the kernel entries of ``full [n_entries]``
-        there instead of writing them into the kernel objects (True when kept)."""
+        there instead of writing them into the kernel objects (True when kept); ``view``: as
+        a view of ``full`` (an array handed over, never written again) instead of a copy."""
         if (not self._defer_kernels or ops.is_numpy(full) or not self._kernel_stop
                 or full.shape[0] < self._kernel_stop):  # a free prefix without every kernel
             return False
-        self._device_kernels = ops.copy(full[: self._kernel_stop])
+        kept = full[: self._kernel_stop]
+        self._device_kernels = kept if view else ops.copy(kept)
         self._host_stale = True
         return True
 
@@ -360,6 +367,9 @@ class HyperParameters:
         device of ``Z``)."""
         if self._free_prefix:
             return self._full(self.size)  # a new array already
+        owned = self._owned
+        if owned is not None and owned[0] == self.version:  # its views hold every entry
+            return ops.copy(owned[1])
         full = self._full()  # a new array already
         return full if self._all_free else full[self._free_entries(full)]
 
@@ -383,7 +393,10 @@ class HyperParameters:
         Z_stack = self._unpack_inducing_stack(full, xp, copy=not owned or not self._all_free)
         # (below, a block without free entries is skipped: with a free prefix ``full`` holds
         # only the free entries)
-        kept = self._keep_kernels(full)
+        view = owned and self._all_free
+        kept = self._keep_kernels(full, view=view)
+        self._owned = ((self.version, full) if view and kept and Z_stack is not None
+                       and self._kernels_and_inducing_only else None)
         # the latents' Z as views of their stack (one operation on a device)
         Z_views = None if Z_stack is None else (
             list(Z_stack) if ops.is_numpy(Z_stack) else list(Z_stack.unbind(0)))  # type: ignore[attr-defined]

@@ -187,13 +187,16 @@ def at_label(X: Array, y: Array) -> Array:
     return X[_rows(X), y][:, None]
 
 
-def aggregate(win: Array, lose: Array, y: Array, mask: Array) -> Array:
+def aggregate(win: Array, lose: Array, mask: Array, *, win_masked: bool = False) -> Array:
     """Per ``(i, c)`` sums of role-site values ``[n, C]`` (spec §1.5): the ``C - 1`` winner
-    roles at ``c = y_i``, the single loser role elsewhere."""
+    roles at ``c = y_i`` (the one entry of row ``i`` where ``mask [n, C]`` is False), the
+    single loser role elsewhere. ``win_masked``: ``win`` is already zero where ``mask`` is
+    False (``pair_tilted``'s and ``pair_slopes``' outputs and sites formed from them), so
+    its rows are summed as they are (one operator fewer; the same sums up to the sign of a
+    zero)."""
     xp = ops.namespace(win, lose)
-    out = xp.where(mask, lose, 0.0)
-    out[_rows(out), y] = xp.sum(xp.where(mask, win, 0.0), axis=1)
-    return out
+    win_sum = xp.sum(win if win_masked else xp.where(mask, win, 0.0), axis=1, keepdims=True)
+    return xp.where(mask, lose, win_sum)  # [n, C] against [n, 1]: two or three operators
 
 
 def factor_counts(y: Array, C: int) -> Array:
@@ -284,6 +287,25 @@ def pair_log_z(
     t = argmax_factor_tilted(a_win, a_lose, v_win, v_lose, curvature=False)
     xp = ops.namespace(t.log_z)
     return PairLogZ(*(xp.where(mask, f, 0.0) for f in (t.log_z, t.dlogz_da, t.dlogz_db)))
+
+
+class PairSlopes(NamedTuple):
+    """What a site update reads of ``PairTilted``: ``g_win`` and ``gamma`` ``[n, C]`` (zero
+    where ``mask`` is False)."""
+
+    g_win: Array
+    gamma: Array
+
+
+def pair_slopes(
+    a_win: Array, v_win: Array, a_lose: Array, v_lose: Array, mask: Array
+) -> PairSlopes:
+    """``pair_tilted``'s ``g_win`` and ``gamma`` alone (the same values; ``log_z`` and
+    ``g_b``, which a site update does not read, are left unmasked: two operators fewer)."""
+    t = argmax_factor_tilted(a_win, a_lose, v_win, v_lose)
+    assert t.gamma is not None  # asked for by default
+    xp = ops.namespace(t.gamma)
+    return PairSlopes(xp.where(mask, t.dlogz_da, 0.0), xp.where(mask, t.gamma, 0.0))
 
 
 def new_role_site(g: Array, gamma: Array, a: Array, v: Array) -> tuple[Array, Array]:

@@ -271,6 +271,42 @@ def test_device_kernels_stay_on_the_device_until_asked_for(tied):
     np.testing.assert_array_equal(ops.to_host(lazy.pack()), ops.to_host(eager.pack()))
 
 
+def test_a_vector_handed_over_on_a_device_is_packed_as_one_copy():
+    """``unpack(owned=True)`` on torch with ``device_kernels``: the kept kernel entries and
+    ``Z`` are views of the vector handed over, and ``pack`` at that version returns a copy of
+    it (writing into the copy changes nothing held); after ``touch`` or a second unpack
+    ``pack`` reads the current values again. Values equal the copying path's."""
+    torch = pytest.importorskip("torch")
+    from gpinfer.backend import ops
+
+    Z = [torch.as_tensor(RNG.standard_normal((M, D))) for _ in range(2)]
+
+    def build() -> HyperParameters:
+        kernels = [RBF([0.8, 1.3], 1.7), RBF([1.1, 0.9], 0.6)]
+        return HyperParameters(kernels, Z=[z.clone() for z in Z], device_kernels=True)
+
+    owned, copied = build(), build()
+    theta = owned.pack() + 0.05
+    copied.unpack(theta.clone())
+    owned.unpack(theta, owned=True)
+    assert owned._owned is not None and owned._owned[1].data_ptr() == theta.data_ptr()
+    assert owned._device_kernels.data_ptr() == theta.data_ptr()  # a view, no copy
+    packed = owned.pack()
+    assert packed.data_ptr() != theta.data_ptr()
+    np.testing.assert_array_equal(packed.numpy(), copied.pack().numpy())
+    packed += 1.0  # the caller's to write: nothing held moves
+    np.testing.assert_array_equal(owned.pack().numpy(), copied.pack().numpy())
+    np.testing.assert_array_equal(ops.to_host(owned.Z[1]), ops.to_host(copied.Z[1]))
+    owned.unpack(theta + 0.1)  # a copy: no owned vector
+    copied.unpack(theta + 0.1)
+    assert owned._owned is None
+    np.testing.assert_array_equal(owned.pack().numpy(), copied.pack().numpy())
+    owned.unpack(theta + 0.2, owned=True)
+    owned.touch()  # the version moves: pack reads the kernels and Z again
+    copied.unpack(theta + 0.2)
+    np.testing.assert_array_equal(owned.pack().numpy(), copied.pack().numpy())
+
+
 @pytest.mark.parametrize("stacked", [True, False])
 def test_free_prefix_packs_and_unpacks_as_the_masked_path(stacked):
     """Only the kernels learned (``Z`` and the likelihood fixed: the free entries are the

@@ -75,8 +75,8 @@ class FITCSites:
         self.W1, self.W2, self.L1, self.L2 = (a.copy() for a in snap)
 
     def tau_nu(self) -> tuple[Array, Array]:
-        return (aggregate(self.W1, self.L1, self.y, self.mask),
-                aggregate(self.W2, self.L2, self.y, self.mask))
+        return (aggregate(self.W1, self.L1, self.mask),
+                aggregate(self.W2, self.L2, self.mask))
 
     def marginals(self, terms: Sequence[ClassTerms]
                   ) -> tuple[Array, Array, list[tuple[Any, ...]]]:

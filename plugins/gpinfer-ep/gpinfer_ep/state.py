@@ -47,7 +47,7 @@ from gpinfer.sites.inducing import (
     factor_mask,
     new_role_site,
     pair_log_z,
-    pair_tilted,
+    pair_slopes,
     remove_site,
     role_delta,
 )
@@ -185,7 +185,7 @@ class RankOneSites(_SiteSums):
         mu_y, v_y, mu_oy, v_oy, cross_y = (at_label(a, y) for a in (mu, v, mu_o, v_o, cross))
         cav_w = remove_site(mu_y, v_y, W1, W2, mu_oy, v_oy, cross_y)
         cav_l = remove_site(mu, v, L1, L2, mu_o, v_o, cross)
-        t = pair_tilted(cav_w.a, cav_w.v + at_label(s, y), cav_l.a, cav_l.v + s, mask)
+        t = pair_slopes(cav_w.a, cav_w.v + at_label(s, y), cav_l.a, cav_l.v + s, mask)
         matched = (*new_role_site(t.g_win, t.gamma, cav_w.a, cav_w.v),
                    *new_role_site(-t.g_win, t.gamma, cav_l.a, cav_l.v))
         xp = ops.namespace(mu)
@@ -193,8 +193,9 @@ class RankOneSites(_SiteSums):
                for n, o in zip(matched, (W1, W2, L1, L2))]
         _finite("EP sites", *new)
         change = _max_change(new, (W1, W2, L1, L2))
-        tau_old, nu_old = aggregate(W1, L1, y, mask).T, aggregate(W2, L2, y, mask).T
-        tau, nu = aggregate(new[0], new[2], y, mask).T, aggregate(new[1], new[3], y, mask).T
+        tau_old, nu_old = aggregate(W1, L1, mask).T, aggregate(W2, L2, mask).T
+        tau = aggregate(new[0], new[2], mask, win_masked=True).T  # new: masked above
+        nu = aggregate(new[1], new[3], mask, win_masked=True).T
         A = terms.A
         Ups = terms.unwhiten(A)  # u-space directions L^-T A
         if idx.shape[0] == self.y.shape[0]:  # the sums are those of the new sites alone
@@ -216,8 +217,8 @@ class RankOneSites(_SiteSums):
         """Recompute the site sums from the stored sites (removes floating-point drift)."""
         y = ops.index_like(self.U, self.y)
         mask = factor_mask(y, self.Lam.shape[0])
-        tau = aggregate(self.W1, self.L1, y, mask).T
-        nu = aggregate(self.W2, self.L2, y, mask).T
+        tau = aggregate(self.W1, self.L1, mask).T
+        nu = aggregate(self.W2, self.L2, mask).T
         self.Lam = symmetrize((self.U * tau[:, None, :]) @ transpose(self.U))
         self.h = ops.einsum("cmn,cn->cm", self.U, nu)
         self._whitened = None
@@ -246,9 +247,9 @@ class RankOneSites(_SiteSums):
         value = xp.sum(q.log_norm_ratio()) + scale * data
         e_w = (t.g_win * (W1 * mu_y - W2) + 2.0 * t.g_b) / cav_w.d
         e_l = (-t.g_win * (L1 * mu - L2) + 2.0 * t.g_b) / cav_l.d
-        a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
-        b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
-        e_sum = scale * aggregate(e_w, e_l, y, mask)
+        a_sum = scale * aggregate(t.g_win, -t.g_win, mask, win_masked=True)
+        b_sum = scale * aggregate(t.g_b, t.g_b, mask, win_masked=True)
+        e_sum = scale * aggregate(e_w, e_l, mask)
         grads = stacked_matrix_gradients(terms, q, q, R, a_sum.T, b_sum.T, e_sum.T)
         return value, grads
 
@@ -349,16 +350,19 @@ def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     """``TiedSites.update`` on device arrays (a compiled region of the step): from the
     whitened sums ``P_w [C, M, M]``, ``h_w [C, M]`` and the cavity fractions (``Scales`` of
     ``[C]``), the new ``(P_w, h_w, change [], Lam [C, M, M], h [C, M])``."""
-    y, mask, counts, n_factors, y_col = labels
+    _, mask, counts, n_factors, y_col = labels
     cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
     a, v, _ = cav.project(terms.A, means_by_point=True)
     v = v.T
     vs = v + terms.s.T  # b = v + s for every role; the winners' is its gather (the same sums)
     a_y, v_y = at_label(a, y_col), at_label(v, y_col)
-    t = pair_tilted(a_y, at_label(vs, y_col), a, vs, mask)
+    t = pair_slopes(a_y, at_label(vs, y_col), a, vs, mask)
     W1, W2 = new_role_site(t.g_win, t.gamma, a_y, v_y)
     L1, L2 = new_role_site(-t.g_win, t.gamma, a, v)
-    tau, nu = aggregate(W1, L1, y, mask), aggregate(W2, L2, y, mask)
+    # the sites of non-factors are 0 / 1 (pair_slopes' zeros, finite cavities; else the check
+    # below fails either way)
+    tau = aggregate(W1, L1, mask, win_masked=True)
+    nu = aggregate(W2, L2, mask, win_masked=True)
     _finite("SEP sites", tau, nu)  # deferred in the caller's context
     keep = 1.0 - rho * counts / n_factors
     A = terms.A
@@ -376,7 +380,7 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
                    ) -> tuple[Scalar, StackedMatrixGradients]:
     """``TiedSites.evaluate`` on device arrays (a compiled region of the step); ``pair``:
     the scales of ``q`` and of the cavity (``StackedGaussians.paired``)."""
-    y, mask, n_b, _, y_col = labels
+    _, mask, n_b, _, y_col = labels
     q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration)
     a, v, R = cav.project(terms.A, means_by_point=True)
     vs = (v + terms.s).T
@@ -384,6 +388,6 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     xp = ops.namespace(lnr)
     cav_terms = xp.sum(n_b * xp.diff(lnr, axis=0))  # lnr_cav - lnr_q, [1, C]: one operator
     value = xp.sum(lnr[0]) + scale * (xp.sum(t.log_z) + cav_terms)
-    a_sum = scale * aggregate(t.g_win, -t.g_win, y, mask)
-    b_sum = scale * aggregate(t.g_b, t.g_b, y, mask)
+    a_sum = scale * aggregate(t.g_win, -t.g_win, mask, win_masked=True)
+    b_sum = scale * aggregate(t.g_b, t.g_b, mask, win_masked=True)
     return value, stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
