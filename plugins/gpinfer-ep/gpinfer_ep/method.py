@@ -53,7 +53,13 @@ from gpinfer.kernels.initialisation import LENGTHSCALE_INITS
 from gpinfer.options import Option, choice, flag, integer, real
 from gpinfer.parallel import blas_threads_for, check_n_jobs
 from gpinfer.posterior import InducingPosterior
-from gpinfer.sites.stacked import StackedGaussians, StackedTerms, stacked_terms
+from gpinfer.sites.stacked import (
+    StackedGaussians,
+    StackedTerms,
+    stacked_cholesky,
+    stacked_terms,
+    symmetrize,
+)
 from gpinfer.training.loop import Schedule, TrainingLoop
 from gpinfer_ep.model import check_likelihood, class_kernels, initial_inducing
 from gpinfer_ep.state import RankOneSites, TiedSites
@@ -302,12 +308,11 @@ class SEP(_SparseEPBase):
 def tied_sites_of(posterior: InducingPosterior, x: Array) -> dict[str, Array]:
     """The ``u``-space site sums ``Lam [C, M, M]``, ``h [C, M]`` whose ``q(u_c) = N(m_c,
     S_c)`` is ``posterior``'s: ``S^-1 = Kuu^-1 + Lam`` and ``S^-1 m = h``, with ``Kuu`` the
-    jittered one of the site algebra (``stacked_terms`` at one input row ``x [1, D]``)."""
+    jittered one of the site algebra (``stacked_terms`` at one input row ``x [1, D]``, whose
+    factor ``L [C, M, M]`` gives ``Kuu^-1``); all classes at once. ``NumericalError`` naming
+    the class for a covariance ``S_c`` that is not positive definite."""
     L = np.asarray(ops.to_host(stacked_terms(posterior.kernels, posterior.Z, x).L), float)
-    Lam, h = [], []
-    for Lc, m, S in zip(L, posterior.m, posterior.S):
-        S_inv = np.linalg.inv(S)
-        Kuu_inv = np.linalg.inv(Lc @ Lc.T)
-        Lam.append(0.5 * (S_inv - Kuu_inv + (S_inv - Kuu_inv).T))
-        h.append(S_inv @ m)
-    return {"Lam": np.stack(Lam), "h": np.stack(h)}
+    S_inv, _ = ops.cho_inverse(stacked_cholesky(np.stack(posterior.S), "posterior covariance S"))
+    Kuu_inv, _ = ops.cho_inverse(L)
+    return {"Lam": symmetrize(S_inv - Kuu_inv),
+            "h": np.einsum("cij,cj->ci", S_inv, np.stack(posterior.m))}

@@ -57,6 +57,7 @@ from gpinfer.optim.lbfgs import check_finite
 from gpinfer.options import Option, bounds, choice, flag, integer, mapping, real
 from gpinfer.posterior import InducingPosterior
 from gpinfer.reporting import IterationReporter, binary_signs
+from gpinfer.sites.stacked import stacked_cholesky
 from gpinfer.sites.variational import (
     ELBOEstimate,
     ExpectationFn,
@@ -423,7 +424,8 @@ class SVI(Method):
         if "mu" in fitted.state:  # the fit's own parameters
             mu, Lq = fitted.state["mu"], fitted.state["Lq"]
         else:  # a posterior alone (an iterate): Lq from S
-            mu, Lq = np.stack(post.m), np.stack([np.linalg.cholesky(S) for S in post.S])
+            mu, Lq = np.stack(post.m), stacked_cholesky(np.stack(post.S), "posterior covariance S",
+                                                        unit="latent")
         x = state.pack(backend.asarray(np.asarray(mu, dtype=float)),
                        backend.asarray(np.asarray(Lq, dtype=float)))
         return self._train(problem, state, x, callback)
