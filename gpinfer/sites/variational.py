@@ -29,7 +29,7 @@ from gpinfer.interfaces import Likelihood, MatrixGradients, Scalar
 from gpinfer.kernels.stacked import StackedMatrixGradients
 from gpinfer.numerics import settings
 from gpinfer.numerics.quadrature import chunk_slices
-from gpinfer.sites.stacked import stacked_cholesky
+from gpinfer.sites.stacked import stacked_cholesky, symmetrize
 
 Array = Any
 
@@ -205,7 +205,7 @@ def uncollapsed_elbo(
             + Pv - SP - ops.mT(SP)
             + 0.5 * (Kinv_Lq @ ops.mT(Kinv_Lq) + a_col * a_row - Kinv)
         )
-        G_uu = 0.5 * (G_uu + ops.mT(G_uu))
+        G_uu = symmetrize(G_uu)
         if len(blocks) == 1 and not ops.is_numpy(mu):  # one block of every latent: stacks
             grads = StackedMatrixGradients(Kuu=G_uu, Kuf=G_uf, Kff_diag=ops.copy(gv_b))
         else:
@@ -314,7 +314,7 @@ def shared_uncollapsed_elbo(Kuu: Array, Kub: Array, Kdiag: Array, mu: Array, Lq:
     Pv_sum = (A * gv_sum) @ ops.mT(A)
     Ga = ops.mT(Agm) @ ops.mT(alpha)  # sum of A gm_l alpha_l^T
     G_uu = SP - Ga + Pv_sum + 0.5 * (alpha @ ops.mT(alpha) - n_lat * Kinv)
-    G_uu = 0.5 * (G_uu + ops.mT(G_uu))
+    G_uu = symmetrize(G_uu)
     grads = StackedMatrixGradients(Kuu=G_uu[None, ...], Kuf=G_uf[None, ...],
                                    Kff_diag=gv_sum[None, ...])
     # dL/dSigma = Pv - Kuu^-1 / 2 + Sigma^-1 / 2 per latent (spec jj-taylor-svi §3.3)
