@@ -1,12 +1,13 @@
 """Fits of every method on the outer optimiser schedule, before and after a change of it.
 
 The methods ``same_fits.py`` does not cover: the dense binary driver (ep-dense, kl, vb, tap,
-lr, fv), laplace, gfitc, pep / fitc / vfe (classification and regression), svi (L-BFGS-B, numpy and torch-CPU float64),
-the vi-jj family (alternating, full, hybrid, taylor) and ivm (hyper-parameter rounds), each at
-its defaults on a small digits subset. ``save`` stores every fit's test probabilities (or
-predictions), ``n_iter_`` and the objectives of its history, and the number and a checksum of the hyper-parameter vectors installed
-(the iterates and the evaluations); ``compare`` prints the largest
-difference of each (the outer schedule's moves ask for 0.0: the same iterates, the same bits).
+lr, fv; ep-dense on the grid too), laplace, gfitc, pep / fitc / vfe (classification and
+regression), svi (L-BFGS-B, numpy and torch-CPU float64), the vi-jj family (alternating,
+full, hybrid, taylor) and ivm (hyper-parameter rounds), each at its defaults on a small digits
+subset. ``save`` stores every fit's test probabilities (or predictions), ``n_iter_``, the
+objectives of its history and the number and a checksum of the hyper-parameter vectors
+installed (the iterates and the evaluations); ``compare`` prints the largest difference of
+each (the outer schedule's moves ask for 0.0: the same iterates, the same bits).
 
     .venv/bin/python benchmarks/same_outer_fits.py save /tmp/outer_ref.npz
     .venv/bin/python benchmarks/same_outer_fits.py compare /tmp/outer_ref.npz [name ...]
@@ -19,8 +20,8 @@ import zlib
 import numpy as np
 from sklearn.datasets import load_digits
 
-from gpinfer.estimator import GPClassifier
 from gpinfer.backend import ops
+from gpinfer.estimator import GPClassifier
 from gpinfer.hyper import HyperParameters
 from gpinfer.regressor import GPRegressor
 
