@@ -100,8 +100,9 @@ class LBFGSB(Optimizer):
     message. A non-finite value or gradient raises ``NumericalError`` naming the iteration
     (0 for the initial point). With ``stop_on_trial_failure``, a ``NumericalError`` at a trial
     point after the first (``fun``'s own, or a non-finite value) instead ends the run at the last
-    accepted iterate with ``success=False`` and the error in the message, so that one point
-    where the objective breaks down does not lose the progress made. A ``NumericalError`` raised
+    accepted iterate with ``success=False``, ``trial_failure=True`` and the error in the
+    message, so that one point where the objective breaks down does not lose the progress made
+    (the one trial-failure rule: ``gpinfer.training.outer`` warns and marks the history). A ``NumericalError`` raised
     by ``callback`` (at an accepted iterate: the fit guard's objective-limit check, say) always
     propagates, at that iteration.
 
@@ -201,7 +202,7 @@ class LBFGSB(Optimizer):
                 x=to_caller(np.asarray(accepted["x"])), value=float(accepted["value"]),
                 n_iter=int(state["iteration"]), success=False,
                 message=f"stopped at the last accepted iterate: numerical failure at a trial "
-                        f"point ({err})",
+                        f"point ({err})", trial_failure=True,
             )
         if state["stopped"]:
             success, message = True, STOPPED_BY_CALLBACK
