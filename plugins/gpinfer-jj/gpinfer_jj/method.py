@@ -41,6 +41,7 @@ from gpinfer.options import Option, bounds, choice, flag, integer, real
 from gpinfer.posterior import InducingPosterior
 from gpinfer.reporting import IterationReporter, binary_signs
 from gpinfer.sites.quadratic import CollapsedBound
+from gpinfer.training.outer import OuterReport, OuterSchedule
 from gpinfer_jj.bound import CollapsedObjective
 from gpinfer_jj.taylor import (
     GUARD_SLACK,
@@ -163,6 +164,14 @@ class _CollapsedVI(Method):
 
         return checked
 
+    def _schedule(self, report: OuterReport | None = None,
+                  history: list[dict[str, float]] | None = None) -> OuterSchedule:
+        """The outer schedule of Stage 2 and of vi-jj-full: reports and the result are built
+        from ``x`` alone (no memo, no re-solve); abnormal ends, trial failures included, are
+        recorded by ``_record`` and warned about once per fit."""
+        return OuterSchedule(self.name, report, refresh=False, finish="never", warn=False,
+                             history=history)
+
     def _record(self, log: dict[str, Any], result: OptimizationResult) -> None:
         log["messages"].append(result.message)
         if not result.success:
@@ -243,8 +252,8 @@ class _CollapsedVI(Method):
                 radius = float(self.options["trust_radius"]) if guard else np.inf
                 opt = self._lbfgs(hp, xi.size if hybrid else 0, int(self.options["max_fun"]),
                                   x0[: hp.size], radius)
-                result = opt.maximize(self._within_limit(fun, obj), x0,
-                                      max_iter=10 * int(self.options["max_fun"]))
+                result = self._schedule().run(opt, self._within_limit(fun, obj), x0,
+                                              10 * int(self.options["max_fun"]))
                 self._record(log, result)
                 if guard:
                     step = self._guard_step(obj, x0, result.x, xi_now, start_elbo)
@@ -323,8 +332,8 @@ class _CollapsedVI(Method):
                        {"nfev": float(obj.n_eval)})
             return rep.should_stop()
 
-        result = self._lbfgs(hp, n, None).maximize(self._within_limit(fun, obj), x0,
-                                                   int(problem.max_iter), on_iteration)
+        result = self._schedule(on_iteration, rep.history).run(
+            self._lbfgs(hp, n, None), self._within_limit(fun, obj), x0, int(problem.max_iter))
         self._record(log, result)
         hp.unpack(result.x[: hp.size])
         xi = result.x[hp.size:].copy()
