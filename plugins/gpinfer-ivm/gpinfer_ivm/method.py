@@ -40,6 +40,7 @@ from gpinfer.optim import make_optimizer
 from gpinfer.options import Option, choice, custom, flag, integer, real
 from gpinfer.posterior import Posterior
 from gpinfer.reporting import IterationReporter
+from gpinfer.training.outer import OuterSchedule
 from gpinfer_ivm.baseline import (
     BASELINE_GH_ORDER,
     BASELINE_RULES,
@@ -281,8 +282,10 @@ class _ActiveSetMethod(Method):
             lo = np.maximum(theta - reach, -THETA_BOUND)
             hi = np.minimum(theta + reach, THETA_BOUND)
             opt = make_optimizer("lbfgs", bounds=list(zip(lo.tolist(), hi.tolist())))
+            # minor mode: no reports, no re-solve (the next major step re-infers at theta)
+            minor = OuterSchedule(self.name, refresh=False, finish="never", warn=False)
             try:
-                theta = np.asarray(opt.maximize(fun, np.clip(theta, lo, hi), minor_iter).x,
+                theta = np.asarray(minor.run(opt, fun, np.clip(theta, lo, hi), minor_iter).x,
                                    dtype=float)
             except NumericalError as err:
                 _stop_warning(self.name, r, "minor", err)
