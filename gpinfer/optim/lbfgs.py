@@ -102,9 +102,9 @@ class LBFGSB(Optimizer):
     point after the first (``fun``'s own, or a non-finite value) instead ends the run at the last
     accepted iterate with ``success=False``, ``trial_failure=True`` and the error in the
     message, so that one point where the objective breaks down does not lose the progress made
-    (the one trial-failure rule: ``gpinfer.training.outer`` warns and marks the history). A ``NumericalError`` raised
-    by ``callback`` (at an accepted iterate: the fit guard's objective-limit check, say) always
-    propagates, at that iteration.
+    (the one trial-failure rule: ``gpinfer.training.outer`` warns and marks the history). A
+    ``NumericalError`` raised by ``callback`` (at an accepted iterate: the fit guard's
+    objective-limit check, say) always propagates, at that iteration.
 
     ``x0 [P]`` may be a numpy array or an array of another backend (a torch tensor on a CPU or
     GPU, float64 or float32): ``fun``, ``callback`` and the result's ``x`` then see arrays of
