@@ -293,13 +293,15 @@ IterationCallback = Callable[[int, Array, float], "bool | None"]
 
 @dataclass
 class OptimizationResult:
-    """What an optimiser returns: the final point and how it ended."""
+    """What an optimiser returns: the final point and how it ended (``trial_failure``: it
+    stopped at its last accepted iterate because a trial point failed numerically)."""
 
     x: Array
     value: float
     n_iter: int
     success: bool
     message: str = ""
+    trial_failure: bool = False
 
 
 class Optimizer(abc.ABC):

@@ -100,10 +100,11 @@ class LBFGSB(Optimizer):
     message. A non-finite value or gradient raises ``NumericalError`` naming the iteration
     (0 for the initial point). With ``stop_on_trial_failure``, a ``NumericalError`` at a trial
     point after the first (``fun``'s own, or a non-finite value) instead ends the run at the last
-    accepted iterate with ``success=False`` and the error in the message, so that one point
-    where the objective breaks down does not lose the progress made. A ``NumericalError`` raised
-    by ``callback`` (at an accepted iterate: the fit guard's objective-limit check, say) always
-    propagates, at that iteration.
+    accepted iterate with ``success=False``, ``trial_failure=True`` and the error in the
+    message, so that one point where the objective breaks down does not lose the progress made
+    (the one trial-failure rule: ``gpinfer.training.outer`` warns and marks the history). A
+    ``NumericalError`` raised by ``callback`` (at an accepted iterate: the fit guard's
+    objective-limit check, say) always propagates, at that iteration.
 
     ``x0 [P]`` may be a numpy array or an array of another backend (a torch tensor on a CPU or
     GPU, float64 or float32): ``fun``, ``callback`` and the result's ``x`` then see arrays of
@@ -141,44 +142,24 @@ class LBFGSB(Optimizer):
         max_iter: int,
         callback: Callable[[int, Array, float], bool | None] | None = None,
     ) -> OptimizationResult:
-        to_caller = _caller_space(x0)
+        run = _Run(fun, callback, _caller_space(x0))
         x0 = np.array(ops.to_host(x0) if ops.is_array(x0) else x0, dtype=float).reshape(-1)
         bounds = expand_bounds(self.bounds, x0.size)
-        state = {"iteration": 0, "n_eval": 0, "stopped": False}
-        accepted: dict[str, Array | float] = {}
-
-        def negated(x: Array) -> tuple[float, Array]:
-            it = state["iteration"] + (1 if state["n_eval"] else 0)
-            state["n_eval"] += 1
-            try:
-                value, grad = fun(to_caller(x))
-                grad = np.asarray(ops.to_host(grad), dtype=float).reshape(-1)
-                check_finite(float(value), grad, it)
-            except NumericalError as err:
-                raise _TrialPointFailure(err) from err
-            if not accepted:
-                accepted.update(x=np.array(x, dtype=float), value=float(value))
-            return -float(value), -grad
-
         if max_iter < 1 or x0.size == 0:
-            try:
-                value, _ = negated(x0)
-            except _TrialPointFailure as failure:
+            return run.no_iterations(x0)
+        try:
+            res = minimize(
+                run.negated, x0, jac=True, method="L-BFGS-B", bounds=bounds,
+                callback=run.on_iteration, options=self._options(max_iter),
+            )
+        except _TrialPointFailure as failure:
+            if not (self.stop_on_trial_failure and run.accepted):
                 raise failure.unwrapped()  # noqa: B904 - the original, cause kept
-            return OptimizationResult(x=to_caller(x0), value=-value, n_iter=0, success=True,
-                                      message="no iterations requested")
+            return run.stopped_at_accepted(failure.error)
+        return run.result(res)
 
-        def scipy_callback(intermediate_result: Any) -> None:
-            state["iteration"] += 1
-            accepted.update(x=np.array(intermediate_result.x, dtype=float),
-                            value=-float(intermediate_result.fun))
-            if callback is not None and callback(
-                state["iteration"], to_caller(intermediate_result.x),
-                -float(intermediate_result.fun)
-            ):
-                state["stopped"] = True
-                raise StopIteration
-
+    def _options(self, max_iter: int) -> dict[str, float | int]:
+        """scipy's L-BFGS-B options."""
         options: dict[str, float | int] = {
             "maxiter": int(max_iter),
             "ftol": self.ftol,
@@ -188,27 +169,78 @@ class LBFGSB(Optimizer):
         }
         if self.maxfun is not None:
             options["maxfun"] = int(self.maxfun)
+        return options
+
+
+class _Run:
+    """One ``LBFGSB.maximize`` call: the negated objective scipy minimises (on host float64
+    vectors ``[P]``; ``to_caller`` maps them to the caller's space), the iteration count, the
+    callback, and the last accepted iterate (``accepted``: ``x``, ``value``; the starting
+    point until the first iteration)."""
+
+    def __init__(self, fun: ValueAndGrad,
+                 callback: Callable[[int, Array, float], bool | None] | None,
+                 to_caller: Callable[[Array], Array]):
+        self.fun, self.callback, self.to_caller = fun, callback, to_caller
+        self.iteration, self.n_eval, self.stopped = 0, 0, False
+        self.accepted: dict[str, Array | float] = {}
+
+    def negated(self, x: Array) -> tuple[float, Array]:
+        """``(-fun, -grad [P])`` at ``x [P]``; a ``NumericalError`` (``fun``'s own, or a
+        non-finite value) comes out as a ``_TrialPointFailure``."""
+        it = self.iteration + (1 if self.n_eval else 0)
+        self.n_eval += 1
         try:
-            res = minimize(
-                negated, x0, jac=True, method="L-BFGS-B", bounds=bounds,
-                callback=scipy_callback, options=options,
-            )
+            value, grad = self.fun(self.to_caller(x))
+            grad = np.asarray(ops.to_host(grad), dtype=float).reshape(-1)
+            check_finite(float(value), grad, it)
+        except NumericalError as err:
+            raise _TrialPointFailure(err) from err
+        if not self.accepted:
+            self.accepted.update(x=np.array(x, dtype=float), value=float(value))
+        return -float(value), -grad
+
+    def on_iteration(self, intermediate_result: Any) -> None:
+        """scipy's callback (``intermediate_result`` is the parameter name scipy looks for):
+        the accepted iterate kept, the caller's callback called; its True stops the run."""
+        self.iteration += 1
+        self.accepted.update(x=np.array(intermediate_result.x, dtype=float),
+                             value=-float(intermediate_result.fun))
+        if self.callback is not None and self.callback(
+            self.iteration, self.to_caller(intermediate_result.x),
+            -float(intermediate_result.fun)
+        ):
+            self.stopped = True
+            raise StopIteration
+
+    def no_iterations(self, x0: Array) -> OptimizationResult:
+        """One evaluation at ``x0 [P]`` (no iterations requested, or no parameters)."""
+        try:
+            value, _ = self.negated(x0)
         except _TrialPointFailure as failure:
-            err = failure.error
-            if not (self.stop_on_trial_failure and accepted):
-                raise failure.unwrapped()  # noqa: B904 - the original, cause kept
-            return OptimizationResult(
-                x=to_caller(np.asarray(accepted["x"])), value=float(accepted["value"]),
-                n_iter=int(state["iteration"]), success=False,
-                message=f"stopped at the last accepted iterate: numerical failure at a trial "
-                        f"point ({err})",
-            )
-        if state["stopped"]:
+            raise failure.unwrapped()  # noqa: B904 - the original, cause kept
+        return OptimizationResult(x=self.to_caller(x0), value=-value, n_iter=0, success=True,
+                                  message="no iterations requested")
+
+    def stopped_at_accepted(self, err: NumericalError) -> OptimizationResult:
+        """The result of a run that a trial point's ``err`` ended: the last accepted iterate."""
+        return OptimizationResult(
+            x=self.to_caller(np.asarray(self.accepted["x"])),
+            value=float(self.accepted["value"]),
+            n_iter=int(self.iteration), success=False,
+            message=f"stopped at the last accepted iterate: numerical failure at a trial "
+                    f"point ({err})", trial_failure=True,
+        )
+
+    def result(self, res: Any) -> OptimizationResult:
+        """The result of scipy's ``res``: a stop request is a normal end, as are scipy's
+        ``status`` 0 and 1 (converged; ``maxiter`` or ``maxfun`` reached)."""
+        if self.stopped:
             success, message = True, STOPPED_BY_CALLBACK
         else:
             success, message = res.status in (0, 1), str(res.message)
         return OptimizationResult(
-            x=to_caller(res.x),
+            x=self.to_caller(res.x),
             value=-float(res.fun),
             n_iter=int(res.nit),
             success=bool(success),

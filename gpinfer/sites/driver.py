@@ -41,27 +41,10 @@ from gpinfer.optim.grid import GridSearch
 from gpinfer.options import Option, choice, mapping
 from gpinfer.posterior import Posterior
 from gpinfer.reporting import IterationReporter
+from gpinfer.training.outer import OuterSchedule
 from gpinfer.validation import check_binary_labels
 
 PosteriorBuilder = Callable[[Likelihood, Kernel, Array], Posterior]
-
-
-def _warn_at_bounds(method: str, names: list[str], theta: Array) -> None:
-    """A ``ConvergenceWarning`` naming the log parameters of ``theta [P]`` (``names [P]``) that
-    ended on (within 1e-4 of; L-BFGS-B stops a hair inside) the upper end of
-    ``LOG_PARAMETER_BOUNDS``: the evidence still rose there."""
-    from sklearn.exceptions import ConvergenceWarning
-
-    hi = LOG_PARAMETER_BOUNDS[1]
-    at_high = [n for n, v in zip(names, theta) if v >= hi - 1e-4]
-    if not at_high:
-        return
-    separable = any("variance" in n for n in at_high)
-    cause = (" The evidence still rises with the signal variance: the classes look separable, "
-             "so the model is as confident as the bound allows." if separable else "")
-    warnings.warn(f"{method}: {', '.join(at_high)} ended on the upper bound e^{hi:g} of the log "
-                  f"parameters.{cause} Pass optimizer_options={{'bounds': ...}} to change it.",
-                  ConvergenceWarning, stacklevel=4)
 
 
 @dataclass
@@ -125,7 +108,7 @@ class DenseBinaryMethod(Method):
         X = np.asarray(problem.X, dtype=float)
         kernel = problem.kernel.copy()
         hp = HyperParameters(kernel, optimize=problem.optimize)
-        memo: dict[str, Any] = {"warm": None, "sol": None, "theta": None}
+        memo: dict[str, Any] = {"warm": None, "sol": None, "history": reporter.history}
 
         def solve_at(theta: Array | None, cold: bool = False) -> DenseSolution:
             if theta is not None:
@@ -137,8 +120,7 @@ class DenseBinaryMethod(Method):
                 where = f" at {hp.describe()}" if hp.size else ""
                 raise NumericalError(f"{self.name}{where}: {err}", iteration=err.iteration,
                                      quantity=err.quantity) from err
-            memo.update(warm=sol.warm, sol=sol,
-                        theta=None if theta is None else np.array(theta, dtype=float))
+            memo.update(warm=sol.warm, sol=sol)
             return sol
 
         def report(it: int, sol: DenseSolution) -> bool:
@@ -168,31 +150,8 @@ class DenseBinaryMethod(Method):
                                                                            bool],
                   memo: dict[str, Any]) -> tuple[int, dict[str, Array]]:
         name = str(self.options["optimizer"]).lower()
-        opts = dict(self.options["optimizer_options"] or {})
-        grid = name == "grid"
-        default_box = False
-        optimizer: Optimizer
-        grid_search: GridSearch | None = None
-        if grid:
-            optimizer = grid_search = GridSearch(opts.pop("axes", None) or [])
-            if opts:
-                raise InputError(f"grid optimizer got unknown options {sorted(opts)}")
-        else:
-            if name in ("lbfgs", "lbfgsb", "l-bfgs-b"):
-                # a trial point where the inner solver breaks down (an amplitude of e^300 on
-                # separable data, say) ends the run at the last accepted iterate, with a warning
-                opts.setdefault("stop_on_trial_failure", True)
-                if "bounds" not in opts:
-                    # on separable data the evidence of ep-dense (and others) rises without end
-                    # with the signal variance: an upper bound stops it, and a warning names the
-                    # cause. Upper only: with a two-sided box on every coordinate scipy's first
-                    # step is a whole gradient step instead of a unit-length one (tap on
-                    # breast_cancer jumped to where its predictions break); one-sided, the path
-                    # is the unbounded one until it reaches the bound.
-                    upper = (None, LOG_PARAMETER_BOUNDS[1])
-                    opts["bounds"] = hp.bounds(kernel=upper, likelihood=upper)
-                    default_box = True
-            optimizer = make_optimizer(name, **opts)
+        optimizer, grid_search, default_box = self._optimizer(name, hp)
+        grid = grid_search is not None
 
         def fun(theta: Array) -> tuple[float, Array]:
             sol = solve_at(theta, cold=grid)
@@ -204,23 +163,42 @@ class DenseBinaryMethod(Method):
             grad = parameter_gradient(hp, X, MatrixGradients(Kff=sol.gradient()))
             return sol.log_evidence, grad
 
-        def on_iteration(it: int, x: Array, value: float) -> bool:
-            if memo["theta"] is None or not np.array_equal(x, memo["theta"]):
-                solve_at(x, cold=grid)
-            return report(it, memo["sol"])
-
         max_iter = int(problem.max_iter)
         if grid_search is not None:
             max_iter = int(np.prod([len(a) for a in grid_search.axes]))
-        result = optimizer.maximize(fun, hp.pack(), max_iter, on_iteration)
-        if not result.success:
-            warnings.warn(f"{self.name}: optimizer {name!r} ended abnormally: {result.message}",
-                          RuntimeWarning, stacklevel=3)
-        if default_box:
-            _warn_at_bounds(self.name, hp.names, np.asarray(result.x, dtype=float))
-        if memo["theta"] is None or not np.array_equal(result.x, memo["theta"]):
-            solve_at(result.x, cold=grid)
+        schedule = OuterSchedule(self.name, lambda it, x, value: report(it, memo["sol"]),
+                                 label=f"optimizer {name!r}", history=memo["history"],
+                                 upper_names=hp.names if default_box else None)
+        result = schedule.run(optimizer, fun, hp.pack(), max_iter,
+                              solve=lambda theta: solve_at(theta, cold=grid))
         info: dict[str, Array] = {"optimizer_success": np.array(result.success)}
         if grid_search is not None:
             info["grid_values"] = grid_search.values.copy()
         return result.n_iter, info
+
+    def _optimizer(self, name: str, hp: HyperParameters
+                   ) -> tuple[Optimizer, GridSearch | None, bool]:
+        """The optimiser called ``name`` with the ``optimizer_options``, the grid search when
+        it is one, and whether it runs in the default box."""
+        opts = dict(self.options["optimizer_options"] or {})
+        if name == "grid":
+            grid_search = GridSearch(opts.pop("axes", None) or [])
+            if opts:
+                raise InputError(f"grid optimizer got unknown options {sorted(opts)}")
+            return grid_search, grid_search, False
+        default_box = False
+        if name in ("lbfgs", "lbfgsb", "l-bfgs-b"):
+            # a trial point where the inner solver breaks down (an amplitude of e^300 on
+            # separable data, say) ends the run at the last accepted iterate, with a warning
+            opts.setdefault("stop_on_trial_failure", True)
+            if "bounds" not in opts:
+                # on separable data the evidence of ep-dense (and others) rises without end
+                # with the signal variance: an upper bound stops it, and a warning names the
+                # cause. Upper only: with a two-sided box on every coordinate scipy's first
+                # step is a whole gradient step instead of a unit-length one (tap on
+                # breast_cancer jumped to where its predictions break); one-sided, the path
+                # is the unbounded one until it reaches the bound.
+                upper = (None, LOG_PARAMETER_BOUNDS[1])
+                opts["bounds"] = hp.bounds(kernel=upper, likelihood=upper)
+                default_box = True
+        return make_optimizer(name, **opts), None, default_box

@@ -160,11 +160,48 @@ def uncollapsed_elbo(
                                        xp.reshape(Kdiag, (-1,)), mu, Lq, expectation, scale,
                                        with_dSigma)
     Kdiag = xp.reshape(Kdiag, (n_lat, -1))
-    B = Kdiag.shape[1]
-    blocks = _latent_blocks(mu, n_lat, M * B)
+    blocks = _latent_blocks(mu, n_lat, M * Kdiag.shape[1])  # M * B floats per latent
     # one block of every latent (a device): the arrays themselves, no slices or copies
-    part = (lambda a, sl: a) if len(blocks) == 1 else (lambda a, sl: a[sl])
-    means, var = ops.empty(mu, (B, n_lat)), ops.empty(mu, (B, n_lat))  # the expectation's layout
+    part: _Part = (lambda a, sl: a) if len(blocks) == 1 else (lambda a, sl: a[sl])
+    means, var, forward = _block_marginals(Kuu, Kub, Kdiag, mu, Lq, blocks, part)
+    E, dm, dv = expectation(means, var)  # [B, L]
+    gm, gv = scale * ops.mT(dm), scale * ops.mT(dv)  # [L, B]
+    # ``dmu [L, M]``, ``kl [L]``, ``dLq``, ``dSigma [L, M, M]``: one block's results are
+    # these, several blocks' are written into them
+    outs = [] if len(blocks) == 1 else [ops.empty(mu, shape) for shape in (
+        (n_lat, M), (n_lat,), (n_lat, M, M), (n_lat, M, M) if with_dSigma else (0,))]
+    grads: list[MatrixGradients] | StackedMatrixGradients = []
+    for sl, fwd in zip(blocks, forward):
+        gv_b = part(gv, sl)
+        G_uu, G_uf, parts = _block_gradients(fwd, part(mu, sl), part(Lq, sl), part(gm, sl),
+                                             gv_b, with_dSigma)
+        if len(blocks) == 1 and not ops.is_numpy(mu):  # one block of every latent: stacks
+            grads = StackedMatrixGradients(Kuu=G_uu, Kuf=G_uf, Kff_diag=ops.copy(gv_b))
+        else:
+            assert isinstance(grads, list)
+            grads.extend(MatrixGradients(Kff_diag=ops.copy(gv_b[j]), Kuu=G_uu[j], Kuf=G_uf[j])
+                         for j in range(G_uu.shape[0]))
+        for out, b in zip(outs, parts):  # several blocks: each written into the whole
+            if b is not None:
+                out[sl] = b
+        outs = outs or list(parts)  # one block: its results are the whole
+    dmu, kl, dLq, dSigma = outs
+    return _estimate(E, kl, scale, dmu, dLq, grads, dSigma if with_dSigma else None)
+
+
+#: a latent block's part of an array: ``part(a, sl)`` (``a`` itself for one block of all)
+_Part = Callable[[Any, slice], Any]
+
+
+def _block_marginals(Kuu: Sequence[Array] | Array, Kub: Sequence[Array] | Array, Kdiag: Array,
+                     mu: Array, Lq: Array, blocks: list[slice], part: _Part
+                     ) -> tuple[Array, Array, list[tuple[Array, Array, Array]]]:
+    """The marginals of ``q(f)`` on the batch, ``means [B, L]`` and ``var [B, L]`` (at least
+    1e-12), one latent block at a time (``uncollapsed_elbo``'s arguments), and per block
+    ``(L_K [l, M, M], A = Kuu^-1 Kub [l, M, B], Lq^T A [l, M, B])`` for its gradients."""
+    xp = ops.namespace(mu)
+    B = Kdiag.shape[1]
+    means, var = ops.empty(mu, (B, mu.shape[0])), ops.empty(mu, (B, mu.shape[0]))
     forward = []
     for sl in blocks:
         L_K = stacked_cholesky(_stack(part(Kuu, sl), mu), "Kuu", unit="latent",
@@ -177,52 +214,40 @@ def uncollapsed_elbo(
         var[:, sl] = ops.mT(part(Kdiag, sl) - ops.einsum("lmb,lmb->lb", Rb, Rb)
                             + ops.einsum("lmb,lmb->lb", LtA, LtA))
         forward.append((L_K, A, LtA))
-    var = xp.maximum(var, 1e-12)
-    E, dm, dv = expectation(means, var)  # [B, L]
-    gm, gv = scale * ops.mT(dm), scale * ops.mT(dv)  # [L, B]
-    # ``dmu [L, M]``, ``kl [L]``, ``dLq``, ``dSigma [L, M, M]``: one block's results are
-    # these, several blocks' are written into them
-    outs = [] if len(blocks) == 1 else [ops.empty(mu, shape) for shape in (
-        (n_lat, M), (n_lat,), (n_lat, M, M), (n_lat, M, M) if with_dSigma else (0,))]
-    grads: list[MatrixGradients] | StackedMatrixGradients = []
-    for sl, (L_K, A, LtA) in zip(blocks, forward):
-        Lq_b, mu_b, gm_b, gv_b = part(Lq, sl), part(mu, sl), part(gm, sl), part(gv, sl)
-        kl_b, alpha, Kinv_Lq = _kl_terms(L_K, mu_b, Lq_b)
-        a_col, a_row = alpha[:, :, None], alpha[:, None, :]
-        Agm = (A @ gm_b[:, :, None])[..., 0]  # [l, M]
-        Pv = (A * gv_b[:, None, :]) @ ops.mT(A)  # A diag(gv) A^T, [l, M, M]
-        dmu_b = Agm - alpha
-        dLq_b = ops.add_diagonal(xp.tril(2.0 * Pv @ Lq_b - Kinv_Lq), 1.0 / ops.diagonal(Lq_b))
-        # Kuu^-1 Sigma Kuu^-1 Kub - Kuu^-1 Kub = Kuu^-1 Lq (Lq^T A) - A
-        G_uf = Kinv_Lq @ LtA
-        G_uf -= A
-        G_uf *= 2.0 * gv_b[:, None, :]
-        G_uf += a_col * gm_b[:, None, :]
-        Kinv = _inverse_from_factor(L_K)
-        SP = (Kinv_Lq @ ops.mT(Lq_b)) @ Pv  # Kuu^-1 Sigma Pv
-        G_uu = (
-            -0.5 * (Agm[:, :, None] * a_row + a_col * Agm[:, None, :])
-            + Pv - SP - ops.mT(SP)
-            + 0.5 * (Kinv_Lq @ ops.mT(Kinv_Lq) + a_col * a_row - Kinv)
-        )
-        G_uu = symmetrize(G_uu)
-        if len(blocks) == 1 and not ops.is_numpy(mu):  # one block of every latent: stacks
-            grads = StackedMatrixGradients(Kuu=G_uu, Kuf=G_uf, Kff_diag=ops.copy(gv_b))
-        else:
-            assert isinstance(grads, list)
-            grads.extend(MatrixGradients(Kff_diag=ops.copy(gv_b[j]), Kuu=G_uu[j], Kuf=G_uf[j])
-                         for j in range(G_uu.shape[0]))
-        # dL/dSigma = Pv - Kuu^-1 / 2 + Sigma^-1 / 2 (spec jj-taylor-svi §3.3)
-        dSigma_b = Pv - 0.5 * Kinv + 0.5 * _inverse_from_factor(Lq_b) if with_dSigma else None
-        if not outs:
-            outs = [dmu_b, kl_b, dLq_b, dSigma_b]
-            continue
-        for out, b in zip(outs, (dmu_b, kl_b, dLq_b, dSigma_b)):
-            if b is not None:
-                out[sl] = b
-    dmu, kl, dLq, dSigma = outs
-    dSigma = dSigma if with_dSigma else None
-    return _estimate(E, kl, scale, dmu, dLq, grads, dSigma)
+    return means, xp.maximum(var, 1e-12), forward
+
+
+def _block_gradients(forward: tuple[Array, Array, Array], mu_b: Array, Lq_b: Array,
+                     gm_b: Array, gv_b: Array, with_dSigma: bool
+                     ) -> tuple[Array, Array, tuple[Array, Array, Array, Array | None]]:
+    """One latent block's gradients from its ``forward`` (``_block_marginals``), ``mu_b [l, M]``,
+    ``Lq_b [l, M, M]`` and the expectation's scaled derivatives ``gm_b, gv_b [l, B]``:
+    ``(G_uu [l, M, M], G_uf [l, M, B], (dmu [l, M], kl [l], dLq [l, M, M], dSigma [l, M, M]
+    or None))``."""
+    L_K, A, LtA = forward
+    xp = ops.namespace(mu_b)
+    kl_b, alpha, Kinv_Lq = _kl_terms(L_K, mu_b, Lq_b)
+    a_col, a_row = alpha[:, :, None], alpha[:, None, :]
+    Agm = (A @ gm_b[:, :, None])[..., 0]  # [l, M]
+    Pv = (A * gv_b[:, None, :]) @ ops.mT(A)  # A diag(gv) A^T, [l, M, M]
+    dmu_b = Agm - alpha
+    dLq_b = ops.add_diagonal(xp.tril(2.0 * Pv @ Lq_b - Kinv_Lq), 1.0 / ops.diagonal(Lq_b))
+    # Kuu^-1 Sigma Kuu^-1 Kub - Kuu^-1 Kub = Kuu^-1 Lq (Lq^T A) - A
+    G_uf = Kinv_Lq @ LtA
+    G_uf -= A
+    G_uf *= 2.0 * gv_b[:, None, :]
+    G_uf += a_col * gm_b[:, None, :]
+    Kinv = _inverse_from_factor(L_K)
+    SP = (Kinv_Lq @ ops.mT(Lq_b)) @ Pv  # Kuu^-1 Sigma Pv
+    G_uu = (
+        -0.5 * (Agm[:, :, None] * a_row + a_col * Agm[:, None, :])
+        + Pv - SP - ops.mT(SP)
+        + 0.5 * (Kinv_Lq @ ops.mT(Kinv_Lq) + a_col * a_row - Kinv)
+    )
+    G_uu = symmetrize(G_uu)
+    # dL/dSigma = Pv - Kuu^-1 / 2 + Sigma^-1 / 2 (spec jj-taylor-svi §3.3)
+    dSigma_b = Pv - 0.5 * Kinv + 0.5 * _inverse_from_factor(Lq_b) if with_dSigma else None
+    return G_uu, G_uf, (dmu_b, kl_b, dLq_b, dSigma_b)
 
 
 def _estimate(E: Array, kl: Array, scale: float, dmu: Array, dLq: Array,

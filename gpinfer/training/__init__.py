@@ -1,3 +1,4 @@
 """What every iterative fit shares: the core training loop of the site methods
-(``gpinfer.training.loop``) and early stopping on a held-out validation set
-(``gpinfer.training.early_stopping``)."""
+(``gpinfer.training.loop``), the outer optimiser schedule of the methods whose
+hyper-parameters an optimiser moves over a solve (``gpinfer.training.outer``) and early
+stopping on a held-out validation set (``gpinfer.training.early_stopping``)."""

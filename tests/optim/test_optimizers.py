@@ -94,6 +94,7 @@ def test_lbfgs_stop_on_trial_failure_keeps_the_last_accepted_iterate():
     res = opt.maximize(breaks_down_past_half, np.zeros(3), max_iter=100,
                        callback=lambda it, x, v: accepted.append((x.copy(), v)) and False)
     assert not res.success and "numerical failure at a trial point" in res.message
+    assert res.trial_failure
     assert res.x[0] <= 0.5
     if accepted:  # the last point L-BFGS-B accepted, or the start
         np.testing.assert_array_equal(res.x, accepted[-1][0])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from gpinfer.errors import InputError
+from gpinfer.errors import InputError, NumericalError
 from gpinfer.interfaces import Problem
 from gpinfer.kernels import RBF
 from gpinfer.likelihoods import BernoulliProbit
@@ -133,3 +133,37 @@ def test_a_box_the_user_gives_replaces_the_default_and_is_not_warned_about():
         warnings.simplefilter("error")
         res = _Rising(optimizer_options={"bounds": (-1.0, 2.0)}).fit(_problem())
     assert res.kernel.get_unconstrained()[1] == pytest.approx(2.0, abs=1e-6)
+
+
+class _BreaksDown(_Exact):
+    """The exact solver, failing numerically once the log length-scale exceeds ``LIMIT``
+    (L-BFGS-B's second line search tries a point there, from ``_problem``'s start)."""
+
+    LIMIT = 0.9
+
+    def solve(self, K, y, likelihood, warm: Any) -> DenseSolution:
+        if self.at[0] > self.LIMIT:
+            raise NumericalError("inner solver broke down", quantity="cavity")
+        return super().solve(K, y, likelihood, warm)
+
+
+def test_a_trial_failure_ends_at_the_last_accepted_iterate_with_the_kernel_there():
+    p = _problem()
+    method = _BreaksDown()
+    original = RBF.K
+
+    def K(self, X, X2=None):  # the log parameters the solve sees
+        method.at = self.get_unconstrained()
+        return original(self, X, X2)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RBF, "K", K)
+        with pytest.warns(RuntimeWarning, match="numerical failure at a trial point"):
+            res = method.fit(p)
+    theta = res.kernel.get_unconstrained()
+    assert theta[0] <= _BreaksDown.LIMIT and res.history[-1]["stopped_on_failure"] == 1.0
+    assert res.n_iter == len(res.history)
+    # the kernel, the evidence and the state are the last accepted iterate's, not the failed
+    # trial point's
+    np.testing.assert_array_equal(res.state["kernel_params"], theta)
+    assert res.log_evidence == res.history[-1]["objective"]

@@ -27,6 +27,7 @@ from gpinfer.kernels.base import Kernel
 from gpinfer.optim import make_optimizer
 from gpinfer.options import Option, real
 from gpinfer.sites import DiagonalSiteAlgebra
+from gpinfer.training.outer import OuterSchedule
 
 
 def label_regression_evidence(
@@ -78,9 +79,9 @@ class LabelRegression(Method):
                 callback(IterationInfo(iteration, value, history[-1]["elapsed"]))
             return False
 
-        if hp.size:
-            result = make_optimizer("lbfgs").maximize(evidence, hp.pack(), problem.max_iter, report)
-            hp.unpack(result.x)
+        if hp.size:  # the core's outer schedule leaves the kernel at the returned point
+            schedule = OuterSchedule(self.name, report)
+            schedule.run(make_optimizer("lbfgs"), evidence, hp.pack(), problem.max_iter)
         value, _, algebra, alpha = label_regression_evidence(kernel, X, t, noise)
         if not history:
             report(1, hp.pack(), value)

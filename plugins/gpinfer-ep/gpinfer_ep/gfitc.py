@@ -14,7 +14,6 @@ every evaluation (``maxiter = max_iter``). Batch only.
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -31,6 +30,7 @@ from gpinfer.interfaces import (
     Method,
     Problem,
 )
+from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.initialisation import LENGTHSCALE_INITS
 from gpinfer.numerics.cholesky import tri_solve
 from gpinfer.numerics.gram import weighted_gram
@@ -49,6 +49,7 @@ from gpinfer.sites.inducing import (
     remove_site,
     role_delta,
 )
+from gpinfer.training.outer import OuterSchedule
 from gpinfer_ep.model import all_terms, check_likelihood, class_kernels, initial_inducing
 
 #: GFITC's initial site precision (spec §2.11)
@@ -165,10 +166,6 @@ class FITCSites:
         return [q.moments(t.L) for t, (q, *_rest) in zip(terms, parts)]
 
 
-class _TrialPointFailed(Exception):
-    """EP failed at a hyper-parameter value L-BFGS-B tried (not the starting point)."""
-
-
 class GFITC(Method):
     """The GFITC baseline: FITC prior, exact argmax factors, EP to convergence per L-BFGS-B
     evaluation. Options: ``ep_tol``, ``ep_max_sweeps``, ``noise``, ``lengthscale_init``
@@ -176,7 +173,8 @@ class GFITC(Method):
 
     If EP fails at a point L-BFGS-B tries (after its own retries with more damping), training
     stops at the last accepted iterate with a ``RuntimeWarning`` and ``stopped_on_failure = 1``
-    in the last history entry; a failure at the starting point is an error."""
+    in the last history entry (the outer schedule's trial-failure rule,
+    ``gpinfer.training.outer``); a failure at the starting point is an error."""
 
     name: ClassVar[str] = "gfitc"
     tasks: ClassVar[tuple[str, ...]] = ("classification",)
@@ -198,87 +196,74 @@ class GFITC(Method):
         if problem.batch_size is not None:
             raise InputError("gfitc is batch only (batch_size must be None)")
         reporter = IterationReporter(callback, self.name)
-        history = reporter.history
-        X, y = np.asarray(problem.X, float), np.asarray(problem.y, np.int64)
         kernels = class_kernels(problem, self.options["noise"], self.options["lengthscale_init"])
         Zs = initial_inducing(problem, self.name, self.options["inducing_init"])
         hp = HyperParameters(kernels, Z=Zs, optimize=problem.optimize)
-        sites = FITCSites(y, problem.n_classes)
-        tol, max_sweeps = float(self.options["ep_tol"]), int(self.options["ep_max_sweeps"])
-        last: dict[str, Any] = {}
-        accepted: dict[str, Any] = {"theta": hp.pack()}  # the last L-BFGS-B iterate
-
-        def inducing() -> list[Array]:
-            if hp.Z is None:
-                raise TypeError("gfitc hyper-parameters carry inducing inputs")
-            return hp.Z
-
-        def evaluated_at(theta: Array) -> bool:
-            """Whether the last evaluation was at ``theta``."""
-            last_theta = last.get("theta")
-            return last_theta is not None and np.array_equal(theta, last_theta)
-
-        def fun(theta: Array) -> tuple[float, Array]:
-            hp.unpack(theta)
-            terms = all_terms(kernels, inducing(), X)
-            try:
-                sweeps = sites.run(terms, tol, max_sweeps)
-                value, grads = sites.evidence(terms)
-            except NumericalError as err:
-                if "theta" not in last:  # the starting point: nothing to fall back on
-                    raise
-                raise _TrialPointFailed(str(err)) from err
-            last.update(theta=np.array(theta), value=value, sweeps=sweeps)
-            return value, hp.gradient(X, grads)
-
-        def posterior(at: FITCSites | None = None) -> InducingPosterior:
-            terms = all_terms(kernels, inducing(), X)
-            mS = (sites if at is None else at).posterior_moments(terms)
-            return InducingPosterior(problem.likelihood, [k.copy() for k in kernels],
-                                     [z.copy() for z in inducing()], [a for a, _ in mS],
-                                     [b for _, b in mS])
-
-        def posterior_now() -> Callable[[], InducingPosterior]:
-            """A builder of the posterior at the current sites and hyper-parameters."""
-            theta, frozen = hp.pack(), copy.deepcopy(sites)
-
-            def build() -> InducingPosterior:
-                current = hp.pack()
-                hp.unpack(theta)
-                try:
-                    return posterior(frozen)
-                finally:
-                    hp.unpack(current)
-
-            return build
-
-        def on_iteration(it: int, x: Array, value: float) -> bool:
-            if not evaluated_at(x):
-                fun(x)
-            accepted["theta"] = np.array(x)
-            extra = {"ep_sweeps": float(last["sweeps"]), "failures": float(sites.failures)}
-            return reporter.report(it, value, posterior_now(), extra)
-
+        run = _Run(problem, kernels, hp, reporter, float(self.options["ep_tol"]),
+                   int(self.options["ep_max_sweeps"]))
         theta0 = hp.pack()
         if problem.optimize and hp.size:
-            try:
-                result = LBFGSB().maximize(fun, theta0, int(problem.max_iter), on_iteration)
-                final, n_iter = result.x, result.n_iter
-            except _TrialPointFailed as err:
-                warnings.warn(f"gfitc: EP failed at a trial point of L-BFGS-B ({err}); training "
-                              f"stopped at iteration {len(history)}, the last accepted one",
-                              RuntimeWarning, stacklevel=2)
-                final, n_iter = accepted["theta"], len(history)
-                last.pop("theta", None)  # the failed call left its hyper-parameters in hp
-                if history:
-                    history[-1]["stopped_on_failure"] = 1.0
-            if not evaluated_at(final):
-                fun(final)
+            # a trial point where EP fails ends training at the last accepted iterate, with a
+            # warning and ``stopped_on_failure`` in the last history entry
+            schedule = OuterSchedule(self.name, run.report, history=reporter.history)
+            n_iter = schedule.run(LBFGSB(stop_on_trial_failure=True), run.evaluate, theta0,
+                                  int(problem.max_iter)).n_iter
         else:
-            value, _ = fun(theta0)
-            on_iteration(1, theta0, value)
+            value, _ = run.evaluate(theta0)
+            run.report(1, theta0, value)
             n_iter = 1
-        post = posterior()
-        return FitResult(posterior=post, log_evidence=float(last["value"]), kernel=kernels,
-                         n_iter=n_iter, history=history,
+        post = run.posterior()
+        return FitResult(posterior=post, log_evidence=float(run.value), kernel=kernels,
+                         n_iter=n_iter, history=reporter.history,
                          state={**post.state(), "theta": hp.pack()})
+
+
+class _Run:
+    """One GFITC fit: EP to convergence at ``theta``, its evidence and gradient, the report."""
+
+    def __init__(self, problem: Problem, kernels: list[Kernel], hp: HyperParameters,
+                 reporter: IterationReporter, tol: float, max_sweeps: int):
+        self.problem, self.kernels, self.hp, self.reporter = problem, kernels, hp, reporter
+        self.X, self.tol, self.max_sweeps = np.asarray(problem.X, float), tol, max_sweeps
+        self.sites = FITCSites(np.asarray(problem.y, np.int64), problem.n_classes)
+        self.value, self.sweeps = float("nan"), 0
+
+    def inducing(self) -> list[Array]:
+        if self.hp.Z is None:
+            raise TypeError("gfitc hyper-parameters carry inducing inputs")
+        return self.hp.Z
+
+    def evaluate(self, theta: Array) -> tuple[float, Array]:
+        """EP run to ``tol`` at ``theta [P]`` (warm start); the log evidence and its gradient."""
+        self.hp.unpack(theta)
+        terms = all_terms(self.kernels, self.inducing(), self.X)
+        self.sweeps = self.sites.run(terms, self.tol, self.max_sweeps)
+        self.value, grads = self.sites.evidence(terms)
+        return self.value, self.hp.gradient(self.X, grads)
+
+    def posterior(self, at: FITCSites | None = None) -> InducingPosterior:
+        """The posterior of ``at`` (default: the sites now) at the current hyper-parameters."""
+        terms = all_terms(self.kernels, self.inducing(), self.X)
+        mS = (self.sites if at is None else at).posterior_moments(terms)
+        return InducingPosterior(self.problem.likelihood, [k.copy() for k in self.kernels],
+                                 [z.copy() for z in self.inducing()], [a for a, _ in mS],
+                                 [b for _, b in mS])
+
+    def posterior_now(self) -> Callable[[], InducingPosterior]:
+        """A builder of the posterior at the current sites and hyper-parameters."""
+        theta, frozen = self.hp.pack(), copy.deepcopy(self.sites)
+
+        def build() -> InducingPosterior:
+            current = self.hp.pack()
+            self.hp.unpack(theta)
+            try:
+                return self.posterior(frozen)
+            finally:
+                self.hp.unpack(current)
+
+        return build
+
+    def report(self, it: int, theta: Array, value: float) -> bool:
+        """Report iteration ``it`` (the sites and hyper-parameters are at ``theta``)."""
+        extra = {"ep_sweeps": float(self.sweeps), "failures": float(self.sites.failures)}
+        return self.reporter.report(it, value, self.posterior_now(), extra)

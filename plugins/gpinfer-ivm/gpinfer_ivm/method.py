@@ -40,6 +40,7 @@ from gpinfer.optim import make_optimizer
 from gpinfer.options import Option, choice, custom, flag, integer, real
 from gpinfer.posterior import Posterior
 from gpinfer.reporting import IterationReporter
+from gpinfer.training.outer import OuterSchedule
 from gpinfer_ivm.baseline import (
     BASELINE_GH_ORDER,
     BASELINE_RULES,
@@ -224,40 +225,19 @@ class _ActiveSetMethod(Method):
         and the kernels are left at its ``theta``. Each major step is reported with ``G_major``
         and the unconstrained hyper-parameters (``hyper.<name>``, ``beta.<c>``).
         """
-        X, y, C = problem.X, np.asarray(problem.y, dtype=np.int64), problem.n_classes
-        order, reduced = self._order(C)
-        hp = HyperParameters(kernels)
-        learn_beta = bool(self.options["learn_intercepts"])
-        nb = C - 1 if learn_beta else 0
-        # one reported iteration per major step and one for the final criterion: max_iter caps it
-        rounds = min(int(self.options["rounds"]), max(int(problem.max_iter) - 2, 0))
-        minor_iter = int(self.options["minor_iter"])
-        tol = float(self.options["major_tol"])
-        if rounds < 0 or minor_iter < 0 or not tol >= 0.0:
-            raise InputError(f"need rounds >= 0, minor_iter >= 0, major_tol >= 0; got "
-                             f"{rounds}, {minor_iter}, {tol}")  # fmt: skip
-
-        def unpack(theta: Array) -> Array:
-            hp.unpack(theta[: hp.size])
-            b = beta.copy()
-            b[:nb] = theta[hp.size :]
-            return b
-
-        def named(b: Array) -> dict[str, float]:
-            out = {f"hyper.{k}": float(v) for k, v in hp.describe().items()}
-            out.update({f"beta.{c}": float(b[c]) for c in range(C)})
-            return out
-
-        theta = np.concatenate([hp.pack(), beta[:nb]])
-        radius = self.options["trust_radius"]
+        X, y = problem.X, np.asarray(problem.y, dtype=np.int64)
+        order, reduced = self._order(problem.n_classes)
+        rule = self._rule(problem.n_classes)
+        space = _LearnedParameters(kernels, beta, bool(self.options["learn_intercepts"]))
+        rounds, minor_iter, tol = self._round_settings(problem)
+        theta = space.theta0()
         best: tuple[float, Array, Any, FrozenSites, Array] | None = None
         previous: float | None = None
         for r in range(rounds + 1):
-            b_now = unpack(theta)
+            b_now = space.unpack(theta)
             try:
                 rep, sites = self._infer(problem, kernels, b_now, np.random.default_rng(seed), None)
-                major = criterion(kernels, X, y, sites, b_now, order, reduced, False,
-                                  self._rule(C)).value  # fmt: skip
+                major = criterion(kernels, X, y, sites, b_now, order, reduced, False, rule).value
             except NumericalError as err:
                 if best is None:
                     raise
@@ -265,32 +245,83 @@ class _ActiveSetMethod(Method):
                 break  # extreme theta: stop at the best major step so far
             if best is None or major < best[0]:
                 best = (major, theta.copy(), rep, sites, b_now)
-            report(-major, None, round=float(r), G_major=major, **named(b_now))
+            report(-major, None, round=float(r), G_major=major, **space.named(b_now))
             settled = previous is not None and abs(previous - major) <= tol * (1.0 + abs(major))
             if r == rounds or settled:
                 break
             previous = major
-
-            def fun(th: Array, sites: FrozenSites = sites) -> tuple[float, Array]:
-                b = unpack(th)
-                res = criterion(kernels, X, y, sites, b, order, reduced, True, self._rule(C))
-                g = np.concatenate(res.dkernel + [res.dbeta[:nb]])
-                return -res.value, -g
-
-            reach = np.inf if radius is None else float(radius)
-            lo = np.maximum(theta - reach, -THETA_BOUND)
-            hi = np.minimum(theta + reach, THETA_BOUND)
-            opt = make_optimizer("lbfgs", bounds=list(zip(lo.tolist(), hi.tolist())))
             try:
-                theta = np.asarray(opt.maximize(fun, np.clip(theta, lo, hi), minor_iter).x,
-                                   dtype=float)
+                theta = self._minor(problem, space, sites, theta, minor_iter)
             except NumericalError as err:
                 _stop_warning(self.name, r, "minor", err)
                 break
         assert best is not None
         _, theta, rep, sites, b_best = best
-        unpack(theta)  # the kept representation refers to the kernels at this theta
+        space.unpack(theta)  # the kept representation refers to the kernels at this theta
         return rep, sites, b_best
+
+    def _round_settings(self, problem: Problem) -> tuple[int, int, float]:
+        """``(rounds, minor_iter, major_tol)``; one reported iteration per major step and one
+        for the final criterion: ``max_iter`` caps the rounds."""
+        rounds = min(int(self.options["rounds"]), max(int(problem.max_iter) - 2, 0))
+        minor_iter = int(self.options["minor_iter"])
+        tol = float(self.options["major_tol"])
+        if rounds < 0 or minor_iter < 0 or not tol >= 0.0:
+            raise InputError(f"need rounds >= 0, minor_iter >= 0, major_tol >= 0; got "
+                             f"{rounds}, {minor_iter}, {tol}")  # fmt: skip
+        return rounds, minor_iter, tol
+
+    def _minor(self, problem: Problem, space: _LearnedParameters, sites: FrozenSites,
+               theta: Array, minor_iter: int) -> Array:
+        """The minor mode from ``theta [P + nb]``: ``minor_iter`` L-BFGS-B iterations on ``G``
+        with ``sites`` frozen, within ``trust_radius`` of ``theta`` and ``+-THETA_BOUND``; no
+        reports, no re-solve (the next major step re-infers at the result)."""
+        X, y, C = problem.X, np.asarray(problem.y, dtype=np.int64), problem.n_classes
+        order, reduced = self._order(C)
+
+        def fun(th: Array) -> tuple[float, Array]:
+            b = space.unpack(th)
+            res = criterion(space.kernels, X, y, sites, b, order, reduced, True, self._rule(C))
+            return -res.value, -space.gradient(res.dkernel, res.dbeta)
+
+        radius = self.options["trust_radius"]
+        reach = np.inf if radius is None else float(radius)
+        lo = np.maximum(theta - reach, -THETA_BOUND)
+        hi = np.minimum(theta + reach, THETA_BOUND)
+        opt = make_optimizer("lbfgs", bounds=list(zip(lo.tolist(), hi.tolist())))
+        minor = OuterSchedule(self.name, refresh=False, finish="never", warn=False)
+        return np.asarray(minor.run(opt, fun, np.clip(theta, lo, hi), minor_iter).x, dtype=float)
+
+
+class _LearnedParameters:
+    """The vector IVM learns: the kernels' unconstrained parameters ``[P]``, then (with
+    ``learn_intercepts``) the first ``nb = C - 1`` intercepts (the last stays fixed)."""
+
+    def __init__(self, kernels: list[Kernel], beta: Array, learn_beta: bool):
+        self.kernels, self.beta = kernels, beta
+        self.hp = HyperParameters(kernels)
+        self.nb = beta.shape[0] - 1 if learn_beta else 0
+
+    def theta0(self) -> Array:
+        """The starting vector ``[P + nb]``."""
+        return np.concatenate([self.hp.pack(), self.beta[: self.nb]])
+
+    def unpack(self, theta: Array) -> Array:
+        """Install ``theta [P + nb]`` in the kernels; the intercepts ``[C]`` it gives."""
+        self.hp.unpack(theta[: self.hp.size])
+        b = self.beta.copy()
+        b[: self.nb] = theta[self.hp.size :]
+        return b
+
+    def gradient(self, dkernel: list[Array], dbeta: Array) -> Array:
+        """The gradient ``[P + nb]`` from the kernels' parts and ``dbeta [C]``."""
+        return np.concatenate(dkernel + [dbeta[: self.nb]])
+
+    def named(self, b: Array) -> dict[str, float]:
+        """The unconstrained hyper-parameters and the intercepts ``b [C]`` by name."""
+        out = {f"hyper.{k}": float(v) for k, v in self.hp.describe().items()}
+        out.update({f"beta.{c}": float(b[c]) for c in range(b.shape[0])})
+        return out
 
 
 def _stop_warning(name: str, r: int, mode: str, err: Exception) -> None:

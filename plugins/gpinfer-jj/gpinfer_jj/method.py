@@ -41,6 +41,7 @@ from gpinfer.options import Option, bounds, choice, flag, integer, real
 from gpinfer.posterior import InducingPosterior
 from gpinfer.reporting import IterationReporter, binary_signs
 from gpinfer.sites.quadratic import CollapsedBound
+from gpinfer.training.outer import OuterReport, OuterSchedule
 from gpinfer_jj.bound import CollapsedObjective
 from gpinfer_jj.taylor import (
     GUARD_SLACK,
@@ -163,6 +164,14 @@ class _CollapsedVI(Method):
 
         return checked
 
+    def _schedule(self, report: OuterReport | None = None,
+                  history: list[dict[str, float]] | None = None) -> OuterSchedule:
+        """The outer schedule of Stage 2 and of vi-jj-full: reports and the result are built
+        from ``x`` alone (no memo, no re-solve); abnormal ends, trial failures included, are
+        recorded by ``_record`` and warned about once per fit."""
+        return OuterSchedule(self.name, report, refresh=False, finish="never", warn=False,
+                             history=history)
+
     def _record(self, log: dict[str, Any], result: OptimizationResult) -> None:
         log["messages"].append(result.message)
         if not result.success:
@@ -219,7 +228,6 @@ class _CollapsedVI(Method):
         else:
             mu, Sigma = np.zeros(M), obj.kernel.K(obj.Z)
         xi: Array | None = None
-        hybrid = self.xi_mode == "hybrid"
         small_changes, prev, it, value = 0, None, 0, -np.inf
         for it in range(1, int(problem.max_iter) + 1):
             stage1 = self._stage1(obj, mu, Sigma, xi)
@@ -228,40 +236,9 @@ class _CollapsedVI(Method):
             if obj.kind == "taylor":
                 extra["newton_halvings"] = float(stage1.halvings)
             if hp.size > 0:
-                n0 = obj.n_eval
-                xi_now = xi
-                guard = self._guarded(obj)
-                # the true bound at the start, before Stage 2 moves the factors
-                start_elbo = (closed_form_elbo(obj.bound(xi), obj.likelihood, obj.labels)
-                              if guard else 0.0)
-                x0 = np.concatenate([hp.pack(), xi]) if hybrid else hp.pack()
-
-                def fun(x: Array, xi_fixed: Array = xi_now) -> tuple[float, Array]:
-                    if hybrid:  # theta and xi move together
-                        return obj.value_and_grad(x[: hp.size], x[hp.size:], with_xi=True)
-                    return obj.value_and_grad(x, xi_fixed)
-                radius = float(self.options["trust_radius"]) if guard else np.inf
-                opt = self._lbfgs(hp, xi.size if hybrid else 0, int(self.options["max_fun"]),
-                                  x0[: hp.size], radius)
-                result = opt.maximize(self._within_limit(fun, obj), x0,
-                                      max_iter=10 * int(self.options["max_fun"]))
-                self._record(log, result)
-                if guard:
-                    step = self._guard_step(obj, x0, result.x, xi_now, start_elbo)
-                    hp.unpack(step.theta)
-                    value = value if step.refused else step.value
-                    extra.update(guard_elbo=start_elbo if step.refused else step.elbo,
-                                 guard_halvings=float(step.halvings),
-                                 guard_refused=float(step.refused))
-                else:
-                    hp.unpack(result.x[: hp.size])
-                    value = result.value
-                if hybrid:
-                    xi = result.x[hp.size:].copy()
-                    b = obj.bound(xi)
+                value, xi, b = self._stage2(obj, hp, xi, value, log, extra)
+                if b is not None:
                     mu, Sigma = b.mu_hat, b.Sigma_hat
-                extra.update(nfev=float(obj.n_eval - n0), lbfgs_abnormal=float(log["abnormal"]),
-                             lbfgs_success=float(result.success))
             rep.report(it, value, self._snapshot(obj, xi), extra)
             if prev is not None and abs(value - prev) / max(1.0, abs(value)) < self.options["tol"]:
                 small_changes += 1
@@ -274,6 +251,48 @@ class _CollapsedVI(Method):
         if hp.size > 0 and self._guarded(obj):
             self._refuse_runaway(value, obj.X.shape[0], it)
         return xi, value, it
+
+    def _stage2(self, obj: CollapsedObjective, hp: HyperParameters, xi: Array, value: float,
+                log: dict[str, Any], extra: dict[str, float]
+                ) -> tuple[float, Array, CollapsedBound | None]:
+        """Stage 2 from the Stage-1 sites ``xi [N]`` and bound ``value``: L-BFGS-B on the
+        hyper-parameters (vi-jj-hybrid: and ``xi``; vi-taylor's guard: checked against the
+        true bound), leaving ``hp`` at the result. Returns ``(value, xi, bound at the new xi
+        for vi-jj-hybrid, else None)``; ``extra`` gets the step's metrics."""
+        n0 = obj.n_eval
+        hybrid = self.xi_mode == "hybrid"
+        guard = self._guarded(obj)
+        # the true bound at the start, before Stage 2 moves the factors
+        start_elbo = (closed_form_elbo(obj.bound(xi), obj.likelihood, obj.labels)
+                      if guard else 0.0)
+        x0 = np.concatenate([hp.pack(), xi]) if hybrid else hp.pack()
+
+        def fun(x: Array, xi_fixed: Array = xi) -> tuple[float, Array]:
+            if hybrid:  # theta and xi move together
+                return obj.value_and_grad(x[: hp.size], x[hp.size:], with_xi=True)
+            return obj.value_and_grad(x, xi_fixed)
+        radius = float(self.options["trust_radius"]) if guard else np.inf
+        opt = self._lbfgs(hp, xi.size if hybrid else 0, int(self.options["max_fun"]),
+                          x0[: hp.size], radius)
+        result = self._schedule().run(opt, self._within_limit(fun, obj), x0,
+                                      10 * int(self.options["max_fun"]))
+        self._record(log, result)
+        if guard:
+            step = self._guard_step(obj, x0, result.x, xi, start_elbo)
+            hp.unpack(step.theta)
+            value = value if step.refused else step.value
+            extra.update(guard_elbo=start_elbo if step.refused else step.elbo,
+                         guard_halvings=float(step.halvings), guard_refused=float(step.refused))
+        else:
+            hp.unpack(result.x[: hp.size])
+            value = result.value
+        b = None
+        if hybrid:
+            xi = result.x[hp.size:].copy()
+            b = obj.bound(xi)
+        extra.update(nfev=float(obj.n_eval - n0), lbfgs_abnormal=float(log["abnormal"]),
+                     lbfgs_success=float(result.success))
+        return value, xi, b
 
     def _refuse_runaway(self, value: float, n: int, iteration: int) -> None:
         """``NumericalError`` naming vi-jj-hybrid when the guarded fit still ends with the Taylor
@@ -323,8 +342,8 @@ class _CollapsedVI(Method):
                        {"nfev": float(obj.n_eval)})
             return rep.should_stop()
 
-        result = self._lbfgs(hp, n, None).maximize(self._within_limit(fun, obj), x0,
-                                                   int(problem.max_iter), on_iteration)
+        result = self._schedule(on_iteration, rep.history).run(
+            self._lbfgs(hp, n, None), self._within_limit(fun, obj), x0, int(problem.max_iter))
         self._record(log, result)
         hp.unpack(result.x[: hp.size])
         xi = result.x[hp.size:].copy()

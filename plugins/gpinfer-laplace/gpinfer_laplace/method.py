@@ -30,6 +30,7 @@ from gpinfer.posterior import DenseSitePosterior
 from gpinfer.reporting import IterationReporter
 from gpinfer.sites import DiagonalSiteAlgebra
 from gpinfer.sites.driver import binary_labels
+from gpinfer.training.outer import OuterSchedule
 from gpinfer_laplace.evidence import LaplaceEvidence
 from gpinfer_laplace.sites import LaplaceSites
 
@@ -142,7 +143,7 @@ class Laplace(Method):
         evidence = LaplaceEvidence()
         options = dict(self.options["optimizer_options"] or {})
         optimizer = make_optimizer(self.options["optimizer"], **options)
-        last: dict[str, Any] = {"theta": None}
+        last: dict[str, Any] = {}
         counts = {"evaluations": 0, "unconverged": 0}
 
         def fun(theta: Array) -> tuple[float, Array]:
@@ -159,28 +160,20 @@ class Laplace(Method):
                 ) from err
             counts["unconverged"] += not sites.converged
             grad = parameter_gradient(hp, X, value.gradients)
-            last.update(theta=np.array(theta, dtype=float), steps=steps,
-                        grad_norm=float(np.linalg.norm(grad)))
+            last.update(value=value.value, steps=steps, grad_norm=float(np.linalg.norm(grad)))
             return value.value, grad
 
-        def on_iteration(it: int, x: Array, value: float) -> bool:
-            if last["theta"] is None or not np.array_equal(x, last["theta"]):
-                value = fun(x)[0]  # the accepted point was not the last one evaluated
+        def report(it: int, x: Array, value: float) -> bool:
             return run.report(
-                it, value, sites.algebra, sites.alpha, kernel,
+                it, last["value"], sites.algebra, sites.alpha, kernel,
                 {"newton_steps": float(last["steps"]), "grad_norm": last["grad_norm"],
                  "psi": sites.psi},
             )
 
-        result = optimizer.maximize(fun, hp.pack(), int(run.problem.max_iter), on_iteration)
-        if not result.success:
-            warnings.warn(
-                f"laplace: optimizer {self.options['optimizer']!r} ended abnormally: "
-                f"{result.message}", RuntimeWarning, stacklevel=3,
-            )
-        # leave kernel and sites at the returned point
-        if last["theta"] is None or not np.array_equal(result.x, last["theta"]):
-            fun(result.x)
+        # the schedule leaves kernel and sites at the returned point
+        schedule = OuterSchedule("laplace", report, label=f"optimizer "
+                                 f"{self.options['optimizer']!r}", history=run.history)
+        result = schedule.run(optimizer, fun, hp.pack(), int(run.problem.max_iter))
         if counts["unconverged"]:
             warnings.warn(
                 f"laplace: Newton did not converge within max_newton="

@@ -15,6 +15,7 @@ latent coordinates) and ESS (min over them) of the posterior chains (one per AIS
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -220,31 +221,12 @@ class MCMCAIS(DenseBinaryMethod):
                 return
             reporter.report(len(history) + 1, partial, None)
 
-        o = self.options
-        if o["step_size"] is None:
-            steps = run_ais(loglik, start, cfg["pilot_T"], cfg["R"], rng, adapt=True,
-                            n_leapfrog=o["n_leapfrog"], n_blocks=o["n_blocks"]).step_sizes
-        else:
-            steps = np.full(max(1, min(int(o["n_blocks"]), cfg["T"])), float(o["step_size"]))
-        res = run_ais(loglik, start, cfg["T"], cfg["R"], rng, n_leapfrog=o["n_leapfrog"],
-                      n_blocks=o["n_blocks"], step_sizes=steps, progress=progress)
+        res = self._anneal(loglik, start, cfg, rng, progress)
         samples, acc_post = sample_posterior(loglik, start, res.F, cfg["n_samples"],
                                              float(res.step_sizes[-1]), rng,
-                                             n_leapfrog=o["n_leapfrog"])
+                                             n_leapfrog=self.options["n_leapfrog"])
         min_acc = float(min(res.acceptance.min(), acc_post))
-        if min_acc < float(o["min_acceptance"]):
-            warnings.warn(f"mcmc-ais: HMC acceptance {min_acc:.2f} is below "
-                          f"{o['min_acceptance']}; the estimate may be unreliable",
-                          RuntimeWarning, stacklevel=2)
-        if cfg["R"] < 2:  # one run has no spread: its error cannot be estimated, not infinite
-            warnings.warn("mcmc-ais: with R = 1 annealing run the standard error of log Z cannot "
-                          "be estimated; use R >= 2 (or a budget) to measure it",
-                          RuntimeWarning, stacklevel=2)
-        elif not res.se <= float(o["max_se"]):
-            warnings.warn(f"mcmc-ais: the AIS standard error of log Z is {res.se:.3g} nats "
-                          f"(above max_se = {o['max_se']:g}; T = {cfg['T']}, R = {cfg['R']}); "
-                          f"raise T or R (or budget) for a more accurate estimate",
-                          RuntimeWarning, stacklevel=2)
+        self._warn_quality(res, cfg, min_acc)
         diag = self._diagnostics(res, samples, acc_post, min_acc)
         diag.update(log_evidence_se=res.se, jitter=jitter)
         if history:
@@ -263,6 +245,38 @@ class MCMCAIS(DenseBinaryMethod):
         return FitResult(posterior=post,
                          log_evidence=res.log_z, kernel=kernel, n_iter=len(history),
                          history=history, state=state, log_evidence_se=float(res.se))
+
+    def _anneal(self, loglik: LogLik, start: GaussianStart, cfg: dict[str, int],
+                rng: np.random.Generator,
+                progress: Callable[[int, float], None]) -> AISResult:
+        """The AIS runs (``cfg["T"]`` temperatures, ``cfg["R"]`` runs), with the step sizes of
+        a pilot run (``step_size=None``) or the fixed ``step_size``."""
+        o = self.options
+        if o["step_size"] is None:
+            steps = run_ais(loglik, start, cfg["pilot_T"], cfg["R"], rng, adapt=True,
+                            n_leapfrog=o["n_leapfrog"], n_blocks=o["n_blocks"]).step_sizes
+        else:
+            steps = np.full(max(1, min(int(o["n_blocks"]), cfg["T"])), float(o["step_size"]))
+        return run_ais(loglik, start, cfg["T"], cfg["R"], rng, n_leapfrog=o["n_leapfrog"],
+                       n_blocks=o["n_blocks"], step_sizes=steps, progress=progress)
+
+    def _warn_quality(self, res: AISResult, cfg: dict[str, int], min_acc: float) -> None:
+        """Warnings on a low HMC acceptance and on a standard error of log Z that is too large
+        (or, with one run, cannot be estimated)."""
+        o = self.options
+        if min_acc < float(o["min_acceptance"]):
+            warnings.warn(f"mcmc-ais: HMC acceptance {min_acc:.2f} is below "
+                          f"{o['min_acceptance']}; the estimate may be unreliable",
+                          RuntimeWarning, stacklevel=3)
+        if cfg["R"] < 2:  # one run has no spread: its error cannot be estimated, not infinite
+            warnings.warn("mcmc-ais: with R = 1 annealing run the standard error of log Z cannot "
+                          "be estimated; use R >= 2 (or a budget) to measure it",
+                          RuntimeWarning, stacklevel=3)
+        elif not res.se <= float(o["max_se"]):
+            warnings.warn(f"mcmc-ais: the AIS standard error of log Z is {res.se:.3g} nats "
+                          f"(above max_se = {o['max_se']:g}; T = {cfg['T']}, R = {cfg['R']}); "
+                          f"raise T or R (or budget) for a more accurate estimate",
+                          RuntimeWarning, stacklevel=3)
 
     @staticmethod
     def _diagnostics(res: AISResult, samples: Array, acc_post: float, min_acc: float

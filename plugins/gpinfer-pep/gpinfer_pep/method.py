@@ -46,6 +46,7 @@ from gpinfer.sites.rank_one import (
     RankOnePEPSites,
     WhitenedInducingPosterior,
 )
+from gpinfer.training.outer import OuterSchedule
 from gpinfer.validation import check_binary_labels
 from gpinfer_pep.collapsed import CollapsedResult, check_partition, collapsed_pep
 
@@ -231,7 +232,8 @@ class _Fit:
         return self.reporter.report(it, value, posterior, extra)
 
     def maximize_lbfgs(self, fun: ValueAndGrad) -> tuple[int, bool]:
-        """L-BFGS-B over ``theta`` with the box bounds; returns (iterations, success)."""
+        """The outer schedule over ``theta`` (L-BFGS-B with the box bounds, or the optimiser
+        the options name), solving again at its end point; returns (iterations, success)."""
         theta0 = self.hp.pack()
         if theta0.size == 0:
             fun(theta0)
@@ -239,16 +241,18 @@ class _Fit:
         name = str(self.opt["optimizer"] or "lbfgs").lower()
         if name in ("lbfgs", "lbfgsb", "l-bfgs-b"):
             opt = make_optimizer("lbfgs", bounds=self.bounds(), maxfun=int(self.opt["max_fun"]))
+            label = "L-BFGS-B"
         else:
             opt = make_optimizer(name, learning_rate=float(self.opt["learning_rate"]))
-        res = opt.maximize(fun, theta0, int(self.problem.max_iter), self.on_iteration(fun))
-        fun(res.x)
-        if not res.success:
-            warnings.warn(f"{self.method.name}: L-BFGS-B ended abnormally: {res.message}",
-                          RuntimeWarning, stacklevel=4)
+            label = f"optimizer {name!r}"
+        # the report reads the last solve (no re-solve at the accepted iterate); the end point
+        # is always solved again (the sites' warm start moves on from there)
+        schedule = OuterSchedule(self.method.name, self.on_iteration(), refresh=False,
+                                 finish="always", label=label, history=self.history)
+        res = schedule.run(opt, fun, theta0, int(self.problem.max_iter))
         return res.n_iter, res.success
 
-    def on_iteration(self, fun: ValueAndGrad) -> Callable[[int, Array, float], bool]:
+    def on_iteration(self) -> Callable[[int, Array, float], bool]:
         window = self.opt["stop_window"]
 
         def cb(it: int, x: Array, value: float) -> bool:

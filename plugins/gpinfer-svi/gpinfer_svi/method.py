@@ -65,6 +65,7 @@ from gpinfer.sites.variational import (
     natural_gradient_step,
     uncollapsed_elbo,
 )
+from gpinfer.training.outer import OuterSchedule
 
 #: objective scales (spec §3.4): the authors' "batch" scale, per datum, or the full ELBO
 SCALES = ("batch", "per_datum", "full")
@@ -570,14 +571,14 @@ class SVI(Method):
         def on_iteration(it: int, z: Array, value: float) -> bool:
             return rep.report(it, value / s, state.snapshot(z), {"lbfgs_abnormal": 0.0})
 
-        result = opt.maximize(fun, x, int(problem.max_iter), on_iteration)
+        # the report and the result are built from z alone: no memo, no re-solve
+        schedule = OuterSchedule("svi", on_iteration, refresh=False, finish="never",
+                                 history=rep.history)
+        result = schedule.run(opt, fun, x, int(problem.max_iter))
         if not rep.history or not result.success:
             # the final point, with an abnormal end recorded in the run's metrics
             rep.report(len(rep.history) + 1, result.value / s, state.snapshot(result.x),
                        {"lbfgs_abnormal": float(not result.success)})
         extra = {"lbfgs_success": np.array(result.success),
                  "lbfgs_message": np.array(result.message)}
-        if not result.success:
-            warnings.warn(f"svi: L-BFGS-B ended abnormally: {result.message}", RuntimeWarning,
-                          stacklevel=3)
         return result.x, result.value / s, max(result.n_iter, 1), extra
