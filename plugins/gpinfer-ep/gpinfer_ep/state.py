@@ -53,10 +53,13 @@ from gpinfer.sites.inducing import (
 )
 from gpinfer.sites.stacked import (
     Scales,
+    SharedTerms,
     StackedGaussians,
     StackedTerms,
     as_stacked,
     scales,
+    shared_matrix_gradients,
+    shared_terms,
     stacked_matrix_gradients,
     stacked_terms,
     symmetrize,
@@ -272,8 +275,19 @@ class TiedSites(_SiteSums):
         super().__init__(C, M, backend)
         self.y = y
         self.n_factors = factor_counts(y, C) if n_factors is None else np.asarray(n_factors, float)
+        #: one kernel and one ``Z`` for every class (sep's ``shared_inducing``): ``terms_at``
+        #: takes them (``kernels``, ``Zs`` of one latent) and returns ``SharedTerms``
+        self.shared = False
         #: ``(idx, y, labels)``: the last batch's labels on the backend (``_labels``)
         self._batch: tuple[Array, Array, _BatchLabels] | None = None
+
+    def terms_at(self, kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Array,
+                 iteration: int | None = None,
+                 covariances: StackedCovariances | None = None) -> StackedTerms:
+        """As ``_SiteSums.terms_at``; ``shared``: the one latent's terms (one ``Kuu``, one
+        Cholesky, one ``L^-1 Kuf``) broadcast over the classes (``SharedTerms``)."""
+        terms = super().terms_at(kernels, Zs, X, iteration, covariances)
+        return shared_terms(terms, self.Lam.shape[0]) if self.shared else terms
 
     def snapshot(self) -> object:
         return {"Lam": ops.copy(self.Lam), "h": ops.copy(self.h)}
@@ -390,4 +404,6 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     value = xp.sum(lnr[0]) + scale * (xp.sum(t.log_z) + cav_terms)
     a_sum = scale * aggregate(t.g_win, -t.g_win, mask, win_masked=True)
     b_sum = scale * aggregate(t.g_b, t.g_b, mask, win_masked=True)
+    if isinstance(terms, SharedTerms) and terms.one is not None:  # the classes' sums, [1, ...]
+        return value, shared_matrix_gradients(terms.one, q, cav, R, a_sum.T, b_sum.T)
     return value, stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
