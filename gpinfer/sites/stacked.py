@@ -453,15 +453,30 @@ def shared_terms(one: StackedTerms, C: int) -> SharedTerms:
                        L_inv=None if one.L_inv is None else wide(one.L_inv), one=one)
 
 
+def shared_project(g: StackedGaussians, A: Array) -> tuple[Array, Array, Array]:
+    """``(mu [n, C], v [C, n], B^-1 A [C, M, n])``: the means and variances of ``g`` (``C``
+    Gaussians) along the whitened directions ``A [M, n]`` shared by every class, as
+    ``g.project`` of ``A`` broadcast (``means_by_point``) but with ``B^-1 A`` in place of
+    ``R = L_B^-1 A``: ``B^-1`` from ``g.B_inv`` (``potri``), then one product for every class
+    (``[C M, M] @ [M, n]``) and ``v = colsum(A * B^-1 A)``, where ``R`` and then ``B^-1 A``
+    would take two triangular solves per class (what ``shared_matrix_gradients`` reads)."""
+    B_inv = g.B_inv()
+    C, M = B_inv.shape[0], B_inv.shape[1]
+    xp = ops.namespace(A)
+    BiA = xp.reshape(xp.reshape(B_inv, (C * M, M)) @ A, (C, M, A.shape[-1]))
+    return ops.einsum("mn,cm->nc", A, g.w), ops.einsum("mn,cmn->cn", A, BiA), BiA
+
+
 @compilable
 def shared_matrix_gradients(one: StackedTerms, q: StackedGaussians, lik: StackedGaussians,
-                            R: Array, a_sum: Array, b_sum: Array, e_sum: Array | None = None
+                            BiA: Array, a_sum: Array, b_sum: Array, e_sum: Array | None = None
                             ) -> StackedMatrixGradients:
     """The classes' summed ``dlogZ_q / d(Kuu, Kuf, diag Kff)`` when every class has the same
     ``Kuu``, ``Kuf`` (``one``: their terms, leading axis 1): ``stacked_matrix_gradients`` of
     the broadcast terms summed over the classes, ``Kuu [1, M, M]``, ``Kuf [1, M, n]``,
-    ``Kff_diag [1, n]`` (equal to round-off; arguments as there, ``q``, ``lik``, ``R``,
-    ``a_sum``, ``b_sum``, ``e_sum`` per class).
+    ``Kff_diag [1, n]`` (equal to round-off; ``q``, ``lik``, ``a_sum``, ``b_sum``, ``e_sum``
+    per class as there, with ``BiA = B_g^-1 A [C, M, n]`` of ``lik`` from ``shared_project``
+    in place of ``R``).
 
     With ``A`` shared, every sum over classes of a product with ``A`` is one product with the
     summed factor: ``Y = sum_c (w_c a_c^T + B_c^-1 A diag(E_c))`` ``[M, n]`` gives
@@ -470,9 +485,8 @@ def shared_matrix_gradients(one: StackedTerms, q: StackedGaussians, lik: Stacked
     - sym(A Y^T) + S``; then one ``L^-T . L^-1`` and one ``L^-T .`` instead of ``C``.
     """
     A = one.A[0]  # [M, n]
-    C = R.shape[0]
+    C = BiA.shape[0]
     xp = ops.namespace(A)
-    BiA = tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)  # B_c^-1 A, [C, M, n]
     if e_sum is None:  # SEP: E = 2 B
         Y = ops.einsum("cmn,cn->mn", BiA, b_sum)
         Y *= 2.0

@@ -59,6 +59,7 @@ from gpinfer.sites.stacked import (
     as_stacked,
     scales,
     shared_matrix_gradients,
+    shared_project,
     shared_terms,
     stacked_matrix_gradients,
     stacked_terms,
@@ -396,7 +397,12 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     the scales of ``q`` and of the cavity (``StackedGaussians.paired``)."""
     _, mask, n_b, _, y_col = labels
     q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration)
-    a, v, R = cav.project(terms.A, means_by_point=True)
+    # one kernel and Z for every class: B^-1 A of the shared A, which the summed gradients read
+    one = terms.one if isinstance(terms, SharedTerms) else None
+    if one is None:
+        a, v, R = cav.project(terms.A, means_by_point=True)
+    else:
+        a, v, BiA = shared_project(cav, one.A[0])  # B_cav^-1 A in place of R
     vs = (v + terms.s).T
     t = pair_log_z(at_label(a, y_col), at_label(vs, y_col), a, vs, mask)
     xp = ops.namespace(lnr)
@@ -404,6 +410,6 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     value = xp.sum(lnr[0]) + scale * (xp.sum(t.log_z) + cav_terms)
     a_sum = scale * aggregate(t.g_win, -t.g_win, mask, win_masked=True)
     b_sum = scale * aggregate(t.g_b, t.g_b, mask, win_masked=True)
-    if isinstance(terms, SharedTerms) and terms.one is not None:  # the classes' sums, [1, ...]
-        return value, shared_matrix_gradients(terms.one, q, cav, R, a_sum.T, b_sum.T)
+    if one is not None:  # the classes' sums, [1, ...]
+        return value, shared_matrix_gradients(one, q, cav, BiA, a_sum.T, b_sum.T)
     return value, stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
