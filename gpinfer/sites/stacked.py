@@ -453,6 +453,19 @@ def shared_terms(one: StackedTerms, C: int) -> SharedTerms:
                        L_inv=None if one.L_inv is None else wide(one.L_inv), one=one)
 
 
+def rebased(one: StackedTerms, terms: SharedTerms) -> StackedTerms:
+    """Terms whose factor is ``T = L^-1 L'`` ``[C, M, M]`` (lower triangular, broadcast), for
+    ``one``'s factor ``L`` and ``terms``' ``L'`` (both ``[1, M, M]``): their ``to_whitened``
+    maps sums whitened by ``L`` to the same sums whitened by ``L'``
+    (``L'^T Lam L' = T^T (L^T Lam L) T``); ``A``, ``s`` are ``terms``'."""
+    assert terms.one is not None  # SharedTerms from ``shared_terms``
+    L_new = terms.one.L
+    T = (ops.tri_matmul(one.L_inv, L_new) if one.L_inv is not None
+         else tri_solve_stack(one.L, L_new))
+    xp = ops.namespace(T)
+    return StackedTerms(L=xp.broadcast_to(T, terms.L.shape), A=terms.A, s=terms.s)
+
+
 def shared_project(g: StackedGaussians, A: Array) -> tuple[Array, Array, Array]:
     """``(mu [n, C], v [C, n], B^-1 A [C, M, n])``: the means and variances of ``g`` (``C``
     Gaussians) along the whitened directions ``A [M, n]`` shared by every class, as

@@ -57,6 +57,7 @@ from gpinfer.sites.stacked import (
     StackedGaussians,
     StackedTerms,
     as_stacked,
+    rebased,
     scales,
     shared_matrix_gradients,
     shared_project,
@@ -277,10 +278,60 @@ class TiedSites(_SiteSums):
         self.y = y
         self.n_factors = factor_counts(y, C) if n_factors is None else np.asarray(n_factors, float)
         #: one kernel and one ``Z`` for every class (sep's ``shared_inducing``): ``terms_at``
-        #: takes them (``kernels``, ``Zs`` of one latent) and returns ``SharedTerms``
+        #: takes them (``kernels``, ``Zs`` of one latent) and returns ``SharedTerms``, and an
+        #: update leaves its whitened sums (``_based``) for the next step's to move to its own
+        #: factor (``rebased``), forming ``Lam``, ``h`` only when they are read
         self.shared = False
         #: ``(idx, y, labels)``: the last batch's labels on the backend (``_labels``)
         self._batch: tuple[Array, Array, _BatchLabels] | None = None
+
+    # -- the u-space sums, formed on first read after a shared update --------------------------
+    #: ``(one, P_w, h_w)``: a shared update's whitened sums and the terms they are whitened on
+    _based: tuple[StackedTerms, Array, Array] | None
+    _Lam: Array
+    _h: Array
+    _u_stale: bool
+
+    @property
+    def Lam(self) -> Array:
+        """``Lam [C, M, M]``: the site precisions in ``u``-space."""
+        self._to_u_space()
+        return self._Lam
+
+    @Lam.setter
+    def Lam(self, value: Array) -> None:
+        self._Lam, self._based, self._u_stale = value, None, False
+
+    @property
+    def h(self) -> Array:
+        """``h [C, M]``: the site shifts in ``u``-space."""
+        self._to_u_space()
+        return self._h
+
+    @h.setter
+    def h(self, value: Array) -> None:
+        self._h, self._based, self._u_stale = value, None, False
+
+    def _to_u_space(self) -> None:
+        """``Lam``, ``h`` from the whitened sums a shared update left (kept: the next step
+        still moves those)."""
+        if self._u_stale and self._based is not None:
+            one, P_w, h_w = self._based
+            self._Lam, self._h = shared_terms(one, P_w.shape[0]).to_u_space(P_w, h_w)
+            self._u_stale = False
+
+    def _whitened_sums(self, terms: StackedTerms) -> tuple[Array, Array]:
+        """As ``_SiteSums._whitened_sums``; after a shared update, its whitened sums moved
+        from its factor ``L`` to ``terms``' ``L'`` by ``T = L^-1 L'`` (``rebased``: two
+        triangular products per class, where ``Lam`` and back would take four)."""
+        if self._whitened is not None and self._whitened[0] is terms:
+            return self._whitened[1], self._whitened[2]
+        if self._based is not None and isinstance(terms, SharedTerms) and terms.one is not None:
+            one, P_w, h_w = self._based
+            P_w, h_w = rebased(one, terms).to_whitened(P_w, h_w)
+            self._whitened = (terms, P_w, h_w)
+            return P_w, h_w
+        return super()._whitened_sums(terms)
 
     def terms_at(self, kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Array,
                  iteration: int | None = None,
@@ -288,7 +339,7 @@ class TiedSites(_SiteSums):
         """As ``_SiteSums.terms_at``; ``shared``: the one latent's terms (one ``Kuu``, one
         Cholesky, one ``L^-1 Kuf``) broadcast over the classes (``SharedTerms``)."""
         terms = super().terms_at(kernels, Zs, X, iteration, covariances)
-        return shared_terms(terms, self.Lam.shape[0]) if self.shared else terms
+        return shared_terms(terms, self.n_factors.shape[0]) if self.shared else terms
 
     def snapshot(self) -> object:
         return {"Lam": ops.copy(self.Lam), "h": ops.copy(self.h)}
@@ -340,10 +391,15 @@ class TiedSites(_SiteSums):
         terms = as_stacked(terms)
         labels = self._labels(idx, terms.A)
         P_w, h_w = self._whitened_sums(terms)
-        P_w, h_next, change, Lam, h = _tied_update(
-            terms, P_w, h_w, self._cavity_scales(P_w), labels, rho, iteration)
+        if isinstance(terms, SharedTerms) and terms.one is not None:  # Lam, h when read
+            P_w, h_next, change = _tied_sums(
+                terms, P_w, h_w, self._cavity_scales(P_w), labels, rho, iteration)
+            self._based, self._u_stale = (terms.one, P_w, h_next), True
+        else:
+            P_w, h_next, change, Lam, h = _tied_update(
+                terms, P_w, h_w, self._cavity_scales(P_w), labels, rho, iteration)
+            self.Lam, self.h = Lam, h
         self._whitened = (terms, P_w, h_next)
-        self.Lam, self.h = Lam, h
         return change
 
     def evaluate(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array,
@@ -365,6 +421,15 @@ def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     """``TiedSites.update`` on device arrays (a compiled region of the step): from the
     whitened sums ``P_w [C, M, M]``, ``h_w [C, M]`` and the cavity fractions (``Scales`` of
     ``[C]``), the new ``(P_w, h_w, change [], Lam [C, M, M], h [C, M])``."""
+    P_w, h_next, change = _tied_sums(terms, P_w, h_w, fraction, labels, rho, iteration)
+    return (P_w, h_next, change, *terms.to_u_space(P_w, h_next))
+
+
+@compilable
+def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
+               labels: _BatchLabels, rho: float, iteration: int | None
+               ) -> tuple[Array, Array, Array]:
+    """``_tied_update`` up to the new whitened sums: ``(P_w, h_w, change [])``."""
     _, mask, counts, n_factors, y_col = labels
     cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
     a, v, _ = cav.project(terms.A, means_by_point=True)
@@ -386,7 +451,7 @@ def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     P_w = symmetrize(ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w + rho * P_new)
     h_next = keep[:, None] * h_w + rho * h_new
     change = ops.max_abs(h_next - h_w)
-    return (P_w, h_next, change, *terms.to_u_space(P_w, h_next))
+    return P_w, h_next, change
 
 
 @compilable

@@ -91,6 +91,44 @@ def test_shared_equals_per_class_with_one_kernel_and_Z(backend_name):
         assert np.abs(g0 - _host(g_p.Kuu).sum(axis=0)).max() > 1e-3 * np.abs(g0).max()
 
 
+@pytest.mark.parametrize("backend_name", ["numpy", "torch"])
+def test_shared_sites_follow_moving_hyper_parameters_unread(backend_name):
+    """Steps whose kernel parameters and ``Z`` move in between (the shared state moves its
+    whitened sums to each new factor, ``rebased``, and forms ``Lam``, ``h`` only when read):
+    the same sites and ``log Z_q`` as the per-class model; a snapshot restores them."""
+    if backend_name == "torch":
+        pytest.importorskip("torch")
+    backend = resolve_backend(backend_name)
+    _, _, Xt, (shared, hp_s), (per, hp_p) = _pair(backend, seed=3)
+    rng = np.random.default_rng(4)
+    theta_s = _host(hp_s.pack())
+    snap = None
+    for step, idx in enumerate([np.arange(0, N, 2), np.arange(1, N, 2), np.arange(N)] * 2):
+        theta_s = theta_s + 0.05 * rng.standard_normal(theta_s.size)  # kernel and Z move
+        hp_s.unpack(ops.like(hp_s.pack(), theta_s))
+        hp_p.unpack(ops.like(hp_p.pack(), np.concatenate(  # the same values for every class
+            [np.tile(theta_s[:len(hp_s.kernels[0].param_names)], C),
+             np.tile(theta_s[len(hp_s.kernels[0].param_names):], C)])))
+        Xb = Xt[backend.as_index(idx)]
+        t_s, t_p = _terms(shared, hp_s, Xb), _terms(per, hp_p, Xb)
+        shared.update(t_s, idx, 0.5)
+        per.update(t_p, idx, 0.5)
+        v_s, _ = shared.evaluate(t_s, idx)
+        v_p, _ = per.evaluate(t_p, idx)
+        np.testing.assert_allclose(_host(v_s), _host(v_p), rtol=1e-11)
+        if step == 2:
+            snap = shared.snapshot()
+            expected = _host(per.Lam), _host(per.h)
+    for a, b in ((shared.Lam, per.Lam), (shared.h, per.h)):  # read once, at the end
+        np.testing.assert_allclose(_host(a), _host(b), rtol=1e-11,
+                                   atol=1e-11 * np.abs(_host(b)).max())
+    shared.restore(snap)
+    np.testing.assert_allclose(_host(shared.Lam), expected[0], rtol=1e-11,
+                               atol=1e-11 * np.abs(expected[0]).max())
+    np.testing.assert_allclose(_host(shared.h), expected[1], rtol=1e-11,
+                               atol=1e-11 * np.abs(expected[1]).max())
+
+
 def test_shared_gradient_is_exact_for_the_frozen_cavity_surrogate():
     """O6 on the shared model: the one kernel's parameters (noise included) and every
     coordinate of the one ``Z``, against central differences of the dense surrogate whose
