@@ -466,6 +466,18 @@ def rebased(one: StackedTerms, terms: SharedTerms) -> StackedTerms:
     return StackedTerms(L=xp.broadcast_to(T, terms.L.shape), A=terms.A, s=terms.s)
 
 
+def shared_site_products(A: Array, tau: Array) -> Array:
+    """``A diag(tau[:, c]) A^T`` ``[C, M, M]`` for every class from the shared ``A [M, n]``
+    and ``tau [n, C]``: one product ``A [M, n] @ [n, C M]`` (the columns of ``A^T`` scaled
+    per class side by side), where a product per class would take ``C`` (the same sums; a
+    view of the ``[M, C M]`` result)."""
+    xp = ops.namespace(A)
+    n, C, M = tau.shape[0], tau.shape[1], A.shape[0]
+    scaled = tau[:, :, None] * ops.mT(A)[:, None, :]  # [n, C, M]
+    out = xp.reshape(A @ xp.reshape(scaled, (n, C * M)), (M, C, M))
+    return xp.permute_dims(out, (1, 0, 2))
+
+
 def shared_project(g: StackedGaussians, A: Array) -> tuple[Array, Array, Array]:
     """``(mu [n, C], v [C, n], B^-1 A [C, M, n])``: the means and variances of ``g`` (``C``
     Gaussians) along the whitened directions ``A [M, n]`` shared by every class, as
