@@ -489,7 +489,7 @@ def shared_project(g: StackedGaussians, A: Array) -> tuple[Array, Array, Array]:
     C, M = B_inv.shape[0], B_inv.shape[1]
     xp = ops.namespace(A)
     BiA = xp.reshape(xp.reshape(B_inv, (C * M, M)) @ A, (C, M, A.shape[-1]))
-    return ops.einsum("mn,cm->nc", A, g.w), ops.einsum("mn,cmn->cn", A, BiA), BiA
+    return ops.mT(A) @ ops.mT(g.w), ops.einsum("mn,cmn->cn", A, BiA), BiA
 
 
 @compilable

@@ -447,11 +447,12 @@ def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     _finite("SEP sites", tau, nu)  # deferred in the caller's context
     keep = 1.0 - rho * counts / n_factors
     A = terms.A
-    if isinstance(terms, SharedTerms) and terms.one is not None:  # one product for all
+    if isinstance(terms, SharedTerms) and terms.one is not None:  # one product each for all
         P_new = shared_site_products(terms.one.A[0], tau)
+        h_new = ops.mT(terms.one.A[0] @ nu)
     else:
         P_new = ops.scale_columns(A, tau.T) @ terms.A_T
-    h_new = ops.einsum("cmn,nc->cm", A, nu)
+        h_new = ops.einsum("cmn,nc->cm", A, nu)
     P_w = symmetrize(ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w + rho * P_new)
     h_next = keep[:, None] * h_w + rho * h_new
     change = ops.max_abs(h_next - h_w)
