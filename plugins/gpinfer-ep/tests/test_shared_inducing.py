@@ -195,6 +195,29 @@ def _problem():
                    batch_size=30)
 
 
+@pytest.mark.parametrize("batch_size, schedule", [(30, "inner"), (None, "inner"),
+                                                  (None, "outer")])
+def test_fixed_hyper_parameter_fit_equals_the_per_class_one(batch_size, schedule):
+    """With the kernel and ``Z`` held fixed (k-means ``Z``: the same for every class), a
+    shared fit runs the per-class model's fit: the same posterior (mini-batch and batch
+    schedules, snapshots and restores on the way)."""
+    X, y = _digits_like(1)
+    fits = []
+    for shared in (False, True):
+        problem = Problem(X=X, y=y, likelihood=ArgmaxNoise(noise_variance=0.0), n_classes=C,
+                          inducing=M, kernel=RBF(lengthscale=1.5, variance=1.0) + White(0.1),
+                          max_iter=3, batch_size=batch_size, optimize=False,
+                          rng=np.random.default_rng(0))
+        fits.append(SEP(inducing_init="kmeans", schedule=schedule,
+                        shared_inducing=shared).fit(problem))
+    per, shared = (f.posterior for f in fits)
+    assert all(np.array_equal(z, shared.Z[0]) for z in per.Z)  # one model
+    assert np.abs(np.array(per.m)).max() > 0.1  # the sites moved
+    for a, b in ((shared.m, per.m), (shared.S, per.S)):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(shared.predict_proba(X), per.predict_proba(X), rtol=1e-9)
+
+
 def test_bad_combinations_are_input_errors_before_training():
     problem = _problem()
     with pytest.raises(InputError, match="shared_inducing"):  # ep has no such option
