@@ -427,8 +427,10 @@ def as_stacked(terms: Sequence[ClassTerms] | StackedTerms) -> StackedTerms:
 
 # -- one kernel and one Z shared by every class (sep's ``shared_inducing``) ----------------------
 # New functions only: the per-class algebra above runs unchanged on broadcast views of the one
-# class's terms; what the sharing saves beyond the kernel work (one Kuu, one Cholesky, one
-# L^-1 Kuf) is in the gradients, whose classes' sum is formed before the one sandwich.
+# class's terms; beyond the kernel work (one Kuu, one Cholesky, one L^-1 Kuf) the shared A saves
+# products and solves per class: the classes' summed gradients (one sandwich), the cavity
+# projection by B^-1 and one product, the site precisions in one product, and whitened sums
+# moved to the next step's factor (``rebased``) instead of a round trip through u-space.
 
 
 @dataclass
