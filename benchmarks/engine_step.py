@@ -17,11 +17,12 @@
    ``compile="default"`` (``gpinfer.backend.compile``), one after the other: CPU ms per step
    (epoch 1, which compiles, left out) and aten operators per step.
 6. digits (split 0, M = 100, batches of 200, Adam at 0.01): process-CPU time per step of sep
-   (M per class), svi (robust-max; a kernel and M inducing inputs per latent, started at
-   shared k-means centres) and svi with ``shared_inducing`` (one Z and one kernel for every
-   latent, GPflow SVGP's model). For the ratio against GPflow's SVGP run
-   ``../shared/peers/minibatch.py`` (it builds its own interleaved rounds of gpinfer, GPflow
-   and GPyTorch; its svi is the vi-robustmax preset, M drawn per latent).
+   (M per class), sep with ``shared_inducing`` (one Z and one kernel for every class), svi
+   (robust-max; a kernel and M inducing inputs per latent, started at shared k-means centres)
+   and svi with ``shared_inducing`` (one Z and one kernel for every latent, GPflow SVGP's
+   model). For the ratio against GPflow's SVGP run ``../shared/peers/minibatch.py`` (it builds
+   its own interleaved rounds of gpinfer, GPflow and GPyTorch; its svi is the vi-robustmax
+   preset, M drawn per latent).
 7. ``--parts floor``: the step's *call floor*, each dense LAPACK/BLAS call of one SEP step at
    MNIST size timed on its own at its size, batched over the classes as the step batches it
    (``[C, M, M]``, ``[C, M, B]``), times its count per step, summed (``call_floor``): the
@@ -305,6 +306,9 @@ def digits(epochs: int) -> dict[str, float]:
     out = {}
     out["sep_step_cpu_ms"] = 1e3 * fit_steps(
         Xtr, ytr, "sep", 100, 200, epochs, {"adam_learning_rate": 0.01})["step_cpu_s"]
+    out["sep_shared_step_cpu_ms"] = 1e3 * fit_steps(  # one Z and one kernel for every class
+        Xtr, ytr, "sep", 100, 200, epochs,
+        {"adam_learning_rate": 0.01, "shared_inducing": True})["step_cpu_s"]
     out["svi_step_cpu_ms"] = 1e3 * fit_steps(
         Xtr, ytr, "svi", 100, 200, epochs,
         {"optimizer": "adam", "optimizer_options": {"learning_rate": 0.01}},

@@ -423,3 +423,112 @@ def as_stacked(terms: Sequence[ClassTerms] | StackedTerms) -> StackedTerms:
     xp = ops.namespace(terms[0].L)
     return StackedTerms(L=xp.stack([t.L for t in terms]), A=xp.stack([t.A for t in terms]),
                         s=xp.stack([t.s for t in terms]))
+
+
+# -- one kernel and one Z shared by every class (sep's ``shared_inducing``) ----------------------
+# New functions only: the per-class algebra above runs unchanged on broadcast views of the one
+# class's terms; beyond the kernel work (one Kuu, one Cholesky, one L^-1 Kuf) the shared A saves
+# products and solves per class: the classes' summed gradients (one sandwich), the cavity
+# projection by B^-1 and one product, the site precisions in one product, and whitened sums
+# moved to the next step's factor (``rebased``) instead of a round trip through u-space.
+
+
+@dataclass
+class SharedTerms(StackedTerms):
+    """``StackedTerms`` of ``C`` classes sharing one kernel and one ``Z``: ``L``, ``A``, ``s``
+    and ``L_inv`` are read-only broadcast views ``[C, ...]`` of ``one``'s ``[1, ...]`` arrays
+    (no copies), so the per-class site algebra runs on them as it is; ``one`` keeps the single
+    factor for ``shared_matrix_gradients`` (the classes' summed gradients)."""
+
+    one: StackedTerms | None = field(default=None, repr=False, compare=False)
+
+
+def shared_terms(one: StackedTerms, C: int) -> SharedTerms:
+    """``one`` (``StackedTerms`` with leading axis 1: ``L [1, M, M]``, ``A [1, M, n]``,
+    ``s [1, n]``) broadcast over ``C`` classes (views: ``SharedTerms``)."""
+    xp = ops.namespace(one.A)
+
+    def wide(a: Array) -> Array:
+        return xp.broadcast_to(a, (C, *a.shape[1:]))
+
+    return SharedTerms(L=wide(one.L), A=wide(one.A), s=wide(one.s),
+                       L_inv=None if one.L_inv is None else wide(one.L_inv), one=one)
+
+
+def rebased(one: StackedTerms, terms: SharedTerms) -> StackedTerms:
+    """Terms whose factor is ``T = L^-1 L'`` ``[C, M, M]`` (lower triangular, broadcast), for
+    ``one``'s factor ``L`` and ``terms``' ``L'`` (both ``[1, M, M]``): their ``to_whitened``
+    maps sums whitened by ``L`` to the same sums whitened by ``L'``
+    (``L'^T Lam L' = T^T (L^T Lam L) T``); ``A``, ``s`` are ``terms``'."""
+    assert terms.one is not None  # SharedTerms from ``shared_terms``
+    L_new = terms.one.L
+    T = (ops.tri_matmul(one.L_inv, L_new) if one.L_inv is not None
+         else tri_solve_stack(one.L, L_new))
+    xp = ops.namespace(T)
+    return StackedTerms(L=xp.broadcast_to(T, terms.L.shape), A=terms.A, s=terms.s)
+
+
+def shared_site_products(A: Array, tau: Array) -> Array:
+    """``A diag(tau[:, c]) A^T`` ``[C, M, M]`` for every class from the shared ``A [M, n]``
+    and ``tau [n, C]``: one product ``A [M, n] @ [n, C M]`` (the columns of ``A^T`` scaled
+    per class side by side), where a product per class would take ``C`` (the same sums; a
+    view of the ``[M, C M]`` result)."""
+    xp = ops.namespace(A)
+    n, C, M = tau.shape[0], tau.shape[1], A.shape[0]
+    scaled = tau[:, :, None] * ops.mT(A)[:, None, :]  # [n, C, M]
+    out = xp.reshape(A @ xp.reshape(scaled, (n, C * M)), (M, C, M))
+    return xp.permute_dims(out, (1, 0, 2))
+
+
+def shared_project(g: StackedGaussians, A: Array) -> tuple[Array, Array, Array]:
+    """``(mu [n, C], v [C, n], B^-1 A [C, M, n])``: the means and variances of ``g`` (``C``
+    Gaussians) along the whitened directions ``A [M, n]`` shared by every class, as
+    ``g.project`` of ``A`` broadcast (``means_by_point``) but with ``B^-1 A`` in place of
+    ``R = L_B^-1 A``: ``B^-1`` from ``g.B_inv`` (``potri``), then one product for every class
+    (``[C M, M] @ [M, n]``) and ``v = colsum(A * B^-1 A)``, where ``R`` and then ``B^-1 A``
+    would take two triangular solves per class (what ``shared_matrix_gradients`` reads)."""
+    B_inv = g.B_inv()
+    C, M = B_inv.shape[0], B_inv.shape[1]
+    xp = ops.namespace(A)
+    BiA = xp.reshape(xp.reshape(B_inv, (C * M, M)) @ A, (C, M, A.shape[-1]))
+    return ops.mT(A) @ ops.mT(g.w), ops.einsum("mn,cmn->cn", A, BiA), BiA
+
+
+@compilable
+def shared_matrix_gradients(one: StackedTerms, q: StackedGaussians, lik: StackedGaussians,
+                            BiA: Array, a_sum: Array, b_sum: Array, e_sum: Array | None = None
+                            ) -> StackedMatrixGradients:
+    """The classes' summed ``dlogZ_q / d(Kuu, Kuf, diag Kff)`` when every class has the same
+    ``Kuu``, ``Kuf`` (``one``: their terms, leading axis 1): ``stacked_matrix_gradients`` of
+    the broadcast terms summed over the classes, ``Kuu [1, M, M]``, ``Kuf [1, M, n]``,
+    ``Kff_diag [1, n]`` (equal to round-off; ``q``, ``lik``, ``a_sum``, ``b_sum``, ``e_sum``
+    per class as there, with ``BiA = B_g^-1 A [C, M, n]`` of ``lik`` from ``shared_project``
+    in place of ``R``).
+
+    With ``A`` shared, every sum over classes of a product with ``A`` is one product with the
+    summed factor: ``Y = sum_c (w_c a_c^T + B_c^-1 A diag(E_c))`` ``[M, n]`` gives
+    ``sum_c X_c = Y - 2 A diag(sum_c b_c)`` and ``sum_c A X_c^T = A Y^T - 2 S`` with
+    ``S = A diag(sum_c b_c) A^T``, so ``sum_c inner_c = (W^T W + sum_c B_c^-1 - C I) / 2
+    - sym(A Y^T) + S``; then one ``L^-T . L^-1`` and one ``L^-T .`` instead of ``C``.
+    """
+    A = one.A[0]  # [M, n]
+    C = BiA.shape[0]
+    xp = ops.namespace(A)
+    if e_sum is None:  # SEP: E = 2 B
+        Y = ops.einsum("cmn,cn->mn", BiA, b_sum)
+        Y *= 2.0
+    else:
+        Y = ops.einsum("cmn,cn->mn", BiA, e_sum)
+    Y += ops.mT(lik.w) @ a_sum  # sum_c w_c a_c^T
+    b = xp.sum(b_sum, axis=0)  # [n]
+    AB = A * b  # A diag(sum_c b_c)
+    inner = ops.mT(q.w) @ q.w  # sum_c w_c w_c^T
+    inner += xp.sum(q.B_inv(), axis=0)
+    ops.add_diagonal(inner, -float(C))  # the prior terms
+    inner *= 0.5
+    inner -= symmetrize(A @ ops.mT(Y))
+    inner += AB @ ops.mT(A)
+    ops.add_scaled_(Y, AB, -2.0)  # sum_c X_c
+    G_K = one.sandwich(inner[None])
+    G_uf = one.unwhiten(Y[None], overwrite=True)
+    return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b[None])

@@ -120,6 +120,10 @@ class _SparseEPBase(Method):
     def make_state(self, y: Array, C: int, M: int, backend: Backend) -> RankOneSites | TiedSites:
         raise NotImplementedError
 
+    def shared_inducing(self) -> bool:
+        """Whether one kernel and one ``Z`` serve every class (sep's option; ep: never)."""
+        return False
+
     # -- entry point -------------------------------------------------------------------------
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
         return self._train(problem, callback)
@@ -141,13 +145,19 @@ class _SparseEPBase(Method):
         schedule.check(self.name, problem.batch_size is not None)
         compile_mode = check_compile(o["compile"], problem.backend, f"{self.name} option")
         X, y = np.asarray(problem.X, dtype=float), np.asarray(problem.y, dtype=np.int64)
+        shared = self.shared_inducing()
         if start is None:
             kernels = class_kernels(problem, o["noise"], o["lengthscale_init"],
                                     o["noise_in_Kuu"])
-            Zs = initial_inducing(problem, self.name, self.options["inducing_init"])
+            Zs = initial_inducing(problem, self.name, self.options["inducing_init"],
+                                  n_latent=1 if shared else None)
         else:
             post = cast(InducingPosterior, start[0].posterior)
             kernels, Zs = [k.copy() for k in post.kernels], [np.array(z) for z in post.Z]
+            if shared:
+                check_shared_fit(kernels, Zs, self.name)
+        if shared:  # one kernel and one Z for every class (the classes' copies are equal)
+            kernels, Zs = kernels[:1], Zs[:1]
         backend = problem.backend
         # on a device the kernel parameters stay there between steps (SparseSites.posterior
         # and the end of the fit write them into ``kernels``: hp.sync_host)
@@ -155,6 +165,8 @@ class _SparseEPBase(Method):
                              optimize=problem.optimize and start is None, device_kernels=True)
         n_jobs = check_n_jobs(o["n_jobs"], f"{self.name} option n_jobs")
         state = self.make_state(y, problem.n_classes, Zs[0].shape[0], backend)
+        if shared:
+            cast(TiedSites, state).shared = True
         if start is not None:
             state.restore({k: backend.asarray(v) for k, v in start[1].items()})
         sites = SparseSites(state, kernels, hp, X, problem.likelihood, backend)
@@ -251,11 +263,14 @@ class SparseSites(SiteApproximation):
         """``q(u_c) = N(m_c, S_c)`` per class, on the host (pickles without the backend)."""
         self.hp.sync_host()  # ``self.kernels`` hold the current parameters
         Zs = self._inducing()
-        terms = stacked_terms(self.kernels, Zs, self.backend.asarray(self.X[:1]))
+        terms = self.state.terms_at(self.kernels, Zs, self.backend.asarray(self.X[:1]))
         q = StackedGaussians(*terms.to_whitened(self.state.Lam, self.state.h))
         m, S = (ops.to_host(a).astype(float) for a in q.moments(terms.L))
-        return InducingPosterior(self.likelihood, [k.copy() for k in self.kernels],
-                                 [ops.to_host(z).astype(float) for z in Zs], list(m), list(S))
+        C = self.state.h.shape[0]
+        kernels = self.kernels * C if len(self.kernels) != C else self.kernels  # shared: one
+        Z = [ops.to_host(z).astype(float) for z in Zs]
+        return InducingPosterior(self.likelihood, [k.copy() for k in kernels],
+                                 Z * C if len(Z) != C else Z, list(m), list(S))
 
 
 class EP(_SparseEPBase):
@@ -273,10 +288,25 @@ class EP(_SparseEPBase):
 
 
 class SEP(_SparseEPBase):
-    """Stochastic EP: sites tied per class, memory ``O(C M^2)`` whatever ``N`` (spec §2.3.1)."""
+    """Stochastic EP: sites tied per class, memory ``O(C M^2)`` whatever ``N`` (spec §2.3.1).
+
+    ``shared_inducing`` (default ``False``, the paper's model: a kernel and ``Z_c`` per class):
+    one kernel and one ``Z [M, D]`` shared by every class, GPflow SVGP's model. ``Kuu``, its
+    Cholesky factor and ``L^-1 Kuf`` are formed once per step and broadcast over the classes'
+    tied sites (``gpinfer.sites.stacked.shared_terms``); the kernel and ``Z`` gradients are the
+    classes' sums (``shared_matrix_gradients``). Equal to the per-class model whose classes all
+    have that kernel and ``Z``.
+    """
 
     name: ClassVar[str] = "sep"
     float32: ClassVar[bool] = True
+    option_spec: ClassVar[dict[str, Option]] = {
+        **_SparseEPBase.option_spec,
+        "shared_inducing": flag(False, doc="one Z and one kernel shared by every class"),
+    }
+
+    def shared_inducing(self) -> bool:
+        return bool(self.options["shared_inducing"])
 
     #: ``refine``: the tied sites at the fit's kernel parameters and inducing inputs
     refines: ClassVar[bool] = True
@@ -303,6 +333,16 @@ class SEP(_SparseEPBase):
         else:  # a posterior alone (an iterate): the sites that give its q(u)
             sites = tied_sites_of(post, np.asarray(problem.X[:1], dtype=float))
         return self._train(problem, callback, (fitted, sites))
+
+
+def check_shared_fit(kernels: list, Zs: list[Array], method: str) -> None:
+    """``InputError`` unless every class of a fit has the same kernel parameters and ``Z``
+    (a fit ``shared_inducing`` can start from: its classes' copies are one)."""
+    if not all(np.array_equal(z, Zs[0]) for z in Zs) or not all(k == kernels[0]
+                                                                 for k in kernels):
+        raise InputError(f"{method}: shared_inducing needs a fit whose classes share one "
+                         "kernel and one Z (a shared_inducing fit); this one has a kernel and "
+                         "Z per class")
 
 
 def tied_sites_of(posterior: InducingPosterior, x: Array) -> dict[str, Array]:

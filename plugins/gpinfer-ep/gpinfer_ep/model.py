@@ -45,12 +45,16 @@ def class_kernels(problem: Problem, noise: float | None, lengthscale_init: str,
     return [base.copy() for _ in range(problem.n_classes)]
 
 
-def initial_inducing(problem: Problem, method: str, init: str = "random") -> list[Array]:
+def initial_inducing(problem: Problem, method: str, init: str = "random",
+                     n_latent: int | None = None) -> list[Array]:
     """``Z_c [M, D]`` for each class by the core rule (``gpinfer.inducing.initial_inducing``):
     ``M`` distinct training inputs drawn independently per class (``init="random"``, the
-    paper's) or shared k-means centres; ``M`` defaults to ``gpinfer.inducing.DEFAULT_M``."""
-    return core_initial_inducing(problem.inducing, problem.X, problem.rng, problem.n_classes,
-                                 init=init, owner=method)
+    paper's) or shared k-means centres; ``M`` defaults to ``gpinfer.inducing.DEFAULT_M``.
+    ``n_latent``: that many sets instead of one per class (1: sep's ``shared_inducing``, the
+    first class's draw)."""
+    n = problem.n_classes if n_latent is None else n_latent
+    return core_initial_inducing(problem.inducing, problem.X, problem.rng, n, init=init,
+                                 owner=method)
 
 
 def all_terms(kernels: Sequence[Kernel], Zs: Sequence[Array], X: Array,

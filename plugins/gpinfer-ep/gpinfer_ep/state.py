@@ -53,10 +53,16 @@ from gpinfer.sites.inducing import (
 )
 from gpinfer.sites.stacked import (
     Scales,
+    SharedTerms,
     StackedGaussians,
     StackedTerms,
     as_stacked,
+    rebased,
     scales,
+    shared_matrix_gradients,
+    shared_project,
+    shared_site_products,
+    shared_terms,
     stacked_matrix_gradients,
     stacked_terms,
     symmetrize,
@@ -272,8 +278,69 @@ class TiedSites(_SiteSums):
         super().__init__(C, M, backend)
         self.y = y
         self.n_factors = factor_counts(y, C) if n_factors is None else np.asarray(n_factors, float)
+        #: one kernel and one ``Z`` for every class (sep's ``shared_inducing``): ``terms_at``
+        #: takes them (``kernels``, ``Zs`` of one latent) and returns ``SharedTerms``, and an
+        #: update leaves its whitened sums (``_based``) for the next step's to move to its own
+        #: factor (``rebased``), forming ``Lam``, ``h`` only when they are read
+        self.shared = False
         #: ``(idx, y, labels)``: the last batch's labels on the backend (``_labels``)
         self._batch: tuple[Array, Array, _BatchLabels] | None = None
+
+    # -- the u-space sums, formed on first read after a shared update --------------------------
+    #: ``(one, P_w, h_w)``: a shared update's whitened sums and the terms they are whitened on
+    _based: tuple[StackedTerms, Array, Array] | None
+    _Lam: Array
+    _h: Array
+    _u_stale: bool
+
+    @property
+    def Lam(self) -> Array:
+        """``Lam [C, M, M]``: the site precisions in ``u``-space."""
+        self._to_u_space()
+        return self._Lam
+
+    @Lam.setter
+    def Lam(self, value: Array) -> None:
+        self._Lam, self._based, self._u_stale = value, None, False
+
+    @property
+    def h(self) -> Array:
+        """``h [C, M]``: the site shifts in ``u``-space."""
+        self._to_u_space()
+        return self._h
+
+    @h.setter
+    def h(self, value: Array) -> None:
+        self._h, self._based, self._u_stale = value, None, False
+
+    def _to_u_space(self) -> None:
+        """``Lam``, ``h`` from the whitened sums a shared update left (kept: the next step
+        still moves those)."""
+        if self._u_stale and self._based is not None:
+            one, P_w, h_w = self._based
+            self._Lam, self._h = shared_terms(one, P_w.shape[0]).to_u_space(P_w, h_w)
+            self._u_stale = False
+
+    def _whitened_sums(self, terms: StackedTerms) -> tuple[Array, Array]:
+        """As ``_SiteSums._whitened_sums``; after a shared update, its whitened sums moved
+        from its factor ``L`` to ``terms``' ``L'`` by ``T = L^-1 L'`` (``rebased``: two
+        triangular products per class, where ``Lam`` and back would take four)."""
+        if self._whitened is not None and self._whitened[0] is terms:
+            return self._whitened[1], self._whitened[2]
+        if self._based is not None and isinstance(terms, SharedTerms) and terms.one is not None:
+            one, P_w, h_w = self._based
+            P_w, h_w = rebased(one, terms).to_whitened(P_w, h_w)
+            self._whitened = (terms, P_w, h_w)
+            return P_w, h_w
+        return super()._whitened_sums(terms)
+
+    def terms_at(self, kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Array,
+                 iteration: int | None = None,
+                 covariances: StackedCovariances | None = None) -> StackedTerms:
+        """As ``_SiteSums.terms_at``; ``shared``: the one latent's terms (one ``Kuu``, one
+        Cholesky, one ``L^-1 Kuf``) broadcast over the classes (``SharedTerms``)."""
+        terms = super().terms_at(kernels, Zs, X, iteration, covariances)
+        return shared_terms(terms, self.n_factors.shape[0]) if self.shared else terms
 
     def snapshot(self) -> object:
         return {"Lam": ops.copy(self.Lam), "h": ops.copy(self.h)}
@@ -325,10 +392,15 @@ class TiedSites(_SiteSums):
         terms = as_stacked(terms)
         labels = self._labels(idx, terms.A)
         P_w, h_w = self._whitened_sums(terms)
-        P_w, h_next, change, Lam, h = _tied_update(
-            terms, P_w, h_w, self._cavity_scales(P_w), labels, rho, iteration)
+        if isinstance(terms, SharedTerms) and terms.one is not None:  # Lam, h when read
+            P_w, h_next, change = _tied_sums(
+                terms, P_w, h_w, self._cavity_scales(P_w), labels, rho, iteration)
+            self._based, self._u_stale = (terms.one, P_w, h_next), True
+        else:
+            P_w, h_next, change, Lam, h = _tied_update(
+                terms, P_w, h_w, self._cavity_scales(P_w), labels, rho, iteration)
+            self.Lam, self.h = Lam, h
         self._whitened = (terms, P_w, h_next)
-        self.Lam, self.h = Lam, h
         return change
 
     def evaluate(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array,
@@ -350,6 +422,15 @@ def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     """``TiedSites.update`` on device arrays (a compiled region of the step): from the
     whitened sums ``P_w [C, M, M]``, ``h_w [C, M]`` and the cavity fractions (``Scales`` of
     ``[C]``), the new ``(P_w, h_w, change [], Lam [C, M, M], h [C, M])``."""
+    P_w, h_next, change = _tied_sums(terms, P_w, h_w, fraction, labels, rho, iteration)
+    return (P_w, h_next, change, *terms.to_u_space(P_w, h_next))
+
+
+@compilable
+def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
+               labels: _BatchLabels, rho: float, iteration: int | None
+               ) -> tuple[Array, Array, Array]:
+    """``_tied_update`` up to the new whitened sums: ``(P_w, h_w, change [])``."""
     _, mask, counts, n_factors, y_col = labels
     cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
     a, v, _ = cav.project(terms.A, means_by_point=True)
@@ -366,12 +447,16 @@ def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     _finite("SEP sites", tau, nu)  # deferred in the caller's context
     keep = 1.0 - rho * counts / n_factors
     A = terms.A
-    P_new = ops.scale_columns(A, tau.T) @ terms.A_T
-    h_new = ops.einsum("cmn,nc->cm", A, nu)
+    if isinstance(terms, SharedTerms) and terms.one is not None:  # one product each for all
+        P_new = shared_site_products(terms.one.A[0], tau)
+        h_new = ops.mT(terms.one.A[0] @ nu)
+    else:
+        P_new = ops.scale_columns(A, tau.T) @ terms.A_T
+        h_new = ops.einsum("cmn,nc->cm", A, nu)
     P_w = symmetrize(ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w + rho * P_new)
     h_next = keep[:, None] * h_w + rho * h_new
     change = ops.max_abs(h_next - h_w)
-    return (P_w, h_next, change, *terms.to_u_space(P_w, h_next))
+    return P_w, h_next, change
 
 
 @compilable
@@ -382,7 +467,12 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     the scales of ``q`` and of the cavity (``StackedGaussians.paired``)."""
     _, mask, n_b, _, y_col = labels
     q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration)
-    a, v, R = cav.project(terms.A, means_by_point=True)
+    # one kernel and Z for every class: B^-1 A of the shared A, which the summed gradients read
+    one = terms.one if isinstance(terms, SharedTerms) else None
+    if one is None:
+        a, v, R = cav.project(terms.A, means_by_point=True)
+    else:
+        a, v, BiA = shared_project(cav, one.A[0])  # B_cav^-1 A in place of R
     vs = (v + terms.s).T
     t = pair_log_z(at_label(a, y_col), at_label(vs, y_col), a, vs, mask)
     xp = ops.namespace(lnr)
@@ -390,4 +480,6 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     value = xp.sum(lnr[0]) + scale * (xp.sum(t.log_z) + cav_terms)
     a_sum = scale * aggregate(t.g_win, -t.g_win, mask, win_masked=True)
     b_sum = scale * aggregate(t.g_b, t.g_b, mask, win_masked=True)
+    if one is not None:  # the classes' sums, [1, ...]
+        return value, shared_matrix_gradients(one, q, cav, BiA, a_sum.T, b_sum.T)
     return value, stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
