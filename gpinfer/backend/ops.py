@@ -701,16 +701,24 @@ def _trsm_stack(L: np.ndarray, B: np.ndarray, transpose: bool) -> np.ndarray:
 
 
 def solve_triangular(L: Array, B: Array, *, transpose: bool = False,
-                     L_T: Array | None = None) -> Array:
+                     L_T: Array | None = None, right: bool = False) -> Array:
     """``L^-1 B`` (``L^-T B`` with ``transpose``) for lower-triangular ``L [..., M, M]`` and
-    ``B [..., M, k]`` (a matrix, or a stack of them with the same leading axes). ``L_T``:
-    ``mT(L)`` where the caller keeps it (a device then forms no transposed view per solve;
-    numpy ignores it)."""
+    ``B [..., M, k]`` (a matrix, or a stack of them with the same leading axes); with
+    ``right``, ``B L^-1`` (``B L^-T``) for ``B [..., k, M]`` (on a device one operator, no
+    transposed views of ``B`` and of the result). ``L_T``: ``mT(L)`` where the caller keeps
+    it (a device then forms no transposed view per solve; numpy ignores it)."""
     if not is_numpy(L):
         torch = _torch()
+        if right:  # X L = B (X L^T = B): torch's left=False
+            if transpose:
+                return torch.linalg.solve_triangular(L.mT if L_T is None else L_T, B,
+                                                     upper=True, left=False)
+            return torch.linalg.solve_triangular(L, B, upper=False, left=False)
         if transpose:
             return torch.linalg.solve_triangular(L.mT if L_T is None else L_T, B, upper=True)
         return torch.linalg.solve_triangular(L, B, upper=False)
+    if right:  # B L^-1 = (L^-T B^T)^T
+        return mT(solve_triangular(L, np.ascontiguousarray(mT(B)), transpose=not transpose))
     if L.ndim == 2:
         return _scipy_solve_triangular(L, B, lower=True, trans=1 if transpose else 0,
                                        check_finite=False)

@@ -107,12 +107,13 @@ def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
 
 
 def tri_solve_stack(L: Array, B: Array, *, transpose: bool = False,
-                    L_T: Array | None = None) -> Array:
+                    L_T: Array | None = None, right: bool = False) -> Array:
     """``L^-1 B`` (or ``L^-T B``) ``[C, M, k]`` for lower-triangular ``L [C, M, M]`` and
     ``B [C, M, k]`` (``gpinfer.backend.ops.solve_triangular``: on numpy one BLAS ``trsm`` per
-    class on Fortran views, cheaper than inverting at ``M`` in the hundreds). ``L_T``: the
-    transposed view of ``L`` where the caller keeps one (see ``ops.solve_triangular``)."""
-    return ops.solve_triangular(L, B, transpose=transpose, L_T=L_T)
+    class on Fortran views, cheaper than inverting at ``M`` in the hundreds); ``right``:
+    ``B L^-1`` (``B L^-T``) for ``B [C, k, M]``. ``L_T``: the transposed view of ``L`` where
+    the caller keeps one (see ``ops.solve_triangular``)."""
+    return ops.solve_triangular(L, B, transpose=transpose, L_T=L_T, right=right)
 
 
 def cho_inverse_stack(LB: Array) -> Array:
@@ -180,9 +181,10 @@ class StackedTerms:
             return symmetrize(ops.tri_matmul(self.L_inv, self.unwhiten(S), right=True,
                                              overwrite=True))
         T = tri_solve_stack(self.L, S, transpose=True, L_T=self.L_T)  # L^-T S
-        # T^T as it is on a device (the solve lays its right-hand side out itself), a
-        # C-ordered copy on numpy (``_trsm_stack`` solves on its Fortran views)
-        T_t = ops.copy(transpose(T)) if ops.is_numpy(T) else transpose(T)
+        if not ops.is_numpy(T):  # (L^-T S) L^-1: one solve from the right, no views
+            return symmetrize(tri_solve_stack(self.L, T, right=True))
+        # L^-T (L^-T S)^T, T^T a C-ordered copy (``_trsm_stack`` solves on its Fortran views)
+        T_t = ops.copy(transpose(T))
         return symmetrize(tri_solve_stack(self.L, T_t, transpose=True, L_T=self.L_T))
 
     def unwhiten(self, X: Array, *, overwrite: bool = False) -> Array:

@@ -38,6 +38,13 @@ def test_cholesky_solves_and_inverse_against_dense_answers(to):
         X = ops.to_host(ops.solve_triangular(L, to(B), transpose=transpose))
         T = np.swapaxes(Lh, 1, 2) if transpose else Lh
         np.testing.assert_allclose(T @ X, B, rtol=1e-10, atol=1e-12)
+        # from the right: X op(L) = B for B [3, 4, 6], with and without a kept L^T view
+        Br = np.swapaxes(B, 1, 2)
+        for L_T in (None, ops.mT(L)):
+            Xr = ops.to_host(ops.solve_triangular(L, to(Br), transpose=transpose, L_T=L_T,
+                                                  right=True))
+            assert Xr.shape == Br.shape
+            np.testing.assert_allclose(Xr @ T, Br, rtol=1e-10, atol=1e-12)
     inv, bad = ops.cho_inverse(L)
     assert not bad
     np.testing.assert_allclose(ops.to_host(inv), np.linalg.inv(K), rtol=1e-10, atol=1e-13)
