@@ -8,6 +8,7 @@ import pytest
 from scipy.linalg import solve_triangular
 
 from gpinfer.errors import NumericalError
+from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels import RBF, White
 from gpinfer.sites.inducing import WhitenedGaussian, class_terms, inducing_matrix_gradients
 from gpinfer.sites.stacked import (
@@ -134,15 +135,32 @@ def test_paired_gaussians_equal_the_two_gaussians_bit_for_bit(device):
         assert same(np.asarray(getattr(g, name)), np.asarray(getattr(g0, name)))
 
 
-def test_sep_matrix_gradients_equal_the_per_class_gradients():
+def _on(device: bool, *arrays):
+    """``arrays`` as they are, or as torch-CPU tensors (a device's code path)."""
+    if not device:
+        return arrays
+    torch = pytest.importorskip("torch")
+    return tuple(torch.as_tensor(a) for a in arrays)
+
+
+def _host(x) -> np.ndarray:
+    return np.asarray(x)
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_sep_matrix_gradients_equal_the_per_class_gradients(device):
+    """On numpy and on a device (where sym(A X^T) + S_B is one product A (X + A diag B)^T)."""
     rng, X, kernels, Zs, P, h = _setup()
-    terms = stacked_terms(kernels, Zs, X)
     per_class = [class_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
     frac = np.array([0.8, 0.9, 0.95])
-    q, cav = StackedGaussians(P, h), StackedGaussians(P, h, frac)
-    _, _, R = cav.project(terms.A)
     a_sum, b_sum = rng.normal(size=(C, N)), rng.normal(size=(C, N))
-    grads = stacked_matrix_gradients(terms, q, cav, R, a_sum, b_sum)
+    X_, Z_, P_, h_, a_, b_ = _on(device, X, np.stack(Zs), P, h, a_sum, b_sum)
+    terms = stacked_terms(kernels, Z_, X_)
+    q, cav = StackedGaussians(P_, h_), StackedGaussians(P_, h_, frac)
+    _, _, R = cav.project(terms.A)
+    stacked = stacked_matrix_gradients(terms, q, cav, R, a_, b_)
+    grads = [MatrixGradients(Kuu=_host(g.Kuu), Kuf=_host(g.Kuf), Kff_diag=_host(g.Kff_diag))
+             for g in stacked]
     for c in range(C):
         q_c, cav_c = WhitenedGaussian(P[c], h[c]), WhitenedGaussian(frac[c] * P[c],
                                                                      frac[c] * h[c])
@@ -153,14 +171,18 @@ def test_sep_matrix_gradients_equal_the_per_class_gradients():
         np.testing.assert_allclose(grads[c].Kff_diag, ref.Kff_diag)
 
 
-def test_ep_matrix_gradients_equal_the_per_class_gradients():
+@pytest.mark.parametrize("device", [False, True])
+def test_ep_matrix_gradients_equal_the_per_class_gradients(device):
     rng, X, kernels, Zs, P, h = _setup(4)
-    terms = stacked_terms(kernels, Zs, X)
     per_class = [class_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
-    q = StackedGaussians(P, h)
-    _, _, R = q.project(terms.A)
     a_sum, b_sum, e_sum = (rng.normal(size=(C, N)) for _ in range(3))
-    grads = stacked_matrix_gradients(terms, q, q, R, a_sum, b_sum, e_sum)
+    X_, Z_, P_, h_, a_, b_, e_ = _on(device, X, np.stack(Zs), P, h, a_sum, b_sum, e_sum)
+    terms = stacked_terms(kernels, Z_, X_)
+    q = StackedGaussians(P_, h_)
+    _, _, R = q.project(terms.A)
+    stacked = stacked_matrix_gradients(terms, q, q, R, a_, b_, e_)
+    grads = [MatrixGradients(Kuu=_host(g.Kuu), Kuf=_host(g.Kuf), Kff_diag=_host(g.Kff_diag))
+             for g in stacked]
     for c in range(C):
         q_c = WhitenedGaussian(P[c], h[c])
         ref = inducing_matrix_gradients(per_class[c], q_c, q_c, q_c.project(per_class[c].A).R,
