@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast, overload
+from typing import Any, NamedTuple, cast, overload
 
 import numpy as np
 
@@ -212,46 +212,87 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
 @compilable
 def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
          dKff_diag: Array | None, inputs: bool) -> tuple[Array, Array | None]:
-    """``StackedCovariances.vjp`` (a compiled region of the step)."""
-    fam, d = cov.family, cov.d
-    xp = ops.namespace(cov.Z)
-    C = cov.Z.shape[0]
-    ard = fam.stationary[0].ard
-    proto = fam.stationary[0]
-    vk = d.vk
-    # the sums below start from their first term (0 + x = x: no zeros and no addition)
-    d_var: Array | None = None  # [C]
-    sum_ff = None if dKff_diag is None else xp.sum(dKff_diag, axis=1)  # [C], shared
-    if sum_ff is not None:
-        d_var = d.var * sum_ff
-    d_ell: Array | None = None  # [C, D']
-    rA: Array | None = None  # [C, M]
-    row_uu: Array | None = None  # G_uu's row sums, [C, M]
-    GA: Array | None = None  # G_uu A, [C, M, D]
-    GB: Array | None = None  # G_uf Bx, [C, M, D]
-    G_uf: Array | None = None
-    need_products = ard or inputs
-    for dK, r2, g, square in ((dKuu, d.r2_uu, d.g_uu, True), (dKuf, d.r2_uf, d.g_uf, False)):
-        if dK is None:
-            continue
+    """``StackedCovariances.vjp`` (a compiled region of the step): ``(g_params [C, P],
+    g_Z [C, M, D] or None)`` from the matrices' weights ``G`` (``_weight_sums``)."""
+    d = cov.d
+    ard = cov.family.stationary[0].ard
+    sum_ff = (None if dKff_diag is None
+              else ops.namespace(cov.Z).sum(dKff_diag, axis=1))  # [C], shared
+    # the square matrix first: the sums below run in this order
+    pairs = [(dK, r2, g, square) for dK, r2, g, square in
+             ((dKuu, d.r2_uu, d.g_uu, True), (dKuf, d.r2_uf, d.g_uf, False)) if dK is not None]
+    d_var = _variance_gradient(d, sum_ff, pairs)
+    sums = _weight_sums(cov, pairs, need_products=ard or inputs)
+    if sums.rA is None or not (ard or inputs):
+        d_ell = sums.d_ell
+        g_Z = ops.zeros(cov.Z, tuple(cov.Z.shape)) if inputs else None
+    else:
+        d_ell, g_Z = _lengthscales_and_inputs(d, sums, ard, inputs)
+    return _parameter_gradients(cov, d_ell, d_var, sum_ff, dKuu), g_Z
+
+
+Pair = tuple[Array, Array, Array, bool]  # (dK, r2, g, square) of one matrix
+
+
+class _Sums(NamedTuple):
+    """What the VJP's parameter and input gradients need of the weights ``G`` of both
+    matrices: ``rA = 2 r_uu + r_uf`` ``[C, M]`` (row sums, ``None`` without matrix
+    gradients), ``GA = G_uu A`` and ``GB = G_uf Bx`` ``[C, M, D]``, ``G_uf [C, M, B]`` (each
+    ``None`` where its matrix has no gradient or no products are needed) and the isotropic
+    lengthscales' gradient ``d_ell [C, 1]`` (``None`` for ARD)."""
+
+    rA: Array | None
+    GA: Array | None
+    GB: Array | None
+    G_uf: Array | None
+    d_ell: Array | None
+
+
+def _variance_gradient(d: _Distances, sum_ff: Array | None, pairs: list[Pair]
+                       ) -> Array | None:
+    """``d/dlog var = var (sum(dKff_diag) + sum_k sum(dK_k * g_k))`` ``[C]`` (``None``
+    without gradients), the sums from their first term (0 + x = x: no zeros, no addition)."""
+    d_var = None if sum_ff is None else d.var * sum_ff
+    for dK, _, g, _ in pairs:
         term = d.var * ops.einsum("cmn,cmn->c", dK, g)
         if d_var is None:
             d_var = term
         else:
             d_var += term
-        G = proto._dg_dr2_from(r2, g)
-        G *= vk
-        G *= dK
-        if square:  # both gradients see G only through its symmetric part
-            G = G + ops.mT(G)
-            G *= 0.5
+    return d_var
+
+
+def _weights(proto: Stationary, d: _Distances, pair: Pair) -> Array:
+    """``G = dK * var * dg/dr2`` ``[C, M, N]`` of one matrix, its symmetric part for the
+    square one (both gradients see it only through that)."""
+    dK, r2, g, square = pair
+    G = proto._dg_dr2_from(r2, g)
+    G *= d.vk
+    G *= dK
+    if square:
+        G = G + ops.mT(G)
+        G *= 0.5
+    return G
+
+
+def _weight_sums(cov: StackedCovariances, pairs: list[Pair], need_products: bool) -> _Sums:
+    """``_Sums`` of the matrices' weights ``G`` (``_weights``): row sums (``G_uu``'s counted
+    twice, doubled where they are added: ``2 r_uu + r_uf`` in one operator), the isotropic
+    lengthscales' ``-2 sum G * r2`` and, with ``need_products``, ``G_uu A`` and ``G_uf Bx``."""
+    d = cov.d
+    xp = ops.namespace(cov.Z)
+    proto = cov.family.stationary[0]
+    rA = row_uu = GA = GB = G_uf = d_ell = None
+    for pair in pairs:
+        _, r2, _, square = pair
+        G = _weights(proto, d, pair)
         row = xp.sum(G, axis=2)  # [C, M]
-        if square:  # counted twice: doubled where it is added (2 row_uu + row_uf, one op)
+        if square:
             row_uu = row
         else:
             rA = row if row_uu is None else ops.plus_scaled(row, row_uu, 2.0)
-        if not ard:
-            term = xp.reshape(-2.0 * ops.einsum("cmn,cmn->c", G, r2), (C, 1))
+        if not proto.ard:
+            term = xp.reshape(-2.0 * ops.einsum("cmn,cmn->c", G, r2), (r2.shape[0], 1))
             if d_ell is None:
                 d_ell = term
             else:
@@ -263,32 +304,49 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
                 GB, G_uf = cov._batch_product(G), G
     if rA is None and row_uu is not None:
         rA = 2.0 * row_uu
-    g_Z = None
-    if rA is None or not need_products:
-        if inputs:
-            g_Z = ops.zeros(cov.Z, tuple(cov.Z.shape))
-    else:
-        H = GB if GB is not None else GA  # H' = G_uu A + G_uf Bx
-        if GA is not None and GB is not None:
-            H += GA
-        AR = ops.scale_rows(d.A, rA)  # A * rA[:, :, None]
-        if ard:
-            d_ell = 4.0 * ops.einsum("cmd,cmd->cd", d.A, H)
-            ops.add_scaled_(d_ell, ops.einsum("cmd,cmd->cd", AR, d.A), -2.0)
-            if G_uf is not None:  # c_uf . Bx^2 = (c_uf (X - shift)^2) / ell^2
-                ops.add_scaled_(d_ell, (xp.sum(G_uf, axis=1) @ d.Xs2) / d.ell2, -2.0)
-        if inputs:
-            if GA is not None:  # H = H' + G_uu A (in place: H' is not needed again)
-                H += GA
-            AR -= H
-            AR *= 2.0 / d.ell
-            g_Z = AR
+    return _Sums(rA, GA, GB, G_uf, d_ell)
+
+
+def _lengthscales_and_inputs(d: _Distances, sums: _Sums, ard: bool, inputs: bool
+                             ) -> tuple[Array | None, Array | None]:
+    """``(d_ell [C, D'], g_Z [C, M, D] or None)`` from ``_Sums`` with row sums:
+    ``H' = G_uu A + G_uf Bx``, ``H = H' + G_uu A``,
+    ``d/dlog ell = -2 (rA . A^2 + c_uf . Bx^2 - 2 sum_m A * H')`` for ARD (``c_uf`` the
+    column sums of ``G_uf``; isotropic: ``sums.d_ell``) and ``g_Z = (2 / ell) (A * rA - H)``."""
+    xp = ops.namespace(d.A)
+    GA, GB, d_ell = sums.GA, sums.GB, sums.d_ell
+    H = GB if GB is not None else GA  # H' = G_uu A + G_uf Bx
+    if GA is not None and GB is not None:
+        H += GA
+    AR = ops.scale_rows(d.A, sums.rA)  # A * rA[:, :, None]
+    if ard:
+        d_ell = 4.0 * ops.einsum("cmd,cmd->cd", d.A, H)
+        ops.add_scaled_(d_ell, ops.einsum("cmd,cmd->cd", AR, d.A), -2.0)
+        if sums.G_uf is not None:  # c_uf . Bx^2 = (c_uf (X - shift)^2) / ell^2
+            ops.add_scaled_(d_ell, (xp.sum(sums.G_uf, axis=1) @ d.Xs2) / d.ell2, -2.0)
+    if not inputs:
+        return d_ell, None
+    if GA is not None:  # H = H' + G_uu A (in place: H' is not needed again)
+        H += GA
+    AR -= H
+    AR *= 2.0 / d.ell
+    return d_ell, AR
+
+
+def _parameter_gradients(cov: StackedCovariances, d_ell: Array | None, d_var: Array | None,
+                         sum_ff: Array | None, dKuu: Array | None) -> Array:
+    """Every latent's parameter gradients ``[C, P]`` in its kernel's order: the stationary
+    part's ``[C, D']`` block (``d_ell``) and ``[C]`` column (``d_var``), each noise part's
+    ``noise * (sum(dKff_diag) + trace(dKuu))`` column (``dKuu``'s only where the part sits on
+    the square matrix); ``None`` gradients are zeros. Runs of adjacent columns are stacked at
+    once (one operator, not one view each)."""
+    fam = cov.family
+    xp = ops.namespace(cov.Z)
+    C = cov.Z.shape[0]
     if d_var is None:
         d_var = ops.zeros(cov.Z, (C,))
     if d_ell is None:
-        d_ell = ops.zeros(cov.Z, (C, d.ell.shape[2]))
-    # the parameters' gradients in each kernel's order: [C, D'] blocks and [C] columns, runs
-    # of adjacent columns stacked at once (one operator, not one view each)
+        d_ell = ops.zeros(cov.Z, (C, cov.d.ell.shape[2]))
     blocks: list[Array] = []
     columns: list[Array] = []
 
@@ -310,7 +368,7 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
             total = on_diag if total is None else total + on_diag
         columns.append(ops.zeros(cov.Z, (C,)) if total is None else noise * total)
     close_columns()
-    return xp.concat(blocks, axis=1), g_Z
+    return xp.concat(blocks, axis=1)
 
 
 class StackedMatrixGradients(Sequence[MatrixGradients]):
