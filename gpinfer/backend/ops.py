@@ -9,10 +9,11 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
 * special functions: ``log_ndtr``, ``ndtr``, ``expit``, ``log_expit``, ``erfcx``,
   ``logsumexp``;
 * ``einsum``, ``outer``, ``scale_columns`` / ``scale_rows``, power-of-two scaled sums
-  (``scale_add_``, ``add_scaled_``, ``plus_scaled``), ``rsub``, ``max_abs`` (one operator
-  each on a device), ``mT`` (last two axes swapped), ``diagonal``, ``add_diagonal``, and
-  writes into existing arrays (``multiply_into``, ``sqrt_into``, ``clip_below``,
-  ``fill_diagonal``) where a temporary of millions of entries would cost a pass over memory;
+  (``scale_add_``, ``add_scaled_``, ``plus_scaled``), ``rsub``, ``max_abs``,
+  ``symmetrize`` (one operator each on a device), ``mT`` (last two axes swapped),
+  ``diagonal``, ``add_diagonal``, and writes into existing arrays (``multiply_into``,
+  ``sqrt_into``, ``clip_below``, ``fill_diagonal``) where a temporary of millions of
+  entries would cost a pass over memory;
 * moving values: ``like`` (host values onto an array's namespace, device and dtype),
   ``to_host``, ``scalar``, ``all_finite``;
 * checks without a device sync each: inside ``deferred_checks()`` the checks of
@@ -426,6 +427,22 @@ def scale_rows(X: Array, v: Array) -> Array:
 def mT(X: Array) -> Array:
     """The last two axes swapped (a view): ``[..., a, b] -> [..., b, a]``."""
     return np.swapaxes(X, -1, -2) if is_numpy(X) else X.mT
+
+
+def symmetrize(X: Array) -> Array:
+    """``(X + X^T) / 2`` over the last two axes, ``X [..., M, M]`` (a new array; on numpy one
+    temporary, halved in place).
+
+    On a device one operator, ``lerp(X, X^T, 0.5) = X^T - (X^T - X) / 2`` (with the
+    transposed view: two, where the sum and the halving were three). Where ``X_ij`` and
+    ``X_ji`` are within a factor 2 of each other (a matrix symmetric up to round-off, the
+    usual input) the difference is exact and both forms round the same midpoint once: the
+    same bits, and a symmetric result; elsewhere they differ by an ulp of the difference."""
+    if not is_numpy(X):
+        return X.lerp(X.mT, 0.5)
+    out = X + mT(X)
+    out *= 0.5
+    return out
 
 
 def diagonal(X: Array) -> Array:

@@ -71,8 +71,8 @@ class _Distances:
     shifted alike (unscaled: shared by every latent), ``r2`` and ``g`` ``[C, M, M]`` (square)
     and ``[C, M, B]`` (cross), ``ell [C, 1, D']`` and ``var [C]`` the stationary part's
     lengthscales and variances on the arrays' device; kept so that the VJPs do not form them
-    again: ``Xs2 = Xs * Xs [B, D]``, ``ell2 = ell[:, 0] ** 2 [C, D']`` and ``vk = var`` as
-    ``[C, 1, 1]``.
+    again: ``Xs2 = Xs * Xs [B, D]``, ``ell2 = ell[:, 0] ** 2`` and ``inv_ell2 = 1 / ell2``
+    ``[C, D']``, and ``vk = var`` as ``[C, 1, 1]``.
     """
 
     A: Array
@@ -85,6 +85,7 @@ class _Distances:
     var: Array
     Xs2: Array
     ell2: Array
+    inv_ell2: Array
     vk: Array
 
 
@@ -106,13 +107,24 @@ def _mean_rows(Z: Array) -> Array:
     return np.mean(np.reshape(Z, (-1, Z.shape[2])), axis=0)
 
 
-def _scaled_norms(X2: Array, ell2: Array) -> Array:
+def _scaled_norms(X2: Array, inv: Array) -> Array:
     """``sum_d X2[b, d] / ell[c, 0, d]^2`` ``[C, B]`` for squared inputs ``X2 [B, D]`` and
-    squared lengthscales ``ell2 [C, D]`` (ARD) or ``[C, 1]`` (isotropic)."""
-    inv = ops.reciprocal(ell2)  # [C, D']
+    inverse squared lengthscales ``inv = 1 / ell^2`` ``[C, D]`` (ARD) or ``[C, 1]``
+    (isotropic); on a device one ``einsum`` operator for ARD (no transposed view)."""
     if inv.shape[1] == 1:
         return inv * ops.namespace(X2).sum(X2, axis=1)[None, :]
+    if not ops.is_numpy(X2):
+        return ops.einsum("cd,bd->cb", inv, X2)
     return inv @ ops.mT(X2)
+
+
+def _gram(U: Array, V: Array) -> Array:
+    """``U V^T`` ``[C, M, N]`` for ``U [C, M, D]`` and ``V [C, N, D]`` or ``[N, D]`` (shared by
+    every latent): numpy as ``_rows_product`` / ``@`` with the transposed view, a device as one
+    ``einsum`` operator (no view)."""
+    if ops.is_numpy(U):
+        return U @ ops.mT(V) if V.ndim == 3 else _rows_product(U, ops.mT(V))
+    return ops.einsum("cmd,cnd->cmn" if V.ndim == 3 else "cmd,nd->cmn", U, V)
 
 
 class StackedCovariances:
@@ -179,6 +191,7 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     ell_rows = natural[:, start : stop - 1]  # [C, D']
     ell = ell_rows[:, None, :]
     ell2 = ell_rows * ell_rows
+    inv_ell2 = ops.reciprocal(ell2)
     var = natural[:, stop - 1]
     # one shift for every latent and the batch (distances do not change)
     shift = _mean_rows(Z)
@@ -187,17 +200,17 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     Xs = X - shift
     a2 = ops.einsum("cmd,cmd->cm", A, A)
     a2_col = a2[:, :, None]  # [C, M, 1], shared by both distances
-    r2_uu = StackedCovariances._sqdist(a2_col, a2[:, None, :], A @ ops.mT(A))
+    r2_uu = StackedCovariances._sqdist(a2_col, a2[:, None, :], _gram(A, A))
     ops.fill_diagonal(r2_uu, 0.0)
     As = A / ell  # (Z - shift) / ell^2: A . ((x - shift) / ell) = As . (x - shift)
-    cross = _rows_product(As, ops.mT(Xs))
+    cross = _gram(As, Xs)
     del As
     Xs2 = Xs * Xs
-    r2_uf = StackedCovariances._sqdist(a2_col, _scaled_norms(Xs2, ell2)[:, None, :], cross)
+    r2_uf = StackedCovariances._sqdist(a2_col, _scaled_norms(Xs2, inv_ell2)[:, None, :], cross)
     proto = st[0]
     vk = xp.reshape(var, (C, 1, 1))
     d = _Distances(A, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, var, Xs2, ell2,
-                   vk)
+                   inv_ell2, vk)
     Kuu = vk * d.g_uu
     Kuf = vk * d.g_uf
     Kff_diag = ops.repeat_columns(var, X.shape[0])  # [C, B]

@@ -51,19 +51,9 @@ def transpose(X: Array) -> Array:
 
 
 def symmetrize(X: Array) -> Array:
-    """``(X + X^T) / 2`` over the last two axes, ``X [..., M, M]`` (a new array; on numpy one
-    temporary, halved in place).
-
-    On a device one operator, ``lerp(X, X^T, 0.5) = X^T - (X^T - X) / 2`` (with the
-    transposed view: two, where the sum and the halving were three). Where ``X_ij`` and
-    ``X_ji`` are within a factor 2 of each other (a matrix symmetric up to round-off, the
-    usual input) the difference is exact and both forms round the same midpoint once: the
-    same bits, and a symmetric result; elsewhere they differ by an ulp of the difference."""
-    if not ops.is_numpy(X):
-        return X.lerp(ops.mT(X), 0.5)
-    out = X + ops.mT(X)
-    out *= 0.5
-    return out
+    """``(X + X^T) / 2`` over the last two axes, ``X [..., M, M]`` (``ops.symmetrize``: on a
+    device one operator)."""
+    return ops.symmetrize(X)
 
 
 def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
