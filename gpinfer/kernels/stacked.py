@@ -72,7 +72,8 @@ class _Distances:
     and ``[C, M, B]`` (cross), ``ell [C, 1, D']`` and ``var [C]`` the stationary part's
     lengthscales and variances on the arrays' device; kept so that the VJPs do not form them
     again: ``Xs2 = Xs * Xs [B, D]``, ``ell2 = ell[:, 0] ** 2`` and ``inv_ell2 = 1 / ell2``
-    ``[C, D']``, and ``vk = var`` as ``[C, 1, 1]``.
+    ``[C, D']``, and ``vk = var`` as ``[C, 1, 1]`` (numpy's products; ``None`` on a device,
+    whose products take ``var`` inside one ``einsum``).
     """
 
     A: Array
@@ -86,7 +87,7 @@ class _Distances:
     Xs2: Array
     ell2: Array
     inv_ell2: Array
-    vk: Array
+    vk: Array | None
 
 
 def _rows_product(X: Array, Y: Array) -> Array:
@@ -116,6 +117,12 @@ def _scaled_norms(X2: Array, inv: Array) -> Array:
     if not ops.is_numpy(X2):
         return ops.einsum("cd,bd->cb", inv, X2)
     return inv @ ops.mT(X2)
+
+
+def _times_variances(g: Array, var: Array, vk: Array | None) -> Array:
+    """``var[c] g[c]`` ``[C, M, N]`` for ``g [C, M, N]``, ``var [C]`` (numpy: ``vk * g`` with
+    ``vk = var [C, 1, 1]``; on a device one ``einsum`` operator, no reshaped view)."""
+    return ops.einsum("cmn,c->cmn", g, var) if vk is None else vk * g
 
 
 def _gram(U: Array, V: Array) -> Array:
@@ -208,11 +215,11 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     Xs2 = Xs * Xs
     r2_uf = StackedCovariances._sqdist(a2_col, _scaled_norms(Xs2, inv_ell2)[:, None, :], cross)
     proto = st[0]
-    vk = xp.reshape(var, (C, 1, 1))
+    vk = xp.reshape(var, (C, 1, 1)) if ops.is_numpy(Z) else None
     d = _Distances(A, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, var, Xs2, ell2,
                    inv_ell2, vk)
-    Kuu = vk * d.g_uu
-    Kuf = vk * d.g_uf
+    Kuu = _times_variances(d.g_uu, var, vk)
+    Kuf = _times_variances(d.g_uf, var, vk)
     Kff_diag = ops.repeat_columns(var, X.shape[0])  # [C, B]
     for index, _ in family.noise_parts():
         noise = natural[:, family.offsets[index][0], None]  # [C, 1]
@@ -239,6 +246,8 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
     if sums.rA is None or not (ard or inputs):
         d_ell = sums.d_ell
         g_Z = ops.zeros(cov.Z, tuple(cov.Z.shape)) if inputs else None
+    elif ard and not ops.is_numpy(cov.Z):
+        d_ell, g_Z = _ard_on_device(d, sums, inputs)
     else:
         d_ell, g_Z = _lengthscales_and_inputs(d, sums, ard, inputs)
     return _parameter_gradients(cov, d_ell, d_var, sum_ff, dKuu), g_Z
@@ -264,10 +273,12 @@ class _Sums(NamedTuple):
 def _variance_gradient(d: _Distances, sum_ff: Array | None, pairs: list[Pair]
                        ) -> Array | None:
     """``d/dlog var = var (sum(dKff_diag) + sum_k sum(dK_k * g_k))`` ``[C]`` (``None``
-    without gradients), the sums from their first term (0 + x = x: no zeros, no addition)."""
+    without gradients), the sums from their first term (0 + x = x: no zeros, no addition);
+    on a device each matrix's term one ``einsum`` operator with ``var``."""
     d_var = None if sum_ff is None else d.var * sum_ff
     for dK, _, g, _ in pairs:
-        term = d.var * ops.einsum("cmn,cmn->c", dK, g)
+        term = (d.var * ops.einsum("cmn,cmn->c", dK, g) if ops.is_numpy(dK)
+                else ops.einsum("cmn,cmn,c->c", dK, g, d.var))
         if d_var is None:
             d_var = term
         else:
@@ -277,15 +288,16 @@ def _variance_gradient(d: _Distances, sum_ff: Array | None, pairs: list[Pair]
 
 def _weights(proto: Stationary, d: _Distances, pair: Pair) -> Array:
     """``G = dK * var * dg/dr2`` ``[C, M, N]`` of one matrix, its symmetric part for the
-    square one (both gradients see it only through that)."""
+    square one (both gradients see it only through that); on a device the products one
+    ``einsum`` operator and the symmetric part one more (``ops.symmetrize``)."""
     dK, r2, g, square = pair
     G = proto._dg_dr2_from(r2, g)
-    G *= d.vk
-    G *= dK
-    if square:
-        G = G + ops.mT(G)
-        G *= 0.5
-    return G
+    if d.vk is None:
+        G = ops.einsum("cmn,cmn,c->cmn", G, dK, d.var)
+    else:
+        G *= d.vk
+        G *= dK
+    return ops.symmetrize(G) if square else G
 
 
 def _weight_sums(cov: StackedCovariances, pairs: list[Pair], need_products: bool) -> _Sums:
@@ -322,7 +334,8 @@ def _weight_sums(cov: StackedCovariances, pairs: list[Pair], need_products: bool
 
 def _lengthscales_and_inputs(d: _Distances, sums: _Sums, ard: bool, inputs: bool
                              ) -> tuple[Array | None, Array | None]:
-    """``(d_ell [C, D'], g_Z [C, M, D] or None)`` from ``_Sums`` with row sums:
+    """``(d_ell [C, D'], g_Z [C, M, D] or None)`` from ``_Sums`` with row sums (numpy, and an
+    isotropic kernel on a device):
     ``H' = G_uu A + G_uf Bx``, ``H = H' + G_uu A``,
     ``d/dlog ell = -2 (rA . A^2 + c_uf . Bx^2 - 2 sum_m A * H')`` for ARD (``c_uf`` the
     column sums of ``G_uf``; isotropic: ``sums.d_ell``) and ``g_Z = (2 / ell) (A * rA - H)``."""
@@ -344,6 +357,28 @@ def _lengthscales_and_inputs(d: _Distances, sums: _Sums, ard: bool, inputs: bool
     AR -= H
     AR *= 2.0 / d.ell
     return d_ell, AR
+
+
+def _ard_on_device(d: _Distances, sums: _Sums, inputs: bool) -> tuple[Array, Array | None]:
+    """``_lengthscales_and_inputs`` for ARD on a device, in fewer operators (the same
+    formulas, other roundings): with ``V = A * rA - 2 G_uu A - 2 G_uf Bx``,
+    ``d/dlog ell = -2 (sum_m A * V + c_uf . Bx^2)`` (``c_uf . Bx^2`` one ``einsum`` with the
+    kept ``1 / ell^2``) and ``g_Z = (2 / ell) (V + G_uf Bx)``."""
+    xp = ops.namespace(d.A)
+    V = ops.scale_rows(d.A, sums.rA)  # A * rA[:, :, None]
+    for P in (sums.GA, sums.GB):
+        if P is not None:
+            ops.add_scaled_(V, P, -2.0)
+    d_ell = ops.einsum("cmd,cmd->cd", d.A, V)
+    if sums.G_uf is not None:  # c_uf . Bx^2 = (c_uf (X - shift)^2) / ell^2
+        d_ell += ops.einsum("cn,nd,cd->cd", xp.sum(sums.G_uf, axis=1), d.Xs2, d.inv_ell2)
+    d_ell *= -2.0
+    if not inputs:
+        return d_ell, None
+    if sums.GB is not None:
+        V += sums.GB
+    V *= 2.0 / d.ell
+    return d_ell, V
 
 
 def _parameter_gradients(cov: StackedCovariances, d_ell: Array | None, d_var: Array | None,
@@ -377,7 +412,8 @@ def _parameter_gradients(cov: StackedCovariances, d_ell: Array | None, d_var: Ar
         noise = cov.natural[:, fam.offsets[index][0]]
         total = sum_ff
         if dKuu is not None and fam.noise_on_square[index]:
-            on_diag = xp.sum(ops.diagonal(dKuu), axis=1)
+            on_diag = (xp.sum(ops.diagonal(dKuu), axis=1) if ops.is_numpy(dKuu)
+                       else ops.einsum("cmm->c", dKuu))  # the traces: one operator
             total = on_diag if total is None else total + on_diag
         columns.append(ops.zeros(cov.Z, (C,)) if total is None else noise * total)
     close_columns()
