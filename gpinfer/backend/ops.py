@@ -9,8 +9,8 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
 * special functions: ``log_ndtr``, ``ndtr``, ``expit``, ``log_expit``, ``erfcx``,
   ``logsumexp``;
 * ``einsum``, ``outer``, ``scale_columns`` / ``scale_rows``, power-of-two scaled sums
-  (``scale_add_``, ``add_scaled_``, ``plus_scaled``), ``rsub``, ``max_abs``,
-  ``symmetrize`` (one operator each on a device), ``mT`` (last two axes swapped),
+  (``scale_add_``, ``add_scaled_``, ``plus_scaled``), ``add_product``, ``rsub``,
+  ``max_abs``, ``symmetrize`` (one operator each on a device), ``mT`` (last two axes swapped),
   ``diagonal``, ``add_diagonal``, and writes into existing arrays (``multiply_into``,
   ``sqrt_into``, ``clip_below``, ``fill_diagonal``) where a temporary of millions of
   entries would cost a pass over memory;
@@ -633,6 +633,21 @@ def plus_scaled(base: Array, X: Array, alpha: float) -> Array:
     if is_numpy(base):
         return alpha * X + base
     return _torch().add(base, X, alpha=alpha)
+
+
+def add_product(base: Array | float, x: Array, y: Array, value: float = 1.0) -> Array:
+    """``base + value x y`` elementwise as a new array (``base`` an array or a host float,
+    broadcast against ``x y``), ``value`` a power of two or ``-1`` (an exact product): on a
+    device one operator (``addcmul``, a float ``base`` a kept 0-d constant), where the
+    expression is two or three; numpy forms ``x y`` and adds (the same values as
+    ``base + x * y`` or ``base - x * y``)."""
+    if is_numpy(x):
+        p = x * y
+        if value != 1.0:
+            p *= value
+        return base + p
+    b = base if is_array(base) else constant(x, (float(base),), ())
+    return _torch().addcmul(b, x, y, value=value)
 
 
 def multiply_into(a: Array, b: Array | float, out: Array) -> Array:

@@ -312,11 +312,12 @@ def pair_slopes(
 
 def new_role_site(g: Array, gamma: Array, a: Array, v: Array) -> tuple[Array, Array]:
     """Moment-matched role site ``(C1, C2)`` (spec §2.5.1): ``g`` the signed ``dlogZ/da``,
-    ``a``, ``v`` the role's cavity mean and variance (without ``s``)."""
-    den = 1.0 - gamma * v
+    ``a``, ``v`` the role's cavity mean and variance (without ``s``); ``1 - gamma v`` and
+    ``g + gamma a`` one operator each on a device (``ops.add_product``)."""
+    den = ops.add_product(1.0, gamma, v, -1.0)
     ops.require_positive(den, lambda: NumericalError(
         "non-positive site denominator 1 - gamma v", quantity="site"))
-    return gamma / den, (g + gamma * a) / den
+    return gamma / den, ops.add_product(g, gamma, a) / den
 
 
 # --------------------------------------------------------------------------------------------

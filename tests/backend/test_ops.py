@@ -204,3 +204,20 @@ def test_tri_inverse_and_the_terms_solved_by_products(on_torch):
         arg = S if f == "sandwich" else X
         np.testing.assert_allclose(ops.to_host(getattr(by_products, f)(arg)),
                                    ops.to_host(getattr(solved, f)(arg)), rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize("to", _namespaces())
+@pytest.mark.parametrize("value", [1.0, -1.0, 2.0, -0.5])
+def test_add_product_equals_the_written_out_expression(to, value):
+    """``base + value x y`` for an array and a float ``base`` (broadcast), exact scalings:
+    numpy's the same bits as the expression, torch's (one addcmul) within round-off."""
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(2, 5, 3))
+    base = rng.normal(size=(5, 1))
+    for b, b_host in ((to(base), base), (0.75, 0.75)):
+        got = ops.to_host(ops.add_product(b, to(x), to(y), value))
+        want = b_host + value * (x * y)
+        assert got.shape == (5, 3)
+        np.testing.assert_allclose(got, want, rtol=1e-15, atol=1e-15)
+        if ops.is_numpy(to(x)):
+            np.testing.assert_array_equal(got, want)
