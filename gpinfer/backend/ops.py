@@ -11,9 +11,9 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
 * ``einsum``, ``outer``, ``scale_columns`` / ``scale_rows``, power-of-two scaled sums
   (``scale_add_``, ``add_scaled_``, ``plus_scaled``), ``add_product``, ``rsub``,
   ``max_abs``, ``symmetrize`` (one operator each on a device), ``mT`` (last two axes swapped),
-  ``diagonal``, ``add_diagonal``, and writes into existing arrays (``multiply_into``,
-  ``sqrt_into``, ``clip_below``, ``fill_diagonal``) where a temporary of millions of
-  entries would cost a pass over memory;
+  ``diagonal``, ``add_diagonal``, ``scaled_plus_diagonal``, and writes into existing arrays
+  (``multiply_into``, ``sqrt_into``, ``clip_below``, ``fill_diagonal``) where a temporary of
+  millions of entries would cost a pass over memory;
 * moving values: ``like`` (host values onto an array's namespace, device and dtype),
   ``to_host``, ``scalar``, ``all_finite``;
 * checks without a device sync each: inside ``deferred_checks()`` the checks of
@@ -495,6 +495,15 @@ def plus_diagonal(X: Array, value: float) -> Array:
     if not is_numpy(X) and not tracing():
         return X + _diagonal_matrix(X, X.shape[-1], value)
     return add_diagonal(copy(X), value)
+
+
+def scaled_plus_diagonal(a: Array, X: Array, value: float) -> Array:
+    """``a X + value I`` as a new array for ``X [..., M, M]`` and factors ``a`` that
+    broadcast against it (e.g. ``[..., 1, 1]``), ``value`` a scalar (on a device one
+    ``addcmul`` onto a kept diagonal matrix, where a product and an addition are two)."""
+    if not is_numpy(X) and not tracing():
+        return _torch().addcmul(_diagonal_matrix(X, X.shape[-1], value), a, X)
+    return add_diagonal(a * X, value)
 
 
 def zeros(ref: Array, shape: tuple[int, ...]) -> Array:

@@ -266,7 +266,7 @@ class StackedGaussians:
                 a = (scale if ops.is_array(scale) and not ops.is_numpy(scale)
                      else ops.like(P_w, scale))
                 a_matrix, a_vector = ops.namespace(a).reshape(a, (-1, 1, 1)), a[:, None]
-            Bm = ops.add_diagonal(a_matrix * P_w, 1.0)
+            Bm = ops.scaled_plus_diagonal(a_matrix, P_w, 1.0)
             self._h_w = a_vector * h_w
         self.LB = site_cholesky(Bm, h_w, iteration)
         self._LB_T: Array | None = transpose(self.LB)  # formed here: __init__ solves with it

@@ -221,3 +221,15 @@ def test_add_product_equals_the_written_out_expression(to, value):
         np.testing.assert_allclose(got, want, rtol=1e-15, atol=1e-15)
         if ops.is_numpy(to(x)):
             np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("to", _namespaces())
+def test_scaled_plus_diagonal_is_a_new_array(to):
+    """``a X + value I`` for per-matrix factors ``[C, 1, 1]``; ``X`` left alone."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(3, 4, 4))
+    a = rng.uniform(0.5, 1.0, size=(3, 1, 1))
+    X_in = to(X)
+    got = ops.to_host(ops.scaled_plus_diagonal(to(a), X_in, 1.5))
+    np.testing.assert_allclose(got, a * X + 1.5 * np.eye(4), rtol=1e-15, atol=1e-15)
+    np.testing.assert_array_equal(ops.to_host(X_in), X)
