@@ -354,8 +354,14 @@ class StackedGaussians:
         xp = ops.namespace(self.LB)
         log_diag = xp.log(ops.diagonal(self.LB))
         spec = "cm,cm->c" if self.w.ndim == 2 else "acm,acm->ac"  # [C], or [2, C] (paired)
-        # b - a, the same value as -a + b (one operator fewer on a device)
-        return 0.5 * ops.einsum(spec, self.w, self.h_w) - xp.sum(log_diag, axis=-1)
+        # b - a, the same value as -a + b (one operator fewer on a device); on a device the
+        # halving inside the einsum (a kept 0-d 0.5 operand: the same exact scaling)
+        if ops.is_numpy(self.w):
+            half_wh = 0.5 * ops.einsum(spec, self.w, self.h_w)
+        else:
+            half = ops.constant(self.w, (0.5,), ())
+            half_wh = ops.einsum(spec.replace("->", ",->"), self.w, self.h_w, half)
+        return half_wh - xp.sum(log_diag, axis=-1)
 
     def moments(self, L: Array) -> tuple[Array, Array]:
         """``(m [C, M], V [C, M, M])`` in ``u``-space given ``L [C, M, M] = chol(Kuu)``:

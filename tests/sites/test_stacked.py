@@ -58,6 +58,18 @@ def test_cholesky_escalates_jitter_per_class_and_names_the_failure():
         stacked_cholesky(K, "Kuu")
 
 
+def _on(device: bool, *arrays):
+    """``arrays`` as they are, or as torch-CPU tensors (a device's code path)."""
+    if not device:
+        return arrays
+    torch = pytest.importorskip("torch")
+    return tuple(torch.as_tensor(a) for a in arrays)
+
+
+def _host(x) -> np.ndarray:
+    return np.asarray(x)
+
+
 def test_stacked_terms_equal_class_terms():
     _, X, kernels, Zs, _, _ = _setup()
     stacked = stacked_terms(kernels, Zs, X)
@@ -68,12 +80,16 @@ def test_stacked_terms_equal_class_terms():
         np.testing.assert_allclose(stacked.s[c], ref.s, rtol=1e-10, atol=1e-12)
 
 
-def test_whitening_round_trip_and_per_class_equality():
+@pytest.mark.parametrize("device", [False, True])
+def test_whitening_round_trip_and_per_class_equality(device):
+    """On numpy and on a device (its sandwich's second solve from the right)."""
     _, X, kernels, Zs, P, h = _setup()
-    terms = stacked_terms(kernels, Zs, X)
     per_class = [class_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
-    Lam, hu = terms.to_u_space(P, h)
-    P_back, h_back = terms.to_whitened(Lam, hu)
+    X_, Z_, P_, h_ = _on(device, X, np.stack(Zs), P, h)
+    terms = stacked_terms(kernels, Z_, X_)
+    Lam, hu = (_host(a) for a in terms.to_u_space(P_, h_))
+    np.testing.assert_array_equal(Lam, np.swapaxes(Lam, 1, 2))  # symmetric, bit for bit
+    P_back, h_back = (_host(a) for a in terms.to_whitened(*_on(device, Lam, hu)))
     np.testing.assert_allclose(P_back, P, rtol=1e-9, atol=1e-10)
     np.testing.assert_allclose(h_back, h, rtol=1e-9, atol=1e-10)
     for c in range(C):
@@ -82,13 +98,17 @@ def test_whitening_round_trip_and_per_class_equality():
         np.testing.assert_allclose(hu[c], h_c, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize("device", [False, True])
 @pytest.mark.parametrize("scale", [None, np.array([0.5, 0.9, 0.99])])
-def test_gaussians_equal_whitened_gaussians(scale):
+def test_gaussians_equal_whitened_gaussians(scale, device):
     _, X, kernels, Zs, P, h = _setup()
+    X_, Z_, P_, h_ = _on(device, X, np.stack(Zs), P, h)
+    terms = stacked_terms(kernels, Z_, X_)
+    g = StackedGaussians(P_, h_, scale)
+    mu, v, R = (_host(a) for a in g.project(terms.A))
+    lnr = _host(g.log_norm_ratio())
+    B_inv = _host(g.B_inv())
     terms = stacked_terms(kernels, Zs, X)
-    g = StackedGaussians(P, h, scale)
-    mu, v, R = g.project(terms.A)
-    lnr = g.log_norm_ratio()
     for c in range(C):
         a = 1.0 if scale is None else scale[c]
         ref = WhitenedGaussian(a * P[c], a * h[c])
@@ -97,7 +117,7 @@ def test_gaussians_equal_whitened_gaussians(scale):
         np.testing.assert_allclose(v[c], p.v, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(R[c], p.R, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(lnr[c], ref.log_norm_ratio(), rtol=1e-10)
-        np.testing.assert_allclose(g.B_inv()[c], ref.B_inv(np.eye(M)), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(B_inv[c], ref.B_inv(np.eye(M)), rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("device", [False, True])
@@ -133,18 +153,6 @@ def test_paired_gaussians_equal_the_two_gaussians_bit_for_bit(device):
     g0 = stacked_matrix_gradients(terms, q0, cav0, R, a_sum, b_sum)
     for name in ("Kuu", "Kuf", "Kff_diag"):
         assert same(np.asarray(getattr(g, name)), np.asarray(getattr(g0, name)))
-
-
-def _on(device: bool, *arrays):
-    """``arrays`` as they are, or as torch-CPU tensors (a device's code path)."""
-    if not device:
-        return arrays
-    torch = pytest.importorskip("torch")
-    return tuple(torch.as_tensor(a) for a in arrays)
-
-
-def _host(x) -> np.ndarray:
-    return np.asarray(x)
 
 
 @pytest.mark.parametrize("device", [False, True])
