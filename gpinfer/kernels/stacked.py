@@ -69,10 +69,12 @@ class _Distances:
 
     ``A [C, M, D]`` the scaled inducing inputs ``(Z - shift) / ell``, ``Xs [B, D]`` the batch
     shifted alike (unscaled: shared by every latent), ``r2`` and ``g`` ``[C, M, M]`` (square)
-    and ``[C, M, B]`` (cross), ``ell [C, 1, D']`` and ``var [C]`` the stationary part's
-    lengthscales and variances on the arrays' device; kept so that the VJPs do not form them
-    again: ``Xs2 = Xs * Xs [B, D]``, ``ell2 = ell[:, 0] ** 2`` and ``inv_ell2 = 1 / ell2``
-    ``[C, D']``, and ``vk = var`` as ``[C, 1, 1]`` (numpy's products; ``None`` on a device,
+    and ``[C, M, B]`` (cross), ``var [C]`` the stationary part's variances and its
+    lengthscales as ``ell [C, 1, D']`` (numpy, which divides by them) or ``inv_ell = 1 / ell``
+    ``[C, D']`` (a device, which multiplies inside its ``einsum`` operators; the other one
+    ``None``), on the arrays' device; kept so that the VJPs do not form them again:
+    ``Xs2 = Xs * Xs [B, D]``, ``inv_ell2 = 1 / ell^2`` ``[C, D']`` and, on numpy,
+    ``ell2 = ell^2`` ``[C, D']`` and ``vk = var`` as ``[C, 1, 1]`` (``None`` on a device,
     whose products take ``var`` inside one ``einsum``).
     """
 
@@ -82,10 +84,11 @@ class _Distances:
     g_uu: Array
     r2_uf: Array
     g_uf: Array
-    ell: Array
+    ell: Array | None
+    inv_ell: Array | None
     var: Array
     Xs2: Array
-    ell2: Array
+    ell2: Array | None
     inv_ell2: Array
     vk: Array | None
 
@@ -117,6 +120,29 @@ def _scaled_norms(X2: Array, inv: Array) -> Array:
     if not ops.is_numpy(X2):
         return ops.einsum("cd,bd->cb", inv, X2)
     return inv @ ops.mT(X2)
+
+
+def _over_ell(X: Array, ell: Array | None, inv_ell: Array | None, *, in_place: bool = False
+              ) -> Array:
+    """``X / ell`` ``[C, M, D]`` for ``X [C, M, D]``: numpy divides by ``ell [C, 1, D']`` (in
+    place with ``in_place``: ``X`` itself), a device multiplies by ``inv_ell = 1 / ell``
+    ``[C, D']`` in one ``einsum`` operator (a new array; no broadcast view)."""
+    if inv_ell is not None:
+        return ops.einsum("cmd,cd->cmd", X, inv_ell)
+    if in_place:
+        X /= ell
+        return X
+    return X / ell
+
+
+def _twice_over_ell(X: Array, d: _Distances) -> Array:
+    """``(2 / ell) X`` ``[C, M, D]`` (numpy in place: ``X`` itself; a device one ``einsum``
+    operator with ``1 / ell`` and a kept 0-d ``2``)."""
+    if d.inv_ell is not None:
+        return ops.einsum("cmd,cd,->cmd", X, d.inv_ell, ops.constant(X, (2.0,), ()))
+    assert d.ell is not None  # numpy's
+    X *= 2.0 / d.ell
+    return X
 
 
 def _times_variances(g: Array, var: Array, vk: Array | None) -> Array:
@@ -165,8 +191,11 @@ class StackedCovariances:
     def _batch_product(self, G: Array) -> Array:
         """``G Bx`` ``[C, M, D]`` for ``G [C, M, B]``, ``Bx = (X - shift) / ell`` the scaled
         batch of each latent: one product with the shared shifted batch, then the scales."""
-        out = _rows_product(G, self.d.Xs)
-        out /= self.d.ell
+        d = self.d
+        if d.inv_ell is not None:  # one einsum: (G Xs) / ell
+            return ops.einsum("cmb,bd,cd->cmd", G, d.Xs, d.inv_ell)
+        out = _rows_product(G, d.Xs)
+        out /= d.ell
         return out
 
     def vjp(self, dKuu: Array | None, dKuf: Array | None, dKff_diag: Array | None, *,
@@ -196,28 +225,30 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     C, M, D = Z.shape
     start, stop = family.offsets[family.stationary_index]
     ell_rows = natural[:, start : stop - 1]  # [C, D']
-    ell = ell_rows[:, None, :]
-    ell2 = ell_rows * ell_rows
-    inv_ell2 = ops.reciprocal(ell2)
+    if ops.is_numpy(Z):  # numpy divides by the lengthscales (its roundings, kept)
+        ell, inv_ell, ell2 = ell_rows[:, None, :], None, ell_rows * ell_rows
+        inv_ell2 = ops.reciprocal(ell2)
+    else:  # a device multiplies by their inverses
+        ell, inv_ell, ell2 = None, ops.reciprocal(ell_rows), None
+        inv_ell2 = inv_ell * inv_ell
     var = natural[:, stop - 1]
     # one shift for every latent and the batch (distances do not change)
     shift = _mean_rows(Z)
-    A = Z - shift
-    A /= ell
+    A = _over_ell(Z - shift, ell, inv_ell, in_place=True)
     Xs = X - shift
     a2 = ops.einsum("cmd,cmd->cm", A, A)
     a2_col = a2[:, :, None]  # [C, M, 1], shared by both distances
     r2_uu = StackedCovariances._sqdist(a2_col, a2[:, None, :], _gram(A, A))
     ops.fill_diagonal(r2_uu, 0.0)
-    As = A / ell  # (Z - shift) / ell^2: A . ((x - shift) / ell) = As . (x - shift)
+    As = _over_ell(A, ell, inv_ell)  # (Z - shift) / ell^2: A.((x - shift) / ell) = As.(x - shift)
     cross = _gram(As, Xs)
     del As
     Xs2 = Xs * Xs
     r2_uf = StackedCovariances._sqdist(a2_col, _scaled_norms(Xs2, inv_ell2)[:, None, :], cross)
     proto = st[0]
     vk = xp.reshape(var, (C, 1, 1)) if ops.is_numpy(Z) else None
-    d = _Distances(A, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, var, Xs2, ell2,
-                   inv_ell2, vk)
+    d = _Distances(A, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, inv_ell, var,
+                   Xs2, ell2, inv_ell2, vk)
     Kuu = _times_variances(d.g_uu, var, vk)
     Kuf = _times_variances(d.g_uf, var, vk)
     Kff_diag = ops.repeat_columns(var, X.shape[0])  # [C, B]
@@ -349,14 +380,14 @@ def _lengthscales_and_inputs(d: _Distances, sums: _Sums, ard: bool, inputs: bool
         d_ell = 4.0 * ops.einsum("cmd,cmd->cd", d.A, H)
         ops.add_scaled_(d_ell, ops.einsum("cmd,cmd->cd", AR, d.A), -2.0)
         if sums.G_uf is not None:  # c_uf . Bx^2 = (c_uf (X - shift)^2) / ell^2
+            assert d.ell2 is not None  # numpy's (a device's ARD: _ard_on_device)
             ops.add_scaled_(d_ell, (xp.sum(sums.G_uf, axis=1) @ d.Xs2) / d.ell2, -2.0)
     if not inputs:
         return d_ell, None
     if GA is not None:  # H = H' + G_uu A (in place: H' is not needed again)
         H += GA
     AR -= H
-    AR *= 2.0 / d.ell
-    return d_ell, AR
+    return d_ell, _twice_over_ell(AR, d)
 
 
 def _ard_on_device(d: _Distances, sums: _Sums, inputs: bool) -> tuple[Array, Array | None]:
@@ -377,8 +408,7 @@ def _ard_on_device(d: _Distances, sums: _Sums, inputs: bool) -> tuple[Array, Arr
         return d_ell, None
     if sums.GB is not None:
         V += sums.GB
-    V *= 2.0 / d.ell
-    return d_ell, V
+    return d_ell, _twice_over_ell(V, d)
 
 
 def _parameter_gradients(cov: StackedCovariances, d_ell: Array | None, d_var: Array | None,
@@ -394,7 +424,7 @@ def _parameter_gradients(cov: StackedCovariances, d_ell: Array | None, d_var: Ar
     if d_var is None:
         d_var = ops.zeros(cov.Z, (C,))
     if d_ell is None:
-        d_ell = ops.zeros(cov.Z, (C, cov.d.ell.shape[2]))
+        d_ell = ops.zeros(cov.Z, (C, cov.d.inv_ell2.shape[1]))
     blocks: list[Array] = []
     columns: list[Array] = []
 
