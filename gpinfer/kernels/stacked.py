@@ -69,13 +69,15 @@ class _Distances:
 
     ``A [C, M, D]`` the scaled inducing inputs ``(Z - shift) / ell``, ``Xs [B, D]`` the batch
     shifted alike (unscaled: shared by every latent), ``r2`` and ``g`` ``[C, M, M]`` (square)
-    and ``[C, M, B]`` (cross), ``var [C]`` the stationary part's variances and its
-    lengthscales as ``ell [C, 1, D']`` (numpy, which divides by them) or ``inv_ell = 1 / ell``
-    ``[C, D']`` (a device, which multiplies inside its ``einsum`` operators; the other one
-    ``None``), on the arrays' device; kept so that the VJPs do not form them again:
-    ``Xs2 = Xs * Xs [B, D]``, ``inv_ell2 = 1 / ell^2`` ``[C, D']`` and, on numpy,
-    ``ell2 = ell^2`` ``[C, D']`` and ``vk = var`` as ``[C, 1, 1]`` (``None`` on a device,
-    whose products take ``var`` inside one ``einsum``).
+    and ``[C, M, B]`` (cross), ``ell [C, 1, D']`` and ``var [C]`` the stationary part's
+    lengthscales and variances on the arrays' device; kept so that the VJPs do not form them
+    again: ``Xs2 = Xs * Xs [B, D]``, ``inv_ell2 = 1 / ell^2`` ``[C, D']`` and, on numpy,
+    ``ell2 = ell^2`` ``[C, D']`` and ``vk = var`` as ``[C, 1, 1]``; on a device
+    ``inv_ell = 1 / ell`` ``[C, D']`` (``g_Z``'s scaling inside one ``einsum``) instead of
+    ``ell2`` and ``vk`` (``None``; its products take ``var`` inside one ``einsum``). The
+    scaled inputs themselves are divided by ``ell`` on every backend: products with
+    ``1 / ell`` there moved the float32 torch fits of vi-robustmax by 1.8e-4, against
+    numpy's float64 (tests/backend/test_same_model.py allows 1e-4; 5.5e-5 with divisions).
     """
 
     A: Array
@@ -84,7 +86,7 @@ class _Distances:
     g_uu: Array
     r2_uf: Array
     g_uf: Array
-    ell: Array | None
+    ell: Array
     inv_ell: Array | None
     var: Array
     Xs2: Array
@@ -122,25 +124,11 @@ def _scaled_norms(X2: Array, inv: Array) -> Array:
     return inv @ ops.mT(X2)
 
 
-def _over_ell(X: Array, ell: Array | None, inv_ell: Array | None, *, in_place: bool = False
-              ) -> Array:
-    """``X / ell`` ``[C, M, D]`` for ``X [C, M, D]``: numpy divides by ``ell [C, 1, D']`` (in
-    place with ``in_place``: ``X`` itself), a device multiplies by ``inv_ell = 1 / ell``
-    ``[C, D']`` in one ``einsum`` operator (a new array; no broadcast view)."""
-    if inv_ell is not None:
-        return ops.einsum("cmd,cd->cmd", X, inv_ell)
-    if in_place:
-        X /= ell
-        return X
-    return X / ell
-
-
 def _twice_over_ell(X: Array, d: _Distances) -> Array:
     """``(2 / ell) X`` ``[C, M, D]`` (numpy in place: ``X`` itself; a device one ``einsum``
     operator with ``1 / ell`` and a kept 0-d ``2``)."""
     if d.inv_ell is not None:
         return ops.einsum("cmd,cd,->cmd", X, d.inv_ell, ops.constant(X, (2.0,), ()))
-    assert d.ell is not None  # numpy's
     X *= 2.0 / d.ell
     return X
 
@@ -192,8 +180,6 @@ class StackedCovariances:
         """``G Bx`` ``[C, M, D]`` for ``G [C, M, B]``, ``Bx = (X - shift) / ell`` the scaled
         batch of each latent: one product with the shared shifted batch, then the scales."""
         d = self.d
-        if d.inv_ell is not None:  # one einsum: (G Xs) / ell
-            return ops.einsum("cmb,bd,cd->cmd", G, d.Xs, d.inv_ell)
         out = _rows_product(G, d.Xs)
         out /= d.ell
         return out
@@ -225,22 +211,24 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     C, M, D = Z.shape
     start, stop = family.offsets[family.stationary_index]
     ell_rows = natural[:, start : stop - 1]  # [C, D']
+    ell = ell_rows[:, None, :]
     if ops.is_numpy(Z):  # numpy divides by the lengthscales (its roundings, kept)
-        ell, inv_ell, ell2 = ell_rows[:, None, :], None, ell_rows * ell_rows
+        inv_ell, ell2 = None, ell_rows * ell_rows
         inv_ell2 = ops.reciprocal(ell2)
-    else:  # a device multiplies by their inverses
-        ell, inv_ell, ell2 = None, ops.reciprocal(ell_rows), None
+    else:  # a device's g_Z multiplies by their inverses
+        inv_ell, ell2 = ops.reciprocal(ell_rows), None
         inv_ell2 = inv_ell * inv_ell
     var = natural[:, stop - 1]
     # one shift for every latent and the batch (distances do not change)
     shift = _mean_rows(Z)
-    A = _over_ell(Z - shift, ell, inv_ell, in_place=True)
+    A = Z - shift
+    A /= ell
     Xs = X - shift
     a2 = ops.einsum("cmd,cmd->cm", A, A)
     a2_col = a2[:, :, None]  # [C, M, 1], shared by both distances
     r2_uu = StackedCovariances._sqdist(a2_col, a2[:, None, :], _gram(A, A))
     ops.fill_diagonal(r2_uu, 0.0)
-    As = _over_ell(A, ell, inv_ell)  # (Z - shift) / ell^2: A.((x - shift) / ell) = As.(x - shift)
+    As = A / ell  # (Z - shift) / ell^2: A . ((x - shift) / ell) = As . (x - shift)
     cross = _gram(As, Xs)
     del As
     Xs2 = Xs * Xs
