@@ -141,11 +141,13 @@ def constant(ref: Array, values: tuple[float, ...], shape: tuple[int, ...] | Non
     column that broadcasts over matrices) of ``ref``'s namespace, device and floating dtype;
     on a device moved once per device, dtype, values and shape and kept (callers only read
     it: no reshape operator per use)."""
+    if not is_numpy(ref) and tracing():  # inside a compiled region: a constant of its graph
+        # (from the host tuple: a numpy array's tolist() of floats breaks the graph)
+        out = _torch().tensor(values, dtype=ref.dtype, device=ref.device)
+        return out if shape is None else out.reshape(shape)
     host = np.array(values) if shape is None else np.reshape(np.array(values), shape)
     if is_numpy(ref):
         return like(ref, host)
-    if tracing():  # inside a compiled region: a constant of its graph
-        return _torch().tensor(host.tolist(), dtype=ref.dtype, device=ref.device)
     return _kept(_CONSTANTS, (str(ref.device), str(ref.dtype), values, shape),
                  lambda: like(ref, host))
 
