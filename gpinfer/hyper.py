@@ -53,6 +53,21 @@ def _grid_names(prefix: str, rows: int, cols: int) -> list[str]:
     return [f"{prefix}[{m},{d}]" for m in range(rows) for d in range(cols)]
 
 
+def _distinct_kernels(kernels: list[Kernel]) -> tuple[list[Kernel], list[int]]:
+    """The distinct kernel objects in order of first use and each latent's index among them
+    (the same object for several latents ties them: one block in ``theta``)."""
+    distinct: list[Kernel] = []
+    of_latent: list[int] = []
+    for kern in kernels:
+        ids = [id(k) for k in distinct]
+        if id(kern) in ids:
+            of_latent.append(ids.index(id(kern)))
+        else:
+            of_latent.append(len(distinct))
+            distinct.append(kern)
+    return distinct, of_latent
+
+
 @dataclass(frozen=True)
 class _Block:
     """One contiguous piece of the full (free and fixed) parameter vector."""
@@ -95,23 +110,22 @@ class HyperParameters:
             raise ValueError("HyperParameters needs at least one kernel")
         self.likelihood = likelihood
         self.Z: list[Array] | None = self._as_inducing(Z)
+        self._distinct, self._kernel_of_latent = _distinct_kernels(self._kernels)
+        blocks, learned = self._layout(optimize, optimize and optimize_inducing,
+                                       optimize and optimize_likelihood)
+        self._set_free(blocks, learned, set(fixed))
+        self._blocks = blocks
+        self._init_kernel_path(device_kernels)
 
-        # distinct kernels (tied latents share one block)
-        self._distinct: list[Kernel] = []
-        self._kernel_of_latent: list[int] = []
-        for kern in self._kernels:
-            ids = [id(k) for k in self._distinct]
-            if id(kern) in ids:
-                self._kernel_of_latent.append(ids.index(id(kern)))
-            else:
-                self._kernel_of_latent.append(len(self._distinct))
-                self._distinct.append(kern)
-
+    def _layout(self, learn_kernels: bool, learn_inducing: bool, learn_likelihood: bool
+                ) -> tuple[list[_Block], list[bool]]:
+        """The blocks of the full vector in order (every distinct kernel's, each latent's
+        ``Z``, the likelihood's) and whether each is learned; sets ``_n_entries`` and the
+        blocks' name makers (``_name_makers``: names built only when asked for)."""
         multi = self.n_latent > 1
         n_entries = 0
         learned: list[bool] = []
         blocks: list[_Block] = []
-        #: per block, how its entries' names are formed (built only when asked for)
         self._name_makers: list[Callable[[], list[str]]] = []
 
         def add(kind: str, index: int, size: int, make: Callable[[], list[str]],
@@ -125,23 +139,27 @@ class HyperParameters:
         for j, kern in enumerate(self._distinct):
             prefix = f"kernel[{j}]" if len(self._distinct) > 1 else "kernel"
             add("kernel", j, len(kern.param_names), functools.partial(
-                _prefixed, prefix + ".", tuple(kern.param_names)), optimize)
+                _prefixed, prefix + ".", tuple(kern.param_names)), learn_kernels)
         for l, z in enumerate(self.Z or []):
             prefix = f"Z[{l}]" if multi else "Z"
             add("inducing", l, int(z.shape[0]) * int(z.shape[1]), functools.partial(
-                _grid_names, prefix, int(z.shape[0]), int(z.shape[1])),
-                optimize and optimize_inducing)
-        if likelihood is not None:
-            add("likelihood", 0, len(likelihood.param_names), functools.partial(
-                _prefixed, "likelihood.", tuple(likelihood.param_names)),
-                optimize and optimize_likelihood)
-
+                _grid_names, prefix, int(z.shape[0]), int(z.shape[1])), learn_inducing)
+        if self.likelihood is not None:
+            add("likelihood", 0, len(self.likelihood.param_names), functools.partial(
+                _prefixed, "likelihood.", tuple(self.likelihood.param_names)),
+                learn_likelihood)
         self._n_entries = n_entries
         self._names_cache: list[str] | None = None
-        self._free = np.zeros(n_entries, dtype=bool)
+        return blocks, learned
+
+    def _set_free(self, blocks: list[_Block], learned: list[bool], fixed: set[str]) -> None:
+        """The free-entry mask ``_free [n_entries]`` (learned blocks less the ``fixed``
+        names; ``ValueError`` for an unknown name) and what packing can skip: no mask when
+        every entry is free (``_all_free``) or the free ones are the leading blocks
+        ``[0, P)`` (``_free_prefix``, e.g. kernels learned, ``Z`` fixed)."""
+        self._free = np.zeros(self._n_entries, dtype=bool)
         for block, learn in zip(blocks, learned):
             self._free[block.start : block.stop] = learn
-        fixed = set(fixed)
         if fixed:
             names = self._all_names
             unknown = sorted(fixed - set(names))
@@ -149,12 +167,14 @@ class HyperParameters:
                 raise ValueError(f"unknown hyper-parameter name(s) {unknown}; known: {names}")
             self._free &= np.array([n not in fixed for n in names], dtype=bool)
         self._all_free = bool(np.all(self._free))  # then packing needs no mask (no copies)
-        # the free entries are the leading blocks ``[0, P)`` (e.g. kernels learned, Z fixed):
-        # packing and unpacking then need no mask either
         P, bounds = int(self._free.sum()), {b.stop for b in blocks}
         self._free_prefix = (not self._all_free and P in bounds
                              and bool(np.all(self._free[:P])))
-        self._blocks = blocks
+
+    def _init_kernel_path(self, device_kernels: bool) -> None:
+        """The batched kernel path (``stacked``) and the state of kernel parameters kept on
+        a device (``device_kernels``; see ``kernels``), from ``_blocks``."""
+        blocks = self._blocks
         #: moves on every ``unpack`` (and ``touch``): the key of the batched covariances
         self.version = 0
         #: the latents' kernels as one batched computation (``None``: families differ, or no

@@ -9,10 +9,11 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
 * special functions: ``log_ndtr``, ``ndtr``, ``expit``, ``log_expit``, ``erfcx``,
   ``logsumexp``;
 * ``einsum``, ``outer``, ``scale_columns`` / ``scale_rows``, power-of-two scaled sums
-  (``scale_add_``, ``add_scaled_``, ``plus_scaled``), ``rsub``, ``max_abs`` (one operator
-  each on a device), ``mT`` (last two axes swapped), ``diagonal``, ``add_diagonal``, and
-  writes into existing arrays (``multiply_into``, ``sqrt_into``, ``clip_below``,
-  ``fill_diagonal``) where a temporary of millions of entries would cost a pass over memory;
+  (``scale_add_``, ``add_scaled_``, ``plus_scaled``), ``add_product``, ``rsub``,
+  ``max_abs``, ``symmetrize`` (one operator each on a device), ``mT`` (last two axes swapped),
+  ``diagonal``, ``add_diagonal``, ``scaled_plus_diagonal``, and writes into existing arrays
+  (``multiply_into``, ``sqrt_into``, ``clip_below``, ``fill_diagonal``) where a temporary of
+  millions of entries would cost a pass over memory;
 * moving values: ``like`` (host values onto an array's namespace, device and dtype),
   ``to_host``, ``scalar``, ``all_finite``;
 * checks without a device sync each: inside ``deferred_checks()`` the checks of
@@ -140,11 +141,13 @@ def constant(ref: Array, values: tuple[float, ...], shape: tuple[int, ...] | Non
     column that broadcasts over matrices) of ``ref``'s namespace, device and floating dtype;
     on a device moved once per device, dtype, values and shape and kept (callers only read
     it: no reshape operator per use)."""
+    if not is_numpy(ref) and tracing():  # inside a compiled region: a constant of its graph
+        # (from the host tuple: a numpy array's tolist() of floats breaks the graph)
+        out = _torch().tensor(values, dtype=ref.dtype, device=ref.device)
+        return out if shape is None else out.reshape(shape)
     host = np.array(values) if shape is None else np.reshape(np.array(values), shape)
     if is_numpy(ref):
         return like(ref, host)
-    if tracing():  # inside a compiled region: a constant of its graph
-        return _torch().tensor(host.tolist(), dtype=ref.dtype, device=ref.device)
     return _kept(_CONSTANTS, (str(ref.device), str(ref.dtype), values, shape),
                  lambda: like(ref, host))
 
@@ -428,6 +431,22 @@ def mT(X: Array) -> Array:
     return np.swapaxes(X, -1, -2) if is_numpy(X) else X.mT
 
 
+def symmetrize(X: Array) -> Array:
+    """``(X + X^T) / 2`` over the last two axes, ``X [..., M, M]`` (a new array; on numpy one
+    temporary, halved in place).
+
+    On a device one operator, ``lerp(X, X^T, 0.5) = X^T - (X^T - X) / 2`` (with the
+    transposed view: two, where the sum and the halving were three). Where ``X_ij`` and
+    ``X_ji`` are within a factor 2 of each other (a matrix symmetric up to round-off, the
+    usual input) the difference is exact and both forms round the same midpoint once: the
+    same bits, and a symmetric result; elsewhere they differ by an ulp of the difference."""
+    if not is_numpy(X):
+        return X.lerp(X.mT, 0.5)
+    out = X + mT(X)
+    out *= 0.5
+    return out
+
+
 def diagonal(X: Array) -> Array:
     """Diagonals ``[..., M]`` of ``X [..., M, M]`` (a view)."""
     if is_numpy(X):
@@ -478,6 +497,15 @@ def plus_diagonal(X: Array, value: float) -> Array:
     if not is_numpy(X) and not tracing():
         return X + _diagonal_matrix(X, X.shape[-1], value)
     return add_diagonal(copy(X), value)
+
+
+def scaled_plus_diagonal(a: Array, X: Array, value: float) -> Array:
+    """``a X + value I`` as a new array for ``X [..., M, M]`` and factors ``a`` that
+    broadcast against it (e.g. ``[..., 1, 1]``), ``value`` a scalar (on a device one
+    ``addcmul`` onto a kept diagonal matrix, where a product and an addition are two)."""
+    if not is_numpy(X) and not tracing():
+        return _torch().addcmul(_diagonal_matrix(X, X.shape[-1], value), a, X)
+    return add_diagonal(a * X, value)
 
 
 def zeros(ref: Array, shape: tuple[int, ...]) -> Array:
@@ -618,6 +646,21 @@ def plus_scaled(base: Array, X: Array, alpha: float) -> Array:
     return _torch().add(base, X, alpha=alpha)
 
 
+def add_product(base: Array | float, x: Array, y: Array, value: float = 1.0) -> Array:
+    """``base + value x y`` elementwise as a new array (``base`` an array or a host float,
+    broadcast against ``x y``), ``value`` a power of two or ``-1`` (an exact product): on a
+    device one operator (``addcmul``, a float ``base`` a kept 0-d constant), where the
+    expression is two or three; numpy forms ``x y`` and adds (the same values as
+    ``base + x * y`` or ``base - x * y``)."""
+    if is_numpy(x):
+        p = x * y
+        if value != 1.0:
+            p *= value
+        return base + p
+    b = base if is_array(base) else constant(x, (float(base),), ())
+    return _torch().addcmul(b, x, y, value=value)
+
+
 def multiply_into(a: Array, b: Array | float, out: Array) -> Array:
     """``out = a * b`` without a temporary (the standard has no ``out=``); returns ``out``."""
     if is_numpy(out):
@@ -701,16 +744,24 @@ def _trsm_stack(L: np.ndarray, B: np.ndarray, transpose: bool) -> np.ndarray:
 
 
 def solve_triangular(L: Array, B: Array, *, transpose: bool = False,
-                     L_T: Array | None = None) -> Array:
+                     L_T: Array | None = None, right: bool = False) -> Array:
     """``L^-1 B`` (``L^-T B`` with ``transpose``) for lower-triangular ``L [..., M, M]`` and
-    ``B [..., M, k]`` (a matrix, or a stack of them with the same leading axes). ``L_T``:
-    ``mT(L)`` where the caller keeps it (a device then forms no transposed view per solve;
-    numpy ignores it)."""
+    ``B [..., M, k]`` (a matrix, or a stack of them with the same leading axes); with
+    ``right``, ``B L^-1`` (``B L^-T``) for ``B [..., k, M]`` (on a device one operator, no
+    transposed views of ``B`` and of the result). ``L_T``: ``mT(L)`` where the caller keeps
+    it (a device then forms no transposed view per solve; numpy ignores it)."""
     if not is_numpy(L):
         torch = _torch()
+        if right:  # X L = B (X L^T = B): torch's left=False
+            if transpose:
+                return torch.linalg.solve_triangular(L.mT if L_T is None else L_T, B,
+                                                     upper=True, left=False)
+            return torch.linalg.solve_triangular(L, B, upper=False, left=False)
         if transpose:
             return torch.linalg.solve_triangular(L.mT if L_T is None else L_T, B, upper=True)
         return torch.linalg.solve_triangular(L, B, upper=False)
+    if right:  # B L^-1 = (L^-T B^T)^T
+        return mT(solve_triangular(L, np.ascontiguousarray(mT(B)), transpose=not transpose))
     if L.ndim == 2:
         return _scipy_solve_triangular(L, B, lower=True, trans=1 if transpose else 0,
                                        check_finite=False)

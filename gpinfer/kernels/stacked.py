@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast, overload
+from typing import Any, NamedTuple, cast, overload
 
 import numpy as np
 
@@ -71,8 +71,13 @@ class _Distances:
     shifted alike (unscaled: shared by every latent), ``r2`` and ``g`` ``[C, M, M]`` (square)
     and ``[C, M, B]`` (cross), ``ell [C, 1, D']`` and ``var [C]`` the stationary part's
     lengthscales and variances on the arrays' device; kept so that the VJPs do not form them
-    again: ``Xs2 = Xs * Xs [B, D]``, ``ell2 = ell[:, 0] ** 2 [C, D']`` and ``vk = var`` as
-    ``[C, 1, 1]``.
+    again: ``Xs2 = Xs * Xs [B, D]``, ``inv_ell2 = 1 / ell^2`` ``[C, D']`` and, on numpy,
+    ``ell2 = ell^2`` ``[C, D']`` and ``vk = var`` as ``[C, 1, 1]``; on a device
+    ``inv_ell = 1 / ell`` ``[C, D']`` (``g_Z``'s scaling inside one ``einsum``) instead of
+    ``ell2`` and ``vk`` (``None``; its products take ``var`` inside one ``einsum``). The
+    scaled inputs themselves are divided by ``ell`` on every backend: products with
+    ``1 / ell`` there moved the float32 torch fits of vi-robustmax by 1.8e-4, against
+    numpy's float64 (tests/backend/test_same_model.py allows 1e-4; 5.5e-5 with divisions).
     """
 
     A: Array
@@ -82,10 +87,12 @@ class _Distances:
     r2_uf: Array
     g_uf: Array
     ell: Array
+    inv_ell: Array | None
     var: Array
     Xs2: Array
-    ell2: Array
-    vk: Array
+    ell2: Array | None
+    inv_ell2: Array
+    vk: Array | None
 
 
 def _rows_product(X: Array, Y: Array) -> Array:
@@ -106,13 +113,39 @@ def _mean_rows(Z: Array) -> Array:
     return np.mean(np.reshape(Z, (-1, Z.shape[2])), axis=0)
 
 
-def _scaled_norms(X2: Array, ell2: Array) -> Array:
+def _scaled_norms(X2: Array, inv: Array) -> Array:
     """``sum_d X2[b, d] / ell[c, 0, d]^2`` ``[C, B]`` for squared inputs ``X2 [B, D]`` and
-    squared lengthscales ``ell2 [C, D]`` (ARD) or ``[C, 1]`` (isotropic)."""
-    inv = ops.reciprocal(ell2)  # [C, D']
+    inverse squared lengthscales ``inv = 1 / ell^2`` ``[C, D]`` (ARD) or ``[C, 1]``
+    (isotropic); on a device one ``einsum`` operator for ARD (no transposed view)."""
     if inv.shape[1] == 1:
         return inv * ops.namespace(X2).sum(X2, axis=1)[None, :]
+    if not ops.is_numpy(X2):
+        return ops.einsum("cd,bd->cb", inv, X2)
     return inv @ ops.mT(X2)
+
+
+def _twice_over_ell(X: Array, d: _Distances) -> Array:
+    """``(2 / ell) X`` ``[C, M, D]`` (numpy in place: ``X`` itself; a device one ``einsum``
+    operator with ``1 / ell`` and a kept 0-d ``2``)."""
+    if d.inv_ell is not None:
+        return ops.einsum("cmd,cd,->cmd", X, d.inv_ell, ops.constant(X, (2.0,), ()))
+    X *= 2.0 / d.ell
+    return X
+
+
+def _times_variances(g: Array, var: Array, vk: Array | None) -> Array:
+    """``var[c] g[c]`` ``[C, M, N]`` for ``g [C, M, N]``, ``var [C]`` (numpy: ``vk * g`` with
+    ``vk = var [C, 1, 1]``; on a device one ``einsum`` operator, no reshaped view)."""
+    return ops.einsum("cmn,c->cmn", g, var) if vk is None else vk * g
+
+
+def _gram(U: Array, V: Array) -> Array:
+    """``U V^T`` ``[C, M, N]`` for ``U [C, M, D]`` and ``V [C, N, D]`` or ``[N, D]`` (shared by
+    every latent): numpy as ``_rows_product`` / ``@`` with the transposed view, a device as one
+    ``einsum`` operator (no view)."""
+    if ops.is_numpy(U):
+        return U @ ops.mT(V) if V.ndim == 3 else _rows_product(U, ops.mT(V))
+    return ops.einsum("cmd,cnd->cmn" if V.ndim == 3 else "cmd,nd->cmn", U, V)
 
 
 class StackedCovariances:
@@ -146,8 +179,9 @@ class StackedCovariances:
     def _batch_product(self, G: Array) -> Array:
         """``G Bx`` ``[C, M, D]`` for ``G [C, M, B]``, ``Bx = (X - shift) / ell`` the scaled
         batch of each latent: one product with the shared shifted batch, then the scales."""
-        out = _rows_product(G, self.d.Xs)
-        out /= self.d.ell
+        d = self.d
+        out = _rows_product(G, d.Xs)
+        out /= d.ell
         return out
 
     def vjp(self, dKuu: Array | None, dKuf: Array | None, dKff_diag: Array | None, *,
@@ -178,7 +212,12 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     start, stop = family.offsets[family.stationary_index]
     ell_rows = natural[:, start : stop - 1]  # [C, D']
     ell = ell_rows[:, None, :]
-    ell2 = ell_rows * ell_rows
+    if ops.is_numpy(Z):  # numpy divides by the lengthscales (its roundings, kept)
+        inv_ell, ell2 = None, ell_rows * ell_rows
+        inv_ell2 = ops.reciprocal(ell2)
+    else:  # a device's g_Z multiplies by their inverses
+        inv_ell, ell2 = ops.reciprocal(ell_rows), None
+        inv_ell2 = inv_ell * inv_ell
     var = natural[:, stop - 1]
     # one shift for every latent and the batch (distances do not change)
     shift = _mean_rows(Z)
@@ -187,19 +226,19 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     Xs = X - shift
     a2 = ops.einsum("cmd,cmd->cm", A, A)
     a2_col = a2[:, :, None]  # [C, M, 1], shared by both distances
-    r2_uu = StackedCovariances._sqdist(a2_col, a2[:, None, :], A @ ops.mT(A))
+    r2_uu = StackedCovariances._sqdist(a2_col, a2[:, None, :], _gram(A, A))
     ops.fill_diagonal(r2_uu, 0.0)
     As = A / ell  # (Z - shift) / ell^2: A . ((x - shift) / ell) = As . (x - shift)
-    cross = _rows_product(As, ops.mT(Xs))
+    cross = _gram(As, Xs)
     del As
     Xs2 = Xs * Xs
-    r2_uf = StackedCovariances._sqdist(a2_col, _scaled_norms(Xs2, ell2)[:, None, :], cross)
+    r2_uf = StackedCovariances._sqdist(a2_col, _scaled_norms(Xs2, inv_ell2)[:, None, :], cross)
     proto = st[0]
-    vk = xp.reshape(var, (C, 1, 1))
-    d = _Distances(A, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, var, Xs2, ell2,
-                   vk)
-    Kuu = vk * d.g_uu
-    Kuf = vk * d.g_uf
+    vk = xp.reshape(var, (C, 1, 1)) if ops.is_numpy(Z) else None
+    d = _Distances(A, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, inv_ell, var,
+                   Xs2, ell2, inv_ell2, vk)
+    Kuu = _times_variances(d.g_uu, var, vk)
+    Kuf = _times_variances(d.g_uf, var, vk)
     Kff_diag = ops.repeat_columns(var, X.shape[0])  # [C, B]
     for index, _ in family.noise_parts():
         noise = natural[:, family.offsets[index][0], None]  # [C, 1]
@@ -212,46 +251,92 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
 @compilable
 def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
          dKff_diag: Array | None, inputs: bool) -> tuple[Array, Array | None]:
-    """``StackedCovariances.vjp`` (a compiled region of the step)."""
-    fam, d = cov.family, cov.d
-    xp = ops.namespace(cov.Z)
-    C = cov.Z.shape[0]
-    ard = fam.stationary[0].ard
-    proto = fam.stationary[0]
-    vk = d.vk
-    # the sums below start from their first term (0 + x = x: no zeros and no addition)
-    d_var: Array | None = None  # [C]
-    sum_ff = None if dKff_diag is None else xp.sum(dKff_diag, axis=1)  # [C], shared
-    if sum_ff is not None:
-        d_var = d.var * sum_ff
-    d_ell: Array | None = None  # [C, D']
-    rA: Array | None = None  # [C, M]
-    row_uu: Array | None = None  # G_uu's row sums, [C, M]
-    GA: Array | None = None  # G_uu A, [C, M, D]
-    GB: Array | None = None  # G_uf Bx, [C, M, D]
-    G_uf: Array | None = None
-    need_products = ard or inputs
-    for dK, r2, g, square in ((dKuu, d.r2_uu, d.g_uu, True), (dKuf, d.r2_uf, d.g_uf, False)):
-        if dK is None:
-            continue
-        term = d.var * ops.einsum("cmn,cmn->c", dK, g)
+    """``StackedCovariances.vjp`` (a compiled region of the step): ``(g_params [C, P],
+    g_Z [C, M, D] or None)`` from the matrices' weights ``G`` (``_weight_sums``)."""
+    d = cov.d
+    ard = cov.family.stationary[0].ard
+    sum_ff = (None if dKff_diag is None
+              else ops.namespace(cov.Z).sum(dKff_diag, axis=1))  # [C], shared
+    # the square matrix first: the sums below run in this order
+    pairs = [(dK, r2, g, square) for dK, r2, g, square in
+             ((dKuu, d.r2_uu, d.g_uu, True), (dKuf, d.r2_uf, d.g_uf, False)) if dK is not None]
+    d_var = _variance_gradient(d, sum_ff, pairs)
+    sums = _weight_sums(cov, pairs, need_products=ard or inputs)
+    if sums.rA is None or not (ard or inputs):
+        d_ell = sums.d_ell
+        g_Z = ops.zeros(cov.Z, tuple(cov.Z.shape)) if inputs else None
+    elif ard and not ops.is_numpy(cov.Z):
+        d_ell, g_Z = _ard_on_device(d, sums, inputs)
+    else:
+        d_ell, g_Z = _lengthscales_and_inputs(d, sums, ard, inputs)
+    return _parameter_gradients(cov, d_ell, d_var, sum_ff, dKuu), g_Z
+
+
+Pair = tuple[Array, Array, Array, bool]  # (dK, r2, g, square) of one matrix
+
+
+class _Sums(NamedTuple):
+    """What the VJP's parameter and input gradients need of the weights ``G`` of both
+    matrices: ``rA = 2 r_uu + r_uf`` ``[C, M]`` (row sums, ``None`` without matrix
+    gradients), ``GA = G_uu A`` and ``GB = G_uf Bx`` ``[C, M, D]``, ``G_uf [C, M, B]`` (each
+    ``None`` where its matrix has no gradient or no products are needed) and the isotropic
+    lengthscales' gradient ``d_ell [C, 1]`` (``None`` for ARD)."""
+
+    rA: Array | None
+    GA: Array | None
+    GB: Array | None
+    G_uf: Array | None
+    d_ell: Array | None
+
+
+def _variance_gradient(d: _Distances, sum_ff: Array | None, pairs: list[Pair]
+                       ) -> Array | None:
+    """``d/dlog var = var (sum(dKff_diag) + sum_k sum(dK_k * g_k))`` ``[C]`` (``None``
+    without gradients), the sums from their first term (0 + x = x: no zeros, no addition);
+    on a device each matrix's term one ``einsum`` operator with ``var``."""
+    d_var = None if sum_ff is None else d.var * sum_ff
+    for dK, _, g, _ in pairs:
+        term = (d.var * ops.einsum("cmn,cmn->c", dK, g) if ops.is_numpy(dK)
+                else ops.einsum("cmn,cmn,c->c", dK, g, d.var))
         if d_var is None:
             d_var = term
         else:
             d_var += term
-        G = proto._dg_dr2_from(r2, g)
-        G *= vk
+    return d_var
+
+
+def _weights(proto: Stationary, d: _Distances, pair: Pair) -> Array:
+    """``G = dK * var * dg/dr2`` ``[C, M, N]`` of one matrix, its symmetric part for the
+    square one (both gradients see it only through that); on a device the products one
+    ``einsum`` operator and the symmetric part one more (``ops.symmetrize``)."""
+    dK, r2, g, square = pair
+    G = proto._dg_dr2_from(r2, g)
+    if d.vk is None:
+        G = ops.einsum("cmn,cmn,c->cmn", G, dK, d.var)
+    else:
+        G *= d.vk
         G *= dK
-        if square:  # both gradients see G only through its symmetric part
-            G = G + ops.mT(G)
-            G *= 0.5
+    return ops.symmetrize(G) if square else G
+
+
+def _weight_sums(cov: StackedCovariances, pairs: list[Pair], need_products: bool) -> _Sums:
+    """``_Sums`` of the matrices' weights ``G`` (``_weights``): row sums (``G_uu``'s counted
+    twice, doubled where they are added: ``2 r_uu + r_uf`` in one operator), the isotropic
+    lengthscales' ``-2 sum G * r2`` and, with ``need_products``, ``G_uu A`` and ``G_uf Bx``."""
+    d = cov.d
+    xp = ops.namespace(cov.Z)
+    proto = cov.family.stationary[0]
+    rA = row_uu = GA = GB = G_uf = d_ell = None
+    for pair in pairs:
+        _, r2, _, square = pair
+        G = _weights(proto, d, pair)
         row = xp.sum(G, axis=2)  # [C, M]
-        if square:  # counted twice: doubled where it is added (2 row_uu + row_uf, one op)
+        if square:
             row_uu = row
         else:
             rA = row if row_uu is None else ops.plus_scaled(row, row_uu, 2.0)
-        if not ard:
-            term = xp.reshape(-2.0 * ops.einsum("cmn,cmn->c", G, r2), (C, 1))
+        if not proto.ard:
+            term = xp.reshape(-2.0 * ops.einsum("cmn,cmn->c", G, r2), (r2.shape[0], 1))
             if d_ell is None:
                 d_ell = term
             else:
@@ -263,32 +348,71 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
                 GB, G_uf = cov._batch_product(G), G
     if rA is None and row_uu is not None:
         rA = 2.0 * row_uu
-    g_Z = None
-    if rA is None or not need_products:
-        if inputs:
-            g_Z = ops.zeros(cov.Z, tuple(cov.Z.shape))
-    else:
-        H = GB if GB is not None else GA  # H' = G_uu A + G_uf Bx
-        if GA is not None and GB is not None:
-            H += GA
-        AR = ops.scale_rows(d.A, rA)  # A * rA[:, :, None]
-        if ard:
-            d_ell = 4.0 * ops.einsum("cmd,cmd->cd", d.A, H)
-            ops.add_scaled_(d_ell, ops.einsum("cmd,cmd->cd", AR, d.A), -2.0)
-            if G_uf is not None:  # c_uf . Bx^2 = (c_uf (X - shift)^2) / ell^2
-                ops.add_scaled_(d_ell, (xp.sum(G_uf, axis=1) @ d.Xs2) / d.ell2, -2.0)
-        if inputs:
-            if GA is not None:  # H = H' + G_uu A (in place: H' is not needed again)
-                H += GA
-            AR -= H
-            AR *= 2.0 / d.ell
-            g_Z = AR
+    return _Sums(rA, GA, GB, G_uf, d_ell)
+
+
+def _lengthscales_and_inputs(d: _Distances, sums: _Sums, ard: bool, inputs: bool
+                             ) -> tuple[Array | None, Array | None]:
+    """``(d_ell [C, D'], g_Z [C, M, D] or None)`` from ``_Sums`` with row sums (numpy, and an
+    isotropic kernel on a device):
+    ``H' = G_uu A + G_uf Bx``, ``H = H' + G_uu A``,
+    ``d/dlog ell = -2 (rA . A^2 + c_uf . Bx^2 - 2 sum_m A * H')`` for ARD (``c_uf`` the
+    column sums of ``G_uf``; isotropic: ``sums.d_ell``) and ``g_Z = (2 / ell) (A * rA - H)``."""
+    xp = ops.namespace(d.A)
+    GA, GB, d_ell = sums.GA, sums.GB, sums.d_ell
+    H = GB if GB is not None else GA  # H' = G_uu A + G_uf Bx
+    if GA is not None and GB is not None:
+        H += GA
+    AR = ops.scale_rows(d.A, sums.rA)  # A * rA[:, :, None]
+    if ard:
+        d_ell = 4.0 * ops.einsum("cmd,cmd->cd", d.A, H)
+        ops.add_scaled_(d_ell, ops.einsum("cmd,cmd->cd", AR, d.A), -2.0)
+        if sums.G_uf is not None:  # c_uf . Bx^2 = (c_uf (X - shift)^2) / ell^2
+            assert d.ell2 is not None  # numpy's (a device's ARD: _ard_on_device)
+            ops.add_scaled_(d_ell, (xp.sum(sums.G_uf, axis=1) @ d.Xs2) / d.ell2, -2.0)
+    if not inputs:
+        return d_ell, None
+    if GA is not None:  # H = H' + G_uu A (in place: H' is not needed again)
+        H += GA
+    AR -= H
+    return d_ell, _twice_over_ell(AR, d)
+
+
+def _ard_on_device(d: _Distances, sums: _Sums, inputs: bool) -> tuple[Array, Array | None]:
+    """``_lengthscales_and_inputs`` for ARD on a device, in fewer operators (the same
+    formulas, other roundings): with ``V = A * rA - 2 G_uu A - 2 G_uf Bx``,
+    ``d/dlog ell = -2 (sum_m A * V + c_uf . Bx^2)`` (``c_uf . Bx^2`` one ``einsum`` with the
+    kept ``1 / ell^2``) and ``g_Z = (2 / ell) (V + G_uf Bx)``."""
+    xp = ops.namespace(d.A)
+    V = ops.scale_rows(d.A, sums.rA)  # A * rA[:, :, None]
+    for P in (sums.GA, sums.GB):
+        if P is not None:
+            ops.add_scaled_(V, P, -2.0)
+    d_ell = ops.einsum("cmd,cmd->cd", d.A, V)
+    if sums.G_uf is not None:  # c_uf . Bx^2 = (c_uf (X - shift)^2) / ell^2
+        d_ell += ops.einsum("cn,nd,cd->cd", xp.sum(sums.G_uf, axis=1), d.Xs2, d.inv_ell2)
+    d_ell *= -2.0
+    if not inputs:
+        return d_ell, None
+    if sums.GB is not None:
+        V += sums.GB
+    return d_ell, _twice_over_ell(V, d)
+
+
+def _parameter_gradients(cov: StackedCovariances, d_ell: Array | None, d_var: Array | None,
+                         sum_ff: Array | None, dKuu: Array | None) -> Array:
+    """Every latent's parameter gradients ``[C, P]`` in its kernel's order: the stationary
+    part's ``[C, D']`` block (``d_ell``) and ``[C]`` column (``d_var``), each noise part's
+    ``noise * (sum(dKff_diag) + trace(dKuu))`` column (``dKuu``'s only where the part sits on
+    the square matrix); ``None`` gradients are zeros. Runs of adjacent columns are stacked at
+    once (one operator, not one view each)."""
+    fam = cov.family
+    xp = ops.namespace(cov.Z)
+    C = cov.Z.shape[0]
     if d_var is None:
         d_var = ops.zeros(cov.Z, (C,))
     if d_ell is None:
-        d_ell = ops.zeros(cov.Z, (C, d.ell.shape[2]))
-    # the parameters' gradients in each kernel's order: [C, D'] blocks and [C] columns, runs
-    # of adjacent columns stacked at once (one operator, not one view each)
+        d_ell = ops.zeros(cov.Z, (C, cov.d.inv_ell2.shape[1]))
     blocks: list[Array] = []
     columns: list[Array] = []
 
@@ -306,11 +430,12 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
         noise = cov.natural[:, fam.offsets[index][0]]
         total = sum_ff
         if dKuu is not None and fam.noise_on_square[index]:
-            on_diag = xp.sum(ops.diagonal(dKuu), axis=1)
+            on_diag = (xp.sum(ops.diagonal(dKuu), axis=1) if ops.is_numpy(dKuu)
+                       else ops.einsum("cmm->c", dKuu))  # the traces: one operator
             total = on_diag if total is None else total + on_diag
         columns.append(ops.zeros(cov.Z, (C,)) if total is None else noise * total)
     close_columns()
-    return xp.concat(blocks, axis=1), g_Z
+    return xp.concat(blocks, axis=1)
 
 
 class StackedMatrixGradients(Sequence[MatrixGradients]):

@@ -76,7 +76,8 @@ class PairwiseProbitTilted(NamedTuple):
 
     * ``log_z``: ``log Phi(alpha)``, ``alpha = (a_y - a_k) / sqrt(z)``, ``z = b_y + b_k``.
     * ``dlogz_da``: derivative wrt the winner's mean ``a_y`` (the loser's is ``-dlogz_da``).
-    * ``dlogz_db``: derivative wrt either variance ``b_y`` or ``b_k`` (the same for both).
+    * ``dlogz_db``: derivative wrt either variance ``b_y`` or ``b_k`` (the same for both);
+      ``None`` when not asked for.
     * ``gamma``: ``-d^2 log Z / da^2 = beta (beta + alpha) / z`` in ``(0, 1/z)``, computed without
       cancellation (use it rather than ``dlogz_da**2 - 2 dlogz_db``); ``None`` when not asked
       for.
@@ -84,18 +85,20 @@ class PairwiseProbitTilted(NamedTuple):
 
     log_z: Array
     dlogz_da: Array
-    dlogz_db: Array
+    dlogz_db: Array | None
     gamma: Array | None
 
 
 def argmax_factor_tilted(a_y: Array, a_k: Array, b_y: Array, b_k: Array, *,
-                         curvature: bool = True) -> PairwiseProbitTilted:
+                         curvature: bool = True, slope_b: bool = True) -> PairwiseProbitTilted:
     """Closed-form tilted moments of the pairwise factor (spec ep-sep §2.4); inputs broadcast
     (host values, or arrays of one array-API namespace: ``gpinfer.backend``).
 
     ``a_y``, ``a_k``: cavity means of the winner's and loser's projections; ``b_y``, ``b_k``: their
     variances with the FITC/noise variances ``s`` already added by the caller.
-    ``curvature=False``: ``gamma`` is ``None`` (``log Z`` and its gradient alone need none).
+    ``curvature=False``: ``gamma`` is ``None`` (``log Z`` and its gradient alone need none);
+    ``slope_b=False``: ``dlogz_db`` is ``None`` (a site update reads none: three operators
+    fewer on a device).
     """
     if all(ops.is_numpy(v) or not hasattr(v, "shape") for v in (a_y, a_k, b_y, b_k)):
         a_y, a_k, b_y, b_k = np.broadcast_arrays(
@@ -117,7 +120,7 @@ def argmax_factor_tilted(a_y: Array, a_k: Array, b_y: Array, b_k: Array, *,
     return PairwiseProbitTilted(
         log_z=log_z,
         dlogz_da=beta / sqrt_z,
-        dlogz_db=-0.5 * beta * alpha / z,
+        dlogz_db=-0.5 * beta * alpha / z if slope_b else None,
         gamma=gamma,
     )
 

@@ -274,7 +274,7 @@ def pair_tilted(
     ``v_win``/``v_lose`` already include ``s`` (``b = s + v_cavity``).
     """
     t = argmax_factor_tilted(a_win, a_lose, v_win, v_lose)
-    assert t.gamma is not None  # asked for by default
+    assert t.gamma is not None and t.dlogz_db is not None  # asked for by default
     xp = ops.namespace(t.log_z)
     return PairTilted(*(xp.where(mask, f, 0.0) for f in (t.log_z, t.dlogz_da, t.dlogz_db,
                                                           t.gamma)))
@@ -285,6 +285,7 @@ def pair_log_z(
 ) -> PairLogZ:
     """``pair_tilted`` without the curvature (one derivative of ``log Phi`` fewer)."""
     t = argmax_factor_tilted(a_win, a_lose, v_win, v_lose, curvature=False)
+    assert t.dlogz_db is not None  # asked for by default
     xp = ops.namespace(t.log_z)
     return PairLogZ(*(xp.where(mask, f, 0.0) for f in (t.log_z, t.dlogz_da, t.dlogz_db)))
 
@@ -300,9 +301,10 @@ class PairSlopes(NamedTuple):
 def pair_slopes(
     a_win: Array, v_win: Array, a_lose: Array, v_lose: Array, mask: Array
 ) -> PairSlopes:
-    """``pair_tilted``'s ``g_win`` and ``gamma`` alone (the same values; ``log_z`` and
-    ``g_b``, which a site update does not read, are left unmasked: two operators fewer)."""
-    t = argmax_factor_tilted(a_win, a_lose, v_win, v_lose)
+    """``pair_tilted``'s ``g_win`` and ``gamma`` alone (the same values; ``log_z``, which a
+    site update does not read, is left unmasked, and ``g_b`` is not formed: five operators
+    fewer)."""
+    t = argmax_factor_tilted(a_win, a_lose, v_win, v_lose, slope_b=False)
     assert t.gamma is not None  # asked for by default
     xp = ops.namespace(t.gamma)
     return PairSlopes(xp.where(mask, t.dlogz_da, 0.0), xp.where(mask, t.gamma, 0.0))
@@ -310,11 +312,12 @@ def pair_slopes(
 
 def new_role_site(g: Array, gamma: Array, a: Array, v: Array) -> tuple[Array, Array]:
     """Moment-matched role site ``(C1, C2)`` (spec §2.5.1): ``g`` the signed ``dlogZ/da``,
-    ``a``, ``v`` the role's cavity mean and variance (without ``s``)."""
-    den = 1.0 - gamma * v
+    ``a``, ``v`` the role's cavity mean and variance (without ``s``); ``1 - gamma v`` and
+    ``g + gamma a`` one operator each on a device (``ops.add_product``)."""
+    den = ops.add_product(1.0, gamma, v, -1.0)
     ops.require_positive(den, lambda: NumericalError(
         "non-positive site denominator 1 - gamma v", quantity="site"))
-    return gamma / den, (g + gamma * a) / den
+    return gamma / den, ops.add_product(g, gamma, a) / den
 
 
 # --------------------------------------------------------------------------------------------

@@ -51,11 +51,9 @@ def transpose(X: Array) -> Array:
 
 
 def symmetrize(X: Array) -> Array:
-    """``(X + X^T) / 2`` over the last two axes (a new array; one temporary, halved in
-    place)."""
-    out = X + ops.mT(X)
-    out *= 0.5
-    return out
+    """``(X + X^T) / 2`` over the last two axes, ``X [..., M, M]`` (``ops.symmetrize``: on a
+    device one operator)."""
+    return ops.symmetrize(X)
 
 
 def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
@@ -99,12 +97,13 @@ def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
 
 
 def tri_solve_stack(L: Array, B: Array, *, transpose: bool = False,
-                    L_T: Array | None = None) -> Array:
+                    L_T: Array | None = None, right: bool = False) -> Array:
     """``L^-1 B`` (or ``L^-T B``) ``[C, M, k]`` for lower-triangular ``L [C, M, M]`` and
     ``B [C, M, k]`` (``gpinfer.backend.ops.solve_triangular``: on numpy one BLAS ``trsm`` per
-    class on Fortran views, cheaper than inverting at ``M`` in the hundreds). ``L_T``: the
-    transposed view of ``L`` where the caller keeps one (see ``ops.solve_triangular``)."""
-    return ops.solve_triangular(L, B, transpose=transpose, L_T=L_T)
+    class on Fortran views, cheaper than inverting at ``M`` in the hundreds); ``right``:
+    ``B L^-1`` (``B L^-T``) for ``B [C, k, M]``. ``L_T``: the transposed view of ``L`` where
+    the caller keeps one (see ``ops.solve_triangular``)."""
+    return ops.solve_triangular(L, B, transpose=transpose, L_T=L_T, right=right)
 
 
 def cho_inverse_stack(LB: Array) -> Array:
@@ -172,9 +171,10 @@ class StackedTerms:
             return symmetrize(ops.tri_matmul(self.L_inv, self.unwhiten(S), right=True,
                                              overwrite=True))
         T = tri_solve_stack(self.L, S, transpose=True, L_T=self.L_T)  # L^-T S
-        # T^T as it is on a device (the solve lays its right-hand side out itself), a
-        # C-ordered copy on numpy (``_trsm_stack`` solves on its Fortran views)
-        T_t = ops.copy(transpose(T)) if ops.is_numpy(T) else transpose(T)
+        if not ops.is_numpy(T):  # (L^-T S) L^-1: one solve from the right, no views
+            return symmetrize(tri_solve_stack(self.L, T, right=True))
+        # L^-T (L^-T S)^T, T^T a C-ordered copy (``_trsm_stack`` solves on its Fortran views)
+        T_t = ops.copy(transpose(T))
         return symmetrize(tri_solve_stack(self.L, T_t, transpose=True, L_T=self.L_T))
 
     def unwhiten(self, X: Array, *, overwrite: bool = False) -> Array:
@@ -266,7 +266,7 @@ class StackedGaussians:
                 a = (scale if ops.is_array(scale) and not ops.is_numpy(scale)
                      else ops.like(P_w, scale))
                 a_matrix, a_vector = ops.namespace(a).reshape(a, (-1, 1, 1)), a[:, None]
-            Bm = ops.add_diagonal(a_matrix * P_w, 1.0)
+            Bm = ops.scaled_plus_diagonal(a_matrix, P_w, 1.0)
             self._h_w = a_vector * h_w
         self.LB = site_cholesky(Bm, h_w, iteration)
         self._LB_T: Array | None = transpose(self.LB)  # formed here: __init__ solves with it
@@ -354,8 +354,14 @@ class StackedGaussians:
         xp = ops.namespace(self.LB)
         log_diag = xp.log(ops.diagonal(self.LB))
         spec = "cm,cm->c" if self.w.ndim == 2 else "acm,acm->ac"  # [C], or [2, C] (paired)
-        # b - a, the same value as -a + b (one operator fewer on a device)
-        return 0.5 * ops.einsum(spec, self.w, self.h_w) - xp.sum(log_diag, axis=-1)
+        # b - a, the same value as -a + b (one operator fewer on a device); on a device the
+        # halving inside the einsum (a kept 0-d 0.5 operand: the same exact scaling)
+        if ops.is_numpy(self.w):
+            half_wh = 0.5 * ops.einsum(spec, self.w, self.h_w)
+        else:
+            half = ops.constant(self.w, (0.5,), ())
+            half_wh = ops.einsum(spec.replace("->", ",->"), self.w, self.h_w, half)
+        return half_wh - xp.sum(log_diag, axis=-1)
 
     def moments(self, L: Array) -> tuple[Array, Array]:
         """``(m [C, M], V [C, M, M])`` in ``u``-space given ``L [C, M, M] = chol(Kuu)``:
@@ -378,7 +384,9 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     (``StackedMatrixGradients``: ``Kuu [C, M, M]``, ``Kuf [C, M, n]``, ``Kff_diag [C, n]``, also
     a sequence of one ``MatrixGradients`` per class). With ``B_g^-1 A`` from one solve,
     ``X = w a_sum^T + B_g^-1 A diag(E) - 2 A diag(B)`` and
-    ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T - 2 A diag(B) A^T``.
+    ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T - 2 A diag(B) A^T`` (numpy: from these
+    pieces, ``_cross_terms``; on a device ``sym(A X^T) + A diag(B) A^T`` enters as the one
+    product ``A (X + A diag B)^T``, symmetrised with the rest by ``sandwich``).
     (A compiled region of the step: ``gpinfer.backend.compile``.)
     """
     A = terms.A
@@ -395,25 +403,40 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     else:
         T = ops.scale_columns(BiA, e_sum)
         X += T
-    ops.add_scaled_(X, AB, -2.0, scratch=T)  # X -= 2 AB (numpy: 2 AB written into T)
+    if ops.is_numpy(A):
+        ops.add_scaled_(X, AB, -2.0, scratch=T)  # X -= 2 AB (2 AB written into T)
+        cross = _cross_terms(A, AB, BiA, terms.A_T, lik.w, a_sum, e_sum)
+    else:  # sym(A X^T) + S_B = sym(A Y^T), Y = X + AB: one product (G_K is symmetrised)
+        X -= AB
+        cross = [ops.einsum("cmn,ckn->cmk", A, X)]
+        X -= AB
     del T
-    S_B = AB @ terms.A_T
-    Aa = ops.einsum("cmn,cn->cm", A, a_sum)
-    AX = ops.outer(Aa, lik.w)
+    inner = ops.outer(q.w, q.w)
+    inner += q.B_inv()  # B^-1 + w w^T (q keeps its B^-1)
+    ops.add_diagonal(inner, -1.0)  # the prior term
+    inner *= 0.5
+    for term in cross:
+        inner -= term
+    G_K = terms.sandwich(inner)  # L^-T inner L^-1
+    G_uf = terms.unwhiten(X, overwrite=True)
+    return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b_sum)
+
+
+def _cross_terms(A: Array, AB: Array, BiA: Array, A_T: Array, w: Array, a_sum: Array,
+                 e_sum: Array | None) -> list[Array]:
+    """``[sym(A X^T), S_B]`` ``[C, M, M]`` each, the terms ``stacked_matrix_gradients``
+    subtracts from its inner matrix on numpy, from ``A [C, M, n]``, ``AB = A diag(B)``,
+    ``BiA = B_g^-1 A`` (both ``[C, M, n]``), ``A_T = A^T``, ``w [C, M]``, ``a_sum``, ``e_sum``
+    ``[C, n]``: ``S_B = A diag(B) A^T`` and ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T
+    - 2 S_B`` from its pieces."""
+    S_B = AB @ A_T
+    AX = ops.outer(ops.einsum("cmn,cn->cm", A, a_sum), w)
     if e_sum is None:  # A diag(2 B) (B_g^-1 A)^T = 2 (A diag(B)) (B_g^-1 A)^T
         ops.add_scaled_(AX, AB @ transpose(BiA), 2.0)
     else:
         AX += ops.scale_columns(A, e_sum) @ transpose(BiA)
     ops.add_scaled_(AX, S_B, -2.0)
-    inner = ops.outer(q.w, q.w)
-    inner += q.B_inv()  # B^-1 + w w^T (q keeps its B^-1)
-    ops.add_diagonal(inner, -1.0)  # the prior term
-    inner *= 0.5
-    inner -= symmetrize(AX)
-    inner -= S_B
-    G_K = terms.sandwich(inner)  # L^-T inner L^-1
-    G_uf = terms.unwhiten(X, overwrite=True)
-    return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b_sum)
+    return [symmetrize(AX), S_B]
 
 
 def as_stacked(terms: Sequence[ClassTerms] | StackedTerms) -> StackedTerms:

@@ -211,7 +211,8 @@ class TrainingLoop:
                 grad_part /= coord
                 xi = (opt.step_into(theta, grad) if isinstance(opt, Adam)
                       else opt.step(theta, grad))
-                xi_part = xi[part]
+                # Adam writes into theta: its view is xi's (no second slice)
+                xi_part = theta_part if xi is theta else xi[part]
                 xi_part /= coord
                 self.hp.unpack(xi, owned=True)
 

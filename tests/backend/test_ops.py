@@ -38,6 +38,13 @@ def test_cholesky_solves_and_inverse_against_dense_answers(to):
         X = ops.to_host(ops.solve_triangular(L, to(B), transpose=transpose))
         T = np.swapaxes(Lh, 1, 2) if transpose else Lh
         np.testing.assert_allclose(T @ X, B, rtol=1e-10, atol=1e-12)
+        # from the right: X op(L) = B for B [3, 4, 6], with and without a kept L^T view
+        Br = np.swapaxes(B, 1, 2)
+        for L_T in (None, ops.mT(L)):
+            Xr = ops.to_host(ops.solve_triangular(L, to(Br), transpose=transpose, L_T=L_T,
+                                                  right=True))
+            assert Xr.shape == Br.shape
+            np.testing.assert_allclose(Xr @ T, Br, rtol=1e-10, atol=1e-12)
     inv, bad = ops.cho_inverse(L)
     assert not bad
     np.testing.assert_allclose(ops.to_host(inv), np.linalg.inv(K), rtol=1e-10, atol=1e-13)
@@ -197,3 +204,32 @@ def test_tri_inverse_and_the_terms_solved_by_products(on_torch):
         arg = S if f == "sandwich" else X
         np.testing.assert_allclose(ops.to_host(getattr(by_products, f)(arg)),
                                    ops.to_host(getattr(solved, f)(arg)), rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize("to", _namespaces())
+@pytest.mark.parametrize("value", [1.0, -1.0, 2.0, -0.5])
+def test_add_product_equals_the_written_out_expression(to, value):
+    """``base + value x y`` for an array and a float ``base`` (broadcast), exact scalings:
+    numpy's the same bits as the expression, torch's (one addcmul) within round-off."""
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(2, 5, 3))
+    base = rng.normal(size=(5, 1))
+    for b, b_host in ((to(base), base), (0.75, 0.75)):
+        got = ops.to_host(ops.add_product(b, to(x), to(y), value))
+        want = b_host + value * (x * y)
+        assert got.shape == (5, 3)
+        np.testing.assert_allclose(got, want, rtol=1e-15, atol=1e-15)
+        if ops.is_numpy(to(x)):
+            np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("to", _namespaces())
+def test_scaled_plus_diagonal_is_a_new_array(to):
+    """``a X + value I`` for per-matrix factors ``[C, 1, 1]``; ``X`` left alone."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(3, 4, 4))
+    a = rng.uniform(0.5, 1.0, size=(3, 1, 1))
+    X_in = to(X)
+    got = ops.to_host(ops.scaled_plus_diagonal(to(a), X_in, 1.5))
+    np.testing.assert_allclose(got, a * X + 1.5 * np.eye(4), rtol=1e-15, atol=1e-15)
+    np.testing.assert_array_equal(ops.to_host(X_in), X)

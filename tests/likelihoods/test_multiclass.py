@@ -542,3 +542,16 @@ def test_argmax_mode_is_stationary_when_rows_stop_on_their_own():
     grad = -t + np.sum(c.rho * inv_mills(z), axis=1)
     curv = 1.0 + np.sum(c.rho ** 2 * probit_curvature(z), axis=1)
     assert np.all(np.abs(grad / curv) <= 1e-7 * (1.0 + np.abs(t)))
+
+
+def test_argmax_factor_tilted_without_the_variance_slope():
+    """``slope_b=False`` (a site update's call): no ``dlogz_db``, every other field the same
+    bits."""
+    rng = np.random.default_rng(3)
+    a_y, a_k = rng.normal(size=(2, 6, 4))
+    b_y, b_k = rng.uniform(0.1, 2.0, size=(2, 6, 4))
+    full = argmax_factor_tilted(a_y, a_k, b_y, b_k)
+    cut = argmax_factor_tilted(a_y, a_k, b_y, b_k, slope_b=False)
+    assert cut.dlogz_db is None and full.dlogz_db is not None
+    for name in ("log_z", "dlogz_da", "gamma"):
+        np.testing.assert_array_equal(getattr(cut, name), getattr(full, name))

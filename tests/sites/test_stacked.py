@@ -8,6 +8,7 @@ import pytest
 from scipy.linalg import solve_triangular
 
 from gpinfer.errors import NumericalError
+from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels import RBF, White
 from gpinfer.sites.inducing import WhitenedGaussian, class_terms, inducing_matrix_gradients
 from gpinfer.sites.stacked import (
@@ -57,6 +58,18 @@ def test_cholesky_escalates_jitter_per_class_and_names_the_failure():
         stacked_cholesky(K, "Kuu")
 
 
+def _on(device: bool, *arrays):
+    """``arrays`` as they are, or as torch-CPU tensors (a device's code path)."""
+    if not device:
+        return arrays
+    torch = pytest.importorskip("torch")
+    return tuple(torch.as_tensor(a) for a in arrays)
+
+
+def _host(x) -> np.ndarray:
+    return np.asarray(x)
+
+
 def test_stacked_terms_equal_class_terms():
     _, X, kernels, Zs, _, _ = _setup()
     stacked = stacked_terms(kernels, Zs, X)
@@ -67,12 +80,16 @@ def test_stacked_terms_equal_class_terms():
         np.testing.assert_allclose(stacked.s[c], ref.s, rtol=1e-10, atol=1e-12)
 
 
-def test_whitening_round_trip_and_per_class_equality():
+@pytest.mark.parametrize("device", [False, True])
+def test_whitening_round_trip_and_per_class_equality(device):
+    """On numpy and on a device (its sandwich's second solve from the right)."""
     _, X, kernels, Zs, P, h = _setup()
-    terms = stacked_terms(kernels, Zs, X)
     per_class = [class_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
-    Lam, hu = terms.to_u_space(P, h)
-    P_back, h_back = terms.to_whitened(Lam, hu)
+    X_, Z_, P_, h_ = _on(device, X, np.stack(Zs), P, h)
+    terms = stacked_terms(kernels, Z_, X_)
+    Lam, hu = (_host(a) for a in terms.to_u_space(P_, h_))
+    np.testing.assert_array_equal(Lam, np.swapaxes(Lam, 1, 2))  # symmetric, bit for bit
+    P_back, h_back = (_host(a) for a in terms.to_whitened(*_on(device, Lam, hu)))
     np.testing.assert_allclose(P_back, P, rtol=1e-9, atol=1e-10)
     np.testing.assert_allclose(h_back, h, rtol=1e-9, atol=1e-10)
     for c in range(C):
@@ -81,13 +98,17 @@ def test_whitening_round_trip_and_per_class_equality():
         np.testing.assert_allclose(hu[c], h_c, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize("device", [False, True])
 @pytest.mark.parametrize("scale", [None, np.array([0.5, 0.9, 0.99])])
-def test_gaussians_equal_whitened_gaussians(scale):
+def test_gaussians_equal_whitened_gaussians(scale, device):
     _, X, kernels, Zs, P, h = _setup()
+    X_, Z_, P_, h_ = _on(device, X, np.stack(Zs), P, h)
+    terms = stacked_terms(kernels, Z_, X_)
+    g = StackedGaussians(P_, h_, scale)
+    mu, v, R = (_host(a) for a in g.project(terms.A))
+    lnr = _host(g.log_norm_ratio())
+    B_inv = _host(g.B_inv())
     terms = stacked_terms(kernels, Zs, X)
-    g = StackedGaussians(P, h, scale)
-    mu, v, R = g.project(terms.A)
-    lnr = g.log_norm_ratio()
     for c in range(C):
         a = 1.0 if scale is None else scale[c]
         ref = WhitenedGaussian(a * P[c], a * h[c])
@@ -96,7 +117,7 @@ def test_gaussians_equal_whitened_gaussians(scale):
         np.testing.assert_allclose(v[c], p.v, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(R[c], p.R, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(lnr[c], ref.log_norm_ratio(), rtol=1e-10)
-        np.testing.assert_allclose(g.B_inv()[c], ref.B_inv(np.eye(M)), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(B_inv[c], ref.B_inv(np.eye(M)), rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("device", [False, True])
@@ -134,15 +155,20 @@ def test_paired_gaussians_equal_the_two_gaussians_bit_for_bit(device):
         assert same(np.asarray(getattr(g, name)), np.asarray(getattr(g0, name)))
 
 
-def test_sep_matrix_gradients_equal_the_per_class_gradients():
+@pytest.mark.parametrize("device", [False, True])
+def test_sep_matrix_gradients_equal_the_per_class_gradients(device):
+    """On numpy and on a device (where sym(A X^T) + S_B is one product A (X + A diag B)^T)."""
     rng, X, kernels, Zs, P, h = _setup()
-    terms = stacked_terms(kernels, Zs, X)
     per_class = [class_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
     frac = np.array([0.8, 0.9, 0.95])
-    q, cav = StackedGaussians(P, h), StackedGaussians(P, h, frac)
-    _, _, R = cav.project(terms.A)
     a_sum, b_sum = rng.normal(size=(C, N)), rng.normal(size=(C, N))
-    grads = stacked_matrix_gradients(terms, q, cav, R, a_sum, b_sum)
+    X_, Z_, P_, h_, a_, b_ = _on(device, X, np.stack(Zs), P, h, a_sum, b_sum)
+    terms = stacked_terms(kernels, Z_, X_)
+    q, cav = StackedGaussians(P_, h_), StackedGaussians(P_, h_, frac)
+    _, _, R = cav.project(terms.A)
+    stacked = stacked_matrix_gradients(terms, q, cav, R, a_, b_)
+    grads = [MatrixGradients(Kuu=_host(g.Kuu), Kuf=_host(g.Kuf), Kff_diag=_host(g.Kff_diag))
+             for g in stacked]
     for c in range(C):
         q_c, cav_c = WhitenedGaussian(P[c], h[c]), WhitenedGaussian(frac[c] * P[c],
                                                                      frac[c] * h[c])
@@ -153,14 +179,18 @@ def test_sep_matrix_gradients_equal_the_per_class_gradients():
         np.testing.assert_allclose(grads[c].Kff_diag, ref.Kff_diag)
 
 
-def test_ep_matrix_gradients_equal_the_per_class_gradients():
+@pytest.mark.parametrize("device", [False, True])
+def test_ep_matrix_gradients_equal_the_per_class_gradients(device):
     rng, X, kernels, Zs, P, h = _setup(4)
-    terms = stacked_terms(kernels, Zs, X)
     per_class = [class_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
-    q = StackedGaussians(P, h)
-    _, _, R = q.project(terms.A)
     a_sum, b_sum, e_sum = (rng.normal(size=(C, N)) for _ in range(3))
-    grads = stacked_matrix_gradients(terms, q, q, R, a_sum, b_sum, e_sum)
+    X_, Z_, P_, h_, a_, b_, e_ = _on(device, X, np.stack(Zs), P, h, a_sum, b_sum, e_sum)
+    terms = stacked_terms(kernels, Z_, X_)
+    q = StackedGaussians(P_, h_)
+    _, _, R = q.project(terms.A)
+    stacked = stacked_matrix_gradients(terms, q, q, R, a_, b_, e_)
+    grads = [MatrixGradients(Kuu=_host(g.Kuu), Kuf=_host(g.Kuf), Kff_diag=_host(g.Kff_diag))
+             for g in stacked]
     for c in range(C):
         q_c = WhitenedGaussian(P[c], h[c])
         ref = inducing_matrix_gradients(per_class[c], q_c, q_c, q_c.project(per_class[c].A).R,
