@@ -238,24 +238,16 @@ def test_grad_params_diag(name, data):
     assert_gradient_close(f, grad, theta, name=f"{name} grad_params_diag")
 
 
+@pytest.mark.parametrize("cross", [False, True], ids=["square", "cross"])
 @pytest.mark.parametrize("name", NAMES)
-def test_grad_inputs_square(name, data):
-    X, _, dK, _, _ = data
+def test_grad_inputs(name, cross, data):
+    X, X2, dK_square, dK_cross, _ = data
+    X2, dK = (X2, dK_cross) if cross else (None, dK_square)
     k = KERNELS[name]()
-    grad = k.grad_inputs(X, None, dK)
+    grad = k.grad_inputs(X, X2, dK)
     assert grad.shape == X.shape
-    f = lambda Xv: float(np.sum(dK * k.K(Xv)))
-    assert_gradient_close(f, grad, X, name=f"{name} grad_inputs (square)")
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_grad_inputs_cross(name, data):
-    X, X2, _, dK_cross, _ = data
-    k = KERNELS[name]()
-    grad = k.grad_inputs(X, X2, dK_cross)
-    assert grad.shape == X.shape
-    f = lambda Xv: float(np.sum(dK_cross * k.K(Xv, X2)))
-    assert_gradient_close(f, grad, X, name=f"{name} grad_inputs (cross)")
+    f = lambda Xv: float(np.sum(dK * k.K(Xv, X2)))
+    assert_gradient_close(f, grad, X, name=f"{name} grad_inputs ({'cross' if cross else 'square'})")
 
 
 @pytest.mark.parametrize("name", NAMES)
