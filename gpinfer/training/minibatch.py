@@ -21,7 +21,9 @@
   after it (early stopping, the budget).
 
 A method hands it ``BatchSteps``: its step on one batch (site update, objective and gradient, its
-optimiser's step), the state a replay starts from, and its report payload.
+optimiser's step), the state a replay starts from, and its report payload; ``check_step`` is
+the finiteness check of a step's objective and gradient before its optimiser step (deferred
+inside a window, at once otherwise).
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ import numpy as np
 
 from gpinfer.backend import ops
 from gpinfer.data.minibatch import MiniBatches
+from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array, Scalar
+from gpinfer.optim.lbfgs import check_finite
 from gpinfer.posterior import Posterior
 from gpinfer.reporting import IterationReporter
 
@@ -43,6 +47,19 @@ from gpinfer.reporting import IterationReporter
 Read = tuple[float, ...]
 #: an iteration's report: ``(objective, posterior builder, metrics)``
 Payload = tuple[float, Callable[[], Posterior] | None, Mapping[str, float]]
+
+
+def check_step(value: Scalar, grad: Array, index: int, where: str) -> None:
+    """A step's objective ``value`` and gradient ``grad [P]`` checked finite before its
+    optimiser step: inside ``ops.deferred_checks`` on a device, left for the window's read
+    (``ops.require_finite``); else at once, naming the entries (``NumericalError`` naming step
+    ``index`` and ``where``)."""
+    if ops.is_numpy(grad) or ops.pending_checks() is None:
+        check_finite(ops.scalar(value), grad, index, where)
+    else:
+        ops.require_finite(lambda: NumericalError(
+            f"{where} value or gradient is not finite", iteration=index, quantity=where),
+            value, grad)
 
 
 class BatchSteps(abc.ABC):

@@ -46,7 +46,13 @@ from gpinfer.sites.rank_one import (
     RankOnePEPSites,
     WhitenedInducingPosterior,
 )
-from gpinfer.training.minibatch import BatchSteps, MiniBatchSchedule, Payload, Read
+from gpinfer.training.minibatch import (
+    BatchSteps,
+    MiniBatchSchedule,
+    Payload,
+    Read,
+    check_step,
+)
 from gpinfer.training.outer import OuterSchedule
 from gpinfer.validation import check_binary_labels
 from gpinfer_pep.collapsed import CollapsedResult, check_partition, collapsed_pep
@@ -327,6 +333,7 @@ class _PEPSteps(BatchSteps):
     def step(self, batch: Array | None, iteration: int, index: int) -> tuple[Scalar, ...]:
         assert batch is not None  # pep's stochastic schedule always has batches
         value, grad = self.fit.step(batch)
+        check_step(value, grad, index, f"{self.fit.method.name} batch energy")
         if self.theta.size:
             self.theta = np.clip(self.opt.step(self.theta, grad), self.lo, self.hi)
             self.fit.hp.unpack(self.theta)

@@ -35,7 +35,7 @@ import numpy as np
 
 from gpinfer.backend import ops
 from gpinfer.backend.choice import NUMPY, Backend
-from gpinfer.errors import InputError, NumericalError
+from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.inducing import DEFAULT_M, INDUCING_INITS, FixedInputCovariances, initial_inducing
 from gpinfer.interfaces import (
@@ -52,7 +52,6 @@ from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.initialisation import LENGTHSCALE_INITS, prepare_kernel
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.optim import LBFGSB, make_optimizer
-from gpinfer.optim.lbfgs import check_finite
 from gpinfer.options import Option, bounds, choice, flag, integer, mapping, real
 from gpinfer.posterior import InducingPosterior
 from gpinfer.reporting import IterationReporter, binary_signs
@@ -64,7 +63,13 @@ from gpinfer.sites.variational import (
     natural_gradient_step,
     uncollapsed_elbo,
 )
-from gpinfer.training.minibatch import BatchSteps, MiniBatchSchedule, Payload, Read
+from gpinfer.training.minibatch import (
+    BatchSteps,
+    MiniBatchSchedule,
+    Payload,
+    Read,
+    check_step,
+)
 from gpinfer.training.outer import OuterSchedule
 
 #: objective scales (spec §3.4): the authors' "batch" scale, per datum, or the full ELBO
@@ -519,12 +524,7 @@ class SVI(Method):
         b = n if batch is None else batch.size
         xe = xp.concat([opt.lookahead(x[:P]), x[P:]]) if P else ops.copy(x)
         v, g, est = state.estimate(xe, batch, natural=ngd is not None)
-        if ops.is_numpy(g) or ops.pending_checks() is None:
-            check_finite(ops.scalar(v), g, step, "svi ELBO")
-        else:
-            ops.require_finite(lambda: NumericalError(
-                "svi ELBO value or gradient is not finite", iteration=step,
-                quantity="svi ELBO"), v, g)
+        check_step(v, g, step, "svi ELBO")
         x = xe
         if P:
             x[:P] = opt.step(xe[:P], self._scale(n, b) * g[:P])
