@@ -11,8 +11,10 @@ works, a third party's included.
 
 Mini-batches (``problem.batch_size``) are reshuffled every epoch and scaled by ``N/|b|``
 (actual size of the last batch); ``None`` means full batch. Optimisers: AdaDelta (climin form,
-the paper's), Adam, or L-BFGS-B (full batch only). One reported iteration is ``report_every``
-steps (default: a tenth of an epoch); its objective is the mean mini-batch ELBO estimate.
+the paper's), Adam, or L-BFGS-B (full batch only). AdaDelta and Adam run on the core's
+mini-batch schedule (``gpinfer.training.minibatch``): one reported iteration is ``report_every``
+steps (default: a tenth of an epoch; fewer when the time budget runs out), read once on a
+device; its objective is the mean mini-batch ELBO estimate.
 
 Array backend (``problem.backend``, ``gpinfer.backend``): numpy, or torch on a CPU or GPU, in
 float64 or float32. ``X`` and ``y`` stay on the host and each mini-batch is moved to the backend;
