@@ -22,10 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
 import numpy as np
 from threadpoolctl import threadpool_limits
+from timing import best_of
 
 from gpinfer.likelihoods.multiclass import argmax_class_probabilities
 
@@ -48,12 +48,7 @@ CASES = {
 
 def best_cpu_ms(mean: np.ndarray, var: np.ndarray, repeats: int) -> float:
     """Best process-CPU milliseconds of one call over ``repeats`` calls."""
-    best = np.inf
-    for _ in range(repeats):
-        start = time.process_time()
-        argmax_class_probabilities(mean, var)
-        best = min(best, time.process_time() - start)
-    return 1e3 * best
+    return 1e3 * best_of(lambda: argmax_class_probabilities(mean, var), repeats)
 
 
 def main() -> None:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import time
 from pathlib import Path
 
 import numpy as np
+from timing import best_of
 
 from gpinfer.numerics import diagonal_softmax as ds
 
@@ -52,12 +52,7 @@ def accuracy() -> None:
 
 
 def _cpu(f, repeats: int = 3) -> float:
-    best = np.inf
-    for _ in range(repeats):
-        start = time.process_time()
-        f()
-        best = min(best, time.process_time() - start)
-    return best
+    return best_of(f, repeats)
 
 
 def cost() -> None:

@@ -261,7 +261,7 @@ def sep_ops_per_step(steps: int = 3, n: int = 1000, options: dict | None = None
     e.g. ``compile``)."""
     from gpinfer.kernels import make_kernel
     from gpinfer.testing.step_profile import profile_steps
-    from gpinfer.training.loop import TrainingLoop
+    from gpinfer.training.minibatch import MiniBatchSchedule
 
     X, y = mnist_like(n=n)
 
@@ -269,7 +269,7 @@ def sep_ops_per_step(steps: int = 3, n: int = 1000, options: dict | None = None
         fit_steps(X, y, "sep", M, B, 2, options or {"adam_learning_rate": 1e-3},
                   kernel=make_kernel("rbf", D, ard=True), settings=TORCH_CPU64)
 
-    return profile_steps(fit, TrainingLoop, "_steps", first=-(-n // B) + 1, steps=steps)
+    return profile_steps(fit, MiniBatchSchedule, "_group", first=-(-n // B) + 1, steps=steps)
 
 
 def torch_compiled(epochs: int, n: int = 1000) -> dict[str, object]:

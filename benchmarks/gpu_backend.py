@@ -352,7 +352,7 @@ def run_profile(args: argparse.Namespace) -> None:
     from gpinfer_svi.method import SVI
 
     from gpinfer.testing.step_profile import profile_steps
-    from gpinfer.training.loop import TrainingLoop
+    from gpinfer.training.minibatch import MiniBatchSchedule
 
     D, C = 784, 10
     M, B = (20, 256) if args.smoke else (args.M, args.batch_size)
@@ -379,9 +379,9 @@ def run_profile(args: argparse.Namespace) -> None:
 
     # sep: the windows of epoch 2 (k steps each); svi: its second reported iteration
     for name, fit, owner, target, first, per in (
-            ("sep", fit_sep, TrainingLoop, "_steps", 4 + 1, k),
+            ("sep", fit_sep, MiniBatchSchedule, "_group", 4 + 1, k),
             ("svi", fit_svi, SVI, "_step", k + 1, 1),
-            ("svi-window", fit_svi, SVI, "_window", 2, k)):
+            ("svi-window", fit_svi, MiniBatchSchedule, "_group", 2, k)):
         counts = profile_steps(fit, owner, target, first=first, steps=3 if per == 1 else 2,
                                cuda=cuda)
         per_step = {key: v / per for key, v in counts.items() if key != "steps_profiled"}

@@ -26,6 +26,7 @@ import warnings
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
+from timing import best_of  # noqa: E402
 
 from gpinfer.testing.default_battery import SKLEARN_SETS, sklearn_case  # noqa: E402
 
@@ -103,12 +104,7 @@ def rules(C: int = 10, n: int = 350, repeat: int = 3) -> None:
     S = W @ W.T + 0.1 * np.eye(C)  # a full covariance for ivm
 
     def clock(f) -> float:
-        best = np.inf
-        for _ in range(repeat):
-            t0 = time.process_time()
-            f()
-            best = min(best, time.process_time() - t0)
-        return best
+        return best_of(f, repeat)
 
     cases = {
         "ivm 1 point, product GH-3 on 1^perp": lambda: softmax_tilted(

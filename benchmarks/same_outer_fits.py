@@ -23,6 +23,7 @@ from sklearn.datasets import load_digits
 from gpinfer.backend import ops
 from gpinfer.estimator import GPClassifier
 from gpinfer.hyper import HyperParameters
+from gpinfer.likelihoods.multiclass import Softmax
 from gpinfer.regressor import GPRegressor
 
 # every hyper-parameter vector installed (each evaluation, re-solve and snapshot unpacks one):
@@ -62,6 +63,19 @@ cases = {
     "svi": dict(method="svi", M=10, max_iter=6, data="multi"),
     "svi_torch": dict(method="svi", M=10, max_iter=6, data="multi", backend="torch",
                       device="cpu", dtype="float64"),
+    # the mini-batch schedule: pep's stochastic path, svi's with Adam + natural gradients
+    # (numpy and torch-CPU float64), svi's default AdaDelta with a Monte-Carlo expectation
+    "pep_mb": dict(method="pep", M=10, max_iter=12, batch_size=25),
+    "pep_mb_epochs": dict(method="fitc", M=10, batch_size=30, method_options={"epochs": 2}),
+    "svi_ngd": dict(method="svi", M=10, max_iter=4, batch_size=20, data="multi",
+                    method_options={"optimizer": "adam", "natural_gradient": 0.1,
+                                    "report_every": 2}),
+    "svi_ngd_torch": dict(method="svi", M=10, max_iter=4, batch_size=20, data="multi",
+                          backend="torch", device="cpu", dtype="float64",
+                          method_options={"optimizer": "adam", "natural_gradient": 0.1,
+                                          "report_every": 2}),
+    "svi_mc": dict(method="svi", M=10, max_iter=3, batch_size=25, data="multi",
+                   likelihood=Softmax(expectation="monte_carlo", mc_samples=8)),
     "vi-jj": dict(method="vi-jj", M=10, max_iter=3),
     "vi-jj-full": dict(method="vi-jj-full", M=10, max_iter=6),
     "vi-jj-hybrid": dict(method="vi-jj-hybrid", M=10, max_iter=3),

@@ -23,8 +23,9 @@ steps on the device; kernel and likelihood parameters are small and are read bac
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -392,6 +393,17 @@ class HyperParameters:
             return ops.copy(owned[1])
         full = self._full()  # a new array already
         return full if self._all_free else full[self._free_entries(full)]
+
+    @contextlib.contextmanager
+    def installed(self, theta: Array) -> Iterator[None]:
+        """``theta [P]`` written in (``unpack``) for the ``with`` block, the vector packed
+        before it written back after it (also when the block raises)."""
+        current = self.pack()
+        self.unpack(theta)
+        try:
+            yield
+        finally:
+            self.unpack(current)
 
     def unpack(self, theta: Array, *, owned: bool = False) -> None:
         """Write ``theta [P]`` into the kernels, ``Z`` and the likelihood (fixed entries kept).

@@ -9,6 +9,7 @@ inputs or K-means centres, spec jj-taylor-svi §4.4; one default ``M``, one rule
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
@@ -262,29 +263,21 @@ class FixedInputCovariances:
         rbf = self._fast_rbf()
         g_ell: float | Array = 0.0
         g_var = g_noise = 0.0
-        if self.ard:
-            A, B = D_uf
         if Kuu is not None:
             GK = Kuu * Kuu_se
-            if self.ard:
-                g_var += float(np.sum(GK))
-                g_ell = g_ell + rbf.ard_lengthscale_gradient(GK, B, B)
-            else:
-                d_ell, d_var = rbf.sqdist_gradient(float(np.sum(GK)),
-                                                   float(np.sum(GK * self._D_uu)))
-                g_var += d_var
-                g_ell = g_ell + d_ell
+            d_ell, d_var = self._rbf_gradient(
+                rbf, GK, (D_uf[1], D_uf[1]) if self.ard else None,
+                lambda: float(np.sum(GK * self._D_uu)))
+            g_var += d_var
+            g_ell = g_ell + d_ell
             g_noise += float(np.trace(Kuu))
         if Kuf is not None:
             GK = Kuf * Kuf_se
-            if self.ard:
-                g_var += float(np.sum(GK))
-                g_ell = g_ell + rbf.ard_lengthscale_gradient(GK, A, B)
-            else:
-                d_ell, d_var = rbf.sqdist_gradient(float(np.sum(GK)),
-                                                   float(np.einsum("ij,ij->", GK, D_uf)))
-                g_var += d_var
-                g_ell = g_ell + d_ell
+            d_ell, d_var = self._rbf_gradient(
+                rbf, GK, D_uf if self.ard else None,
+                lambda: float(np.einsum("ij,ij->", GK, D_uf)))
+            g_var += d_var
+            g_ell = g_ell + d_ell
         if Kuf_sums is not None:  # isotropic: the two contractions, formed by the caller
             d_ell, d_var = rbf.sqdist_gradient(float(Kuf_sums[0]), float(Kuf_sums[1]))
             g_var += d_var
@@ -298,3 +291,14 @@ class FixedInputCovariances:
             else:  # White: d/dlog(variance)
                 out.append(cast(White, p).variance * g_noise)
         return np.array(out)
+
+    @staticmethod
+    def _rbf_gradient(rbf: RBF, GK: Array, ard: tuple[Array, Array] | None,
+                      weighted: Callable[[], float]) -> tuple[float | Array, float]:
+        """One block's ``(d/dlog lengthscale(s), d/dlog variance)`` of the RBF part from
+        ``GK = G * K_se`` (``[M, M]`` or ``[M, B]``): ARD from the block's per-dimension
+        inputs ``ard`` (``ard_lengthscale_gradient``), isotropic from ``sum(GK)`` and
+        ``weighted() = sum(GK * D)`` (``sqdist_gradient``)."""
+        if ard is not None:
+            return rbf.ard_lengthscale_gradient(GK, *ard), float(np.sum(GK))
+        return rbf.sqdist_gradient(float(np.sum(GK)), weighted())

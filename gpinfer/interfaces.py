@@ -308,13 +308,8 @@ class Optimizer(abc.ABC):
     """How hyper-parameters move: maximise ``fun`` (returning value and gradient) from ``x0``."""
 
     @abc.abstractmethod
-    def maximize(
-        self,
-        fun: ValueAndGrad,
-        x0: Array,
-        max_iter: int,
-        callback: Callable[[int, Array, float], bool | None] | None = None,
-    ) -> OptimizationResult:
+    def maximize(self, fun: ValueAndGrad, x0: Array, max_iter: int,
+                 callback: IterationCallback | None = None) -> OptimizationResult:
         """Maximise ``fun``. ``callback(iteration, x, value)`` may return True to stop early."""
 
 

@@ -10,12 +10,18 @@ or warm as the objective does it, and returns the best node. Every node's value 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from gpinfer.errors import InputError
-from gpinfer.interfaces import Array, OptimizationResult, Optimizer, ValueAndGrad
+from gpinfer.interfaces import (
+    Array,
+    IterationCallback,
+    OptimizationResult,
+    Optimizer,
+    ValueAndGrad,
+)
 
 
 class GridSearch(Optimizer):
@@ -33,13 +39,8 @@ class GridSearch(Optimizer):
             raise InputError("GridSearch axes must be non-empty")
         self.values: Array = np.full([a.size for a in self.axes], np.nan)
 
-    def maximize(
-        self,
-        fun: ValueAndGrad,
-        x0: Array,
-        max_iter: int,
-        callback: Callable[[int, Array, float], bool | None] | None = None,
-    ) -> OptimizationResult:
+    def maximize(self, fun: ValueAndGrad, x0: Array, max_iter: int,
+                 callback: IterationCallback | None = None) -> OptimizationResult:
         x0 = np.asarray(x0, dtype=float).reshape(-1)
         if x0.size != len(self.axes):
             raise InputError(f"GridSearch has {len(self.axes)} axes but x has {x0.size} "

@@ -18,7 +18,13 @@ from scipy.optimize import minimize
 
 from gpinfer.backend import ops
 from gpinfer.errors import InputError, NumericalError
-from gpinfer.interfaces import Array, OptimizationResult, Optimizer, ValueAndGrad
+from gpinfer.interfaces import (
+    Array,
+    IterationCallback,
+    OptimizationResult,
+    Optimizer,
+    ValueAndGrad,
+)
 
 #: one ``(low, high)`` pair for every coordinate, or a list of pairs (``None`` = unbounded)
 Bounds = tuple[float | None, float | None] | Sequence[tuple[float | None, float | None]]
@@ -135,13 +141,8 @@ class LBFGSB(Optimizer):
         self.maxls = maxls
         self.stop_on_trial_failure = stop_on_trial_failure
 
-    def maximize(
-        self,
-        fun: ValueAndGrad,
-        x0: Array,
-        max_iter: int,
-        callback: Callable[[int, Array, float], bool | None] | None = None,
-    ) -> OptimizationResult:
+    def maximize(self, fun: ValueAndGrad, x0: Array, max_iter: int,
+                 callback: IterationCallback | None = None) -> OptimizationResult:
         run = _Run(fun, callback, _caller_space(x0))
         x0 = np.array(ops.to_host(x0) if ops.is_array(x0) else x0, dtype=float).reshape(-1)
         bounds = expand_bounds(self.bounds, x0.size)
@@ -179,7 +180,7 @@ class _Run:
     point until the first iteration)."""
 
     def __init__(self, fun: ValueAndGrad,
-                 callback: Callable[[int, Array, float], bool | None] | None,
+                 callback: IterationCallback | None,
                  to_caller: Callable[[Array], Array]):
         self.fun, self.callback, self.to_caller = fun, callback, to_caller
         self.iteration, self.n_eval, self.stopped = 0, 0, False

@@ -6,12 +6,16 @@ The optimisers step on arrays of any array-API namespace (numpy, or torch on a C
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from gpinfer.backend import ops
-from gpinfer.interfaces import Array, OptimizationResult, StochasticOptimizer, ValueAndGrad
+from gpinfer.interfaces import (
+    Array,
+    IterationCallback,
+    OptimizationResult,
+    StochasticOptimizer,
+    ValueAndGrad,
+)
 from gpinfer.optim.lbfgs import STOPPED_BY_CALLBACK, check_finite
 
 
@@ -37,13 +41,8 @@ class StochasticAscent(StochasticOptimizer):
     default) gives the point at which the next gradient is taken (momentum methods override it).
     """
 
-    def maximize(
-        self,
-        fun: ValueAndGrad,
-        x0: Array,
-        max_iter: int,
-        callback: Callable[[int, Array, float], bool | None] | None = None,
-    ) -> OptimizationResult:
+    def maximize(self, fun: ValueAndGrad, x0: Array, max_iter: int,
+                 callback: IterationCallback | None = None) -> OptimizationResult:
         """``max_iter`` ascent steps; ``callback(iteration, x, value)`` may return True to stop.
 
         ``value`` is the objective at the point where the step's gradient was taken.

@@ -1,9 +1,9 @@
 """Per-step operation counts of a training step on torch (issue 25), with ``torch.profiler``.
 
 ``profile_steps(fit, owner, target, first, steps, cuda)`` runs ``fit()`` and profiles the
-calls ``first .. first + steps - 1`` (1-based) of ``owner.target`` (``TrainingLoop._steps``
-for sep/ep: a group of ``read_every`` steps with their optimiser updates; ``SVI._step`` or
-``SVI._window`` for svi), and returns per-call means of
+calls ``first .. first + steps - 1`` (1-based) of ``owner.target``
+(``MiniBatchSchedule._group``: a group of ``read_every`` steps with their optimiser updates,
+sep/ep's or svi's window; ``SVI._step`` for one svi step), and returns per-call means of
 
 * ``aten_ops_top_level``: aten operators not called from another aten operator (on a CPU the
   proxy for kernel launches);

@@ -34,11 +34,12 @@ the sites' state before the step is kept (``SiteApproximation.snapshot``; a full
 reuses the state the loop keeps after every iteration, no second copy), and when the read
 shows a failed factorisation the step is redone from it with the factorisation checked at once
 (its jitter escalation on the host), so every step gives what an immediate check gives.
-``Schedule.read_every = k`` (mini-batch, on a device): the values and checks of ``k`` steps are
-read once, after their optimiser steps; the state before them (sites, hyper-parameters,
-Adam's moments) is kept that long, and when the read shows any failure the ``k`` steps are
-restored and replayed one read each, so the fit equals ``k = 1``'s (fewer reads, same
-numbers). numpy reads nothing: its checks run at once, whatever ``k``.
+Mini-batch training runs on ``gpinfer.training.minibatch.MiniBatchSchedule`` (the batch order,
+the epochs, the windows of ``Schedule.read_every = k`` steps read once on a device and replayed
+one read per step when the read shows a failure, the report and the stop request); the loop
+hands it its step (``_SiteBatchSteps``: sites, objective and gradient, Adam), the state a
+window's replay restores (sites, hyper-parameters, Adam's moments) and the epoch's report.
+numpy reads every step at once, whatever ``k``.
 
 Compiled steps (``compile_mode``, torch only, checked before training by
 ``gpinfer.backend.compile.check_compile``): the step's computation and the optimiser update
@@ -53,16 +54,15 @@ Optimiser coordinates: ``coordinates`` ``d [P]`` lets the optimiser act on ``xi 
 
 from __future__ import annotations
 
-import itertools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
 from gpinfer.backend import ops
 from gpinfer.backend.compile import compiling
-from gpinfer.data.minibatch import MiniBatches
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.hyper import HyperParameters
 from gpinfer.interfaces import Array, FitCallback, Problem, Scalar, SiteApproximation
@@ -71,6 +71,7 @@ from gpinfer.optim.adam import Adam
 from gpinfer.optim.sign_adaptive import SignAdaptiveAscent
 from gpinfer.posterior import Posterior
 from gpinfer.reporting import IterationReporter
+from gpinfer.training.minibatch import BatchSteps, MiniBatchSchedule, Payload, Read
 
 #: the full-batch schedules (mini-batch training is chosen by ``Problem.batch_size``)
 SCHEDULES = ("inner", "outer")
@@ -243,7 +244,7 @@ class TrainingLoop:
             self._on_device = not ops.is_numpy(grad)
         return value, grad, change
 
-    def _unread_step(self, batch: Array, rho: float, checks: ops.DeferredChecks
+    def _unread_step(self, batch: Array, rho: float, checks: ops.DeferredChecks | None
                      ) -> tuple[Scalar, Array, Scalar]:
         """The step's computation; its objective ``[]``, site change ``[]`` and the gradient's
         finiteness check are left unread in ``checks`` (device values; floats on numpy),
@@ -252,12 +253,13 @@ class TrainingLoop:
         with compiling(self.compile_mode):
             return self._computed_step(batch, rho, checks)
 
-    def _computed_step(self, batch: Array, rho: float, checks: ops.DeferredChecks
+    def _computed_step(self, batch: Array, rho: float, checks: ops.DeferredChecks | None
                        ) -> tuple[Scalar, Array, Scalar]:
         it = self.iteration
         self.sites.prepare(batch, it)
         change = self.sites.update(rho, it)
         if self.problem.batch_size is None and self.schedule.kind == "outer":
+            assert checks is not None  # full batch: inside ``_read_step``'s context
             for _ in range(int(self.schedule.outer_max_sweeps)):
                 change = checks.flush(change)[0]
                 if change < self.schedule.outer_tol:
@@ -272,57 +274,6 @@ class TrainingLoop:
             "non-finite objective or gradient", iteration=it, quantity="objective"),
             out.value, grad)
         return out.value, grad, change
-
-    def _window(self, group: list[Array], opt: Adam
-                ) -> tuple[list[float], list[float], bool] | None:
-        """The steps of ``group`` (batches), each with its optimiser step, read once at the
-        end: ``(objectives, site changes, out of time)``; ``None`` when the read showed a
-        failure (any check, or a Kuu factorisation to redo), with the state before the
-        window restored (the caller replays it one read per step)."""
-        start = (self.sites.snapshot(), self.hp.pack(), opt.snapshot())
-        self._sites_now = None
-        values: list[Scalar] = []
-        changes: list[Scalar] = []
-        stopped = False
-        try:
-            with checked_inputs(), ops.deferred_checks(redo=True) as checks:
-                for batch in group:
-                    value, grad, change = self._unread_step(batch, self.rho, checks)
-                    self._ascend(opt, grad)  # unchecked: a failure replays the window
-                    values.append(value)
-                    changes.append(change)
-                    if self.reporter.out_of_time():
-                        stopped = True
-                        break
-                read = checks.flush(*values, *changes)
-        except (NumericalError, InputError, ops.RedoStep):
-            self._restore((start[0], start[1]))
-            opt.restore(start[2])
-            return None
-        return read[:len(values)], read[len(values):], stopped
-
-    def _steps(self, group: list[Array], opt: Adam, good: tuple[object, Array]
-               ) -> tuple[list[float], list[float], bool]:
-        """The mini-batch steps of ``group``: ``(objectives, site changes, out of time)`` of
-        those that succeeded (a failed one backs off to ``good``, as ``_fail`` says)."""
-        if len(group) > 1:
-            read = self._window(group, opt)
-            if read is not None:
-                return read
-        values: list[float] = []
-        changes: list[float] = []
-        for batch in group:
-            try:
-                value, grad, change = self._step(batch, self.rho)
-            except NumericalError as err:
-                self._fail(err, good, opt)
-                continue
-            values.append(value)
-            changes.append(change)
-            self._ascend(opt, grad)
-            if self.reporter.out_of_time():
-                return values, changes, True
-        return values, changes, False
 
     # -- failure policy and divergence -------------------------------------------------------
     def _fail(self, err: NumericalError, good: tuple[object, Array],
@@ -361,10 +312,14 @@ class TrainingLoop:
         self._since_best = 0
         return True
 
+    def _metrics(self, change: float) -> dict[str, float]:
+        """An iteration's metrics: damping, failures, damping raises, the site change."""
+        return {"damping": self.rho, "failures": float(self.failures),
+                "damping_raises": float(self.damping_raises), "site_change": change}
+
     def _report(self, value: float, change: float, good: tuple[object, Array]) -> None:
-        extra = {"damping": self.rho, "failures": float(self.failures),
-                 "damping_raises": float(self.damping_raises), "site_change": change}
-        self.reporter.report(self.iteration, value, self.posterior_at(good), extra)
+        self.reporter.report(self.iteration, value, self.posterior_at(good),
+                             self._metrics(change))
 
     def _more(self) -> bool:
         return self.iteration < int(self.problem.max_iter) and not self.reporter.should_stop()
@@ -409,25 +364,65 @@ class TrainingLoop:
             warnings.warn(f"{self.name}: compile={self.compile_mode!r} keeps shapes fixed: the "
                           f"last {N % size} points of each epoch's shuffled order (N mod "
                           f"batch_size) are dropped from that epoch", UserWarning, stacklevel=2)
-        batches = MiniBatches(N, size, self.problem.rng, drop_last=fixed)
         self.rho = 1.0
-        k = int(self.schedule.read_every)
-        good = self._state()  # per epoch: snapshots cost O(state)
-        while self._more():
-            self.iteration += 1
-            values: list[float] = []
-            change = 0.0
-            epoch = iter(batches)
-            while True:  # groups of k steps read together on a device (one step on numpy)
-                group = list(itertools.islice(epoch, k if self._on_device else 1))
-                if not group:
-                    break
-                read, changes, stopped = self._steps(group, opt, good)
-                values += read
-                change = max([change, *changes])
-                if stopped:
-                    break
-            self.sites.end_epoch()
-            self.value = float(np.mean(values)) if values else self.value
-            good = self._state()
-            self._report(self.value, change, good)
+        schedule = MiniBatchSchedule(N, size, self.problem.rng, self.reporter,
+                                     read_every=int(self.schedule.read_every), drop_last=fixed)
+        schedule.run(_SiteBatchSteps(self, opt), int(self.problem.max_iter))
+
+
+class _SiteBatchSteps(BatchSteps):
+    """The loop's mini-batch step for ``MiniBatchSchedule``: the batch's sites refined without
+    damping, the ``N / |batch|``-scaled objective and gradient, one Adam step; an iteration is
+    an epoch, reported with the sites' state at its end."""
+
+    reads_lone_steps = True  # ``TrainingLoop._step``: one read, a Kuu redo from the sites only
+
+    def __init__(self, loop: TrainingLoop, opt: Adam):
+        self.loop, self.opt = loop, opt
+        self.good = loop._state()  # per epoch: snapshots cost O(state)
+
+    def on_device(self) -> bool | None:
+        return self.loop._on_device
+
+    def step(self, batch: Array | None, iteration: int, index: int) -> tuple[Scalar, ...]:
+        assert batch is not None  # the loop's mini-batches are never the full batch
+        loop = self.loop
+        loop.iteration, loop._sites_now = iteration, None
+        with checked_inputs():
+            value, grad, change = loop._unread_step(batch, loop.rho, ops.pending_checks())
+        loop._ascend(self.opt, grad)  # unchecked: a failure replays the window
+        return value, change
+
+    def read_step(self, batch: Array | None, iteration: int, index: int) -> Read | None:
+        """``TrainingLoop._step`` and the Adam step; a failure backs off to the epoch's start
+        (``TrainingLoop._fail``)."""
+        assert batch is not None
+        loop = self.loop
+        loop.iteration = iteration
+        try:
+            value, grad, change = loop._step(batch, loop.rho)
+        except NumericalError as err:
+            loop._fail(err, self.good, self.opt)
+            return None
+        loop._ascend(self.opt, grad)
+        return value, change
+
+    def save(self) -> object:
+        loop = self.loop
+        saved = (loop.sites.snapshot(), loop.hp.pack(), self.opt.snapshot())
+        loop._sites_now = None
+        return saved
+
+    def load(self, saved: object) -> None:
+        sites, theta, moments = cast(tuple[object, Array, tuple[int, Array, Array]], saved)
+        self.loop._restore((sites, theta))
+        self.opt.restore(moments)
+
+    def payload(self, iteration: int, reads: list[Read], steps: int) -> Payload:
+        loop = self.loop
+        loop.sites.end_epoch()
+        if reads:
+            loop.value = float(np.mean([r[0] for r in reads]))
+        self.good = loop._state()
+        change = max([0.0, *(r[1] for r in reads)])
+        return loop.value, loop.posterior_at(self.good), loop._metrics(change)

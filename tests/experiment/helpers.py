@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
@@ -68,6 +69,13 @@ def plugin_importable(name: str) -> str | None:
     except ImportError as exc:
         return f"gpinfer.likelihoods.make_likelihood is missing: {exc}"
     return None
+
+
+def require_plugin(name: str) -> None:
+    """Skip the calling test unless method plugin ``name`` loads (``plugin_importable``)."""
+    reason = plugin_importable(name)
+    if reason:
+        pytest.skip(reason)
 
 
 def load_logged_model(run_id: str, tracking_uri: str):

@@ -113,15 +113,23 @@ def basic_auth_server(folder: Path, mlflow_exe: str) -> Iterator[Server]:
             time.sleep(0.5)
         yield Server(url, store, secret, log)
     finally:
+        stop_process_group(proc)
+
+
+def stop_process_group(proc: subprocess.Popen, timeout: float = STOP_TIMEOUT_S) -> None:
+    """End ``proc`` and its session's process group (a server and its workers): SIGTERM, and
+    SIGKILL when it has not ended within ``timeout`` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, sig)
         except ProcessLookupError:
             pass
         try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
+            proc.wait(timeout=timeout)
+            return
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=STOP_TIMEOUT_S)
+            if sig == signal.SIGKILL:
+                raise
 
 
 @dataclass

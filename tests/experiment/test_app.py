@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from .helpers import REPO, plugin_importable
+from .helpers import REPO, require_plugin
 
 GPINFER_RUN = Path(sys.executable).with_name("gpinfer-run")
 TIMEOUT_S = 240
@@ -143,9 +143,7 @@ def test_a_fit_no_better_than_the_class_frequencies_fails_the_run(
 ) -> None:
     """An untrained svi (one Adadelta step from the prior) on breast_cancer: one clear line, exit
     status 1, result.json and the MLflow run FAILED with the fit guard's numbers."""
-    reason = plugin_importable("svi")
-    if reason:
-        pytest.skip(reason)
+    require_plugin("svi")
     run_dir = tmp_path / "run"
     proc, uri = _run([str(GPINFER_RUN), "method=svi", "dataset=breast_cancer", "M=5",
                       "iterations=1", "method.options.optimizer=adadelta",
@@ -162,9 +160,7 @@ def test_a_fit_no_better_than_the_class_frequencies_fails_the_run(
 
 
 def test_ctrl_c_ends_the_mlflow_run_killed(tmp_path: Path, toy_site: Path) -> None:
-    reason = plugin_importable("toygp")
-    if reason:
-        pytest.skip(reason)
+    require_plugin("toygp")
     env, uri = _env(tmp_path, toy_site)
     run_dir = tmp_path / "run"
     err_path = tmp_path / "stderr.txt"
@@ -200,9 +196,7 @@ def test_ctrl_c_ends_the_mlflow_run_killed(tmp_path: Path, toy_site: Path) -> No
 
 
 def test_laplace_multirun_two_by_two(tmp_path: Path, toy_site: Path) -> None:
-    reason = plugin_importable("laplace")
-    if reason:
-        pytest.skip(reason)
+    require_plugin("laplace")
     sweep = tmp_path / "sweep"
     proc, uri = _run(
         [str(GPINFER_RUN), "-m", "method=laplace", "dataset=breast_cancer",
@@ -250,9 +244,7 @@ def test_laplace_multirun_two_by_two(tmp_path: Path, toy_site: Path) -> None:
 def test_joblib_sweep_runs_in_parallel_and_survives_a_failed_job(
     tmp_path: Path, toy_site: Path
 ) -> None:
-    reason = plugin_importable("toygp")
-    if reason:
-        pytest.skip(reason)
+    require_plugin("toygp")
     sweep = tmp_path / "sweep"
     proc, uri = _run(
         [str(GPINFER_RUN), "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from .helpers import plugin_importable
+from .helpers import require_plugin
 from .test_app import GPINFER_RUN, TOY_METHOD, _default_sigint, _env
 
 SITECUSTOMIZE = '''
@@ -62,9 +62,7 @@ if os.environ.get("GPINFER_TEST_PAUSE_SQL"):
 def test_ctrl_c_inside_mlflow_while_a_run_is_set_up_is_one_line(
     tmp_path: Path, toy_site: Path, statement: str, run_created: bool
 ) -> None:
-    reason = plugin_importable("toygp")
-    if reason:
-        pytest.skip(reason)
+    require_plugin("toygp")
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)

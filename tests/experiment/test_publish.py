@@ -15,7 +15,7 @@ from gpinfer.experiment.model_logging import log_estimator
 from gpinfer.experiment.runner import run_experiment
 from gpinfer.experiment.tracking import RunLogger
 
-from .helpers import compose_cfg, load_logged_model, plugin_importable
+from .helpers import compose_cfg, load_logged_model, require_plugin
 
 pytestmark = pytest.mark.usefixtures("toy_site")
 
@@ -97,9 +97,7 @@ def test_the_default_run_logs_a_model_that_takes_raw_features(
     on the standardised inputs the estimator inside gives the same probabilities."""
     from gpinfer.data import load_dataset, train_test_split
 
-    reason = plugin_importable("sep")
-    if reason:
-        pytest.skip(reason)
+    require_plugin("sep")
     cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "mlflow.experiment=raw-model",
                       "method=sep", "dataset=waveform", "iterations=5", "mlflow.log_model=true")
     result = run_experiment(cfg, output_dir=tmp_path / "run", stream=io.StringIO())
@@ -126,9 +124,7 @@ def test_log_estimator_round_trip_equals_the_fitted_object(tmp_path: Path) -> No
 
     import gpinfer
 
-    reason = plugin_importable("laplace")
-    if reason:
-        pytest.skip(reason)
+    require_plugin("laplace")
     X, y = load_breast_cancer(return_X_y=True)
     X = StandardScaler().fit_transform(X)[:120]
     clf = gpinfer.GPClassifier(method="laplace", max_iter=3, random_state=0).fit(X, y[:120])

@@ -21,7 +21,7 @@ from gpinfer.experiment.safe_model import (
     save_skops,
 )
 
-from .helpers import compose_cfg, load_logged_model, plugin_importable
+from .helpers import compose_cfg, load_logged_model, require_plugin
 
 pytestmark = pytest.mark.usefixtures("toy_site")
 
@@ -39,9 +39,7 @@ def test_round_trip_gives_the_same_probabilities(tmp_path: Path) -> None:
 
     import gpinfer
 
-    reason = plugin_importable("laplace")
-    if reason:
-        pytest.skip(reason)
+    require_plugin("laplace")
     X, y = load_breast_cancer(return_X_y=True)
     X = StandardScaler().fit_transform(X)[:150]
     clf = gpinfer.GPClassifier(method="laplace", max_iter=3, random_state=0).fit(X, y[:150])

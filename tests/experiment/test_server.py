@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 from gpinfer.experiment.runner import run_experiment
 
 from .helpers import compose_cfg
+from .secret_audit import stop_process_group
 
 pytestmark = [pytest.mark.network, pytest.mark.usefixtures("toy_site")]
 
@@ -78,18 +78,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         monkeypatch.undo()
         # the server and its workers share the new session's process group
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=STOP_TIMEOUT_S)
+        stop_process_group(proc, STOP_TIMEOUT_S)
 
 
 def test_metrics_arrive_at_a_tracking_server(tmp_path: Path, mlflow_server: str) -> None:
@@ -133,12 +122,10 @@ def test_gpinfer_run_logs_model_and_plots_to_a_tracking_server(
     import numpy as np
     from mlflow.tracking import MlflowClient
 
-    from .helpers import load_logged_model, plugin_importable
+    from .helpers import load_logged_model, require_plugin
     from .test_app import GPINFER_RUN
 
-    reason = plugin_importable("laplace")
-    if reason:
-        pytest.skip(reason)
+    require_plugin("laplace")
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_server}
     proc = subprocess.run(
         [str(GPINFER_RUN), "method=laplace", "dataset=breast_cancer", "iterations=3",

@@ -10,16 +10,14 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from .helpers import plugin_importable
+from .helpers import require_plugin
 from .test_app import GPINFER_RUN
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher")
 
 
 def test_two_job_submitit_local_sweep_ends_finished_in_mlflow(tmp_path: Path) -> None:
-    reason = plugin_importable("laplace")
-    if reason:
-        pytest.skip(reason)
+    require_plugin("laplace")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     sweep = tmp_path / "sweep"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}

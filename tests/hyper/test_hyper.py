@@ -117,6 +117,18 @@ def test_names_and_pack_roundtrip():
         hp.unpack(theta[:-1])
 
 
+def test_installed_writes_theta_for_the_block_and_the_old_vector_back():
+    hp = make_hp()
+    before = hp.pack()
+    theta = before + 0.25
+    with hp.installed(theta):
+        np.testing.assert_array_equal(hp.pack(), theta)
+    np.testing.assert_array_equal(hp.pack(), before)
+    with pytest.raises(RuntimeError), hp.installed(theta):
+        raise RuntimeError("the block failed")
+    np.testing.assert_array_equal(hp.pack(), before)  # written back after a failure too
+
+
 def test_single_latent_names():
     hp = HyperParameters(RBF(1.0, 1.0), Z=np.zeros((2, 1)))
     assert hp.names == ["kernel.lengthscale", "kernel.variance", "Z[0,0]", "Z[1,0]"]

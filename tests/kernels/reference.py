@@ -18,33 +18,27 @@ def _scaled_distance(x, x2, lengthscale) -> float:
     return math.sqrt(sum(((x[d] - x2[d]) / ell[d]) ** 2 for d in range(x.shape[0])))
 
 
-def rbf(X, X2, lengthscale, variance):
+def _stationary(X, X2, lengthscale, profile):
+    """``K[i, j] = profile(r)``, ``r`` the scaled distance of ``X[i]`` and ``X2[j]``."""
     X, X2, K = _pairs(X, X2)
     for i in range(X.shape[0]):
         for j in range(X2.shape[0]):
-            r = _scaled_distance(X[i], X2[j], lengthscale)
-            K[i, j] = variance * math.exp(-0.5 * r * r)
+            K[i, j] = profile(_scaled_distance(X[i], X2[j], lengthscale))
     return K
+
+
+def rbf(X, X2, lengthscale, variance):
+    return _stationary(X, X2, lengthscale, lambda r: variance * math.exp(-0.5 * r * r))
 
 
 def matern32(X, X2, lengthscale, variance):
-    X, X2, K = _pairs(X, X2)
-    for i in range(X.shape[0]):
-        for j in range(X2.shape[0]):
-            r = _scaled_distance(X[i], X2[j], lengthscale)
-            K[i, j] = variance * (1 + math.sqrt(3) * r) * math.exp(-math.sqrt(3) * r)
-    return K
+    return _stationary(X, X2, lengthscale, lambda r: variance * (1 + math.sqrt(3) * r)
+                       * math.exp(-math.sqrt(3) * r))
 
 
 def matern52(X, X2, lengthscale, variance):
-    X, X2, K = _pairs(X, X2)
-    for i in range(X.shape[0]):
-        for j in range(X2.shape[0]):
-            r = _scaled_distance(X[i], X2[j], lengthscale)
-            K[i, j] = (
-                variance * (1 + math.sqrt(5) * r + 5 * r * r / 3) * math.exp(-math.sqrt(5) * r)
-            )
-    return K
+    return _stationary(X, X2, lengthscale, lambda r: variance
+                       * (1 + math.sqrt(5) * r + 5 * r * r / 3) * math.exp(-math.sqrt(5) * r))
 
 
 def linear(X, X2, variance):

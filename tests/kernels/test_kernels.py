@@ -207,55 +207,35 @@ def _objective_of_params(k: Kernel, matrix):
     return f
 
 
+@pytest.mark.parametrize("part", ["square", "cross", "diag"])
 @pytest.mark.parametrize("name", NAMES)
-def test_grad_params_square(name, data):
-    X, _, dK, _, _ = data
+def test_grad_params(name, part, data):
+    """``grad_params`` of ``K(X)`` and ``K(X, X2)``, ``grad_params_diag`` of ``K_diag(X)``."""
+    X, X2, dK_square, dK_cross, dK_diag = data
     k = KERNELS[name]()
     theta = k.get_unconstrained()
-    grad = k.grad_params(X, None, dK)
+    if part == "diag":
+        grad = k.grad_params_diag(X, dK_diag)
+        matrix = lambda kk: dK_diag * kk.K_diag(X)
+    else:
+        X2, dK = (X2, dK_cross) if part == "cross" else (None, dK_square)
+        grad = k.grad_params(X, X2, dK)
+        matrix = lambda kk: dK * kk.K(X, X2)
     assert grad.shape == theta.shape
-    f = _objective_of_params(k.copy(), lambda kk: dK * kk.K(X))
-    assert_gradient_close(f, grad, theta, name=f"{name} grad_params (square)")
+    assert_gradient_close(_objective_of_params(k.copy(), matrix), grad, theta,
+                          name=f"{name} grad_params ({part})")
 
 
+@pytest.mark.parametrize("cross", [False, True], ids=["square", "cross"])
 @pytest.mark.parametrize("name", NAMES)
-def test_grad_params_cross(name, data):
-    X, X2, _, dK_cross, _ = data
+def test_grad_inputs(name, cross, data):
+    X, X2, dK_square, dK_cross, _ = data
+    X2, dK = (X2, dK_cross) if cross else (None, dK_square)
     k = KERNELS[name]()
-    theta = k.get_unconstrained()
-    grad = k.grad_params(X, X2, dK_cross)
-    f = _objective_of_params(k.copy(), lambda kk: dK_cross * kk.K(X, X2))
-    assert_gradient_close(f, grad, theta, name=f"{name} grad_params (cross)")
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_grad_params_diag(name, data):
-    X, _, _, _, dK_diag = data
-    k = KERNELS[name]()
-    theta = k.get_unconstrained()
-    grad = k.grad_params_diag(X, dK_diag)
-    f = _objective_of_params(k.copy(), lambda kk: dK_diag * kk.K_diag(X))
-    assert_gradient_close(f, grad, theta, name=f"{name} grad_params_diag")
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_grad_inputs_square(name, data):
-    X, _, dK, _, _ = data
-    k = KERNELS[name]()
-    grad = k.grad_inputs(X, None, dK)
+    grad = k.grad_inputs(X, X2, dK)
     assert grad.shape == X.shape
-    f = lambda Xv: float(np.sum(dK * k.K(Xv)))
-    assert_gradient_close(f, grad, X, name=f"{name} grad_inputs (square)")
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_grad_inputs_cross(name, data):
-    X, X2, _, dK_cross, _ = data
-    k = KERNELS[name]()
-    grad = k.grad_inputs(X, X2, dK_cross)
-    assert grad.shape == X.shape
-    f = lambda Xv: float(np.sum(dK_cross * k.K(Xv, X2)))
-    assert_gradient_close(f, grad, X, name=f"{name} grad_inputs (cross)")
+    f = lambda Xv: float(np.sum(dK * k.K(Xv, X2)))
+    assert_gradient_close(f, grad, X, name=f"{name} grad_inputs ({'cross' if cross else 'square'})")
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -275,8 +275,9 @@ def test_robustmax_values():
     assert np.all(Pp >= eps / C)
 
 
-def test_robustmax_derivatives_vs_fd():
-    lik = RobustMax()
+@pytest.mark.parametrize("make", [RobustMax, Softmax])
+def test_derivatives_vs_fd(make):
+    lik = make()
     for power in (1.0, 0.5):
         t = lik.tilted(Y3, MEAN3, VAR3, power)
         assert_gradient_close(lambda m, p=power: lik.tilted(Y3, m, VAR3, p).log_z.sum(), t.dlogz_dmean, MEAN3)
@@ -284,6 +285,9 @@ def test_robustmax_derivatives_vs_fd():
     e = lik.expected_log_prob(Y3, MEAN3, VAR3)
     assert_gradient_close(lambda m: lik.expected_log_prob(Y3, m, VAR3).value.sum(), e.dmean, MEAN3)
     assert_gradient_close(lambda v: lik.expected_log_prob(Y3, MEAN3, v).value.sum(), e.dvar, VAR3)
+
+
+def test_robustmax_epsilon_out_of_range():
     with pytest.raises(InputError):
         RobustMax(epsilon=1.5)
 
@@ -328,17 +332,6 @@ def test_softmax_three_classes_vs_dense_quadrature():
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
     for a, b in zip(lik.expected_log_prob(Y3, MEAN3, VAR3), ref.expected_log_prob(Y3, MEAN3, VAR3)):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
-
-
-def test_softmax_derivatives_vs_fd():
-    lik = Softmax()
-    for power in (1.0, 0.5):
-        t = lik.tilted(Y3, MEAN3, VAR3, power)
-        assert_gradient_close(lambda m, p=power: lik.tilted(Y3, m, VAR3, p).log_z.sum(), t.dlogz_dmean, MEAN3)
-        assert_gradient_close(lambda v, p=power: lik.tilted(Y3, MEAN3, v, p).log_z.sum(), t.dlogz_dvar, VAR3)
-    e = lik.expected_log_prob(Y3, MEAN3, VAR3)
-    assert_gradient_close(lambda m: lik.expected_log_prob(Y3, m, VAR3).value.sum(), e.dmean, MEAN3)
-    assert_gradient_close(lambda v: lik.expected_log_prob(Y3, MEAN3, v).value.sum(), e.dvar, VAR3)
 
 
 def test_softmax_two_classes_is_the_logistic():

@@ -21,7 +21,7 @@ from gpinfer.estimator import GPClassifier  # noqa: E402
 from gpinfer.kernels import make_kernel  # noqa: E402
 from gpinfer.likelihoods import RobustMax  # noqa: E402
 from gpinfer.testing.step_profile import profile_steps  # noqa: E402
-from gpinfer.training.loop import TrainingLoop  # noqa: E402
+from gpinfer.training.minibatch import MiniBatchSchedule  # noqa: E402
 
 TORCH = {"backend": "torch", "device": "cpu", "dtype": "float64"}
 N, D, C, M, B = 96, 3, 3, 6, 16  # six batches per epoch
@@ -44,7 +44,7 @@ def test_sep_step_reads_nothing_but_once_per_window(k):
                      method_options={"read_every": k}, **TORCH).fit(X, y)
 
     windows = 6 // k  # per epoch; the windows of epoch 2 (a step and its optimiser update)
-    counts = profile_steps(fit, TrainingLoop, "_steps", first=windows + 1, steps=2)
+    counts = profile_steps(fit, MiniBatchSchedule, "_group", first=windows + 1, steps=2)
     assert counts["steps_profiled"] == 2
     assert counts["host_syncs"] == 1.0  # the window's one read of values and checks
 
@@ -72,7 +72,7 @@ def test_svi_step_reads_nothing_but_once_per_window(expectation, per_step):
     steps = profile_steps(fit, SVI, "_step", first=k + 1, steps=k)  # the second window
     assert steps["steps_profiled"] == k
     assert steps["host_syncs"] == per_step  # trapezoid: its node levels, once per step
-    window = profile_steps(fit, SVI, "_window", first=2, steps=1)
+    window = profile_steps(fit, MiniBatchSchedule, "_group", first=2, steps=1)
     assert window["host_syncs"] == 1.0 + k * per_step  # one read of the k steps' values
 
 

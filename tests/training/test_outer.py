@@ -11,7 +11,13 @@ import pytest
 from sklearn.exceptions import ConvergenceWarning
 
 from gpinfer.errors import NumericalError
-from gpinfer.interfaces import Array, OptimizationResult, Optimizer, ValueAndGrad
+from gpinfer.interfaces import (
+    Array,
+    IterationCallback,
+    OptimizationResult,
+    Optimizer,
+    ValueAndGrad,
+)
 from gpinfer.numerics.settings import LOG_PARAMETER_BOUNDS
 from gpinfer.optim import LBFGSB
 from gpinfer.training.outer import OuterSchedule
@@ -47,7 +53,7 @@ class Scripted(Optimizer):
         self.script, self.success = script, success
 
     def maximize(self, fun: ValueAndGrad, x0: Array, max_iter: int,
-                 callback: Callable[[int, Array, float], bool | None] | None = None
+                 callback: IterationCallback | None = None
                  ) -> OptimizationResult:
         it, x = 0, np.asarray(x0, dtype=float)
         for what, point in self.script:

@@ -254,12 +254,8 @@ class _Run:
         theta, frozen = self.hp.pack(), copy.deepcopy(self.sites)
 
         def build() -> InducingPosterior:
-            current = self.hp.pack()
-            self.hp.unpack(theta)
-            try:
+            with self.hp.installed(theta):
                 return self.posterior(frozen)
-            finally:
-                self.hp.unpack(current)
 
         return build
 

@@ -182,12 +182,8 @@ class _CollapsedVI(Method):
         theta, xi = obj.hp.pack(), xi.copy()
 
         def build():
-            saved = obj.hp.pack()
-            obj.hp.unpack(theta)
-            try:
+            with obj.hp.installed(theta):
                 return obj.posterior(xi)
-            finally:
-                obj.hp.unpack(saved)
 
         return build
 
@@ -353,11 +349,8 @@ class _CollapsedVI(Method):
 
     def _snapshot_at(self, obj: CollapsedObjective, hp: HyperParameters, x: Array
                      ) -> Callable[[], InducingPosterior]:
-        saved = hp.pack()
-        hp.unpack(x[: hp.size])
-        build = self._snapshot(obj, x[hp.size:])
-        hp.unpack(saved)
-        return build
+        with hp.installed(x[: hp.size]):
+            return self._snapshot(obj, x[hp.size:])
 
 
 class ViJJ(_CollapsedVI):

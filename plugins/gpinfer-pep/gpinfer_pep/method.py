@@ -16,7 +16,6 @@ from typing import ClassVar
 
 import numpy as np
 
-from gpinfer.data.minibatch import MiniBatches
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.inducing import initial_inducing
@@ -27,6 +26,7 @@ from gpinfer.interfaces import (
     MatrixGradients,
     Method,
     Problem,
+    Scalar,
     StochasticOptimizer,
     ValueAndGrad,
 )
@@ -45,6 +45,13 @@ from gpinfer.sites.rank_one import (
     InducingGeometry,
     RankOnePEPSites,
     WhitenedInducingPosterior,
+)
+from gpinfer.training.minibatch import (
+    BatchSteps,
+    MiniBatchSchedule,
+    Payload,
+    Read,
+    check_step,
 )
 from gpinfer.training.outer import OuterSchedule
 from gpinfer.validation import check_binary_labels
@@ -311,6 +318,32 @@ class _Regression(_Fit):
         return lambda: WhitenedInducingPosterior(lik, kernel, Z, res.L, res.L_B, res.gamma)
 
 
+class _PEPSteps(BatchSteps):
+    """pep's step for ``MiniBatchSchedule`` (numpy): ``_Classification.step`` on the batch,
+    then one step of the stochastic optimiser, clipped to the box bounds; every step is an
+    iteration, reported with its batch energy."""
+
+    def __init__(self, fit: _Classification, opt: StochasticOptimizer):
+        self.fit, self.opt = fit, opt
+        self.theta = fit.hp.pack()
+        opt.reset(self.theta)
+        box = np.array(fit.bounds(), dtype=float).T if self.theta.size else np.zeros((2, 0))
+        self.lo, self.hi = np.nan_to_num(box[0], nan=-np.inf), np.nan_to_num(box[1], nan=np.inf)
+
+    def step(self, batch: Array | None, iteration: int, index: int) -> tuple[Scalar, ...]:
+        assert batch is not None  # pep's stochastic schedule always has batches
+        value, grad = self.fit.step(batch)
+        check_step(value, grad, index, f"{self.fit.method.name} batch energy")
+        if self.theta.size:
+            self.theta = np.clip(self.opt.step(self.theta, grad), self.lo, self.hi)
+            self.fit.hp.unpack(self.theta)
+        return (value,)
+
+    def payload(self, iteration: int, reads: list[Read], steps: int) -> Payload:
+        value = reads[-1][0]
+        return value, self.fit.snapshot(), {"batch_energy": value}
+
+
 class _Classification(_Fit):
     """Iterative Power EP with rank-one sites (spec §2, §4)."""
 
@@ -391,19 +424,9 @@ class _Classification(_Fit):
         if not isinstance(adam, StochasticOptimizer):
             raise InputError(f"{self.method.name}: mini-batches need a stochastic optimiser "
                              f"(adam, adadelta), not {name!r}")
-        theta = self.hp.pack()
-        adam.reset(theta)
-        box = np.array(self.bounds(), dtype=float).T if theta.size else np.zeros((2, 0))
-        lo, hi = np.nan_to_num(box[0], nan=-np.inf), np.nan_to_num(box[1], nan=np.inf)
-        batches = MiniBatches(n, batch_size, self.problem.rng).epochs(None)
-        for it, batch in zip(range(1, n_steps + 1), batches):
-            value, grad = self.step(batch)
-            if theta.size:
-                theta = np.clip(adam.step(theta, grad), lo, hi)
-                self.hp.unpack(theta)
-            if self.report(it, value, self.snapshot(), {"batch_energy": value}):
-                return it
-        return n_steps
+        schedule = MiniBatchSchedule(n, batch_size, self.problem.rng, self.reporter,
+                                     steps_per_iteration=1)
+        return schedule.run(_PEPSteps(self, adam), n_steps)
 
     def step(self, batch: Array) -> tuple[float, Array]:
         """Refresh the posterior, ``n_sweeps`` parallel sweeps on ``batch``, batch energy and

@@ -13,7 +13,7 @@ from _pep_dense import (  # noqa: F401  (single_thread is an autouse fixture)
 )
 
 from gpinfer import GPClassifier
-from gpinfer.errors import InputError
+from gpinfer.errors import InputError, NumericalError
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.likelihoods import BernoulliProbit
 from gpinfer.sites.rank_one import InducingGeometry, RankOnePEPSites
@@ -175,6 +175,27 @@ def test_stochastic_variant_and_bad_input():
         GPClassifier(method="pep", M=5, method_options={"alpha": -0.1}).fit(X, y)
     with pytest.raises(InputError, match="regression only"):
         GPClassifier(method="pep", M=5, method_options={"blocks": [np.arange(60)]}).fit(X, y)
+
+
+def test_stochastic_non_finite_gradient_is_a_numerical_error(monkeypatch):
+    """A non-finite batch gradient stops the fit at its step, before Adam moves the
+    hyper-parameters (the mini-batch schedule's ``check_step``), instead of going on with NaN."""
+    from gpinfer_pep.method import _Classification
+
+    kern, X, y, _ = problem(n=60, classification=True)
+    original = _Classification.step
+    calls = {"n": 0}
+
+    def poisoned(self, batch):
+        value, grad = original(self, batch)
+        calls["n"] += 1
+        return value, grad * np.nan if calls["n"] == 3 else grad
+
+    monkeypatch.setattr(_Classification, "step", poisoned)
+    with pytest.raises(NumericalError, match="pep batch energy gradient") as info:
+        GPClassifier(method="pep", M=6, kernel=kern, batch_size=20, max_iter=5,
+                     random_state=0, method_options={"n_sweeps": 1}).fit(X, y)
+    assert info.value.iteration == 3
 
 
 def test_logit_likelihood_and_gauss_hermite_option():

@@ -11,8 +11,10 @@ works, a third party's included.
 
 Mini-batches (``problem.batch_size``) are reshuffled every epoch and scaled by ``N/|b|``
 (actual size of the last batch); ``None`` means full batch. Optimisers: AdaDelta (climin form,
-the paper's), Adam, or L-BFGS-B (full batch only). One reported iteration is ``report_every``
-steps (default: a tenth of an epoch); its objective is the mean mini-batch ELBO estimate.
+the paper's), Adam, or L-BFGS-B (full batch only). AdaDelta and Adam run on the core's
+mini-batch schedule (``gpinfer.training.minibatch``): one reported iteration is ``report_every``
+steps (default: a tenth of an epoch; fewer when the time budget runs out), read once on a
+device; its objective is the mean mini-batch ELBO estimate.
 
 Array backend (``problem.backend``, ``gpinfer.backend``): numpy, or torch on a CPU or GPU, in
 float64 or float32. ``X`` and ``y`` stay on the host and each mini-batch is moved to the backend;
@@ -28,15 +30,14 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
 from gpinfer.backend import ops
 from gpinfer.backend.choice import NUMPY, Backend
-from gpinfer.data.minibatch import MiniBatches
-from gpinfer.errors import InputError, NumericalError
+from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.inducing import DEFAULT_M, INDUCING_INITS, FixedInputCovariances, initial_inducing
 from gpinfer.interfaces import (
@@ -53,7 +54,6 @@ from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.initialisation import LENGTHSCALE_INITS, prepare_kernel
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.optim import LBFGSB, make_optimizer
-from gpinfer.optim.lbfgs import check_finite
 from gpinfer.options import Option, bounds, choice, flag, integer, mapping, real
 from gpinfer.posterior import InducingPosterior
 from gpinfer.reporting import IterationReporter, binary_signs
@@ -64,6 +64,13 @@ from gpinfer.sites.variational import (
     likelihood_expectation,
     natural_gradient_step,
     uncollapsed_elbo,
+)
+from gpinfer.training.minibatch import (
+    BatchSteps,
+    MiniBatchSchedule,
+    Payload,
+    Read,
+    check_step,
 )
 from gpinfer.training.outer import OuterSchedule
 
@@ -277,9 +284,37 @@ class VariationalState:
         return post
 
 
-def _next(batches: Iterator[Array] | None) -> Array | None:
-    """The next mini-batch's indices (``None``: full batch)."""
-    return None if batches is None else next(batches)
+class _SVISteps(BatchSteps):
+    """svi's step for ``MiniBatchSchedule`` (``SVI._step`` at the packed point ``x``); a window's
+    replay starts from ``x`` and a copy of the optimiser."""
+
+    def __init__(self, method: SVI, state: VariationalState, x: Array,
+                 opt: StochasticOptimizer, ngd: float | None, steps_per_epoch: int):
+        self.method, self.state, self.x, self.opt, self.ngd = method, state, x, opt, ngd
+        self.P = state.hp.size if ngd is not None else x.shape[0]  # entries the optimiser moves
+        opt.reset(x[:self.P])
+        self.steps_per_epoch = steps_per_epoch
+        self._device = not ops.is_numpy(x)
+        self.value = -np.inf  # the last iteration's mean ELBO estimate
+
+    def on_device(self) -> bool:
+        return self._device
+
+    def step(self, batch: Array | None, iteration: int, index: int) -> tuple[Scalar, ...]:
+        self.x, value = self.method._step(self.state, self.P, self.ngd, self.state.X.shape[0],
+                                          self.x, self.opt, batch, index)
+        return (value,)
+
+    def save(self) -> object:
+        return self.x, copy.deepcopy(self.opt)
+
+    def load(self, saved: object) -> None:
+        self.x, self.opt = cast(tuple[Array, StochasticOptimizer], saved)
+
+    def payload(self, iteration: int, reads: list[Read], steps: int) -> Payload:
+        self.value = float(np.mean([r[0] for r in reads]))
+        return self.value, self.state.snapshot(self.x), {"epoch": steps / self.steps_per_epoch,
+                                                         "steps": float(steps)}
 
 
 class SVI(Method):
@@ -460,74 +495,26 @@ class SVI(Method):
     def _fit_stochastic(self, problem: Problem, state: VariationalState, x: Array,
                         rep: IterationReporter, name: str, opt_options: dict[str, Any]
                         ) -> tuple[Array, float, int]:
-        n = state.X.shape[0]
+        """AdaDelta or Adam (and natural-gradient steps on ``q(u)``) on the mini-batch
+        schedule (``gpinfer.training.minibatch``): one reported iteration is ``report_every``
+        steps, read once on a device. Returns ``(x, the last iteration's mean ELBO estimate,
+        iterations)``."""
         opt = make_optimizer(name, **opt_options)
         if not isinstance(opt, StochasticOptimizer):
             raise InputError(f"svi: optimizer {name!r} does not take single steps; use adadelta, "
                              "adam or lbfgs")
-        batches = None
-        steps_per_epoch = 1
-        if problem.batch_size is not None:
-            batches = MiniBatches(n, int(problem.batch_size), problem.rng).epochs(None)
-            steps_per_epoch = -(-n // int(problem.batch_size))
-        every = self.options["report_every"] or max(1, round(0.1 * steps_per_epoch))
         ngd = self.options["natural_gradient"]
         if ngd is not None and not 0.0 < float(ngd) <= 1.0:
             raise InputError(f"svi: natural_gradient must be None or in (0, 1], got {ngd!r}")
-        P = state.hp.size if ngd is not None else x.shape[0]  # entries the optimiser moves
-        opt.reset(x[:P])
-        step_args = (state, P, None if ngd is None else float(ngd), n)
-        value, it, step = -np.inf, 0, 0
-        for it in range(1, int(problem.max_iter) + 1):
-            x, opt, values = self._window(step_args, x, opt, batches, int(every), step)
-            step += int(every)
-            value = float(np.mean(values))
-            rep.report(it, value, state.snapshot(x),
-                       {"epoch": step / steps_per_epoch, "steps": float(step)})
-            if rep.should_stop():  # time budget or a stop request (early stopping)
-                break
-        return x, value, it
-
-    def _window(self, step_args: tuple[VariationalState, int, float | None, int], x: Array,
-                opt: StochasticOptimizer, batches: Iterator[Array] | None, k: int, step: int
-                ) -> tuple[Array, StochasticOptimizer, list[float]]:
-        """``k`` steps after step ``step`` (a reported iteration): ``(x, optimiser, the k ELBO
-        estimates)``. On a device nothing is read until the end (``ops.deferred_checks``): the
-        values and every check of the ``k`` steps come back in one transfer; the state before
-        them (``x``, a copy of the optimiser, each step's batch and generator state) is kept
-        that long, and when anything failed the window is replayed from it with every check
-        read at once (the Kuu factorisation's jitter escalation, the error of the step that
-        failed), so the fit is the one an immediate check gives. numpy checks at once."""
-        state = step_args[0]
-        if ops.is_numpy(x):
-            values = []
-            for i in range(k):
-                x, v = self._step(*step_args, x, opt, _next(batches), step + i + 1)
-                values.append(float(v))
-            return x, opt, values
-        start = (x, copy.deepcopy(opt))
-        record: list[tuple[Array | None, Mapping[str, Any]]] = []  # (batch, rng state) per step
-        try:
-            with ops.deferred_checks(redo=True) as checks:
-                unread = []
-                for i in range(k):
-                    batch = _next(batches)
-                    record.append((batch, state.rng.bit_generator.state))
-                    x, v = self._step(*step_args, x, opt, batch, step + i + 1)
-                    unread.append(v)
-                return x, opt, checks.flush(*unread)
-        except Exception:  # noqa: BLE001 - replayed with immediate checks: the same outcome
-            x, opt = start
-            values = []
-            for i in range(k):
-                if i < len(record):
-                    batch, rng_state = record[i]
-                    state.rng.bit_generator.state = rng_state
-                else:
-                    batch = _next(batches)
-                x, v = self._step(*step_args, x, opt, batch, step + i + 1)
-                values.append(ops.scalar(v))
-            return x, opt, values
+        bs = problem.batch_size
+        schedule = MiniBatchSchedule(state.X.shape[0], None if bs is None else int(bs),
+                                     problem.rng, rep)
+        every = int(self.options["report_every"] or max(1, round(0.1 * schedule.steps_per_epoch)))
+        schedule.per_iteration = schedule.read_every = every
+        steps = _SVISteps(self, state, x, opt, None if ngd is None else float(ngd),
+                          schedule.steps_per_epoch)
+        n_iter = schedule.run(steps, int(problem.max_iter))
+        return steps.x, steps.value, n_iter
 
     def _step(self, state: VariationalState, P: int, ngd: float | None, n: int, x: Array,
               opt: StochasticOptimizer, batch: Array | None, step: int) -> tuple[Array, Scalar]:
@@ -539,12 +526,7 @@ class SVI(Method):
         b = n if batch is None else batch.size
         xe = xp.concat([opt.lookahead(x[:P]), x[P:]]) if P else ops.copy(x)
         v, g, est = state.estimate(xe, batch, natural=ngd is not None)
-        if ops.is_numpy(g) or ops.pending_checks() is None:
-            check_finite(ops.scalar(v), g, step, "svi ELBO")
-        else:
-            ops.require_finite(lambda: NumericalError(
-                "svi ELBO value or gradient is not finite", iteration=step,
-                quantity="svi ELBO"), v, g)
+        check_step(v, g, step, "svi ELBO")
         x = xe
         if P:
             x[:P] = opt.step(xe[:P], self._scale(n, b) * g[:P])
