@@ -175,7 +175,7 @@ class _GPEstimatorBase:
     validation_folds: int | None
     refit_rule: str
     choice_rule: str
-    refine_iter: int
+    refine_iter: int | None
     standardize: bool | str
     backend: str | None
     device: Any
@@ -340,17 +340,20 @@ class _GPEstimatorBase:
         best_nll = found.get("best_val_nll")
         self.best_validation_score_ = None if best_nll is None else -float(best_nll)
 
-    def _early_stopping(self, y: Array, n_classes: int
+    def _early_stopping(self, y: Array, n_classes: int, method_cls: type[Method]
                         ) -> tuple[EarlyStopping, list[tuple[Array, Array]]] | None:
-        """The early-stopping settings and the ``(train, validation)`` row splits of ``y [N]``
-        (one hold-out, or K folds: ``validation_splits``); ``None`` without
-        ``validation_fraction``. ``InputError`` for bad settings, before any training."""
+        """The early-stopping settings, ``refit="auto"`` resolved to ``method_cls``'s rule
+        (``EarlyStopping.resolved``, ``Method.early_stopping_rule``), and the ``(train,
+        validation)`` row splits of ``y [N]`` (one hold-out, or K folds:
+        ``validation_splits``); ``None`` without ``validation_fraction``. ``InputError`` for
+        bad settings, before any training."""
         settings = EarlyStopping.from_settings(
             self.validation_fraction, self.validation_interval, self.n_iter_no_change,
             self.refit, self.validation_folds, self.refit_rule, self.choice_rule,
             self.refine_iter)
         if settings is None:
             return None
+        settings = settings.resolved(method_cls.early_stopping_rule, classifier=bool(n_classes))
         if not n_classes and settings.choice_rule == "log_one_se":
             raise InputError("choice_rule='log_one_se' needs a positive validation NLL; a "
                              "regression's (a density's) can be negative: use 'one_se'")
@@ -424,7 +427,7 @@ class _GPEstimatorBase:
             averaged = averaged_result(monitors, results, choice)
             if settings.refine_iter:  # each member's posterior on all the rows
                 averaged = self._refine_members(method, method_name, setup, averaged,
-                                                settings.refine_iter)
+                                                int(settings.refine_iter))
             return method, setup(slice(None), None)[1], averaged
         if not settings.refit:
             return method, problem, monitors[0].restore(result)
@@ -440,7 +443,7 @@ class _GPEstimatorBase:
         result = self._fit_plain(method, method_name, problem, inner if stop is None else stop)
         if settings.refine_iter:  # q(u) / the sites on, hyper-parameters fixed
             result = self._refine(method, method_name, setup(slice(None),
-                                                             settings.refine_iter)[1],
+                                                             int(settings.refine_iter))[1],
                                   result, renumbered(callback, offset + result.n_iter,
                                                      "refine_iteration"))
         return method, problem, choice.record(result, refitted=True, stop=stop)
@@ -478,7 +481,7 @@ class _GPEstimatorBase:
             method_cls, n_classes, self._task, self.batch_size,
             self._likelihood_name() or self._default_likelihood,
             likelihood=self.likelihood if isinstance(self.likelihood, Likelihood) else None)
-        early = self._early_stopping(y, n_classes)
+        early = self._early_stopping(y, n_classes, method_cls)
         setup = _ProblemSetup(self, method_cls, name, backend, X, y, n_classes, weights)
         method, problem = setup(slice(None) if early is None else early[1][0][0])
         with progress_callback(self.verbose, problem.max_iter, name, callback) as callback:
@@ -543,6 +546,8 @@ class _GPEstimatorBase:
                     raise ValueError("early stopping needs setup and data")
                 method, problem, result = self._fit_validated(
                     (method, problem), setup, data[0], data[1], method_name, callback, *early)
+                # the rule that ran (``refit="auto"`` resolved): refit / averaged, and this
+                result.diagnostics["refine_iter"] = float(early[0].refine_iter or 0)
             result = check_against_baseline(
                 result, method_name, problem.X, problem.y, problem.n_classes, self._rng(),
                 check_baseline_failure(self.baseline_failure),
@@ -723,8 +728,13 @@ class GPClassifierCore(_GPEstimatorBase):
         Iterations between two validation checks (``k``).
     n_iter_no_change : int
         Checks without a better validation NLL before training stops (patience).
-    refit : bool or "average"
-        With ``validation_fraction``: True (default) trains the method again on all the data
+    refit : "auto", bool or "average"
+        With ``validation_fraction``: ``"auto"`` (default) the method's own rule
+        (``Method.early_stopping_rule``, ``(refit, refine_iter)``): svi and its presets such as
+        vi-robustmax ``("average", 250)``, sep and every other method ``(True, 0)``; a
+        regressor refits where the rule says ``"average"``
+        (``fit_result_.diagnostics``: ``refit``, ``averaged``, ``refine_iter`` say what ran).
+        True trains the method again on all the data
         (the held-out part included) for the number of iterations with the best validation NLL,
         and that is the fitted model; False keeps the best validation iterate of the fit on the
         reduced data; ``"average"`` keeps every validation fold's model at its own best
@@ -758,14 +768,15 @@ class GPClassifierCore(_GPEstimatorBase):
         ``"log_one_se"`` the same on the folds' log NLL (classification only: ``InputError``
         in regression); ``"min"`` the mean curve's minimum; ``"median"`` the median over the
         folds of each fold's own best iteration. A single hold-out takes its minimum.
-    refine_iter : int
+    refine_iter : None or int
+        ``None`` (default): the count of the method's rule with ``refit="auto"``, else 0.
         With ``refit=True``: after the refit, up to this many further iterations on the
         approximate posterior alone (``q(u)`` for svi and its presets such as vi-robustmax,
         the tied sites for sep), on all the data, the kernel parameters and inducing inputs
         held at the refit's values (they are what over-fits with iterations; at fixed
         hyper-parameters the posterior approximation does not). With ``refit="average"``:
         every fold's model so trained on all the data at its own hyper-parameters.
-        (``Method.refine``; ``InputError`` for a method that cannot.) 0 (default): none.
+        (``Method.refine``; ``InputError`` for a method that cannot.) 0: none.
     standardize : "auto" or bool
         True: fit a per-feature ``(X - mean) / std`` on the training inputs (constant columns:
         std 1), keep it as ``scaler_`` and apply it at prediction, so that the fit does not
@@ -835,11 +846,11 @@ class GPClassifierCore(_GPEstimatorBase):
         validation_fraction: float | None = None,
         validation_interval: int = 1,
         n_iter_no_change: int = 10,
-        refit: bool | str = True,
+        refit: bool | str = "auto",
         validation_folds: int | None = None,
         refit_rule: str = "iterations",
         choice_rule: str = "one_se",
-        refine_iter: int = 0,
+        refine_iter: int | None = None,
         standardize: bool | str = "auto",
         backend: str | None = None,
         device: str | None = None,

@@ -505,11 +505,11 @@ def test_get_set_params_and_clone(fake_plugins, data):
         "validation_fraction": None,
         "validation_interval": 1,
         "n_iter_no_change": 10,
-        "refit": True,
+        "refit": "auto",
         "validation_folds": None,
         "refit_rule": "iterations",
         "choice_rule": "one_se",
-        "refine_iter": 0,
+        "refine_iter": None,
         "standardize": "auto",
         "baseline_failure": "raise",
     }

@@ -10,9 +10,13 @@ validation NLL every ``validation_interval`` iterations, remembers the best iter
 training to stop (its return value ``True``, see ``gpinfer.reporting``) after
 ``n_iter_no_change`` checks without improvement.
 
-What the fit then keeps (``EarlyStopping.refit``):
+What the fit then keeps (``EarlyStopping.refit``): by default (``refit="auto"``, ``AUTO``) the
+rule the method declares, ``Method.early_stopping_rule = (refit, refine_iter)``
+(``EarlyStopping.resolved``; a regressor refits where the rule averages): svi and its presets
+such as vi-robustmax ``("average", 250)``, sep and every other method ``(True, 0)`` (the
+measurements that chose them are below and in ``benchmarks/early_stopping.py``). Explicitly:
 
-* ``refit=True`` (the default): the method is trained again, on *all* the data (the held-out
+* ``refit=True``: the method is trained again, on *all* the data (the held-out
   part included), up to the point the validation chose (``best_iteration``, ``k``). The model
   does not lose the data it held out. (Keeping the best iterate of the fit on the reduced data
   met the 5 % target of ``benchmarks/early_stopping.py`` in 1 of 6 cases: on wine and
@@ -132,7 +136,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 import numpy as np
@@ -153,6 +157,8 @@ ONE_SE = 1.0
 REFIT_RULES = ("objective", "gain", "iterations")
 #: ``EarlyStopping.refit``'s setting that predicts with the validation folds' models
 AVERAGE = "average"
+#: ``EarlyStopping.refit``'s default: the rule the method declares (``Method.early_stopping``)
+AUTO = "auto"
 #: how K folds choose the number of iterations (``EarlyStopping.choice_rule``, ``choose_check``)
 CHOICE_RULES = ("one_se", "log_one_se", "min", "median")
 
@@ -165,7 +171,9 @@ class EarlyStopping:
     ``n_iter_no_change`` (patience, in checks) positive integers; ``refit``: ``True``, train
     again on all the data for the chosen number of iterations; ``False``, keep the hold-out
     fit's best iterate; ``"average"`` (``AVERAGE``), predict with the average of the monitored
-    fits' best iterates (module docstring).
+    fits' best iterates (module docstring); ``"auto"`` (``AUTO``, the estimators' default), the
+    method's declared rule (``resolved``). ``refine_iter`` ``None``: the declared rule's count
+    with ``"auto"``, else 0.
     """
 
     validation_fraction: float
@@ -175,14 +183,14 @@ class EarlyStopping:
     folds: int | None = None
     refit_rule: str = "iterations"
     choice_rule: str = "one_se"
-    refine_iter: int = 0
+    refine_iter: int | None = 0
 
     @classmethod
     def from_settings(cls, validation_fraction: object, validation_interval: object,
-                      n_iter_no_change: object, refit: object = True,
+                      n_iter_no_change: object, refit: object = AUTO,
                       folds: object = None, refit_rule: object = "iterations",
                       choice_rule: object = "one_se",
-                      refine_iter: object = 0) -> EarlyStopping | None:
+                      refine_iter: object = None) -> EarlyStopping | None:
         """The settings, or ``None`` when ``validation_fraction`` is ``None`` (off);
         ``InputError`` naming the bad setting otherwise."""
         if validation_fraction is None:
@@ -198,9 +206,10 @@ class EarlyStopping:
                             ("n_iter_no_change", n_iter_no_change)):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise InputError(f"{name} must be a positive integer; got {value!r}")
-        if not isinstance(refit, bool | np.bool_) and refit != AVERAGE:
-            raise InputError(f"refit must be True (train again on all the data for the chosen "
-                             f"number of iterations), False (keep the best iterate) or "
+        if not isinstance(refit, bool | np.bool_) and refit not in (AVERAGE, AUTO):
+            raise InputError(f"refit must be {AUTO!r} (the method's own rule, "
+                             f"Method.early_stopping), True (train again on all the data for the "
+                             f"chosen number of iterations), False (keep the best iterate) or "
                              f"{AVERAGE!r} (predict with the average of the validation folds' "
                              f"models); got {refit!r}")
         n_folds: int | None = None
@@ -220,10 +229,12 @@ class EarlyStopping:
         if choice_rule not in CHOICE_RULES:
             raise InputError(f"choice_rule must be one of {list(CHOICE_RULES)} (how K folds choose "
                              f"the number of iterations); got {choice_rule!r}")
-        if (isinstance(refine_iter, bool) or not isinstance(refine_iter, numbers.Integral)
+        if refine_iter is not None and (
+                isinstance(refine_iter, bool) or not isinstance(refine_iter, numbers.Integral)
                 or refine_iter < 0):
             raise InputError(f"refine_iter must be a non-negative integer (iterations on the "
-                             f"approximate posterior after the refit, hyper-parameters fixed); "
+                             f"approximate posterior after the refit, hyper-parameters fixed) "
+                             f"or None (the method's own count with refit={AUTO!r}, else 0); "
                              f"got {refine_iter!r}")
         if refine_iter and not refit:
             raise InputError(f"refine_iter={refine_iter} needs refit=True (it continues the "
@@ -231,8 +242,29 @@ class EarlyStopping:
                              f"on all the data); got refit={refit!r}")
         return cls(float(validation_fraction), int(cast(int, validation_interval)),
                    int(cast(int, n_iter_no_change)),
-                   AVERAGE if refit == AVERAGE else bool(refit), n_folds,
-                   str(refit_rule), str(choice_rule), int(refine_iter))  # all checked above
+                   refit if isinstance(refit, str) else bool(refit), n_folds,
+                   str(refit_rule), str(choice_rule),
+                   None if refine_iter is None else int(cast(int, refine_iter)))  # checked above
+
+    def resolved(self, preferred: tuple[bool | str, int], classifier: bool = True
+                 ) -> EarlyStopping:
+        """The settings that run: ``refit="auto"`` replaced by the method's declared rule
+        ``preferred = (refit, refine_iter)`` (``Method.early_stopping``; its ``"average"``
+        becomes ``True`` where ``classifier`` is False, a regressor's folds learn their own
+        noise variances), and ``refine_iter=None`` by that rule's count (0 for an explicit
+        ``refit``); an explicit ``refine_iter`` is kept. ``InputError`` for a ``refine_iter``
+        that the resolved ``refit=False`` cannot use."""
+        refit, refine = self.refit, self.refine_iter
+        if refit == AUTO:
+            refit, count = preferred
+            if refit == AVERAGE and not classifier:
+                refit = True
+            refine = count if refine is None else refine
+        refine = refine or 0
+        if refine and not refit:
+            raise InputError(f"refine_iter={refine} needs refit=True or {AVERAGE!r}; the "
+                             f"method's rule (refit={AUTO!r}) is refit=False")
+        return replace(self, refit=refit, refine_iter=refine)
 
     @property
     def averages(self) -> bool:

@@ -421,7 +421,7 @@ def test_a_mini_batch_refit_takes_the_count_whatever_the_rule():
     ({"refit_rule": "level"}, "refit_rule must be one of"),
     ({"choice_rule": "best"}, "choice_rule must be one of"),
     ({"choice_rule": None}, "choice_rule must be one of"),
-    ({"refit": "yes"}, "refit must be True"),
+    ({"refit": "yes"}, "refit must be .auto."),
     ({"validation_folds": 0}, "validation_folds must be"),
     ({"validation_folds": 1.5}, "validation_folds must be"),
     ({"validation_folds": 3, "refit": False}, "needs refit=True"),
@@ -485,7 +485,8 @@ def test_refine_continues_the_refit_with_its_hyper_parameters_held(method, extra
     callback's count go on from the refit's."""
     X, y = _three_classes()
     kw = {"method": method, "M": 8, "max_iter": 40, "random_state": 0,
-          "validation_fraction": 0.25, "validation_folds": 1, "n_iter_no_change": 3, **extra}
+          "validation_fraction": 0.25, "validation_folds": 1, "n_iter_no_change": 3,
+          "refit": True, **extra}
     plain = gpinfer.GPClassifier(**kw).fit(X, y)
     reports = []
     est = gpinfer.GPClassifier(**kw, refine_iter=15).fit(X, y, callback=reports.append)
@@ -536,7 +537,7 @@ def test_refine_gives_the_same_model_on_torch_as_on_numpy(method, extra):
     X, y = _three_classes(60)
     kw = {"method": method, "M": 6, "max_iter": 20, "random_state": 0,
           "validation_fraction": 0.25, "validation_folds": 1, "n_iter_no_change": 3,
-          "refine_iter": 8, **extra}
+          "refit": True, "refine_iter": 8, **extra}
     on_numpy = gpinfer.GPClassifier(**kw).fit(X, y)
     on_torch = gpinfer.GPClassifier(**kw, backend="torch", dtype="float64").fit(X, y)
     assert on_torch.fit_result_.diagnostics["refined"] == on_numpy.fit_result_.diagnostics[
