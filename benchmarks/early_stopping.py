@@ -360,17 +360,21 @@ def one(dataset: str, method: str, repeat: int, fold: int, folds: int, iteration
                              ).fit(Xtr, ytr, callback=record_folds)
         refined = {}
         for n in refine:
-            rule, _, count = n.rpartition(":")
+            scored, _, entry = n.rpartition("/")
+            rule, _, count = entry.rpartition(":")
+            t0 = time.process_time()
             model = GPClassifier(**common, validation_fraction=0.2, validation_interval=1,
                                  n_iter_no_change=patience, validation_folds=validation_folds,
                                  refine_iter=int(count.lstrip("a")),
                                  refit="average" if count.startswith("a") else True,
                                  choice_rule=rule or "one_se",
+                                 choice_refine_iter=int(scored.lstrip("c") or 0),
                                  **({} if refit_rule is None else {"refit_rule": refit_rule})
                                  ).fit(Xtr, ytr)
             refined[str(n)] = {"nll": _nll(model.predict_proba(Xte), yte),
                                "best_iteration": model.best_iteration_,
-                               "refined": model.fit_result_.diagnostics.get("refined", 0.0)}
+                               "refined": model.fit_result_.diagnostics.get("refined", 0.0),
+                               "cpu_s": time.process_time() - t0}
     diag, state = early.fit_result_.diagnostics, early.fit_result_.state
     return {"dataset": dataset, "method": method, "repeat": repeat, "fold": fold, "M": M,
             "n_train": int(len(ytr)), "n_test": int(len(yte)), "path": path,
@@ -536,10 +540,14 @@ def summary(files: list[str], rules: list[str], choice_rules: list[str | None],
                 continue
             final = np.array([r["refined"][n]["nll"] for r in rs])
             extra = np.array([r["refined"][n]["refined"] for r in rs])
-            rule, _, count = n.rpartition(":")
+            scored, _, entry = n.rpartition("/")
+            rule, _, count = entry.rpartition(":")
+            scored = f", choice_refine_iter={scored.lstrip('c')}" if scored else ""
+            cpu = [r["refined"][n].get("cpu_s", np.nan) for r in rs]
             print(f"| {dataset} | {method} | {len(rs)} ({len({r['repeat'] for r in rs})}) "
                   f"| {rule or 'run'}, {'average' if count.startswith('a') else 'refit'} + "
-                  f"refine_iter={count.lstrip('a')} | {final.mean() / best_mean:.3f} | "
+                  f"refine_iter={count.lstrip('a')}{scored} (fit {np.mean(cpu):.1f} s CPU) | "
+                  f"{final.mean() / best_mean:.3f} | "
                   f"{np.mean(final / best):.3f} / {np.max(final / best):.3f} | "
                   f"refined {extra.mean():.1f}, {extra.min():.0f}-{extra.max():.0f} | {ref} |")
         run = np.array([r["final_nll_es"] for r in rs])
@@ -578,7 +586,9 @@ def main() -> None:
                     help="the early-stopped run's validation_folds (default: the estimator's)")
     ap.add_argument("--refine-iter", default="",
                     help="refine_iter values fitted (each one more early-stopped fit per "
-                         "split), e.g. 0,50,250; aN: refit='average' with refine_iter=N")
+                         "split), e.g. 0,50,250; aN: refit='average' with refine_iter=N; "
+                         "RULE:N choice_rule=RULE; cK/N (cK/aN, cK/RULE:N): "
+                         "choice_refine_iter=K")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "early_stopping_cv.jsonl"))
     ap.add_argument("--summary", nargs="+", default=None, metavar="JSONL",
                     help="print the per-(dataset, method, rule) summary of these files and exit")

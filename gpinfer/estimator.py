@@ -39,7 +39,7 @@ from gpinfer.fit_guard import (
 from gpinfer.interfaces import FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.initialisation import set_lengthscales, standardised_lengthscale
-from gpinfer.posterior import AveragedPosterior, class_columns
+from gpinfer.posterior import AveragedPosterior, Posterior, class_columns
 from gpinfer.progress import progress_callback
 from gpinfer.threads import blas_threads, training_threads
 from gpinfer.training.early_stopping import (
@@ -176,6 +176,7 @@ class _GPEstimatorBase:
     refit_rule: str
     choice_rule: str
     refine_iter: int | None
+    choice_refine_iter: int
     standardize: bool | str
     backend: str | None
     device: Any
@@ -350,7 +351,7 @@ class _GPEstimatorBase:
         settings = EarlyStopping.from_settings(
             self.validation_fraction, self.validation_interval, self.n_iter_no_change,
             self.refit, self.validation_folds, self.refit_rule, self.choice_rule,
-            self.refine_iter)
+            self.refine_iter, self.choice_refine_iter)
         if settings is None:
             return None
         settings = settings.resolved(method_cls.early_stopping_rule, classifier=bool(n_classes))
@@ -404,6 +405,10 @@ class _GPEstimatorBase:
         (``averaged_result``; the returned problem is that of all the rows). The held-out
         rows live only in this call (never pickled with the fitted model). Returns the fitted
         model's method, problem and result."""
+        if settings.choice_refine_iter and not type(first[0]).refines:
+            raise InputError(f"choice_refine_iter={settings.choice_refine_iter}: method "
+                             f"{method_name!r} cannot refine a fit at fixed hyper-parameters "
+                             "(Method.refines); use choice_refine_iter=0")
         if settings.refine_iter and not type(first[0]).refines:
             raise InputError(f"refine_iter={settings.refine_iter}: method {method_name!r} "
                              "cannot refine a fit at fixed hyper-parameters (Method.refines); "
@@ -419,6 +424,9 @@ class _GPEstimatorBase:
                 renumbered(callback, offset, "fold_iteration") if several else callback,
                 n_points=problem.n)
             result, _ = self._run(method, method_name, problem, monitor, ranks_iterates=False)
+            if settings.choice_refine_iter:  # rank the iterates by their refined posteriors
+                monitor.rescore(self._refiner(method, method_name, setup(
+                    train, settings.choice_refine_iter)[1], result.kernel))
             monitors.append(monitor)
             results.append(result)
             offset += monitor.last_iteration
@@ -505,6 +513,17 @@ class _GPEstimatorBase:
         averaged.diagnostics["refined"] = float(np.mean(counts))
         averaged.n_iter += int(sum(counts))
         return averaged
+
+    def _refiner(self, method: Method, method_name: str, problem: Problem, kernel: Kernel
+                 ) -> Callable[[Posterior], Posterior]:
+        """``posterior -> `` that posterior refined on ``problem`` (``_refine``, from a fit
+        whose kernel is ``kernel`` where the posterior has none): the early-stopping choice's
+        ``choice_refine_iter`` (``ValidationMonitor.rescore``)."""
+        def refine(posterior: Posterior) -> Posterior:
+            start = FitResult(posterior, 0.0, posterior_kernel(posterior, kernel), 0)
+            return self._refine(method, method_name, problem, start, None).posterior
+
+        return refine
 
     def _refine(self, method: Method, method_name: str, problem: Problem, fitted: FitResult,
                 callback: FitCallback | None) -> FitResult:
@@ -777,6 +796,13 @@ class GPClassifierCore(_GPEstimatorBase):
         hyper-parameters the posterior approximation does not). With ``refit="average"``:
         every fold's model so trained on all the data at its own hyper-parameters.
         (``Method.refine``; ``InputError`` for a method that cannot.) 0: none.
+    choice_refine_iter : int
+        0 (default): the validation checks score each iterate's posterior as fitted. K > 0:
+        each checked iterate's posterior is first refined K iterations at its frozen
+        hyper-parameters on the validation fit's own rows (``Method.refine``), and the choice
+        (the count, the folds' best iterates) ranks the refined posteriors, since the model
+        that early stopping returns is refined (``refine_iter``); one refinement per check
+        (``gpinfer.training.early_stopping``; ``InputError`` for a method that cannot refine).
     standardize : "auto" or bool
         True: fit a per-feature ``(X - mean) / std`` on the training inputs (constant columns:
         std 1), keep it as ``scaler_`` and apply it at prediction, so that the fit does not
@@ -851,6 +877,7 @@ class GPClassifierCore(_GPEstimatorBase):
         refit_rule: str = "iterations",
         choice_rule: str = "one_se",
         refine_iter: int | None = None,
+        choice_refine_iter: int = 0,
         standardize: bool | str = "auto",
         backend: str | None = None,
         device: str | None = None,
@@ -875,6 +902,7 @@ class GPClassifierCore(_GPEstimatorBase):
         self.refit_rule = refit_rule
         self.choice_rule = choice_rule
         self.refine_iter = refine_iter
+        self.choice_refine_iter = choice_refine_iter
         self.standardize = standardize
         self.backend = backend
         self.device = device

@@ -510,6 +510,7 @@ def test_get_set_params_and_clone(fake_plugins, data):
         "refit_rule": "iterations",
         "choice_rule": "one_se",
         "refine_iter": None,
+        "choice_refine_iter": 0,
         "standardize": "auto",
         "baseline_failure": "raise",
     }

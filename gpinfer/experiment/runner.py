@@ -409,7 +409,8 @@ def _make_estimator(p: Prepared) -> Estimator:
                        validation_interval=es.validation_interval,
                        n_iter_no_change=es.n_iter_no_change, refit=es.refit,
                        validation_folds=es.folds, refit_rule=es.refit_rule,
-                       choice_rule=es.choice_rule, refine_iter=es.refine_iter)
+                       choice_rule=es.choice_rule, refine_iter=es.refine_iter,
+                       choice_refine_iter=es.choice_refine_iter)
     return (GPRegressorCore if p.task == "regression" else GPClassifierCore)(
         method=s.method, M=p.M_count, kernel=p.kernel, likelihood=s.likelihood,
         optimize=s.optimize, max_iter=s.iterations, batch_size=s.batch_size,

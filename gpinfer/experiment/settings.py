@@ -159,7 +159,8 @@ def _early_stopping_settings(conf: Mapping[str, Any]) -> EarlyStopping | None:
                                        conf.get("validation_folds"),
                                        conf.get("refit_rule", "iterations"),
                                        conf.get("choice_rule", "one_se"),
-                                       conf.get("refine_iter"))
+                                       conf.get("refine_iter"),
+                                       conf.get("choice_refine_iter", 0))
 
 
 def parse_settings(conf: Mapping[str, Any]) -> Settings:

@@ -184,13 +184,15 @@ class EarlyStopping:
     refit_rule: str = "iterations"
     choice_rule: str = "one_se"
     refine_iter: int | None = 0
+    choice_refine_iter: int = 0
 
     @classmethod
     def from_settings(cls, validation_fraction: object, validation_interval: object,
                       n_iter_no_change: object, refit: object = AUTO,
                       folds: object = None, refit_rule: object = "iterations",
                       choice_rule: object = "one_se",
-                      refine_iter: object = None) -> EarlyStopping | None:
+                      refine_iter: object = None,
+                      choice_refine_iter: object = 0) -> EarlyStopping | None:
         """The settings, or ``None`` when ``validation_fraction`` is ``None`` (off);
         ``InputError`` naming the bad setting otherwise."""
         if validation_fraction is None:
@@ -236,6 +238,12 @@ class EarlyStopping:
                              f"approximate posterior after the refit, hyper-parameters fixed) "
                              f"or None (the method's own count with refit={AUTO!r}, else 0); "
                              f"got {refine_iter!r}")
+        if (isinstance(choice_refine_iter, bool)
+                or not isinstance(choice_refine_iter, numbers.Integral)
+                or choice_refine_iter < 0):
+            raise InputError(f"choice_refine_iter must be a non-negative integer (iterations on "
+                             f"the posterior of every checked iterate before it is scored); got "
+                             f"{choice_refine_iter!r}")
         if refine_iter and not refit:
             raise InputError(f"refine_iter={refine_iter} needs refit=True (it continues the "
                              f"refit on all the data) or refit={AVERAGE!r} (each fold's model "
@@ -244,7 +252,8 @@ class EarlyStopping:
                    int(cast(int, n_iter_no_change)),
                    refit if isinstance(refit, str) else bool(refit), n_folds,
                    str(refit_rule), str(choice_rule),
-                   None if refine_iter is None else int(cast(int, refine_iter)))  # checked above
+                   None if refine_iter is None else int(cast(int, refine_iter)),
+                   int(choice_refine_iter))  # all checked above
 
     def resolved(self, preferred: tuple[bool | str, int], classifier: bool = True
                  ) -> EarlyStopping:
@@ -407,6 +416,10 @@ class ValidationMonitor:
         #: the validation NLL of every checked iteration, iteration -> value
         self.val_nll: dict[int, float] = {}
         self.checks: list[tuple[int, float]] = []  # (iteration, validation NLL) per check
+        #: the posterior of every checked iteration, kept with ``choice_refine_iter`` (``rescore``)
+        self.posteriors: dict[int, Posterior] = {}
+        #: whether ``rescore`` replaced the checks by the refined posteriors' values
+        self.rescored = False
 
     def __call__(self, info: IterationInfo) -> bool:
         self.last_iteration = info.iteration
@@ -419,6 +432,8 @@ class ValidationMonitor:
             info = IterationInfo(info.iteration, info.objective, info.elapsed, info.posterior,
                                  {**info.extra, "val_nll": value})
             self.checks.append((info.iteration, value))
+            if self.settings.choice_refine_iter:
+                self.posteriors[info.iteration] = posterior
             if np.isfinite(value) and value < self.best_nll:
                 self.best_nll, self.best_iteration = value, info.iteration
                 self.best_posterior = posterior
@@ -430,6 +445,27 @@ class ValidationMonitor:
         inner = self.callback(info) if self.callback is not None else None
         return stop or inner is True
 
+    def rescore(self, refine: Callable[[Posterior], Posterior]) -> None:
+        """Score every kept checked posterior (``posteriors``) again after ``refine`` (the
+        posterior trained further at its frozen hyper-parameters on the monitored fit's rows:
+        ``choice_refine_iter``): the checks, ``val_nll``, the best iterate and its posterior
+        (the refined one) become those of the refined posteriors, so that the choice ranks the
+        hyper-parameter iterates by the model that early stopping returns (refined), not by
+        their half-trained posteriors. The kept posteriors are dropped."""
+        if not self.posteriors:
+            return
+        self.best_nll, self.best_iteration, self.best_posterior = np.inf, None, None
+        checks = []
+        for iteration, _ in self.checks:
+            posterior = refine(self.posteriors[iteration])
+            value = float(self.nll(posterior))
+            checks.append((iteration, value))
+            self.val_nll[iteration] = value
+            if np.isfinite(value) and value < self.best_nll:
+                self.best_nll, self.best_iteration = value, iteration
+                self.best_posterior = posterior
+        self.checks, self.posteriors, self.rescored = checks, {}, True
+
     def restore(self, result: FitResult) -> FitResult:
         """``result`` with the best validation iterate's posterior (and its kernels), with the
         early-stopping numbers (``ValidationChoice.record``) and ``val_nll`` in the ``history``
@@ -440,7 +476,7 @@ class ValidationMonitor:
                 entry.setdefault("val_nll", value)
         if self.best_posterior is None:
             return result
-        if self.best_iteration != self.last_iteration:
+        if self.best_iteration != self.last_iteration or self.rescored:
             result.kernel = posterior_kernel(self.best_posterior, result.kernel)
             result.posterior = self.best_posterior
         return ValidationChoice([self]).record(result, refitted=False)
@@ -545,7 +581,8 @@ def averaged_result(monitors: list[ValidationMonitor], results: list[FitResult],
     iteration) in ``state``. ``kernel`` is the first member's; ``log_evidence`` the mean of the
     fits' (each on its own rows); ``n_iter`` the iterations of all the fits; ``history`` theirs,
     one after the other, each entry with its ``fold``."""
-    members = [r.posterior if m.best_posterior is None or m.best_iteration == m.last_iteration
+    members = [r.posterior if m.best_posterior is None
+               or (m.best_iteration == m.last_iteration and not m.rescored)
                else m.best_posterior for m, r in zip(monitors, results)]  # as ``restore``
     history = [{**entry, "fold": float(f)} for f, r in enumerate(results) for entry in r.history]
     result = FitResult(
