@@ -750,11 +750,10 @@ class GPClassifierCore(_GPEstimatorBase):
     refit : "auto", bool or "average"
         With ``validation_fraction``: ``"auto"`` (default) the method's own rule
         (``Method.early_stopping_rule``, ``(refit, refine_iter)``): svi and its presets such as
-        vi-robustmax ``("average", 250)``, sep and every other method ``(True, 0)``; a
-        regressor refits where the rule says ``"average"``
-        (``fit_result_.diagnostics``: ``refit``, ``averaged``, ``refine_iter`` say what ran).
-        True trains the method again on all the data
-        (the held-out part included) for the number of iterations with the best validation NLL,
+        vi-robustmax ``("average", 250)``, sep ``(True, 50)``, every other method ``(True,
+        0)``; a regressor refits where the rule says ``"average"`` (``fit_result_.diagnostics``:
+        ``refit``, ``averaged``, ``refine_iter`` say what ran). True trains the method again on
+        all the data (the held-out part included) for the number of iterations with the best validation NLL,
         and that is the fitted model; False keeps the best validation iterate of the fit on the
         reduced data; ``"average"`` keeps every validation fold's model at its own best
         validation iterate and predicts with the mean of their class probabilities

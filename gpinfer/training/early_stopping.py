@@ -13,8 +13,9 @@ training to stop (its return value ``True``, see ``gpinfer.reporting``) after
 What the fit then keeps (``EarlyStopping.refit``): by default (``refit="auto"``, ``AUTO``) the
 rule the method declares, ``Method.early_stopping_rule = (refit, refine_iter)``
 (``EarlyStopping.resolved``; a regressor refits where the rule averages): svi and its presets
-such as vi-robustmax ``("average", 250)``, sep and every other method ``(True, 0)`` (the
-measurements that chose them are below and in ``benchmarks/early_stopping.py``). Explicitly:
+such as vi-robustmax ``("average", 250)``, sep ``(True, 50)``, every other method ``(True, 0)``
+(the measurements that chose them are below and in ``benchmarks/early_stopping.py``).
+Explicitly:
 
 * ``refit=True``: the method is trained again, on *all* the data (the held-out
   part included), up to the point the validation chose (``best_iteration``, ``k``). The model
@@ -82,6 +83,16 @@ too early); vi-robustmax digits (three test splits, one hold-out) 1.014 with the
 averaged and refined (1.051 averaged alone); sep wine r1 1.006 -> 1.004 and bc r2 1.067 ->
 1.056 with the refit and ``refine_iter=50``, while its average on wine stays far off (1.449 ->
 1.353). Off by default: no one setting is best for both families.
+
+``choice_refine_iter`` (``EarlyStopping.choice_refine_iter``, 0 by default): the model that
+early stopping returns is refined (``refine_iter``), so the choice should rank the
+hyper-parameter iterates by their *refined* posteriors, not by their half-trained ones. With
+``choice_refine_iter=K``, every monitored fit keeps the posterior of each checked iterate
+(``ValidationMonitor.posteriors``), and after the fit each is refined ``K`` iterations at its
+frozen hyper-parameters on that fit's own rows (``Method.refine``) and scored again on the
+held-out rows (``ValidationMonitor.rescore``); the curves, the best iterates (the refined
+posteriors) and so the count and the averaged members are those of the refined posteriors.
+One refinement per check (the measurements: ``benchmarks/early_stopping.py``, seventh round).
 
 Small data (``EarlyStopping.folds``): a hold-out of a few dozen points says little about which
 iteration is best, so where the hold-out would have fewer than ``MIN_HOLDOUT`` points the

@@ -380,7 +380,7 @@ def test_refine_iter_reaches_the_estimator_and_the_run_records_it(tmp_path: Path
     assert saved["refined"] == 3.0
 
 
-@pytest.mark.parametrize("method,refit,refine_iter", [("sep", "true", "0"),
+@pytest.mark.parametrize("method,refit,refine_iter", [("sep", "true", "50"),
                                                       ("vi-robustmax", "average", "250")])
 def test_the_run_records_the_early_stopping_rule_that_ran(tmp_path: Path, store_uri: str,
                                                           method: str, refit: str,
