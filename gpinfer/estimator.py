@@ -754,8 +754,8 @@ class GPClassifierCore(_GPEstimatorBase):
         0)``; a regressor refits where the rule says ``"average"`` (``fit_result_.diagnostics``:
         ``refit``, ``averaged``, ``refine_iter`` say what ran). True trains the method again on
         all the data (the held-out part included) for the number of iterations with the best
-        validation NLL, and that is the fitted model; False keeps the best validation iterate of the fit on the
-        reduced data; ``"average"`` keeps every validation fold's model at its own best
+        validation NLL, and that is the fitted model; False keeps the best validation iterate
+        of the fit on the reduced data; ``"average"`` keeps every validation fold's model at its own best
         validation iterate and predicts with the mean of their class probabilities
         (``posterior_`` is a ``gpinfer.posterior.AveragedPosterior`` of K members, each
         trained on ``(K - 1) / K`` of the data; no refit; K times the prediction cost; with
