@@ -750,20 +750,19 @@ class GPClassifierCore(_GPEstimatorBase):
     refit : "auto", bool or "average"
         With ``validation_fraction``: ``"auto"`` (default) the method's own rule
         (``Method.early_stopping_rule``, ``(refit, refine_iter)``): svi and its presets such as
-        vi-robustmax ``("average", 250)``, sep ``(True, 50)``, every other method ``(True,
-        0)``; a regressor refits where the rule says ``"average"`` (``fit_result_.diagnostics``:
-        ``refit``, ``averaged``, ``refine_iter`` say what ran). True trains the method again on
-        all the data (the held-out part included) for the number of iterations with the best
-        validation NLL, and that is the fitted model; False keeps the best validation iterate
-        of the fit on the reduced data; ``"average"`` keeps every validation fold's model at its own best
-        validation iterate and predicts with the mean of their class probabilities
-        (``posterior_`` is a ``gpinfer.posterior.AveragedPosterior`` of K members, each
-        trained on ``(K - 1) / K`` of the data; no refit; K times the prediction cost; with
-        one hold-out, the one model: as False; ``best_iteration_`` is still the folds' choice,
-        reported but unused, ``fit_result_.state["member_iteration"]`` each member's).
-        ``fit_result_.diagnostics`` holds ``best_iteration`` and ``best_val_nll``,
-        ``fit_result_.state`` the per-check ``val_iteration`` and ``val_nll``. Ignored without
-        ``validation_fraction``.
+        vi-robustmax ``("average", 250)``, sep ``(True, 50)``, every other method ``(True, 0)``; a
+        regressor refits where the rule says ``"average"`` (``fit_result_.diagnostics``: ``refit``,
+        ``averaged``, ``refine_iter`` say what ran). True trains the method again on all the data
+        (the held-out part included) for the number of iterations with the best validation NLL, and
+        that is the fitted model; False keeps the best validation iterate of the fit on the reduced
+        data; ``"average"`` keeps every validation fold's model at its own best validation iterate
+        and predicts with the mean of their class probabilities (``posterior_`` is a
+        ``gpinfer.posterior.AveragedPosterior`` of K members, each trained on ``(K - 1) / K`` of the
+        data; no refit; K times the prediction cost; with one hold-out, the one model: as False;
+        ``best_iteration_`` is still the folds' choice, reported but unused,
+        ``fit_result_.state["member_iteration"]`` each member's). ``fit_result_.diagnostics`` holds
+        ``best_iteration`` and ``best_val_nll``, ``fit_result_.state`` the per-check
+        ``val_iteration`` and ``val_nll``. Ignored without ``validation_fraction``.
     validation_folds : None or int
         How the number of iterations is chosen: ``None`` (default) one hold-out of
         ``validation_fraction``, or, where that would hold fewer than 200 points (with
