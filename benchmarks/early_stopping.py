@@ -23,11 +23,14 @@ Printed per (dataset, method, rule):
 Each split runs the method twice: without early stopping, with the test NLL and the training
 objective after every iteration (the *path*), and with ``validation_fraction=0.2``
 (``n_iter_no_change=PATIENCE``) and the estimator's defaults otherwise (5 folds under 200
-held-out points, one hold-out otherwise; the refit on all the data stopped by the default
-``refit_rule``, or ``--refit-rule``). The refit is the path's fit (the same deterministic
-steps on the same data), so every rule of ``gpinfer.training.early_stopping`` is replayed on
-the path from the folds' recorded curves (``--rules``); the summary checks the run's own model
-against the replay of its rule (the path's test NLL at the replayed stop over the model's).
+held-out points, one hold-out otherwise; since the seventh round the method's own rule,
+``refit="auto"``: vi-robustmax the folds' average refined 250 iterations, sep the refit and 50
+sweeps; before it the refit on all the data stopped by the default ``refit_rule``, or
+``--refit-rule``: the summary's ``iterations`` row replays that refit). The refit is the
+path's fit (the same deterministic steps on the same data), so every rule of
+``gpinfer.training.early_stopping`` is replayed on the path from the folds' recorded curves
+(``--rules``); the summary checks the run's own model against the replay of its rule (the
+path's test NLL at the replayed stop over the model's).
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/early_stopping.py [--repeats 1]
         [--test-folds 10] [--splits 0-9] [--iterations 250] [--patience 10]
