@@ -556,10 +556,12 @@ def summary(files: list[str], rules: list[str], choice_rules: list[str | None],
         run = np.array([r["final_nll_es"] for r in rs])
         check = run / np.array([r["path"][min(replay(r, r.get("refit_rule", "objective")), T) - 1]
                                 for r in rs])
-        print(f"<!-- {dataset} {method}: the run's own model ({rs[0].get('refit_rule')}): ratio "
-              f"of means {run.mean() / best_mean:.3f}, per split {np.mean(run / best):.3f} / "
-              f"{np.max(run / best):.3f}; over the replay of its rule on the path, max |1 - "
-              f"ratio| {np.max(np.abs(1 - check)):.2e} -->")
+        print(f"| {dataset} | {method} | {len(rs)} ({len({r['repeat'] for r in rs})}) "
+              f"| the run's own model (the estimator's defaults) | {run.mean() / best_mean:.3f} "
+              f"| {np.mean(run / best):.3f} / {np.max(run / best):.3f} | | {ref} |")
+        print(f"<!-- {dataset} {method}: the run's own model over the replay of its refit rule "
+              f"({rs[0].get('refit_rule')}) on the path (1 where it refits without refining), "
+              f"max |1 - ratio| {np.max(np.abs(1 - check)):.2e} -->")
 
 
 def _range(text: str) -> range:
