@@ -365,16 +365,23 @@ def one(dataset: str, method: str, repeat: int, fold: int, folds: int, iteration
         for n in refine:
             scored, _, entry = n.rpartition("/")
             rule, _, count = entry.rpartition(":")
+            fits = int(scored[1:]) if scored.startswith("x") else 1  # xR: R fits averaged
             t0 = time.process_time()
-            model = GPClassifier(**common, validation_fraction=0.2, validation_interval=1,
-                                 n_iter_no_change=patience, validation_folds=validation_folds,
-                                 refine_iter=int(count.lstrip("a")),
-                                 refit="average" if count.startswith("a") else True,
-                                 choice_rule=rule or "one_se",
-                                 choice_refine_iter=int(scored.lstrip("c") or 0),
-                                 **({} if refit_rule is None else {"refit_rule": refit_rule})
-                                 ).fit(Xtr, ytr)
-            refined[str(n)] = {"nll": _nll(model.predict_proba(Xte), yte),
+            proba = 0.0
+            for i in range(fits):  # another random_state: other folds and inducing starts
+                model = GPClassifier(**{**common, "random_state": seed + 7919 * i},
+                                     validation_fraction=0.2, validation_interval=1,
+                                     n_iter_no_change=patience,
+                                     validation_folds=validation_folds,
+                                     refine_iter=int(count.lstrip("a")),
+                                     refit="average" if count.startswith("a") else True,
+                                     choice_rule=rule or "one_se",
+                                     choice_refine_iter=int(scored.lstrip("c") or 0)
+                                     if scored.startswith("c") else 0,
+                                     **({} if refit_rule is None else {"refit_rule": refit_rule})
+                                     ).fit(Xtr, ytr)
+                proba = proba + class_columns(model.predict_proba(Xte), len(classes)) / fits
+            refined[str(n)] = {"nll": _nll(proba, yte),
                                "best_iteration": model.best_iteration_,
                                "refined": model.fit_result_.diagnostics.get("refined", 0.0),
                                "cpu_s": time.process_time() - t0}
@@ -545,7 +552,8 @@ def summary(files: list[str], rules: list[str], choice_rules: list[str | None],
             extra = np.array([r["refined"][n]["refined"] for r in rs])
             scored, _, entry = n.rpartition("/")
             rule, _, count = entry.rpartition(":")
-            scored = f", choice_refine_iter={scored.lstrip('c')}" if scored else ""
+            scored = (f", {scored[1:]} fits (random_state) averaged" if scored.startswith("x")
+                      else f", choice_refine_iter={scored.lstrip('c')}" if scored else "")
             cpu = [r["refined"][n].get("cpu_s", np.nan) for r in rs]
             print(f"| {dataset} | {method} | {len(rs)} ({len({r['repeat'] for r in rs})}) "
                   f"| {rule or 'run'}, {'average' if count.startswith('a') else 'refit'} + "
@@ -593,7 +601,8 @@ def main() -> None:
                     help="refine_iter values fitted (each one more early-stopped fit per "
                          "split), e.g. 0,50,250; aN: refit='average' with refine_iter=N; "
                          "RULE:N choice_rule=RULE; cK/N (cK/aN, cK/RULE:N): "
-                         "choice_refine_iter=K")
+                         "choice_refine_iter=K; xR/N: R fits at other random_states, "
+                         "their class probabilities averaged")
     ap.add_argument("--out", default=str(ROOT / "outputs" / "early_stopping_cv.jsonl"))
     ap.add_argument("--summary", nargs="+", default=None, metavar="JSONL",
                     help="print the per-(dataset, method, rule) summary of these files and exit")
