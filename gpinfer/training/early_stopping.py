@@ -63,7 +63,8 @@ Explicitly:
   rows is much worse than one on all of them) and sep breast_cancer 1.011 / 1.067 -> 1.042 /
   1.007, so the refit stays the default (the tables: the benchmark's fifth round).
 
-``refine_iter`` (``EarlyStopping.refine_iter``, 0 by default): after the refit (or, with
+``refine_iter`` (``EarlyStopping.refine_iter``; by default the count of the method's rule, 0
+for an explicit ``refit``): after the refit (or, with
 ``refit="average"``, for every fold's model), up to that many further iterations on the
 approximate posterior alone, on all the data, with the kernel parameters and inducing inputs
 held where that model left them (``Method.refine``: svi and its presets move ``q(u)`` with the
@@ -82,7 +83,10 @@ breast_cancer 1.045 / 0.857 / 0.922 (the refit: 1.312 / 1.146 / 1.405, 1.196 / 1
 too early); vi-robustmax digits (three test splits, one hold-out) 1.014 with the refit, 1.016
 averaged and refined (1.051 averaged alone); sep wine r1 1.006 -> 1.004 and bc r2 1.067 ->
 1.056 with the refit and ``refine_iter=50``, while its average on wine stays far off (1.449 ->
-1.353). Off by default: no one setting is best for both families.
+1.353). No one setting is best for both families, hence the per-method rules of
+``refit="auto"`` (session 36: sep's ``refine_iter=50`` beat its refit on all three wine and
+breast_cancer replicas, 1.004 / 1.036 / 1.021 -> 1.004 / 1.033 / 1.010 and 1.018 / 1.073 / 1.073
+-> 0.996 / 1.056 / 1.054, and on digits, 1.028 -> 1.022).
 
 ``choice_refine_iter`` (``EarlyStopping.choice_refine_iter``, 0 by default): the model that
 early stopping returns is refined (``refine_iter``), so the choice should rank the
