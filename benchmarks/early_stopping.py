@@ -247,13 +247,14 @@ BLAS thread, load average 2-7 on 2 cores:
 |---|---|---|---|---|---|
 | wine | vi-rm | r1 / r2 / r3 | 1.312 / 1.146 / 1.405 | 1.185 / **1.039** / **1.015** | 2 of 3 |
 | bc | vi-rm | r1 / r2 / r3 | 1.196 / 1.010 / 1.076 | **1.045** / **0.857** / **0.922** | 3 of 3 |
-| digits | vi-rm | r1 splits 0-2, hold-out | 1.014 | **1.016** (s35; rerun below) | yes |
+| digits | vi-rm | r1 splits 0-2, hold-out | 1.014 | **1.016** | yes |
 | wine | sep | r1 / r2 / r3 | 1.004 / 1.036 / 1.021 | **1.004** / **1.033** / **1.010** | 3 of 3 |
 | bc | sep | r1 / r2 / r3 | 1.018 / 1.073 / 1.073 | **0.996** / 1.056 / 1.054 | 1 of 3 |
 | digits | sep | r1 splits 0-1, hold-out | 1.028 | **1.022** | yes |
 
-vi-rm after = the s35 ``average + refine 250`` entries, the same fits: the wine rows rerun here
-equal them to the printed digits (1.185 / 1.039 / 1.015), bc and digits are s35's. sep's rule
+vi-rm after = the s35 ``average + refine 250`` entries, the same fits: the wine and digits rows
+rerun here equal them to the printed digits (1.185 / 1.039 / 1.015; 1.016, 170-193 s CPU per
+digits split with the path), bc's are s35's. sep's rule
 is better than its refit on all eight replicas and splits measured, but misses on bc r2 and r3
 by 0.006 and 0.004. Cost (``--cost 2``, first split of r1, fit CPU s median of 2 interleaved
 rounds, load 5.9-7.3): sep wine 5.42 -> 5.59, bc 6.44 -> 7.02 (predict and model size as
