@@ -39,7 +39,7 @@ from gpinfer.fit_guard import (
 from gpinfer.interfaces import FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.initialisation import set_lengthscales, standardised_lengthscale
-from gpinfer.posterior import AveragedPosterior, class_columns
+from gpinfer.posterior import AveragedPosterior, Posterior, class_columns
 from gpinfer.progress import progress_callback
 from gpinfer.threads import blas_threads, training_threads
 from gpinfer.training.early_stopping import (
@@ -175,7 +175,8 @@ class _GPEstimatorBase:
     validation_folds: int | None
     refit_rule: str
     choice_rule: str
-    refine_iter: int
+    refine_iter: int | None
+    choice_refine_iter: int
     standardize: bool | str
     backend: str | None
     device: Any
@@ -340,17 +341,20 @@ class _GPEstimatorBase:
         best_nll = found.get("best_val_nll")
         self.best_validation_score_ = None if best_nll is None else -float(best_nll)
 
-    def _early_stopping(self, y: Array, n_classes: int
+    def _early_stopping(self, y: Array, n_classes: int, method_cls: type[Method]
                         ) -> tuple[EarlyStopping, list[tuple[Array, Array]]] | None:
-        """The early-stopping settings and the ``(train, validation)`` row splits of ``y [N]``
-        (one hold-out, or K folds: ``validation_splits``); ``None`` without
-        ``validation_fraction``. ``InputError`` for bad settings, before any training."""
+        """The early-stopping settings, ``refit="auto"`` resolved to ``method_cls``'s rule
+        (``EarlyStopping.resolved``, ``Method.early_stopping_rule``), and the ``(train,
+        validation)`` row splits of ``y [N]`` (one hold-out, or K folds:
+        ``validation_splits``); ``None`` without ``validation_fraction``. ``InputError`` for
+        bad settings, before any training."""
         settings = EarlyStopping.from_settings(
             self.validation_fraction, self.validation_interval, self.n_iter_no_change,
             self.refit, self.validation_folds, self.refit_rule, self.choice_rule,
-            self.refine_iter)
+            self.refine_iter, self.choice_refine_iter)
         if settings is None:
             return None
+        settings = settings.resolved(method_cls.early_stopping_rule, classifier=bool(n_classes))
         if not n_classes and settings.choice_rule == "log_one_se":
             raise InputError("choice_rule='log_one_se' needs a positive validation NLL; a "
                              "regression's (a density's) can be negative: use 'one_se'")
@@ -401,6 +405,10 @@ class _GPEstimatorBase:
         (``averaged_result``; the returned problem is that of all the rows). The held-out
         rows live only in this call (never pickled with the fitted model). Returns the fitted
         model's method, problem and result."""
+        if settings.choice_refine_iter and not type(first[0]).refines:
+            raise InputError(f"choice_refine_iter={settings.choice_refine_iter}: method "
+                             f"{method_name!r} cannot refine a fit at fixed hyper-parameters "
+                             "(Method.refines); use choice_refine_iter=0")
         if settings.refine_iter and not type(first[0]).refines:
             raise InputError(f"refine_iter={settings.refine_iter}: method {method_name!r} "
                              "cannot refine a fit at fixed hyper-parameters (Method.refines); "
@@ -416,6 +424,9 @@ class _GPEstimatorBase:
                 renumbered(callback, offset, "fold_iteration") if several else callback,
                 n_points=problem.n)
             result, _ = self._run(method, method_name, problem, monitor, ranks_iterates=False)
+            if settings.choice_refine_iter:  # rank the iterates by their refined posteriors
+                monitor.rescore(self._refiner(method, method_name, setup(
+                    train, settings.choice_refine_iter)[1], result.kernel))
             monitors.append(monitor)
             results.append(result)
             offset += monitor.last_iteration
@@ -424,7 +435,7 @@ class _GPEstimatorBase:
             averaged = averaged_result(monitors, results, choice)
             if settings.refine_iter:  # each member's posterior on all the rows
                 averaged = self._refine_members(method, method_name, setup, averaged,
-                                                settings.refine_iter)
+                                                int(settings.refine_iter))
             return method, setup(slice(None), None)[1], averaged
         if not settings.refit:
             return method, problem, monitors[0].restore(result)
@@ -440,7 +451,7 @@ class _GPEstimatorBase:
         result = self._fit_plain(method, method_name, problem, inner if stop is None else stop)
         if settings.refine_iter:  # q(u) / the sites on, hyper-parameters fixed
             result = self._refine(method, method_name, setup(slice(None),
-                                                             settings.refine_iter)[1],
+                                                             int(settings.refine_iter))[1],
                                   result, renumbered(callback, offset + result.n_iter,
                                                      "refine_iteration"))
         return method, problem, choice.record(result, refitted=True, stop=stop)
@@ -478,7 +489,7 @@ class _GPEstimatorBase:
             method_cls, n_classes, self._task, self.batch_size,
             self._likelihood_name() or self._default_likelihood,
             likelihood=self.likelihood if isinstance(self.likelihood, Likelihood) else None)
-        early = self._early_stopping(y, n_classes)
+        early = self._early_stopping(y, n_classes, method_cls)
         setup = _ProblemSetup(self, method_cls, name, backend, X, y, n_classes, weights)
         method, problem = setup(slice(None) if early is None else early[1][0][0])
         with progress_callback(self.verbose, problem.max_iter, name, callback) as callback:
@@ -502,6 +513,17 @@ class _GPEstimatorBase:
         averaged.diagnostics["refined"] = float(np.mean(counts))
         averaged.n_iter += int(sum(counts))
         return averaged
+
+    def _refiner(self, method: Method, method_name: str, problem: Problem, kernel: Kernel
+                 ) -> Callable[[Posterior], Posterior]:
+        """``posterior -> `` that posterior refined on ``problem`` (``_refine``, from a fit
+        whose kernel is ``kernel`` where the posterior has none): the early-stopping choice's
+        ``choice_refine_iter`` (``ValidationMonitor.rescore``)."""
+        def refine(posterior: Posterior) -> Posterior:
+            start = FitResult(posterior, 0.0, posterior_kernel(posterior, kernel), 0)
+            return self._refine(method, method_name, problem, start, None).posterior
+
+        return refine
 
     def _refine(self, method: Method, method_name: str, problem: Problem, fitted: FitResult,
                 callback: FitCallback | None) -> FitResult:
@@ -543,6 +565,8 @@ class _GPEstimatorBase:
                     raise ValueError("early stopping needs setup and data")
                 method, problem, result = self._fit_validated(
                     (method, problem), setup, data[0], data[1], method_name, callback, *early)
+                # the rule that ran (``refit="auto"`` resolved): refit / averaged, and this
+                result.diagnostics["refine_iter"] = float(early[0].refine_iter or 0)
             result = check_against_baseline(
                 result, method_name, problem.X, problem.y, problem.n_classes, self._rng(),
                 check_baseline_failure(self.baseline_failure),
@@ -723,19 +747,22 @@ class GPClassifierCore(_GPEstimatorBase):
         Iterations between two validation checks (``k``).
     n_iter_no_change : int
         Checks without a better validation NLL before training stops (patience).
-    refit : bool or "average"
-        With ``validation_fraction``: True (default) trains the method again on all the data
-        (the held-out part included) for the number of iterations with the best validation NLL,
-        and that is the fitted model; False keeps the best validation iterate of the fit on the
-        reduced data; ``"average"`` keeps every validation fold's model at its own best
-        validation iterate and predicts with the mean of their class probabilities
-        (``posterior_`` is a ``gpinfer.posterior.AveragedPosterior`` of K members, each
-        trained on ``(K - 1) / K`` of the data; no refit; K times the prediction cost; with
-        one hold-out, the one model: as False; ``best_iteration_`` is still the folds' choice,
-        reported but unused, ``fit_result_.state["member_iteration"]`` each member's).
-        ``fit_result_.diagnostics`` holds ``best_iteration`` and ``best_val_nll``,
-        ``fit_result_.state`` the per-check ``val_iteration`` and ``val_nll``. Ignored without
-        ``validation_fraction``.
+    refit : "auto", bool or "average"
+        With ``validation_fraction``: ``"auto"`` (default) the method's own rule
+        (``Method.early_stopping_rule``, ``(refit, refine_iter)``): svi and its presets such as
+        vi-robustmax ``("average", 250)``, sep ``(True, 50)``, every other method ``(True, 0)``; a
+        regressor refits where the rule says ``"average"`` (``fit_result_.diagnostics``: ``refit``,
+        ``averaged``, ``refine_iter`` say what ran). True trains the method again on all the data
+        (the held-out part included) for the number of iterations with the best validation NLL, and
+        that is the fitted model; False keeps the best validation iterate of the fit on the reduced
+        data; ``"average"`` keeps every validation fold's model at its own best validation iterate
+        and predicts with the mean of their class probabilities (``posterior_`` is a
+        ``gpinfer.posterior.AveragedPosterior`` of K members, each trained on ``(K - 1) / K`` of the
+        data; no refit; K times the prediction cost; with one hold-out, the one model: as False;
+        ``best_iteration_`` is still the folds' choice, reported but unused,
+        ``fit_result_.state["member_iteration"]`` each member's). ``fit_result_.diagnostics`` holds
+        ``best_iteration`` and ``best_val_nll``, ``fit_result_.state`` the per-check
+        ``val_iteration`` and ``val_nll``. Ignored without ``validation_fraction``.
     validation_folds : None or int
         How the number of iterations is chosen: ``None`` (default) one hold-out of
         ``validation_fraction``, or, where that would hold fewer than 200 points (with
@@ -758,14 +785,22 @@ class GPClassifierCore(_GPEstimatorBase):
         ``"log_one_se"`` the same on the folds' log NLL (classification only: ``InputError``
         in regression); ``"min"`` the mean curve's minimum; ``"median"`` the median over the
         folds of each fold's own best iteration. A single hold-out takes its minimum.
-    refine_iter : int
+    refine_iter : None or int
+        ``None`` (default): the count of the method's rule with ``refit="auto"``, else 0.
         With ``refit=True``: after the refit, up to this many further iterations on the
         approximate posterior alone (``q(u)`` for svi and its presets such as vi-robustmax,
         the tied sites for sep), on all the data, the kernel parameters and inducing inputs
         held at the refit's values (they are what over-fits with iterations; at fixed
         hyper-parameters the posterior approximation does not). With ``refit="average"``:
         every fold's model so trained on all the data at its own hyper-parameters.
-        (``Method.refine``; ``InputError`` for a method that cannot.) 0 (default): none.
+        (``Method.refine``; ``InputError`` for a method that cannot.) 0: none.
+    choice_refine_iter : int
+        0 (default): the validation checks score each iterate's posterior as fitted. K > 0:
+        each checked iterate's posterior is first refined K iterations at its frozen
+        hyper-parameters on the validation fit's own rows (``Method.refine``), and the choice
+        (the count, the folds' best iterates) ranks the refined posteriors, since the model
+        that early stopping returns is refined (``refine_iter``); one refinement per check
+        (``gpinfer.training.early_stopping``; ``InputError`` for a method that cannot refine).
     standardize : "auto" or bool
         True: fit a per-feature ``(X - mean) / std`` on the training inputs (constant columns:
         std 1), keep it as ``scaler_`` and apply it at prediction, so that the fit does not
@@ -835,11 +870,12 @@ class GPClassifierCore(_GPEstimatorBase):
         validation_fraction: float | None = None,
         validation_interval: int = 1,
         n_iter_no_change: int = 10,
-        refit: bool | str = True,
+        refit: bool | str = "auto",
         validation_folds: int | None = None,
         refit_rule: str = "iterations",
         choice_rule: str = "one_se",
-        refine_iter: int = 0,
+        refine_iter: int | None = None,
+        choice_refine_iter: int = 0,
         standardize: bool | str = "auto",
         backend: str | None = None,
         device: str | None = None,
@@ -864,6 +900,7 @@ class GPClassifierCore(_GPEstimatorBase):
         self.refit_rule = refit_rule
         self.choice_rule = choice_rule
         self.refine_iter = refine_iter
+        self.choice_refine_iter = choice_refine_iter
         self.standardize = standardize
         self.backend = backend
         self.device = device

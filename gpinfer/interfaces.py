@@ -506,6 +506,13 @@ class Method(abc.ABC):
     backends: ClassVar[Sequence[str]] = ("numpy",)
     #: whether ``refine`` (the approximation at fixed hyper-parameters, from a fit) is there
     refines: ClassVar[bool] = False
+    #: the early-stopping rule the estimators' ``refit="auto"`` (their default) runs for this
+    #: method, ``(refit, refine_iter)``: ``refit`` True (train again on all the data for the
+    #: chosen number of iterations), False (the hold-out fit's best iterate) or ``"average"``
+    #: (the validation folds' models averaged; a regressor refits instead), then up to
+    #: ``refine_iter`` iterations on the posterior alone (needs ``refines``). The default is the
+    #: refit without refinement (``gpinfer.training.early_stopping``)
+    early_stopping_rule: ClassVar[tuple[bool | str, int]] = (True, 0)
     #: whether the method is stable in single precision (``dtype="float32"``)
     float32: ClassVar[bool] = False
     #: why not, when ``float32`` is False (the error a user sees names it)
@@ -518,6 +525,7 @@ class Method(abc.ABC):
                 f"{cls.__qualname__}.objective_kind must be one of {list(OBJECTIVE_KINDS)}; "
                 f"got {cls.objective_kind!r}"
             )
+        _check_early_stopping_rule(cls)
         if "option_spec" in cls.__dict__:
             if "default_options" in cls.__dict__:
                 raise TypeError(
@@ -550,6 +558,22 @@ class Method(abc.ABC):
         (``gpinfer.training.early_stopping``). Methods that can do so set ``refines``."""
         raise NotImplementedError(f"method {self.name!r} cannot refine a fit at fixed "
                                   "hyper-parameters")
+
+
+def _check_early_stopping_rule(cls: type[Method]) -> None:
+    """``TypeError`` at class definition for a ``Method.early_stopping_rule`` that is not
+    ``(True | False | "average", refine_iter >= 0)``, or that refines a method without
+    ``refines``."""
+    rule = cls.early_stopping_rule
+    ok = (isinstance(rule, tuple) and len(rule) == 2
+          and (isinstance(rule[0], bool) or rule[0] == "average")
+          and isinstance(rule[1], int) and not isinstance(rule[1], bool) and rule[1] >= 0)
+    if not ok:
+        raise TypeError(f"{cls.__qualname__}.early_stopping_rule must be (refit, refine_iter) "
+                        f"with refit True, False or 'average' and refine_iter >= 0; got {rule!r}")
+    if rule[1] and (not cls.refines or rule[0] is False):
+        raise TypeError(f"{cls.__qualname__}.early_stopping_rule refines ({rule[1]} iterations) "
+                        "but the class has refines=False or the rule refit=False")
 
 
 def _apply_renames(method: str, renamed: Mapping[str, str], options: dict[str, Any]

@@ -101,11 +101,12 @@ class GPRegressorCore(_GPEstimatorBase):
         validation_fraction: float | None = None,
         validation_interval: int = 1,
         n_iter_no_change: int = 10,
-        refit: bool | str = True,
+        refit: bool | str = "auto",
         validation_folds: int | None = None,
         refit_rule: str = "iterations",
         choice_rule: str = "one_se",
-        refine_iter: int = 0,
+        refine_iter: int | None = None,
+        choice_refine_iter: int = 0,
         standardize: bool | str = False,
         backend: str | None = None,
         device: str | None = None,
@@ -130,6 +131,7 @@ class GPRegressorCore(_GPEstimatorBase):
         self.refit_rule = refit_rule
         self.choice_rule = choice_rule
         self.refine_iter = refine_iter
+        self.choice_refine_iter = choice_refine_iter
         self.standardize = standardize
         self.backend = backend
         self.device = device

@@ -62,7 +62,7 @@ from gpinfer.experiment.settings import Settings, config_to_dict, parse_settings
 from gpinfer.fit_guard import WORSE_THAN_BASELINE
 from gpinfer.interfaces import FitResult, IterationInfo
 from gpinfer.progress import ProgressBar
-from gpinfer.training.early_stopping import validation_size
+from gpinfer.training.early_stopping import EarlyStopping, validation_size
 
 if TYPE_CHECKING:
     from gpinfer.estimator import GPClassifierCore
@@ -274,10 +274,23 @@ def _params(p: Prepared) -> dict[str, str]:
             "data.task": p.task,
         }
     )
+    es = _early_stopping(p)
+    if es is not None:  # the rule that runs (the config's refit may be "auto")
+        params.update({"early_stopping.refit": str(es.refit).lower(),
+                       "early_stopping.refine_iter": str(es.refine_iter)})
     params.update(p.backend.params())  # as resolved: numpy/cpu/float64 when left unset
     if p.task == "regression":  # log_evidence is that of the standardised targets
         params.update({"data.y_shift": repr(p.y_shift), "data.y_scale": repr(p.y_scale)})
     return params
+
+
+def _early_stopping(p: Prepared) -> EarlyStopping | None:
+    """The run's early-stopping settings as the estimator runs them: ``refit="auto"`` resolved
+    to the method's rule (``EarlyStopping.resolved``, ``Method.early_stopping_rule``)."""
+    es = p.settings.early_stopping
+    if es is None:
+        return None
+    return es.resolved(p.method_cls.early_stopping_rule, classifier=p.task != "regression")
 
 
 def _n_fit(p: Prepared) -> int:
@@ -286,7 +299,7 @@ def _n_fit(p: Prepared) -> int:
     the fit on the rest (``refit=False``; a refit trains on all of them); with
     ``refit="average"``, the rows of one of the averaged models (``n - n // K`` for K folds,
     the largest of them)."""
-    n, es = int(p.X_train.shape[0]), p.settings.early_stopping
+    n, es = int(p.X_train.shape[0]), _early_stopping(p)
     if es is None or es.refit is True:
         return n
     folds = es.n_folds(n)
@@ -396,7 +409,8 @@ def _make_estimator(p: Prepared) -> Estimator:
                        validation_interval=es.validation_interval,
                        n_iter_no_change=es.n_iter_no_change, refit=es.refit,
                        validation_folds=es.folds, refit_rule=es.refit_rule,
-                       choice_rule=es.choice_rule, refine_iter=es.refine_iter)
+                       choice_rule=es.choice_rule, refine_iter=es.refine_iter,
+                       choice_refine_iter=es.choice_refine_iter)
     return (GPRegressorCore if p.task == "regression" else GPClassifierCore)(
         method=s.method, M=p.M_count, kernel=p.kernel, likelihood=s.likelihood,
         optimize=s.optimize, max_iter=s.iterations, batch_size=s.batch_size,

@@ -155,11 +155,12 @@ def _early_stopping_settings(conf: Mapping[str, Any]) -> EarlyStopping | None:
     return EarlyStopping.from_settings(conf.get("validation_fraction"),
                                        conf.get("validation_interval", 1),
                                        conf.get("n_iter_no_change", 10),
-                                       conf.get("refit", True),
+                                       conf.get("refit", "auto"),
                                        conf.get("validation_folds"),
                                        conf.get("refit_rule", "iterations"),
                                        conf.get("choice_rule", "one_se"),
-                                       conf.get("refine_iter", 0))
+                                       conf.get("refine_iter"),
+                                       conf.get("choice_refine_iter", 0))
 
 
 def parse_settings(conf: Mapping[str, Any]) -> Settings:

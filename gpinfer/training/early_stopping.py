@@ -10,9 +10,14 @@ validation NLL every ``validation_interval`` iterations, remembers the best iter
 training to stop (its return value ``True``, see ``gpinfer.reporting``) after
 ``n_iter_no_change`` checks without improvement.
 
-What the fit then keeps (``EarlyStopping.refit``):
+What the fit then keeps (``EarlyStopping.refit``): by default (``refit="auto"``, ``AUTO``) the
+rule the method declares, ``Method.early_stopping_rule = (refit, refine_iter)``
+(``EarlyStopping.resolved``; a regressor refits where the rule averages): svi and its presets
+such as vi-robustmax ``("average", 250)``, sep ``(True, 50)``, every other method ``(True, 0)``
+(the measurements that chose them are below and in ``benchmarks/early_stopping.py``).
+Explicitly:
 
-* ``refit=True`` (the default): the method is trained again, on *all* the data (the held-out
+* ``refit=True``: the method is trained again, on *all* the data (the held-out
   part included), up to the point the validation chose (``best_iteration``, ``k``). The model
   does not lose the data it held out. (Keeping the best iterate of the fit on the reduced data
   met the 5 % target of ``benchmarks/early_stopping.py`` in 1 of 6 cases: on wine and
@@ -58,7 +63,8 @@ What the fit then keeps (``EarlyStopping.refit``):
   rows is much worse than one on all of them) and sep breast_cancer 1.011 / 1.067 -> 1.042 /
   1.007, so the refit stays the default (the tables: the benchmark's fifth round).
 
-``refine_iter`` (``EarlyStopping.refine_iter``, 0 by default): after the refit (or, with
+``refine_iter`` (``EarlyStopping.refine_iter``; by default the count of the method's rule, 0
+for an explicit ``refit``): after the refit (or, with
 ``refit="average"``, for every fold's model), up to that many further iterations on the
 approximate posterior alone, on all the data, with the kernel parameters and inducing inputs
 held where that model left them (``Method.refine``: svi and its presets move ``q(u)`` with the
@@ -77,7 +83,23 @@ breast_cancer 1.045 / 0.857 / 0.922 (the refit: 1.312 / 1.146 / 1.405, 1.196 / 1
 too early); vi-robustmax digits (three test splits, one hold-out) 1.014 with the refit, 1.016
 averaged and refined (1.051 averaged alone); sep wine r1 1.006 -> 1.004 and bc r2 1.067 ->
 1.056 with the refit and ``refine_iter=50``, while its average on wine stays far off (1.449 ->
-1.353). Off by default: no one setting is best for both families.
+1.353). No one setting is best for both families, hence the per-method rules of
+``refit="auto"`` (session 36: sep's ``refine_iter=50`` beat its refit on all three wine and
+breast_cancer replicas, 1.004 / 1.036 / 1.021 -> 1.004 / 1.033 / 1.010 and 1.018 / 1.073 / 1.073
+-> 0.996 / 1.056 / 1.054, and on digits, 1.028 -> 1.022).
+
+``choice_refine_iter`` (``EarlyStopping.choice_refine_iter``, 0 by default): the model that
+early stopping returns is refined (``refine_iter``), so the choice should rank the
+hyper-parameter iterates by their *refined* posteriors, not by their half-trained ones. With
+``choice_refine_iter=K``, every monitored fit keeps the posterior of each checked iterate
+(``ValidationMonitor.posteriors``), and after the fit each is refined ``K`` iterations at its
+frozen hyper-parameters on that fit's own rows (``Method.refine``) and scored again on the
+held-out rows (``ValidationMonitor.rescore``); the curves, the best iterates (the refined
+posteriors) and so the count and the averaged members are those of the refined posteriors.
+One refinement per check, and one kept posterior per check while the fit runs. Off by default:
+on vi-robustmax wine (``benchmarks/early_stopping.py``, seventh round) it made the averaged,
+refined model worse on all three replicas (1.185 / 1.039 / 1.015 -> 1.201 / 1.124 / 1.020 with
+30 iterations per check) for four times the fit's CPU.
 
 Small data (``EarlyStopping.folds``): a hold-out of a few dozen points says little about which
 iteration is best, so where the hold-out would have fewer than ``MIN_HOLDOUT`` points the
@@ -132,7 +154,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 import numpy as np
@@ -153,6 +175,8 @@ ONE_SE = 1.0
 REFIT_RULES = ("objective", "gain", "iterations")
 #: ``EarlyStopping.refit``'s setting that predicts with the validation folds' models
 AVERAGE = "average"
+#: ``EarlyStopping.refit``'s default: the rule the method declares (``Method.early_stopping``)
+AUTO = "auto"
 #: how K folds choose the number of iterations (``EarlyStopping.choice_rule``, ``choose_check``)
 CHOICE_RULES = ("one_se", "log_one_se", "min", "median")
 
@@ -165,7 +189,9 @@ class EarlyStopping:
     ``n_iter_no_change`` (patience, in checks) positive integers; ``refit``: ``True``, train
     again on all the data for the chosen number of iterations; ``False``, keep the hold-out
     fit's best iterate; ``"average"`` (``AVERAGE``), predict with the average of the monitored
-    fits' best iterates (module docstring).
+    fits' best iterates (module docstring); ``"auto"`` (``AUTO``, the estimators' default), the
+    method's declared rule (``resolved``). ``refine_iter`` ``None``: the declared rule's count
+    with ``"auto"``, else 0.
     """
 
     validation_fraction: float
@@ -175,14 +201,16 @@ class EarlyStopping:
     folds: int | None = None
     refit_rule: str = "iterations"
     choice_rule: str = "one_se"
-    refine_iter: int = 0
+    refine_iter: int | None = 0
+    choice_refine_iter: int = 0
 
     @classmethod
     def from_settings(cls, validation_fraction: object, validation_interval: object,
-                      n_iter_no_change: object, refit: object = True,
+                      n_iter_no_change: object, refit: object = AUTO,
                       folds: object = None, refit_rule: object = "iterations",
                       choice_rule: object = "one_se",
-                      refine_iter: object = 0) -> EarlyStopping | None:
+                      refine_iter: object = None,
+                      choice_refine_iter: object = 0) -> EarlyStopping | None:
         """The settings, or ``None`` when ``validation_fraction`` is ``None`` (off);
         ``InputError`` naming the bad setting otherwise."""
         if validation_fraction is None:
@@ -198,9 +226,10 @@ class EarlyStopping:
                             ("n_iter_no_change", n_iter_no_change)):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise InputError(f"{name} must be a positive integer; got {value!r}")
-        if not isinstance(refit, bool | np.bool_) and refit != AVERAGE:
-            raise InputError(f"refit must be True (train again on all the data for the chosen "
-                             f"number of iterations), False (keep the best iterate) or "
+        if not isinstance(refit, bool | np.bool_) and refit not in (AVERAGE, AUTO):
+            raise InputError(f"refit must be {AUTO!r} (the method's own rule, "
+                             f"Method.early_stopping), True (train again on all the data for the "
+                             f"chosen number of iterations), False (keep the best iterate) or "
                              f"{AVERAGE!r} (predict with the average of the validation folds' "
                              f"models); got {refit!r}")
         n_folds: int | None = None
@@ -220,19 +249,49 @@ class EarlyStopping:
         if choice_rule not in CHOICE_RULES:
             raise InputError(f"choice_rule must be one of {list(CHOICE_RULES)} (how K folds choose "
                              f"the number of iterations); got {choice_rule!r}")
-        if (isinstance(refine_iter, bool) or not isinstance(refine_iter, numbers.Integral)
+        if refine_iter is not None and (
+                isinstance(refine_iter, bool) or not isinstance(refine_iter, numbers.Integral)
                 or refine_iter < 0):
             raise InputError(f"refine_iter must be a non-negative integer (iterations on the "
-                             f"approximate posterior after the refit, hyper-parameters fixed); "
+                             f"approximate posterior after the refit, hyper-parameters fixed) "
+                             f"or None (the method's own count with refit={AUTO!r}, else 0); "
                              f"got {refine_iter!r}")
+        if (isinstance(choice_refine_iter, bool)
+                or not isinstance(choice_refine_iter, numbers.Integral)
+                or choice_refine_iter < 0):
+            raise InputError(f"choice_refine_iter must be a non-negative integer (iterations on "
+                             f"the posterior of every checked iterate before it is scored); got "
+                             f"{choice_refine_iter!r}")
         if refine_iter and not refit:
             raise InputError(f"refine_iter={refine_iter} needs refit=True (it continues the "
                              f"refit on all the data) or refit={AVERAGE!r} (each fold's model "
                              f"on all the data); got refit={refit!r}")
         return cls(float(validation_fraction), int(cast(int, validation_interval)),
                    int(cast(int, n_iter_no_change)),
-                   AVERAGE if refit == AVERAGE else bool(refit), n_folds,
-                   str(refit_rule), str(choice_rule), int(refine_iter))  # all checked above
+                   refit if isinstance(refit, str) else bool(refit), n_folds,
+                   str(refit_rule), str(choice_rule),
+                   None if refine_iter is None else int(cast(int, refine_iter)),
+                   int(choice_refine_iter))  # all checked above
+
+    def resolved(self, preferred: tuple[bool | str, int], classifier: bool = True
+                 ) -> EarlyStopping:
+        """The settings that run: ``refit="auto"`` replaced by the method's declared rule
+        ``preferred = (refit, refine_iter)`` (``Method.early_stopping``; its ``"average"``
+        becomes ``True`` where ``classifier`` is False, a regressor's folds learn their own
+        noise variances), and ``refine_iter=None`` by that rule's count (0 for an explicit
+        ``refit``); an explicit ``refine_iter`` is kept. ``InputError`` for a ``refine_iter``
+        that the resolved ``refit=False`` cannot use."""
+        refit, refine = self.refit, self.refine_iter
+        if refit == AUTO:
+            refit, count = preferred
+            if refit == AVERAGE and not classifier:
+                refit = True
+            refine = count if refine is None else refine
+        refine = refine or 0
+        if refine and not refit:
+            raise InputError(f"refine_iter={refine} needs refit=True or {AVERAGE!r}; the "
+                             f"method's rule (refit={AUTO!r}) is refit=False")
+        return replace(self, refit=refit, refine_iter=refine)
 
     @property
     def averages(self) -> bool:
@@ -375,6 +434,10 @@ class ValidationMonitor:
         #: the validation NLL of every checked iteration, iteration -> value
         self.val_nll: dict[int, float] = {}
         self.checks: list[tuple[int, float]] = []  # (iteration, validation NLL) per check
+        #: the posterior of every checked iteration, kept with ``choice_refine_iter`` (``rescore``)
+        self.posteriors: dict[int, Posterior] = {}
+        #: whether ``rescore`` replaced the checks by the refined posteriors' values
+        self.rescored = False
 
     def __call__(self, info: IterationInfo) -> bool:
         self.last_iteration = info.iteration
@@ -387,6 +450,8 @@ class ValidationMonitor:
             info = IterationInfo(info.iteration, info.objective, info.elapsed, info.posterior,
                                  {**info.extra, "val_nll": value})
             self.checks.append((info.iteration, value))
+            if self.settings.choice_refine_iter:
+                self.posteriors[info.iteration] = posterior
             if np.isfinite(value) and value < self.best_nll:
                 self.best_nll, self.best_iteration = value, info.iteration
                 self.best_posterior = posterior
@@ -398,6 +463,27 @@ class ValidationMonitor:
         inner = self.callback(info) if self.callback is not None else None
         return stop or inner is True
 
+    def rescore(self, refine: Callable[[Posterior], Posterior]) -> None:
+        """Score every kept checked posterior (``posteriors``) again after ``refine`` (the
+        posterior trained further at its frozen hyper-parameters on the monitored fit's rows:
+        ``choice_refine_iter``): the checks, ``val_nll``, the best iterate and its posterior
+        (the refined one) become those of the refined posteriors, so that the choice ranks the
+        hyper-parameter iterates by the model that early stopping returns (refined), not by
+        their half-trained posteriors. The kept posteriors are dropped."""
+        if not self.posteriors:
+            return
+        self.best_nll, self.best_iteration, self.best_posterior = np.inf, None, None
+        checks = []
+        for iteration, _ in self.checks:
+            posterior = refine(self.posteriors[iteration])
+            value = float(self.nll(posterior))
+            checks.append((iteration, value))
+            self.val_nll[iteration] = value
+            if np.isfinite(value) and value < self.best_nll:
+                self.best_nll, self.best_iteration = value, iteration
+                self.best_posterior = posterior
+        self.checks, self.posteriors, self.rescored = checks, {}, True
+
     def restore(self, result: FitResult) -> FitResult:
         """``result`` with the best validation iterate's posterior (and its kernels), with the
         early-stopping numbers (``ValidationChoice.record``) and ``val_nll`` in the ``history``
@@ -408,7 +494,7 @@ class ValidationMonitor:
                 entry.setdefault("val_nll", value)
         if self.best_posterior is None:
             return result
-        if self.best_iteration != self.last_iteration:
+        if self.best_iteration != self.last_iteration or self.rescored:
             result.kernel = posterior_kernel(self.best_posterior, result.kernel)
             result.posterior = self.best_posterior
         return ValidationChoice([self]).record(result, refitted=False)
@@ -513,7 +599,8 @@ def averaged_result(monitors: list[ValidationMonitor], results: list[FitResult],
     iteration) in ``state``. ``kernel`` is the first member's; ``log_evidence`` the mean of the
     fits' (each on its own rows); ``n_iter`` the iterations of all the fits; ``history`` theirs,
     one after the other, each entry with its ``fold``."""
-    members = [r.posterior if m.best_posterior is None or m.best_iteration == m.last_iteration
+    members = [r.posterior if m.best_posterior is None
+               or (m.best_iteration == m.last_iteration and not m.rescored)
                else m.best_posterior for m, r in zip(monitors, results)]  # as ``restore``
     history = [{**entry, "fold": float(f)} for f, r in enumerate(results) for entry in r.history]
     result = FitResult(

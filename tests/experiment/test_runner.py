@@ -378,3 +378,22 @@ def test_refine_iter_reaches_the_estimator_and_the_run_records_it(tmp_path: Path
     assert result["n_iter"] == result["best_val_iteration"] + 3
     saved = json.loads((tmp_path / "run" / "result.json").read_text())
     assert saved["refined"] == 3.0
+
+
+@pytest.mark.parametrize("method,refit,refine_iter", [("sep", "true", "50"),
+                                                      ("vi-robustmax", "average", "250")])
+def test_the_run_records_the_early_stopping_rule_that_ran(tmp_path: Path, store_uri: str,
+                                                          method: str, refit: str,
+                                                          refine_iter: str) -> None:
+    """``refit: auto`` (the config's default) runs the method's declared rule
+    (``Method.early_stopping_rule``); MLflow's params name the rule that ran, and result.json
+    its ``refine_iter``."""
+    cfg = store_cfg(store_uri, f"method={method}", "dataset=wine", "M=5", "iterations=4",
+                    "seed=0", "validation_fraction=0.2", "n_iter_no_change=2")
+    result = run_experiment(cfg, output_dir=tmp_path / "run")
+    params = MlflowClient(store_uri).get_run(result["mlflow_run_id"]).data.params
+    assert params["refit"] == "auto"
+    assert (params["early_stopping.refit"], params["early_stopping.refine_iter"]) == (
+        refit, refine_iter)
+    assert result["refine_iter"] == float(refine_iter)
+    assert (result.get("averaged") is not None) == (refit == "average")

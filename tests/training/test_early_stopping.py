@@ -154,7 +154,7 @@ def test_refit_is_the_plain_fit_on_all_the_data_for_the_chosen_iterations():
     X, y = _three_classes()
     reports = []
     est = gpinfer.GPClassifier(method="sep", M=10, max_iter=400, random_state=0,
-                               validation_fraction=0.25, n_iter_no_change=3,
+                               validation_fraction=0.25, refit=True, n_iter_no_change=3,
                                validation_folds=1, refit_rule="iterations").fit(
         X, y, callback=reports.append)
     diag, state = est.fit_result_.diagnostics, est.fit_result_.state
@@ -179,7 +179,7 @@ def test_small_data_choose_the_iterations_by_k_folds():
     X, y = _three_classes()
     reports = []
     est = gpinfer.GPClassifier(method="sep", M=8, max_iter=60, random_state=0,
-                               validation_fraction=0.25, n_iter_no_change=3).fit(
+                               validation_fraction=0.25, refit=True, n_iter_no_change=3).fit(
         X, y, callback=reports.append)
     diag = est.fit_result_.diagnostics
     assert diag["validation_folds"] == 4.0 and diag["refit"] == 1.0
@@ -194,7 +194,7 @@ def test_the_estimator_chooses_by_its_choice_rule_on_the_folds_curves():
     flip = np.random.default_rng(0).choice(60, 12, replace=False)
     y[flip] = (y[flip] + 1) % 3  # label noise: the folds' curves disagree on the best stage
     est = gpinfer.GPClassifier(method="sep", M=5, max_iter=30, random_state=0,
-                               validation_fraction=0.25, n_iter_no_change=3,
+                               validation_fraction=0.25, refit=True, n_iter_no_change=3,
                                choice_rule="median").fit(X, y)
     state, diag = est.fit_result_.state, est.fit_result_.diagnostics
     k = choose_check(state["val_nll_folds"], "median")
@@ -387,7 +387,7 @@ def test_the_objective_rule_stops_the_refit_at_the_folds_level_and_is_the_plain_
     plain fit for that many iterations."""
     X, y = _three_classes()
     kw = dict(method="sep", M=10, random_state=0)
-    est = gpinfer.GPClassifier(**kw, max_iter=300, validation_fraction=0.25,
+    est = gpinfer.GPClassifier(**kw, max_iter=300, validation_fraction=0.25, refit=True,
                                n_iter_no_change=3, refit_rule="objective").fit(X, y)
     diag, state = est.fit_result_.diagnostics, est.fit_result_.state
     k, reached = int(diag["best_iteration"]), int(diag["refit_reached"])
@@ -401,7 +401,7 @@ def test_the_objective_rule_stops_the_refit_at_the_folds_level_and_is_the_plain_
     plain = gpinfer.GPClassifier(**kw, max_iter=reached).fit(X, y)
     np.testing.assert_allclose(est.predict_proba(X), plain.predict_proba(X), rtol=0, atol=1e-12)
     # the count rule, the default
-    count = gpinfer.GPClassifier(**kw, max_iter=300, validation_fraction=0.25,
+    count = gpinfer.GPClassifier(**kw, max_iter=300, validation_fraction=0.25, refit=True,
                                  n_iter_no_change=3).fit(X, y)
     assert count.n_iter_ == count.best_iteration_ == k
     assert "refit_target" not in count.fit_result_.diagnostics
@@ -411,7 +411,7 @@ def test_a_mini_batch_refit_takes_the_count_whatever_the_rule():
     """A mini-batch objective is noisy from one iteration to the next: the count, not a level."""
     X, y = _three_classes()
     est = gpinfer.GPClassifier(method="sep", M=8, max_iter=60, batch_size=30, random_state=0,
-                               validation_fraction=0.25, n_iter_no_change=3,
+                               validation_fraction=0.25, refit=True, n_iter_no_change=3,
                                refit_rule="objective").fit(X, y)
     diag = est.fit_result_.diagnostics
     assert "refit_target" not in diag and est.n_iter_ == int(diag["best_iteration"])
@@ -421,7 +421,7 @@ def test_a_mini_batch_refit_takes_the_count_whatever_the_rule():
     ({"refit_rule": "level"}, "refit_rule must be one of"),
     ({"choice_rule": "best"}, "choice_rule must be one of"),
     ({"choice_rule": None}, "choice_rule must be one of"),
-    ({"refit": "yes"}, "refit must be True"),
+    ({"refit": "yes"}, "refit must be .auto."),
     ({"validation_folds": 0}, "validation_folds must be"),
     ({"validation_folds": 1.5}, "validation_folds must be"),
     ({"validation_folds": 3, "refit": False}, "needs refit=True"),
@@ -485,7 +485,8 @@ def test_refine_continues_the_refit_with_its_hyper_parameters_held(method, extra
     callback's count go on from the refit's."""
     X, y = _three_classes()
     kw = {"method": method, "M": 8, "max_iter": 40, "random_state": 0,
-          "validation_fraction": 0.25, "validation_folds": 1, "n_iter_no_change": 3, **extra}
+          "validation_fraction": 0.25, "validation_folds": 1, "n_iter_no_change": 3,
+          "refit": True, **extra}
     plain = gpinfer.GPClassifier(**kw).fit(X, y)
     reports = []
     est = gpinfer.GPClassifier(**kw, refine_iter=15).fit(X, y, callback=reports.append)
@@ -536,7 +537,7 @@ def test_refine_gives_the_same_model_on_torch_as_on_numpy(method, extra):
     X, y = _three_classes(60)
     kw = {"method": method, "M": 6, "max_iter": 20, "random_state": 0,
           "validation_fraction": 0.25, "validation_folds": 1, "n_iter_no_change": 3,
-          "refine_iter": 8, **extra}
+          "refit": True, "refine_iter": 8, **extra}
     on_numpy = gpinfer.GPClassifier(**kw).fit(X, y)
     on_torch = gpinfer.GPClassifier(**kw, backend="torch", dtype="float64").fit(X, y)
     assert on_torch.fit_result_.diagnostics["refined"] == on_numpy.fit_result_.diagnostics[

@@ -354,6 +354,10 @@ class SVI(Method):
     objective_kind = "bound"
     #: ``refine``: q(u) at the fit's kernel parameters and inducing inputs
     refines: ClassVar[bool] = True
+    #: early stopping's ``refit="auto"``: the folds' models, each at its own best validation
+    #: iterate, each ``q(u)`` refined on all the rows, averaged (vi-robustmax on wine and
+    #: breast_cancer: ``benchmarks/early_stopping.py``; what over-fits is the hyper-parameters)
+    early_stopping_rule: ClassVar[tuple[bool | str, int]] = ("average", 250)
     #: the ELBO runs on numpy or torch (CPU, CUDA), float64 or float32 (``gpinfer.backend``)
     backends: ClassVar[tuple[str, ...]] = ("numpy", "torch")
     float32: ClassVar[bool] = True
