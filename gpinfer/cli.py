@@ -40,6 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gpinfer {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_list(sub)
+    _add_report(sub)
+    _add_end_stale_runs(sub)
+    return parser
+
+
+def _add_list(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``list`` command: registered plugins per group."""
     p_list = sub.add_parser(
         "list",
         help="list registered plugins with distribution and version",
@@ -58,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only read metadata; do not import plugins (no BROKEN check)",
     )
+
+
+def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``report`` command: a sweep's or an experiment's summary."""
     p_report = sub.add_parser(
         "report",
         help="sweep report: mean and standard error over seeds per method x dataset",
@@ -78,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
         "outputs/reports/<experiment> for an experiment)",
     )
     p_report.add_argument("--no-mlflow", action="store_true", help="do not log the report")
+
+
+def _add_end_stale_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``end-stale-runs`` command: end the RUNNING runs whose process died."""
     p_stale = sub.add_parser(
         "end-stale-runs",
         help="end as KILLED the RUNNING runs whose process died (SIGKILL, OOM killer)",
@@ -96,7 +112,6 @@ def build_parser() -> argparse.ArgumentParser:
                          help="also end other hosts' runs with nothing logged for this long")
     p_stale.add_argument("--dry-run", action="store_true",
                          help="list the stale runs without ending them")
-    return parser
 
 
 def _table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> list[str]:
