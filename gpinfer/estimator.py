@@ -163,7 +163,8 @@ def _check_refinable(settings: EarlyStopping, method_cls: type[Method], method_n
 class _GPEstimatorBase:
     """What ``GPClassifier`` and ``GPRegressor`` share: building the problem, running the
     method, the fitted attributes and latent prediction. Subclasses keep their own explicit
-    ``__init__`` (scikit-learn reads the parameters from its signature).
+    ``__init__`` (scikit-learn reads the parameters from its signature), which hands its
+    ``locals()`` to ``_store_params``.
 
     No scikit-learn here: ``GPClassifierCore`` / ``GPRegressorCore`` fit and predict without
     it (the runner fits them, so a run's process never imports scikit-learn), and
@@ -200,6 +201,13 @@ class _GPEstimatorBase:
     #: the method when ``likelihood`` is None (None: the method's own default)
     _task: ClassVar[str]
     _default_likelihood: ClassVar[str | None] = None
+
+    def _store_params(self, values: Mapping[str, Any]) -> None:
+        """Each argument of the subclass's ``__init__`` (its ``locals()``) as the attribute of
+        its name, unchanged (scikit-learn's convention: ``__init__`` only stores)."""
+        for name, value in values.items():
+            if name != "self" and not name.startswith("__"):
+                setattr(self, name, value)
 
     def _build_kernel(self, input_dim: int) -> Kernel:
         if isinstance(self.kernel, Kernel):
@@ -912,30 +920,7 @@ class GPClassifierCore(_GPEstimatorBase):
         dtype: str | None = None,
         baseline_failure: str = "raise",
     ):
-        self.method = method
-        self.M = M
-        self.kernel = kernel
-        self.likelihood = likelihood
-        self.optimize = optimize
-        self.max_iter = max_iter
-        self.batch_size = batch_size
-        self.random_state = random_state
-        self.method_options = method_options
-        self.verbose = verbose
-        self.validation_fraction = validation_fraction
-        self.validation_interval = validation_interval
-        self.n_iter_no_change = n_iter_no_change
-        self.refit = refit
-        self.validation_folds = validation_folds
-        self.refit_rule = refit_rule
-        self.choice_rule = choice_rule
-        self.refine_iter = refine_iter
-        self.choice_refine_iter = choice_refine_iter
-        self.standardize = standardize
-        self.backend = backend
-        self.device = device
-        self.dtype = dtype
-        self.baseline_failure = baseline_failure
+        self._store_params(locals())
 
     # -- building the problem -----------------------------------------------------------------
     _task = "classification"
