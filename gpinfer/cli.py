@@ -79,11 +79,7 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "nll_vs_time.png, also logged to MLflow.",
     )
     p_report.add_argument("source", help="a sweep folder or an MLflow experiment name")
-    p_report.add_argument(
-        "--tracking-uri", default=None,
-        help="MLflow store of the experiment (default: $MLFLOW_TRACKING_URI, else "
-        "outputs/mlflow.db)",
-    )
+    _add_tracking_uri(p_report, "MLflow store of the experiment")
     p_report.add_argument(
         "--out", default=None,
         help="folder for the report files (default: the sweep folder, or "
@@ -102,16 +98,22 @@ def _add_end_stale_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "of other hosts (a shared tracking server) only with --idle-hours, when nothing was "
         "logged to them for that long. gpinfer-run does the same for its host at every start.",
     )
-    p_stale.add_argument(
-        "--tracking-uri", default=None,
-        help="the MLflow store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db)",
-    )
+    _add_tracking_uri(p_stale, "the MLflow store")
     p_stale.add_argument("--experiment", default=None,
                          help="only this experiment (default: every experiment of the store)")
     p_stale.add_argument("--idle-hours", type=float, default=None,
                          help="also end other hosts' runs with nothing logged for this long")
     p_stale.add_argument("--dry-run", action="store_true",
                          help="list the stale runs without ending them")
+
+
+def _add_tracking_uri(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--tracking-uri``: the MLflow store, ``what`` leading its help (the default resolved by
+    ``tracking.resolve_tracking_uri``)."""
+    parser.add_argument(
+        "--tracking-uri", default=None,
+        help=f"{what} (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db)",
+    )
 
 
 def _table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> list[str]:
