@@ -10,14 +10,12 @@ from gpinfer_ep.method import SEP
 import gpinfer
 from gpinfer.interfaces import Method
 from gpinfer.posterior import AveragedPosterior
+from gpinfer.testing.datasets import ring_classes
 from gpinfer.training.early_stopping import AUTO, EarlyStopping
 
 
 def _three_classes(n: int = 60, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    y = np.arange(n) % 3
-    X = rng.normal(size=(n, 2)) + 2.5 * np.stack([np.cos(2.1 * y), np.sin(2.1 * y)], axis=1)
-    return X, y
+    return ring_classes(n, seed)
 
 
 def _fit(X, y, **kwargs):

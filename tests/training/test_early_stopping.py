@@ -8,6 +8,7 @@ import pytest
 import gpinfer
 from gpinfer.errors import InputError
 from gpinfer.interfaces import FitResult, IterationInfo
+from gpinfer.testing.datasets import ring_classes
 from gpinfer.training.early_stopping import (
     EarlyStopping,
     RefitStop,
@@ -22,10 +23,7 @@ from gpinfer.training.early_stopping import (
 
 
 def _three_classes(n: int = 90, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    y = np.arange(n) % 3
-    X = rng.normal(size=(n, 2)) + 2.5 * np.stack([np.cos(2.1 * y), np.sin(2.1 * y)], axis=1)
-    return X, y
+    return ring_classes(n, seed)
 
 
 def test_stratified_split_keeps_every_class_on_both_sides():
@@ -436,6 +434,9 @@ def test_a_mini_batch_refit_takes_the_count_whatever_the_rule():
     ({"choice_refine_iter": -1}, "choice_refine_iter must be a non-negative integer"),
     ({"choice_refine_iter": 1.5}, "choice_refine_iter must be a non-negative integer"),
     ({"choice_refine_iter": 3, "method": "ep"}, "'ep' cannot refine"),
+    ({"refit": "mean"}, "refit must be"),
+    ({"refit": "Average"}, "refit must be"),
+    ({"refit": 1}, "refit must be"),
 ])
 def test_bad_refit_or_folds_is_an_input_error_before_training(kwargs, pattern):
     X, y = _three_classes(30)

@@ -8,6 +8,7 @@ import pytest
 
 import gpinfer
 from gpinfer.interfaces import FitResult, IterationInfo
+from gpinfer.testing.datasets import ring_classes
 from gpinfer.training.early_stopping import EarlyStopping, ValidationMonitor, split_validation
 
 
@@ -16,10 +17,7 @@ def _info(it: int, posterior) -> IterationInfo:
 
 
 def _three_classes(n: int = 60, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    y = np.arange(n) % 3
-    X = rng.normal(size=(n, 2)) + 2.5 * np.stack([np.cos(2.1 * y), np.sin(2.1 * y)], axis=1)
-    return X, y
+    return ring_classes(n, seed)
 
 
 def test_rescore_ranks_the_checks_by_their_refined_posteriors():
