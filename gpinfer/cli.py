@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from gpinfer import registry
@@ -40,11 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gpinfer {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    p_list = sub.add_parser(
-        "list",
-        help="list registered plugins with distribution and version",
-        description="List registered entry points per group, importing each to check it.",
-    )
+    for name, help_, description, add_arguments in _COMMANDS:
+        add_arguments(sub.add_parser(name, help=help_, description=description))
+    return parser
+
+
+def _list_arguments(p_list: argparse.ArgumentParser) -> None:
+    """The arguments of ``list``."""
     short = ", ".join(g.split(".", 1)[1] for g in registry.GROUPS)
     p_list.add_argument(
         "group", nargs="?", default=None, help=f"one group ({short}); default: all groups"
@@ -58,45 +60,57 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only read metadata; do not import plugins (no BROKEN check)",
     )
-    p_report = sub.add_parser(
-        "report",
-        help="sweep report: mean and standard error over seeds per method x dataset",
-        description="Summarise the finished runs of a sweep folder (outputs/multirun/...) or of "
-        "an MLflow experiment: mean and standard error of test error, test NLL and training "
-        "time per method x dataset (x kernel, M), as report.md, report.csv and "
-        "nll_vs_time.png, also logged to MLflow.",
-    )
+
+
+def _report_arguments(p_report: argparse.ArgumentParser) -> None:
+    """The arguments of ``report``."""
     p_report.add_argument("source", help="a sweep folder or an MLflow experiment name")
-    p_report.add_argument(
-        "--tracking-uri", default=None,
-        help="MLflow store of the experiment (default: $MLFLOW_TRACKING_URI, else "
-        "outputs/mlflow.db)",
-    )
+    _add_tracking_uri(p_report, "MLflow store of the experiment")
     p_report.add_argument(
         "--out", default=None,
         help="folder for the report files (default: the sweep folder, or "
         "outputs/reports/<experiment> for an experiment)",
     )
     p_report.add_argument("--no-mlflow", action="store_true", help="do not log the report")
-    p_stale = sub.add_parser(
-        "end-stale-runs",
-        help="end as KILLED the RUNNING runs whose process died (SIGKILL, OOM killer)",
-        description="Find the RUNNING runs of an MLflow store whose process is gone and end them "
-        "as KILLED. Runs started on this host are judged by their recorded process id; runs "
-        "of other hosts (a shared tracking server) only with --idle-hours, when nothing was "
-        "logged to them for that long. gpinfer-run does the same for its host at every start.",
-    )
-    p_stale.add_argument(
-        "--tracking-uri", default=None,
-        help="the MLflow store (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db)",
-    )
+
+
+def _end_stale_runs_arguments(p_stale: argparse.ArgumentParser) -> None:
+    """The arguments of ``end-stale-runs``."""
+    _add_tracking_uri(p_stale, "the MLflow store")
     p_stale.add_argument("--experiment", default=None,
                          help="only this experiment (default: every experiment of the store)")
     p_stale.add_argument("--idle-hours", type=float, default=None,
                          help="also end other hosts' runs with nothing logged for this long")
     p_stale.add_argument("--dry-run", action="store_true",
                          help="list the stale runs without ending them")
-    return parser
+
+
+#: the commands: name, one-line help, description, and what adds their arguments
+_COMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser], None]], ...] = (
+    ("list", "list registered plugins with distribution and version",
+     "List registered entry points per group, importing each to check it.", _list_arguments),
+    ("report", "sweep report: mean and standard error over seeds per method x dataset",
+     "Summarise the finished runs of a sweep folder (outputs/multirun/...) or of an MLflow "
+     "experiment: mean and standard error of test error, test NLL and training time per "
+     "method x dataset (x kernel, M), as report.md, report.csv and nll_vs_time.png, also "
+     "logged to MLflow.", _report_arguments),
+    ("end-stale-runs",
+     "end as KILLED the RUNNING runs whose process died (SIGKILL, OOM killer)",
+     "Find the RUNNING runs of an MLflow store whose process is gone and end them as KILLED. "
+     "Runs started on this host are judged by their recorded process id; runs of other hosts "
+     "(a shared tracking server) only with --idle-hours, when nothing was logged to them for "
+     "that long. gpinfer-run does the same for its host at every start.",
+     _end_stale_runs_arguments),
+)
+
+
+def _add_tracking_uri(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--tracking-uri``: the MLflow store, ``what`` leading its help (the default resolved by
+    ``tracking.resolve_tracking_uri``)."""
+    parser.add_argument(
+        "--tracking-uri", default=None,
+        help=f"{what} (default: $MLFLOW_TRACKING_URI, else outputs/mlflow.db)",
+    )
 
 
 def _table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> list[str]:

@@ -147,10 +147,24 @@ def _check_feature_names(estimator: Any, X: Any) -> None:
     check(estimator, X, reset=False)
 
 
+def _check_refinable(settings: EarlyStopping, method_cls: type[Method], method_name: str) -> None:
+    """``InputError`` for a ``choice_refine_iter`` or ``refine_iter`` that ``method_cls``
+    cannot run (``Method.refines``)."""
+    if settings.choice_refine_iter and not method_cls.refines:
+        raise InputError(f"choice_refine_iter={settings.choice_refine_iter}: method "
+                         f"{method_name!r} cannot refine a fit at fixed hyper-parameters "
+                         "(Method.refines); use choice_refine_iter=0")
+    if settings.refine_iter and not method_cls.refines:
+        raise InputError(f"refine_iter={settings.refine_iter}: method {method_name!r} "
+                         "cannot refine a fit at fixed hyper-parameters (Method.refines); "
+                         "use refine_iter=0")
+
+
 class _GPEstimatorBase:
     """What ``GPClassifier`` and ``GPRegressor`` share: building the problem, running the
     method, the fitted attributes and latent prediction. Subclasses keep their own explicit
-    ``__init__`` (scikit-learn reads the parameters from its signature).
+    ``__init__`` (scikit-learn reads the parameters from its signature), which hands its
+    ``locals()`` to ``_store_params``.
 
     No scikit-learn here: ``GPClassifierCore`` / ``GPRegressorCore`` fit and predict without
     it (the runner fits them, so a run's process never imports scikit-learn), and
@@ -187,6 +201,13 @@ class _GPEstimatorBase:
     #: the method when ``likelihood`` is None (None: the method's own default)
     _task: ClassVar[str]
     _default_likelihood: ClassVar[str | None] = None
+
+    def _store_params(self, values: Mapping[str, Any]) -> None:
+        """Each argument of the subclass's ``__init__`` (its ``locals()``) as the attribute of
+        its name, unchanged (scikit-learn's convention: ``__init__`` only stores)."""
+        for name, value in values.items():
+            if name != "self" and not name.startswith("__"):
+                setattr(self, name, value)
 
     def _build_kernel(self, input_dim: int) -> Kernel:
         if isinstance(self.kernel, Kernel):
@@ -405,14 +426,29 @@ class _GPEstimatorBase:
         (``averaged_result``; the returned problem is that of all the rows). The held-out
         rows live only in this call (never pickled with the fitted model). Returns the fitted
         model's method, problem and result."""
-        if settings.choice_refine_iter and not type(first[0]).refines:
-            raise InputError(f"choice_refine_iter={settings.choice_refine_iter}: method "
-                             f"{method_name!r} cannot refine a fit at fixed hyper-parameters "
-                             "(Method.refines); use choice_refine_iter=0")
-        if settings.refine_iter and not type(first[0]).refines:
-            raise InputError(f"refine_iter={settings.refine_iter}: method {method_name!r} "
-                             "cannot refine a fit at fixed hyper-parameters (Method.refines); "
-                             "use refine_iter=0")
+        _check_refinable(settings, type(first[0]), method_name)
+        method, problem, monitors, results, offset = self._fit_splits(
+            first, setup, X, y, method_name, callback, settings, splits)
+        choice = ValidationChoice(monitors, settings.choice_rule)
+        if settings.averages:  # the fit guard judges the average on all the rows
+            averaged = averaged_result(monitors, results, choice)
+            if settings.refine_iter:  # each member's posterior on all the rows
+                averaged = self._refine_members(method, method_name, setup, averaged,
+                                                int(settings.refine_iter))
+            return method, setup(slice(None), None)[1], averaged
+        if not settings.refit:
+            return method, problem, monitors[0].restore(results[-1])
+        return self._refit_all(method, problem, setup, method_name, callback, settings, choice,
+                               monitors, offset)
+
+    def _fit_splits(
+        self, first: tuple[Method, Problem], setup: Setup, X: Array, y: Array, method_name: str,
+        callback: FitCallback | None, settings: EarlyStopping, splits: list[tuple[Array, Array]],
+    ) -> tuple[Method, Problem, list[ValidationMonitor], list[FitResult], int]:
+        """One monitored fit per split ``(train, val)`` of the rows of ``X [N, D]``, ``y [N]``
+        (``first``: the first split's method and problem; the callback's iterations numbered
+        on across folds). Returns the last split's method and problem, the monitors and results
+        per split, and the number of iterations reported."""
         monitors: list[ValidationMonitor] = []
         results: list[FitResult] = []
         several = len(splits) > 1
@@ -430,15 +466,17 @@ class _GPEstimatorBase:
             monitors.append(monitor)
             results.append(result)
             offset += monitor.last_iteration
-        choice = ValidationChoice(monitors, settings.choice_rule)
-        if settings.averages:  # the fit guard judges the average on all the rows
-            averaged = averaged_result(monitors, results, choice)
-            if settings.refine_iter:  # each member's posterior on all the rows
-                averaged = self._refine_members(method, method_name, setup, averaged,
-                                                int(settings.refine_iter))
-            return method, setup(slice(None), None)[1], averaged
-        if not settings.refit:
-            return method, problem, monitors[0].restore(result)
+        return method, problem, monitors, results, offset
+
+    def _refit_all(
+        self, method: Method, problem: Problem, setup: Setup, method_name: str,
+        callback: FitCallback | None, settings: EarlyStopping, choice: ValidationChoice,
+        monitors: list[ValidationMonitor], offset: int,
+    ) -> tuple[Method, Problem, FitResult]:
+        """The fit on all the rows for the chosen number of iterations (or to the folds'
+        objective level, ``settings.refit_rule``), refined with ``settings.refine_iter``;
+        ``method``/``problem`` are the last split's, ``offset`` the iterations reported so
+        far. Returns the refit's method, problem and result."""
         # no finite validation NLL at all: train on everything for as long as the folds did
         k = choice.best_iteration or max(m.last_iteration for m in monitors) or int(self.max_iter)
         # a noisy (mini-batch) or surrogate objective says nothing per iteration: the count
@@ -882,30 +920,7 @@ class GPClassifierCore(_GPEstimatorBase):
         dtype: str | None = None,
         baseline_failure: str = "raise",
     ):
-        self.method = method
-        self.M = M
-        self.kernel = kernel
-        self.likelihood = likelihood
-        self.optimize = optimize
-        self.max_iter = max_iter
-        self.batch_size = batch_size
-        self.random_state = random_state
-        self.method_options = method_options
-        self.verbose = verbose
-        self.validation_fraction = validation_fraction
-        self.validation_interval = validation_interval
-        self.n_iter_no_change = n_iter_no_change
-        self.refit = refit
-        self.validation_folds = validation_folds
-        self.refit_rule = refit_rule
-        self.choice_rule = choice_rule
-        self.refine_iter = refine_iter
-        self.choice_refine_iter = choice_refine_iter
-        self.standardize = standardize
-        self.backend = backend
-        self.device = device
-        self.dtype = dtype
-        self.baseline_failure = baseline_failure
+        self._store_params(locals())
 
     # -- building the problem -----------------------------------------------------------------
     _task = "classification"
@@ -985,3 +1000,4 @@ class GPClassifierCore(_GPEstimatorBase):
         """Most probable class label for each row of ``X [N*, D]``, ``[N*]`` (from ``classes_``)."""
         P = self.predict_proba(X)
         return self.classes_[np.argmax(P, axis=1)]
+

@@ -113,30 +113,7 @@ class GPRegressorCore(_GPEstimatorBase):
         dtype: str | None = None,
         baseline_failure: str = "raise",
     ):
-        self.method = method
-        self.M = M
-        self.kernel = kernel
-        self.likelihood = likelihood
-        self.optimize = optimize
-        self.max_iter = max_iter
-        self.batch_size = batch_size
-        self.random_state = random_state
-        self.method_options = method_options
-        self.verbose = verbose
-        self.validation_fraction = validation_fraction
-        self.validation_interval = validation_interval
-        self.n_iter_no_change = n_iter_no_change
-        self.refit = refit
-        self.validation_folds = validation_folds
-        self.refit_rule = refit_rule
-        self.choice_rule = choice_rule
-        self.refine_iter = refine_iter
-        self.choice_refine_iter = choice_refine_iter
-        self.standardize = standardize
-        self.backend = backend
-        self.device = device
-        self.dtype = dtype
-        self.baseline_failure = baseline_failure
+        self._store_params(locals())
 
     _task = "regression"
     _default_likelihood = "gaussian"

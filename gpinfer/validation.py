@@ -415,6 +415,15 @@ def check_method_compatible(
     (via ``registry.methods_supporting``).
     """
     name = method_cls.name or method_cls.__name__
+    _check_task(method_cls, name, task, n_classes)
+    if batch_size is not None:
+        _check_batch_size(method_cls, name, batch_size)
+    _check_likelihood(method_cls, name, task, likelihood_name, likelihood)
+
+
+def _check_task(method_cls: type[Method], name: str, task: str, n_classes: int) -> None:
+    """``InputError`` unless ``method_cls`` handles ``task`` and, for classification, ``C =
+    n_classes`` classes (more than two needs ``multiclass``)."""
     tasks = (method_cls.tasks,) if isinstance(method_cls.tasks, str) else tuple(method_cls.tasks)
     if task not in tasks:
         alts = _alternatives(lambda m: task in _tasks_of(m))
@@ -429,19 +438,30 @@ def check_method_compatible(
             f"supported by {name!r}), but y has {n_classes} classes; for {n_classes} classes "
             f"use one of: {alts}"
         )
-    if batch_size is not None:
-        if (
-            isinstance(batch_size, bool | np.bool_)
-            or not isinstance(batch_size, numbers.Integral)
-            or batch_size < 1
-        ):
-            raise InputError(f"batch_size must be a positive int or None; got {batch_size!r}")
-        if not method_cls.supports_minibatch:
-            alts = _alternatives(lambda m: bool(m.supports_minibatch))
-            raise InputError(
-                f"method {name!r} does not train on mini-batches; leave batch_size unset, or "
-                f"for mini-batch training use one of: {alts}"
-            )
+
+
+def _check_batch_size(method_cls: type[Method], name: str, batch_size: object) -> None:
+    """``InputError`` unless ``batch_size`` is a positive int and ``method_cls`` trains on
+    mini-batches."""
+    if (
+        isinstance(batch_size, bool | np.bool_)
+        or not isinstance(batch_size, numbers.Integral)
+        or batch_size < 1
+    ):
+        raise InputError(f"batch_size must be a positive int or None; got {batch_size!r}")
+    if not method_cls.supports_minibatch:
+        alts = _alternatives(lambda m: bool(m.supports_minibatch))
+        raise InputError(
+            f"method {name!r} does not train on mini-batches; leave batch_size unset, or "
+            f"for mini-batch training use one of: {alts}"
+        )
+
+
+def _check_likelihood(method_cls: type[Method], name: str, task: str,
+                      likelihood_name: str | None, likelihood: Likelihood | None) -> None:
+    """``InputError`` unless ``likelihood_name`` is one of ``method_cls.likelihoods`` or
+    ``likelihood`` (a third party's) has every capability the method requires; ``None`` for
+    ``likelihood_name`` skips the name check."""
     requirements = method_cls.likelihood_requirements
     named = likelihood_name is not None and likelihood_name in tuple(method_cls.likelihoods)
     if likelihood is not None and requirements is not None and not named:

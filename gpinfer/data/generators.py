@@ -89,21 +89,9 @@ def synthetic_2d_three_class(
     n = _positive_int(n, "n", "synthetic2d")
     n_test = _positive_int(n_test, "n_test", "synthetic2d", allow_zero=True)
     n_classes = _positive_int(n_classes, "n_classes", "synthetic2d")
-    for label, v in (("amplitude", amplitude), ("lengthscale", lengthscale)):
-        if not np.isfinite(v) or v <= 0:
-            raise InputError(f"synthetic2d: {label} must be finite and > 0, got {v}")
-    if not np.isfinite(noise) or noise < 0:
-        raise InputError(f"synthetic2d: noise must be a finite variance >= 0, got {noise}")
-    if not high > low:
-        raise InputError(f"synthetic2d: need low < high, got low={low}, high={high}")
-    rng = np.random.default_rng(seed)
-    m = n + n_test
-    X = rng.uniform(low, high, size=(m, 2))
-    sq = np.sum((X[:, None, :] - X[None, :, :]) ** 2, axis=-1)
-    K = amplitude * np.exp(-0.5 * sq / lengthscale**2)
-    L = jittered_cholesky(K, name="synthetic2d prior covariance", start=1e-10).L
-    F = L @ rng.standard_normal((m, n_classes))  # [m, C]
-    y = np.argmax(F + np.sqrt(noise) * rng.standard_normal((m, n_classes)), axis=1)
+    _check_synthetic_2d(amplitude, lengthscale, noise, low, high)
+    X, F, y = _gp_argmax_draw(np.random.default_rng(seed), n + n_test, n_classes, amplitude,
+                              lengthscale, noise, low, high)
     extras = {"F": F[:n]}
     X_test = y_test = None
     if n_test:
@@ -124,6 +112,34 @@ def synthetic_2d_three_class(
         ),
         extras=extras,
     )
+
+
+def _check_synthetic_2d(amplitude: float, lengthscale: float, noise: float, low: float,
+                        high: float) -> None:
+    """``InputError`` unless amplitude and length-scale are finite and positive, the noise
+    variance finite and non-negative, and ``low < high``."""
+    for label, v in (("amplitude", amplitude), ("lengthscale", lengthscale)):
+        if not np.isfinite(v) or v <= 0:
+            raise InputError(f"synthetic2d: {label} must be finite and > 0, got {v}")
+    if not np.isfinite(noise) or noise < 0:
+        raise InputError(f"synthetic2d: noise must be a finite variance >= 0, got {noise}")
+    if not high > low:
+        raise InputError(f"synthetic2d: need low < high, got low={low}, high={high}")
+
+
+def _gp_argmax_draw(rng: np.random.Generator, m: int, n_classes: int, amplitude: float,
+                    lengthscale: float, noise: float, low: float, high: float
+                    ) -> tuple[Array, Array, Array]:
+    """``m`` inputs ``X [m, 2] ~ U([low, high]^2)``, ``C = n_classes`` independent RBF-GP
+    latents ``F [m, C]`` drawn jointly at them, and the labels ``y [m] = argmax_c (F + eps)``,
+    ``eps ~ N(0, noise)``; draws from ``rng`` in that order."""
+    X = rng.uniform(low, high, size=(m, 2))
+    sq = np.sum((X[:, None, :] - X[None, :, :]) ** 2, axis=-1)
+    K = amplitude * np.exp(-0.5 * sq / lengthscale**2)
+    L = jittered_cholesky(K, name="synthetic2d prior covariance", start=1e-10).L
+    F = L @ rng.standard_normal((m, n_classes))  # [m, C]
+    y = np.argmax(F + np.sqrt(noise) * rng.standard_normal((m, n_classes)), axis=1)
+    return X, F, y
 
 
 #: class fractions of ``scale_synthetic``: balanced, or unbalanced about 1:4 (binary) /

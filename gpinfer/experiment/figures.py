@@ -1,8 +1,9 @@
 """A run's figures, logged under ``plots/``: calibration of the test predictions and the
 training curves (objective, test error and test NLL against training time).
 
-``TrainingCurve`` collects one point per iteration from the runner's callback; ``log_figures``
-draws the PNGs into the run folder and uploads them to the run in one call. Matplotlib is
+``TrainingCurve`` collects one point per iteration from the runner's callback;
+``draw_figures`` draws the PNGs into the run folder and ``upload_figures`` uploads them to the
+run (``gpinfer.experiment.render`` runs the two around its figure worker). Matplotlib is
 imported lazily with the ``Agg`` backend (``gpinfer.plots``).
 """
 
@@ -92,20 +93,6 @@ def training_curves_png(path: str | Path, curve: TrainingCurve, title: str = "")
     fig.savefig(path, dpi=100)
     _pyplot().close(fig)
     return path
-
-
-def log_figures(
-    logger: RunLogger,
-    out_dir: Path,
-    curve: TrainingCurve,
-    title: str,
-    y_test: Array | None = None,
-    P_test: Array | None = None,
-) -> list[Path]:
-    """Draw the figures (``draw_figures``) and upload ``out_dir/plots``."""
-    paths = draw_figures(out_dir, curve, title, y_test, P_test)
-    upload_figures(logger, out_dir)
-    return paths
 
 
 def draw_figures(

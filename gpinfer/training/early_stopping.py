@@ -215,63 +215,17 @@ class EarlyStopping:
         ``InputError`` naming the bad setting otherwise."""
         if validation_fraction is None:
             return None
-        if (isinstance(validation_fraction, bool)
-                or not isinstance(validation_fraction, numbers.Real)
-                or not 0.0 < float(validation_fraction) <= 0.5):
-            raise InputError(
-                f"validation_fraction must be None (no early stopping) or a number in (0, 0.5]; "
-                f"got {validation_fraction!r}"
-            )
-        for name, value in (("validation_interval", validation_interval),
-                            ("n_iter_no_change", n_iter_no_change)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise InputError(f"{name} must be a positive integer; got {value!r}")
-        if not isinstance(refit, bool | np.bool_) and refit not in (AVERAGE, AUTO):
-            raise InputError(f"refit must be {AUTO!r} (the method's own rule, "
-                             f"Method.early_stopping), True (train again on all the data for the "
-                             f"chosen number of iterations), False (keep the best iterate) or "
-                             f"{AVERAGE!r} (predict with the average of the validation folds' "
-                             f"models); got {refit!r}")
-        n_folds: int | None = None
-        if folds is not None:
-            if isinstance(folds, bool) or not isinstance(folds, numbers.Integral) or folds < 1:
-                raise InputError(f"validation_folds must be None (K folds on small data), 1 (one "
-                                 f"hold-out) or an integer K >= 2 (K folds); got {folds!r}")
-            n_folds = int(folds)
-        if n_folds is not None and n_folds > 1 and not refit:
-            raise InputError(f"validation_folds={n_folds} needs refit=True: K folds choose the "
-                             "number of iterations, and only a refit on all the data gives one "
-                             f"model (or refit={AVERAGE!r}: their average); use "
-                             "validation_folds=1 to keep the best iterate")
-        if refit_rule not in REFIT_RULES:
-            raise InputError(f"refit_rule must be one of {list(REFIT_RULES)} (where the refit on "
-                             f"all the data stops); got {refit_rule!r}")
-        if choice_rule not in CHOICE_RULES:
-            raise InputError(f"choice_rule must be one of {list(CHOICE_RULES)} (how K folds choose "
-                             f"the number of iterations); got {choice_rule!r}")
-        if refine_iter is not None and (
-                isinstance(refine_iter, bool) or not isinstance(refine_iter, numbers.Integral)
-                or refine_iter < 0):
-            raise InputError(f"refine_iter must be a non-negative integer (iterations on the "
-                             f"approximate posterior after the refit, hyper-parameters fixed) "
-                             f"or None (the method's own count with refit={AUTO!r}, else 0); "
-                             f"got {refine_iter!r}")
-        if (isinstance(choice_refine_iter, bool)
-                or not isinstance(choice_refine_iter, numbers.Integral)
-                or choice_refine_iter < 0):
-            raise InputError(f"choice_refine_iter must be a non-negative integer (iterations on "
-                             f"the posterior of every checked iterate before it is scored); got "
-                             f"{choice_refine_iter!r}")
-        if refine_iter and not refit:
-            raise InputError(f"refine_iter={refine_iter} needs refit=True (it continues the "
-                             f"refit on all the data) or refit={AVERAGE!r} (each fold's model "
-                             f"on all the data); got refit={refit!r}")
-        return cls(float(validation_fraction), int(cast(int, validation_interval)),
+        _check_schedule(validation_fraction, validation_interval, n_iter_no_change)
+        _check_refit(refit)
+        n_folds = _checked_folds(folds, refit)
+        _check_rules(refit_rule, choice_rule)
+        _check_refine(refine_iter, choice_refine_iter, refit)
+        return cls(float(cast(float, validation_fraction)), int(cast(int, validation_interval)),
                    int(cast(int, n_iter_no_change)),
                    refit if isinstance(refit, str) else bool(refit), n_folds,
                    str(refit_rule), str(choice_rule),
                    None if refine_iter is None else int(cast(int, refine_iter)),
-                   int(choice_refine_iter))  # all checked above
+                   int(cast(int, choice_refine_iter)))  # all checked above
 
     def resolved(self, preferred: tuple[bool | str, int], classifier: bool = True
                  ) -> EarlyStopping:
@@ -307,6 +261,83 @@ class EarlyStopping:
         if not self.refit or self.validation_fraction * n >= MIN_HOLDOUT:
             return 1
         return max(2, round(1.0 / self.validation_fraction))
+
+
+def _is_count(value: object, least: int) -> bool:
+    """Whether ``value`` is an integer (not a bool) of at least ``least``."""
+    return (not isinstance(value, bool) and isinstance(value, numbers.Integral)
+            and int(value) >= least)
+
+
+def _check_schedule(validation_fraction: object, validation_interval: object,
+                    n_iter_no_change: object) -> None:
+    """``InputError`` unless the fraction is in (0, 0.5] and the two counts are positive."""
+    if (isinstance(validation_fraction, bool)
+            or not isinstance(validation_fraction, numbers.Real)
+            or not 0.0 < float(validation_fraction) <= 0.5):
+        raise InputError(
+            f"validation_fraction must be None (no early stopping) or a number in (0, 0.5]; "
+            f"got {validation_fraction!r}"
+        )
+    for name, value in (("validation_interval", validation_interval),
+                        ("n_iter_no_change", n_iter_no_change)):
+        if not _is_count(value, 1):
+            raise InputError(f"{name} must be a positive integer; got {value!r}")
+
+
+def _check_refit(refit: object) -> None:
+    """``InputError`` unless ``refit`` is a bool, ``AVERAGE`` or ``AUTO``."""
+    if not isinstance(refit, bool | np.bool_) and refit not in (AVERAGE, AUTO):
+        raise InputError(f"refit must be {AUTO!r} (the method's own rule, "
+                         f"Method.early_stopping), True (train again on all the data for the "
+                         f"chosen number of iterations), False (keep the best iterate) or "
+                         f"{AVERAGE!r} (predict with the average of the validation folds' "
+                         f"models); got {refit!r}")
+
+
+def _checked_folds(folds: object, refit: object) -> int | None:
+    """``folds`` as an int (``None`` stays ``None``); ``InputError`` for a non-positive count
+    or for K >= 2 folds without a refit (nothing would give one model)."""
+    if folds is None:
+        return None
+    if not _is_count(folds, 1):
+        raise InputError(f"validation_folds must be None (K folds on small data), 1 (one "
+                         f"hold-out) or an integer K >= 2 (K folds); got {folds!r}")
+    n_folds = int(cast(int, folds))
+    if n_folds > 1 and not refit:
+        raise InputError(f"validation_folds={n_folds} needs refit=True: K folds choose the "
+                         "number of iterations, and only a refit on all the data gives one "
+                         f"model (or refit={AVERAGE!r}: their average); use "
+                         "validation_folds=1 to keep the best iterate")
+    return n_folds
+
+
+def _check_rules(refit_rule: object, choice_rule: object) -> None:
+    """``InputError`` unless both rules are known names."""
+    if refit_rule not in REFIT_RULES:
+        raise InputError(f"refit_rule must be one of {list(REFIT_RULES)} (where the refit on "
+                         f"all the data stops); got {refit_rule!r}")
+    if choice_rule not in CHOICE_RULES:
+        raise InputError(f"choice_rule must be one of {list(CHOICE_RULES)} (how K folds choose "
+                         f"the number of iterations); got {choice_rule!r}")
+
+
+def _check_refine(refine_iter: object, choice_refine_iter: object, refit: object) -> None:
+    """``InputError`` unless both refine counts are non-negative integers (``refine_iter`` may
+    be ``None``) and a positive ``refine_iter`` has a refit to continue."""
+    if refine_iter is not None and not _is_count(refine_iter, 0):
+        raise InputError(f"refine_iter must be a non-negative integer (iterations on the "
+                         f"approximate posterior after the refit, hyper-parameters fixed) "
+                         f"or None (the method's own count with refit={AUTO!r}, else 0); "
+                         f"got {refine_iter!r}")
+    if not _is_count(choice_refine_iter, 0):
+        raise InputError(f"choice_refine_iter must be a non-negative integer (iterations on "
+                         f"the posterior of every checked iterate before it is scored); got "
+                         f"{choice_refine_iter!r}")
+    if refine_iter and not refit:
+        raise InputError(f"refine_iter={refine_iter} needs refit=True (it continues the "
+                         f"refit on all the data) or refit={AVERAGE!r} (each fold's model "
+                         f"on all the data); got refit={refit!r}")
 
 
 def _held_out(rows: int, fraction: float) -> int:

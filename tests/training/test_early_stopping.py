@@ -8,6 +8,7 @@ import pytest
 import gpinfer
 from gpinfer.errors import InputError
 from gpinfer.interfaces import FitResult, IterationInfo
+from gpinfer.testing.datasets import ring_classes
 from gpinfer.training.early_stopping import (
     EarlyStopping,
     RefitStop,
@@ -22,10 +23,7 @@ from gpinfer.training.early_stopping import (
 
 
 def _three_classes(n: int = 90, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    y = np.arange(n) % 3
-    X = rng.normal(size=(n, 2)) + 2.5 * np.stack([np.cos(2.1 * y), np.sin(2.1 * y)], axis=1)
-    return X, y
+    return ring_classes(n, seed)
 
 
 def test_stratified_split_keeps_every_class_on_both_sides():
@@ -430,6 +428,15 @@ def test_a_mini_batch_refit_takes_the_count_whatever_the_rule():
     ({"refine_iter": True}, "refine_iter must be a non-negative integer"),
     ({"refine_iter": 5, "refit": False}, "refine_iter=5 needs refit=True"),
     ({"refine_iter": 5, "method": "ep"}, "'ep' cannot refine"),
+    ({"refit": "Auto"}, "refit must be 'auto'"),
+    ({"refit": None}, "refit must be 'auto'"),
+    ({"refine_iter": "250"}, r"refine_iter must be a non-negative integer .* or None"),
+    ({"choice_refine_iter": -1}, "choice_refine_iter must be a non-negative integer"),
+    ({"choice_refine_iter": 1.5}, "choice_refine_iter must be a non-negative integer"),
+    ({"choice_refine_iter": 3, "method": "ep"}, "'ep' cannot refine"),
+    ({"refit": "mean"}, "refit must be"),
+    ({"refit": "Average"}, "refit must be"),
+    ({"refit": 1}, "refit must be"),
 ])
 def test_bad_refit_or_folds_is_an_input_error_before_training(kwargs, pattern):
     X, y = _three_classes(30)
@@ -440,21 +447,16 @@ def test_bad_refit_or_folds_is_an_input_error_before_training(kwargs, pattern):
     assert calls == []
 
 
-def test_the_regressor_refuses_the_log_rule_before_training():
+@pytest.mark.parametrize("kwargs,pattern", [
+    ({"choice_rule": "log_one_se"}, "log_one_se"),
+    ({"refine_iter": 3}, "'fitc' cannot refine"),
+])
+def test_the_regressor_refuses_before_training(kwargs, pattern):
     X = np.linspace(-1, 1, 40)[:, None]
     calls = []
-    with pytest.raises(InputError, match="log_one_se"):
+    with pytest.raises(InputError, match=pattern):
         gpinfer.GPRegressor(method="fitc", M=4, validation_fraction=0.2,
-                            choice_rule="log_one_se").fit(X, X[:, 0], callback=calls.append)
-    assert calls == []
-
-
-def test_the_regressor_refuses_refine_iter_for_a_method_that_cannot_refine():
-    X = np.linspace(-1, 1, 40)[:, None]
-    calls = []
-    with pytest.raises(InputError, match="'fitc' cannot refine"):
-        gpinfer.GPRegressor(method="fitc", M=4, validation_fraction=0.2,
-                            refine_iter=3).fit(X, X[:, 0], callback=calls.append)
+                            **kwargs).fit(X, X[:, 0], callback=calls.append)
     assert calls == []
 
 

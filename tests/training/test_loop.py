@@ -10,6 +10,7 @@ import pytest
 
 import gpinfer
 from gpinfer.errors import InputError
+from gpinfer.testing.datasets import ring_classes
 from gpinfer.training.loop import Schedule
 
 #: (method, estimator arguments, binary?) for every iterative method family
@@ -27,10 +28,7 @@ ITERATIVE = [
 
 
 def _data(binary: bool, n: int = 40):
-    rng = np.random.default_rng(3)
-    y = np.arange(n) % (2 if binary else 3)
-    X = rng.normal(size=(n, 2)) + 2.0 * np.stack([np.cos(2.1 * y), np.sin(2.1 * y)], axis=1)
-    return X, y
+    return ring_classes(n, seed=3, n_classes=2 if binary else 3, radius=2.0)
 
 
 @pytest.mark.parametrize("kind", ["sweeps", "", None])

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import gpinfer
-from gpinfer.errors import InputError
 from gpinfer.interfaces import FitResult, IterationInfo
+from gpinfer.testing.datasets import ring_classes
 from gpinfer.training.early_stopping import EarlyStopping, ValidationMonitor, split_validation
 
 
@@ -17,10 +17,7 @@ def _info(it: int, posterior) -> IterationInfo:
 
 
 def _three_classes(n: int = 60, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    y = np.arange(n) % 3
-    X = rng.normal(size=(n, 2)) + 2.5 * np.stack([np.cos(2.1 * y), np.sin(2.1 * y)], axis=1)
-    return X, y
+    return ring_classes(n, seed)
 
 
 def test_rescore_ranks_the_checks_by_their_refined_posteriors():
@@ -64,17 +61,3 @@ def test_the_hold_out_model_is_its_best_refined_iterate():
     assert held_out == pytest.approx(np.min(state["val_nll"]), rel=1e-9)
     assert held_out == pytest.approx(est.fit_result_.diagnostics["best_val_nll"], rel=1e-9)
     assert not np.allclose(state["val_nll"], plain.fit_result_.state["val_nll"])
-
-
-@pytest.mark.parametrize("kwargs,pattern", [
-    ({"choice_refine_iter": -1}, "choice_refine_iter must be a non-negative integer"),
-    ({"choice_refine_iter": 1.5}, "choice_refine_iter must be a non-negative integer"),
-    ({"choice_refine_iter": 3, "method": "ep"}, "'ep' cannot refine"),
-])
-def test_bad_values_are_input_errors_before_training(kwargs, pattern):
-    X, y = _three_classes(30)
-    calls = []
-    with pytest.raises(InputError, match=pattern):
-        gpinfer.GPClassifier(**{"method": "sep", "M": 5, "validation_fraction": 0.2,
-                                **kwargs}).fit(X, y, callback=calls.append)
-    assert calls == []
