@@ -31,7 +31,7 @@ from gpinfer.interfaces import (
 from gpinfer.kernels.base import Kernel
 from gpinfer.numerics.cholesky import tri_solve
 from gpinfer.posterior import Posterior
-from gpinfer.sites.power_tilted import check_alpha, scaled_tilted
+from gpinfer_pep.power_tilted import check_alpha, scaled_tilted
 
 SCHEDULES = ("parallel", "sequential")
 SITE_STEPS = ("power", "full")
