@@ -1,0 +1,5 @@
+"""Moved to ``gpinfer_binary.newton`` (issue 23): a deprecated path (``gpinfer.moved``)."""
+
+from gpinfer.moved import moved_to
+
+__getattr__ = moved_to(__name__, "gpinfer_binary.newton")
