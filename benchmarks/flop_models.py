@@ -445,10 +445,10 @@ def svi_steps_per_iteration(N: int, B: int | None, report_every: int | None = No
 
 
 # --------------------------------------------------------------------------------------------
-# pep, full batch, binary (plugins/gpinfer-pep/gpinfer_pep/method.py, gpinfer/sites/rank_one.py)
+# pep, full batch, binary (plugins/gpinfer-pep/gpinfer_pep/method.py, .../rank_one.py)
 # --------------------------------------------------------------------------------------------
 
-_R1 = "gpinfer/sites/rank_one.py"
+_R1 = "plugins/gpinfer-pep/gpinfer_pep/rank_one.py"
 #: sweeps per bound evaluation assumed when they were not counted (measured 26-46 on a
 #: synthetic N = 20 000, D = 3 problem with the defaults; pep reports its own counts)
 PEP_DEFAULT_SWEEPS_PER_EVAL = 30

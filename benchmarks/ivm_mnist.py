@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from gpinfer_ivm.gaussian_cubature import softmax_predictive
 from gpinfer_ivm.inference import IVMSettings, run_inference
 
 from gpinfer.data import load_dataset
 from gpinfer.kernels.stationary import RBF
-from gpinfer.numerics.gaussian_cubature import softmax_predictive
 
 #: paper Table 1: (v, w) -> (err, lh, minent, maxent)
 PAPER = {

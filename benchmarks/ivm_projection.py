@@ -23,6 +23,7 @@ import time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
+from gpinfer_ivm.gaussian_cubature import softmax_tilted  # noqa: E402
 from gpinfer_ivm.projection import (  # noqa: E402
     initial_t,
     objective,
@@ -30,8 +31,6 @@ from gpinfer_ivm.projection import (  # noqa: E402
     project_newton,
     site_precision,
 )
-
-from gpinfer.numerics.gaussian_cubature import softmax_tilted  # noqa: E402
 
 
 def _case(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int]:

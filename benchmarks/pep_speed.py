@@ -17,13 +17,13 @@ import time
 
 import numpy as np
 from gpinfer_pep.collapsed import collapsed_pep
+from gpinfer_pep.rank_one import InducingGeometry, RankOnePEPSites
 from threadpoolctl import threadpool_limits
 from timing import best_of
 
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.kernels import make_kernel
 from gpinfer.likelihoods import BernoulliProbit, Gaussian
-from gpinfer.sites.rank_one import InducingGeometry, RankOnePEPSites
 
 
 def regression(alpha: float = 0.5) -> None:

@@ -6,6 +6,11 @@ and bad input."""
 
 import numpy as np
 import pytest
+from gpinfer_ivm.gaussian_cubature import (
+    softmax_expected_log_prob,
+    softmax_predictive,
+    softmax_tilted,
+)
 from numpy.polynomial.legendre import leggauss
 
 from gpinfer.errors import NumericalError
@@ -14,11 +19,6 @@ from gpinfer.numerics.diagonal_softmax import (
     diagonal_softmax_expected_log_prob,
     diagonal_softmax_predictive,
     diagonal_softmax_tilted,
-)
-from gpinfer.numerics.gaussian_cubature import (
-    softmax_expected_log_prob,
-    softmax_predictive,
-    softmax_tilted,
 )
 from gpinfer.numerics.quadrature import gauss_hermite
 

@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpinfer_jj.quadratic import (
+    CollapsedBound,
+    InducingFactors,
+    jj_coefficients,
+    taylor_coefficients,
+)
 from scipy.integrate import quad
 from scipy.special import log_expit
 
 from gpinfer.kernels import RBF, White
 from gpinfer.likelihoods import BernoulliLogit
 from gpinfer.likelihoods.bernoulli import LOGISTIC
-from gpinfer.sites.quadratic import (
-    CollapsedBound,
-    InducingFactors,
-    jj_coefficients,
-    taylor_coefficients,
-)
 from gpinfer.sites.variational import (
     likelihood_expectation,
     natural_gradient_step,

@@ -7,7 +7,7 @@
 ``H_aa = K D_mm K - K`` (pitfall P6), ``H_al = 2 K D_mv P``,
 ``H_ll = 4 P D_vv P - 2P + 8 V o (V Dg(a_v - lambda) V)``. Initialised from (loosely converged)
 EP or the previous solution, whichever is better (``KLMethod``), safeguarded by
-``gpinfer.sites.newton``; ``lambda <= 0`` by projection (P14).
+``gpinfer_binary.newton``; ``lambda <= 0`` by projection (P14).
 
 The step preferred to ``-H^-1 g`` is Newton's method on the stationarity equations in fixed-point
 form, ``F = [a_m - alpha, a_v - lambda] = 0`` (``g = [K F_alpha, 2 P F_lambda]``), with Jacobian
@@ -34,7 +34,7 @@ from gpinfer.sites.dense import DiagonalSiteAlgebra
 from gpinfer.sites.driver import DenseBinaryMethod, DenseSolution
 from gpinfer.sites.ep import EPSites
 from gpinfer.sites.jensen import gaussian_site_gradient
-from gpinfer.sites.newton import newton_maximize
+from gpinfer_binary.newton import newton_maximize
 
 #: ``max|F|`` below which the fixed-point Newton step may replace a shifted Hessian step
 FIXED_POINT_SWITCH = 0.1

@@ -20,7 +20,7 @@ from gpinfer.options import Option, integer, real
 from gpinfer.sites.dense import DiagonalSiteAlgebra
 from gpinfer.sites.driver import DenseBinaryMethod, DenseSolution
 from gpinfer.sites.jensen import gaussian_site_gradient, jensen_bound
-from gpinfer.sites.newton import newton_maximize
+from gpinfer_binary.newton import newton_maximize
 
 #: EM steps before Newton takes over
 EM_STEPS = 5

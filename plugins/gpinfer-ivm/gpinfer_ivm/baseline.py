@@ -23,8 +23,8 @@ from scipy.linalg import solve_triangular
 from gpinfer.errors import InputError
 from gpinfer.kernels.base import Kernel
 from gpinfer.numerics.diagonal_softmax import DiagonalTiltedCache
-from gpinfer.numerics.gaussian_cubature import AUTO_PRODUCT_NODES, RULES, softmax_tilted
 from gpinfer_ivm.criterion import FrozenSites
+from gpinfer_ivm.gaussian_cubature import AUTO_PRODUCT_NODES, RULES, softmax_tilted
 
 Array = np.ndarray
 

@@ -35,7 +35,7 @@ from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels.base import Kernel
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.numerics.diagonal_softmax import diagonal_softmax_expected_log_prob
-from gpinfer.numerics.gaussian_cubature import SoftmaxExpectation, softmax_expected_log_prob
+from gpinfer_ivm.gaussian_cubature import SoftmaxExpectation, softmax_expected_log_prob
 
 Array = np.ndarray
 

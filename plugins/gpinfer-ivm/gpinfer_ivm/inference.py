@@ -20,7 +20,7 @@ import numpy as np
 
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.kernels.base import Kernel
-from gpinfer.numerics.gaussian_cubature import (
+from gpinfer_ivm.gaussian_cubature import (
     RULES,
     SoftmaxTilted,
     gaussian_kl,

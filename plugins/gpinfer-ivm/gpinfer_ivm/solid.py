@@ -37,7 +37,7 @@ from scipy.linalg import solve_triangular
 from gpinfer.errors import NumericalError
 from gpinfer.kernels.base import Kernel
 from gpinfer.numerics.cholesky import jittered_cholesky
-from gpinfer.numerics.cholupdate import cholext, chollrup
+from gpinfer_ivm.cholupdate import cholext, chollrup
 
 Array = np.ndarray
 

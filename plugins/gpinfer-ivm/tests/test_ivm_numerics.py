@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+from gpinfer_ivm.gaussian_cubature import (
+    gaussian_kl,
+    softmax_tilted,
+)
 from gpinfer_ivm.projection import (
     _local,
     initial_t,
@@ -16,10 +20,6 @@ from gpinfer_ivm.projection import (
 )
 from ivm_test_data import spd, tilted_batch
 
-from gpinfer.numerics.gaussian_cubature import (
-    gaussian_kl,
-    softmax_tilted,
-)
 from gpinfer.testing.gradcheck import numerical_gradient, relative_error
 
 

@@ -5,6 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gpinfer_ivm.criterion import FrozenSites, criterion
+from gpinfer_ivm.gaussian_cubature import (
+    SoftmaxExpectation,
+    sobol_rule,
+    softmax_predictive,
+    softmax_tilted,
+)
 from gpinfer_ivm.inference import IVMSettings, run_inference
 from gpinfer_ivm.projection import initial_t, restricted_projection, site_precision
 from ivm_dense_reference import dense_posterior, point_block, prior_cov
@@ -12,12 +18,6 @@ from ivm_test_data import spd, three_blobs, tilted_batch
 
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.kernels.stationary import RBF
-from gpinfer.numerics.gaussian_cubature import (
-    SoftmaxExpectation,
-    sobol_rule,
-    softmax_predictive,
-    softmax_tilted,
-)
 
 
 def _problem(C, n, seed):

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from gpinfer_ivm.baseline import resolve_baseline_rule, run_baseline
 from gpinfer_ivm.criterion import criterion
+from gpinfer_ivm.gaussian_cubature import AUTO_PRODUCT_NODES, resolve_rule
 
 from gpinfer.estimator import GPClassifier
 from gpinfer.kernels import RBF
-from gpinfer.numerics.gaussian_cubature import AUTO_PRODUCT_NODES, resolve_rule
 
 KEEP = "warn"
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from gpinfer_ivm.baseline import BaselineRepresentation, run_baseline
 from gpinfer_ivm.criterion import FrozenSites, criterion
+from gpinfer_ivm.gaussian_cubature import softmax_predictive, softmax_tilted
 from gpinfer_ivm.inference import IVMSettings, run_inference
 from gpinfer_ivm.liquid import EPRepresentation
 from gpinfer_ivm.projection import initial_t, restricted_projection
@@ -15,7 +16,6 @@ from ivm_test_data import three_blobs
 
 from gpinfer.errors import InputError
 from gpinfer.kernels.stationary import RBF
-from gpinfer.numerics.gaussian_cubature import softmax_predictive, softmax_tilted
 from gpinfer.numerics.quadrature import gauss_hermite
 from gpinfer.testing.gradcheck import assert_gradient_close
 

@@ -23,7 +23,7 @@ from gpinfer.interfaces import Array, Likelihood
 from gpinfer.kernels.base import Kernel
 from gpinfer.likelihoods.bernoulli import as_bernoulli
 from gpinfer.posterior import InducingPosterior
-from gpinfer.sites.quadratic import (
+from gpinfer_jj.quadratic import (
     CollapsedBound,
     InducingFactors,
     QuadraticCoefficients,

@@ -40,9 +40,9 @@ from gpinfer.optim import LBFGSB
 from gpinfer.options import Option, bounds, choice, flag, integer, real
 from gpinfer.posterior import InducingPosterior
 from gpinfer.reporting import IterationReporter, binary_signs
-from gpinfer.sites.quadratic import CollapsedBound
 from gpinfer.training.outer import OuterReport, OuterSchedule
 from gpinfer_jj.bound import CollapsedObjective
+from gpinfer_jj.quadratic import CollapsedBound
 from gpinfer_jj.taylor import (
     GUARD_SLACK,
     TRUST_RADIUS,

@@ -33,7 +33,7 @@ import numpy as np
 
 from gpinfer.interfaces import Array, Likelihood
 from gpinfer.numerics.quadrature import LogSigmoid
-from gpinfer.sites.quadratic import CollapsedBound, InducingFactors
+from gpinfer_jj.quadratic import CollapsedBound, InducingFactors
 
 #: sufficient-ascent fraction of the Armijo test
 ARMIJO_FRACTION = 1e-4

@@ -1,6 +1,6 @@
 """The methods vi-jj, vi-taylor, vi-jj-hybrid, vi-jj-full (spec jj-taylor-svi §7: T5 through the
-kernel VJPs, T11-T13); the core oracles of the quadratic sites (T1-T10, T14) are in
-``tests/sites/test_quadratic.py``."""
+kernel VJPs, T11-T13); the oracles of the quadratic sites (T1-T10, T14) are in
+``test_jj_quadratic.py``."""
 
 from __future__ import annotations
 

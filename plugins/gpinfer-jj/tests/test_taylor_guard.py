@@ -20,6 +20,13 @@ import numpy as np
 import pytest
 from gpinfer_jj.bound import CollapsedObjective
 from gpinfer_jj.method import ViJJHybrid, ViTaylor
+from gpinfer_jj.quadratic import (
+    CollapsedBound,
+    InducingFactors,
+    jj_coefficients,
+    site_elbo,
+    taylor_coefficients,
+)
 from gpinfer_jj.taylor import (
     GUARD_HALVINGS,
     GuardedStep,
@@ -37,13 +44,6 @@ from gpinfer.kernels import RBF
 from gpinfer.likelihoods import BernoulliLogit
 from gpinfer.likelihoods.bernoulli import LOGISTIC
 from gpinfer.optim import LBFGSB
-from gpinfer.sites.quadratic import (
-    CollapsedBound,
-    InducingFactors,
-    jj_coefficients,
-    site_elbo,
-    taylor_coefficients,
-)
 from gpinfer.sites.variational import likelihood_expectation, uncollapsed_elbo
 
 LOG_BOUNDS = (float(np.log(1e-4)), float(np.log(1e6)))

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from gpinfer_jj.bound import CollapsedObjective
 from gpinfer_jj.method import ViTaylor
+from gpinfer_jj.quadratic import CollapsedBound, taylor_coefficients
 from gpinfer_jj.taylor import MapObjective, newton_rounds
 
 from gpinfer.data.generators import scale_synthetic
@@ -22,7 +23,6 @@ from gpinfer.kernels import RBF
 from gpinfer.likelihoods import BernoulliLogit
 from gpinfer.likelihoods.bernoulli import LOGISTIC
 from gpinfer.numerics.cholesky import tri_solve
-from gpinfer.sites.quadratic import CollapsedBound, taylor_coefficients
 
 N_POINTS, M = 200_000, 100
 

@@ -27,7 +27,7 @@ from scipy.linalg.blas import dsyrk
 from gpinfer.errors import InputError
 from gpinfer.interfaces import Array, MatrixGradients
 from gpinfer.numerics.cholesky import chol_inverse, tri_solve
-from gpinfer.sites.rank_one import InducingGeometry, cholesky_or_raise
+from gpinfer_pep.rank_one import InducingGeometry, cholesky_or_raise
 
 _LOG_2PI = math.log(2.0 * math.pi)
 

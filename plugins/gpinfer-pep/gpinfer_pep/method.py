@@ -2,7 +2,7 @@
 
 Regression (Gaussian likelihood): the collapsed closed form (spec power-ep §3), maximised by
 L-BFGS-B over kernel log-parameters, inducing inputs and ``log s2``. Binary classification
-(probit, logit): rank-one Power-EP sites (``gpinfer.sites.rank_one``); full-batch training uses
+(probit, logit): rank-one Power-EP sites (``gpinfer_pep.rank_one``); full-batch training uses
 the outer schedule (sites to convergence, warm-started, then one L-BFGS-B step), mini-batch
 training the paper's stochastic schedule (``n_sweeps`` parallel sweeps on a batch's sites, then
 one Adam step on the batch energy, spec §2.10).
@@ -38,14 +38,6 @@ from gpinfer.optim import make_optimizer
 from gpinfer.options import Option, choice, custom, flag, integer, real
 from gpinfer.posterior import Posterior
 from gpinfer.reporting import IterationReporter
-from gpinfer.sites.power_tilted import QUADRATURES
-from gpinfer.sites.rank_one import (
-    SCHEDULES,
-    SITE_STEPS,
-    InducingGeometry,
-    RankOnePEPSites,
-    WhitenedInducingPosterior,
-)
 from gpinfer.training.minibatch import (
     BatchSteps,
     MiniBatchSchedule,
@@ -56,6 +48,14 @@ from gpinfer.training.minibatch import (
 from gpinfer.training.outer import OuterSchedule
 from gpinfer.validation import check_binary_labels
 from gpinfer_pep.collapsed import CollapsedResult, check_partition, collapsed_pep
+from gpinfer_pep.power_tilted import QUADRATURES
+from gpinfer_pep.rank_one import (
+    SCHEDULES,
+    SITE_STEPS,
+    InducingGeometry,
+    RankOnePEPSites,
+    WhitenedInducingPosterior,
+)
 
 #: box bounds on the unconstrained (log) parameters, to keep L-BFGS-B line searches sane
 _LOG_BOUNDS = LOG_PARAMETER_BOUNDS

@@ -11,12 +11,12 @@ from _pep_dense import (  # noqa: F401  (single_thread is an autouse fixture)
     single_thread,
     standard_ep_probit,
 )
+from gpinfer_pep.rank_one import InducingGeometry, RankOnePEPSites
 
 from gpinfer import GPClassifier
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.likelihoods import BernoulliProbit
-from gpinfer.sites.rank_one import InducingGeometry, RankOnePEPSites
 
 PROBIT = BernoulliProbit()
 

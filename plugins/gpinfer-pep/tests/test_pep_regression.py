@@ -18,13 +18,13 @@ from _pep_dense import (  # noqa: F401  (single_thread is an autouse fixture)
     titsias_bound,
 )
 from gpinfer_pep.collapsed import check_partition, collapsed_pep
+from gpinfer_pep.rank_one import InducingGeometry, RankOnePEPSites
 
 from gpinfer import GPRegressor
 from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.interfaces import MatrixGradients
 from gpinfer.likelihoods import Gaussian
-from gpinfer.sites.rank_one import InducingGeometry, RankOnePEPSites
 
 S2 = 0.05
 
@@ -37,7 +37,7 @@ def _collapsed(kern, X, y, Z, alpha, s2=S2, blocks=None, jitter=0.0, **kw):
 
 
 def _predict(res, kern, Z, Xs):
-    from gpinfer.sites.rank_one import WhitenedInducingPosterior
+    from gpinfer_pep.rank_one import WhitenedInducingPosterior
 
     post = WhitenedInducingPosterior(Gaussian(S2), kern, Z, res.L, res.L_B, res.gamma)
     mean, var = post.predict_f(Xs)

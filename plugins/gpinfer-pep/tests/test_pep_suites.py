@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 from _pep_dense import single_thread  # noqa: F401  (autouse fixture)
+from gpinfer_pep.rank_one import InducingGeometry, RankOnePEPSites
 
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.kernels import make_kernel
 from gpinfer.likelihoods import BernoulliProbit
-from gpinfer.sites.rank_one import InducingGeometry, RankOnePEPSites
 from gpinfer.testing import MethodTestSuite
 
 

@@ -1,4 +1,4 @@
-"""``gpinfer.sites.quadratic``: the Jaakkola-Jordan and Taylor quadratic sites and the collapsed
+"""``gpinfer_jj.quadratic``: the Jaakkola-Jordan and Taylor quadratic sites and the collapsed
 bound (spec jj-taylor-svi §2; tests T1-T10, T14), against pointwise bounds, the exact ELBO,
 the dense Gibbs-MacKay and Laplace references and finite differences. Moved here from the
 vi-jj plugin's tests: they test the core."""
@@ -7,6 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpinfer_jj.quadratic import (
+    CollapsedBound,
+    InducingFactors,
+    jj_coefficients,
+    jj_lambda,
+    site_elbo,
+    taylor_coefficients,
+)
 from scipy.linalg import cholesky
 from scipy.special import expit, log_expit
 from scipy.stats import multivariate_normal
@@ -15,14 +23,6 @@ from gpinfer.errors import NumericalError
 from gpinfer.kernels import RBF, White
 from gpinfer.likelihoods import BernoulliLogit
 from gpinfer.likelihoods.bernoulli import LOGISTIC
-from gpinfer.sites.quadratic import (
-    CollapsedBound,
-    InducingFactors,
-    jj_coefficients,
-    jj_lambda,
-    site_elbo,
-    taylor_coefficients,
-)
 from gpinfer.sites.variational import likelihood_expectation, uncollapsed_elbo
 from gpinfer.testing.gradcheck import assert_gradient_close, numerical_gradient
 
@@ -279,7 +279,7 @@ def test_t14_edge_cases():
 def test_closed_form_kl_matches_dense_kl(kind):
     """``CollapsedBound.kl`` (whitened, no data pass) equals the dense Gaussian KL of
     ``(mu_hat, Sigma_hat)`` against ``N(0, Kuu)``."""
-    from gpinfer.sites.quadratic import gaussian_kl
+    from gpinfer_jj.quadratic import gaussian_kl
 
     X, Z, s, k, Kuu, Kuf, Kd = _problem_matrices()
     fac = InducingFactors(Kuu, Kuf, Kd)

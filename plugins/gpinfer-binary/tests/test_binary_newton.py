@@ -1,4 +1,4 @@
-"""``gpinfer.sites.newton``: the safeguarded Newton ascent on functions with known maxima:
+"""``gpinfer_binary.newton``: the safeguarded Newton ascent on functions with known maxima:
 a concave quadratic in one step, a non-quadratic concave function, an indefinite start (the
 Levenberg-Marquardt shift), a projection, and non-finite values as a ``NumericalError``."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpinfer_binary.newton import newton_maximize
 
 from gpinfer.errors import NumericalError
-from gpinfer.sites.newton import newton_maximize
 
 
 def _quadratic(A, b):

@@ -1,4 +1,4 @@
-"""``gpinfer.sites.rank_one``: rank-one Power-EP sites in inducing space (spec power-ep §7).
+"""``gpinfer_pep.rank_one``: rank-one Power-EP sites in inducing space (spec power-ep §7).
 
 Core-against-core oracles: with the full inducing set ``Z = X`` and power one, the sites reach
 the fixed point of dense EP (``gpinfer.sites.ep.EPSites``: the same energy, marginals and site
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpinfer_pep.rank_one import InducingGeometry, RankOnePEPSites
 
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.kernels import RBF
 from gpinfer.likelihoods import BernoulliProbit
 from gpinfer.sites.ep import EPSites
-from gpinfer.sites.rank_one import InducingGeometry, RankOnePEPSites
 
 PROBIT = BernoulliProbit()
 

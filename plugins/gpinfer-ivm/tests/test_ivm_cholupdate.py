@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpinfer_ivm.cholupdate import cholext, chollrup
 
 from gpinfer.errors import NumericalError
-from gpinfer.numerics.cholupdate import cholext, chollrup
 
 
 def _spd(rng, C, scale=1.0):

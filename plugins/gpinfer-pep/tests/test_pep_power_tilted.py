@@ -1,4 +1,4 @@
-"""``gpinfer.sites.power_tilted``: the scaled tilted moments of Power EP (spec power-ep §7,
+"""``gpinfer_pep.power_tilted``: the scaled tilted moments of Power EP (spec power-ep §7,
 oracle 8): derivatives by finite differences for every power, and the quadrature rule against
 the probit's closed form. Moved here from the pep plugin's tests."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpinfer_pep.power_tilted import scaled_tilted
 
 from gpinfer.likelihoods import BernoulliLogit, BernoulliProbit
-from gpinfer.sites.power_tilted import scaled_tilted
 
 PROBIT = BernoulliProbit()
 

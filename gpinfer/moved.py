@@ -1,0 +1,48 @@
+"""Old import paths of modules that moved from the core into a method plugin (issue 23: a
+method's maths lives in its plugin). The core module left behind is a stub whose module-level
+``__getattr__`` is ``moved_to(old, new)``: ``from gpinfer.sites.rank_one import X``
+still works for one release, importing ``X`` lazily from the plugin's module with a
+``DeprecationWarning`` that names the new path.
+
+    # gpinfer/sites/rank_one.py
+    from gpinfer.moved import moved_to
+
+    __getattr__ = moved_to(__name__, "gpinfer_pep.rank_one")
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+#: every stub left in the core: old module -> (new module, the distribution that ships it);
+#: ``tests/test_moved.py`` checks each
+MOVED: dict[str, tuple[str, str]] = {}
+
+
+def moved_to(old: str, new: str) -> Callable[[str], Any]:
+    """The module ``__getattr__`` of stub ``old``: a name is imported from ``new`` (its home in
+    a plugin: ``gpinfer_pep.rank_one`` ships with the distribution ``gpinfer-pep``) with a
+    ``DeprecationWarning``; a dunder or unknown name is an ``AttributeError``, and a missing
+    plugin an ``ImportError`` naming it."""
+    plugin = new.split(".")[0].replace("_", "-")
+    MOVED[old] = (new, plugin)
+
+    def __getattr__(name: str) -> Any:
+        if name.startswith("__"):  # the import machinery's probes (``__path__``, ...)
+            raise AttributeError(f"module {old!r} has no attribute {name!r}")
+        try:
+            module = importlib.import_module(new)
+        except ImportError as exc:
+            raise ImportError(f"{old} moved to {new}, which ships with the plugin {plugin!r}: "
+                              f"install it (pip install -e plugins/{plugin})") from exc
+        if not hasattr(module, name):
+            raise AttributeError(f"module {old!r} (moved to {new!r}) has no attribute {name!r}")
+        warnings.warn(f"{old} moved to {new} (plugin {plugin!r}): import {name!r} from {new}; "
+                      "the old path works for one more release", DeprecationWarning,
+                      stacklevel=2)
+        return getattr(module, name)
+
+    return __getattr__
