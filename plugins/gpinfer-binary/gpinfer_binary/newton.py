@@ -104,21 +104,11 @@ def newton_maximize(
     gnorm = np.inf
     last_dec = np.inf
     for step in range(max_steps + 1):
-        value, g, H = fun(x, True)
-        assert g is not None and H is not None
-        if not np.isfinite(value) or not np.all(np.isfinite(g)):
-            raise NumericalError(f"{name}: non-finite objective or gradient", iteration=step,
-                                 quantity="objective")
-        free = np.ones(g.shape, dtype=bool) if fixed is None else ~np.asarray(fixed(x, g))
-        gnorm = float(np.max(np.abs(g[free]), initial=0.0))
+        value, g, H, free, gnorm = _evaluate(fun, x, fixed, name, step)
         done = gnorm <= tol or (converged is not None and converged(x))
         if done or step == max_steps:
             return NewtonResult(x, float(value), gnorm, step, done, shifted)
-        if free.all():
-            d, mu = _shifted_newton_step(H, g, name, step)
-        else:
-            d = np.zeros_like(g)
-            d[free], mu = _shifted_newton_step(H[np.ix_(free, free)], g[free], name, step)
+        d, mu = _free_newton_step(H, g, free, name, step)
         preferred = _preferred_step(direction, x, g, value, fun, proj) if mu > 0 else None
         if preferred is not None:
             d, x_try = preferred
@@ -137,6 +127,31 @@ def newton_maximize(
             x_try = backtracked[0]
         x = x_try
     return NewtonResult(x, float(value), gnorm, max_steps, False, shifted)
+
+
+def _evaluate(fun: NewtonFunction, x: Array, fixed: FixedFunction | None, name: str,
+              step: int) -> tuple[float, Array, Array, Array, float]:
+    """``fun`` at ``x [P]`` with its gradient ``g [P]`` and Hessian ``H [P, P]``, checked
+    finite (``NumericalError`` naming the step otherwise); the free coordinates ``[P]`` (bool,
+    not held at a bound by ``fixed``) and the largest free gradient entry."""
+    value, g, H = fun(x, True)
+    assert g is not None and H is not None
+    if not np.isfinite(value) or not np.all(np.isfinite(g)):
+        raise NumericalError(f"{name}: non-finite objective or gradient", iteration=step,
+                             quantity="objective")
+    free = np.ones(g.shape, dtype=bool) if fixed is None else ~np.asarray(fixed(x, g))
+    return value, g, H, free, float(np.max(np.abs(g[free]), initial=0.0))
+
+
+def _free_newton_step(H: Array, g: Array, free: Array, name: str,
+                      step: int) -> tuple[Array, float]:
+    """The (shifted) Newton step ``d [P]`` on the free coordinates (zero on the fixed ones) and
+    its shift ``mu`` (``_shifted_newton_step``)."""
+    if free.all():
+        return _shifted_newton_step(H, g, name, step)
+    d = np.zeros_like(g)
+    d[free], mu = _shifted_newton_step(H[np.ix_(free, free)], g[free], name, step)
+    return d, mu
 
 
 def _final_step(fun: NewtonFunction, proj: Callable[[Array], Array], x: Array, d: Array,
