@@ -250,11 +250,14 @@ class StackedGaussians:
     ``P_w [C, M, M]``, ``h_w [C, M]`` whitened site sums; ``scale [C]`` the factors ``a_c``
     (``None``: 1), or ``Scales`` of them (with leading axes ``[2, C]``: both Gaussians of
     ``paired`` in one stack). ``NumericalError`` (quantity ``"B"``) when some ``B_c`` is not
-    positive definite.
+    positive definite. ``inverse``: on numpy ``B^-1`` formed at once (``potri``) and the means
+    ``w = B^-1 (a h_w)`` one product with it, for a caller that reads ``B_inv`` anyway (where
+    the two triangular solves per class of ``B_inv_vec`` would cost more; equal to round-off);
+    on a device ignored.
     """
 
     def __init__(self, P_w: Array, h_w: Array, scale: Array | Scales | None = None, *,
-                 iteration: int | None = None):
+                 iteration: int | None = None, inverse: bool = False):
         self._make_h_w: Callable[[], Array] | None = None  # a view's (``_view``)
         if scale is None:  # a = 1: no product
             Bm = ops.plus_diagonal(P_w, 1.0)
@@ -271,12 +274,15 @@ class StackedGaussians:
         self.LB = site_cholesky(Bm, h_w, iteration)
         self._LB_T: Array | None = transpose(self.LB)  # formed here: __init__ solves with it
         self._make_LB_T: Callable[[], Array] | None = None  # a view's (``_view``)
-        self.w = self.B_inv_vec(self.h_w)
         self._B_inv: Array | None = None
+        if inverse and ops.is_numpy(P_w):
+            self.w = (self.B_inv() @ self.h_w[..., None])[..., 0]
+        else:
+            self.w = self.B_inv_vec(self.h_w)
 
     @classmethod
-    def paired(cls, P_w: Array, h_w: Array, pair: Scales, *, iteration: int | None = None
-               ) -> tuple[StackedGaussians, StackedGaussians, Array]:
+    def paired(cls, P_w: Array, h_w: Array, pair: Scales, *, iteration: int | None = None,
+               inverse: bool = False) -> tuple[StackedGaussians, StackedGaussians, Array]:
         """``(q, cav, log_norm_ratio [2, C])``: the Gaussians of the site sums ``P_w``,
         ``h_w`` with scale 1 (``q``) and with the cavity scales ``a [C]`` (``cav``), and
         their log-norm ratios (row 0: ``q``'s), from ``pair``, the ``Scales`` of
@@ -285,11 +291,12 @@ class StackedGaussians:
         On a device both live in one ``[2, C]`` stack: one Cholesky, one check, one pair of
         solves for both means and one log-norm ratio (each matrix factorised and solved as
         on its own: the same values), and the two are views of it; on numpy two
-        ``StackedGaussians`` as before.
+        ``StackedGaussians`` as before (``inverse``: both with it, see the class).
         """
         if ops.is_numpy(P_w):
-            q = cls(P_w, h_w, iteration=iteration)
-            cav = cls(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]), iteration=iteration)
+            q = cls(P_w, h_w, iteration=iteration, inverse=inverse)
+            cav = cls(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]), iteration=iteration,
+                      inverse=inverse)
             return q, cav, np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
         both = cls(P_w, h_w, pair, iteration=iteration)
         q = cls._view(both.LB[0], both.w[0], h_w, lambda: both.LB_T[0])

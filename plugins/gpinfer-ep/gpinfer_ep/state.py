@@ -466,9 +466,11 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     """``TiedSites.evaluate`` on device arrays (a compiled region of the step); ``pair``:
     the scales of ``q`` and of the cavity (``StackedGaussians.paired``)."""
     _, mask, n_b, _, y_col = labels
-    q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration)
     # one kernel and Z for every class: B^-1 A of the shared A, which the summed gradients read
+    # (both B^-1 formed: the means from them, ``StackedGaussians``' ``inverse``)
     one = terms.one if isinstance(terms, SharedTerms) else None
+    q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration,
+                                          inverse=one is not None)
     if one is None:
         a, v, R = cav.project(terms.A, means_by_point=True)
     else:
