@@ -272,8 +272,7 @@ class StackedGaussians:
             Bm = ops.scaled_plus_diagonal(a_matrix, P_w, 1.0)
             self._h_w = a_vector * h_w
         self.LB = site_cholesky(Bm, h_w, iteration)
-        self._LB_T: Array | None = transpose(self.LB)  # formed here: __init__ solves with it
-        self._make_LB_T: Callable[[], Array] | None = None  # a view's (``_view``)
+        self._LB_T: Array | None = None  # formed on first use (a device's means need none)
         self._B_inv: Array | None = None
         if inverse and ops.is_numpy(P_w):
             self.w = (self.B_inv() @ self.h_w[..., None])[..., 0]
@@ -299,19 +298,18 @@ class StackedGaussians:
                       inverse=inverse)
             return q, cav, np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
         both = cls(P_w, h_w, pair, iteration=iteration)
-        q = cls._view(both.LB[0], both.w[0], h_w, lambda: both.LB_T[0])
-        cav = cls._view(both.LB[1], both.w[1], lambda: both.h_w[1], lambda: both.LB_T[1])
+        (LB_q, LB_cav), (w_q, w_cav) = both.LB.unbind(0), both.w.unbind(0)  # one view operator
+        q = cls._view(LB_q, w_q, h_w)
+        cav = cls._view(LB_cav, w_cav, lambda: both.h_w[1])
         return q, cav, both.log_norm_ratio()
 
     @classmethod
-    def _view(cls, LB: Array, w: Array, h_w: Array | Callable[[], Array],
-              LB_T: Callable[[], Array]) -> StackedGaussians:
+    def _view(cls, LB: Array, w: Array, h_w: Array | Callable[[], Array]) -> StackedGaussians:
         """A ``StackedGaussians`` of given factors, means and shifts (views of a larger
         stack), its ``LB_T`` (and ``h_w`` where a callable is given) formed on first use."""
         out = cls.__new__(cls)
-        out.LB, out.w, out._B_inv = LB, w, None
+        out.LB, out.w, out._B_inv, out._LB_T = LB, w, None, None
         out._h_w, out._make_h_w = (None, h_w) if callable(h_w) else (h_w, None)
-        out._LB_T, out._make_LB_T = None, LB_T
         return out
 
     @property
@@ -325,16 +323,15 @@ class StackedGaussians:
 
     @property
     def LB_T(self) -> Array:
-        """``transpose(LB)``, formed once: every ``L_B^-T`` solve shares it."""
+        """``transpose(LB)``, formed on first use and kept: every ``L_B^-T`` solve shares
+        it."""
         if self._LB_T is None:
-            assert self._make_LB_T is not None  # a view's: set by ``_view``
-            self._LB_T = self._make_LB_T()
+            self._LB_T = transpose(self.LB)
         return self._LB_T
 
     def B_inv_vec(self, v: Array) -> Array:
-        """``B^-1 v`` ``[C, M]`` for ``v [C, M]``."""
-        half = tri_solve_stack(self.LB, v[..., None])
-        return tri_solve_stack(self.LB, half, transpose=True, L_T=self.LB_T)[..., 0]
+        """``B^-1 v`` ``[C, M]`` for ``v [C, M]`` (``ops.cho_solve_vec``)."""
+        return ops.cho_solve_vec(self.LB, v)
 
     def B_inv(self) -> Array:
         """``B^-1`` ``[C, M, M]`` (computed once)."""
