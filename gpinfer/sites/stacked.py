@@ -339,19 +339,26 @@ class StackedGaussians:
             self._B_inv = cho_inverse_stack(self.LB)
         return self._B_inv
 
-    def project(self, A: Array, *, means_by_point: bool = False
-                ) -> tuple[Array, Array, Array]:
+    def project(self, A: Array, *, means_by_point: bool = False,
+                variances_by_point: bool = False) -> tuple[Array, Array, Array]:
         """Means ``mu = A^T w [C, n]``, variances ``v = ||L_B^-1 a||^2 [C, n]`` and
         ``R = L_B^-1 A [C, M, n]`` along whitened directions ``A [C, M, n]``.
-        ``means_by_point``: ``mu`` as ``[n, C]``, the transposed view of the same values (on
-        a device the einsum's own output: no transpose operator)."""
+        ``means_by_point`` (``variances_by_point``): ``mu`` (``v``) as ``[n, C]``, the
+        transposed view of the same values (on a device the einsum's own output: no transpose
+        operator)."""
         R = tri_solve_stack(self.LB, A)
-        if means_by_point and not ops.is_numpy(A):
-            mu = ops.einsum("cmn,cm->nc", A, self.w)
-        else:
-            mu = ops.einsum("cmn,cm->cn", A, self.w)
-            mu = ops.mT(mu) if means_by_point else mu
-        return mu, ops.einsum("cmn,cmn->cn", R, R), R
+        on_device = not ops.is_numpy(A)
+        return (self._by_point("cmn,cm", A, self.w, means_by_point, on_device),
+                self._by_point("cmn,cmn", R, R, variances_by_point, on_device), R)
+
+    @staticmethod
+    def _by_point(spec: str, x: Array, y: Array, by_point: bool, on_device: bool) -> Array:
+        """The einsum ``spec -> cn`` of ``x``, ``y``; ``by_point``: as ``[n, C]`` (a device's
+        einsum writes it so; numpy's transposed view)."""
+        if by_point and on_device:
+            return ops.einsum(spec + "->nc", x, y)
+        out = ops.einsum(spec + "->cn", x, y)
+        return ops.mT(out) if by_point else out
 
     def log_norm_ratio(self) -> Array:
         """``G(q_c) - G(prior)`` per class ``[C]`` (spec ep-sep §2.6)."""

@@ -433,8 +433,7 @@ def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     """``_tied_update`` up to the new whitened sums: ``(P_w, h_w, change [])``."""
     _, mask, counts, n_factors, y_col = labels
     cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
-    a, v, _ = cav.project(terms.A, means_by_point=True)
-    v = v.T
+    a, v, _ = cav.project(terms.A, means_by_point=True, variances_by_point=True)  # [n, C]
     vs = v + terms.s.T  # b = v + s for every role; the winners' is its gather (the same sums)
     a_y, v_y = at_label(a, y_col), at_label(v, y_col)
     t = pair_slopes(a_y, at_label(vs, y_col), a, vs, mask)
