@@ -479,8 +479,19 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     xp = ops.namespace(lnr)
     cav_terms = xp.sum(n_b * xp.diff(lnr, axis=0))  # lnr_cav - lnr_q, [1, C]: one operator
     value = xp.sum(lnr[0]) + scale * (xp.sum(t.log_z) + cav_terms)
-    a_sum = scale * aggregate(t.g_win, -t.g_win, mask, win_masked=True)
+    a_sum = _slope_sums(t.g_win, mask, scale)
     b_sum = scale * aggregate(t.g_b, t.g_b, mask, win_masked=True)
     if one is not None:  # the classes' sums, [1, ...]
         return value, shared_matrix_gradients(one, q, cav, BiA, a_sum.T, b_sum.T)
     return value, stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
+
+
+def _slope_sums(g_win: Array, mask: Array, scale: float) -> Array:
+    """``scale * aggregate(g_win, -g_win, mask)`` ``[n, C]`` (``g_win`` zero off ``mask``, as
+    ``pair_log_z``'s): on a device ``(-scale) where(mask, g_win, -sum_c g_win)``, the
+    negated row sums one product with kept ``-1``s (3 operators where negating ``g_win``
+    takes 4; the row sums to round-off); numpy as before."""
+    if ops.is_numpy(g_win):
+        return scale * aggregate(g_win, -g_win, mask, win_masked=True)
+    minus_ones = ops.constant(g_win, (-1.0,) * g_win.shape[1], (g_win.shape[1], 1))
+    return (-scale) * ops.namespace(g_win).where(mask, g_win, g_win @ minus_ones)
