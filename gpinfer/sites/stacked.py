@@ -298,7 +298,7 @@ class StackedGaussians:
                       inverse=inverse)
             return q, cav, np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
         both = cls(P_w, h_w, pair, iteration=iteration)
-        (LB_q, LB_cav), (w_q, w_cav) = both.LB.unbind(0), both.w.unbind(0)  # one view operator
+        (LB_q, LB_cav), (w_q, w_cav) = ops.unbind(both.LB), ops.unbind(both.w)
         q = cls._view(LB_q, w_q, h_w)
         cav = cls._view(LB_cav, w_cav, lambda: both.h_w[1])
         return q, cav, both.log_norm_ratio()
