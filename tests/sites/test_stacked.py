@@ -213,3 +213,29 @@ def test_corrupted_sites_are_a_numerical_error():
         StackedGaussians(-10.0 * P, h)
     with pytest.raises(NumericalError, match="not finite"):
         StackedGaussians(P, np.full_like(h, np.inf))
+
+
+@pytest.mark.parametrize("device", [False, True])
+@pytest.mark.parametrize("scale", [None, np.array([0.5, 0.9, 0.99])])
+def test_means_from_the_inverse_and_variances_by_point(scale, device):
+    """``inverse=True`` (numpy: ``w`` one product with the ``B^-1`` formed at once; a device
+    ignores it) gives the solves' means and ``B^-1`` to round-off, in ``paired`` too; the
+    variances by point are the transposed ones (the same values)."""
+    _, X, kernels, Zs, P, h = _setup(5)
+    X_, Z_, P_, h_ = _on(device, X, np.stack(Zs), P, h)
+    terms = stacked_terms(kernels, Z_, X_)
+    got, want = StackedGaussians(P_, h_, scale, inverse=True), StackedGaussians(P_, h_, scale)
+    np.testing.assert_allclose(_host(got.w), _host(want.w), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(_host(got.B_inv()), _host(want.B_inv()), rtol=1e-12)
+    assert (got._B_inv is not None) != device  # numpy formed B^-1 at once; a device did not
+    pair = scales(P_, (1.0,) * C + (0.8, 0.9, 0.95), (2, C))
+    for a, b in zip(StackedGaussians.paired(P_, h_, pair, inverse=True),
+                    StackedGaussians.paired(P_, h_, pair)):
+        if isinstance(a, StackedGaussians):
+            a, b = a.w, b.w
+        np.testing.assert_allclose(_host(a), _host(b), rtol=1e-12, atol=1e-13)
+    mu, v, _ = want.project(terms.A, means_by_point=True)
+    mu_p, v_p, _ = want.project(terms.A, means_by_point=True, variances_by_point=True)
+    assert _host(v_p).shape == (N, C)
+    np.testing.assert_allclose(_host(v_p), _host(v).T, rtol=1e-14)
+    assert np.array_equal(_host(mu_p), _host(mu))
