@@ -225,9 +225,9 @@ def test_means_from_the_inverse_and_variances_by_point(scale, device):
     X_, Z_, P_, h_ = _on(device, X, np.stack(Zs), P, h)
     terms = stacked_terms(kernels, Z_, X_)
     got, want = StackedGaussians(P_, h_, scale, inverse=True), StackedGaussians(P_, h_, scale)
+    assert (got._B_inv is not None) != device  # numpy formed B^-1 at once; a device did not
     np.testing.assert_allclose(_host(got.w), _host(want.w), rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(_host(got.B_inv()), _host(want.B_inv()), rtol=1e-12)
-    assert (got._B_inv is not None) != device  # numpy formed B^-1 at once; a device did not
     pair = scales(P_, (1.0,) * C + (0.8, 0.9, 0.95), (2, C))
     for a, b in zip(StackedGaussians.paired(P_, h_, pair, inverse=True),
                     StackedGaussians.paired(P_, h_, pair)):
