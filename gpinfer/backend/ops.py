@@ -840,16 +840,6 @@ def tri_inverse(L: Array) -> Array:
     return out.reshape(L.shape)
 
 
-def cho_solve_vec(L: Array, v: Array) -> Array:
-    """``(L L^T)^-1 v`` ``[..., M]`` for lower factors ``L [..., M, M]`` and ``v [..., M]``:
-    on a device one ``cholesky_solve`` (LAPACK ``potrs``: the same two triangular solves, no
-    ``L^T`` view and one operator where two solves take two), on numpy the two solves."""
-    if not is_numpy(L):
-        return _torch().cholesky_solve(v[..., None], L)[..., 0]
-    half = solve_triangular(L, v[..., None])
-    return solve_triangular(L, half, transpose=True)[..., 0]
-
-
 def cho_inverse(LB: Array) -> tuple[Array, bool]:
     """``(L_B L_B^T)^-1`` ``[..., M, M]`` from lower factors ``LB`` and whether it failed
     (a singular factor; on a device never reported: ``T^T T`` with ``T = L_B^-1`` from one

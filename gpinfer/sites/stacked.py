@@ -250,10 +250,10 @@ class StackedGaussians:
     ``P_w [C, M, M]``, ``h_w [C, M]`` whitened site sums; ``scale [C]`` the factors ``a_c``
     (``None``: 1), or ``Scales`` of them (with leading axes ``[2, C]``: both Gaussians of
     ``paired`` in one stack). ``NumericalError`` (quantity ``"B"``) when some ``B_c`` is not
-    positive definite. ``inverse``: on numpy ``B^-1`` formed at once (``potri``) and the means
+    positive definite. ``inverse``: ``B^-1`` formed at once (numpy ``potri``) and the means
     ``w = B^-1 (a h_w)`` one product with it, for a caller that reads ``B_inv`` anyway (where
-    the two triangular solves per class of ``B_inv_vec`` would cost more; equal to round-off);
-    on a device ignored.
+    the two triangular solves per class of ``B_inv_vec`` would cost more; equal to
+    round-off).
     """
 
     def __init__(self, P_w: Array, h_w: Array, scale: Array | Scales | None = None, *,
@@ -272,12 +272,14 @@ class StackedGaussians:
             Bm = ops.scaled_plus_diagonal(a_matrix, P_w, 1.0)
             self._h_w = a_vector * h_w
         self.LB = site_cholesky(Bm, h_w, iteration)
-        self._LB_T: Array | None = None  # formed on first use (a device's means need none)
+        self._LB_T: Array | None = None  # formed on first use (``B_inv_vec``'s solve)
         self._B_inv: Array | None = None
-        if inverse and ops.is_numpy(P_w):
-            self.w = (self.B_inv() @ self.h_w[..., None])[..., 0]
-        else:
+        if not inverse:
             self.w = self.B_inv_vec(self.h_w)
+        elif ops.is_numpy(P_w):
+            self.w = (self.B_inv() @ self.h_w[..., None])[..., 0]
+        else:  # one einsum, no column view
+            self.w = ops.einsum("...mk,...k->...m", self.B_inv(), self.h_w)
 
     @classmethod
     def paired(cls, P_w: Array, h_w: Array, pair: Scales, *, iteration: int | None = None,
@@ -287,9 +289,10 @@ class StackedGaussians:
         their log-norm ratios (row 0: ``q``'s), from ``pair``, the ``Scales`` of
         ``(1, ..., 1, a_1, ..., a_C)`` with leading axes ``[2, C]``.
 
-        On a device both live in one ``[2, C]`` stack: one Cholesky, one check, one pair of
-        solves for both means and one log-norm ratio (each matrix factorised and solved as
-        on its own: the same values), and the two are views of it; on numpy two
+        On a device both live in one ``[2, C]`` stack: one Cholesky, one check, one ``B^-1``
+        (an evaluation reads ``q``'s in its gradients and, with a shared ``Z``, the cavity's)
+        with the means one product with it (``inverse``: equal to round-off to the solves)
+        and one log-norm ratio, and the two are views of it; on numpy two
         ``StackedGaussians`` as before (``inverse``: both with it, see the class).
         """
         if ops.is_numpy(P_w):
@@ -297,18 +300,21 @@ class StackedGaussians:
             cav = cls(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]), iteration=iteration,
                       inverse=inverse)
             return q, cav, np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
-        both = cls(P_w, h_w, pair, iteration=iteration)
+        both = cls(P_w, h_w, pair, iteration=iteration, inverse=True)
         (LB_q, LB_cav), (w_q, w_cav) = ops.unbind(both.LB), ops.unbind(both.w)
-        q = cls._view(LB_q, w_q, h_w)
-        cav = cls._view(LB_cav, w_cav, lambda: both.h_w[1])
+        B_inv_q, B_inv_cav = ops.unbind(both.B_inv())
+        q = cls._view(LB_q, w_q, h_w, B_inv_q)
+        cav = cls._view(LB_cav, w_cav, lambda: both.h_w[1], B_inv_cav)
         return q, cav, both.log_norm_ratio()
 
     @classmethod
-    def _view(cls, LB: Array, w: Array, h_w: Array | Callable[[], Array]) -> StackedGaussians:
-        """A ``StackedGaussians`` of given factors, means and shifts (views of a larger
-        stack), its ``LB_T`` (and ``h_w`` where a callable is given) formed on first use."""
+    def _view(cls, LB: Array, w: Array, h_w: Array | Callable[[], Array], B_inv: Array
+              ) -> StackedGaussians:
+        """A ``StackedGaussians`` of given factors, means, shifts and inverses (views of a
+        larger stack), its ``LB_T`` (and ``h_w`` where a callable is given) formed on first
+        use."""
         out = cls.__new__(cls)
-        out.LB, out.w, out._B_inv, out._LB_T = LB, w, None, None
+        out.LB, out.w, out._B_inv, out._LB_T = LB, w, B_inv, None
         out._h_w, out._make_h_w = (None, h_w) if callable(h_w) else (h_w, None)
         return out
 
@@ -330,8 +336,10 @@ class StackedGaussians:
         return self._LB_T
 
     def B_inv_vec(self, v: Array) -> Array:
-        """``B^-1 v`` ``[C, M]`` for ``v [C, M]`` (``ops.cho_solve_vec``)."""
-        return ops.cho_solve_vec(self.LB, v)
+        """``B^-1 v`` ``[C, M]`` for ``v [C, M]`` (two triangular solves: a device's
+        ``cholesky_solve`` reads its LAPACK status on the host, a sync)."""
+        half = tri_solve_stack(self.LB, v[..., None])
+        return tri_solve_stack(self.LB, half, transpose=True, L_T=self.LB_T)[..., 0]
 
     def B_inv(self) -> Array:
         """``B^-1`` ``[C, M, M]`` (computed once)."""
