@@ -478,7 +478,7 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     t = pair_log_z(at_label(a, y_col), at_label(vs, y_col), a, vs, mask)
     xp = ops.namespace(lnr)
     cav_terms = xp.sum(n_b * xp.diff(lnr, axis=0))  # lnr_cav - lnr_q, [1, C]: one operator
-    value = xp.sum(lnr[0]) + scale * (xp.sum(t.log_z) + cav_terms)
+    value = _first_row_sum(lnr) + scale * (xp.sum(t.log_z) + cav_terms)
     a_sum = _slope_sums(t.g_win, mask, scale)
     b_sum = scale * aggregate(t.g_b, t.g_b, mask, win_masked=True)
     if one is not None:  # the classes' sums, [1, ...]
@@ -495,3 +495,12 @@ def _slope_sums(g_win: Array, mask: Array, scale: float) -> Array:
         return scale * aggregate(g_win, -g_win, mask, win_masked=True)
     minus_ones = ops.constant(g_win, (-1.0,) * g_win.shape[1], (g_win.shape[1], 1))
     return (-scale) * ops.namespace(g_win).where(mask, g_win, g_win @ minus_ones)
+
+
+def _first_row_sum(lnr: Array) -> Array:
+    """``sum(lnr[0])`` (a 0-d array) of ``lnr [2, C]``: on a device one einsum with kept
+    ``(1, 0)`` (a select and a sum are two operators; the same terms, summed to round-off);
+    numpy as before."""
+    if ops.is_numpy(lnr):
+        return np.sum(lnr[0])
+    return ops.einsum("ac,a->", lnr, ops.constant(lnr, (1.0, 0.0)))

@@ -67,3 +67,14 @@ def test_slope_sums_on_a_device_equal_the_aggregate():
     got = _slope_sums(torch.as_tensor(g), torch.as_tensor(mask), 2.5).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-15)
     assert np.array_equal(got[mask], want[mask])  # the losers' entries: exact
+
+
+def test_first_row_sum_on_a_device_equals_the_sum():
+    """q's log-norm ratios summed on a device (one einsum with kept (1, 0)) equal numpy's."""
+    from gpinfer_ep.state import _first_row_sum
+
+    lnr = np.random.default_rng(1).normal(size=(2, 7))
+    assert _first_row_sum(lnr) == np.sum(lnr[0])
+    got = float(_first_row_sum(torch.as_tensor(lnr)))
+    assert abs(got - np.sum(lnr[0])) <= 1e-14 * np.abs(lnr[0]).sum()
+    assert abs(got - np.sum(lnr)) > 1e-3  # the second row is left out
