@@ -431,6 +431,12 @@ def mT(X: Array) -> Array:
     return np.swapaxes(X, -1, -2) if is_numpy(X) else X.mT
 
 
+def unbind(X: Array) -> tuple[Array, ...]:
+    """The views ``X[0], X[1], ...`` along the first axis (on a device one ``unbind``
+    operator, where each index is one ``select``)."""
+    return tuple(X) if is_numpy(X) else _torch().unbind(X, 0)
+
+
 def symmetrize(X: Array) -> Array:
     """``(X + X^T) / 2`` over the last two axes, ``X [..., M, M]`` (a new array; on numpy one
     temporary, halved in place).

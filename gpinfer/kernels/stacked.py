@@ -241,7 +241,8 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     Kuf = _times_variances(d.g_uf, var, vk)
     Kff_diag = ops.repeat_columns(var, X.shape[0])  # [C, B]
     for index, _ in family.noise_parts():
-        noise = natural[:, family.offsets[index][0], None]  # [C, 1]
+        first = family.offsets[index][0]
+        noise = natural[:, first : first + 1]  # [C, 1]: one slice (a view, as [:, i, None])
         if family.noise_on_square[index]:
             ops.add_diagonal(Kuu, noise)
         Kff_diag += noise

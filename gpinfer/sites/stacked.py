@@ -250,11 +250,14 @@ class StackedGaussians:
     ``P_w [C, M, M]``, ``h_w [C, M]`` whitened site sums; ``scale [C]`` the factors ``a_c``
     (``None``: 1), or ``Scales`` of them (with leading axes ``[2, C]``: both Gaussians of
     ``paired`` in one stack). ``NumericalError`` (quantity ``"B"``) when some ``B_c`` is not
-    positive definite.
+    positive definite. ``inverse``: ``B^-1`` formed at once (numpy ``potri``) and the means
+    ``w = B^-1 (a h_w)`` one product with it, for a caller that reads ``B_inv`` anyway (where
+    the two triangular solves per class of ``B_inv_vec`` would cost more; equal to
+    round-off).
     """
 
     def __init__(self, P_w: Array, h_w: Array, scale: Array | Scales | None = None, *,
-                 iteration: int | None = None):
+                 iteration: int | None = None, inverse: bool = False):
         self._make_h_w: Callable[[], Array] | None = None  # a view's (``_view``)
         if scale is None:  # a = 1: no product
             Bm = ops.plus_diagonal(P_w, 1.0)
@@ -269,42 +272,50 @@ class StackedGaussians:
             Bm = ops.scaled_plus_diagonal(a_matrix, P_w, 1.0)
             self._h_w = a_vector * h_w
         self.LB = site_cholesky(Bm, h_w, iteration)
-        self._LB_T: Array | None = transpose(self.LB)  # formed here: __init__ solves with it
-        self._make_LB_T: Callable[[], Array] | None = None  # a view's (``_view``)
-        self.w = self.B_inv_vec(self.h_w)
+        self._LB_T: Array | None = None  # formed on first use (``B_inv_vec``'s solve)
         self._B_inv: Array | None = None
+        if not inverse:
+            self.w = self.B_inv_vec(self.h_w)
+        elif ops.is_numpy(P_w):
+            self.w = (self.B_inv() @ self.h_w[..., None])[..., 0]
+        else:  # one einsum, no column view
+            self.w = ops.einsum("...mk,...k->...m", self.B_inv(), self.h_w)
 
     @classmethod
-    def paired(cls, P_w: Array, h_w: Array, pair: Scales, *, iteration: int | None = None
-               ) -> tuple[StackedGaussians, StackedGaussians, Array]:
+    def paired(cls, P_w: Array, h_w: Array, pair: Scales, *, iteration: int | None = None,
+               inverse: bool = False) -> tuple[StackedGaussians, StackedGaussians, Array]:
         """``(q, cav, log_norm_ratio [2, C])``: the Gaussians of the site sums ``P_w``,
         ``h_w`` with scale 1 (``q``) and with the cavity scales ``a [C]`` (``cav``), and
         their log-norm ratios (row 0: ``q``'s), from ``pair``, the ``Scales`` of
         ``(1, ..., 1, a_1, ..., a_C)`` with leading axes ``[2, C]``.
 
-        On a device both live in one ``[2, C]`` stack: one Cholesky, one check, one pair of
-        solves for both means and one log-norm ratio (each matrix factorised and solved as
-        on its own: the same values), and the two are views of it; on numpy two
-        ``StackedGaussians`` as before.
+        On a device both live in one ``[2, C]`` stack: one Cholesky, one check, one ``B^-1``
+        (an evaluation reads ``q``'s in its gradients and, with a shared ``Z``, the cavity's)
+        with the means one product with it (``inverse``: equal to round-off to the solves)
+        and one log-norm ratio, and the two are views of it; on numpy two
+        ``StackedGaussians`` as before (``inverse``: both with it, see the class).
         """
         if ops.is_numpy(P_w):
-            q = cls(P_w, h_w, iteration=iteration)
-            cav = cls(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]), iteration=iteration)
+            q = cls(P_w, h_w, iteration=iteration, inverse=inverse)
+            cav = cls(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]), iteration=iteration,
+                      inverse=inverse)
             return q, cav, np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
-        both = cls(P_w, h_w, pair, iteration=iteration)
-        q = cls._view(both.LB[0], both.w[0], h_w, lambda: both.LB_T[0])
-        cav = cls._view(both.LB[1], both.w[1], lambda: both.h_w[1], lambda: both.LB_T[1])
+        both = cls(P_w, h_w, pair, iteration=iteration, inverse=True)
+        (LB_q, LB_cav), (w_q, w_cav) = ops.unbind(both.LB), ops.unbind(both.w)
+        B_inv_q, B_inv_cav = ops.unbind(both.B_inv())
+        q = cls._view(LB_q, w_q, h_w, B_inv_q)
+        cav = cls._view(LB_cav, w_cav, lambda: both.h_w[1], B_inv_cav)
         return q, cav, both.log_norm_ratio()
 
     @classmethod
-    def _view(cls, LB: Array, w: Array, h_w: Array | Callable[[], Array],
-              LB_T: Callable[[], Array]) -> StackedGaussians:
-        """A ``StackedGaussians`` of given factors, means and shifts (views of a larger
-        stack), its ``LB_T`` (and ``h_w`` where a callable is given) formed on first use."""
+    def _view(cls, LB: Array, w: Array, h_w: Array | Callable[[], Array], B_inv: Array
+              ) -> StackedGaussians:
+        """A ``StackedGaussians`` of given factors, means, shifts and inverses (views of a
+        larger stack), its ``LB_T`` (and ``h_w`` where a callable is given) formed on first
+        use."""
         out = cls.__new__(cls)
-        out.LB, out.w, out._B_inv = LB, w, None
+        out.LB, out.w, out._B_inv, out._LB_T = LB, w, B_inv, None
         out._h_w, out._make_h_w = (None, h_w) if callable(h_w) else (h_w, None)
-        out._LB_T, out._make_LB_T = None, LB_T
         return out
 
     @property
@@ -318,14 +329,15 @@ class StackedGaussians:
 
     @property
     def LB_T(self) -> Array:
-        """``transpose(LB)``, formed once: every ``L_B^-T`` solve shares it."""
+        """``transpose(LB)``, formed on first use and kept: every ``L_B^-T`` solve shares
+        it."""
         if self._LB_T is None:
-            assert self._make_LB_T is not None  # a view's: set by ``_view``
-            self._LB_T = self._make_LB_T()
+            self._LB_T = transpose(self.LB)
         return self._LB_T
 
     def B_inv_vec(self, v: Array) -> Array:
-        """``B^-1 v`` ``[C, M]`` for ``v [C, M]``."""
+        """``B^-1 v`` ``[C, M]`` for ``v [C, M]`` (two triangular solves: a device's
+        ``cholesky_solve`` reads its LAPACK status on the host, a sync)."""
         half = tri_solve_stack(self.LB, v[..., None])
         return tri_solve_stack(self.LB, half, transpose=True, L_T=self.LB_T)[..., 0]
 
@@ -335,19 +347,26 @@ class StackedGaussians:
             self._B_inv = cho_inverse_stack(self.LB)
         return self._B_inv
 
-    def project(self, A: Array, *, means_by_point: bool = False
-                ) -> tuple[Array, Array, Array]:
+    def project(self, A: Array, *, means_by_point: bool = False,
+                variances_by_point: bool = False) -> tuple[Array, Array, Array]:
         """Means ``mu = A^T w [C, n]``, variances ``v = ||L_B^-1 a||^2 [C, n]`` and
         ``R = L_B^-1 A [C, M, n]`` along whitened directions ``A [C, M, n]``.
-        ``means_by_point``: ``mu`` as ``[n, C]``, the transposed view of the same values (on
-        a device the einsum's own output: no transpose operator)."""
+        ``means_by_point`` (``variances_by_point``): ``mu`` (``v``) as ``[n, C]``, the
+        transposed view of the same values (on a device the einsum's own output: no transpose
+        operator)."""
         R = tri_solve_stack(self.LB, A)
-        if means_by_point and not ops.is_numpy(A):
-            mu = ops.einsum("cmn,cm->nc", A, self.w)
-        else:
-            mu = ops.einsum("cmn,cm->cn", A, self.w)
-            mu = ops.mT(mu) if means_by_point else mu
-        return mu, ops.einsum("cmn,cmn->cn", R, R), R
+        on_device = not ops.is_numpy(A)
+        return (self._by_point("cmn,cm", A, self.w, means_by_point, on_device),
+                self._by_point("cmn,cmn", R, R, variances_by_point, on_device), R)
+
+    @staticmethod
+    def _by_point(spec: str, x: Array, y: Array, by_point: bool, on_device: bool) -> Array:
+        """The einsum ``spec -> cn`` of ``x``, ``y``; ``by_point``: as ``[n, C]`` (a device's
+        einsum writes it so; numpy's transposed view)."""
+        if by_point and on_device:
+            return ops.einsum(spec + "->nc", x, y)
+        out = ops.einsum(spec + "->cn", x, y)
+        return ops.mT(out) if by_point else out
 
     def log_norm_ratio(self) -> Array:
         """``G(q_c) - G(prior)`` per class ``[C]`` (spec ep-sep §2.6)."""

@@ -122,8 +122,9 @@ def test_gaussians_equal_whitened_gaussians(scale, device):
 
 @pytest.mark.parametrize("device", [False, True])
 def test_paired_gaussians_equal_the_two_gaussians_bit_for_bit(device):
-    """``StackedGaussians.paired`` (on a device one ``[2, C]`` stack, its halves views of it)
-    gives ``q`` and the cavity exactly as two ``StackedGaussians`` do: factors, means,
+    """``StackedGaussians.paired`` (on a device one ``[2, C]`` stack with its ``B^-1``, its
+    halves views of it) gives ``q`` and the cavity exactly as two ``StackedGaussians`` (on a
+    device with ``inverse=True``) do: factors, means,
     projections, ``B^-1``, log-norm ratios and the matrix gradients built on them."""
     rng, X, kernels, Zs, P, h = _setup(3)
     frac = (0.8, 0.9, 0.95)
@@ -133,8 +134,9 @@ def test_paired_gaussians_equal_the_two_gaussians_bit_for_bit(device):
         Zs = [torch.as_tensor(z) for z in Zs]
     terms = stacked_terms(kernels, Zs, X)
     q, cav, lnr = StackedGaussians.paired(P, h, scales(P, (1.0,) * C + frac, (2, C)))
-    q0 = StackedGaussians(P, h)
-    cav0 = StackedGaussians(P, h, scales(P, frac, (C,)))
+    # on a device paired forms B^-1 and the means from it (inverse=True), as one stack
+    q0 = StackedGaussians(P, h, inverse=device)
+    cav0 = StackedGaussians(P, h, scales(P, frac, (C,)), inverse=device)
     same = np.array_equal
     for got, want in ((q, q0), (cav, cav0)):
         assert same(np.asarray(got.LB), np.asarray(want.LB))
@@ -213,3 +215,29 @@ def test_corrupted_sites_are_a_numerical_error():
         StackedGaussians(-10.0 * P, h)
     with pytest.raises(NumericalError, match="not finite"):
         StackedGaussians(P, np.full_like(h, np.inf))
+
+
+@pytest.mark.parametrize("device", [False, True])
+@pytest.mark.parametrize("scale", [None, np.array([0.5, 0.9, 0.99])])
+def test_means_from_the_inverse_and_variances_by_point(scale, device):
+    """``inverse=True`` (``w`` one product with the ``B^-1`` formed at once) gives the solves'
+    means and ``B^-1`` to round-off, in ``paired`` too; the
+    variances by point are the transposed ones (the same values)."""
+    _, X, kernels, Zs, P, h = _setup(5)
+    X_, Z_, P_, h_ = _on(device, X, np.stack(Zs), P, h)
+    terms = stacked_terms(kernels, Z_, X_)
+    got, want = StackedGaussians(P_, h_, scale, inverse=True), StackedGaussians(P_, h_, scale)
+    assert got._B_inv is not None and want._B_inv is None  # B^-1 formed at once
+    np.testing.assert_allclose(_host(got.w), _host(want.w), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(_host(got.B_inv()), _host(want.B_inv()), rtol=1e-12)
+    pair = scales(P_, (1.0,) * C + (0.8, 0.9, 0.95), (2, C))
+    for a, b in zip(StackedGaussians.paired(P_, h_, pair, inverse=True),
+                    StackedGaussians.paired(P_, h_, pair)):
+        if isinstance(a, StackedGaussians):
+            a, b = a.w, b.w
+        np.testing.assert_allclose(_host(a), _host(b), rtol=1e-12, atol=1e-13)
+    mu, v, _ = want.project(terms.A, means_by_point=True)
+    mu_p, v_p, _ = want.project(terms.A, means_by_point=True, variances_by_point=True)
+    assert _host(v_p).shape == (N, C)
+    np.testing.assert_allclose(_host(v_p), _host(v).T, rtol=1e-14)
+    assert np.array_equal(_host(mu_p), _host(mu))

@@ -433,8 +433,7 @@ def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     """``_tied_update`` up to the new whitened sums: ``(P_w, h_w, change [])``."""
     _, mask, counts, n_factors, y_col = labels
     cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
-    a, v, _ = cav.project(terms.A, means_by_point=True)
-    v = v.T
+    a, v, _ = cav.project(terms.A, means_by_point=True, variances_by_point=True)  # [n, C]
     vs = v + terms.s.T  # b = v + s for every role; the winners' is its gather (the same sums)
     a_y, v_y = at_label(a, y_col), at_label(v, y_col)
     t = pair_slopes(a_y, at_label(vs, y_col), a, vs, mask)
@@ -466,9 +465,11 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     """``TiedSites.evaluate`` on device arrays (a compiled region of the step); ``pair``:
     the scales of ``q`` and of the cavity (``StackedGaussians.paired``)."""
     _, mask, n_b, _, y_col = labels
-    q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration)
     # one kernel and Z for every class: B^-1 A of the shared A, which the summed gradients read
+    # (both B^-1 formed: the means from them, ``StackedGaussians``' ``inverse``)
     one = terms.one if isinstance(terms, SharedTerms) else None
+    q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration,
+                                          inverse=one is not None)
     if one is None:
         a, v, R = cav.project(terms.A, means_by_point=True)
     else:
@@ -477,9 +478,29 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     t = pair_log_z(at_label(a, y_col), at_label(vs, y_col), a, vs, mask)
     xp = ops.namespace(lnr)
     cav_terms = xp.sum(n_b * xp.diff(lnr, axis=0))  # lnr_cav - lnr_q, [1, C]: one operator
-    value = xp.sum(lnr[0]) + scale * (xp.sum(t.log_z) + cav_terms)
-    a_sum = scale * aggregate(t.g_win, -t.g_win, mask, win_masked=True)
+    value = _first_row_sum(lnr) + scale * (xp.sum(t.log_z) + cav_terms)
+    a_sum = _slope_sums(t.g_win, mask, scale)
     b_sum = scale * aggregate(t.g_b, t.g_b, mask, win_masked=True)
     if one is not None:  # the classes' sums, [1, ...]
         return value, shared_matrix_gradients(one, q, cav, BiA, a_sum.T, b_sum.T)
     return value, stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
+
+
+def _slope_sums(g_win: Array, mask: Array, scale: float) -> Array:
+    """``scale * aggregate(g_win, -g_win, mask)`` ``[n, C]`` (``g_win`` zero off ``mask``, as
+    ``pair_log_z``'s): on a device ``(-scale) where(mask, g_win, -sum_c g_win)``, the
+    negated row sums one product with kept ``-1``s (3 operators where negating ``g_win``
+    takes 4; the row sums to round-off); numpy as before."""
+    if ops.is_numpy(g_win):
+        return scale * aggregate(g_win, -g_win, mask, win_masked=True)
+    minus_ones = ops.constant(g_win, (-1.0,) * g_win.shape[1], (g_win.shape[1], 1))
+    return (-scale) * ops.namespace(g_win).where(mask, g_win, g_win @ minus_ones)
+
+
+def _first_row_sum(lnr: Array) -> Array:
+    """``sum(lnr[0])`` (a 0-d array) of ``lnr [2, C]``: on a device one einsum with kept
+    ``(1, 0)`` (a select and a sum are two operators; the same terms, summed to round-off);
+    numpy as before."""
+    if ops.is_numpy(lnr):
+        return np.sum(lnr[0])
+    return ops.einsum("ac,a->", lnr, ops.constant(lnr, (1.0, 0.0)))

@@ -48,3 +48,33 @@ def test_torch_gradient_is_exact_for_the_frozen_cavity_surrogate(cls):
 
     assert_gradient_close(f, analytic, theta0, eps=1e-6, rtol=1e-5, atol=1e-7,
                           name=f"{cls.__name__} frozen-cavity gradient on torch")
+
+
+def test_slope_sums_on_a_device_equal_the_aggregate():
+    """The evaluation's slope sums on a device (the negated row sums one product with kept
+    -1s) equal numpy's ``scale * aggregate(g, -g, mask)`` to round-off, winners and losers."""
+    from gpinfer_ep.state import _slope_sums
+
+    from gpinfer.sites.inducing import aggregate, factor_mask
+
+    rng = np.random.default_rng(0)
+    n, C = 40, 5
+    y = rng.integers(0, C, n)
+    mask = factor_mask(y, C)
+    g = np.where(mask, rng.normal(size=(n, C)), 0.0)  # zero off the factors, as pair_log_z's
+    want = 2.5 * aggregate(g, -g, mask, win_masked=True)
+    assert np.array_equal(_slope_sums(g, mask, 2.5), want)
+    got = _slope_sums(torch.as_tensor(g), torch.as_tensor(mask), 2.5).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-15)
+    assert np.array_equal(got[mask], want[mask])  # the losers' entries: exact
+
+
+def test_first_row_sum_on_a_device_equals_the_sum():
+    """q's log-norm ratios summed on a device (one einsum with kept (1, 0)) equal numpy's."""
+    from gpinfer_ep.state import _first_row_sum
+
+    lnr = np.random.default_rng(1).normal(size=(2, 7))
+    assert _first_row_sum(lnr) == np.sum(lnr[0])
+    got = float(_first_row_sum(torch.as_tensor(lnr)))
+    assert abs(got - np.sum(lnr[0])) <= 1e-14 * np.abs(lnr[0]).sum()
+    assert abs(got - np.sum(lnr)) > 1e-3  # the second row is left out
