@@ -307,14 +307,7 @@ def shared_uncollapsed_elbo(Kuu: Array, Kub: Array, Kdiag: Array, mu: Array, Lq:
            + ops.mT(ops.einsum("lmb,lmb->lb", LtA, LtA)))
     E, dm, dv = expectation(ops.mT(mu @ A), xp.maximum(var, 1e-12))  # [B, L]
     gm, gv = scale * ops.mT(dm), scale * ops.mT(dv)  # [L, B]
-    # the KL's terms, every latent in one solve: P = L_K^-1 Lq, alpha = Kuu^-1 mu
-    P = solve(_side_by_side(Lq))  # [M, L M]
-    Kinv_Lq = solve(P, transpose=True)  # Kuu^-1 Lq, side by side
-    alpha = solve(solve(ops.mT(mu)), transpose=True)  # [M, L]
-    logdet = (2.0 * xp.sum(xp.log(ops.diagonal(L_K)))
-              - 2.0 * xp.sum(xp.log(xp.abs(ops.diagonal(Lq))), axis=-1))
-    kl = 0.5 * (xp.sum(xp.reshape(P * P, (M, n_lat, M)), axis=(0, 2))
-                + xp.sum(mu * ops.mT(alpha), axis=-1) - M + logdet)
+    Kinv_Lq, alpha, kl = _shared_kl(solve, L_K, Lq, mu)
     Agm = gm @ ops.mT(A)  # [L, M]: A gm_l per latent
     LtA *= gv[:, None, :]  # read no more: W_l = Lq_l^T A diag(gv_l), in place
     W = xp.reshape(LtA, (n_lat * M, -1))  # stacked [L M, B]
@@ -330,6 +323,39 @@ def shared_uncollapsed_elbo(Kuu: Array, Kub: Array, Kdiag: Array, mu: Array, Lq:
     PvLq += Kinv_Lq  # dLq's 2 Pv Lq - Kuu^-1 Lq = -(Kuu^-1 Lq - 4 Pv Lq + Kuu^-1 Lq) / 2
     PvLq *= -0.5
     dLq = ops.add_diagonal(xp.tril(_stacked(PvLq, n_lat)), 1.0 / ops.diagonal(Lq))
+    grads, Kinv = _shared_kernel_gradients(L_K, A, W, Kinv_Lq, alpha, gm, gv, Agm, SP)
+    # dL/dSigma = Pv - Kuu^-1 / 2 + Sigma^-1 / 2 per latent (spec jj-taylor-svi §3.3)
+    dSigma = None if not with_dSigma else (
+        (A * gv[:, None, :]) @ ops.mT(A) - 0.5 * Kinv + 0.5 * _inverse_from_factor(Lq))
+    return _estimate(E, kl, scale, Agm - ops.mT(alpha), dLq, grads, dSigma)
+
+
+def _shared_kl(solve: Callable[..., Array], L_K: Array, Lq: Array,
+               mu: Array) -> tuple[Array, Array, Array]:
+    """The KL terms of ``shared_uncollapsed_elbo``, every latent in one solve: ``Kuu^-1 Lq``
+    ``[M, L M]`` (side by side), ``alpha = Kuu^-1 mu`` ``[M, L]`` and ``KL(q(u_l) || p(u))``
+    ``[L]``; ``solve(X, transpose)`` is ``L_K^-1 X`` (``L_K^-T X``), ``Lq [L, M, M]``,
+    ``mu [L, M]``."""
+    xp = ops.namespace(mu)
+    n_lat, M = mu.shape
+    P = solve(_side_by_side(Lq))  # L_K^-1 Lq [M, L M]
+    Kinv_Lq = solve(P, transpose=True)
+    alpha = solve(solve(ops.mT(mu)), transpose=True)
+    logdet = (2.0 * xp.sum(xp.log(ops.diagonal(L_K)))
+              - 2.0 * xp.sum(xp.log(xp.abs(ops.diagonal(Lq))), axis=-1))
+    kl = 0.5 * (xp.sum(xp.reshape(P * P, (M, n_lat, M)), axis=(0, 2))
+                + xp.sum(mu * ops.mT(alpha), axis=-1) - M + logdet)
+    return Kinv_Lq, alpha, kl
+
+
+def _shared_kernel_gradients(L_K: Array, A: Array, W: Array, Kinv_Lq: Array, alpha: Array,
+                             gm: Array, gv: Array, Agm: Array,
+                             SP: Array) -> tuple[StackedMatrixGradients, Array]:
+    """The latents' summed ``G_uf [M, B]``, ``G_uu [M, M]`` and ``Kff_diag`` gradient ``[B]`` of
+    ``shared_uncollapsed_elbo`` (each ``[1, ...]``), and ``Kuu^-1 [M, M]``: ``A = Kuu^-1 Kub``,
+    ``W [L M, B]`` the stacked ``Lq_l^T A diag(gv_l)``, ``gm``, ``gv [L, B]``, ``Agm [L, M]``,
+    ``SP [M, M]`` the symmetrised-later sum of ``Kuu^-1 Sigma_l Pv_l`` terms."""
+    xp = ops.namespace(A)
     gv_sum = xp.sum(gv, axis=0)
     G_uf = Kinv_Lq @ W
     G_uf -= A * gv_sum
@@ -338,14 +364,10 @@ def shared_uncollapsed_elbo(Kuu: Array, Kub: Array, Kdiag: Array, mu: Array, Lq:
     Kinv = _inverse_from_factor(L_K)
     Pv_sum = (A * gv_sum) @ ops.mT(A)
     Ga = ops.mT(Agm) @ ops.mT(alpha)  # sum of A gm_l alpha_l^T
-    G_uu = SP - Ga + Pv_sum + 0.5 * (alpha @ ops.mT(alpha) - n_lat * Kinv)
+    G_uu = SP - Ga + Pv_sum + 0.5 * (alpha @ ops.mT(alpha) - gv.shape[0] * Kinv)
     G_uu = symmetrize(G_uu)
-    grads = StackedMatrixGradients(Kuu=G_uu[None, ...], Kuf=G_uf[None, ...],
-                                   Kff_diag=gv_sum[None, ...])
-    # dL/dSigma = Pv - Kuu^-1 / 2 + Sigma^-1 / 2 per latent (spec jj-taylor-svi §3.3)
-    dSigma = None if not with_dSigma else (
-        (A * gv[:, None, :]) @ ops.mT(A) - 0.5 * Kinv + 0.5 * _inverse_from_factor(Lq))
-    return _estimate(E, kl, scale, Agm - ops.mT(alpha), dLq, grads, dSigma)
+    return StackedMatrixGradients(Kuu=G_uu[None, ...], Kuf=G_uf[None, ...],
+                                  Kff_diag=gv_sum[None, ...]), Kinv
 
 
 #: halvings of a natural-gradient step whose new precision is not positive definite

@@ -134,14 +134,7 @@ class _SparseEPBase(Method):
         and inducing inputs, held fixed, and the site state ``sites`` (``snapshot``'s)."""
         check_likelihood(problem, self.name)
         o = self.options
-        schedule = Schedule(kind=o["schedule"], damping=float(o["damping"]),
-                            damping_decay=float(o["damping_decay"]),
-                            outer_tol=float(o["outer_tol"]),
-                            outer_max_sweeps=int(o["outer_max_sweeps"]),
-                            learning_rate=float(o["learning_rate"]),
-                            adam_learning_rate=float(o["adam_learning_rate"]),
-                            patience=int(o["patience"]), max_failures=MAX_FAILURES,
-                            read_every=int(o["read_every"]))
+        schedule = self._schedule()
         schedule.check(self.name, problem.batch_size is not None)
         compile_mode = check_compile(o["compile"], problem.backend, f"{self.name} option")
         X, y = np.asarray(problem.X, dtype=float), np.asarray(problem.y, dtype=np.int64)
@@ -189,6 +182,18 @@ class _SparseEPBase(Method):
                    "failures": np.array(loop.failures), "damping": np.array(loop.rho),
                    **self.site_state(state)},
         )
+
+    def _schedule(self) -> Schedule:
+        """The site and hyper-parameter schedule from this method's options."""
+        o = self.options
+        return Schedule(kind=o["schedule"], damping=float(o["damping"]),
+                        damping_decay=float(o["damping_decay"]),
+                        outer_tol=float(o["outer_tol"]),
+                        outer_max_sweeps=int(o["outer_max_sweeps"]),
+                        learning_rate=float(o["learning_rate"]),
+                        adam_learning_rate=float(o["adam_learning_rate"]),
+                        patience=int(o["patience"]), max_failures=MAX_FAILURES,
+                        read_every=int(o["read_every"]))
 
     def site_state(self, state: RankOneSites | TiedSites) -> dict[str, Array]:
         """The site arrays ``refine`` starts from, on the host, under ``site_`` names in the
