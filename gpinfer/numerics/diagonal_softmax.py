@@ -84,7 +84,7 @@ from scipy.special import erfcx
 
 from gpinfer.errors import NumericalError
 from gpinfer.numerics import settings
-from gpinfer.numerics.quadrature import chunk_slices, gauss_hermite
+from gpinfer.numerics.quadrature import checked_gaussians, chunk_slices, gauss_hermite
 
 Array = np.ndarray
 
@@ -109,22 +109,12 @@ class DiagonalTilted(NamedTuple):
     a_hat: Array
 
 
-def _check(h: Array, a: Array) -> tuple[Array, Array]:
-    h = np.asarray(h, dtype=float)
-    a = np.asarray(a, dtype=float)
-    if h.ndim != 2 or a.shape != h.shape:
-        raise ValueError(f"need h [B, C] and a [B, C], got {h.shape} and {a.shape}")
-    if not (np.all(np.isfinite(h)) and np.all(np.isfinite(a))):
-        raise NumericalError("non-finite Gaussian mean or variance", quantity="quadrature")
-    if np.any(a <= 0.0):
-        raise NumericalError("non-positive marginal variance", quantity="quadrature")
-    return h, a
-
-
 def _prepare(h: Array, a: Array, beta: Array | None) -> tuple[Array, Array, Array, Array]:
     """Checked ``h [B, C]``, ``a [B, C]`` and the shifted means ``m = h + beta`` and standard
     deviations ``sd`` ``[B, C]`` (``beta [C]``, zeros by default)."""
-    h, a = _check(h, a)
+    h, a = checked_gaussians(h, a, full=False)
+    if np.any(a <= 0.0):
+        raise NumericalError("non-positive marginal variance", quantity="quadrature")
     beta = np.zeros(h.shape[1]) if beta is None else np.asarray(beta, dtype=float)
     return h, a, h + beta, np.sqrt(a)
 

@@ -53,6 +53,7 @@ import numpy as np
 
 from gpinfer.errors import NumericalError
 from gpinfer.numerics.quadrature import (
+    checked_gaussians,
     chunk_slices,
     gauss_hermite,
     ones_complement_basis,
@@ -161,16 +162,6 @@ class GaussRule(NamedTuple):
     R_inv: Array
 
 
-def _check(h: Array, A: Array) -> tuple[Array, Array]:
-    h = np.asarray(h, dtype=float)
-    A = np.asarray(A, dtype=float)
-    if h.ndim != 2 or A.shape != (h.shape[0], h.shape[1], h.shape[1]):
-        raise ValueError(f"need h [B, C] and A [B, C, C], got {h.shape} and {A.shape}")
-    if not (np.all(np.isfinite(h)) and np.all(np.isfinite(A))):
-        raise NumericalError("non-finite Gaussian mean or covariance", quantity="quadrature")
-    return h, A
-
-
 def gauss_rule(
     h: Array,
     A: Array,
@@ -183,7 +174,7 @@ def gauss_rule(
     ``order``: nodes per axis for ``rule="product"`` (``None``: ``default_order(C)``), total
     nodes for ``rule="sobol"`` (``None``: ``SOBOL_POINTS``).
     """
-    h, A = _check(h, A)
+    h, A = checked_gaussians(h, A, full=True)
     C = h.shape[1]
     rule, order = resolve_rule(C, order, reduced, rule)
     if rule == "product":
@@ -239,7 +230,7 @@ def _batched(
     """Checked ``h [B, C]``, ``A [B, C, C]`` and, slice by slice of the batch (bounded by the
     rule's size, so memory stays bounded), the slice, its ``gauss_rule`` and its nodes shifted by
     ``beta [C]`` (zeros by default), ``U [b, C, E]``."""
-    h, A = _check(h, A)
+    h, A = checked_gaussians(h, A, full=True)
     B, C = h.shape
     shift = np.zeros(C) if beta is None else np.asarray(beta, dtype=float)
     reduce = reduced if reduced is not None else default_reduced(C)
