@@ -203,22 +203,14 @@ class _Binary(Method):
         raise AssertionError
 
 
-class _Multi(_Binary):
-    name = "multi"
-    multiclass = True
-    likelihoods = ("softmax", "robustmax")
+def _declaring(name, **capabilities):
+    """A ``_Binary`` subclass named ``name`` that declares ``capabilities`` (class attributes)."""
+    return type(f"_{name}", (_Binary,), {"name": name, **capabilities})
 
 
-class _Stochastic(_Binary):
-    name = "stochastic"
-    supports_minibatch = True
-    uses_inducing_points = True
-
-
-class _Regression(_Binary):
-    name = "regress"
-    tasks = ("regression",)
-    likelihoods = ("gaussian",)
+_Multi = _declaring("multi", multiclass=True, likelihoods=("softmax", "robustmax"))
+_Stochastic = _declaring("stochastic", supports_minibatch=True, uses_inducing_points=True)
+_Regression = _declaring("regress", tasks=("regression",), likelihoods=("gaussian",))
 
 
 _INSTALLED = {c.name: c for c in (_Binary, _Multi, _Stochastic, _Regression)}

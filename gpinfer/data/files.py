@@ -182,17 +182,10 @@ def load_npz(path: str | Path, name: str | None = None,
     arrays.pop("source", None)
     if feature_names is not None and len(feature_names) != np.shape(X)[-1]:
         feature_names = None
-    return Dataset(
-        name=name,
-        X=X,
-        y=y,
-        X_test=X_test,
-        y_test=y_test,
-        class_names=class_names,
-        feature_names=feature_names,
-        description=str(description) if description is not None else f"loaded from {p}",
-        extras=arrays,
-    )
+    if description is None:
+        description = f"loaded from {p}"
+    return Dataset(name=name, X=X, y=y, X_test=X_test, y_test=y_test, class_names=class_names,
+                   feature_names=feature_names, description=str(description), extras=arrays)
 
 
 def _str_list(a: Array | None) -> list[str] | None:

@@ -76,6 +76,7 @@ results and non-positive variances raise ``NumericalError``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -84,7 +85,7 @@ from scipy.special import erfcx
 
 from gpinfer.errors import NumericalError
 from gpinfer.numerics import settings
-from gpinfer.numerics.quadrature import chunk_slices, gauss_hermite
+from gpinfer.numerics.quadrature import checked_gaussians, chunk_slices, gauss_hermite
 
 Array = np.ndarray
 
@@ -109,22 +110,12 @@ class DiagonalTilted(NamedTuple):
     a_hat: Array
 
 
-def _check(h: Array, a: Array) -> tuple[Array, Array]:
-    h = np.asarray(h, dtype=float)
-    a = np.asarray(a, dtype=float)
-    if h.ndim != 2 or a.shape != h.shape:
-        raise ValueError(f"need h [B, C] and a [B, C], got {h.shape} and {a.shape}")
-    if not (np.all(np.isfinite(h)) and np.all(np.isfinite(a))):
-        raise NumericalError("non-finite Gaussian mean or variance", quantity="quadrature")
-    if np.any(a <= 0.0):
-        raise NumericalError("non-positive marginal variance", quantity="quadrature")
-    return h, a
-
-
 def _prepare(h: Array, a: Array, beta: Array | None) -> tuple[Array, Array, Array, Array]:
     """Checked ``h [B, C]``, ``a [B, C]`` and the shifted means ``m = h + beta`` and standard
     deviations ``sd`` ``[B, C]`` (``beta [C]``, zeros by default)."""
-    h, a = _check(h, a)
+    h, a = checked_gaussians(h, a, full=False)
+    if np.any(a <= 0.0):
+        raise NumericalError("non-positive marginal variance", quantity="quadrature")
     beta = np.zeros(h.shape[1]) if beta is None else np.asarray(beta, dtype=float)
     return h, a, h + beta, np.sqrt(a)
 
@@ -312,6 +303,23 @@ def _entry_factors(label: Array, m: Array, sd: Array, t: Array, inner: int
     return out[0], out[1], out[2]
 
 
+def _grids(m: Array, sd: Array, step: float, inner: int
+           ) -> Iterator[tuple[slice, Array, Array]]:
+    """Slice by slice of the batch (bounded by the grids' size), the slice and its rows' grids
+    ``t [b, T]`` and log trapezoid weights (``_grid``) for shifted means ``m`` and standard
+    deviations ``sd`` ``[B, C]``."""
+    B, C = m.shape
+    for sl in chunk_slices(B, 3 * C * _nodes(sd, step) * inner):
+        yield (sl, *_grid(m[sl], sd[sl], step))
+
+
+def _one_hot(y: Array, B: int, C: int) -> Array:
+    """``label [B, C]``: ``True`` at each row's class ``y [B]``."""
+    label = np.zeros((B, C), dtype=bool)
+    label[np.arange(B), y] = True
+    return label
+
+
 def _factors(label: Array, m: Array, sd: Array, t: Array, inner: int
              ) -> tuple[Array, Array, Array]:
     """``log E[f_c(t - v_c)]``, ``E[x f_c] / E[f_c]`` and ``E[x^2 f_c] / E[f_c]`` ``[B, C, T]``
@@ -325,11 +333,7 @@ def _factors(label: Array, m: Array, sd: Array, t: Array, inner: int
 
 
 def diagonal_softmax_tilted(
-    y: Array,
-    h: Array,
-    a: Array,
-    beta: Array | None = None,
-    step: float = STEP,
+    y: Array, h: Array, a: Array, beta: Array | None = None, step: float = STEP,
     inner: int = INNER,
 ) -> DiagonalTilted:
     """Moments of ``softmax(u + beta)_y N(u | h, diag a)``, batched over ``B``.
@@ -341,10 +345,8 @@ def diagonal_softmax_tilted(
     B, C = h.shape
     y = np.asarray(y, dtype=np.int64).reshape(B)
     out = DiagonalTilted(np.empty(B), np.empty((B, C)), np.empty((B, C)))
-    label = np.zeros((B, C), dtype=bool)
-    label[np.arange(B), y] = True
-    for sl in chunk_slices(B, 3 * C * _nodes(sd, step) * inner):
-        t, log_trap = _grid(m[sl], sd[sl], step)
+    label = _one_hot(y, B, C)
+    for sl, t, log_trap in _grids(m, sd, step, inner):
         log_phi, r1, r2 = _factors(label[sl], m[sl], sd[sl], t, inner)
         out.log_z[sl], out.h_hat[sl], out.a_hat[sl] = _tilted_moments(
             log_phi, r1, r2, log_trap, h[sl], a[sl], sd[sl])
@@ -366,11 +368,7 @@ class DiagonalExpectation(NamedTuple):
 
 
 def diagonal_softmax_expected_log_prob(
-    y: Array,
-    h: Array,
-    a: Array,
-    beta: Array | None = None,
-    step: float = STEP,
+    y: Array, h: Array, a: Array, beta: Array | None = None, step: float = STEP,
     inner: int = INNER,
 ) -> DiagonalExpectation:
     """``E_{N(h, diag a)}[log softmax(u + beta)_y]`` and its derivatives wrt ``h`` and ``a``.
@@ -385,8 +383,7 @@ def diagonal_softmax_expected_log_prob(
     B, C = h.shape
     y = np.asarray(y, dtype=np.int64).reshape(B)
     out = DiagonalExpectation(np.empty(B), np.empty((B, C)), np.empty((B, C)))
-    for sl in chunk_slices(B, 3 * C * _nodes(sd, step) * inner):
-        t, log_trap = _grid(m[sl], sd[sl], step)
+    for sl, t, log_trap in _grids(m, sd, step, inner):
         log_phi, r1, r2 = _factors(np.zeros(m[sl].shape, dtype=bool), m[sl], sd[sl], t, inner)
         k = t[:, :1] + LEFT_TAIL
         with np.errstate(over="ignore"):  # a sum of factors near -1e308: -inf, W = 0
@@ -438,8 +435,7 @@ class DiagonalTiltedCache:
         trap = np.full(self.T, 1.0)
         trap[[0, -1]] = 0.5
         self.log_trap = np.log(trap * self.step)
-        self.label = np.zeros((B, C), dtype=bool)
-        self.label[np.arange(B), self.y] = True
+        self.label = _one_hot(self.y, B, C)
         self.log_phi = np.empty((B, C, self.T))
         self.r1, self.r2 = np.empty((B, C, self.T)), np.empty((B, C, self.T))
         for sl in chunk_slices(B, 3 * C * self.T * self.inner):

@@ -26,6 +26,7 @@ from numpy.polynomial.legendre import leggauss
 from scipy.special import log_ndtr
 
 from gpinfer.backend import ops
+from gpinfer.errors import NumericalError
 from gpinfer.numerics import settings
 from gpinfer.numerics.normal import log_phi
 
@@ -146,6 +147,23 @@ def graded_edges(lo: Array, hi: Array, m: Array, s: Array, cut: float) -> Array:
     t_edges = -cut * (far / cut)[:, None] ** levels  # [B, G-1], from -cut outwards
     graded = np.clip((t_edges - m[:, None]) / s[:, None], lo[:, None], lo[:, None] + width[:, None])
     return np.sort(np.concatenate([uniform, graded], axis=1), axis=1)
+
+
+def checked_gaussians(h: Array, cov: Array, full: bool) -> tuple[Array, Array]:
+    """Float copies of a batch of Gaussians' means ``h [B, C]`` and covariances ``cov``:
+    ``[B, C, C]`` where ``full``, else the marginal variances ``[B, C]``.
+
+    ``ValueError`` on other shapes, ``NumericalError`` on a non-finite entry.
+    """
+    h = np.asarray(h, dtype=float)
+    cov = np.asarray(cov, dtype=float)
+    need = "A [B, C, C]" if full else "a [B, C]"
+    if h.ndim != 2 or cov.shape != (h.shape + h.shape[1:] if full else h.shape):
+        raise ValueError(f"need h [B, C] and {need}, got {h.shape} and {cov.shape}")
+    if not (np.all(np.isfinite(h)) and np.all(np.isfinite(cov))):
+        what = "covariance" if full else "variance"
+        raise NumericalError(f"non-finite Gaussian mean or {what}", quantity="quadrature")
+    return h, cov
 
 
 def chunk_slices(n_rows: int, floats_per_row: int,

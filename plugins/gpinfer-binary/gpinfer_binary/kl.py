@@ -29,11 +29,12 @@ import numpy as np
 
 from gpinfer.interfaces import Array, Likelihood
 from gpinfer.likelihoods.bernoulli import Bernoulli, as_bernoulli
-from gpinfer.options import Option, integer, real
+from gpinfer.options import Option, real
 from gpinfer.sites.dense import DiagonalSiteAlgebra
-from gpinfer.sites.driver import DenseBinaryMethod, DenseSolution
+from gpinfer.sites.driver import DenseSolution
 from gpinfer.sites.ep import EPSites
 from gpinfer.sites.jensen import gaussian_site_gradient
+from gpinfer_binary.bound_method import NewtonBoundMethod
 from gpinfer_binary.newton import newton_maximize
 
 #: ``max|F|`` below which the fixed-point Newton step may replace a shifted Hessian step
@@ -159,7 +160,7 @@ class KLObjective:
         return test
 
 
-class KLMethod(DenseBinaryMethod):
+class KLMethod(NewtonBoundMethod):
     """Gaussian KL minimisation; evidence ``J(q_KL) <= log Z``, gradient ``1/2(aa^T - R)``.
 
     Options: ``tol`` (max-norm of the gradient), ``decrement_tol`` and ``decrement_rtol`` (Newton
@@ -187,15 +188,9 @@ class KLMethod(DenseBinaryMethod):
     answer.
     """
 
-    #: the objective, log p(y) of discrete labels or a bound on it, is never positive
-    objective_limit: ClassVar[float | None] = 0.0
-    objective_kind = "bound"
-
     name: ClassVar[str] = "kl"
     option_spec: ClassVar[dict[str, Option]] = {
-        **DenseBinaryMethod.driver_options,
-        "tol": real(1e-8, "(0, inf)", doc="max-norm of the gradient"),
-        "max_newton": integer(100, "[1, inf)"),
+        **NewtonBoundMethod.newton_options("gradient"),
         "decrement_tol": real(1e-16, "(0, inf)", doc="Newton decrement (nats)"),
         "decrement_rtol": real(1e-9, "[0, inf)", doc="Newton decrement relative to |J|"),
         "fixed_point_tol": real(1e-9, "(0, inf)", doc="max-norm of the fixed-point residual"),

@@ -16,10 +16,11 @@ from scipy.special import expit, log_expit
 from gpinfer.errors import InputError
 from gpinfer.interfaces import Array, Likelihood
 from gpinfer.numerics.normal import log_Phi_derivatives
-from gpinfer.options import Option, integer, real
+from gpinfer.options import Option
 from gpinfer.sites.dense import DiagonalSiteAlgebra
-from gpinfer.sites.driver import DenseBinaryMethod, DenseSolution
+from gpinfer.sites.driver import DenseSolution
 from gpinfer.sites.jensen import gaussian_site_gradient, jensen_bound
+from gpinfer_binary.bound_method import NewtonBoundMethod
 from gpinfer_binary.newton import newton_maximize
 
 #: EM steps before Newton takes over
@@ -102,22 +103,14 @@ class VBObjective:
         return self.sign * m
 
 
-class VBMethod(DenseBinaryMethod):
+class VBMethod(NewtonBoundMethod):
     """Variational bounds; evidence ``log Z_VB`` (``J(q_VB)`` in ``extra``), ``G = 1/2(aa^T-R)``.
 
     Options: ``tol`` (max-norm of the ``varsigma``-gradient), ``max_newton``, driver options.
     """
 
-    #: the objective, log p(y) of discrete labels or a bound on it, is never positive
-    objective_limit: ClassVar[float | None] = 0.0
-    objective_kind = "bound"
-
     name: ClassVar[str] = "vb"
-    option_spec: ClassVar[dict[str, Option]] = {
-        **DenseBinaryMethod.driver_options,
-        "tol": real(1e-8, "(0, inf)", doc="max-norm of the varsigma-gradient"),
-        "max_newton": integer(100, "[1, inf)"),
-    }
+    option_spec: ClassVar[dict[str, Option]] = NewtonBoundMethod.newton_options("varsigma-gradient")
 
     def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any) -> DenseSolution:
         link = likelihood.name or type(likelihood).__name__  # the bounds exist per likelihood

@@ -22,14 +22,7 @@ import numpy as np
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.hyper import HyperParameters
 from gpinfer.inducing import INDUCING_INITS
-from gpinfer.interfaces import (
-    Array,
-    FitCallback,
-    FitResult,
-    MatrixGradients,
-    Method,
-    Problem,
-)
+from gpinfer.interfaces import Array, FitCallback, FitResult, MatrixGradients, Method, Problem
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.initialisation import LENGTHSCALE_INITS
 from gpinfer.numerics.cholesky import tri_solve

@@ -171,16 +171,22 @@ class RankOneSites(_SiteSums):
         P_w, h_w = self._whitened_sums(terms)
         return StackedGaussians(P_w, h_w, iteration=iteration)
 
+    def _batch_view(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array,
+                    iteration: int | None
+                    ) -> tuple[StackedTerms, Array, Array, Array, StackedGaussians]:
+        """What a step on the points ``idx [n]`` reads: the stacked terms, ``idx`` and its labels
+        ``y [n]`` on the backend, the label mask ``[n, C]`` (``factor_mask``) and the posterior."""
+        terms = as_stacked(terms)
+        ii = ops.index_like(terms.A, idx)
+        y = ops.index_like(terms.A, self.y[idx])
+        mask = factor_mask(y, terms.A.shape[0])
+        return terms, ii, y, mask, self._posterior(terms, iteration)
+
     def update(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array, rho: float,
                iteration: int | None = None) -> Scalar:
         """Damped parallel update of the factors of points ``idx``; returns max |site change|
         (a 0-d array, unread)."""
-        terms = as_stacked(terms)
-        ii = ops.index_like(terms.A, idx)
-        y = ops.index_like(terms.A, self.y[idx])
-        C = terms.A.shape[0]
-        mask = factor_mask(y, C)
-        q = self._posterior(terms, iteration)
+        terms, ii, y, mask, q = self._batch_view(terms, idx, iteration)
         U_old = self.U[:, :, ii]
         mu, v, R = q.project(terms.A)  # [C, n], [C, n], [C, M, n]
         mu_o, v_o, R_o = q.project(transpose(terms.L) @ U_old)  # along the stored directions
@@ -234,12 +240,7 @@ class RankOneSites(_SiteSums):
                  iteration: int | None = None) -> tuple[Scalar, StackedMatrixGradients]:
         """EP ``log Z_q`` (§2.6, a 0-d array, unread) and its gradient (§2.7.2); directions of
         ``idx`` are current."""
-        terms = as_stacked(terms)
-        ii = ops.index_like(terms.A, idx)
-        y = ops.index_like(terms.A, self.y[idx])
-        C = terms.A.shape[0]
-        mask = factor_mask(y, C)
-        q = self._posterior(terms, iteration)
+        terms, ii, y, mask, q = self._batch_view(terms, idx, iteration)
         mu, v, R = q.project(terms.A)
         mu, v, s = mu.T, v.T, terms.s.T
         W1, W2, L1, L2 = (a[ii] for a in (self.W1, self.W2, self.L1, self.L2))
@@ -258,6 +259,25 @@ class RankOneSites(_SiteSums):
         e_sum = scale * aggregate(e_w, e_l, mask)
         grads = stacked_matrix_gradients(terms, q, q, R, a_sum.T, b_sum.T, e_sum.T)
         return value, grads
+
+
+class _USpaceSum:
+    """A ``TiedSites`` attribute in ``u``-space (``Lam`` or ``h``), stored as ``_Lam``/``_h``:
+    read, it is first formed from the whitened sums a shared update left (``_to_u_space``);
+    set, those sums are dropped."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.stored = "_" + name
+
+    def __get__(self, sites: TiedSites | None, owner: type | None = None) -> Array:
+        if sites is None:  # the class attribute (documentation, introspection)
+            return self  # type: ignore[return-value]
+        sites._to_u_space()
+        return getattr(sites, self.stored)
+
+    def __set__(self, sites: TiedSites, value: Array) -> None:
+        setattr(sites, self.stored, value)
+        sites._based, sites._u_stale = None, False
 
 
 class TiedSites(_SiteSums):
@@ -293,25 +313,10 @@ class TiedSites(_SiteSums):
     _h: Array
     _u_stale: bool
 
-    @property
-    def Lam(self) -> Array:
-        """``Lam [C, M, M]``: the site precisions in ``u``-space."""
-        self._to_u_space()
-        return self._Lam
-
-    @Lam.setter
-    def Lam(self, value: Array) -> None:
-        self._Lam, self._based, self._u_stale = value, None, False
-
-    @property
-    def h(self) -> Array:
-        """``h [C, M]``: the site shifts in ``u``-space."""
-        self._to_u_space()
-        return self._h
-
-    @h.setter
-    def h(self, value: Array) -> None:
-        self._h, self._based, self._u_stale = value, None, False
+    #: ``Lam [C, M, M]``: the site precisions in ``u``-space
+    Lam = _USpaceSum()
+    #: ``h [C, M]``: the site shifts in ``u``-space
+    h = _USpaceSum()
 
     def _to_u_space(self) -> None:
         """``Lam``, ``h`` from the whitened sums a shared update left (kept: the next step

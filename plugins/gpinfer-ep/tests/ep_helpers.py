@@ -11,6 +11,7 @@ from gpinfer.hyper import HyperParameters
 from gpinfer.kernels import RBF, White
 from gpinfer.kernels.combination import Sum
 from gpinfer.sites.inducing import INDUCING_JITTER, factor_mask
+from gpinfer.testing import MethodTestSuite
 
 
 def problem(N=12, C=3, M=4, D=2, seed=0, shared=False):
@@ -144,3 +145,14 @@ def subset_check(hp, theta0, f, analytic, name, **tol):
         return f(theta)
 
     assert_gradient_close(g, analytic[keep], theta0[keep], name=name, **tol)
+
+
+class InducingSuite(MethodTestSuite):
+    """The shared battery's settings for the plugin's inducing-point methods (sep, ep, gfitc):
+    three classes, ``M = N`` inducing points (every class holds all inputs, so relabelling is
+    exactly equivariant) and the gradient tolerances of their sub-problem objectives."""
+
+    n_classes = 3
+    inducing = 40
+    gradient_rtol = 1e-4
+    gradient_atol = 1e-6

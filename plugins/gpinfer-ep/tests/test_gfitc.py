@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ep_helpers import converge, dense, hyper, problem, subset_check
+from ep_helpers import InducingSuite, converge, dense, hyper, problem, subset_check
 from gpinfer_ep.gfitc import FITCSites
 from gpinfer_ep.model import all_terms
 from gpinfer_ep.state import RankOneSites
@@ -16,7 +16,6 @@ from gpinfer.kernels import RBF, White
 from gpinfer.kernels.combination import Sum
 from gpinfer.likelihoods.multiclass import ArgmaxNoise
 from gpinfer.posterior import InducingPosterior
-from gpinfer.testing import MethodTestSuite
 from gpinfer.testing.method_suite import make_suite_data
 
 
@@ -130,14 +129,10 @@ def test_failure_at_a_trial_point_keeps_the_last_iterate(monkeypatch):
         GPClassifier(method="gfitc", M=6, max_iter=10, random_state=0).fit(X, y)
 
 
-class TestGFITCSuite(MethodTestSuite):
+class TestGFITCSuite(InducingSuite):
     method_name = "gfitc"
-    n_classes = 3
-    inducing = 40
     max_iter = 5
     permutation_atol = 1e-5
-    gradient_rtol = 1e-4
-    gradient_atol = 1e-6
     gradient_eps = 1e-5
 
     def objective_and_gradient(self, X, y):

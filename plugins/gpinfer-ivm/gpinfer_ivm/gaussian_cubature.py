@@ -45,6 +45,7 @@ inputs or results raise ``NumericalError``; nothing returns a silent NaN.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -52,6 +53,7 @@ import numpy as np
 
 from gpinfer.errors import NumericalError
 from gpinfer.numerics.quadrature import (
+    checked_gaussians,
     chunk_slices,
     gauss_hermite,
     ones_complement_basis,
@@ -160,16 +162,6 @@ class GaussRule(NamedTuple):
     R_inv: Array
 
 
-def _check(h: Array, A: Array) -> tuple[Array, Array]:
-    h = np.asarray(h, dtype=float)
-    A = np.asarray(A, dtype=float)
-    if h.ndim != 2 or A.shape != (h.shape[0], h.shape[1], h.shape[1]):
-        raise ValueError(f"need h [B, C] and A [B, C, C], got {h.shape} and {A.shape}")
-    if not (np.all(np.isfinite(h)) and np.all(np.isfinite(A))):
-        raise NumericalError("non-finite Gaussian mean or covariance", quantity="quadrature")
-    return h, A
-
-
 def gauss_rule(
     h: Array,
     A: Array,
@@ -182,7 +174,7 @@ def gauss_rule(
     ``order``: nodes per axis for ``rule="product"`` (``None``: ``default_order(C)``), total
     nodes for ``rule="sobol"`` (``None``: ``SOBOL_POINTS``).
     """
-    h, A = _check(h, A)
+    h, A = checked_gaussians(h, A, full=True)
     C = h.shape[1]
     rule, order = resolve_rule(C, order, reduced, rule)
     if rule == "product":
@@ -234,36 +226,36 @@ class SoftmaxTilted(NamedTuple):
 
 def _batched(
     h: Array, A: Array, beta: Array | None, order: int | None, reduced: bool | None, rule: str
-) -> tuple[Array, Array, Array, list[slice]]:
-    """Checked ``h [B, C]``, ``A [B, C, C]``, ``beta [C]`` (zeros by default) and the slices of
-    the batch processed at once (bounded by the rule's size, so memory stays bounded)."""
-    h, A = _check(h, A)
+) -> tuple[Array, Array, Iterator[tuple[slice, GaussRule, Array]]]:
+    """Checked ``h [B, C]``, ``A [B, C, C]`` and, slice by slice of the batch (bounded by the
+    rule's size, so memory stays bounded), the slice, its ``gauss_rule`` and its nodes shifted by
+    ``beta [C]`` (zeros by default), ``U [b, C, E]``."""
+    h, A = checked_gaussians(h, A, full=True)
     B, C = h.shape
-    beta = np.zeros(C) if beta is None else np.asarray(beta, dtype=float)
+    shift = np.zeros(C) if beta is None else np.asarray(beta, dtype=float)
     reduce = reduced if reduced is not None else default_reduced(C)
-    rule, order = resolve_rule(C, order, reduced, rule)
-    order = default_order(C) if order is None and rule == "product" else order
-    n_nodes = _base_rule(C - 1 if reduce else C, order, rule)[1].size
-    return h, A, beta, list(chunk_slices(B, 3 * n_nodes * C))
+    kind, n = resolve_rule(C, order, reduced, rule)
+    n = default_order(C) if n is None and kind == "product" else n
+    n_nodes = _base_rule(C - 1 if reduce else C, n, kind)[1].size
+
+    def rules() -> Iterator[tuple[slice, GaussRule, Array]]:
+        for sl in chunk_slices(B, 3 * n_nodes * C):
+            gr = gauss_rule(h[sl], A[sl], order, reduced, rule)
+            yield sl, gr, gr.nodes + shift[:, None]
+
+    return h, A, rules()
 
 
 def softmax_tilted(
-    y: Array,
-    h: Array,
-    A: Array,
-    beta: Array | None = None,
-    order: int | None = None,
-    reduced: bool | None = None,
-    rule: str = "product",
+    y: Array, h: Array, A: Array, beta: Array | None = None,
+    order: int | None = None, reduced: bool | None = None, rule: str = "product",
 ) -> SoftmaxTilted:
     """Moments of ``softmax(u + beta)_y N(u | h, A)`` (spec ivm §2.5), batched over ``B``."""
-    h, A, beta, slices = _batched(h, A, beta, order, reduced, rule)
+    h, A, batches = _batched(h, A, beta, order, reduced, rule)
     B, C = h.shape
     y = np.asarray(y, dtype=np.int64).reshape(B)
     out = SoftmaxTilted(np.empty(B), np.empty((B, C)), np.empty((B, C)), np.empty((B, C, C)))
-    for sl in slices:
-        gr = gauss_rule(h[sl], A[sl], order, reduced, rule)
-        U = gr.nodes + beta[:, None]  # [b, C, E]
+    for sl, gr, U in batches:
         top = U.max(axis=1)  # [b, E]
         rows = np.arange(U.shape[0])
         f = (U[rows, y[sl]] - top) - np.log(np.sum(np.exp(U - top[:, None]), axis=1))  # [b, E]
@@ -288,19 +280,14 @@ def softmax_tilted(
 
 
 def softmax_predictive(
-    h: Array,
-    A: Array,
-    beta: Array | None = None,
-    order: int | None = None,
-    reduced: bool | None = None,
-    rule: str = "product",
+    h: Array, A: Array, beta: Array | None = None,
+    order: int | None = None, reduced: bool | None = None, rule: str = "product",
 ) -> Array:
     """``E_{N(h, A)}[softmax(u + beta)]``, ``[B, C]``; rows sum to one for any positive rule."""
-    h, A, beta, slices = _batched(h, A, beta, order, reduced, rule)
+    h, A, batches = _batched(h, A, beta, order, reduced, rule)
     out = np.empty(h.shape)
-    for sl in slices:
-        gr = gauss_rule(h[sl], A[sl], order, reduced, rule)
-        out[sl] = np.exp(_log_softmax(gr.nodes + beta[:, None])) @ gr.weights
+    for sl, gr, U in batches:
+        out[sl] = np.exp(_log_softmax(U)) @ gr.weights
     if not np.all(np.isfinite(out)):
         raise NumericalError("non-finite predictive probabilities", quantity="predictive")
     return out
@@ -316,22 +303,16 @@ class SoftmaxExpectation(NamedTuple):
 
 
 def softmax_expected_log_prob(
-    y: Array,
-    h: Array,
-    A: Array,
-    beta: Array | None = None,
-    order: int | None = None,
-    reduced: bool | None = None,
-    rule: str = "product",
+    y: Array, h: Array, A: Array, beta: Array | None = None,
+    order: int | None = None, reduced: bool | None = None, rule: str = "product",
 ) -> SoftmaxExpectation:
     """``E_{N(h, A)}[log softmax(u + beta)_y]`` and its derivatives wrt ``h`` and ``A``."""
-    h, A, beta, slices = _batched(h, A, beta, order, reduced, rule)
+    h, A, batches = _batched(h, A, beta, order, reduced, rule)
     B, C = h.shape
     y = np.asarray(y, dtype=np.int64).reshape(B)
     value, dmean, dcov = np.empty(B), np.empty((B, C)), np.empty((B, C, C))
-    for sl in slices:
-        gr = gauss_rule(h[sl], A[sl], order, reduced, rule)
-        lp = _log_softmax(gr.nodes + beta[:, None])  # [b, C, E]
+    for sl, gr, U in batches:
+        lp = _log_softmax(U)  # [b, C, E]
         p = np.exp(lp)
         w = gr.weights
         rows = np.arange(sl.stop - sl.start)

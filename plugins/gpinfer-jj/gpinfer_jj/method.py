@@ -353,12 +353,18 @@ class _CollapsedVI(Method):
             return self._snapshot(obj, x[hp.size:])
 
 
-class ViJJ(_CollapsedVI):
+class _JJBound(_CollapsedVI):
+    """The collapsed Jaakkola-Jordan bound (a true bound on the evidence); subclasses choose how
+    ``xi`` moves (``xi_mode``)."""
+
+    objective_kind = "bound"
+    kind = "jj"
+
+
+class ViJJ(_JJBound):
     """Alg. 1 with Jaakkola-Jordan sites (logistic likelihood)."""
 
     name: ClassVar[str] = "vi-jj"
-    objective_kind = "bound"
-    kind = "jj"
     xi_mode = "closed"
 
 
@@ -393,19 +399,15 @@ class ViTaylor(_CollapsedVI):
     likelihood_requirements: ClassVar[frozenset[str] | None] = frozenset({"log_sigmoid"})
 
 
-class ViJJHybrid(_CollapsedVI):
+class ViJJHybrid(_JJBound):
     """Alg. 1 whose Stage 2 moves ``(theta, xi)`` with the ``xi`` gradient (§2.8)."""
 
     name: ClassVar[str] = "vi-jj-hybrid"
-    objective_kind = "bound"
-    kind = "jj"
     xi_mode = "hybrid"
 
 
-class ViJJFull(_CollapsedVI):
+class ViJJFull(_JJBound):
     """One L-BFGS-B run on ``(theta, xi)`` maximising the collapsed JJ bound."""
 
     name: ClassVar[str] = "vi-jj-full"
-    objective_kind = "bound"
-    kind = "jj"
     xi_mode = "full"

@@ -14,6 +14,7 @@ from gpinfer.hyper import HyperParameters
 from gpinfer.interfaces import Problem
 from gpinfer.kernels import RBF, White
 from gpinfer.likelihoods import BernoulliLogit, BernoulliProbit
+from gpinfer.registry import load_method
 from gpinfer.testing import MethodTestSuite
 from gpinfer.testing.gradcheck import assert_gradient_close
 
@@ -113,6 +114,8 @@ def test_carry_xi_is_monotone_for_jj():
 
 # -- the shared battery --------------------------------------------------------------------------
 class _Suite(MethodTestSuite):
+    #: the method's collapsed objective (``_CollapsedVI.kind``, checked by ``test_kind``)
+    kind = "jj"
     likelihood = "logit"
     inducing = 6
     max_iter = 3
@@ -128,10 +131,12 @@ class _Suite(MethodTestSuite):
         return (lambda t: obj.value_and_grad(t, xi)[0],
                 lambda t: obj.value_and_grad(t, xi)[1], hp.pack())
 
+    def test_kind(self):
+        assert load_method(self.method_name).kind == self.kind
+
 
 class TestViJJSuite(_Suite):
     method_name = "vi-jj"
-    kind = "jj"
 
 
 class TestViTaylorSuite(_Suite):
@@ -142,9 +147,7 @@ class TestViTaylorSuite(_Suite):
 
 class TestViJJHybridSuite(_Suite):
     method_name = "vi-jj-hybrid"
-    kind = "jj"
 
 
 class TestViJJFullSuite(_Suite):
     method_name = "vi-jj-full"
-    kind = "jj"

@@ -9,13 +9,13 @@ from gpinfer_pep.rank_one import InducingGeometry, RankOnePEPSites
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.kernels import make_kernel
 from gpinfer.likelihoods import BernoulliProbit
+from gpinfer.registry import load_method
 from gpinfer.testing import MethodTestSuite
 
 
 class _PEPSuite(MethodTestSuite):
     inducing = 6
     max_iter = 5
-    alpha = 0.5
     gradient_rtol = 1e-5
 
     def objective_and_gradient(self, X, y):
@@ -23,7 +23,8 @@ class _PEPSuite(MethodTestSuite):
         kern = make_kernel("rbf", input_dim=X.shape[1], ard=False)
         Z = X[:: max(1, len(X) // 6)][:6]
         hp = HyperParameters(kern, None, Z, optimize_inducing=False)
-        sites = RankOnePEPSites(BernoulliProbit(), y, self.alpha, site_step="full", damping=0.7)
+        alpha = load_method(self.method_name)(**(self.method_options or {})).alpha  # its power
+        sites = RankOnePEPSites(BernoulliProbit(), y, alpha, site_step="full", damping=0.7)
 
         def value_grad(theta):
             hp.unpack(theta)
@@ -43,12 +44,10 @@ class TestPEP(_PEPSuite):
 
 class TestFITC(_PEPSuite):
     method_name = "fitc"
-    alpha = 1.0
 
 
 class TestVFE(_PEPSuite):
     method_name = "vfe"
-    alpha = 0.0
 
 
 def test_alias_powers():
