@@ -175,7 +175,7 @@ ONE_SE = 1.0
 REFIT_RULES = ("objective", "gain", "iterations")
 #: ``EarlyStopping.refit``'s setting that predicts with the validation folds' models
 AVERAGE = "average"
-#: ``EarlyStopping.refit``'s default: the rule the method declares (``Method.early_stopping``)
+#: ``EarlyStopping.refit``'s default: the rule the method declares (``Method.early_stopping_rule``)
 AUTO = "auto"
 #: how K folds choose the number of iterations (``EarlyStopping.choice_rule``, ``choose_check``)
 CHOICE_RULES = ("one_se", "log_one_se", "min", "median")
@@ -230,7 +230,7 @@ class EarlyStopping:
     def resolved(self, preferred: tuple[bool | str, int], classifier: bool = True
                  ) -> EarlyStopping:
         """The settings that run: ``refit="auto"`` replaced by the method's declared rule
-        ``preferred = (refit, refine_iter)`` (``Method.early_stopping``; its ``"average"``
+        ``preferred = (refit, refine_iter)`` (``Method.early_stopping_rule``; its ``"average"``
         becomes ``True`` where ``classifier`` is False, a regressor's folds learn their own
         noise variances), and ``refine_iter=None`` by that rule's count (0 for an explicit
         ``refit``); an explicit ``refine_iter`` is kept. ``InputError`` for a ``refine_iter``
@@ -289,7 +289,7 @@ def _check_refit(refit: object) -> None:
     """``InputError`` unless ``refit`` is a bool, ``AVERAGE`` or ``AUTO``."""
     if not isinstance(refit, bool | np.bool_) and refit not in (AVERAGE, AUTO):
         raise InputError(f"refit must be {AUTO!r} (the method's own rule, "
-                         f"Method.early_stopping), True (train again on all the data for the "
+                         f"Method.early_stopping_rule), True (train again on all the data for the "
                          f"chosen number of iterations), False (keep the best iterate) or "
                          f"{AVERAGE!r} (predict with the average of the validation folds' "
                          f"models); got {refit!r}")
