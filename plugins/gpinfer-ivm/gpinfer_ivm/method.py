@@ -278,10 +278,11 @@ class _ActiveSetMethod(Method):
         reports, no re-solve (the next major step re-infers at the result)."""
         X, y, C = problem.X, np.asarray(problem.y, dtype=np.int64), problem.n_classes
         order, reduced = self._order(C)
+        rule = self._rule(C)
 
         def fun(th: Array) -> tuple[float, Array]:
             b = space.unpack(th)
-            res = criterion(space.kernels, X, y, sites, b, order, reduced, True, self._rule(C))
+            res = criterion(space.kernels, X, y, sites, b, order, reduced, True, rule)
             return -res.value, -space.gradient(res.dkernel, res.dbeta)
 
         radius = self.options["trust_radius"]
