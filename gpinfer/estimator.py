@@ -150,14 +150,13 @@ def _check_feature_names(estimator: Any, X: Any) -> None:
 def _check_refinable(settings: EarlyStopping, method_cls: type[Method], method_name: str) -> None:
     """``InputError`` for a ``choice_refine_iter`` or ``refine_iter`` that ``method_cls``
     cannot run (``Method.refines``)."""
-    if settings.choice_refine_iter and not method_cls.refines:
-        raise InputError(f"choice_refine_iter={settings.choice_refine_iter}: method "
-                         f"{method_name!r} cannot refine a fit at fixed hyper-parameters "
-                         "(Method.refines); use choice_refine_iter=0")
-    if settings.refine_iter and not method_cls.refines:
-        raise InputError(f"refine_iter={settings.refine_iter}: method {method_name!r} "
-                         "cannot refine a fit at fixed hyper-parameters (Method.refines); "
-                         "use refine_iter=0")
+    if method_cls.refines:
+        return
+    for name, count in (("choice_refine_iter", settings.choice_refine_iter),
+                        ("refine_iter", settings.refine_iter)):
+        if count:
+            raise InputError(f"{name}={count}: method {method_name!r} cannot refine a fit at "
+                             f"fixed hyper-parameters (Method.refines); use {name}=0")
 
 
 class _GPEstimatorBase:

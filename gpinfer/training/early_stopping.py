@@ -525,10 +525,21 @@ class ValidationMonitor:
                 entry.setdefault("val_nll", value)
         if self.best_posterior is None:
             return result
-        if self.best_iteration != self.last_iteration or self.rescored:
-            result.kernel = posterior_kernel(self.best_posterior, result.kernel)
-            result.posterior = self.best_posterior
+        best = self.replacement
+        if best is not None:
+            result.kernel = posterior_kernel(best, result.kernel)
+            result.posterior = best
         return ValidationChoice([self]).record(result, refitted=False)
+
+    @property
+    def replacement(self) -> Posterior | None:
+        """The posterior the monitored fit keeps instead of its final one: the best validation
+        iterate's where that is an earlier iterate or was refined (``rescore``); ``None`` where
+        the final posterior stays (the best is the last iterate, or no check was finite)."""
+        if self.best_posterior is None or (self.best_iteration == self.last_iteration
+                                           and not self.rescored):
+            return None
+        return self.best_posterior
 
 
 class ValidationChoice:
@@ -630,9 +641,8 @@ def averaged_result(monitors: list[ValidationMonitor], results: list[FitResult],
     iteration) in ``state``. ``kernel`` is the first member's; ``log_evidence`` the mean of the
     fits' (each on its own rows); ``n_iter`` the iterations of all the fits; ``history`` theirs,
     one after the other, each entry with its ``fold``."""
-    members = [r.posterior if m.best_posterior is None
-               or (m.best_iteration == m.last_iteration and not m.rescored)
-               else m.best_posterior for m, r in zip(monitors, results)]  # as ``restore``
+    members = [r.posterior if m.replacement is None else m.replacement
+               for m, r in zip(monitors, results)]  # as ``restore``
     history = [{**entry, "fold": float(f)} for f, r in enumerate(results) for entry in r.history]
     result = FitResult(
         posterior=AveragedPosterior(members),
