@@ -57,15 +57,9 @@ def _grid_names(prefix: str, rows: int, cols: int) -> list[str]:
 def _distinct_kernels(kernels: list[Kernel]) -> tuple[list[Kernel], list[int]]:
     """The distinct kernel objects in order of first use and each latent's index among them
     (the same object for several latents ties them: one block in ``theta``)."""
-    distinct: list[Kernel] = []
-    of_latent: list[int] = []
-    for kern in kernels:
-        ids = [id(k) for k in distinct]
-        if id(kern) in ids:
-            of_latent.append(ids.index(id(kern)))
-        else:
-            of_latent.append(len(distinct))
-            distinct.append(kern)
+    index: dict[int, int] = {}  # id of a distinct kernel -> its position
+    of_latent = [index.setdefault(id(kern), len(index)) for kern in kernels]
+    distinct = list({id(kern): kern for kern in kernels}.values())  # first-use order
     return distinct, of_latent
 
 

@@ -108,7 +108,7 @@ class DenseBinaryMethod(Method):
         X = np.asarray(problem.X, dtype=float)
         kernel = problem.kernel.copy()
         hp = HyperParameters(kernel, optimize=problem.optimize)
-        memo: dict[str, Any] = {"warm": None, "sol": None, "history": reporter.history}
+        memo: dict[str, Any] = {"warm": None, "sol": None}
 
         def solve_at(theta: Array | None, cold: bool = False) -> DenseSolution:
             if theta is not None:
@@ -132,7 +132,8 @@ class DenseBinaryMethod(Method):
 
         n_iter, info = 1, dict[str, Array]()
         if problem.optimize and hp.size > 0:
-            n_iter, info = self._optimize(problem, hp, X, solve_at, report, memo)
+            n_iter, info = self._optimize(problem, hp, X, solve_at, report, memo,
+                                          reporter.history)
         else:
             report(1, solve_at(None))
         sol: DenseSolution = memo["sol"]
@@ -148,7 +149,8 @@ class DenseBinaryMethod(Method):
     def _optimize(self, problem: Problem, hp: HyperParameters, X: Array,
                   solve_at: Callable[..., DenseSolution], report: Callable[[int, DenseSolution],
                                                                            bool],
-                  memo: dict[str, Any]) -> tuple[int, dict[str, Array]]:
+                  memo: dict[str, Any], history: list[dict[str, float]]
+                  ) -> tuple[int, dict[str, Array]]:
         name = str(self.options["optimizer"]).lower()
         optimizer, grid_search, default_box = self._optimizer(name, hp)
         grid = grid_search is not None
@@ -167,7 +169,7 @@ class DenseBinaryMethod(Method):
         if grid_search is not None:
             max_iter = int(np.prod([len(a) for a in grid_search.axes]))
         schedule = OuterSchedule(self.name, lambda it, x, value: report(it, memo["sol"]),
-                                 label=f"optimizer {name!r}", history=memo["history"],
+                                 label=f"optimizer {name!r}", history=history,
                                  upper_names=hp.names if default_box else None)
         result = schedule.run(optimizer, fun, hp.pack(), max_iter,
                               solve=lambda theta: solve_at(theta, cold=grid))

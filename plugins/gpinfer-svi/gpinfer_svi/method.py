@@ -184,9 +184,13 @@ class VariationalState:
     def unpack(self, x: Array) -> tuple[Array, Array]:
         """Writes ``theta`` into the kernels; returns ``mu [L, M]`` and ``Lq [L, M, M]`` (views
         of / arrays on ``x``'s namespace)."""
+        self.hp.unpack(x[:self.hp.size])
+        return self._q_factors(x)
+
+    def _q_factors(self, x: Array) -> tuple[Array, Array]:
+        """``mu [L, M]`` and ``Lq [L, M, M]`` of ``x`` (``unpack`` without the kernels)."""
         xp = ops.namespace(x)
         P, L, M = self.hp.size, self.L, self.M
-        self.hp.unpack(x[:P])
         mu = xp.reshape(x[P:P + L * M], (L, M))
         Lq = ops.zeros(x, (L, M, M))
         Lq[:, self.tril[0], self.tril[1]] = xp.reshape(x[P + L * M:], (L, -1))
@@ -274,14 +278,12 @@ class VariationalState:
 
     def posterior(self, x: Array) -> InducingPosterior:
         """The posterior at ``x``, on the host (numpy arrays, whatever the backend)."""
-        saved = self.hp.pack()
-        mu, Lq = self.unpack(x)
-        mu_h, Lq_h = np.array(ops.to_host(mu)), ops.to_host(Lq)
-        post = InducingPosterior(self.likelihood, [k.copy() for k in self.kernels],
-                                 [np.array(ops.to_host(z)) for z in self.Zs], list(mu_h),
-                                 [lq @ lq.T for lq in Lq_h])
-        self.hp.unpack(saved)
-        return post
+        with self.hp.installed(x[:self.hp.size]):
+            mu, Lq = self._q_factors(x)
+            mu_h, Lq_h = np.array(ops.to_host(mu)), ops.to_host(Lq)
+            return InducingPosterior(self.likelihood, [k.copy() for k in self.kernels],
+                                     [np.array(ops.to_host(z)) for z in self.Zs], list(mu_h),
+                                     [lq @ lq.T for lq in Lq_h])
 
 
 class _SVISteps(BatchSteps):
