@@ -192,10 +192,43 @@ class Likelihood(abc.ABC):
 # --------------------------------------------------------------------------------------------
 
 
-class SiteApproximation(abc.ABC):
+class SiteState(abc.ABC):
+    """What the engine's inner site schedule (``gpinfer.training.inner.InnerSchedule``)
+    drives: the sites of one family at fixed hyper-parameters, their damped update and copies
+    of them. Implemented per site family: dense EP (``gpinfer.sites.ep.EPSites``), and
+    through ``SiteApproximation`` ep and sep.
+
+    ``update`` returns the change the schedule's convergence test reads (a family's own
+    measure: the largest site change, or ``|Delta log Z|``); a family that uses the divergence
+    policy (``gpinfer.training.inner.Restart``) also gives ``move`` and ``restart``.
+    """
+
+    @abc.abstractmethod
+    def update(self, damping: float, iteration: int) -> Scalar:
+        """One damped update of the sites (``damping`` in ``(0, 1]``, 1: none); returns the
+        change it made (a float, or a 0-d array where the sites live)."""
+
+    @abc.abstractmethod
+    def snapshot(self) -> object:
+        """An independent copy of the site state."""
+
+    @abc.abstractmethod
+    def restore(self, snapshot: object) -> None:
+        """Return to a state taken by ``snapshot``."""
+
+    def move(self) -> float:
+        """How far the last update moved the sites, as the divergence policy watches it."""
+        raise NotImplementedError(f"{type(self).__name__} has no divergence measure (move)")
+
+    def restart(self) -> None:
+        """Back to the initial sites (the divergence policy's restart)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restart")
+
+
+class SiteApproximation(SiteState):
     """What the core training loop (``gpinfer.training.loop.TrainingLoop``) drives: the sites of
-    an approximate posterior, their local update, the objective they define and its matrix
-    gradients.
+    an approximate posterior (a ``SiteState``), their local update on a batch, the objective
+    they define and its matrix gradients.
 
     Per step the loop calls ``prepare(batch)`` once (what depends on the hyper-parameters at the
     batch's inputs: kernel matrices, factors), then ``update`` one or more times (damped
@@ -221,14 +254,6 @@ class SiteApproximation(abc.ABC):
     def objective(self, scale: float, iteration: int) -> ObjectiveValue:
         """The objective on the prepared batch (its data terms times ``scale = N / B``) and its
         matrix gradients, one ``MatrixGradients`` per latent."""
-
-    @abc.abstractmethod
-    def snapshot(self) -> object:
-        """An independent copy of the site state."""
-
-    @abc.abstractmethod
-    def restore(self, snapshot: object) -> None:
-        """Return to a state taken by ``snapshot``."""
 
     @abc.abstractmethod
     def posterior(self) -> Posterior:
