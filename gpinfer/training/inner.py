@@ -21,8 +21,8 @@ failures and whether it restarted). The schedule does no arithmetic on the sites
 moved onto it keeps its fits bit for bit, and its number of updates.
 
 Who runs on it: the dense binary family's EP sites (``gpinfer.sites.ep.EPSites``: ep-dense,
-the start of kl and mcmc-ais), tap's fixed point (``gpinfer_binary.tap.TAPSites``). See
-``docs/design.md`` (the engine).
+the start of kl and mcmc-ais), tap's fixed point (``gpinfer_binary.tap.TAPSites``), gfitc's
+sites (``gpinfer_ep.gfitc.FITCSites``). See ``docs/design.md`` (the engine).
 """
 
 from __future__ import annotations
