@@ -179,7 +179,7 @@ class EPSites(SiteState):
     def schedule_for(self, max_sweeps: int) -> InnerSchedule:
         """The inner site schedule of these sites (see the module doc)."""
         return InnerSchedule(tol=self.tol, max_updates=max_sweeps, damping=self.damping,
-                             min_updates=2, restart=Restart(DIVERGENCE_SWEEPS, 0.5))
+                             min_updates=2, policy=Restart(DIVERGENCE_SWEEPS, 0.5))
 
     def run(self, max_sweeps: int | None = None) -> int:
         """Sweeps until converged or ``max_sweeps`` (default ``self.max_sweeps``) on the inner

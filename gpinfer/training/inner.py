@@ -12,9 +12,12 @@ the divergence policy, ``move`` and ``restart``) to ``InnerSchedule.run``; the s
   the state from before it, halves the damping and tries again (the failed update does not
   count), and the ``k + 1``-th failure is raised; with ``None`` (the default) the error ends
   the run at once;
-* the **divergence policy** (``Restart``): after ``patience`` updates in a row whose
-  ``state.move()`` grew, the state restarts from its initial sites (``state.restart()``) with
-  the damping cut to ``Restart.damping``, once, with a ``RuntimeWarning``.
+* the **divergence policy** (a ``SweepPolicy``, looked at after every update that did not
+  converge, before the damping decays): the core's ``Restart`` (after ``patience`` updates in a
+  row whose ``state.move()`` grew, the state restarts from its initial sites, ``state.restart()``,
+  with the damping cut to ``Restart.damping``, once, with a ``RuntimeWarning``); a family with a
+  rule of its own subclasses ``SweepPolicy`` (pep's damping cut on oscillating sweeps,
+  ``gpinfer_pep.rank_one.OscillationCut``).
 
 It returns an ``InnerRun`` (updates done, converged, the last change, the damping reached, the
 failures and whether it restarted). The schedule does no arithmetic on the sites: a family
@@ -29,22 +32,13 @@ hyper-parameter steps). See ``docs/design.md`` (the engine).
 
 from __future__ import annotations
 
+import abc
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.interfaces import Scalar, SiteState
-
-
-@dataclass(frozen=True)
-class Restart:
-    """The divergence policy: after ``patience`` updates in a row whose ``state.move()`` grew,
-    restart the state from its initial sites with damping ``damping`` (only while the damping
-    is above it, so at most once)."""
-
-    patience: int = 5
-    damping: float = 0.5
 
 
 @dataclass
@@ -62,6 +56,48 @@ class InnerRun:
     restarted: bool = False
 
 
+#: a policy's watcher for one run: called after each update that did not converge, with the
+#: run so far; it may change ``run.damping`` or restart the state
+Watcher = Callable[[InnerRun], None]
+
+
+class SweepPolicy(abc.ABC):
+    """A divergence policy of the inner schedule: what happens to the damping (or the sites)
+    between updates that have not converged."""
+
+    @abc.abstractmethod
+    def watcher(self, state: SiteState, damping: float, owner: str) -> Watcher:
+        """A fresh watcher for one run of ``state`` that starts at ``damping``; ``owner``
+        names the sites in warnings."""
+
+
+@dataclass(frozen=True)
+class Restart(SweepPolicy):
+    """After ``patience`` updates in a row whose ``state.move()`` grew, restart the state from
+    its initial sites with damping ``damping`` (only while the damping is above it, so at most
+    once), with a ``RuntimeWarning``."""
+
+    patience: int = 5
+    damping: float = 0.5
+
+    def watcher(self, state: SiteState, damping: float, owner: str) -> Watcher:
+        grow, last = 0, float("inf")
+
+        def watch(run: InnerRun) -> None:
+            nonlocal grow, last
+            move = float(state.move())
+            grow = grow + 1 if move > last else 0
+            last = move
+            if grow >= self.patience and run.damping > self.damping:
+                warnings.warn(f"{owner or 'sites'}: site changes grew for {self.patience} "
+                              f"sweeps; restarting with damping {self.damping:g}",
+                              RuntimeWarning, stacklevel=4)
+                run.damping, run.restarted, grow = float(self.damping), True, 0
+                state.restart()
+
+        return watch
+
+
 @dataclass(frozen=True)
 class InnerSchedule:
     """Damped updates of a ``SiteState`` to convergence (see the module doc for each field)."""
@@ -73,7 +109,7 @@ class InnerSchedule:
     min_updates: int = 1
     strict: bool = False
     max_failures: int | None = None
-    restart: Restart | None = None
+    policy: SweepPolicy | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 < self.damping <= 1.0:
@@ -96,7 +132,7 @@ class InnerSchedule:
         in the divergence warning; ``read``: how a change is read (a 0-d device array through
         the caller's deferred checks; ``float`` by default)."""
         out = InnerRun(damping=float(self.damping))
-        grow, last_move = 0, float("inf")
+        watch = None if self.policy is None else self.policy.watcher(state, out.damping, owner)
         while out.updates < self.max_updates:
             try:
                 change = self._update(state, out, iteration, read)
@@ -105,13 +141,8 @@ class InnerSchedule:
             out.updates += 1
             out.change = change
             out.converged = self.converged(change, done + out.updates)
-            if self.restart is not None:
-                move = float(state.move())
-                grow = grow + 1 if move > last_move else 0
-                last_move = move
-                if grow >= self.restart.patience and out.damping > self.restart.damping:
-                    self._restart(state, out, owner)
-                    grow = 0
+            if watch is not None and not out.converged:
+                watch(out)
             out.damping *= self.decay
             if out.converged:
                 break
@@ -132,15 +163,6 @@ class InnerSchedule:
             state.restore(snap)
             out.damping *= 0.5
             raise _Retry from None
-
-    def _restart(self, state: SiteState, out: InnerRun, owner: str) -> None:
-        """The divergence policy's restart (``Restart``)."""
-        assert self.restart is not None
-        warnings.warn(f"{owner or 'sites'}: site changes grew for {self.restart.patience} "
-                      f"sweeps; restarting with damping {self.restart.damping:g}",
-                      RuntimeWarning, stacklevel=4)
-        out.damping, out.restarted = float(self.restart.damping), True
-        state.restart()
 
 
 class _Retry(Exception):

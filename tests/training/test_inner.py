@@ -12,7 +12,7 @@ from gpinfer.interfaces import SiteState
 from gpinfer.kernels import RBF
 from gpinfer.likelihoods.bernoulli import BernoulliProbit
 from gpinfer.sites.ep import EPSites, ep_log_evidence
-from gpinfer.training.inner import InnerSchedule, Restart
+from gpinfer.training.inner import InnerSchedule, Restart, SweepPolicy
 
 
 class Scripted(SiteState):
@@ -92,7 +92,7 @@ def test_growing_moves_restart_the_sites_once_with_the_restart_damping():
     state = Scripted([1.0] * 16, moves=moves)
     with pytest.warns(RuntimeWarning, match="EP: site changes grew for 5 sweeps; restarting "
                                             "with damping 0.5"):
-        out = InnerSchedule(tol=0.0, max_updates=16, restart=Restart(5, 0.5)).run(
+        out = InnerSchedule(tol=0.0, max_updates=16, policy=Restart(5, 0.5)).run(
             state, owner="EP")
     assert state.restarts == 1 and out.restarted  # at damping 0.5 it does not fire again
     assert state.dampings[:6] == [1.0] * 6 and state.dampings[6:] == [0.5] * 10
@@ -101,7 +101,7 @@ def test_growing_moves_restart_the_sites_once_with_the_restart_damping():
 def test_moves_that_shrink_once_reset_the_count():
     moves = [1.0, 2.0, 3.0, 4.0, 3.5, 4.0, 5.0, 6.0, 7.0]
     state = Scripted([1.0] * 9, moves=moves)
-    out = InnerSchedule(tol=0.0, max_updates=9, restart=Restart(5, 0.5)).run(state)
+    out = InnerSchedule(tol=0.0, max_updates=9, policy=Restart(5, 0.5)).run(state)
     assert state.restarts == 0 and not out.restarted
 
 
@@ -135,3 +135,17 @@ def test_dense_ep_on_the_schedule_is_its_hand_written_sweep_loop(schedule):
     np.testing.assert_array_equal(ran.tau, hand.tau)
     assert ran.log_evidence() == log_z
     assert ran.run() == 0  # converged sites are not swept again
+
+
+def test_a_policy_watches_every_update_that_did_not_converge_before_the_decay():
+    seen = []
+
+    class Recording(SweepPolicy):
+        def watcher(self, state, damping, owner):
+            seen.append(("start", damping, owner))
+            return lambda run: seen.append((run.updates, run.damping))
+
+    out = InnerSchedule(tol=0.1, max_updates=10, damping=0.5, decay=0.5,
+                        policy=Recording()).run(Scripted([1.0, 0.5, 0.01]), owner="x")
+    assert out.updates == 3
+    assert seen == [("start", 0.5, "x"), (1, 0.5), (2, 0.25)]
