@@ -196,8 +196,9 @@ class SiteState(abc.ABC):
     """What the engine's inner site schedule (``gpinfer.training.inner.InnerSchedule``)
     drives: the sites of one family at fixed hyper-parameters, their damped update and copies
     of them. Implemented per site family: dense EP (``gpinfer.sites.ep.EPSites``), tap's
-    fixed point (``gpinfer_binary.tap.TAPSites``), gfitc's sites (``gpinfer_ep.gfitc.FITCSites``),
-    and through ``SiteApproximation`` ep and sep.
+    fixed point (``gpinfer_binary.tap.TAPSites``), gfitc's sites
+    (``gpinfer_ep.gfitc.FITCSites``), pep's power-EP sites
+    (``gpinfer_pep.rank_one.RankOnePEPSites``), and through ``SiteApproximation`` ep and sep.
 
     ``update`` returns the change the schedule's convergence test reads (a family's own
     measure: the largest site change, or ``|Delta log Z|``); a family that uses the divergence

@@ -25,9 +25,10 @@ moved onto it keeps its fits bit for bit, and its number of updates.
 
 Who runs on it: the dense binary family's EP sites (``gpinfer.sites.ep.EPSites``: ep-dense,
 the start of kl and mcmc-ais), tap's fixed point (``gpinfer_binary.tap.TAPSites``), gfitc's
-sites (``gpinfer_ep.gfitc.FITCSites``), and the full-batch ``outer`` schedule of
-``gpinfer.training.loop.TrainingLoop`` (ep/sep: sweeps to ``outer_tol`` between two
-hyper-parameter steps). See ``docs/design.md`` (the engine).
+sites (``gpinfer_ep.gfitc.FITCSites``), pep's power-EP sites
+(``gpinfer_pep.rank_one.RankOnePEPSites``, with ``OscillationCut``), and the full-batch
+``outer`` schedule of ``gpinfer.training.loop.TrainingLoop`` (ep/sep: sweeps to ``outer_tol``
+between two hyper-parameter steps). See ``docs/design.md`` (the engine).
 """
 
 from __future__ import annotations
