@@ -198,7 +198,8 @@ class SiteState(abc.ABC):
     of them. Implemented per site family: dense EP (``gpinfer.sites.ep.EPSites``), tap's
     fixed point (``gpinfer_binary.tap.TAPSites``), gfitc's sites
     (``gpinfer_ep.gfitc.FITCSites``), pep's power-EP sites
-    (``gpinfer_pep.rank_one.RankOnePEPSites``), and through ``SiteApproximation`` ep and sep.
+    (``gpinfer_pep.rank_one.RankOnePEPSites``), the vi-jj bound's expansion points
+    (``gpinfer_jj.bound.XiSites``), and through ``SiteApproximation`` ep and sep.
 
     ``update`` returns the change the schedule's convergence test reads (a family's own
     measure: the largest site change, or ``|Delta log Z|``); a family that uses the divergence

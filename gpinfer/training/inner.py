@@ -7,7 +7,8 @@ the divergence policy, ``move`` and ``restart``) to ``InnerSchedule.run``; the s
 * the **damping**: the value each update gets, decayed by ``decay`` after every update;
 * the **convergence test**: ``change <= tol`` (``change < tol`` with ``strict``), applied once
   the state has had ``min_updates`` updates in all (``done`` counts those of earlier runs);
-* the **cap**: at most ``max_updates`` updates per run;
+* the **cap**: at most ``max_updates`` updates per run (with ``tol = -inf``, no convergence
+  test: exactly ``max_updates``, as the vi-jj family's Stage 1 rounds);
 * the **failure policy**: with ``max_failures = k`` a ``NumericalError`` in an update restores
   the state from before it, halves the damping and tries again (the failed update does not
   count), and the ``k + 1``-th failure is raised; with ``None`` (the default) the error ends
@@ -26,7 +27,8 @@ moved onto it keeps its fits bit for bit, and its number of updates.
 Who runs on it: the dense binary family's EP sites (``gpinfer.sites.ep.EPSites``: ep-dense,
 the start of kl and mcmc-ais), tap's fixed point (``gpinfer_binary.tap.TAPSites``), gfitc's
 sites (``gpinfer_ep.gfitc.FITCSites``), pep's power-EP sites
-(``gpinfer_pep.rank_one.RankOnePEPSites``, with ``OscillationCut``), and the full-batch
+(``gpinfer_pep.rank_one.RankOnePEPSites``, with ``OscillationCut``), the vi-jj family's
+Stage 1 rounds (``gpinfer_jj.bound.XiSites``, ``n_upd`` of them), and the full-batch
 ``outer`` schedule of ``gpinfer.training.loop.TrainingLoop`` (ep/sep: sweeps to ``outer_tol``
 between two hyper-parameter steps). See ``docs/design.md`` (the engine).
 """
