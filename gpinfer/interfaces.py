@@ -199,7 +199,8 @@ class SiteState(abc.ABC):
     fixed point (``gpinfer_binary.tap.TAPSites``), gfitc's sites
     (``gpinfer_ep.gfitc.FITCSites``), pep's power-EP sites
     (``gpinfer_pep.rank_one.RankOnePEPSites``), the vi-jj bound's expansion points
-    (``gpinfer_jj.bound.XiSites``), and through ``SiteApproximation`` ep and sep.
+    (``gpinfer_jj.bound.XiSites``), laplace's mode (``gpinfer_laplace.sites.LaplaceSites``),
+    and through ``SiteApproximation`` ep and sep.
 
     ``update`` returns the change the schedule's convergence test reads (a family's own
     measure: the largest site change, or ``|Delta log Z|``); a family that uses the divergence
