@@ -200,11 +200,13 @@ class SiteState(abc.ABC):
     (``gpinfer_ep.gfitc.FITCSites``), pep's power-EP sites
     (``gpinfer_pep.rank_one.RankOnePEPSites``), the vi-jj bound's expansion points
     (``gpinfer_jj.bound.XiSites``), laplace's mode (``gpinfer_laplace.sites.LaplaceSites``),
-    and through ``SiteApproximation`` ep and sep.
+    ivm's liquid set (``gpinfer_ivm.inference._LiquidSites``), and through
+    ``SiteApproximation`` ep and sep.
 
     ``update`` returns the change the schedule's convergence test reads (a family's own
-    measure: the largest site change, or ``|Delta log Z|``); a family that uses the divergence
-    policy (``gpinfer.training.inner.Restart``) also gives ``move`` and ``restart``.
+    measure: the largest site change, or ``|Delta log Z|``); ``snapshot`` and ``restore`` serve
+    the failure policy (``max_failures``) and ``SiteApproximation``; a family that uses the
+    divergence policy ``gpinfer.training.inner.Restart`` also gives ``move`` and ``restart``.
     """
 
     @abc.abstractmethod
@@ -212,13 +214,13 @@ class SiteState(abc.ABC):
         """One damped update of the sites (``damping`` in ``(0, 1]``, 1: none); returns the
         change it made (a float, or a 0-d array where the sites live)."""
 
-    @abc.abstractmethod
     def snapshot(self) -> object:
-        """An independent copy of the site state."""
+        """An independent copy of the site state (the failure policy's)."""
+        raise NotImplementedError(f"{type(self).__name__} has no snapshot (failure policy)")
 
-    @abc.abstractmethod
     def restore(self, snapshot: object) -> None:
         """Return to a state taken by ``snapshot``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restore (failure policy)")
 
     def move(self) -> float:
         """How far the last update moved the sites, as the divergence policy watches it."""
@@ -258,6 +260,14 @@ class SiteApproximation(SiteState):
     def objective(self, scale: float, iteration: int) -> ObjectiveValue:
         """The objective on the prepared batch (its data terms times ``scale = N / B``) and its
         matrix gradients, one ``MatrixGradients`` per latent."""
+
+    @abc.abstractmethod
+    def snapshot(self) -> object:
+        """An independent copy of the site state."""
+
+    @abc.abstractmethod
+    def restore(self, snapshot: object) -> None:
+        """Return to a state taken by ``snapshot``."""
 
     @abc.abstractmethod
     def posterior(self) -> Posterior:

@@ -29,7 +29,8 @@ the start of kl and mcmc-ais), tap's fixed point (``gpinfer_binary.tap.TAPSites`
 sites (``gpinfer_ep.gfitc.FITCSites``), pep's power-EP sites
 (``gpinfer_pep.rank_one.RankOnePEPSites``, with ``OscillationCut``), the vi-jj family's
 Stage 1 rounds (``gpinfer_jj.bound.XiSites``, ``n_upd`` of them), laplace's Newton steps to
-the mode (``gpinfer_laplace.sites.LaplaceSites``), and the full-batch
+the mode (``gpinfer_laplace.sites.LaplaceSites``), ivm's EP phase over its liquid set
+(``gpinfer_ivm.inference._LiquidSites``), and the full-batch
 ``outer`` schedule of ``gpinfer.training.loop.TrainingLoop`` (ep/sep: sweeps to ``outer_tol``
 between two hyper-parameter steps). See ``docs/design.md`` (the engine).
 """
