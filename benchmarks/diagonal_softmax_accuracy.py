@@ -1,9 +1,10 @@
-"""Accuracy and cost of ``numerics.diagonal_softmax`` over marginal variances (issue 27).
+"""Accuracy and cost of ``gpinfer_ivm.diagonal_softmax`` over marginal variances (issue 27).
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/diagonal_softmax_accuracy.py [--old]
 
 Accuracy: ``diagonal_softmax_tilted`` at the defaults against the independent reference of
-``tests/test_diagonal_softmax.py`` (Gauss-Legendre panels in the Gumbel variable), 3 points per
+``plugins/gpinfer-ivm/tests/test_ivm_diagonal_softmax.py`` (Gauss-Legendre panels in the Gumbel
+variable), 3 points per
 variance scale ``v`` and ``C`` in 2, 5, 20 (means uniform on [-50, 50], ``C = 20``: N(0, 25);
 variances within a factor 2 of ``v``): the largest error in ``log Z``, in the tilted means in
 standard deviations and in the variances relative, and both absolute. Cost: CPU seconds of a
@@ -18,15 +19,15 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
+from gpinfer_ivm import diagonal_softmax as ds
 from timing import best_of
-
-from gpinfer.numerics import diagonal_softmax as ds
 
 VARIANCES = (1e-4, 1e-2, 1.0, 2.0, 2.5, 5.0, 10.0, 50.0, 200.0, 1e3, 1e4)
 
 
 def _reference():
-    path = Path(__file__).resolve().parents[1] / "tests" / "test_diagonal_softmax.py"
+    path = (Path(__file__).resolve().parents[1] / "plugins" / "gpinfer-ivm" / "tests"
+            / "test_ivm_diagonal_softmax.py")
     spec = importlib.util.spec_from_file_location("_diag_tests", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -23,9 +23,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import gpinfer_ivm.baseline as baseline  # noqa: E402
 import gpinfer_ivm.method as method  # noqa: E402
 import numpy as np  # noqa: E402
+from gpinfer_ivm.diagonal_softmax import DiagonalTiltedCache  # noqa: E402
 
 from gpinfer.estimator import GPClassifier  # noqa: E402
-from gpinfer.numerics.diagonal_softmax import DiagonalTiltedCache  # noqa: E402
 from gpinfer.testing.default_battery import SKLEARN_SETS, sklearn_case  # noqa: E402
 
 

@@ -91,9 +91,8 @@ def rules(C: int = 10, n: int = 350, repeat: int = 3) -> None:
     default reduced GH-3 product against the Sobol rule) and ``ivm-baseline``'s scoring step
     (``n`` points, diagonal covariances: former default GH-3 product against the exact 1-D
     reduction), interleaved, with the worst error of the tilted means against a fine rule."""
+    from gpinfer_ivm.diagonal_softmax import diagonal_softmax_tilted
     from gpinfer_ivm.gaussian_cubature import softmax_tilted
-
-    from gpinfer.numerics.diagonal_softmax import diagonal_softmax_tilted
 
     rng = np.random.default_rng(0)
     h = rng.normal(size=(n, C))

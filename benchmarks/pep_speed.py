@@ -70,7 +70,7 @@ def classification(n_sweeps: int, alpha: float = 0.5) -> None:
         state["i"] += 1
         sites.set_geometry(InducingGeometry.from_kernel(kern, hp.Z[0], X, 1e-8), kern, hp.Z[0])
         for _ in range(n_sweeps):
-            sites.update(batch)
+            sites.sweep(batch)
         out = sites.energy(batch)
         parameter_gradient(hp, X[batch], out.gradients)
 

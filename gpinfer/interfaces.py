@@ -192,10 +192,49 @@ class Likelihood(abc.ABC):
 # --------------------------------------------------------------------------------------------
 
 
-class SiteApproximation(abc.ABC):
+class SiteState(abc.ABC):
+    """What the engine's inner site schedule (``gpinfer.training.inner.InnerSchedule``)
+    drives: the sites of one family at fixed hyper-parameters, their damped update and copies
+    of them. Implemented per site family: dense EP (``gpinfer.sites.ep.EPSites``), tap's
+    fixed point (``gpinfer_binary.tap.TAPSites``), gfitc's sites
+    (``gpinfer_ep.gfitc.FITCSites``), pep's power-EP sites
+    (``gpinfer_pep.rank_one.RankOnePEPSites``), the vi-jj bound's expansion points
+    (``gpinfer_jj.bound.XiSites``), laplace's mode (``gpinfer_laplace.sites.LaplaceSites``),
+    ivm's liquid set (``gpinfer_ivm.inference._LiquidSites``), and through
+    ``SiteApproximation`` ep and sep.
+
+    ``update`` returns the change the schedule's convergence test reads (a family's own
+    measure: the largest site change, or ``|Delta log Z|``); ``snapshot`` and ``restore`` serve
+    the failure policy (``max_failures``) and ``SiteApproximation``; a family that uses the
+    divergence policy ``gpinfer.training.inner.Restart`` also gives ``move`` and ``restart``.
+    """
+
+    @abc.abstractmethod
+    def update(self, damping: float, iteration: int) -> Scalar:
+        """One damped update of the sites (``damping`` in ``(0, 1]``, 1: none); returns the
+        change it made (a float, or a 0-d array where the sites live)."""
+
+    def snapshot(self) -> object:
+        """An independent copy of the site state (the failure policy's)."""
+        raise NotImplementedError(f"{type(self).__name__} has no snapshot (failure policy)")
+
+    def restore(self, snapshot: object) -> None:
+        """Return to a state taken by ``snapshot``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restore (failure policy)")
+
+    def move(self) -> float:
+        """How far the last update moved the sites, as the divergence policy watches it."""
+        raise NotImplementedError(f"{type(self).__name__} has no divergence measure (move)")
+
+    def restart(self) -> None:
+        """Back to the initial sites (the divergence policy's restart)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restart")
+
+
+class SiteApproximation(SiteState):
     """What the core training loop (``gpinfer.training.loop.TrainingLoop``) drives: the sites of
-    an approximate posterior, their local update, the objective they define and its matrix
-    gradients.
+    an approximate posterior (a ``SiteState``), their local update on a batch, the objective
+    they define and its matrix gradients.
 
     Per step the loop calls ``prepare(batch)`` once (what depends on the hyper-parameters at the
     batch's inputs: kernel matrices, factors), then ``update`` one or more times (damped

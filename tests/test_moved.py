@@ -22,6 +22,8 @@ STUBS = {
     "gpinfer.sites.newton": ("gpinfer_binary.newton", "newton_maximize"),
     "gpinfer.numerics.gaussian_cubature": ("gpinfer_ivm.gaussian_cubature", "softmax_tilted"),
     "gpinfer.numerics.cholupdate": ("gpinfer_ivm.cholupdate", "chollrup"),
+    "gpinfer.numerics.diagonal_softmax": ("gpinfer_ivm.diagonal_softmax",
+                                          "diagonal_softmax_tilted"),
 }
 
 

@@ -74,6 +74,17 @@ def binary_labels(problem: Problem, method: str) -> Array:
     return check_binary_labels(problem.y, problem.n_classes, method)
 
 
+def check_full_binary(problem: Problem, method: str) -> Array:
+    """The 0/1 labels ``[N]`` of a full-GP binary problem: binary labels (``binary_labels``),
+    no mini-batches, no inducing points (an ``InputError`` naming ``method`` otherwise)."""
+    y = binary_labels(problem, method)
+    if problem.batch_size is not None:
+        raise InputError(f"{method} does not support mini-batches (batch_size must be None)")
+    if problem.inducing is not None:
+        raise InputError(f"{method} uses no inducing points (inducing / M must be None)")
+    return y
+
+
 class DenseBinaryMethod(Method):
     """Base of the dense binary methods; subclasses set ``name`` and implement ``solve``."""
 
@@ -94,13 +105,8 @@ class DenseBinaryMethod(Method):
         """Run the inner solver for prior ``K [N, N]`` and labels ``y [N]`` (0/1)."""
 
     def check_problem(self, problem: Problem) -> Array:
-        """Validate the problem; return the 0/1 labels."""
-        y = binary_labels(problem, self.name)
-        if problem.batch_size is not None:
-            raise InputError(f"{self.name} does not support mini-batches (batch_size must be None)")
-        if problem.inducing is not None:
-            raise InputError(f"{self.name} uses no inducing points (inducing / M must be None)")
-        return y
+        """Validate the problem; return the 0/1 labels ``[N]``."""
+        return check_full_binary(problem, self.name)
 
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
         reporter = IterationReporter(callback, self.name)

@@ -4,7 +4,11 @@ Sites ``t_i(f_i) ∝ exp(-1/2 tau_i f_i^2 + nu_i f_i)`` are stored as natural pa
 (``tau >= 0``); the posterior is ``Sigma = (K^-1 + Dg(tau))^-1``, ``mu = Sigma nu``. One
 ``update()`` is a sweep: ``"sequential"`` (rank-one update of ``Sigma`` after each site, the
 paper's EP) or ``"parallel"`` (all sites from the same cavities, then one refactorisation). After
-every sweep ``Sigma`` is recomputed from scratch through the B-trick.
+every sweep ``Sigma`` is recomputed from scratch through the B-trick. ``run`` sweeps on the
+engine's inner site schedule (``gpinfer.training.inner.InnerSchedule``: ``|Delta log Z_EP| <=
+tol`` after at least two sweeps, ``max_sweeps``, and the divergence policy ``Restart``: after
+``DIVERGENCE_SWEEPS`` sweeps of growing ``max|Delta tau|`` the sites restart from zero with
+damping 0.5).
 
 Used by the ``ep-dense`` and ``tap`` plugins (evidence of a TAP fixed point), by the KL plugin
 (initialisation) and by ``mcmc-ais`` (the Gaussian the annealing path starts from).
@@ -12,18 +16,19 @@ Used by the ``ep-dense`` and ``tap`` plugins (evidence of a TAP fixed point), by
 
 from __future__ import annotations
 
-import warnings
+from typing import cast
 
 import numpy as np
 from scipy.linalg.blas import dger as blas_ger
 
 from gpinfer.errors import InputError, NumericalError
-from gpinfer.interfaces import Array, Likelihood
+from gpinfer.interfaces import Array, Likelihood, SiteState
 from gpinfer.kernels.base import Kernel
 from gpinfer.likelihoods.bernoulli import as_bernoulli
 from gpinfer.posterior import DenseSitePosterior
 from gpinfer.sites.dense import DiagonalSiteAlgebra
 from gpinfer.sites.jensen import gaussian_site_gradient
+from gpinfer.training.inner import InnerSchedule, Restart
 
 #: sweeps of growing ``max|Delta tau|`` after which EP restarts with damping 0.5
 DIVERGENCE_SWEEPS = 5
@@ -50,7 +55,7 @@ def ep_log_evidence(likelihood: Likelihood, y: Array, algebra: DiagonalSiteAlgeb
                  + 0.5 * np.sum(np.log1p(tau / tau_c)) + 0.5 * nu @ mu + np.sum(last))
 
 
-class EPSites:
+class EPSites(SiteState):
     """EP site parameters ``tau, nu [N]`` for prior ``K [N, N]`` and labels ``y [N]`` (0/1).
 
     * ``tol``: stop when ``|Delta log Z_EP| <= tol`` (after at least two sweeps);
@@ -84,8 +89,7 @@ class EPSites:
         self.log_z = -np.inf
         self.last_change = np.inf
         self._converged = False
-        self._grow = 0
-        self._last_dtau = np.inf
+        self._dtau = np.inf  # max|Delta tau| of the last sweep (the divergence measure)
         self._refresh()
 
     # -- state -------------------------------------------------------------------------------
@@ -99,9 +103,28 @@ class EPSites:
     def converged(self) -> bool:
         return self._converged
 
-    def _site_update(self, y: Array, tau: Array, nu: Array, var: Array, mean: Array
-                     ) -> tuple[Array, Array, Array]:
-        """New ``(tau, nu)`` for sites with posterior marginals ``(mean, var)``; skip mask."""
+    def snapshot(self) -> tuple[Array, Array]:
+        return self.tau.copy(), self.nu.copy()
+
+    def restore(self, snapshot: object) -> None:
+        tau, nu = cast(tuple[Array, Array], snapshot)
+        self.tau, self.nu = tau.copy(), nu.copy()
+        self._refresh()
+
+    def move(self) -> float:
+        """``max|Delta tau|`` of the last sweep."""
+        return float(self._dtau)
+
+    def restart(self) -> None:
+        """Zero sites (``Sigma = K``)."""
+        self.tau[:] = 0.0
+        self.nu[:] = 0.0
+        self._refresh()
+
+    def _site_update(self, y: Array, tau: Array, nu: Array, var: Array, mean: Array,
+                     d: float) -> tuple[Array, Array, Array]:
+        """New ``(tau, nu)`` for sites with posterior marginals ``(mean, var)``, damped by
+        ``d``; skip mask."""
         tau_c = 1.0 / var - tau
         ok = tau_c > 0
         tau_c = np.where(ok, tau_c, 1.0)
@@ -111,19 +134,18 @@ class EPSites:
         denom = 1.0 + d2 * s2_c
         tau_new = np.maximum(0.0, -d2 / denom)
         nu_new = (mom.dlogz_dmean - m_c * d2) / denom
-        d = self.damping
         tau_new = np.where(ok, (1 - d) * tau + d * tau_new, tau)
         nu_new = np.where(ok, (1 - d) * nu + d * nu_new, nu)
         return tau_new, nu_new, ~ok
 
-    def update(self, batch: Array | None = None) -> float:
-        """One EP sweep; returns ``|Delta log Z_EP|``."""
-        if batch is not None:
-            raise InputError("dense EP has no mini-batch mode (batch must be None)")
+    def update(self, damping: float | None = None, iteration: int = 0) -> float:
+        """One EP sweep damped by ``damping`` (None: the sites' ``damping``); returns
+        ``|Delta log Z_EP|``."""
+        d = self.damping if damping is None else float(damping)
         tau_old = self.tau.copy()
         if self.schedule == "parallel":
             v = self.algebra.posterior_var_diag()
-            self.tau, self.nu, skip = self._site_update(self.y, self.tau, self.nu, v, self.mu)
+            self.tau, self.nu, skip = self._site_update(self.y, self.tau, self.nu, v, self.mu, d)
             self.n_skipped += int(np.sum(skip))
         else:
             Sigma = self.algebra.posterior_cov()
@@ -131,7 +153,7 @@ class EPSites:
             for i in range(self.n):
                 sl = slice(i, i + 1)
                 t_new, n_new, skip = self._site_update(
-                    self.y[sl], self.tau[sl], self.nu[sl], Sigma[i, i:i + 1], mu[sl])
+                    self.y[sl], self.tau[sl], self.nu[sl], Sigma[i, i:i + 1], mu[sl], d)
                 if skip[0]:
                     self.n_skipped += 1
                     continue
@@ -151,30 +173,25 @@ class EPSites:
                                  quantity="log Z_EP")
         self.last_change = abs(new - self.log_z)
         self.log_z = new
-        self._converged = self.n_sweeps >= 2 and self.last_change <= self.tol
-        self._watch_divergence(float(np.max(np.abs(self.tau - tau_old), initial=0.0)))
+        self._dtau = float(np.max(np.abs(self.tau - tau_old), initial=0.0))
         return self.last_change
 
-    def _watch_divergence(self, dtau: float) -> None:
-        """Restart with damping 0.5 after ``DIVERGENCE_SWEEPS`` sweeps of growing changes."""
-        self._grow = self._grow + 1 if dtau > self._last_dtau else 0
-        self._last_dtau = dtau
-        if self._grow >= DIVERGENCE_SWEEPS and self.damping > 0.5:
-            warnings.warn(f"EP: site changes grew for {DIVERGENCE_SWEEPS} sweeps; restarting "
-                          "with damping 0.5", RuntimeWarning, stacklevel=3)
-            self.damping, self.restarted, self._grow = 0.5, True, 0
-            self.tau[:] = 0.0
-            self.nu[:] = 0.0
-            self._refresh()
+    def schedule_for(self, max_sweeps: int) -> InnerSchedule:
+        """The inner site schedule of these sites (see the module doc)."""
+        return InnerSchedule(tol=self.tol, max_updates=max_sweeps, damping=self.damping,
+                             min_updates=2, policy=Restart(DIVERGENCE_SWEEPS, 0.5))
 
     def run(self, max_sweeps: int | None = None) -> int:
-        """Sweeps until converged or ``max_sweeps`` (default ``self.max_sweeps``)."""
+        """Sweeps until converged or ``max_sweeps`` (default ``self.max_sweeps``) on the inner
+        site schedule; returns the sweeps done."""
+        if self._converged:
+            return 0
         limit = self.max_sweeps if max_sweeps is None else int(max_sweeps)
-        done = 0
-        while not self._converged and done < limit:
-            self.update()
-            done += 1
-        return done
+        done = self.schedule_for(limit).run(self, done=self.n_sweeps, owner="EP")
+        self._converged = done.converged
+        self.damping = done.damping
+        self.restarted = self.restarted or done.restarted
+        return done.updates
 
     def log_evidence(self) -> float:
         return self.log_z if self.n_sweeps else ep_log_evidence(self.likelihood, self.y,

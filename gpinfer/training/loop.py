@@ -8,7 +8,8 @@ objective they define with its matrix gradients, snapshots, the posterior) and t
 * **schedules** (``Schedule``): ``inner`` (full batch: one damped parallel site sweep, then one
   sign-adaptive ascent step on the hyper-parameters; the damping decays by ``damping_decay``
   per iteration), ``outer`` (full batch: sweeps until the largest site change is below
-  ``outer_tol``, then one step) and mini-batch (``problem.batch_size``: an iteration is one
+  ``outer_tol``, on the engine's inner site schedule ``gpinfer.training.inner.InnerSchedule``,
+  then one step) and mini-batch (``problem.batch_size``: an iteration is one
   epoch; for every batch its sites are refined without damping, then one Adam step on the
   ``N / |batch|``-scaled gradient);
 * **failure policy**: a ``NumericalError`` in a step restores the last good state (sites and
@@ -71,6 +72,7 @@ from gpinfer.optim.adam import Adam
 from gpinfer.optim.sign_adaptive import SignAdaptiveAscent
 from gpinfer.posterior import Posterior
 from gpinfer.reporting import IterationReporter
+from gpinfer.training.inner import InnerSchedule
 from gpinfer.training.minibatch import BatchSteps, MiniBatchSchedule, Payload, Read
 
 #: the full-batch schedules (mini-batch training is chosen by ``Problem.batch_size``)
@@ -257,14 +259,13 @@ class TrainingLoop:
                        ) -> tuple[Scalar, Array, Scalar]:
         it = self.iteration
         self.sites.prepare(batch, it)
-        change = self.sites.update(rho, it)
         if self.problem.batch_size is None and self.schedule.kind == "outer":
             assert checks is not None  # full batch: inside ``_read_step``'s context
-            for _ in range(int(self.schedule.outer_max_sweeps)):
-                change = checks.flush(change)[0]
-                if change < self.schedule.outer_tol:
-                    break
-                change = self.sites.update(rho, it)
+            flush = checks.flush
+            change: Scalar = self._sweeps(rho).run(self.sites, iteration=it,
+                                                   read=lambda c: flush(c)[0]).change
+        else:
+            change = self.sites.update(rho, it)
         scale = self.X.shape[0] / batch.shape[0]
         out = self.sites.objective(scale, it)
         X_batch = self.sites.batch_inputs()
@@ -274,6 +275,13 @@ class TrainingLoop:
             "non-finite objective or gradient", iteration=it, quantity="objective"),
             out.value, grad)
         return out.value, grad, change
+
+    def _sweeps(self, rho: float) -> InnerSchedule:
+        """The ``outer`` schedule's sweeps at damping ``rho``: until the largest site change is
+        below ``outer_tol``, at most ``outer_max_sweeps + 1`` (the engine's inner site
+        schedule; a failure ends the step, and the loop's failure policy takes it)."""
+        return InnerSchedule(tol=float(self.schedule.outer_tol), strict=True, damping=rho,
+                             max_updates=int(self.schedule.outer_max_sweeps) + 1)
 
     # -- failure policy and divergence -------------------------------------------------------
     def _fail(self, err: NumericalError, good: tuple[object, Array],

@@ -10,8 +10,12 @@ import pytest
 
 import gpinfer
 from gpinfer.errors import InputError
+from gpinfer.hyper import HyperParameters
+from gpinfer.interfaces import MatrixGradients, ObjectiveValue, Problem, SiteApproximation
+from gpinfer.kernels import RBF
+from gpinfer.likelihoods.bernoulli import BernoulliProbit
 from gpinfer.testing.datasets import ring_classes
-from gpinfer.training.loop import Schedule
+from gpinfer.training.loop import Schedule, TrainingLoop
 
 #: (method, estimator arguments, binary?) for every iterative method family
 ITERATIVE = [
@@ -96,3 +100,47 @@ def test_checked_inputs_skips_the_value_scan_only_inside_the_context():
             RBF().K(np.zeros(3))  # shapes are still checked
     with pytest.raises(InputError, match="NaN"):
         RBF().K(bad)
+
+
+class _HalvingSites(SiteApproximation):
+    """Sites whose ``k``-th update changes them by ``2^-k``; a zero objective."""
+
+    def __init__(self):
+        self.updates, self.dampings = 0, []
+
+    def prepare(self, batch, iteration):
+        pass
+
+    def update(self, damping, iteration):
+        self.updates += 1
+        self.dampings.append(damping)
+        return 0.5**self.updates
+
+    def objective(self, scale, iteration):
+        return ObjectiveValue(0.0, MatrixGradients())
+
+    def snapshot(self):
+        return self.updates
+
+    def restore(self, snapshot):
+        self.updates = snapshot
+
+    def posterior(self):
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize(("max_sweeps", "first", "second"), [(100, 7, 1), (3, 4, 3)])
+def test_the_outer_schedule_sweeps_below_outer_tol_or_to_its_cap(max_sweeps, first, second):
+    """``outer``: sweeps at the iteration's damping until the change is below ``outer_tol``
+    (2^-7 < 0.01), at most ``outer_max_sweeps + 1`` per iteration."""
+    X, y = _data(True, n=10)
+    problem = Problem(X=X, y=y, n_classes=2, kernel=RBF(), likelihood=BernoulliProbit(),
+                      optimize=False, max_iter=2)
+    sites = _HalvingSites()
+    schedule = Schedule(kind="outer", damping=0.5, damping_decay=0.9, outer_tol=0.01,
+                        outer_max_sweeps=max_sweeps)
+    loop = TrainingLoop("halving", problem, sites, HyperParameters(problem.kernel, optimize=False),
+                        X, schedule)
+    loop.run()
+    assert sites.dampings == [0.5] * first + [0.45] * second
+    assert loop.history[-1]["site_change"] == 0.5 ** (first + second)

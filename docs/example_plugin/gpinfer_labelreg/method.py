@@ -3,12 +3,14 @@
 The posterior is ``q(f) = N(K alpha, (K^-1 + I/noise)^-1)`` with ``alpha = (K + noise I)^-1 t``;
 the objective is the regression evidence ``log N(t | 0, K + noise I)``; predictions go through
 the likelihood (probit by default). A deliberately small method that shows the whole plugin
-contract and reuses the core: the B-matrix algebra, hyper-parameter packing and L-BFGS-B.
+contract and reuses the core: the B-matrix algebra, hyper-parameter packing, L-BFGS-B on the
+engine's outer optimiser schedule and its reporter (training-time clock, history, stop
+requests, per-iteration posteriors).
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
@@ -18,7 +20,6 @@ from gpinfer.interfaces import (
     Array,
     FitCallback,
     FitResult,
-    IterationInfo,
     MatrixGradients,
     Method,
     Problem,
@@ -26,6 +27,8 @@ from gpinfer.interfaces import (
 from gpinfer.kernels.base import Kernel
 from gpinfer.optim import make_optimizer
 from gpinfer.options import Option, real
+from gpinfer.posterior import Posterior
+from gpinfer.reporting import IterationReporter
 from gpinfer.sites import DiagonalSiteAlgebra
 from gpinfer.training.outer import OuterSchedule
 
@@ -61,35 +64,43 @@ class LabelRegression(Method):
     }
 
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
-        start = time.perf_counter()
+        reporter = IterationReporter(callback, self.name)  # the engine's clock and history
         X, t = problem.X, 2.0 * problem.y - 1.0  # class indices 0/1 -> labels -1/+1
         noise = float(self.options["noise"])
         kernel = problem.kernel.copy()
         hp = HyperParameters(kernel, optimize=problem.optimize)
-        history: list[dict[str, float]] = []
 
         def evidence(theta: Array) -> tuple[float, Array]:
             hp.unpack(theta)
             value, grads, _, _ = label_regression_evidence(kernel, X, t, noise)
             return value, hp.gradient(X, grads)
 
+        def posterior_at(theta: Array) -> Callable[[], Posterior]:
+            """The posterior as it is at ``theta [P]`` (built only when asked, even after
+            training: the fit guard may restore a best iterate)."""
+
+            def build() -> Posterior:
+                with hp.installed(theta):
+                    _, _, algebra, alpha = label_regression_evidence(kernel, X, t, noise)
+                    return algebra.posterior(problem.likelihood, kernel.copy(), X, alpha)
+
+            return build
+
         def report(iteration: int, theta: Array, value: float) -> bool:
-            history.append({"objective": value, "elapsed": time.perf_counter() - start})
-            if callback is not None:
-                callback(IterationInfo(iteration, value, history[-1]["elapsed"]))
-            return False
+            # True when the callback asked to stop (early stopping): the schedule then ends
+            return reporter.report(iteration, value, posterior_at(theta.copy()))
 
         if hp.size:  # the core's outer schedule leaves the kernel at the returned point
-            schedule = OuterSchedule(self.name, report)
+            schedule = OuterSchedule(self.name, report, history=reporter.history)
             schedule.run(make_optimizer("lbfgs"), evidence, hp.pack(), problem.max_iter)
         value, _, algebra, alpha = label_regression_evidence(kernel, X, t, noise)
-        if not history:
+        if not reporter.history:
             report(1, hp.pack(), value)
         return FitResult(
             posterior=algebra.posterior(problem.likelihood, kernel, X, alpha),
             log_evidence=value,
             kernel=kernel,
-            n_iter=len(history),
-            history=history,
+            n_iter=len(reporter.history),
+            history=reporter.history,
             state={"alpha": alpha},
         )

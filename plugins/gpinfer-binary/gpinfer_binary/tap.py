@@ -2,29 +2,31 @@
 
 Cavities ``s2_i = 1/(1/V_ii - w_i)``, ``mu_i = [K alpha]_i - s2_i alpha_i``; fixed point
 ``alpha_i = d1(y_i, mu_i, s2_i)`` and ``w_i = -d2/(1 + s2_i d2)`` (the general relation, P5).
-Outer loop: ``V`` by the B-trick, ``s2`` fixed; inner loop: Newton on ``F(alpha) = d1(mu(alpha))
-- alpha`` (Jacobian ``Dg(d2)(K - Dg(s2)) - I``, step halving on ``||F||``; a vectorised
-replacement for the spec's Gauss-Seidel sweep, same fixed point); then ``w``. Stops at
-``max|Delta w| <= tol``. The TAP fixed point is the EP fixed point, so the evidence is
-``log Z_EP`` of the sites ``tau = w``, ``nu = alpha + w m`` and ``G = 1/2(aa^T - R)``.
-TAPnaive (``naive: true``) fixes ``s2_i = K_ii``; it has no evidence: ``J(q)`` is reported and
-there is no gradient (grid search or fixed hyper-parameters only).
+Outer loop (``TAPSites.update``, on the engine's inner site schedule
+``gpinfer.training.inner.InnerSchedule``): ``V`` by the B-trick, ``s2`` fixed; inner loop:
+Newton on ``F(alpha) = d1(mu(alpha)) - alpha`` (Jacobian ``Dg(d2)(K - Dg(s2)) - I``, step
+halving on ``||F||``; a vectorised replacement for the spec's Gauss-Seidel sweep, same fixed
+point); then ``w``. Stops at ``max|Delta w| <= tol``. The TAP fixed point is the EP fixed
+point, so the evidence is ``log Z_EP`` of the sites ``tau = w``, ``nu = alpha + w m`` and
+``G = 1/2(aa^T - R)``. TAPnaive (``naive: true``) fixes ``s2_i = K_ii``; it has no evidence:
+``J(q)`` is reported and there is no gradient (grid search or fixed hyper-parameters only).
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
 from gpinfer.errors import NumericalError
-from gpinfer.interfaces import Array, Likelihood
+from gpinfer.interfaces import Array, Likelihood, SiteState
 from gpinfer.likelihoods.bernoulli import Bernoulli, as_bernoulli
 from gpinfer.options import Option, flag, integer, real
 from gpinfer.sites.dense import DiagonalSiteAlgebra
 from gpinfer.sites.driver import DenseBinaryMethod, DenseSolution
 from gpinfer.sites.ep import ep_log_evidence
 from gpinfer.sites.jensen import gaussian_site_gradient, jensen_bound
+from gpinfer.training.inner import InnerSchedule
 
 
 def solve_alpha(K: Array, y: Array, likelihood: Bernoulli, s2: Array, alpha: Array,
@@ -57,6 +59,45 @@ def solve_alpha(K: Array, y: Array, likelihood: Bernoulli, s2: Array, alpha: Arr
     return alpha, mu, d2
 
 
+class TAPSites(SiteState):
+    """TAP's outer fixed point for prior ``K [N, N]`` and labels ``y [N]`` (0/1): the sites
+    ``alpha, w [N]``; one ``update`` recomputes the cavity variances ``s2`` (TAPnaive:
+    ``K_ii``), solves for ``alpha`` at them (inner Newton to ``0.1 tol``) and sets ``w``,
+    returning ``max|Delta w|``. TAP takes full steps: a ``damping`` below 1 mixes the new
+    ``w`` with the old (the methods use 1)."""
+
+    def __init__(self, K: Array, y: Array, likelihood: Bernoulli, tol: float, naive: bool,
+                 alpha: Array, w: Array):
+        self.K, self.y, self.likelihood = K, y, likelihood
+        self.tol, self.naive = float(tol), bool(naive)
+        self.alpha, self.w = alpha, w
+
+    def update(self, damping: float, iteration: int) -> float:
+        K, w = self.K, self.w
+        if self.naive:
+            s2 = np.diag(K).copy()
+        else:
+            v = DiagonalSiteAlgebra.from_kernel_matrix(K, w).posterior_var_diag()
+            # a cavity variance lies in (0, K_ii] (the sites w >= 0 only remove variance);
+            # 1/v - w cancels when w is large, so its round-off is floored at 1/K_ii
+            s2 = 1.0 / np.maximum(1.0 / v - w, 1.0 / np.diag(K))
+        self.alpha, _, d2 = solve_alpha(K, self.y, self.likelihood, s2, self.alpha,
+                                        0.1 * self.tol)
+        w_new = np.maximum(-d2 / (1.0 + s2 * d2), 0.0)
+        if damping < 1.0:
+            w_new = (1.0 - damping) * w + damping * w_new
+        change = float(np.max(np.abs(w_new - w)))
+        self.w = w_new
+        return change
+
+    def snapshot(self) -> tuple[Array, Array]:
+        return self.alpha.copy(), self.w.copy()
+
+    def restore(self, snapshot: object) -> None:
+        alpha, w = cast(tuple[Array, Array], snapshot)
+        self.alpha, self.w = alpha.copy(), w.copy()
+
+
 class TAPMethod(DenseBinaryMethod):
     """ADATAP (evidence ``log Z_EP`` at its fixed point) or TAPnaive (``J(q)``, no gradient).
 
@@ -74,25 +115,15 @@ class TAPMethod(DenseBinaryMethod):
 
     def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any) -> DenseSolution:
         n, tol = y.shape[0], float(self.options["tol"])
-        alpha, w = (np.zeros(n), np.zeros(n)) if warm is None else warm
+        alpha0, w0 = (np.zeros(n), np.zeros(n)) if warm is None else warm
         naive = bool(self.options["naive"])
-        converged, n_outer = False, 0
-        for n_outer in range(1, int(self.options["max_outer"]) + 1):  # noqa: B007
-            if naive:
-                s2 = np.diag(K).copy()
-            else:
-                v = DiagonalSiteAlgebra.from_kernel_matrix(K, w).posterior_var_diag()
-                # a cavity variance lies in (0, K_ii] (the sites w >= 0 only remove variance);
-                # 1/v - w cancels when w is large, so its round-off is floored at 1/K_ii
-                s2 = 1.0 / np.maximum(1.0 / v - w, 1.0 / np.diag(K))
-            alpha, _, d2 = solve_alpha(K, y, as_bernoulli(likelihood, self.name), s2, alpha,
-                                       0.1 * tol)
-            w_new = np.maximum(-d2 / (1.0 + s2 * d2), 0.0)
-            change = float(np.max(np.abs(w_new - w)))
-            w = w_new
-            if naive or change <= tol:
-                converged = True
-                break
+        sites = TAPSites(K, y, as_bernoulli(likelihood, self.name), tol, naive, alpha0, w0)
+        # TAPnaive's s2 = K_ii does not move: one update is its fixed point
+        schedule = InnerSchedule(tol=tol, max_updates=1 if naive else int(
+            self.options["max_outer"]))
+        run = schedule.run(sites)
+        converged, n_outer = naive or run.converged, run.updates
+        alpha, w = sites.alpha, sites.w
         alg = DiagonalSiteAlgebra.from_kernel_matrix(K, w)
         jensen = jensen_bound(likelihood, y, alg, alpha)
         if naive:

@@ -21,7 +21,7 @@ from gpinfer_binary.lr import (
     label_regression,
     lr_gradients,
 )
-from gpinfer_binary.tap import TAPMethod
+from gpinfer_binary.tap import TAPMethod, TAPSites
 from gpinfer_binary.vb import VBMethod, VBObjective
 from scipy.integrate import quad
 from scipy.stats import norm
@@ -36,6 +36,7 @@ from gpinfer.likelihoods.bernoulli import BernoulliLogit, BernoulliProbit
 from gpinfer.sites.ep import EPSites
 from gpinfer.testing import MethodTestSuite, assert_gradient_close
 from gpinfer.testing.gradcheck import numerical_gradient
+from gpinfer.training.inner import InnerSchedule
 
 PROBIT = BernoulliProbit()
 
@@ -312,6 +313,26 @@ def test_tap_naive_differs_and_has_no_gradient():
     problem = Problem(X=X, y=y, n_classes=2, kernel=se(0.0, 2.0), likelihood=PROBIT)
     with pytest.raises(InputError, match="no evidence gradient"):
         TAPMethod(naive=True).fit(problem)
+
+
+def test_tap_sites_on_the_inner_schedule():
+    """The solve's count and fixed point are the schedule's; a damped update mixes ``w``, and
+    damped updates reach the same fixed point."""
+    X, y = n10_data()
+    K = se(0.0, 2.0).K(X)
+    full = TAPMethod(tol=1e-10).solve(K, y, PROBIT, None)
+    sites = TAPSites(K, y, PROBIT, 1e-10, False, np.zeros(10), np.zeros(10))
+    run = InnerSchedule(tol=1e-10, max_updates=200).run(sites)
+    assert run.converged and run.updates == full.n_inner
+    np.testing.assert_array_equal(sites.w, full.state["w"])
+    first = TAPSites(K, y, PROBIT, 1e-10, False, np.zeros(10), np.zeros(10))
+    first.update(1.0, 0)
+    half = TAPSites(K, y, PROBIT, 1e-10, False, np.zeros(10), np.zeros(10))
+    assert half.update(0.5, 0) == pytest.approx(0.5 * np.max(first.w))
+    np.testing.assert_allclose(half.w, 0.5 * first.w, rtol=1e-15)
+    damped = InnerSchedule(tol=1e-10, max_updates=500, damping=0.5).run(half)
+    assert damped.converged and damped.updates > run.updates
+    np.testing.assert_allclose(half.w, full.state["w"], rtol=1e-7, atol=1e-9)
 
 
 def test_grid_optimizer_and_bad_input():

@@ -15,14 +15,22 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.hyper import HyperParameters
 from gpinfer.inducing import INDUCING_INITS
-from gpinfer.interfaces import Array, FitCallback, FitResult, MatrixGradients, Method, Problem
+from gpinfer.interfaces import (
+    Array,
+    FitCallback,
+    FitResult,
+    MatrixGradients,
+    Method,
+    Problem,
+    SiteState,
+)
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.initialisation import LENGTHSCALE_INITS
 from gpinfer.numerics.cholesky import tri_solve
@@ -42,15 +50,19 @@ from gpinfer.sites.inducing import (
     remove_site,
     role_delta,
 )
+from gpinfer.training.inner import InnerSchedule
 from gpinfer.training.outer import OuterSchedule
 from gpinfer_ep.model import all_terms, check_likelihood, class_kernels, initial_inducing
 
 #: GFITC's initial site precision (spec §2.11)
 INITIAL_TAU = 1e-2
+#: failed sweeps (restored, damping halved) one EP run survives (spec §3.1)
+MAX_SWEEP_FAILURES = 20
 
 
-class FITCSites:
-    """Role sites on the latent marginals of every class (``[N, C]`` each, spec §3.1)."""
+class FITCSites(SiteState):
+    """Role sites on the latent marginals of every class (``[N, C]`` each, spec §3.1); a
+    ``SiteState`` whose ``update`` is one damped sweep with the ``terms`` of the last ``run``."""
 
     def __init__(self, y: Array, C: int):
         N = y.shape[0]
@@ -61,12 +73,13 @@ class FITCSites:
         self.W2 = np.zeros((N, C))
         self.L2 = np.zeros((N, C))
         self.failures = 0  # failed sweeps (restored, damping halved), reported as a metric
+        self.terms: Sequence[ClassTerms] = ()  # the class terms the sweeps use (``run``)
 
     def snapshot(self) -> tuple[Array, ...]:
         return tuple(a.copy() for a in (self.W1, self.W2, self.L1, self.L2))
 
-    def restore(self, snap: tuple[Array, ...]) -> None:
-        self.W1, self.W2, self.L1, self.L2 = (a.copy() for a in snap)
+    def restore(self, snap: object) -> None:
+        self.W1, self.W2, self.L1, self.L2 = (a.copy() for a in cast(tuple[Array, ...], snap))
 
     def tau_nu(self) -> tuple[Array, Array]:
         return (aggregate(self.W1, self.L1, self.mask),
@@ -104,27 +117,21 @@ class FITCSites:
         self.W1, self.W2, self.L1, self.L2 = new
         return change
 
+    def update(self, damping: float, iteration: int) -> float:
+        """One damped sweep with the ``terms`` of the current ``run``."""
+        return self.sweep(self.terms, damping)
+
     def run(self, terms: Sequence[ClassTerms], tol: float, max_sweeps: int,
             rho0: float = 0.5, decay: float = 0.99) -> int:
-        """EP to convergence; failure restores, halves the damping and retries (spec §3.1)."""
-        rho, sweeps, failures = rho0, 0, 0
-        while sweeps < max_sweeps:
-            snap = self.snapshot()
-            try:
-                change = self.sweep(terms, rho)
-            except NumericalError:
-                failures += 1
-                self.failures += 1
-                if failures > 20:
-                    raise
-                self.restore(snap)
-                rho *= 0.5
-                continue
-            sweeps += 1
-            rho *= decay
-            if change < tol:
-                break
-        return sweeps
+        """EP to convergence (largest site change ``< tol``) on the engine's inner site
+        schedule, damping ``rho0`` decaying by ``decay`` per sweep; a failed sweep is restored
+        and retried at half the damping, up to ``MAX_SWEEP_FAILURES`` (spec §3.1). Returns the
+        sweeps done."""
+        self.terms = terms
+        run = InnerSchedule(tol=tol, max_updates=max_sweeps, damping=rho0, decay=decay,
+                            strict=True, max_failures=MAX_SWEEP_FAILURES).run(self)
+        self.failures += run.failures
+        return run.updates
 
     def evidence(self, terms: Sequence[ClassTerms]) -> tuple[float, list[MatrixGradients]]:
         """``log Z^GFITC`` and its gradient at convergence (sites fixed), spec §3.1."""

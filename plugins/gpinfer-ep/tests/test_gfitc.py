@@ -154,3 +154,37 @@ class TestGFITCSuite(InducingSuite):
             return hp.gradient(X, sites.evidence(all_terms(kernels, hp.Z, X))[1])
 
         return value, gradient, hp.pack()
+
+
+def test_a_failed_sweep_is_restored_and_retried_at_half_the_damping(monkeypatch):
+    """The inner schedule's failure policy (spec §3.1): the state from before the failed sweep,
+    the damping halved, the failure counted; past ``MAX_SWEEP_FAILURES`` the error."""
+    X, y, kernels, Zs = problem(seed=22)
+    terms = all_terms(kernels, Zs, X)
+    sites, calls = FITCSites(y, 3), []
+    sweep = FITCSites.sweep
+
+    def flaky(self, terms, rho):
+        calls.append(rho)
+        if len(calls) == 2:
+            self.W1 = self.W1 + 1.0  # moved, then failed: the restore must undo it
+            raise NumericalError("scripted", quantity="sites")
+        return sweep(self, terms, rho)
+
+    monkeypatch.setattr(FITCSites, "sweep", flaky)
+    done = sites.run(terms, tol=0.0, max_sweeps=3)
+    monkeypatch.setattr(FITCSites, "sweep", sweep)
+    clean = FITCSites(y, 3)
+    clean.sweep(terms, 0.5)
+    clean.sweep(terms, 0.5 * 0.99 * 0.5)
+    clean.sweep(terms, 0.5 * 0.99 * 0.5 * 0.99)
+    assert (done, sites.failures) == (3, 1)
+    assert calls == pytest.approx([0.5, 0.5 * 0.99, 0.5 * 0.99 * 0.5, 0.5 * 0.99**2 * 0.5])
+    np.testing.assert_allclose(sites.W1, clean.W1, rtol=1e-12, atol=1e-14)
+
+    def broken(self, terms, rho):
+        raise NumericalError("scripted", quantity="sites")
+
+    monkeypatch.setattr(FITCSites, "sweep", broken)
+    with pytest.raises(NumericalError, match="scripted"):
+        FITCSites(y, 3).run(terms, tol=0.0, max_sweeps=3)

@@ -22,14 +22,14 @@ from scipy.linalg import solve_triangular
 
 from gpinfer.errors import InputError
 from gpinfer.kernels.base import Kernel
-from gpinfer.numerics.diagonal_softmax import DiagonalTiltedCache
 from gpinfer_ivm.criterion import FrozenSites
+from gpinfer_ivm.diagonal_softmax import DiagonalTiltedCache
 from gpinfer_ivm.gaussian_cubature import AUTO_PRODUCT_NODES, RULES, softmax_tilted
 
 Array = np.ndarray
 
 #: the baseline's quadrature rules: ``gaussian_cubature``'s and ``diagonal`` (the exact 1-D
-#: reduction of ``numerics.diagonal_softmax``, valid because every marginal is diagonal)
+#: reduction of ``gpinfer_ivm.diagonal_softmax``, valid because every marginal is diagonal)
 BASELINE_RULES = (*RULES, "diagonal")
 
 

@@ -34,7 +34,7 @@ from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels.base import Kernel
 from gpinfer.numerics.cholesky import jittered_cholesky
-from gpinfer.numerics.diagonal_softmax import diagonal_softmax_expected_log_prob
+from gpinfer_ivm.diagonal_softmax import diagonal_softmax_expected_log_prob
 from gpinfer_ivm.gaussian_cubature import SoftmaxExpectation, softmax_expected_log_prob
 
 Array = np.ndarray
@@ -256,7 +256,7 @@ def criterion(
     """``G`` and its gradient wrt kernel parameters and intercepts (spec §3.2-3.3, §4.6).
 
     ``rule``: a ``gaussian_cubature`` rule, or ``diagonal`` (uncoupled sites, whose marginals
-    are diagonal: the exact 1-D reduction of ``numerics.diagonal_softmax``).
+    are diagonal: the exact 1-D reduction of ``gpinfer_ivm.diagonal_softmax``).
     ``expected_log_lik(y, h [n, C], A [n, C, C])`` replaces the softmax expectations (value,
     ``dmean``, ``dcov``) by another likelihood's, e.g. the exact quadratic surrogate of spec §7
     oracle 12a; ``dbeta`` is then the softmax formula's and meaningless.

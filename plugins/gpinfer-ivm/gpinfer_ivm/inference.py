@@ -19,7 +19,9 @@ from typing import cast
 import numpy as np
 
 from gpinfer.errors import InputError, NumericalError
+from gpinfer.interfaces import SiteState
 from gpinfer.kernels.base import Kernel
+from gpinfer.training.inner import InnerSchedule
 from gpinfer_ivm.gaussian_cubature import (
     RULES,
     SoftmaxTilted,
@@ -114,6 +116,25 @@ def check_settings(s: IVMSettings, n: int, y: Array, C: int) -> None:
         raise InputError(f"stub_update must be one of {STUB_UPDATES}, got {s.stub_update!r}")
 
 
+class _LiquidSites(SiteState):
+    """The liquid sites of ``runner``'s EP phase as the inner schedule's state: one update is
+    one sweep in a fresh random order (``_Runner.ep_sweep``, undamped: ``damping`` is 1); its
+    change is the largest marginal change of an updated site, ``-inf`` when the sweep touched
+    no site (every later sweep would repeat it: the phase stops). ``touched`` and ``before``
+    (the improper and rejected counts before the last sweep) are the last sweep's."""
+
+    def __init__(self, runner: _Runner):
+        self.runner = runner
+        self.touched = True
+        self.before = (0, 0)
+
+    def update(self, damping: float, iteration: int) -> float:
+        r = self.runner
+        self.before = (r.result.n_improper, r.result.n_rejected)
+        self.touched, change = r.ep_sweep(r.rng.permutation(r.ep.k))
+        return change if self.touched else -math.inf
+
+
 class _Runner:
     """State of one conditional-inference run."""
 
@@ -166,7 +187,8 @@ class _Runner:
             self.ep_phase()
 
     def ep_phase(self) -> None:
-        """At most ``ep_sweeps`` sweeps over the liquid sites in random order (spec §2.9.5).
+        """At most ``ep_sweeps`` sweeps over the liquid sites in random order (spec §2.9.5), on
+        the engine's inner site schedule (``_LiquidSites``; the strict test ``change < ep_tol``).
 
         A sweep that changes no site leaves the state as it found it, so every later sweep
         would repeat it exactly: those are skipped (their counts still added, so the result is
@@ -174,19 +196,17 @@ class _Runner:
         stops (``ep_tol = 0`` never stops early). The permutations of the skipped sweeps are
         still drawn, so the random stream (the later pools) does not depend on the stop.
         """
-        ep = self.ep
-        for done in range(self.s.ep_sweeps):
-            before = (self.result.n_improper, self.result.n_rejected)
-            touched, change = self.ep_sweep(self.rng.permutation(ep.k))
-            if touched and not change < self.s.ep_tol:
-                continue
-            rest = self.s.ep_sweeps - done - 1
+        ep, sites = self.ep, _LiquidSites(self)
+        run = InnerSchedule(tol=self.s.ep_tol, max_updates=self.s.ep_sweeps, strict=True
+                            ).run(sites)
+        if run.converged:
+            rest = self.s.ep_sweeps - run.updates
             for _ in range(rest):
                 self.rng.permutation(ep.k)
-            if not touched:  # the skipped sweeps would repeat this one exactly
+            if not sites.touched:  # the skipped sweeps would repeat this one exactly
+                before = sites.before
                 self.result.n_improper += rest * (self.result.n_improper - before[0])
                 self.result.n_rejected += rest * (self.result.n_rejected - before[1])
-            break
         self.pi = list(ep.pi.copy())
         self.b = list(ep.b.copy())
 

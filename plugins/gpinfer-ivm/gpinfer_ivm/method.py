@@ -34,7 +34,6 @@ from gpinfer.errors import InputError, NumericalError
 from gpinfer.hyper import HyperParameters
 from gpinfer.interfaces import Array, FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
-from gpinfer.numerics.diagonal_softmax import diagonal_softmax_predictive
 from gpinfer.optim import make_optimizer
 from gpinfer.options import Option, choice, custom, flag, integer, real
 from gpinfer.posterior import Posterior
@@ -48,6 +47,7 @@ from gpinfer_ivm.baseline import (
     run_baseline,
 )
 from gpinfer_ivm.criterion import FrozenSites, criterion
+from gpinfer_ivm.diagonal_softmax import diagonal_softmax_predictive
 from gpinfer_ivm.gaussian_cubature import RULES, resolve_rule, softmax_predictive
 from gpinfer_ivm.inference import EP_TOL, IVMSettings, run_inference
 from gpinfer_ivm.projection import PROJECTION_ALGORITHMS

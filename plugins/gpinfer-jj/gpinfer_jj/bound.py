@@ -14,12 +14,14 @@ isotropic RBF (+ White) kernel the ``Kuf`` part of the kernel VJP is two contrac
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.inducing import FixedInputCovariances
-from gpinfer.interfaces import Array, Likelihood
+from gpinfer.interfaces import Array, Likelihood, SiteState
 from gpinfer.kernels.base import Kernel
 from gpinfer.likelihoods.bernoulli import as_bernoulli
 from gpinfer.posterior import InducingPosterior
@@ -176,3 +178,39 @@ class CollapsedObjective:
         b = self.bound(xi)
         return InducingPosterior(self.likelihood, [self.kernel.copy()], [self.Z.copy()],
                                  [b.mu_hat], [b.Sigma_hat])
+
+
+class XiSites(SiteState):
+    """Stage 1's sites at fixed ``theta`` (spec jj-taylor-svi §2.5, Alg. 1): the expansion
+    points ``xi [N]`` of ``objective``'s quadratic sites and the closed-form ``q(u)`` they
+    give. One ``update`` is one round: ``xi`` from the current marginals (``xi_rule``; a
+    ``damping`` below 1 mixes it with the last ``xi``), then the bound at it and its marginals
+    ``m_hat, S2_hat``; it returns ``max|Delta xi|`` (``inf`` on the first round).
+
+    ``mean, var [N]``: the marginals the first round starts from; ``factors``: the bound's
+    factors at the current ``theta``. After a run: ``xi`` and ``bound`` (the last round's)."""
+
+    def __init__(self, objective: CollapsedObjective, factors: InducingFactors, mean: Array,
+                 var: Array):
+        self.objective, self.factors = objective, factors
+        self.mean, self.var = mean, var
+        self.xi: Array | None = None
+        self.bound: CollapsedBound | None = None
+
+    def update(self, damping: float, iteration: int) -> float:
+        xi = self.objective.xi_rule(self.mean, self.var)
+        last = self.xi
+        if damping < 1.0 and last is not None:
+            xi = (1.0 - damping) * last + damping * xi
+        b = self.objective.bound(xi, self.factors)
+        # S2_hat before m_hat: the pass over R that gives the variances gives the means too
+        self.var, self.mean = b.S2_hat, b.m_hat
+        self.xi, self.bound = xi, b
+        return float("inf") if last is None else float(np.max(np.abs(xi - last), initial=0.0))
+
+    def snapshot(self) -> tuple[Array, Array, Array | None, CollapsedBound | None]:
+        return self.mean, self.var, self.xi, self.bound  # never written in place
+
+    def restore(self, snapshot: object) -> None:
+        self.mean, self.var, self.xi, self.bound = cast(
+            tuple[Array, Array, "Array | None", "CollapsedBound | None"], snapshot)

@@ -40,8 +40,9 @@ from gpinfer.optim import LBFGSB
 from gpinfer.options import Option, bounds, choice, flag, integer, real
 from gpinfer.posterior import InducingPosterior
 from gpinfer.reporting import IterationReporter, binary_signs
+from gpinfer.training.inner import InnerSchedule
 from gpinfer.training.outer import OuterReport, OuterSchedule
-from gpinfer_jj.bound import CollapsedObjective
+from gpinfer_jj.bound import CollapsedObjective, XiSites
 from gpinfer_jj.quadratic import CollapsedBound
 from gpinfer_jj.taylor import (
     GUARD_SLACK,
@@ -208,11 +209,11 @@ class _CollapsedVI(Method):
             mean, var = fac.marginals(mu, Sigma)
         else:
             var, mean = carried.S2_hat, carried.m_hat
-        for _ in range(n_upd):
-            xi = obj.xi_rule(mean, var)
-            b = obj.bound(xi, fac)
-            var, mean = b.S2_hat, b.m_hat
-        assert xi is not None  # n_upd >= 1
+        sites = XiSites(obj, fac, mean, var)
+        # Alg. 1: n_upd rounds, no convergence test (tol = -inf) on the engine's inner schedule
+        InnerSchedule(tol=-np.inf, max_updates=n_upd).run(sites)
+        b, xi = sites.bound, sites.xi
+        assert b is not None and xi is not None  # n_upd >= 1
         return Stage1Result(b.mu_hat, b.Sigma_hat, xi, b.value, 0)
 
     def _fit_alternating(self, problem: Problem, obj: CollapsedObjective, hp: HyperParameters,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpinfer_jj.bound import CollapsedObjective
+from gpinfer_jj.bound import CollapsedObjective, XiSites
 from gpinfer_jj.method import ViJJ, ViJJFull, ViJJHybrid, ViTaylor
 
 from gpinfer.errors import InputError, NumericalError
@@ -17,6 +17,7 @@ from gpinfer.likelihoods import BernoulliLogit, BernoulliProbit
 from gpinfer.registry import load_method
 from gpinfer.testing import MethodTestSuite
 from gpinfer.testing.gradcheck import assert_gradient_close
+from gpinfer.training.inner import InnerSchedule
 
 RNG = np.random.default_rng(7)
 
@@ -151,3 +152,38 @@ class TestViJJHybridSuite(_Suite):
 
 class TestViJJFullSuite(_Suite):
     method_name = "vi-jj-full"
+
+
+def test_stage1_rounds_on_the_inner_schedule_are_alg1():
+    """Alg. 1's Stage 1 by hand (``xi`` rule, then the bound's marginals, ``n_upd`` times)
+    equals ``XiSites`` on the inner schedule; the change is ``max|Delta xi|``; a damped round
+    mixes ``xi``; the rounds converge to the JJ fixed point ``xi = sqrt(m^2 + S^2)``."""
+    X, Z, s, k = _problem(n=30, m=6)
+    obj = CollapsedObjective("jj", X, s, k, Z, BernoulliLogit(), HyperParameters(k, Z=Z))
+    fac = obj.factors()
+    mean0, var0 = np.zeros(30), np.ones(30)
+    mean, var = mean0, var0
+    for _ in range(3):
+        xi = obj.xi_rule(mean, var)
+        b = obj.bound(xi, fac)
+        var, mean = b.S2_hat, b.m_hat
+    sites = XiSites(obj, fac, mean0, var0)
+    run = InnerSchedule(tol=-np.inf, max_updates=3).run(sites)
+    assert run.updates == 3 and not run.converged
+    np.testing.assert_array_equal(sites.xi, xi)
+    assert sites.bound is not None and sites.bound.value == b.value
+    half = XiSites(obj, fac, mean0, var0)
+    half.update(1.0, 0)
+    first = half.xi.copy()
+    change = half.update(0.5, 0)
+    np.testing.assert_allclose(half.xi, 0.5 * first + 0.5 * obj.xi_rule(*_marginals(obj, fac,
+                                                                                    first)))
+    assert change == pytest.approx(np.max(np.abs(half.xi - first)))
+    done = InnerSchedule(tol=1e-10, max_updates=500).run(sites)
+    assert done.converged
+    np.testing.assert_allclose(sites.xi, np.sqrt(sites.mean**2 + sites.var), rtol=1e-8)
+
+
+def _marginals(obj, fac, xi):
+    b = obj.bound(xi, fac)
+    return b.m_hat, b.S2_hat

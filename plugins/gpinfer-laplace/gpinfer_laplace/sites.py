@@ -10,6 +10,8 @@ formed). One Newton step from ``f`` with ``w = -d2 log p(y|f)``, ``g = d log p(y
 and ``Psi(alpha) = -1/2 alpha^T f + sum log p(y | f)``. Converged when ``|Delta Psi| <= tol``.
 ``slack = PSI_ROUNDOFF * max(1, |Psi|)`` lets full steps through near the mode, where the change
 of ``Psi`` is below its round-off (the mode must be accurate for ``log|B|`` and the gradient).
+``LaplaceSites.run`` takes its steps on the engine's inner site schedule
+(``gpinfer.training.inner.InnerSchedule``: the test ``|Delta Psi| <= tol``, the cap).
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from __future__ import annotations
 import numpy as np
 
 from gpinfer.errors import InputError, NumericalError
-from gpinfer.interfaces import Array
+from gpinfer.interfaces import Array, SiteState
 from gpinfer.kernels.base import Kernel
 from gpinfer.likelihoods.base import ScalarLikelihood
 from gpinfer.posterior import DenseSitePosterior
 from gpinfer.sites import DiagonalSiteAlgebra
+from gpinfer.training.inner import InnerSchedule
 
 #: step halvings tried before a Newton step is declared unable to increase Psi
 MAX_HALVINGS = 40
@@ -31,7 +34,7 @@ MAX_HALVINGS = 40
 PSI_ROUNDOFF = 1e-11
 
 
-class LaplaceSites:
+class LaplaceSites(SiteState):
     """Mode ``f_hat = K alpha`` and curvatures ``w = -d2 log p(y | f_hat)`` of the posterior.
 
     * ``K [N, N]``: prior covariance; ``y [N]``: labels as the likelihood takes them (0/1);
@@ -158,8 +161,10 @@ class LaplaceSites:
         return self.psi - 0.5 * self.algebra.log_det_B
 
     # -- updates -----------------------------------------------------------------------------
-    def update(self, batch: Array | None = None) -> float:
-        """One safeguarded Newton step; returns ``|Delta Psi|``."""
+    def update(self, damping: float = 1.0, iteration: int = 0, *,
+               batch: Array | None = None) -> float:
+        """One safeguarded Newton step whose first trial length is ``damping`` (1: the full
+        Newton step); returns ``|Delta Psi|``."""
         if batch is not None:
             raise InputError("the Laplace approximation has no mini-batch mode (batch: None)")
         it = self.n_steps + 1
@@ -167,7 +172,7 @@ class LaplaceSites:
         alg = self.algebra
         b = alg.w * self.f + g
         d = alg.posterior_solve(b) - self.alpha
-        eta, psi_old = 1.0, self.psi
+        eta, psi_old = float(damping), self.psi
         slack = PSI_ROUNDOFF * max(1.0, abs(psi_old))
         for _ in range(MAX_HALVINGS):
             alpha_try = self.alpha + eta * d
@@ -187,13 +192,18 @@ class LaplaceSites:
         return self.last_change
 
     def run(self, max_steps: int | None = None) -> int:
-        """Newton steps until converged or ``max_steps`` (default ``max_newton``); the count."""
+        """Newton steps until converged or ``max_steps`` (default ``max_newton``) on the inner
+        site schedule; the count."""
+        if self._converged:
+            return 0
         limit = self.max_newton if max_steps is None else int(max_steps)
-        done = 0
-        while not self._converged and done < limit:
-            self.update()
-            done += 1
-        return done
+        return InnerSchedule(tol=self.tol, max_updates=limit).run(self).updates
+
+    def snapshot(self) -> Array:
+        return self.alpha.copy()
+
+    def restore(self, snapshot: object) -> None:
+        self._set_alpha(np.array(snapshot, dtype=float))
 
     @property
     def converged(self) -> bool:

@@ -206,6 +206,33 @@ def test_warm_start_saves_newton_steps():
     assert sites.converged and sites.n_steps < cold
 
 
+def test_newton_steps_on_the_inner_schedule():
+    """``run`` is the hand loop of steps to ``|Delta Psi| <= tol``; a step's first trial length
+    is its ``damping``; ``restore`` returns to a snapshot's mode and ``Psi``."""
+    X, y = _breast_cancer(40)
+    K = RBF(lengthscale=3.0, variance=4.0).K(X)
+    ran = LaplaceSites(K, y, BernoulliLogit(), tol=1e-10)
+    steps = ran.run()
+    hand, count = LaplaceSites(K, y, BernoulliLogit(), tol=1e-10), 0
+    while True:
+        count += 1
+        if hand.update() <= 1e-10:
+            break
+    assert ran.converged and steps == count == ran.n_steps
+    np.testing.assert_array_equal(ran.alpha, hand.alpha)
+    assert ran.run() == 0
+    full, half = LaplaceSites(K, y, BernoulliLogit()), LaplaceSites(K, y, BernoulliLogit())
+    full.update(1.0)
+    half.update(0.5)
+    assert half.last_step_size == 0.5
+    np.testing.assert_allclose(half.alpha, 0.5 * full.alpha, rtol=1e-12)
+    snap, psi = full.snapshot(), full.psi
+    full.update()
+    full.restore(snap)
+    np.testing.assert_array_equal(full.alpha, snap)
+    assert full.psi == psi
+
+
 def test_sites_errors():
     X, y = _breast_cancer(20)
     K = RBF(lengthscale=3.0, variance=4.0).K(X)

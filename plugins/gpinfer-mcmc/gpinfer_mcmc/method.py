@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 from scipy.linalg import solve_triangular
@@ -29,6 +29,7 @@ from gpinfer.interfaces import (
     FitResult,
     IterationInfo,
     Likelihood,
+    Method,
     Problem,
 )
 from gpinfer.kernels.base import Kernel
@@ -37,7 +38,7 @@ from gpinfer.numerics.cholesky import chol_solve, jittered_cholesky
 from gpinfer.options import Option, choice, integer, real
 from gpinfer.posterior import Posterior
 from gpinfer.reporting import IterationReporter
-from gpinfer.sites.driver import DenseBinaryMethod, DenseSolution, binary_labels
+from gpinfer.sites.driver import check_full_binary
 from gpinfer.sites.ep import EPSites
 from gpinfer_mcmc.ais import (
     AISResult,
@@ -138,7 +139,7 @@ class MCMCPosterior(Posterior):
         return {"mean_f": self.F.mean(axis=1), "var_f": self.F.var(axis=1)}
 
 
-class MCMCAIS(DenseBinaryMethod):
+class MCMCAIS(Method):
     """HMC + AIS at fixed hyper-parameters; ``log_evidence`` is the AIS estimate.
 
     Options: ``budget`` (``auto`` | ``full`` | ``fast`` | ``tiny``; default ``auto``: ``fast``,
@@ -161,6 +162,13 @@ class MCMCAIS(DenseBinaryMethod):
     optimize_by_default: ClassVar[bool] = False
 
     name: ClassVar[str] = "mcmc-ais"
+    #: full-GP binary classification, as the dense binary methods (no inducing points, no
+    #: mini-batches), outside the engine's schedules: AIS is a sampler, not an iteration
+    tasks: ClassVar[tuple[str, ...]] = ("classification",)
+    multiclass: ClassVar[bool] = False
+    uses_inducing_points: ClassVar[bool] = False
+    supports_minibatch: ClassVar[bool] = False
+    likelihoods: ClassVar[tuple[str, ...]] = ("probit", "logit")
     option_spec: ClassVar[dict[str, Option]] = {
         "budget": choice("auto", ("auto", *BUDGETS),
                          doc="preset of T, R, n_samples, pilot_T (auto: fast up to 400 training "
@@ -181,10 +189,6 @@ class MCMCAIS(DenseBinaryMethod):
                        doc="AIS standard error of log Z (nats) above this is a warning"),
     }
 
-    def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any  # pragma: no cover
-              ) -> DenseSolution:  # fit is overridden
-        raise NotImplementedError("mcmc-ais runs through fit(); AIS has no gradient")
-
     def _settings(self, n: int) -> dict[str, int]:
         """``T``, ``R``, ``n_samples``, ``pilot_T``, ``predict_samples`` for ``n`` points."""
         budget = self.options["budget"]  # the values are checked by option_spec
@@ -196,8 +200,7 @@ class MCMCAIS(DenseBinaryMethod):
 
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
         reporter = IterationReporter(callback, self.name)  # the shared clock and history
-        y = binary_labels(problem, self.name)
-        self.check_problem(problem)
+        y = check_full_binary(problem, self.name)
         kernel = problem.kernel.copy()
         if problem.optimize and kernel.get_unconstrained().size:
             raise InputError("mcmc-ais estimates log Z at fixed hyper-parameters (AIS has no "

@@ -433,7 +433,7 @@ class _Classification(_Fit):
         its gradient (spec §2.10)."""
         self.sites.set_geometry(self.geometry(), self.kernel, self.Z)
         for _ in range(int(self.opt["n_sweeps"])):
-            self.sites.update(batch)
+            self.sites.sweep(batch)
         try:
             out = self.sites.energy(batch)
         except NumericalError as err:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from functools import cached_property
+from typing import cast
 
 import numpy as np
 from scipy.linalg import LinAlgError, cholesky
@@ -27,17 +28,19 @@ from gpinfer.interfaces import (
     Likelihood,
     MatrixGradients,
     ObjectiveValue,
+    SiteState,
 )
 from gpinfer.kernels.base import Kernel
 from gpinfer.numerics.cholesky import tri_solve
 from gpinfer.posterior import Posterior
+from gpinfer.training.inner import InnerRun, InnerSchedule, SweepPolicy, Watcher
 from gpinfer_pep.power_tilted import check_alpha, scaled_tilted
 
 SCHEDULES = ("parallel", "sequential")
 SITE_STEPS = ("power", "full")
-#: ``RankOnePEPSites.run``: a sweep oscillates when its step ratio is below this, and the damping
-#: is cut after ``OSCILLATION_PATIENCE`` oscillating sweeps in a row, to no less than
-#: ``MIN_DAMPING_FRACTION`` of the option's
+#: ``OscillationCut`` (``RankOnePEPSites.run``): a sweep oscillates when its step ratio is below
+#: this, and the damping is cut after ``OSCILLATION_PATIENCE`` oscillating sweeps in a row, to
+#: no less than ``MIN_DAMPING_FRACTION`` of the option's
 OSCILLATION_RATIO = -0.5
 OSCILLATION_PATIENCE = 3
 MIN_DAMPING_FRACTION = 1.0 / 64.0
@@ -153,7 +156,35 @@ class Cavity:
     P: Array | None = None
 
 
-class RankOnePEPSites:
+class OscillationCut(SweepPolicy):
+    """The power-EP sites' divergence policy on the inner schedule (``RankOnePEPSites.run``):
+    after ``OSCILLATION_PATIENCE`` sweeps in a row whose relative site step reverses the one
+    before (``step_ratio`` below ``OSCILLATION_RATIO``), the damping becomes ``rho / (1 - r)``,
+    not below ``MIN_DAMPING_FRACTION`` of the run's first; ``damping_cuts`` counts the cuts."""
+
+    def watcher(self, state: SiteState, damping: float, owner: str) -> Watcher:
+        sites = cast("RankOnePEPSites", state)
+        floor = damping * MIN_DAMPING_FRACTION
+        before = np.concatenate([sites.tau, sites.nu])
+        previous: Array | None = None
+        reversals = 0
+
+        def watch(run: InnerRun) -> None:
+            nonlocal before, previous, reversals
+            after = np.concatenate([sites.tau, sites.nu])
+            step = (after - before) / (np.abs(after) + 1e-8)
+            ratio = 0.0 if previous is None else step_ratio(previous, step)
+            reversals = reversals + 1 if ratio < OSCILLATION_RATIO else 0
+            if reversals >= OSCILLATION_PATIENCE and run.damping > floor:
+                run.damping = max(run.damping / (1.0 - ratio), floor)
+                sites.damping_cuts += 1
+                reversals = 0
+            before, previous = after, step
+
+        return watch
+
+
+class RankOnePEPSites(SiteState):
     """Power-EP with rank-one sites ``(tau [N], nu [N])`` over ``u`` (spec §2).
 
     * ``likelihood``, ``y [N]`` (targets in the likelihood's convention: class indices 0/1 or
@@ -296,32 +327,47 @@ class RankOnePEPSites:
                           RuntimeWarning, stacklevel=3)
         return tau_new, nu_new, ok
 
-    def _step(self, idx: Array) -> Array:
-        """Step size ``epsilon [B]`` of the site update (spec §2.6)."""
+    def _step(self, idx: Array, rho: float) -> Array:
+        """Step size ``epsilon [B]`` of the site update at damping ``rho`` (spec §2.6)."""
         a = self.alpha[idx]
         if self.site_step == "full":
-            return np.full(a.shape, self.damping)
-        return np.where(a > 0, self.damping * a, self.damping)
+            return np.full(a.shape, rho)
+        return np.where(a > 0, rho * a, rho)
 
-    def update(self, batch: Array | None = None) -> float:
-        """One sweep over ``batch`` (all points if ``None``); returns the max relative change."""
+    def update(self, damping: float | None = None, iteration: int = 0) -> float:
+        """One sweep over all sites at ``damping`` (None: the sites' ``damping``); returns the
+        max relative change (the ``SiteState`` update of the inner schedule)."""
+        return self.sweep(None, damping)
+
+    def snapshot(self) -> tuple[Array, Array]:
+        return self.tau.copy(), self.nu.copy()
+
+    def restore(self, snapshot: object) -> None:
+        tau, nu = cast(tuple[Array, Array], snapshot)
+        self.tau, self.nu = tau.copy(), nu.copy()
+        self._rebuild()
+
+    def sweep(self, batch: Array | None = None, damping: float | None = None) -> float:
+        """One sweep over ``batch`` (all points if ``None``) at ``damping`` (None: the sites'
+        ``damping``); returns the max relative change."""
         if self.geo is None:
             raise RuntimeError("set_geometry before updating the sites")
+        rho = self.damping if damping is None else float(damping)
         idx = np.arange(self.n) if batch is None else np.asarray(batch, dtype=int)
         old_tau, old_nu = self.tau[idx].copy(), self.nu[idx].copy()
         if self.schedule == "parallel":
-            self._parallel(idx)
+            self._parallel(idx, rho)
         else:
-            self._sequential(idx)
+            self._sequential(idx, rho)
         dt = np.abs(self.tau[idx] - old_tau) / (np.abs(self.tau[idx]) + 1e-8)
         dn = np.abs(self.nu[idx] - old_nu) / (np.abs(self.nu[idx]) + 1e-8)
         self.last_change = float(max(dt.max(initial=0.0), dn.max(initial=0.0)))
         return self.last_change
 
-    def _parallel(self, idx: Array) -> None:
+    def _parallel(self, idx: Array, rho: float) -> None:
         cav = self.cavity(idx)
         tau_new, nu_new, _ = self._targets(cav)
-        eps = self._step(idx)
+        eps = self._step(idx, rho)
         d_tau = eps * (tau_new - self.tau[idx])
         d_nu = eps * (nu_new - self.nu[idx])
         self.tau[idx] += d_tau
@@ -334,7 +380,7 @@ class RankOnePEPSites:
             self._Anu += A_b @ d_nu
             self._factor()
 
-    def _sequential(self, idx: Array) -> None:
+    def _sequential(self, idx: Array, rho: float) -> None:
         geo = self.geometry
         beta = self.beta()
         gamma = self.gamma.copy()
@@ -351,7 +397,7 @@ class RankOnePEPSites:
             tau_new, nu_new, ok = self._targets(cav)
             if not ok[0]:
                 continue
-            eps = self._step(np.array([n]))[0]
+            eps = self._step(np.array([n]), rho)[0]
             d_tau, d_nu = eps * (tau_new[0] - tau), eps * (nu_new[0] - nu)
             self.tau[n] += d_tau
             self.nu[n] += d_nu
@@ -376,29 +422,13 @@ class RankOnePEPSites:
         successive steps each reverse the one before (``step_ratio`` ``r`` below
         ``OSCILLATION_RATIO``), the damping becomes ``rho / (1 - r)``, which puts that mode's
         eigenvalue at 0, for the rest of this run (``damping_cuts`` counts the cuts). A run
-        without such a run of reversals keeps its damping and its path.
+        without such a run of reversals keeps its damping and its path. The sweeps run on the
+        engine's inner site schedule (``gpinfer.training.inner.InnerSchedule``: the strict test
+        ``change < tol``, the cap) with that cut as its divergence policy (``OscillationCut``).
         """
-        tol = self.tol if tol is None else tol
-        rho0, previous, reversals = self.damping, None, 0
-        try:
-            for sweep in range(1, max_sweeps + 1):
-                before = np.concatenate([self.tau, self.nu])
-                if self.update() < tol:
-                    return sweep
-                after = np.concatenate([self.tau, self.nu])
-                step = (after - before) / (np.abs(after) + 1e-8)
-                ratio = 0.0 if previous is None else step_ratio(previous, step)
-                reversals = reversals + 1 if ratio < OSCILLATION_RATIO else 0
-                if reversals >= OSCILLATION_PATIENCE \
-                        and self.damping > rho0 * MIN_DAMPING_FRACTION:
-                    self.damping = max(self.damping / (1.0 - ratio),
-                                       rho0 * MIN_DAMPING_FRACTION)
-                    self.damping_cuts += 1
-                    reversals = 0
-                previous = step
-            return max_sweeps
-        finally:
-            self.damping = rho0
+        schedule = InnerSchedule(tol=self.tol if tol is None else tol, max_updates=max_sweeps,
+                                 damping=self.damping, strict=True, policy=OscillationCut())
+        return schedule.run(self, owner="power EP").updates
 
     # -- energy and gradients ----------------------------------------------------------------
     def energy(self, batch: Array | None = None, with_gradients: bool = True) -> ObjectiveValue:

@@ -1,11 +1,18 @@
-"""The exact 1-D reduction of diagonal-Gaussian softmax integrals (``numerics.diagonal_softmax``)
-against converged Gauss-Hermite product rules (C = 3, 4) and, over variances 1e-4 to 1e4, means
+"""The exact 1-D reduction of diagonal-Gaussian softmax integrals
+(``gpinfer_ivm.diagonal_softmax``) against converged Gauss-Hermite product rules (C = 3, 4)
+and, over variances 1e-4 to 1e4, means
 -50 to 50 and C = 2 to 20, against an independent reference (composite Gauss-Legendre in the
 Gumbel variable); its derivative identities against finite differences of its own ``log Z``,
 and bad input."""
 
 import numpy as np
 import pytest
+from gpinfer_ivm.diagonal_softmax import (
+    DiagonalTiltedCache,
+    diagonal_softmax_expected_log_prob,
+    diagonal_softmax_predictive,
+    diagonal_softmax_tilted,
+)
 from gpinfer_ivm.gaussian_cubature import (
     softmax_expected_log_prob,
     softmax_predictive,
@@ -14,12 +21,6 @@ from gpinfer_ivm.gaussian_cubature import (
 from numpy.polynomial.legendre import leggauss
 
 from gpinfer.errors import NumericalError
-from gpinfer.numerics.diagonal_softmax import (
-    DiagonalTiltedCache,
-    diagonal_softmax_expected_log_prob,
-    diagonal_softmax_predictive,
-    diagonal_softmax_tilted,
-)
 from gpinfer.numerics.quadrature import gauss_hermite
 
 
@@ -164,7 +165,8 @@ def test_separable_factors_equal_the_definition(density):
     ``g`` underflowing at the left end: ``log`` factors below ``-1e20``), for standard
     deviations from 0.01 to 60; ``_entry_factors`` takes the definition where the separable
     form could overflow (``m - t`` above ``SPLIT_MAX``: factors of exactly 0 there)."""
-    from gpinfer.numerics import diagonal_softmax as ds
+    from gpinfer_ivm import diagonal_softmax as ds
+
     from gpinfer.numerics.quadrature import gauss_hermite
 
     rng = np.random.default_rng(7)
@@ -280,7 +282,7 @@ def test_stress_against_independent_reference(y, h, a):
 def test_old_inner_rule_fails_the_stress_reference():
     """The reference resolves the defect: Gauss-Hermite in ``x`` at every variance (the former
     rule) misses it by far at variance 50."""
-    from gpinfer.numerics import diagonal_softmax as ds
+    from gpinfer_ivm import diagonal_softmax as ds
 
     rng = np.random.default_rng(3)
     y, h, a = rng.integers(5, size=2), rng.normal(size=(2, 5)), np.full((2, 5), 50.0)
@@ -330,7 +332,7 @@ def test_wide_predictive_rows_sum_to_one(v):
 
 
 def test_wide_rule_needs_one_uniform_step():
-    from gpinfer.numerics import diagonal_softmax as ds
+    from gpinfer_ivm import diagonal_softmax as ds
 
     t = np.array([[0.0, 0.5, 1.5]])
     with pytest.raises(ValueError, match="uniform"):
