@@ -91,3 +91,67 @@ def test_robustmax_expectation_option_is_checked():
     lik = RobustMax(1e-3)
     assert lik.with_expectation("log_space").expectation == "log_space"
     assert lik.expectation == "trapezoid"  # with_expectation copies
+
+
+def _unequal_levels(rng, C, B=60):
+    """Rows with node levels from the coarsest to ~30x finer: variance ratios up to 1e4."""
+    mean = rng.normal(size=(B, C)) * rng.uniform(0.1, 5.0, (B, 1))
+    var = 10 ** rng.uniform(-2.0, 2.0, size=(B, C))
+    return mean, var, rng.integers(0, C, B)
+
+
+@pytest.mark.parametrize("one_group", [False, True])
+def test_robustmax_trapezoid_padded_groups_equal_each_row_on_its_own_grid(monkeypatch,
+                                                                          one_group):
+    """Rows of different step levels share one padded node array (weights exactly 0 beyond a
+    row's own grid): ``P`` and its derivatives equal each row evaluated alone (a batch of one
+    row: its own grid, no padding) to round-off, in one padded group or the default grouping."""
+    from gpinfer.likelihoods import robustmax_rules
+
+    if one_group:
+        monkeypatch.setattr(robustmax_rules, "GROUP_COST_NODES", 10**9)
+    rng = np.random.default_rng(5)
+    for C in range(2, 11):
+        mean, var, y = _unequal_levels(rng, C)
+        _, _, _, _, rho = robustmax_rules.label_contrasts(mean, var, y)
+        halves = np.ceil(robustmax_rules.ROBUSTMAX_WINDOW
+                         / robustmax_rules.step_levels(rho)[1]).astype(int)
+        assert np.unique(halves).size >= 5  # the batch mixes many grids
+        if one_group:
+            assert len(robustmax_rules.padded_groups(halves)) == 1
+        batch = argmax_probability_abs(mean, var, y)
+        alone = [argmax_probability_abs(mean[i:i + 1], var[i:i + 1], y[i:i + 1])
+                 for i in range(mean.shape[0])]
+        for got, want in zip(batch, (np.concatenate(v) for v in zip(*alone))):
+            assert np.max(np.abs(got - want)) <= 1e-13
+
+
+def test_robustmax_padded_groups_cover_every_row_once():
+    from gpinfer.likelihoods.robustmax_rules import padded_groups
+
+    rng = np.random.default_rng(6)
+    for cost in (0, 50, 400, 10**9):
+        halves = rng.integers(20, 60, 300)
+        groups = padded_groups(halves, cost)
+        rows = np.concatenate([r for r, _ in groups])
+        np.testing.assert_array_equal(np.sort(rows), np.arange(300))
+        assert all(np.all(halves[r] <= h) and np.any(halves[r] == h) for r, h in groups)
+        if cost == 0:
+            assert len(groups) == np.unique(halves).size
+        if cost == 10**9:
+            assert len(groups) == 1
+
+
+def test_robustmax_trapezoid_on_torch_equals_numpy():
+    """float64 on torch equals numpy to round-off; float32 to float32's, in padded groups."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    for C in (2, 5, 10):
+        mean, var, y = _unequal_levels(rng, C)
+        want = argmax_probability_abs(mean, var, y)
+        for dtype, tol in ((torch.float64, 1e-13), (torch.float32, 2e-6)):
+            got = argmax_probability_abs(torch.tensor(mean, dtype=dtype),
+                                         torch.tensor(var, dtype=dtype), torch.tensor(y))
+            for g, w in zip(got, want):
+                assert g.dtype == dtype
+                assert np.max(np.abs(g.numpy().astype(np.float64) - w)) <= tol
