@@ -35,12 +35,16 @@ likelihood's rule at ``C = 10``, with absolute errors ~1e-9 against it (tests
 
 Both rules take arrays of any array-API namespace (numpy, torch on a CPU or GPU:
 ``gpinfer.backend``) and return arrays of it. The trapezoid reads its rows' step levels on the
-host (one device sync per call) and runs rows of nearby levels together on one padded node array
-(``padded_groups``): every row of a group on the nodes ``h_b k``, ``|k| <= `` the group's largest
-half-count, with weight exactly 0 beyond the row's own grid (``_padded_grids``), so a group equals
-its rows evaluated alone to round-off. The grouping trades the padded nodes against a group's
-fixed cost (``GROUP_COST_NODES``): a digits svi batch (7..14 levels after 3 epochs) runs in
-3-4 groups, 1.1x faster than one per level; one padded group would cost 1.4x. It reuses its
+host (one device sync per call). Of a row's grid it evaluates only the window of nodes where
+the integrand is not negligible (``window_nodes``): below it some ``z_k < -9`` (the node's terms
+below ``phi(9) = 1e-18`` of its weight: left out), above it every ``z_k > 9`` (``Phi = 1`` in
+float64: the node adds its weight to ``P``, ``exp`` only); a digits svi batch keeps 40-90 % of
+its nodes (fewest at epochs 3-10), and the rule equals the whole grid to round-off (tests). Rows of
+nearby node counts run together on one padded node array (``padded_groups``): every row of a
+group on its own nodes ``h_b k``, ``k = first_b .. first_b + n - 1``, with weight exactly 0
+beyond them (``_window_grids``), so a group equals its rows evaluated alone to round-off. The
+grouping trades the padded nodes against a group's fixed cost (``GROUP_COST_NODES``): a digits
+svi batch (7..60 levels) runs in a few groups instead of one per level. It reuses its
 ``[K, b, n]`` buffers through ``out=`` (outside the array API standard, but numpy's and torch's
 ``multiply`` and ``exp`` both take it): fresh arrays of that size cost page faults at every call.
 """
@@ -48,7 +52,7 @@ fixed cost (``GROUP_COST_NODES``): a digits svi batch (7..14 levels after 3 epoc
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -84,24 +88,29 @@ def _grid(step: float, window: float) -> tuple[Array, Array]:
 #: 300..600 equally fast, 0 (a group per level) 1.2x and 1 group 1.4x slower than 400)
 GROUP_COST_NODES = 400
 
+#: nodes where some ``z_k <= -NEGLIGIBLE_Z`` (the integrand below ``Phi(-9) = 1.1e-19`` of its
+#: weight) are left out, and nodes where every ``z_k >= NEGLIGIBLE_Z`` (``Phi = 1`` in float64,
+#: ``phi <= 1.0e-18``) count their weight alone (``window_nodes``)
+NEGLIGIBLE_Z = 9.0
 
-def padded_groups(halves: np.ndarray, group_cost: int | None = None
+
+def padded_groups(counts: np.ndarray, group_cost: int | None = None
                   ) -> list[tuple[np.ndarray, int]]:
-    """Rows grouped by their node half-counts ``halves [B]`` (host ints): ``(rows, half)`` per
-    group, each group run on ``2 half + 1`` nodes (its largest row's), the grouping of
-    consecutive levels that minimises ``sum (group_cost + rows (2 half + 1))`` (dynamic
-    programme over the distinct levels; one group when the levels are close, one per level
+    """Rows grouped by their node counts ``counts [B]`` (host ints; rows of count 0 in no
+    group): ``(rows, n)`` per group, each group run on ``n`` nodes (its largest row's), the
+    grouping of consecutive counts that minimises ``sum (group_cost + rows n)`` (dynamic
+    programme over the distinct counts; one group when the counts are close, one per count
     when each holds many rows)."""
     group_cost = GROUP_COST_NODES if group_cost is None else group_cost
-    levels, counts = np.unique(halves, return_counts=True)
+    levels, sizes = np.unique(counts[counts > 0], return_counts=True)
     L = levels.size
     best, cut = [0.0] + [math.inf] * L, [0] * (L + 1)  # best[j]: levels[:j] grouped
     for j in range(1, L + 1):
-        n = 2 * int(levels[j - 1]) + 1
-        count = 0
+        n = int(levels[j - 1])
+        rows = 0
         for i in range(j - 1, -1, -1):  # group levels[i:j]
-            count += int(counts[i])
-            cost = best[i] + group_cost + count * n
+            rows += int(sizes[i])
+            cost = best[i] + group_cost + rows * n
             if cost < best[j]:
                 best[j], cut[j] = cost, i
     bounds: list[tuple[int, int]] = []
@@ -111,26 +120,68 @@ def padded_groups(halves: np.ndarray, group_cost: int | None = None
         j = cut[j]
     groups: list[tuple[np.ndarray, int]] = []
     for i, j in reversed(bounds):
-        rows = np.flatnonzero((halves >= levels[i]) & (halves <= levels[j - 1]))
-        groups.append((rows, int(levels[j - 1])))
+        rows_ = np.flatnonzero((counts >= levels[i]) & (counts <= levels[j - 1]))
+        groups.append((rows_, int(levels[j - 1])))
     return groups
 
 
-def _padded_grids(ref: Array, steps: Array, window: float, half_max: int
-                  ) -> tuple[Array, Array]:
-    """Every row's trapezoid nodes on one array: ``t [B, n]`` ``= steps[:, None] * k`` for
-    ``k = -half_max .. half_max`` (``n = 2 half_max + 1``), weights ``w [B, n]`` those of
-    ``_grid(steps[b], window)`` at a row's own nodes ``|k| <= ceil(window / steps[b])`` and
-    exactly 0 beyond them; in ``ref``'s namespace and dtype, from ``steps [B]`` of any dtype
-    (formed in float64 as ``_grid`` does, no host read)."""
-    xp = ops.namespace(steps)
-    k = ops.constant(ref, tuple(range(-half_max, half_max + 1)))
+class WindowNodes(NamedTuple):
+    """Each row's nodes ``t = h k`` that need the integrand, ``k = first .. first + count - 1``
+    (a sub-range of its grid ``|k| <= half``), and the nodes above them (``tail`` of them,
+    from ``k = first + count``), where the integrand is its weight alone; ``[B]`` each, float64
+    in the rows' namespace (whole numbers)."""
+
+    half: Array
+    first: Array
+    count: Array
+    tail: Array
+
+
+def window_nodes(d: Array, rho: Array, steps: Array, window: float,
+                 negligible_z: float = NEGLIGIBLE_Z) -> WindowNodes:
+    """The nodes of each row's grid (step ``steps [B]``, ``|t| <= window``) that the trapezoid
+    evaluates, for ``z_k = d_k + rho_k t`` (``d, rho [B, K]``, ``rho > 0``).
+
+    With ``L = negligible_z``: below ``t_lo = max_k (-L - d_k) / rho_k`` some ``z_k < -L``,
+    so the node's ``P`` term ``w prod Phi`` is at most ``w Phi(-L)`` and each derivative term
+    at most ``w phi(L) / s_k`` (``w max(phi(L), Phi(-L) phi(0)) (L + window) / s`` with the
+    ``z``/``t`` factors of ``dP/dv``): left out. Above ``t_hi = max_k (L - d_k) / rho_k`` every
+    ``z_k > L``: ``Phi = 1`` to ``Phi(-L)`` (exactly 1 in float64 for ``L >= 8.3``) and the
+    derivative terms are as small; the node adds its weight ``w`` to ``P`` and nothing to the
+    derivatives. The weights sum to at most 1, so at ``L = 9`` the rule moves by at most
+    ``(C - 1) 1.1e-19`` in ``P`` and ``~2e-17 (C - 1) / s_min`` in its derivatives
+    (``tests/likelihoods/test_robustmax_rules.py`` checks this against ``negligible_z = inf``,
+    every node of the grid). Node indices are rounded outward by a whole step (``floor`` /
+    ``ceil``), so round-off in ``t_lo``, ``t_hi`` drops no node that counts.
+    """
+    xp = ops.namespace(d)
     h = xp.astype(steps, xp.float64)
-    k64 = xp.astype(k, h.dtype)
-    t = h[:, None] * k64
+    half = xp.ceil(window / h)
+    if math.isinf(negligible_z):
+        return WindowNodes(half, -half, 2.0 * half + 1.0, xp.zeros_like(half))
+    d64, rho64 = xp.astype(d, xp.float64), xp.astype(rho, xp.float64)
+    t_lo = xp.max((-negligible_z - d64) / rho64, axis=1)
+    t_hi = xp.max((negligible_z - d64) / rho64, axis=1)
+    first = xp.minimum(xp.maximum(xp.floor(t_lo / h), -half), half + 1.0)
+    last = xp.minimum(xp.maximum(xp.ceil(t_hi / h), first - 1.0), half)  # >= first - 1
+    tail_first = xp.maximum(last + 1.0, -half)
+    return WindowNodes(half, first, last - first + 1.0, half - tail_first + 1.0)
+
+
+def _window_grids(ref: Array, steps: Array, half: Array, first: Array, count: Array, n: int
+                  ) -> tuple[Array, Array]:
+    """Each row's nodes ``t [B, n]`` ``= steps[:, None] * k``, ``k = first + 0 .. n - 1``, and
+    their trapezoid weights ``w [B, n]`` of the grid ``|k| <= half`` (``steps N(t)``, halved at
+    ``|k| = half``), exactly 0 from the row's ``count``-th node on (``steps, half, first, count
+    [B]``); in ``ref``'s namespace and dtype, formed in float64 (no host read)."""
+    xp = ops.namespace(steps)
+    j = xp.astype(ops.arange(ref, n), xp.float64)
+    h = xp.astype(steps, xp.float64)
+    k = first[:, None] + j
+    t = h[:, None] * k
     w = (h * _INV_SQRT_2PI)[:, None] * xp.exp(-0.5 * t * t)
-    span = xp.abs(k64) - xp.ceil(window / h)[:, None]  # <= 0 on a row's own grid, 0 at its ends
-    w = xp.where(span < 0.0, w, xp.where(span == 0.0, 0.5 * w, xp.zeros_like(w)))
+    w = xp.where(xp.abs(k) == half[:, None], 0.5 * w, w)
+    w = xp.where(j < count[:, None], w, xp.zeros_like(w))
     return xp.astype(t, ref.dtype), xp.astype(w, ref.dtype)
 
 
@@ -167,35 +218,41 @@ def step_levels(rho: Array, constant: float = ROBUSTMAX_STEP_CONSTANT) -> tuple[
 
 def argmax_probability_abs(
     mean: Array, var: Array, y: Array, constant: float = ROBUSTMAX_STEP_CONSTANT,
-    window: float = ROBUSTMAX_WINDOW,
+    window: float = ROBUSTMAX_WINDOW, negligible_z: float = NEGLIGIBLE_Z,
 ) -> tuple[Array, Array, Array]:
     """``P [B]``, ``dP/dmean [B, C]``, ``dP/dvar [B, C]`` for ``mean, var [B, C]``, ``y [B]``.
 
     Trapezoid on ``|t| <= window`` with the step of ``step_levels`` (``constant`` sets the
-    accuracy: 0.9 gives ~1e-10 absolute, see the tests).
+    accuracy: 0.9 gives ~1e-10 absolute, see the tests), evaluated on the nodes of
+    ``window_nodes`` (``negligible_z = inf``: every node of the grid).
     """
     xp = ops.namespace(mean)
     B, C = mean.shape
     rows = ops.arange(mean, B)  # on a device: made once and kept
     others, sd_y, sd_o, d, rho = label_contrasts(mean, var, y)
     y = ops.index_like(mean, y) if ops.is_numpy(y) else y
-    q, steps = step_levels(rho, constant)
-    # the one host read (on a device one sync): the levels set the groups and their shapes
-    halves = np.ceil(window / (ops.to_host(steps) if not ops.is_numpy(steps) else steps
-                               ).astype(np.float64)).astype(np.int64)
+    _, steps = step_levels(rho, constant)
+    nodes = window_nodes(d, rho, steps, window, negligible_z)
+    # the one host read (on a device one sync): the node counts set the groups and shapes
+    counts, tails = (v.astype(np.int64) for v in ops.to_host(xp.stack([nodes.count, nodes.tail])))
     # class-major layout [K, b, n]: the products and sums over classes run on whole slabs
     d, rho, inv_sd = ops.copy(ops.mT(d)), ops.copy(ops.mT(rho)), 1.0 / ops.mT(sd_o)
-    P = ops.empty(mean, (B,))
-    dm_o, dv_o = ops.empty(mean, (C - 1, B)), ops.empty(mean, (C - 1, B))
-    dm_y, dv_y = ops.empty(mean, (B,)), ops.empty(mean, (B,))
-    for idx, half in padded_groups(halves):
-        for sl in chunk_slices(idx.size, 4 * (2 * half + 1) * (C - 1)):
+    P = xp.zeros_like(sd_y)
+    dm_o, dv_o = xp.zeros_like(inv_sd), xp.zeros_like(inv_sd)
+    dm_y, dv_y = xp.zeros_like(sd_y), xp.zeros_like(sd_y)
+    if tails.max(initial=0) > 0:  # nodes where every Phi is 1: their weights alone
+        tail_first = nodes.first + nodes.count
+        P += xp.sum(_window_grids(mean, steps, nodes.half, tail_first, nodes.tail,
+                                  int(tails.max()))[1], axis=1)
+    for idx, n in padded_groups(counts):
+        for sl in chunk_slices(idx.size, 4 * n * (C - 1)):
             ii = ops.index_like(mean, idx[sl]) if idx.size < B else sl
-            t, w = _padded_grids(mean, steps[ii], window, half)  # [b, n], 0 beyond a row's
+            t, w = _window_grids(mean, steps[ii], nodes.half[ii], nodes.first[ii],
+                                 nodes.count[ii], n)  # [b, n], 0 beyond a row's nodes
             z = d[:, ii, None] + rho[:, ii, None] * t  # [K, b, n]
             Phi = ops.ndtr(z)
             G = _exclusive_products(Phi)  # prod_{j != k} Phi_j
-            P[ii] = xp.sum(G[0] * Phi[0] * w, axis=1)
+            P[ii] += xp.sum(G[0] * Phi[0] * w, axis=1)
             # G_k = w prod_{j != k} Phi_j phi_k / s_k = W r_k / s_k, never dividing by Phi
             xp.multiply(z, z, out=Phi)  # reuse the buffer: phi(z) up to 1 / sqrt(2 pi)
             Phi *= -0.5
