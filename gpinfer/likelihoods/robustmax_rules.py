@@ -102,17 +102,20 @@ def padded_groups(counts: np.ndarray, group_cost: int | None = None
     programme over the distinct counts; one group when the counts are close, one per count
     when each holds many rows)."""
     group_cost = GROUP_COST_NODES if group_cost is None else group_cost
-    levels, sizes = np.unique(counts[counts > 0], return_counts=True)
-    L = levels.size
+    levels_, sizes_ = np.unique(counts[counts > 0], return_counts=True)
+    levels, sizes = levels_.tolist(), sizes_.tolist()  # host ints: the loops below read them
+    L = len(levels)
     best, cut = [0.0] + [math.inf] * L, [0] * (L + 1)  # best[j]: levels[:j] grouped
     for j in range(1, L + 1):
-        n = int(levels[j - 1])
+        n = levels[j - 1]
         rows = 0
         for i in range(j - 1, -1, -1):  # group levels[i:j]
-            rows += int(sizes[i])
-            cost = best[i] + group_cost + rows * n
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
+            rows += sizes[i]
+            fixed = group_cost + rows * n  # only grows with more levels: none of them is better
+            if fixed >= best[j]:
+                break
+            if best[i] + fixed < best[j]:
+                best[j], cut[j] = best[i] + fixed, i
     bounds: list[tuple[int, int]] = []
     j = L
     while j > 0:
@@ -121,7 +124,7 @@ def padded_groups(counts: np.ndarray, group_cost: int | None = None
     groups: list[tuple[np.ndarray, int]] = []
     for i, j in reversed(bounds):
         rows_ = np.flatnonzero((counts >= levels[i]) & (counts <= levels[j - 1]))
-        groups.append((rows_, int(levels[j - 1])))
+        groups.append((rows_, levels[j - 1]))
     return groups
 
 

@@ -213,3 +213,26 @@ def test_robustmax_trapezoid_on_torch_equals_numpy():
                     assert g.dtype == dtype
                     scale = 1.0 + np.max(np.abs(w))
                     assert np.max(np.abs(g.numpy().astype(np.float64) - w)) <= tol * scale
+
+
+def test_robustmax_padded_groups_are_the_cheapest_grouping():
+    """The dynamic programme (with its early stop) finds the cheapest split of the sorted
+    distinct counts into runs, checked against every split of up to 9 levels."""
+    import itertools
+
+    from gpinfer.likelihoods.robustmax_rules import padded_groups
+
+    def cost(groups, c):
+        return sum(c + rows.size * n for rows, n in groups)
+
+    rng = np.random.default_rng(10)
+    for _ in range(30):
+        counts = rng.integers(1, 10, 40) * rng.integers(1, 20)
+        levels = np.unique(counts)
+        for c in (0, 30, 400):
+            best = min(
+                cost([(np.flatnonzero((counts >= levels[i]) & (counts <= levels[j - 1])),
+                       levels[j - 1]) for i, j in zip((0, *cuts), (*cuts, levels.size))], c)
+                for r in range(levels.size)
+                for cuts in itertools.combinations(range(1, levels.size), r))
+            assert cost(padded_groups(counts, c), c) == best
