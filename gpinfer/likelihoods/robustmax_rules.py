@@ -145,17 +145,23 @@ def window_nodes(d: Array, rho: Array, steps: Array, window: float,
     """The nodes of each row's grid (step ``steps [B]``, ``|t| <= window``) that the trapezoid
     evaluates, for ``z_k = d_k + rho_k t`` (``d, rho [B, K]``, ``rho > 0``).
 
-    With ``L = negligible_z``: below ``t_lo = max_k (-L - d_k) / rho_k`` some ``z_k < -L``,
-    so the node's ``P`` term ``w prod Phi`` is at most ``w Phi(-L)`` and each derivative term
-    at most ``w phi(L) / s_k`` (``w max(phi(L), Phi(-L) phi(0)) (L + window) / s`` with the
-    ``z``/``t`` factors of ``dP/dv``): left out. Above ``t_hi = max_k (L - d_k) / rho_k`` every
-    ``z_k > L``: ``Phi = 1`` to ``Phi(-L)`` (exactly 1 in float64 for ``L >= 8.3``) and the
-    derivative terms are as small; the node adds its weight ``w`` to ``P`` and nothing to the
-    derivatives. The weights sum to at most 1, so at ``L = 9`` the rule moves by at most
-    ``(C - 1) 1.1e-19`` in ``P`` and ``~2e-17 (C - 1) / s_min`` in its derivatives
-    (``tests/likelihoods/test_robustmax_rules.py`` checks this against ``negligible_z = inf``,
-    every node of the grid). Node indices are rounded outward by a whole step (``floor`` /
-    ``ceil``), so round-off in ``t_lo``, ``t_hi`` drops no node that counts.
+    With ``L = negligible_z``:
+
+    * below ``t_lo = max_k (-L - d_k) / rho_k`` some ``z_j < -L``: the node's ``P`` term
+      ``w prod Phi`` is at most ``w Phi(-L)``, and each derivative term
+      ``w prod_{i != k} Phi_i phi_k / s_k`` (times ``|z_k|`` or ``|t| <= window`` in ``dP/dv``)
+      at most ``w max(L, window) max(phi(L), phi(0) Phi(-L)) / s_k`` (``k = j``: ``phi_j <=
+      phi(L)``; ``k != j``: the product holds ``Phi_j <= Phi(-L)``): the node is left out;
+    * above ``t_hi = max_k (L - d_k) / rho_k`` every ``z_k > L``: ``Phi = 1`` to ``Phi(-L)``
+      (exactly 1 in float64 for ``L >= 8.3``) and every ``phi_k <= phi(L)``: the node adds its
+      weight ``w`` to ``P`` and nothing to the derivatives.
+
+    The weights sum to at most 1, so at ``L = 9`` (``Phi(-9) = 1.1e-19``, ``phi(9) = 1.0e-18``)
+    the rule moves by at most ``(C - 1) 1.1e-19`` in ``P`` and ``1e-17 (C - 1) / s_min`` in its
+    derivatives: round-off (``tests/likelihoods/test_robustmax_rules.py`` checks it against
+    ``negligible_z = inf``, every node of the grid, and that a cut at ``L = 6`` fails). Node
+    indices are rounded outward (``floor`` / ``ceil``), so round-off in ``t_lo``, ``t_hi``
+    drops no node that counts.
     """
     xp = ops.namespace(d)
     h = xp.astype(steps, xp.float64)
