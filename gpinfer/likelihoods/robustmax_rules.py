@@ -85,7 +85,7 @@ def _grid(step: float, window: float) -> tuple[Array, Array]:
 
 #: the fixed cost of one padded group of rows in row-nodes (its ~20 operators per class slab
 #: cost about as much as this many nodes of one row: digits svi batches, numpy on one core,
-#: 300..600 equally fast, 0 (a group per level) 1.2x and 1 group 1.4x slower than 400)
+#: on windows (``window_nodes``) 100..400 equally fast, 800 1.15x and 1 group 1.3x slower)
 GROUP_COST_NODES = 400
 
 #: nodes where some ``z_k <= -NEGLIGIBLE_Z`` (the integrand below ``Phi(-9) = 1.1e-19`` of its
