@@ -58,13 +58,6 @@ from gpinfer.options import Option, bounds, choice, flag, integer, mapping, real
 from gpinfer.posterior import InducingPosterior
 from gpinfer.reporting import IterationReporter, binary_signs
 from gpinfer.sites.stacked import stacked_cholesky
-from gpinfer.sites.variational import (
-    ELBOEstimate,
-    ExpectationFn,
-    likelihood_expectation,
-    natural_gradient_step,
-    uncollapsed_elbo,
-)
 from gpinfer.training.minibatch import (
     BatchSteps,
     MiniBatchSchedule,
@@ -73,6 +66,13 @@ from gpinfer.training.minibatch import (
     check_step,
 )
 from gpinfer.training.outer import OuterSchedule
+from gpinfer_svi.variational import (
+    ELBOEstimate,
+    ExpectationFn,
+    likelihood_expectation,
+    natural_gradient_step,
+    uncollapsed_elbo,
+)
 
 #: objective scales (spec §3.4): the authors' "batch" scale, per datum, or the full ELBO
 SCALES = ("batch", "per_datum", "full")

@@ -11,6 +11,11 @@ import pickle
 import numpy as np
 import pytest
 from gpinfer_svi.method import SVI, VariationalState
+from gpinfer_svi.variational import (
+    likelihood_expectation,
+    natural_gradient_step,
+    uncollapsed_elbo,
+)
 
 from gpinfer.backend import resolve_backend
 from gpinfer.errors import InputError, NumericalError
@@ -18,11 +23,6 @@ from gpinfer.hyper import HyperParameters
 from gpinfer.interfaces import Problem
 from gpinfer.kernels import RBF, White
 from gpinfer.likelihoods import BernoulliLogit, BernoulliProbit, RobustMax, Softmax
-from gpinfer.sites.variational import (
-    likelihood_expectation,
-    natural_gradient_step,
-    uncollapsed_elbo,
-)
 from gpinfer.testing.gradcheck import assert_gradient_close
 
 torch = pytest.importorskip("torch", reason="the torch backend's tests need PyTorch (make test "
