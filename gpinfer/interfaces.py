@@ -134,8 +134,9 @@ class Likelihood(abc.ABC):
     def supported_backends(self, expectation: str | None = None,
                            n_classes: int | None = None) -> frozenset[str]:
         """The array backends the ``variational_expectations`` rule ``expectation`` (None: the
-        one in use) runs on for ``n_classes`` classes (None: whatever the count), from
-        ``expectation_backends``; an unknown rule is an ``InputError`` naming the rules."""
+        one in use) runs on for ``n_classes`` classes, from ``expectation_backends`` (None:
+        the rule's entry for any count, not a count's own); an unknown rule is an
+        ``InputError`` naming the rules."""
         rule = self.expectation if expectation is None else expectation
         if rule not in self.expectation_rules:
             raise InputError(f"{type(self).__name__}: expectation must be one of "
