@@ -89,8 +89,9 @@ class Likelihood(abc.ABC):
     expectation_rules: ClassVar[tuple[str, ...]] = ("expected_log_prob",)
     #: the array backends (``gpinfer.backend``) each rule runs on: ``rule`` -> names, or
     #: ``(rule, n_classes)`` -> names where a class count differs (softmax's two-class
-    #: Gauss-Hermite); a rule not listed runs on numpy only. Read through ``supported_backends``
-    #: by the check before training (``gpinfer.validation.check_method_compatible``) and by
+    #: Gauss-Hermite); a rule not listed runs on numpy only, and every rule runs on numpy
+    #: (checked when the class is defined). Read through ``supported_backends`` by the check
+    #: before training (``gpinfer.validation.check_method_compatible``) and by
     #: ``variational_expectations`` itself
     expectation_backends: ClassVar[Mapping[str | tuple[str, int], frozenset[str]]] = {}
 
@@ -101,6 +102,14 @@ class Likelihood(abc.ABC):
     #: whether ``predict_proba`` and ``log_predictive`` take arrays of any array-API namespace
     #: (``gpinfer.backend``); otherwise a posterior hands them host arrays
     device_predictions: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for key, names in cls.expectation_backends.items():
+            if "numpy" not in names or not set(names) <= set(BACKENDS):
+                raise TypeError(
+                    f"{cls.__qualname__}.expectation_backends[{key!r}] must name numpy and "
+                    f"only the backends {list(BACKENDS)}; got {sorted(names)}")
 
     def set_expectation(self, rule: str | None = None, **settings: int | None) -> None:
         """Choose the rule of ``variational_expectations`` (``None``: keep it) and its settings

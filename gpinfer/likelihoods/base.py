@@ -51,8 +51,10 @@ def _is_backend_array(x: object) -> bool:
 
 def require_rule_backend(likelihood: Likelihood, mean: Array, n_classes: int | None) -> None:
     """The last guard of ``variational_expectations`` (the check before training refuses the
-    same earlier): ``likelihood.require_backend`` for the backend that ``mean`` lives on."""
-    likelihood.require_backend("torch" if _is_backend_array(mean) else "numpy", n_classes)
+    same earlier): ``likelihood.require_backend`` for a ``mean`` on the torch backend (numpy
+    runs every rule: ``Likelihood.expectation_backends``)."""
+    if _is_backend_array(mean):
+        likelihood.require_backend("torch", n_classes)
 
 
 def _finite_array(x: Array, name: str) -> Array:

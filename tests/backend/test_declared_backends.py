@@ -142,3 +142,14 @@ def test_a_third_party_rule_is_numpy_only_unless_declared() -> None:
                                          r"on the torch backend: on torch use "
                                          r"expectation='gauss_hermite', or leave backend"):
         Mine(expectation="mine").require_backend("torch")
+
+
+@pytest.mark.parametrize("names", [{"torch"}, {"numpy", "jax"}], ids=str)
+def test_a_declaration_must_name_numpy_and_known_backends(names) -> None:
+    """numpy runs every rule (the checks skip it), so a declaration without it, or with a
+    backend that does not exist, fails when the class is defined."""
+    from gpinfer.likelihoods import BernoulliLogit
+
+    with pytest.raises(TypeError, match=r"Bad.expectation_backends\['gauss_hermite'\] must "
+                                        r"name numpy and only the backends"):
+        type("Bad", (BernoulliLogit,), {"expectation_backends": {"gauss_hermite": names}})
