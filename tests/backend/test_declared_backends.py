@@ -153,3 +153,19 @@ def test_a_declaration_must_name_numpy_and_known_backends(names) -> None:
     with pytest.raises(TypeError, match=r"Bad.expectation_backends\['gauss_hermite'\] must "
                                         r"name numpy and only the backends"):
         type("Bad", (BernoulliLogit,), {"expectation_backends": {"gauss_hermite": names}})
+
+
+def test_the_docs_example_message_is_the_check_s() -> None:
+    """The refusal quoted in docs/backends.md is what svi with ``RobustMax(expectation=
+    "log_space")`` on torch gets (three classes)."""
+    from gpinfer.backend.choice import Backend
+    from gpinfer.validation import check_method_compatible
+
+    lines = DOC.read_text().splitlines()
+    start = lines.index("method 'svi' evaluates its likelihood's rule on the torch backend, and")
+    quoted = " ".join(lines[start:lines.index("```", start)])
+    lik = make_likelihood("robustmax").with_expectation("log_space")
+    with pytest.raises(InputError) as err:
+        check_method_compatible(registry.load_method("svi"), 3, "classification", None,
+                                "robustmax", likelihood=lik, backend=Backend("torch"))
+    assert str(err.value) == quoted
