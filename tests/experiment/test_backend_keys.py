@@ -57,6 +57,15 @@ _BAD = [
     ("dtype=float32", r"dtype='float32' needs backend='torch'"),
     ("backend=torch", r"method 'toygp' runs on numpy only"),
     ("method=laplace backend=torch dtype=float32", r"method 'laplace' runs on numpy only"),
+    # a likelihood expectation rule that runs on numpy only (docs/backends.md): named with the
+    # backend and what runs there, before the MLflow run (the fit's first ELBO is too late)
+    ("method=svi method.likelihood=softmax backend=torch",
+     r"Softmax\(expectation='gauss_hermite'\) with 2 classes runs on numpy only, not on the "
+     r"torch backend: on torch use expectation='monte_carlo'.*a likelihood of svi whose default "
+     r"rule runs there: logit, probit, robustmax$"),
+    ("method=vi-robustmax dataset=iris +method.options.robustmax_rule=likelihood backend=torch",
+     r"RobustMax\(expectation='log_space'\) runs on numpy only, not on the torch backend: on "
+     r"torch use expectation='trapezoid' or 'gauss_hermite'"),
 ]
 if not _cuda():
     _BAD.append(("device=cuda", r"no CUDA GPU"))
