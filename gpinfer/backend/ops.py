@@ -41,7 +41,7 @@ import array_api_compat
 import numpy as np
 from scipy import special
 from scipy.linalg import solve_triangular as _scipy_solve_triangular
-from scipy.linalg.blas import dtrmm, dtrsm, strmm, strsm
+from scipy.linalg.blas import dgemm, dtrmm, dtrsm, sgemm, strmm, strsm
 from scipy.linalg.lapack import dpotri, dtrtri, spotri, strtri
 
 Array = Any
@@ -813,6 +813,49 @@ def tri_matmul(T: Array, X: Array, *, transpose: bool = False, right: bool = Fal
         if not np.shares_memory(res, out2[c]):  # the wrapper copied (not expected)
             out2[c] = res.T
     return out
+
+
+def matmul_add_(out: Array, X: Array, Y: Array, alpha: float) -> Array:
+    """``out += alpha X @ Y`` in place; returns ``out``. ``out [..., m, n]``, ``X [..., m, k]``
+    and ``Y [..., k, n]`` or ``[k, n]`` (shared by every matrix of the stack); ``alpha`` a
+    power of two or ``-1`` (an exact product).
+
+    On numpy (``out`` C-contiguous) one BLAS ``gemm`` per matrix with ``beta = 1`` on the
+    Fortran view of ``out`` (``out^T += alpha Y^T X^T``): no ``[..., m, n]`` product formed and
+    added (a temporary and two passes over memory), the same sums up to the order of the
+    additions; a ``Y`` shared by the stack makes it one ``gemm`` of ``[C m, k] @ [k, n]``.
+    Other namespaces: ``out.add_(X @ Y, alpha=)`` (the same operators as before)."""
+    if not is_numpy(out):
+        return out.add_(X @ Y, alpha=alpha)
+    if not out.flags.c_contiguous:
+        raise ValueError("matmul_add_: out must be C-contiguous")
+    gemm = sgemm if out.dtype == np.float32 else dgemm
+    if Y.ndim == 2 and out.ndim > 2:  # one product over the stack's rows
+        X = np.reshape(X, (-1, X.shape[-1]))
+        out2, X2, Y2 = np.reshape(out, (-1, out.shape[-1]))[None], X[None], Y[None]
+    else:
+        out2 = np.reshape(out, (-1,) + out.shape[-2:])
+        X2 = np.reshape(X, (-1,) + X.shape[-2:])
+        Y2 = np.reshape(Y, (-1,) + Y.shape[-2:])
+    for c in range(out2.shape[0]):
+        a, trans_a = _fortran_operand(Y2[c])
+        b, trans_b = _fortran_operand(X2[c])
+        res = gemm(alpha, a, b, beta=1.0, c=out2[c].T, trans_a=trans_a, trans_b=trans_b,
+                   overwrite_c=1)
+        if not np.shares_memory(res, out2[c]):  # the wrapper copied (not expected)
+            out2[c] = res.T
+    return out
+
+
+def _fortran_operand(M: np.ndarray) -> tuple[np.ndarray, int]:
+    """``M^T`` as a BLAS operand without a copy where the layout allows: ``(M.T, 0)`` for a
+    C-contiguous ``M`` (its Fortran view), ``(M, 1)`` for a Fortran-contiguous one (``op =``
+    transpose), else a C-ordered copy's view."""
+    if M.T.flags.f_contiguous:
+        return M.T, 0
+    if M.flags.f_contiguous:
+        return M, 1
+    return np.ascontiguousarray(M).T, 0
 
 
 def prefers_tri_inverse(L: Array) -> bool:

@@ -180,6 +180,33 @@ def test_tri_matmul_equals_the_general_product(to, dtype):
                                atol=tol)
 
 
+@pytest.mark.parametrize("to", _namespaces())
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_matmul_add_accumulates_in_place(to, dtype):
+    """``ops.matmul_add_``: ``out += alpha X @ Y`` written into ``out`` itself, for stacks
+    (``Y`` per matrix or one ``Y`` for the stack), single matrices and transposed views of
+    the operands; the operands are unchanged."""
+    rng = np.random.default_rng(5)
+    tol = 1e-13 if dtype == np.float64 else 1e-5
+    cases = [((3, 4, 5), (3, 4, 6), (3, 6, 5)), ((3, 4, 5), (3, 4, 6), (6, 5)),
+             ((4, 5), (4, 6), (6, 5))]
+    for alpha in (1.0, -1.0, -2.0):
+        for out_shape, x_shape, y_shape in cases:
+            out0 = rng.normal(size=out_shape).astype(dtype)
+            X = rng.normal(size=x_shape).astype(dtype)
+            Y = rng.normal(size=y_shape).astype(dtype)
+            if len(y_shape) == 2:  # a Fortran-ordered operand (a transposed view)
+                Y = np.asfortranarray(Y)
+            kept = (X.copy(), Y.copy())
+            out = to(out0.copy())
+            res = ops.matmul_add_(out, to(X), to(Y), alpha)
+            assert res is out
+            want = out0 + alpha * (X @ Y)
+            np.testing.assert_allclose(ops.to_host(out), want, rtol=tol, atol=tol)
+            np.testing.assert_array_equal(X, kept[0])
+            np.testing.assert_array_equal(Y, kept[1])
+
+
 @pytest.mark.parametrize("on_torch", [False, True])
 def test_tri_inverse_and_the_terms_solved_by_products(on_torch):
     """``ops.tri_inverse`` inverts stacked lower factors; ``StackedTerms`` with ``L_inv``
