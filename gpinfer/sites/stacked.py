@@ -403,9 +403,10 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     (``StackedMatrixGradients``: ``Kuu [C, M, M]``, ``Kuf [C, M, n]``, ``Kff_diag [C, n]``, also
     a sequence of one ``MatrixGradients`` per class). With ``B_g^-1 A`` from one solve,
     ``X = w a_sum^T + B_g^-1 A diag(E) - 2 A diag(B)`` and
-    ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T - 2 A diag(B) A^T`` (numpy: from these
-    pieces, ``_cross_terms``; on a device ``sym(A X^T) + A diag(B) A^T`` enters as the one
-    product ``A (X + A diag B)^T``, symmetrised with the rest by ``sandwich``).
+    ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T - 2 A diag(B) A^T``, where
+    ``sym(A X^T) + A diag(B) A^T`` enters as the one product ``A (X + A diag B)^T``,
+    symmetrised with the rest by ``sandwich`` (numpy: one ``gemm`` where the pieces took two
+    and a ``symmetrize``).
     (A compiled region of the step: ``gpinfer.backend.compile``.)
     """
     A = terms.A
@@ -422,40 +423,19 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     else:
         T = ops.scale_columns(BiA, e_sum)
         X += T
-    if ops.is_numpy(A):
-        ops.add_scaled_(X, AB, -2.0, scratch=T)  # X -= 2 AB (2 AB written into T)
-        cross = _cross_terms(A, AB, BiA, terms.A_T, lik.w, a_sum, e_sum)
-    else:  # sym(A X^T) + S_B = sym(A Y^T), Y = X + AB: one product (G_K is symmetrised)
-        X -= AB
-        cross = [ops.einsum("cmn,ckn->cmk", A, X)]
-        X -= AB
+    # sym(A X^T) - S_B = sym(A Y^T), Y = X + AB: one product (G_K is symmetrised)
+    X -= AB
+    cross = A @ ops.mT(X) if ops.is_numpy(A) else ops.einsum("cmn,ckn->cmk", A, X)
+    X -= AB
     del T
     inner = ops.outer(q.w, q.w)
     inner += q.B_inv()  # B^-1 + w w^T (q keeps its B^-1)
     ops.add_diagonal(inner, -1.0)  # the prior term
     inner *= 0.5
-    for term in cross:
-        inner -= term
+    inner -= cross
     G_K = terms.sandwich(inner)  # L^-T inner L^-1
     G_uf = terms.unwhiten(X, overwrite=True)
     return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b_sum)
-
-
-def _cross_terms(A: Array, AB: Array, BiA: Array, A_T: Array, w: Array, a_sum: Array,
-                 e_sum: Array | None) -> list[Array]:
-    """``[sym(A X^T), S_B]`` ``[C, M, M]`` each, the terms ``stacked_matrix_gradients``
-    subtracts from its inner matrix on numpy, from ``A [C, M, n]``, ``AB = A diag(B)``,
-    ``BiA = B_g^-1 A`` (both ``[C, M, n]``), ``A_T = A^T``, ``w [C, M]``, ``a_sum``, ``e_sum``
-    ``[C, n]``: ``S_B = A diag(B) A^T`` and ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T
-    - 2 S_B`` from its pieces."""
-    S_B = AB @ A_T
-    AX = ops.outer(ops.einsum("cmn,cn->cm", A, a_sum), w)
-    if e_sum is None:  # A diag(2 B) (B_g^-1 A)^T = 2 (A diag(B)) (B_g^-1 A)^T
-        ops.add_scaled_(AX, AB @ transpose(BiA), 2.0)
-    else:
-        AX += ops.scale_columns(A, e_sum) @ transpose(BiA)
-    ops.add_scaled_(AX, S_B, -2.0)
-    return [symmetrize(AX), S_B]
 
 
 def as_stacked(terms: Sequence[ClassTerms] | StackedTerms) -> StackedTerms:
