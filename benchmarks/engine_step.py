@@ -28,9 +28,49 @@
    (``[C, M, M]``, ``[C, M, B]``), times its count per step, summed (``call_floor``): the
    step's time above it is the code's overhead, the call floor's above the dgemm floor is the
    cost of small ``trsm``/``potrf``/``trtri`` calls at these sizes.
+8. ``--parts necessary``: the *floor of the necessary calls* (``necessary_floor``), the
+   argument for issue 25's CPU target ("at most 1.3x its dgemm floor"): the dense calls the
+   SEP step's maths cannot do without, each timed in every way this machine offers at its
+   size on one thread and the fastest kept, summed. Per class and step (M = B = 200):
+
+   - kernel, D-sized (the model's ``3 M^2 D + 4 M B D``, the same as the code's): the Gram
+     ``A A^T`` (``syrk``, ``M^2 D``) and the cross products ``Z X^T`` (``2 M B D``) of Kuu and
+     Kuf, and their adjoints ``G_uu Z`` and ``G_uf X`` (general weights: no structure to use);
+   - four Choleskys of four different matrices: Kuu (the step's hyper-parameters moved), the
+     update's cavity ``I + a P_w`` on the old sites, the evaluation's ``q`` and cavity on the
+     new ones; two inverses: ``B_q^-1`` enters the Kuu gradient as a matrix (``potri``), and
+     ``B_cav^-1 A`` enters both gradients (``potri`` and one ``gemm`` beat two ``trsm`` at
+     M = 200); one ``trtri`` of ``L`` (every product with ``L^-1`` then a ``trmm``);
+   - five ``trmm`` of ``[M, M]``: the site sums moved onto the step's factor (a congruence:
+     whitened sums kept and moved by ``T = L^-1 L'`` take three, ``T`` and ``T^T P T``; the
+     code takes four, ``Lam -> P_w -> Lam``) and the gradient's sandwich ``L^-T (.) L^-1``
+     (two); two ``trmm`` of ``[M, B]`` (``L^-1 Kuf``, ``L^-T X``), one ``trsm`` (the update's
+     cavity variances), two ``gemm`` ``[M, B] x [B, M]`` (new site sums, the cross term
+     ``A (X + A diag b)^T``) and one ``[M, M] x [M, B]`` (``B_cav^-1 A``);
+   - memory-bound, outside the FLOP model: Adam's update of the ``P ~ C M D = 1.57 M``
+     parameters (seven vectors of P streamed once), the forward's read of Z and the
+     gradient's write (one pass each over ``[C, M, D]``).
+
+   Measured 2026-12-05 (one thread, dgemm 74.3 GFLOP/s, load 4-5): the necessary calls
+   92.3 ms (3.56 GFLOP) and the memory-bound moves 15.0 ms (Adam 10.3), 107.4 ms in all =
+   **1.93x the dgemm floor** (55.7 ms; the calls alone 1.66x). The excess is LAPACK at
+   order 200: four ``potrf`` 9.3 ms (11.5 GFLOP/s, 1.4 ms at the dgemm rate), two ``potri``
+   9.8 (10.8 GFLOP/s), ``trtri`` 3.0 (8.9 GFLOP/s, in two halves; LAPACK's own 3.7), the
+   ``trsm`` 4.4 (18 GFLOP/s), five ``trmm`` 13.1 (31 GFLOP/s); the D-sized products run at
+   42-64 GFLOP/s. So 1.3x (72 ms) is out of reach on one thread at M = 200 with LAPACK, even
+   with no element-wise work at all. The step was 161 ms (2.90x) in the same run: 54 ms
+   above this floor are element-wise passes (distances, ``exp``, weights, symmetrisations
+   over ``[C, M, B]`` and ``[C, M, M]``, the ``[C, M, D]`` passes), fresh pages and Python.
+   The model's 4.14 GFLOP against the calls' 3.56: the model counts ``17.33 M^3`` per class,
+   the code's cubic calls ``9 M^3`` at BLAS's counts (four ``potrf`` 4/3, ``trtri`` 1/3, two
+   ``potri`` 4/3, six ``trmm`` 6), and ``7 M^2 B`` against the calls' ``9 M^2 B``.
+   Measured and not taken: the cross product as ``(X Z^T)^T`` is 2.9 ms faster as a call
+   (9.9 vs 12.8 ms) but its transposed layout costs a transposing pass back (11.9 vs
+   11.8 ms with it); ``potri`` as the halved ``trtri`` and ``lauum`` (4.8 vs 4.6 ms);
+   ``symm`` and ``syr2k`` for the symmetric products (no faster than ``gemm``).
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/engine_step.py [--epochs 3]
-        [--peers ~/peers-venv]
+        [--parts sep,floor,necessary,ops,compiled,digits] [--peers ~/peers-venv]
 """
 
 from __future__ import annotations
