@@ -189,7 +189,7 @@ class StackedCovariances:
         return out
 
     def vjp(self, dKuu: Array | None, dKuf: Array | None, dKff_diag: Array | None, *,
-            inputs: bool = True) -> tuple[Array, Array | None]:
+            inputs: bool = True, out_Z: Array | None = None) -> tuple[Array, Array | None]:
         """Gradients of ``sum(dKuu * Kuu) + sum(dKuf * Kuf) + sum(dKff_diag * Kff_diag)``:
         ``(g_params [C, P], g_Z [C, M, D] or None)``, ``P`` each kernel's unconstrained
         parameters in its own order; ``inputs=False`` skips ``g_Z``. ``None`` gradients are
@@ -199,9 +199,12 @@ class StackedCovariances:
         two matrices, ``rA = 2 r_uu + r_uf``, ``H' = G_uu A + G_uf Bx`` and ``H = H' + G_uu A``:
         ``d/dlog ell = -2 (rA . A^2 + c_uf . Bx^2 - 2 sum_m A * H')`` (ARD; ``c_uf`` the column
         sums of ``G_uf``), ``-2 sum G * r2`` (isotropic) and ``g_Z = (2 / ell) (A * rA - H)``.
+        ``out_Z``: on numpy a C-contiguous ``[C, M, D]`` array the caller owns (a view of its
+        gradient vector) that ``g_Z`` is written into and returned as, where the matrices
+        have gradients (no copy of ``C M D`` entries afterwards); other backends ignore it.
         A compiled region of the step (``gpinfer.backend.compile``).
         """
-        return _vjp(self, dKuu, dKuf, dKff_diag, inputs)
+        return _vjp(self, dKuu, dKuf, dKff_diag, inputs, out_Z)
 
 
 @compilable
@@ -267,7 +270,8 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
 
 @compilable
 def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
-         dKff_diag: Array | None, inputs: bool) -> tuple[Array, Array | None]:
+         dKff_diag: Array | None, inputs: bool, out_Z: Array | None = None
+         ) -> tuple[Array, Array | None]:
     """``StackedCovariances.vjp`` (a compiled region of the step): ``(g_params [C, P],
     g_Z [C, M, D] or None)`` from the matrices' weights ``G`` (``_weight_sums``)."""
     d = cov.d
@@ -284,7 +288,7 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
         d_ell = sums.d_ell
         g_Z = ops.zeros(cov.Z, tuple(cov.Z.shape)) if inputs else None
     elif host:
-        d_ell, g_Z = _host_lengthscales_and_inputs(d, sums, ard, inputs)
+        d_ell, g_Z = _host_lengthscales_and_inputs(d, sums, ard, inputs, out_Z)
     elif ard:
         d_ell, g_Z = _ard_on_device(d, sums, inputs)
     else:
@@ -375,7 +379,8 @@ def _weight_sums(cov: StackedCovariances, pairs: list[Pair], need_products: bool
     return _Sums(rA, GA, GB, G_uu, G_uf, d_ell)
 
 
-def _host_lengthscales_and_inputs(d: _Distances, sums: _Sums, ard: bool, inputs: bool
+def _host_lengthscales_and_inputs(d: _Distances, sums: _Sums, ard: bool, inputs: bool,
+                                  out_Z: Array | None = None
                                   ) -> tuple[Array | None, Array | None]:
     """``(d_ell [C, D'], g_Z [C, M, D] or None)`` on numpy from ``_Sums`` with row sums and
     weights (no products), in the unscaled ``Zs = Z - shift`` (``A = Zs / ell``,
@@ -388,10 +393,13 @@ def _host_lengthscales_and_inputs(d: _Distances, sums: _Sums, ard: bool, inputs:
     symmetric); ``sum_m Zs * G_uf Xs`` is the change of ``sum_m Zs * W`` over the second
     product (``t1 - t2``), so no ``G_uf Xs`` array is formed: one ``[C, M, D]`` array (the
     result) and four passes over it, where the products and their sums took five arrays and
-    nine passes."""
+    nine passes. ``out_Z``: the array ``W`` is (``StackedCovariances.vjp``)."""
     assert d.Zs is not None and sums.rA is not None  # numpy's forward keeps Zs
     Zs = d.Zs
-    W = ops.scale_rows(Zs, sums.rA)  # rA Zs
+    if inputs and out_Z is not None:
+        W = np.multiply(Zs, sums.rA[:, :, None], out=out_Z)  # rA Zs
+    else:
+        W = ops.scale_rows(Zs, sums.rA)  # rA Zs
     if sums.G_uu is not None:
         ops.matmul_add_(W, sums.G_uu, Zs, -2.0)  # - 2 G_uu Zs
     d_ell = sums.d_ell
