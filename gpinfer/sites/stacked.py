@@ -9,9 +9,11 @@ class per step (one stacked LAPACK call); the triangular solves run as one BLAS 
 class on views of the stacks, except the step's six with ``L``, which numpy does by products
 with ``L^-1`` (``StackedTerms.L_inv``, one ``trtri``); products with a triangular factor
 (``L^T Lam L``, ``L^-T S L^-1``, ``L^-1 Kuf``) run as ``trmm`` on numpy
-(``ops.tri_matmul``), and ``B^-1`` comes from LAPACK ``potri`` once per Gaussian. (The
-cavity's factor ``L_B`` keeps its two ``trsm`` of ``[M, n]``: at ``M = 200`` one ``trtri``
-costs as much as one such ``trsm``, so inverting it would not pay.) Results equal the
+(``ops.tri_matmul``), and ``B^-1`` comes from LAPACK ``potri`` once per Gaussian. (SEP's
+evaluation takes the cavity's ``B^-1 A`` as one product with its ``B^-1`` on numpy,
+``StackedGaussians.project(by_inverse=True)``: at ``M = 200`` one ``potri`` and one ``gemm``
+cost less than the two ``trsm`` of ``[M, n]`` with ``L_B``; the update's cavity keeps its
+one ``trsm``, cheaper than ``trtri`` or ``potri`` and a product.) Results equal the
 per-class code of ``gpinfer.sites.inducing`` to round-off (tests/sites/test_stacked.py).
 
 The functions take arrays of any array-API namespace (numpy, or torch on a CPU or GPU:
