@@ -9,9 +9,11 @@ class per step (one stacked LAPACK call); the triangular solves run as one BLAS 
 class on views of the stacks, except the step's six with ``L``, which numpy does by products
 with ``L^-1`` (``StackedTerms.L_inv``, one ``trtri``); products with a triangular factor
 (``L^T Lam L``, ``L^-T S L^-1``, ``L^-1 Kuf``) run as ``trmm`` on numpy
-(``ops.tri_matmul``), and ``B^-1`` comes from LAPACK ``potri`` once per Gaussian. (The
-cavity's factor ``L_B`` keeps its two ``trsm`` of ``[M, n]``: at ``M = 200`` one ``trtri``
-costs as much as one such ``trsm``, so inverting it would not pay.) Results equal the
+(``ops.tri_matmul``), and ``B^-1`` comes from LAPACK ``potri`` once per Gaussian. (SEP's
+evaluation takes the cavity's ``B^-1 A`` as one product with its ``B^-1`` on numpy,
+``StackedGaussians.project(by_inverse=True)``: at ``M = 200`` one ``potri`` and one ``gemm``
+cost less than the two ``trsm`` of ``[M, n]`` with ``L_B``; the update's cavity keeps its
+one ``trsm``, cheaper than ``trtri`` or ``potri`` and a product.) Results equal the
 per-class code of ``gpinfer.sites.inducing`` to round-off (tests/sites/test_stacked.py).
 
 The functions take arrays of any array-API namespace (numpy, or torch on a CPU or GPU:
@@ -348,14 +350,22 @@ class StackedGaussians:
         return self._B_inv
 
     def project(self, A: Array, *, means_by_point: bool = False,
-                variances_by_point: bool = False) -> tuple[Array, Array, Array]:
+                variances_by_point: bool = False, by_inverse: bool = False
+                ) -> tuple[Array, Array, Array]:
         """Means ``mu = A^T w [C, n]``, variances ``v = ||L_B^-1 a||^2 [C, n]`` and
         ``R = L_B^-1 A [C, M, n]`` along whitened directions ``A [C, M, n]``.
         ``means_by_point`` (``variances_by_point``): ``mu`` (``v``) as ``[n, C]``, the
         transposed view of the same values (on a device the einsum's own output: no transpose
-        operator)."""
-        R = tri_solve_stack(self.LB, A)
+        operator). ``by_inverse``: ``B^-1 A`` in place of ``R``, one product with ``B_inv()``
+        and ``v = colsum(A * B^-1 A)`` (equal to round-off), for a caller that reads
+        ``B^-1 A`` (``stacked_matrix_gradients``): at ``M = 200`` one ``potri`` and one
+        ``gemm`` cost less than the two ``trsm`` of ``R`` and ``L_B^-T R``."""
         on_device = not ops.is_numpy(A)
+        if by_inverse:
+            BiA = self.B_inv() @ A
+            return (self._by_point("cmn,cm", A, self.w, means_by_point, on_device),
+                    self._by_point("cmn,cmn", A, BiA, variances_by_point, on_device), BiA)
+        R = tri_solve_stack(self.LB, A)
         return (self._by_point("cmn,cm", A, self.w, means_by_point, on_device),
                 self._by_point("cmn,cmn", R, R, variances_by_point, on_device), R)
 
@@ -391,26 +401,28 @@ class StackedGaussians:
 
 @compilable
 def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: StackedGaussians,
-                             R: Array, a_sum: Array, b_sum: Array, e_sum: Array | None = None
-                             ) -> StackedMatrixGradients:
+                             R: Array, a_sum: Array, b_sum: Array, e_sum: Array | None = None,
+                             *, inverse_applied: bool = False) -> StackedMatrixGradients:
     """``dlogZ_q / d(Kuu, Kuf, diag Kff)`` of every class:
     ``gpinfer.sites.inducing.inducing_matrix_gradients`` on stacks.
 
     ``q``: the posteriors; ``lik``: the Gaussians held fixed in the likelihood term (EP: ``q``;
-    SEP: the shared cavities) with ``R = L_B^-1 A [C, M, n]`` from ``lik.project``; ``a_sum``,
+    SEP: the shared cavities) with ``R = L_B^-1 A [C, M, n]`` from ``lik.project`` (with
+    ``inverse_applied``: ``B_g^-1 A`` itself, ``lik.project(..., by_inverse=True)``); ``a_sum``,
     ``b_sum``, ``e_sum`` ``[C, n]``: per-point sums, already multiplied by any mini-batch scale
     (``e_sum=None``: SEP's ``E = 2 B``). Returns the classes' gradients as stacks
     (``StackedMatrixGradients``: ``Kuu [C, M, M]``, ``Kuf [C, M, n]``, ``Kff_diag [C, n]``, also
     a sequence of one ``MatrixGradients`` per class). With ``B_g^-1 A`` from one solve,
     ``X = w a_sum^T + B_g^-1 A diag(E) - 2 A diag(B)`` and
-    ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T - 2 A diag(B) A^T`` (numpy: from these
-    pieces, ``_cross_terms``; on a device ``sym(A X^T) + A diag(B) A^T`` enters as the one
-    product ``A (X + A diag B)^T``, symmetrised with the rest by ``sandwich``).
+    ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T - 2 A diag(B) A^T``, where
+    ``sym(A X^T) + A diag(B) A^T`` enters as the one product ``A (X + A diag B)^T``,
+    symmetrised with the rest by ``sandwich`` (numpy: one ``gemm`` where the pieces took two
+    and a ``symmetrize``).
     (A compiled region of the step: ``gpinfer.backend.compile``.)
     """
     A = terms.A
     AB = ops.scale_columns(A, b_sum)  # A diag(B), [C, M, n]
-    BiA = tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)  # B_g^-1 A
+    BiA = R if inverse_applied else tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)
     # the sums below run in place, in the order of the formulas (the same arithmetic); the
     # outer and column-scaled products are one operator each on a device (ops.outer, ...).
     # SEP's E = 2 B enters as an exact factor 2 of the products with diag(B) (the same
@@ -422,40 +434,19 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     else:
         T = ops.scale_columns(BiA, e_sum)
         X += T
-    if ops.is_numpy(A):
-        ops.add_scaled_(X, AB, -2.0, scratch=T)  # X -= 2 AB (2 AB written into T)
-        cross = _cross_terms(A, AB, BiA, terms.A_T, lik.w, a_sum, e_sum)
-    else:  # sym(A X^T) + S_B = sym(A Y^T), Y = X + AB: one product (G_K is symmetrised)
-        X -= AB
-        cross = [ops.einsum("cmn,ckn->cmk", A, X)]
-        X -= AB
+    # sym(A X^T) - S_B = sym(A Y^T), Y = X + AB: one product (G_K is symmetrised)
+    X -= AB
+    cross = A @ ops.mT(X) if ops.is_numpy(A) else ops.einsum("cmn,ckn->cmk", A, X)
+    X -= AB
     del T
     inner = ops.outer(q.w, q.w)
     inner += q.B_inv()  # B^-1 + w w^T (q keeps its B^-1)
     ops.add_diagonal(inner, -1.0)  # the prior term
     inner *= 0.5
-    for term in cross:
-        inner -= term
+    inner -= cross
     G_K = terms.sandwich(inner)  # L^-T inner L^-1
     G_uf = terms.unwhiten(X, overwrite=True)
     return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b_sum)
-
-
-def _cross_terms(A: Array, AB: Array, BiA: Array, A_T: Array, w: Array, a_sum: Array,
-                 e_sum: Array | None) -> list[Array]:
-    """``[sym(A X^T), S_B]`` ``[C, M, M]`` each, the terms ``stacked_matrix_gradients``
-    subtracts from its inner matrix on numpy, from ``A [C, M, n]``, ``AB = A diag(B)``,
-    ``BiA = B_g^-1 A`` (both ``[C, M, n]``), ``A_T = A^T``, ``w [C, M]``, ``a_sum``, ``e_sum``
-    ``[C, n]``: ``S_B = A diag(B) A^T`` and ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T
-    - 2 S_B`` from its pieces."""
-    S_B = AB @ A_T
-    AX = ops.outer(ops.einsum("cmn,cn->cm", A, a_sum), w)
-    if e_sum is None:  # A diag(2 B) (B_g^-1 A)^T = 2 (A diag(B)) (B_g^-1 A)^T
-        ops.add_scaled_(AX, AB @ transpose(BiA), 2.0)
-    else:
-        AX += ops.scale_columns(A, e_sum) @ transpose(BiA)
-    ops.add_scaled_(AX, S_B, -2.0)
-    return [symmetrize(AX), S_B]
 
 
 def as_stacked(terms: Sequence[ClassTerms] | StackedTerms) -> StackedTerms:

@@ -62,6 +62,41 @@ def test_cholesky_reports_the_failing_matrix_instead_of_raising(to):
     assert failed.tolist() == [False, True, False]
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_cholesky_of_large_numpy_stacks_by_potrf_in_place(dtype):
+    """numpy stacks of order >= 64 (one ``potrf`` per matrix on a copy): numpy's factors
+    to round-off, the upper triangle zero, the input unchanged, an indefinite matrix and one
+    with a NaN reported as failed."""
+    rng = np.random.default_rng(7)
+    K = _spd_stack(rng, C=3, M=70).astype(dtype)
+    kept = K.copy()
+    L, failed = ops.cholesky(K)
+    assert L.dtype == dtype and not failed.any()
+    np.testing.assert_array_equal(K, kept)
+    tol = 1e-13 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(L, np.linalg.cholesky(K), rtol=tol, atol=tol * 70)
+    assert not np.triu(L, 1).any()
+    K[1] = -np.eye(70, dtype=dtype)
+    K[2, 5, 5] = np.nan
+    assert ops.cholesky(K)[1].tolist() == [False, True, True]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_tri_inverse_of_large_numpy_stacks_in_two_halves(dtype):
+    """numpy factors of order >= 128 are inverted in two halves (``trtri`` of each, two
+    ``gemm`` for the off-diagonal block): the inverse to round-off, zero above the diagonal;
+    a singular factor is a ``ValueError``."""
+    rng = np.random.default_rng(8)
+    L = np.linalg.cholesky(_spd_stack(rng, C=2, M=131)).astype(dtype)
+    inv = ops.tri_inverse(L)
+    assert inv.dtype == dtype and not np.triu(inv, 1).any()
+    tol = 1e-12 if dtype == np.float64 else 1e-4
+    np.testing.assert_allclose(inv @ L, np.broadcast_to(np.eye(131), L.shape), atol=tol)
+    L[1, 100, 100] = 0.0
+    with pytest.raises(ValueError, match="matrix 1"):
+        ops.tri_inverse(L)
+
+
 @pytest.mark.parametrize("to", _namespaces())
 def test_special_functions_match_scipy_in_both_tails(to):
     t = np.concatenate([np.linspace(-40, 10, 201), [-1e3, -60.0, 35.0]])
@@ -178,6 +213,33 @@ def test_tri_matmul_equals_the_general_product(to, dtype):
     X = rng.normal(size=(5, 2)).astype(dtype)
     np.testing.assert_allclose(ops.to_host(ops.tri_matmul(to(T), to(X))), T @ X, rtol=tol,
                                atol=tol)
+
+
+@pytest.mark.parametrize("to", _namespaces())
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_matmul_add_accumulates_in_place(to, dtype):
+    """``ops.matmul_add_``: ``out += alpha X @ Y`` written into ``out`` itself, for stacks
+    (``Y`` per matrix or one ``Y`` for the stack), single matrices and transposed views of
+    the operands; the operands are unchanged."""
+    rng = np.random.default_rng(5)
+    tol = 1e-13 if dtype == np.float64 else 1e-5
+    cases = [((3, 4, 5), (3, 4, 6), (3, 6, 5)), ((3, 4, 5), (3, 4, 6), (6, 5)),
+             ((4, 5), (4, 6), (6, 5))]
+    for alpha in (1.0, -1.0, -2.0):
+        for out_shape, x_shape, y_shape in cases:
+            out0 = rng.normal(size=out_shape).astype(dtype)
+            X = rng.normal(size=x_shape).astype(dtype)
+            Y = rng.normal(size=y_shape).astype(dtype)
+            if len(y_shape) == 2:  # a Fortran-ordered operand (a transposed view)
+                Y = np.asfortranarray(Y)
+            kept = (X.copy(), Y.copy())
+            out = to(out0.copy())
+            res = ops.matmul_add_(out, to(X), to(Y), alpha)
+            assert res is out
+            want = out0 + alpha * (X @ Y)
+            np.testing.assert_allclose(ops.to_host(out), want, rtol=tol, atol=tol)
+            np.testing.assert_array_equal(X, kept[0])
+            np.testing.assert_array_equal(Y, kept[1])
 
 
 @pytest.mark.parametrize("on_torch", [False, True])

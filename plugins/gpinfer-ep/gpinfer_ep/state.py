@@ -471,12 +471,15 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     the scales of ``q`` and of the cavity (``StackedGaussians.paired``)."""
     _, mask, n_b, _, y_col = labels
     # one kernel and Z for every class: B^-1 A of the shared A, which the summed gradients read
-    # (both B^-1 formed: the means from them, ``StackedGaussians``' ``inverse``)
+    # (both B^-1 formed: the means from them, ``StackedGaussians``' ``inverse``); per class on
+    # numpy too: B_cav^-1 A one product with the cavity's B^-1 (``by_inverse``: cheaper than
+    # two trsm), q's B^-1 read by the gradient anyway
     one = terms.one if isinstance(terms, SharedTerms) else None
+    host = ops.is_numpy(P_w)
     q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration,
-                                          inverse=one is not None)
+                                          inverse=one is not None or host)
     if one is None:
-        a, v, R = cav.project(terms.A, means_by_point=True)
+        a, v, R = cav.project(terms.A, means_by_point=True, by_inverse=host)
     else:
         a, v, BiA = shared_project(cav, one.A[0])  # B_cav^-1 A in place of R
     vs = (v + terms.s).T
@@ -488,7 +491,8 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     b_sum = scale * aggregate(t.g_b, t.g_b, mask, win_masked=True)
     if one is not None:  # the classes' sums, [1, ...]
         return value, shared_matrix_gradients(one, q, cav, BiA, a_sum.T, b_sum.T)
-    return value, stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
+    return value, stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T,
+                                           inverse_applied=host)
 
 
 def _slope_sums(g_win: Array, mask: Array, scale: float) -> Array:
