@@ -536,6 +536,25 @@ def shared_project(g: StackedGaussians, A: Array) -> tuple[Array, Array, Array]:
     return ops.mT(A) @ ops.mT(g.w), ops.einsum("mn,cmn->cn", A, BiA), BiA
 
 
+def shared_cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,
+                          iteration: int | None = None) -> tuple[Array, Array]:
+    """``(mu [n, C], v [n, C])``: the means and variances along the whitened directions
+    ``A [M, n]`` shared by every class of the ``C`` Gaussians ``StackedGaussians(P_w, h_w,
+    scale)`` (``P_w [C, M, M]``, ``h_w [C, M]``; ``NumericalError`` as there), as ``project``
+    of ``A`` broadcast (``means_by_point``, ``variances_by_point``; equal to round-off), with
+    ``R = L_B^-1 A``, ``z = L_B^-1 a h_w``: ``mu = R^T z``, ``v = colsum(R * R)``, where
+    ``project`` needs ``w = B^-1 a h_w`` (one more solve) and ``mu = A^T w``. (The site
+    update's cavity: it reads no ``w`` and no ``B^-1``.)"""
+    xp = ops.namespace(A)
+    C, M, n = P_w.shape[0], A.shape[0], A.shape[-1]
+    LB = site_cholesky(ops.scaled_plus_diagonal(scale.matrix, P_w, 1.0), h_w, iteration)
+    R = tri_solve_stack(LB, xp.broadcast_to(A, (C, M, n)))
+    z = tri_solve_stack(LB, (scale.vector * h_w)[..., None])[..., 0]
+    on_device = not ops.is_numpy(A)
+    by_point = StackedGaussians._by_point
+    return (by_point("cmn,cm", R, z, True, on_device), by_point("cmn,cmn", R, R, True, on_device))
+
+
 @compilable
 def shared_matrix_gradients(one: StackedTerms, q: StackedGaussians, lik: StackedGaussians,
                             BiA: Array, a_sum: Array, b_sum: Array, e_sum: Array | None = None

@@ -59,6 +59,7 @@ from gpinfer.sites.stacked import (
     as_stacked,
     rebased,
     scales,
+    shared_cavity_moments,
     shared_matrix_gradients,
     shared_project,
     shared_site_products,
@@ -437,8 +438,12 @@ def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
                ) -> tuple[Array, Array, Array]:
     """``_tied_update`` up to the new whitened sums: ``(P_w, h_w, change [])``."""
     _, mask, counts, n_factors, y_col = labels
-    cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
-    a, v, _ = cav.project(terms.A, means_by_point=True, variances_by_point=True)  # [n, C]
+    one = terms.one if isinstance(terms, SharedTerms) else None
+    if one is not None:  # the shared A: one solve per class for both moments
+        a, v = shared_cavity_moments(P_w, h_w, fraction, one.A[0], iteration)  # [n, C]
+    else:
+        cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
+        a, v, _ = cav.project(terms.A, means_by_point=True, variances_by_point=True)  # [n, C]
     vs = v + terms.s.T  # b = v + s for every role; the winners' is its gather (the same sums)
     a_y, v_y = at_label(a, y_col), at_label(v, y_col)
     t = pair_slopes(a_y, at_label(vs, y_col), a, vs, mask)
@@ -451,9 +456,9 @@ def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     _finite("SEP sites", tau, nu)  # deferred in the caller's context
     keep = 1.0 - rho * counts / n_factors
     A = terms.A
-    if isinstance(terms, SharedTerms) and terms.one is not None:  # one product each for all
-        P_new = shared_site_products(terms.one.A[0], tau)
-        h_new = ops.mT(terms.one.A[0] @ nu)
+    if one is not None:  # one product each for all
+        P_new = shared_site_products(one.A[0], tau)
+        h_new = ops.mT(one.A[0] @ nu)
     else:
         P_new = ops.scale_columns(A, tau.T) @ terms.A_T
         h_new = ops.einsum("cmn,nc->cm", A, nu)
