@@ -151,15 +151,17 @@ class StackedTerms:
             self._A_T = transpose(self.A)
         return self._A_T
 
-    def to_whitened(self, Lam: Array, h: Array) -> tuple[Array, Array]:
+    def to_whitened(self, Lam: Array, h: Array, *, symmetric: bool = True
+                    ) -> tuple[Array, Array]:
         """``(L^T Lam L [C, M, M], L^T h [C, M])`` from ``u``-space site sums (two triangular
-        products: ``ops.tri_matmul``)."""
+        products: ``ops.tri_matmul``); ``symmetric=False``: the products as they come, not
+        symmetrised (for a caller that symmetrises what it makes of them)."""
         LamL = ops.tri_matmul(self.L, Lam, right=True)
         LtLamL = ops.tri_matmul(self.L, LamL, transpose=True, overwrite=True, T_T=self.L_T)
         # (L^T h)^T = h^T L: on a device one einsum (the same batched product, no views)
         hL = ((h[:, None, :] @ self.L)[:, 0, :] if ops.is_numpy(h)
               else ops.einsum("cm,cmk->ck", h, self.L))
-        return symmetrize(LtLamL), hL
+        return (symmetrize(LtLamL) if symmetric else LtLamL), hL
 
     def to_u_space(self, P_w: Array, h_w: Array) -> tuple[Array, Array]:
         """Inverse of ``to_whitened``: ``(L^-T P_w L^-1, L^-T h_w)``."""

@@ -335,7 +335,9 @@ class TiedSites(_SiteSums):
             return self._whitened[1], self._whitened[2]
         if self._based is not None and isinstance(terms, SharedTerms) and terms.one is not None:
             one, P_w, h_w = self._based
-            P_w, h_w = rebased(one, terms).to_whitened(P_w, h_w)
+            # not symmetrised: the update's Cholesky reads one triangle and its new sums are
+            # symmetrised (``_tied_sums``)
+            P_w, h_w = rebased(one, terms).to_whitened(P_w, h_w, symmetric=False)
             self._whitened = (terms, P_w, h_w)
             return P_w, h_w
         return super()._whitened_sums(terms)
