@@ -255,12 +255,13 @@ class StackedGaussians:
     positive definite. ``inverse``: ``B^-1`` formed at once (numpy ``potri``) and the means
     ``w = B^-1 (a h_w)`` one product with it, for a caller that reads ``B_inv`` anyway (where
     the two triangular solves per class of ``B_inv_vec`` would cost more; equal to
-    round-off).
+    round-off). ``means=False``: the factors only, ``w`` left to the caller.
     """
 
     def __init__(self, P_w: Array, h_w: Array, scale: Array | Scales | None = None, *,
-                 iteration: int | None = None, inverse: bool = False):
+                 iteration: int | None = None, inverse: bool = False, means: bool = True):
         self._make_h_w: Callable[[], Array] | None = None  # a view's (``_view``)
+        self._B_inv_sum: Array | None = None
         if scale is None:  # a = 1: no product
             Bm = ops.plus_diagonal(P_w, 1.0)
             self._h_w: Array | None = h_w
@@ -276,6 +277,9 @@ class StackedGaussians:
         self.LB = site_cholesky(Bm, h_w, iteration)
         self._LB_T: Array | None = None  # formed on first use (``B_inv_vec``'s solve)
         self._B_inv: Array | None = None
+        self.w: Array
+        if not means:  # the caller sets ``w`` (``shared_paired``)
+            return
         if not inverse:
             self.w = self.B_inv_vec(self.h_w)
         elif ops.is_numpy(P_w):
@@ -316,7 +320,7 @@ class StackedGaussians:
         larger stack), its ``LB_T`` (and ``h_w`` where a callable is given) formed on first
         use."""
         out = cls.__new__(cls)
-        out.LB, out.w, out._B_inv, out._LB_T = LB, w, B_inv, None
+        out.LB, out.w, out._B_inv, out._LB_T, out._B_inv_sum = LB, w, B_inv, None, None
         out._h_w, out._make_h_w = (None, h_w) if callable(h_w) else (h_w, None)
         return out
 
@@ -348,6 +352,13 @@ class StackedGaussians:
         if self._B_inv is None:
             self._B_inv = cho_inverse_stack(self.LB)
         return self._B_inv
+
+    def B_inv_sum(self) -> Array:
+        """``sum_c B_c^-1`` ``[M, M]`` over the leading axis (of ``B_inv``, unless it was formed
+        without it: ``shared_paired``)."""
+        if self._B_inv_sum is None:
+            self._B_inv_sum = ops.namespace(self.LB).sum(self.B_inv(), axis=0)
+        return self._B_inv_sum
 
     def project(self, A: Array, *, means_by_point: bool = False,
                 variances_by_point: bool = False) -> tuple[Array, Array, Array]:
@@ -535,7 +546,40 @@ def shared_project(g: StackedGaussians, A: Array) -> tuple[Array, Array, Array]:
     C, M = B_inv.shape[0], B_inv.shape[1]
     xp = ops.namespace(A)
     BiA = xp.reshape(xp.reshape(B_inv, (C * M, M)) @ A, (C, M, A.shape[-1]))
-    return ops.mT(A) @ ops.mT(g.w), ops.einsum("mn,cmn->cn", A, BiA), BiA
+    return _shared_moments(A, g.w, BiA)
+
+
+def _shared_moments(A: Array, w: Array, BiA: Array) -> tuple[Array, Array, Array]:
+    """``(mu = A^T w [n, C], v = colsum(A * B^-1 A) [C, n], BiA)`` from ``A [M, n]``,
+    ``w [C, M]`` and ``BiA = B^-1 A [C, M, n]``."""
+    return ops.mT(A) @ ops.mT(w), ops.einsum("mn,cmn->cn", A, BiA), BiA
+
+
+def shared_paired(P_w: Array, h_w: Array, pair: Scales, A: Array,
+                  iteration: int | None = None
+                  ) -> tuple[StackedGaussians, StackedGaussians, Array, tuple[Array, Array, Array]]:
+    """``(q, cav, log_norm_ratio [2, C], (mu [n, C], v [C, n], B_cav^-1 A [C, M, n]))``: what
+    ``StackedGaussians.paired(P_w, h_w, pair, inverse=True)`` and ``shared_project(cav, A)``
+    give, for the classes' summed gradients (``shared_matrix_gradients``, which read ``q``'s
+    means and ``B_inv_sum`` and the cavity's means and ``B^-1 A``), ``A [M, n]`` shared.
+
+    On numpy neither Gaussian keeps a stack of ``B^-1``: one pass over the classes each
+    (``ops.cho_inverse_terms``: ``potri``, then ``symv`` / ``symm`` on one triangle) gives
+    ``q``'s means and ``sum_c B_c^-1`` (the same bits as summing the stack) and the cavity's
+    means and ``B^-1 A`` (equal to round-off). On a device as those two calls (one stack).
+    """
+    if not ops.is_numpy(P_w):
+        q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration, inverse=True)
+        return q, cav, lnr, shared_project(cav, A)
+    q = StackedGaussians(P_w, h_w, iteration=iteration, means=False)
+    cav = StackedGaussians(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]),
+                           iteration=iteration, means=False)
+    q.w, _, q._B_inv_sum, q_failed = ops.cho_inverse_terms(q.LB, q.h_w, summed=True)
+    cav.w, BiA, _, cav_failed = ops.cho_inverse_terms(cav.LB, cav.h_w, A)
+    if q_failed or cav_failed or BiA is None:
+        raise NumericalError("singular Cholesky factor", iteration=iteration, quantity="B")
+    lnr = np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
+    return q, cav, lnr, _shared_moments(A, cav.w, BiA)
 
 
 def shared_cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,
@@ -586,7 +630,7 @@ def shared_matrix_gradients(one: StackedTerms, q: StackedGaussians, lik: Stacked
     b = xp.sum(b_sum, axis=0)  # [n]
     AB = A * b  # A diag(sum_c b_c)
     inner = ops.mT(q.w) @ q.w  # sum_c w_c w_c^T
-    inner += xp.sum(q.B_inv(), axis=0)
+    inner += q.B_inv_sum()
     ops.add_diagonal(inner, -float(C))  # the prior terms
     inner *= 0.5
     inner -= symmetrize(A @ ops.mT(Y))

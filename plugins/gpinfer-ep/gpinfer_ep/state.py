@@ -61,7 +61,7 @@ from gpinfer.sites.stacked import (
     scales,
     shared_cavity_moments,
     shared_matrix_gradients,
-    shared_project,
+    shared_paired,
     shared_site_products,
     shared_terms,
     stacked_matrix_gradients,
@@ -478,14 +478,13 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     the scales of ``q`` and of the cavity (``StackedGaussians.paired``)."""
     _, mask, n_b, _, y_col = labels
     # one kernel and Z for every class: B^-1 A of the shared A, which the summed gradients read
-    # (both B^-1 formed: the means from them, ``StackedGaussians``' ``inverse``)
+    # (``shared_paired``: on numpy from one pass over the classes, no stack of B^-1 kept)
     one = terms.one if isinstance(terms, SharedTerms) else None
-    q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration,
-                                          inverse=one is not None)
     if one is None:
+        q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration)
         a, v, R = cav.project(terms.A, means_by_point=True)
-    else:
-        a, v, BiA = shared_project(cav, one.A[0])  # B_cav^-1 A in place of R
+    else:  # B_cav^-1 A in place of R
+        q, cav, lnr, (a, v, BiA) = shared_paired(P_w, h_w, pair, one.A[0], iteration)
     vs = (v + terms.s).T
     t = pair_log_z(at_label(a, y_col), at_label(vs, y_col), a, vs, mask)
     xp = ops.namespace(lnr)
