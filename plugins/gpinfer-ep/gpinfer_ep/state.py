@@ -458,13 +458,15 @@ def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     _finite("SEP sites", tau, nu)  # deferred in the caller's context
     keep = 1.0 - rho * counts / n_factors
     A = terms.A
-    if one is not None:  # one product each for all
-        P_new = shared_site_products(one.A[0], tau)
+    kept = ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w
+    if one is not None:  # one product each for all, rho in the sites ([n, C]), added in place
+        kept += shared_site_products(one.A[0], rho * tau)
         h_new = ops.mT(one.A[0] @ nu)
     else:
         P_new = ops.scale_columns(A, tau.T) @ terms.A_T
+        kept = kept + rho * P_new
         h_new = ops.einsum("cmn,nc->cm", A, nu)
-    P_w = symmetrize(ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w + rho * P_new)
+    P_w = symmetrize(kept)
     h_next = keep[:, None] * h_w + rho * h_new
     change = ops.max_abs(h_next - h_w)
     return P_w, h_next, change
