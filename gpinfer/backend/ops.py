@@ -41,7 +41,7 @@ import array_api_compat
 import numpy as np
 from scipy import special
 from scipy.linalg import solve_triangular as _scipy_solve_triangular
-from scipy.linalg.blas import dgemm, dtrmm, dtrsm, sgemm, strmm, strsm
+from scipy.linalg.blas import dgemm, dsymm, dsymv, dtrmm, dtrsm, sgemm, ssymm, ssymv, strmm, strsm
 from scipy.linalg.lapack import dpotrf, dpotri, dtrtri, spotrf, spotri, strtri
 
 Array = Any
@@ -967,6 +967,47 @@ def cho_inverse(LB: Array) -> tuple[Array, bool]:
         # arrays gathered and scattered); the same values
         np.copyto(out[c], inv.T, where=lower)
     return out.reshape(LB.shape), False
+
+
+def cho_inverse_terms(LB: Array, v: Array, X: Array | None = None, *, summed: bool = False
+                      ) -> tuple[Array, Array | None, Array | None, bool]:
+    """What a caller reads of ``B_c^-1 = (L_c L_c^T)^-1`` for lower factors ``LB [C, M, M]``
+    without keeping the inverses: ``(w [C, M], Y [C, M, n] or None, S [M, M] or None,
+    failed)`` with ``w_c = B_c^-1 v_c`` (``v [C, M]``), ``Y_c = B_c^-1 X`` for one ``X [M, n]``
+    shared by every matrix (``None`` without ``X``) and ``S = sum_c B_c^-1`` (``summed``; else
+    ``None``); ``failed``: a singular factor.
+
+    On numpy one pass over the matrices: LAPACK ``potri`` (one triangle of ``B_c^-1``), then
+    BLAS ``symv`` and ``symm`` on that triangle and ``S`` summed in class order, mirrored once,
+    where ``cho_inverse`` copies and mirrors every inverse into a stack (the same ``S`` bits as
+    summing that stack; ``w``, ``Y`` equal to round-off to products with it). Other namespaces:
+    from ``cho_inverse``.
+    """
+    if not is_numpy(LB):
+        B_inv, failed = cho_inverse(LB)
+        w = einsum("cmk,ck->cm", B_inv, v)
+        Y = None if X is None else namespace(LB).matmul(B_inv, X)
+        return w, Y, (namespace(LB).sum(B_inv, axis=0) if summed else None), failed
+    C, M = LB.shape[0], LB.shape[-1]
+    single = LB.dtype == np.float32
+    potri, symv, symm = (spotri, ssymv, ssymm) if single else (dpotri, dsymv, dsymm)
+    w = np.empty((C, M), dtype=LB.dtype)
+    Y = None if X is None else np.empty((C, M, X.shape[-1]), dtype=LB.dtype)
+    S = np.zeros((M, M), dtype=LB.dtype) if summed else None
+    for c in range(C):
+        inv, info = potri(LB[c].T, lower=0)  # the upper triangle of B_c^-1 (Fortran order)
+        if info != 0:
+            return w, Y, S, True
+        w[c] = symv(1.0, inv, v[c], lower=0)
+        if Y is not None:  # (B^-1 X)^T = X^T B^-1 written into Y[c]'s Fortran view
+            res = symm(1.0, inv, mT(X), side=1, lower=0, beta=0.0, c=Y[c].T, overwrite_c=1)
+            if not np.shares_memory(res, Y[c]):  # the wrapper copied (not expected)
+                Y[c] = res.T
+        if S is not None:
+            S += inv  # its upper triangle is the sum's (the lower one, stale, is overwritten)
+    if S is not None:
+        np.copyto(S, S.T, where=_strict_lower(M))
+    return w, Y, S, False
 
 
 _LOWER: dict[int, np.ndarray] = {}

@@ -153,15 +153,17 @@ class StackedTerms:
             self._A_T = transpose(self.A)
         return self._A_T
 
-    def to_whitened(self, Lam: Array, h: Array) -> tuple[Array, Array]:
+    def to_whitened(self, Lam: Array, h: Array, *, symmetric: bool = True
+                    ) -> tuple[Array, Array]:
         """``(L^T Lam L [C, M, M], L^T h [C, M])`` from ``u``-space site sums (two triangular
-        products: ``ops.tri_matmul``)."""
+        products: ``ops.tri_matmul``); ``symmetric=False``: the products as they come, not
+        symmetrised (for a caller that symmetrises what it makes of them)."""
         LamL = ops.tri_matmul(self.L, Lam, right=True)
         LtLamL = ops.tri_matmul(self.L, LamL, transpose=True, overwrite=True, T_T=self.L_T)
         # (L^T h)^T = h^T L: on a device one einsum (the same batched product, no views)
         hL = ((h[:, None, :] @ self.L)[:, 0, :] if ops.is_numpy(h)
               else ops.einsum("cm,cmk->ck", h, self.L))
-        return symmetrize(LtLamL), hL
+        return (symmetrize(LtLamL) if symmetric else LtLamL), hL
 
     def to_u_space(self, P_w: Array, h_w: Array) -> tuple[Array, Array]:
         """Inverse of ``to_whitened``: ``(L^-T P_w L^-1, L^-T h_w)``."""
@@ -255,12 +257,13 @@ class StackedGaussians:
     positive definite. ``inverse``: ``B^-1`` formed at once (numpy ``potri``) and the means
     ``w = B^-1 (a h_w)`` one product with it, for a caller that reads ``B_inv`` anyway (where
     the two triangular solves per class of ``B_inv_vec`` would cost more; equal to
-    round-off).
+    round-off). ``means=False``: the factors only, ``w`` left to the caller.
     """
 
     def __init__(self, P_w: Array, h_w: Array, scale: Array | Scales | None = None, *,
-                 iteration: int | None = None, inverse: bool = False):
+                 iteration: int | None = None, inverse: bool = False, means: bool = True):
         self._make_h_w: Callable[[], Array] | None = None  # a view's (``_view``)
+        self._B_inv_sum: Array | None = None
         if scale is None:  # a = 1: no product
             Bm = ops.plus_diagonal(P_w, 1.0)
             self._h_w: Array | None = h_w
@@ -276,6 +279,9 @@ class StackedGaussians:
         self.LB = site_cholesky(Bm, h_w, iteration)
         self._LB_T: Array | None = None  # formed on first use (``B_inv_vec``'s solve)
         self._B_inv: Array | None = None
+        self.w: Array
+        if not means:  # the caller sets ``w`` (``shared_paired``)
+            return
         if not inverse:
             self.w = self.B_inv_vec(self.h_w)
         elif ops.is_numpy(P_w):
@@ -316,7 +322,7 @@ class StackedGaussians:
         larger stack), its ``LB_T`` (and ``h_w`` where a callable is given) formed on first
         use."""
         out = cls.__new__(cls)
-        out.LB, out.w, out._B_inv, out._LB_T = LB, w, B_inv, None
+        out.LB, out.w, out._B_inv, out._LB_T, out._B_inv_sum = LB, w, B_inv, None, None
         out._h_w, out._make_h_w = (None, h_w) if callable(h_w) else (h_w, None)
         return out
 
@@ -348,6 +354,13 @@ class StackedGaussians:
         if self._B_inv is None:
             self._B_inv = cho_inverse_stack(self.LB)
         return self._B_inv
+
+    def B_inv_sum(self) -> Array:
+        """``sum_c B_c^-1`` ``[M, M]`` over the leading axis (of ``B_inv``, unless it was formed
+        without it: ``shared_paired``)."""
+        if self._B_inv_sum is None:
+            self._B_inv_sum = ops.namespace(self.LB).sum(self.B_inv(), axis=0)
+        return self._B_inv_sum
 
     def project(self, A: Array, *, means_by_point: bool = False,
                 variances_by_point: bool = False, by_inverse: bool = False
@@ -524,7 +537,59 @@ def shared_project(g: StackedGaussians, A: Array) -> tuple[Array, Array, Array]:
     C, M = B_inv.shape[0], B_inv.shape[1]
     xp = ops.namespace(A)
     BiA = xp.reshape(xp.reshape(B_inv, (C * M, M)) @ A, (C, M, A.shape[-1]))
-    return ops.mT(A) @ ops.mT(g.w), ops.einsum("mn,cmn->cn", A, BiA), BiA
+    return _shared_moments(A, g.w, BiA)
+
+
+def _shared_moments(A: Array, w: Array, BiA: Array) -> tuple[Array, Array, Array]:
+    """``(mu = A^T w [n, C], v = colsum(A * B^-1 A) [C, n], BiA)`` from ``A [M, n]``,
+    ``w [C, M]`` and ``BiA = B^-1 A [C, M, n]``."""
+    return ops.mT(A) @ ops.mT(w), ops.einsum("mn,cmn->cn", A, BiA), BiA
+
+
+def shared_paired(P_w: Array, h_w: Array, pair: Scales, A: Array,
+                  iteration: int | None = None
+                  ) -> tuple[StackedGaussians, StackedGaussians, Array, tuple[Array, Array, Array]]:
+    """``(q, cav, log_norm_ratio [2, C], (mu [n, C], v [C, n], B_cav^-1 A [C, M, n]))``: what
+    ``StackedGaussians.paired(P_w, h_w, pair, inverse=True)`` and ``shared_project(cav, A)``
+    give, for the classes' summed gradients (``shared_matrix_gradients``, which read ``q``'s
+    means and ``B_inv_sum`` and the cavity's means and ``B^-1 A``), ``A [M, n]`` shared.
+
+    On numpy neither Gaussian keeps a stack of ``B^-1``: one pass over the classes each
+    (``ops.cho_inverse_terms``: ``potri``, then ``symv`` / ``symm`` on one triangle) gives
+    ``q``'s means and ``sum_c B_c^-1`` (the same bits as summing the stack) and the cavity's
+    means and ``B^-1 A`` (equal to round-off). On a device as those two calls (one stack).
+    """
+    if not ops.is_numpy(P_w):
+        q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration, inverse=True)
+        return q, cav, lnr, shared_project(cav, A)
+    q = StackedGaussians(P_w, h_w, iteration=iteration, means=False)
+    cav = StackedGaussians(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]),
+                           iteration=iteration, means=False)
+    q.w, _, q._B_inv_sum, q_failed = ops.cho_inverse_terms(q.LB, q.h_w, summed=True)
+    cav.w, BiA, _, cav_failed = ops.cho_inverse_terms(cav.LB, cav.h_w, A)
+    if q_failed or cav_failed or BiA is None:
+        raise NumericalError("singular Cholesky factor", iteration=iteration, quantity="B")
+    lnr = np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
+    return q, cav, lnr, _shared_moments(A, cav.w, BiA)
+
+
+def shared_cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,
+                          iteration: int | None = None) -> tuple[Array, Array]:
+    """``(mu [n, C], v [n, C])``: the means and variances along the whitened directions
+    ``A [M, n]`` shared by every class of the ``C`` Gaussians ``StackedGaussians(P_w, h_w,
+    scale)`` (``P_w [C, M, M]``, ``h_w [C, M]``; ``NumericalError`` as there), as ``project``
+    of ``A`` broadcast (``means_by_point``, ``variances_by_point``; equal to round-off), with
+    ``R = L_B^-1 A``, ``z = L_B^-1 a h_w``: ``mu = R^T z``, ``v = colsum(R * R)``, where
+    ``project`` needs ``w = B^-1 a h_w`` (one more solve) and ``mu = A^T w``. (The site
+    update's cavity: it reads no ``w`` and no ``B^-1``.)"""
+    xp = ops.namespace(A)
+    C, M, n = P_w.shape[0], A.shape[0], A.shape[-1]
+    LB = site_cholesky(ops.scaled_plus_diagonal(scale.matrix, P_w, 1.0), h_w, iteration)
+    R = tri_solve_stack(LB, xp.broadcast_to(A, (C, M, n)))
+    z = tri_solve_stack(LB, (scale.vector * h_w)[..., None])[..., 0]
+    on_device = not ops.is_numpy(A)
+    by_point = StackedGaussians._by_point
+    return (by_point("cmn,cm", R, z, True, on_device), by_point("cmn,cmn", R, R, True, on_device))
 
 
 @compilable
@@ -556,7 +621,7 @@ def shared_matrix_gradients(one: StackedTerms, q: StackedGaussians, lik: Stacked
     b = xp.sum(b_sum, axis=0)  # [n]
     AB = A * b  # A diag(sum_c b_c)
     inner = ops.mT(q.w) @ q.w  # sum_c w_c w_c^T
-    inner += xp.sum(q.B_inv(), axis=0)
+    inner += q.B_inv_sum()
     ops.add_diagonal(inner, -float(C))  # the prior terms
     inner *= 0.5
     inner -= symmetrize(A @ ops.mT(Y))

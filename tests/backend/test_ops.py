@@ -54,6 +54,29 @@ def test_cholesky_solves_and_inverse_against_dense_answers(to):
 
 
 @pytest.mark.parametrize("to", _namespaces())
+def test_cho_inverse_terms_are_what_the_inverses_give(to):
+    """``cho_inverse_terms``: ``B_c^-1 v_c``, ``B_c^-1 X`` and ``sum_c B_c^-1`` without a
+    stack of inverses: the sum the same bits as summing ``cho_inverse``'s stack, the products
+    equal to products with it (round-off), a singular factor reported."""
+    rng = np.random.default_rng(2)
+    K = _spd_stack(rng, C=4, M=7)
+    L, _ = ops.cholesky(to(K))
+    v, X = rng.normal(size=(4, 7)), rng.normal(size=(7, 5))
+    B_inv = ops.to_host(ops.cho_inverse(L)[0])
+    w, Y, S, failed = ops.cho_inverse_terms(L, to(v), to(X), summed=True)
+    assert not failed
+    assert np.array_equal(ops.to_host(S), np.sum(B_inv, axis=0))
+    np.testing.assert_allclose(ops.to_host(w), np.einsum("cmk,ck->cm", B_inv, v), rtol=1e-13)
+    np.testing.assert_allclose(ops.to_host(Y), B_inv @ X, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(ops.to_host(Y), np.linalg.solve(K, X), rtol=1e-10)
+    w2, Y2, S2, _ = ops.cho_inverse_terms(L, to(v))
+    assert Y2 is None and S2 is None and np.array_equal(ops.to_host(w2), ops.to_host(w))
+    if isinstance(L, np.ndarray):  # numpy reports a singular factor (a device never does)
+        L[2, 3, 3] = 0.0
+        assert ops.cho_inverse_terms(L, v, X)[3]
+
+
+@pytest.mark.parametrize("to", _namespaces())
 def test_cholesky_reports_the_failing_matrix_instead_of_raising(to):
     rng = np.random.default_rng(1)
     K = _spd_stack(rng)

@@ -16,6 +16,8 @@ from gpinfer.sites.stacked import (
     as_stacked,
     cho_inverse_stack,
     scales,
+    shared_paired,
+    shared_project,
     stacked_cholesky,
     stacked_matrix_gradients,
     stacked_terms,
@@ -118,6 +120,35 @@ def test_gaussians_equal_whitened_gaussians(scale, device):
         np.testing.assert_allclose(R[c], p.R, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(lnr[c], ref.log_norm_ratio(), rtol=1e-10)
         np.testing.assert_allclose(B_inv[c], ref.B_inv(np.eye(M)), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_shared_paired_is_paired_and_shared_project(device):
+    """``shared_paired`` (the shared evaluation's Gaussians, on numpy without stacks of
+    ``B^-1``) gives ``StackedGaussians.paired(inverse=True)`` and ``shared_project`` of its
+    cavity: factors bit for bit, ``sum_c B_c^-1`` of ``q`` bit for bit on
+    numpy, means, log-norm ratios and projections to round-off."""
+    rng, X, kernels, Zs, P, h = _setup(4)
+    A = rng.normal(size=(M, N))
+    frac = (0.8, 0.9, 0.95)
+    if device:
+        torch = pytest.importorskip("torch")
+        A, P, h = (torch.as_tensor(a) for a in (A, P, h))
+    pair = scales(P, (1.0,) * C + frac, (2, C))
+    q, cav, lnr, moments = shared_paired(P, h, pair, A)
+    q0, cav0, lnr0 = StackedGaussians.paired(P, h, pair, inverse=True)
+    host = np.asarray
+    for got, want in ((q, q0), (cav, cav0)):
+        assert np.array_equal(host(got.LB), host(want.LB))
+        np.testing.assert_allclose(host(got.w), host(want.w), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(host(lnr), host(lnr0), rtol=1e-12)  # w . h: the means' round-off
+    S0 = host(q0.B_inv()).sum(axis=0)
+    if device:
+        np.testing.assert_allclose(host(q.B_inv_sum()), S0, rtol=1e-14)
+    else:
+        assert np.array_equal(q.B_inv_sum(), S0)
+    for a, b in zip(moments, shared_project(cav0, A)):
+        np.testing.assert_allclose(host(a), host(b), rtol=1e-11, atol=1e-14)
 
 
 @pytest.mark.parametrize("device", [False, True])
