@@ -74,15 +74,6 @@ ROBUSTMAX_MAX_SQRT_KAPPA = 256.0
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
-def _grid(step: float, window: float) -> tuple[Array, Array]:
-    """Trapezoid nodes ``t [n]`` on ``[-window, window]``, weights ``step N(t)`` (ends halved)."""
-    half = int(math.ceil(window / step))
-    t = step * np.arange(-half, half + 1)
-    w = step * _INV_SQRT_2PI * np.exp(-0.5 * t * t)
-    w[[0, -1]] *= 0.5
-    return t, w
-
-
 #: the fixed cost of one padded group of rows in row-nodes (its ~20 operators per class slab
 #: cost about as much as this many nodes of one row: digits svi batches, numpy on one core,
 #: on windows (``window_nodes``) 100..400 equally fast, 800 1.15x and 1 group 1.3x slower)
