@@ -430,7 +430,7 @@ def check_method_compatible(
         _check_batch_size(method_cls, name, batch_size)
     _check_likelihood(method_cls, name, task, likelihood_name, likelihood)
     if backend is not None:
-        _check_method_backend(method_cls, name, backend)
+        check_method_backend(method_cls, name, backend)
     if backend is not None and not backend.is_numpy:  # numpy runs every expectation rule
         lik = likelihood if likelihood is not None else _named_likelihood(
             method_cls, likelihood_name, n_classes)
@@ -501,9 +501,11 @@ def _check_likelihood(method_cls: type[Method], name: str, task: str,
         )
 
 
-def _check_method_backend(method_cls: type[Method], name: str, backend: Backend) -> None:
+def check_method_backend(method_cls: type[Method], name: str, backend: Backend) -> None:
     """``InputError`` unless ``method_cls`` runs on ``backend`` (``Method.backends``) in its
-    dtype (float32 needs ``Method.float32``), naming the installed methods that do."""
+    dtype (float32 needs ``Method.float32``), naming the installed methods that do. Part of
+    ``check_method_compatible``; ``gpinfer-run`` also calls it alone, before its store is
+    opened and its data are loaded (the rule's check needs the class count)."""
     supported = tuple(method_cls.backends)
     if backend.name not in supported:
         alts = _alternatives(lambda m: backend.name in tuple(m.backends))

@@ -2,8 +2,9 @@
 is logged yet and no MLflow run exists.
 
 The plain settings (``gpinfer.experiment.settings``), the thread policy, the method and its
-options (optimizer included), the array backend's settings, the kernel name, the output folder,
-the MLflow store; then the dataset, loaded and split with the run's seed, its targets checked
+options (optimizer included), the array backend's settings and the method on it
+(``gpinfer.validation.check_method_backend``), the kernel name, the output folder, the MLflow
+store; then the dataset, loaded and split with the run's seed, its targets checked
 for the task, the inputs (and a regression's targets) standardised on the training part, the
 problem checked against what the method declares (task, classes, mini-batches, likelihood, the
 method and its likelihood's expectation rule on the backend: the estimator's own check,
@@ -29,6 +30,7 @@ from gpinfer.experiment.redact import redact_uri
 from gpinfer.experiment.settings import Settings, as_mapping, config_to_dict, parse_settings
 from gpinfer.interfaces import Method
 from gpinfer.threads import blas_threads
+from gpinfer.validation import check_method_backend
 
 if TYPE_CHECKING:
     from gpinfer.data import Standardizer
@@ -294,7 +296,8 @@ def prepare(
     s = parse_settings(conf)
     blas_threads()  # the thread policy (GPINFER_BLAS_THREADS), checked before any MLflow run
     method_cls, options, applied = _check_method(s)
-    backend = resolve_backend(s.backend, s.device, s.dtype)  # checked with the method below
+    backend = resolve_backend(s.backend, s.device, s.dtype)
+    check_method_backend(method_cls, s.method, backend)  # its likelihood's rule with the data
     _check_kernel_name(s.kernel)
     out_dir = res.check_output_dir(output_dir if output_dir is not None else _hydra_output_dir())
     logger = _open_store(s, conf)

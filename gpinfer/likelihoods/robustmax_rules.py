@@ -34,7 +34,7 @@ likelihood's rule at ``C = 10``, with absolute errors ~1e-9 against it (tests
 ``tests/likelihoods/test_robustmax_rules.py``).
 
 Both rules take arrays of any array-API namespace (numpy, torch on a CPU or GPU:
-``gpinfer.backend``) and return arrays of it. The trapezoid reads its rows' step levels on the
+``gpinfer.backend``) and return arrays of it. The trapezoid reads its rows' node counts on the
 host (one device sync per call). Of a row's grid it evaluates only the window of nodes where
 the integrand is not negligible (``window_nodes``): below it some ``z_k < -9`` (the node's terms
 below ``phi(9) = 1e-18`` of its weight: left out), above it every ``z_k > 9`` (``Phi = 1`` in
@@ -72,15 +72,6 @@ STEP_QUANTUM = 0.25
 ROBUSTMAX_MAX_SQRT_KAPPA = 256.0
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-
-
-def _grid(step: float, window: float) -> tuple[Array, Array]:
-    """Trapezoid nodes ``t [n]`` on ``[-window, window]``, weights ``step N(t)`` (ends halved)."""
-    half = int(math.ceil(window / step))
-    t = step * np.arange(-half, half + 1)
-    w = step * _INV_SQRT_2PI * np.exp(-0.5 * t * t)
-    w[[0, -1]] *= 0.5
-    return t, w
 
 
 #: the fixed cost of one padded group of rows in row-nodes (its ~20 operators per class slab
@@ -173,8 +164,7 @@ def window_nodes(d: Array, rho: Array, steps: Array, window: float,
     t_hi = xp.max((negligible_z - d64) / rho64, axis=1)
     first = xp.minimum(xp.maximum(xp.floor(t_lo / h), -half), half + 1.0)
     last = xp.minimum(xp.maximum(xp.ceil(t_hi / h), first - 1.0), half)  # >= first - 1
-    tail_first = xp.maximum(last + 1.0, -half)
-    return WindowNodes(half, first, last - first + 1.0, half - tail_first + 1.0)
+    return WindowNodes(half, first, last - first + 1.0, half - last)  # tail from last + 1
 
 
 def _window_grids(ref: Array, steps: Array, half: Array, first: Array, count: Array, n: int

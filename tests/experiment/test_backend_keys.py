@@ -85,6 +85,18 @@ def test_bad_settings_fail_before_any_mlflow_run(
     assert not (tmp_path / "run" / "result.json").exists()
 
 
+def test_a_numpy_only_method_is_refused_before_the_store_and_the_data(
+    tmp_path: Path, store_uri: str
+) -> None:
+    """The method on the backend needs neither the data nor the store: refused before the
+    experiment is made (only the likelihood's rule waits for the class count)."""
+    pytest.importorskip("torch", reason="the torch settings are checked with PyTorch installed")
+    cfg = store_cfg(store_uri, "method=laplace", "backend=torch", "mlflow.experiment=never_made")
+    with pytest.raises(InputError, match=r"method 'laplace' runs on numpy only"):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert MlflowClient(store_uri).get_experiment_by_name("never_made") is None
+
+
 def test_a_regression_run_refuses_torch(tmp_path: Path, store_uri: str) -> None:
     pytest.importorskip("torch", reason="the torch settings are checked with PyTorch installed")
     before = len(store_runs(store_uri))

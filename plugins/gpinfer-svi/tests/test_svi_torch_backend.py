@@ -325,10 +325,12 @@ def test_estimator_runs_svi_on_torch():
 
 
 def test_vi_robustmax_preset_runs_on_torch():
-    """The preset's batch L-BFGS-B runs on every backend (its state on the host)."""
+    """The preset's batch L-BFGS-B runs on every backend (its state on the host): the check
+    before training passes it and its default rule (robust-max trapezoid) on torch."""
     from gpinfer_svi.presets import ViRobustMax
 
-    from gpinfer.backend.choice import check_method_backend
+    from gpinfer.validation import check_method_compatible
 
     assert set(ViRobustMax.backends) == {"numpy", "torch"}
-    check_method_backend(ViRobustMax, "vi-robustmax", resolve_backend("torch"))
+    check_method_compatible(ViRobustMax, 3, "classification", None, None,
+                            backend=resolve_backend("torch"))
