@@ -8,6 +8,8 @@ for an ``srun`` on the PATH (a stub here); nothing is submitted."""
 from __future__ import annotations
 
 import os
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +21,18 @@ from omegaconf import OmegaConf
 
 from gpinfer.experiment.app import CONF_DIR
 
+from .helpers import REPO
+
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher")
 
 import submitit  # noqa: E402
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf  # noqa: E402
 
 SWEEP = "/shared/sweeps/s1"
-#: the README's example, as a user types it
-README_OVERRIDES = ("hydra/launcher=gpinfer_slurm", "hydra.launcher.partition=cpu",
-                    "hydra.launcher.cpus_per_task=4", "method=laplace",
-                    "dataset=breast_cancer", "kernel=rbf,matern52", "seed=0,1,2,3")
+#: a user's command line: a partition, four CPUs per job, a sweep of 8 jobs
+OVERRIDES = ("hydra/launcher=gpinfer_slurm", "hydra.launcher.partition=cpu",
+             "hydra.launcher.cpus_per_task=4", "method=laplace", "dataset=breast_cancer",
+             "kernel=rbf,matern52", "seed=0,1,2,3")
 THREADS_LINE = ("export GPINFER_BLAS_THREADS={n} OPENBLAS_NUM_THREADS={n} OMP_NUM_THREADS={n} "
                 "MKL_NUM_THREADS={n} SRUN_CPUS_PER_TASK={n}")
 
@@ -46,7 +50,7 @@ def _launcher_params(*overrides: str) -> dict[str, Any]:
 
 
 def test_gpinfer_slurm_composes_to_the_slurm_launcher_with_gpinfer_settings() -> None:
-    params = _launcher_params(*README_OVERRIDES)
+    params = _launcher_params(*OVERRIDES)
     assert params["_target_"].endswith("submitit_launcher.SlurmLauncher")
     assert params["partition"] == "cpu" and params["cpus_per_task"] == 4
     assert params["setup"] == [THREADS_LINE.format(n=4)]
@@ -54,6 +58,24 @@ def test_gpinfer_slurm_composes_to_the_slurm_launcher_with_gpinfer_settings() ->
     assert params["additional_parameters"] == {"export": "ALL"}
     assert params["timeout_min"] == 120 and params["mem_gb"] == 8
     assert params["array_parallelism"] == 64 and params["max_num_timeout"] == 0
+
+
+def _readme_slurm_commands() -> list[list[str]]:
+    """The README's ``gpinfer-run -m hydra/launcher=gpinfer_slurm ...`` commands, as
+    arguments (continuation lines joined)."""
+    text = (REPO / "README.md").read_text().replace("\\\n", " ")
+    return [shlex.split(m.group(0)) for m in
+            re.finditer(r"^gpinfer-run -m hydra/launcher=gpinfer_slurm .*$", text, re.MULTILINE)]
+
+
+def test_the_readme_commands_compose_to_the_slurm_launcher() -> None:
+    commands = _readme_slurm_commands()
+    assert len(commands) == 2  # the CPU example and the GPU one
+    for args in commands:
+        params = _launcher_params(*args[2:])
+        assert params["_target_"].endswith("submitit_launcher.SlurmLauncher"), args
+        assert params["partition"] and params["setup"] == [
+            THREADS_LINE.format(n=params["cpus_per_task"])], args
 
 
 def test_the_default_is_one_thread_per_job() -> None:
@@ -79,7 +101,7 @@ def test_the_sbatch_script_has_the_threads_resources_and_environment(
     stub.write_text("#!/bin/sh\nexit 1\n")
     stub.chmod(0o755)
     monkeypatch.setenv("PATH", f"{stub.parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    params = _launcher_params(*README_OVERRIDES)
+    params = _launcher_params(*OVERRIDES)
     del params["_target_"]
     folder = str(tmp_path / "submitit" / "%j")
     executor = submitit.AutoExecutor(cluster="slurm", folder=folder,
