@@ -69,6 +69,30 @@
    11.8 ms with it); ``potri`` as the halved ``trtri`` and ``lauum`` (4.8 vs 4.6 ms);
    ``symm`` and ``syr2k`` for the symmetric products (no faster than ``gemm``).
 
+   Re-measured after s37-floor2 (2026-12-05, one thread, dgemm 74.6 GFLOP/s, load 5.6-6.4):
+   the necessary calls 107.8 ms = **1.94x** (the same floor within noise; ``potri`` 9.7 ms
+   for two). LAPACK against blocked alternatives at orders 50..400 (``[10, M, M]``, least of
+   9 process-CPU times, load 4.6-7): a recursive blocked Cholesky (the halves, the panel by
+   ``trsm``, the Schur update one batched product, LAPACK ``potrf`` at leaves of 48, 64 or
+   100; equal to LAPACK to 1e-11 relative) is slower at every order from 100 on (M = 100:
+   0.45 vs 0.40 ms; 200: 3.1 vs 2.1; 300: 8.8 vs 5.5; 400: 20.2 vs 11.5; at 50 equal), and
+   ``potri`` beats the halved ``trtri`` and one ``gemm`` (or ``trmm``) of ``T^T T`` (M = 100:
+   0.88 vs 1.25 ms; 200: 4.3 vs 5.5; 300: 11.8 vs 14.4; 400: 28.5 vs 33.9; at 50 equal):
+   OpenBLAS's small ``potrf``/``trsm`` run no faster per FLOP than the whole (``potrf`` at
+   order 100 8-9 GFLOP/s, at 200 11-12), so splitting adds calls and passes and takes nothing
+   off; LAPACK is kept at every order and the floor's factorisation timings stand. Cut
+   instead: copies around the calls (``ops.cho_inverse`` inverts one copy of the stack in
+   place, 5.02 -> 4.45 ms per call; the gradient's sandwich runs in place on its operand,
+   5.43 -> 4.11 ms): the evaluation phase 39.3 -> 38.9 ms per step (medians of 4-5 epochs
+   alternating old and new in one run, load 5.8-6.5). The step in three interleaved rounds
+   (``--parts sep --epochs 3``, load 6.4-9.3): main 167.3 / 166.2 / 163.4 ms, the branch
+   165.9 / 166.6 / 165.8 ms (2.92-2.98x; phases: kernel terms 49, site update 30, log Z_q
+   and matrix gradients 38-39, kernel VJPs 34-35, Adam 11, coordinates 4, rest 1.5 ms): the
+   cut is below the step's run-to-run noise. Not taken: allocator settings (no ``mmap`` for
+   large arrays: 170.7 / 168.6 vs 165.9 / 171.3 ms, no gain: the step's fresh arrays cost
+   no page faults worth measuring), a finiteness check by one sum (0.43 vs 0.54 ms per
+   ``[C, M, D]`` array: memory-bound either way).
+
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/engine_step.py [--epochs 3]
         [--parts sep,floor,necessary,ops,compiled,digits] [--peers ~/peers-venv]
 """

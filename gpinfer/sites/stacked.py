@@ -169,11 +169,13 @@ class StackedTerms:
         """Inverse of ``to_whitened``: ``(L^-T P_w L^-1, L^-T h_w)``."""
         return self.sandwich(P_w), self.unwhiten(h_w[..., None])[..., 0]
 
-    def sandwich(self, S: Array) -> Array:
-        """``L^-T S L^-1`` ``[C, M, M]`` for symmetric ``S [C, M, M]`` (symmetrised)."""
+    def sandwich(self, S: Array, *, overwrite: bool = False) -> Array:
+        """``L^-T S L^-1`` ``[C, M, M]`` for symmetric ``S [C, M, M]`` (symmetrised);
+        ``overwrite``: the caller owns ``S`` and reads it no more (numpy's products with
+        ``L^-1`` then run in place on it: no ``[C, M, M]`` copy)."""
         if self.L_inv is not None:
-            return symmetrize(ops.tri_matmul(self.L_inv, self.unwhiten(S), right=True,
-                                             overwrite=True))
+            return symmetrize(ops.tri_matmul(self.L_inv, self.unwhiten(S, overwrite=overwrite),
+                                             right=True, overwrite=True))
         T = tri_solve_stack(self.L, S, transpose=True, L_T=self.L_T)  # L^-T S
         if not ops.is_numpy(T):  # (L^-T S) L^-1: one solve from the right, no views
             return symmetrize(tri_solve_stack(self.L, T, right=True))
@@ -457,7 +459,7 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     ops.add_diagonal(inner, -1.0)  # the prior term
     inner *= 0.5
     inner -= cross
-    G_K = terms.sandwich(inner)  # L^-T inner L^-1
+    G_K = terms.sandwich(inner, overwrite=True)  # L^-T inner L^-1 (inner read no more)
     G_uf = terms.unwhiten(X, overwrite=True)
     return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b_sum)
 

@@ -45,9 +45,16 @@ def test_cholesky_solves_and_inverse_against_dense_answers(to):
                                                   right=True))
             assert Xr.shape == Br.shape
             np.testing.assert_allclose(Xr @ T, Br, rtol=1e-10, atol=1e-12)
+    L_before = ops.to_host(L).copy()
     inv, bad = ops.cho_inverse(L)
     assert not bad
     np.testing.assert_allclose(ops.to_host(inv), np.linalg.inv(K), rtol=1e-10, atol=1e-13)
+    np.testing.assert_array_equal(ops.to_host(L), L_before)  # the factors are read only
+    if ops.is_numpy(inv):  # both triangles from the one LAPACK triangle: exactly symmetric
+        np.testing.assert_array_equal(inv, np.swapaxes(inv, 1, 2))
+        singular = np.array(L)
+        singular[1, 2, 2] = 0.0
+        assert ops.cho_inverse(singular)[1]
     # one 2-D factor as well
     x2 = ops.to_host(ops.solve_triangular(L[0], to(B[0])))
     np.testing.assert_allclose(Lh[0] @ x2, B[0], rtol=1e-10, atol=1e-12)
@@ -289,6 +296,12 @@ def test_tri_inverse_and_the_terms_solved_by_products(on_torch):
         arg = S if f == "sandwich" else X
         np.testing.assert_allclose(ops.to_host(getattr(by_products, f)(arg)),
                                    ops.to_host(getattr(solved, f)(arg)), rtol=1e-11, atol=1e-12)
+    # a sandwich that may write into its argument: the same values
+    S_before = ops.to_host(S).copy()
+    kept = ops.to_host(by_products.sandwich(S))
+    np.testing.assert_array_equal(ops.to_host(S), S_before)  # without overwrite S is kept
+    np.testing.assert_array_equal(
+        ops.to_host(by_products.sandwich(ops.copy(S), overwrite=True)), kept)
 
 
 @pytest.mark.parametrize("to", _namespaces())
