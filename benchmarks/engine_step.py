@@ -407,15 +407,14 @@ def necessary_floor(rate: float, repeats: int = 7) -> dict[str, object]:
 
 
 def _inverse_or_solve(repeats: int, M_: int = M, B_: int = B, C_: int = C) -> dict[str, float]:
-    """The cavity factor ``L_B`` is used in two ``[C, M, B]`` solves per evaluation
-    (``R = L_B^-1 A``, ``B^-1 A = L_B^-T R``): CPU ms of the two ``trsm`` against one ``trtri``
-    and two ``trmm`` (least of ``repeats``, interleaved)."""
+    """The evaluation's ``B_cav^-1 A`` ``[C, M, B]`` from the cavity factor ``L_B``: CPU ms of
+    two ``trsm`` (``R = L_B^-1 A``, then ``L_B^-T R``), of one ``trtri`` and two ``trmm``, and
+    of ``potri`` and one ``gemm`` (numpy's choice: ``StackedGaussians.project(by_inverse=True)``)
+    (least of ``repeats``, interleaved; ``_stand_ins``' ``L`` and ``Kuf``)."""
     from gpinfer.backend import ops
 
-    rng = np.random.default_rng(2)
-    S = rng.normal(size=(C_, M_, M_)) / np.sqrt(M_)
-    LB = np.linalg.cholesky(S @ ops.mT(S) + 2.0 * np.eye(M_))
-    A = rng.normal(size=(C_, M_, B_))
+    a = _stand_ins(M_, B_, C_=C_)
+    LB, A = a["L"], a["Kuf"]
 
     def solves() -> None:
         ops.solve_triangular(LB, ops.solve_triangular(LB, A), transpose=True)
@@ -424,9 +423,13 @@ def _inverse_or_solve(repeats: int, M_: int = M, B_: int = B, C_: int = C) -> di
         T = ops.tri_inverse(LB)
         ops.tri_matmul(T, ops.tri_matmul(T, A), transpose=True)
 
-    best = {"two trsm": np.inf, "trtri + two trmm": np.inf}
+    def potri() -> None:
+        ops.cho_inverse(LB)[0] @ A
+
+    ways = (("two trsm", solves), ("trtri + two trmm", inverse), ("potri + gemm", potri))
+    best = {name: np.inf for name, _ in ways}
     for _ in range(repeats):
-        for name, f in (("two trsm", solves), ("trtri + two trmm", inverse)):
+        for name, f in ways:
             t0 = time.process_time()
             f()
             best[name] = min(best[name], time.process_time() - t0)

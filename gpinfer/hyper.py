@@ -575,47 +575,20 @@ def _stacked_parameter_gradient(hp: HyperParameters, X: Array,
     cov = hp.covariances(X)
     assert cov is not None  # hp.stacked is set
     xp = ops.namespace(X)
-
-    def stack(name: str) -> Array | None:
-        if isinstance(grads, StackedMatrixGradients):
-            return getattr(grads, name)
-        parts = [getattr(G, name) for G in grads]
-        if all(p is None for p in parts):
-            return None
-        ref = cov.Kuu if name == "Kuu" else cov.Kuf if name == "Kuf" else cov.Kff_diag
-        return xp.stack([ops.zeros(ref, tuple(ref.shape[1:])) if p is None else p
-                         for p in parts])
-
     need_Z = any(hp.inducing_is_free(l) for l in range(hp.n_latent))
     L = hp.n_latent
     kinds = [b.kind for b in hp._blocks]
-    # numpy, the usual layout (every latent's kernel, then every latent's Z, all free): the
-    # VJP writes g_Z into the gradient vector itself (no concatenation of C M D entries)
-    into = (ops.is_numpy(X) and need_Z and hp._all_free
-            and isinstance(grads, StackedMatrixGradients)
-            and hp._kernel_of_latent == list(range(L))
-            and kinds[: 2 * L] == ["kernel"] * L + ["inducing"] * L)
-    full_out = out_Z = None
-    Z_start = Z_stop = 0
-    if into:
-        full_out = np.empty(hp.n_entries)
-        Z_start, Z_stop = hp._blocks[L].start, hp._blocks[2 * L - 1].stop
-        out_Z = np.reshape(full_out[Z_start:Z_stop], tuple(cov.Z.shape))
-    g_params, g_Z = cov.vjp(stack("Kuu"), stack("Kuf"), stack("Kff_diag"), inputs=need_Z,
-                            out_Z=out_Z)
+    full_out = _vector_for_inputs(hp, X, grads, need_Z, kinds)
+    out_Z = None if full_out is None else _inducing_view(hp, full_out, cov)
+    g_params, g_Z = cov.vjp(*_stacked_weights(cov, grads, xp), inputs=need_Z, out_Z=out_Z)
     lik_grad = None if isinstance(grads, StackedMatrixGradients) else _likelihood_gradient(
         X, grads)
     if full_out is not None and out_Z is not None and g_Z is not None:
-        full_out[:Z_start] = np.reshape(g_params, (-1,))
-        if g_Z is not out_Z:
-            out_Z[...] = g_Z
-        full_out[Z_stop:] = 0.0  # a likelihood block: no gradient from stacked matrices
-        return full_out
+        return _filled_vector(hp, full_out, out_Z, g_params, g_Z)
     if (hp._free_prefix and hp.size == hp._kernel_stop and kinds[:L] == ["kernel"] * L
             and hp._kernel_of_latent == list(range(L))):
         return xp.reshape(g_params, (-1,))  # only the kernels learned: their rows, in order
-    if (hp._all_free and g_Z is not None and hp._kernel_of_latent == list(range(L))
-            and kinds[: 2 * L] == ["kernel"] * L + ["inducing"] * L):
+    if hp._all_free and g_Z is not None and _usual_layout(hp, kinds):
         # the usual layout: every latent's kernel, then every latent's Z: one concatenation
         parts = [xp.reshape(g_params, (-1,)), xp.reshape(g_Z, (-1,))]
         if len(kinds) > 2 * L:
@@ -631,6 +604,67 @@ def _stacked_parameter_gradient(hp: HyperParameters, X: Array,
         kernel_grads[j] = g_params[l] if g is None else g + g_params[l]
     Z_grads = [None if g_Z is None else g_Z[l] for l in range(L)]
     return _assemble(hp, full, kernel_grads, Z_grads, lik_grad)
+
+
+def _stacked_weights(cov: StackedCovariances, grads: Sequence[MatrixGradients], xp: Any
+                     ) -> tuple[Array | None, Array | None, Array | None]:
+    """The VJP's weights ``(dKuu, dKuf, dKff_diag)`` of every latent: those of
+    ``StackedMatrixGradients`` as they are, a list's stacked (zeros for a latent's ``None``
+    where another latent has the matrix; ``None`` where none has it)."""
+
+    def stack(name: str) -> Array | None:
+        if isinstance(grads, StackedMatrixGradients):
+            return getattr(grads, name)
+        parts = [getattr(G, name) for G in grads]
+        if all(p is None for p in parts):
+            return None
+        ref = cov.Kuu if name == "Kuu" else cov.Kuf if name == "Kuf" else cov.Kff_diag
+        return xp.stack([ops.zeros(ref, tuple(ref.shape[1:])) if p is None else p
+                         for p in parts])
+
+    return stack("Kuu"), stack("Kuf"), stack("Kff_diag")
+
+
+def _usual_layout(hp: HyperParameters, kinds: list[str]) -> bool:
+    """Whether the vector holds every latent's own kernel, then every latent's ``Z``."""
+    L = hp.n_latent
+    return (hp._kernel_of_latent == list(range(L))
+            and kinds[: 2 * L] == ["kernel"] * L + ["inducing"] * L)
+
+
+def _vector_for_inputs(hp: HyperParameters, X: Array, grads: Sequence[MatrixGradients],
+                       need_Z: bool, kinds: list[str]) -> np.ndarray | None:
+    """The gradient vector ``[n_entries]`` (empty) whose ``Z`` blocks the VJP writes ``g_Z``
+    into (``_inducing_view``): on numpy, stacked gradients, every entry free and the usual
+    layout (no concatenation of ``C M D`` entries); else ``None``."""
+    into = (ops.is_numpy(X) and need_Z and hp._all_free
+            and isinstance(grads, StackedMatrixGradients) and _usual_layout(hp, kinds))
+    return np.empty(hp.n_entries) if into else None
+
+
+def _inducing_span(hp: HyperParameters) -> tuple[int, int]:
+    """Where every latent's ``Z`` lies in the vector (usual layout): ``(start, stop)``."""
+    return hp._blocks[hp.n_latent].start, hp._blocks[2 * hp.n_latent - 1].stop
+
+
+def _inducing_view(hp: HyperParameters, full_out: np.ndarray, cov: StackedCovariances
+                   ) -> np.ndarray:
+    """The ``Z`` blocks of ``full_out`` (usual layout) as ``[C, M, D]``, a view."""
+    Z_start, Z_stop = _inducing_span(hp)
+    return np.reshape(full_out[Z_start:Z_stop], tuple(cov.Z.shape))
+
+
+def _filled_vector(hp: HyperParameters, full_out: np.ndarray, out_Z: np.ndarray,
+                   g_params: Array, g_Z: Array) -> np.ndarray:
+    """``full_out`` with the kernels' rows, ``g_Z`` in its ``Z`` view ``out_Z`` (where the VJP
+    did not write it there) and zeros after (a likelihood block: no gradient from stacked
+    matrices)."""
+    Z_start, Z_stop = _inducing_span(hp)
+    full_out[:Z_start] = np.reshape(g_params, (-1,))
+    if g_Z is not out_Z:
+        out_Z[...] = g_Z
+    full_out[Z_stop:] = 0.0
+    return full_out
 
 
 def _check_likelihood_size(lik_grad: Array | None, block: _Block) -> None:

@@ -1,5 +1,7 @@
-"""Array backends: the hot path of the scalable methods (sep, ep, svi, the kernels) written
-once against the Python array API standard, run on numpy (the default) or PyTorch (CPU, CUDA).
+"""Array backends: the hot path of the kernels and of the methods that declare the torch
+backend (``Method.backends``; ``gpinfer.validation.check_method_backend`` names them from the
+registry) written once against the Python array API standard, run on numpy (the default) or
+PyTorch (CPU, CUDA).
 
 * ``gpinfer.backend.choice``: what a user asks for (``backend``, ``device``, ``dtype``),
   checked up front, and the ``Backend`` a fit runs on (moving arrays to it and back);

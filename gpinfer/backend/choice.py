@@ -141,17 +141,3 @@ def resolve_backend(backend: str | None = None, device: str | None = None,
     torch = torch_module("backend='torch'" if on_cpu else f"device={device!r}")
     return Backend("torch", _checked_device(torch, device or "cpu"), dtype)
 
-
-def check_method_backend(method: type, name: str, backend: Backend) -> None:
-    """``InputError`` when method ``name`` (a ``Method`` class) cannot run on ``backend``:
-    its class attributes ``backends`` (names it runs on) and ``float32`` (whether single
-    precision is stable for it)."""
-    supported = tuple(getattr(method, "backends", ("numpy",)))
-    if backend.name not in supported:
-        raise InputError(
-            f"method {name!r} runs on numpy only (backend={backend.name!r}, "
-            f"device={backend.device!r} asked for): leave backend and device unset, or use one "
-            "of the methods with a torch backend (sep, ep, svi)")
-    if backend.dtype == "float32" and not getattr(method, "float32", False):
-        why = getattr(method, "float64_reason", "it is not stable in single precision")
-        raise InputError(f"method {name!r} needs dtype='float64': {why}")

@@ -586,9 +586,9 @@ def shared_cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,
     update's cavity: it reads no ``w`` and no ``B^-1``.)"""
     xp = ops.namespace(A)
     C, M, n = P_w.shape[0], A.shape[0], A.shape[-1]
-    LB = site_cholesky(ops.scaled_plus_diagonal(scale.matrix, P_w, 1.0), h_w, iteration)
-    R = tri_solve_stack(LB, xp.broadcast_to(A, (C, M, n)))
-    z = tri_solve_stack(LB, (scale.vector * h_w)[..., None])[..., 0]
+    g = StackedGaussians(P_w, h_w, scale, iteration=iteration, means=False)  # L_B, a h_w
+    R = tri_solve_stack(g.LB, xp.broadcast_to(A, (C, M, n)))
+    z = tri_solve_stack(g.LB, g.h_w[..., None])[..., 0]
     on_device = not ops.is_numpy(A)
     by_point = StackedGaussians._by_point
     return (by_point("cmn,cm", R, z, True, on_device), by_point("cmn,cmn", R, R, True, on_device))
