@@ -93,8 +93,17 @@
    no page faults worth measuring), a finiteness check by one sum (0.43 vs 0.54 ms per
    ``[C, M, D]`` array: memory-bound either way).
 
+9. ``--parts digits-phases``: where digits' shared sep step (the model of 6. that GPflow's
+   SVGP is timed against) goes: process-CPU ms per step of its phases and of the shared
+   path's main calls (``PhaseClock``: ``cProfile`` inflates this step's many small calls, e.g.
+   the argmax factors' tilted moments 0.4-0.5 ms per call there, 0.28-0.34 ms here with
+   their masks). Measured 2026-12-05 (load 4.1): step 12.1 ms; update 5.0 (cavity moments
+   2.2, site products 0.96, rebase 0.75, tilted slopes 0.34), log Z_q and gradients 5.3
+   (q and cavity 4.0, summed gradients 0.78, tilted log Z 0.28), kernel terms 0.95, VJPs
+   0.49, optimiser 0.23.
+
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/engine_step.py [--epochs 3]
-        [--parts sep,floor,necessary,ops,compiled,digits] [--peers ~/peers-venv]
+        [--parts sep,floor,necessary,ops,compiled,digits,digits-phases] [--peers ~/peers-venv]
 """
 
 from __future__ import annotations
@@ -474,7 +483,8 @@ def torch_compiled(epochs: int, n: int = 1000) -> dict[str, object]:
     return out
 
 
-def digits(epochs: int) -> dict[str, float]:
+def _digits_train() -> tuple[np.ndarray, np.ndarray]:
+    """digits split 0's training points ``X [1617, 64]`` (scaled to ``[0, 1]``) and labels."""
     from sklearn.datasets import load_digits
 
     from gpinfer.data import load_dataset
@@ -487,7 +497,45 @@ def digits(epochs: int) -> dict[str, float]:
     X = X / 16.0
     rng = np.random.default_rng(0)
     train = np.sort(rng.permutation(X.shape[0])[: int(0.9 * X.shape[0])])
-    Xtr, ytr = X[train], y[train]
+    return X[train], y[train]
+
+
+def digits_shared_phases(epochs: int) -> dict[str, object]:
+    """Where digits' shared sep step goes (M = 100, batches of 200, ``shared_inducing``; the
+    model GPflow's SVGP is timed against): process-CPU ms per step of its phases and of the
+    shared path's main calls, over all epochs (``PhaseClock``: one clock read per call, where
+    ``cProfile`` inflates the many small calls, e.g. ``argmax_factor_tilted`` about 4x)."""
+    import gpinfer_ep.state as state
+    from gpinfer_ep.method import SparseSites
+
+    from gpinfer.hyper import HyperParameters
+    from gpinfer.training.loop import TrainingLoop
+
+    X, y = _digits_train()
+    phases = {"kernel terms (Kuu, Kuf, chol, A)": (SparseSites, "prepare"),
+              "site update": (SparseSites, "update"),
+              "  its cavity moments (chol, trsm)": (state, "shared_cavity_moments"),
+              "  its tilted slopes (argmax factors)": (state, "pair_slopes"),
+              "  its site products A diag(tau_c) A^T": (state, "shared_site_products"),
+              "  its rebase of the sums (T = L^-1 L')": (state.TiedSites, "_whitened_sums"),
+              "log Z_q + matrix gradients": (SparseSites, "objective"),
+              "  q and cavity (2 chol, 2 potri, B^-1 A)": (state, "shared_paired"),
+              "  tilted log Z (argmax factors)": (state, "pair_log_z"),
+              "  summed matrix gradients": (state, "shared_matrix_gradients"),
+              "kernel VJPs (hp.gradient)": (HyperParameters, "gradient"),
+              "optimiser (Adam, pack/unpack)": (TrainingLoop, "_ascend"),
+              "one step, all of it": (TrainingLoop, "_step")}
+    with PhaseClock(phases) as clock:
+        out = fit_steps(X, y, "sep", 100, 200, epochs,
+                        {"adam_learning_rate": 0.01, "shared_inducing": True})
+    n_steps = epochs * -(-X.shape[0] // 200)
+    return {"step_cpu_ms (epochs 2..)": round(1e3 * float(out["step_cpu_s"]), 2),
+            "phases_ms_per_step (all epochs)": {k: round(1e3 * clock.spent[k] / n_steps, 3)
+                                                for k in phases if k in clock.spent}}
+
+
+def digits(epochs: int) -> dict[str, float]:
+    Xtr, ytr = _digits_train()
     out = {}
     out["sep_step_cpu_ms"] = 1e3 * fit_steps(
         Xtr, ytr, "sep", 100, 200, epochs, {"adam_learning_rate": 0.01})["step_cpu_s"]
@@ -514,7 +562,8 @@ def main() -> None:
     ap.add_argument("--parts", default="sep,ops,digits",
                     help="comma-separated: sep (MNIST-size CPU step), floor (its dense calls timed "
                     "one by one), necessary (the calls its maths needs, each in its fastest "
-                    "way), ops (aten ops), digits, "
+                    "way), ops (aten ops), digits, digits-phases (the shared sep step's "
+                    "phases), "
                     "compiled (torch-CPU step eager vs compile='default')")
     ap.add_argument("--peers", default=None, help="side venv of ../shared/peers (GPflow ratio)")
     a = ap.parse_args()
@@ -535,6 +584,8 @@ def main() -> None:
             report["sep_mnist_size_torch_cpu_compiled"] = torch_compiled(a.epochs)
         if "digits" in parts:
             report["digits"] = digits(a.digits_epochs)
+        if "digits-phases" in parts:
+            report["digits_shared_sep_phases"] = digits_shared_phases(a.digits_epochs)
     print(json.dumps(report, indent=1))
     if a.peers:
         peers = ROOT.parent / "shared" / "peers"
