@@ -1,0 +1,337 @@
+"""Row sources: inputs ``X [N, D]`` read a block of rows at a time, never all at once.
+
+A ``RowSource`` gives ``n_rows``, ``n_cols``, ``dtype``, ``rows(index) -> [B, D]`` (in the
+source's dtype: float32 stays float32) and ``chunks(size)``. Three kinds:
+
+* ``ArraySource``: a ``numpy.memmap`` or any 2-D array object with a numeric ``dtype`` and row
+  indexing (``obj[index_array]``, ``obj[start:stop]``);
+* ``ShardSource``: a list of ``.npy`` files (``np.save``) opened with ``mmap_mode="r"``, their
+  rows one after the other;
+* ``ParquetSource`` (``gpinfer.data.parquet``): the numeric columns of a Parquet dataset.
+
+``as_source(X)`` turns what an estimator accepts out of core (a memmap, a list of ``.npy``
+paths, a source) into a source, and ``None`` for in-memory input, which keeps its own path.
+``scan`` checks a source in chunks, reading each chunk once, and gathers the column statistics
+the estimator needs (``ColumnStats``); ``SourceRows`` is ``X`` as a method reads it (a row
+subset, cast to float64 and standardised per batch).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpinfer.errors import InputError
+
+Array = np.ndarray
+
+__all__ = [
+    "CHUNK_ROWS",
+    "ArraySource",
+    "ColumnStats",
+    "RowSource",
+    "ShardSource",
+    "SourceRows",
+    "as_source",
+    "host_rows",
+    "scan",
+]
+
+#: rows per chunk for checks, statistics and prediction (20 columns: 5 MB of float64)
+CHUNK_ROWS = 32_768
+
+
+class RowSource:
+    """Rows of an input matrix ``X [N, D]`` read on demand (see the module docstring)."""
+
+    n_rows: int
+    n_cols: int
+    dtype: np.dtype
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n_rows, self.n_cols)
+
+    def rows(self, index: Array | slice) -> Array:
+        """Rows ``[B, D]`` at ``index`` (an int array ``[B]``, in its order, or a slice), in the
+        source's dtype."""
+        raise NotImplementedError
+
+    def chunks(self, size: int = CHUNK_ROWS) -> Iterator[tuple[int, Array]]:
+        """``(start, rows [b, D])`` of consecutive blocks of at most ``size`` rows."""
+        for start in range(0, self.n_rows, size):
+            yield start, self.rows(slice(start, min(start + size, self.n_rows)))
+
+    def describe(self) -> str:
+        """Where the rows come from, for messages."""
+        return type(self).__name__
+
+
+def _numeric_dtype(dtype: Any, what: str) -> np.dtype:
+    """``dtype`` as a ``np.dtype`` when it is a real number type; else ``InputError``."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise InputError(f"{what} has no numeric dtype (got {dtype!r})") from exc
+    if dt.kind == "c":
+        raise InputError(f"{what}: Complex data not supported; pass real-valued inputs")
+    if dt.kind not in "biuf":
+        raise InputError(f"{what} must hold numbers only; its dtype is {dt}")
+    return dt
+
+
+def _check_size(n: int, d: int, what: str) -> None:
+    if n == 0:
+        raise InputError(f"{what} has 0 sample(s) (shape=({n}, {d})) while a minimum of 1 is "
+                         "required.")
+    if d == 0:
+        raise InputError(f"{what} has 0 feature(s) (shape=({n}, {d})) while a minimum of 1 is "
+                         "required.")
+
+
+class ArraySource(RowSource):
+    """A ``numpy.memmap`` or any 2-D array object with a numeric ``dtype``, a ``shape`` and row
+    indexing by an int array and by a slice (h5py, zarr, a user's wrapper). Rows at an index
+    array are read in increasing order (sequential reads) and returned in the order asked."""
+
+    def __init__(self, data: Any, name: str = "X"):
+        shape = getattr(data, "shape", None)
+        if shape is None or not hasattr(data, "__getitem__"):
+            raise InputError(f"{name} must be an array with a shape and row indexing; got "
+                             f"{type(data).__name__}")
+        if len(shape) != 2:
+            raise InputError(f"{name} must be a 2-D array [N, D]; got shape {tuple(shape)}")
+        self.data, self.name = data, name
+        self.n_rows, self.n_cols = int(shape[0]), int(shape[1])
+        self.dtype = _numeric_dtype(getattr(data, "dtype", None), name)
+        _check_size(self.n_rows, self.n_cols, name)
+
+    def rows(self, index: Array | slice) -> Array:
+        if isinstance(index, slice):
+            return np.asarray(self.data[index])
+        return _gather(lambda idx: np.asarray(self.data[idx]), np.asarray(index, dtype=np.int64))
+
+    def describe(self) -> str:
+        return f"{type(self.data).__name__} of shape {self.shape}"
+
+
+def _gather(read: Any, index: Array) -> Array:
+    """``read(index)`` with the reads in increasing row order; rows returned in ``index``'s."""
+    if index.size < 2 or bool(np.all(index[1:] >= index[:-1])):
+        return read(index)
+    order = np.argsort(index, kind="stable")
+    block = read(index[order])
+    out = np.empty_like(block)
+    out[order] = block
+    return out
+
+
+class ShardSource(RowSource):
+    """A list of ``.npy`` files, each ``[N_k, D]`` with the same ``D`` and dtype, opened with
+    ``mmap_mode="r"``; their rows one after the other (row ``i`` of the source is row
+    ``i - offsets[k]`` of shard ``k``). ``InputError`` for a missing file, one that is not a
+    2-D ``.npy`` array, another column count or dtype than the first shard's."""
+
+    def __init__(self, paths: Sequence[str | os.PathLike[str]], name: str = "X"):
+        if len(paths) == 0:
+            raise InputError(f"{name} is an empty list of shards; give at least one .npy file")
+        self.name, self.paths = name, [Path(p) for p in paths]
+        self.shards = [self._open(k, p) for k, p in enumerate(self.paths)]
+        first = self.shards[0]
+        for k, shard in enumerate(self.shards[1:], start=1):
+            if shard.shape[1] != first.shape[1]:
+                raise InputError(
+                    f"{name}: shard {k} ({str(self.paths[k])!r}) has {shard.shape[1]} column(s) "
+                    f"but shard 0 ({str(self.paths[0])!r}) has {first.shape[1]}; every shard "
+                    "needs the same columns")
+            if shard.dtype != first.dtype:
+                raise InputError(
+                    f"{name}: shard {k} ({str(self.paths[k])!r}) has dtype {shard.dtype} but "
+                    f"shard 0 has {first.dtype}; mixed dtypes across shards (save every shard "
+                    "with one dtype, e.g. float32)")
+        self.offsets = np.cumsum([0] + [s.shape[0] for s in self.shards])
+        self.n_rows, self.n_cols = int(self.offsets[-1]), int(first.shape[1])
+        self.dtype = first.dtype
+        _check_size(self.n_rows, self.n_cols, name)
+
+    def _open(self, k: int, path: Path) -> Array:
+        if not path.is_file():
+            raise InputError(f"{self.name}: shard {k} not found: {str(path)!r}")
+        try:
+            a = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError) as exc:
+            raise InputError(f"{self.name}: shard {k} ({str(path)!r}) is not a .npy array file "
+                             f"(np.save): {exc}") from exc
+        if not isinstance(a, np.ndarray):
+            a.close()
+            raise InputError(f"{self.name}: shard {k} ({str(path)!r}) is an .npz archive; give "
+                             "one .npy file per shard")
+        if a.ndim != 2:
+            raise InputError(f"{self.name}: shard {k} ({str(path)!r}) must be 2-D [N_k, D]; "
+                             f"got shape {a.shape}")
+        _numeric_dtype(a.dtype, f"{self.name}: shard {k} ({str(path)!r})")
+        return a
+
+    def rows(self, index: Array | slice) -> Array:
+        if isinstance(index, slice):
+            index = np.arange(self.n_rows)[index]
+        return _gather(self._read_sorted, np.asarray(index, dtype=np.int64))
+
+    def _read_sorted(self, index: Array) -> Array:
+        """Rows at a sorted ``index`` (consecutive rows of one shard read as one slice)."""
+        if index.size and (index[0] < 0 or index[-1] >= self.n_rows):
+            raise IndexError(f"row index out of range 0..{self.n_rows - 1}")
+        out = np.empty((index.size, self.n_cols), dtype=self.dtype)
+        shard_of = np.searchsorted(self.offsets, index, side="right") - 1
+        for k in np.unique(shard_of):
+            at = np.flatnonzero(shard_of == k)
+            local = index[at] - self.offsets[k]
+            if local[-1] - local[0] + 1 == local.size:
+                out[at] = self.shards[k][local[0]:local[-1] + 1]
+            else:
+                out[at] = self.shards[k][local]
+        return out
+
+    def describe(self) -> str:
+        return f"{len(self.paths)} .npy shard(s), {self.n_rows} rows x {self.n_cols} columns"
+
+
+def _is_path(obj: Any) -> bool:
+    return isinstance(obj, str | os.PathLike)
+
+
+def as_source(X: Any, name: str = "X") -> RowSource | None:
+    """``X`` as a ``RowSource`` when it is given out of core: a ``RowSource`` itself, a
+    ``numpy.memmap``, or a list/tuple of ``.npy`` paths (non-empty, every item a path); a
+    Parquet file or directory path (``.parquet``) becomes a ``ParquetSource``. ``None`` for any
+    other input (arrays, lists of numbers, DataFrames, tensors): the in-memory path."""
+    if isinstance(X, RowSource):
+        return X
+    if isinstance(X, np.memmap):
+        return ArraySource(X, name)
+    if isinstance(X, list | tuple) and X and all(_is_path(p) for p in X):
+        return ShardSource(X, name)
+    return None
+
+
+@dataclass
+class ColumnStats:
+    """Per-column statistics of ``X [N, D]`` from ``scan``: ``n`` rows, ``mean [D]``, ``m2
+    [D]`` (sum of squared deviations from the mean), ``minimum [D]``, ``maximum [D]`` (float64).
+
+    On one chunk they equal ``X.mean(0)``, ``X.std(0) ** 2 * n`` (``std`` gives the same bits
+    as ``Standardizer``), ``X.min(0)``, ``X.max(0)``; chunks are merged by Chan et al.'s rule."""
+
+    n: int
+    mean: Array
+    m2: Array
+    minimum: Array
+    maximum: Array
+
+    @classmethod
+    def of(cls, block: Array) -> ColumnStats:
+        """The statistics of one float64 block ``[b, D]``."""
+        mean = block.mean(axis=0)
+        dev = block - mean
+        return cls(block.shape[0], mean, (dev * dev).sum(axis=0), block.min(axis=0),
+                   block.max(axis=0))
+
+    def merge(self, other: ColumnStats) -> ColumnStats:
+        """The statistics of both blocks' rows."""
+        n = self.n + other.n
+        delta = other.mean - self.mean
+        mean = self.mean + delta * (other.n / n)
+        m2 = self.m2 + other.m2 + delta * delta * (self.n * other.n / n)
+        return ColumnStats(n, mean, m2, np.minimum(self.minimum, other.minimum),
+                           np.maximum(self.maximum, other.maximum))
+
+    @property
+    def std(self) -> Array:
+        """Population standard deviation ``[D]``."""
+        return np.sqrt(self.m2 / self.n)
+
+
+def scan(source: RowSource, name: str = "X", chunk_rows: int = CHUNK_ROWS) -> ColumnStats:
+    """Check every value of ``source`` in chunks of ``chunk_rows`` rows, reading each chunk once,
+    and return its ``ColumnStats`` (float64 accumulators). ``InputError`` at the first chunk
+    with a NaN or inf, naming its global row and column."""
+    stats: ColumnStats | None = None
+    for start, raw in source.chunks(chunk_rows):
+        block = np.array(raw, dtype=np.float64, order="C")
+        finite = np.isfinite(block)
+        if not finite.all():
+            bad_rows = np.flatnonzero(~finite.all(axis=1))
+            row = int(bad_rows[0])
+            col = int(np.flatnonzero(~finite[row])[0])
+            raise InputError(
+                f"{name} ({source.describe()}) contains NaN/inf values; first at row "
+                f"{start + row}, column {col} ({block[row, col]}), found by the chunked check "
+                f"(rows {start}..{start + block.shape[0] - 1}). Remove or impute them first.")
+        part = ColumnStats.of(block)
+        stats = part if stats is None else stats.merge(part)
+    assert stats is not None  # a source has at least one row
+    return stats
+
+
+class SourceRows:
+    """``X [N, D]`` as a method reads it from a ``RowSource``: the rows ``index`` of the source
+    (all of them when ``None``), each batch read, cast to float64 and standardised
+    (``(x - mean) / scale``, ``[D]`` each, when given) on demand. ``X[rows]`` with an int array
+    or a slice gives a float64 array ``[B, D]``; ``subset(rows)`` a lazy view of some rows.
+    Turning it into one array (``np.asarray``) is refused: the point is never to hold all of X.
+    """
+
+    ndim = 2
+    dtype = np.dtype(np.float64)
+
+    def __init__(self, source: RowSource, index: Array | None = None,
+                 mean: Array | None = None, scale: Array | None = None):
+        self.source, self.index, self.mean, self.scale = source, index, mean, scale
+        n = source.n_rows if index is None else int(index.shape[0])
+        self.shape = (n, source.n_cols)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def _global(self, rows: Any) -> Array | slice:
+        if isinstance(rows, slice):
+            return rows if self.index is None else self.index[rows]
+        rows = np.asarray(rows)
+        if rows.dtype == bool:
+            rows = np.flatnonzero(rows)
+        rows = rows.astype(np.int64).reshape(-1)
+        return rows if self.index is None else self.index[rows]
+
+    def __getitem__(self, rows: Any) -> Array:
+        block = np.array(self.source.rows(self._global(rows)), dtype=np.float64)
+        if self.mean is not None:
+            block = (block - self.mean) / self.scale
+        return block
+
+    def subset(self, rows: Any) -> SourceRows:
+        """The rows ``rows`` (an int array or a slice of this view's rows), lazily."""
+        glob = self._global(rows)
+        if isinstance(glob, slice):
+            glob = np.arange(self.source.n_rows)[glob]
+        return SourceRows(self.source, glob, self.mean, self.scale)
+
+    def chunks(self, size: int = CHUNK_ROWS) -> Iterator[Array]:
+        """Consecutive float64 blocks ``[b, D]`` of at most ``size`` rows."""
+        for start in range(0, self.shape[0], size):
+            yield self[slice(start, min(start + size, self.shape[0]))]
+
+    def __array__(self, *args: Any, **kwargs: Any) -> Array:
+        raise InputError(
+            f"X ({self.source.describe()}) is read in batches and is never held in memory as one "
+            "array; this step needs all of X at once (use a mini-batch method with batch_size)")
+
+
+def host_rows(X: Any) -> Any:
+    """``X`` as a method reads its rows: a ``SourceRows`` as it is, anything else as a float64
+    array (``np.asarray(X, dtype=float)``)."""
+    return X if isinstance(X, SourceRows) else np.asarray(X, dtype=float)
