@@ -38,7 +38,10 @@ __all__ = [
     "ShardSource",
     "SourceRows",
     "as_source",
+    "checked_block",
     "host_rows",
+    "median_input",
+    "sample_rows",
     "scan",
 ]
 
@@ -62,8 +65,10 @@ class RowSource:
         source's dtype."""
         raise NotImplementedError
 
-    def chunks(self, size: int = CHUNK_ROWS) -> Iterator[tuple[int, Array]]:
-        """``(start, rows [b, D])`` of consecutive blocks of at most ``size`` rows."""
+    def chunks(self, size: int | None = None) -> Iterator[tuple[int, Array]]:
+        """``(start, rows [b, D])`` of consecutive blocks of at most ``size`` rows (None:
+        ``CHUNK_ROWS``)."""
+        size = size or CHUNK_ROWS
         for start in range(0, self.n_rows, size):
             yield start, self.rows(slice(start, min(start + size, self.n_rows)))
 
@@ -256,23 +261,29 @@ class ColumnStats:
         return np.sqrt(self.m2 / self.n)
 
 
-def scan(source: RowSource, name: str = "X", chunk_rows: int = CHUNK_ROWS) -> ColumnStats:
-    """Check every value of ``source`` in chunks of ``chunk_rows`` rows, reading each chunk once,
+def checked_block(raw: Array, start: int, source: RowSource, name: str = "X") -> Array:
+    """The chunk ``raw [b, D]`` (rows ``start..start+b-1`` of ``source``) as a float64 array;
+    ``InputError`` naming the global row and column of its first NaN or inf."""
+    block = np.array(raw, dtype=np.float64, order="C")
+    finite = np.isfinite(block)
+    if not finite.all():
+        row = int(np.flatnonzero(~finite.all(axis=1))[0])
+        col = int(np.flatnonzero(~finite[row])[0])
+        raise InputError(
+            f"{name} ({source.describe()}) contains NaN/inf values; first at row "
+            f"{start + row}, column {col} ({block[row, col]}), found by the chunked check "
+            f"(rows {start}..{start + block.shape[0] - 1}). Remove or impute them first.")
+    return block
+
+
+def scan(source: RowSource, name: str = "X", chunk_rows: int | None = None) -> ColumnStats:
+    """Check every value of ``source`` in chunks of ``chunk_rows`` rows (None: ``CHUNK_ROWS``),
+    reading each chunk once,
     and return its ``ColumnStats`` (float64 accumulators). ``InputError`` at the first chunk
     with a NaN or inf, naming its global row and column."""
     stats: ColumnStats | None = None
     for start, raw in source.chunks(chunk_rows):
-        block = np.array(raw, dtype=np.float64, order="C")
-        finite = np.isfinite(block)
-        if not finite.all():
-            bad_rows = np.flatnonzero(~finite.all(axis=1))
-            row = int(bad_rows[0])
-            col = int(np.flatnonzero(~finite[row])[0])
-            raise InputError(
-                f"{name} ({source.describe()}) contains NaN/inf values; first at row "
-                f"{start + row}, column {col} ({block[row, col]}), found by the chunked check "
-                f"(rows {start}..{start + block.shape[0] - 1}). Remove or impute them first.")
-        part = ColumnStats.of(block)
+        part = ColumnStats.of(checked_block(raw, start, source, name))
         stats = part if stats is None else stats.merge(part)
     assert stats is not None  # a source has at least one row
     return stats
@@ -294,6 +305,8 @@ class SourceRows:
         self.source, self.index, self.mean, self.scale = source, index, mean, scale
         n = source.n_rows if index is None else int(index.shape[0])
         self.shape = (n, source.n_cols)
+        #: the column statistics of these rows as given (before scaling), where known
+        self.stats: ColumnStats | None = None
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -320,8 +333,10 @@ class SourceRows:
             glob = np.arange(self.source.n_rows)[glob]
         return SourceRows(self.source, glob, self.mean, self.scale)
 
-    def chunks(self, size: int = CHUNK_ROWS) -> Iterator[Array]:
-        """Consecutive float64 blocks ``[b, D]`` of at most ``size`` rows."""
+    def chunks(self, size: int | None = None) -> Iterator[Array]:
+        """Consecutive float64 blocks ``[b, D]`` of at most ``size`` rows (None:
+        ``CHUNK_ROWS``)."""
+        size = size or CHUNK_ROWS
         for start in range(0, self.shape[0], size):
             yield self[slice(start, min(start + size, self.shape[0]))]
 
@@ -329,6 +344,34 @@ class SourceRows:
         raise InputError(
             f"X ({self.source.describe()}) is read in batches and is never held in memory as one "
             "array; this step needs all of X at once (use a mini-batch method with batch_size)")
+
+
+#: rows of an out-of-core ``X`` that k-means inducing inputs start from (``sample_rows``)
+KMEANS_SUBSET = 50_000
+
+
+def sample_rows(X: Any, limit: int) -> Any:
+    """``X`` itself when it is in memory; for a ``SourceRows``, its rows as one float64 array:
+    all of them when there are at most ``limit``, else ``limit`` rows drawn without replacement
+    by ``np.random.default_rng(0)`` (a fixed, documented subsample: the fit's own random stream
+    is not touched), in increasing row order."""
+    if not isinstance(X, SourceRows):
+        return X
+    n = X.shape[0]
+    if n <= limit:
+        return X[slice(None)]
+    return X[np.sort(np.random.default_rng(0).choice(n, limit, replace=False))]
+
+
+def median_input(X: Any) -> Any:
+    """What the median heuristic (``gpinfer.kernels.initialisation.median_distance``) reads:
+    ``X`` itself, or for a ``SourceRows`` of at most ``MEDIAN_SUBSET`` rows those rows as one
+    array (above that, ``median_distance`` draws its own subsample of rows by index)."""
+    from gpinfer.kernels.initialisation import MEDIAN_SUBSET
+
+    if isinstance(X, SourceRows) and X.shape[0] > MEDIAN_SUBSET:
+        return X
+    return sample_rows(X, MEDIAN_SUBSET)
 
 
 def host_rows(X: Any) -> Any:
