@@ -140,3 +140,14 @@ def test_prediction_from_a_memmap_checks_its_features(tmp_path):
     model = GPClassifier(**_settings("sep")).fit(X, y)
     with pytest.raises(InputError, match="expecting 3 features"):
         model.predict_proba(_memmap(tmp_path, X[:, :2]))
+
+
+def test_parquet_fit_equals_the_array_in_memory(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    X, y = _data()
+    pq.write_table(pa.table({f"x{j}": X[:, j] for j in range(3)}), tmp_path / "X.parquet",
+                   row_group_size=100)
+    P = GPClassifier(**_settings("sep")).fit(X, y).predict_proba(X)
+    model = GPClassifier(**_settings("sep")).fit(str(tmp_path / "X.parquet"), y)
+    np.testing.assert_array_equal(model.predict_proba(str(tmp_path / "X.parquet")), P)

@@ -212,8 +212,8 @@ def _is_path(obj: Any) -> bool:
 
 def as_source(X: Any, name: str = "X") -> RowSource | None:
     """``X`` as a ``RowSource`` when it is given out of core: a ``RowSource`` itself, a
-    ``numpy.memmap``, or a list/tuple of ``.npy`` paths (non-empty, every item a path); a
-    Parquet file or directory path (``.parquet``) becomes a ``ParquetSource``. ``None`` for any
+    ``numpy.memmap``, a ``.npy`` path or a list/tuple of them (non-empty, every item a path);
+    a Parquet file or directory path (``.parquet``) becomes a ``ParquetSource``. ``None`` for any
     other input (arrays, lists of numbers, DataFrames, tensors): the in-memory path."""
     if isinstance(X, RowSource):
         return X
@@ -221,6 +221,13 @@ def as_source(X: Any, name: str = "X") -> RowSource | None:
         return ArraySource(X, name)
     if isinstance(X, list | tuple) and X and all(_is_path(p) for p in X):
         return ShardSource(X, name)
+    if _is_path(X):
+        from gpinfer.data.parquet import ParquetSource, is_parquet
+
+        if is_parquet(X):
+            return ParquetSource(X, name=name)
+        if Path(X).suffix == ".npy":
+            return ShardSource([X], name)
     return None
 
 

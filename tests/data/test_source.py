@@ -120,3 +120,26 @@ def test_source_rows_cast_and_standardise_per_batch_and_refuse_to_materialise():
     np.testing.assert_array_equal(sub[:2], ref[[10, 3]])
     with pytest.raises(InputError, match="never held in memory"):
         np.asarray(view)
+
+
+def test_parquet_numeric_columns_are_a_source_and_other_columns_are_named(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    X = np.random.default_rng(4).normal(size=(70, 3)).astype(np.float32)
+    table = pa.table({"a": X[:, 0], "b": X[:, 1], "c": X[:, 2]})
+    pq.write_table(table, tmp_path / "x.parquet", row_group_size=20)
+    src = as_source(str(tmp_path / "x.parquet"))
+    assert src.shape == (70, 3) and src.dtype == np.float32
+    np.testing.assert_array_equal(src.rows(np.array([69, 0, 33])), X[[69, 0, 33]])
+    # row groups of 20 regrouped into chunks of exactly 16 rows
+    assert [(start, len(b)) for start, b in src.chunks(16)] == [
+        (0, 16), (16, 16), (32, 16), (48, 16), (64, 6)]
+    np.testing.assert_array_equal(np.concatenate([b for _, b in src.chunks(16)]), X)
+    pq.write_table(table.append_column("label", pa.array(["u"] * 70)), tmp_path / "s.parquet")
+    with pytest.raises(InputError, match="column 'label' .* is not numeric"):
+        as_source(tmp_path / "s.parquet")
+    bad = X.copy()
+    bad[64, 1] = np.nan
+    pq.write_table(pa.table({"a": bad[:, 0], "b": bad[:, 1]}), tmp_path / "n.parquet")
+    with pytest.raises(InputError, match=r"first at row 64, column 1"):
+        scan(as_source(tmp_path / "n.parquet"), chunk_rows=16)
