@@ -118,11 +118,32 @@ class ArraySource(RowSource):
 
     def rows(self, index: Array | slice) -> Array:
         if isinstance(index, slice):
-            return np.asarray(self.data[index])
-        return _gather(lambda idx: np.asarray(self.data[idx]), np.asarray(index, dtype=np.int64))
+            block = np.array(self.data[index])
+        else:
+            block = _gather(lambda idx: np.array(self.data[idx]),
+                            np.asarray(index, dtype=np.int64))
+        release_pages(self.data)
+        return block
 
     def describe(self) -> str:
         return f"{type(self.data).__name__} of shape {self.shape}"
+
+
+def release_pages(array: Any) -> None:
+    """Drop the pages of a ``numpy.memmap`` (or an ``np.load(mmap_mode="r")`` array) from this
+    process's resident set (``madvise(MADV_DONTNEED)``; the operating system's page cache keeps
+    them): read rows of a mapped file count in the RSS until then, so a scan or an epoch would
+    otherwise make the whole file resident. Nothing for other arrays or where ``madvise`` is
+    missing (the pages then stay, harmlessly, until the OS reclaims them)."""
+    import mmap
+
+    mapping = getattr(array, "_mmap", None)
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if mapping is not None and advice is not None and hasattr(mapping, "madvise"):
+        try:
+            mapping.madvise(advice)
+        except (OSError, ValueError):  # closed or not advisable: the pages stay
+            pass
 
 
 def _gather(read: Any, index: Array) -> Array:
@@ -200,6 +221,7 @@ class ShardSource(RowSource):
                 out[at] = self.shards[k][local[0]:local[-1] + 1]
             else:
                 out[at] = self.shards[k][local]
+            release_pages(self.shards[k])
         return out
 
     def describe(self) -> str:
