@@ -546,7 +546,7 @@ class _GPEstimatorBase:
             self._likelihood_name() or self._default_likelihood,
             likelihood=self.likelihood if isinstance(self.likelihood, Likelihood) else None)
         if stats is not None:
-            check_out_of_core(method_cls, name, self.batch_size, X.shape[0])
+            check_out_of_core(method_cls, name, self.batch_size, X.shape[0], self._task)
         early = self._early_stopping(y, n_classes, method_cls)
         setup = _ProblemSetup(self, method_cls, name, backend, X, y, n_classes, weights)
         method, problem = setup(slice(None) if early is None else early[1][0][0])

@@ -53,15 +53,19 @@ def checked_inputs(source: RowSource, y: Any) -> tuple[SourceRows, Array, Column
     return SourceRows(source), y, stats
 
 
-def check_out_of_core(method_cls: type[Method], name: str, batch_size: Any, n: int) -> None:
+def check_out_of_core(method_cls: type[Method], name: str, batch_size: Any, n: int,
+                      task: str = "classification") -> None:
     """``InputError`` unless ``method_cls`` trains from an out-of-core ``X`` (``supports_out_of
     _core``) with mini-batches (``batch_size`` a positive int below ``N = n``), naming the
-    methods that do."""
+    methods for ``task`` that do."""
     from gpinfer import registry
 
+    def streams(m: type[Method]) -> bool:
+        tasks = (m.tasks,) if isinstance(m.tasks, str) else tuple(m.tasks)
+        return bool(getattr(m, "supports_out_of_core", False)) and task in tasks
+
     if not getattr(method_cls, "supports_out_of_core", False):
-        alts = ", ".join(registry.methods_supporting(
-            lambda m: bool(getattr(m, "supports_out_of_core", False)))) or "(none installed)"
+        alts = ", ".join(registry.methods_supporting(streams)) or "(none installed)"
         raise InputError(
             f"method {name!r} needs all of X in memory at once, but X is given out of core "
             f"(a memmap, .npy shards or Parquet); use a mini-batch method with batch_size: "

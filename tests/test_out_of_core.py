@@ -151,3 +151,11 @@ def test_parquet_fit_equals_the_array_in_memory(tmp_path):
     P = GPClassifier(**_settings("sep")).fit(X, y).predict_proba(X)
     model = GPClassifier(**_settings("sep")).fit(str(tmp_path / "X.parquet"), y)
     np.testing.assert_array_equal(model.predict_proba(str(tmp_path / "X.parquet")), P)
+
+
+def test_a_regressor_given_a_memmap_names_the_regression_methods_that_stream(tmp_path):
+    from gpinfer import GPRegressor
+
+    X, _ = _data()
+    with pytest.raises(InputError, match=r"needs all of X in memory .*\(none installed\)"):
+        GPRegressor(method="pep", batch_size=64).fit(_memmap(tmp_path, X), X[:, 0])
