@@ -159,3 +159,15 @@ def test_a_regressor_given_a_memmap_names_the_regression_methods_that_stream(tmp
     X, _ = _data()
     with pytest.raises(InputError, match=r"needs all of X in memory .*\(none installed\)"):
         GPRegressor(method="pep", batch_size=64).fit(_memmap(tmp_path, X), X[:, 0])
+
+
+def test_the_named_kernels_start_length_scale_comes_from_the_chunked_extremes(tmp_path):
+    """With lengthscale_init="kernel" the start length-scale sqrt(max(D', 2) / 2) counts the
+    varying columns D' (here 3 of 4: one constant column)."""
+    X, y = _data(n=300, d=4)
+    X[:, 3] = 1.5
+    kw = _settings("sep", method_options={"lengthscale_init": "kernel"}, max_iter=1)
+    ref = GPClassifier(**kw).fit(X, y)
+    model = GPClassifier(**kw).fit(_memmap(tmp_path, X), y)
+    np.testing.assert_array_equal(model.predict_proba(X), ref.predict_proba(X))
+    np.testing.assert_array_equal(model.scaler_.scale_, ref.scaler_.scale_)
