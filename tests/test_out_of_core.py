@@ -171,3 +171,12 @@ def test_the_named_kernels_start_length_scale_comes_from_the_chunked_extremes(tm
     model = GPClassifier(**kw).fit(_memmap(tmp_path, X), y)
     np.testing.assert_array_equal(model.predict_proba(X), ref.predict_proba(X))
     np.testing.assert_array_equal(model.scaler_.scale_, ref.scaler_.scale_)
+
+
+def test_early_stopping_splits_from_y_and_fits_as_in_memory(tmp_path):
+    X, y = _data()
+    kw = _settings("sep", validation_fraction=0.25, max_iter=3)
+    ref = GPClassifier(**kw).fit(X, y)
+    model = GPClassifier(**kw).fit(_memmap(tmp_path, X), y)
+    np.testing.assert_array_equal(model.predict_proba(X), ref.predict_proba(X))
+    assert model.n_iter_ == ref.n_iter_
