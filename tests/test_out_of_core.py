@@ -180,3 +180,14 @@ def test_early_stopping_splits_from_y_and_fits_as_in_memory(tmp_path):
     model = GPClassifier(**kw).fit(_memmap(tmp_path, X), y)
     np.testing.assert_array_equal(model.predict_proba(X), ref.predict_proba(X))
     assert model.n_iter_ == ref.n_iter_
+
+
+@pytest.mark.parametrize("method", ["sep", "svi"])
+def test_torch_backend_reads_batches_from_a_memmap_as_from_memory(tmp_path, method):
+    pytest.importorskip("torch")
+    X, y = _data(n=300)
+    kw = _settings(method, backend="torch")
+    P = GPClassifier(**kw).fit(X, y).predict_proba(X)
+    mm = _memmap(tmp_path, X)
+    Q = GPClassifier(**kw).fit(mm, y).predict_proba(mm)
+    np.testing.assert_allclose(Q, P, rtol=1e-12, atol=1e-15)
