@@ -1020,7 +1020,11 @@ class GPClassifierCore(_GPEstimatorBase):
         ``supports_sample_weight`` (laplace, svi, vi-robustmax). Everything is validated before
         training starts. ``callback`` receives an ``IterationInfo`` once per outer iteration.
         Returns ``self``. ``X`` and ``y`` may be torch tensors (for a method with a torch
-        backend): they are copied to host memory.
+        backend): they are copied to host memory. ``X`` may be out of core (a ``numpy.memmap``,
+        a ``.npy`` path or a list of them, a ``.parquet`` path, a ``gpinfer.data.source.
+        RowSource``) for a method with ``supports_out_of_core`` (sep, ep, svi) and
+        ``batch_size``: it is then checked in chunks and read by batches, never held whole
+        (``gpinfer.out_of_core``).
         """
         classes = self._fit(X, y, sample_weight, callback)
         assert classes is not None  # a classifier's targets always have classes
@@ -1036,8 +1040,10 @@ class GPClassifierCore(_GPEstimatorBase):
     def predict_proba(self, X: Any) -> Array:
         """Class probabilities ``[N*, C]``, columns ordered as ``classes_``; rows sum to one.
 
-        ``X [N*, D]``: a numpy array or a torch tensor; the result is numpy, whatever backend
-        the fit ran on (the prediction itself runs on the fit's device where it is usable)."""
+        ``X [N*, D]``: a numpy array or a torch tensor, or out of core as in ``fit`` (then
+        predicted in chunks of ``gpinfer.out_of_core.PREDICT_CHUNK`` rows); the result is numpy,
+        whatever backend the fit ran on (the prediction itself runs on the fit's device where
+        it is usable)."""
         C = len(self.classes_)
         chunks = self._predicted(X, lambda rows: class_probabilities(
             self.posterior_.predict_proba(rows), rows.shape[0], C, self.method))
