@@ -82,6 +82,7 @@ def main() -> None:
     ap.add_argument("--M", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--methods", default="sep,svi")
+    ap.add_argument("--modes", default="memmap,memory")
     ap.add_argument("--dir", default="/tmp/gpinfer_scale_out")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--case", nargs=7, help=argparse.SUPPRESS)
@@ -99,7 +100,7 @@ def main() -> None:
         rows = []
         for _ in range(a.repeats):
             for method in a.methods.split(","):
-                for mode in ("memmap", "memory"):
+                for mode in a.modes.split(","):
                     out = subprocess.run(
                         [sys.executable, __file__, "--case", method, mode, str(xp), str(yp),
                          str(a.epochs), str(a.batch), str(a.M)],
@@ -115,6 +116,8 @@ def main() -> None:
         for method in a.methods.split(","):
             mm = [r for r in rows if r["method"] == method and r["mode"] == "memmap"]
             mem = [r for r in rows if r["method"] == method and r["mode"] == "memory"]
+            if not (mm and mem):
+                continue
             ratio = np.median([r["fit_cpu_s"] for r in mm]) / np.median(
                 [r["fit_cpu_s"] for r in mem])
             print(f"{method}: memmap/memory fit CPU ratio {ratio:.3f}; peak RSS memmap "

@@ -356,7 +356,12 @@ class SourceRows:
         return block
 
     def subset(self, rows: Any) -> SourceRows:
-        """The rows ``rows`` (an int array or a slice of this view's rows), lazily."""
+        """The rows ``rows`` (an int array or a slice of this view's rows), lazily; all of
+        them (``slice(None)``) without an index array (``N`` int64 values)."""
+        if isinstance(rows, slice) and rows == slice(None):
+            out = SourceRows(self.source, self.index, self.mean, self.scale)
+            out.stats = self.stats
+            return out
         glob = self._global(rows)
         if isinstance(glob, slice):
             glob = np.arange(self.source.n_rows)[glob]
