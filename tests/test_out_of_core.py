@@ -191,3 +191,19 @@ def test_torch_backend_reads_batches_from_a_memmap_as_from_memory(tmp_path, meth
     mm = _memmap(tmp_path, X)
     Q = GPClassifier(**kw).fit(mm, y).predict_proba(mm)
     np.testing.assert_allclose(Q, P, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("labels", [np.array([7, -2, 7, 3, 3, 9, 7, -2, 11, 3, 9]),
+                                    np.array([True, True, False, True, False, True, True]),
+                                    np.array([5, 5, 5, 5, 5, 1], dtype=np.uint8)])
+def test_long_integer_labels_are_encoded_in_chunks_as_np_unique_does(monkeypatch, labels):
+    import gpinfer.validation as validation
+
+    ref_classes, ref_index = validation.encode_labels(labels)
+    monkeypatch.setattr(validation, "LABEL_CHUNK", 2)
+    classes, index = validation.encode_labels(labels)
+    assert classes.dtype == ref_classes.dtype and index.dtype == np.int64
+    np.testing.assert_array_equal(classes, ref_classes)
+    np.testing.assert_array_equal(index, ref_index)
+    with pytest.raises(InputError, match="y has 1 class"):
+        validation.encode_labels(np.full(5, 4))
