@@ -25,7 +25,8 @@ import numpy as np
 
 from gpinfer.backend import ops
 from gpinfer.backend.choice import Backend, check_method_backend, resolve_backend
-from gpinfer.data.source import ColumnStats, SourceRows, as_source, sample_rows
+from gpinfer.data.limits import dense_limit_gb
+from gpinfer.data.source import ColumnStats, RowSource, SourceRows, as_source, sample_rows
 from gpinfer.errors import InputError
 from gpinfer.fit_guard import (
     BestIterate,
@@ -522,7 +523,7 @@ class _GPEstimatorBase:
         stopping), build the method and its problem, fit (``_fit_problem``). Returns the
         classes ``[C]`` of a classifier (None for a regressor), which its ``fit`` keeps."""
         self._set_feature_names(X)
-        source, stats = as_source(X), None
+        source, stats = self._fit_source(X), None
         if source is None:
             X, y = check_X_y(*self._host_inputs(X=X, y=y))
         else:  # out of core: checked in chunks, never held as one array
@@ -648,12 +649,7 @@ class _GPEstimatorBase:
         """``X [N*, D]`` checked against the fit (features, their names) and scaled as the
         training inputs were; scikit-learn's ``NotFittedError`` before ``fit`` (the cores
         included: they have no scikit-learn tags for ``check_is_fitted`` to read)."""
-        if not hasattr(self, "posterior_"):
-            from sklearn.exceptions import NotFittedError
-
-            raise NotFittedError(
-                f"This {type(self).__name__} instance is not fitted yet. Call 'fit' with "
-                "appropriate arguments before using this estimator.")
+        self._check_fitted()
         _check_feature_names(self, X)
         X = check_X(host_input(X, "X"), "X")
         if X.shape[1] != self.n_features_in_:
@@ -663,6 +659,15 @@ class _GPEstimatorBase:
             )
         scaler = getattr(self, "scaler_", None)
         return X if scaler is None else scaler.transform(X)
+
+    def _check_fitted(self) -> None:
+        """scikit-learn's ``NotFittedError`` before ``fit``."""
+        if not hasattr(self, "posterior_"):
+            from sklearn.exceptions import NotFittedError
+
+            raise NotFittedError(
+                f"This {type(self).__name__} instance is not fitted yet. Call 'fit' with "
+                "appropriate arguments before using this estimator.")
 
     def _scale_inputs(self, X: Array, sample_weight: Array | None = None) -> Array:
         """``X [N, D]`` standardised when ``_standardizes()`` (the fitted scaling kept as
@@ -680,6 +685,21 @@ class _GPEstimatorBase:
         check_feature_scales(X, type(self).__name__,
                              self.kernel if isinstance(self.kernel, Kernel) else None)
         return X
+
+    def _fit_source(self, X: Any) -> RowSource | None:
+        """The row source ``fit`` reads ``X`` from, or None for the in-memory path: a
+        ``numpy.memmap`` is read out of core by a method with ``supports_out_of_core`` and
+        ``batch_size``, and otherwise loaded into memory as an array when its float64 copy fits
+        ``gpinfer.data.limits.dense_limit_gb()`` (scikit-learn passes small read-only memmaps),
+        above that the out-of-core path's ``InputError`` names the methods that stream;
+        shards, Parquet and ``RowSource`` objects are always read out of core."""
+        source = as_source(X)
+        if source is None or not isinstance(X, np.memmap):
+            return source
+        method_cls = _load_method(self.method)
+        if getattr(method_cls, "supports_out_of_core", False) and self.batch_size is not None:
+            return source
+        return source if X.size * 8 > dense_limit_gb() * 1e9 else None
 
     def _scale_source(self, X: SourceRows, stats: ColumnStats) -> SourceRows:
         """``_scale_inputs`` for inputs out of core: the scaling from the chunked statistics
@@ -702,7 +722,7 @@ class _GPEstimatorBase:
         source = as_source(X)
         if source is None:
             return None
-        self._validate_for_predict(np.zeros((1, self.n_features_in_)))  # fitted?
+        self._check_fitted()
         return list(predicted_chunks(source, self.n_features_in_,
                                      getattr(self, "scaler_", None),
                                      lambda rows: predict(self._on_fit_device(rows))))
@@ -1044,14 +1064,14 @@ class GPClassifierCore(_GPEstimatorBase):
         predicted in chunks of ``gpinfer.out_of_core.PREDICT_CHUNK`` rows); the result is numpy,
         whatever backend the fit ran on (the prediction itself runs on the fit's device where
         it is usable)."""
-        C = len(self.classes_)
         chunks = self._predicted(X, lambda rows: class_probabilities(
-            self.posterior_.predict_proba(rows), rows.shape[0], C, self.method))
+            self.posterior_.predict_proba(rows), rows.shape[0], len(self.classes_),
+            self.method))
         if chunks is not None:
             return np.concatenate(chunks)
         X = self._validate_for_predict(X)
         P = self.posterior_.predict_proba(self._on_fit_device(X))
-        return class_probabilities(P, X.shape[0], C, self.method)
+        return class_probabilities(P, X.shape[0], len(self.classes_), self.method)
 
     def predict_log_proba(self, X: Any) -> Array:
         """Log class probabilities ``[N*, C]`` (``log`` of ``predict_proba``)."""

@@ -109,11 +109,21 @@ def test_nan_in_the_last_row_of_a_memmap_is_named_before_training(tmp_path):
         GPClassifier(**_settings("sep")).fit(_memmap(tmp_path, X), y)
 
 
-def test_full_batch_methods_and_missing_batch_size_are_refused_naming_the_fix(tmp_path):
+def test_full_batch_methods_and_missing_batch_size_are_refused_naming_the_fix(
+        tmp_path, monkeypatch):
     X, y = _data()
     mm = _memmap(tmp_path, X)
+    shards = _shards(tmp_path, X)
     with pytest.raises(InputError, match=r"'laplace' needs all of X in memory .* sep"):
-        GPClassifier(method="laplace").fit(mm, (y > 0).astype(int))
+        GPClassifier(method="laplace").fit(shards, (y > 0).astype(int))
+    with pytest.raises(InputError, match="must train on mini-batches: set batch_size"):
+        GPClassifier(**_settings("sep", batch_size=None)).fit(shards, y)
+    # a memmap whose float64 copy fits the dense limit is an array for a full-batch method
+    # (scikit-learn passes read-only memmaps); above the limit it is refused
+    ref = GPClassifier(method="gfitc", M=8, max_iter=2, random_state=3).fit(X, y).predict_proba(X)
+    got = GPClassifier(method="gfitc", M=8, max_iter=2, random_state=3).fit(mm, y).predict_proba(X)
+    np.testing.assert_array_equal(got, ref)
+    monkeypatch.setenv("GPINFER_MAX_DENSE_GB", str(X.size * 8 / 2e9))
     with pytest.raises(InputError, match=r"'gfitc' needs all of X in memory .*svi"):
         GPClassifier(method="gfitc").fit(mm, y)
     with pytest.raises(InputError, match="must train on mini-batches: set batch_size"):
@@ -153,12 +163,12 @@ def test_parquet_fit_equals_the_array_in_memory(tmp_path):
     np.testing.assert_array_equal(model.predict_proba(str(tmp_path / "X.parquet")), P)
 
 
-def test_a_regressor_given_a_memmap_names_the_regression_methods_that_stream(tmp_path):
+def test_a_regressor_given_shards_names_the_regression_methods_that_stream(tmp_path):
     from gpinfer import GPRegressor
 
     X, _ = _data()
     with pytest.raises(InputError, match=r"needs all of X in memory .*\(none installed\)"):
-        GPRegressor(method="pep", batch_size=64).fit(_memmap(tmp_path, X), X[:, 0])
+        GPRegressor(method="pep", batch_size=64).fit(_shards(tmp_path, X), X[:, 0])
 
 
 def test_the_named_kernels_start_length_scale_comes_from_the_chunked_extremes(tmp_path):
