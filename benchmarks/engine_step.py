@@ -28,9 +28,73 @@
    (``[C, M, M]``, ``[C, M, B]``), times its count per step, summed (``call_floor``): the
    step's time above it is the code's overhead, the call floor's above the dgemm floor is the
    cost of small ``trsm``/``potrf``/``trtri`` calls at these sizes.
+8. ``--parts necessary``: the *floor of the necessary calls* (``necessary_floor``), the
+   argument for issue 25's CPU target ("at most 1.3x its dgemm floor"): the dense calls the
+   SEP step's maths cannot do without, each timed in every way this machine offers at its
+   size on one thread and the fastest kept, summed. Per class and step (M = B = 200):
+
+   - kernel, D-sized (the model's ``3 M^2 D + 4 M B D``, the same as the code's): the Gram
+     ``A A^T`` (``syrk``, ``M^2 D``) and the cross products ``Z X^T`` (``2 M B D``) of Kuu and
+     Kuf, and their adjoints ``G_uu Z`` and ``G_uf X`` (general weights: no structure to use);
+   - four Choleskys of four different matrices: Kuu (the step's hyper-parameters moved), the
+     update's cavity ``I + a P_w`` on the old sites, the evaluation's ``q`` and cavity on the
+     new ones; two inverses: ``B_q^-1`` enters the Kuu gradient as a matrix (``potri``), and
+     ``B_cav^-1 A`` enters both gradients (``potri`` and one ``gemm`` beat two ``trsm`` at
+     M = 200); one ``trtri`` of ``L`` (every product with ``L^-1`` then a ``trmm``);
+   - five ``trmm`` of ``[M, M]``: the site sums moved onto the step's factor (a congruence:
+     whitened sums kept and moved by ``T = L^-1 L'`` take three, ``T`` and ``T^T P T``; the
+     code takes four, ``Lam -> P_w -> Lam``) and the gradient's sandwich ``L^-T (.) L^-1``
+     (two); two ``trmm`` of ``[M, B]`` (``L^-1 Kuf``, ``L^-T X``), one ``trsm`` (the update's
+     cavity variances), two ``gemm`` ``[M, B] x [B, M]`` (new site sums, the cross term
+     ``A (X + A diag b)^T``) and one ``[M, M] x [M, B]`` (``B_cav^-1 A``);
+   - memory-bound, outside the FLOP model: Adam's update of the ``P ~ C M D = 1.57 M``
+     parameters (seven vectors of P streamed once), the forward's read of Z and the
+     gradient's write (one pass each over ``[C, M, D]``).
+
+   Measured 2026-12-05 (one thread, dgemm 74.3 GFLOP/s, load 4-5): the necessary calls
+   92.3 ms (3.56 GFLOP) and the memory-bound moves 15.0 ms (Adam 10.3), 107.4 ms in all =
+   **1.93x the dgemm floor** (55.7 ms; the calls alone 1.66x). The excess is LAPACK at
+   order 200: four ``potrf`` 9.3 ms (11.5 GFLOP/s, 1.4 ms at the dgemm rate), two ``potri``
+   9.8 (10.8 GFLOP/s), ``trtri`` 3.0 (8.9 GFLOP/s, in two halves; LAPACK's own 3.7), the
+   ``trsm`` 4.4 (18 GFLOP/s), five ``trmm`` 13.1 (31 GFLOP/s); the D-sized products run at
+   42-64 GFLOP/s. So 1.3x (72 ms) is out of reach on one thread at M = 200 with LAPACK, even
+   with no element-wise work at all. The step was 161 ms (2.90x) in the same run: 54 ms
+   above this floor are element-wise passes (distances, ``exp``, weights, symmetrisations
+   over ``[C, M, B]`` and ``[C, M, M]``, the ``[C, M, D]`` passes), fresh pages and Python.
+   The model's 4.14 GFLOP against the calls' 3.56: the model counts ``17.33 M^3`` per class,
+   the code's cubic calls ``9 M^3`` at BLAS's counts (four ``potrf`` 4/3, ``trtri`` 1/3, two
+   ``potri`` 4/3, six ``trmm`` 6), and ``7 M^2 B`` against the calls' ``9 M^2 B``.
+   Measured and not taken: the cross product as ``(X Z^T)^T`` is 2.9 ms faster as a call
+   (9.9 vs 12.8 ms) but its transposed layout costs a transposing pass back (11.9 vs
+   11.8 ms with it); ``potri`` as the halved ``trtri`` and ``lauum`` (4.8 vs 4.6 ms);
+   ``symm`` and ``syr2k`` for the symmetric products (no faster than ``gemm``).
+
+   Re-measured after s37-floor2 (2026-12-05, one thread, dgemm 74.6 GFLOP/s, load 5.6-6.4):
+   the necessary calls 107.8 ms = **1.94x** (the same floor within noise; ``potri`` 9.7 ms
+   for two). LAPACK against blocked alternatives at orders 50..400 (``[10, M, M]``, least of
+   9 process-CPU times, load 4.6-7): a recursive blocked Cholesky (the halves, the panel by
+   ``trsm``, the Schur update one batched product, LAPACK ``potrf`` at leaves of 48, 64 or
+   100; equal to LAPACK to 1e-11 relative) is slower at every order from 100 on (M = 100:
+   0.45 vs 0.40 ms; 200: 3.1 vs 2.1; 300: 8.8 vs 5.5; 400: 20.2 vs 11.5; at 50 equal), and
+   ``potri`` beats the halved ``trtri`` and one ``gemm`` (or ``trmm``) of ``T^T T`` (M = 100:
+   0.88 vs 1.25 ms; 200: 4.3 vs 5.5; 300: 11.8 vs 14.4; 400: 28.5 vs 33.9; at 50 equal):
+   OpenBLAS's small ``potrf``/``trsm`` run no faster per FLOP than the whole (``potrf`` at
+   order 100 8-9 GFLOP/s, at 200 11-12), so splitting adds calls and passes and takes nothing
+   off; LAPACK is kept at every order and the floor's factorisation timings stand. Cut
+   instead: copies around the calls (``ops.cho_inverse`` inverts one copy of the stack in
+   place, 5.02 -> 4.45 ms per call; the gradient's sandwich runs in place on its operand,
+   5.43 -> 4.11 ms): the evaluation phase 39.3 -> 38.9 ms per step (medians of 4-5 epochs
+   alternating old and new in one run, load 5.8-6.5). The step in three interleaved rounds
+   (``--parts sep --epochs 3``, load 6.4-9.3): main 167.3 / 166.2 / 163.4 ms, the branch
+   165.9 / 166.6 / 165.8 ms (2.92-2.98x; phases: kernel terms 49, site update 30, log Z_q
+   and matrix gradients 38-39, kernel VJPs 34-35, Adam 11, coordinates 4, rest 1.5 ms): the
+   cut is below the step's run-to-run noise. Not taken: allocator settings (no ``mmap`` for
+   large arrays: 170.7 / 168.6 vs 165.9 / 171.3 ms, no gain: the step's fresh arrays cost
+   no page faults worth measuring), a finiteness check by one sum (0.43 vs 0.54 ms per
+   ``[C, M, D]`` array: memory-bound either way).
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/engine_step.py [--epochs 3]
-        [--peers ~/peers-venv]
+        [--parts sep,floor,necessary,ops,compiled,digits] [--peers ~/peers-venv]
 """
 
 from __future__ import annotations
@@ -150,6 +214,21 @@ def sep_mnist_size(epochs: int, rate: float) -> dict[str, object]:
             "phases_ms_per_step (all epochs)": {k: round(1e3 * v, 1) for k, v in split.items()}}
 
 
+def _stand_ins(M_: int = M, B_: int = B, D_: int = D, C_: int = C) -> dict[str, np.ndarray]:
+    """Well-conditioned random stand-ins of the step's arrays, in the code's shapes and memory
+    layout: ``Z [C, M, D]``, ``X [B, D]``, an SPD stack ``K [C, M, M]``, its factor ``L`` and
+    ``L^-1``, ``[C, M, B]`` arrays ``Kuf``, ``G`` and a ``[C, M, D]`` accumulator."""
+    from gpinfer.backend import ops
+
+    rng = np.random.default_rng(1)
+    S = rng.normal(size=(C_, M_, M_)) / np.sqrt(M_)
+    K = S @ ops.mT(S) + 2.0 * np.eye(M_)  # SPD [C, M, M]
+    L = np.linalg.cholesky(K)
+    return {"Z": rng.normal(size=(C_, M_, D_)), "X": rng.normal(size=(B_, D_)), "K": K,
+            "L": L, "L_inv": ops.tri_inverse(L), "Kuf": rng.normal(size=(C_, M_, B_)),
+            "G": rng.normal(size=(C_, M_, B_)), "W": rng.normal(size=(C_, M_, D_))}
+
+
 def _call_list(M_: int = M, B_: int = B, D_: int = D, C_: int = C
                ) -> list[tuple[str, int, float, Callable[[], object]]]:
     """The SEP step's dense LAPACK/BLAS calls as the numpy code issues them, batched over the
@@ -160,41 +239,111 @@ def _call_list(M_: int = M, B_: int = B, D_: int = D, C_: int = C
     distance products, Kuu's Cholesky, its ``trtri``, ``A = L^-1 Kuf``; products with a triangular
     factor are ``trmm``: ``ops.tri_matmul``), update
     (``L^T Lam L``, the cavity's Cholesky and projection, the new site sums, ``L^-T P L^-1``),
-    evaluate (two Cholesky, the projection, ``B_cav^-1 A``, two ``[M, B]`` products,
-    ``potri``, the gradient sandwich and ``L^-T X``), VJPs (``G_uu A``, ``G_uf X``). Inputs
-    are well-conditioned random stand-ins of the same shapes and memory layout.
+    evaluate (two Cholesky, both ``B^-1`` by ``potri``, ``B_cav^-1 A`` one product with the
+    cavity's, the cross terms one product ``A (X + A diag B)^T``, the gradient sandwich and
+    ``L^-T X``), VJPs (``G_uu Zs`` and ``G_uf Xs`` accumulated in place: ``ops.matmul_add_``).
+    Counted by FLOP as the BLAS call does them (a ``trmm`` ``M^2 k``, the Gram ``A A^T``, which
+    numpy runs as ``syrk``, ``M^2 D``).
     """
     from gpinfer.backend import ops
 
-    rng = np.random.default_rng(1)
-    Zs = rng.normal(size=(C_, M_, D_))
-    Xs = rng.normal(size=(B_, D_))
-    S = rng.normal(size=(C_, M_, M_)) / np.sqrt(M_)
-    K = S @ ops.mT(S) + 2.0 * np.eye(M_)  # SPD [C, M, M]
-    L = np.linalg.cholesky(K)
-    Linv = ops.tri_inverse(L)
-    Kuf = rng.normal(size=(C_, M_, B_))
-    G = rng.normal(size=(C_, M_, B_))
+    a = _stand_ins(M_, B_, D_, C_)
+    Z, X, K, L, Linv, Kuf, G, W = (a[k] for k in ("Z", "X", "K", "L", "L_inv", "Kuf", "G",
+                                                   "W"))
     mm, mb, mmd = 2.0 * M_**3, 2.0 * M_**2 * B_, 2.0 * M_**2 * D_
-    ZsT = Zs.reshape(C_ * M_, D_)
+    Zr = Z.reshape(C_ * M_, D_)
     return [
-        ("distance gemm A A^T [C,M,D]x[C,D,M]", 1, C_ * mmd, lambda: Zs @ ops.mT(Zs)),
-        ("distance gemm [CM,D]x[D,B]", 1, C_ * 2.0 * M_ * B_ * D_, lambda: ZsT @ Xs.T),
+        ("distance syrk A A^T [C,M,D]x[C,D,M]", 1, C_ * mmd / 2, lambda: Z @ ops.mT(Z)),
+        ("distance gemm [CM,D]x[D,B]", 1, C_ * 2.0 * M_ * B_ * D_, lambda: Zr @ X.T),
         ("potrf [C,M,M] (Kuu, B_cav x2, B_q)", 4, C_ * M_**3 / 3,
          lambda: np.linalg.cholesky(K)),
         ("trtri [C,M,M] (L^-1)", 1, C_ * M_**3 / 3, lambda: ops.tri_inverse(L)),
-        ("potri [C,M,M] (B_q^-1)", 1, C_ * 2 * M_**3 / 3, lambda: ops.cho_inverse(L)),
+        ("potri [C,M,M] (B_q^-1, B_cav^-1)", 2, C_ * 2 * M_**3 / 3,
+         lambda: ops.cho_inverse(L)),
         ("trmm [C,M,M]x[C,M,M] (L^T Lam L, two sandwiches)", 6, C_ * mm / 2,
          lambda: ops.tri_matmul(L, K, right=True)),
-        ("trsm [C,M,M]\\[C,M,B] (projections x2, B^-1 A)", 3, C_ * M_**2 * B_,
+        ("trsm [C,M,M]\\[C,M,B] (the update's projection)", 1, C_ * M_**2 * B_,
          lambda: ops.solve_triangular(L, Kuf)),
         ("trmm [C,M,M]x[C,M,B] (L^-1 Kuf, L^-T X)", 2, C_ * mb / 2,
          lambda: ops.tri_matmul(Linv, Kuf)),
-        ("gemm [C,M,B]x[C,B,M] (site sums, S_B, (A e) (B^-1 A)^T)", 3, C_ * mb,
+        ("gemm [C,M,M]x[C,M,B] (B_cav^-1 A)", 1, C_ * mb, lambda: K @ Kuf),
+        ("gemm [C,M,B]x[C,B,M] (site sums, A (X + A diag B)^T)", 2, C_ * mb,
          lambda: Kuf @ ops.mT(G)),
-        ("VJP gemm [C,M,M]x[C,M,D] (G_uu A)", 1, C_ * mmd, lambda: K @ Zs),
-        ("VJP gemm [CM,B]x[B,D] (G_uf X)", 1, C_ * 2.0 * M_ * B_ * D_,
-         lambda: G.reshape(C_ * M_, B_) @ Xs),
+        ("VJP gemm [C,M,M]x[C,M,D] (W -= 2 G_uu Zs, in place)", 1, C_ * mmd,
+         lambda: ops.matmul_add_(W, K, Z, -2.0)),
+        ("VJP gemm [CM,B]x[B,D] (W -= G_uf Xs, in place)", 1, C_ * 2.0 * M_ * B_ * D_,
+         lambda: ops.matmul_add_(W, G, X, -1.0)),
+    ]
+
+
+def _necessary_calls(M_: int = M, B_: int = B, D_: int = D, C_: int = C
+                     ) -> list[tuple[str, int, float, dict[str, Callable[[], object]]]]:
+    """The dense calls the SEP step's maths needs, each with the ways this machine can run it:
+    ``(name, calls per step, FLOP per call, {way: thunk})`` (see ``necessary_floor``)."""
+    from scipy.linalg import blas, lapack
+
+    from gpinfer.backend import ops
+
+    a = _stand_ins(M_, B_, D_, C_)
+    Z, X, K, L, Linv, Kuf, G, W = (a[k] for k in ("Z", "X", "K", "L", "L_inv", "Kuf", "G",
+                                                   "W"))
+    mm, mb, mmd = 2.0 * M_**3, 2.0 * M_**2 * B_, 2.0 * M_**2 * D_
+    Zr, Gr = Z.reshape(C_ * M_, D_), G.reshape(C_ * M_, B_)
+    from gpinfer.optim.adam import Adam
+
+    P = C_ * M_ * D_ + C_ * (D_ + 1)  # the inducing inputs and the ARD kernels
+    rng = np.random.default_rng(2)
+    theta, grad = rng.normal(size=P), rng.normal(size=P)
+    adam = Adam(1e-3)
+    adam.reset(theta)
+    shift, scale, Z2 = rng.normal(size=D_), rng.normal(size=(C_, 1, D_)), np.empty_like(Z)
+
+    def per_class(f: Callable[[int], object]) -> Callable[[], object]:
+        return lambda: [f(c) for c in range(C_)]
+
+    def potrf_in_place() -> None:
+        out = K.copy()
+        for c in range(C_):
+            lapack.dpotrf(out[c].T, lower=0, overwrite_a=1, clean=0)
+
+    return [
+        ("Kuu distances A A^T (M^2 D)", 1, C_ * mmd / 2,
+         {"numpy A @ A^T (syrk)": lambda: Z @ np.swapaxes(Z, 1, 2),
+          "dsyrk per class": per_class(lambda c: blas.dsyrk(1.0, Z[c].T, trans=1))}),
+        ("Kuf distances [CM,D]x[D,B]", 1, C_ * 2.0 * M_ * B_ * D_,
+         {"Z X^T": lambda: Zr @ X.T, "(X Z^T)^T": lambda: X @ Zr.T,
+          "dgemm Fortran": lambda: blas.dgemm(1.0, X.T, Zr.T, trans_a=1)}),
+        ("VJP G_uu Zs (2 M^2 D)", 1, C_ * mmd,
+         {"numpy stack": lambda: K @ Z, "in place": lambda: ops.matmul_add_(W, K, Z, -2.0),
+          "dsymm per class": per_class(lambda c: blas.dsymm(1.0, K[c], Z[c].T, side=1))}),
+        ("VJP G_uf Xs [CM,B]x[B,D]", 1, C_ * 2.0 * M_ * B_ * D_,
+         {"G X": lambda: Gr @ X, "in place": lambda: ops.matmul_add_(W, G, X, -1.0),
+          "(X^T G^T)^T": lambda: X.T @ Gr.T}),
+        ("potrf [C,M,M] (Kuu, B_cav old and new sites, B_q)", 4, C_ * M_**3 / 3,
+         {"np.linalg.cholesky": lambda: np.linalg.cholesky(K), "dpotrf in place": potrf_in_place}),
+        ("trtri [C,M,M] (L^-1, for every product with L)", 1, C_ * M_**3 / 3,
+         {"in two halves (ops)": lambda: ops.tri_inverse(L),
+          "dtrtri": per_class(lambda c: lapack.dtrtri(L[c], lower=1))}),
+        ("potri [C,M,M] (B_q^-1 of the gradient, B_cav^-1)", 2, C_ * 2 * M_**3 / 3,
+         {"dpotri": lambda: ops.cho_inverse(L)}),
+        ("trmm [C,M,M]^2 (sites to the new factor x3, gradient sandwich x2)", 5, C_ * mm / 2,
+         {"trmm": lambda: ops.tri_matmul(L, K, right=True), "gemm": lambda: L @ K}),
+        ("trsm [C,M,M]\\[C,M,B] (the update's cavity projection)", 1, C_ * M_**2 * B_,
+         {"trsm": lambda: ops.solve_triangular(L, Kuf),
+          "trtri + trmm": lambda: ops.tri_matmul(ops.tri_inverse(L), Kuf)}),
+        ("trmm [C,M,M]x[C,M,B] (L^-1 Kuf, L^-T X)", 2, C_ * mb / 2,
+         {"trmm": lambda: ops.tri_matmul(Linv, Kuf), "gemm": lambda: Linv @ Kuf}),
+        ("gemm [C,M,M]x[C,M,B] (B_cav^-1 A)", 1, C_ * mb,
+         {"gemm": lambda: K @ Kuf, "symm": per_class(lambda c: blas.dsymm(1.0, K[c], Kuf[c]))}),
+        ("gemm [C,M,B]x[C,B,M] (new site sums, A (X + A diag B)^T)", 2, C_ * mb,
+         {"gemm": lambda: Kuf @ np.swapaxes(G, 1, 2)}),
+        # memory-bound, no FLOP in the model: the P = C M D + ... parameters move each step
+        ("Adam update of the P parameters (7 vectors of P streamed once)", 1, 0.0,
+         {"gpinfer Adam.step_into": lambda: adam.step_into(theta, grad)}),
+        ("Z - shift [C,M,D] (the forward reads Z, writes the shifted inputs)", 1, 0.0,
+         {"subtract": lambda: np.subtract(Z, shift, out=W)}),
+        ("g_Z scaled into the gradient [C,M,D] (the VJP's last pass)", 1, 0.0,
+         {"multiply": lambda: np.multiply(W, scale, out=Z2)}),
     ]
 
 
@@ -222,6 +371,39 @@ def call_floor(rate: float, repeats: int = 7) -> dict[str, object]:
     return {"call_floor_ms": 1e3 * total, "calls_gflop": flops / 1e9,
             "calls_at_dgemm_rate_ms": 1e3 * flops / rate, "calls": rows,
             "cavity_factor_two_solves_ms": alternatives}
+
+
+def necessary_floor(rate: float, repeats: int = 7) -> dict[str, object]:
+    """The *floor of the necessary calls*: each dense call the step's maths needs
+    (``_necessary_calls``) timed in every way this machine offers (least process-CPU time of
+    ``repeats``, interleaved), the fastest way kept, times its count per step, summed; against
+    the dgemm floor of the issue's FLOP model (``step_flops() / rate``). What the step costs
+    above this sum is element-wise work, allocation and Python; what this sum costs above the
+    dgemm floor is the rate LAPACK/BLAS reach on ``[C, 200, 200]`` stacks on one thread, and
+    the memory-bound moves of the ``P ~ C M D`` parameters the FLOP model leaves out (Adam's
+    update, the forward's read of ``Z``, the gradient's write)."""
+    calls = _necessary_calls()
+    best: list[dict[str, float]] = [{way: np.inf for way in ways} for _, _, _, ways in calls]
+    for _ in range(repeats):
+        for i, (_, _, _, ways) in enumerate(calls):
+            for way, thunk in ways.items():
+                t0 = time.process_time()
+                thunk()
+                best[i][way] = min(best[i][way], time.process_time() - t0)
+    rows, total, flops = {}, 0.0, 0.0
+    for (name, count, fl, _), times in zip(calls, best):
+        way = min(times, key=times.__getitem__)
+        t = times[way]
+        rows[name] = {"per_step": count, "best_way": way, "ms_per_step": round(1e3 * count * t, 2),
+                      "gflops": round(fl / t / 1e9, 1) if fl else None,
+                      "ms_at_dgemm_rate": round(1e3 * count * fl / rate, 2),
+                      "ways_ms_per_call": {k: round(1e3 * v, 2) for k, v in times.items()}}
+        total += count * t
+        flops += count * fl
+    floor = step_flops() / rate
+    return {"necessary_calls_ms": 1e3 * total, "necessary_calls_gflop": flops / 1e9,
+            "dgemm_floor_ms": 1e3 * floor, "ratio_to_dgemm_floor": total / floor,
+            "calls": rows}
 
 
 def _inverse_or_solve(repeats: int, M_: int = M, B_: int = B, C_: int = C) -> dict[str, float]:
@@ -328,7 +510,8 @@ def main() -> None:
     ap.add_argument("--digits-epochs", type=int, default=8)
     ap.add_argument("--parts", default="sep,ops,digits",
                     help="comma-separated: sep (MNIST-size CPU step), floor (its dense calls timed "
-                    "one by one), ops (aten ops), digits, "
+                    "one by one), necessary (the calls its maths needs, each in its fastest "
+                    "way), ops (aten ops), digits, "
                     "compiled (torch-CPU step eager vs compile='default')")
     ap.add_argument("--peers", default=None, help="side venv of ../shared/peers (GPflow ratio)")
     a = ap.parse_args()
@@ -339,6 +522,8 @@ def main() -> None:
                                      "load_average": os.getloadavg()}
         if "floor" in parts:
             report["sep_mnist_size_call_floor"] = call_floor(rate)
+        if "necessary" in parts:
+            report["sep_mnist_size_necessary_floor"] = necessary_floor(rate)
         if "sep" in parts:
             report["sep_mnist_size"] = sep_mnist_size(a.epochs, rate)
         if "ops" in parts:

@@ -338,10 +338,10 @@ def ep_iteration_flops(N: int, B: int, M: int, C: int, D: int, n_latent: int, *,
 
 
 # --------------------------------------------------------------------------------------------
-# svi (plugins/gpinfer-svi/gpinfer_svi/method.py, gpinfer/sites/variational.py)
+# svi (plugins/gpinfer-svi/gpinfer_svi/method.py, plugins/gpinfer-svi/gpinfer_svi/variational.py)
 # --------------------------------------------------------------------------------------------
 
-_VAR = "gpinfer/sites/variational.py"
+_VAR = "plugins/gpinfer-svi/gpinfer_svi/variational.py"
 #: ``gpinfer.inducing.DISTANCE_CACHE_MAX_ENTRIES``: svi caches the ``[M, N]`` distances up to this
 SVI_DISTANCE_CACHE_MAX_ENTRIES = 30_000_000
 
@@ -405,7 +405,7 @@ def svi_step_flops(B: int, M: int, D: int, n_latent: int, *, learn_inducing: boo
                    ard: bool = False, distances_cached: bool = True,
                    natural_gradient: bool = False, coded: bool = False) -> float:
     """FLOP of one svi mini-batch step (``VariationalState.estimate`` ->
-    ``gpinfer/sites/variational.py:uncollapsed_elbo`` + kernel gradient; then an AdaDelta step,
+    ``gpinfer_svi/variational.py:uncollapsed_elbo`` + kernel gradient; then an AdaDelta step,
     O(P)). ``n_latent`` = 1 for logit/probit, ``C`` for robust-max/softmax.
 
     Per latent, with the defaults (isotropic RBF, inducing inputs fixed -> the fast path of

@@ -8,10 +8,11 @@ fitted-posterior type, so it never depends on the method.
 Shapes: ``X [N, D]``, ``y [N]`` (any label type), ``classes_ [C]``, ``predict_proba -> [N*, C]``,
 ``predict_f -> (mean [N*, L], var [N*, L])`` with ``L = 1`` for binary and ``C`` for multi-class.
 
-``backend``, ``device`` and ``dtype`` choose the array backend of a method that has one (sep, ep,
-svi: numpy, or PyTorch on a CPU or a CUDA GPU; ``gpinfer.backend``); they are checked against the
-method before any training. Inputs may be torch tensors: they are brought to host memory (the
-methods stream batches to the device) and predictions are numpy arrays.
+``backend``, ``device`` and ``dtype`` choose the array backend of a method that has one
+(``Method.backends``: numpy, or PyTorch on a CPU or a CUDA GPU; ``gpinfer.backend``); they are
+checked against the method and its likelihood's expectation rule before any training. Inputs
+may be torch tensors: they are brought to host memory (the methods stream batches to the
+device) and predictions are numpy arrays.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self, cast
 import numpy as np
 
 from gpinfer.backend import ops
-from gpinfer.backend.choice import Backend, check_method_backend, resolve_backend
+from gpinfer.backend.choice import Backend, resolve_backend
 from gpinfer.data.limits import dense_limit_gb
 from gpinfer.data.source import ColumnStats, RowSource, SourceRows, as_source, sample_rows
 from gpinfer.errors import InputError
@@ -258,14 +259,12 @@ class _GPEstimatorBase:
         check_baseline_failure(self.baseline_failure)
         blas_threads()  # the thread policy's setting is checked before any training
 
-    def _resolve_backend(self, method_cls: type[Method], method_name: str) -> Backend:
-        """The ``Backend`` of ``backend``/``device``/``dtype``, checked against the method
-        (``InputError`` naming the fix: unknown setting, torch or CUDA missing, a numpy-only
-        method, float32 for a method that needs float64), before any training."""
-        backend = resolve_backend(self.backend, _setting_name(self.device),
-                                  _setting_name(self.dtype))
-        check_method_backend(method_cls, method_name, backend)
-        return backend
+    def _resolve_backend(self) -> Backend:
+        """The ``Backend`` of ``backend``/``device``/``dtype`` (``InputError`` naming the fix:
+        an unknown setting, torch or CUDA missing), before any training; the method and its
+        likelihood's rule are checked on it by ``check_method_compatible``."""
+        return resolve_backend(self.backend, _setting_name(self.device),
+                               _setting_name(self.dtype))
 
     def _host_inputs(self, **arrays: Any) -> list[Any]:
         """The arrays as given, torch tensors brought to host numpy arrays: allowed for a
@@ -541,11 +540,12 @@ class _GPEstimatorBase:
         if classes is not None:
             _check_two_classes(classes, y)
         X = self._scale_inputs(X, weights) if stats is None else self._scale_source(X, stats)
-        backend = self._resolve_backend(method_cls, name)
+        backend = self._resolve_backend()
         check_method_compatible(
             method_cls, n_classes, self._task, self.batch_size,
             self._likelihood_name() or self._default_likelihood,
-            likelihood=self.likelihood if isinstance(self.likelihood, Likelihood) else None)
+            likelihood=self.likelihood if isinstance(self.likelihood, Likelihood) else None,
+            backend=backend, options=self.method_options)
         if stats is not None:
             check_out_of_core(method_cls, name, self.batch_size, X.shape[0], self._task)
         early = self._early_stopping(y, n_classes, method_cls)
@@ -925,17 +925,19 @@ class GPClassifierCore(_GPEstimatorBase):
         heuristic, ``lengthscale_init="median"``, still apply theirs).
     backend : None, "numpy" or "torch"
         Array backend of the training hot path (``gpinfer.backend``). ``None`` (default):
-        numpy, or torch when ``device`` is a GPU. ``"torch"`` only for the methods that have it
-        (sep, ep, svi; ``pip install gpinfer[torch]``); any other method is an ``InputError``.
+        numpy, or torch when ``device`` is a GPU. ``"torch"`` only for the methods that declare
+        it (``Method.backends``; ``docs/backends.md``; ``pip install gpinfer[torch]``) and the
+        likelihood expectation rules that do (``Likelihood.supported_backends``); anything else
+        is an ``InputError`` naming the methods and rules that would run.
     device : None or str
         ``"cpu"`` (``None``), ``"cuda"`` or ``"cuda:N"``; a GPU needs the torch backend and a
         CUDA build of torch. The data stay in host memory; the method moves mini-batches.
     dtype : None, "float64" or "float32"
         Floating-point type of the torch backend (``None``: float64). ``"float32"`` only with
-        ``backend="torch"`` and for the methods stable in single precision (sep, svi).
-        All three (backend, device, dtype) are checked, with the method, before any training
-        (``InputError`` naming the fix: an unknown value, torch or CUDA missing, a numpy-only
-        method).
+        ``backend="torch"`` and for the methods stable in single precision (``Method.float32``).
+        All three (backend, device, dtype) are checked, with the method and its likelihood's
+        expectation rule, before any training (``InputError`` naming the fix: an unknown value,
+        torch or CUDA missing, a numpy-only method or rule).
     baseline_failure : "raise" or "warn"
         What a fit whose training NLL is no better than predicting the class frequencies does
         (``gpinfer.fit_guard``): ``"raise"`` (default) a ``gpinfer.errors.FitFailedError`` (a
@@ -1000,22 +1002,19 @@ class GPClassifierCore(_GPEstimatorBase):
                           ) -> Likelihood:
         """``likelihood`` (a copy, or made from its name), else the first of the method's
         likelihoods suited to ``n_classes`` (``y`` unused)."""
-        from gpinfer.likelihoods import make_likelihood
+        from gpinfer.likelihoods import default_likelihood, make_likelihood
 
         if isinstance(self.likelihood, Likelihood):
             likelihood = copy.deepcopy(self.likelihood)
         elif isinstance(self.likelihood, str):
             likelihood = make_likelihood(self.likelihood)
         else:
-            names = list(method_cls.likelihoods)
-            if not names:
+            found = default_likelihood(method_cls.likelihoods, n_classes)
+            if found is None:
                 raise InputError(
                     f"method {method_cls.name!r} declares no likelihoods; pass likelihood="
                 )
-            candidates = [make_likelihood(name) for name in names]
-            want_multiclass = n_classes > 2
-            suited = [lik for lik in candidates if bool(lik.multiclass) == want_multiclass]
-            likelihood = suited[0] if suited else candidates[0]
+            likelihood = found
         if likelihood.task != "classification":
             raise InputError(
                 f"likelihood {type(likelihood).__name__} is for {likelihood.task}; "

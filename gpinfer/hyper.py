@@ -587,11 +587,30 @@ def _stacked_parameter_gradient(hp: HyperParameters, X: Array,
                          for p in parts])
 
     need_Z = any(hp.inducing_is_free(l) for l in range(hp.n_latent))
-    g_params, g_Z = cov.vjp(stack("Kuu"), stack("Kuf"), stack("Kff_diag"), inputs=need_Z)
-    lik_grad = None if isinstance(grads, StackedMatrixGradients) else _likelihood_gradient(
-        X, grads)
     L = hp.n_latent
     kinds = [b.kind for b in hp._blocks]
+    # numpy, the usual layout (every latent's kernel, then every latent's Z, all free): the
+    # VJP writes g_Z into the gradient vector itself (no concatenation of C M D entries)
+    into = (ops.is_numpy(X) and need_Z and hp._all_free
+            and isinstance(grads, StackedMatrixGradients)
+            and hp._kernel_of_latent == list(range(L))
+            and kinds[: 2 * L] == ["kernel"] * L + ["inducing"] * L)
+    full_out = out_Z = None
+    Z_start = Z_stop = 0
+    if into:
+        full_out = np.empty(hp.n_entries)
+        Z_start, Z_stop = hp._blocks[L].start, hp._blocks[2 * L - 1].stop
+        out_Z = np.reshape(full_out[Z_start:Z_stop], tuple(cov.Z.shape))
+    g_params, g_Z = cov.vjp(stack("Kuu"), stack("Kuf"), stack("Kff_diag"), inputs=need_Z,
+                            out_Z=out_Z)
+    lik_grad = None if isinstance(grads, StackedMatrixGradients) else _likelihood_gradient(
+        X, grads)
+    if full_out is not None and out_Z is not None and g_Z is not None:
+        full_out[:Z_start] = np.reshape(g_params, (-1,))
+        if g_Z is not out_Z:
+            out_Z[...] = g_Z
+        full_out[Z_stop:] = 0.0  # a likelihood block: no gradient from stacked matrices
+        return full_out
     if (hp._free_prefix and hp.size == hp._kernel_stop and kinds[:L] == ["kernel"] * L
             and hp._kernel_of_latent == list(range(L))):
         return xp.reshape(g_params, (-1,))  # only the kernels learned: their rows, in order

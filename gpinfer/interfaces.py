@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
 
 import numpy as np
 
-from gpinfer.backend.choice import NUMPY, Backend
+from gpinfer.backend.choice import BACKENDS, NUMPY, Backend
 from gpinfer.errors import InputError
 from gpinfer.options import Option, check_options
 
@@ -33,6 +33,10 @@ if TYPE_CHECKING:
     from gpinfer.posterior import Posterior
 
 Array = np.ndarray
+#: the backends of a rule that ``Likelihood.expectation_backends`` does not list
+NUMPY_ONLY: frozenset[str] = frozenset({"numpy"})
+#: the backends of a rule written against the array API (``gpinfer.backend.ops``)
+EVERY_BACKEND: frozenset[str] = frozenset(BACKENDS)
 #: a float, or a 0-d array of a backend (e.g. a torch tensor on a device) not yet read
 Scalar = float | Any
 
@@ -83,6 +87,13 @@ class Likelihood(abc.ABC):
     #: the rules ``variational_expectations`` can use; the likelihood's constructor option
     #: ``expectation`` picks one (the first is the class's default)
     expectation_rules: ClassVar[tuple[str, ...]] = ("expected_log_prob",)
+    #: the array backends (``gpinfer.backend``) each rule runs on: ``rule`` -> names, or
+    #: ``(rule, n_classes)`` -> names where a class count differs (softmax's two-class
+    #: Gauss-Hermite); a rule not listed runs on numpy only, and every rule runs on numpy
+    #: (checked when the class is defined). Read through ``supported_backends`` by the check
+    #: before training (``gpinfer.validation.check_method_compatible``) and by
+    #: ``variational_expectations`` itself
+    expectation_backends: ClassVar[Mapping[str | tuple[str, int], frozenset[str]]] = {}
 
     #: the integer settings of those rules, as attribute names (e.g. ``"quadrature_points"``)
     expectation_settings: ClassVar[tuple[str, ...]] = ()
@@ -91,6 +102,14 @@ class Likelihood(abc.ABC):
     #: whether ``predict_proba`` and ``log_predictive`` take arrays of any array-API namespace
     #: (``gpinfer.backend``); otherwise a posterior hands them host arrays
     device_predictions: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for key, names in cls.expectation_backends.items():
+            if "numpy" not in names or not set(names) <= set(BACKENDS):
+                raise TypeError(
+                    f"{cls.__qualname__}.expectation_backends[{key!r}] must name numpy and "
+                    f"only the backends {list(BACKENDS)}; got {sorted(names)}")
 
     def set_expectation(self, rule: str | None = None, **settings: int | None) -> None:
         """Choose the rule of ``variational_expectations`` (``None``: keep it) and its settings
@@ -120,6 +139,41 @@ class Likelihood(abc.ABC):
         out = copy.copy(self)
         out.set_expectation(rule, **settings)
         return out
+
+    def supported_backends(self, expectation: str | None = None,
+                           n_classes: int | None = None) -> frozenset[str]:
+        """The array backends the ``variational_expectations`` rule ``expectation`` (None: the
+        one in use) runs on for ``n_classes`` classes, from ``expectation_backends`` (None:
+        the rule's entry for any count, not a count's own); an unknown rule is an
+        ``InputError`` naming the rules."""
+        rule = self.expectation if expectation is None else expectation
+        if rule not in self.expectation_rules:
+            raise InputError(f"{type(self).__name__}: expectation must be one of "
+                             f"{list(self.expectation_rules)}, got {rule!r}")
+        declared = self.expectation_backends
+        if n_classes is not None and (rule, n_classes) in declared:
+            return frozenset(declared[rule, n_classes])
+        return frozenset(declared.get(rule, NUMPY_ONLY))
+
+    def require_backend(self, backend: str, n_classes: int | None = None) -> None:
+        """``InputError`` unless the rule in use runs on ``backend`` (a name) for ``n_classes``
+        classes: it names the rule, the backend, the backends the rule runs on and this
+        likelihood's rules that run on ``backend``."""
+        rule = self.expectation
+        supported = self.supported_backends(rule, n_classes)
+        if backend in supported:
+            return
+        classes = (f" with {n_classes} classes"
+                   if (rule, n_classes) in self.expectation_backends else "")
+        others = [r for r in self.expectation_rules
+                  if r != rule and backend in self.supported_backends(r, n_classes)]
+        fix = (f"on {backend} use expectation=" + " or ".join(repr(r) for r in others)
+               if others else f"no rule of {type(self).__name__} runs on {backend}")
+        if "numpy" in supported:
+            fix += ", or leave backend and device unset (numpy)"
+        raise InputError(
+            f"{type(self).__name__}(expectation={rule!r}){classes} runs on "
+            f"{' and '.join(sorted(supported))} only, not on the {backend} backend: {fix}")
 
     def supports(self, requirements: Iterable[str]) -> bool:
         """Whether this likelihood has every capability named in ``requirements``."""
@@ -544,8 +598,9 @@ class Method(abc.ABC):
     #: whether the reported objectives are one quantity that training maximises, so that the fit
     #: guard may restore the best reported iterate when training ends far below it
     restore_best_iterate: ClassVar[bool] = True
-    #: array backends the method runs on (``gpinfer.backend``): numpy only by default; methods
-    #: written against the array API (sep, ep, svi) add ``"torch"`` (CPU or CUDA)
+    #: array backends the method runs on (``gpinfer.backend``): numpy only by default; a method
+    #: written against the array API adds ``"torch"`` (CPU or CUDA). The estimators and
+    #: ``gpinfer-run`` refuse any other before training, naming the methods that declare it
     backends: ClassVar[Sequence[str]] = ("numpy",)
     #: whether ``refine`` (the approximation at fixed hyper-parameters, from a fit) is there
     refines: ClassVar[bool] = False
@@ -576,6 +631,15 @@ class Method(abc.ABC):
                     "option_spec only (default_options is derived from it)"
                 )
             cls.default_options = {key: opt.default for key, opt in cls.option_spec.items()}
+
+    @classmethod
+    def expectation_likelihood(cls, likelihood: Likelihood, options: Mapping[str, Any]
+                               ) -> Likelihood | None:
+        """The likelihood whose ``variational_expectations`` training evaluates on the array
+        backend, its rule set as the method's ``options`` set it; ``None`` (the default) when
+        training never calls it. The check before training refuses a backend that its rule
+        does not declare (``Likelihood.supported_backends``)."""
+        return None
 
     def __init__(self, **options: Any):
         options = _apply_renames(self.name or type(self).__name__, self.renamed_options, options)

@@ -19,7 +19,9 @@ the torch backend is loaded. It limits every BLAS library loaded in
 the process (numpy's and scipy's own OpenBLAS are distinct libraries; both are loaded first, so a
 limit reaches scipy's even when scipy's linear algebra was not yet imported). ``export_policy()``
 writes the setting into the environment variables that BLAS libraries read when they load, for
-processes started later (joblib / submitit workers) and libraries loaded later.
+processes started later (joblib / submitit workers) and libraries loaded later. ``run_tags()``
+is what a ``gpinfer-run`` run records of them (MLflow tags), so that a timing can be read with
+the threads it ran on.
 """
 
 from __future__ import annotations
@@ -115,3 +117,20 @@ def export_policy() -> None:
         return
     for name in RUNTIME_ENVS:
         os.environ.setdefault(name, str(limit))
+
+
+#: the MLflow tags of ``run_tags``
+BLAS_THREADS_TAG = "gpinfer.blas_threads"
+THREAD_ENV_TAG = "gpinfer.thread_env"
+
+
+def run_tags() -> dict[str, str]:
+    """The thread settings of this process as a run's tags: ``gpinfer.blas_threads``, the
+    policy's count (``inherit`` when it leaves the process alone), and ``gpinfer.thread_env``,
+    ``GPINFER_BLAS_THREADS`` and the BLAS runtimes' variables that are set, as ``NAME=value``
+    separated by spaces (``none`` when none is)."""
+    limit = blas_threads()
+    env = [f"{name}={os.environ[name]}" for name in (THREADS_ENV, *RUNTIME_ENVS)
+           if name in os.environ]
+    return {BLAS_THREADS_TAG: INHERIT if limit is None else str(limit),
+            THREAD_ENV_TAG: " ".join(env) or "none"}

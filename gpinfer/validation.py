@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,6 +21,7 @@ import numpy as np
 from gpinfer.errors import InputError
 
 if TYPE_CHECKING:
+    from gpinfer.backend.choice import Backend
     from gpinfer.interfaces import Likelihood, Method
 
 Array = np.ndarray
@@ -73,7 +74,7 @@ def host_input(x: Any, name: str, method: str | None = None,
         raise InputError(
             f"{name} is a torch tensor on {device} but method {method!r} runs on numpy only: "
             f"pass {name}.detach().cpu().numpy(), or use one of the methods with a torch "
-            "backend (sep, ep, svi)"
+            f"backend: {_alternatives(lambda m: 'torch' in tuple(m.backends))}"
         )
     t = x.detach().cpu()
     if str(t.dtype) == "torch.bfloat16":  # numpy has no bfloat16
@@ -427,22 +428,40 @@ def check_method_compatible(
     likelihood_name: str | None,
     *,
     likelihood: Likelihood | None = None,
+    backend: Backend | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> None:
-    """Check a problem against what ``method_cls`` declares, before training.
+    """Check a problem against what ``method_cls`` declares, before training (the estimators'
+    ``fit``; ``gpinfer-run`` before its MLflow run exists).
 
     Checks, in order: the task (``"classification"`` / ``"regression"``), the number of classes
     ``C`` (more than two needs ``method_cls.multiclass``), ``batch_size`` (a positive int, and
-    only for methods with ``supports_minibatch``), and ``likelihood_name`` (``None`` skips this;
+    only for methods with ``supports_minibatch``), ``likelihood_name`` (``None`` skips this;
     otherwise it must be in ``method_cls.likelihoods``, or ``likelihood``, the object of that
     name, must have every capability of ``method_cls.likelihood_requirements``: a third party's
-    likelihood). Each ``InputError`` names the installed methods that would handle the problem
-    (via ``registry.methods_supporting``).
+    likelihood), then, with a resolved ``backend``, the method on it (``Method.backends``,
+    ``Method.float32``) and the likelihood's expectation rule on it, for methods whose training
+    evaluates one (``Method.expectation_likelihood`` with the method ``options``;
+    ``Likelihood.supported_backends``). The likelihood is ``likelihood``, else the one named
+    ``likelihood_name``, else the method's default for ``C`` classes. Each ``InputError``
+    names what would handle the problem: the installed methods (``registry.methods_supporting``)
+    and, for a rule, the likelihood's rules that run on the backend and the method's
+    likelihoods whose default rule does.
     """
     name = method_cls.name or method_cls.__name__
     _check_task(method_cls, name, task, n_classes)
     if batch_size is not None:
         _check_batch_size(method_cls, name, batch_size)
     _check_likelihood(method_cls, name, task, likelihood_name, likelihood)
+    if backend is not None:
+        check_method_backend(method_cls, name, backend)
+    if backend is not None and not backend.is_numpy:  # numpy runs every expectation rule
+        lik = likelihood if likelihood is not None else _named_likelihood(
+            method_cls, likelihood_name, n_classes)
+        if lik is not None:
+            evaluated = method_cls.expectation_likelihood(lik, options or {})
+            _check_rule_backend(method_cls, name, backend, n_classes, evaluated,
+                                evaluated is not None and evaluated.expectation != lik.expectation)
 
 
 def _check_task(method_cls: type[Method], name: str, task: str, n_classes: int) -> None:
@@ -504,6 +523,69 @@ def _check_likelihood(method_cls: type[Method], name: str, task: str,
             f"method {name!r} does not accept likelihood {likelihood_name!r} (it accepts: "
             f"{accepted}); for {likelihood_name!r} use one of: {alts}"
         )
+
+
+def check_method_backend(method_cls: type[Method], name: str, backend: Backend) -> None:
+    """``InputError`` unless ``method_cls`` runs on ``backend`` (``Method.backends``) in its
+    dtype (float32 needs ``Method.float32``), naming the installed methods that do. Part of
+    ``check_method_compatible``; ``gpinfer-run`` also calls it alone, before its store is
+    opened and its data are loaded (the rule's check needs the class count)."""
+    supported = tuple(method_cls.backends)
+    if backend.name not in supported:
+        alts = _alternatives(lambda m: backend.name in tuple(m.backends))
+        raise InputError(
+            f"method {name!r} runs on {' and '.join(supported)} only (backend="
+            f"{backend.name!r}, device={backend.device!r} asked for): leave backend and device "
+            f"unset, or use one of the methods with a {backend.name} backend: {alts}")
+    if backend.dtype == "float32" and not method_cls.float32:
+        alts = _alternatives(lambda m: backend.name in tuple(m.backends) and bool(m.float32))
+        raise InputError(f"method {name!r} needs dtype='float64': {method_cls.float64_reason}; "
+                         f"methods that run in float32 on {backend.name}: {alts}")
+
+
+def _named_likelihood(method_cls: type[Method], likelihood_name: str | None, n_classes: int
+                      ) -> Likelihood | None:
+    """The likelihood named ``likelihood_name``, else the method's default for ``n_classes``
+    classes (None: it declares none)."""
+    from gpinfer.likelihoods import default_likelihood, make_likelihood
+
+    if likelihood_name is not None:
+        return make_likelihood(likelihood_name)
+    return default_likelihood(method_cls.likelihoods, n_classes)
+
+
+def _check_rule_backend(method_cls: type[Method], name: str, backend: Backend, n_classes: int,
+                        likelihood: Likelihood | None, set_by_options: bool) -> None:
+    """``InputError`` unless the expectation rule of ``likelihood`` (the one ``method_cls``
+    trains with, its rule set by the method's options when ``set_by_options``; None: it
+    evaluates none) runs on ``backend`` for ``n_classes`` classes. The message names the rule,
+    the backend, the likelihood's rules that run there and the method's likelihoods whose
+    default rule does."""
+    if likelihood is None:
+        return
+    classes = n_classes if likelihood.multiclass else None
+    try:
+        likelihood.require_backend(backend.name, classes)
+    except InputError as err:
+        from gpinfer.likelihoods import make_likelihood
+
+        alts = [lik_name for lik_name in method_cls.likelihoods
+                if lik_name != likelihood.name and _default_rule_runs(
+                    make_likelihood(lik_name), backend.name, n_classes)]
+        more = (f"; or a likelihood of {name} whose default rule runs there: "
+                f"{', '.join(alts)}" if alts else "")
+        whose = f"the rule {name}'s options set" if set_by_options else "its likelihood's rule"
+        raise InputError(f"method {name!r} evaluates {whose} on the {backend.name} backend, "
+                         f"and {err}{more}") from None
+
+
+def _default_rule_runs(likelihood: Likelihood, backend: str, n_classes: int) -> bool:
+    """Whether ``likelihood`` (at its default rule) suits ``n_classes`` classes and runs on
+    ``backend``."""
+    if n_classes > 2 and not likelihood.multiclass:
+        return False
+    return backend in likelihood.supported_backends(
+        n_classes=n_classes if likelihood.multiclass else None)
 
 
 def check_weight_support(method_cls: type[Method], method_name: str | None = None) -> None:

@@ -20,6 +20,7 @@ STUBS = {
     "gpinfer.sites.power_tilted": ("gpinfer_pep.power_tilted", "scaled_tilted"),
     "gpinfer.sites.quadratic": ("gpinfer_jj.quadratic", "CollapsedBound"),
     "gpinfer.sites.newton": ("gpinfer_binary.newton", "newton_maximize"),
+    "gpinfer.sites.variational": ("gpinfer_svi.variational", "uncollapsed_elbo"),
     "gpinfer.numerics.gaussian_cubature": ("gpinfer_ivm.gaussian_cubature", "softmax_tilted"),
     "gpinfer.numerics.cholupdate": ("gpinfer_ivm.cholupdate", "chollrup"),
     "gpinfer.numerics.diagonal_softmax": ("gpinfer_ivm.diagonal_softmax",

@@ -46,7 +46,10 @@ def test_wheel_ships_configs_and_py_typed(wheel: Path) -> None:
     assert {"gpinfer/py.typed", "gpinfer/conf/config.yaml", "gpinfer/conf/method/laplace.yaml",
             "gpinfer/conf/experiment/villacampa2017_uci.yaml",
             "hydra_plugins/gpinfer_hydra/searchpath.py",
-            "hydra_plugins/gpinfer_hydra/sweeper.py"} <= names
+            "hydra_plugins/gpinfer_hydra/sweeper.py",
+            "gpinfer/conf/hydra/launcher/gpinfer_slurm.yaml",
+            "gpinfer/conf/hydra/launcher/gpinfer_local.yaml",
+            "gpinfer/conf/hydra/launcher/gpinfer/submitit.yaml"} <= names
     shipped = {n.removeprefix("gpinfer/conf/") for n in names if n.startswith("gpinfer/conf/")}
     on_disk = {str(p.relative_to(REPO / "conf")) for p in (REPO / "conf").rglob("*.yaml")}
     assert shipped == on_disk
@@ -68,6 +71,26 @@ def test_installed_wheel_composes_outside_the_checkout(wheel: Path, tmp_path: Pa
     first, rest = run.stdout.split("\n", 1)
     assert Path(first) == target / "gpinfer" / "conf"
     assert "name: laplace" in rest and "name: iris" in rest
+
+
+def test_installed_wheel_composes_the_slurm_launcher(wheel: Path, tmp_path: Path) -> None:
+    """``hydra/launcher=gpinfer_slurm`` from the wheel: the shipped launcher and its shared
+    settings (a nested folder of the configs) are found outside the checkout."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher")
+    target = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                           "--target", str(target), str(wheel)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    code = ("import gpinfer.experiment.app as a, sys; sys.argv = ['gpinfer-run', "
+            "'hydra/launcher=gpinfer_slurm', 'hydra.launcher.cpus_per_task=3', '--cfg', 'hydra', "
+            "'-p', 'hydra.launcher', '--resolve']; a.main()")
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "submitit_launcher.SlurmLauncher" in run.stdout
+    assert "export GPINFER_BLAS_THREADS=3 OPENBLAS_NUM_THREADS=3" in run.stdout
 
 
 def test_core_conf_dir_of_the_checkout() -> None:

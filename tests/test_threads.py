@@ -10,7 +10,15 @@ import sys
 import pytest
 
 from gpinfer.errors import InputError
-from gpinfer.threads import RUNTIME_ENVS, THREADS_ENV, blas_threads, export_policy
+from gpinfer.threads import (
+    BLAS_THREADS_TAG,
+    RUNTIME_ENVS,
+    THREAD_ENV_TAG,
+    THREADS_ENV,
+    blas_threads,
+    export_policy,
+    run_tags,
+)
 
 #: a fit under the process's own thread settings, forced to 2 BLAS threads before it starts (the
 #: default of OpenBLAS on any machine with two or more cores); the callback records what the
@@ -96,3 +104,16 @@ def test_export_policy_sets_unset_runtime_variables_only(monkeypatch):
     export_policy()
     assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
     assert os.environ["OMP_NUM_THREADS"] == "3"
+
+
+def test_run_tags_record_the_policy_and_the_runtime_variables_that_are_set(monkeypatch):
+    for name in RUNTIME_ENVS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    assert run_tags() == {BLAS_THREADS_TAG: "1", THREAD_ENV_TAG: "none"}
+    monkeypatch.setenv("MKL_NUM_THREADS", "4")
+    monkeypatch.setenv(THREADS_ENV, "4")
+    assert run_tags() == {BLAS_THREADS_TAG: "4",
+                          THREAD_ENV_TAG: f"{THREADS_ENV}=4 MKL_NUM_THREADS=4"}
+    monkeypatch.setenv(THREADS_ENV, "inherit")
+    assert run_tags()[BLAS_THREADS_TAG] == "inherit"

@@ -8,8 +8,10 @@ from scipy import sparse
 from sklearn.exceptions import DataConversionWarning
 
 from gpinfer import registry
+from gpinfer.backend.choice import NUMPY, Backend
 from gpinfer.errors import InputError
 from gpinfer.interfaces import Method
+from gpinfer.likelihoods import BernoulliProbit, RobustMax, Softmax
 from gpinfer.validation import (
     check_binary_labels,
     check_inducing,
@@ -274,6 +276,123 @@ def test_wrong_task(installed):
         check_method_compatible(_Binary, 0, "regression", None, None)
     with pytest.raises(InputError, match="for classification use one of: binary_only, multi"):
         check_method_compatible(_Regression, 2, "classification", None, None)
+
+
+# --------------------------------------------------------------------------------------------
+# check_method_compatible with a backend: the method, then its likelihood's expectation rule
+# --------------------------------------------------------------------------------------------
+
+TORCH = Backend("torch", "cpu", "float64")  # a resolved setting: no torch needed to check it
+TORCH32 = Backend("torch", "cpu", "float32")
+
+
+class _Variational(_Binary):
+    """A torch-capable method whose training evaluates ``variational_expectations``."""
+
+    name = "variational"
+    multiclass = True
+    backends = ("numpy", "torch")
+    float32 = True
+    likelihoods = ("logit", "probit", "robustmax", "softmax")
+
+    @classmethod
+    def expectation_likelihood(cls, likelihood, options):
+        return likelihood
+
+
+#: a torch-capable method that evaluates no expectation rule (ep's kind)
+_Sites = _declaring("sites", multiclass=True, backends=("numpy", "torch"),
+                    likelihoods=("robustmax",))
+
+
+@pytest.fixture
+def torch_installed(monkeypatch):
+    """The four classes above plus the two torch-capable ones as the installed methods."""
+    classes = {**_INSTALLED, "variational": _Variational, "sites": _Sites}
+    monkeypatch.setattr(
+        registry, "methods_supporting",
+        lambda predicate: sorted(n for n, c in classes.items() if predicate(c)))
+
+
+def test_a_numpy_only_method_names_the_registry_s_torch_methods(torch_installed, monkeypatch):
+    with pytest.raises(InputError) as err:
+        check_method_compatible(_Binary, 2, "classification", None, None, backend=TORCH)
+    assert str(err.value).endswith("runs on numpy only (backend='torch', device='cpu' asked "
+                                   "for): leave backend and device unset, or use one of the "
+                                   "methods with a torch backend: sites, variational")
+    # the message follows the registry: one more torch method installed, one more name
+    monkeypatch.setattr(_Stochastic, "backends", ("numpy", "torch"))
+    with pytest.raises(InputError, match=r"torch backend: sites, stochastic, variational$"):
+        check_method_compatible(_Binary, 2, "classification", None, None, backend=TORCH)
+    check_method_compatible(_Binary, 2, "classification", None, None, backend=NUMPY)
+
+
+def test_float32_names_the_methods_that_run_in_it(torch_installed):
+    with pytest.raises(InputError, match=r"method 'sites' needs dtype='float64': it is not stable "
+                                         r"in single precision; methods that run in float32 on "
+                                         r"torch: variational$"):
+        check_method_compatible(_Sites, 3, "classification", None, None, backend=TORCH32)
+    check_method_compatible(_Variational, 3, "classification", None, None, backend=TORCH32)
+
+
+@pytest.mark.parametrize(
+    ("likelihood", "n_classes", "rule", "fix", "others"),
+    [(RobustMax(expectation="log_space"), 3, r"RobustMax\(expectation='log_space'\)",
+      "expectation='trapezoid' or 'gauss_hermite'", "softmax"),
+     (Softmax(), 2, r"Softmax\(expectation='gauss_hermite'\) with 2 classes",
+      "expectation='monte_carlo'", "logit, probit, robustmax"),
+     (BernoulliProbit(expectation="adaptive"), 2, r"BernoulliProbit\(expectation='adaptive'\)",
+      "expectation='gauss_hermite'", "logit, robustmax")],
+    ids=["robustmax-log-space", "softmax-2-classes", "probit-adaptive"])
+def test_a_numpy_only_rule_is_refused_naming_the_rule_backend_and_fixes(
+        torch_installed, likelihood, n_classes, rule, fix, others):
+    with pytest.raises(InputError, match=(
+            rf"^method 'variational' evaluates its likelihood's rule on the torch backend, and "
+            rf"{rule} runs on numpy only, not on the torch backend: on torch use {fix}, or leave "
+            rf"backend and device unset \(numpy\); or a likelihood of variational whose "
+            rf"default rule runs there: {others}$")):
+        check_method_compatible(_Variational, n_classes, "classification", None,
+                                likelihood.name, likelihood=likelihood, backend=TORCH)
+    # numpy runs every rule; a method that evaluates no rule (sites) is not asked about it
+    check_method_compatible(_Variational, n_classes, "classification", None, likelihood.name,
+                            likelihood=likelihood, backend=NUMPY)
+    check_method_compatible(_Sites, 3, "classification", None, None,
+                            likelihood=RobustMax(expectation="log_space"), backend=TORCH)
+
+
+def test_the_rule_of_a_named_or_default_likelihood_is_checked(torch_installed):
+    """No object: the likelihood named, else the method's default for the classes (softmax
+    first among the multi-class ones here, so its two-class Gauss-Hermite is refused)."""
+    with pytest.raises(InputError, match=r"Softmax\(expectation='gauss_hermite'\) with 2"):
+        check_method_compatible(_Variational, 2, "classification", None, "softmax",
+                                backend=TORCH)
+    check_method_compatible(_Variational, 3, "classification", None, "softmax", backend=TORCH)
+    check_method_compatible(_Variational, 2, "classification", None, None, backend=TORCH)
+    multi_first = _declaring("multi_first", multiclass=True, backends=("numpy", "torch"),
+                             likelihoods=("softmax",),
+                             expectation_likelihood=_Variational.expectation_likelihood)
+    with pytest.raises(InputError, match=r"method 'multi_first' evaluates its likelihood's rule"):
+        check_method_compatible(multi_first, 2, "classification", None, None, backend=TORCH)
+
+
+def test_a_rule_set_by_the_method_s_options_is_the_one_checked(torch_installed):
+    """svi's deprecated ``robustmax_rule`` picks the robust-max rule: checked as the method
+    sets it (``Method.expectation_likelihood`` with the options)."""
+
+    class _Legacy(_Variational):
+        name = "legacy"
+
+        @classmethod
+        def expectation_likelihood(cls, likelihood, options):
+            return likelihood.with_expectation(options.get("rule"))
+
+    check_method_compatible(_Legacy, 3, "classification", None, "robustmax", backend=TORCH,
+                            options={})
+    with pytest.raises(InputError, match=r"method 'legacy' evaluates the rule legacy's options "
+                                         r"set on the torch backend, and RobustMax\(expectation="
+                                         r"'log_space'\) runs on numpy only"):
+        check_method_compatible(_Legacy, 3, "classification", None, "robustmax", backend=TORCH,
+                                options={"rule": "log_space"})
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,12 +2,14 @@
 is logged yet and no MLflow run exists.
 
 The plain settings (``gpinfer.experiment.settings``), the thread policy, the method and its
-options (optimizer included), the array backend against the method, the kernel name, the
-output folder, the MLflow store; then the dataset, loaded and split with the run's seed, its
-targets checked for the task, the inputs (and a regression's targets) standardised on the
-training part, the problem checked against what the method declares (task, classes,
-mini-batches, likelihood, inducing points) and the kernel built. Every problem is a
-``gpinfer.errors`` error naming it.
+options (optimizer included), the array backend's settings and the method on it
+(``gpinfer.validation.check_method_backend``), the kernel name, the output folder, the MLflow
+store; then the dataset, loaded and split with the run's seed, its targets checked
+for the task, the inputs (and a regression's targets) standardised on the training part, the
+problem checked against what the method declares (task, classes, mini-batches, likelihood, the
+method and its likelihood's expectation rule on the backend: the estimator's own check,
+``gpinfer.validation.check_method_compatible``; inducing points) and the kernel built. Every
+problem is a ``gpinfer.errors`` error naming it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from omegaconf import DictConfig
 
-from gpinfer.backend.choice import NUMPY, Backend, check_method_backend, resolve_backend
+from gpinfer.backend.choice import NUMPY, Backend, resolve_backend
 from gpinfer.errors import InputError
 from gpinfer.experiment import results as res
 from gpinfer.experiment import tracking
@@ -28,6 +30,7 @@ from gpinfer.experiment.redact import redact_uri
 from gpinfer.experiment.settings import Settings, as_mapping, config_to_dict, parse_settings
 from gpinfer.interfaces import Method
 from gpinfer.threads import blas_threads
+from gpinfer.validation import check_method_backend
 
 if TYPE_CHECKING:
     from gpinfer.data import Standardizer
@@ -75,14 +78,6 @@ class Prepared:
     standardizer: Standardizer | None = None
     #: the first training rows as loaded (raw features ``[n, D]``): the logged model's example
     X_train_raw_head: Array | None = None
-
-
-def _check_backend(s: Settings, method_cls: type[Method]) -> Backend:
-    """The run's ``Backend`` from ``backend``/``device``/``dtype``, checked against the method
-    (``InputError`` naming the fix) before any MLflow run exists."""
-    backend = resolve_backend(s.backend, s.device, s.dtype)
-    check_method_backend(method_cls, s.method, backend)
-    return backend
 
 
 def _hydra_output_dir() -> Path:
@@ -278,15 +273,17 @@ def _build_kernel(s: Settings, input_dim: int) -> Kernel:
     )
 
 
-def _check_problem(s: Settings, method_cls: type[Method], task: str, n_classes: int, n: int,
-                   d: int) -> int | None:
-    """The problem against what the method declares (task, classes, mini-batches,
-    likelihood); returns the inducing-point count (None: the method chooses, or none)."""
+def _check_problem(s: Settings, method_cls: type[Method], options: Mapping[str, Any],
+                   backend: Backend, task: str, n_classes: int, n: int, d: int) -> int | None:
+    """The problem against what the method (with its ``options``) declares: task, classes,
+    mini-batches, likelihood, and the method and its likelihood's expectation rule on
+    ``backend``; returns the inducing-point count (None: the method chooses, or none)."""
     from gpinfer.validation import check_inducing, check_method_compatible
 
     _check_likelihood_task(s, task)
     check_method_compatible(method_cls, n_classes, task, s.batch_size,
-                            s.likelihood or ("gaussian" if task == "regression" else None))
+                            s.likelihood or ("gaussian" if task == "regression" else None),
+                            backend=backend, options=options)
     inducing = check_inducing(s.M, n, d, s.method, bool(method_cls.uses_inducing_points))
     return None if inducing is None else int(inducing)
 
@@ -299,7 +296,8 @@ def prepare(
     s = parse_settings(conf)
     blas_threads()  # the thread policy (GPINFER_BLAS_THREADS), checked before any MLflow run
     method_cls, options, applied = _check_method(s)
-    backend = _check_backend(s, method_cls)
+    backend = resolve_backend(s.backend, s.device, s.dtype)
+    check_method_backend(method_cls, s.method, backend)  # its likelihood's rule with the data
     _check_kernel_name(s.kernel)
     out_dir = res.check_output_dir(output_dir if output_dir is not None else _hydra_output_dir())
     logger = _open_store(s, conf)
@@ -307,7 +305,7 @@ def prepare(
     t = _targets(s, split, ds.task, backend)
     X_train, X_test, y_train, st, y_shift, y_scale = _standardise(s, split, ds.task, t.y_train)
     n, d = X_train.shape
-    M_count = _check_problem(s, method_cls, ds.task, t.n_classes, n, d)
+    M_count = _check_problem(s, method_cls, options, backend, ds.task, t.n_classes, n, d)
     return Prepared(
         settings=s, out_dir=out_dir, method_cls=method_cls, X_train=X_train, y_train=y_train,
         X_test=X_test, y_test_index=t.y_test, classes=t.classes, n_classes=t.n_classes,

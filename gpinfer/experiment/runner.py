@@ -62,6 +62,7 @@ from gpinfer.experiment.settings import Settings, config_to_dict, parse_settings
 from gpinfer.fit_guard import WORSE_THAN_BASELINE
 from gpinfer.interfaces import FitResult, IterationInfo
 from gpinfer.progress import ProgressBar
+from gpinfer.threads import run_tags as thread_tags
 from gpinfer.training.early_stopping import EarlyStopping, validation_size
 
 if TYPE_CHECKING:
@@ -243,6 +244,7 @@ def _tags(p: Prepared) -> dict[str, str]:
     from gpinfer.experiment import stale_runs  # imports MLflow: only once a run is logged
 
     tags.update(stale_runs.run_tags())  # host and pid: a later run can tell this one died
+    tags.update(thread_tags())  # the BLAS threads its fits ran on (a sweep job's own)
     return tags
 
 

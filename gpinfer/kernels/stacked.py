@@ -78,9 +78,12 @@ class _Distances:
     scaled inputs themselves are divided by ``ell`` on every backend: products with
     ``1 / ell`` there moved the float32 torch fits of vi-robustmax by 1.8e-4, against
     numpy's float64 (tests/backend/test_same_model.py allows 1e-4; 5.5e-5 with divisions).
+    On numpy ``A`` is ``None`` once the distances are formed and ``Zs = Z - shift``
+    ``[C, M, D]`` (unscaled) is kept instead: its VJP works on ``Zs``
+    (``_host_lengthscales_and_inputs``), one array of ``[C, M, D]`` kept, not two.
     """
 
-    A: Array
+    A: Array | None
     Xs: Array
     r2_uu: Array
     g_uu: Array
@@ -93,6 +96,7 @@ class _Distances:
     ell2: Array | None
     inv_ell2: Array
     vk: Array | None
+    Zs: Array | None = None
 
 
 def _rows_product(X: Array, Y: Array) -> Array:
@@ -185,7 +189,7 @@ class StackedCovariances:
         return out
 
     def vjp(self, dKuu: Array | None, dKuf: Array | None, dKff_diag: Array | None, *,
-            inputs: bool = True) -> tuple[Array, Array | None]:
+            inputs: bool = True, out_Z: Array | None = None) -> tuple[Array, Array | None]:
         """Gradients of ``sum(dKuu * Kuu) + sum(dKuf * Kuf) + sum(dKff_diag * Kff_diag)``:
         ``(g_params [C, P], g_Z [C, M, D] or None)``, ``P`` each kernel's unconstrained
         parameters in its own order; ``inputs=False`` skips ``g_Z``. ``None`` gradients are
@@ -195,9 +199,12 @@ class StackedCovariances:
         two matrices, ``rA = 2 r_uu + r_uf``, ``H' = G_uu A + G_uf Bx`` and ``H = H' + G_uu A``:
         ``d/dlog ell = -2 (rA . A^2 + c_uf . Bx^2 - 2 sum_m A * H')`` (ARD; ``c_uf`` the column
         sums of ``G_uf``), ``-2 sum G * r2`` (isotropic) and ``g_Z = (2 / ell) (A * rA - H)``.
+        ``out_Z``: on numpy a C-contiguous ``[C, M, D]`` array the caller owns (a view of its
+        gradient vector) that ``g_Z`` is written into and returned as, where the matrices
+        have gradients (no copy of ``C M D`` entries afterwards); other backends ignore it.
         A compiled region of the step (``gpinfer.backend.compile``).
         """
-        return _vjp(self, dKuu, dKuf, dKff_diag, inputs)
+        return _vjp(self, dKuu, dKuf, dKff_diag, inputs, out_Z)
 
 
 @compilable
@@ -221,22 +228,34 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     var = natural[:, stop - 1]
     # one shift for every latent and the batch (distances do not change)
     shift = _mean_rows(Z)
-    A = Z - shift
-    A /= ell
     Xs = X - shift
-    a2 = ops.einsum("cmd,cmd->cm", A, A)
+    Zs: Array | None = None
+    if ops.is_numpy(Z):  # A from Zs = Z - shift, kept for the VJP; |a|^2 the Gram's diagonal
+        Zs = Z - shift
+        A = Zs / ell
+        G_AA = _gram(A, A)
+        a2 = ops.copy(ops.diagonal(G_AA))
+    else:
+        A = Z - shift
+        A /= ell
+        a2 = ops.einsum("cmd,cmd->cm", A, A)
+        G_AA = _gram(A, A)
     a2_col = a2[:, :, None]  # [C, M, 1], shared by both distances
-    r2_uu = StackedCovariances._sqdist(a2_col, a2[:, None, :], _gram(A, A))
+    r2_uu = StackedCovariances._sqdist(a2_col, a2[:, None, :], G_AA)
     ops.fill_diagonal(r2_uu, 0.0)
-    As = A / ell  # (Z - shift) / ell^2: A . ((x - shift) / ell) = As . (x - shift)
+    if Zs is not None:  # A is read no more: (Z - shift) / ell^2 in place
+        A /= ell
+        As, kept = A, None
+    else:
+        As, kept = A / ell, A  # (Z - shift) / ell^2: A . ((x - shift) / ell) = As . (x - shift)
     cross = _gram(As, Xs)
     del As
     Xs2 = Xs * Xs
     r2_uf = StackedCovariances._sqdist(a2_col, _scaled_norms(Xs2, inv_ell2)[:, None, :], cross)
     proto = st[0]
     vk = xp.reshape(var, (C, 1, 1)) if ops.is_numpy(Z) else None
-    d = _Distances(A, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, inv_ell, var,
-                   Xs2, ell2, inv_ell2, vk)
+    d = _Distances(kept, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, inv_ell, var,
+                   Xs2, ell2, inv_ell2, vk, Zs)
     Kuu = _times_variances(d.g_uu, var, vk)
     Kuf = _times_variances(d.g_uf, var, vk)
     Kff_diag = ops.repeat_columns(var, X.shape[0])  # [C, B]
@@ -251,7 +270,8 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
 
 @compilable
 def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
-         dKff_diag: Array | None, inputs: bool) -> tuple[Array, Array | None]:
+         dKff_diag: Array | None, inputs: bool, out_Z: Array | None = None
+         ) -> tuple[Array, Array | None]:
     """``StackedCovariances.vjp`` (a compiled region of the step): ``(g_params [C, P],
     g_Z [C, M, D] or None)`` from the matrices' weights ``G`` (``_weight_sums``)."""
     d = cov.d
@@ -262,14 +282,17 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
     pairs = [(dK, r2, g, square) for dK, r2, g, square in
              ((dKuu, d.r2_uu, d.g_uu, True), (dKuf, d.r2_uf, d.g_uf, False)) if dK is not None]
     d_var = _variance_gradient(d, sum_ff, pairs)
-    sums = _weight_sums(cov, pairs, need_products=ard or inputs)
+    host = ops.is_numpy(cov.Z)  # numpy forms its products in place (``matmul_add_``)
+    sums = _weight_sums(cov, pairs, need_products=(ard or inputs) and not host)
     if sums.rA is None or not (ard or inputs):
         d_ell = sums.d_ell
         g_Z = ops.zeros(cov.Z, tuple(cov.Z.shape)) if inputs else None
-    elif ard and not ops.is_numpy(cov.Z):
+    elif host:
+        d_ell, g_Z = _host_lengthscales_and_inputs(d, sums, ard, inputs, out_Z)
+    elif ard:
         d_ell, g_Z = _ard_on_device(d, sums, inputs)
     else:
-        d_ell, g_Z = _lengthscales_and_inputs(d, sums, ard, inputs)
+        d_ell, g_Z = _lengthscales_and_inputs(d, sums, inputs)
     return _parameter_gradients(cov, d_ell, d_var, sum_ff, dKuu), g_Z
 
 
@@ -279,13 +302,15 @@ Pair = tuple[Array, Array, Array, bool]  # (dK, r2, g, square) of one matrix
 class _Sums(NamedTuple):
     """What the VJP's parameter and input gradients need of the weights ``G`` of both
     matrices: ``rA = 2 r_uu + r_uf`` ``[C, M]`` (row sums, ``None`` without matrix
-    gradients), ``GA = G_uu A`` and ``GB = G_uf Bx`` ``[C, M, D]``, ``G_uf [C, M, B]`` (each
-    ``None`` where its matrix has no gradient or no products are needed) and the isotropic
+    gradients), ``GA = G_uu A`` and ``GB = G_uf Bx`` ``[C, M, D]`` (``None`` where its matrix
+    has no gradient or no products are asked for), the weights ``G_uu [C, M, M]`` and
+    ``G_uf [C, M, B]`` (``None`` where its matrix has no gradient) and the isotropic
     lengthscales' gradient ``d_ell [C, 1]`` (``None`` for ARD)."""
 
     rA: Array | None
     GA: Array | None
     GB: Array | None
+    G_uu: Array | None
     G_uf: Array | None
     d_ell: Array | None
 
@@ -327,15 +352,16 @@ def _weight_sums(cov: StackedCovariances, pairs: list[Pair], need_products: bool
     d = cov.d
     xp = ops.namespace(cov.Z)
     proto = cov.family.stationary[0]
-    rA = row_uu = GA = GB = G_uf = d_ell = None
+    rA = row_uu = GA = GB = G_uu = G_uf = d_ell = None
     for pair in pairs:
         _, r2, _, square = pair
         G = _weights(proto, d, pair)
         row = xp.sum(G, axis=2)  # [C, M]
         if square:
-            row_uu = row
+            row_uu, G_uu = row, G
         else:
             rA = row if row_uu is None else ops.plus_scaled(row, row_uu, 2.0)
+            G_uf = G
         if not proto.ard:
             term = xp.reshape(-2.0 * ops.einsum("cmn,cmn->c", G, r2), (r2.shape[0], 1))
             if d_ell is None:
@@ -343,40 +369,77 @@ def _weight_sums(cov: StackedCovariances, pairs: list[Pair], need_products: bool
             else:
                 d_ell += term
         if need_products:
+            assert d.A is not None  # a device's (numpy: ``_host_lengthscales_and_inputs``)
             if square:
                 GA = G @ d.A
             else:
-                GB, G_uf = cov._batch_product(G), G
+                GB = cov._batch_product(G)
     if rA is None and row_uu is not None:
         rA = 2.0 * row_uu
-    return _Sums(rA, GA, GB, G_uf, d_ell)
+    return _Sums(rA, GA, GB, G_uu, G_uf, d_ell)
 
 
-def _lengthscales_and_inputs(d: _Distances, sums: _Sums, ard: bool, inputs: bool
+def _host_lengthscales_and_inputs(d: _Distances, sums: _Sums, ard: bool, inputs: bool,
+                                  out_Z: Array | None = None
+                                  ) -> tuple[Array | None, Array | None]:
+    """``(d_ell [C, D'], g_Z [C, M, D] or None)`` on numpy from ``_Sums`` with row sums and
+    weights (no products), in the unscaled ``Zs = Z - shift`` (``A = Zs / ell``,
+    ``Bx = Xs / ell``): with ``W = rA Zs - 2 G_uu Zs - G_uf Xs`` ``[C, M, D]``,
+    ``g_Z = (2 / ell^2) W`` and, for ARD,
+    ``d/dlog ell = -(2 / ell^2) (sum_m Zs * (W - G_uf Xs) + c_uf . Xs^2)`` (``c_uf`` the column
+    sums of ``G_uf``; isotropic: ``sums.d_ell``), the formulas of
+    ``_lengthscales_and_inputs`` multiplied out. ``W`` is formed in place: ``rA Zs``, then
+    both products added by ``gemm`` with ``beta = 1`` (``ops.matmul_add_``; ``G_uu`` is
+    symmetric); ``sum_m Zs * G_uf Xs`` is the change of ``sum_m Zs * W`` over the second
+    product (``t1 - t2``), so no ``G_uf Xs`` array is formed: one ``[C, M, D]`` array (the
+    result) and four passes over it, where the products and their sums took five arrays and
+    nine passes. ``out_Z``: the array ``W`` is (``StackedCovariances.vjp``)."""
+    assert d.Zs is not None and sums.rA is not None  # numpy's forward keeps Zs
+    Zs = d.Zs
+    if inputs and out_Z is not None:
+        W = np.multiply(Zs, sums.rA[:, :, None], out=out_Z)  # rA Zs
+    else:
+        W = ops.scale_rows(Zs, sums.rA)  # rA Zs
+    if sums.G_uu is not None:
+        ops.matmul_add_(W, sums.G_uu, Zs, -2.0)  # - 2 G_uu Zs
+    d_ell = sums.d_ell
+    t1 = ops.einsum("cmd,cmd->cd", Zs, W) if ard else None
+    if sums.G_uf is not None:
+        ops.matmul_add_(W, sums.G_uf, d.Xs, -1.0)  # - G_uf Xs: one product for every latent
+    if ard:
+        assert t1 is not None and d.ell2 is not None  # numpy's
+        if sums.G_uf is None:
+            d_ell = t1
+        else:  # sum_m Zs * (W - G_uf Xs) = 2 t2 - t1, plus c_uf . Xs^2
+            d_ell = ops.einsum("cmd,cmd->cd", Zs, W)
+            d_ell *= 2.0
+            d_ell -= t1
+            d_ell += ops.namespace(Zs).sum(sums.G_uf, axis=1) @ d.Xs2
+        d_ell /= d.ell2
+        d_ell *= -2.0
+    if not inputs:
+        return d_ell, None
+    W *= (2.0 * d.inv_ell2)[:, None, :]
+    return d_ell, W
+
+
+def _lengthscales_and_inputs(d: _Distances, sums: _Sums, inputs: bool
                              ) -> tuple[Array | None, Array | None]:
-    """``(d_ell [C, D'], g_Z [C, M, D] or None)`` from ``_Sums`` with row sums (numpy, and an
-    isotropic kernel on a device):
-    ``H' = G_uu A + G_uf Bx``, ``H = H' + G_uu A``,
-    ``d/dlog ell = -2 (rA . A^2 + c_uf . Bx^2 - 2 sum_m A * H')`` for ARD (``c_uf`` the
-    column sums of ``G_uf``; isotropic: ``sums.d_ell``) and ``g_Z = (2 / ell) (A * rA - H)``."""
-    xp = ops.namespace(d.A)
-    GA, GB, d_ell = sums.GA, sums.GB, sums.d_ell
-    H = GB if GB is not None else GA  # H' = G_uu A + G_uf Bx
+    """``(d_ell [C, 1], g_Z [C, M, D] or None)`` from ``_Sums`` with row sums and products
+    (an isotropic kernel on a device; ``d_ell`` is ``sums.d_ell``): ``H = 2 G_uu A + G_uf Bx``
+    and ``g_Z = (2 / ell) (A * rA - H)``."""
+    assert d.A is not None  # a device's
+    GA, GB = sums.GA, sums.GB
+    if not inputs:
+        return sums.d_ell, None
+    H = GB if GB is not None else GA  # G_uu A + G_uf Bx
     if GA is not None and GB is not None:
         H += GA
     AR = ops.scale_rows(d.A, sums.rA)  # A * rA[:, :, None]
-    if ard:
-        d_ell = 4.0 * ops.einsum("cmd,cmd->cd", d.A, H)
-        ops.add_scaled_(d_ell, ops.einsum("cmd,cmd->cd", AR, d.A), -2.0)
-        if sums.G_uf is not None:  # c_uf . Bx^2 = (c_uf (X - shift)^2) / ell^2
-            assert d.ell2 is not None  # numpy's (a device's ARD: _ard_on_device)
-            ops.add_scaled_(d_ell, (xp.sum(sums.G_uf, axis=1) @ d.Xs2) / d.ell2, -2.0)
-    if not inputs:
-        return d_ell, None
-    if GA is not None:  # H = H' + G_uu A (in place: H' is not needed again)
+    if GA is not None:  # H = G_uu A + G_uf Bx + G_uu A (in place)
         H += GA
     AR -= H
-    return d_ell, _twice_over_ell(AR, d)
+    return sums.d_ell, _twice_over_ell(AR, d)
 
 
 def _ard_on_device(d: _Distances, sums: _Sums, inputs: bool) -> tuple[Array, Array | None]:

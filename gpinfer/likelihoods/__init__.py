@@ -9,6 +9,7 @@ rule of ``variational_expectations``, predictive probabilities) and declares its
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gpinfer.errors import InputError
@@ -77,6 +78,15 @@ def make_likelihood(spec: str | Likelihood, **params: Any) -> Likelihood:
     return likelihood
 
 
+def default_likelihood(names: Sequence[str], n_classes: int) -> Likelihood | None:
+    """The first of the likelihood ``names`` (a method's ``likelihoods``) suited to
+    ``n_classes`` classes (multi-class for more than two; the first name when none is), built
+    by ``make_likelihood``; ``None`` when ``names`` is empty."""
+    candidates = [make_likelihood(name) for name in names]
+    suited = [lik for lik in candidates if bool(lik.multiclass) == (n_classes > 2)]
+    return (suited or candidates)[0] if candidates else None
+
+
 __all__ = [
     "BUILTIN_LIKELIHOODS",
     "ArgmaxNoise",
@@ -97,5 +107,6 @@ __all__ = [
     "argmax_probability",
     "as_bernoulli",
     "check_labels",
+    "default_likelihood",
     "make_likelihood",
 ]

@@ -49,6 +49,14 @@ def _is_backend_array(x: object) -> bool:
     return not ops.is_numpy(x) and array_api_compat.is_array_api_obj(x)
 
 
+def require_rule_backend(likelihood: Likelihood, mean: Array, n_classes: int | None) -> None:
+    """The last guard of ``variational_expectations`` (the check before training refuses the
+    same earlier): ``likelihood.require_backend`` for a ``mean`` on the torch backend (numpy
+    runs every rule: ``Likelihood.expectation_backends``)."""
+    if _is_backend_array(mean):
+        likelihood.require_backend("torch", n_classes)
+
+
 def _finite_array(x: Array, name: str) -> Array:
     if _is_backend_array(x):
         xp = ops.namespace(x)
@@ -286,6 +294,7 @@ class ScalarLikelihood(Likelihood):
         ``mean``, ``var`` may be backend arrays (torch tensors, ``gpinfer.backend``) when the rule
         supports them; ``y`` then host labels or backend int labels (``Backend.as_index``)."""
         mean, var = check_mean_var(mean, var, 1)
+        require_rule_backend(self, mean, None)
         targets = self._targets(y, mean.shape[0])
         if _is_backend_array(mean):
             targets = ops.like(mean, targets)

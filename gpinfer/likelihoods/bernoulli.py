@@ -22,7 +22,7 @@ from scipy.special import log_ndtr
 
 from gpinfer.backend import ops
 from gpinfer.errors import InputError
-from gpinfer.interfaces import ExpectedLogProb, Likelihood, TiltedMoments
+from gpinfer.interfaces import EVERY_BACKEND, ExpectedLogProb, Likelihood, TiltedMoments
 from gpinfer.likelihoods.base import (
     ScalarLikelihood,
     check_labels,
@@ -112,6 +112,8 @@ class Bernoulli(ScalarLikelihood):
     capabilities = frozenset({"log_prob_derivatives", "log_concave", "log_sigmoid", "tilted_d2",
                               "expected_log_prob_derivatives"})
     expectation_rules = ("gauss_hermite", "adaptive")
+    #: Gauss-Hermite on any array API; ``adaptive`` is the 1-D engine's (numpy only)
+    expectation_backends = {"gauss_hermite": EVERY_BACKEND}
     expectation_settings = ("quadrature_points",)
     quadrature_points: int = settings.VARIATIONAL_GAUSS_HERMITE_POINTS
 
@@ -127,10 +129,6 @@ class Bernoulli(ScalarLikelihood):
         self, y: Array, mean: Array, var: Array, rng: np.random.Generator | None
     ) -> ExpectedLogProb:
         if self.expectation == "adaptive":
-            if not ops.is_numpy(mean):
-                raise InputError(
-                    f"{type(self).__name__}(expectation='adaptive') runs on numpy only (the "
-                    "1-D engine); on the torch backend use expectation='gauss_hermite'")
             return self._expected_log_prob(y, mean, var)
         return self._gauss_hermite_expectation(y, mean, var, self.quadrature_points)
 

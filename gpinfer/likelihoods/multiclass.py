@@ -39,8 +39,20 @@ from scipy.special import logsumexp
 
 from gpinfer.backend import ops
 from gpinfer.errors import InputError
-from gpinfer.interfaces import ExpectedLogProb, Likelihood, TiltedMoments
-from gpinfer.likelihoods.base import check_labels, check_latent, check_mean_var, check_power
+from gpinfer.interfaces import (
+    EVERY_BACKEND,
+    NUMPY_ONLY,
+    ExpectedLogProb,
+    Likelihood,
+    TiltedMoments,
+)
+from gpinfer.likelihoods.base import (
+    check_labels,
+    check_latent,
+    check_mean_var,
+    check_power,
+    require_rule_backend,
+)
 from gpinfer.likelihoods.bernoulli import LOGISTIC
 from gpinfer.numerics import settings
 from gpinfer.numerics.normal import (
@@ -555,6 +567,7 @@ class MulticlassLikelihood(Likelihood):
     ) -> ExpectedLogProb:
         """``expected_log_prob`` by this likelihood's ``expectation`` rule (``[N]``, ``[N, C]``)."""
         y, mean, var = self._check_inputs(y, mean, var)
+        require_rule_backend(self, mean, mean.shape[1])
         return self._variational_expectations(y, mean, var, rng)
 
     def predict_proba(self, mean: Array, var: Array) -> Array:
@@ -702,6 +715,8 @@ class RobustMax(MulticlassLikelihood):
 
     name = "robustmax"
     expectation_rules = ("trapezoid", "log_space", "gauss_hermite")
+    #: ``log_space`` (``argmax_probability``'s log-space rule) runs on numpy only
+    expectation_backends = {"trapezoid": EVERY_BACKEND, "gauss_hermite": EVERY_BACKEND}
     expectation_settings = ("quadrature_points",)
     quadrature_points: int = settings.ROBUSTMAX_GAUSS_HERMITE_POINTS
 
@@ -727,10 +742,6 @@ class RobustMax(MulticlassLikelihood):
         ``"trapezoid"`` and ``"gauss_hermite"`` take arrays of any array-API namespace (torch
         tensors: ``gpinfer.backend``); ``"log_space"`` runs on numpy only."""
         if self.expectation == "log_space":
-            if not ops.is_numpy(mean):
-                raise InputError(
-                    "RobustMax(expectation='log_space') runs on numpy only; on the torch backend "
-                    "use expectation='trapezoid' (the default) or 'gauss_hermite'")
             return self._expected_log_prob(y, mean, var)
         from gpinfer.likelihoods import robustmax_rules  # the module imports this one
 
@@ -802,6 +813,9 @@ class Softmax(MulticlassLikelihood):
 
     name = "softmax"
     expectation_rules = ("gauss_hermite", "monte_carlo")
+    #: two classes: Gauss-Hermite is the logistic's 1-D engine (numpy only)
+    expectation_backends = {"gauss_hermite": EVERY_BACKEND, ("gauss_hermite", 2): NUMPY_ONLY,
+                            "monte_carlo": EVERY_BACKEND}
     expectation_settings = ("mc_samples",)
     mc_samples: int = settings.SOFTMAX_MC_SAMPLES
 
@@ -826,11 +840,6 @@ class Softmax(MulticlassLikelihood):
         ``"gauss_hermite"`` with two classes (the logistic's 1-D engine, numpy only).
         """
         if self.expectation != "monte_carlo":
-            if not ops.is_numpy(mean) and mean.shape[1] == 2:
-                raise InputError(
-                    "Softmax(expectation='gauss_hermite') with 2 classes runs on numpy only (the "
-                    "1-D engine); on the torch backend use Softmax(expectation='monte_carlo') or "
-                    "a Bernoulli logit likelihood")
             return self._expected_log_prob(y, mean, var)
         rng = self._rng if rng is None else rng
         xp = ops.namespace(mean)

@@ -9,9 +9,11 @@ class per step (one stacked LAPACK call); the triangular solves run as one BLAS 
 class on views of the stacks, except the step's six with ``L``, which numpy does by products
 with ``L^-1`` (``StackedTerms.L_inv``, one ``trtri``); products with a triangular factor
 (``L^T Lam L``, ``L^-T S L^-1``, ``L^-1 Kuf``) run as ``trmm`` on numpy
-(``ops.tri_matmul``), and ``B^-1`` comes from LAPACK ``potri`` once per Gaussian. (The
-cavity's factor ``L_B`` keeps its two ``trsm`` of ``[M, n]``: at ``M = 200`` one ``trtri``
-costs as much as one such ``trsm``, so inverting it would not pay.) Results equal the
+(``ops.tri_matmul``), and ``B^-1`` comes from LAPACK ``potri`` once per Gaussian. (SEP's
+evaluation takes the cavity's ``B^-1 A`` as one product with its ``B^-1`` on numpy,
+``StackedGaussians.project(by_inverse=True)``: at ``M = 200`` one ``potri`` and one ``gemm``
+cost less than the two ``trsm`` of ``[M, n]`` with ``L_B``; the update's cavity keeps its
+one ``trsm``, cheaper than ``trtri`` or ``potri`` and a product.) Results equal the
 per-class code of ``gpinfer.sites.inducing`` to round-off (tests/sites/test_stacked.py).
 
 The functions take arrays of any array-API namespace (numpy, or torch on a CPU or GPU:
@@ -151,25 +153,29 @@ class StackedTerms:
             self._A_T = transpose(self.A)
         return self._A_T
 
-    def to_whitened(self, Lam: Array, h: Array) -> tuple[Array, Array]:
+    def to_whitened(self, Lam: Array, h: Array, *, symmetric: bool = True
+                    ) -> tuple[Array, Array]:
         """``(L^T Lam L [C, M, M], L^T h [C, M])`` from ``u``-space site sums (two triangular
-        products: ``ops.tri_matmul``)."""
+        products: ``ops.tri_matmul``); ``symmetric=False``: the products as they come, not
+        symmetrised (for a caller that symmetrises what it makes of them)."""
         LamL = ops.tri_matmul(self.L, Lam, right=True)
         LtLamL = ops.tri_matmul(self.L, LamL, transpose=True, overwrite=True, T_T=self.L_T)
         # (L^T h)^T = h^T L: on a device one einsum (the same batched product, no views)
         hL = ((h[:, None, :] @ self.L)[:, 0, :] if ops.is_numpy(h)
               else ops.einsum("cm,cmk->ck", h, self.L))
-        return symmetrize(LtLamL), hL
+        return (symmetrize(LtLamL) if symmetric else LtLamL), hL
 
     def to_u_space(self, P_w: Array, h_w: Array) -> tuple[Array, Array]:
         """Inverse of ``to_whitened``: ``(L^-T P_w L^-1, L^-T h_w)``."""
         return self.sandwich(P_w), self.unwhiten(h_w[..., None])[..., 0]
 
-    def sandwich(self, S: Array) -> Array:
-        """``L^-T S L^-1`` ``[C, M, M]`` for symmetric ``S [C, M, M]`` (symmetrised)."""
+    def sandwich(self, S: Array, *, overwrite: bool = False) -> Array:
+        """``L^-T S L^-1`` ``[C, M, M]`` for symmetric ``S [C, M, M]`` (symmetrised);
+        ``overwrite``: the caller owns ``S`` and reads it no more (numpy's products with
+        ``L^-1`` then run in place on it: no ``[C, M, M]`` copy)."""
         if self.L_inv is not None:
-            return symmetrize(ops.tri_matmul(self.L_inv, self.unwhiten(S), right=True,
-                                             overwrite=True))
+            return symmetrize(ops.tri_matmul(self.L_inv, self.unwhiten(S, overwrite=overwrite),
+                                             right=True, overwrite=True))
         T = tri_solve_stack(self.L, S, transpose=True, L_T=self.L_T)  # L^-T S
         if not ops.is_numpy(T):  # (L^-T S) L^-1: one solve from the right, no views
             return symmetrize(tri_solve_stack(self.L, T, right=True))
@@ -253,12 +259,13 @@ class StackedGaussians:
     positive definite. ``inverse``: ``B^-1`` formed at once (numpy ``potri``) and the means
     ``w = B^-1 (a h_w)`` one product with it, for a caller that reads ``B_inv`` anyway (where
     the two triangular solves per class of ``B_inv_vec`` would cost more; equal to
-    round-off).
+    round-off). ``means=False``: the factors only, ``w`` left to the caller.
     """
 
     def __init__(self, P_w: Array, h_w: Array, scale: Array | Scales | None = None, *,
-                 iteration: int | None = None, inverse: bool = False):
+                 iteration: int | None = None, inverse: bool = False, means: bool = True):
         self._make_h_w: Callable[[], Array] | None = None  # a view's (``_view``)
+        self._B_inv_sum: Array | None = None
         if scale is None:  # a = 1: no product
             Bm = ops.plus_diagonal(P_w, 1.0)
             self._h_w: Array | None = h_w
@@ -274,6 +281,9 @@ class StackedGaussians:
         self.LB = site_cholesky(Bm, h_w, iteration)
         self._LB_T: Array | None = None  # formed on first use (``B_inv_vec``'s solve)
         self._B_inv: Array | None = None
+        self.w: Array
+        if not means:  # the caller sets ``w`` (``shared_paired``)
+            return
         if not inverse:
             self.w = self.B_inv_vec(self.h_w)
         elif ops.is_numpy(P_w):
@@ -314,7 +324,7 @@ class StackedGaussians:
         larger stack), its ``LB_T`` (and ``h_w`` where a callable is given) formed on first
         use."""
         out = cls.__new__(cls)
-        out.LB, out.w, out._B_inv, out._LB_T = LB, w, B_inv, None
+        out.LB, out.w, out._B_inv, out._LB_T, out._B_inv_sum = LB, w, B_inv, None, None
         out._h_w, out._make_h_w = (None, h_w) if callable(h_w) else (h_w, None)
         return out
 
@@ -347,15 +357,30 @@ class StackedGaussians:
             self._B_inv = cho_inverse_stack(self.LB)
         return self._B_inv
 
+    def B_inv_sum(self) -> Array:
+        """``sum_c B_c^-1`` ``[M, M]`` over the leading axis (of ``B_inv``, unless it was formed
+        without it: ``shared_paired``)."""
+        if self._B_inv_sum is None:
+            self._B_inv_sum = ops.namespace(self.LB).sum(self.B_inv(), axis=0)
+        return self._B_inv_sum
+
     def project(self, A: Array, *, means_by_point: bool = False,
-                variances_by_point: bool = False) -> tuple[Array, Array, Array]:
+                variances_by_point: bool = False, by_inverse: bool = False
+                ) -> tuple[Array, Array, Array]:
         """Means ``mu = A^T w [C, n]``, variances ``v = ||L_B^-1 a||^2 [C, n]`` and
         ``R = L_B^-1 A [C, M, n]`` along whitened directions ``A [C, M, n]``.
         ``means_by_point`` (``variances_by_point``): ``mu`` (``v``) as ``[n, C]``, the
         transposed view of the same values (on a device the einsum's own output: no transpose
-        operator)."""
-        R = tri_solve_stack(self.LB, A)
+        operator). ``by_inverse``: ``B^-1 A`` in place of ``R``, one product with ``B_inv()``
+        and ``v = colsum(A * B^-1 A)`` (equal to round-off), for a caller that reads
+        ``B^-1 A`` (``stacked_matrix_gradients``): at ``M = 200`` one ``potri`` and one
+        ``gemm`` cost less than the two ``trsm`` of ``R`` and ``L_B^-T R``."""
         on_device = not ops.is_numpy(A)
+        if by_inverse:
+            BiA = self.B_inv() @ A
+            return (self._by_point("cmn,cm", A, self.w, means_by_point, on_device),
+                    self._by_point("cmn,cmn", A, BiA, variances_by_point, on_device), BiA)
+        R = tri_solve_stack(self.LB, A)
         return (self._by_point("cmn,cm", A, self.w, means_by_point, on_device),
                 self._by_point("cmn,cmn", R, R, variances_by_point, on_device), R)
 
@@ -391,26 +416,28 @@ class StackedGaussians:
 
 @compilable
 def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: StackedGaussians,
-                             R: Array, a_sum: Array, b_sum: Array, e_sum: Array | None = None
-                             ) -> StackedMatrixGradients:
+                             R: Array, a_sum: Array, b_sum: Array, e_sum: Array | None = None,
+                             *, inverse_applied: bool = False) -> StackedMatrixGradients:
     """``dlogZ_q / d(Kuu, Kuf, diag Kff)`` of every class:
     ``gpinfer.sites.inducing.inducing_matrix_gradients`` on stacks.
 
     ``q``: the posteriors; ``lik``: the Gaussians held fixed in the likelihood term (EP: ``q``;
-    SEP: the shared cavities) with ``R = L_B^-1 A [C, M, n]`` from ``lik.project``; ``a_sum``,
+    SEP: the shared cavities) with ``R = L_B^-1 A [C, M, n]`` from ``lik.project`` (with
+    ``inverse_applied``: ``B_g^-1 A`` itself, ``lik.project(..., by_inverse=True)``); ``a_sum``,
     ``b_sum``, ``e_sum`` ``[C, n]``: per-point sums, already multiplied by any mini-batch scale
     (``e_sum=None``: SEP's ``E = 2 B``). Returns the classes' gradients as stacks
     (``StackedMatrixGradients``: ``Kuu [C, M, M]``, ``Kuf [C, M, n]``, ``Kff_diag [C, n]``, also
     a sequence of one ``MatrixGradients`` per class). With ``B_g^-1 A`` from one solve,
     ``X = w a_sum^T + B_g^-1 A diag(E) - 2 A diag(B)`` and
-    ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T - 2 A diag(B) A^T`` (numpy: from these
-    pieces, ``_cross_terms``; on a device ``sym(A X^T) + A diag(B) A^T`` enters as the one
-    product ``A (X + A diag B)^T``, symmetrised with the rest by ``sandwich``).
+    ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T - 2 A diag(B) A^T``, where
+    ``sym(A X^T) + A diag(B) A^T`` enters as the one product ``A (X + A diag B)^T``,
+    symmetrised with the rest by ``sandwich`` (numpy: one ``gemm`` where the pieces took two
+    and a ``symmetrize``).
     (A compiled region of the step: ``gpinfer.backend.compile``.)
     """
     A = terms.A
     AB = ops.scale_columns(A, b_sum)  # A diag(B), [C, M, n]
-    BiA = tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)  # B_g^-1 A
+    BiA = R if inverse_applied else tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)
     # the sums below run in place, in the order of the formulas (the same arithmetic); the
     # outer and column-scaled products are one operator each on a device (ops.outer, ...).
     # SEP's E = 2 B enters as an exact factor 2 of the products with diag(B) (the same
@@ -422,40 +449,19 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     else:
         T = ops.scale_columns(BiA, e_sum)
         X += T
-    if ops.is_numpy(A):
-        ops.add_scaled_(X, AB, -2.0, scratch=T)  # X -= 2 AB (2 AB written into T)
-        cross = _cross_terms(A, AB, BiA, terms.A_T, lik.w, a_sum, e_sum)
-    else:  # sym(A X^T) + S_B = sym(A Y^T), Y = X + AB: one product (G_K is symmetrised)
-        X -= AB
-        cross = [ops.einsum("cmn,ckn->cmk", A, X)]
-        X -= AB
+    # sym(A X^T) - S_B = sym(A Y^T), Y = X + AB: one product (G_K is symmetrised)
+    X -= AB
+    cross = A @ ops.mT(X) if ops.is_numpy(A) else ops.einsum("cmn,ckn->cmk", A, X)
+    X -= AB
     del T
     inner = ops.outer(q.w, q.w)
     inner += q.B_inv()  # B^-1 + w w^T (q keeps its B^-1)
     ops.add_diagonal(inner, -1.0)  # the prior term
     inner *= 0.5
-    for term in cross:
-        inner -= term
-    G_K = terms.sandwich(inner)  # L^-T inner L^-1
+    inner -= cross
+    G_K = terms.sandwich(inner, overwrite=True)  # L^-T inner L^-1 (inner read no more)
     G_uf = terms.unwhiten(X, overwrite=True)
     return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b_sum)
-
-
-def _cross_terms(A: Array, AB: Array, BiA: Array, A_T: Array, w: Array, a_sum: Array,
-                 e_sum: Array | None) -> list[Array]:
-    """``[sym(A X^T), S_B]`` ``[C, M, M]`` each, the terms ``stacked_matrix_gradients``
-    subtracts from its inner matrix on numpy, from ``A [C, M, n]``, ``AB = A diag(B)``,
-    ``BiA = B_g^-1 A`` (both ``[C, M, n]``), ``A_T = A^T``, ``w [C, M]``, ``a_sum``, ``e_sum``
-    ``[C, n]``: ``S_B = A diag(B) A^T`` and ``A X^T = (A a_sum) w^T + A diag(E) (B_g^-1 A)^T
-    - 2 S_B`` from its pieces."""
-    S_B = AB @ A_T
-    AX = ops.outer(ops.einsum("cmn,cn->cm", A, a_sum), w)
-    if e_sum is None:  # A diag(2 B) (B_g^-1 A)^T = 2 (A diag(B)) (B_g^-1 A)^T
-        ops.add_scaled_(AX, AB @ transpose(BiA), 2.0)
-    else:
-        AX += ops.scale_columns(A, e_sum) @ transpose(BiA)
-    ops.add_scaled_(AX, S_B, -2.0)
-    return [symmetrize(AX), S_B]
 
 
 def as_stacked(terms: Sequence[ClassTerms] | StackedTerms) -> StackedTerms:
@@ -533,7 +539,59 @@ def shared_project(g: StackedGaussians, A: Array) -> tuple[Array, Array, Array]:
     C, M = B_inv.shape[0], B_inv.shape[1]
     xp = ops.namespace(A)
     BiA = xp.reshape(xp.reshape(B_inv, (C * M, M)) @ A, (C, M, A.shape[-1]))
-    return ops.mT(A) @ ops.mT(g.w), ops.einsum("mn,cmn->cn", A, BiA), BiA
+    return _shared_moments(A, g.w, BiA)
+
+
+def _shared_moments(A: Array, w: Array, BiA: Array) -> tuple[Array, Array, Array]:
+    """``(mu = A^T w [n, C], v = colsum(A * B^-1 A) [C, n], BiA)`` from ``A [M, n]``,
+    ``w [C, M]`` and ``BiA = B^-1 A [C, M, n]``."""
+    return ops.mT(A) @ ops.mT(w), ops.einsum("mn,cmn->cn", A, BiA), BiA
+
+
+def shared_paired(P_w: Array, h_w: Array, pair: Scales, A: Array,
+                  iteration: int | None = None
+                  ) -> tuple[StackedGaussians, StackedGaussians, Array, tuple[Array, Array, Array]]:
+    """``(q, cav, log_norm_ratio [2, C], (mu [n, C], v [C, n], B_cav^-1 A [C, M, n]))``: what
+    ``StackedGaussians.paired(P_w, h_w, pair, inverse=True)`` and ``shared_project(cav, A)``
+    give, for the classes' summed gradients (``shared_matrix_gradients``, which read ``q``'s
+    means and ``B_inv_sum`` and the cavity's means and ``B^-1 A``), ``A [M, n]`` shared.
+
+    On numpy neither Gaussian keeps a stack of ``B^-1``: one pass over the classes each
+    (``ops.cho_inverse_terms``: ``potri``, then ``symv`` / ``symm`` on one triangle) gives
+    ``q``'s means and ``sum_c B_c^-1`` (the same bits as summing the stack) and the cavity's
+    means and ``B^-1 A`` (equal to round-off). On a device as those two calls (one stack).
+    """
+    if not ops.is_numpy(P_w):
+        q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration, inverse=True)
+        return q, cav, lnr, shared_project(cav, A)
+    q = StackedGaussians(P_w, h_w, iteration=iteration, means=False)
+    cav = StackedGaussians(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]),
+                           iteration=iteration, means=False)
+    q.w, _, q._B_inv_sum, q_failed = ops.cho_inverse_terms(q.LB, q.h_w, summed=True)
+    cav.w, BiA, _, cav_failed = ops.cho_inverse_terms(cav.LB, cav.h_w, A)
+    if q_failed or cav_failed or BiA is None:
+        raise NumericalError("singular Cholesky factor", iteration=iteration, quantity="B")
+    lnr = np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
+    return q, cav, lnr, _shared_moments(A, cav.w, BiA)
+
+
+def shared_cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,
+                          iteration: int | None = None) -> tuple[Array, Array]:
+    """``(mu [n, C], v [n, C])``: the means and variances along the whitened directions
+    ``A [M, n]`` shared by every class of the ``C`` Gaussians ``StackedGaussians(P_w, h_w,
+    scale)`` (``P_w [C, M, M]``, ``h_w [C, M]``; ``NumericalError`` as there), as ``project``
+    of ``A`` broadcast (``means_by_point``, ``variances_by_point``; equal to round-off), with
+    ``R = L_B^-1 A``, ``z = L_B^-1 a h_w``: ``mu = R^T z``, ``v = colsum(R * R)``, where
+    ``project`` needs ``w = B^-1 a h_w`` (one more solve) and ``mu = A^T w``. (The site
+    update's cavity: it reads no ``w`` and no ``B^-1``.)"""
+    xp = ops.namespace(A)
+    C, M, n = P_w.shape[0], A.shape[0], A.shape[-1]
+    LB = site_cholesky(ops.scaled_plus_diagonal(scale.matrix, P_w, 1.0), h_w, iteration)
+    R = tri_solve_stack(LB, xp.broadcast_to(A, (C, M, n)))
+    z = tri_solve_stack(LB, (scale.vector * h_w)[..., None])[..., 0]
+    on_device = not ops.is_numpy(A)
+    by_point = StackedGaussians._by_point
+    return (by_point("cmn,cm", R, z, True, on_device), by_point("cmn,cmn", R, R, True, on_device))
 
 
 @compilable
@@ -565,7 +623,7 @@ def shared_matrix_gradients(one: StackedTerms, q: StackedGaussians, lik: Stacked
     b = xp.sum(b_sum, axis=0)  # [n]
     AB = A * b  # A diag(sum_c b_c)
     inner = ops.mT(q.w) @ q.w  # sum_c w_c w_c^T
-    inner += xp.sum(q.B_inv(), axis=0)
+    inner += q.B_inv_sum()
     ops.add_diagonal(inner, -float(C))  # the prior terms
     inner *= 0.5
     inner -= symmetrize(A @ ops.mT(Y))

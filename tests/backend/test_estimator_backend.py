@@ -8,21 +8,25 @@ sep on the torch backend skip, with the reason, while that method cannot.
 from __future__ import annotations
 
 import pickle
+import re
 
 import numpy as np
 import pytest
 from sklearn.base import clone
 from sklearn.datasets import load_iris
 
-from gpinfer import GPClassifier
+from gpinfer import GPClassifier, registry
 from gpinfer.backend.choice import NUMPY, Backend
 from gpinfer.errors import InputError
+from gpinfer.likelihoods import BernoulliLogit, RobustMax
 from gpinfer.validation import host_input, tensor_device
 
 torch = pytest.importorskip("torch", reason="the torch backend's tests need PyTorch (make test "
                             "installs its CPU build)")
 
 CUDA = torch.cuda.is_available()
+#: the installed methods with a torch backend, as the registry lists them
+TORCH_METHODS = ", ".join(registry.methods_supporting(lambda m: "torch" in tuple(m.backends)))
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +64,8 @@ def test_parameters_are_scikit_learn_parameters() -> None:
         ({"backend": "numpy", "device": "cuda"}, r"backend='numpy' runs on the CPU only"),
         ({"dtype": "float32"}, r"dtype='float32' needs backend='torch'"),
         ({"dtype": np.float32}, r"dtype='float32' needs backend='torch'"),
-        ({"backend": "torch"}, r"method 'laplace' runs on numpy only.*sep, ep, svi"),
+        ({"backend": "torch"}, r"method 'laplace' runs on numpy only.*torch backend: "
+         + re.escape(TORCH_METHODS) + "$"),
         ({"backend": "torch", "dtype": torch.float32}, r"method 'laplace' runs on numpy only"),
         ({"device": torch.device("cpu"), "backend": "torch"}, r"'laplace' runs on numpy only"),
     ],
@@ -75,6 +80,35 @@ def test_bad_settings_fail_before_training(binary, kwargs: dict, pattern: str) -
 def test_another_numpy_only_method_refuses_torch(binary) -> None:
     with pytest.raises(InputError, match=r"method 'ivm' runs on numpy only"):
         GPClassifier(method="ivm", backend="torch", max_iter=2).fit(*binary)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "classes", "pattern"),
+    [({"likelihood": RobustMax(expectation="log_space")}, 3,
+      r"RobustMax\(expectation='log_space'\) runs on numpy only, not on the torch backend: on "
+      r"torch use expectation='trapezoid' or 'gauss_hermite'"),
+     ({"likelihood": "softmax"}, 2,
+      r"Softmax\(expectation='gauss_hermite'\) with 2 classes runs on numpy only.*"
+      r"expectation='monte_carlo'.*default rule runs there: logit, probit, robustmax$"),
+     ({"likelihood": BernoulliLogit(expectation="adaptive"), "batch_size": 20}, 2,
+      r"BernoulliLogit\(expectation='adaptive'\) runs on numpy only"),
+     ({"method": "vi-robustmax", "method_options": {"robustmax_rule": "likelihood"}}, 3,
+      r"'vi-robustmax' evaluates the rule vi-robustmax's options set on the torch backend, "
+      r"and RobustMax\(expectation='log_space'\) runs on numpy only")],
+    ids=["robustmax-log-space", "softmax-2-classes", "logit-adaptive", "svi-legacy-option"])
+def test_a_numpy_only_expectation_rule_is_refused_before_training(
+        monkeypatch, binary, iris, kwargs: dict, classes: int, pattern: str) -> None:
+    """svi's likelihood rule on torch: refused by ``fit``'s checks, never by its first ELBO."""
+    from gpinfer_svi.method import SVI
+
+    def trained(*args, **kw):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(SVI, "fit", trained)
+    est = GPClassifier(**{"method": "svi", "M": 5, "max_iter": 2, "backend": "torch", **kwargs})
+    with pytest.raises(InputError, match=pattern):
+        est.fit(*(iris if classes == 3 else binary))
+    assert not hasattr(est, "posterior_") and not hasattr(est, "backend_")
 
 
 @pytest.mark.skipif(CUDA, reason="this machine has a CUDA GPU: asking for it is no error")
@@ -100,7 +134,8 @@ def test_a_tensor_for_a_numpy_only_method_names_the_fix(binary) -> None:
         name = "X" if isinstance(kwargs["X"], torch.Tensor) else "y"
         with pytest.raises(InputError, match=rf"{name} is a torch tensor on cpu but method "
                                              rf"'laplace' runs on numpy only: pass "
-                                             rf"{name}\.detach\(\)\.cpu\(\)\.numpy\(\)"):
+                                             rf"{name}\.detach\(\)\.cpu\(\)\.numpy\(\).*"
+                                             rf"torch backend: {re.escape(TORCH_METHODS)}$"):
             GPClassifier(method="laplace", max_iter=2).fit(kwargs["X"], kwargs["y"])
 
 

@@ -45,12 +45,42 @@ def test_cholesky_solves_and_inverse_against_dense_answers(to):
                                                   right=True))
             assert Xr.shape == Br.shape
             np.testing.assert_allclose(Xr @ T, Br, rtol=1e-10, atol=1e-12)
+    L_before = ops.to_host(L).copy()
     inv, bad = ops.cho_inverse(L)
     assert not bad
     np.testing.assert_allclose(ops.to_host(inv), np.linalg.inv(K), rtol=1e-10, atol=1e-13)
+    np.testing.assert_array_equal(ops.to_host(L), L_before)  # the factors are read only
+    if ops.is_numpy(inv):  # both triangles from the one LAPACK triangle: exactly symmetric
+        np.testing.assert_array_equal(inv, np.swapaxes(inv, 1, 2))
+        singular = np.array(L)
+        singular[1, 2, 2] = 0.0
+        assert ops.cho_inverse(singular)[1]
     # one 2-D factor as well
     x2 = ops.to_host(ops.solve_triangular(L[0], to(B[0])))
     np.testing.assert_allclose(Lh[0] @ x2, B[0], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("to", _namespaces())
+def test_cho_inverse_terms_are_what_the_inverses_give(to):
+    """``cho_inverse_terms``: ``B_c^-1 v_c``, ``B_c^-1 X`` and ``sum_c B_c^-1`` without a
+    stack of inverses: the sum the same bits as summing ``cho_inverse``'s stack, the products
+    equal to products with it (round-off), a singular factor reported."""
+    rng = np.random.default_rng(2)
+    K = _spd_stack(rng, C=4, M=7)
+    L, _ = ops.cholesky(to(K))
+    v, X = rng.normal(size=(4, 7)), rng.normal(size=(7, 5))
+    B_inv = ops.to_host(ops.cho_inverse(L)[0])
+    w, Y, S, failed = ops.cho_inverse_terms(L, to(v), to(X), summed=True)
+    assert not failed
+    assert np.array_equal(ops.to_host(S), np.sum(B_inv, axis=0))
+    np.testing.assert_allclose(ops.to_host(w), np.einsum("cmk,ck->cm", B_inv, v), rtol=1e-13)
+    np.testing.assert_allclose(ops.to_host(Y), B_inv @ X, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(ops.to_host(Y), np.linalg.solve(K, X), rtol=1e-10)
+    w2, Y2, S2, _ = ops.cho_inverse_terms(L, to(v))
+    assert Y2 is None and S2 is None and np.array_equal(ops.to_host(w2), ops.to_host(w))
+    if isinstance(L, np.ndarray):  # numpy reports a singular factor (a device never does)
+        L[2, 3, 3] = 0.0
+        assert ops.cho_inverse_terms(L, v, X)[3]
 
 
 @pytest.mark.parametrize("to", _namespaces())
@@ -60,6 +90,41 @@ def test_cholesky_reports_the_failing_matrix_instead_of_raising(to):
     K[1] = -np.eye(6)  # not positive definite
     _, failed = ops.cholesky(to(K))
     assert failed.tolist() == [False, True, False]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_cholesky_of_large_numpy_stacks_by_potrf_in_place(dtype):
+    """numpy stacks of order >= 64 (one ``potrf`` per matrix on a copy): numpy's factors
+    to round-off, the upper triangle zero, the input unchanged, an indefinite matrix and one
+    with a NaN reported as failed."""
+    rng = np.random.default_rng(7)
+    K = _spd_stack(rng, C=3, M=70).astype(dtype)
+    kept = K.copy()
+    L, failed = ops.cholesky(K)
+    assert L.dtype == dtype and not failed.any()
+    np.testing.assert_array_equal(K, kept)
+    tol = 1e-13 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(L, np.linalg.cholesky(K), rtol=tol, atol=tol * 70)
+    assert not np.triu(L, 1).any()
+    K[1] = -np.eye(70, dtype=dtype)
+    K[2, 5, 5] = np.nan
+    assert ops.cholesky(K)[1].tolist() == [False, True, True]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_tri_inverse_of_large_numpy_stacks_in_two_halves(dtype):
+    """numpy factors of order >= 128 are inverted in two halves (``trtri`` of each, two
+    ``gemm`` for the off-diagonal block): the inverse to round-off, zero above the diagonal;
+    a singular factor is a ``ValueError``."""
+    rng = np.random.default_rng(8)
+    L = np.linalg.cholesky(_spd_stack(rng, C=2, M=131)).astype(dtype)
+    inv = ops.tri_inverse(L)
+    assert inv.dtype == dtype and not np.triu(inv, 1).any()
+    tol = 1e-12 if dtype == np.float64 else 1e-4
+    np.testing.assert_allclose(inv @ L, np.broadcast_to(np.eye(131), L.shape), atol=tol)
+    L[1, 100, 100] = 0.0
+    with pytest.raises(ValueError, match="matrix 1"):
+        ops.tri_inverse(L)
 
 
 @pytest.mark.parametrize("to", _namespaces())
@@ -180,6 +245,33 @@ def test_tri_matmul_equals_the_general_product(to, dtype):
                                atol=tol)
 
 
+@pytest.mark.parametrize("to", _namespaces())
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_matmul_add_accumulates_in_place(to, dtype):
+    """``ops.matmul_add_``: ``out += alpha X @ Y`` written into ``out`` itself, for stacks
+    (``Y`` per matrix or one ``Y`` for the stack), single matrices and transposed views of
+    the operands; the operands are unchanged."""
+    rng = np.random.default_rng(5)
+    tol = 1e-13 if dtype == np.float64 else 1e-5
+    cases = [((3, 4, 5), (3, 4, 6), (3, 6, 5)), ((3, 4, 5), (3, 4, 6), (6, 5)),
+             ((4, 5), (4, 6), (6, 5))]
+    for alpha in (1.0, -1.0, -2.0):
+        for out_shape, x_shape, y_shape in cases:
+            out0 = rng.normal(size=out_shape).astype(dtype)
+            X = rng.normal(size=x_shape).astype(dtype)
+            Y = rng.normal(size=y_shape).astype(dtype)
+            if len(y_shape) == 2:  # a Fortran-ordered operand (a transposed view)
+                Y = np.asfortranarray(Y)
+            kept = (X.copy(), Y.copy())
+            out = to(out0.copy())
+            res = ops.matmul_add_(out, to(X), to(Y), alpha)
+            assert res is out
+            want = out0 + alpha * (X @ Y)
+            np.testing.assert_allclose(ops.to_host(out), want, rtol=tol, atol=tol)
+            np.testing.assert_array_equal(X, kept[0])
+            np.testing.assert_array_equal(Y, kept[1])
+
+
 @pytest.mark.parametrize("on_torch", [False, True])
 def test_tri_inverse_and_the_terms_solved_by_products(on_torch):
     """``ops.tri_inverse`` inverts stacked lower factors; ``StackedTerms`` with ``L_inv``
@@ -204,6 +296,12 @@ def test_tri_inverse_and_the_terms_solved_by_products(on_torch):
         arg = S if f == "sandwich" else X
         np.testing.assert_allclose(ops.to_host(getattr(by_products, f)(arg)),
                                    ops.to_host(getattr(solved, f)(arg)), rtol=1e-11, atol=1e-12)
+    # a sandwich that may write into its argument: the same values
+    S_before = ops.to_host(S).copy()
+    kept = ops.to_host(by_products.sandwich(S))
+    np.testing.assert_array_equal(ops.to_host(S), S_before)  # without overwrite S is kept
+    np.testing.assert_array_equal(
+        ops.to_host(by_products.sandwich(ops.copy(S), overwrite=True)), kept)
 
 
 @pytest.mark.parametrize("to", _namespaces())

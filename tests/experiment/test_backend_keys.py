@@ -57,6 +57,15 @@ _BAD = [
     ("dtype=float32", r"dtype='float32' needs backend='torch'"),
     ("backend=torch", r"method 'toygp' runs on numpy only"),
     ("method=laplace backend=torch dtype=float32", r"method 'laplace' runs on numpy only"),
+    # a likelihood expectation rule that runs on numpy only (docs/backends.md): named with the
+    # backend and what runs there, before the MLflow run (the fit's first ELBO is too late)
+    ("method=svi method.likelihood=softmax backend=torch",
+     r"Softmax\(expectation='gauss_hermite'\) with 2 classes runs on numpy only, not on the "
+     r"torch backend: on torch use expectation='monte_carlo'.*a likelihood of svi whose default "
+     r"rule runs there: logit, probit, robustmax$"),
+    ("method=vi-robustmax dataset=iris +method.options.robustmax_rule=likelihood backend=torch",
+     r"RobustMax\(expectation='log_space'\) runs on numpy only, not on the torch backend: on "
+     r"torch use expectation='trapezoid' or 'gauss_hermite'"),
 ]
 if not _cuda():
     _BAD.append(("device=cuda", r"no CUDA GPU"))
@@ -74,6 +83,18 @@ def test_bad_settings_fail_before_any_mlflow_run(
         run_experiment(cfg, output_dir=tmp_path / "run")
     assert len(store_runs(store_uri)) == before
     assert not (tmp_path / "run" / "result.json").exists()
+
+
+def test_a_numpy_only_method_is_refused_before_the_store_and_the_data(
+    tmp_path: Path, store_uri: str
+) -> None:
+    """The method on the backend needs neither the data nor the store: refused before the
+    experiment is made (only the likelihood's rule waits for the class count)."""
+    pytest.importorskip("torch", reason="the torch settings are checked with PyTorch installed")
+    cfg = store_cfg(store_uri, "method=laplace", "backend=torch", "mlflow.experiment=never_made")
+    with pytest.raises(InputError, match=r"method 'laplace' runs on numpy only"):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert MlflowClient(store_uri).get_experiment_by_name("never_made") is None
 
 
 def test_a_regression_run_refuses_torch(tmp_path: Path, store_uri: str) -> None:

@@ -203,9 +203,9 @@ def test_fixed_inducing_inputs_skip_the_input_vjp(monkeypatch, stacked):
         assert hp.stacked is not None
         original_stacked = StackedCovariances.vjp
 
-        def recording_stacked(self, *args, inputs=True):
+        def recording_stacked(self, *args, inputs=True, **kwargs):
             calls.append(inputs)
-            return original_stacked(self, *args, inputs=inputs)
+            return original_stacked(self, *args, inputs=inputs, **kwargs)
 
         monkeypatch.setattr(StackedCovariances, "vjp", recording_stacked)
     else:

@@ -9,7 +9,7 @@ import pytest
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels import RBF, Linear, Matern32, Matern52, White
-from gpinfer.kernels.stacked import StackedKernels
+from gpinfer.kernels.stacked import StackedKernels, StackedMatrixGradients
 
 C, M, B, D = 3, 5, 7, 4
 
@@ -151,6 +151,23 @@ def test_parameter_gradient_stacked_equals_per_latent(tied):
     stacked = parameter_gradient(hp, X, grads)
     hp.stacked = None
     per_latent = parameter_gradient(hp, X, grads)
+    np.testing.assert_allclose(stacked, per_latent, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["rbf-ard+white", "matern32-iso"])
+def test_parameter_gradient_written_into_the_vector_equals_per_latent(kind):
+    """All entries free, the matrix gradients as stacks: numpy's VJP writes ``g_Z`` into the
+    gradient vector itself (``out_Z``); the same values as the per-latent path."""
+    rng, Z, X = _data(9)
+    kernels = family(kind, rng)
+    stacks = StackedMatrixGradients(rng.normal(size=(C, M, M)), rng.normal(size=(C, M, B)),
+                                    rng.normal(size=(C, B)))
+    hp = HyperParameters(kernels, Z=list(Z))
+    assert hp.stacked is not None
+    stacked = parameter_gradient(hp, X, stacks)
+    assert stacked.shape == (hp.size,)
+    hp.stacked = None
+    per_latent = parameter_gradient(hp, X, list(stacks))
     np.testing.assert_allclose(stacked, per_latent, rtol=1e-10, atol=1e-12)
 
 

@@ -16,6 +16,8 @@ from gpinfer.sites.stacked import (
     as_stacked,
     cho_inverse_stack,
     scales,
+    shared_paired,
+    shared_project,
     stacked_cholesky,
     stacked_matrix_gradients,
     stacked_terms,
@@ -121,6 +123,35 @@ def test_gaussians_equal_whitened_gaussians(scale, device):
 
 
 @pytest.mark.parametrize("device", [False, True])
+def test_shared_paired_is_paired_and_shared_project(device):
+    """``shared_paired`` (the shared evaluation's Gaussians, on numpy without stacks of
+    ``B^-1``) gives ``StackedGaussians.paired(inverse=True)`` and ``shared_project`` of its
+    cavity: factors bit for bit, ``sum_c B_c^-1`` of ``q`` bit for bit on
+    numpy, means, log-norm ratios and projections to round-off."""
+    rng, X, kernels, Zs, P, h = _setup(4)
+    A = rng.normal(size=(M, N))
+    frac = (0.8, 0.9, 0.95)
+    if device:
+        torch = pytest.importorskip("torch")
+        A, P, h = (torch.as_tensor(a) for a in (A, P, h))
+    pair = scales(P, (1.0,) * C + frac, (2, C))
+    q, cav, lnr, moments = shared_paired(P, h, pair, A)
+    q0, cav0, lnr0 = StackedGaussians.paired(P, h, pair, inverse=True)
+    host = np.asarray
+    for got, want in ((q, q0), (cav, cav0)):
+        assert np.array_equal(host(got.LB), host(want.LB))
+        np.testing.assert_allclose(host(got.w), host(want.w), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(host(lnr), host(lnr0), rtol=1e-12)  # w . h: the means' round-off
+    S0 = host(q0.B_inv()).sum(axis=0)
+    if device:
+        np.testing.assert_allclose(host(q.B_inv_sum()), S0, rtol=1e-14)
+    else:
+        assert np.array_equal(q.B_inv_sum(), S0)
+    for a, b in zip(moments, shared_project(cav0, A)):
+        np.testing.assert_allclose(host(a), host(b), rtol=1e-11, atol=1e-14)
+
+
+@pytest.mark.parametrize("device", [False, True])
 def test_paired_gaussians_equal_the_two_gaussians_bit_for_bit(device):
     """``StackedGaussians.paired`` (on a device one ``[2, C]`` stack with its ``B^-1``, its
     halves views of it) gives ``q`` and the cavity exactly as two ``StackedGaussians`` (on a
@@ -159,7 +190,8 @@ def test_paired_gaussians_equal_the_two_gaussians_bit_for_bit(device):
 
 @pytest.mark.parametrize("device", [False, True])
 def test_sep_matrix_gradients_equal_the_per_class_gradients(device):
-    """On numpy and on a device (where sym(A X^T) + S_B is one product A (X + A diag B)^T)."""
+    """On numpy and on a device (sym(A X^T) + S_B one product A (X + A diag B)^T), from
+    ``R = L_B^-1 A`` and from ``B^-1 A`` (``project(by_inverse=True)``, numpy's evaluation)."""
     rng, X, kernels, Zs, P, h = _setup()
     per_class = [class_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
     frac = np.array([0.8, 0.9, 0.95])
@@ -167,18 +199,26 @@ def test_sep_matrix_gradients_equal_the_per_class_gradients(device):
     X_, Z_, P_, h_, a_, b_ = _on(device, X, np.stack(Zs), P, h, a_sum, b_sum)
     terms = stacked_terms(kernels, Z_, X_)
     q, cav = StackedGaussians(P_, h_), StackedGaussians(P_, h_, frac)
-    _, _, R = cav.project(terms.A)
-    stacked = stacked_matrix_gradients(terms, q, cav, R, a_, b_)
-    grads = [MatrixGradients(Kuu=_host(g.Kuu), Kuf=_host(g.Kuf), Kff_diag=_host(g.Kff_diag))
-             for g in stacked]
-    for c in range(C):
-        q_c, cav_c = WhitenedGaussian(P[c], h[c]), WhitenedGaussian(frac[c] * P[c],
-                                                                     frac[c] * h[c])
-        ref = inducing_matrix_gradients(per_class[c], q_c, cav_c,
-                                        cav_c.project(per_class[c].A).R, a_sum[c], b_sum[c])
-        np.testing.assert_allclose(grads[c].Kuu, ref.Kuu, rtol=1e-8, atol=1e-10)
-        np.testing.assert_allclose(grads[c].Kuf, ref.Kuf, rtol=1e-8, atol=1e-10)
-        np.testing.assert_allclose(grads[c].Kff_diag, ref.Kff_diag)
+    mu, v, R = cav.project(terms.A)
+    # B_cav^-1 A from the cavity's B^-1 (``by_inverse``) in place of R: the same gradients
+    mu_i, v_i, BiA = cav.project(terms.A, by_inverse=True)
+    np.testing.assert_allclose(_host(mu_i), _host(mu), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(_host(v_i), _host(v), rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(_host(BiA), _host(tri_solve_stack(cav.LB, R, transpose=True)),
+                               rtol=1e-10, atol=1e-12)
+    for applied, arg in ((False, R), (True, BiA)):
+        stacked = stacked_matrix_gradients(terms, q, cav, arg, a_, b_, inverse_applied=applied)
+        grads = [MatrixGradients(Kuu=_host(g.Kuu), Kuf=_host(g.Kuf),
+                                 Kff_diag=_host(g.Kff_diag)) for g in stacked]
+        for c in range(C):
+            q_c, cav_c = WhitenedGaussian(P[c], h[c]), WhitenedGaussian(frac[c] * P[c],
+                                                                         frac[c] * h[c])
+            ref = inducing_matrix_gradients(per_class[c], q_c, cav_c,
+                                            cav_c.project(per_class[c].A).R, a_sum[c],
+                                            b_sum[c])
+            np.testing.assert_allclose(grads[c].Kuu, ref.Kuu, rtol=1e-8, atol=1e-10)
+            np.testing.assert_allclose(grads[c].Kuf, ref.Kuf, rtol=1e-8, atol=1e-10)
+            np.testing.assert_allclose(grads[c].Kff_diag, ref.Kff_diag)
 
 
 @pytest.mark.parametrize("device", [False, True])

@@ -14,7 +14,7 @@ point, so the evidence is ``log Z_EP`` of the sites ``tau = w``, ``nu = alpha + 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -89,13 +89,6 @@ class TAPSites(SiteState):
         change = float(np.max(np.abs(w_new - w)))
         self.w = w_new
         return change
-
-    def snapshot(self) -> tuple[Array, Array]:
-        return self.alpha.copy(), self.w.copy()
-
-    def restore(self, snapshot: object) -> None:
-        alpha, w = cast(tuple[Array, Array], snapshot)
-        self.alpha, self.w = alpha.copy(), w.copy()
 
 
 class TAPMethod(DenseBinaryMethod):

@@ -62,7 +62,8 @@ MAX_SWEEP_FAILURES = 20
 
 class FITCSites(SiteState):
     """Role sites on the latent marginals of every class (``[N, C]`` each, spec §3.1); a
-    ``SiteState`` whose ``update`` is one damped sweep with the ``terms`` of the last ``run``."""
+    ``SiteState`` whose ``update`` is one damped sweep with the ``terms`` of the current
+    ``run``."""
 
     def __init__(self, y: Array, C: int):
         N = y.shape[0]
@@ -73,7 +74,9 @@ class FITCSites(SiteState):
         self.W2 = np.zeros((N, C))
         self.L2 = np.zeros((N, C))
         self.failures = 0  # failed sweeps (restored, damping halved), reported as a metric
-        self.terms: Sequence[ClassTerms] = ()  # the class terms the sweeps use (``run``)
+        # the class terms the sweeps use, held only during ``run`` (the reports deep-copy the
+        # sites: kept, the terms' [M, N] matrices would be copied into every report)
+        self.terms: Sequence[ClassTerms] = ()
 
     def snapshot(self) -> tuple[Array, ...]:
         return tuple(a.copy() for a in (self.W1, self.W2, self.L1, self.L2))
@@ -128,8 +131,11 @@ class FITCSites(SiteState):
         and retried at half the damping, up to ``MAX_SWEEP_FAILURES`` (spec §3.1). Returns the
         sweeps done."""
         self.terms = terms
-        run = InnerSchedule(tol=tol, max_updates=max_sweeps, damping=rho0, decay=decay,
-                            strict=True, max_failures=MAX_SWEEP_FAILURES).run(self)
+        try:
+            run = InnerSchedule(tol=tol, max_updates=max_sweeps, damping=rho0, decay=decay,
+                                strict=True, max_failures=MAX_SWEEP_FAILURES).run(self)
+        finally:
+            self.terms = ()
         self.failures += run.failures
         return run.updates
 

@@ -59,8 +59,9 @@ from gpinfer.sites.stacked import (
     as_stacked,
     rebased,
     scales,
+    shared_cavity_moments,
     shared_matrix_gradients,
-    shared_project,
+    shared_paired,
     shared_site_products,
     shared_terms,
     stacked_matrix_gradients,
@@ -334,7 +335,9 @@ class TiedSites(_SiteSums):
             return self._whitened[1], self._whitened[2]
         if self._based is not None and isinstance(terms, SharedTerms) and terms.one is not None:
             one, P_w, h_w = self._based
-            P_w, h_w = rebased(one, terms).to_whitened(P_w, h_w)
+            # not symmetrised: the update's Cholesky reads one triangle and its new sums are
+            # symmetrised (``_tied_sums``)
+            P_w, h_w = rebased(one, terms).to_whitened(P_w, h_w, symmetric=False)
             self._whitened = (terms, P_w, h_w)
             return P_w, h_w
         return super()._whitened_sums(terms)
@@ -437,8 +440,12 @@ def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
                ) -> tuple[Array, Array, Array]:
     """``_tied_update`` up to the new whitened sums: ``(P_w, h_w, change [])``."""
     _, mask, counts, n_factors, y_col = labels
-    cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
-    a, v, _ = cav.project(terms.A, means_by_point=True, variances_by_point=True)  # [n, C]
+    one = terms.one if isinstance(terms, SharedTerms) else None
+    if one is not None:  # the shared A: one solve per class for both moments
+        a, v = shared_cavity_moments(P_w, h_w, fraction, one.A[0], iteration)  # [n, C]
+    else:
+        cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
+        a, v, _ = cav.project(terms.A, means_by_point=True, variances_by_point=True)  # [n, C]
     vs = v + terms.s.T  # b = v + s for every role; the winners' is its gather (the same sums)
     a_y, v_y = at_label(a, y_col), at_label(v, y_col)
     t = pair_slopes(a_y, at_label(vs, y_col), a, vs, mask)
@@ -451,13 +458,15 @@ def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     _finite("SEP sites", tau, nu)  # deferred in the caller's context
     keep = 1.0 - rho * counts / n_factors
     A = terms.A
-    if isinstance(terms, SharedTerms) and terms.one is not None:  # one product each for all
-        P_new = shared_site_products(terms.one.A[0], tau)
-        h_new = ops.mT(terms.one.A[0] @ nu)
+    kept = ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w
+    if one is not None:  # one product each for all, rho in the sites ([n, C]), added in place
+        kept += shared_site_products(one.A[0], rho * tau)
+        h_new = ops.mT(one.A[0] @ nu)
     else:
         P_new = ops.scale_columns(A, tau.T) @ terms.A_T
+        kept = kept + rho * P_new
         h_new = ops.einsum("cmn,nc->cm", A, nu)
-    P_w = symmetrize(ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w + rho * P_new)
+    P_w = symmetrize(kept)
     h_next = keep[:, None] * h_w + rho * h_new
     change = ops.max_abs(h_next - h_w)
     return P_w, h_next, change
@@ -471,14 +480,16 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     the scales of ``q`` and of the cavity (``StackedGaussians.paired``)."""
     _, mask, n_b, _, y_col = labels
     # one kernel and Z for every class: B^-1 A of the shared A, which the summed gradients read
-    # (both B^-1 formed: the means from them, ``StackedGaussians``' ``inverse``)
+    # (``shared_paired``: on numpy from one pass over the classes, no stack of B^-1 kept); per
+    # class on numpy: B_cav^-1 A one product with the cavity's B^-1 (``by_inverse``: cheaper than
+    # two trsm), q's B^-1 read by the gradient anyway
     one = terms.one if isinstance(terms, SharedTerms) else None
-    q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration,
-                                          inverse=one is not None)
     if one is None:
-        a, v, R = cav.project(terms.A, means_by_point=True)
-    else:
-        a, v, BiA = shared_project(cav, one.A[0])  # B_cav^-1 A in place of R
+        host = ops.is_numpy(P_w)
+        q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration, inverse=host)
+        a, v, R = cav.project(terms.A, means_by_point=True, by_inverse=host)
+    else:  # B_cav^-1 A in place of R
+        q, cav, lnr, (a, v, BiA) = shared_paired(P_w, h_w, pair, one.A[0], iteration)
     vs = (v + terms.s).T
     t = pair_log_z(at_label(a, y_col), at_label(vs, y_col), a, vs, mask)
     xp = ops.namespace(lnr)
@@ -488,7 +499,8 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     b_sum = scale * aggregate(t.g_b, t.g_b, mask, win_masked=True)
     if one is not None:  # the classes' sums, [1, ...]
         return value, shared_matrix_gradients(one, q, cav, BiA, a_sum.T, b_sum.T)
-    return value, stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T)
+    return value, stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T,
+                                           inverse_applied=host)
 
 
 def _slope_sums(g_win: Array, mask: Array, scale: float) -> Array:

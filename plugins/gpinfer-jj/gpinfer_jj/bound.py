@@ -14,8 +14,6 @@ isotropic RBF (+ White) kernel the ``Kuf`` part of the kernel VJP is two contrac
 
 from __future__ import annotations
 
-from typing import cast
-
 import numpy as np
 
 from gpinfer.errors import InputError
@@ -207,10 +205,3 @@ class XiSites(SiteState):
         self.var, self.mean = b.S2_hat, b.m_hat
         self.xi, self.bound = xi, b
         return float("inf") if last is None else float(np.max(np.abs(xi - last), initial=0.0))
-
-    def snapshot(self) -> tuple[Array, Array, Array | None, CollapsedBound | None]:
-        return self.mean, self.var, self.xi, self.bound  # never written in place
-
-    def restore(self, snapshot: object) -> None:
-        self.mean, self.var, self.xi, self.bound = cast(
-            tuple[Array, Array, "Array | None", "CollapsedBound | None"], snapshot)

@@ -339,14 +339,6 @@ class RankOnePEPSites(SiteState):
         max relative change (the ``SiteState`` update of the inner schedule)."""
         return self.sweep(None, damping)
 
-    def snapshot(self) -> tuple[Array, Array]:
-        return self.tau.copy(), self.nu.copy()
-
-    def restore(self, snapshot: object) -> None:
-        tau, nu = cast(tuple[Array, Array], snapshot)
-        self.tau, self.nu = tau.copy(), nu.copy()
-        self._rebuild()
-
     def sweep(self, batch: Array | None = None, damping: float | None = None) -> float:
         """One sweep over ``batch`` (all points if ``None``) at ``damping`` (None: the sites'
         ``damping``); returns the max relative change."""

@@ -59,13 +59,6 @@ from gpinfer.options import Option, bounds, choice, flag, integer, mapping, real
 from gpinfer.posterior import InducingPosterior
 from gpinfer.reporting import IterationReporter, binary_signs
 from gpinfer.sites.stacked import stacked_cholesky
-from gpinfer.sites.variational import (
-    ELBOEstimate,
-    ExpectationFn,
-    likelihood_expectation,
-    natural_gradient_step,
-    uncollapsed_elbo,
-)
 from gpinfer.training.minibatch import (
     BatchSteps,
     MiniBatchSchedule,
@@ -74,6 +67,13 @@ from gpinfer.training.minibatch import (
     check_step,
 )
 from gpinfer.training.outer import OuterSchedule
+from gpinfer_svi.variational import (
+    ELBOEstimate,
+    ExpectationFn,
+    likelihood_expectation,
+    natural_gradient_step,
+    uncollapsed_elbo,
+)
 
 #: objective scales (spec §3.4): the authors' "batch" scale, per datum, or the full ELBO
 SCALES = ("batch", "per_datum", "full")
@@ -86,19 +86,22 @@ LEGACY_EXPECTATION_OPTIONS = ("n_quadrature", "robustmax_rule", "robustmax_nodes
 #: M distinct training inputs drawn independently per latent (spec ep-sep §2.11, Table 2)
 #: initial q(u): Sigma = I (the paper's svi), or the prior Sigma = Kuu (spec ep-sep §2.11)
 INITS_Q = ("identity", "prior")
-def legacy_expectation(likelihood: Likelihood, options: Mapping[str, Any]) -> Likelihood:
+def legacy_expectation(likelihood: Likelihood, options: Mapping[str, Any], *,
+                       warn: bool = True) -> Likelihood:
     """``likelihood`` with the expectation rule of svi's deprecated options (a copy; itself when
-    none is set). Each option applies to the likelihoods that offer its rule and is ignored by
-    the others (``n_quadrature`` the binary ones, the robust-max and softmax options theirs)."""
+    none is set), with a ``DeprecationWarning`` unless ``warn`` is False. Each option applies to
+    the likelihoods that offer its rule and is ignored by the others (``n_quadrature`` the
+    binary ones, the robust-max and softmax options theirs)."""
     legacy = {k: options.get(k) for k in LEGACY_EXPECTATION_OPTIONS
               if options.get(k) is not None}
     if not legacy:
         return likelihood
-    warnings.warn(
-        f"svi options {sorted(legacy)} are deprecated: the likelihood owns its expectation rule "
-        "(e.g. RobustMax(expectation='log_space'), Softmax(expectation='monte_carlo', "
-        "mc_samples=32), BernoulliLogit(quadrature_points=100))",
-        DeprecationWarning, stacklevel=4)
+    if warn:
+        warnings.warn(
+            f"svi options {sorted(legacy)} are deprecated: the likelihood owns its expectation "
+            "rule (e.g. RobustMax(expectation='log_space'), Softmax(expectation='monte_carlo', "
+            "mc_samples=32), BernoulliLogit(quadrature_points=100))",
+            DeprecationWarning, stacklevel=4)
     rules = likelihood.expectation_rules
     rule = legacy.get("robustmax_rule")
     if rule is not None and rule not in ROBUSTMAX_RULES:
@@ -398,6 +401,13 @@ class SVI(Method):
         "lengthscale_init": choice("median", LENGTHSCALE_INITS),
         "hyper_bounds": bounds(None, none=True, doc="L-BFGS-B box on the log kernel parameters"),
     }
+
+    @classmethod
+    def expectation_likelihood(cls, likelihood: Likelihood, options: Mapping[str, Any]
+                               ) -> Likelihood | None:
+        """The ELBO evaluates ``likelihood``'s ``variational_expectations``, with the rule of
+        the deprecated options (``Method.expectation_likelihood``)."""
+        return legacy_expectation(likelihood, options, warn=False)
 
     def _data(self, problem: Problem) -> tuple[Likelihood, Array, Array, int]:
         """The likelihood (with the deprecated options' rule), ``X [N, D]``, the labels

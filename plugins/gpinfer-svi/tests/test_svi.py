@@ -6,6 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gpinfer_svi.method import SVI, VariationalState
+from gpinfer_svi.variational import (
+    likelihood_expectation,
+)
 
 from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters
@@ -13,9 +16,6 @@ from gpinfer.interfaces import FitResult, Problem
 from gpinfer.kernels import RBF, White
 from gpinfer.likelihoods import BernoulliLogit, BernoulliProbit, RobustMax, Softmax
 from gpinfer.posterior import AveragedPosterior
-from gpinfer.sites.variational import (
-    likelihood_expectation,
-)
 from gpinfer.testing import MethodTestSuite
 from gpinfer.testing.gradcheck import assert_gradient_close
 

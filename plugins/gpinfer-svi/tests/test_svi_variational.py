@@ -1,7 +1,7 @@
-"""``gpinfer.sites.variational``: the uncollapsed ELBO and natural-gradient steps (spec
+"""``gpinfer_svi.variational``: the uncollapsed ELBO and natural-gradient steps (spec
 jj-taylor-svi §3; T7, T12), against finite differences, the closed-form optimum of fixed
-quadratic sites, the collapsed JJ bound and a 2-D quadrature of ``log p(y)``. Partly moved here
-from the svi plugin's tests: they test the core."""
+quadratic sites, the collapsed JJ bound and a 2-D quadrature of ``log p(y)`` (moved with the
+module from the core's ``tests/sites``, issue 23)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ from gpinfer_jj.quadratic import (
     jj_coefficients,
     taylor_coefficients,
 )
+from gpinfer_svi.variational import (
+    likelihood_expectation,
+    natural_gradient_step,
+    uncollapsed_elbo,
+)
 from scipy.integrate import quad
 from scipy.special import log_expit
 
 from gpinfer.kernels import RBF, White
 from gpinfer.likelihoods import BernoulliLogit
 from gpinfer.likelihoods.bernoulli import LOGISTIC
-from gpinfer.sites.variational import (
-    likelihood_expectation,
-    natural_gradient_step,
-    uncollapsed_elbo,
-)
 from gpinfer.testing.gradcheck import assert_gradient_close
 
 

@@ -11,6 +11,11 @@ import pickle
 import numpy as np
 import pytest
 from gpinfer_svi.method import SVI, VariationalState
+from gpinfer_svi.variational import (
+    likelihood_expectation,
+    natural_gradient_step,
+    uncollapsed_elbo,
+)
 
 from gpinfer.backend import resolve_backend
 from gpinfer.errors import InputError, NumericalError
@@ -18,11 +23,6 @@ from gpinfer.hyper import HyperParameters
 from gpinfer.interfaces import Problem
 from gpinfer.kernels import RBF, White
 from gpinfer.likelihoods import BernoulliLogit, BernoulliProbit, RobustMax, Softmax
-from gpinfer.sites.variational import (
-    likelihood_expectation,
-    natural_gradient_step,
-    uncollapsed_elbo,
-)
 from gpinfer.testing.gradcheck import assert_gradient_close
 
 torch = pytest.importorskip("torch", reason="the torch backend's tests need PyTorch (make test "
@@ -325,10 +325,12 @@ def test_estimator_runs_svi_on_torch():
 
 
 def test_vi_robustmax_preset_runs_on_torch():
-    """The preset's batch L-BFGS-B runs on every backend (its state on the host)."""
+    """The preset's batch L-BFGS-B runs on every backend (its state on the host): the check
+    before training passes it and its default rule (robust-max trapezoid) on torch."""
     from gpinfer_svi.presets import ViRobustMax
 
-    from gpinfer.backend.choice import check_method_backend
+    from gpinfer.validation import check_method_compatible
 
     assert set(ViRobustMax.backends) == {"numpy", "torch"}
-    check_method_backend(ViRobustMax, "vi-robustmax", resolve_backend("torch"))
+    check_method_compatible(ViRobustMax, 3, "classification", None, None,
+                            backend=resolve_backend("torch"))
