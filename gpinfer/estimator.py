@@ -26,6 +26,8 @@ import numpy as np
 
 from gpinfer.backend import ops
 from gpinfer.backend.choice import Backend, resolve_backend
+from gpinfer.data.limits import dense_limit_gb
+from gpinfer.data.source import ColumnStats, RowSource, SourceRows, as_source, sample_rows
 from gpinfer.errors import InputError
 from gpinfer.fit_guard import (
     BestIterate,
@@ -40,6 +42,16 @@ from gpinfer.fit_guard import (
 from gpinfer.interfaces import FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.initialisation import set_lengthscales, standardised_lengthscale
+from gpinfer.out_of_core import (
+    check_out_of_core,
+    check_unit_weights,
+    checked_inputs,
+    fitted_scaler,
+    predicted_chunks,
+    scaled_rows,
+    start_lengthscale,
+    take_rows,
+)
 from gpinfer.posterior import AveragedPosterior, Posterior, class_columns
 from gpinfer.progress import progress_callback
 from gpinfer.threads import blas_threads, training_threads
@@ -510,22 +522,32 @@ class _GPEstimatorBase:
         stopping), build the method and its problem, fit (``_fit_problem``). Returns the
         classes ``[C]`` of a classifier (None for a regressor), which its ``fit`` keeps."""
         self._set_feature_names(X)
-        X, y = check_X_y(*self._host_inputs(X=X, y=y))
+        source, stats = self._fit_source(X), None
+        if source is None:
+            X, y = check_X_y(*self._host_inputs(X=X, y=y))
+        else:  # out of core: checked in chunks, never held as one array
+            X, y, stats = checked_inputs(source, y)
         y, classes = self._targets(y)
         n_classes = 0 if classes is None else len(classes)
         self._check_settings()
         method_cls = _load_method(self.method)
         name = _method_name(method_cls, self.method)
-        X, y, weights = self._weighted_rows(sample_weight, X, y, method_cls, name)
+        if stats is None:
+            X, y, weights = self._weighted_rows(sample_weight, X, y, method_cls, name)
+        else:
+            check_unit_weights(check_sample_weight(sample_weight, X.shape[0]))
+            weights = None
         if classes is not None:
             _check_two_classes(classes, y)
-        X = self._scale_inputs(X, weights)
+        X = self._scale_inputs(X, weights) if stats is None else self._scale_source(X, stats)
         backend = self._resolve_backend()
         check_method_compatible(
             method_cls, n_classes, self._task, self.batch_size,
             self._likelihood_name() or self._default_likelihood,
             likelihood=self.likelihood if isinstance(self.likelihood, Likelihood) else None,
             backend=backend, options=self.method_options)
+        if stats is not None:
+            check_out_of_core(method_cls, name, self.batch_size, X.shape[0], self._task)
         early = self._early_stopping(y, n_classes, method_cls)
         setup = _ProblemSetup(self, method_cls, name, backend, X, y, n_classes, weights)
         method, problem = setup(slice(None) if early is None else early[1][0][0])
@@ -627,12 +649,7 @@ class _GPEstimatorBase:
         """``X [N*, D]`` checked against the fit (features, their names) and scaled as the
         training inputs were; scikit-learn's ``NotFittedError`` before ``fit`` (the cores
         included: they have no scikit-learn tags for ``check_is_fitted`` to read)."""
-        if not hasattr(self, "posterior_"):
-            from sklearn.exceptions import NotFittedError
-
-            raise NotFittedError(
-                f"This {type(self).__name__} instance is not fitted yet. Call 'fit' with "
-                "appropriate arguments before using this estimator.")
+        self._check_fitted()
         _check_feature_names(self, X)
         X = check_X(host_input(X, "X"), "X")
         if X.shape[1] != self.n_features_in_:
@@ -642,6 +659,15 @@ class _GPEstimatorBase:
             )
         scaler = getattr(self, "scaler_", None)
         return X if scaler is None else scaler.transform(X)
+
+    def _check_fitted(self) -> None:
+        """scikit-learn's ``NotFittedError`` before ``fit``."""
+        if not hasattr(self, "posterior_"):
+            from sklearn.exceptions import NotFittedError
+
+            raise NotFittedError(
+                f"This {type(self).__name__} instance is not fitted yet. Call 'fit' with "
+                "appropriate arguments before using this estimator.")
 
     def _scale_inputs(self, X: Array, sample_weight: Array | None = None) -> Array:
         """``X [N, D]`` standardised when ``_standardizes()`` (the fitted scaling kept as
@@ -659,6 +685,47 @@ class _GPEstimatorBase:
         check_feature_scales(X, type(self).__name__,
                              self.kernel if isinstance(self.kernel, Kernel) else None)
         return X
+
+    def _fit_source(self, X: Any) -> RowSource | None:
+        """The row source ``fit`` reads ``X`` from, or None for the in-memory path: a
+        ``numpy.memmap`` is read out of core by a method with ``supports_out_of_core`` and
+        ``batch_size``, and otherwise loaded into memory as an array when its float64 copy fits
+        ``gpinfer.data.limits.dense_limit_gb()`` (scikit-learn passes small read-only memmaps),
+        above that the out-of-core path's ``InputError`` names the methods that stream;
+        shards, Parquet and ``RowSource`` objects are always read out of core."""
+        source = as_source(X)
+        if source is None or not isinstance(X, np.memmap):
+            return source
+        method_cls = _load_method(self.method)
+        if getattr(method_cls, "supports_out_of_core", False) and self.batch_size is not None:
+            return source
+        return source if X.size * 8 > dense_limit_gb() * 1e9 else None
+
+    def _scale_source(self, X: SourceRows, stats: ColumnStats) -> SourceRows:
+        """``_scale_inputs`` for inputs out of core: the scaling from the chunked statistics
+        ``stats`` (equal to ``Standardizer().fit`` on ``X``), applied per batch; the scale
+        warning judged on a fixed subsample (``sample_rows``)."""
+        from gpinfer.kernels.initialisation import MEDIAN_SUBSET
+        from gpinfer.scaling import check_feature_scales
+
+        if self._standardizes():
+            self.scaler_ = fitted_scaler(stats)
+            return scaled_rows(X, stats, self.scaler_)
+        self.scaler_ = None
+        check_feature_scales(sample_rows(X, MEDIAN_SUBSET), type(self).__name__,
+                             self.kernel if isinstance(self.kernel, Kernel) else None)
+        return scaled_rows(X, stats, None)
+
+    def _predicted(self, X: Any, predict: Callable[[Any], Any]) -> list[Any] | None:
+        """``predict(rows)`` on the fit's device for each chunk of an out-of-core ``X``
+        (``gpinfer.out_of_core.predicted_chunks``); None for inputs in memory."""
+        source = as_source(X)
+        if source is None:
+            return None
+        self._check_fitted()
+        return list(predicted_chunks(source, self.n_features_in_,
+                                     getattr(self, "scaler_", None),
+                                     lambda rows: predict(self._on_fit_device(rows))))
 
     def _standardizes(self) -> bool:
         """Whether ``fit`` standardises the inputs: ``standardize`` itself, or for ``"auto"``
@@ -688,6 +755,11 @@ class _GPEstimatorBase:
     def predict_f(self, X: Any) -> tuple[Array, Array]:
         """Latent predictive means and variances at ``X [N*, D]``, each ``[N*, L]`` (numpy;
         computed on the fit's device where it is usable)."""
+        chunks = self._predicted(X, lambda rows: tuple(
+            ops.to_host(a) for a in self.posterior_.predict_f(rows)))
+        if chunks is not None:
+            return (np.concatenate([c[0] for c in chunks]),
+                    np.concatenate([c[1] for c in chunks]))
         X = self._validate_for_predict(X)
         mean, var = self.posterior_.predict_f(self._on_fit_device(X))
         return ops.to_host(mean), ops.to_host(var)
@@ -719,12 +791,12 @@ class _ProblemSetup:
                                                                     backend)
         self.X, self.y, self.n_classes, self.weights = X, y, n_classes, weights
         self.start_lengthscale = (
-            standardised_lengthscale(X)
+            (start_lengthscale(X) if isinstance(X, SourceRows) else standardised_lengthscale(X))
             if estimator.scaler_ is not None and not isinstance(estimator.kernel, Kernel)
             else None)
 
     def __call__(self, rows: Any, max_iter: int | None = None) -> tuple[Method, Problem]:
-        est, X_rows, y_rows = self.estimator, self.X[rows], self.y[rows]
+        est, X_rows, y_rows = self.estimator, take_rows(self.X, rows), self.y[rows]
         d = X_rows.shape[1]
         inducing = check_inducing(est.M, X_rows.shape[0], d, self.name,
                                   self.method_cls.uses_inducing_points)
@@ -967,7 +1039,11 @@ class GPClassifierCore(_GPEstimatorBase):
         ``supports_sample_weight`` (laplace, svi, vi-robustmax). Everything is validated before
         training starts. ``callback`` receives an ``IterationInfo`` once per outer iteration.
         Returns ``self``. ``X`` and ``y`` may be torch tensors (for a method with a torch
-        backend): they are copied to host memory.
+        backend): they are copied to host memory. ``X`` may be out of core (a ``numpy.memmap``,
+        a ``.npy`` path or a list of them, a ``.parquet`` path, a ``gpinfer.data.source.
+        RowSource``) for a method with ``supports_out_of_core`` (sep, ep, svi) and
+        ``batch_size``: it is then checked in chunks and read by batches, never held whole
+        (``gpinfer.out_of_core``).
         """
         classes = self._fit(X, y, sample_weight, callback)
         assert classes is not None  # a classifier's targets always have classes
@@ -983,8 +1059,15 @@ class GPClassifierCore(_GPEstimatorBase):
     def predict_proba(self, X: Any) -> Array:
         """Class probabilities ``[N*, C]``, columns ordered as ``classes_``; rows sum to one.
 
-        ``X [N*, D]``: a numpy array or a torch tensor; the result is numpy, whatever backend
-        the fit ran on (the prediction itself runs on the fit's device where it is usable)."""
+        ``X [N*, D]``: a numpy array or a torch tensor, or out of core as in ``fit`` (then
+        predicted in chunks of ``gpinfer.out_of_core.PREDICT_CHUNK`` rows); the result is numpy,
+        whatever backend the fit ran on (the prediction itself runs on the fit's device where
+        it is usable)."""
+        chunks = self._predicted(X, lambda rows: class_probabilities(
+            self.posterior_.predict_proba(rows), rows.shape[0], len(self.classes_),
+            self.method))
+        if chunks is not None:
+            return np.concatenate(chunks)
         X = self._validate_for_predict(X)
         P = self.posterior_.predict_proba(self._on_fit_device(X))
         return class_probabilities(P, X.shape[0], len(self.classes_), self.method)

@@ -15,6 +15,7 @@ from typing import Any, cast
 import numpy as np
 from scipy.cluster.vq import kmeans2
 
+from gpinfer.data.source import KMEANS_SUBSET, host_rows, sample_rows
 from gpinfer.errors import InputError
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.stationary import RBF, sqdist
@@ -79,8 +80,10 @@ def initial_inducing(spec: int | Array | None, X: Array, rng: np.random.Generato
     ``init``: ``"random"`` -> ``M`` distinct training inputs drawn independently for each
     latent; ``"kmeans"`` -> one set of k-means centres (``kmeans_inducing``), copied for every
     latent (``kmeans_iterations`` Lloyd steps). ``owner`` names the method in error messages.
+    ``X`` may be a ``gpinfer.data.source.SourceRows`` (inputs out of core): random inputs are
+    read by row, k-means runs on at most ``KMEANS_SUBSET`` of its rows (``sample_rows``).
     """
-    X = np.asarray(X, dtype=float)
+    X = host_rows(X)
     n, d = X.shape
     if init not in INDUCING_INITS:
         raise InputError(f"{owner}: inducing_init must be one of {list(INDUCING_INITS)}, "
@@ -100,7 +103,7 @@ def initial_inducing(spec: int | Array | None, X: Array, rng: np.random.Generato
         raise InputError(f"{owner}: the number of inducing points must be an integer in "
                          f"1..N={n}; got M={spec!r}")
     if init == "kmeans":
-        Z = kmeans_inducing(X, int(M), rng, kmeans_iterations)
+        Z = kmeans_inducing(sample_rows(X, KMEANS_SUBSET), int(M), rng, kmeans_iterations)
         return [Z.copy() for _ in range(n_latent)]
     return [X[rng.choice(n, int(M), replace=False)] for _ in range(n_latent)]
 

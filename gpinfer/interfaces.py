@@ -557,6 +557,10 @@ class Method(abc.ABC):
     uses_inducing_points: ClassVar[bool] = False
     #: whether mini-batch training (``batch_size``) is supported
     supports_minibatch: ClassVar[bool] = False
+    #: whether mini-batch ``fit`` reads ``Problem.X`` by rows only (``X[index]``, ``X.shape``,
+    #: and the core's ``initial_inducing``; ``gpinfer.data.source.host_rows``): the estimators
+    #: then accept inputs out of core (a memmap, ``.npy`` shards, Parquet) for it
+    supports_out_of_core: ClassVar[bool] = False
     #: whether ``fit`` honours ``Problem.sample_weight`` (per-point weights of an objective
     #: that is a sum over points); other methods get ``None`` and the estimators reject weights
     #: other than 0/1 for them before training

@@ -289,6 +289,8 @@ def encode_labels(y: Any) -> tuple[Array, Array]:
     for NaN/inf or continuous labels, mixed label types, and fewer than two classes.
     """
     y = _labels_1d(y)
+    if y.dtype.kind in "iub" and y.shape[0] > LABEL_CHUNK:
+        return _two_classes(*_encode_integer_labels(y))
     original = y
     y = _check_label_values(y)
     try:
@@ -299,11 +301,33 @@ def encode_labels(y: Any) -> tuple[Array, Array]:
             f"y mixes label types ({', '.join(kinds)}) that cannot be sorted; use one type"
         ) from exc
     # classes_ keep the caller's label type (an object array of ints stays ints, and so on)
-    classes = original[first]
+    return _two_classes(original[first], np.asarray(index, dtype=np.int64).reshape(-1))
+
+
+#: integer labels longer than this are encoded in chunks (``_encode_integer_labels``)
+LABEL_CHUNK = 1 << 20
+
+
+def _encode_integer_labels(y: Array) -> tuple[Array, Array]:
+    """``encode_labels`` of integer or bool labels ``y [N]`` with memory ``O(N)`` int64 for the
+    indices only: the classes are the union of each chunk's ``np.unique`` and the indices
+    ``np.searchsorted`` of each chunk (equal to ``np.unique``'s, whose whole-array sort needs
+    several ``[N]`` temporaries: 400 MB at ``N = 1e7``)."""
+    classes = np.unique(y[:LABEL_CHUNK])
+    for lo in range(LABEL_CHUNK, y.shape[0], LABEL_CHUNK):
+        classes = np.union1d(classes, np.unique(y[lo:lo + LABEL_CHUNK])).astype(y.dtype)
+    index = np.empty(y.shape[0], dtype=np.int64)
+    for lo in range(0, y.shape[0], LABEL_CHUNK):
+        index[lo:lo + LABEL_CHUNK] = np.searchsorted(classes, y[lo:lo + LABEL_CHUNK])
+    return classes, index
+
+
+def _two_classes(classes: Array, index: Array) -> tuple[Array, Array]:
+    """``(classes, index)`` when there are at least two classes; else ``InputError``."""
     if len(classes) < 2:
         found = f"1 class ({classes.tolist()[0]!r})" if len(classes) == 1 else "no labels"
         raise InputError(f"y has {found}; classification needs at least two classes")
-    return classes, np.asarray(index, dtype=np.int64).reshape(-1)
+    return classes, index
 
 
 def check_inducing(

@@ -35,6 +35,7 @@ import numpy as np
 from gpinfer.backend import ops
 from gpinfer.backend.choice import NUMPY, Backend
 from gpinfer.backend.compile import COMPILE_MODES, check_compile
+from gpinfer.data.source import host_rows
 from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters
 from gpinfer.inducing import INDUCING_INITS
@@ -93,6 +94,7 @@ class _SparseEPBase(Method):
     multiclass: ClassVar[bool] = True
     uses_inducing_points: ClassVar[bool] = True
     supports_minibatch: ClassVar[bool] = True
+    supports_out_of_core: ClassVar[bool] = True
     likelihoods: ClassVar[tuple[str, ...]] = ("argmax",)
     option_spec: ClassVar[dict[str, Option]] = {
         "damping": real(0.5, "(0, 1]", doc="initial damping rho (batch)"),
@@ -137,7 +139,7 @@ class _SparseEPBase(Method):
         schedule = self._schedule()
         schedule.check(self.name, problem.batch_size is not None)
         compile_mode = check_compile(o["compile"], problem.backend, f"{self.name} option")
-        X, y = np.asarray(problem.X, dtype=float), np.asarray(problem.y, dtype=np.int64)
+        X, y = host_rows(problem.X), np.asarray(problem.y, dtype=np.int64)
         shared = self.shared_inducing()
         if start is None:
             kernels = class_kernels(problem, o["noise"], o["lengthscale_init"],

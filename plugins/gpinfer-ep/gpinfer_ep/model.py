@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from gpinfer.data.source import median_input
 from gpinfer.errors import InputError
 from gpinfer.inducing import initial_inducing as core_initial_inducing
 from gpinfer.interfaces import Array, Problem
@@ -39,7 +40,8 @@ def class_kernels(problem: Problem, noise: float | None, lengthscale_init: str,
     """
     if not isinstance(noise_in_Kuu, bool | np.bool_):
         raise InputError(f"noise_in_Kuu must be true or false, got {noise_in_Kuu!r}")
-    base = prepare_kernel(problem.kernel, problem.X, noise, lengthscale_init, owner="ep/sep/gfitc")
+    base = prepare_kernel(problem.kernel, median_input(problem.X), noise, lengthscale_init,
+                          owner="ep/sep/gfitc")
     if not noise_in_Kuu:
         base = latent_noise(base)
     return [base.copy() for _ in range(problem.n_classes)]

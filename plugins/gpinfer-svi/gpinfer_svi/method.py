@@ -37,6 +37,7 @@ import numpy as np
 
 from gpinfer.backend import ops
 from gpinfer.backend.choice import NUMPY, Backend
+from gpinfer.data.source import SourceRows, host_rows, median_input
 from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.inducing import DEFAULT_M, INDUCING_INITS, FixedInputCovariances, initial_inducing
@@ -146,8 +147,9 @@ class VariationalState:
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self._X_full: Array | None = None  # X on the backend, for full-batch steps
         # fixed Z, only kernel parameters learned: cached distances and fused kernel VJPs (a
-        # numpy fast path; other backends take the generic one)
+        # numpy fast path; other backends, and X out of core, take the generic one)
         self._fast = (backend.is_numpy and hp.Z is not None and not self.shared
+                      and not isinstance(X, SourceRows)
                       and not any(hp.inducing_is_free(l) for l in range(self.L))
                       and bool(np.all(hp.kernel_entries("")))
                       and len({id(k) for k in hp.kernels}) == self.L)
@@ -372,6 +374,7 @@ class SVI(Method):
     multiclass: ClassVar[bool] = True
     uses_inducing_points: ClassVar[bool] = True
     supports_minibatch: ClassVar[bool] = True
+    supports_out_of_core: ClassVar[bool] = True
     #: the ELBO's data term is a sum over points: a weight multiplies a point's term
     supports_sample_weight: ClassVar[bool] = True
     likelihoods: ClassVar[tuple[str, ...]] = ("logit", "probit", "robustmax", "softmax")
@@ -411,7 +414,7 @@ class SVI(Method):
         ``y [N]`` as svi reads them (class indices; 0/1 for a binary likelihood) and the
         number of latents."""
         lik = legacy_expectation(problem.likelihood, self.options)
-        X = np.asarray(problem.X, dtype=float)
+        X = host_rows(problem.X)
         if lik.task != "classification":
             raise InputError(f"svi needs a classification likelihood; got {type(lik).__name__}")
         if lik.multiclass:
@@ -427,8 +430,8 @@ class SVI(Method):
         for key, allowed in (("inducing_init", INDUCING_INITS), ("init_q", INITS_Q)):
             if o[key] not in allowed:
                 raise InputError(f"svi: {key} must be one of {allowed}, got {o[key]!r}")
-        kernel = prepare_kernel(problem.kernel, X, o["noise"], str(o["lengthscale_init"]),
-                                owner="svi")
+        kernel = prepare_kernel(problem.kernel, median_input(X), o["noise"],
+                                str(o["lengthscale_init"]), owner="svi")
         n_own = 1 if o["shared_inducing"] else n_latent  # latents with their own kernel and Z
         Zs = initial_inducing(problem.inducing, X, problem.rng, n_own,
                               init=o["inducing_init"], default=int(o["default_M"]), owner="svi")
