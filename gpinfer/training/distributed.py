@@ -26,12 +26,15 @@ from typing import Any
 
 import numpy as np
 
+from gpinfer.errors import InputError
 from gpinfer.interfaces import Array
 
 #: the environment ``torchrun`` sets for every rank
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 #: default timeout of a collective (s): a rank that died ends the others' wait
 DEFAULT_TIMEOUT_S = 300.0
+#: the environment variable of ``gpinfer-run``'s collective timeout (s)
+TIMEOUT_ENV = "GPINFER_COLLECTIVE_TIMEOUT_S"
 
 
 def _dist() -> Any:
@@ -91,6 +94,25 @@ def is_main() -> bool:
     active group, or the only process."""
     group = current()
     return group is None or group.rank == 0
+
+
+def current_rank() -> int:
+    """This process's rank (0 without a group)."""
+    group = current()
+    return 0 if group is None else group.rank
+
+
+def env_timeout_s() -> float:
+    """The collective timeout ``$GPINFER_COLLECTIVE_TIMEOUT_S`` (default
+    ``DEFAULT_TIMEOUT_S``); ``InputError`` unless a positive number."""
+    raw = os.environ.get(TIMEOUT_ENV, str(DEFAULT_TIMEOUT_S))
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise InputError(f"{TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
+    return value
 
 
 def launched_by_torchrun() -> bool:
