@@ -19,7 +19,8 @@ device; its objective is the mean mini-batch ELBO estimate.
 Data-parallel (``gpinfer.training.distributed``): in a ``torch.distributed`` process group,
 AdaDelta and Adam steps evaluate this rank's part of each global batch and average the ranks'
 ELBO values and gradients with one ``all_reduce`` per step; every rank takes the one-process
-step (natural gradients, L-BFGS-B and Monte-Carlo expectations are refused there for now).
+step (natural gradients, L-BFGS-B, Monte-Carlo expectations and a time budget are refused
+there for now).
 
 Array backend (``problem.backend``, ``gpinfer.backend``): numpy, or torch on a CPU or GPU, in
 float64 or float32. ``X`` and ``y`` stay on the host and each mini-batch is moved to the backend;
@@ -565,8 +566,8 @@ class SVI(Method):
         """``InputError`` for what a data-parallel fit does not do yet: natural-gradient steps
         (their ``dSigma`` is not summed across ranks), Monte-Carlo expectations (each rank
         would draw for its own rows from the shared generator, and the ranks' batch orders
-        would part) and a batch (the last one of an epoch included) of fewer points than
-        ranks (a rank without rows)."""
+        would part), a time budget (the ranks would stop at different steps) and a batch (the
+        last one of an epoch included) of fewer points than ranks (a rank without rows)."""
         n = state.X.shape[0]
         bs = n if batch_size is None else min(int(batch_size), n)
         smallest = min(bs, n % bs or bs)
@@ -577,6 +578,9 @@ class SVI(Method):
         if ngd is not None:
             raise InputError("svi: natural_gradient is not available in a process group "
                              "(torch.distributed); use adam or adadelta alone")
+        if self.options["time_budget_s"] is not None:  # the ranks' clocks would part
+            raise InputError("svi: time_budget_s is not available in a process group "
+                             "(torch.distributed); bound the fit by max_iter")
         if getattr(state.likelihood, "expectation", None) == "monte_carlo":
             raise InputError("svi: a Monte-Carlo expectation rule is not available in a process "
                              "group (torch.distributed); use a quadrature rule")
