@@ -27,10 +27,10 @@ def save(**arrays):
 """
 
 
-def run_ranks(code: str, K: int, folder: Path, timeout_s: float = 120.0
-              ) -> list[dict[str, np.ndarray]]:
-    """``code`` run as ``K`` gloo ranks (see the module doc); each rank's saved arrays, in rank
-    order."""
+def run_ranks(code: str, K: int, folder: Path, timeout_s: float = 120.0,
+              cwd: Path | None = None) -> list[dict[str, np.ndarray]]:
+    """``code`` run as ``K`` gloo ranks (see the module doc) in the folder ``cwd`` (``None``:
+    this one; the code imports from there); each rank's saved arrays, in rank order."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     init = f"file://{folder / 'rendezvous'}"
@@ -42,7 +42,7 @@ def run_ranks(code: str, K: int, folder: Path, timeout_s: float = 120.0
                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
         procs.append(subprocess.Popen([sys.executable, "-c", source], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+                                      text=True, cwd=cwd))
     failed = []
     for r, p in enumerate(procs):
         try:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import store_runs
+from .helpers import REPO, store_runs
 
 pytest.importorskip("torch", reason="torch.distributed needs PyTorch (make test installs it)")
 
@@ -27,7 +27,7 @@ def test_only_rank_zero_records_the_run(tmp_path: Path) -> None:
                         "method.options.optimizer_options={{learning_rate: 0.05}}")
         result = run_experiment(cfg, output_dir={str(tmp_path)!r} + f"/rank{{RANK}}")
         save(status=result["status"], keys=sorted(result))
-    """, 2, tmp_path / "ranks")
+    """, 2, tmp_path / "ranks", cwd=REPO)
     assert [str(o["status"]) for o in out] == ["FINISHED", "FINISHED"]
     saved = json.loads((tmp_path / "rank0" / "result.json").read_text())
     assert saved["status"] == "FINISHED" and saved["n_iter"] == 10
