@@ -38,6 +38,7 @@ from gpinfer.experiment import interrupts
 from gpinfer.experiment.config_paths import CONFIG_NAME, core_conf_dir, register_hydra_plugins
 from gpinfer.experiment.credentials import protect_command_line
 from gpinfer.threads import export_policy
+from gpinfer.training import distributed
 
 #: the core's configuration: ``<gpinfer>/conf`` in a wheel, ``<repo>/conf`` in a checkout
 CONF_DIR = core_conf_dir()
@@ -179,13 +180,31 @@ def _check_conf_dir() -> None:
         raise SystemExit(2)
 
 
+#: Hydra overrides a rank other than 0 replaces (its Hydra folder goes to a temporary one)
+_FOLLOWER_KEYS = ("hydra.run.dir=", "hydra.output_subdir=")
+
+
+def follower_overrides(args: list[str]) -> list[str]:
+    """``args`` of a rank other than 0 under ``torchrun`` (unchanged otherwise): Hydra's run
+    folder in a temporary folder, removed at exit, and no ``.hydra`` record: only rank 0
+    writes to ``outputs/``."""
+    if not distributed.launched_by_torchrun() or os.environ.get("RANK", "0") == "0":
+        return args
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix=f"gpinfer-rank{os.environ['RANK']}-")
+    atexit.register(shutil.rmtree, folder, True)
+    kept = [a for a in args if not a.lstrip("+").startswith(_FOLLOWER_KEYS)]
+    return [*kept, f"hydra.run.dir={folder}", "hydra.output_subdir=null"]
+
+
 def main() -> None:
     """Console entry point: compose ``conf/config.yaml`` with the command-line overrides."""
     import hydra
 
     _check_conf_dir()
     # credentials out of the tracking URI before Hydra sees, saves or prints the overrides
-    sys.argv[1:] = protect_command_line(sys.argv[1:])
+    sys.argv[1:] = follower_overrides(protect_command_line(sys.argv[1:]))
     export_policy()  # sweep workers start with the thread policy's BLAS threads
     hydra_main = hydra.main(
         config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3"

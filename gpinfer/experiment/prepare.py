@@ -30,6 +30,7 @@ from gpinfer.experiment.redact import redact_uri
 from gpinfer.experiment.settings import Settings, as_mapping, config_to_dict, parse_settings
 from gpinfer.interfaces import Method
 from gpinfer.threads import blas_threads
+from gpinfer.training import distributed
 from gpinfer.validation import check_method_backend
 
 if TYPE_CHECKING:
@@ -66,7 +67,9 @@ class Prepared:
     kernel: Kernel
     method_options: dict[str, Any]
     optimizer_applied: bool
-    logger: tracking.RunLogger
+    #: the MLflow store; ``None`` on a rank other than 0 of a process group (``torchrun``):
+    #: only rank 0 writes to MLflow and the output folder
+    store: tracking.RunLogger | None
     config: dict[str, Any]
     #: regression: the training mean and std of ``y`` (the model sees ``(y - shift) / scale``;
     #: ``y_test_index`` then holds the real test targets in their original units)
@@ -78,6 +81,13 @@ class Prepared:
     standardizer: Standardizer | None = None
     #: the first training rows as loaded (raw features ``[n, D]``): the logged model's example
     X_train_raw_head: Array | None = None
+
+    @property
+    def logger(self) -> tracking.RunLogger:
+        """The MLflow store (``RuntimeError`` on a rank that records nothing)."""
+        if self.store is None:
+            raise RuntimeError("only rank 0 of a process group writes to MLflow")
+        return self.store
 
 
 def _hydra_output_dir() -> Path:
@@ -299,8 +309,15 @@ def prepare(
     backend = resolve_backend(s.backend, s.device, s.dtype)
     check_method_backend(method_cls, s.method, backend)  # its likelihood's rule with the data
     _check_kernel_name(s.kernel)
-    out_dir = res.check_output_dir(output_dir if output_dir is not None else _hydra_output_dir())
-    logger = _open_store(s, conf)
+    # under torchrun: the process group (gloo on the CPU, nccl on CUDA); ranks other than 0
+    # neither create the output folder nor open the MLflow store (the one guard: they record
+    # nothing)
+    distributed.init_from_env(distributed.env_timeout_s(), backend.device)
+    main = distributed.is_main()
+    out_dir = Path(output_dir if output_dir is not None else _hydra_output_dir())
+    if main:
+        out_dir = res.check_output_dir(out_dir)
+    logger = _open_store(s, conf) if main else None
     ds, split = _load_split(s)
     t = _targets(s, split, ds.task, backend)
     X_train, X_test, y_train, st, y_shift, y_scale = _standardise(s, split, ds.task, t.y_train)
@@ -310,7 +327,7 @@ def prepare(
         settings=s, out_dir=out_dir, method_cls=method_cls, X_train=X_train, y_train=y_train,
         X_test=X_test, y_test_index=t.y_test, classes=t.classes, n_classes=t.n_classes,
         task=ds.task, M_count=M_count, kernel=_build_kernel(s, d), method_options=options,
-        optimizer_applied=applied, logger=logger, config=conf, y_shift=y_shift,
+        optimizer_applied=applied, store=logger, config=conf, y_shift=y_shift,
         y_scale=y_scale, backend=backend, standardizer=st,
         X_train_raw_head=np.array(split.X_train[:_EXAMPLE_ROWS], dtype=np.float64),
     )

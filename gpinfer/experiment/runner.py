@@ -63,6 +63,7 @@ from gpinfer.fit_guard import WORSE_THAN_BASELINE
 from gpinfer.interfaces import FitResult, IterationInfo
 from gpinfer.progress import ProgressBar
 from gpinfer.threads import run_tags as thread_tags
+from gpinfer.training import distributed
 from gpinfer.training.early_stopping import EarlyStopping, validation_size
 
 if TYPE_CHECKING:
@@ -547,6 +548,9 @@ def run_experiment(
     s = p.settings
     res.reset_peak_rss()
     estimator = _make_estimator(p)
+    if p.store is None:  # a rank other than 0 of a process group: its part of the fit only
+        estimator.fit(p.X_train, p.y_train)
+        return {"status": tracking.FINISHED, "rank": distributed.current_rank()}
     progress = ProgressBar(s.iterations, f"{s.method}/{s.dataset} s{s.seed}",
                            show=s.progress.get("bar", "auto"), stream=progress_stream)
     callback = _Callback(p, progress)

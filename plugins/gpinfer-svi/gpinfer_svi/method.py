@@ -16,6 +16,12 @@ mini-batch schedule (``gpinfer.training.minibatch``): one reported iteration is 
 steps (default: a tenth of an epoch; fewer when the time budget runs out), read once on a
 device; its objective is the mean mini-batch ELBO estimate.
 
+Data-parallel (``gpinfer.training.distributed``): in a ``torch.distributed`` process group,
+AdaDelta and Adam steps evaluate this rank's part of each global batch and average the ranks'
+ELBO values and gradients with one ``all_reduce`` per step; every rank takes the one-process
+step (natural gradients, L-BFGS-B, Monte-Carlo expectations and a time budget are refused
+there for now).
+
 Array backend (``problem.backend``, ``gpinfer.backend``): numpy, or torch on a CPU or GPU, in
 float64 or float32. ``X`` and ``y`` stay on the host and each mini-batch is moved to the backend;
 the inducing inputs, ``mu``, ``Lq``, the packed parameter vector and the optimiser's state live
@@ -59,6 +65,7 @@ from gpinfer.options import Option, bounds, choice, flag, integer, mapping, real
 from gpinfer.posterior import InducingPosterior
 from gpinfer.reporting import IterationReporter, binary_signs
 from gpinfer.sites.stacked import stacked_cholesky
+from gpinfer.training import distributed
 from gpinfer.training.minibatch import (
     BatchSteps,
     MiniBatchSchedule,
@@ -214,15 +221,17 @@ class VariationalState:
         value, grad, _ = self.estimate(x, batch, natural=False)
         return ops.scalar(value), grad
 
-    def estimate(self, x: Array, batch: Array | None, natural: bool = True
-                 ) -> tuple[Scalar, Array, ELBOEstimate]:
+    def estimate(self, x: Array, batch: Array | None, natural: bool = True,
+                 scale: float | None = None) -> tuple[Scalar, Array, ELBOEstimate]:
         """``elbo`` plus the full ``ELBOEstimate`` (with ``dSigma`` for natural gradients, or
-        ``natural=False``: without it); on a device the value is a 0-d array, unread."""
+        ``natural=False``: without it); on a device the value is a 0-d array, unread.
+        ``scale``: the data term's weight (``None``: ``N / |batch|``, unbiased)."""
         mu, Lq = self.unpack(x)
         xp = ops.namespace(mu)
         n = self.X.shape[0]
         Xb = self._inputs(batch)
-        scale = n / Xb.shape[0]
+        if scale is None:
+            scale = n / Xb.shape[0]
         # per class: a list of [M, M] / [M, B] arrays, or one stacked [C, M, M] / [C, M, B] array
         Kuu: list[Array] | Array
         Kub: list[Array] | Array
@@ -291,13 +300,27 @@ class VariationalState:
                                      [lq @ lq.T for lq in Lq_h])
 
 
+def _rank_mean(group: distributed.Group, value: Scalar, grad: Array) -> tuple[Scalar, Array]:
+    """The means over ``group``'s ranks of ``value`` (a host float on numpy, a 0-d device array
+    otherwise) and ``grad [P]``, in one ``all_reduce`` of ``[value, *grad]``."""
+    xp = ops.namespace(grad)
+    if ops.is_numpy(grad):
+        total = group.all_reduce_sum(np.concatenate([[float(value)], grad])) / group.size
+        return float(total[0]), total[1:]
+    head = xp.reshape(xp.astype(cast(Array, value), grad.dtype), (1,))
+    total = group.all_reduce_sum(xp.concat([head, grad])) / group.size
+    return total[0], total[1:]
+
+
 class _SVISteps(BatchSteps):
     """svi's step for ``MiniBatchSchedule`` (``SVI._step`` at the packed point ``x``); a window's
     replay starts from ``x`` and a copy of the optimiser."""
 
     def __init__(self, method: SVI, state: VariationalState, x: Array,
-                 opt: StochasticOptimizer, ngd: float | None, steps_per_epoch: int):
+                 opt: StochasticOptimizer, ngd: float | None, steps_per_epoch: int,
+                 group: distributed.Group | None = None):
         self.method, self.state, self.x, self.opt, self.ngd = method, state, x, opt, ngd
+        self.group = group  # the data-parallel process group (None: one process)
         self.P = state.hp.size if ngd is not None else x.shape[0]  # entries the optimiser moves
         opt.reset(x[:self.P])
         self.steps_per_epoch = steps_per_epoch
@@ -309,7 +332,7 @@ class _SVISteps(BatchSteps):
 
     def step(self, batch: Array | None, iteration: int, index: int) -> tuple[Scalar, ...]:
         self.x, value = self.method._step(self.state, self.P, self.ngd, self.state.X.shape[0],
-                                          self.x, self.opt, batch, index)
+                                          self.x, self.opt, batch, index, self.group)
         return (value,)
 
     def save(self) -> object:
@@ -496,6 +519,9 @@ class SVI(Method):
         opt_options = dict(self.options["optimizer_options"] or {})
         extra_state: dict[str, Array] = {}
         if name in ("lbfgs", "l-bfgs-b", "lbfgsb"):
+            if distributed.current() is not None:
+                raise InputError("svi with L-BFGS-B is not available in a process group "
+                                 "(torch.distributed); use adam or adadelta")
             if problem.batch_size is not None:
                 raise InputError("svi with L-BFGS-B needs full-batch training (batch_size=None)")
             x, value, n_iter, extra_state = self._fit_lbfgs(problem, state, x, rep, opt_options)
@@ -525,26 +551,65 @@ class SVI(Method):
         ngd = self.options["natural_gradient"]
         if ngd is not None and not 0.0 < float(ngd) <= 1.0:
             raise InputError(f"svi: natural_gradient must be None or in (0, 1], got {ngd!r}")
+        group = distributed.current()
+        if group is not None:
+            self._check_group(state, ngd, group, problem.batch_size)
         bs = problem.batch_size
         schedule = MiniBatchSchedule(state.X.shape[0], None if bs is None else int(bs),
                                      problem.rng, rep)
         every = int(self.options["report_every"] or max(1, round(0.1 * schedule.steps_per_epoch)))
         schedule.per_iteration = schedule.read_every = every
         steps = _SVISteps(self, state, x, opt, None if ngd is None else float(ngd),
-                          schedule.steps_per_epoch)
+                          schedule.steps_per_epoch, group)
         n_iter = schedule.run(steps, int(problem.max_iter))
         return steps.x, steps.value, n_iter
 
+    def _check_group(self, state: VariationalState, ngd: float | None,
+                     group: distributed.Group, batch_size: int | None) -> None:
+        """``InputError`` for what a data-parallel fit does not do yet: natural-gradient steps
+        (their ``dSigma`` is not summed across ranks), Monte-Carlo expectations (each rank
+        would draw for its own rows from the shared generator, and the ranks' batch orders
+        would part), a time budget (the ranks would stop at different steps) and a batch (the
+        last one of an epoch included) of fewer points than ranks (a rank without rows)."""
+        n = state.X.shape[0]
+        bs = n if batch_size is None else min(int(batch_size), n)
+        smallest = min(bs, n % bs or bs)
+        if smallest < group.size:
+            raise InputError(f"svi: a batch of {smallest} points for {group.size} ranks "
+                             f"(batch_size={batch_size}, {n} points): every batch needs a point "
+                             "per rank")
+        if ngd is not None:
+            raise InputError("svi: natural_gradient is not available in a process group "
+                             "(torch.distributed); use adam or adadelta alone")
+        if self.options["time_budget_s"] is not None:  # the ranks' clocks would part
+            raise InputError("svi: time_budget_s is not available in a process group "
+                             "(torch.distributed); bound the fit by max_iter")
+        if getattr(state.likelihood, "expectation", None) == "monte_carlo":
+            raise InputError("svi: a Monte-Carlo expectation rule is not available in a process "
+                             "group (torch.distributed); use a quadrature rule")
+
     def _step(self, state: VariationalState, P: int, ngd: float | None, n: int, x: Array,
-              opt: StochasticOptimizer, batch: Array | None, step: int) -> tuple[Array, Scalar]:
+              opt: StochasticOptimizer, batch: Array | None, step: int,
+              group: distributed.Group | None = None) -> tuple[Array, Scalar]:
         """One step on ``batch`` (``None``: all points): the ELBO estimate at the optimiser's
         look-ahead point, its checks, the optimiser's update of ``x [:P]`` and the
         natural-gradient step (``ngd``). Returns the new ``x`` and the estimate (unread on a
-        device inside ``ops.deferred_checks``: its finiteness is checked there)."""
+        device inside ``ops.deferred_checks``: its finiteness is checked there).
+
+        In a process ``group`` of ``K`` ranks, ``batch`` is the global batch of ``b`` points:
+        this rank evaluates its rows (``group.rows``) with the data term weighted
+        ``K N / b``, and the ranks' values and gradients are averaged (one ``all_reduce``):
+        the KL, which every rank computes whole, enters once and the data term is the global
+        batch's ``N / b`` times its sum, so every rank takes the one-process step."""
         xp = ops.namespace(x)
         b = n if batch is None else batch.size
         xe = xp.concat([opt.lookahead(x[:P]), x[P:]]) if P else ops.copy(x)
-        v, g, est = state.estimate(xe, batch, natural=ngd is not None)
+        if group is None:
+            v, g, est = state.estimate(xe, batch, natural=ngd is not None)
+        else:
+            rows = group.rows(np.arange(n) if batch is None else batch)
+            v, g, est = state.estimate(xe, rows, natural=False, scale=group.size * n / b)
+            v, g = _rank_mean(group, v, g)
         check_step(v, g, step, "svi ELBO")
         x = xe
         if P:

@@ -1,0 +1,59 @@
+"""K processes in one gloo group for tests (no port: a ``file://`` rendezvous under a folder).
+
+``run_ranks(code, K, folder)`` runs ``code`` (Python source) in ``K`` fresh interpreters at
+once, each after ``torch.distributed.init_process_group("gloo", init_method="file://...")``
+with ``RANK`` and ``WORLD_SIZE`` set; the code writes its results with ``save(**arrays)``
+(``numpy.savez`` into the folder, one file per rank) and ``run_ranks`` returns them in rank
+order. A rank that fails (or runs past ``timeout_s``) fails the call with its output.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+_PRELUDE = """
+import datetime, os, numpy as np, torch.distributed as dist
+RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo", init_method={init!r}, rank=RANK, world_size=WORLD,
+                        timeout=datetime.timedelta(seconds={timeout}))
+def save(**arrays):
+    np.savez(os.path.join({folder!r}, f"rank{{RANK}}.npz"), **arrays)
+"""
+
+
+def run_ranks(code: str, K: int, folder: Path, timeout_s: float = 120.0,
+              cwd: Path | None = None) -> list[dict[str, np.ndarray]]:
+    """``code`` run as ``K`` gloo ranks (see the module doc) in the folder ``cwd`` (``None``:
+    this one; the code imports from there); each rank's saved arrays, in rank order."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    init = f"file://{folder / 'rendezvous'}"
+    source = _PRELUDE.format(init=init, timeout=timeout_s, folder=str(folder)) + \
+        textwrap.dedent(code) + "\ndist.barrier()\ndist.destroy_process_group()\n"
+    procs = []
+    for r in range(K):
+        env = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(K),
+               "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, "-c", source], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, cwd=cwd))
+    failed = []
+    for r, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, _ = p.communicate()
+            failed.append(f"rank {r} timed out:\n{out}")
+            continue
+        if p.returncode != 0:
+            failed.append(f"rank {r} exited {p.returncode}:\n{out}")
+    if failed:
+        raise RuntimeError("\n".join(failed))
+    return [dict(np.load(folder / f"rank{r}.npz")) for r in range(K)]
