@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from gpinfer.data.source import CHUNK_ROWS, RowSource
+from gpinfer.data.source import CHUNK_ROWS, RowSource, slice_rows
 from gpinfer.errors import InputError
 
 Array = np.ndarray
@@ -77,7 +77,7 @@ class ParquetSource(RowSource):
 
     def rows(self, index: Array | slice) -> Array:
         if isinstance(index, slice):
-            index = np.arange(self.n_rows)[index]
+            index = slice_rows(index, self.n_rows)
         index = np.asarray(index, dtype=np.int64)
         return self._array(self.dataset.take(index, columns=self.columns))
 

@@ -143,3 +143,12 @@ def test_parquet_numeric_columns_are_a_source_and_other_columns_are_named(tmp_pa
     pq.write_table(pa.table({"a": bad[:, 0], "b": bad[:, 1]}), tmp_path / "n.parquet")
     with pytest.raises(InputError, match=r"first at row 64, column 1"):
         scan(as_source(tmp_path / "n.parquet"), chunk_rows=16)
+
+
+@pytest.mark.parametrize("index", [slice(None), slice(2, 9), slice(-3, None), slice(None, None, -1),
+                                   slice(1, 100, 3), slice(10, 2, -2), slice(-100, 3)])
+def test_slice_rows_are_the_range_of_the_slice(index):
+    from gpinfer.data.source import slice_rows
+
+    for n in (0, 1, 17):
+        np.testing.assert_array_equal(slice_rows(index, n), np.arange(n)[index])
