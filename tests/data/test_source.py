@@ -152,3 +152,16 @@ def test_slice_rows_are_the_range_of_the_slice(index):
 
     for n in (0, 1, 17):
         np.testing.assert_array_equal(slice_rows(index, n), np.arange(n)[index])
+
+
+@pytest.mark.parametrize("kind", ["int8", "int16", "int32", "uint32", "int64"])
+def test_a_null_in_an_integer_parquet_column_is_named_by_the_chunked_check(tmp_path, kind):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    values = pa.array([1, None, 3, 100], type=getattr(pa, kind)())
+    pq.write_table(pa.table({"a": values}), tmp_path / "i.parquet")
+    src = as_source(tmp_path / "i.parquet")
+    assert src.dtype.kind == "f"
+    np.testing.assert_array_equal(src.rows(np.array([3, 0])), [[100.0], [1.0]])
+    with pytest.raises(InputError, match=r"first at row 1, column 0 \(nan\)"):
+        scan(src)
