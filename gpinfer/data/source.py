@@ -243,7 +243,8 @@ class ShardSource(RowSource):
         for k in np.unique(shard_of):
             at = np.flatnonzero(shard_of == k)
             local = index[at] - self.offsets[k]
-            if local[-1] - local[0] + 1 == local.size:
+            if local[-1] - local[0] + 1 == local.size and (
+                    local.size < 2 or bool(np.all(local[1:] > local[:-1]))):  # no repeats
                 out[at] = self.shards[k][local[0]:local[-1] + 1]
                 release_pages(self.shards[k])
             else:

@@ -165,3 +165,10 @@ def test_a_null_in_an_integer_parquet_column_is_named_by_the_chunked_check(tmp_p
     np.testing.assert_array_equal(src.rows(np.array([3, 0])), [[100.0], [1.0]])
     with pytest.raises(InputError, match=r"first at row 1, column 0 \(nan\)"):
         scan(src)
+
+
+def test_shards_read_repeated_rows_as_the_array_does(tmp_path):
+    X = np.arange(40.0).reshape(20, 2)
+    src = ShardSource(_shards(tmp_path, X, [7, 12]))
+    for index in ([3, 3, 5], [8, 8, 10, 1], [13, 19, 19, 13, 15]):
+        np.testing.assert_array_equal(src.rows(np.array(index)), X[index])
