@@ -525,7 +525,10 @@ class _GPEstimatorBase:
         source, stats = self._fit_source(X), None
         if source is None:
             X, y = check_X_y(*self._host_inputs(X=X, y=y))
-        else:  # out of core: checked in chunks, never held as one array
+        else:  # out of core: the method first, then every row checked in chunks (one read)
+            streamer = _load_method(self.method)
+            check_out_of_core(streamer, _method_name(streamer, self.method), self.batch_size,
+                              source.n_rows, self._task)
             X, y, stats = checked_inputs(source, y)
         y, classes = self._targets(y)
         n_classes = 0 if classes is None else len(classes)
@@ -546,8 +549,6 @@ class _GPEstimatorBase:
             self._likelihood_name() or self._default_likelihood,
             likelihood=self.likelihood if isinstance(self.likelihood, Likelihood) else None,
             backend=backend, options=self.method_options)
-        if stats is not None:
-            check_out_of_core(method_cls, name, self.batch_size, X.shape[0], self._task)
         early = self._early_stopping(y, n_classes, method_cls)
         setup = _ProblemSetup(self, method_cls, name, backend, X, y, n_classes, weights)
         method, problem = setup(slice(None) if early is None else early[1][0][0])

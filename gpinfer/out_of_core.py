@@ -13,6 +13,7 @@ rows and k-means inducing inputs at most ``KMEANS_SUBSET`` (fixed subsamples dra
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -56,8 +57,9 @@ def checked_inputs(source: RowSource, y: Any) -> tuple[SourceRows, Array, Column
 def check_out_of_core(method_cls: type[Method], name: str, batch_size: Any, n: int,
                       task: str = "classification") -> None:
     """``InputError`` unless ``method_cls`` trains from an out-of-core ``X`` (``supports_out_of
-    _core``) with mini-batches (``batch_size`` a positive int below ``N = n``), naming the
-    methods for ``task`` that do."""
+    _core``) with mini-batches (``batch_size`` set and, when an int, below ``N = n``; its type
+    and sign are ``check_method_compatible``'s), naming the methods for ``task`` that do. The
+    estimators call it before the chunked check, which reads every row."""
     from gpinfer import registry
 
     def streams(m: type[Method]) -> bool:
@@ -70,7 +72,9 @@ def check_out_of_core(method_cls: type[Method], name: str, batch_size: Any, n: i
             f"method {name!r} needs all of X in memory at once, but X is given out of core "
             f"(a memmap, .npy shards or Parquet); use a mini-batch method with batch_size: "
             f"{alts}; or load X into memory (np.asarray) for {name!r}")
-    if batch_size is None or isinstance(batch_size, bool) or int(batch_size) >= n:
+    whole = (isinstance(batch_size, numbers.Integral)
+             and not isinstance(batch_size, bool | np.bool_) and int(batch_size) >= n)
+    if batch_size is None or whole:
         raise InputError(
             f"X is given out of core, so {name!r} must train on mini-batches: set batch_size "
             f"to a positive int below N={n} (got batch_size={batch_size!r})")

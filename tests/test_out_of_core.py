@@ -217,3 +217,17 @@ def test_long_integer_labels_are_encoded_in_chunks_as_np_unique_does(monkeypatch
     np.testing.assert_array_equal(index, ref_index)
     with pytest.raises(InputError, match="y has 1 class"):
         validation.encode_labels(np.full(5, 4))
+
+
+def test_a_method_that_cannot_stream_is_refused_before_any_row_is_read(tmp_path):
+    """The method is checked before the chunked check: here the NaN is never reached."""
+    X, y = _data()
+    X[0, 0] = np.nan
+    rows = _CountingRows(X)
+    with pytest.raises(InputError, match=r"'laplace' needs all of X in memory"):
+        GPClassifier(method="laplace").fit(ArraySource(rows), (y > 0).astype(int))
+    with pytest.raises(InputError, match="must train on mini-batches: set batch_size"):
+        GPClassifier(**_settings("sep", batch_size=400)).fit(ArraySource(rows), y)
+    with pytest.raises(InputError, match="batch_size must be a positive int or None"):
+        GPClassifier(**_settings("sep", batch_size="64")).fit(_memmap(tmp_path, X[1:]), y[1:])
+    assert rows.reads == []

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from gpinfer.data.source import CHUNK_ROWS, RowSource
+from gpinfer.data.source import CHUNK_ROWS, RowSource, slice_rows
 from gpinfer.errors import InputError
 
 Array = np.ndarray
@@ -32,8 +32,9 @@ class ParquetSource(RowSource):
     """The columns ``columns`` (default: all) of a Parquet dataset as ``X [N, D]``; rows in the
     dataset's order (its files sorted by name). Every column must be numeric (integer or
     floating point; ``InputError`` naming the first other one); ``dtype`` is NumPy's common
-    type of the columns (float32 columns stay float32). A null value reads as NaN, which the
-    chunked check reports by row and column."""
+    type of the columns, raised to a float type that holds integer columns exactly (float32
+    columns stay float32). A null value reads as NaN, which the chunked check reports by row
+    and column."""
 
     def __init__(self, path: str | os.PathLike[str], columns: Sequence[str] | None = None,
                  name: str = "X"):
@@ -62,8 +63,9 @@ class ParquetSource(RowSource):
                     "encode it as numbers first")
         self.path, self.name, self.columns = p, name, names
         self.dtype = np.result_type(*[schema.field(c).type.to_pandas_dtype() for c in names])
-        if self.dtype.kind in "iu" and self.dtype.itemsize > 4:
-            self.dtype = np.dtype(np.float64)  # a null in an integer column must read as NaN
+        if self.dtype.kind in "iu":  # a null in an integer column must read as NaN: the
+            # smallest float type holding its values exactly (int8/16: float32, wider: float64)
+            self.dtype = np.result_type(self.dtype, np.float32)
         self.n_rows, self.n_cols = int(self.dataset.count_rows()), len(names)
         if self.n_rows == 0 or self.n_cols == 0:
             raise InputError(f"{name}: Parquet dataset {str(p)!r} has shape "
@@ -77,7 +79,7 @@ class ParquetSource(RowSource):
 
     def rows(self, index: Array | slice) -> Array:
         if isinstance(index, slice):
-            index = np.arange(self.n_rows)[index]
+            index = slice_rows(index, self.n_rows)
         index = np.asarray(index, dtype=np.int64)
         return self._array(self.dataset.take(index, columns=self.columns))
 

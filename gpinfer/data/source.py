@@ -43,6 +43,7 @@ __all__ = [
     "median_input",
     "sample_rows",
     "scan",
+    "slice_rows",
 ]
 
 #: rows per chunk for checks, statistics and prediction (20 columns: 5 MB of float64)
@@ -165,6 +166,12 @@ def _read_mapped(data: Any, index: Array) -> Array:
     return np.concatenate(parts)
 
 
+def slice_rows(index: slice, n: int) -> Array:
+    """The row numbers ``np.arange(n)[index]`` of a slice, without the ``[n]`` range (a chunk
+    of a 1e7-row source would otherwise allocate 80 MB)."""
+    return np.arange(*index.indices(n))
+
+
 def _gather(read: Any, index: Array) -> Array:
     """``read(index)`` with the reads in increasing row order; rows returned in ``index``'s."""
     if index.size < 2 or bool(np.all(index[1:] >= index[:-1])):
@@ -224,7 +231,7 @@ class ShardSource(RowSource):
 
     def rows(self, index: Array | slice) -> Array:
         if isinstance(index, slice):
-            index = np.arange(self.n_rows)[index]
+            index = slice_rows(index, self.n_rows)
         return _gather(self._read_sorted, np.asarray(index, dtype=np.int64))
 
     def _read_sorted(self, index: Array) -> Array:
@@ -236,7 +243,8 @@ class ShardSource(RowSource):
         for k in np.unique(shard_of):
             at = np.flatnonzero(shard_of == k)
             local = index[at] - self.offsets[k]
-            if local[-1] - local[0] + 1 == local.size:
+            if local[-1] - local[0] + 1 == local.size and (
+                    local.size < 2 or bool(np.all(local[1:] > local[:-1]))):  # no repeats
                 out[at] = self.shards[k][local[0]:local[-1] + 1]
                 release_pages(self.shards[k])
             else:
@@ -383,7 +391,7 @@ class SourceRows:
             return out
         glob = self._global(rows)
         if isinstance(glob, slice):
-            glob = np.arange(self.source.n_rows)[glob]
+            glob = slice_rows(glob, self.source.n_rows)
         return SourceRows(self.source, glob, self.mean, self.scale)
 
     def chunks(self, size: int | None = None) -> Iterator[Array]:

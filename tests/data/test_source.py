@@ -143,3 +143,32 @@ def test_parquet_numeric_columns_are_a_source_and_other_columns_are_named(tmp_pa
     pq.write_table(pa.table({"a": bad[:, 0], "b": bad[:, 1]}), tmp_path / "n.parquet")
     with pytest.raises(InputError, match=r"first at row 64, column 1"):
         scan(as_source(tmp_path / "n.parquet"), chunk_rows=16)
+
+
+@pytest.mark.parametrize("index", [slice(None), slice(2, 9), slice(-3, None), slice(None, None, -1),
+                                   slice(1, 100, 3), slice(10, 2, -2), slice(-100, 3)])
+def test_slice_rows_are_the_range_of_the_slice(index):
+    from gpinfer.data.source import slice_rows
+
+    for n in (0, 1, 17):
+        np.testing.assert_array_equal(slice_rows(index, n), np.arange(n)[index])
+
+
+@pytest.mark.parametrize("kind", ["int8", "int16", "int32", "uint32", "int64"])
+def test_a_null_in_an_integer_parquet_column_is_named_by_the_chunked_check(tmp_path, kind):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    values = pa.array([1, None, 3, 100], type=getattr(pa, kind)())
+    pq.write_table(pa.table({"a": values}), tmp_path / "i.parquet")
+    src = as_source(tmp_path / "i.parquet")
+    assert src.dtype.kind == "f"
+    np.testing.assert_array_equal(src.rows(np.array([3, 0])), [[100.0], [1.0]])
+    with pytest.raises(InputError, match=r"first at row 1, column 0 \(nan\)"):
+        scan(src)
+
+
+def test_shards_read_repeated_rows_as_the_array_does(tmp_path):
+    X = np.arange(40.0).reshape(20, 2)
+    src = ShardSource(_shards(tmp_path, X, [7, 12]))
+    for index in ([3, 3, 5], [8, 8, 10, 1], [13, 19, 19, 13, 15]):
+        np.testing.assert_array_equal(src.rows(np.array(index)), X[index])
