@@ -55,20 +55,28 @@ def test_wheel_ships_configs_and_py_typed(wheel: Path) -> None:
     assert shipped == on_disk
 
 
-def test_installed_wheel_composes_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
+def _run_installed(wheel: Path, tmp_path: Path, code: str) -> str:
+    """``code`` run by a fresh interpreter with ``wheel`` installed into ``tmp_path/site``
+    ahead of the editable install; returns its stdout (the run must succeed)."""
     target = tmp_path / "site"
     done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                            "--target", str(target), str(wheel)],
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    env = {**os.environ, "PYTHONPATH": str(target)}  # ahead of the editable install
-    code = ("import gpinfer.experiment.app as a, sys; print(a.CONF_DIR); "
-            "sys.argv = ['gpinfer-run', '--cfg', 'job', 'method=laplace', 'dataset=iris']; "
-            "a.main()")
+    env = {**os.environ, "PYTHONPATH": str(target)}
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
-    first, rest = run.stdout.split("\n", 1)
+    return run.stdout
+
+
+def test_installed_wheel_composes_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    stdout = _run_installed(wheel, tmp_path, (
+        "import gpinfer.experiment.app as a, sys; print(a.CONF_DIR); "
+        "sys.argv = ['gpinfer-run', '--cfg', 'job', 'method=laplace', 'dataset=iris']; "
+        "a.main()"))
+    first, rest = stdout.split("\n", 1)
     assert Path(first) == target / "gpinfer" / "conf"
     assert "name: laplace" in rest and "name: iris" in rest
 
@@ -77,20 +85,12 @@ def test_installed_wheel_composes_the_slurm_launcher(wheel: Path, tmp_path: Path
     """``hydra/launcher=gpinfer_slurm`` from the wheel: the shipped launcher and its shared
     settings (a nested folder of the configs) are found outside the checkout."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher")
-    target = tmp_path / "site"
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                           "--target", str(target), str(wheel)],
-                          capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    env = {**os.environ, "PYTHONPATH": str(target)}
-    code = ("import gpinfer.experiment.app as a, sys; sys.argv = ['gpinfer-run', "
-            "'hydra/launcher=gpinfer_slurm', 'hydra.launcher.cpus_per_task=3', '--cfg', 'hydra', "
-            "'-p', 'hydra.launcher', '--resolve']; a.main()")
-    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300, check=False)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "submitit_launcher.SlurmLauncher" in run.stdout
-    assert "export GPINFER_BLAS_THREADS=3 OPENBLAS_NUM_THREADS=3" in run.stdout
+    stdout = _run_installed(wheel, tmp_path, (
+        "import gpinfer.experiment.app as a, sys; sys.argv = ['gpinfer-run', "
+        "'hydra/launcher=gpinfer_slurm', 'hydra.launcher.cpus_per_task=3', '--cfg', 'hydra', "
+        "'-p', 'hydra.launcher', '--resolve']; a.main()"))
+    assert "submitit_launcher.SlurmLauncher" in stdout
+    assert "export GPINFER_BLAS_THREADS=3 OPENBLAS_NUM_THREADS=3" in stdout
 
 
 def test_core_conf_dir_of_the_checkout() -> None:

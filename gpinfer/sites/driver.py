@@ -85,14 +85,25 @@ def check_full_binary(problem: Problem, method: str) -> Array:
     return y
 
 
-class DenseBinaryMethod(Method):
-    """Base of the dense binary methods; subclasses set ``name`` and implement ``solve``."""
+class FullGPBinaryMethod(Method):
+    """What every full-GP binary method declares and checks, whatever it runs (the dense
+    solvers of ``DenseBinaryMethod``, mcmc-ais's sampler): binary classification with a probit
+    or logit likelihood, no inducing points, no mini-batches (``check_problem``)."""
 
     tasks: ClassVar[tuple[str, ...]] = ("classification",)
     multiclass: ClassVar[bool] = False
     uses_inducing_points: ClassVar[bool] = False
     supports_minibatch: ClassVar[bool] = False
     likelihoods: ClassVar[tuple[str, ...]] = ("probit", "logit")
+
+    def check_problem(self, problem: Problem) -> Array:
+        """Validate the problem; return the 0/1 labels ``[N]``."""
+        return check_full_binary(problem, self.name)
+
+
+class DenseBinaryMethod(FullGPBinaryMethod):
+    """Base of the dense binary methods; subclasses set ``name`` and implement ``solve``."""
+
     #: options every dense binary method accepts (subclasses add theirs to their option_spec)
     driver_options: ClassVar[dict[str, Option]] = {
         "optimizer": choice("lbfgs", ("lbfgs", "adam", "adadelta", "grid"),
@@ -103,10 +114,6 @@ class DenseBinaryMethod(Method):
     @abc.abstractmethod
     def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any) -> DenseSolution:
         """Run the inner solver for prior ``K [N, N]`` and labels ``y [N]`` (0/1)."""
-
-    def check_problem(self, problem: Problem) -> Array:
-        """Validate the problem; return the 0/1 labels ``[N]``."""
-        return check_full_binary(problem, self.name)
 
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
         reporter = IterationReporter(callback, self.name)

@@ -29,7 +29,6 @@ from gpinfer.interfaces import (
     FitResult,
     IterationInfo,
     Likelihood,
-    Method,
     Problem,
 )
 from gpinfer.kernels.base import Kernel
@@ -38,7 +37,7 @@ from gpinfer.numerics.cholesky import chol_solve, jittered_cholesky
 from gpinfer.options import Option, choice, integer, real
 from gpinfer.posterior import Posterior
 from gpinfer.reporting import IterationReporter
-from gpinfer.sites.driver import check_full_binary
+from gpinfer.sites.driver import FullGPBinaryMethod
 from gpinfer.sites.ep import EPSites
 from gpinfer_mcmc.ais import (
     AISResult,
@@ -139,7 +138,7 @@ class MCMCPosterior(Posterior):
         return {"mean_f": self.F.mean(axis=1), "var_f": self.F.var(axis=1)}
 
 
-class MCMCAIS(Method):
+class MCMCAIS(FullGPBinaryMethod):
     """HMC + AIS at fixed hyper-parameters; ``log_evidence`` is the AIS estimate.
 
     Options: ``budget`` (``auto`` | ``full`` | ``fast`` | ``tiny``; default ``auto``: ``fast``,
@@ -161,14 +160,9 @@ class MCMCAIS(Method):
     #: AIS has no gradient: optimize defaults to False (and True is refused)
     optimize_by_default: ClassVar[bool] = False
 
-    name: ClassVar[str] = "mcmc-ais"
-    #: full-GP binary classification, as the dense binary methods (no inducing points, no
+    #: full-GP binary classification (``FullGPBinaryMethod``: no inducing points, no
     #: mini-batches), outside the engine's schedules: AIS is a sampler, not an iteration
-    tasks: ClassVar[tuple[str, ...]] = ("classification",)
-    multiclass: ClassVar[bool] = False
-    uses_inducing_points: ClassVar[bool] = False
-    supports_minibatch: ClassVar[bool] = False
-    likelihoods: ClassVar[tuple[str, ...]] = ("probit", "logit")
+    name: ClassVar[str] = "mcmc-ais"
     option_spec: ClassVar[dict[str, Option]] = {
         "budget": choice("auto", ("auto", *BUDGETS),
                          doc="preset of T, R, n_samples, pilot_T (auto: fast up to 400 training "
@@ -200,7 +194,7 @@ class MCMCAIS(Method):
 
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
         reporter = IterationReporter(callback, self.name)  # the shared clock and history
-        y = check_full_binary(problem, self.name)
+        y = self.check_problem(problem)
         kernel = problem.kernel.copy()
         if problem.optimize and kernel.get_unconstrained().size:
             raise InputError("mcmc-ais estimates log Z at fixed hyper-parameters (AIS has no "
