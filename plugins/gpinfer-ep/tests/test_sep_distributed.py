@@ -2,7 +2,7 @@
 with its part of every global batch (the ranks' site contributions and class counts summed in
 one all_reduce, the objective's gradient averaged), fit the model of one process on the union
 batches (float64 probabilities within 1e-10, numpy and torch-CPU, per-class and shared inducing
-inputs); what a group does not do (ep, full batch, compile, a time limit, a batch with fewer
+inputs); what a group does not do (ep, pep, full batch, compile, a time limit, a batch with fewer
 points than ranks) is refused before training."""
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def test_group_refuses_what_is_not_data_parallel(tmp_path):
         from gpinfer.estimator import GPClassifier
         X = np.random.default_rng(0).normal(size=(40, 2)); y = (X[:, 0] > 0).astype(int)
         msgs = []
-        for method, kw in (("ep", {"batch_size": 10}), ("sep", {"batch_size": None}),
+        for method, kw in (("ep", {"batch_size": 10}), ("pep", {"batch_size": 10}),
+                           ("sep", {"batch_size": None}),
                            ("sep", {"batch_size": 13}),
                            ("sep", {"batch_size": 10, "method_options": {"time_limit_s": 5.0}})):
             try:
@@ -68,8 +69,9 @@ def test_group_refuses_what_is_not_data_parallel(tmp_path):
         save(msgs=np.array(msgs))
     """, 2, tmp_path)
     for o in out:
-        ep, full, short, limit = o["msgs"]
+        ep, pep, full, short, limit = o["msgs"]
         assert "ep is not available in a process group" in ep
+        assert "pep is not available in a process group" in pep
         assert "full-batch" in full and "process group" in full
         assert "a batch of 1 points for 2 ranks" in short  # 40 = 3 * 13 + 1
         assert "time_limit_s" in limit and "process group" in limit
