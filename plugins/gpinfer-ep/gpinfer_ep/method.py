@@ -19,6 +19,14 @@ misses: waveform, M = 5 %, climbed to -98.4 at iteration 212 and fell to -108.7 
 two dozen falls in a row.) Both are reported in ``IterationInfo.extra`` (``failures``,
 ``damping_raises``, ``damping``).
 
+Data-parallel (``gpinfer.training.distributed``, issue 24 item 2): in a ``torch.distributed``
+process group of ``K`` ranks, sep's mini-batch fit takes each rank's part of every global batch
+(``SparseSites.prepare``); the tied update sums the ranks' site contributions
+(``TiedSites.group``) and the loop averages the objective and gradient (``TrainingLoop.group``),
+so every rank holds the one-process fit on the union batches. ep, full-batch sep, ``compile``,
+``time_limit_s`` and batches with fewer points than ranks are refused before training
+(``_check_group``).
+
 Optimiser coordinates (spec §2.9): the paper steps in ``log l`` with ``l = ell^2`` the *squared*
 length-scale, while the kernels' unconstrained parameter is ``log ell``. Both optimisers therefore
 act on ``xi = d * theta`` with ``d = 2`` for length-scale entries (1 elsewhere) and gradient
