@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from gpinfer.errors import InputError
+from gpinfer.backend import ops
+from gpinfer.errors import InputError, NumericalError
 from gpinfer.interfaces import Array
 
 #: the environment ``torchrun`` sets for every rank
@@ -77,6 +78,43 @@ class Group:
         host = t.cpu()  # gloo on a device tensor: through the host
         dist.all_reduce(host, op=dist.ReduceOp.SUM)
         return host.to(t.device)
+
+    def agreed_sums(self, parts: list[Array], failure: NumericalError | None) -> list[Array]:
+        """The sums over the ranks of ``parts`` (arrays of one backend and dtype, any shapes),
+        in one ``all_reduce`` together with a failure flag, so that every rank reaches the same
+        decision: when some rank's part failed (``failure``: its ``NumericalError``; its parts
+        are then ignored and may be zeros), every rank raises a ``NumericalError`` (its own, or
+        one naming the other ranks), and no rank is left waiting in a collective. Returns the
+        summed arrays in ``parts``' shapes."""
+        xp = ops.namespace(parts[0])
+        flat = [xp.reshape(p, (-1,)) for p in parts]
+        flag = xp.zeros_like(flat[0][:1]) + (0.0 if failure is None else 1.0)
+        total = self.all_reduce_sum(xp.concat([*flat, flag]))
+        if float(total[-1]) > 0:
+            if failure is not None:
+                raise failure
+            raise NumericalError(f"a numerical failure on another rank of {self.size} "
+                                 f"(rank {self.rank} of the process group)")
+        out, start = [], 0
+        for p, f in zip(parts, flat):
+            out.append(total[start:start + f.shape[0]].reshape(p.shape))
+            start += f.shape[0]
+        return out
+
+    def agreed_mean(self, value: Any, grad: Array,
+                    failure: NumericalError | None = None) -> tuple[Any, Array]:
+        """The means over the ranks of ``value`` (a host float, or a 0-d array of ``grad``'s
+        backend) and ``grad [P]`` in one ``all_reduce`` (``agreed_sums``: a failure on any
+        rank raises on every rank). A host value comes back as a float, a device one as a 0-d
+        array."""
+        if ops.is_numpy(grad):
+            head = np.array([float(value)], dtype=grad.dtype)
+        else:
+            xp = ops.namespace(grad)
+            head = xp.reshape(xp.astype(value, grad.dtype), (1,))
+        total_value, total_grad = self.agreed_sums([head, grad], failure)
+        mean = total_value[0] / self.size
+        return (float(mean) if isinstance(grad, np.ndarray) else mean), total_grad / self.size
 
 
 def current() -> Group | None:

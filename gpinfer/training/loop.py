@@ -72,6 +72,7 @@ from gpinfer.optim.adam import Adam
 from gpinfer.optim.sign_adaptive import SignAdaptiveAscent
 from gpinfer.posterior import Posterior
 from gpinfer.reporting import IterationReporter
+from gpinfer.training.distributed import Group
 from gpinfer.training.inner import InnerSchedule
 from gpinfer.training.minibatch import BatchSteps, MiniBatchSchedule, Payload, Read
 
@@ -124,7 +125,7 @@ class TrainingLoop:
                  hp: HyperParameters, X: Array, schedule: Schedule,
                  callback: FitCallback | None = None, *, time_limit_s: float | None = None,
                  coordinates: Array | None = None, n_jobs: int = 1,
-                 compile_mode: str = "none"):
+                 compile_mode: str = "none", group: Group | None = None):
         self.name = name
         self.problem, self.sites, self.hp, self.X = problem, sites, hp, X
         self.schedule = schedule.check(name, problem.batch_size is not None)
@@ -139,6 +140,9 @@ class TrainingLoop:
         self._scaled = slice(int(scaled[0]), int(scaled[-1]) + 1) if scaled.size else slice(0, 0)
         self.n_jobs = n_jobs
         self.compile_mode = compile_mode
+        #: the data-parallel process group (``None``: one process): the sites take this rank's
+        #: points of each batch, and the objective and gradient are averaged over the ranks
+        self.group = group
         self.iteration = 0
         self.failures = 0
         self.damping_raises = 0
@@ -267,14 +271,44 @@ class TrainingLoop:
         else:
             change = self.sites.update(rho, it)
         scale = self.X.shape[0] / batch.shape[0]
-        out = self.sites.objective(scale, it)
-        X_batch = self.sites.batch_inputs()
-        grad = self.hp.gradient(self.X[batch] if X_batch is None else X_batch,
-                                out.gradients, self.n_jobs)
+        if self.group is not None:
+            value, grad = self._group_objective(scale, it)
+        else:
+            out = self.sites.objective(scale, it)
+            X_batch = self.sites.batch_inputs()
+            grad = self.hp.gradient(self.X[batch] if X_batch is None else X_batch,
+                                    out.gradients, self.n_jobs)
+            value = out.value
         ops.require_finite(lambda: NumericalError(
             "non-finite objective or gradient", iteration=it, quantity="objective"),
-            out.value, grad)
-        return out.value, grad, change
+            value, grad)
+        return value, grad, change
+
+    def _group_objective(self, scale: float, it: int) -> tuple[Scalar, Array]:
+        """The objective and gradient ``[P]`` of the global batch in the process group: this
+        rank's points (the sites' ``batch_inputs``) with the data term weighted
+        ``K N / |batch|``, the ranks' values and gradients averaged (the scale-free part,
+        equal on every rank, enters once); a failure on any rank raises on every rank
+        (``Group.agreed_mean``)."""
+        group = cast(Group, self.group)
+        failure, value, grad = None, 0.0, None
+        try:
+            out = self.sites.objective(group.size * scale, it)
+            inputs = self.sites.batch_inputs()
+            if inputs is None:
+                raise TypeError(f"{self.name}: a data-parallel step needs the sites' inputs "
+                                "of this rank's points (batch_inputs)")
+            grad = self.hp.gradient(inputs, out.gradients, self.n_jobs)
+            value = out.value
+            pending = ops.pending_checks()
+            if pending is not None:  # this rank's deferred checks, read before the collective
+                pending.flush()
+        except NumericalError as err:
+            failure = err
+        if failure is not None or grad is None:
+            grad = self.hp.pack() * 0.0
+            value = 0.0
+        return group.agreed_mean(value, grad, failure)
 
     def _sweeps(self, rho: float) -> InnerSchedule:
         """The ``outer`` schedule's sweeps at damping ``rho``: until the largest site change is

@@ -19,6 +19,14 @@ misses: waveform, M = 5 %, climbed to -98.4 at iteration 212 and fell to -108.7 
 two dozen falls in a row.) Both are reported in ``IterationInfo.extra`` (``failures``,
 ``damping_raises``, ``damping``).
 
+Data-parallel (``gpinfer.training.distributed``, issue 24 item 2): in a ``torch.distributed``
+process group of ``K`` ranks, sep's mini-batch fit takes each rank's part of every global batch
+(``SparseSites.prepare``); the tied update sums the ranks' site contributions
+(``TiedSites.group``) and the loop averages the objective and gradient (``TrainingLoop.group``),
+so every rank holds the one-process fit on the union batches. ep, full-batch sep, ``compile``,
+``time_limit_s`` and batches with fewer points than ranks are refused before training
+(``_check_group``).
+
 Optimiser coordinates (spec §2.9): the paper steps in ``log l`` with ``l = ell^2`` the *squared*
 length-scale, while the kernels' unconstrained parameter is ``log ell``. Both optimisers therefore
 act on ``xi = d * theta`` with ``d = 2`` for length-scale entries (1 elsewhere) and gradient
@@ -61,6 +69,7 @@ from gpinfer.sites.stacked import (
     stacked_terms,
     symmetrize,
 )
+from gpinfer.training import distributed
 from gpinfer.training.loop import Schedule, TrainingLoop
 from gpinfer_ep.model import check_likelihood, class_kernels, initial_inducing
 from gpinfer_ep.state import RankOneSites, TiedSites
@@ -154,6 +163,9 @@ class _SparseEPBase(Method):
         if shared:  # one kernel and one Z for every class (the classes' copies are equal)
             kernels, Zs = kernels[:1], Zs[:1]
         backend = problem.backend
+        group = distributed.current()
+        if group is not None:
+            self._check_group(problem, group)
         # on a device the kernel parameters stay there between steps (SparseSites.posterior
         # and the end of the fit write them into ``kernels``: hp.sync_host)
         hp = HyperParameters(kernels, Z=[backend.asarray(z) for z in Zs],
@@ -162,14 +174,16 @@ class _SparseEPBase(Method):
         state = self.make_state(y, problem.n_classes, Zs[0].shape[0], backend)
         if shared:
             cast(TiedSites, state).shared = True
+        if group is not None:
+            cast(TiedSites, state).group = group
         if start is not None:
             state.restore({k: backend.asarray(v) for k, v in start[1].items()})
-        sites = SparseSites(state, kernels, hp, X, problem.likelihood, backend)
+        sites = SparseSites(state, kernels, hp, X, problem.likelihood, backend, group)
         # the paper steps in log l with l = ell^2 (spec §2.9): xi = 2 theta for length-scales
         coordinates = np.where(hp.kernel_entries("lengthscale"), 2.0, 1.0)
         loop = TrainingLoop(self.name, problem, sites, hp, X, schedule, callback,
                             time_limit_s=o["time_limit_s"], coordinates=coordinates,
-                            n_jobs=n_jobs, compile_mode=compile_mode)
+                            n_jobs=n_jobs, compile_mode=compile_mode, group=group)
         with blas_threads_for(n_jobs):
             loop.run()
         hp.sync_host()  # ``kernels`` hold the fitted parameters
@@ -184,6 +198,30 @@ class _SparseEPBase(Method):
                    "failures": np.array(loop.failures), "damping": np.array(loop.rho),
                    **self.site_state(state)},
         )
+
+    def _check_group(self, problem: Problem, group: distributed.Group) -> None:
+        """``InputError`` for what is not data-parallel in a process group: ep (its per-point
+        sites), full-batch training, ``compile``, ``time_limit_s`` (the ranks would stop at
+        different steps) and a batch with fewer points than ranks."""
+        where = "in a process group (torch.distributed)"
+        if self.name != "sep":
+            raise InputError(f"{self.name} is not available {where}: its per-point sites are "
+                             "not data-parallel; use sep or svi with a batch_size")
+        if problem.batch_size is None:
+            raise InputError(f"{self.name}: full-batch training is not available {where}; "
+                             "give a batch_size")
+        if self.options["compile"] != "none":
+            raise InputError(f"{self.name}: compile is not available {where}; use "
+                             "compile='none'")
+        if self.options["time_limit_s"] is not None:
+            raise InputError(f"{self.name}: time_limit_s is not available {where}; bound the "
+                             "fit by max_iter")
+        N, b = problem.X.shape[0], int(problem.batch_size)
+        smallest = b if N % b == 0 or N < b else N % b
+        if smallest < group.size:
+            raise InputError(f"{self.name}: a batch of {smallest} points for {group.size} "
+                             f"ranks {where}; choose batch_size so that every batch has at "
+                             "least one point per rank")
 
     def _schedule(self) -> Schedule:
         """The site and hyper-parameter schedule from this method's options."""
@@ -212,8 +250,10 @@ class SparseSites(SiteApproximation):
     """
 
     def __init__(self, state: RankOneSites | TiedSites, kernels: list, hp: HyperParameters,
-                 X: Array, likelihood: Likelihood, backend: Backend = NUMPY):
+                 X: Array, likelihood: Likelihood, backend: Backend = NUMPY,
+                 group: distributed.Group | None = None):
         self.state, self.kernels, self.hp, self.X = state, kernels, hp, X
+        self.group = group  # a process group: each batch's terms are of this rank's points
         self.likelihood = likelihood
         self.backend = backend
         self._prepared: tuple[Array, StackedTerms, Array] | None = None  # (batch, terms, inputs)
@@ -238,6 +278,8 @@ class SparseSites(SiteApproximation):
         return self.backend.asarray(self.X[batch])
 
     def prepare(self, batch: Array, iteration: int) -> None:
+        if self.group is not None:
+            batch = self.group.rows(batch)
         inputs = self._inputs(batch)
         cov = self.hp.covariances(inputs)  # shared with the VJPs of hp.gradient (one version)
         Zs = self._inducing() if cov is None else cov.Z

@@ -69,6 +69,7 @@ from gpinfer.sites.stacked import (
     symmetrize,
     transpose,
 )
+from gpinfer.training.distributed import Group
 
 
 class _BatchLabels(NamedTuple):
@@ -306,6 +307,10 @@ class TiedSites(_SiteSums):
         self.shared = False
         #: ``(idx, y, labels)``: the last batch's labels on the backend (``_labels``)
         self._batch: tuple[Array, Array, _BatchLabels] | None = None
+        #: the data-parallel process group (``None``: one process): ``update`` is given this
+        #: rank's points of the global batch and sums the ranks' site contributions
+        #: (``_group_sums``)
+        self.group: Group | None = None
 
     # -- the u-space sums, formed on first read after a shared update --------------------------
     #: ``(one, P_w, h_w)``: a shared update's whitened sums and the terms they are whitened on
@@ -400,7 +405,11 @@ class TiedSites(_SiteSums):
         terms = as_stacked(terms)
         labels = self._labels(idx, terms.A)
         P_w, h_w = self._whitened_sums(terms)
-        if isinstance(terms, SharedTerms) and terms.one is not None:  # Lam, h when read
+        if self.group is not None:
+            P_w, h_next, change = _group_sums(self.group, terms, P_w, h_w,
+                                              self._cavity_scales(P_w), labels, rho, iteration)
+            self.Lam, self.h = terms.to_u_space(P_w, h_next)
+        elif isinstance(terms, SharedTerms) and terms.one is not None:  # Lam, h when read
             P_w, h_next, change = _tied_sums(
                 terms, P_w, h_w, self._cavity_scales(P_w), labels, rho, iteration)
             self._based, self._u_stale = (terms.one, P_w, h_next), True
@@ -434,12 +443,12 @@ def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     return (P_w, h_next, change, *terms.to_u_space(P_w, h_next))
 
 
-@compilable
-def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
-               labels: _BatchLabels, rho: float, iteration: int | None
-               ) -> tuple[Array, Array, Array]:
-    """``_tied_update`` up to the new whitened sums: ``(P_w, h_w, change [])``."""
-    _, mask, counts, n_factors, y_col = labels
+def _batch_sites(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
+                 labels: _BatchLabels, iteration: int | None) -> tuple[Array, Array]:
+    """The tied update's new sites of the batch's points from the cavity of the whitened sums
+    ``P_w [C, M, M]``, ``h_w [C, M]``: ``(tau, nu)``, each ``[n, C]`` (checked finite:
+    deferred in the caller's context)."""
+    _, mask, _, _, y_col = labels
     one = terms.one if isinstance(terms, SharedTerms) else None
     if one is not None:  # the shared A: one solve per class for both moments
         a, v = shared_cavity_moments(P_w, h_w, fraction, one.A[0], iteration)  # [n, C]
@@ -456,6 +465,17 @@ def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     tau = aggregate(W1, L1, mask, win_masked=True)
     nu = aggregate(W2, L2, mask, win_masked=True)
     _finite("SEP sites", tau, nu)  # deferred in the caller's context
+    return tau, nu
+
+
+@compilable
+def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
+               labels: _BatchLabels, rho: float, iteration: int | None
+               ) -> tuple[Array, Array, Array]:
+    """``_tied_update`` up to the new whitened sums: ``(P_w, h_w, change [])``."""
+    tau, nu = _batch_sites(terms, P_w, h_w, fraction, labels, iteration)
+    counts, n_factors = labels.counts, labels.n_factors
+    one = terms.one if isinstance(terms, SharedTerms) else None
     keep = 1.0 - rho * counts / n_factors
     A = terms.A
     kept = ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w
@@ -470,6 +490,39 @@ def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     h_next = keep[:, None] * h_w + rho * h_new
     change = ops.max_abs(h_next - h_w)
     return P_w, h_next, change
+
+
+def _group_sums(group: Group, terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
+                labels: _BatchLabels, rho: float, iteration: int | None
+                ) -> tuple[Array, Array, Array]:
+    """``_tied_sums`` in a process ``group``: ``terms`` and ``labels`` are this rank's points
+    of the global batch. Each rank forms its points' contributions ``A diag(tau) A^T``
+    ``[C, M, M]``, ``A nu`` ``[C, M]`` and class counts ``[C]``; their sums over the ranks (one
+    ``all_reduce``, with a failure flag: a failed check on any rank raises on every rank) are
+    the union batch's, and every rank applies ``keep`` and ``rho`` to them alike, so the sums
+    stay equal on every rank. Returns ``(P_w, h_w, change [])``."""
+    failure = None
+    try:
+        tau, nu = _batch_sites(terms, P_w, h_w, fraction, labels, iteration)
+        one = terms.one if isinstance(terms, SharedTerms) else None
+        if one is not None:
+            P_new = shared_site_products(one.A[0], tau)
+            h_new = ops.mT(one.A[0] @ nu)
+        else:
+            P_new = ops.scale_columns(terms.A, tau.T) @ terms.A_T
+            h_new = ops.einsum("cmn,nc->cm", terms.A, nu)
+        counts = labels.counts
+        pending = ops.pending_checks()
+        if pending is not None:  # this rank's deferred checks, read before the collective
+            pending.flush()
+    except NumericalError as err:
+        failure = err
+        P_new, h_new, counts = P_w * 0.0, h_w * 0.0, labels.n_factors * 0.0
+    P_new, h_new, counts = group.agreed_sums([P_new, h_new, counts], failure)
+    keep = 1.0 - rho * counts / labels.n_factors
+    P_next = symmetrize(ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w + rho * P_new)
+    h_next = keep[:, None] * h_w + rho * h_new
+    return P_next, h_next, ops.max_abs(h_next - h_w)
 
 
 @compilable

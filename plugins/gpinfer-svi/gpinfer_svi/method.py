@@ -300,18 +300,6 @@ class VariationalState:
                                      [lq @ lq.T for lq in Lq_h])
 
 
-def _rank_mean(group: distributed.Group, value: Scalar, grad: Array) -> tuple[Scalar, Array]:
-    """The means over ``group``'s ranks of ``value`` (a host float on numpy, a 0-d device array
-    otherwise) and ``grad [P]``, in one ``all_reduce`` of ``[value, *grad]``."""
-    xp = ops.namespace(grad)
-    if ops.is_numpy(grad):
-        total = group.all_reduce_sum(np.concatenate([[float(value)], grad])) / group.size
-        return float(total[0]), total[1:]
-    head = xp.reshape(xp.astype(cast(Array, value), grad.dtype), (1,))
-    total = group.all_reduce_sum(xp.concat([head, grad])) / group.size
-    return total[0], total[1:]
-
-
 class _SVISteps(BatchSteps):
     """svi's step for ``MiniBatchSchedule`` (``SVI._step`` at the packed point ``x``); a window's
     replay starts from ``x`` and a copy of the optimiser."""
@@ -609,7 +597,7 @@ class SVI(Method):
         else:
             rows = group.rows(np.arange(n) if batch is None else batch)
             v, g, est = state.estimate(xe, rows, natural=False, scale=group.size * n / b)
-            v, g = _rank_mean(group, v, g)
+            v, g = group.agreed_mean(v, g)
         check_step(v, g, step, "svi ELBO")
         x = xe
         if P:
