@@ -322,6 +322,16 @@ def _encode_integer_labels(y: Array) -> tuple[Array, Array]:
     return classes, index
 
 
+def class_counts(y_index: Array, n_classes: int) -> Array:
+    """How many of the class indices ``y_index [N]`` (ints in ``0..n_classes-1``) fall in each
+    class: ``[n_classes]`` int64, by ``np.bincount`` over chunks of ``LABEL_CHUNK`` (its cast to
+    ``intp`` then copies one chunk, not all of ``y_index``)."""
+    counts = np.zeros(n_classes, dtype=np.int64)
+    for lo in range(0, y_index.shape[0], LABEL_CHUNK):
+        counts += np.bincount(y_index[lo:lo + LABEL_CHUNK], minlength=n_classes)
+    return counts
+
+
 def _two_classes(classes: Array, index: Array) -> tuple[Array, Array]:
     """``(classes, index)`` when there are at least two classes; else ``InputError``."""
     if len(classes) < 2:

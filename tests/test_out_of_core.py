@@ -219,6 +219,16 @@ def test_long_integer_labels_are_encoded_in_chunks_as_np_unique_does(monkeypatch
         validation.encode_labels(np.full(5, 4))
 
 
+def test_class_counts_in_chunks_equal_bincount(monkeypatch):
+    import gpinfer.validation as validation
+
+    index = np.array([2, 0, 2, 2, 1, 0, 2], dtype=np.int8)
+    monkeypatch.setattr(validation, "LABEL_CHUNK", 3)
+    counts = validation.class_counts(index, 4)
+    assert counts.dtype == np.int64
+    np.testing.assert_array_equal(counts, [2, 1, 4, 0])
+
+
 def test_a_method_that_cannot_stream_is_refused_before_any_row_is_read(tmp_path):
     """The method is checked before the chunked check: here the NaN is never reached."""
     X, y = _data()
