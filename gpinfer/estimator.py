@@ -72,6 +72,7 @@ from gpinfer.validation import (
     check_weight_support,
     check_X,
     check_X_y,
+    class_counts,
     encode_labels,
     feature_names,
     host_input,
@@ -769,8 +770,9 @@ class _GPEstimatorBase:
 
 def _check_two_classes(classes: Array, y_index: Array) -> None:
     """``InputError`` when the rows of positive weight, ``y_index [N']`` (indices into
-    ``classes [C]``), hold a single class."""
-    kept = np.unique(y_index)
+    ``classes [C]``), hold a single class. Counted in chunks (``class_counts``), not by
+    ``np.unique``, whose sort copies all of ``y_index`` (80 MB at ``N' = 1e7``)."""
+    kept = np.flatnonzero(class_counts(y_index, len(classes)))
     if kept.size < 2:
         raise InputError(
             f"sample_weight leaves only class {classes[kept].tolist()[0]!r} with a positive "

@@ -285,8 +285,11 @@ def encode_labels(y: Any) -> tuple[Array, Array]:
 
     ``y [N]``: labels (ints, strings, integral floats, bools, objects that sort). Returns
     ``(classes_ [C], y_index [N])`` with ``classes_`` sorted (``np.unique``) and ``y_index``
-    int64 in ``0..C-1`` such that ``classes_[y_index]`` equals ``y``. Raises ``InputError``
-    for NaN/inf or continuous labels, mixed label types, and fewer than two classes.
+    in ``0..C-1`` such that ``classes_[y_index]`` equals ``y``: int64, or for integer labels
+    longer than ``LABEL_CHUNK`` the narrowest signed type that holds ``C - 1``
+    (``_encode_integer_labels``; the likelihoods cast each batch's labels to int64). Raises
+    ``InputError`` for NaN/inf or continuous labels, mixed label types, and fewer than two
+    classes.
     """
     y = _labels_1d(y)
     if y.dtype.kind in "iub" and y.shape[0] > LABEL_CHUNK:
@@ -309,17 +312,29 @@ LABEL_CHUNK = 1 << 20
 
 
 def _encode_integer_labels(y: Array) -> tuple[Array, Array]:
-    """``encode_labels`` of integer or bool labels ``y [N]`` with memory ``O(N)`` int64 for the
-    indices only: the classes are the union of each chunk's ``np.unique`` and the indices
-    ``np.searchsorted`` of each chunk (equal to ``np.unique``'s, whose whole-array sort needs
-    several ``[N]`` temporaries: 400 MB at ``N = 1e7``)."""
+    """``encode_labels`` of integer or bool labels ``y [N]`` with memory ``O(N)`` for the
+    indices only, in the narrowest signed type that holds ``C - 1`` (int8 up to 128 classes:
+    10 MB at ``N = 1e7`` instead of int64's 80): the classes are the union of each chunk's
+    ``np.unique`` and the indices ``np.searchsorted`` of each chunk (equal to ``np.unique``'s,
+    whose whole-array sort needs several ``[N]`` temporaries: 400 MB at ``N = 1e7``)."""
     classes = np.unique(y[:LABEL_CHUNK])
     for lo in range(LABEL_CHUNK, y.shape[0], LABEL_CHUNK):
         classes = np.union1d(classes, np.unique(y[lo:lo + LABEL_CHUNK])).astype(y.dtype)
-    index = np.empty(y.shape[0], dtype=np.int64)
+    index = np.empty(y.shape[0], dtype=np.promote_types(np.int8,
+                                                        np.min_scalar_type(-len(classes))))
     for lo in range(0, y.shape[0], LABEL_CHUNK):
         index[lo:lo + LABEL_CHUNK] = np.searchsorted(classes, y[lo:lo + LABEL_CHUNK])
     return classes, index
+
+
+def class_counts(y_index: Array, n_classes: int) -> Array:
+    """How many of the class indices ``y_index [N]`` (ints in ``0..n_classes-1``) fall in each
+    class: ``[n_classes]`` int64, by ``np.bincount`` over chunks of ``LABEL_CHUNK`` (its cast to
+    ``intp`` then copies one chunk, not all of ``y_index``)."""
+    counts = np.zeros(n_classes, dtype=np.int64)
+    for lo in range(0, y_index.shape[0], LABEL_CHUNK):
+        counts += np.bincount(y_index[lo:lo + LABEL_CHUNK], minlength=n_classes)
+    return counts
 
 
 def _two_classes(classes: Array, index: Array) -> tuple[Array, Array]:

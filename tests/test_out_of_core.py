@@ -212,11 +212,45 @@ def test_long_integer_labels_are_encoded_in_chunks_as_np_unique_does(monkeypatch
     ref_classes, ref_index = validation.encode_labels(labels)
     monkeypatch.setattr(validation, "LABEL_CHUNK", 2)
     classes, index = validation.encode_labels(labels)
-    assert classes.dtype == ref_classes.dtype and index.dtype == np.int64
+    assert classes.dtype == ref_classes.dtype and index.dtype == np.int8  # <= 128 classes
     np.testing.assert_array_equal(classes, ref_classes)
     np.testing.assert_array_equal(index, ref_index)
     with pytest.raises(InputError, match="y has 1 class"):
         validation.encode_labels(np.full(5, 4))
+    many = np.arange(300) % 129  # 129 classes: index 128 needs int16
+    classes, index = validation.encode_labels(many)
+    assert index.dtype == np.int16
+    np.testing.assert_array_equal(classes[index], many)
+
+
+@pytest.mark.parametrize("method", ["sep", "svi"])
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_narrow_label_indices_fit_as_int64_ones(monkeypatch, tmp_path, method, backend):
+    """Long integer labels are encoded as int8 indices: the fit (in memory and from a memmap)
+    equals the one on int64 indices bit for bit."""
+    import gpinfer.validation as validation
+
+    if backend == "torch":
+        pytest.importorskip("torch")
+    X, y = _data()
+    kw = _settings(method, backend=backend)
+    P = GPClassifier(**kw).fit(X, y).predict_proba(X)
+    monkeypatch.setattr(validation, "LABEL_CHUNK", 50)
+    assert validation.encode_labels(y)[1].dtype == np.int8
+    np.testing.assert_array_equal(GPClassifier(**kw).fit(X, y).predict_proba(X), P)
+    mm = _memmap(tmp_path, X)
+    np.testing.assert_allclose(GPClassifier(**kw).fit(mm, y).predict_proba(mm), P,
+                               rtol=1e-12, atol=1e-15)
+
+
+def test_class_counts_in_chunks_equal_bincount(monkeypatch):
+    import gpinfer.validation as validation
+
+    index = np.array([2, 0, 2, 2, 1, 0, 2], dtype=np.int8)
+    monkeypatch.setattr(validation, "LABEL_CHUNK", 3)
+    counts = validation.class_counts(index, 4)
+    assert counts.dtype == np.int64
+    np.testing.assert_array_equal(counts, [2, 1, 4, 0])
 
 
 def test_a_method_that_cannot_stream_is_refused_before_any_row_is_read(tmp_path):

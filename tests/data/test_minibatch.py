@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gpinfer.data import MiniBatches, open_memmap_dataset, stream_batches
+from gpinfer.data.minibatch import _order_dtype
 from gpinfer.errors import InputError
 
 
@@ -27,6 +28,21 @@ def test_epochs_drop_last_and_no_shuffle():
     batches = list(mb.epochs(3))
     assert len(batches) == 6 and all(len(b) == 4 for b in batches)
     np.testing.assert_array_equal(batches[0], [0, 1, 2, 3])
+
+
+def test_epoch_order_is_rng_permutation_held_narrow():
+    """The epoch order is ``rng.permutation(n)``'s, the generator left in the same state and
+    the batches int64, while the order itself is held as int32 below 2^31 rows (half the bytes
+    of an [n] int64 permutation)."""
+    n, b = 10_007, 1000
+    rng, ref = np.random.default_rng(3), np.random.default_rng(3)
+    got = list(MiniBatches(n, b, rng).epochs(2))
+    want = np.concatenate([ref.permutation(n), ref.permutation(n)])
+    np.testing.assert_array_equal(np.concatenate(got), want)
+    assert all(batch.dtype == np.int64 for batch in got)
+    assert rng.random() == ref.random()
+    assert _order_dtype(n) is np.int32 and _order_dtype(2**31 - 1) is np.int32
+    assert _order_dtype(2**31) is np.int64
 
 
 def test_bad_batch_sizes():
