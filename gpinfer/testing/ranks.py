@@ -5,6 +5,8 @@ once, each after ``torch.distributed.init_process_group("gloo", init_method="fil
 with ``RANK`` and ``WORLD_SIZE`` set; the code writes its results with ``save(**arrays)``
 (``numpy.savez`` into the folder, one file per rank) and ``run_ranks`` returns them in rank
 order. A rank that fails (or runs past ``timeout_s``) fails the call with its output.
+``worst_rank_differences(source, folder)`` runs a source that builds a dict ``fits`` of arrays
+as ``K`` ranks and once in this process, and gives each array's largest relative difference.
 """
 
 from __future__ import annotations
@@ -57,3 +59,28 @@ def run_ranks(code: str, K: int, folder: Path, timeout_s: float = 120.0,
     if failed:
         raise RuntimeError("\n".join(failed))
     return [dict(np.load(folder / f"rank{r}.npz")) for r in range(K)]
+
+
+def one_process(source: str) -> dict[str, np.ndarray]:
+    """The dict ``fits`` of arrays that ``source`` (Python code) builds, run in this process:
+    the reference of a data-parallel fit."""
+    scope: dict[str, object] = {}
+    exec(source, scope)  # noqa: S102 - the same source as the ranks run
+    fits = scope["fits"]
+    assert isinstance(fits, dict)
+    return fits
+
+
+def worst_rank_differences(source: str, folder: Path, K: int = 2) -> dict[str, float]:
+    """``source`` (which builds a dict ``fits`` of finite arrays) run by ``K`` gloo ranks and
+    once in this process (``one_process``): per array, the largest relative difference of any
+    rank's array from this process's (``inf`` where an array is not finite or its shape
+    differs)."""
+    ranks = run_ranks(source + "\nsave(**fits)\n", K, folder)
+    worst: dict[str, float] = {}
+    for name, p in one_process(source).items():
+        diffs = [float(np.max(np.abs(out[name] - p) / np.abs(p)))
+                 if out[name].shape == p.shape and np.all(np.isfinite(p)) else np.inf
+                 for out in ranks]
+        worst[name] = max(diffs)
+    return worst

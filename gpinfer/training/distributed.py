@@ -21,14 +21,17 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from gpinfer.backend import ops
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.interfaces import Array
+
+T = TypeVar("T")
 
 #: the environment ``torchrun`` sets for every rank
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -44,6 +47,21 @@ def _dist() -> Any:
     if dist is None or not dist.is_available():
         return None
     return dist
+
+
+def attempt(compute: Callable[[], T]) -> tuple[T | None, NumericalError | None]:
+    """``compute()``, this rank's part of a step, with its deferred checks
+    (``ops.pending_checks``) read before the collective that follows: ``(result, None)``, or
+    ``(None, error)`` when it or a check raised a ``NumericalError`` (the caller then sends
+    zeros with the failure flag: ``Group.agreed_sums``)."""
+    try:
+        out = compute()
+        pending = ops.pending_checks()
+        if pending is not None:
+            pending.flush()
+        return out, None
+    except NumericalError as err:
+        return None, err
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ from gpinfer.optim.adam import Adam
 from gpinfer.optim.sign_adaptive import SignAdaptiveAscent
 from gpinfer.posterior import Posterior
 from gpinfer.reporting import IterationReporter
-from gpinfer.training.distributed import Group
+from gpinfer.training.distributed import Group, attempt
 from gpinfer.training.inner import InnerSchedule
 from gpinfer.training.minibatch import BatchSteps, MiniBatchSchedule, Payload, Read
 
@@ -291,23 +291,17 @@ class TrainingLoop:
         equal on every rank, enters once); a failure on any rank raises on every rank
         (``Group.agreed_mean``)."""
         group = cast(Group, self.group)
-        failure, value, grad = None, 0.0, None
-        try:
+
+        def part() -> tuple[Scalar, Array]:
             out = self.sites.objective(group.size * scale, it)
             inputs = self.sites.batch_inputs()
             if inputs is None:
                 raise TypeError(f"{self.name}: a data-parallel step needs the sites' inputs "
                                 "of this rank's points (batch_inputs)")
-            grad = self.hp.gradient(inputs, out.gradients, self.n_jobs)
-            value = out.value
-            pending = ops.pending_checks()
-            if pending is not None:  # this rank's deferred checks, read before the collective
-                pending.flush()
-        except NumericalError as err:
-            failure = err
-        if failure is not None or grad is None:
-            grad = self.hp.pack() * 0.0
-            value = 0.0
+            return out.value, self.hp.gradient(inputs, out.gradients, self.n_jobs)
+
+        done, failure = attempt(part)
+        value, grad = done if done is not None else (0.0, self.hp.pack() * 0.0)
         return group.agreed_mean(value, grad, failure)
 
     def _sweeps(self, rho: float) -> InnerSchedule:

@@ -69,7 +69,7 @@ from gpinfer.sites.stacked import (
     symmetrize,
     transpose,
 )
-from gpinfer.training.distributed import Group
+from gpinfer.training.distributed import Group, attempt
 
 
 class _BatchLabels(NamedTuple):
@@ -501,23 +501,17 @@ def _group_sums(group: Group, terms: StackedTerms, P_w: Array, h_w: Array, fract
     ``all_reduce``, with a failure flag: a failed check on any rank raises on every rank) are
     the union batch's, and every rank applies ``keep`` and ``rho`` to them alike, so the sums
     stay equal on every rank. Returns ``(P_w, h_w, change [])``."""
-    failure = None
-    try:
+    def part() -> tuple[Array, Array, Array]:
         tau, nu = _batch_sites(terms, P_w, h_w, fraction, labels, iteration)
         one = terms.one if isinstance(terms, SharedTerms) else None
         if one is not None:
-            P_new = shared_site_products(one.A[0], tau)
-            h_new = ops.mT(one.A[0] @ nu)
-        else:
-            P_new = ops.scale_columns(terms.A, tau.T) @ terms.A_T
-            h_new = ops.einsum("cmn,nc->cm", terms.A, nu)
-        counts = labels.counts
-        pending = ops.pending_checks()
-        if pending is not None:  # this rank's deferred checks, read before the collective
-            pending.flush()
-    except NumericalError as err:
-        failure = err
-        P_new, h_new, counts = P_w * 0.0, h_w * 0.0, labels.n_factors * 0.0
+            return shared_site_products(one.A[0], tau), ops.mT(one.A[0] @ nu), labels.counts
+        return (ops.scale_columns(terms.A, tau.T) @ terms.A_T,
+                ops.einsum("cmn,nc->cm", terms.A, nu), labels.counts)
+
+    done, failure = attempt(part)
+    P_new, h_new, counts = (done if done is not None
+                            else (P_w * 0.0, h_w * 0.0, labels.n_factors * 0.0))
     P_new, h_new, counts = group.agreed_sums([P_new, h_new, counts], failure)
     keep = 1.0 - rho * counts / labels.n_factors
     P_next = symmetrize(ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w + rho * P_new)
