@@ -137,7 +137,8 @@ class Group:
             head = np.array([float(value)], dtype=grad.dtype)
         else:
             xp = ops.namespace(grad)
-            head = xp.reshape(xp.astype(value, grad.dtype), (1,))
+            # asarray: a failed rank's value is the host 0.0 (``TrainingLoop._group_objective``)
+            head = xp.reshape(xp.asarray(value, dtype=grad.dtype, device=grad.device), (1,))
         total_value, total_grad = self.agreed_sums([head, grad], failure)
         mean = total_value[0] / self.size
         return (float(mean) if isinstance(grad, np.ndarray) else mean), total_grad / self.size
