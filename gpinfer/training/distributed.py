@@ -64,6 +64,14 @@ def attempt(compute: Callable[[], T]) -> tuple[T | None, NumericalError | None]:
         return None, err
 
 
+def smallest_batch(n: int, batch_size: int | None) -> int:
+    """The fewest points of any batch of an epoch of ``n`` points in batches of ``batch_size``
+    (``None``: one batch of all; the last, partial batch included): a process group needs at
+    least one point per rank in each."""
+    bs = n if batch_size is None else min(int(batch_size), n)
+    return min(bs, n % bs or bs)
+
+
 @dataclass(frozen=True)
 class Group:
     """The process group of a data-parallel fit: this process's ``rank`` of ``size``."""
@@ -129,7 +137,8 @@ class Group:
             head = np.array([float(value)], dtype=grad.dtype)
         else:
             xp = ops.namespace(grad)
-            head = xp.reshape(xp.astype(value, grad.dtype), (1,))
+            # asarray: a failed rank's value is the host 0.0 (``TrainingLoop._group_objective``)
+            head = xp.reshape(xp.asarray(value, dtype=grad.dtype, device=grad.device), (1,))
         total_value, total_grad = self.agreed_sums([head, grad], failure)
         mean = total_value[0] / self.size
         return (float(mean) if isinstance(grad, np.ndarray) else mean), total_grad / self.size

@@ -216,8 +216,7 @@ class _SparseEPBase(Method):
         if self.options["time_limit_s"] is not None:
             raise InputError(f"{self.name}: time_limit_s is not available {where}; bound the "
                              "fit by max_iter")
-        N, b = problem.X.shape[0], int(problem.batch_size)
-        smallest = b if N % b == 0 or N < b else N % b
+        smallest = distributed.smallest_batch(problem.X.shape[0], problem.batch_size)
         if smallest < group.size:
             raise InputError(f"{self.name}: a batch of {smallest} points for {group.size} "
                              f"ranks {where}; choose batch_size so that every batch has at "

@@ -95,3 +95,29 @@ def test_a_failure_on_one_rank_raises_on_every_rank(tmp_path, backend):
         np.testing.assert_array_equal(o["h"], np.arange(3.0) * 3)
     assert "another rank" in str(out[0]["msg"])
     assert str(out[1]["msg"]) == "bad sites"
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_agreed_mean_takes_a_failed_ranks_host_zero(tmp_path, backend):
+    """``Group.agreed_mean`` as ``TrainingLoop._group_objective`` calls it on a rank whose part
+    failed (value the host 0.0, gradient zeros of the backend): every rank raises the
+    ``NumericalError`` after the collective (a torch gradient included)."""
+    from gpinfer.testing.ranks import run_ranks
+
+    out = run_ranks(f"""
+        import torch
+        from gpinfer.errors import NumericalError
+        from gpinfer.training.distributed import current
+        group = current()
+        wrap = (lambda a: a) if {backend!r} == "numpy" else torch.from_numpy
+        failure = NumericalError("bad objective") if RANK == 1 else None
+        value = 0.0 if RANK == 1 else (2.0 if {backend!r} == "numpy" else wrap(np.array(2.0)))
+        try:
+            group.agreed_mean(value, wrap(np.zeros(3)), failure)
+            msg = "no error"
+        except NumericalError as e:
+            msg = str(e)
+        save(msg=np.array(msg))
+    """, 2, tmp_path)
+    assert "another rank" in str(out[0]["msg"])
+    assert str(out[1]["msg"]) == "bad objective"

@@ -560,8 +560,7 @@ class SVI(Method):
         would part), a time budget (the ranks would stop at different steps) and a batch (the
         last one of an epoch included) of fewer points than ranks (a rank without rows)."""
         n = state.X.shape[0]
-        bs = n if batch_size is None else min(int(batch_size), n)
-        smallest = min(bs, n % bs or bs)
+        smallest = distributed.smallest_batch(n, batch_size)
         if smallest < group.size:
             raise InputError(f"svi: a batch of {smallest} points for {group.size} ranks "
                              f"(batch_size={batch_size}, {n} points): every batch needs a point "
