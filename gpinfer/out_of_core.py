@@ -72,8 +72,8 @@ def check_out_of_core(method_cls: type[Method], name: str, batch_size: Any, n: i
             f"method {name!r} needs all of X in memory at once, but X is given out of core "
             f"(a memmap, .npy shards or Parquet); use a mini-batch method with batch_size: "
             f"{alts}; or load X into memory (np.asarray) for {name!r}")
-    whole = (isinstance(batch_size, numbers.Integral)
-             and not isinstance(batch_size, bool | np.bool_) and int(batch_size) >= n)
+    whole = (isinstance(batch_size, numbers.Integral) and not isinstance(batch_size, bool)
+             and int(batch_size) >= n)
     if batch_size is None or whole:
         raise InputError(
             f"X is given out of core, so {name!r} must train on mini-batches: set batch_size "
