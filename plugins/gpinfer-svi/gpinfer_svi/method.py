@@ -595,8 +595,12 @@ class SVI(Method):
             v, g, est = state.estimate(xe, batch, natural=ngd is not None)
         else:
             rows = group.rows(np.arange(n) if batch is None else batch)
-            v, g, est = state.estimate(xe, rows, natural=False, scale=group.size * n / b)
-            v, g = group.agreed_mean(v, g)
+            # a NumericalError on this rank (e.g. a Cholesky) travels as the failure flag, so
+            # every rank raises instead of waiting in the collective
+            done, failure = distributed.attempt(lambda: state.estimate(
+                xe, rows, natural=False, scale=group.size * n / b))
+            v, g = (done[0], done[1]) if done is not None else (0.0, xe * 0.0)
+            v, g = group.agreed_mean(v, g, failure)
         check_step(v, g, step, "svi ELBO")
         x = xe
         if P:

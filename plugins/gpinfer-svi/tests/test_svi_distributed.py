@@ -59,3 +59,29 @@ def test_group_refuses_natural_gradients_lbfgs_and_short_batches(tmp_path):
         assert "natural_gradient" in ngd and "process group" in ngd
         assert "L-BFGS-B" in lbfgs and "process group" in lbfgs
         assert "a batch of 1 points for 2 ranks" in short  # 40 = 3 * 13 + 1
+
+
+def test_a_failure_on_one_rank_raises_on_every_rank(tmp_path):
+    """A ``NumericalError`` in rank 1's ELBO (a failed Cholesky, say) travels as the failure
+    flag of the step's collective: both ranks raise, neither waits for the timeout."""
+    from gpinfer.testing.ranks import run_ranks
+
+    out = run_ranks("""
+        from gpinfer.errors import NumericalError
+        from gpinfer.estimator import GPClassifier
+        from gpinfer_svi.method import VariationalState
+        if RANK == 1:
+            def broken(self, *args, **kwargs):
+                raise NumericalError("broken on purpose", quantity="Kuu")
+            VariationalState.estimate = broken
+        X = np.random.default_rng(0).normal(size=(40, 2)); y = (X[:, 0] > 0).astype(int)
+        try:
+            GPClassifier(method="svi", M=4, max_iter=2, batch_size=10, random_state=0,
+                         method_options={"optimizer": "adam"}).fit(X, y)
+            msg = "fitted"
+        except NumericalError as e:
+            msg = str(e)
+        save(msg=np.array(msg))
+    """, 2, tmp_path, timeout_s=90.0)
+    assert "broken on purpose" in str(out[1]["msg"])
+    assert "another rank" in str(out[0]["msg"])
