@@ -193,6 +193,10 @@ class HyperParameters:
         #: views are the kept kernel entries and the inducing stack (every entry free, no
         #: likelihood block): ``pack`` at that version copies it (one operator)
         self._owned: tuple[int, Array] | None = None
+        #: ``(version, theta [P])`` on the host: the vector handed over by
+        #: ``unpack(owned=True)`` whose views the latents' ``Z`` are (every entry free):
+        #: ``pack(reuse=theta)`` at that version writes only the other entries into it
+        self._inducing_of: tuple[int, Array] | None = None
         self._kernels_and_inducing_only = all(b.kind != "likelihood" for b in blocks)
 
     # -- kernel parameters on the device -----------------------------------------------------
@@ -377,9 +381,19 @@ class HyperParameters:
         """Indices of the free entries, on ``full``'s namespace and device."""
         return ops.index_like(full, np.flatnonzero(self._free))
 
-    def pack(self) -> Array:
+    def pack(self, reuse: Array | None = None) -> Array:
         """The free entries as one vector ``theta [P]`` (a new array, on the namespace and
-        device of ``Z``)."""
+        device of ``Z``).
+
+        ``reuse``: the host vector last handed to ``unpack(owned=True)``. While nothing has
+        moved since (the same ``version``) the latents' ``Z`` are views of it: the other
+        entries (kernels, likelihood; read from their objects, as without it) are written
+        into it and it is returned, with no new ``[P]`` array and no copy of the inducing
+        inputs. Its owner hands it over again (``unpack(owned=True)``) before anything
+        else reads the inducing inputs. Any other array, or a version moved since: a new
+        array, as without it."""
+        if reuse is not None and self._refilled(reuse):
+            return reuse
         if self._free_prefix:
             return self._full(self.size)  # a new array already
         owned = self._owned
@@ -387,6 +401,22 @@ class HyperParameters:
             return ops.copy(owned[1])
         full = self._full()  # a new array already
         return full if self._all_free else full[self._free_entries(full)]
+
+    def _refilled(self, theta: Array) -> bool:
+        """Whether ``theta`` is ``_inducing_of``'s vector at this version; then its kernel and
+        likelihood entries are written in from their objects (``_full``'s values)."""
+        mark = self._inducing_of
+        if mark is None or mark[0] != self.version or mark[1] is not theta:
+            return False
+        for block in self._blocks:  # every entry free: the blocks' places in ``theta``
+            if block.kind == "kernel":
+                values = self._distinct[block.index].get_unconstrained()
+            elif block.kind == "likelihood":
+                values = self._likelihood().get_unconstrained()
+            else:
+                continue
+            theta[block.start : block.stop] = np.asarray(values, float).reshape(-1)
+        return True
 
     @contextlib.contextmanager
     def installed(self, theta: Array) -> Iterator[None]:
@@ -404,6 +434,7 @@ class HyperParameters:
 
         ``owned=True``: the caller hands ``theta`` over (it neither reads nor writes it again),
         so the inducing inputs may be views of it instead of a copy (``P`` can be millions)."""
+        given = theta
         if ops.is_numpy(theta) or not ops.is_array(theta):
             theta = np.asarray(theta, dtype=float).reshape(-1)
         xp = ops.namespace(theta)
@@ -423,6 +454,8 @@ class HyperParameters:
         kept = self._keep_kernels(full, view=view)
         self._owned = ((self.version, full) if view and kept and Z_stack is not None
                        and self._kernels_and_inducing_only else None)
+        self._inducing_of = ((self.version, given) if view and Z_stack is not None
+                             and _same_entries(given, full) else None)
         # the latents' Z as views of their stack (one operation on a device)
         Z_views = None if Z_stack is None else (
             list(Z_stack) if ops.is_numpy(Z_stack) else list(Z_stack.unbind(0)))  # type: ignore[attr-defined]
@@ -492,6 +525,15 @@ class HyperParameters:
                  n_jobs: int = 1) -> Array:
         """Shortcut for ``parameter_gradient(self, X, grads, n_jobs)``."""
         return parameter_gradient(self, X, grads, n_jobs)
+
+
+def _same_entries(given: object, full: Array) -> bool:
+    """Whether ``given`` is a numpy array whose memory is ``full [P]``'s, entry for entry (the
+    vector ``unpack`` was handed, not a converted copy of it)."""
+    return (isinstance(given, np.ndarray) and isinstance(full, np.ndarray)
+            and given.shape == full.shape and given.strides == full.strides
+            and given.dtype == full.dtype
+            and given.__array_interface__["data"][0] == full.__array_interface__["data"][0])
 
 
 def _latent_gradients(

@@ -138,6 +138,10 @@ class TrainingLoop:
         # so the others are left alone: P can be millions, the scaled entries few)
         scaled = np.flatnonzero(self.coord != 1.0)
         self._scaled = slice(int(scaled[0]), int(scaled[-1]) + 1) if scaled.size else slice(0, 0)
+        #: the vector the last optimiser step handed to ``hp.unpack(owned=True)``: the next
+        #: step packs into it while ``hp`` still holds it (``HyperParameters.pack(reuse=)``;
+        #: on the host: no new ``[P]`` array per step)
+        self._theta: Array | None = None
         self.n_jobs = n_jobs
         self.compile_mode = compile_mode
         #: the data-parallel process group (``None``: one process): the sites take this rank's
@@ -208,7 +212,7 @@ class TrainingLoop:
         (``grad`` is scaled in place)."""
         if self.hp.size:  # in place on arrays this step owns: P can be millions
             with compiling(self.compile_mode):
-                theta = self.hp.pack()
+                theta = self.hp.pack(reuse=self._theta)
                 part = self._scaled
                 coord = self._scaled_coordinates(theta)
                 # on views (``x[part] *= c`` would also write the result back onto itself:
@@ -222,6 +226,7 @@ class TrainingLoop:
                 xi_part = theta_part if xi is theta else xi[part]
                 xi_part /= coord
                 self.hp.unpack(xi, owned=True)
+                self._theta = xi
 
     def _step(self, batch: Array, rho: float) -> tuple[float, Array, float]:
         """Refine the sites of ``batch``, then the objective and its gradient on ``batch``, read

@@ -238,6 +238,39 @@ def test_unpack_owned_gives_the_same_values_without_a_copy(stacked):
     assert not np.shares_memory(ref.Z[0], theta)
 
 
+def test_pack_reuses_the_vector_handed_over_while_nothing_moved():
+    """``pack(reuse=theta)`` after ``unpack(theta, owned=True)``: ``theta`` itself, its kernel
+    and likelihood entries read again from their objects (values equal a fresh ``pack``'s);
+    after ``touch``, another ``unpack`` or for another array: a new array, ``theta`` left
+    alone (whatever views of it are held do not move)."""
+    kernels = [RBF([0.8, 1.3], 1.7), RBF([1.1, 0.9], 0.6)]
+    hp = make_hp(kernels=kernels)
+    assert hp.stacked is not None
+    theta = hp.pack() + 0.05
+    hp.unpack(theta, owned=True)
+    kernels[1].set_unconstrained(kernels[1].get_unconstrained() + 0.5)  # a kernel's own move
+    hp.likelihood.set_unconstrained(np.array([0.1, 0.2]))
+    expected = hp.pack()
+    assert hp.pack(reuse=theta) is theta  # no new array
+    np.testing.assert_array_equal(theta, expected)
+    assert np.shares_memory(hp.Z[1], theta)
+    for move in (hp.touch, lambda: hp.unpack(theta + 0.0)):
+        hp.unpack(theta, owned=True)
+        move()
+        before = theta.copy()
+        packed = hp.pack(reuse=theta)
+        assert packed is not theta and not np.shares_memory(packed, theta)
+        np.testing.assert_array_equal(theta, before)
+    hp.unpack(theta, owned=True)
+    other = theta.copy()
+    assert hp.pack(reuse=other) is not other
+    hp.unpack(theta)  # not handed over: a copy is installed, nothing to reuse
+    assert hp.pack(reuse=theta) is not theta
+    single = theta.astype(np.float32)  # handed over, but unpack installs a float64 copy
+    hp.unpack(single, owned=True)
+    assert hp.pack(reuse=single) is not single
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_device_kernels_stay_on_the_device_until_asked_for(tied):
     """``device_kernels=True`` on torch: ``unpack`` reads nothing back (the kernel objects
