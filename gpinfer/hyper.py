@@ -151,7 +151,10 @@ class HyperParameters:
         """The free-entry mask ``_free [n_entries]`` (learned blocks less the ``fixed``
         names; ``ValueError`` for an unknown name) and what packing can skip: no mask when
         every entry is free (``_all_free``) or the free ones are the leading blocks
-        ``[0, P)`` (``_free_prefix``, e.g. kernels learned, ``Z`` fixed)."""
+        ``[0, P)`` (``_free_prefix``, e.g. kernels learned, ``Z`` fixed); which blocks hold a
+        free entry (``_block_free``) and whether the inducing blocks are one contiguous run of
+        free entries (``_inducing_run``), and ``P`` (``size``); the mask is fixed from here
+        on: no per-step scans of its ``L M D`` entries."""
         self._free = np.zeros(self._n_entries, dtype=bool)
         for block, learn in zip(blocks, learned):
             self._free[block.start : block.stop] = learn
@@ -163,8 +166,14 @@ class HyperParameters:
             self._free &= np.array([n not in fixed for n in names], dtype=bool)
         self._all_free = bool(np.all(self._free))  # then packing needs no mask (no copies)
         P, bounds = int(self._free.sum()), {b.stop for b in blocks}
+        self._size = P
         self._free_prefix = (not self._all_free and P in bounds
                              and bool(np.all(self._free[:P])))
+        self._block_free = [bool(np.any(self._free[b.start : b.stop])) for b in blocks]
+        inducing = [b for b in blocks if b.kind == "inducing"]
+        self._inducing_run = bool(
+            inducing and all(a.stop == b.start for a, b in zip(inducing, inducing[1:]))
+            and np.all(self._free[inducing[0].start : inducing[-1].stop]))
 
     def _init_kernel_path(self, device_kernels: bool) -> None:
         """The batched kernel path (``stacked``) and the state of kernel parameters kept on
@@ -310,7 +319,7 @@ class HyperParameters:
     @property
     def size(self) -> int:
         """``P``, the length of the packed (free) vector."""
-        return int(self._free.sum())
+        return self._size
 
     @property
     def _all_names(self) -> list[str]:
@@ -459,9 +468,8 @@ class HyperParameters:
         # the latents' Z as views of their stack (one operation on a device)
         Z_views = None if Z_stack is None else (
             list(Z_stack) if ops.is_numpy(Z_stack) else list(Z_stack.unbind(0)))  # type: ignore[attr-defined]
-        for block in self._blocks:
-            if not np.any(self._free[block.start : block.stop]) or (
-                    block.kind == "kernel" and kept):
+        for block, free in zip(self._blocks, self._block_free):
+            if not free or (block.kind == "kernel" and kept):
                 continue
             if block.kind == "inducing" and Z_views is not None:
                 self._inducing()[block.index] = Z_views[block.index]
@@ -483,13 +491,10 @@ class HyperParameters:
         """The inducing entries of ``full`` as one stack ``[L, M, D]`` (copied, or with
         ``copy=False`` a view of ``full``) when they are one contiguous run of equally shaped,
         all free blocks (the latents' ``Z`` are then views of it); else ``None``."""
-        if self.stacked is None:
+        if self.stacked is None or not self._inducing_run:
             return None
         blocks = [b for b in self._blocks if b.kind == "inducing"]
         start, stop = blocks[0].start, blocks[-1].stop
-        if not (all(a.stop == b.start for a, b in zip(blocks, blocks[1:]))
-                and bool(np.all(self._free[start:stop]))):
-            return None
         shape = (len(blocks), *tuple(self._inducing()[0].shape))
         stack = xp.reshape(full[start:stop], shape)  # type: ignore[attr-defined]
         return ops.copy(stack) if copy else stack
@@ -515,11 +520,8 @@ class HyperParameters:
     # -- gradients ---------------------------------------------------------------------------
     def inducing_is_free(self, latent: int) -> bool:
         """Whether any inducing input of ``latent`` is learned (else its VJP is skipped)."""
-        return any(
-            bool(np.any(self._free[b.start : b.stop]))
-            for b in self._blocks
-            if b.kind == "inducing" and b.index == latent
-        )
+        return any(free for b, free in zip(self._blocks, self._block_free)
+                   if b.kind == "inducing" and b.index == latent)
 
     def gradient(self, X: Array, grads: MatrixGradients | Sequence[MatrixGradients],
                  n_jobs: int = 1) -> Array:
