@@ -524,9 +524,9 @@ class HyperParameters:
                    if b.kind == "inducing" and b.index == latent)
 
     def gradient(self, X: Array, grads: MatrixGradients | Sequence[MatrixGradients],
-                 n_jobs: int = 1) -> Array:
-        """Shortcut for ``parameter_gradient(self, X, grads, n_jobs)``."""
-        return parameter_gradient(self, X, grads, n_jobs)
+                 n_jobs: int = 1, out: Array | None = None) -> Array:
+        """Shortcut for ``parameter_gradient(self, X, grads, n_jobs, out)``."""
+        return parameter_gradient(self, X, grads, n_jobs, out)
 
 
 def _same_entries(given: object, full: Array) -> bool:
@@ -567,7 +567,7 @@ def _latent_gradients(
 
 def parameter_gradient(
     hp: HyperParameters, X: Array, grads: MatrixGradients | Sequence[MatrixGradients],
-    n_jobs: int = 1,
+    n_jobs: int = 1, out: Array | None = None,
 ) -> Array:
     """Gradient ``[P]`` of an objective wrt ``hp.pack()`` from its matrix gradients.
 
@@ -575,13 +575,17 @@ def parameter_gradient(
     the training inputs the matrices were computed from. Likelihood entries are summed over
     the latents that report them. ``n_jobs > 1`` runs the latents' kernel VJPs on that many
     threads (``gpinfer.parallel``; same result); latents sharing one kernel are then still
-    safe, as kernels only cache what they compute from their arguments.
+    safe, as kernels only cache what they compute from their arguments. ``out``: a float64
+    numpy vector ``[P]`` of the caller's (e.g. the last step's gradient, no longer read) that
+    the result may be written into and returned as, instead of a new array (where the
+    gradient is formed in one host vector: stacked matrix gradients, every entry free, each
+    latent's kernel and then each latent's ``Z``); its values are overwritten.
     """
     X_ref = X if ops.is_array(X) else np.asarray(X, dtype=float)
     if isinstance(grads, StackedMatrixGradients) and hp.stacked is not None:
         if len(grads) != hp.n_latent:
             raise ValueError(f"got {len(grads)} MatrixGradients for {hp.n_latent} latents")
-        return _stacked_parameter_gradient(hp, X_ref, grads)
+        return _stacked_parameter_gradient(hp, X_ref, grads, out)
     grads_list = [grads] if isinstance(grads, MatrixGradients) else list(grads)
     if len(grads_list) != hp.n_latent:
         raise ValueError(f"got {len(grads_list)} MatrixGradients for {hp.n_latent} latents")
@@ -612,17 +616,19 @@ def _likelihood_gradient(ref: Array, grads: Sequence[MatrixGradients]) -> Array 
 
 
 def _stacked_parameter_gradient(hp: HyperParameters, X: Array,
-                                grads: Sequence[MatrixGradients]) -> Array:
+                                grads: Sequence[MatrixGradients], out: Array | None = None
+                                ) -> Array:
     """``parameter_gradient`` for latents with one batched kernel path: one stacked VJP of
     ``Kuu``, ``Kuf`` and ``Kff_diag`` for every latent (``HyperParameters.covariances``;
-    ``StackedMatrixGradients`` are used as they are, a list is stacked)."""
+    ``StackedMatrixGradients`` are used as they are, a list is stacked; ``out``: see
+    ``parameter_gradient``)."""
     cov = hp.covariances(X)
     assert cov is not None  # hp.stacked is set
     xp = ops.namespace(X)
     need_Z = any(hp.inducing_is_free(l) for l in range(hp.n_latent))
     L = hp.n_latent
     kinds = [b.kind for b in hp._blocks]
-    full_out = _vector_for_inputs(hp, X, grads, need_Z, kinds)
+    full_out = _vector_for_inputs(hp, X, grads, need_Z, kinds, out)
     out_Z = None if full_out is None else _inducing_view(hp, full_out, cov)
     g_params, g_Z = cov.vjp(*_stacked_weights(cov, grads, xp), inputs=need_Z, out_Z=out_Z)
     lik_grad = None if isinstance(grads, StackedMatrixGradients) else _likelihood_gradient(
@@ -677,13 +683,20 @@ def _usual_layout(hp: HyperParameters, kinds: list[str]) -> bool:
 
 
 def _vector_for_inputs(hp: HyperParameters, X: Array, grads: Sequence[MatrixGradients],
-                       need_Z: bool, kinds: list[str]) -> np.ndarray | None:
-    """The gradient vector ``[n_entries]`` (empty) whose ``Z`` blocks the VJP writes ``g_Z``
-    into (``_inducing_view``): on numpy, stacked gradients, every entry free and the usual
-    layout (no concatenation of ``C M D`` entries); else ``None``."""
+                       need_Z: bool, kinds: list[str], out: Array | None = None
+                       ) -> np.ndarray | None:
+    """The gradient vector ``[n_entries]`` (``out`` when it is a contiguous float64 numpy
+    vector of that length, else a new one; its values to be overwritten) whose ``Z`` blocks
+    the VJP writes ``g_Z`` into (``_inducing_view``): on numpy, stacked gradients, every
+    entry free and the usual layout (no concatenation of ``C M D`` entries); else ``None``."""
     into = (ops.is_numpy(X) and need_Z and hp._all_free
             and isinstance(grads, StackedMatrixGradients) and _usual_layout(hp, kinds))
-    return np.empty(hp.n_entries) if into else None
+    if not into:
+        return None
+    if (isinstance(out, np.ndarray) and out.shape == (hp.n_entries,)
+            and out.dtype == np.float64 and out.flags.c_contiguous and out.flags.writeable):
+        return out
+    return np.empty(hp.n_entries)
 
 
 def _inducing_span(hp: HyperParameters) -> tuple[int, int]:

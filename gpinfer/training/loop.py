@@ -142,6 +142,10 @@ class TrainingLoop:
         #: step packs into it while ``hp`` still holds it (``HyperParameters.pack(reuse=)``;
         #: on the host: no new ``[P]`` array per step)
         self._theta: Array | None = None
+        #: the last step's gradient ``[P]``: read by its optimiser step only (sign-adaptive
+        #: keeps a copy), so the next step's gradient may be written into it
+        #: (``HyperParameters.gradient(out=)``; on the host: no new ``[P]`` array per step)
+        self._grad: Array | None = None
         self.n_jobs = n_jobs
         self.compile_mode = compile_mode
         #: the data-parallel process group (``None``: one process): the sites take this rank's
@@ -282,7 +286,8 @@ class TrainingLoop:
             out = self.sites.objective(scale, it)
             X_batch = self.sites.batch_inputs()
             grad = self.hp.gradient(self.X[batch] if X_batch is None else X_batch,
-                                    out.gradients, self.n_jobs)
+                                    out.gradients, self.n_jobs, out=self._grad)
+            self._grad = grad if ops.is_numpy(grad) else None
             value = out.value
         ops.require_finite(lambda: NumericalError(
             "non-finite objective or gradient", iteration=it, quantity="objective"),

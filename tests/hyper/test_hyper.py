@@ -271,6 +271,29 @@ def test_pack_reuses_the_vector_handed_over_while_nothing_moved():
     assert hp.pack(reuse=single) is not single
 
 
+def test_the_gradient_is_written_into_a_vector_given_for_it():
+    """``gradient(out=v)`` with stacked matrix gradients: the values of a new vector, written
+    into ``v`` (whatever it held) and returned as it; a vector that does not fit (length,
+    dtype, layout) is left alone and a new one returned."""
+    from gpinfer.kernels.stacked import StackedMatrixGradients
+
+    hp = HyperParameters([RBF([0.8, 1.3], 1.7), RBF([1.1, 0.9], 0.6)],
+                         Z=[RNG.standard_normal((M, D)) for _ in range(2)])
+    grads = StackedMatrixGradients(np.stack([RNG.standard_normal((M, M)) for _ in range(2)]),
+                                   np.stack(A), np.stack(B))
+    expected = hp.gradient(X, grads)
+    out = np.full(hp.size, np.nan)
+    assert hp.gradient(X, grads, out=out) is out
+    np.testing.assert_array_equal(out, expected)
+    for unfit in (np.zeros(hp.size + 1), np.zeros(hp.size, np.float32),
+                  np.zeros(2 * hp.size)[::2]):
+        before = unfit.copy()
+        got = hp.gradient(X, grads, out=unfit)
+        assert got is not unfit
+        np.testing.assert_array_equal(got, expected)
+        np.testing.assert_array_equal(unfit, before)
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_device_kernels_stay_on_the_device_until_asked_for(tied):
     """``device_kernels=True`` on torch: ``unpack`` reads nothing back (the kernel objects
