@@ -376,15 +376,16 @@ class HyperParameters:
             elif block.kind == "inducing" and Z_stack is not None and Z_stop <= end:
                 if block.index == 0:  # the latents' Z are views of one current stack
                     parts.append(ops.namespace(ref).reshape(Z_stack[1], (-1,)))
-            elif block.kind == "kernel":
-                values = np.asarray(self._distinct[block.index].get_unconstrained(), float)
-                parts.append(ops.like(ref, values))
             elif block.kind == "inducing":
                 parts.append(ops.namespace(ref).reshape(self._inducing()[block.index], (-1,)))
             else:
-                values = np.asarray(self._likelihood().get_unconstrained(), float).reshape(-1)
-                parts.append(ops.like(ref, values))
+                parts.append(ops.like(ref, self._host_entries(block)))
         return ops.namespace(ref).concat(parts) if parts else ops.zeros(ref, (0,))
+
+    def _host_entries(self, block: _Block) -> np.ndarray:
+        """A kernel or the likelihood block's entries read from its object (host float64)."""
+        owner = self._distinct[block.index] if block.kind == "kernel" else self._likelihood()
+        return np.asarray(owner.get_unconstrained(), float).reshape(-1)
 
     def _free_entries(self, full: Array) -> Array:
         """Indices of the free entries, on ``full``'s namespace and device."""
@@ -418,13 +419,8 @@ class HyperParameters:
         if mark is None or mark[0] != self.version or mark[1] is not theta:
             return False
         for block in self._blocks:  # every entry free: the blocks' places in ``theta``
-            if block.kind == "kernel":
-                values = self._distinct[block.index].get_unconstrained()
-            elif block.kind == "likelihood":
-                values = self._likelihood().get_unconstrained()
-            else:
-                continue
-            theta[block.start : block.stop] = np.asarray(values, float).reshape(-1)
+            if block.kind != "inducing":
+                theta[block.start : block.stop] = self._host_entries(block)
         return True
 
     @contextlib.contextmanager
