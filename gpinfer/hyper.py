@@ -376,15 +376,16 @@ class HyperParameters:
             elif block.kind == "inducing" and Z_stack is not None and Z_stop <= end:
                 if block.index == 0:  # the latents' Z are views of one current stack
                     parts.append(ops.namespace(ref).reshape(Z_stack[1], (-1,)))
-            elif block.kind == "kernel":
-                values = np.asarray(self._distinct[block.index].get_unconstrained(), float)
-                parts.append(ops.like(ref, values))
             elif block.kind == "inducing":
                 parts.append(ops.namespace(ref).reshape(self._inducing()[block.index], (-1,)))
             else:
-                values = np.asarray(self._likelihood().get_unconstrained(), float).reshape(-1)
-                parts.append(ops.like(ref, values))
+                parts.append(ops.like(ref, self._host_entries(block)))
         return ops.namespace(ref).concat(parts) if parts else ops.zeros(ref, (0,))
+
+    def _host_entries(self, block: _Block) -> np.ndarray:
+        """A kernel or the likelihood block's entries read from its object (host float64)."""
+        owner = self._distinct[block.index] if block.kind == "kernel" else self._likelihood()
+        return np.asarray(owner.get_unconstrained(), float).reshape(-1)
 
     def _free_entries(self, full: Array) -> Array:
         """Indices of the free entries, on ``full``'s namespace and device."""
@@ -418,13 +419,8 @@ class HyperParameters:
         if mark is None or mark[0] != self.version or mark[1] is not theta:
             return False
         for block in self._blocks:  # every entry free: the blocks' places in ``theta``
-            if block.kind == "kernel":
-                values = self._distinct[block.index].get_unconstrained()
-            elif block.kind == "likelihood":
-                values = self._likelihood().get_unconstrained()
-            else:
-                continue
-            theta[block.start : block.stop] = np.asarray(values, float).reshape(-1)
+            if block.kind != "inducing":
+                theta[block.start : block.stop] = self._host_entries(block)
         return True
 
     @contextlib.contextmanager
@@ -443,7 +439,10 @@ class HyperParameters:
 
         ``owned=True``: the caller hands ``theta`` over (it neither reads nor writes it again),
         so the inducing inputs may be views of it instead of a copy (``P`` can be millions)."""
-        given = theta
+        # a float64 host vector is used as it is (not a converted copy): ``pack(reuse=)`` may
+        # return it
+        given = theta if (isinstance(theta, np.ndarray) and theta.ndim == 1
+                          and theta.dtype == np.float64) else None
         if ops.is_numpy(theta) or not ops.is_array(theta):
             theta = np.asarray(theta, dtype=float).reshape(-1)
         xp = ops.namespace(theta)
@@ -464,7 +463,7 @@ class HyperParameters:
         self._owned = ((self.version, full) if view and kept and Z_stack is not None
                        and self._kernels_and_inducing_only else None)
         self._inducing_of = ((self.version, given) if view and Z_stack is not None
-                             and _same_entries(given, full) else None)
+                             and given is not None else None)
         # the latents' Z as views of their stack (one operation on a device)
         Z_views = None if Z_stack is None else (
             list(Z_stack) if ops.is_numpy(Z_stack) else list(Z_stack.unbind(0)))  # type: ignore[attr-defined]
@@ -527,15 +526,6 @@ class HyperParameters:
                  n_jobs: int = 1, out: Array | None = None) -> Array:
         """Shortcut for ``parameter_gradient(self, X, grads, n_jobs, out)``."""
         return parameter_gradient(self, X, grads, n_jobs, out)
-
-
-def _same_entries(given: object, full: Array) -> bool:
-    """Whether ``given`` is a numpy array whose memory is ``full [P]``'s, entry for entry (the
-    vector ``unpack`` was handed, not a converted copy of it)."""
-    return (isinstance(given, np.ndarray) and isinstance(full, np.ndarray)
-            and given.shape == full.shape and given.strides == full.strides
-            and given.dtype == full.dtype
-            and given.__array_interface__["data"][0] == full.__array_interface__["data"][0])
 
 
 def _latent_gradients(
