@@ -39,6 +39,7 @@ from gpinfer.kernels.base import Array, Kernel
 from gpinfer.kernels.combination import Sum
 from gpinfer.kernels.stationary import Stationary
 from gpinfer.kernels.white import White
+from gpinfer.kernels.workspace import Workspace
 
 
 def _parts(kernel: Kernel) -> list[Kernel]:
@@ -170,7 +171,12 @@ class StackedCovariances:
         #: every parameter in natural units ``[C, P]`` (all are logs), moved once
         self.natural = (ops.like(Z, np.exp(host)) if host is not None
                         else ops.namespace(theta).exp(theta))
-        self.d, self.Kuu, self.Kuf, self.Kff_diag = _forward(family, Z, X, self.natural)
+        #: numpy: the family's reused ``[C, M, D]`` buffers, ``Zs`` lent to this object
+        #: (``gpinfer.kernels.workspace``); a device allocates its own
+        buffers = ((family.workspace.lend(Z, self), family.workspace.scratch(Z))
+                   if ops.is_numpy(Z) else None)
+        self.d, self.Kuu, self.Kuf, self.Kff_diag = _forward(family, Z, X, self.natural,
+                                                             buffers)
 
     @staticmethod
     def _sqdist(a2: Array, b2: Array, AB: Array) -> Array:
@@ -208,11 +214,14 @@ class StackedCovariances:
 
 
 @compilable
-def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
+def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array,
+             buffers: tuple[np.ndarray, np.ndarray] | None = None
              ) -> tuple[_Distances, Array, Array, Array]:
     """``(distances, Kuu [C, M, M], Kuf [C, M, B], Kff_diag [C, B])`` of ``family`` at
     ``Z [C, M, D]``, ``X [B, D]`` with parameters ``natural [C, P]`` (device arrays only: a
-    compiled region of the step)."""
+    compiled region of the step). ``buffers``: numpy's ``[C, M, D]`` arrays that ``Zs`` (kept
+    in the distances) and the scaled inputs ``A`` are written into (``Workspace``; ``None``:
+    new arrays)."""
     st = family.stationary
     xp = ops.namespace(Z)
     C, M, D = Z.shape
@@ -231,8 +240,9 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     Xs = X - shift
     Zs: Array | None = None
     if ops.is_numpy(Z):  # A from Zs = Z - shift, kept for the VJP; |a|^2 the Gram's diagonal
-        Zs = Z - shift
-        A = Zs / ell
+        zs_out, a_out = buffers if buffers is not None else (None, None)
+        Zs = np.subtract(Z, shift, out=zs_out)
+        A = np.divide(Zs, ell, out=a_out)
         G_AA = _gram(A, A)
         a2 = ops.copy(ops.diagonal(G_AA))
     else:
@@ -549,6 +559,8 @@ class StackedKernels:
         self.noise_on_square = [i != self.stationary_index and parts[0].on_square
                                 for i, parts in enumerate(self.parts)]
         self._last: tuple[object, StackedCovariances] | None = None
+        #: numpy's reused ``[C, M, D]`` buffers of the forward
+        self.workspace = Workspace()
 
     @classmethod
     def of(cls, kernels: Sequence[Kernel]) -> StackedKernels | None:
@@ -582,7 +594,10 @@ class StackedKernels:
                 and (theta is not None if last[1].theta is None
                      else theta is None and np.array_equal(last[1].theta, self.theta()))):
             return last[1]
-        self._last = None  # released first: one set of these arrays alive, not two
+        # released first (no local reference left either): one set of these arrays alive, not
+        # two, and the workspace's buffers free for the new covariances
+        del last
+        self._last = None
         cov = StackedCovariances(self, Z, X, theta)
         self._last = None if version is None else (version, cov)
         return cov
