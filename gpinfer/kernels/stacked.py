@@ -81,7 +81,8 @@ class _Distances:
     numpy's float64 (tests/backend/test_same_model.py allows 1e-4; 5.5e-5 with divisions).
     On numpy ``A`` is ``None`` once the distances are formed and ``Zs = Z - shift``
     ``[C, M, D]`` (unscaled) is kept instead: its VJP works on ``Zs``
-    (``_host_lengthscales_and_inputs``), one array of ``[C, M, D]`` kept, not two.
+    (``_host_lengthscales_and_inputs``), one array of ``[C, M, D]`` kept, not two (a buffer
+    the family's ``Workspace`` lends to the covariances object that keeps it).
     """
 
     A: Array | None
@@ -161,6 +162,9 @@ class StackedCovariances:
     ``Kff_diag [C, B]``. Memory: a few ``[C, M, D]`` and ``[C, M, B]`` arrays and one
     ``[B, D]``, independent of the number of training points: the batch is shifted once and
     shared by every latent (no ``[C, B, D]`` array), its lengthscales enter through products.
+    On numpy the forward's two ``[C, M, D]`` arrays are the family's reused buffers
+    (``gpinfer.kernels.workspace``): the one this object keeps is never overwritten while the
+    object is referenced.
     """
 
     def __init__(self, family: StackedKernels, Z: Array, X: Array, theta: Array | None = None):
