@@ -37,6 +37,17 @@
    (the same runs as above: 163.5 / 156.3 / 164.2 ms, small pages cost TLB misses instead):
    worth it for short fits where ``/sys/kernel/mm/transparent_hugepage/defrag`` says
    ``madvise``, not for long training.
+
+   Passes over ``[C, M, D]`` cut instead (the same session, one fit alternating old and new
+   code per call, process CPU, load 5-6): the VJP's first product is
+   ``(diag(rA) - 2 G_uu) Zs`` written straight into the gradient (no pass forming ``rA Zs``):
+   27.7 -> 26.2 ms per call (medians; fits move by 2e-14 at most). The step with both cuts
+   (``--parts sep --epochs 3``, processes alternating with e0cf397, load 2.3-3.2): before
+   144.8 / 144.7 / 143.6 ms, after 149.4 / 144.0 / 143.0 ms (VJP phase 32.3-32.5 ->
+   29.3-31.2 ms): below the step's run-to-run noise. Measured and not taken:
+   the forward's cross product as ``Xs As^T`` with its transpose read by the distances' first
+   pass (no transposing pass of its own; bit-identical): 14.1 -> 11.6 ms at this size, but
+   1.2-3x slower at others (D 64 and B 200 or 1797, D 20 and B 1000, B 1000 at D 784).
 4. Operations per step on torch-CPU (float64): the aten operators one SEP step at MNIST size
    issues, counted with ``torch.profiler`` over a few steps of epoch 2 (``top-level``: operators
    not called from another aten operator, the proxy for kernel launches on a GPU; ``all``:
