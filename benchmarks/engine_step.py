@@ -23,13 +23,15 @@
    fits): forward 46.4/40.2 vs 34.2/35.3 ms, step 162.4/151.7 vs 144.9/149.9 ms; with
    ``NUMPY_MADVISE_HUGEPAGE=0`` forward 35.9/35.7 vs 35.2/34.3, step 148.5/147.6 vs
    148.7/144.3. (A line profile of a fit's first epochs sees these faults: ``Z - shift``
-   10.6 ms a call there, 1.1 ms on its own.) The forward's two ``[C, M, D]`` arrays
-   (``Zs = Z - shift``, kept for the VJP, and the scaled ``A``) live in buffers the stacked
-   family reuses (``gpinfer.kernels.workspace``; fits bit-identical): the warm-up forward
-   47.4/42.4 -> 43.1/35.5 ms, the steady state unchanged (steps alternating between reused
-   and fresh buffers within one fit: forward 34.6 vs 34.8 ms; ``--parts sep --epochs 3``,
-   processes alternating, load 5.3-7.8: without the buffers 157.4 / 152.7 / 154.6 ms, with
-   them 159.0 / 148.2 / 161.3). Fusing the shift and the division into cache-sized blocks of
+   10.6 ms a call there, 1.1 ms on its own.) Measured and not kept: the forward's two ``[C, M, D]``
+   arrays (``Zs = Z - shift``, kept for the VJP, and the scaled ``A``) in buffers the stacked
+   family reuses across steps (fits bit-identical): the warm-up forward 47.4/42.4 ->
+   43.1/35.5 ms, the steady state unchanged (steps alternating between reused and fresh
+   buffers within one fit: forward 34.6 vs 34.8 ms; ``--parts sep --epochs 3``, processes
+   alternating, load 5.3-7.8: without the buffers 157.4 / 152.7 / 154.6 ms, with them
+   159.0 / 148.2 / 161.3): a first-epoch gain only, for an ownership rule (weak references
+   to the covariances that borrow them) and two ``[C, M, D]`` buffers a fitted model would
+   keep. Fusing the shift and the division into cache-sized blocks of
    each latent's rows (both passes 4.9 ms unblocked, 4.8-5.1 in blocks of 2^14..2^18 floats,
    one fit cycling the variants, load 7) was not taken: both are bound by memory either way.
    What a user can do: ``NUMPY_MADVISE_HUGEPAGE=0`` in the environment, set before numpy is

@@ -39,7 +39,6 @@ from gpinfer.kernels.base import Array, Kernel
 from gpinfer.kernels.combination import Sum
 from gpinfer.kernels.stationary import Stationary
 from gpinfer.kernels.white import White
-from gpinfer.kernels.workspace import Workspace
 
 
 def _parts(kernel: Kernel) -> list[Kernel]:
@@ -81,8 +80,7 @@ class _Distances:
     numpy's float64 (tests/backend/test_same_model.py allows 1e-4; 5.5e-5 with divisions).
     On numpy ``A`` is ``None`` once the distances are formed and ``Zs = Z - shift``
     ``[C, M, D]`` (unscaled) is kept instead: its VJP works on ``Zs``
-    (``_host_lengthscales_and_inputs``), one array of ``[C, M, D]`` kept, not two (a buffer
-    the family's ``Workspace`` lends to the covariances object that keeps it).
+    (``_host_lengthscales_and_inputs``), one array of ``[C, M, D]`` kept, not two.
     """
 
     A: Array | None
@@ -162,9 +160,6 @@ class StackedCovariances:
     ``Kff_diag [C, B]``. Memory: a few ``[C, M, D]`` and ``[C, M, B]`` arrays and one
     ``[B, D]``, independent of the number of training points: the batch is shifted once and
     shared by every latent (no ``[C, B, D]`` array), its lengthscales enter through products.
-    On numpy the forward's two ``[C, M, D]`` arrays are the family's reused buffers
-    (``gpinfer.kernels.workspace``): the one this object keeps is never overwritten while the
-    object is referenced.
     """
 
     def __init__(self, family: StackedKernels, Z: Array, X: Array, theta: Array | None = None):
@@ -175,12 +170,7 @@ class StackedCovariances:
         #: every parameter in natural units ``[C, P]`` (all are logs), moved once
         self.natural = (ops.like(Z, np.exp(host)) if host is not None
                         else ops.namespace(theta).exp(theta))
-        #: numpy: the family's reused ``[C, M, D]`` buffers, ``Zs`` lent to this object
-        #: (``gpinfer.kernels.workspace``); a device allocates its own
-        buffers = ((family.workspace.lend(Z, self), family.workspace.scratch(Z))
-                   if ops.is_numpy(Z) else None)
-        self.d, self.Kuu, self.Kuf, self.Kff_diag = _forward(family, Z, X, self.natural,
-                                                             buffers)
+        self.d, self.Kuu, self.Kuf, self.Kff_diag = _forward(family, Z, X, self.natural)
 
     @staticmethod
     def _sqdist(a2: Array, b2: Array, AB: Array) -> Array:
@@ -218,14 +208,11 @@ class StackedCovariances:
 
 
 @compilable
-def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array,
-             buffers: tuple[np.ndarray, np.ndarray] | None = None
+def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
              ) -> tuple[_Distances, Array, Array, Array]:
     """``(distances, Kuu [C, M, M], Kuf [C, M, B], Kff_diag [C, B])`` of ``family`` at
     ``Z [C, M, D]``, ``X [B, D]`` with parameters ``natural [C, P]`` (device arrays only: a
-    compiled region of the step). ``buffers``: numpy's ``[C, M, D]`` arrays that ``Zs`` (kept
-    in the distances) and the scaled inputs ``A`` are written into (``Workspace``; ``None``:
-    new arrays)."""
+    compiled region of the step)."""
     st = family.stationary
     xp = ops.namespace(Z)
     C, M, D = Z.shape
@@ -244,9 +231,8 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array,
     Xs = X - shift
     Zs: Array | None = None
     if ops.is_numpy(Z):  # A from Zs = Z - shift, kept for the VJP; |a|^2 the Gram's diagonal
-        zs_out, a_out = buffers if buffers is not None else (None, None)
-        Zs = np.subtract(Z, shift, out=zs_out)
-        A = np.divide(Zs, ell, out=a_out)
+        Zs = Z - shift
+        A = Zs / ell
         G_AA = _gram(A, A)
         a2 = ops.copy(ops.diagonal(G_AA))
     else:
@@ -568,8 +554,6 @@ class StackedKernels:
         self.noise_on_square = [i != self.stationary_index and parts[0].on_square
                                 for i, parts in enumerate(self.parts)]
         self._last: tuple[object, StackedCovariances] | None = None
-        #: numpy's reused ``[C, M, D]`` buffers of the forward
-        self.workspace = Workspace()
 
     @classmethod
     def of(cls, kernels: Sequence[Kernel]) -> StackedKernels | None:
@@ -603,8 +587,8 @@ class StackedKernels:
                 and (theta is not None if last[1].theta is None
                      else theta is None and np.array_equal(last[1].theta, self.theta()))):
             return last[1]
-        # released first (no local reference left either): one set of these arrays alive, not
-        # two, and the workspace's buffers free for the new covariances
+        # released first (no local reference left either): one set of these arrays alive,
+        # not two
         del last
         self._last = None
         cov = StackedCovariances(self, Z, X, theta)
