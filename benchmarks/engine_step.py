@@ -7,7 +7,49 @@
    of algebra would take at the dgemm rate (FLOP model of ``../shared/peers/profile_step.py``:
    per class ``17.33 M^3 + 7 M^2 B + 3 M^2 D + 4 M B D``).
 3. Where the step's time goes: process-CPU time per step of its phases (kernel terms, site
-   update, log Z_q and matrix gradients, kernel VJPs, optimiser step, the rest).
+   update, log Z_q and matrix gradients, kernel VJPs, optimiser step, the rest; averaged over
+   all epochs, the warm-up included).
+
+   Fresh pages (s38-kalloc, 2026-12-05, one thread, process CPU, load 4.5-8). numpy asks for
+   transparent huge pages (``madvise(MADV_HUGEPAGE)``) on each allocation of 4 MiB or more,
+   and this machine runs THP with ``defrag=madvise``, so the first touch of a fresh array may
+   pay synchronous compaction and zeroing. A fresh ``[C, M, D]`` array (12.5 MB) allocated
+   while 8 others are held cost 25.9 ms in one run and 2.6 ms in the next with numpy's
+   default (it depends on the system's memory fragmentation), 3.2-3.3 ms with
+   ``NUMPY_MADVISE_HUGEPAGE=0`` (small pages, six times the faults). In the SEP step this
+   cost falls on the warm-up epoch: the heap grows to its peak there, and afterwards glibc
+   hands each freed array's memory to the next allocation, so epochs 2..E (what 2. times)
+   take 0 minor page faults per step. First 20 steps against steps 21-60 of one fit (two
+   fits): forward 46.4/40.2 vs 34.2/35.3 ms, step 162.4/151.7 vs 144.9/149.9 ms; with
+   ``NUMPY_MADVISE_HUGEPAGE=0`` forward 35.9/35.7 vs 35.2/34.3, step 148.5/147.6 vs
+   148.7/144.3. (A line profile of a fit's first epochs sees these faults: ``Z - shift``
+   10.6 ms a call there, 1.1 ms on its own.) Measured and not kept: the forward's two ``[C, M, D]``
+   arrays (``Zs = Z - shift``, kept for the VJP, and the scaled ``A``) in buffers the stacked
+   family reuses across steps (fits bit-identical): the warm-up forward 47.4/42.4 ->
+   43.1/35.5 ms, the steady state unchanged (steps alternating between reused and fresh
+   buffers within one fit: forward 34.6 vs 34.8 ms; ``--parts sep --epochs 3``, processes
+   alternating, load 5.3-7.8: without the buffers 157.4 / 152.7 / 154.6 ms, with them
+   159.0 / 148.2 / 161.3): a first-epoch gain only, for an ownership rule (weak references
+   to the covariances that borrow them) and two ``[C, M, D]`` buffers a fitted model would
+   keep. Fusing the shift and the division into cache-sized blocks of
+   each latent's rows (both passes 4.9 ms unblocked, 4.8-5.1 in blocks of 2^14..2^18 floats,
+   one fit cycling the variants, load 7) was not taken: both are bound by memory either way.
+   What a user can do: ``NUMPY_MADVISE_HUGEPAGE=0`` in the environment, set before numpy is
+   imported, takes the fault cost off the first epoch, but the steady state is no faster
+   (the same runs as above: 163.5 / 156.3 / 164.2 ms, small pages cost TLB misses instead):
+   worth it for short fits where ``/sys/kernel/mm/transparent_hugepage/defrag`` says
+   ``madvise``, not for long training.
+
+   Passes over ``[C, M, D]`` cut instead (the same session, one fit alternating old and new
+   code per call, process CPU, load 5-6): the VJP's first product is
+   ``(diag(rA) - 2 G_uu) Zs`` written straight into the gradient (no pass forming ``rA Zs``):
+   27.7 -> 26.2 ms per call (medians; fits move by 2e-14 at most). The step with both cuts
+   (``--parts sep --epochs 3``, processes alternating with e0cf397, load 2.3-3.2): before
+   144.8 / 144.7 / 143.6 ms, after 149.4 / 144.0 / 143.0 ms (VJP phase 32.3-32.5 ->
+   29.3-31.2 ms): below the step's run-to-run noise. Measured and not taken:
+   the forward's cross product as ``Xs As^T`` with its transpose read by the distances' first
+   pass (no transposing pass of its own; bit-identical): 14.1 -> 11.6 ms at this size, but
+   1.2-3x slower at others (D 64 and B 200 or 1797, D 20 and B 1000, B 1000 at D 784).
 4. Operations per step on torch-CPU (float64): the aten operators one SEP step at MNIST size
    issues, counted with ``torch.profiler`` over a few steps of epoch 2 (``top-level``: operators
    not called from another aten operator, the proxy for kernel launches on a GPU; ``all``:
