@@ -57,14 +57,23 @@ def train_test_split(
             )
         return Split(ds.X, ds.y, ds.X_test, ds.y_test)
     X, y = _pooled(ds)
-    test_index = _test_rows(y, float(test_fraction), seed, stratify and ds.task == "classification")
-    mask = np.zeros(len(y), dtype=bool)
-    mask[test_index] = True
-    train_index = np.flatnonzero(~mask)
-    test_index = np.flatnonzero(mask)
+    train_index, test_index = split_rows(y, float(test_fraction), seed,
+                                         stratify and ds.task == "classification")
     return Split(
         X[train_index], y[train_index], X[test_index], y[test_index], train_index, test_index
     )
+
+
+def split_rows(y: Array, test_fraction: float, seed: int, stratify: bool) -> tuple[Array, Array]:
+    """The row numbers ``(train [N - N*], test [N*])`` of a random split of the labels ``y [N]``
+    (each part in increasing row order), as ``train_test_split`` draws them: ``N* =
+    round(test_fraction * N)`` (at least 1, leaving at least 1), the draws seeded by ``seed``;
+    ``stratify`` (class indices ``y``) keeps the class proportions by largest remainders, from
+    class counts taken in chunks. Only ``y`` is read, so it also splits a source's rows."""
+    test_index = _test_rows(y, test_fraction, seed, stratify)
+    mask = np.zeros(len(y), dtype=bool)
+    mask[test_index] = True
+    return np.flatnonzero(~mask), np.flatnonzero(mask)
 
 
 def repeated_splits(
@@ -102,7 +111,7 @@ def _test_rows(y: Array, fraction: float, seed: int, stratify: bool) -> Array:
     rng = np.random.default_rng(seed)
     if not stratify:
         return rng.permutation(n)[:n_test]
-    classes, counts = np.unique(y, return_counts=True)
+    classes, counts = _class_counts(y)
     quota = counts * n_test / n
     take = np.floor(quota).astype(int)
     spare = n_test - take.sum()
@@ -114,6 +123,21 @@ def _test_rows(y: Array, fraction: float, seed: int, stratify: bool) -> Array:
         idx = np.flatnonzero(y == c)
         rows.append(rng.permutation(idx)[:k])
     return np.concatenate(rows)
+
+
+def _class_counts(y: Array) -> tuple[Array, Array]:
+    """The classes present in ``y [N]`` (sorted) and their counts, as ``np.unique(y,
+    return_counts=True)`` gives them; for class indices (integers in ``0..max(N, 65536)``)
+    from counts taken in chunks (``gpinfer.validation.class_counts``), without sorting all of
+    ``y``."""
+    if (y.dtype.kind not in "iu" or y.size == 0 or int(y.min()) < 0
+            or int(y.max()) > max(y.size, 1 << 16)):
+        return np.unique(y, return_counts=True)
+    from gpinfer.validation import class_counts
+
+    counts = class_counts(y, int(y.max()) + 1)
+    classes = np.flatnonzero(counts)
+    return classes.astype(y.dtype), counts[classes]
 
 
 class Standardizer:
