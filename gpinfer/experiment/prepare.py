@@ -158,6 +158,11 @@ def _load_split(s: Settings) -> tuple[Dataset | SourceDataset, Split | SourceSpl
         from gpinfer.experiment import source_data
 
         return source_data.load_split(s, fmt)
+    stray = [k for k in ("labels", "test_path", "test_labels") if d.get(k) is not None]
+    if stray:
+        raise InputError(f"dataset {s.dataset!r}: dataset.{stray[0]} applies to files read out "
+                         "of core (dataset.format=npy or parquet); an .npz, CSV or LIBSVM file "
+                         "holds its labels and test part itself")
     options = as_mapping(d.get("options"), "dataset.options")
     if "path" in d:
         if d["path"] is None:

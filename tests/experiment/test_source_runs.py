@@ -156,6 +156,9 @@ def test_bad_files_are_named(files: Path, tmp_path: Path, store_uri: str) -> Non
     with pytest.raises(InputError, match=r"hold 200 values but X has 480 rows"):
         _run(uri, tmp_path / "c", f"dataset.path='{tmp_path}/X_[ab].npy'",
              f"dataset.labels='{tmp_path}/y_a.npy'", *X_bad)
+    with pytest.raises(InputError, match=r"dataset.labels applies to files read out of core"):
+        _run(uri, tmp_path / "e", f"dataset.path='{files / 'data.npz'}'", "dataset.labels=y",
+             *X_bad)
     with pytest.raises(InputError, match=r"no label column 'y'"):
         _run(uri, tmp_path / "d", f"dataset.path='{files / 'data.parquet'}'", *X_bad)
     assert _runs(uri, "bad-files") == []
