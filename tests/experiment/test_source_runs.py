@@ -182,7 +182,7 @@ def test_more_ranks_than_shards_is_refused(files: Path) -> None:
 def test_two_ranks_refuse_one_shard_and_fit_two(files: Path, tmp_path: Path,
                                                 store_uri: str) -> None:
     """``torchrun --nproc-per-node 2`` on one .npy file: every rank raises the InputError
-    before any MLflow run; on two shards the run is rank 0's, FINISHED, with the metrics of
+    before any MLflow run (and ``GPClassifier.fit`` on it before training); on two shards the run is rank 0's, FINISHED, with the metrics of
     one process (the ranks' parts of each global batch make the union batch)."""
     pytest.importorskip("torch", reason="torch.distributed needs PyTorch")
     from gpinfer.testing.ranks import run_ranks
@@ -205,13 +205,21 @@ def test_two_ranks_refuse_one_shard_and_fit_two(files: Path, tmp_path: Path,
             refused = ""
         except InputError as exc:
             refused = str(exc)
+        from gpinfer import GPClassifier
+        try:  # the estimator's own check, on a list of one shard
+            GPClassifier(method="sep", M=8, batch_size=96, max_iter=1).fit(
+                [{str(files / 'one' / 'X.npy')!r}], np.load({str(files / 'one' / 'y.npy')!r}))
+            fit_refused = ""
+        except InputError as exc:
+            fit_refused = str(exc)
         result = run_experiment(store_cfg({uri!r}, *run, "dataset.path={two}"),
                                 output_dir={str(tmp_path)!r} + f"/two{{RANK}}")
-        save(refused=refused, status=result["status"],
+        save(refused=refused, fit_refused=fit_refused, status=result["status"],
              nll=result.get("test_nll", float("nan")))
     """, 2, tmp_path / "ranks", cwd=REPO)
     for rank in out:
         assert "torchrun started 2 ranks but X" in str(rank["refused"])
+        assert "has 1 shard(s)" in str(rank["fit_refused"])
         assert str(rank["status"]) == "FINISHED"
     runs = _runs(uri, "two-ranks")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
