@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -13,17 +14,29 @@ from gpinfer.errors import InputError
 Array = np.ndarray
 
 
+class _Rows(Protocol):
+    """Inputs with a shape ``(N, D)``: an array, or a row source read out of core."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+#: the inputs of a split: arrays (``train_test_split``), or row sources
+#: (``gpinfer.experiment.source_data.SourceSplit``)
+XT = TypeVar("XT", bound=_Rows)
+
+
 @dataclass
-class Split:
+class Split(Generic[XT]):
     """A train/test split: ``X_train [N, D]``, ``y_train [N]``, ``X_test [N*, D]``, ``y_test [N*]``.
 
     ``train_index`` / ``test_index`` give the rows of the pooled data (``X`` then ``X_test`` of
     the dataset) that went to each part; ``None`` for the dataset's standard split.
     """
 
-    X_train: Array
+    X_train: XT
     y_train: Array
-    X_test: Array
+    X_test: XT
     y_test: Array
     train_index: Array | None = None
     test_index: Array | None = None
@@ -39,7 +52,7 @@ class Split:
 
 def train_test_split(
     ds: Dataset, test_fraction: float | None = 0.1, seed: int = 0, stratify: bool = True
-) -> Split:
+) -> Split[Array]:
     """Split ``ds`` into train and test parts.
 
     * ``test_fraction=None``: the dataset's own standard split (``InputError`` if it has none).

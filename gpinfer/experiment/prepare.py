@@ -28,7 +28,6 @@ from gpinfer.experiment import results as res
 from gpinfer.experiment import tracking
 from gpinfer.experiment.redact import redact_uri
 from gpinfer.experiment.settings import Settings, as_mapping, config_to_dict, parse_settings
-from gpinfer.experiment.source_data import SourceSplit, first_rows
 from gpinfer.interfaces import Method
 from gpinfer.threads import blas_threads
 from gpinfer.training import distributed
@@ -146,7 +145,7 @@ def _check_kernel_name(name: str) -> None:
     registry.find(registry.KERNELS, name)  # UnknownNameError with the nearest names
 
 
-def _load_split(s: Settings) -> tuple[Dataset | SourceDataset, Split | SourceSplit]:
+def _load_split(s: Settings) -> tuple[Dataset | SourceDataset, Split]:
     """Load the dataset and split it with the run's seed (``InputError`` naming the problem);
     a dataset read out of core (``gpinfer.experiment.source_data``) is opened, not loaded."""
     from gpinfer.data import load_dataset, train_test_split
@@ -189,7 +188,7 @@ def _load_split(s: Settings) -> tuple[Dataset | SourceDataset, Split | SourceSpl
     return ds, split
 
 
-def _check_classes(s: Settings, split: Split | SourceSplit) -> tuple[Array, int, Array]:
+def _check_classes(s: Settings, split: Split) -> tuple[Array, int, Array]:
     """Classes of the training part ``[C]``, ``C`` and the test labels as class indices."""
     classes = np.unique(split.y_train)
     n_classes = int(classes.size)
@@ -254,7 +253,7 @@ class _Targets:
     y_test: Array
 
 
-def _targets(s: Settings, split: Split | SourceSplit, task: str, backend: Backend
+def _targets(s: Settings, split: Split, task: str, backend: Backend
              ) -> _Targets:
     """The task's targets of ``split`` (``InputError`` for an empty test part, classes the
     training part lacks, non-finite regression targets, a regression off numpy)."""
@@ -274,14 +273,14 @@ def _targets(s: Settings, split: Split | SourceSplit, task: str, backend: Backen
     return targets
 
 
-def _standardise(s: Settings, ds: Dataset | SourceDataset, split: Split | SourceSplit,
+def _standardise(s: Settings, ds: Dataset | SourceDataset, split: Split,
                  y_train: Array) -> tuple[Any, Any, Array, Standardizer | None, float, float]:
     """``(X_train, X_test, y_train, standardizer, y_shift, y_scale)``: the inputs standardised
     on the training part (``dataset.standardize``, default true), and a regression's targets
     too (``(y - shift) / scale``); unchanged (None, 0, 1) otherwise. A dataset read out of
     core is checked in chunks and standardised per block (``source_data.standardise``)."""
     from gpinfer.data import Standardizer
-    from gpinfer.experiment.source_data import standardise
+    from gpinfer.experiment.source_data import SourceSplit, standardise
 
     if isinstance(split, SourceSplit):
         X_train, X_test, scaler = standardise(cast("SourceDataset", ds), split,
@@ -325,7 +324,7 @@ def _check_problem(s: Settings, method_cls: type[Method], options: Mapping[str, 
     return None if inducing is None else int(inducing)
 
 
-def _check_streaming(s: Settings, method_cls: type[Method], split: SourceSplit) -> None:
+def _check_streaming(s: Settings, method_cls: type[Method], split: Split) -> None:
     """A dataset read out of core needs a method that trains from it in mini-batches
     (``gpinfer.out_of_core.check_out_of_core``: the ``InputError`` names those methods) and,
     in a process group, at least one shard per rank (``check_group_shards``)."""
@@ -355,6 +354,8 @@ def prepare(
     if main:
         out_dir = res.check_output_dir(out_dir)
     logger = _open_store(s, conf) if main else None
+    from gpinfer.experiment.source_data import SourceSplit, first_rows
+
     ds, split = _load_split(s)
     if isinstance(split, SourceSplit):  # out of core: the method streams, before any row is read
         _check_streaming(s, method_cls, split)

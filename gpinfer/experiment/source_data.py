@@ -16,11 +16,11 @@ standardisation of the training part; ``X`` is never held in memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpinfer.data.splits import Split
 from gpinfer.errors import InputError
 
 if TYPE_CHECKING:
@@ -35,26 +35,10 @@ Array = np.ndarray
 _IN_MEMORY_ONLY = ("features", "keep_classes", "n_max")
 
 
-@dataclass
-class SourceSplit:
-    """The parts of a dataset read out of core: ``X_train`` (``N`` rows) with the class indices
-    ``y_train [N]``, ``X_test`` (``N*`` rows) with ``y_test [N*]``, and the file's row numbers
-    of each part (``None``: the file's own parts)."""
-
-    X_train: RowSource
-    y_train: Array
-    X_test: RowSource
-    y_test: Array
-    train_index: Array | None = None
-    test_index: Array | None = None
-
-    @property
-    def n_train(self) -> int:
-        return int(self.X_train.n_rows)
-
-    @property
-    def n_test(self) -> int:
-        return int(self.X_test.n_rows)
+class SourceSplit(Split["RowSource"]):
+    """The parts of a dataset read out of core: ``X_train`` (``N`` rows of the file) with the
+    class indices ``y_train [N]``, ``X_test`` (``N*`` rows) with ``y_test [N*]``, and the file's
+    row numbers of each part (``None``: the file's own parts)."""
 
 
 def load_split(s: Settings, fmt: str) -> tuple[SourceDataset, SourceSplit]:
