@@ -503,17 +503,27 @@ def shared_terms(one: StackedTerms, C: int) -> SharedTerms:
                        L_inv=None if one.L_inv is None else wide(one.L_inv), one=one)
 
 
-def rebased(one: StackedTerms, terms: SharedTerms) -> StackedTerms:
-    """Terms whose factor is ``T = L^-1 L'`` ``[C, M, M]`` (lower triangular, broadcast), for
-    ``one``'s factor ``L`` and ``terms``' ``L'`` (both ``[1, M, M]``): their ``to_whitened``
-    maps sums whitened by ``L`` to the same sums whitened by ``L'``
-    (``L'^T Lam L' = T^T (L^T Lam L) T``); ``A``, ``s`` are ``terms``'."""
-    assert terms.one is not None  # SharedTerms from ``shared_terms``
-    L_new = terms.one.L
-    T = (ops.tri_matmul(one.L_inv, L_new) if one.L_inv is not None
-         else tri_solve_stack(one.L, L_new))
-    xp = ops.namespace(T)
-    return StackedTerms(L=xp.broadcast_to(T, terms.L.shape), A=terms.A, s=terms.s)
+def rebased(old: StackedTerms, new: StackedTerms) -> StackedTerms:
+    """Terms whose factor is ``T = L^-1 L'`` ``[C, M, M]`` (lower triangular) for ``old``'s
+    factor ``L`` and ``new``'s ``L'``: their ``to_whitened`` maps sums whitened by ``L`` to
+    the same sums whitened by ``L'`` (``L'^T Lam L' = T^T (L^T Lam L) T``: three triangular
+    products per class, ``T`` and ``T^T P_w T``, where ``Lam = L^-T P_w L^-1`` and back take
+    four); ``A``, ``s`` are ``new``'s. ``SharedTerms`` (both): ``T`` of the one latent's
+    factors, broadcast over the classes. On numpy ``T`` is one ``trmm`` with ``old``'s
+    ``L_inv``; without it (a device) one triangular solve."""
+    if isinstance(old, SharedTerms) and isinstance(new, SharedTerms):
+        assert old.one is not None and new.one is not None  # from ``shared_terms``
+        T = _factor_ratio(old.one, new.one.L)
+        xp = ops.namespace(T)
+        return StackedTerms(L=xp.broadcast_to(T, new.L.shape), A=new.A, s=new.s)
+    return StackedTerms(L=_factor_ratio(old, new.L), A=new.A, s=new.s)
+
+
+def _factor_ratio(old: StackedTerms, L_new: Array) -> Array:
+    """``L^-1 L'`` ``[..., M, M]`` for ``old``'s factor ``L`` and ``L_new = L'``."""
+    if old.L_inv is not None:
+        return ops.tri_matmul(old.L_inv, L_new)
+    return tri_solve_stack(old.L, L_new)
 
 
 def shared_site_products(A: Array, tau: Array) -> Array:

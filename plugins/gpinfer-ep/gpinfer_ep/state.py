@@ -265,8 +265,8 @@ class RankOneSites(_SiteSums):
 
 class _USpaceSum:
     """A ``TiedSites`` attribute in ``u``-space (``Lam`` or ``h``), stored as ``_Lam``/``_h``:
-    read, it is first formed from the whitened sums a shared update left (``_to_u_space``);
-    set, those sums are dropped."""
+    read, it is first formed from the whitened sums an update left (``_to_u_space``); set,
+    those sums are dropped."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.stored = "_" + name
@@ -290,9 +290,13 @@ class TiedSites(_SiteSums):
     positions and ``n_factors`` explicitly.
 
     The algebra is class-batched (``gpinfer.sites.stacked``): ``terms`` may be a
-    ``StackedTerms`` or a list of per-class ``ClassTerms`` (stacked on entry). The whitened site
-    sums ``L^T Lam L`` are formed once per set of terms: an update leaves the new ones for the
-    ``evaluate`` (or further sweeps) that follow on the same terms.
+    ``StackedTerms`` or a list of per-class ``ClassTerms`` (stacked on entry). The sums are kept
+    whitened: an update leaves its new ``L^T Lam L``, ``L^T h`` with the terms they are
+    whitened on (``_based``) for the ``evaluate`` (or further sweeps) that follow on the same
+    terms, and the next step's moves them to its own factor ``L'`` by ``T = L^-1 L'``
+    (``rebased``: three triangular products per class, where ``Lam = L^-T P_w L^-1`` and back
+    take four); ``Lam``, ``h`` are formed only when read (snapshots, the posterior) and set by
+    ``restore``.
     """
 
     def __init__(self, y: Array, C: int, M: int, n_factors: Array | None = None,
@@ -301,9 +305,7 @@ class TiedSites(_SiteSums):
         self.y = y
         self.n_factors = factor_counts(y, C) if n_factors is None else np.asarray(n_factors, float)
         #: one kernel and one ``Z`` for every class (sep's ``shared_inducing``): ``terms_at``
-        #: takes them (``kernels``, ``Zs`` of one latent) and returns ``SharedTerms``, and an
-        #: update leaves its whitened sums (``_based``) for the next step's to move to its own
-        #: factor (``rebased``), forming ``Lam``, ``h`` only when they are read
+        #: takes them (``kernels``, ``Zs`` of one latent) and returns ``SharedTerms``
         self.shared = False
         #: ``(idx, y, labels)``: the last batch's labels on the backend (``_labels``)
         self._batch: tuple[Array, Array, _BatchLabels] | None = None
@@ -312,8 +314,9 @@ class TiedSites(_SiteSums):
         #: (``_group_sums``)
         self.group: Group | None = None
 
-    # -- the u-space sums, formed on first read after a shared update --------------------------
-    #: ``(one, P_w, h_w)``: a shared update's whitened sums and the terms they are whitened on
+    # -- the u-space sums, formed on first read after an update -----------------------------
+    #: ``(terms, P_w [C, M, M], h_w [C, M])``: an update's whitened sums and the terms they are
+    #: whitened on (never written in place: a snapshot may hold them)
     _based: tuple[StackedTerms, Array, Array] | None
     _Lam: Array
     _h: Array
@@ -325,24 +328,24 @@ class TiedSites(_SiteSums):
     h = _USpaceSum()
 
     def _to_u_space(self) -> None:
-        """``Lam``, ``h`` from the whitened sums a shared update left (kept: the next step
-        still moves those)."""
+        """``Lam``, ``h`` from the whitened sums an update left (kept: the next step still
+        moves those)."""
         if self._u_stale and self._based is not None:
-            one, P_w, h_w = self._based
-            self._Lam, self._h = shared_terms(one, P_w.shape[0]).to_u_space(P_w, h_w)
+            based, P_w, h_w = self._based
+            self._Lam, self._h = based.to_u_space(P_w, h_w)
             self._u_stale = False
 
     def _whitened_sums(self, terms: StackedTerms) -> tuple[Array, Array]:
-        """As ``_SiteSums._whitened_sums``; after a shared update, its whitened sums moved
-        from its factor ``L`` to ``terms``' ``L'`` by ``T = L^-1 L'`` (``rebased``: two
-        triangular products per class, where ``Lam`` and back would take four)."""
+        """As ``_SiteSums._whitened_sums``; after an update, its whitened sums moved from its
+        factor ``L`` to ``terms``' ``L'`` by ``T = L^-1 L'`` (``rebased``)."""
         if self._whitened is not None and self._whitened[0] is terms:
             return self._whitened[1], self._whitened[2]
-        if self._based is not None and isinstance(terms, SharedTerms) and terms.one is not None:
-            one, P_w, h_w = self._based
+        if self._based is not None and (isinstance(terms, SharedTerms)
+                                        == isinstance(self._based[0], SharedTerms)):
+            based, P_w, h_w = self._based
             # not symmetrised: the update's Cholesky reads one triangle and its new sums are
             # symmetrised (``_tied_sums``)
-            P_w, h_w = rebased(one, terms).to_whitened(P_w, h_w, symmetric=False)
+            P_w, h_w = rebased(based, terms).to_whitened(P_w, h_w, symmetric=False)
             self._whitened = (terms, P_w, h_w)
             return P_w, h_w
         return super()._whitened_sums(terms)
@@ -408,15 +411,10 @@ class TiedSites(_SiteSums):
         if self.group is not None:
             P_w, h_next, change = _group_sums(self.group, terms, P_w, h_w,
                                               self._cavity_scales(P_w), labels, rho, iteration)
-            self.Lam, self.h = terms.to_u_space(P_w, h_next)
-        elif isinstance(terms, SharedTerms) and terms.one is not None:  # Lam, h when read
+        else:
             P_w, h_next, change = _tied_sums(
                 terms, P_w, h_w, self._cavity_scales(P_w), labels, rho, iteration)
-            self._based, self._u_stale = (terms.one, P_w, h_next), True
-        else:
-            P_w, h_next, change, Lam, h = _tied_update(
-                terms, P_w, h_w, self._cavity_scales(P_w), labels, rho, iteration)
-            self.Lam, self.h = Lam, h
+        self._based, self._u_stale = (terms, P_w, h_next), True  # Lam, h when read
         self._whitened = (terms, P_w, h_next)
         return change
 
@@ -430,17 +428,6 @@ class TiedSites(_SiteSums):
         P_w, h_w = self._whitened_sums(terms)
         return _tied_evaluate(terms, P_w, h_w, self._cavity_scales(P_w, paired=True), labels,
                               scale, iteration)
-
-
-@compilable
-def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
-                 labels: _BatchLabels, rho: float, iteration: int | None
-                 ) -> tuple[Array, Array, Array, Array, Array]:
-    """``TiedSites.update`` on device arrays (a compiled region of the step): from the
-    whitened sums ``P_w [C, M, M]``, ``h_w [C, M]`` and the cavity fractions (``Scales`` of
-    ``[C]``), the new ``(P_w, h_w, change [], Lam [C, M, M], h [C, M])``."""
-    P_w, h_next, change = _tied_sums(terms, P_w, h_w, fraction, labels, rho, iteration)
-    return (P_w, h_next, change, *terms.to_u_space(P_w, h_next))
 
 
 def _batch_sites(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
@@ -472,7 +459,9 @@ def _batch_sites(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
 def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
                labels: _BatchLabels, rho: float, iteration: int | None
                ) -> tuple[Array, Array, Array]:
-    """``_tied_update`` up to the new whitened sums: ``(P_w, h_w, change [])``."""
+    """``TiedSites.update`` on device arrays (a compiled region of the step): from the
+    whitened sums ``P_w [C, M, M]``, ``h_w [C, M]`` and the cavity fractions (``Scales`` of
+    ``[C]``), the new whitened sums and the change: ``(P_w, h_w, change [])``."""
     tau, nu = _batch_sites(terms, P_w, h_w, fraction, labels, iteration)
     counts, n_factors = labels.counts, labels.n_factors
     one = terms.one if isinstance(terms, SharedTerms) else None
