@@ -359,12 +359,23 @@ class TiedSites(_SiteSums):
         return shared_terms(terms, self.n_factors.shape[0]) if self.shared else terms
 
     def snapshot(self) -> object:
+        """The sites' state: after an update, ``{"whitened": (terms, P_w, h_w)}``, the kept
+        whitened sums themselves (never written in place: held without a copy, and no
+        ``u``-space round trip, where the training loop on a device snapshots every step);
+        else copies ``{"Lam", "h"}``."""
+        if self._based is not None:
+            return {"whitened": self._based}
         return {"Lam": ops.copy(self.Lam), "h": ops.copy(self.h)}
 
     def restore(self, snap: object) -> None:
+        """The state of ``snapshot`` (or of ``{"Lam", "h"}`` ``u``-space sums given, e.g.
+        ``refine``'s start)."""
         if not isinstance(snap, dict):
             raise TypeError(f"not a snapshot of TiedSites: {type(snap).__name__}")
-        self.Lam, self.h = ops.copy(snap["Lam"]), ops.copy(snap["h"])
+        if "whitened" in snap:
+            self._based, self._u_stale = snap["whitened"], True
+        else:
+            self.Lam, self.h = ops.copy(snap["Lam"]), ops.copy(snap["h"])
         self._whitened = None
 
     def _cavity_scales(self, ref: Array, paired: bool = False) -> Scales:

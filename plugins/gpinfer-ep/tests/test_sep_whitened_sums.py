@@ -3,7 +3,8 @@ its terms and the next step moves them to its own factor ``L'`` by ``T = L^-1 L'
 (``gpinfer.sites.stacked.rebased``), forming ``Lam``, ``h`` only when read. With the kernels
 and ``Z`` moving between steps this gives what the round trip through ``u``-space gives (the
 sums formed after every update and whitened again on the next terms), per class and with one
-kernel and ``Z`` shared, on numpy and torch; snapshots and restore see the same sums."""
+kernel and ``Z`` shared, on numpy and torch; a snapshot (the kept sums themselves, no copy)
+restores the same sums, also after steps from it."""
 
 from __future__ import annotations
 
@@ -67,11 +68,20 @@ def test_kept_whitened_sums_equal_the_u_space_round_trip(backend_name, shared):
         for name in ("Kuu", "Kuf", "Kff_diag"):
             _close(getattr(g_k, name), getattr(g_t, name), 1e-10)
         previous = _host(kept._whitened_sums(terms)[0])
-        if step == 2:
-            snap, expected = kept.snapshot(), (_host(trip.Lam), _host(trip.h))
+        if step == 2:  # kept: the whitened sums (no copy); trip: u-space copies
+            snaps = kept.snapshot(), trip.snapshot()
+            expected = _host(trip.Lam), _host(trip.h)
     assert kept._based is not None and kept._u_stale  # nothing read the u-space sums
     _close(kept.Lam, trip.Lam)
     _close(kept.h, trip.h)
-    kept.restore(snap)
+    kept.restore(snaps[0])
+    trip.restore(snaps[1])
+    # a step from the restored state (its sums moved on from the snapshot's factor)
+    hp.unpack(ops.like(hp.pack(), theta + 0.05 * rng.standard_normal(theta.size)))
+    idx = np.arange(N)
+    terms, trip_terms = (s.terms_at(hp.kernels, hp.Z, Xt) for s in (kept, trip))
+    _close(kept.update(terms, idx, 0.5), trip.update(trip_terms, idx, 0.5))
+    _close(kept.evaluate(terms, idx)[0], trip.evaluate(trip_terms, idx)[0])
+    kept.restore(snaps[0])  # a snapshot restores again (it was not moved by the step)
     _close(kept.Lam, expected[0])
     _close(kept.h, expected[1])
