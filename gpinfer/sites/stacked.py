@@ -250,6 +250,22 @@ def scales(ref: Array, values: tuple[float, ...], lead: tuple[int, ...]) -> Scal
     return Scales(ops.constant(ref, values, (*lead, 1, 1)), ops.constant(ref, values, (*lead, 1)))
 
 
+def finite_sums(P_w: Array, h_w: Array, iteration: int | None = None) -> None:
+    """``NumericalError`` (quantity ``"B"``, ``site_cholesky``'s) unless the whitened sums
+    ``P_w [C, M, M]``, ``h_w [C, M]`` are finite: one check for every ``StackedGaussians`` of
+    them (``B = I + a P_w`` is finite for a finite ``a`` in ``[0, 1]`` when ``P_w`` is)."""
+    if not ops.all_finite(P_w, h_w):
+        raise NumericalError("site sums are not finite", iteration=iteration, quantity="B")
+
+
+def _unchecked_cholesky(Bm: Array, h_w: Array, iteration: int | None) -> Array:
+    """``site_cholesky`` of numpy ``Bm [C, M, M]`` whose sums the caller checked finite
+    (``finite_sums``): one stacked factorisation, no second check (a failed one goes through
+    ``site_cholesky`` for its error)."""
+    LB, failed = ops.cholesky(Bm)
+    return site_cholesky(Bm, h_w, iteration) if np.any(failed) else LB
+
+
 class StackedGaussians:
     """``q_c(u) = N(L w_c, L B_c^-1 L^T)`` for every class, ``B_c = I + a_c P_w[c]``.
 
@@ -259,11 +275,14 @@ class StackedGaussians:
     positive definite. ``inverse``: ``B^-1`` formed at once (numpy ``potri``) and the means
     ``w = B^-1 (a h_w)`` one product with it, for a caller that reads ``B_inv`` anyway (where
     the two triangular solves per class of ``B_inv_vec`` would cost more; equal to
-    round-off). ``means=False``: the factors only, ``w`` left to the caller.
+    round-off). ``means=False``: the factors only, ``w`` left to the caller. ``finite``: the
+    caller checked ``P_w`` and ``h_w`` finite (``finite_sums``: one check for every Gaussian of
+    the same sums); numpy then factorises ``B`` without a second check.
     """
 
     def __init__(self, P_w: Array, h_w: Array, scale: Array | Scales | None = None, *,
-                 iteration: int | None = None, inverse: bool = False, means: bool = True):
+                 iteration: int | None = None, inverse: bool = False, means: bool = True,
+                 finite: bool = False):
         self._make_h_w: Callable[[], Array] | None = None  # a view's (``_view``)
         self._B_inv_sum: Array | None = None
         if scale is None:  # a = 1: no product
@@ -278,7 +297,8 @@ class StackedGaussians:
                 a_matrix, a_vector = ops.namespace(a).reshape(a, (-1, 1, 1)), a[:, None]
             Bm = ops.scaled_plus_diagonal(a_matrix, P_w, 1.0)
             self._h_w = a_vector * h_w
-        self.LB = site_cholesky(Bm, h_w, iteration)
+        self.LB = (_unchecked_cholesky(Bm, h_w, iteration) if finite and ops.is_numpy(Bm)
+                   else site_cholesky(Bm, h_w, iteration))
         self._LB_T: Array | None = None  # formed on first use (``B_inv_vec``'s solve)
         self._B_inv: Array | None = None
         self.w: Array
@@ -305,10 +325,11 @@ class StackedGaussians:
         and one log-norm ratio, and the two are views of it; on numpy two
         ``StackedGaussians`` as before (``inverse``: both with it, see the class).
         """
-        if ops.is_numpy(P_w):
-            q = cls(P_w, h_w, iteration=iteration, inverse=inverse)
+        if ops.is_numpy(P_w):  # one finiteness check for both
+            finite_sums(P_w, h_w, iteration)
+            q = cls(P_w, h_w, iteration=iteration, inverse=inverse, finite=True)
             cav = cls(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]), iteration=iteration,
-                      inverse=inverse)
+                      inverse=inverse, finite=True)
             return q, cav, np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
         both = cls(P_w, h_w, pair, iteration=iteration, inverse=True)
         (LB_q, LB_cav), (w_q, w_cav) = ops.unbind(both.LB), ops.unbind(both.w)
@@ -574,9 +595,10 @@ def shared_paired(P_w: Array, h_w: Array, pair: Scales, A: Array,
     if not ops.is_numpy(P_w):
         q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration, inverse=True)
         return q, cav, lnr, shared_project(cav, A)
-    q = StackedGaussians(P_w, h_w, iteration=iteration, means=False)
+    finite_sums(P_w, h_w, iteration)  # one finiteness check for both
+    q = StackedGaussians(P_w, h_w, iteration=iteration, means=False, finite=True)
     cav = StackedGaussians(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]),
-                           iteration=iteration, means=False)
+                           iteration=iteration, means=False, finite=True)
     q.w, _, q._B_inv_sum, q_failed = ops.cho_inverse_terms(q.LB, q.h_w, summed=True)
     cav.w, BiA, _, cav_failed = ops.cho_inverse_terms(cav.LB, cav.h_w, A)
     if q_failed or cav_failed or BiA is None:

@@ -85,3 +85,31 @@ def test_kept_whitened_sums_equal_the_u_space_round_trip(backend_name, shared):
     kept.restore(snaps[0])  # a snapshot restores again (it was not moved by the step)
     _close(kept.Lam, expected[0])
     _close(kept.h, expected[1])
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["per-class", "shared"])
+@pytest.mark.parametrize(("poison", "message"), [
+    ("nan_P", "site sums are not finite"), ("inf_h", "site sums are not finite"),
+    ("indefinite", "not positive definite")])
+def test_the_evaluation_checks_its_sums_once_and_names_the_problem(shared, poison, message):
+    """numpy: q and the cavity come from one ``P_w``, checked finite once (``finite_sums``)
+    and factorised unchecked; a non-finite ``P_w`` or ``h_w`` and an indefinite ``B`` still
+    raise ``NumericalError`` (quantity ``"B"``) naming the problem."""
+    from gpinfer.errors import NumericalError
+
+    backend = resolve_backend("numpy")
+    Xt, (state, _), hp = _states(backend, shared)
+    idx = np.arange(N)
+    terms = state.terms_at(hp.kernels, hp.Z, Xt)
+    state.update(terms, idx, 0.5)
+    P_w, h_w = (np.array(a) for a in state._whitened_sums(terms))
+    if poison == "nan_P":
+        P_w[1, 2, 0] = np.nan
+    elif poison == "inf_h":
+        h_w[2, 1] = np.inf
+    else:
+        P_w[1] -= 5.0 * np.eye(M) + 3.0 * np.abs(P_w[1]).max() * np.eye(M)
+    state._whitened = (terms, P_w, h_w)
+    with pytest.raises(NumericalError, match=message) as err:
+        state.evaluate(terms, idx)
+    assert err.value.quantity == "B"
