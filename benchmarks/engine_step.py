@@ -514,7 +514,7 @@ def digits_shared_phases(epochs: int) -> dict[str, object]:
     X, y = _digits_train()
     phases = {"kernel terms (Kuu, Kuf, chol, A)": (SparseSites, "prepare"),
               "site update": (SparseSites, "update"),
-              "  its cavity moments (chol, trsm)": (state, "shared_cavity_moments"),
+              "  its cavity moments (chol, trsm)": (state, "cavity_moments"),
               "  its tilted slopes (argmax factors)": (state, "pair_slopes"),
               "  its site products A diag(tau_c) A^T": (state, "shared_site_products"),
               "  its rebase of the sums (T = L^-1 L')": (state.TiedSites, "_whitened_sums"),

@@ -435,6 +435,25 @@ class StackedGaussians:
         return (L @ self.w[..., None])[..., 0], transpose(T) @ T
 
 
+def cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,
+                   iteration: int | None = None) -> tuple[Array, Array]:
+    """``(mu [n, C], v [n, C])``: the means and variances along the whitened directions
+    ``A [C, M, n]`` (or ``[M, n]`` shared by every class) of the ``C`` Gaussians
+    ``StackedGaussians(P_w, h_w, scale)`` (``P_w [C, M, M]``, ``h_w [C, M]``;
+    ``NumericalError`` as there), as ``project`` (``means_by_point``, ``variances_by_point``;
+    equal to round-off), with ``R = L_B^-1 A``, ``z = L_B^-1 a h_w``: ``mu = R^T z``,
+    ``v = colsum(R * R)``, where ``project`` needs ``w = B^-1 a h_w`` (one more solve per
+    class) and ``mu = A^T w``. (The site update's cavity: it reads no ``w`` and no ``B^-1``.)"""
+    xp = ops.namespace(A)
+    C, M, n = P_w.shape[0], A.shape[-2], A.shape[-1]
+    g = StackedGaussians(P_w, h_w, scale, iteration=iteration, means=False)  # L_B, a h_w
+    R = tri_solve_stack(g.LB, A if A.ndim == 3 else xp.broadcast_to(A, (C, M, n)))
+    z = tri_solve_stack(g.LB, g.h_w[..., None])[..., 0]
+    on_device = not ops.is_numpy(A)
+    by_point = StackedGaussians._by_point
+    return (by_point("cmn,cm", R, z, True, on_device), by_point("cmn,cmn", R, R, True, on_device))
+
+
 @compilable
 def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: StackedGaussians,
                              R: Array, a_sum: Array, b_sum: Array, e_sum: Array | None = None,
@@ -605,25 +624,6 @@ def shared_paired(P_w: Array, h_w: Array, pair: Scales, A: Array,
         raise NumericalError("singular Cholesky factor", iteration=iteration, quantity="B")
     lnr = np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
     return q, cav, lnr, _shared_moments(A, cav.w, BiA)
-
-
-def shared_cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,
-                          iteration: int | None = None) -> tuple[Array, Array]:
-    """``(mu [n, C], v [n, C])``: the means and variances along the whitened directions
-    ``A [M, n]`` shared by every class of the ``C`` Gaussians ``StackedGaussians(P_w, h_w,
-    scale)`` (``P_w [C, M, M]``, ``h_w [C, M]``; ``NumericalError`` as there), as ``project``
-    of ``A`` broadcast (``means_by_point``, ``variances_by_point``; equal to round-off), with
-    ``R = L_B^-1 A``, ``z = L_B^-1 a h_w``: ``mu = R^T z``, ``v = colsum(R * R)``, where
-    ``project`` needs ``w = B^-1 a h_w`` (one more solve) and ``mu = A^T w``. (The site
-    update's cavity: it reads no ``w`` and no ``B^-1``.)"""
-    xp = ops.namespace(A)
-    C, M, n = P_w.shape[0], A.shape[0], A.shape[-1]
-    g = StackedGaussians(P_w, h_w, scale, iteration=iteration, means=False)  # L_B, a h_w
-    R = tri_solve_stack(g.LB, xp.broadcast_to(A, (C, M, n)))
-    z = tri_solve_stack(g.LB, g.h_w[..., None])[..., 0]
-    on_device = not ops.is_numpy(A)
-    by_point = StackedGaussians._by_point
-    return (by_point("cmn,cm", R, z, True, on_device), by_point("cmn,cmn", R, R, True, on_device))
 
 
 @compilable

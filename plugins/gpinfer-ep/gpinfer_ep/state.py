@@ -57,9 +57,9 @@ from gpinfer.sites.stacked import (
     StackedGaussians,
     StackedTerms,
     as_stacked,
+    cavity_moments,
     rebased,
     scales,
-    shared_cavity_moments,
     shared_matrix_gradients,
     shared_paired,
     shared_site_products,
@@ -448,11 +448,9 @@ def _batch_sites(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     deferred in the caller's context)."""
     _, mask, _, _, y_col = labels
     one = terms.one if isinstance(terms, SharedTerms) else None
-    if one is not None:  # the shared A: one solve per class for both moments
-        a, v = shared_cavity_moments(P_w, h_w, fraction, one.A[0], iteration)  # [n, C]
-    else:
-        cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
-        a, v, _ = cav.project(terms.A, means_by_point=True, variances_by_point=True)  # [n, C]
+    # R = L_B^-1 A and z = L_B^-1 a h_w: no means w = B^-1 a h_w (the shared A: broadcast)
+    a, v = cavity_moments(P_w, h_w, fraction, terms.A if one is None else one.A[0],
+                          iteration)  # [n, C]
     vs = v + terms.s.T  # b = v + s for every role; the winners' is its gather (the same sums)
     a_y, v_y = at_label(a, y_col), at_label(v, y_col)
     t = pair_slopes(a_y, at_label(vs, y_col), a, vs, mask)
