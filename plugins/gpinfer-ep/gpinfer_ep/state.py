@@ -476,13 +476,13 @@ def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     one = terms.one if isinstance(terms, SharedTerms) else None
     keep = 1.0 - rho * counts / n_factors
     A = terms.A
-    kept = ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w
-    if one is not None:  # one product each for all, rho in the sites ([n, C]), added in place
-        kept += shared_site_products(one.A[0], rho * tau)
+    kept = ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w  # P_w stays (kept, snapshots)
+    rho_tau = tau if rho == 1.0 else rho * tau  # rho in the sites ([n, C]; 1: exact as it is)
+    if one is not None:  # one product each for all, added in place
+        kept += shared_site_products(one.A[0], rho_tau)
         h_new = ops.mT(one.A[0] @ nu)
-    else:
-        P_new = ops.scale_columns(A, tau.T) @ terms.A_T
-        kept = kept + rho * P_new
+    else:  # kept += A diag(rho tau) A^T in place (numpy: one gemm per class with beta = 1)
+        ops.matmul_add_(kept, ops.scale_columns(A, ops.mT(rho_tau)), terms.A_T, 1.0)
         h_new = ops.einsum("cmn,nc->cm", A, nu)
     P_w = symmetrize(kept)
     h_next = keep[:, None] * h_w + rho * h_new
