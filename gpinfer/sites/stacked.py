@@ -463,7 +463,8 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
 
     ``q``: the posteriors; ``lik``: the Gaussians held fixed in the likelihood term (EP: ``q``;
     SEP: the shared cavities) with ``R = L_B^-1 A [C, M, n]`` from ``lik.project`` (with
-    ``inverse_applied``: ``B_g^-1 A`` itself, ``lik.project(..., by_inverse=True)``); ``a_sum``,
+    ``inverse_applied``: ``B_g^-1 A`` itself, ``lik.project(..., by_inverse=True)``, which
+    numpy then consumes: written in place); ``a_sum``,
     ``b_sum``, ``e_sum`` ``[C, n]``: per-point sums, already multiplied by any mini-batch scale
     (``e_sum=None``: SEP's ``E = 2 B``). Returns the classes' gradients as stacks
     (``StackedMatrixGradients``: ``Kuu [C, M, M]``, ``Kuf [C, M, n]``, ``Kff_diag [C, n]``, also
@@ -477,31 +478,59 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     """
     A = terms.A
     AB = ops.scale_columns(A, b_sum)  # A diag(B), [C, M, n]
-    BiA = R if inverse_applied else tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)
-    # the sums below run in place, in the order of the formulas (the same arithmetic); the
-    # outer and column-scaled products are one operator each on a device (ops.outer, ...).
-    # SEP's E = 2 B enters as an exact factor 2 of the products with diag(B) (the same
-    # values as forming 2 B first: scaling by 2 commutes with every rounding)
-    X = ops.outer(lik.w, a_sum)
-    if e_sum is None:
-        T = ops.scale_columns(BiA, b_sum)
-        ops.add_scaled_(X, T, 2.0, scratch=T)  # X += B_g^-1 A diag(2 B)
+    if ops.is_numpy(A):
+        X, cross = _numpy_cross(A, AB, lik.w, R, a_sum, b_sum, e_sum, inverse_applied, lik)
+        # inner on the product's own array (read no more): -2 cross + B^-1 + w w^T (a rank-one
+        # gemm, no outer product formed), less the prior, halved: no [C, M, M] temporaries
+        inner = ops.scale_add_(cross, -2.0, q.B_inv())
+        ops.matmul_add_(inner, q.w[..., :, None], q.w[..., None, :], 1.0)
+        ops.add_diagonal(inner, -1.0)  # the prior term
+        inner *= 0.5
     else:
-        T = ops.scale_columns(BiA, e_sum)
-        X += T
-    # sym(A X^T) - S_B = sym(A Y^T), Y = X + AB: one product (G_K is symmetrised)
-    X -= AB
-    cross = A @ ops.mT(X) if ops.is_numpy(A) else ops.einsum("cmn,ckn->cmk", A, X)
-    X -= AB
-    del T
-    inner = ops.outer(q.w, q.w)
-    inner += q.B_inv()  # B^-1 + w w^T (q keeps its B^-1)
-    ops.add_diagonal(inner, -1.0)  # the prior term
-    inner *= 0.5
-    inner -= cross
+        BiA = R if inverse_applied else tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)
+        # the sums below run in place, in the order of the formulas; the outer and
+        # column-scaled products are one operator each on a device (ops.outer, ...). SEP's
+        # E = 2 B enters as an exact factor 2 of the products with diag(B) (the same values as
+        # forming 2 B first: scaling by 2 commutes with every rounding)
+        X = ops.outer(lik.w, a_sum)
+        if e_sum is None:
+            T = ops.scale_columns(BiA, b_sum)
+            ops.add_scaled_(X, T, 2.0, scratch=T)  # X += B_g^-1 A diag(2 B)
+        else:
+            T = ops.scale_columns(BiA, e_sum)
+            X += T
+        # sym(A X^T) - S_B = sym(A Y^T), Y = X + AB: one product (G_K is symmetrised)
+        X -= AB
+        cross = ops.einsum("cmn,ckn->cmk", A, X)
+        X -= AB
+        del T
+        inner = ops.outer(q.w, q.w)
+        inner += q.B_inv()  # B^-1 + w w^T (q keeps its B^-1)
+        ops.add_diagonal(inner, -1.0)  # the prior term
+        inner *= 0.5
+        inner -= cross
     G_K = terms.sandwich(inner, overwrite=True)  # L^-T inner L^-1 (inner read no more)
     G_uf = terms.unwhiten(X, overwrite=True)
     return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b_sum)
+
+
+def _numpy_cross(A: Array, AB: Array, w: Array, R: Array, a_sum: Array, b_sum: Array,
+                 e_sum: Array | None, inverse_applied: bool, lik: StackedGaussians
+                 ) -> tuple[Array, Array]:
+    """numpy's ``(X [C, M, n], A (X + A diag B)^T [C, M, M])`` of
+    ``stacked_matrix_gradients``, in place on arrays it owns: ``X = B_g^-1 A diag(E)`` on
+    ``B_g^-1 A`` itself (with ``inverse_applied`` the caller's, read no more; SEP's
+    ``E = 2 B`` an exact factor 2), ``+ w a_sum^T`` one rank-one ``gemm`` per class into it (no
+    outer product formed), then ``X - A diag(B)`` for the cross product and ``X - 2 A diag(B)``
+    (no ``[C, M, n]`` temporaries)."""
+    BiA = R if inverse_applied else tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)
+    X = BiA
+    X *= (2.0 * b_sum if e_sum is None else e_sum)[..., None, :]
+    ops.matmul_add_(X, w[..., :, None], a_sum[..., None, :], 1.0)
+    X -= AB
+    cross = A @ ops.mT(X)  # sym(A X^T) - S_B = sym(A Y^T), Y = X + AB (G_K is symmetrised)
+    X -= AB
+    return X, cross
 
 
 def as_stacked(terms: Sequence[ClassTerms] | StackedTerms) -> StackedTerms:
