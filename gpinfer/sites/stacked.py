@@ -258,12 +258,14 @@ def finite_sums(P_w: Array, h_w: Array, iteration: int | None = None) -> None:
         raise NumericalError("site sums are not finite", iteration=iteration, quantity="B")
 
 
-def _unchecked_cholesky(Bm: Array, h_w: Array, iteration: int | None) -> Array:
-    """``site_cholesky`` of numpy ``Bm [C, M, M]`` whose sums the caller checked finite
-    (``finite_sums``): one stacked factorisation, no second check (a failed one goes through
-    ``site_cholesky`` for its error)."""
-    LB, failed = ops.cholesky(Bm)
-    return site_cholesky(Bm, h_w, iteration) if np.any(failed) else LB
+def _unchecked_cholesky(make_B: Callable[[], Array], h_w: Array, iteration: int | None
+                        ) -> Array:
+    """``site_cholesky`` of numpy ``B = make_B() [C, M, M]`` (a new array) whose sums the
+    caller checked finite (``finite_sums``): one stacked factorisation in place on it, no
+    copy and no second check (a failed one goes through ``site_cholesky`` of a new ``B`` for
+    its error)."""
+    LB, failed = ops.cholesky(make_B(), overwrite=True)
+    return site_cholesky(make_B(), h_w, iteration) if np.any(failed) else LB
 
 
 class StackedGaussians:
@@ -286,7 +288,8 @@ class StackedGaussians:
         self._make_h_w: Callable[[], Array] | None = None  # a view's (``_view``)
         self._B_inv_sum: Array | None = None
         if scale is None:  # a = 1: no product
-            Bm = ops.plus_diagonal(P_w, 1.0)
+            def make_B() -> Array:
+                return ops.plus_diagonal(P_w, 1.0)
             self._h_w: Array | None = h_w
         else:
             if isinstance(scale, Scales):
@@ -295,10 +298,12 @@ class StackedGaussians:
                 a = (scale if ops.is_array(scale) and not ops.is_numpy(scale)
                      else ops.like(P_w, scale))
                 a_matrix, a_vector = ops.namespace(a).reshape(a, (-1, 1, 1)), a[:, None]
-            Bm = ops.scaled_plus_diagonal(a_matrix, P_w, 1.0)
+
+            def make_B() -> Array:
+                return ops.scaled_plus_diagonal(a_matrix, P_w, 1.0)
             self._h_w = a_vector * h_w
-        self.LB = (_unchecked_cholesky(Bm, h_w, iteration) if finite and ops.is_numpy(Bm)
-                   else site_cholesky(Bm, h_w, iteration))
+        self.LB = (_unchecked_cholesky(make_B, h_w, iteration) if finite and ops.is_numpy(P_w)
+                   else site_cholesky(make_B(), h_w, iteration))
         self._LB_T: Array | None = None  # formed on first use (``B_inv_vec``'s solve)
         self._B_inv: Array | None = None
         self.w: Array
@@ -446,7 +451,11 @@ def cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,
     class) and ``mu = A^T w``. (The site update's cavity: it reads no ``w`` and no ``B^-1``.)"""
     xp = ops.namespace(A)
     C, M, n = P_w.shape[0], A.shape[-2], A.shape[-1]
-    g = StackedGaussians(P_w, h_w, scale, iteration=iteration, means=False)  # L_B, a h_w
+    host = ops.is_numpy(P_w)
+    if host:  # checked once, factorised in place (``finite``)
+        finite_sums(P_w, h_w, iteration)
+    g = StackedGaussians(P_w, h_w, scale, iteration=iteration, means=False,
+                         finite=host)  # L_B, a h_w
     R = tri_solve_stack(g.LB, A if A.ndim == 3 else xp.broadcast_to(A, (C, M, n)))
     z = tri_solve_stack(g.LB, g.h_w[..., None])[..., 0]
     on_device = not ops.is_numpy(A)

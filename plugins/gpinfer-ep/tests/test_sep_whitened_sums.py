@@ -87,14 +87,16 @@ def test_kept_whitened_sums_equal_the_u_space_round_trip(backend_name, shared):
     _close(kept.h, expected[1])
 
 
+@pytest.mark.parametrize("phase", ["update", "evaluate"])
 @pytest.mark.parametrize("shared", [False, True], ids=["per-class", "shared"])
 @pytest.mark.parametrize(("poison", "message"), [
     ("nan_P", "site sums are not finite"), ("inf_h", "site sums are not finite"),
     ("indefinite", "not positive definite")])
-def test_the_evaluation_checks_its_sums_once_and_names_the_problem(shared, poison, message):
-    """numpy: q and the cavity come from one ``P_w``, checked finite once (``finite_sums``)
-    and factorised unchecked; a non-finite ``P_w`` or ``h_w`` and an indefinite ``B`` still
-    raise ``NumericalError`` (quantity ``"B"``) naming the problem."""
+def test_the_sums_are_checked_once_and_the_problem_named(phase, shared, poison, message):
+    """numpy: the update's cavity, and the evaluation's q and cavity (one ``P_w``), checked
+    finite once (``finite_sums``) and factorised in place unchecked; a non-finite ``P_w`` or
+    ``h_w`` and an indefinite ``B`` still raise ``NumericalError`` (quantity ``"B"``) naming
+    the problem."""
     from gpinfer.errors import NumericalError
 
     backend = resolve_backend("numpy")
@@ -108,8 +110,8 @@ def test_the_evaluation_checks_its_sums_once_and_names_the_problem(shared, poiso
     elif poison == "inf_h":
         h_w[2, 1] = np.inf
     else:
-        P_w[1] -= 5.0 * np.eye(M) + 3.0 * np.abs(P_w[1]).max() * np.eye(M)
+        P_w[1] -= (5.0 + 3.0 * np.abs(P_w[1]).max()) * np.eye(M)  # every a: indefinite
     state._whitened = (terms, P_w, h_w)
     with pytest.raises(NumericalError, match=message) as err:
-        state.evaluate(terms, idx)
+        getattr(state, phase)(terms, idx, *(() if phase == "evaluate" else (0.5,)))
     assert err.value.quantity == "B"
