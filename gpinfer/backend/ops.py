@@ -453,6 +453,19 @@ def symmetrize(X: Array) -> Array:
     return out
 
 
+def symmetrize_(X: Array) -> Array:
+    """``X = (X + X^T) / 2`` over the last two axes, in place on ``X [..., M, M]``, which the
+    caller owns; returns ``X`` (the values of ``symmetrize``). numpy (a C-ordered ``X``): one
+    matrix at a time, its transpose buffered by numpy's overlap rule in a matrix-sized block
+    the allocator reuses, where ``symmetrize`` forms a new stack; otherwise ``symmetrize``'s
+    new array."""
+    if not is_numpy(X) or not X.flags.c_contiguous or not X.flags.writeable:
+        return symmetrize(X)
+    for matrix in X.reshape((-1,) + X.shape[-2:]):
+        np.add(matrix, matrix.T, out=matrix)
+    X *= 0.5
+    return X
+
 def diagonal(X: Array) -> Array:
     """Diagonals ``[..., M]`` of ``X [..., M, M]`` (a view)."""
     if is_numpy(X):

@@ -173,9 +173,9 @@ class StackedTerms:
         """``L^-T S L^-1`` ``[C, M, M]`` for symmetric ``S [C, M, M]`` (symmetrised);
         ``overwrite``: the caller owns ``S`` and reads it no more (numpy's products with
         ``L^-1`` then run in place on it: no ``[C, M, M]`` copy)."""
-        if self.L_inv is not None:
-            return symmetrize(ops.tri_matmul(self.L_inv, self.unwhiten(S, overwrite=overwrite),
-                                             right=True, overwrite=True))
+        if self.L_inv is not None:  # symmetrised in place: the products' own array
+            return ops.symmetrize_(ops.tri_matmul(
+                self.L_inv, self.unwhiten(S, overwrite=overwrite), right=True, overwrite=True))
         T = tri_solve_stack(self.L, S, transpose=True, L_T=self.L_T)  # L^-T S
         if not ops.is_numpy(T):  # (L^-T S) L^-1: one solve from the right, no views
             return symmetrize(tri_solve_stack(self.L, T, right=True))

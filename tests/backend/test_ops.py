@@ -352,3 +352,20 @@ def test_scaled_plus_diagonal_is_a_new_array(to):
     got = ops.to_host(ops.scaled_plus_diagonal(to(a), X_in, 1.5))
     np.testing.assert_allclose(got, a * X + 1.5 * np.eye(4), rtol=1e-15, atol=1e-15)
     np.testing.assert_array_equal(ops.to_host(X_in), X)
+
+
+def test_symmetrize_in_place_gives_symmetrize_s_values():
+    """``symmetrize_``: numpy's C-ordered stack symmetrised in its own memory with the bits of
+    ``symmetrize``; a transposed view (not C-ordered) gets a new array and is left alone."""
+    rng = np.random.default_rng(9)
+    X = rng.standard_normal((3, 7, 7))
+    expected = ops.symmetrize(X)
+    own = X.copy()
+    out = ops.symmetrize_(own)
+    assert out is own
+    np.testing.assert_array_equal(out, expected)
+    view = np.swapaxes(X, -1, -2)
+    out = ops.symmetrize_(view)
+    assert not np.shares_memory(out, X)
+    np.testing.assert_array_equal(out, ops.symmetrize(view))
+    np.testing.assert_array_equal(view, np.swapaxes(X, -1, -2))

@@ -484,7 +484,7 @@ def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     else:  # kept += A diag(rho tau) A^T in place (numpy: one gemm per class with beta = 1)
         ops.matmul_add_(kept, ops.scale_columns(A, ops.mT(rho_tau)), terms.A_T, 1.0)
         h_new = ops.einsum("cmn,nc->cm", A, nu)
-    P_w = symmetrize(kept)
+    P_w = ops.symmetrize_(kept)  # kept is this step's own array
     h_next = keep[:, None] * h_w + rho * h_new
     change = ops.max_abs(h_next - h_w)
     return P_w, h_next, change
