@@ -43,10 +43,11 @@
      M = 200); one ``trtri`` of ``L`` (every product with ``L^-1`` then a ``trmm``);
    - five ``trmm`` of ``[M, M]``: the site sums moved onto the step's factor (a congruence:
      whitened sums kept and moved by ``T = L^-1 L'`` take three, ``T`` and ``T^T P T``; the
-     code takes four, ``Lam -> P_w -> Lam``) and the gradient's sandwich ``L^-T (.) L^-1``
-     (two); two ``trmm`` of ``[M, B]`` (``L^-1 Kuf``, ``L^-T X``), one ``trsm`` (the update's
-     cavity variances), two ``gemm`` ``[M, B] x [B, M]`` (new site sums, the cross term
-     ``A (X + A diag b)^T``) and one ``[M, M] x [M, B]`` (``B_cav^-1 A``);
+     code took four, ``Lam -> P_w -> Lam``, until s38 and now takes three) and the
+     gradient's sandwich ``L^-T (.) L^-1`` (two); two ``trmm`` of ``[M, B]`` (``L^-1 Kuf``,
+     ``L^-T X``), one ``trsm`` (the update's cavity variances), two ``gemm``
+     ``[M, B] x [B, M]`` (new site sums, the cross term ``A (X + A diag b)^T``) and one
+     ``[M, M] x [M, B]`` (``B_cav^-1 A``);
    - memory-bound, outside the FLOP model: Adam's update of the ``P ~ C M D = 1.57 M``
      parameters (seven vectors of P streamed once), the forward's read of Z and the
      gradient's write (one pass each over ``[C, M, D]``).
@@ -244,10 +245,11 @@ def _call_list(M_: int = M, B_: int = B, D_: int = D, C_: int = C
     ``C`` classes as the step batches them: ``(name, calls per step, FLOP per call, thunk)``.
 
     Read from the code of one step (``kernels.stacked._forward``/``_vjp``,
-    ``sites.stacked``, ``gpinfer_ep.state._tied_update``/``_tied_evaluate``): prepare (the
+    ``sites.stacked``, ``gpinfer_ep.state._tied_sums``/``_tied_evaluate``): prepare (the
     distance products, Kuu's Cholesky, its ``trtri``, ``A = L^-1 Kuf``; products with a triangular
-    factor are ``trmm``: ``ops.tri_matmul``), update
-    (``L^T Lam L``, the cavity's Cholesky and projection, the new site sums, ``L^-T P L^-1``),
+    factor are ``trmm``: ``ops.tri_matmul``), update (the kept whitened sums moved to the
+    step's factor, ``T = L^-1 L'`` and ``T^T P_w T``, the cavity's Cholesky and projection,
+    the new site sums),
     evaluate (two Cholesky, both ``B^-1`` by ``potri``, ``B_cav^-1 A`` one product with the
     cavity's, the cross terms one product ``A (X + A diag B)^T``, the gradient sandwich and
     ``L^-T X``), VJPs (``G_uu Zs`` and ``G_uf Xs`` accumulated in place: ``ops.matmul_add_``).
@@ -269,7 +271,7 @@ def _call_list(M_: int = M, B_: int = B, D_: int = D, C_: int = C
         ("trtri [C,M,M] (L^-1)", 1, C_ * M_**3 / 3, lambda: ops.tri_inverse(L)),
         ("potri [C,M,M] (B_q^-1, B_cav^-1)", 2, C_ * 2 * M_**3 / 3,
          lambda: ops.cho_inverse(L)),
-        ("trmm [C,M,M]x[C,M,M] (L^T Lam L, two sandwiches)", 6, C_ * mm / 2,
+        ("trmm [C,M,M]x[C,M,M] (the sums' T, T^T P_w T; the sandwich)", 5, C_ * mm / 2,
          lambda: ops.tri_matmul(L, K, right=True)),
         ("trsm [C,M,M]\\[C,M,B] (the update's projection)", 1, C_ * M_**2 * B_,
          lambda: ops.solve_triangular(L, Kuf)),
