@@ -94,6 +94,17 @@
    no page faults worth measuring), a finiteness check by one sum (0.43 vs 0.54 ms per
    ``[C, M, D]`` array: memory-bound either way).
 
+   The parameter vector's path (s38-optvec, 2026-12-05): the loop packs into the vector it
+   handed to ``hp.unpack(owned=True)`` the step before (``HyperParameters.pack(reuse=)``:
+   ``Z`` are its views, only the kernel entries are written) and writes the gradient into the
+   last one (``gradient(out=)``): no fresh ``[P]`` array per step; ``hp.size`` no longer
+   sums the ``L M D``-entry free mask per call (~1 ms each in ``unpack`` and ``_ascend``).
+   Three interleaved rounds (``--parts sep --epochs 3``, load 7.2-8.5): main 163.6 / 161.2 /
+   164.7 ms, the branch 160.1 / 156.1 / 152.8 ms; coordinates/pack/unpack 4.0-6.2 ->
+   0.7-0.8 ms (left: the kernel objects' ``get``/``set_unconstrained``, ~0.5 ms for the ten
+   ``Sum`` kernels; the coordinates' scaling, 7850 entries, 0.02 ms: not worth fusing into
+   Adam's pieces); Adam 10.5-12.4 ms, the seven-vector stream the floor counts.
+
 9. ``--parts digits-phases``: where digits' shared sep step (the model of 6. that GPflow's
    SVGP is timed against) goes: process-CPU ms per step of its phases and of the shared
    path's main calls (``PhaseClock``: ``cProfile`` inflates this step's many small calls, e.g.
