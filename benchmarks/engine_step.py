@@ -105,6 +105,31 @@
    ``Sum`` kernels; the coordinates' scaling, 7850 entries, 0.02 ms: not worth fusing into
    Adam's pieces); Adam 10.5-12.4 ms, the seven-vector stream the floor counts.
 
+   The site side (s38-white, 2026-12-05): sep's tied sums kept whitened between steps and
+   moved to the step's factor by ``T = L^-1 L'`` (three ``trmm`` where ``Lam -> P_w -> Lam``
+   took four; ``Lam``, ``h`` formed only when read, a snapshot holding the kept sums); the
+   update's cavity moments without its means (``mu = R^T z``) and its new sums accumulated
+   into ``keep * P_w`` by ``gemm`` with ``beta = 1``; the gradients in place on
+   ``B_cav^-1 A`` and on the cross product (``w a^T``, ``w w^T`` rank-one ``gemm``); each
+   ``B = I + a P_w`` checked finite once per phase and factorised in place
+   (``ops.cholesky(overwrite=True)``); the update's sums and the sandwich symmetrised in
+   place (``ops.symmetrize_``). Three interleaved rounds of ``--parts sep --epochs 3``
+   (load 5.2-8.9; main with the parameter vector's path, the cuts without it), site update
+   and log Z_q + gradients per step: main 29.4 / 28.8 / 25.3 and 39.0 / 38.2 / 35.2 ms; the
+   update's cuts 25.1 / 24.9 / 21.4 (the gradients' phase unchanged); with the gradients in
+   place 36.8 / 36.8 / 34.5; with the factorisations in place 22.5 / 21.8 / 20.7 and
+   34.8 / 34.3 / 33.0; with the symmetrisations in place 22.4 / 21.1 / 20.6 and 34.2 / 33.0 /
+   32.7. The merged branch against main (three rounds, load 4.5-5.2): step 143.4 / 140.5 /
+   133.2 vs 145.5 / 150.4 / 139.4 ms, update 21.1 / 20.0 / 19.6 vs 25.2 / 27.1 / 24.4,
+   log Z_q + gradients 33.5 / 31.9 / 31.0 vs 34.9 / 36.6 / 33.6. Line-profiled at load 2.3,
+   the phases are near their calls: the rebase 6.9 ms (three ``trmm``, two of them on
+   copies the kept sums need), the update's cavity ``trsm`` 4.1, its site ``gemm`` 3.4, the
+   two ``potri`` 4.8 each with their copy and mirror, ``B_cav^-1 A`` 3.4, the cross term
+   3.1, the sandwich 4.4. Left: ``potri`` in place on ``L_B`` (two ``[C, M, M]`` copies per
+   evaluation; ``StackedGaussians`` would then lose the factor it exposes). torch-CPU:
+   278 top-level aten ops per step (main 289.3): the snapshot holds the kept sums (no
+   ``u``-space round trip and no copies per step), the cavity without ``w``.
+
 9. ``--parts digits-phases``: where digits' shared sep step (the model of 6. that GPflow's
    SVGP is timed against) goes: process-CPU ms per step of its phases and of the shared
    path's main calls (``PhaseClock``: ``cProfile`` inflates this step's many small calls, e.g.
