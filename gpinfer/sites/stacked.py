@@ -581,23 +581,51 @@ def shared_terms(one: StackedTerms, C: int) -> SharedTerms:
                        L_inv=None if one.L_inv is None else wide(one.L_inv), one=one)
 
 
-def rebased(old: StackedTerms, new: StackedTerms) -> StackedTerms:
+class Basis(NamedTuple):
+    """The factor whitened sums were formed on, without the terms' data-sized arrays (what a
+    state keeps across steps, and a snapshot holds: ``A [C, M, n]`` is not kept alive):
+    ``L [C, M, M]`` and ``L_inv`` (or ``None``) of ``StackedTerms``; ``classes``: ``C`` for
+    ``SharedTerms`` (then ``L``, ``L_inv`` are the one latent's ``[1, M, M]``), else
+    ``None``."""
+
+    L: Array
+    L_inv: Array | None
+    classes: int | None
+
+    def to_u_space(self, P_w: Array, h_w: Array) -> tuple[Array, Array]:
+        """``StackedTerms.to_u_space`` on this factor: ``(L^-T P_w L^-1, L^-T h_w)``."""
+        C = self.L.shape[0] if self.classes is None else 1
+        M = self.L.shape[-1]
+        one = StackedTerms(L=self.L, A=ops.empty(self.L, (C, M, 0)), s=ops.empty(self.L, (C, 0)),
+                           L_inv=self.L_inv)
+        terms = one if self.classes is None else shared_terms(one, self.classes)
+        return terms.to_u_space(P_w, h_w)
+
+
+def basis(terms: StackedTerms) -> Basis:
+    """The ``Basis`` of ``terms`` (``SharedTerms``: the one latent's factor)."""
+    if isinstance(terms, SharedTerms) and terms.one is not None:
+        return Basis(terms.one.L, terms.one.L_inv, terms.L.shape[0])
+    return Basis(terms.L, terms.L_inv, None)
+
+
+def rebased(old: Basis, new: StackedTerms) -> StackedTerms:
     """Terms whose factor is ``T = L^-1 L'`` ``[C, M, M]`` (lower triangular) for ``old``'s
-    factor ``L`` and ``new``'s ``L'``: their ``to_whitened`` maps sums whitened by ``L`` to
-    the same sums whitened by ``L'`` (``L'^T Lam L' = T^T (L^T Lam L) T``: three triangular
-    products per class, ``T`` and ``T^T P_w T``, where ``Lam = L^-T P_w L^-1`` and back take
-    four); ``A``, ``s`` are ``new``'s. ``SharedTerms`` (both): ``T`` of the one latent's
-    factors, broadcast over the classes. On numpy ``T`` is one ``trmm`` with ``old``'s
+    factor ``L`` and ``new``'s ``L'`` (both per class, or both shared: ``T`` of the one
+    latent's factors, broadcast over the classes): their ``to_whitened`` maps sums whitened
+    by ``L`` to the same sums whitened by ``L'`` (``L'^T Lam L' = T^T (L^T Lam L) T``: three
+    triangular products per class, ``T`` and ``T^T P_w T``, where ``Lam = L^-T P_w L^-1`` and
+    back take four); ``A``, ``s`` are ``new``'s. On numpy ``T`` is one ``trmm`` with ``old``'s
     ``L_inv``; without it (a device) one triangular solve."""
-    if isinstance(old, SharedTerms) and isinstance(new, SharedTerms):
-        assert old.one is not None and new.one is not None  # from ``shared_terms``
-        T = _factor_ratio(old.one, new.one.L)
+    if old.classes is not None:
+        assert isinstance(new, SharedTerms) and new.one is not None  # from ``shared_terms``
+        T = _factor_ratio(old, new.one.L)
         xp = ops.namespace(T)
         return StackedTerms(L=xp.broadcast_to(T, new.L.shape), A=new.A, s=new.s)
     return StackedTerms(L=_factor_ratio(old, new.L), A=new.A, s=new.s)
 
 
-def _factor_ratio(old: StackedTerms, L_new: Array) -> Array:
+def _factor_ratio(old: Basis, L_new: Array) -> Array:
     """``L^-1 L'`` ``[..., M, M]`` for ``old``'s factor ``L`` and ``L_new = L'``."""
     if old.L_inv is not None:
         return ops.tri_matmul(old.L_inv, L_new)

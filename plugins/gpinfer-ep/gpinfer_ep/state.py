@@ -52,11 +52,13 @@ from gpinfer.sites.inducing import (
     role_delta,
 )
 from gpinfer.sites.stacked import (
+    Basis,
     Scales,
     SharedTerms,
     StackedGaussians,
     StackedTerms,
     as_stacked,
+    basis,
     cavity_moments,
     rebased,
     scales,
@@ -291,12 +293,12 @@ class TiedSites(_SiteSums):
 
     The algebra is class-batched (``gpinfer.sites.stacked``): ``terms`` may be a
     ``StackedTerms`` or a list of per-class ``ClassTerms`` (stacked on entry). The sums are kept
-    whitened: an update leaves its new ``L^T Lam L``, ``L^T h`` with the terms they are
-    whitened on (``_based``) for the ``evaluate`` (or further sweeps) that follow on the same
-    terms, and the next step's moves them to its own factor ``L'`` by ``T = L^-1 L'``
-    (``rebased``: three triangular products per class, where ``Lam = L^-T P_w L^-1`` and back
-    take four); ``Lam``, ``h`` are formed only when read (snapshots, the posterior) and set by
-    ``restore``.
+    whitened: an update leaves its new ``L^T Lam L``, ``L^T h`` for the ``evaluate`` (or
+    further sweeps) that follow on the same terms, and with the factor they are whitened on
+    (``_based``: a ``Basis``, no data-sized arrays) for the next step, which moves them to its
+    own factor ``L'`` by ``T = L^-1 L'`` (``rebased``: three triangular products per class,
+    where ``Lam = L^-T P_w L^-1`` and back take four); ``Lam``, ``h`` are formed only when read
+    (the posterior, ``refine``'s state) and set by ``restore``; a snapshot holds the kept sums.
     """
 
     def __init__(self, y: Array, C: int, M: int, n_factors: Array | None = None,
@@ -315,9 +317,10 @@ class TiedSites(_SiteSums):
         self.group: Group | None = None
 
     # -- the u-space sums, formed on first read after an update -----------------------------
-    #: ``(terms, P_w [C, M, M], h_w [C, M])``: an update's whitened sums and the terms they are
-    #: whitened on (never written in place: a snapshot may hold them)
-    _based: tuple[StackedTerms, Array, Array] | None
+    #: ``(basis, P_w [C, M, M], h_w [C, M])``: an update's whitened sums and the factor they
+    #: are whitened on (``Basis``: no data-sized arrays; never written in place: a snapshot may
+    #: hold them)
+    _based: tuple[Basis, Array, Array] | None
     _Lam: Array
     _h: Array
     _u_stale: bool
@@ -341,7 +344,7 @@ class TiedSites(_SiteSums):
         if self._whitened is not None and self._whitened[0] is terms:
             return self._whitened[1], self._whitened[2]
         if self._based is not None and (isinstance(terms, SharedTerms)
-                                        == isinstance(self._based[0], SharedTerms)):
+                                        == (self._based[0].classes is not None)):
             based, P_w, h_w = self._based
             # not symmetrised: the update's Cholesky reads one triangle and its new sums are
             # symmetrised (``_tied_sums``)
@@ -425,7 +428,7 @@ class TiedSites(_SiteSums):
         else:
             P_w, h_next, change = _tied_sums(
                 terms, P_w, h_w, self._cavity_scales(P_w), labels, rho, iteration)
-        self._based, self._u_stale = (terms, P_w, h_next), True  # Lam, h when read
+        self._based, self._u_stale = (basis(terms), P_w, h_next), True  # Lam, h when read
         self._whitened = (terms, P_w, h_next)
         return change
 

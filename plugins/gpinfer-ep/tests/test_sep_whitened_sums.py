@@ -72,6 +72,8 @@ def test_kept_whitened_sums_equal_the_u_space_round_trip(backend_name, shared):
             snaps = kept.snapshot(), trip.snapshot()
             expected = _host(trip.Lam), _host(trip.h)
     assert kept._based is not None and kept._u_stale  # nothing read the u-space sums
+    # what is kept across steps (and a snapshot holds) is the factor, no [C, M, n] array
+    assert all(a is None or a.shape[-2:] == (M, M) for a in kept._based[0][:2])
     _close(kept.Lam, trip.Lam)
     _close(kept.h, trip.h)
     kept.restore(snaps[0])
