@@ -85,10 +85,11 @@
      M = 200); one ``trtri`` of ``L`` (every product with ``L^-1`` then a ``trmm``);
    - five ``trmm`` of ``[M, M]``: the site sums moved onto the step's factor (a congruence:
      whitened sums kept and moved by ``T = L^-1 L'`` take three, ``T`` and ``T^T P T``; the
-     code takes four, ``Lam -> P_w -> Lam``) and the gradient's sandwich ``L^-T (.) L^-1``
-     (two); two ``trmm`` of ``[M, B]`` (``L^-1 Kuf``, ``L^-T X``), one ``trsm`` (the update's
-     cavity variances), two ``gemm`` ``[M, B] x [B, M]`` (new site sums, the cross term
-     ``A (X + A diag b)^T``) and one ``[M, M] x [M, B]`` (``B_cav^-1 A``);
+     code took four, ``Lam -> P_w -> Lam``, until s38 and now takes three) and the
+     gradient's sandwich ``L^-T (.) L^-1`` (two); two ``trmm`` of ``[M, B]`` (``L^-1 Kuf``,
+     ``L^-T X``), one ``trsm`` (the update's cavity variances), two ``gemm``
+     ``[M, B] x [B, M]`` (new site sums, the cross term ``A (X + A diag b)^T``) and one
+     ``[M, M] x [M, B]`` (``B_cav^-1 A``);
    - memory-bound, outside the FLOP model: Adam's update of the ``P ~ C M D = 1.57 M``
      parameters (seven vectors of P streamed once), the forward's read of Z and the
      gradient's write (one pass each over ``[C, M, D]``).
@@ -145,6 +146,31 @@
    0.7-0.8 ms (left: the kernel objects' ``get``/``set_unconstrained``, ~0.5 ms for the ten
    ``Sum`` kernels; the coordinates' scaling, 7850 entries, 0.02 ms: not worth fusing into
    Adam's pieces); Adam 10.5-12.4 ms, the seven-vector stream the floor counts.
+
+   The site side (s38-white, 2026-12-05): sep's tied sums kept whitened between steps and
+   moved to the step's factor by ``T = L^-1 L'`` (three ``trmm`` where ``Lam -> P_w -> Lam``
+   took four; ``Lam``, ``h`` formed only when read, a snapshot holding the kept sums); the
+   update's cavity moments without its means (``mu = R^T z``) and its new sums accumulated
+   into ``keep * P_w`` by ``gemm`` with ``beta = 1``; the gradients in place on
+   ``B_cav^-1 A`` and on the cross product (``w a^T``, ``w w^T`` rank-one ``gemm``); each
+   ``B = I + a P_w`` checked finite once per phase and factorised in place
+   (``ops.cholesky(overwrite=True)``); the update's sums and the sandwich symmetrised in
+   place (``ops.symmetrize_``). Three interleaved rounds of ``--parts sep --epochs 3``
+   (load 5.2-8.9; main with the parameter vector's path, the cuts without it), site update
+   and log Z_q + gradients per step: main 29.4 / 28.8 / 25.3 and 39.0 / 38.2 / 35.2 ms; the
+   update's cuts 25.1 / 24.9 / 21.4 (the gradients' phase unchanged); with the gradients in
+   place 36.8 / 36.8 / 34.5; with the factorisations in place 22.5 / 21.8 / 20.7 and
+   34.8 / 34.3 / 33.0; with the symmetrisations in place 22.4 / 21.1 / 20.6 and 34.2 / 33.0 /
+   32.7. The merged branch against main (three rounds, load 4.5-5.2): step 143.4 / 140.5 /
+   133.2 vs 145.5 / 150.4 / 139.4 ms, update 21.1 / 20.0 / 19.6 vs 25.2 / 27.1 / 24.4,
+   log Z_q + gradients 33.5 / 31.9 / 31.0 vs 34.9 / 36.6 / 33.6. Line-profiled at load 2.3,
+   the phases are near their calls: the rebase 6.9 ms (three ``trmm``, two of them on
+   copies the kept sums need), the update's cavity ``trsm`` 4.1, its site ``gemm`` 3.4, the
+   two ``potri`` 4.8 each with their copy and mirror, ``B_cav^-1 A`` 3.4, the cross term
+   3.1, the sandwich 4.4. Left: ``potri`` in place on ``L_B`` (two ``[C, M, M]`` copies per
+   evaluation; ``StackedGaussians`` would then lose the factor it exposes). torch-CPU:
+   278 top-level aten ops per step (main 289.3): the snapshot holds the kept sums (no
+   ``u``-space round trip and no copies per step), the cavity without ``w``.
 
 9. ``--parts digits-phases``: where digits' shared sep step (the model of 6. that GPflow's
    SVGP is timed against) goes: process-CPU ms per step of its phases and of the shared
@@ -297,10 +323,11 @@ def _call_list(M_: int = M, B_: int = B, D_: int = D, C_: int = C
     ``C`` classes as the step batches them: ``(name, calls per step, FLOP per call, thunk)``.
 
     Read from the code of one step (``kernels.stacked._forward``/``_vjp``,
-    ``sites.stacked``, ``gpinfer_ep.state._tied_update``/``_tied_evaluate``): prepare (the
+    ``sites.stacked``, ``gpinfer_ep.state._tied_sums``/``_tied_evaluate``): prepare (the
     distance products, Kuu's Cholesky, its ``trtri``, ``A = L^-1 Kuf``; products with a triangular
-    factor are ``trmm``: ``ops.tri_matmul``), update
-    (``L^T Lam L``, the cavity's Cholesky and projection, the new site sums, ``L^-T P L^-1``),
+    factor are ``trmm``: ``ops.tri_matmul``), update (the kept whitened sums moved to the
+    step's factor, ``T = L^-1 L'`` and ``T^T P_w T``, the cavity's Cholesky and projection,
+    the new site sums),
     evaluate (two Cholesky, both ``B^-1`` by ``potri``, ``B_cav^-1 A`` one product with the
     cavity's, the cross terms one product ``A (X + A diag B)^T``, the gradient sandwich and
     ``L^-T X``), VJPs (``G_uu Zs`` and ``G_uf Xs`` accumulated in place: ``ops.matmul_add_``).
@@ -322,7 +349,7 @@ def _call_list(M_: int = M, B_: int = B, D_: int = D, C_: int = C
         ("trtri [C,M,M] (L^-1)", 1, C_ * M_**3 / 3, lambda: ops.tri_inverse(L)),
         ("potri [C,M,M] (B_q^-1, B_cav^-1)", 2, C_ * 2 * M_**3 / 3,
          lambda: ops.cho_inverse(L)),
-        ("trmm [C,M,M]x[C,M,M] (L^T Lam L, two sandwiches)", 6, C_ * mm / 2,
+        ("trmm [C,M,M]x[C,M,M] (the sums' T, T^T P_w T; the sandwich)", 5, C_ * mm / 2,
          lambda: ops.tri_matmul(L, K, right=True)),
         ("trsm [C,M,M]\\[C,M,B] (the update's projection)", 1, C_ * M_**2 * B_,
          lambda: ops.solve_triangular(L, Kuf)),
@@ -567,7 +594,7 @@ def digits_shared_phases(epochs: int) -> dict[str, object]:
     X, y = _digits_train()
     phases = {"kernel terms (Kuu, Kuf, chol, A)": (SparseSites, "prepare"),
               "site update": (SparseSites, "update"),
-              "  its cavity moments (chol, trsm)": (state, "shared_cavity_moments"),
+              "  its cavity moments (chol, trsm)": (state, "cavity_moments"),
               "  its tilted slopes (argmax factors)": (state, "pair_slopes"),
               "  its site products A diag(tau_c) A^T": (state, "shared_site_products"),
               "  its rebase of the sums (T = L^-1 L')": (state.TiedSites, "_whitened_sums"),
