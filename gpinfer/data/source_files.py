@@ -179,6 +179,7 @@ def open_source_dataset(name: str, path: Any, format: str, labels: Any = None,
     """The dataset ``path`` in ``format`` (``"npy"`` or ``"parquet"``, see the module doc) with
     its own test part ``test_path`` when given; nothing of ``X`` is read but the files' headers
     (the values are checked in chunks later: ``gpinfer.data.source.scan``)."""
+    from gpinfer.data.files import _label_str
     from gpinfer.validation import encode_labels
 
     if path is None or str(path).strip() == "":
@@ -201,5 +202,5 @@ def open_source_dataset(name: str, path: Any, format: str, labels: Any = None,
         index, test_index = index[:y.shape[0]], index[y.shape[0]:]
     return SourceDataset(name=name, X=X, y=index, X_test=X_test,
                          y_test=None if y_test is None else test_index,
-                         class_names=[str(c) for c in classes],
+                         class_names=[_label_str(c) for c in classes],
                          description=f"{format} dataset {X.describe()}")

@@ -132,30 +132,47 @@ def _joined(parts: list[Any]) -> Array:
     return parts[0] if len(parts) == 1 else np.concatenate([np.asarray(p) for p in parts])
 
 
-def predict_test_proba(posterior: Any, X: Any) -> Array:
-    """``posterior.predict_proba`` at the test inputs ``X [N*, D]`` (an array, or a row source
-    read in blocks): ``[N*, C]`` (or ``[N*]``)."""
-    return _joined([posterior.predict_proba(rows) for _, rows in _blocks(X)])
+def _test_pass(posterior: Any, X: Any, y_index: Array, P: Array | None = None
+               ) -> tuple[Array, Array | None]:
+    """One pass over the test inputs ``X [N*, D]`` (an array whole, a row source block by block,
+    each block read once): ``posterior.predict_proba`` there ``[N*, C]`` (or ``[N*]``; ``P``
+    itself when already computed) and the log predictive of ``y_index [N*]`` (None when the
+    posterior has none)."""
+    probs: list[Any] = []
+    logs: list[Any] | None = []
+    for start, rows in _blocks(X):
+        if P is None:
+            probs.append(posterior.predict_proba(rows))
+        if logs is not None:
+            try:
+                logs.append(posterior.log_predictive(rows, y_index[start:start + rows.shape[0]]))
+            except (NotImplementedError, AttributeError):
+                logs = None
+    return (_joined(probs) if P is None else P), (None if logs is None else _joined(logs))
+
+
+def _test_metrics(posterior: Any, X: Any, y_index: Array, P: Array | None = None
+                  ) -> tuple[dict[str, float], Array]:
+    """``evaluate_test``'s metrics and the test probabilities they come from (``P``, or
+    ``predict_proba`` at ``X``), from one pass over ``X`` (``_test_pass``)."""
+    from gpinfer.metrics import error_rate, nll
+
+    P_test, log_p = _test_pass(posterior, X, y_index, P)
+    P = np.asarray(P_test, dtype=float)
+    if P.ndim == 2 and P.shape[1] == 1:  # p(class 1) of a binary problem as a column
+        P = P[:, 0]
+    out = {"test_error": error_rate(y_index, P),
+           "test_nll": nll(y_index, P) if log_p is None
+           else nll(None, log_predictive=np.asarray(log_p))}
+    return out, P_test
 
 
 def evaluate_test(posterior: Any, X: Any, y_index: Array,
                   P: Array | None = None) -> dict[str, float]:
     """Test error and mean negative log predictive of ``posterior`` at ``X [N*, D]`` (an
-    array, or a row source evaluated in blocks: ``predict_test_proba``) (``P``: its
+    array, or a row source evaluated in blocks, each read once: ``_test_pass``) (``P``: its
     ``predict_proba`` when already computed)."""
-    from gpinfer.metrics import error_rate, nll
-
-    P = np.asarray(predict_test_proba(posterior, X) if P is None else P, dtype=float)
-    if P.ndim == 2 and P.shape[1] == 1:  # p(class 1) of a binary problem as a column
-        P = P[:, 0]
-    out = {"test_error": error_rate(y_index, P)}
-    try:
-        log_p = _joined([posterior.log_predictive(rows, y_index[start:start + rows.shape[0]])
-                         for start, rows in _blocks(X)])
-        out["test_nll"] = nll(None, log_predictive=np.asarray(log_p))
-    except (NotImplementedError, AttributeError):
-        out["test_nll"] = nll(y_index, P)
-    return out
+    return _test_metrics(posterior, X, y_index, P)[0]
 
 
 def evaluate_regression(posterior: Any, X: Array, y: Array, shift: float = 0.0,
@@ -169,12 +186,13 @@ def evaluate_regression(posterior: Any, X: Array, y: Array, shift: float = 0.0,
             "test_nll": float(np.log(scale) - np.mean(log_p))}
 
 
-def _evaluate(p: Prepared, posterior: Any, P: Array | None = None) -> dict[str, float]:
-    """The test metrics of ``p``'s task (``P``: a classifier's test predictions, if known)."""
+def _evaluate(p: Prepared, posterior: Any) -> tuple[dict[str, float], Array | None]:
+    """The test metrics of ``p``'s task and a classifier's test predictions ``[N*, C]`` (None
+    for a regressor)."""
     if p.task == "regression":
         return evaluate_regression(posterior, cast(Array, p.X_test), p.y_test_index, p.y_shift,
-                                   p.y_scale)  # a regression is in memory (source_files)
-    return evaluate_test(posterior, p.X_test, p.y_test_index, P)
+                                   p.y_scale), None  # a regression is in memory (source_files)
+    return _test_metrics(posterior, p.X_test, p.y_test_index)
 
 
 class _Callback:
@@ -205,7 +223,7 @@ class _Callback:
         tests: dict[str, float] = {}
         # the last scheduled iteration is evaluated once, by the final evaluation after the fit
         if info.posterior is not None and it % every == 0 and it < self.p.settings.iterations:
-            tests = _evaluate(self.p, info.posterior())
+            tests = _evaluate(self.p, info.posterior())[0]
             metrics.update({EVAL_PREFIX + key: value for key, value in tests.items()})
             _log.info("iteration %d/%d: objective %.6g, %s", it, self.p.settings.iterations,
                       objective, ", ".join(f"{k} {v:.4g}" for k, v in tests.items()))
@@ -495,10 +513,9 @@ def _record_fit(p: Prepared, estimator: Estimator, callback: _Callback,
     fit guard's report (a kept fit no better than the baseline makes the status FAILED);
     returns a classifier's test predictions ``[N*, C]`` (None for a regressor)."""
     # the classifier's test predictions: the final numbers and the reliability diagram
-    P_test = None if p.task == "regression" else predict_test_proba(estimator.posterior_,
-                                                                    p.X_test)
+    tests, P_test = _evaluate(p, estimator.posterior_)
     result.update(
-        _evaluate(p, estimator.posterior_, P_test),
+        tests,
         log_evidence=float(estimator.log_evidence_),
         train_time_s=max(wall - callback.overhead_s, 0.0),
         wall_time_s=wall,

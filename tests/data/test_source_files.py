@@ -90,5 +90,7 @@ def test_layouts_and_formats(tmp_path: Path) -> None:
     np.save(mixed / "y.npy", y + 0.5)
     with pytest.raises(InputError, match="continuous"):
         open_source_dataset("d", mixed / "X.npy", "npy")
+    np.save(mixed / "y.npy", y.astype(np.float64))  # integral floats: named as the loaders do
+    assert open_source_dataset("d", mixed / "X.npy", "npy").class_names == ["-1", "1"]
     with pytest.raises(InputError, match="no .npy file matches"):
         npy_files(f"{tmp_path}/Z_*.npy", "path")
