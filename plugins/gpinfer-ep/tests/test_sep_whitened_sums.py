@@ -117,3 +117,26 @@ def test_the_sums_are_checked_once_and_the_problem_named(phase, shared, poison, 
     with pytest.raises(NumericalError, match=message) as err:
         getattr(state, phase)(terms, idx, *(() if phase == "evaluate" else (0.5,)))
     assert err.value.quantity == "B"
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["per-class", "shared"])
+def test_setting_one_u_space_sum_keeps_the_other_current(shared):
+    """After an update (``Lam``, ``h`` unformed: the kept whitened sums), setting one of them
+    alone, unread, leaves the other what the update made (formed from the kept sums before
+    they are dropped), not the value from before the update."""
+    backend = resolve_backend("numpy")
+    Xt, (state, other), hp = _states(backend, shared)
+    idx = np.arange(N)
+    state.update(state.terms_at(hp.kernels, hp.Z, Xt), idx, 0.5)
+    other.restore(state.snapshot())
+    expected = _host(other.Lam), _host(other.h)
+    state.h = np.zeros((C, M))  # unread: Lam not formed yet
+    _close(state.Lam, expected[0])
+    other.restore(state.snapshot())  # u-space copies now
+    other.Lam = np.eye(M) * np.ones((C, 1, 1))
+    np.testing.assert_array_equal(other.h, np.zeros((C, M)))
+    np.testing.assert_array_equal(other.Lam, np.eye(M) * np.ones((C, 1, 1)))
+    state.update(state.terms_at(hp.kernels, hp.Z, Xt), idx, 0.5)
+    state.restore({"Lam": np.ones((C, M, M)), "h": np.ones((C, M))})  # over kept sums
+    np.testing.assert_array_equal(state.Lam, np.ones((C, M, M)))
+    assert state._based is None and not state._u_stale
