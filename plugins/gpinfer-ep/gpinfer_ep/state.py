@@ -363,7 +363,7 @@ class TiedSites(_SiteSums):
         return shared_terms(terms, self.n_factors.shape[0]) if self.shared else terms
 
     def snapshot(self) -> object:
-        """The sites' state: after an update, ``{"whitened": (terms, P_w, h_w)}``, the kept
+        """The sites' state: after an update, ``{"whitened": (basis, P_w, h_w)}``, the kept
         whitened sums themselves (never written in place: held without a copy, and no
         ``u``-space round trip, where the training loop on a device snapshots every step);
         else copies ``{"Lam", "h"}``."""
