@@ -466,6 +466,7 @@ def symmetrize_(X: Array) -> Array:
     X *= 0.5
     return X
 
+
 def diagonal(X: Array) -> Array:
     """Diagonals ``[..., M]`` of ``X [..., M, M]`` (a view)."""
     if is_numpy(X):

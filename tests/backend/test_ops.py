@@ -132,6 +132,7 @@ def test_cholesky_overwrite_factorises_an_owned_stack_in_place():
     bad[1] = -np.eye(70)
     assert ops.cholesky(bad, overwrite=True)[1].tolist() == [False, True, False]
 
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_tri_inverse_of_large_numpy_stacks_in_two_halves(dtype):
     """numpy factors of order >= 128 are inverted in two halves (``trtri`` of each, two

@@ -268,7 +268,7 @@ class RankOneSites(_SiteSums):
 class _USpaceSum:
     """A ``TiedSites`` attribute in ``u``-space (``Lam`` or ``h``), stored as ``_Lam``/``_h``:
     read, it is first formed from the whitened sums an update left (``_to_u_space``); set,
-    those sums are dropped."""
+    those sums are dropped (the other attribute formed from them first: it stays current)."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.stored = "_" + name
@@ -280,6 +280,7 @@ class _USpaceSum:
         return getattr(sites, self.stored)
 
     def __set__(self, sites: TiedSites, value: Array) -> None:
+        sites._to_u_space()  # the other of Lam, h: its whitened sums go
         setattr(sites, self.stored, value)
         sites._based, sites._u_stale = None, False
 
@@ -320,10 +321,10 @@ class TiedSites(_SiteSums):
     #: ``(basis, P_w [C, M, M], h_w [C, M])``: an update's whitened sums and the factor they
     #: are whitened on (``Basis``: no data-sized arrays; never written in place: a snapshot may
     #: hold them)
-    _based: tuple[Basis, Array, Array] | None
+    _based: tuple[Basis, Array, Array] | None = None
     _Lam: Array
     _h: Array
-    _u_stale: bool
+    _u_stale: bool = False
 
     #: ``Lam [C, M, M]``: the site precisions in ``u``-space
     Lam = _USpaceSum()
@@ -362,7 +363,7 @@ class TiedSites(_SiteSums):
         return shared_terms(terms, self.n_factors.shape[0]) if self.shared else terms
 
     def snapshot(self) -> object:
-        """The sites' state: after an update, ``{"whitened": (terms, P_w, h_w)}``, the kept
+        """The sites' state: after an update, ``{"whitened": (basis, P_w, h_w)}``, the kept
         whitened sums themselves (never written in place: held without a copy, and no
         ``u``-space round trip, where the training loop on a device snapshots every step);
         else copies ``{"Lam", "h"}``."""
@@ -377,7 +378,8 @@ class TiedSites(_SiteSums):
             raise TypeError(f"not a snapshot of TiedSites: {type(snap).__name__}")
         if "whitened" in snap:
             self._based, self._u_stale = snap["whitened"], True
-        else:
+        else:  # both replaced: nothing to form from the kept sums first
+            self._based = None
             self.Lam, self.h = ops.copy(snap["Lam"]), ops.copy(snap["h"])
         self._whitened = None
 

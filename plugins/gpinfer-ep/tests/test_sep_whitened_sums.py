@@ -28,11 +28,11 @@ def _close(a, b, tol=1e-11):
     np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max())
 
 
-def _states(backend, shared):
-    X, y, kernels, Zs = problem(N=N, C=C, M=M, seed=5, shared=shared)
+def _states(backend, shared, n_points=N, m=M):
+    X, y, kernels, Zs = problem(N=n_points, C=C, M=m, seed=5, shared=shared)
     states = []
     for _ in range(2):
-        state = TiedSites(y, C, M, backend=backend)
+        state = TiedSites(y, C, m, backend=backend)
         state.shared = shared
         states.append(state)
     n = 1 if shared else C
@@ -94,16 +94,18 @@ def test_kept_whitened_sums_equal_the_u_space_round_trip(backend_name, shared):
 @pytest.mark.parametrize(("poison", "message"), [
     ("nan_P", "site sums are not finite"), ("inf_h", "site sums are not finite"),
     ("indefinite", "not positive definite")])
-def test_the_sums_are_checked_once_and_the_problem_named(phase, shared, poison, message):
+@pytest.mark.parametrize("m", [M, 70], ids=["small", "potrf"])
+def test_the_sums_are_checked_once_and_the_problem_named(phase, shared, poison, message, m):
     """numpy: the update's cavity, and the evaluation's q and cavity (one ``P_w``), checked
     finite once (``finite_sums``) and factorised in place unchecked; a non-finite ``P_w`` or
     ``h_w`` and an indefinite ``B`` still raise ``NumericalError`` (quantity ``"B"``) naming
-    the problem."""
+    the problem, also where the stacks are factorised by ``potrf`` in place (``M >= 64``)."""
     from gpinfer.errors import NumericalError
 
     backend = resolve_backend("numpy")
-    Xt, (state, _), hp = _states(backend, shared)
-    idx = np.arange(N)
+    n_points = N if m == M else 80
+    Xt, (state, _), hp = _states(backend, shared, n_points, m)
+    idx = np.arange(n_points)
     terms = state.terms_at(hp.kernels, hp.Z, Xt)
     state.update(terms, idx, 0.5)
     P_w, h_w = (np.array(a) for a in state._whitened_sums(terms))
@@ -112,8 +114,31 @@ def test_the_sums_are_checked_once_and_the_problem_named(phase, shared, poison, 
     elif poison == "inf_h":
         h_w[2, 1] = np.inf
     else:
-        P_w[1] -= (5.0 + 3.0 * np.abs(P_w[1]).max()) * np.eye(M)  # every a: indefinite
+        P_w[1] -= (5.0 + 3.0 * np.abs(P_w[1]).max()) * np.eye(m)  # every a: indefinite
     state._whitened = (terms, P_w, h_w)
     with pytest.raises(NumericalError, match=message) as err:
         getattr(state, phase)(terms, idx, *(() if phase == "evaluate" else (0.5,)))
     assert err.value.quantity == "B"
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["per-class", "shared"])
+def test_setting_one_u_space_sum_keeps_the_other_current(shared):
+    """After an update (``Lam``, ``h`` unformed: the kept whitened sums), setting one of them
+    alone, unread, leaves the other what the update made (formed from the kept sums before
+    they are dropped), not the value from before the update."""
+    backend = resolve_backend("numpy")
+    Xt, (state, other), hp = _states(backend, shared)
+    idx = np.arange(N)
+    state.update(state.terms_at(hp.kernels, hp.Z, Xt), idx, 0.5)
+    other.restore(state.snapshot())
+    expected = _host(other.Lam), _host(other.h)
+    state.h = np.zeros((C, M))  # unread: Lam not formed yet
+    _close(state.Lam, expected[0])
+    other.restore(state.snapshot())  # u-space copies now
+    other.Lam = np.eye(M) * np.ones((C, 1, 1))
+    np.testing.assert_array_equal(other.h, np.zeros((C, M)))
+    np.testing.assert_array_equal(other.Lam, np.eye(M) * np.ones((C, 1, 1)))
+    state.update(state.terms_at(hp.kernels, hp.Z, Xt), idx, 0.5)
+    state.restore({"Lam": np.ones((C, M, M)), "h": np.ones((C, M))})  # over kept sums
+    np.testing.assert_array_equal(state.Lam, np.ones((C, M, M)))
+    assert state._based is None and not state._u_stale
