@@ -9,8 +9,8 @@
 # Options: --device DEV (cuda), --smoke (tiny sizes), --only a,b (these parts alone, e.g. a
 # rerun of what a time limit cut), --budget-s S (wall seconds for all parts, 450: a run call's
 # timeout_s of 480 leaves 30 s). Parts in order, most important first, each under its own cap
-# (`timeout`), and every part but the last keeps back what the parts after it need at least
-# (RESERVE), so a slow part cuts itself, not the MNIST run. Each measurement's JSON line goes
+# (`timeout`), and each keeps back the least that the selected parts after it need (`needs`),
+# so a slow part cuts itself, not the MNIST run. Each measurement's JSON line goes
 # to $OUT/gpu.jsonl as soon as it is measured; the full log to $OUT/session.log, the result
 # lines to stdout.
 set -u
@@ -43,47 +43,53 @@ if ! $py -c "import gpinfer_ep, gpinfer_svi, array_api_compat" 2>/dev/null; then
         --target /tmp/site .gpu/whl/*.whl . plugins/gpinfer-ep plugins/gpinfer-svi || exit 1
     export PYTHONPATH=/tmp/site
 fi
-data=()
-[ -f .gpu/data/mnist.npz ] && data=(--data .gpu/data/mnist.npz)
+data=""
+[ -f .gpu/data/mnist.npz ] && data="--data .gpu/data/mnist.npz"
 {
     echo "### set-up done at $(($(date +%s) - start)) s; device $device, budget $budget s"
     $py -c "import torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__,
 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
 } 2>&1 | tee -a "$log"
 
+# the parts, most important first: name, cap (s), the least it needs (s: kept back for it by
+# the parts before it, when selected), gpu_backend.py arguments; expected on an H100 after it
+names=(profile tri profile-compiled synthetic svi mnist)
+caps=(75 30 110 130 40 120)
+needs=(30 15 60 60 25 100)
+argv=("profile --profile-methods sep,svi"                       # ~40 s
+      "tri"                                                     # ~10 s
+      "profile --profile-methods sep --compile $compile"        # ~60-90 s
+      "synthetic --sizes 1e5,1e6 --cpu-batches 25"              # ~100 s
+      "svi"                                                     # ~15 s
+      "mnist --lr 1e-2 --budget-s 60 --eval-every-s 3 $data")   # ~90 s
+selected() { [ -z "$only" ] || [ "${only#*,"$1",}" != "$only" ]; }
+
 summary=""
-# part NAME CAP RESERVE ARGS...: gpu_backend.py ARGS for at most CAP seconds, keeping RESERVE
-# seconds of the budget for the parts after it
-part() {
-    local name=$1 cap=$2 reserve=$3
-    shift 3
-    if [ -n "$only" ] && [ "${only#*,"$name",}" = "$only" ]; then return; fi
-    local t0 left
+for i in "${!names[@]}"; do
+    name=${names[$i]} cap=${caps[$i]}
+    selected "$name" || continue
+    reserve=0
+    for j in "${!names[@]}"; do
+        [ "$j" -gt "$i" ] && selected "${names[$j]}" && reserve=$((reserve + needs[j]))
+    done
     t0=$(date +%s)
     left=$((deadline - t0 - reserve))
     [ "$left" -lt "$cap" ] && cap=$left
     if [ "$cap" -lt 15 ]; then
         echo "### $name: skipped, ${cap} s left of the budget" | tee -a "$log"
         summary="$summary\"$name\": \"skipped\", "
-        return
+        continue
     fi
     echo "### $name: at most $cap s (session at $((t0 - start)) s)" | tee -a "$log"
-    timeout -k 10 "$cap" $py benchmarks/gpu_backend.py "$@" --device "$device" $smoke \
+    # shellcheck disable=SC2086  # the arguments split into words
+    timeout -k 10 "$cap" $py benchmarks/gpu_backend.py ${argv[$i]} --device "$device" $smoke \
         $threads --out "$jsonl" 2>&1 | tee -a "$log" \
         | grep --line-buffered -E '^(==|   |  epoch|  sep|\[|torch |Traceback|[A-Za-z.]*(Error|Exception))'
-    local rc=${PIPESTATUS[0]} t=$(($(date +%s) - t0))
+    rc=${PIPESTATUS[0]} t=$(($(date +%s) - t0))
     echo "### $name: exit $rc after $t s$([ "$rc" = 124 ] && echo ' (its cap: cut)')" \
         | tee -a "$log"
     summary="$summary\"$name\": {\"exit\": $rc, \"wall_s\": $t}, "
-}
-
-# name            cap reserve  gpu_backend.py arguments              expected on an H100
-part profile       75  130  profile --profile-methods sep,svi      # ~40 s
-part tri           30  130  tri                                    # ~10 s
-part profile-compiled 110 130 profile --profile-methods sep --compile "$compile"  # ~60-90 s
-part synthetic    130  130  synthetic --sizes 1e5,1e6 --cpu-batches 25  # ~100 s
-part svi           40  100  svi                                    # ~15 s
-part mnist        120    0  mnist --lr 1e-2 --budget-s 60 --eval-every-s 3 "${data[@]}"  # ~90 s
+done
 
 echo "{\"part\": \"session\", \"time\": $(date +%s), \"device\": \"$device\", \"smoke\": \
 $([ -n "$smoke" ] && echo true || echo false), \"budget_s\": $budget, ${summary}\"wall_s\": \
