@@ -63,8 +63,8 @@ about two minutes.
 Human-readable lines on stdout, one JSON line per measurement appended to ``--out``
 (``outputs/gpu_backend.jsonl``).
 
-GPU session plan (issue 25: one ``run`` call, about 7 minutes of a 15-minute device budget)
------------------------------------------------------------------------------------------------
+GPU session plan (issue 25: one ``run`` call, ~6 min of commands, 7-8 min of device time)
+------------------------------------------------------------------------------------------
 Here, once, in the checkout that the device tool sends (``.gpu/`` is git-ignored; nothing can be
 fetched on the GPU machine and ``../shared`` does not travel; ~21 MB)::
 
@@ -77,31 +77,32 @@ python3 there holds CUDA torch 2.11, numpy, scipy, scikit-learn, threadpoolctl a
 into ``/tmp/site`` (a copy with the entry points, ~20 s) when ``import gpinfer_ep`` fails. Then
 one call, ``run(command="bash benchmarks/gpu_session.sh", carry=[".gpu"], timeout_s=480)``
 (``--budget-s`` 450 s for the parts; a machine's start adds ~1-2 minutes of device time). Parts,
-most important first, each capped by ``timeout``; each part but the last keeps back what the
-later ones need (the cap shrinks, the MNIST run keeps its ~100 s); each JSON line lands in
+most important first, each capped by ``timeout``; each keeps back the least that the selected
+parts after it need (the script's ``needs``: the cap shrinks, the MNIST run keeps its 100 s);
+so a slow part cuts itself, not the later ones. Each JSON line lands in
 ``$OUT/gpu.jsonl`` as soon as it is measured (the full log in ``$OUT/session.log``, the result
 lines on stdout, a last ``"part": "session"`` line with each part's exit status and seconds):
 
-====================  =====  ==============  ====================================================
+====================  =====  ===============  ===================================================
 part (``--only``)     cap s  expected (H100)  lines (``part`` / ``library``) and the target
-====================  =====  ==============  ====================================================
-``profile``           75     ~40 s           ``profile`` / ``gpinfer-sep``: ``ms_per_step`` <= 16
-                                             (MNIST size, B 1024, float32, eager), launches,
-                                             aten ops, host syncs, GPU busy ms; ``gpinfer-svi``
-                                             and ``-svi-window``: the same for svi
-``tri``               30     ~10 s           ``tri``: ``measured_choice`` (trsm or inverse) vs
-                                             ``prefers_tri_inverse`` (item 3: choose per device)
-``profile-compiled``  110    ~60-90 s        ``profile`` / ``gpinfer-sep``, ``compile``
-                                             ``reduce-overhead``: ``ms_per_step`` <= 16 compiled
-``synthetic``         130    ~100 s          ``synthetic``, N 10^5 then 10^6 (25 numpy batches):
-                                             ``speedup_per_batch`` >= 20; ``peak_gpu_mb_by_N``
-                                             equal across N (memory independent of N)
-``svi``               40     ~15 s           ``svi``: ``speedup`` >= 10 (numpy on one core)
-``mnist``             120    ~90 s           ``mnist``, Adam at 1e-2 (the best rate of the last
-                                             GPU run), 60 s of training, evaluations every 3 s:
-                                             ``summary.within_60s``: ``best_error`` <= 0.021 and
-                                             ``best_nll`` <= 0.075 (``target_met``)
-====================  =====  ==============  ====================================================
+====================  =====  ===============  ===================================================
+``profile``           75     ~40 s            ``profile`` / ``gpinfer-sep``: ``ms_per_step`` <= 16
+                                              (MNIST size, B 1024, float32, eager), launches,
+                                              aten ops, host syncs, GPU busy ms; ``gpinfer-svi``
+                                              and ``-svi-window``: the same for svi
+``tri``               30     ~10 s            ``tri``: ``measured_choice`` (trsm or inverse) vs
+                                              ``prefers_tri_inverse`` (item 3: choose per device)
+``profile-compiled``  110    ~60-90 s         ``profile`` / ``gpinfer-sep``, ``compile``
+                                              ``reduce-overhead``: ``ms_per_step`` <= 16 compiled
+``synthetic``         130    ~100 s           ``synthetic``, N 10^5 then 10^6 (25 numpy batches):
+                                              ``speedup_per_batch`` >= 20; ``peak_gpu_mb_by_N``
+                                              equal across N (memory independent of N)
+``svi``               40     ~15 s            ``svi``: ``speedup`` >= 10 (numpy on one core)
+``mnist``             120    ~90 s            ``mnist``, Adam at 1e-2 (the best rate of the last
+                                              GPU run), 60 s of training, evaluations every 3 s:
+                                              ``summary.within_60s``: ``best_error`` <= 0.021 and
+                                              ``best_nll`` <= 0.075 (``target_met``)
+====================  =====  ===============  ===================================================
 
 If the call is cut or a part fails, rerun only what is missing while the machine is warm, e.g.
 ``bash benchmarks/gpu_session.sh --only synthetic,mnist --budget-s 240`` (``timeout_s`` 270),
@@ -109,10 +110,11 @@ then ``give_back``. Left out of the one call (a later session with time to spare
 SVGP comparison (``gpu_gpytorch_svgp.py --budget-s 60``, ~2 min), ``satellite`` (~3 min),
 ``mnist --dtype float64``.
 
-Here (no GPU), the same call on torch-CPU, tiny sizes, every JSON line (~4 minutes under load)::
+Here (no GPU), the same call on torch-CPU, tiny sizes, every JSON line (~3-4 minutes under load;
+``GPINFER_DATA_DIR`` where ``../shared/data`` is not beside the checkout, as in a worktree)::
 
     OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHON=.venv/bin/python OUT=outputs/gpu_session \
-        bash benchmarks/gpu_session.sh --device cpu --smoke
+        GPINFER_DATA_DIR=/work/shared/data bash benchmarks/gpu_session.sh --device cpu --smoke
 
 or one part: ``.venv/bin/python benchmarks/gpu_backend.py all --smoke --device cpu
 --torch-threads 1``.

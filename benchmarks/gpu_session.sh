@@ -64,6 +64,8 @@ argv=("profile --profile-methods sep,svi"                       # ~40 s
       "mnist --lr 1e-2 --budget-s 60 --eval-every-s 3 $data")   # ~90 s
 selected() { [ -z "$only" ] || [ "${only#*,"$1",}" != "$only" ]; }
 
+# the lines shown on stdout: results, MNIST evaluations, part timings, errors
+results='^(==|   |  epoch|  sep|\[|torch |Traceback|[A-Za-z.]*(Error|Exception))'
 summary=""
 for i in "${!names[@]}"; do
     name=${names[$i]} cap=${caps[$i]}
@@ -84,7 +86,7 @@ for i in "${!names[@]}"; do
     # shellcheck disable=SC2086  # the arguments split into words
     timeout -k 10 "$cap" $py benchmarks/gpu_backend.py ${argv[$i]} --device "$device" $smoke \
         $threads --out "$jsonl" 2>&1 | tee -a "$log" \
-        | grep --line-buffered -E '^(==|   |  epoch|  sep|\[|torch |Traceback|[A-Za-z.]*(Error|Exception))'
+        | grep --line-buffered -E "$results"
     rc=${PIPESTATUS[0]} t=$(($(date +%s) - t0))
     echo "### $name: exit $rc after $t s$([ "$rc" = 124 ] && echo ' (its cap: cut)')" \
         | tee -a "$log"
