@@ -55,6 +55,7 @@ from gpinfer.out_of_core import (
 from gpinfer.posterior import AveragedPosterior, Posterior, class_columns
 from gpinfer.progress import progress_callback
 from gpinfer.threads import blas_threads, training_threads
+from gpinfer.training import distributed
 from gpinfer.training.early_stopping import (
     EarlyStopping,
     RefitStop,
@@ -521,41 +522,44 @@ class _GPEstimatorBase:
         """The one fit sequence of both estimators: validate everything before training
         (inputs, targets, settings, method, weights, scaling, backend, compatibility, early
         stopping), build the method and its problem, fit (``_fit_problem``). Returns the
-        classes ``[C]`` of a classifier (None for a regressor), which its ``fit`` keeps."""
-        self._set_feature_names(X)
-        source, stats = self._fit_source(X), None
-        if source is None:
-            X, y = check_X_y(*self._host_inputs(X=X, y=y))
-        else:  # out of core: the method first, then every row checked in chunks (one read)
-            streamer = _load_method(self.method)
-            check_out_of_core(streamer, _method_name(streamer, self.method), self.batch_size,
-                              source.n_rows, self._task)
-            X, y, stats = checked_inputs(source, y)
-        y, classes = self._targets(y)
-        n_classes = 0 if classes is None else len(classes)
-        self._check_settings()
-        method_cls = _load_method(self.method)
-        name = _method_name(method_cls, self.method)
-        if stats is None:
-            X, y, weights = self._weighted_rows(sample_weight, X, y, method_cls, name)
-        else:
-            check_unit_weights(check_sample_weight(sample_weight, X.shape[0]))
-            weights = None
-        if classes is not None:
-            _check_two_classes(classes, y)
-        X = self._scale_inputs(X, weights) if stats is None else self._scale_source(X, stats)
-        backend = self._resolve_backend()
-        check_method_compatible(
-            method_cls, n_classes, self._task, self.batch_size,
-            self._likelihood_name() or self._default_likelihood,
-            likelihood=self.likelihood if isinstance(self.likelihood, Likelihood) else None,
-            backend=backend, options=self.method_options)
-        early = self._early_stopping(y, n_classes, method_cls)
-        setup = _ProblemSetup(self, method_cls, name, backend, X, y, n_classes, weights)
-        method, problem = setup(slice(None) if early is None else early[1][0][0])
-        with progress_callback(self.verbose, problem.max_iter, name, callback) as callback:
-            self._fit_problem(method, name, problem, callback, setup, (X, y), early)
-        return classes
+        classes ``[C]`` of a classifier (None for a regressor), which its ``fit`` keeps. In a
+        process group an exception leaving it on this rank ends the group
+        (``distributed.leave_on_failure``): the other ranks raise at once."""
+        with distributed.leave_on_failure():
+            self._set_feature_names(X)
+            source, stats = self._fit_source(X), None
+            if source is None:
+                X, y = check_X_y(*self._host_inputs(X=X, y=y))
+            else:  # out of core: the method first, then every row checked in chunks (one read)
+                streamer = _load_method(self.method)
+                check_out_of_core(streamer, _method_name(streamer, self.method), self.batch_size,
+                                  source.n_rows, self._task)
+                X, y, stats = checked_inputs(source, y)
+            y, classes = self._targets(y)
+            n_classes = 0 if classes is None else len(classes)
+            self._check_settings()
+            method_cls = _load_method(self.method)
+            name = _method_name(method_cls, self.method)
+            if stats is None:
+                X, y, weights = self._weighted_rows(sample_weight, X, y, method_cls, name)
+            else:
+                check_unit_weights(check_sample_weight(sample_weight, X.shape[0]))
+                weights = None
+            if classes is not None:
+                _check_two_classes(classes, y)
+            X = self._scale_inputs(X, weights) if stats is None else self._scale_source(X, stats)
+            backend = self._resolve_backend()
+            check_method_compatible(
+                method_cls, n_classes, self._task, self.batch_size,
+                self._likelihood_name() or self._default_likelihood,
+                likelihood=self.likelihood if isinstance(self.likelihood, Likelihood) else None,
+                backend=backend, options=self.method_options)
+            early = self._early_stopping(y, n_classes, method_cls)
+            setup = _ProblemSetup(self, method_cls, name, backend, X, y, n_classes, weights)
+            method, problem = setup(slice(None) if early is None else early[1][0][0])
+            with progress_callback(self.verbose, problem.max_iter, name, callback) as callback:
+                self._fit_problem(method, name, problem, callback, setup, (X, y), early)
+            return classes
 
     def _refine_members(self, method: Method, method_name: str, setup: Setup,
                         averaged: FitResult, refine_iter: int) -> FitResult:
