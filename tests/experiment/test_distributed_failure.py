@@ -3,9 +3,10 @@ that raises mid-fit ends the whole job within the collective timeout, with the r
 FAILED in MLflow and nothing left RUNNING"). Each case: rank 0 records the run in a SQLite
 MLflow store; the failing rank stays alive afterwards (as a sweep or a caller that caught the
 error would) until the other rank is done, unless it was killed. The collective timeout is
-60 s; the other rank must end within 30 s of the failure, with a ``GroupError`` (before the
-mend the two cases of a live failing rank waited the whole 60 s, and rank 0 recorded gloo's
-raw ``RuntimeError``)."""
+120 s; the other rank must end within 60 s of the failure (its own set-up and the failure's
+record included, on a loaded machine), with a ``GroupError`` (before the mend the two cases of
+a live failing rank waited the whole timeout, and rank 0 recorded gloo's raw
+``RuntimeError``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from .helpers import REPO, store_runs
 
 pytest.importorskip("torch", reason="torch.distributed needs PyTorch (make test installs it)")
 
-COLLECTIVE_S = 60.0
+COLLECTIVE_S = 120.0
+PROMPT_S = 60.0  # a failure ends the other rank this soon (the timeout: twice as long)
 
 # {fail}: code that makes this rank fail (a patch, run before the experiment);
 # the failing rank writes the time of its failure to failed.time
@@ -46,7 +48,7 @@ done = os.path.join(folder, f"rank{{RANK}}.done")
 open(done, "w").close()
 other = os.path.join(folder, f"rank{{1 - RANK}}.done")
 while not what.startswith("GroupError") and not os.path.exists(other) \
-        and time.time() - t < 100:  # the failed rank alive until the other is done
+        and time.time() - t < 200:  # the failed rank alive until the other is done
     time.sleep(0.1)
 save(what=np.array(what), t=np.array(t))
 """
@@ -93,7 +95,7 @@ def _job(tmp_path: Path, fail: str) -> tuple[list[int], list[dict], float, list]
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     code = JOB.format(folder=str(tmp_path), uri=uri, fail=fail)
-    ended = launch_ranks(code, 2, tmp_path, timeout_s=180, cwd=REPO,
+    ended = launch_ranks(code, 2, tmp_path, timeout_s=300, cwd=REPO,
                          collective_s=COLLECTIVE_S)
     codes = [rc for rc, _ in ended]
     out = [dict(np.load(tmp_path / f"rank{r}.npz")) if rc == 0 else None
@@ -114,7 +116,8 @@ def test_a_killed_rank_ends_the_job_and_rank_zero_records_failed(tmp_path: Path)
     codes, out, failed, runs = _job(tmp_path, KILL_RANK_1)
     assert codes == [0, -9] and out[0] is not None
     assert str(out[0]["what"]).startswith("GroupError: rank 0 of 2: a collective")
-    assert float(out[0]["t"]) - failed < 30.0 < COLLECTIVE_S
+    waited = float(out[0]["t"]) - failed
+    assert waited < PROMPT_S < COLLECTIVE_S, waited
     _one_failed_run(runs, "GroupError: rank 0 of 2", tmp_path)
 
 
@@ -123,7 +126,8 @@ def test_rank_zero_failing_ends_the_other_rank(tmp_path: Path) -> None:
     assert codes == [0, 0]
     assert str(out[0]["what"]) == "ValueError: the callback broke"
     assert str(out[1]["what"]).startswith("GroupError: rank 1 of 2: a collective")
-    assert float(out[1]["t"]) - failed < 30.0 < COLLECTIVE_S
+    waited = float(out[1]["t"]) - failed
+    assert waited < PROMPT_S < COLLECTIVE_S, waited
     _one_failed_run(runs, "ValueError: the callback broke", tmp_path)
 
 
@@ -132,7 +136,8 @@ def test_a_rank_failing_before_its_fit_ends_rank_zeros_run(tmp_path: Path) -> No
     assert codes == [0, 0]
     assert str(out[1]["what"]) == "OSError: the disk went away"
     assert str(out[0]["what"]).startswith("GroupError: rank 0 of 2: a collective")
-    assert float(out[0]["t"]) - failed < 30.0 < COLLECTIVE_S
+    waited = float(out[0]["t"]) - failed
+    assert waited < PROMPT_S < COLLECTIVE_S, waited
     _one_failed_run(runs, "GroupError: rank 0 of 2", tmp_path)
 
 

@@ -1,9 +1,9 @@
 """A rank that fails outside a step ends the data-parallel fit on every rank at once
 (``distributed.leave_on_failure``), not at the collective timeout: rank 1's callback raises
 ``KeyboardInterrupt`` mid-fit and rank 1 stays alive (as a caller that caught it would), and
-rank 0 must raise a ``GroupError`` within seconds, where the collective timeout is 60 s (before
-the mend rank 0 waited the whole 60 s). A process that left its group is told so by
-``current`` instead of fitting alone."""
+rank 0 must raise a ``GroupError`` within 30 s (seconds, in fact), where the collective
+timeout is 60 s (before the mend rank 0 waited the whole 60 s). A process that left its group
+is told so by ``current`` instead of fitting alone."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_a_rank_interrupted_outside_a_step_ends_the_fit_on_every_rank(tmp_path):
     assert str(out[0]["what"]).startswith("GroupError: rank 0 of 2: a collective"), out[0]
     assert "another rank ended" in str(out[0]["what"])
     waited = float(out[0]["t"]) - float(out[1]["t"])
-    assert waited < 15.0 < COLLECTIVE_S, waited
+    assert waited < 30.0 < COLLECTIVE_S, waited
     # both left the group: a further fit would not run alone on one rank
     assert "left its process group after a failure (rank 1: KeyboardInterrupt" in \
         str(out[1]["left"])
