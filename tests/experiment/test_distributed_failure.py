@@ -66,6 +66,19 @@ if RANK == 1:  # killed without cleanup in its 5th step's collective
     Group.agreed_mean = dying
 """
 
+HANG_RANK_1 = """
+from gpinfer.training.distributed import Group
+if RANK == 1:  # hangs (alive, silent) for 30 s before its 5th step's collective
+    calls, real = [0], Group.agreed_mean
+    def hanging(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 5:
+            failed_now()
+            time.sleep(30)
+        return real(self, *args, **kwargs)
+    Group.agreed_mean = hanging
+"""
+
 RANK_0_CALLBACK = """
 from gpinfer.experiment import runner
 if RANK == 0:  # rank 0's own failure, outside a step: its callback raises at iteration 3
@@ -88,7 +101,8 @@ if RANK == 1:  # rank 1's data reading fails while rank 0 goes on to the fit
 """
 
 
-def _job(tmp_path: Path, fail: str) -> tuple[list[int], list[dict], float, list]:
+def _job(tmp_path: Path, fail: str, collective_s: float = COLLECTIVE_S
+         ) -> tuple[list[int], list[dict], float, list]:
     """The job with ``fail`` patched in: exit codes, saved arrays (None for a killed rank),
     the failure's time, the store's runs."""
     from gpinfer.testing.ranks import launch_ranks
@@ -96,7 +110,7 @@ def _job(tmp_path: Path, fail: str) -> tuple[list[int], list[dict], float, list]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     code = JOB.format(folder=str(tmp_path), uri=uri, fail=fail)
     ended = launch_ranks(code, 2, tmp_path, timeout_s=300, cwd=REPO,
-                         collective_s=COLLECTIVE_S)
+                         collective_s=collective_s)
     codes = [rc for rc, _ in ended]
     out = [dict(np.load(tmp_path / f"rank{r}.npz")) if rc == 0 else None
            for r, rc in enumerate(codes)]
@@ -118,6 +132,20 @@ def test_a_killed_rank_ends_the_job_and_rank_zero_records_failed(tmp_path: Path)
     assert str(out[0]["what"]).startswith("GroupError: rank 0 of 2: a collective")
     waited = float(out[0]["t"]) - failed
     assert waited < PROMPT_S < COLLECTIVE_S, waited
+    _one_failed_run(runs, "GroupError: rank 0 of 2", tmp_path)
+
+
+def test_a_hanging_rank_ends_the_job_at_the_collective_timeout(tmp_path: Path) -> None:
+    """A rank that neither fails nor dies: gloo's timeout (8 s here) raises in rank 0's
+    collective, a ``GroupError`` naming the timeout, and the run ends FAILED; the hanging rank
+    then finds its group gone."""
+    codes, out, failed, runs = _job(tmp_path, HANG_RANK_1, collective_s=8.0)
+    assert codes == [0, 0]
+    assert str(out[0]["what"]).startswith("GroupError: rank 0 of 2: a collective")
+    assert "Timed out" in str(out[0]["what"])
+    assert str(out[1]["what"]).startswith("GroupError: rank 1 of 2: a collective")
+    waited = float(out[0]["t"]) - failed
+    assert 6.0 < waited < 25.0, waited  # the timeout, not the end of the hang
     _one_failed_run(runs, "GroupError: rank 0 of 2", tmp_path)
 
 
