@@ -79,6 +79,24 @@ if RANK == 1:  # hangs (alive, silent) for 30 s before its 5th step's collective
     Group.agreed_mean = hanging
 """
 
+RANK_1_FAILS_RANK_0_STOPPED = """
+from gpinfer.training.distributed import Group
+calls, real = [0], Group.agreed_mean
+def step(self, *args, **kwargs):
+    calls[0] += 1
+    if calls[0] == 5 and RANK == 1:  # outside attempt: not the step's failure flag
+        failed_now()
+        raise ValueError("rank 1 broke")
+    if calls[0] == 5 and RANK == 0:  # torchrun's SIGTERM after rank 1 failed, while rank 0
+        while not os.path.exists(os.path.join(folder, "failed.time")):  # still computes
+            time.sleep(0.05)
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5.0)
+    return real(self, *args, **kwargs)
+Group.agreed_mean = step
+"""
+
 RANK_0_CALLBACK = """
 from gpinfer.experiment import runner
 if RANK == 0:  # rank 0's own failure, outside a step: its callback raises at iteration 3
@@ -129,7 +147,8 @@ def _one_failed_run(runs: list, error: str, tmp_path: Path) -> None:
 def test_a_killed_rank_ends_the_job_and_rank_zero_records_failed(tmp_path: Path) -> None:
     codes, out, failed, runs = _job(tmp_path, KILL_RANK_1)
     assert codes == [0, -9] and out[0] is not None
-    assert str(out[0]["what"]).startswith("GroupError: rank 0 of 2: a collective")
+    assert str(out[0]["what"]).startswith(  # a killed rank posts nothing
+        "GroupError: rank 0 of 2: a collective of the process group failed: another rank ended")
     waited = float(out[0]["t"]) - failed
     assert waited < PROMPT_S < COLLECTIVE_S, waited
     _one_failed_run(runs, "GroupError: rank 0 of 2", tmp_path)
@@ -149,11 +168,27 @@ def test_a_hanging_rank_ends_the_job_at_the_collective_timeout(tmp_path: Path) -
     _one_failed_run(runs, "GroupError: rank 0 of 2", tmp_path)
 
 
+def test_a_sigterm_after_another_ranks_failure_records_that_failure(tmp_path: Path) -> None:
+    """``torchrun``'s SIGTERM reaches rank 0 before any collective of its own failed: the
+    interruption came after rank 1's failure, which rank 1 posted in the group's store before
+    it left (``distributed.peer_failure``), so the run ends FAILED with rank 1's error, not
+    KILLED (as it did before the mend)."""
+    codes, out, failed, runs = _job(tmp_path, RANK_1_FAILS_RANK_0_STOPPED)
+    assert codes == [0, 0]
+    assert str(out[1]["what"]) == "ValueError: rank 1 broke"
+    error = "GroupError: stopped (signal 15) after another rank of the process group failed: " \
+        "rank 1: ValueError: rank 1 broke"
+    assert str(out[0]["what"]) == error
+    _one_failed_run(runs, error, tmp_path)
+
+
 def test_rank_zero_failing_ends_the_other_rank(tmp_path: Path) -> None:
     codes, out, failed, runs = _job(tmp_path, RANK_0_CALLBACK)
     assert codes == [0, 0]
     assert str(out[0]["what"]) == "ValueError: the callback broke"
-    assert str(out[1]["what"]).startswith("GroupError: rank 1 of 2: a collective")
+    assert str(out[1]["what"]).startswith(
+        "GroupError: rank 1 of 2: a collective of the process group failed: the first "
+        "failure: rank 0: ValueError: the callback broke")
     waited = float(out[1]["t"]) - failed
     assert waited < PROMPT_S < COLLECTIVE_S, waited
     _one_failed_run(runs, "ValueError: the callback broke", tmp_path)
@@ -163,7 +198,9 @@ def test_a_rank_failing_before_its_fit_ends_rank_zeros_run(tmp_path: Path) -> No
     codes, out, failed, runs = _job(tmp_path, RANK_1_DATA)
     assert codes == [0, 0]
     assert str(out[1]["what"]) == "OSError: the disk went away"
-    assert str(out[0]["what"]).startswith("GroupError: rank 0 of 2: a collective")
+    assert str(out[0]["what"]).startswith(
+        "GroupError: rank 0 of 2: a collective of the process group failed: the first "
+        "failure: rank 1: OSError: the disk went away")
     waited = float(out[0]["t"]) - failed
     assert waited < PROMPT_S < COLLECTIVE_S, waited
     _one_failed_run(runs, "GroupError: rank 0 of 2", tmp_path)
