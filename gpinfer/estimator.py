@@ -519,47 +519,51 @@ class _GPEstimatorBase:
 
     def _fit(self, X: Any, y: Any, sample_weight: Any, callback: FitCallback | None
              ) -> Array | None:
+        """``_fit_sequence``; in a process group an exception leaving it on this rank ends the
+        group first (``distributed.leave_on_failure``), so the other ranks raise at once."""
+        with distributed.leave_on_failure():
+            return self._fit_sequence(X, y, sample_weight, callback)
+
+    def _fit_sequence(self, X: Any, y: Any, sample_weight: Any,
+                      callback: FitCallback | None) -> Array | None:
         """The one fit sequence of both estimators: validate everything before training
         (inputs, targets, settings, method, weights, scaling, backend, compatibility, early
         stopping), build the method and its problem, fit (``_fit_problem``). Returns the
-        classes ``[C]`` of a classifier (None for a regressor), which its ``fit`` keeps. In a
-        process group an exception leaving it on this rank ends the group
-        (``distributed.leave_on_failure``): the other ranks raise at once."""
-        with distributed.leave_on_failure():
-            self._set_feature_names(X)
-            source, stats = self._fit_source(X), None
-            if source is None:
-                X, y = check_X_y(*self._host_inputs(X=X, y=y))
-            else:  # out of core: the method first, then every row checked in chunks (one read)
-                streamer = _load_method(self.method)
-                check_out_of_core(streamer, _method_name(streamer, self.method), self.batch_size,
-                                  source.n_rows, self._task)
-                X, y, stats = checked_inputs(source, y)
-            y, classes = self._targets(y)
-            n_classes = 0 if classes is None else len(classes)
-            self._check_settings()
-            method_cls = _load_method(self.method)
-            name = _method_name(method_cls, self.method)
-            if stats is None:
-                X, y, weights = self._weighted_rows(sample_weight, X, y, method_cls, name)
-            else:
-                check_unit_weights(check_sample_weight(sample_weight, X.shape[0]))
-                weights = None
-            if classes is not None:
-                _check_two_classes(classes, y)
-            X = self._scale_inputs(X, weights) if stats is None else self._scale_source(X, stats)
-            backend = self._resolve_backend()
-            check_method_compatible(
-                method_cls, n_classes, self._task, self.batch_size,
-                self._likelihood_name() or self._default_likelihood,
-                likelihood=self.likelihood if isinstance(self.likelihood, Likelihood) else None,
-                backend=backend, options=self.method_options)
-            early = self._early_stopping(y, n_classes, method_cls)
-            setup = _ProblemSetup(self, method_cls, name, backend, X, y, n_classes, weights)
-            method, problem = setup(slice(None) if early is None else early[1][0][0])
-            with progress_callback(self.verbose, problem.max_iter, name, callback) as callback:
-                self._fit_problem(method, name, problem, callback, setup, (X, y), early)
-            return classes
+        classes ``[C]`` of a classifier (None for a regressor), which its ``fit`` keeps."""
+        self._set_feature_names(X)
+        source, stats = self._fit_source(X), None
+        if source is None:
+            X, y = check_X_y(*self._host_inputs(X=X, y=y))
+        else:  # out of core: the method first, then every row checked in chunks (one read)
+            streamer = _load_method(self.method)
+            check_out_of_core(streamer, _method_name(streamer, self.method), self.batch_size,
+                              source.n_rows, self._task)
+            X, y, stats = checked_inputs(source, y)
+        y, classes = self._targets(y)
+        n_classes = 0 if classes is None else len(classes)
+        self._check_settings()
+        method_cls = _load_method(self.method)
+        name = _method_name(method_cls, self.method)
+        if stats is None:
+            X, y, weights = self._weighted_rows(sample_weight, X, y, method_cls, name)
+        else:
+            check_unit_weights(check_sample_weight(sample_weight, X.shape[0]))
+            weights = None
+        if classes is not None:
+            _check_two_classes(classes, y)
+        X = self._scale_inputs(X, weights) if stats is None else self._scale_source(X, stats)
+        backend = self._resolve_backend()
+        check_method_compatible(
+            method_cls, n_classes, self._task, self.batch_size,
+            self._likelihood_name() or self._default_likelihood,
+            likelihood=self.likelihood if isinstance(self.likelihood, Likelihood) else None,
+            backend=backend, options=self.method_options)
+        early = self._early_stopping(y, n_classes, method_cls)
+        setup = _ProblemSetup(self, method_cls, name, backend, X, y, n_classes, weights)
+        method, problem = setup(slice(None) if early is None else early[1][0][0])
+        with progress_callback(self.verbose, problem.max_iter, name, callback) as callback:
+            self._fit_problem(method, name, problem, callback, setup, (X, y), early)
+        return classes
 
     def _refine_members(self, method: Method, method_name: str, setup: Setup,
                         averaged: FitResult, refine_iter: int) -> FitResult:
