@@ -7,7 +7,49 @@
    of algebra would take at the dgemm rate (FLOP model of ``../shared/peers/profile_step.py``:
    per class ``17.33 M^3 + 7 M^2 B + 3 M^2 D + 4 M B D``).
 3. Where the step's time goes: process-CPU time per step of its phases (kernel terms, site
-   update, log Z_q and matrix gradients, kernel VJPs, optimiser step, the rest).
+   update, log Z_q and matrix gradients, kernel VJPs, optimiser step, the rest; averaged over
+   all epochs, the warm-up included).
+
+   Fresh pages (s38-kalloc, 2026-12-05, one thread, process CPU, load 4.5-8). numpy asks for
+   transparent huge pages (``madvise(MADV_HUGEPAGE)``) on each allocation of 4 MiB or more,
+   and this machine runs THP with ``defrag=madvise``, so the first touch of a fresh array may
+   pay synchronous compaction and zeroing. A fresh ``[C, M, D]`` array (12.5 MB) allocated
+   while 8 others are held cost 25.9 ms in one run and 2.6 ms in the next with numpy's
+   default (it depends on the system's memory fragmentation), 3.2-3.3 ms with
+   ``NUMPY_MADVISE_HUGEPAGE=0`` (small pages, six times the faults). In the SEP step this
+   cost falls on the warm-up epoch: the heap grows to its peak there, and afterwards glibc
+   hands each freed array's memory to the next allocation, so epochs 2..E (what 2. times)
+   take 0 minor page faults per step. First 20 steps against steps 21-60 of one fit (two
+   fits): forward 46.4/40.2 vs 34.2/35.3 ms, step 162.4/151.7 vs 144.9/149.9 ms; with
+   ``NUMPY_MADVISE_HUGEPAGE=0`` forward 35.9/35.7 vs 35.2/34.3, step 148.5/147.6 vs
+   148.7/144.3. (A line profile of a fit's first epochs sees these faults: ``Z - shift``
+   10.6 ms a call there, 1.1 ms on its own.) Measured and not kept: the forward's two ``[C, M, D]``
+   arrays (``Zs = Z - shift``, kept for the VJP, and the scaled ``A``) in buffers the stacked
+   family reuses across steps (fits bit-identical): the warm-up forward 47.4/42.4 ->
+   43.1/35.5 ms, the steady state unchanged (steps alternating between reused and fresh
+   buffers within one fit: forward 34.6 vs 34.8 ms; ``--parts sep --epochs 3``, processes
+   alternating, load 5.3-7.8: without the buffers 157.4 / 152.7 / 154.6 ms, with them
+   159.0 / 148.2 / 161.3): a first-epoch gain only, for an ownership rule (weak references
+   to the covariances that borrow them) and two ``[C, M, D]`` buffers a fitted model would
+   keep. Fusing the shift and the division into cache-sized blocks of
+   each latent's rows (both passes 4.9 ms unblocked, 4.8-5.1 in blocks of 2^14..2^18 floats,
+   one fit cycling the variants, load 7) was not taken: both are bound by memory either way.
+   What a user can do: ``NUMPY_MADVISE_HUGEPAGE=0`` in the environment, set before numpy is
+   imported, takes the fault cost off the first epoch, but the steady state is no faster
+   (the same runs as above: 163.5 / 156.3 / 164.2 ms, small pages cost TLB misses instead):
+   worth it for short fits where ``/sys/kernel/mm/transparent_hugepage/defrag`` says
+   ``madvise``, not for long training.
+
+   Passes over ``[C, M, D]`` cut instead (the same session, one fit alternating old and new
+   code per call, process CPU, load 5-6): the VJP's first product is
+   ``(diag(rA) - 2 G_uu) Zs`` written straight into the gradient (no pass forming ``rA Zs``):
+   27.7 -> 26.2 ms per call (medians; fits move by 2e-14 at most). The step with both cuts
+   (``--parts sep --epochs 3``, processes alternating with e0cf397, load 2.3-3.2): before
+   144.8 / 144.7 / 143.6 ms, after 149.4 / 144.0 / 143.0 ms (VJP phase 32.3-32.5 ->
+   29.3-31.2 ms): below the step's run-to-run noise. Measured and not taken:
+   the forward's cross product as ``Xs As^T`` with its transpose read by the distances' first
+   pass (no transposing pass of its own; bit-identical): 14.1 -> 11.6 ms at this size, but
+   1.2-3x slower at others (D 64 and B 200 or 1797, D 20 and B 1000, B 1000 at D 784).
 4. Operations per step on torch-CPU (float64): the aten operators one SEP step at MNIST size
    issues, counted with ``torch.profiler`` over a few steps of epoch 2 (``top-level``: operators
    not called from another aten operator, the proxy for kernel launches on a GPU; ``all``:
@@ -43,10 +85,11 @@
      M = 200); one ``trtri`` of ``L`` (every product with ``L^-1`` then a ``trmm``);
    - five ``trmm`` of ``[M, M]``: the site sums moved onto the step's factor (a congruence:
      whitened sums kept and moved by ``T = L^-1 L'`` take three, ``T`` and ``T^T P T``; the
-     code takes four, ``Lam -> P_w -> Lam``) and the gradient's sandwich ``L^-T (.) L^-1``
-     (two); two ``trmm`` of ``[M, B]`` (``L^-1 Kuf``, ``L^-T X``), one ``trsm`` (the update's
-     cavity variances), two ``gemm`` ``[M, B] x [B, M]`` (new site sums, the cross term
-     ``A (X + A diag b)^T``) and one ``[M, M] x [M, B]`` (``B_cav^-1 A``);
+     code took four, ``Lam -> P_w -> Lam``, until s38 and now takes three) and the
+     gradient's sandwich ``L^-T (.) L^-1`` (two); two ``trmm`` of ``[M, B]`` (``L^-1 Kuf``,
+     ``L^-T X``), one ``trsm`` (the update's cavity variances), two ``gemm``
+     ``[M, B] x [B, M]`` (new site sums, the cross term ``A (X + A diag b)^T``) and one
+     ``[M, M] x [M, B]`` (``B_cav^-1 A``);
    - memory-bound, outside the FLOP model: Adam's update of the ``P ~ C M D = 1.57 M``
      parameters (seven vectors of P streamed once), the forward's read of Z and the
      gradient's write (one pass each over ``[C, M, D]``).
@@ -92,6 +135,42 @@
    large arrays: 170.7 / 168.6 vs 165.9 / 171.3 ms, no gain: the step's fresh arrays cost
    no page faults worth measuring), a finiteness check by one sum (0.43 vs 0.54 ms per
    ``[C, M, D]`` array: memory-bound either way).
+
+   The parameter vector's path (s38-optvec, 2026-12-05): the loop packs into the vector it
+   handed to ``hp.unpack(owned=True)`` the step before (``HyperParameters.pack(reuse=)``:
+   ``Z`` are its views, only the kernel entries are written) and writes the gradient into the
+   last one (``gradient(out=)``): no fresh ``[P]`` array per step; ``hp.size`` no longer
+   sums the ``L M D``-entry free mask per call (~1 ms each in ``unpack`` and ``_ascend``).
+   Three interleaved rounds (``--parts sep --epochs 3``, load 7.2-8.5): main 163.6 / 161.2 /
+   164.7 ms, the branch 160.1 / 156.1 / 152.8 ms; coordinates/pack/unpack 4.0-6.2 ->
+   0.7-0.8 ms (left: the kernel objects' ``get``/``set_unconstrained``, ~0.5 ms for the ten
+   ``Sum`` kernels; the coordinates' scaling, 7850 entries, 0.02 ms: not worth fusing into
+   Adam's pieces); Adam 10.5-12.4 ms, the seven-vector stream the floor counts.
+
+   The site side (s38-white, 2026-12-05): sep's tied sums kept whitened between steps and
+   moved to the step's factor by ``T = L^-1 L'`` (three ``trmm`` where ``Lam -> P_w -> Lam``
+   took four; ``Lam``, ``h`` formed only when read, a snapshot holding the kept sums); the
+   update's cavity moments without its means (``mu = R^T z``) and its new sums accumulated
+   into ``keep * P_w`` by ``gemm`` with ``beta = 1``; the gradients in place on
+   ``B_cav^-1 A`` and on the cross product (``w a^T``, ``w w^T`` rank-one ``gemm``); each
+   ``B = I + a P_w`` checked finite once per phase and factorised in place
+   (``ops.cholesky(overwrite=True)``); the update's sums and the sandwich symmetrised in
+   place (``ops.symmetrize_``). Three interleaved rounds of ``--parts sep --epochs 3``
+   (load 5.2-8.9; main with the parameter vector's path, the cuts without it), site update
+   and log Z_q + gradients per step: main 29.4 / 28.8 / 25.3 and 39.0 / 38.2 / 35.2 ms; the
+   update's cuts 25.1 / 24.9 / 21.4 (the gradients' phase unchanged); with the gradients in
+   place 36.8 / 36.8 / 34.5; with the factorisations in place 22.5 / 21.8 / 20.7 and
+   34.8 / 34.3 / 33.0; with the symmetrisations in place 22.4 / 21.1 / 20.6 and 34.2 / 33.0 /
+   32.7. The merged branch against main (three rounds, load 4.5-5.2): step 143.4 / 140.5 /
+   133.2 vs 145.5 / 150.4 / 139.4 ms, update 21.1 / 20.0 / 19.6 vs 25.2 / 27.1 / 24.4,
+   log Z_q + gradients 33.5 / 31.9 / 31.0 vs 34.9 / 36.6 / 33.6. Line-profiled at load 2.3,
+   the phases are near their calls: the rebase 6.9 ms (three ``trmm``, two of them on
+   copies the kept sums need), the update's cavity ``trsm`` 4.1, its site ``gemm`` 3.4, the
+   two ``potri`` 4.8 each with their copy and mirror, ``B_cav^-1 A`` 3.4, the cross term
+   3.1, the sandwich 4.4. Left: ``potri`` in place on ``L_B`` (two ``[C, M, M]`` copies per
+   evaluation; ``StackedGaussians`` would then lose the factor it exposes). torch-CPU:
+   278 top-level aten ops per step (main 289.3): the snapshot holds the kept sums (no
+   ``u``-space round trip and no copies per step), the cavity without ``w``.
 
 9. ``--parts digits-phases``: where digits' shared sep step (the model of 6. that GPflow's
    SVGP is timed against) goes: process-CPU ms per step of its phases and of the shared
@@ -244,10 +323,11 @@ def _call_list(M_: int = M, B_: int = B, D_: int = D, C_: int = C
     ``C`` classes as the step batches them: ``(name, calls per step, FLOP per call, thunk)``.
 
     Read from the code of one step (``kernels.stacked._forward``/``_vjp``,
-    ``sites.stacked``, ``gpinfer_ep.state._tied_update``/``_tied_evaluate``): prepare (the
+    ``sites.stacked``, ``gpinfer_ep.state._tied_sums``/``_tied_evaluate``): prepare (the
     distance products, Kuu's Cholesky, its ``trtri``, ``A = L^-1 Kuf``; products with a triangular
-    factor are ``trmm``: ``ops.tri_matmul``), update
-    (``L^T Lam L``, the cavity's Cholesky and projection, the new site sums, ``L^-T P L^-1``),
+    factor are ``trmm``: ``ops.tri_matmul``), update (the kept whitened sums moved to the
+    step's factor, ``T = L^-1 L'`` and ``T^T P_w T``, the cavity's Cholesky and projection,
+    the new site sums),
     evaluate (two Cholesky, both ``B^-1`` by ``potri``, ``B_cav^-1 A`` one product with the
     cavity's, the cross terms one product ``A (X + A diag B)^T``, the gradient sandwich and
     ``L^-T X``), VJPs (``G_uu Zs`` and ``G_uf Xs`` accumulated in place: ``ops.matmul_add_``).
@@ -269,7 +349,7 @@ def _call_list(M_: int = M, B_: int = B, D_: int = D, C_: int = C
         ("trtri [C,M,M] (L^-1)", 1, C_ * M_**3 / 3, lambda: ops.tri_inverse(L)),
         ("potri [C,M,M] (B_q^-1, B_cav^-1)", 2, C_ * 2 * M_**3 / 3,
          lambda: ops.cho_inverse(L)),
-        ("trmm [C,M,M]x[C,M,M] (L^T Lam L, two sandwiches)", 6, C_ * mm / 2,
+        ("trmm [C,M,M]x[C,M,M] (the sums' T, T^T P_w T; the sandwich)", 5, C_ * mm / 2,
          lambda: ops.tri_matmul(L, K, right=True)),
         ("trsm [C,M,M]\\[C,M,B] (the update's projection)", 1, C_ * M_**2 * B_,
          lambda: ops.solve_triangular(L, Kuf)),
@@ -514,7 +594,7 @@ def digits_shared_phases(epochs: int) -> dict[str, object]:
     X, y = _digits_train()
     phases = {"kernel terms (Kuu, Kuf, chol, A)": (SparseSites, "prepare"),
               "site update": (SparseSites, "update"),
-              "  its cavity moments (chol, trsm)": (state, "shared_cavity_moments"),
+              "  its cavity moments (chol, trsm)": (state, "cavity_moments"),
               "  its tilted slopes (argmax factors)": (state, "pair_slopes"),
               "  its site products A diag(tau_c) A^T": (state, "shared_site_products"),
               "  its rebase of the sums (T = L^-1 L')": (state.TiedSites, "_whitened_sums"),

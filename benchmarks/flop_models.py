@@ -167,19 +167,21 @@ def sep_step_terms(B: int, M: int, C: int, D: int, n_latent: int,
     """Itemised ``sep_step_flops`` (every term already multiplied by ``n_latent``)."""
     B, M, D = float(B), float(M), float(D)
     per_class = _class_terms(B, M, D) + [
-        # TiedSites.update -> _tied_update
-        Term("update: whiten the site sums P_w = L^T Lam L: two triangular multiplies 2 M^3 "
-             "(coded as two general GEMMs, 4 M^3)",
-             f"{_STACKED}:StackedTerms.to_whitened via {_STATE}:_SiteSums._whitened_sums", 2 * M**3,
-             4 * M**3),
+        # TiedSites.update -> _tied_sums
+        Term("update: the site sums whitened on the step's factor, P_w = L^T Lam L: two "
+             "triangular multiplies 2 M^3 (coded: the kept whitened sums moved by "
+             "T = L_old^-1 L, T^T P_w T, three triangular multiplies, 3 M^3)",
+             f"{_STACKED}:rebased via {_STATE}:TiedSites._whitened_sums", 2 * M**3,
+             3 * M**3),
         Term("update: chol of the cavity B = I + f P_w: M^3/3",
              f"{_STACKED}:StackedGaussians.__init__", M**3 / 3, M**3 / 3),
         Term("update: cavity projections R = L_B^-1 A: M^2 B",
              f"{_STACKED}:StackedGaussians.project", M**2 * B, M**2 * B),
         Term("update: new site precision A diag(tau) A^T (syrk): M^2 B",
-             f"{_STATE}:_tied_update (A diag(tau) A^T)", M**2 * B, M**2 * B),
-        Term("update: back to u-space L^-T P L^-1: 2 M^3",
-             f"{_STACKED}:StackedTerms.to_u_space", 2 * M**3, 2 * M**3),
+             f"{_STATE}:_tied_sums (A diag(tau) A^T)", M**2 * B, M**2 * B),
+        Term("update: back to u-space L^-T P L^-1: 2 M^3 (coded 0 per step: the sums are "
+             "kept whitened, Lam and h formed only when read, e.g. a snapshot per epoch)",
+             f"{_STACKED}:StackedTerms.to_u_space", 2 * M**3, 0.0),
         # TiedSites.evaluate
         Term("evaluate: whiten the updated site sums again: needed 0 (a round trip of the "
              "to_u_space just done with the same L; keep * P_w_old + rho * A diag(tau) A^T is "
@@ -211,11 +213,11 @@ def sep_step_flops(B: int, M: int, C: int, D: int, n_latent: int, *,
 
     * kernel terms, ``gpinfer/sites/stacked.py:stacked_terms``: ``Kuf`` distances ``2 M B D``,
       ``chol(Kuu)`` ``M^3/3``, ``A = L^-1 Kuf`` ``M^2 B``;
-    * ``TiedSites.update`` (state.py): whitening ``L^T Lam L`` ``2 M^3``
-      (``StackedTerms.to_whitened``; coded as two general GEMMs, ``4 M^3``), cavity Cholesky
+    * ``TiedSites.update`` (state.py): whitening ``L^T Lam L`` ``2 M^3`` (coded: the kept
+      whitened sums moved to the step's factor, ``rebased``, ``3 M^3``), cavity Cholesky
       ``M^3/3``, projections ``L_B^-1 A`` ``M^2 B`` (``StackedGaussians.project``), new site
-      precision ``A diag(tau) A^T`` ``M^2 B`` (``_tied_update``, syrk), ``to_u_space``
-      ``2 M^3``;
+      precision ``A diag(tau) A^T`` ``M^2 B`` (``_tied_sums``, syrk), ``to_u_space``
+      ``2 M^3`` (coded 0: formed only when read);
     * ``TiedSites.evaluate``: the re-whitening of the just-updated sums is a round trip of
       ``to_u_space`` with the same ``L`` (counted 0, coded ``4 M^3``), Cholesky of ``B_q`` and
       ``B_cav`` ``2 M^3/3``, projections ``M^2 B``;
@@ -228,7 +230,7 @@ def sep_step_flops(B: int, M: int, C: int, D: int, n_latent: int, *,
       (the default); the distances are kept from the forward pass.
 
     needed = ``n_latent * (4 M B D + 7 M^2 B + 10 M^3)``;
-    coded = ``n_latent * (4 M B D + 7 M^2 B + 52/3 M^3)``.
+    coded = ``n_latent * (4 M B D + 7 M^2 B + 43/3 M^3)``.
     """
     return _sum(sep_step_terms(B, M, C, D, n_latent, learn_inducing), coded)
 

@@ -15,26 +15,24 @@ run); the defaults below are a reduced version.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 from pep_common import (
     ALPHAS,
+    add_run_arguments,
+    alpha_metrics,
     append_row,
-    complete_cases,
     label,
-    load_rows,
-    log_to_mlflow,
     pairwise_text,
     per_dataset_text,
     plot_metric_vs_alpha,
-    row_key,
+    publish,
+    resume,
     save_rows,
+    summary_rows,
     summary_table,
-    win_fraction,
 )
 from threadpoolctl import threadpool_limits
 
@@ -87,18 +85,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=200)
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--quadrature", default="trapezoid")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent
-                        / "outputs/bui2017_classification")
-    parser.add_argument("--tracking-uri", default=None)
-    parser.add_argument("--summarise", action="store_true",
-                        help="no fits: summarise, plot and log the rows already in --out")
-    parser.add_argument("--merge", type=Path, nargs="*", default=[],
-                        help="rows.json files of earlier runs to include in the summary")
+    add_run_arguments(parser, "bui2017_classification")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows_file = args.out / "rows.jsonl"  # one line per finished fit: the run resumes from it
-    rows = load_rows(rows_file, key=row_key)
-    done = {row_key(r) for r in rows}
+    rows_file, rows, done = resume(args.out)
     with threadpool_limits(1):
         for split in range(args.first_split, args.splits + 1) if not args.summarise else ():
             for name in args.datasets:
@@ -112,10 +101,7 @@ def main() -> None:
                         print(f"{name:10s} split={split} M={r['M']:3d} alpha={label(alpha):>4s} "
                               f"error={r['error']:.3f} nll={r['nll']:.3f} "
                               f"({r['time_s']:.1f} s, cpu {r['cpu_s']:.1f} s)", flush=True)
-    for path in args.merge:
-        rows += json.loads(path.read_text())
-    n_all, rows = len(rows), complete_cases(rows, args.alphas)
-    print(f"summary over {len(rows)} of {n_all} fits (cases with every alpha)")
+    rows = summary_rows(rows, args.merge, args.alphas)
     metrics = ("error", "nll")
     splits = sorted({r["split"] for r in rows})
     protocol = (f"datasets={args.datasets} splits={len(splits)} (of {args.splits}) M={args.M} "
@@ -125,8 +111,6 @@ def main() -> None:
     text = "\n".join([protocol, f"{len(rows)} fits, {cpu / 60:.1f} CPU-min",
                       summary_table(rows, metrics), pairwise_text(rows, metrics),
                       per_dataset_text(rows, metrics)])
-    print(text)
-    (args.out / "summary.txt").write_text(text + "\n")
     save_rows(rows, args.out / "rows.json")
     png = plot_metric_vs_alpha(rows, metrics, args.out / "bui2017_classification.png",
                                f"PEP classification, mean over data sets ({protocol})")
@@ -134,15 +118,9 @@ def main() -> None:
                                     args.out / "bui2017_classification_per_dataset.png",
                                     f"PEP classification per data set ({protocol})",
                                     per_dataset=True)
-    summary = {f"{m}_alpha{a:g}": float(np.mean([r[m] for r in rows if r["alpha"] == a]))
-               for m in metrics for a in args.alphas}
-    summary.update({f"win_{m}_{label(a)}_vs_{label(b)}": win_fraction(rows, m, a, b)
-                    for m in metrics for a, b in ((0.5, 0.0), (0.5, 1.0), (0.0, 1.0))})
-    run_id = log_to_mlflow("bui2017_classification", vars(args) | {"protocol": protocol},
-                           summary, [png, png_sets, args.out / "rows.json",
-                                    args.out / "summary.txt"],
-                           args.tracking_uri)
-    print(f"MLflow run {run_id}; plot {png}")
+    publish(text, args.out, "bui2017_classification", vars(args) | {"protocol": protocol},
+            alpha_metrics(rows, metrics, args.alphas, metrics), [png, png_sets],
+            args.tracking_uri)
 
 
 if __name__ == "__main__":

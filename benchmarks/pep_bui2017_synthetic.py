@@ -12,7 +12,6 @@ writes ``rows.json`` and a PNG, and logs them to MLflow.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import warnings
 from pathlib import Path
@@ -20,17 +19,18 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 from pep_common import (
+    add_run_arguments,
+    alpha_metrics,
     append_row,
-    complete_cases,
     label,
     load_rows,
-    log_to_mlflow,
     pairwise_text,
     plot_metric_vs_alpha,
-    row_key,
+    publish,
+    resume,
     save_rows,
+    summary_rows,
     summary_table,
-    win_fraction,
 )
 from threadpoolctl import threadpool_limits
 
@@ -93,25 +93,18 @@ def main() -> None:
     parser.add_argument("--stop-window", type=int,
                         help="stop L-BFGS-B once the energy gained < stop_tol nats over this "
                              "many iterations")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent
-                        / "outputs/bui2017_synthetic")
-    parser.add_argument("--tracking-uri", default=None)
     parser.add_argument("--first-seed", type=int, default=1)
-    parser.add_argument("--merge", type=Path, nargs="*", default=[],
-                        help="rows.json files of earlier runs to include in the summary")
-    parser.add_argument("--summarise", action="store_true",
-                        help="no fits: summarise, plot and log the rows already in --out")
+    add_run_arguments(parser, "bui2017_synthetic")
     args = parser.parse_args()
     c = OmegaConf.load(args.config).synthetic_regression
     for key, flag in (("n_datasets", "n_datasets"), ("M", "M"), ("alpha", "alphas"),
                       ("max_iter", "max_iter"), ("stop_window", "stop_window")):
         if getattr(args, flag) is not None:
             c[key] = getattr(args, flag)
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows_file, full_file = args.out / "rows.jsonl", args.out / "full_gp.jsonl"
-    rows = load_rows(rows_file, key=row_key)
+    rows_file, rows, done = resume(args.out)
+    full_file = args.out / "full_gp.jsonl"
     full = load_rows(full_file, key=lambda r: r["split"])  # resume from finished fits
-    done, full_done = {row_key(r) for r in rows}, {r["split"] for r in full}
+    full_done = {r["split"] for r in full}
     seeds = range(args.first_seed, args.first_seed + int(c.n_datasets))
     with threadpool_limits(1):
         for seed in seeds if not args.summarise else ():
@@ -144,10 +137,7 @@ def main() -> None:
                           f"({r['time_s']:.1f} s, cpu {r['cpu_s']:.1f} s, "
                           f"{r['n_iter']} it)", flush=True)
     save_rows(rows, args.out / "rows.json")
-    for path in args.merge:
-        rows += json.loads(path.read_text())
-    n_all, rows = len(rows), complete_cases(rows, c.alpha)
-    print(f"summary over {len(rows)} of {n_all} fits (cases with every alpha)")
+    rows = summary_rows(rows, args.merge, c.alpha)
     metrics = ("smse", "smll", "nlml_minus_full")
     n_sets = len({r["split"] for r in rows})
     protocol = (f"n_datasets={n_sets} of {c.n_datasets} (seeds from {args.first_seed}) "
@@ -179,19 +169,11 @@ def main() -> None:
                       f"full GP (type-II ML): {fullmeans}",
                       summary_table(rows, metrics), pairwise_text(rows, ("smse", "smll")),
                       *over, "per M (mean over data sets):", *per_M])
-    print(text)
-    (args.out / "summary.txt").write_text(text + "\n")
     png = plot_metric_vs_alpha(rows, metrics, args.out / "bui2017_synthetic_regression.png",
                                f"PEP synthetic regression ({protocol})")
-    summary = {f"{m}_alpha{a:g}": float(np.mean([r[m] for r in rows if r["alpha"] == a]))
-               for m in metrics for a in c.alpha}
-    summary.update({f"win_{m}_{label(a)}_vs_{label(b)}": win_fraction(rows, m, a, b)
-                    for m in ("smse", "smll") for a, b in ((0.5, 0.0), (0.5, 1.0), (0.0, 1.0))})
-    run_id = log_to_mlflow("bui2017_synthetic_regression",
-                           {"protocol": protocol, "config": str(args.config)}, summary,
-                           [png, args.out / "rows.json", args.out / "summary.txt"],
-                           args.tracking_uri)
-    print(f"MLflow run {run_id}; plot {png}")
+    publish(text, args.out, "bui2017_synthetic_regression",
+            {"protocol": protocol, "config": str(args.config)},
+            alpha_metrics(rows, metrics, c.alpha, ("smse", "smll")), [png], args.tracking_uri)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""Shared pieces of the Bui et al. (2017) reproduction scripts: win fractions, plots, MLflow."""
+"""Shared pieces of the Bui et al. (2017) reproduction scripts: the command-line options of a
+resumable run, win fractions, the summary, plots, MLflow."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -10,6 +12,8 @@ import numpy as np
 
 #: alpha grid of the paper's figures (0 is VFE, 1 is EP/FITC)
 ALPHAS = (0.0, 0.1, 0.2, 0.4, 0.5, 0.6, 0.8, 1.0)
+#: the alpha pairs whose win fractions are reported: 0.5 against VFE and EP, VFE against EP
+PAIRS = ((0.5, 0.0), (0.5, 1.0), (0.0, 1.0))
 
 
 def label(alpha: float) -> str:
@@ -44,7 +48,7 @@ def summary_table(rows: list[dict], metrics: tuple[str, ...]) -> str:
 def pairwise_text(rows: list[dict], metrics: tuple[str, ...]) -> str:
     out = []
     for m in metrics:
-        for a, b in ((0.5, 0.0), (0.5, 1.0), (0.0, 1.0)):
+        for a, b in PAIRS:
             share = 100 * win_fraction(rows, m, a, b)
             out.append(f"{m}: {label(a)} beats {label(b)} in {share:.0f}%")
     return "\n".join(out)
@@ -59,7 +63,7 @@ def per_dataset_text(rows: list[dict], metrics: tuple[str, ...]) -> str:
             means = "  ".join(f"{label(a)}={np.mean([r[m] for r in sel if r['alpha'] == a]):.4f}"
                               for a in sorted({r["alpha"] for r in sel}))
             wins = "  ".join(f"{label(a)}>{label(b)} {100 * win_fraction(sel, m, a, b):.0f}%"
-                             for a, b in ((0.5, 0.0), (0.5, 1.0), (0.0, 1.0)))
+                             for a, b in PAIRS)
             out.append(f"{name:10s} {m}: {means} | wins {wins}")
     return "\n".join(out)
 
@@ -97,6 +101,61 @@ def plot_metric_vs_alpha(rows: list[dict], metrics: tuple[str, ...], path: Path,
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def alpha_metrics(rows: list[dict], metrics: tuple[str, ...], alphas,
+                  win_metrics: tuple[str, ...]) -> dict[str, float]:
+    """The run's summary metrics: the mean of each metric per alpha (``<metric>_alpha<a>``) and
+    the win fractions of ``PAIRS`` for ``win_metrics`` (``win_<metric>_<a>_vs_<b>``)."""
+    summary = {f"{m}_alpha{a:g}": float(np.mean([r[m] for r in rows if r["alpha"] == a]))
+               for m in metrics for a in alphas}
+    summary.update({f"win_{m}_{label(a)}_vs_{label(b)}": win_fraction(rows, m, a, b)
+                    for m in win_metrics for a, b in PAIRS})
+    return summary
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, out: str) -> None:
+    """The options every reproduction script has: ``--out`` (default ``outputs/<out>``),
+    ``--tracking-uri``, ``--merge`` and ``--summarise``."""
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).resolve().parent.parent / "outputs" / out)
+    parser.add_argument("--tracking-uri", default=None)
+    parser.add_argument("--merge", type=Path, nargs="*", default=[],
+                        help="rows.json files of earlier runs to include in the summary")
+    parser.add_argument("--summarise", action="store_true",
+                        help="no fits: summarise, plot and log the rows already in --out")
+
+
+def resume(out: Path) -> tuple[Path, list[dict], set[tuple]]:
+    """``out/rows.jsonl`` (one line per finished fit; ``out`` made if missing), the rows already
+    in it and their ``row_key``s: a run skips those fits."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows_file = out / "rows.jsonl"
+    rows = load_rows(rows_file, key=row_key)
+    return rows_file, rows, {row_key(r) for r in rows}
+
+
+def summary_rows(rows: list[dict], merge: list[Path], alphas) -> list[dict]:
+    """``rows`` and those of the ``merge`` files (``rows.json`` of earlier runs), of the cases
+    with a result for every alpha (``complete_cases``); prints how many of all are kept."""
+    rows = list(rows)
+    for path in merge:
+        rows += json.loads(path.read_text())
+    n_all, rows = len(rows), complete_cases(rows, alphas)
+    print(f"summary over {len(rows)} of {n_all} fits (cases with every alpha)")
+    return rows
+
+
+def publish(text: str, out: Path, experiment: str, params: dict, metrics: dict,
+            plots: list[Path], tracking_uri: str | None) -> str:
+    """Print the summary ``text`` and write it to ``out/summary.txt``; log ``params``,
+    ``metrics``, the ``plots``, ``out/rows.json`` and the summary to MLflow; returns the run id."""
+    print(text)
+    (out / "summary.txt").write_text(text + "\n")
+    run_id = log_to_mlflow(experiment, params, metrics,
+                           [*plots, out / "rows.json", out / "summary.txt"], tracking_uri)
+    print(f"MLflow run {run_id}; plot {plots[0]}")
+    return run_id
 
 
 def log_to_mlflow(experiment: str, params: dict, metrics: dict, artifacts: list[Path],

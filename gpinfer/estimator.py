@@ -43,6 +43,7 @@ from gpinfer.interfaces import FitCallback, FitResult, Likelihood, Method, Probl
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.initialisation import set_lengthscales, standardised_lengthscale
 from gpinfer.out_of_core import (
+    check_group_shards,
     check_out_of_core,
     check_unit_weights,
     checked_inputs,
@@ -538,6 +539,7 @@ class _GPEstimatorBase:
             streamer = _load_method(self.method)
             check_out_of_core(streamer, _method_name(streamer, self.method), self.batch_size,
                               source.n_rows, self._task)
+            check_group_shards(source, distributed.current())
             X, y, stats = checked_inputs(source, y)
         y, classes = self._targets(y)
         n_classes = 0 if classes is None else len(classes)

@@ -151,7 +151,10 @@ class HyperParameters:
         """The free-entry mask ``_free [n_entries]`` (learned blocks less the ``fixed``
         names; ``ValueError`` for an unknown name) and what packing can skip: no mask when
         every entry is free (``_all_free``) or the free ones are the leading blocks
-        ``[0, P)`` (``_free_prefix``, e.g. kernels learned, ``Z`` fixed)."""
+        ``[0, P)`` (``_free_prefix``, e.g. kernels learned, ``Z`` fixed); which blocks hold a
+        free entry (``_block_free``) and whether the inducing blocks are one contiguous run of
+        free entries (``_inducing_run``), and ``P`` (``size``); the mask is fixed from here
+        on: no per-step scans of its ``L M D`` entries."""
         self._free = np.zeros(self._n_entries, dtype=bool)
         for block, learn in zip(blocks, learned):
             self._free[block.start : block.stop] = learn
@@ -163,8 +166,14 @@ class HyperParameters:
             self._free &= np.array([n not in fixed for n in names], dtype=bool)
         self._all_free = bool(np.all(self._free))  # then packing needs no mask (no copies)
         P, bounds = int(self._free.sum()), {b.stop for b in blocks}
+        self._size = P
         self._free_prefix = (not self._all_free and P in bounds
                              and bool(np.all(self._free[:P])))
+        self._block_free = [bool(np.any(self._free[b.start : b.stop])) for b in blocks]
+        inducing = [b for b in blocks if b.kind == "inducing"]
+        self._inducing_run = bool(
+            inducing and all(a.stop == b.start for a, b in zip(inducing, inducing[1:]))
+            and np.all(self._free[inducing[0].start : inducing[-1].stop]))
 
     def _init_kernel_path(self, device_kernels: bool) -> None:
         """The batched kernel path (``stacked``) and the state of kernel parameters kept on
@@ -193,6 +202,10 @@ class HyperParameters:
         #: views are the kept kernel entries and the inducing stack (every entry free, no
         #: likelihood block): ``pack`` at that version copies it (one operator)
         self._owned: tuple[int, Array] | None = None
+        #: ``(version, theta [P])`` on the host: the vector handed over by
+        #: ``unpack(owned=True)`` whose views the latents' ``Z`` are (every entry free):
+        #: ``pack(reuse=theta)`` at that version writes only the other entries into it
+        self._inducing_of: tuple[int, Array] | None = None
         self._kernels_and_inducing_only = all(b.kind != "likelihood" for b in blocks)
 
     # -- kernel parameters on the device -----------------------------------------------------
@@ -306,7 +319,7 @@ class HyperParameters:
     @property
     def size(self) -> int:
         """``P``, the length of the packed (free) vector."""
-        return int(self._free.sum())
+        return self._size
 
     @property
     def _all_names(self) -> list[str]:
@@ -363,23 +376,34 @@ class HyperParameters:
             elif block.kind == "inducing" and Z_stack is not None and Z_stop <= end:
                 if block.index == 0:  # the latents' Z are views of one current stack
                     parts.append(ops.namespace(ref).reshape(Z_stack[1], (-1,)))
-            elif block.kind == "kernel":
-                values = np.asarray(self._distinct[block.index].get_unconstrained(), float)
-                parts.append(ops.like(ref, values))
             elif block.kind == "inducing":
                 parts.append(ops.namespace(ref).reshape(self._inducing()[block.index], (-1,)))
             else:
-                values = np.asarray(self._likelihood().get_unconstrained(), float).reshape(-1)
-                parts.append(ops.like(ref, values))
+                parts.append(ops.like(ref, self._host_entries(block)))
         return ops.namespace(ref).concat(parts) if parts else ops.zeros(ref, (0,))
+
+    def _host_entries(self, block: _Block) -> np.ndarray:
+        """A kernel or the likelihood block's entries read from its object (host float64)."""
+        owner = self._distinct[block.index] if block.kind == "kernel" else self._likelihood()
+        return np.asarray(owner.get_unconstrained(), float).reshape(-1)
 
     def _free_entries(self, full: Array) -> Array:
         """Indices of the free entries, on ``full``'s namespace and device."""
         return ops.index_like(full, np.flatnonzero(self._free))
 
-    def pack(self) -> Array:
+    def pack(self, reuse: Array | None = None) -> Array:
         """The free entries as one vector ``theta [P]`` (a new array, on the namespace and
-        device of ``Z``)."""
+        device of ``Z``).
+
+        ``reuse``: the host vector last handed to ``unpack(owned=True)``. While nothing has
+        moved since (the same ``version``) the latents' ``Z`` are views of it: the other
+        entries (kernels, likelihood; read from their objects, as without it) are written
+        into it and it is returned, with no new ``[P]`` array and no copy of the inducing
+        inputs. Its owner hands it over again (``unpack(owned=True)``) before anything
+        else reads the inducing inputs. Any other array, or a version moved since: a new
+        array, as without it."""
+        if reuse is not None and self._refilled(reuse):
+            return reuse
         if self._free_prefix:
             return self._full(self.size)  # a new array already
         owned = self._owned
@@ -387,6 +411,17 @@ class HyperParameters:
             return ops.copy(owned[1])
         full = self._full()  # a new array already
         return full if self._all_free else full[self._free_entries(full)]
+
+    def _refilled(self, theta: Array) -> bool:
+        """Whether ``theta`` is ``_inducing_of``'s vector at this version; then its kernel and
+        likelihood entries are written in from their objects (``_full``'s values)."""
+        mark = self._inducing_of
+        if mark is None or mark[0] != self.version or mark[1] is not theta:
+            return False
+        for block in self._blocks:  # every entry free: the blocks' places in ``theta``
+            if block.kind != "inducing":
+                theta[block.start : block.stop] = self._host_entries(block)
+        return True
 
     @contextlib.contextmanager
     def installed(self, theta: Array) -> Iterator[None]:
@@ -404,6 +439,10 @@ class HyperParameters:
 
         ``owned=True``: the caller hands ``theta`` over (it neither reads nor writes it again),
         so the inducing inputs may be views of it instead of a copy (``P`` can be millions)."""
+        # a float64 host vector is used as it is (not a converted copy): ``pack(reuse=)`` may
+        # return it
+        given = theta if (isinstance(theta, np.ndarray) and theta.ndim == 1
+                          and theta.dtype == np.float64) else None
         if ops.is_numpy(theta) or not ops.is_array(theta):
             theta = np.asarray(theta, dtype=float).reshape(-1)
         xp = ops.namespace(theta)
@@ -423,12 +462,13 @@ class HyperParameters:
         kept = self._keep_kernels(full, view=view)
         self._owned = ((self.version, full) if view and kept and Z_stack is not None
                        and self._kernels_and_inducing_only else None)
+        self._inducing_of = ((self.version, given) if view and Z_stack is not None
+                             and given is not None else None)
         # the latents' Z as views of their stack (one operation on a device)
         Z_views = None if Z_stack is None else (
             list(Z_stack) if ops.is_numpy(Z_stack) else list(Z_stack.unbind(0)))  # type: ignore[attr-defined]
-        for block in self._blocks:
-            if not np.any(self._free[block.start : block.stop]) or (
-                    block.kind == "kernel" and kept):
+        for block, free in zip(self._blocks, self._block_free):
+            if not free or (block.kind == "kernel" and kept):
                 continue
             if block.kind == "inducing" and Z_views is not None:
                 self._inducing()[block.index] = Z_views[block.index]
@@ -450,13 +490,10 @@ class HyperParameters:
         """The inducing entries of ``full`` as one stack ``[L, M, D]`` (copied, or with
         ``copy=False`` a view of ``full``) when they are one contiguous run of equally shaped,
         all free blocks (the latents' ``Z`` are then views of it); else ``None``."""
-        if self.stacked is None:
+        if self.stacked is None or not self._inducing_run:
             return None
         blocks = [b for b in self._blocks if b.kind == "inducing"]
         start, stop = blocks[0].start, blocks[-1].stop
-        if not (all(a.stop == b.start for a, b in zip(blocks, blocks[1:]))
-                and bool(np.all(self._free[start:stop]))):
-            return None
         shape = (len(blocks), *tuple(self._inducing()[0].shape))
         stack = xp.reshape(full[start:stop], shape)  # type: ignore[attr-defined]
         return ops.copy(stack) if copy else stack
@@ -482,16 +519,13 @@ class HyperParameters:
     # -- gradients ---------------------------------------------------------------------------
     def inducing_is_free(self, latent: int) -> bool:
         """Whether any inducing input of ``latent`` is learned (else its VJP is skipped)."""
-        return any(
-            bool(np.any(self._free[b.start : b.stop]))
-            for b in self._blocks
-            if b.kind == "inducing" and b.index == latent
-        )
+        return any(free for b, free in zip(self._blocks, self._block_free)
+                   if b.kind == "inducing" and b.index == latent)
 
     def gradient(self, X: Array, grads: MatrixGradients | Sequence[MatrixGradients],
-                 n_jobs: int = 1) -> Array:
-        """Shortcut for ``parameter_gradient(self, X, grads, n_jobs)``."""
-        return parameter_gradient(self, X, grads, n_jobs)
+                 n_jobs: int = 1, out: Array | None = None) -> Array:
+        """Shortcut for ``parameter_gradient(self, X, grads, n_jobs, out)``."""
+        return parameter_gradient(self, X, grads, n_jobs, out)
 
 
 def _latent_gradients(
@@ -523,7 +557,7 @@ def _latent_gradients(
 
 def parameter_gradient(
     hp: HyperParameters, X: Array, grads: MatrixGradients | Sequence[MatrixGradients],
-    n_jobs: int = 1,
+    n_jobs: int = 1, out: Array | None = None,
 ) -> Array:
     """Gradient ``[P]`` of an objective wrt ``hp.pack()`` from its matrix gradients.
 
@@ -531,13 +565,17 @@ def parameter_gradient(
     the training inputs the matrices were computed from. Likelihood entries are summed over
     the latents that report them. ``n_jobs > 1`` runs the latents' kernel VJPs on that many
     threads (``gpinfer.parallel``; same result); latents sharing one kernel are then still
-    safe, as kernels only cache what they compute from their arguments.
+    safe, as kernels only cache what they compute from their arguments. ``out``: a float64
+    numpy vector ``[P]`` of the caller's (e.g. the last step's gradient, no longer read) that
+    the result may be written into and returned as, instead of a new array (where the
+    gradient is formed in one host vector: stacked matrix gradients, every entry free, each
+    latent's kernel and then each latent's ``Z``); its values are overwritten.
     """
     X_ref = X if ops.is_array(X) else np.asarray(X, dtype=float)
     if isinstance(grads, StackedMatrixGradients) and hp.stacked is not None:
         if len(grads) != hp.n_latent:
             raise ValueError(f"got {len(grads)} MatrixGradients for {hp.n_latent} latents")
-        return _stacked_parameter_gradient(hp, X_ref, grads)
+        return _stacked_parameter_gradient(hp, X_ref, grads, out)
     grads_list = [grads] if isinstance(grads, MatrixGradients) else list(grads)
     if len(grads_list) != hp.n_latent:
         raise ValueError(f"got {len(grads_list)} MatrixGradients for {hp.n_latent} latents")
@@ -568,17 +606,19 @@ def _likelihood_gradient(ref: Array, grads: Sequence[MatrixGradients]) -> Array 
 
 
 def _stacked_parameter_gradient(hp: HyperParameters, X: Array,
-                                grads: Sequence[MatrixGradients]) -> Array:
+                                grads: Sequence[MatrixGradients], out: Array | None = None
+                                ) -> Array:
     """``parameter_gradient`` for latents with one batched kernel path: one stacked VJP of
     ``Kuu``, ``Kuf`` and ``Kff_diag`` for every latent (``HyperParameters.covariances``;
-    ``StackedMatrixGradients`` are used as they are, a list is stacked)."""
+    ``StackedMatrixGradients`` are used as they are, a list is stacked; ``out``: see
+    ``parameter_gradient``)."""
     cov = hp.covariances(X)
     assert cov is not None  # hp.stacked is set
     xp = ops.namespace(X)
     need_Z = any(hp.inducing_is_free(l) for l in range(hp.n_latent))
     L = hp.n_latent
     kinds = [b.kind for b in hp._blocks]
-    full_out = _vector_for_inputs(hp, X, grads, need_Z, kinds)
+    full_out = _vector_for_inputs(hp, X, grads, need_Z, kinds, out)
     out_Z = None if full_out is None else _inducing_view(hp, full_out, cov)
     g_params, g_Z = cov.vjp(*_stacked_weights(cov, grads, xp), inputs=need_Z, out_Z=out_Z)
     lik_grad = None if isinstance(grads, StackedMatrixGradients) else _likelihood_gradient(
@@ -633,13 +673,20 @@ def _usual_layout(hp: HyperParameters, kinds: list[str]) -> bool:
 
 
 def _vector_for_inputs(hp: HyperParameters, X: Array, grads: Sequence[MatrixGradients],
-                       need_Z: bool, kinds: list[str]) -> np.ndarray | None:
-    """The gradient vector ``[n_entries]`` (empty) whose ``Z`` blocks the VJP writes ``g_Z``
-    into (``_inducing_view``): on numpy, stacked gradients, every entry free and the usual
-    layout (no concatenation of ``C M D`` entries); else ``None``."""
+                       need_Z: bool, kinds: list[str], out: Array | None = None
+                       ) -> np.ndarray | None:
+    """The gradient vector ``[n_entries]`` (``out`` when it is a contiguous float64 numpy
+    vector of that length, else a new one; its values to be overwritten) whose ``Z`` blocks
+    the VJP writes ``g_Z`` into (``_inducing_view``): on numpy, stacked gradients, every
+    entry free and the usual layout (no concatenation of ``C M D`` entries); else ``None``."""
     into = (ops.is_numpy(X) and need_Z and hp._all_free
             and isinstance(grads, StackedMatrixGradients) and _usual_layout(hp, kinds))
-    return np.empty(hp.n_entries) if into else None
+    if not into:
+        return None
+    if (isinstance(out, np.ndarray) and out.shape == (hp.n_entries,)
+            and out.dtype == np.float64 and out.flags.c_contiguous and out.flags.writeable):
+        return out
+    return np.empty(hp.n_entries)
 
 
 def _inducing_span(hp: HyperParameters) -> tuple[int, int]:

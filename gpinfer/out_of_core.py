@@ -32,6 +32,7 @@ from gpinfer.errors import InputError
 if TYPE_CHECKING:
     from gpinfer.data.splits import Standardizer
     from gpinfer.interfaces import Method
+    from gpinfer.training.distributed import Group
 
 Array = np.ndarray
 
@@ -78,6 +79,24 @@ def check_out_of_core(method_cls: type[Method], name: str, batch_size: Any, n: i
         raise InputError(
             f"X is given out of core, so {name!r} must train on mini-batches: set batch_size "
             f"to a positive int below N={n} (got batch_size={batch_size!r})")
+
+
+def check_group_shards(source: RowSource, group: Group | None) -> None:
+    """``InputError`` when a process group (``torchrun``) has more ranks than ``source`` has
+    shards (``RowSource.shard_count``: ``.npy`` shards, Parquet files; a single array has no
+    shard count and is not checked). Which rows a rank reads does not depend on the shards
+    (``gpinfer.training.distributed.Group.rows``: its part of every global batch, from any
+    shard); a data-parallel dataset is laid out with at least one shard per rank, and a launch
+    with more ranks than shards is refused before training as a job on the wrong data or with
+    the wrong rank count."""
+    shards = source.shard_count
+    if group is None or shards is None or group.size <= shards:
+        return
+    raise InputError(
+        f"torchrun started {group.size} ranks but X ({source.describe()}) has {shards} "
+        f"shard(s): a data-parallel fit needs at least one shard per rank; write the rows into "
+        f"at least {group.size} shards (e.g. numpy.array_split, one .npy file each) or launch "
+        f"at most {shards} rank(s) (torchrun --nproc-per-node {shards})")
 
 
 def check_unit_weights(weights: Array | None) -> None:

@@ -16,6 +16,7 @@ from gpinfer.errors import InputError
 from gpinfer.estimator import _GPEstimatorBase
 from gpinfer.interfaces import FitCallback, Likelihood, Method
 from gpinfer.likelihoods.gaussian import Gaussian
+from gpinfer.validation import check_targets
 
 if TYPE_CHECKING:
     from gpinfer.sklearn_estimators import GPRegressor
@@ -34,21 +35,6 @@ def __getattr__(name: str) -> Any:
 
         return GPRegressor
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def check_targets(y: Array) -> Array:
-    """Real regression targets ``[N]`` as float64; ``InputError`` for NaN/inf or non-numbers."""
-    try:
-        arr = np.asarray(y, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"regression targets y must be real numbers ({exc})") from exc
-    bad = ~np.isfinite(arr)
-    if bad.any():
-        raise InputError(
-            f"regression targets y contain {int(np.isnan(arr).sum())} NaN and "
-            f"{int(np.isinf(arr).sum())} inf value(s); first at index {int(np.flatnonzero(bad)[0])}"
-        )
-    return arr
 
 
 #: parameters added after the first release of ``GPRegressor``, with their defaults

@@ -33,6 +33,7 @@ __all__ = [
     "check_method_compatible",
     "check_process_group",
     "check_sample_weight",
+    "check_targets",
     "check_weight_support",
     "encode_labels",
     "feature_names",
@@ -247,6 +248,28 @@ def check_X_y(X: Any, y: Any) -> tuple[Array, Array]:
     return X, y
 
 
+def _non_finite_entries(values: Array, noun: str) -> str:
+    """What is not finite in the float vector ``values [N]``, as ``"a NaN and b inf
+    <noun>(s); first at index i"``; ``""`` when every entry is finite."""
+    bad = ~np.isfinite(values)
+    if not bad.any():
+        return ""
+    return (f"{int(np.isnan(values).sum())} NaN and {int(np.isinf(values).sum())} inf "
+            f"{noun}(s); first at index {int(np.flatnonzero(bad)[0])}")
+
+
+def check_targets(y: Any) -> Array:
+    """Real regression targets ``y [N]`` as float64; ``InputError`` for NaN/inf or non-numbers."""
+    try:
+        arr = np.asarray(y, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"regression targets y must be real numbers ({exc})") from exc
+    non_finite = _non_finite_entries(arr, "value")
+    if non_finite:
+        raise InputError(f"regression targets y contain {non_finite}")
+    return arr
+
+
 def _check_label_values(y: Array) -> Array:
     """Reject NaN/inf, complex and continuous labels; returns ``y`` ready for ``np.unique``."""
     if np.iscomplexobj(y):
@@ -265,13 +288,9 @@ def _check_label_values(y: Array) -> Array:
                     "every point needs a class label"
                 )
     if y.dtype.kind == "f":
-        bad = ~np.isfinite(y)
-        if bad.any():
-            raise InputError(
-                f"y contains {int(np.isnan(y).sum())} NaN and {int(np.isinf(y).sum())} inf "
-                f"label(s); first at index {int(np.flatnonzero(bad)[0])}. Every point needs a "
-                "class label"
-            )
+        non_finite = _non_finite_entries(y, "label")
+        if non_finite:
+            raise InputError(f"y contains {non_finite}. Every point needs a class label")
         fractional = y != np.round(y)
         if fractional.any():
             raise InputError(

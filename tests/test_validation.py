@@ -16,6 +16,7 @@ from gpinfer.validation import (
     check_binary_labels,
     check_inducing,
     check_method_compatible,
+    check_targets,
     check_X,
     check_X_y,
     encode_labels,
@@ -144,6 +145,30 @@ def test_encode_labels_keeps_object_int_type():
 def test_encode_labels_rejects(y, match):
     with pytest.raises(InputError, match=match):
         encode_labels(y)
+
+
+@pytest.mark.parametrize(
+    ("y", "message"),
+    [
+        ([0.5, np.nan, np.inf, np.nan], "regression targets y contain 2 NaN and 1 inf value(s); "
+                                        "first at index 1"),
+        ([0.5, 1.0, -np.inf], "regression targets y contain 0 NaN and 1 inf value(s); first at "
+                              "index 2"),
+        (["a", "b"], "regression targets y must be real numbers"),
+    ],
+)
+def test_check_targets_rejects(y, message):
+    with pytest.raises(InputError) as err:
+        check_targets(y)
+    assert str(err.value).startswith(message)
+
+
+def test_check_targets_keeps_its_regressor_name():
+    import gpinfer.regressor
+
+    assert gpinfer.regressor.check_targets is check_targets
+    np.testing.assert_array_equal(check_targets([1, 2.5]), np.array([1.0, 2.5]))
+    assert check_targets([1, 2]).dtype == np.float64
 
 
 # --------------------------------------------------------------------------------------------

@@ -453,6 +453,19 @@ def symmetrize(X: Array) -> Array:
     return out
 
 
+def symmetrize_(X: Array) -> Array:
+    """``X = (X + X^T) / 2`` over the last two axes, in place on ``X [..., M, M]``, which the
+    caller owns; returns ``X`` (the values of ``symmetrize``). numpy (a C-ordered ``X``): one
+    matrix at a time, its transpose buffered by numpy's overlap rule in a matrix-sized block
+    the allocator reuses, where ``symmetrize`` forms a new stack; otherwise ``symmetrize``'s
+    new array."""
+    if not is_numpy(X) or not X.flags.c_contiguous or not X.flags.writeable:
+        return symmetrize(X)
+    for matrix in X.reshape((-1,) + X.shape[-2:]):
+        np.add(matrix, matrix.T, out=matrix)
+    X *= 0.5
+    return X
+
 def diagonal(X: Array) -> Array:
     """Diagonals ``[..., M]`` of ``X [..., M, M]`` (a view)."""
     if is_numpy(X):
@@ -689,15 +702,17 @@ def copy(X: Array) -> Array:
 # -- linear algebra -----------------------------------------------------------------------------
 
 
-def cholesky(K: Array) -> tuple[Array, np.ndarray]:
+def cholesky(K: Array, *, overwrite: bool = False) -> tuple[Array, np.ndarray]:
     """Lower Cholesky factors of ``K [..., M, M]`` and a host bool array ``failed [...]``
-    (True where a matrix is not positive definite; its factor is then undefined)."""
+    (True where a matrix is not positive definite; its factor is then undefined).
+    ``overwrite``: the caller owns ``K`` and reads it no more (numpy's stacks are then
+    factorised in place where the layout allows: no copy; ``K`` is undefined after)."""
     batch = K.shape[:-2]
     if not is_numpy(K):
         L, info = _torch().linalg.cholesky_ex(K)
         return L, to_host(info > 0).reshape(batch)
     if K.ndim > 2 and K.shape[-1] >= _POTRF_LOOP_FROM:
-        return _potrf_stack(K)
+        return _potrf_stack(K, overwrite)
     try:
         return np.linalg.cholesky(K), np.zeros(batch, dtype=bool)
     except np.linalg.LinAlgError:
@@ -720,13 +735,17 @@ def cholesky(K: Array) -> tuple[Array, np.ndarray]:
 _POTRF_LOOP_FROM = 64
 
 
-def _potrf_stack(K: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``cholesky`` of a numpy stack ``K [..., M, M]``: one C-ordered copy, factorised in
+def _potrf_stack(K: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``cholesky`` of a numpy stack ``K [..., M, M]``: one C-ordered copy (with
+    ``overwrite``, ``K`` itself when it is a writable C-ordered float array), factorised in
     place by one ``potrf`` per matrix on its Fortran view (``U^T U`` of ``K^T = K``:
     ``U^T = L`` in C order; the other triangle zeroed by LAPACK's wrapper). A matrix whose
     factorisation stops (not positive definite) or whose factor has a non-finite diagonal
     is reported failed."""
-    flat = np.array(K.reshape((-1,) + K.shape[-2:]), order="C", copy=True)
+    own = (overwrite and K.flags.c_contiguous and K.flags.writeable
+           and K.dtype in (np.float32, np.float64))
+    flat = (K.reshape((-1,) + K.shape[-2:]) if own
+            else np.array(K.reshape((-1,) + K.shape[-2:]), order="C", copy=True))
     potrf = spotrf if flat.dtype == np.float32 else dpotrf
     failed = np.zeros(flat.shape[0], dtype=bool)
     for c in range(flat.shape[0]):

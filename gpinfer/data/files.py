@@ -114,7 +114,8 @@ def _format_of(p: Path, format: str | None) -> str:
         fmt = str(format).lower().lstrip(".")
         fmt = {"svmlight": "libsvm", "svm": "libsvm", "tsv": "csv", "txt": "csv"}.get(fmt, fmt)
         if fmt not in FORMATS:
-            raise InputError(f"unknown file format {format!r} for {p}; known: {', '.join(FORMATS)}")
+            raise InputError(f"unknown file format {format!r} for {p}; known: {', '.join(FORMATS)}"
+                             " (and, read out of core by gpinfer-run: npy, parquet)")
         return fmt
     suffix = p.suffix.lower()
     if suffix in _SUFFIX:

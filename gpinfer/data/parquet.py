@@ -62,6 +62,7 @@ class ParquetSource(RowSource):
                     f"{kind}); X takes numeric columns only: pass columns=[...] without it, or "
                     "encode it as numbers first")
         self.path, self.name, self.columns = p, name, names
+        self.shard_count = len(self.dataset.files)
         self.dtype = np.result_type(*[schema.field(c).type.to_pandas_dtype() for c in names])
         if self.dtype.kind in "iu":  # a null in an integer column must read as NaN: the
             # smallest float type holding its values exactly (int8/16: float32, wider: float64)

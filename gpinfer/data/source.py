@@ -56,6 +56,9 @@ class RowSource:
     n_rows: int
     n_cols: int
     dtype: np.dtype
+    #: how many files the rows are stored in (``.npy`` shards, Parquet files); ``None`` for
+    #: a source that is one array (a memmap, an ``ArraySource``)
+    shard_count: int | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -206,6 +209,7 @@ class ShardSource(RowSource):
                     f"{name}: shard {k} ({str(self.paths[k])!r}) has dtype {shard.dtype} but "
                     f"shard 0 has {first.dtype}; mixed dtypes across shards (save every shard "
                     "with one dtype, e.g. float32)")
+        self.shard_count = len(self.paths)
         self.offsets = np.cumsum([0] + [s.shape[0] for s in self.shards])
         self.n_rows, self.n_cols = int(self.offsets[-1]), int(first.shape[1])
         self.dtype = first.dtype
@@ -332,16 +336,24 @@ def checked_block(raw: Array, start: int, source: RowSource, name: str = "X") ->
     return block
 
 
-def scan(source: RowSource, name: str = "X", chunk_rows: int | None = None) -> ColumnStats:
+def scan(source: RowSource, name: str = "X", chunk_rows: int | None = None,
+         select: Array | None = None) -> ColumnStats:
     """Check every value of ``source`` in chunks of ``chunk_rows`` rows (None: ``CHUNK_ROWS``),
-    reading each chunk once,
-    and return its ``ColumnStats`` (float64 accumulators). ``InputError`` at the first chunk
-    with a NaN or inf, naming its global row and column."""
+    reading each chunk once, and return the ``ColumnStats`` (float64 accumulators) of its rows,
+    or of the rows ``select`` marks (a boolean mask ``[N]``, e.g. a training part: every row is
+    checked all the same). ``InputError`` at the first chunk with a NaN or inf, naming its
+    global row and column, and when ``select`` marks no row."""
     stats: ColumnStats | None = None
     for start, raw in source.chunks(chunk_rows):
-        part = ColumnStats.of(checked_block(raw, start, source, name))
+        block = checked_block(raw, start, source, name)
+        if select is not None:
+            block = block[select[start:start + block.shape[0]]]
+            if block.shape[0] == 0:
+                continue
+        part = ColumnStats.of(block)
         stats = part if stats is None else stats.merge(part)
-    assert stats is not None  # a source has at least one row
+    if stats is None:
+        raise InputError(f"{name} ({source.describe()}): no row selected for its statistics")
     return stats
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -13,17 +14,29 @@ from gpinfer.errors import InputError
 Array = np.ndarray
 
 
+class _Rows(Protocol):
+    """Inputs with a shape ``(N, D)``: an array, or a row source read out of core."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+#: the inputs of a split: arrays (``train_test_split``), or row sources
+#: (``gpinfer.experiment.source_data.SourceSplit``)
+XT = TypeVar("XT", bound=_Rows)
+
+
 @dataclass
-class Split:
+class Split(Generic[XT]):
     """A train/test split: ``X_train [N, D]``, ``y_train [N]``, ``X_test [N*, D]``, ``y_test [N*]``.
 
     ``train_index`` / ``test_index`` give the rows of the pooled data (``X`` then ``X_test`` of
     the dataset) that went to each part; ``None`` for the dataset's standard split.
     """
 
-    X_train: Array
+    X_train: XT
     y_train: Array
-    X_test: Array
+    X_test: XT
     y_test: Array
     train_index: Array | None = None
     test_index: Array | None = None
@@ -39,7 +52,7 @@ class Split:
 
 def train_test_split(
     ds: Dataset, test_fraction: float | None = 0.1, seed: int = 0, stratify: bool = True
-) -> Split:
+) -> Split[Array]:
     """Split ``ds`` into train and test parts.
 
     * ``test_fraction=None``: the dataset's own standard split (``InputError`` if it has none).
@@ -57,14 +70,23 @@ def train_test_split(
             )
         return Split(ds.X, ds.y, ds.X_test, ds.y_test)
     X, y = _pooled(ds)
-    test_index = _test_rows(y, float(test_fraction), seed, stratify and ds.task == "classification")
-    mask = np.zeros(len(y), dtype=bool)
-    mask[test_index] = True
-    train_index = np.flatnonzero(~mask)
-    test_index = np.flatnonzero(mask)
+    train_index, test_index = split_rows(y, float(test_fraction), seed,
+                                         stratify and ds.task == "classification")
     return Split(
         X[train_index], y[train_index], X[test_index], y[test_index], train_index, test_index
     )
+
+
+def split_rows(y: Array, test_fraction: float, seed: int, stratify: bool) -> tuple[Array, Array]:
+    """The row numbers ``(train [N - N*], test [N*])`` of a random split of the labels ``y [N]``
+    (each part in increasing row order), as ``train_test_split`` draws them: ``N* =
+    round(test_fraction * N)`` (at least 1, leaving at least 1), the draws seeded by ``seed``;
+    ``stratify`` (class indices ``y``) keeps the class proportions by largest remainders, from
+    class counts taken in chunks. Only ``y`` is read, so it also splits a source's rows."""
+    test_index = _test_rows(y, test_fraction, seed, stratify)
+    mask = np.zeros(len(y), dtype=bool)
+    mask[test_index] = True
+    return np.flatnonzero(~mask), np.flatnonzero(mask)
 
 
 def repeated_splits(
@@ -102,7 +124,7 @@ def _test_rows(y: Array, fraction: float, seed: int, stratify: bool) -> Array:
     rng = np.random.default_rng(seed)
     if not stratify:
         return rng.permutation(n)[:n_test]
-    classes, counts = np.unique(y, return_counts=True)
+    classes, counts = _class_counts(y)
     quota = counts * n_test / n
     take = np.floor(quota).astype(int)
     spare = n_test - take.sum()
@@ -114,6 +136,21 @@ def _test_rows(y: Array, fraction: float, seed: int, stratify: bool) -> Array:
         idx = np.flatnonzero(y == c)
         rows.append(rng.permutation(idx)[:k])
     return np.concatenate(rows)
+
+
+def _class_counts(y: Array) -> tuple[Array, Array]:
+    """The classes present in ``y [N]`` (sorted) and their counts, as ``np.unique(y,
+    return_counts=True)`` gives them; for class indices (integers in ``0..max(N, 65536)``)
+    from counts taken in chunks (``gpinfer.validation.class_counts``), without sorting all of
+    ``y``."""
+    if (y.dtype.kind not in "iu" or y.size == 0 or int(y.min()) < 0
+            or int(y.max()) > max(y.size, 1 << 16)):
+        return np.unique(y, return_counts=True)
+    from gpinfer.validation import class_counts
+
+    counts = class_counts(y, int(y.max()) + 1)
+    classes = np.flatnonzero(counts)
+    return classes.astype(y.dtype), counts[classes]
 
 
 class Standardizer:

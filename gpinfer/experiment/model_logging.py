@@ -22,11 +22,15 @@ cloudpickle runs code of whoever logged it: the same model is also logged withou
 
 ``log_datasets`` records the training and test arrays as dataset inputs (``training`` and
 ``evaluation`` contexts) with their digest and schema; the arrays themselves are not uploaded.
+Inputs read out of core (a row source) are recorded without reading all their rows: the
+digest is MLflow's numpy digest (the first ``MAX_ROWS`` values and the shape: the same digest as
+the same rows in memory), the profile gives the full shape and the file's dtype.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as metadata
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -246,7 +250,6 @@ def log_datasets(
     them).
     """
     from mlflow.data.code_dataset_source import CodeDatasetSource
-    from mlflow.data.numpy_dataset import from_numpy
     from mlflow.entities import DatasetInput, InputTag
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
@@ -254,8 +257,50 @@ def log_datasets(
     inputs = []
     for context, part, X, y in (("training", "train", X_train, y_train),
                                 ("evaluation", "test", X_test, y_test)):
-        dataset = from_numpy(np.asarray(X), targets=np.asarray(y), name=f"{name}-{part}",
-                             source=origin)
+        entity = _dataset_entity(f"{name}-{part}", X, np.asarray(y), origin)
         tags = [InputTag(MLFLOW_DATASET_CONTEXT, context)]
-        inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=tags))
+        inputs.append(DatasetInput(entity, tags=tags))
     logger.client.log_inputs(logger._require_run(), datasets=inputs)
+
+
+class _Head:
+    """What MLflow's numpy digest reads of ``X [N, D]`` (a row source): its first rows as
+    float64 (``flatten``) and its full ``shape``."""
+
+    def __init__(self, X: Any, values: int):
+        self.shape = X.shape
+        self.rows = np.array(X.rows(slice(0, min(X.n_rows, -(-values // X.n_cols)))),
+                             dtype=np.float64)
+
+    def flatten(self) -> Array:
+        return self.rows.flatten()
+
+
+def _dataset_entity(name: str, X: Any, y: Array, origin: Any) -> Any:
+    """The MLflow dataset entity of the inputs ``X [N, D]`` (an array, or a row source read
+    only at its head) and the targets ``y [N]``."""
+    from mlflow.data.digest_utils import MAX_ROWS, compute_numpy_digest
+    from mlflow.data.numpy_dataset import from_numpy
+    from mlflow.entities import Dataset
+
+    from gpinfer.data.source import RowSource
+
+    if not isinstance(X, RowSource):
+        return from_numpy(np.asarray(X), targets=y, name=name, source=origin)._to_mlflow_entity()
+    head = _Head(X, MAX_ROWS)
+    entity = from_numpy(head.rows, targets=y, name=name, source=origin,
+                        digest=compute_numpy_digest(head, y))._to_mlflow_entity()
+    n, d = X.shape
+    profile = {"features_shape": [n, d], "features_size": n * d, "features_nbytes": 8 * n * d,
+               "features_dtype": str(np.dtype(np.float64)), "features_stored_as": stored_dtype(X),
+               "targets_shape": list(y.shape), "targets_size": int(y.size),
+               "targets_nbytes": int(y.nbytes)}
+    return Dataset(name=entity.name, digest=entity.digest, source_type=entity.source_type,
+                   source=entity.source, schema=entity.schema, profile=json.dumps(profile))
+
+
+def stored_dtype(X: Any) -> str:
+    """The dtype of a row source's values as stored (under its views), e.g. ``float32``."""
+    while getattr(X, "source", None) is not None and hasattr(X.source, "rows"):
+        X = X.source
+    return str(X.dtype)

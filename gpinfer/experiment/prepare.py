@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from omegaconf import DictConfig
@@ -36,6 +36,8 @@ from gpinfer.validation import check_method_backend, check_process_group
 if TYPE_CHECKING:
     from gpinfer.data import Standardizer
     from gpinfer.data.base import Dataset
+    from gpinfer.data.source import RowSource
+    from gpinfer.data.source_files import SourceDataset
     from gpinfer.data.splits import Split
     from gpinfer.kernels.base import Kernel
 
@@ -56,9 +58,11 @@ class Prepared:
     settings: Settings
     out_dir: Path
     method_cls: type[Method]
-    X_train: Array
+    #: the inputs as the model sees them: arrays, or for a dataset read out of core
+    #: (``dataset.format=npy|parquet``) row sources that read them in blocks
+    X_train: Array | RowSource
     y_train: Array
-    X_test: Array
+    X_test: Array | RowSource
     y_test_index: Array
     classes: Array
     n_classes: int
@@ -141,11 +145,23 @@ def _check_kernel_name(name: str) -> None:
     registry.find(registry.KERNELS, name)  # UnknownNameError with the nearest names
 
 
-def _load_split(s: Settings) -> tuple[Dataset, Split]:
-    """Load the dataset and split it with the run's seed (``InputError`` naming the problem)."""
+def _load_split(s: Settings) -> tuple[Dataset | SourceDataset, Split]:
+    """Load the dataset and split it with the run's seed (``InputError`` naming the problem);
+    a dataset read out of core (``gpinfer.experiment.source_data``) is opened, not loaded."""
     from gpinfer.data import load_dataset, train_test_split
+    from gpinfer.data.source_files import source_format
 
     d = s.dataset_cfg
+    fmt = source_format(d.get("path"), d.get("format"))
+    if fmt is not None:
+        from gpinfer.experiment import source_data
+
+        return source_data.load_split(s, fmt)
+    stray = [k for k in ("labels", "test_path", "test_labels") if d.get(k) is not None]
+    if stray:
+        raise InputError(f"dataset {s.dataset!r}: dataset.{stray[0]} applies to files read out "
+                         "of core (dataset.format=npy or parquet); an .npz, CSV or LIBSVM file "
+                         "holds its labels and test part itself")
     options = as_mapping(d.get("options"), "dataset.options")
     if "path" in d:
         if d["path"] is None:
@@ -154,6 +170,8 @@ def _load_split(s: Settings) -> tuple[Dataset, Split]:
                 "(.npz, .csv or LIBSVM)"
             )
         options.setdefault("path", str(d["path"]))
+        if d.get("format") is not None:
+            options.setdefault("format", str(d["format"]))
     for key in ("features", "keep_classes", "n_max"):
         if d.get(key) is not None:
             options[key] = list(d[key]) if isinstance(d[key], list | tuple) else d[key]
@@ -235,7 +253,8 @@ class _Targets:
     y_test: Array
 
 
-def _targets(s: Settings, split: Split, task: str, backend: Backend) -> _Targets:
+def _targets(s: Settings, split: Split, task: str, backend: Backend
+             ) -> _Targets:
     """The task's targets of ``split`` (``InputError`` for an empty test part, classes the
     training part lacks, non-finite regression targets, a regression off numpy)."""
     if task == "classification":
@@ -246,7 +265,7 @@ def _targets(s: Settings, split: Split, task: str, backend: Backend) -> _Targets
 
         targets = _Targets(np.zeros(0), 0, check_targets(split.y_train),
                            check_targets(split.y_test))
-    if split.X_test.shape[0] == 0:
+    if split.n_test == 0:
         raise InputError(f"dataset {s.dataset!r}: the test part is empty")
     if task == "regression" and not backend.is_numpy:
         raise InputError(f"dataset {s.dataset!r} is a regression dataset, and regression runs "
@@ -254,13 +273,20 @@ def _targets(s: Settings, split: Split, task: str, backend: Backend) -> _Targets
     return targets
 
 
-def _standardise(s: Settings, split: Split, task: str, y_train: Array
-                 ) -> tuple[Array, Array, Array, Standardizer | None, float, float]:
+def _standardise(s: Settings, ds: Dataset | SourceDataset, split: Split,
+                 y_train: Array) -> tuple[Any, Any, Array, Standardizer | None, float, float]:
     """``(X_train, X_test, y_train, standardizer, y_shift, y_scale)``: the inputs standardised
     on the training part (``dataset.standardize``, default true), and a regression's targets
-    too (``(y - shift) / scale``); unchanged (None, 0, 1) otherwise."""
+    too (``(y - shift) / scale``); unchanged (None, 0, 1) otherwise. A dataset read out of
+    core is checked in chunks and standardised per block (``source_data.standardise``)."""
     from gpinfer.data import Standardizer
+    from gpinfer.experiment.source_data import SourceSplit, standardise
 
+    if isinstance(split, SourceSplit):
+        X_train, X_test, scaler = standardise(cast("SourceDataset", ds), split,
+                                              bool(s.dataset_cfg.get("standardize", True)))
+        return X_train, X_test, y_train, scaler, 0.0, 1.0
+    task = ds.task
     if not s.dataset_cfg.get("standardize", True):
         return split.X_train, split.X_test, y_train, None, 0.0, 1.0
     st = Standardizer().fit(split.X_train)
@@ -298,6 +324,16 @@ def _check_problem(s: Settings, method_cls: type[Method], options: Mapping[str, 
     return None if inducing is None else int(inducing)
 
 
+def _check_streaming(s: Settings, method_cls: type[Method], split: Split) -> None:
+    """A dataset read out of core needs a method that trains from it in mini-batches
+    (``gpinfer.out_of_core.check_out_of_core``: the ``InputError`` names those methods) and,
+    in a process group, at least one shard per rank (``check_group_shards``)."""
+    from gpinfer.out_of_core import check_group_shards, check_out_of_core
+
+    check_out_of_core(method_cls, s.method, s.batch_size, split.n_train)
+    check_group_shards(split.X_train, distributed.current())
+
+
 def prepare(
     cfg: DictConfig | Mapping[str, Any], output_dir: str | Path | None = None
 ) -> Prepared:
@@ -319,9 +355,13 @@ def prepare(
     if main:
         out_dir = res.check_output_dir(out_dir)
     logger = _open_store(s, conf) if main else None
+    from gpinfer.experiment.source_data import SourceSplit, first_rows
+
     ds, split = _load_split(s)
+    if isinstance(split, SourceSplit):  # out of core: the method streams, before any row is read
+        _check_streaming(s, method_cls, split)
     t = _targets(s, split, ds.task, backend)
-    X_train, X_test, y_train, st, y_shift, y_scale = _standardise(s, split, ds.task, t.y_train)
+    X_train, X_test, y_train, st, y_shift, y_scale = _standardise(s, ds, split, t.y_train)
     n, d = X_train.shape
     M_count = _check_problem(s, method_cls, options, backend, ds.task, t.n_classes, n, d)
     return Prepared(
@@ -330,5 +370,5 @@ def prepare(
         task=ds.task, M_count=M_count, kernel=_build_kernel(s, d), method_options=options,
         optimizer_applied=applied, store=logger, config=conf, y_shift=y_shift,
         y_scale=y_scale, backend=backend, standardizer=st,
-        X_train_raw_head=np.array(split.X_train[:_EXAMPLE_ROWS], dtype=np.float64),
+        X_train_raw_head=first_rows(split.X_train, _EXAMPLE_ROWS),
     )

@@ -91,14 +91,15 @@ def _log_model(parts: _Parts, logger: RunLogger, model: Any, example: np.ndarray
 def publish_run(
     logger: RunLogger, estimator: Any, *, settings: Mapping[str, Any], out_dir: Any,
     method: str, dataset: str, title: str, step: int, curve: TrainingCurve,
-    data: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], classification: bool,
+    data: tuple[Any, np.ndarray, Any, np.ndarray], classification: bool,
     model: Any = None, model_example: np.ndarray | None = None,
     P_test: np.ndarray | None = None, figures: FigureJob | None = None,
 ) -> dict[str, float]:
     """Log the parts above; returns ``{part: seconds}`` (``publish.<part>_s`` in the result).
 
     ``data``: ``(X_train [N, D], y_train [N], X_test [N*, D], y_test [N*])`` as the estimator
-    saw them (standardised inputs; class indices for a classifier). ``model``: what is logged
+    saw them (standardised inputs, arrays or row sources read out of core; class indices for a
+    classifier). ``model``: what is logged
     as the MLflow model and as the skops model (default: ``estimator``), ``model_example
     [n, D]``: rows of its inputs
     (default: ``X_train``). ``P_test [N*, C]``: a classifier's test probabilities when already

@@ -50,7 +50,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, TypeAlias
+from typing import TYPE_CHECKING, Any, TextIO, TypeAlias, cast
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -120,18 +120,43 @@ def _hydra_job_tags() -> dict[str, str]:
 # --------------------------------------------------------------------------------------------
 
 
-def evaluate_test(posterior: Any, X: Array, y_index: Array,
+def _blocks(X: Any) -> Iterator[tuple[int, Array]]:
+    """``(start, rows)`` of the test inputs ``X [N*, D]``: an array whole; a row source (a
+    dataset read out of core) in blocks of ``CHUNK_ROWS`` rows, each read once."""
+    from gpinfer.data.source import RowSource
+
+    if isinstance(X, RowSource):
+        yield from X.chunks()
+    else:
+        yield 0, X
+
+
+def _joined(parts: list[Any]) -> Array:
+    """The blocks' results ``parts`` one after the other (one block: itself)."""
+    return parts[0] if len(parts) == 1 else np.concatenate([np.asarray(p) for p in parts])
+
+
+def predict_test_proba(posterior: Any, X: Any) -> Array:
+    """``posterior.predict_proba`` at the test inputs ``X [N*, D]`` (an array, or a row source
+    read in blocks): ``[N*, C]`` (or ``[N*]``)."""
+    return _joined([posterior.predict_proba(rows) for _, rows in _blocks(X)])
+
+
+def evaluate_test(posterior: Any, X: Any, y_index: Array,
                   P: Array | None = None) -> dict[str, float]:
-    """Test error and mean negative log predictive of ``posterior`` at ``X [N*, D]``
-    (``P``: ``posterior.predict_proba(X)`` when already computed)."""
+    """Test error and mean negative log predictive of ``posterior`` at ``X [N*, D]`` (an
+    array, or a row source evaluated in blocks: ``predict_test_proba``) (``P``: its
+    ``predict_proba`` when already computed)."""
     from gpinfer.metrics import error_rate, nll
 
-    P = np.asarray(posterior.predict_proba(X) if P is None else P, dtype=float)
+    P = np.asarray(predict_test_proba(posterior, X) if P is None else P, dtype=float)
     if P.ndim == 2 and P.shape[1] == 1:  # p(class 1) of a binary problem as a column
         P = P[:, 0]
     out = {"test_error": error_rate(y_index, P)}
     try:
-        out["test_nll"] = nll(None, log_predictive=np.asarray(posterior.log_predictive(X, y_index)))
+        log_p = _joined([posterior.log_predictive(rows, y_index[start:start + rows.shape[0]])
+                         for start, rows in _blocks(X)])
+        out["test_nll"] = nll(None, log_predictive=np.asarray(log_p))
     except (NotImplementedError, AttributeError):
         out["test_nll"] = nll(y_index, P)
     return out
@@ -151,7 +176,8 @@ def evaluate_regression(posterior: Any, X: Array, y: Array, shift: float = 0.0,
 def _evaluate(p: Prepared, posterior: Any, P: Array | None = None) -> dict[str, float]:
     """The test metrics of ``p``'s task (``P``: a classifier's test predictions, if known)."""
     if p.task == "regression":
-        return evaluate_regression(posterior, p.X_test, p.y_test_index, p.y_shift, p.y_scale)
+        return evaluate_regression(posterior, cast(Array, p.X_test), p.y_test_index, p.y_shift,
+                                   p.y_scale)  # a regression is in memory (source_files)
     return evaluate_test(posterior, p.X_test, p.y_test_index, P)
 
 
@@ -306,6 +332,10 @@ def _params(p: Prepared) -> dict[str, str]:
         params.update({"early_stopping.refit": str(es.refit).lower(),
                        "early_stopping.refine_iter": str(es.refine_iter)})
     params.update(p.backend.params())  # as resolved: numpy/cpu/float64 when left unset
+    if not isinstance(p.X_train, np.ndarray):  # read out of core: the dtype of the files
+        from gpinfer.experiment.model_logging import stored_dtype
+
+        params["data.stored_dtype"] = stored_dtype(p.X_train)
     if p.task == "regression":  # log_evidence is that of the standardised targets
         params.update({"data.y_shift": repr(p.y_shift), "data.y_scale": repr(p.y_scale)})
     return params
@@ -491,7 +521,8 @@ def _record_fit(p: Prepared, estimator: Estimator, callback: _Callback,
     fit guard's report (a kept fit no better than the baseline makes the status FAILED);
     returns a classifier's test predictions ``[N*, C]`` (None for a regressor)."""
     # the classifier's test predictions: the final numbers and the reliability diagram
-    P_test = None if p.task == "regression" else estimator.posterior_.predict_proba(p.X_test)
+    P_test = None if p.task == "regression" else predict_test_proba(estimator.posterior_,
+                                                                    p.X_test)
     result.update(
         _evaluate(p, estimator.posterior_, P_test),
         log_evidence=float(estimator.log_evidence_),

@@ -24,6 +24,10 @@ _DATASET_KEYS = {
     "name",
     "options",
     "path",
+    "format",  # the file's format (dataset=file); npy and parquet are read out of core
+    "labels",
+    "test_path",
+    "test_labels",
     "test_fraction",
     "standardize",
     "stratify",

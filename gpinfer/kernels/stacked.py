@@ -388,20 +388,25 @@ def _host_lengthscales_and_inputs(d: _Distances, sums: _Sums, ard: bool, inputs:
     ``g_Z = (2 / ell^2) W`` and, for ARD,
     ``d/dlog ell = -(2 / ell^2) (sum_m Zs * (W - G_uf Xs) + c_uf . Xs^2)`` (``c_uf`` the column
     sums of ``G_uf``; isotropic: ``sums.d_ell``), the formulas of
-    ``_lengthscales_and_inputs`` multiplied out. ``W`` is formed in place: ``rA Zs``, then
-    both products added by ``gemm`` with ``beta = 1`` (``ops.matmul_add_``; ``G_uu`` is
-    symmetric); ``sum_m Zs * G_uf Xs`` is the change of ``sum_m Zs * W`` over the second
-    product (``t1 - t2``), so no ``G_uf Xs`` array is formed: one ``[C, M, D]`` array (the
-    result) and four passes over it, where the products and their sums took five arrays and
-    nine passes. ``out_Z``: the array ``W`` is (``StackedCovariances.vjp``)."""
+    ``_lengthscales_and_inputs`` multiplied out. ``W`` is formed by two products: the first
+    ``(diag(rA) - 2 G_uu) Zs`` (``G_uu``, the VJP's own symmetric array, scaled and its
+    diagonal moved in place: an ``[C, M, M]`` pass instead of an ``[C, M, D]`` pass forming
+    ``rA Zs``), the second added by ``gemm`` with ``beta = 1`` (``ops.matmul_add_``);
+    ``sum_m Zs * G_uf Xs`` is the change of ``sum_m Zs * W`` over the second product
+    (``t1 - t2``), so no ``G_uf Xs`` array is formed: one ``[C, M, D]`` array (the result)
+    and three passes over it besides the products. Without ``G_uu``, ``W`` starts as
+    ``rA Zs``. ``out_Z``: the array ``W`` is (``StackedCovariances.vjp``)."""
     assert d.Zs is not None and sums.rA is not None  # numpy's forward keeps Zs
     Zs = d.Zs
-    if inputs and out_Z is not None:
-        W = np.multiply(Zs, sums.rA[:, :, None], out=out_Z)  # rA Zs
+    out = out_Z if inputs else None
+    if sums.G_uu is not None:  # (diag(rA) - 2 G_uu) Zs: one product, no pass over rA Zs
+        H = sums.G_uu  # the VJP's own array, read no more
+        H *= -2.0
+        W = np.matmul(ops.add_diagonal(H, sums.rA), Zs, out=out)
+    elif out is not None:
+        W = np.multiply(Zs, sums.rA[:, :, None], out=out)  # rA Zs
     else:
         W = ops.scale_rows(Zs, sums.rA)  # rA Zs
-    if sums.G_uu is not None:
-        ops.matmul_add_(W, sums.G_uu, Zs, -2.0)  # - 2 G_uu Zs
     d_ell = sums.d_ell
     t1 = ops.einsum("cmd,cmd->cd", Zs, W) if ard else None
     if sums.G_uf is not None:
@@ -582,7 +587,10 @@ class StackedKernels:
                 and (theta is not None if last[1].theta is None
                      else theta is None and np.array_equal(last[1].theta, self.theta()))):
             return last[1]
-        self._last = None  # released first: one set of these arrays alive, not two
+        # released first (no local reference left either): one set of these arrays alive,
+        # not two
+        del last
+        self._last = None
         cov = StackedCovariances(self, Z, X, theta)
         self._last = None if version is None else (version, cov)
         return cov

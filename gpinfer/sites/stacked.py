@@ -173,9 +173,9 @@ class StackedTerms:
         """``L^-T S L^-1`` ``[C, M, M]`` for symmetric ``S [C, M, M]`` (symmetrised);
         ``overwrite``: the caller owns ``S`` and reads it no more (numpy's products with
         ``L^-1`` then run in place on it: no ``[C, M, M]`` copy)."""
-        if self.L_inv is not None:
-            return symmetrize(ops.tri_matmul(self.L_inv, self.unwhiten(S, overwrite=overwrite),
-                                             right=True, overwrite=True))
+        if self.L_inv is not None:  # symmetrised in place: the products' own array
+            return ops.symmetrize_(ops.tri_matmul(
+                self.L_inv, self.unwhiten(S, overwrite=overwrite), right=True, overwrite=True))
         T = tri_solve_stack(self.L, S, transpose=True, L_T=self.L_T)  # L^-T S
         if not ops.is_numpy(T):  # (L^-T S) L^-1: one solve from the right, no views
             return symmetrize(tri_solve_stack(self.L, T, right=True))
@@ -250,6 +250,24 @@ def scales(ref: Array, values: tuple[float, ...], lead: tuple[int, ...]) -> Scal
     return Scales(ops.constant(ref, values, (*lead, 1, 1)), ops.constant(ref, values, (*lead, 1)))
 
 
+def finite_sums(P_w: Array, h_w: Array, iteration: int | None = None) -> None:
+    """``NumericalError`` (quantity ``"B"``, ``site_cholesky``'s) unless the whitened sums
+    ``P_w [C, M, M]``, ``h_w [C, M]`` are finite: one check for every ``StackedGaussians`` of
+    them (``B = I + a P_w`` is finite for a finite ``a`` in ``[0, 1]`` when ``P_w`` is)."""
+    if not ops.all_finite(P_w, h_w):
+        raise NumericalError("site sums are not finite", iteration=iteration, quantity="B")
+
+
+def _unchecked_cholesky(make_B: Callable[[], Array], h_w: Array, iteration: int | None
+                        ) -> Array:
+    """``site_cholesky`` of numpy ``B = make_B() [C, M, M]`` (a new array) whose sums the
+    caller checked finite (``finite_sums``): one stacked factorisation in place on it, no
+    copy and no second check (a failed one goes through ``site_cholesky`` of a new ``B`` for
+    its error)."""
+    LB, failed = ops.cholesky(make_B(), overwrite=True)
+    return site_cholesky(make_B(), h_w, iteration) if np.any(failed) else LB
+
+
 class StackedGaussians:
     """``q_c(u) = N(L w_c, L B_c^-1 L^T)`` for every class, ``B_c = I + a_c P_w[c]``.
 
@@ -259,15 +277,19 @@ class StackedGaussians:
     positive definite. ``inverse``: ``B^-1`` formed at once (numpy ``potri``) and the means
     ``w = B^-1 (a h_w)`` one product with it, for a caller that reads ``B_inv`` anyway (where
     the two triangular solves per class of ``B_inv_vec`` would cost more; equal to
-    round-off). ``means=False``: the factors only, ``w`` left to the caller.
+    round-off). ``means=False``: the factors only, ``w`` left to the caller. ``finite``: the
+    caller checked ``P_w`` and ``h_w`` finite (``finite_sums``: one check for every Gaussian of
+    the same sums); numpy then factorises ``B`` without a second check.
     """
 
     def __init__(self, P_w: Array, h_w: Array, scale: Array | Scales | None = None, *,
-                 iteration: int | None = None, inverse: bool = False, means: bool = True):
+                 iteration: int | None = None, inverse: bool = False, means: bool = True,
+                 finite: bool = False):
         self._make_h_w: Callable[[], Array] | None = None  # a view's (``_view``)
         self._B_inv_sum: Array | None = None
         if scale is None:  # a = 1: no product
-            Bm = ops.plus_diagonal(P_w, 1.0)
+            def make_B() -> Array:
+                return ops.plus_diagonal(P_w, 1.0)
             self._h_w: Array | None = h_w
         else:
             if isinstance(scale, Scales):
@@ -276,9 +298,12 @@ class StackedGaussians:
                 a = (scale if ops.is_array(scale) and not ops.is_numpy(scale)
                      else ops.like(P_w, scale))
                 a_matrix, a_vector = ops.namespace(a).reshape(a, (-1, 1, 1)), a[:, None]
-            Bm = ops.scaled_plus_diagonal(a_matrix, P_w, 1.0)
+
+            def make_B() -> Array:
+                return ops.scaled_plus_diagonal(a_matrix, P_w, 1.0)
             self._h_w = a_vector * h_w
-        self.LB = site_cholesky(Bm, h_w, iteration)
+        self.LB = (_unchecked_cholesky(make_B, h_w, iteration) if finite and ops.is_numpy(P_w)
+                   else site_cholesky(make_B(), h_w, iteration))
         self._LB_T: Array | None = None  # formed on first use (``B_inv_vec``'s solve)
         self._B_inv: Array | None = None
         self.w: Array
@@ -305,10 +330,11 @@ class StackedGaussians:
         and one log-norm ratio, and the two are views of it; on numpy two
         ``StackedGaussians`` as before (``inverse``: both with it, see the class).
         """
-        if ops.is_numpy(P_w):
-            q = cls(P_w, h_w, iteration=iteration, inverse=inverse)
+        if ops.is_numpy(P_w):  # one finiteness check for both
+            finite_sums(P_w, h_w, iteration)
+            q = cls(P_w, h_w, iteration=iteration, inverse=inverse, finite=True)
             cav = cls(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]), iteration=iteration,
-                      inverse=inverse)
+                      inverse=inverse, finite=True)
             return q, cav, np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
         both = cls(P_w, h_w, pair, iteration=iteration, inverse=True)
         (LB_q, LB_cav), (w_q, w_cav) = ops.unbind(both.LB), ops.unbind(both.w)
@@ -414,6 +440,29 @@ class StackedGaussians:
         return (L @ self.w[..., None])[..., 0], transpose(T) @ T
 
 
+def cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,
+                   iteration: int | None = None) -> tuple[Array, Array]:
+    """``(mu [n, C], v [n, C])``: the means and variances along the whitened directions
+    ``A [C, M, n]`` (or ``[M, n]`` shared by every class) of the ``C`` Gaussians
+    ``StackedGaussians(P_w, h_w, scale)`` (``P_w [C, M, M]``, ``h_w [C, M]``;
+    ``NumericalError`` as there), as ``project`` (``means_by_point``, ``variances_by_point``;
+    equal to round-off), with ``R = L_B^-1 A``, ``z = L_B^-1 a h_w``: ``mu = R^T z``,
+    ``v = colsum(R * R)``, where ``project`` needs ``w = B^-1 a h_w`` (one more solve per
+    class) and ``mu = A^T w``. (The site update's cavity: it reads no ``w`` and no ``B^-1``.)"""
+    xp = ops.namespace(A)
+    C, M, n = P_w.shape[0], A.shape[-2], A.shape[-1]
+    host = ops.is_numpy(P_w)
+    if host:  # checked once, factorised in place (``finite``)
+        finite_sums(P_w, h_w, iteration)
+    g = StackedGaussians(P_w, h_w, scale, iteration=iteration, means=False,
+                         finite=host)  # L_B, a h_w
+    R = tri_solve_stack(g.LB, A if A.ndim == 3 else xp.broadcast_to(A, (C, M, n)))
+    z = tri_solve_stack(g.LB, g.h_w[..., None])[..., 0]
+    on_device = not ops.is_numpy(A)
+    by_point = StackedGaussians._by_point
+    return (by_point("cmn,cm", R, z, True, on_device), by_point("cmn,cmn", R, R, True, on_device))
+
+
 @compilable
 def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: StackedGaussians,
                              R: Array, a_sum: Array, b_sum: Array, e_sum: Array | None = None,
@@ -423,7 +472,8 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
 
     ``q``: the posteriors; ``lik``: the Gaussians held fixed in the likelihood term (EP: ``q``;
     SEP: the shared cavities) with ``R = L_B^-1 A [C, M, n]`` from ``lik.project`` (with
-    ``inverse_applied``: ``B_g^-1 A`` itself, ``lik.project(..., by_inverse=True)``); ``a_sum``,
+    ``inverse_applied``: ``B_g^-1 A`` itself, ``lik.project(..., by_inverse=True)``, which
+    numpy then consumes: written in place); ``a_sum``,
     ``b_sum``, ``e_sum`` ``[C, n]``: per-point sums, already multiplied by any mini-batch scale
     (``e_sum=None``: SEP's ``E = 2 B``). Returns the classes' gradients as stacks
     (``StackedMatrixGradients``: ``Kuu [C, M, M]``, ``Kuf [C, M, n]``, ``Kff_diag [C, n]``, also
@@ -437,31 +487,59 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     """
     A = terms.A
     AB = ops.scale_columns(A, b_sum)  # A diag(B), [C, M, n]
-    BiA = R if inverse_applied else tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)
-    # the sums below run in place, in the order of the formulas (the same arithmetic); the
-    # outer and column-scaled products are one operator each on a device (ops.outer, ...).
-    # SEP's E = 2 B enters as an exact factor 2 of the products with diag(B) (the same
-    # values as forming 2 B first: scaling by 2 commutes with every rounding)
-    X = ops.outer(lik.w, a_sum)
-    if e_sum is None:
-        T = ops.scale_columns(BiA, b_sum)
-        ops.add_scaled_(X, T, 2.0, scratch=T)  # X += B_g^-1 A diag(2 B)
+    if ops.is_numpy(A):
+        X, cross = _numpy_cross(A, AB, lik.w, R, a_sum, b_sum, e_sum, inverse_applied, lik)
+        # inner on the product's own array (read no more): -2 cross + B^-1 + w w^T (a rank-one
+        # gemm, no outer product formed), less the prior, halved: no [C, M, M] temporaries
+        inner = ops.scale_add_(cross, -2.0, q.B_inv())
+        ops.matmul_add_(inner, q.w[..., :, None], q.w[..., None, :], 1.0)
+        ops.add_diagonal(inner, -1.0)  # the prior term
+        inner *= 0.5
     else:
-        T = ops.scale_columns(BiA, e_sum)
-        X += T
-    # sym(A X^T) - S_B = sym(A Y^T), Y = X + AB: one product (G_K is symmetrised)
-    X -= AB
-    cross = A @ ops.mT(X) if ops.is_numpy(A) else ops.einsum("cmn,ckn->cmk", A, X)
-    X -= AB
-    del T
-    inner = ops.outer(q.w, q.w)
-    inner += q.B_inv()  # B^-1 + w w^T (q keeps its B^-1)
-    ops.add_diagonal(inner, -1.0)  # the prior term
-    inner *= 0.5
-    inner -= cross
+        BiA = R if inverse_applied else tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)
+        # the sums below run in place, in the order of the formulas; the outer and
+        # column-scaled products are one operator each on a device (ops.outer, ...). SEP's
+        # E = 2 B enters as an exact factor 2 of the products with diag(B) (the same values as
+        # forming 2 B first: scaling by 2 commutes with every rounding)
+        X = ops.outer(lik.w, a_sum)
+        if e_sum is None:
+            T = ops.scale_columns(BiA, b_sum)
+            ops.add_scaled_(X, T, 2.0, scratch=T)  # X += B_g^-1 A diag(2 B)
+        else:
+            T = ops.scale_columns(BiA, e_sum)
+            X += T
+        # sym(A X^T) - S_B = sym(A Y^T), Y = X + AB: one product (G_K is symmetrised)
+        X -= AB
+        cross = ops.einsum("cmn,ckn->cmk", A, X)
+        X -= AB
+        del T
+        inner = ops.outer(q.w, q.w)
+        inner += q.B_inv()  # B^-1 + w w^T (q keeps its B^-1)
+        ops.add_diagonal(inner, -1.0)  # the prior term
+        inner *= 0.5
+        inner -= cross
     G_K = terms.sandwich(inner, overwrite=True)  # L^-T inner L^-1 (inner read no more)
     G_uf = terms.unwhiten(X, overwrite=True)
     return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b_sum)
+
+
+def _numpy_cross(A: Array, AB: Array, w: Array, R: Array, a_sum: Array, b_sum: Array,
+                 e_sum: Array | None, inverse_applied: bool, lik: StackedGaussians
+                 ) -> tuple[Array, Array]:
+    """numpy's ``(X [C, M, n], A (X + A diag B)^T [C, M, M])`` of
+    ``stacked_matrix_gradients``, in place on arrays it owns: ``X = B_g^-1 A diag(E)`` on
+    ``B_g^-1 A`` itself (with ``inverse_applied`` the caller's, read no more; SEP's
+    ``E = 2 B`` an exact factor 2), ``+ w a_sum^T`` one rank-one ``gemm`` per class into it (no
+    outer product formed), then ``X - A diag(B)`` for the cross product and ``X - 2 A diag(B)``
+    (no ``[C, M, n]`` temporaries)."""
+    BiA = R if inverse_applied else tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)
+    X = BiA
+    X *= (2.0 * b_sum if e_sum is None else e_sum)[..., None, :]
+    ops.matmul_add_(X, w[..., :, None], a_sum[..., None, :], 1.0)
+    X -= AB
+    cross = A @ ops.mT(X)  # sym(A X^T) - S_B = sym(A Y^T), Y = X + AB (G_K is symmetrised)
+    X -= AB
+    return X, cross
 
 
 def as_stacked(terms: Sequence[ClassTerms] | StackedTerms) -> StackedTerms:
@@ -503,17 +581,55 @@ def shared_terms(one: StackedTerms, C: int) -> SharedTerms:
                        L_inv=None if one.L_inv is None else wide(one.L_inv), one=one)
 
 
-def rebased(one: StackedTerms, terms: SharedTerms) -> StackedTerms:
-    """Terms whose factor is ``T = L^-1 L'`` ``[C, M, M]`` (lower triangular, broadcast), for
-    ``one``'s factor ``L`` and ``terms``' ``L'`` (both ``[1, M, M]``): their ``to_whitened``
-    maps sums whitened by ``L`` to the same sums whitened by ``L'``
-    (``L'^T Lam L' = T^T (L^T Lam L) T``); ``A``, ``s`` are ``terms``'."""
-    assert terms.one is not None  # SharedTerms from ``shared_terms``
-    L_new = terms.one.L
-    T = (ops.tri_matmul(one.L_inv, L_new) if one.L_inv is not None
-         else tri_solve_stack(one.L, L_new))
-    xp = ops.namespace(T)
-    return StackedTerms(L=xp.broadcast_to(T, terms.L.shape), A=terms.A, s=terms.s)
+class Basis(NamedTuple):
+    """The factor whitened sums were formed on, without the terms' data-sized arrays (what a
+    state keeps across steps, and a snapshot holds: ``A [C, M, n]`` is not kept alive):
+    ``L [C, M, M]`` and ``L_inv`` (or ``None``) of ``StackedTerms``; ``classes``: ``C`` for
+    ``SharedTerms`` (then ``L``, ``L_inv`` are the one latent's ``[1, M, M]``), else
+    ``None``."""
+
+    L: Array
+    L_inv: Array | None
+    classes: int | None
+
+    def to_u_space(self, P_w: Array, h_w: Array) -> tuple[Array, Array]:
+        """``StackedTerms.to_u_space`` on this factor: ``(L^-T P_w L^-1, L^-T h_w)``."""
+        C = self.L.shape[0] if self.classes is None else 1
+        M = self.L.shape[-1]
+        one = StackedTerms(L=self.L, A=ops.empty(self.L, (C, M, 0)), s=ops.empty(self.L, (C, 0)),
+                           L_inv=self.L_inv)
+        terms = one if self.classes is None else shared_terms(one, self.classes)
+        return terms.to_u_space(P_w, h_w)
+
+
+def basis(terms: StackedTerms) -> Basis:
+    """The ``Basis`` of ``terms`` (``SharedTerms``: the one latent's factor)."""
+    if isinstance(terms, SharedTerms) and terms.one is not None:
+        return Basis(terms.one.L, terms.one.L_inv, terms.L.shape[0])
+    return Basis(terms.L, terms.L_inv, None)
+
+
+def rebased(old: Basis, new: StackedTerms) -> StackedTerms:
+    """Terms whose factor is ``T = L^-1 L'`` ``[C, M, M]`` (lower triangular) for ``old``'s
+    factor ``L`` and ``new``'s ``L'`` (both per class, or both shared: ``T`` of the one
+    latent's factors, broadcast over the classes): their ``to_whitened`` maps sums whitened
+    by ``L`` to the same sums whitened by ``L'`` (``L'^T Lam L' = T^T (L^T Lam L) T``: three
+    triangular products per class, ``T`` and ``T^T P_w T``, where ``Lam = L^-T P_w L^-1`` and
+    back take four); ``A``, ``s`` are ``new``'s. On numpy ``T`` is one ``trmm`` with ``old``'s
+    ``L_inv``; without it (a device) one triangular solve."""
+    if old.classes is not None:
+        assert isinstance(new, SharedTerms) and new.one is not None  # from ``shared_terms``
+        T = _factor_ratio(old, new.one.L)
+        xp = ops.namespace(T)
+        return StackedTerms(L=xp.broadcast_to(T, new.L.shape), A=new.A, s=new.s)
+    return StackedTerms(L=_factor_ratio(old, new.L), A=new.A, s=new.s)
+
+
+def _factor_ratio(old: Basis, L_new: Array) -> Array:
+    """``L^-1 L'`` ``[..., M, M]`` for ``old``'s factor ``L`` and ``L_new = L'``."""
+    if old.L_inv is not None:
+        return ops.tri_matmul(old.L_inv, L_new)
+    return tri_solve_stack(old.L, L_new)
 
 
 def shared_site_products(A: Array, tau: Array) -> Array:
@@ -564,34 +680,16 @@ def shared_paired(P_w: Array, h_w: Array, pair: Scales, A: Array,
     if not ops.is_numpy(P_w):
         q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration, inverse=True)
         return q, cav, lnr, shared_project(cav, A)
-    q = StackedGaussians(P_w, h_w, iteration=iteration, means=False)
+    finite_sums(P_w, h_w, iteration)  # one finiteness check for both
+    q = StackedGaussians(P_w, h_w, iteration=iteration, means=False, finite=True)
     cav = StackedGaussians(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]),
-                           iteration=iteration, means=False)
+                           iteration=iteration, means=False, finite=True)
     q.w, _, q._B_inv_sum, q_failed = ops.cho_inverse_terms(q.LB, q.h_w, summed=True)
     cav.w, BiA, _, cav_failed = ops.cho_inverse_terms(cav.LB, cav.h_w, A)
     if q_failed or cav_failed or BiA is None:
         raise NumericalError("singular Cholesky factor", iteration=iteration, quantity="B")
     lnr = np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
     return q, cav, lnr, _shared_moments(A, cav.w, BiA)
-
-
-def shared_cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,
-                          iteration: int | None = None) -> tuple[Array, Array]:
-    """``(mu [n, C], v [n, C])``: the means and variances along the whitened directions
-    ``A [M, n]`` shared by every class of the ``C`` Gaussians ``StackedGaussians(P_w, h_w,
-    scale)`` (``P_w [C, M, M]``, ``h_w [C, M]``; ``NumericalError`` as there), as ``project``
-    of ``A`` broadcast (``means_by_point``, ``variances_by_point``; equal to round-off), with
-    ``R = L_B^-1 A``, ``z = L_B^-1 a h_w``: ``mu = R^T z``, ``v = colsum(R * R)``, where
-    ``project`` needs ``w = B^-1 a h_w`` (one more solve) and ``mu = A^T w``. (The site
-    update's cavity: it reads no ``w`` and no ``B^-1``.)"""
-    xp = ops.namespace(A)
-    C, M, n = P_w.shape[0], A.shape[0], A.shape[-1]
-    g = StackedGaussians(P_w, h_w, scale, iteration=iteration, means=False)  # L_B, a h_w
-    R = tri_solve_stack(g.LB, xp.broadcast_to(A, (C, M, n)))
-    z = tri_solve_stack(g.LB, g.h_w[..., None])[..., 0]
-    on_device = not ops.is_numpy(A)
-    by_point = StackedGaussians._by_point
-    return (by_point("cmn,cm", R, z, True, on_device), by_point("cmn,cmn", R, R, True, on_device))
 
 
 @compilable

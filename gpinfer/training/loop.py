@@ -138,6 +138,14 @@ class TrainingLoop:
         # so the others are left alone: P can be millions, the scaled entries few)
         scaled = np.flatnonzero(self.coord != 1.0)
         self._scaled = slice(int(scaled[0]), int(scaled[-1]) + 1) if scaled.size else slice(0, 0)
+        #: the vector the last optimiser step handed to ``hp.unpack(owned=True)``: the next
+        #: step packs into it while ``hp`` still holds it (``HyperParameters.pack(reuse=)``;
+        #: on the host: no new ``[P]`` array per step)
+        self._theta: Array | None = None
+        #: the last step's gradient ``[P]``: read by its optimiser step only (sign-adaptive
+        #: keeps a copy), so the next step's gradient may be written into it
+        #: (``HyperParameters.gradient(out=)``; on the host: no new ``[P]`` array per step)
+        self._grad: Array | None = None
         self.n_jobs = n_jobs
         self.compile_mode = compile_mode
         #: the data-parallel process group (``None``: one process): the sites take this rank's
@@ -208,7 +216,7 @@ class TrainingLoop:
         (``grad`` is scaled in place)."""
         if self.hp.size:  # in place on arrays this step owns: P can be millions
             with compiling(self.compile_mode):
-                theta = self.hp.pack()
+                theta = self.hp.pack(reuse=self._theta)
                 part = self._scaled
                 coord = self._scaled_coordinates(theta)
                 # on views (``x[part] *= c`` would also write the result back onto itself:
@@ -222,6 +230,7 @@ class TrainingLoop:
                 xi_part = theta_part if xi is theta else xi[part]
                 xi_part /= coord
                 self.hp.unpack(xi, owned=True)
+                self._theta = xi
 
     def _step(self, batch: Array, rho: float) -> tuple[float, Array, float]:
         """Refine the sites of ``batch``, then the objective and its gradient on ``batch``, read
@@ -277,7 +286,8 @@ class TrainingLoop:
             out = self.sites.objective(scale, it)
             X_batch = self.sites.batch_inputs()
             grad = self.hp.gradient(self.X[batch] if X_batch is None else X_batch,
-                                    out.gradients, self.n_jobs)
+                                    out.gradients, self.n_jobs, out=self._grad)
+            self._grad = grad if ops.is_numpy(grad) else None
             value = out.value
         ops.require_finite(lambda: NumericalError(
             "non-finite objective or gradient", iteration=it, quantity="objective"),

@@ -111,6 +111,27 @@ def test_cholesky_of_large_numpy_stacks_by_potrf_in_place(dtype):
     assert ops.cholesky(K)[1].tolist() == [False, True, True]
 
 
+def test_cholesky_overwrite_factorises_an_owned_stack_in_place():
+    """``overwrite=True``: a writable C-ordered stack is factorised in place (the factors are
+    ``K``'s own memory, the same values as from a copy); a transposed view is copied and left
+    alone; failures are reported as without it."""
+    rng = np.random.default_rng(8)
+    K = _spd_stack(rng, C=3, M=70)
+    expected, _ = ops.cholesky(K)
+    own = K.copy()
+    L, failed = ops.cholesky(own, overwrite=True)
+    assert np.shares_memory(L, own) and not failed.any()
+    np.testing.assert_array_equal(L, expected)
+    view = np.swapaxes(K.copy(), -1, -2)  # symmetric: the same matrices, not C-ordered
+    kept = view.copy()
+    L, _ = ops.cholesky(view, overwrite=True)
+    assert not np.shares_memory(L, view)
+    np.testing.assert_array_equal(view, kept)
+    np.testing.assert_allclose(L, expected, rtol=1e-13, atol=1e-13 * 70)
+    bad = K.copy()
+    bad[1] = -np.eye(70)
+    assert ops.cholesky(bad, overwrite=True)[1].tolist() == [False, True, False]
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_tri_inverse_of_large_numpy_stacks_in_two_halves(dtype):
     """numpy factors of order >= 128 are inverted in two halves (``trtri`` of each, two
@@ -331,3 +352,20 @@ def test_scaled_plus_diagonal_is_a_new_array(to):
     got = ops.to_host(ops.scaled_plus_diagonal(to(a), X_in, 1.5))
     np.testing.assert_allclose(got, a * X + 1.5 * np.eye(4), rtol=1e-15, atol=1e-15)
     np.testing.assert_array_equal(ops.to_host(X_in), X)
+
+
+def test_symmetrize_in_place_gives_symmetrize_s_values():
+    """``symmetrize_``: numpy's C-ordered stack symmetrised in its own memory with the bits of
+    ``symmetrize``; a transposed view (not C-ordered) gets a new array and is left alone."""
+    rng = np.random.default_rng(9)
+    X = rng.standard_normal((3, 7, 7))
+    expected = ops.symmetrize(X)
+    own = X.copy()
+    out = ops.symmetrize_(own)
+    assert out is own
+    np.testing.assert_array_equal(out, expected)
+    view = np.swapaxes(X, -1, -2)
+    out = ops.symmetrize_(view)
+    assert not np.shares_memory(out, X)
+    np.testing.assert_array_equal(out, ops.symmetrize(view))
+    np.testing.assert_array_equal(view, np.swapaxes(X, -1, -2))

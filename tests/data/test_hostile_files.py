@@ -62,28 +62,44 @@ def _write(path: Path, data: bytes | str) -> Path:
     return path
 
 
-# name -> (file name, how to make it, a piece of the message)
-CASES: dict[str, tuple[str, Callable[[Path], Path], str]] = {
+def _zip_of(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def _member_magic() -> bytes:
+    """An .npz whose X.npy member lost its magic bytes (numpy then reads it as pickle)."""
+    good = io.BytesIO()
+    np.save(good, np.zeros((3, 2)))
+    return _zip_of({"X.npy": b"\x00\x00" + good.getvalue()[2:],
+                    "y.npy": _npy_header((3,)) + bytes(24)})
+
+
+# name -> (file name, its contents or how to make it, a piece of the message)
+CASES: dict[str, tuple[str, str | bytes | Callable[[Path], Path], str]] = {
     "libsvm index 1e11": (
-        "big.libsvm", lambda p: _write(p, "1 1:0.5 100000000000:1\n-1 1:0.3\n"),
+        "big.libsvm", "1 1:0.5 100000000000:1\n-1 1:0.3\n",
         "line 1: feature index 100000000000 would make one row of the dense X 800 GB, more "
         "than the limit of 4 GB"),
     "libsvm huge negative index": (
-        "neg.libsvm", lambda p: _write(p, "1 1:0.5\n-1 -9999999999999999999:1\n"),
+        "neg.libsvm", "1 1:0.5\n-1 -9999999999999999999:1\n",
         "line 2: feature index -9999999999999999999 is negative"),
     "libsvm index 2e9": (
-        "stray.libsvm", lambda p: _write(p, "1 1:0.5\n-1 2000000000:1\n"),
+        "stray.libsvm", "1 1:0.5\n-1 2000000000:1\n",
         "the dense X would be 2 x 2000000000 float64 = 32 GB, more than the limit of 4 GB "
         "(the largest feature index is 2000000000, on line 2"),
     "libsvm comments only": (
-        "comments.libsvm", lambda p: _write(p, "# a header\n# nothing else\n"),
+        "comments.libsvm", "# a header\n# nothing else\n",
         "holds no data rows"),
-    "libsvm empty": ("empty.libsvm", lambda p: _write(p, ""), "holds no data rows"),
+    "libsvm empty": ("empty.libsvm", "", "holds no data rows"),
     "libsvm truncated": (
-        "cut.libsvm", lambda p: _write(p, LIBSVM_OK + "1 1:0.5 3:"),
+        "cut.libsvm", LIBSVM_OK + "1 1:0.5 3:",
         "line 13: feature value '' (in '3:') is not a number"),
     "libsvm binary junk": (
-        "junk.libsvm", lambda p: _write(p, b"\x00\xff\xfe garbage \x93NUMPY"),
+        "junk.libsvm", b"\x00\xff\xfe garbage \x93NUMPY",
         "is not a valid LIBSVM file"),
     "npz zip bomb": (
         "bomb.npz", _zip_bomb,
@@ -104,46 +120,30 @@ CASES: dict[str, tuple[str, Callable[[Path], Path], str]] = {
                                 _write(p, p.with_suffix(".npy").read_bytes()))[1],
         "it starts with an .npy array, not the zip signature"),
     "npz member with wrong magic": (
-        "member.npz", lambda p: _write(p, _member_magic()),
+        "member.npz", _member_magic(),
         "member 'X.npy' is not an .npy array: it starts with b'\\x00\\x00UMPY'"),
     "npz member truncated": (
-        "short.npz", lambda p: _write(p, _zip_of({"X.npy": _npy_header((3, 2)) + bytes(8),
-                                                  "y.npy": _npy_header((3,)) + bytes(24)})),
+        "short.npz", _zip_of({"X.npy": _npy_header((3, 2)) + bytes(8),
+                              "y.npy": _npy_header((3,)) + bytes(24)}),
         "member 'X.npy' is truncated: its header announces 48 bytes of data, it holds 8"),
     "npz negative shape": (
-        "negshape.npz", lambda p: _write(p, _zip_of({"X.npy": _npy_header((-5, 2)),
-                                                     "y.npy": _npy_header((2,))})),
+        "negshape.npz", _zip_of({"X.npy": _npy_header((-5, 2)), "y.npy": _npy_header((2,))}),
         "member 'X.npy'"),
     "csv truncated": (
-        "cut.csv", lambda p: _write(p, "1.0,2.0,0\n3.0,4.0,1\n5.0,"),
+        "cut.csv", "1.0,2.0,0\n3.0,4.0,1\n5.0,",
         "line 3 has 2 fields, expected 3"),
     "csv binary junk": (
-        "junk.csv", lambda p: _write(p, b"\xff\xfe\x00\x01junk"),
+        "junk.csv", b"\xff\xfe\x00\x01junk",
         "cannot read dataset file"),
 }
-
-
-def _zip_of(members: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-    return buf.getvalue()
-
-
-def _member_magic() -> bytes:
-    """An .npz whose X.npy member lost its magic bytes (numpy then reads it as pickle)."""
-    good = io.BytesIO()
-    np.save(good, np.zeros((3, 2)))
-    return _zip_of({"X.npy": b"\x00\x00" + good.getvalue()[2:],
-                    "y.npy": _npy_header((3,)) + bytes(24)})
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_hostile_file_is_one_clear_input_error(case: str, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.delenv(MAX_DENSE_ENV, raising=False)
-    name, make, expected = CASES[case]
-    path = make(tmp_path / name)
+    name, contents, expected = CASES[case]
+    path = tmp_path / name
+    path = contents(path) if callable(contents) else _write(path, contents)
     with pytest.raises(InputError) as err:
         load_file(path)
     message = str(err.value)

@@ -238,6 +238,62 @@ def test_unpack_owned_gives_the_same_values_without_a_copy(stacked):
     assert not np.shares_memory(ref.Z[0], theta)
 
 
+def test_pack_reuses_the_vector_handed_over_while_nothing_moved():
+    """``pack(reuse=theta)`` after ``unpack(theta, owned=True)``: ``theta`` itself, its kernel
+    and likelihood entries read again from their objects (values equal a fresh ``pack``'s);
+    after ``touch``, another ``unpack`` or for another array: a new array, ``theta`` left
+    alone (whatever views of it are held do not move)."""
+    kernels = [RBF([0.8, 1.3], 1.7), RBF([1.1, 0.9], 0.6)]
+    hp = make_hp(kernels=kernels)
+    assert hp.stacked is not None
+    theta = hp.pack() + 0.05
+    hp.unpack(theta, owned=True)
+    kernels[1].set_unconstrained(kernels[1].get_unconstrained() + 0.5)  # a kernel's own move
+    hp.likelihood.set_unconstrained(np.array([0.1, 0.2]))
+    expected = hp.pack()
+    assert hp.pack(reuse=theta) is theta  # no new array
+    np.testing.assert_array_equal(theta, expected)
+    assert np.shares_memory(hp.Z[1], theta)
+    for move in (hp.touch, lambda: hp.unpack(theta + 0.0)):
+        hp.unpack(theta, owned=True)
+        move()
+        before = theta.copy()
+        packed = hp.pack(reuse=theta)
+        assert packed is not theta and not np.shares_memory(packed, theta)
+        np.testing.assert_array_equal(theta, before)
+    hp.unpack(theta, owned=True)
+    other = theta.copy()
+    assert hp.pack(reuse=other) is not other
+    hp.unpack(theta)  # not handed over: a copy is installed, nothing to reuse
+    assert hp.pack(reuse=theta) is not theta
+    single = theta.astype(np.float32)  # handed over, but unpack installs a float64 copy
+    hp.unpack(single, owned=True)
+    assert hp.pack(reuse=single) is not single
+
+
+def test_the_gradient_is_written_into_a_vector_given_for_it():
+    """``gradient(out=v)`` with stacked matrix gradients: the values of a new vector, written
+    into ``v`` (whatever it held) and returned as it; a vector that does not fit (length,
+    dtype, layout) is left alone and a new one returned."""
+    from gpinfer.kernels.stacked import StackedMatrixGradients
+
+    hp = HyperParameters([RBF([0.8, 1.3], 1.7), RBF([1.1, 0.9], 0.6)],
+                         Z=[RNG.standard_normal((M, D)) for _ in range(2)])
+    grads = StackedMatrixGradients(np.stack([RNG.standard_normal((M, M)) for _ in range(2)]),
+                                   np.stack(A), np.stack(B))
+    expected = hp.gradient(X, grads)
+    out = np.full(hp.size, np.nan)
+    assert hp.gradient(X, grads, out=out) is out
+    np.testing.assert_array_equal(out, expected)
+    for unfit in (np.zeros(hp.size + 1), np.zeros(hp.size, np.float32),
+                  np.zeros(2 * hp.size)[::2]):
+        before = unfit.copy()
+        got = hp.gradient(X, grads, out=unfit)
+        assert got is not unfit
+        np.testing.assert_array_equal(got, expected)
+        np.testing.assert_array_equal(unfit, before)
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_device_kernels_stay_on_the_device_until_asked_for(tied):
     """``device_kernels=True`` on torch: ``unpack`` reads nothing back (the kernel objects

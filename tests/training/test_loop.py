@@ -144,3 +144,44 @@ def test_the_outer_schedule_sweeps_below_outer_tol_or_to_its_cap(max_sweeps, fir
     loop.run()
     assert sites.dampings == [0.5] * first + [0.45] * second
     assert loop.history[-1]["site_change"] == 0.5 ** (first + second)
+
+
+def test_minibatch_steps_reuse_one_parameter_vector_and_reported_states_stay_put(monkeypatch):
+    """sep's mini-batch steps on numpy: every Adam step after the first writes into the vector
+    the step before handed to ``hp.unpack(owned=True)``, and every gradient after the first
+    into the one before (no new ``[P]`` arrays per step); what a report kept (``IterationInfo.posterior``: the fit guard builds it after training)
+    is not moved by the later steps written in place."""
+    handed: list[int] = []
+    unpack = HyperParameters.unpack
+
+    def recording(self, theta, *, owned=False):
+        if owned:
+            handed.append(id(theta))
+        return unpack(self, theta, owned=owned)
+
+    gradient, gradients = HyperParameters.gradient, []
+
+    def recording_gradient(self, *args, **kwargs):
+        grad = gradient(self, *args, **kwargs)
+        gradients.append(id(grad))
+        return grad
+
+    monkeypatch.setattr(HyperParameters, "unpack", recording)
+    monkeypatch.setattr(HyperParameters, "gradient", recording_gradient)
+    X, y = _data(False)
+    builders, at_report = [], []
+
+    def callback(info):
+        builders.append(info.posterior)
+        at_report.append(info.posterior())
+
+    gpinfer.GPClassifier(method="sep", M=6, batch_size=10, max_iter=3, random_state=0,
+                         method_options={"adam_learning_rate": 0.05}).fit(X, y, callback=callback)
+    assert len(handed) == 12 and len(set(handed)) <= 1 + len(builders)  # new after a report
+    assert handed[1] == handed[0] and handed[2] == handed[0]
+    assert len(gradients) == 12 and len(set(gradients)) == 1
+    for build, then in zip(builders, at_report):
+        later = build()
+        for a, b in zip([*later.Z, *later.m], [*then.Z, *then.m]):
+            np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(at_report[0].Z[0], at_report[-1].Z[0])  # the steps moved Z

@@ -52,14 +52,16 @@ from gpinfer.sites.inducing import (
     role_delta,
 )
 from gpinfer.sites.stacked import (
+    Basis,
     Scales,
     SharedTerms,
     StackedGaussians,
     StackedTerms,
     as_stacked,
+    basis,
+    cavity_moments,
     rebased,
     scales,
-    shared_cavity_moments,
     shared_matrix_gradients,
     shared_paired,
     shared_site_products,
@@ -265,8 +267,8 @@ class RankOneSites(_SiteSums):
 
 class _USpaceSum:
     """A ``TiedSites`` attribute in ``u``-space (``Lam`` or ``h``), stored as ``_Lam``/``_h``:
-    read, it is first formed from the whitened sums a shared update left (``_to_u_space``);
-    set, those sums are dropped."""
+    read, it is first formed from the whitened sums an update left (``_to_u_space``); set,
+    those sums are dropped."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.stored = "_" + name
@@ -290,9 +292,13 @@ class TiedSites(_SiteSums):
     positions and ``n_factors`` explicitly.
 
     The algebra is class-batched (``gpinfer.sites.stacked``): ``terms`` may be a
-    ``StackedTerms`` or a list of per-class ``ClassTerms`` (stacked on entry). The whitened site
-    sums ``L^T Lam L`` are formed once per set of terms: an update leaves the new ones for the
-    ``evaluate`` (or further sweeps) that follow on the same terms.
+    ``StackedTerms`` or a list of per-class ``ClassTerms`` (stacked on entry). The sums are kept
+    whitened: an update leaves its new ``L^T Lam L``, ``L^T h`` for the ``evaluate`` (or
+    further sweeps) that follow on the same terms, and with the factor they are whitened on
+    (``_based``: a ``Basis``, no data-sized arrays) for the next step, which moves them to its
+    own factor ``L'`` by ``T = L^-1 L'`` (``rebased``: three triangular products per class,
+    where ``Lam = L^-T P_w L^-1`` and back take four); ``Lam``, ``h`` are formed only when read
+    (the posterior, ``refine``'s state) and set by ``restore``; a snapshot holds the kept sums.
     """
 
     def __init__(self, y: Array, C: int, M: int, n_factors: Array | None = None,
@@ -301,9 +307,7 @@ class TiedSites(_SiteSums):
         self.y = y
         self.n_factors = factor_counts(y, C) if n_factors is None else np.asarray(n_factors, float)
         #: one kernel and one ``Z`` for every class (sep's ``shared_inducing``): ``terms_at``
-        #: takes them (``kernels``, ``Zs`` of one latent) and returns ``SharedTerms``, and an
-        #: update leaves its whitened sums (``_based``) for the next step's to move to its own
-        #: factor (``rebased``), forming ``Lam``, ``h`` only when they are read
+        #: takes them (``kernels``, ``Zs`` of one latent) and returns ``SharedTerms``
         self.shared = False
         #: ``(idx, y, labels)``: the last batch's labels on the backend (``_labels``)
         self._batch: tuple[Array, Array, _BatchLabels] | None = None
@@ -312,9 +316,11 @@ class TiedSites(_SiteSums):
         #: (``_group_sums``)
         self.group: Group | None = None
 
-    # -- the u-space sums, formed on first read after a shared update --------------------------
-    #: ``(one, P_w, h_w)``: a shared update's whitened sums and the terms they are whitened on
-    _based: tuple[StackedTerms, Array, Array] | None
+    # -- the u-space sums, formed on first read after an update -----------------------------
+    #: ``(basis, P_w [C, M, M], h_w [C, M])``: an update's whitened sums and the factor they
+    #: are whitened on (``Basis``: no data-sized arrays; never written in place: a snapshot may
+    #: hold them)
+    _based: tuple[Basis, Array, Array] | None
     _Lam: Array
     _h: Array
     _u_stale: bool
@@ -325,24 +331,24 @@ class TiedSites(_SiteSums):
     h = _USpaceSum()
 
     def _to_u_space(self) -> None:
-        """``Lam``, ``h`` from the whitened sums a shared update left (kept: the next step
-        still moves those)."""
+        """``Lam``, ``h`` from the whitened sums an update left (kept: the next step still
+        moves those)."""
         if self._u_stale and self._based is not None:
-            one, P_w, h_w = self._based
-            self._Lam, self._h = shared_terms(one, P_w.shape[0]).to_u_space(P_w, h_w)
+            based, P_w, h_w = self._based
+            self._Lam, self._h = based.to_u_space(P_w, h_w)
             self._u_stale = False
 
     def _whitened_sums(self, terms: StackedTerms) -> tuple[Array, Array]:
-        """As ``_SiteSums._whitened_sums``; after a shared update, its whitened sums moved
-        from its factor ``L`` to ``terms``' ``L'`` by ``T = L^-1 L'`` (``rebased``: two
-        triangular products per class, where ``Lam`` and back would take four)."""
+        """As ``_SiteSums._whitened_sums``; after an update, its whitened sums moved from its
+        factor ``L`` to ``terms``' ``L'`` by ``T = L^-1 L'`` (``rebased``)."""
         if self._whitened is not None and self._whitened[0] is terms:
             return self._whitened[1], self._whitened[2]
-        if self._based is not None and isinstance(terms, SharedTerms) and terms.one is not None:
-            one, P_w, h_w = self._based
+        if self._based is not None and (isinstance(terms, SharedTerms)
+                                        == (self._based[0].classes is not None)):
+            based, P_w, h_w = self._based
             # not symmetrised: the update's Cholesky reads one triangle and its new sums are
             # symmetrised (``_tied_sums``)
-            P_w, h_w = rebased(one, terms).to_whitened(P_w, h_w, symmetric=False)
+            P_w, h_w = rebased(based, terms).to_whitened(P_w, h_w, symmetric=False)
             self._whitened = (terms, P_w, h_w)
             return P_w, h_w
         return super()._whitened_sums(terms)
@@ -356,12 +362,23 @@ class TiedSites(_SiteSums):
         return shared_terms(terms, self.n_factors.shape[0]) if self.shared else terms
 
     def snapshot(self) -> object:
+        """The sites' state: after an update, ``{"whitened": (terms, P_w, h_w)}``, the kept
+        whitened sums themselves (never written in place: held without a copy, and no
+        ``u``-space round trip, where the training loop on a device snapshots every step);
+        else copies ``{"Lam", "h"}``."""
+        if self._based is not None:
+            return {"whitened": self._based}
         return {"Lam": ops.copy(self.Lam), "h": ops.copy(self.h)}
 
     def restore(self, snap: object) -> None:
+        """The state of ``snapshot`` (or of ``{"Lam", "h"}`` ``u``-space sums given, e.g.
+        ``refine``'s start)."""
         if not isinstance(snap, dict):
             raise TypeError(f"not a snapshot of TiedSites: {type(snap).__name__}")
-        self.Lam, self.h = ops.copy(snap["Lam"]), ops.copy(snap["h"])
+        if "whitened" in snap:
+            self._based, self._u_stale = snap["whitened"], True
+        else:
+            self.Lam, self.h = ops.copy(snap["Lam"]), ops.copy(snap["h"])
         self._whitened = None
 
     def _cavity_scales(self, ref: Array, paired: bool = False) -> Scales:
@@ -408,15 +425,10 @@ class TiedSites(_SiteSums):
         if self.group is not None:
             P_w, h_next, change = _group_sums(self.group, terms, P_w, h_w,
                                               self._cavity_scales(P_w), labels, rho, iteration)
-            self.Lam, self.h = terms.to_u_space(P_w, h_next)
-        elif isinstance(terms, SharedTerms) and terms.one is not None:  # Lam, h when read
+        else:
             P_w, h_next, change = _tied_sums(
                 terms, P_w, h_w, self._cavity_scales(P_w), labels, rho, iteration)
-            self._based, self._u_stale = (terms.one, P_w, h_next), True
-        else:
-            P_w, h_next, change, Lam, h = _tied_update(
-                terms, P_w, h_w, self._cavity_scales(P_w), labels, rho, iteration)
-            self.Lam, self.h = Lam, h
+        self._based, self._u_stale = (basis(terms), P_w, h_next), True  # Lam, h when read
         self._whitened = (terms, P_w, h_next)
         return change
 
@@ -432,17 +444,6 @@ class TiedSites(_SiteSums):
                               scale, iteration)
 
 
-@compilable
-def _tied_update(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
-                 labels: _BatchLabels, rho: float, iteration: int | None
-                 ) -> tuple[Array, Array, Array, Array, Array]:
-    """``TiedSites.update`` on device arrays (a compiled region of the step): from the
-    whitened sums ``P_w [C, M, M]``, ``h_w [C, M]`` and the cavity fractions (``Scales`` of
-    ``[C]``), the new ``(P_w, h_w, change [], Lam [C, M, M], h [C, M])``."""
-    P_w, h_next, change = _tied_sums(terms, P_w, h_w, fraction, labels, rho, iteration)
-    return (P_w, h_next, change, *terms.to_u_space(P_w, h_next))
-
-
 def _batch_sites(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
                  labels: _BatchLabels, iteration: int | None) -> tuple[Array, Array]:
     """The tied update's new sites of the batch's points from the cavity of the whitened sums
@@ -450,11 +451,9 @@ def _batch_sites(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     deferred in the caller's context)."""
     _, mask, _, _, y_col = labels
     one = terms.one if isinstance(terms, SharedTerms) else None
-    if one is not None:  # the shared A: one solve per class for both moments
-        a, v = shared_cavity_moments(P_w, h_w, fraction, one.A[0], iteration)  # [n, C]
-    else:
-        cav = StackedGaussians(P_w, h_w, fraction, iteration=iteration)
-        a, v, _ = cav.project(terms.A, means_by_point=True, variances_by_point=True)  # [n, C]
+    # R = L_B^-1 A and z = L_B^-1 a h_w: no means w = B^-1 a h_w (the shared A: broadcast)
+    a, v = cavity_moments(P_w, h_w, fraction, terms.A if one is None else one.A[0],
+                          iteration)  # [n, C]
     vs = v + terms.s.T  # b = v + s for every role; the winners' is its gather (the same sums)
     a_y, v_y = at_label(a, y_col), at_label(v, y_col)
     t = pair_slopes(a_y, at_label(vs, y_col), a, vs, mask)
@@ -472,21 +471,23 @@ def _batch_sites(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
 def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
                labels: _BatchLabels, rho: float, iteration: int | None
                ) -> tuple[Array, Array, Array]:
-    """``_tied_update`` up to the new whitened sums: ``(P_w, h_w, change [])``."""
+    """``TiedSites.update`` on device arrays (a compiled region of the step): from the
+    whitened sums ``P_w [C, M, M]``, ``h_w [C, M]`` and the cavity fractions (``Scales`` of
+    ``[C]``), the new whitened sums and the change: ``(P_w, h_w, change [])``."""
     tau, nu = _batch_sites(terms, P_w, h_w, fraction, labels, iteration)
     counts, n_factors = labels.counts, labels.n_factors
     one = terms.one if isinstance(terms, SharedTerms) else None
     keep = 1.0 - rho * counts / n_factors
     A = terms.A
-    kept = ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w
-    if one is not None:  # one product each for all, rho in the sites ([n, C]), added in place
-        kept += shared_site_products(one.A[0], rho * tau)
+    kept = ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w  # P_w stays (kept, snapshots)
+    rho_tau = tau if rho == 1.0 else rho * tau  # rho in the sites ([n, C]; 1: exact as it is)
+    if one is not None:  # one product each for all, added in place
+        kept += shared_site_products(one.A[0], rho_tau)
         h_new = ops.mT(one.A[0] @ nu)
-    else:
-        P_new = ops.scale_columns(A, tau.T) @ terms.A_T
-        kept = kept + rho * P_new
+    else:  # kept += A diag(rho tau) A^T in place (numpy: one gemm per class with beta = 1)
+        ops.matmul_add_(kept, ops.scale_columns(A, ops.mT(rho_tau)), terms.A_T, 1.0)
         h_new = ops.einsum("cmn,nc->cm", A, nu)
-    P_w = symmetrize(kept)
+    P_w = ops.symmetrize_(kept)  # kept is this step's own array
     h_next = keep[:, None] * h_w + rho * h_new
     change = ops.max_abs(h_next - h_w)
     return P_w, h_next, change

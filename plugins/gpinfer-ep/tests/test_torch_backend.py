@@ -22,6 +22,8 @@ def _host_mirror(state, cls, y, C, M):
     for name, value in vars(state).items():
         if ops.is_array(value) and not ops.is_numpy(value):
             setattr(host, name, ops.to_host(value).copy())
+    # read through the attributes: TiedSites keeps its sums whitened and forms Lam, h on read
+    host.Lam, host.h = (ops.to_host(a).copy() for a in (state.Lam, state.h))
     return host
 
 
