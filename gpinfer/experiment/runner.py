@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeAlias, cast
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from gpinfer.errors import FitFailedError, NumericalError
+from gpinfer.errors import FitFailedError, GroupError, NumericalError
 from gpinfer.experiment import results as res
 from gpinfer.experiment import tracking
 from gpinfer.experiment.figures import TrainingCurve
@@ -511,8 +511,22 @@ def _train(p: Prepared, estimator: Estimator, callback: _Callback, progress: Pro
         stop.ending = True
         if figures is not None:  # a worker given nothing to draw exits
             figures.cancel()
-        _record_failure(p, callback, result, exc)
-        raise
+        failure = _group_failure(exc)
+        _record_failure(p, callback, result, failure)
+        if failure is exc:
+            raise
+        raise failure from exc
+
+
+def _group_failure(exc: BaseException) -> BaseException:
+    """``exc``, or for an interruption (``torchrun``'s SIGTERM) that came after another rank of
+    the process group had failed (``distributed.peer_failure``) a ``GroupError`` naming that
+    failure: the run ends FAILED with it, not KILLED."""
+    peer = distributed.peer_failure() if isinstance(exc, KeyboardInterrupt) else None
+    if peer is None:
+        return exc
+    return GroupError(f"stopped ({exc or 'interrupted'}) after another rank of the process "
+                      f"group failed: {peer}")
 
 
 def _record_fit(p: Prepared, estimator: Estimator, callback: _Callback,

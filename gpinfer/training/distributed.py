@@ -64,6 +64,9 @@ AGREED = "gpinfer_group_agreed"
 _left: dict[str, str] = {}
 #: collectives this process has started (``Group._sum``)
 _collectives = [0]
+#: the key of the group's store (``torch.distributed``'s c10d store: ``torchrun``'s agent store,
+#: a file store, ...) under which the first rank that leaves after a failure posts why
+FAILURE_KEY = "gpinfer/failure"
 
 
 def _dist() -> Any:
@@ -139,10 +142,12 @@ class Group:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         except RuntimeError as err:  # torch.distributed's DistBackendError and gloo's errors
             first = str(err).split(". ")[0][:300]
-            raise GroupError(
-                f"rank {self.rank} of {self.size}: a collective of the process group failed: "
-                f"another rank ended (it raised, was interrupted or killed) or the collective "
-                f"timed out ({TIMEOUT_ENV}); {first}") from err
+            posted = _posted_failure(dist)
+            cause = f"the first failure: {posted}" if posted else (
+                "another rank ended (it raised, was interrupted or killed) or the collective "
+                f"timed out ({TIMEOUT_ENV})")
+            raise GroupError(f"rank {self.rank} of {self.size}: a collective of the process "
+                             f"group failed: {cause}; {first}") from err
 
     def agreed_sums(self, parts: list[Array], failure: Exception | None) -> list[Array]:
         """The sums over the ranks of ``parts`` (arrays of one backend and dtype, any shapes),
@@ -235,15 +240,45 @@ def leave_on_failure(uniform_checks: bool = True) -> Iterator[None]:
 
 def _leave(exc: BaseException) -> None:
     """Destroy the active group of two or more ranks (nothing without one), remembering
-    ``exc`` for ``current``."""
+    ``exc`` for ``current`` and another rank's posted failure for ``peer_failure``; the first
+    rank to leave posts ``exc`` in the group's store (``FAILURE_KEY``) for the others' error
+    messages."""
     dist = _dist()
     if dist is None or not dist.is_initialized() or int(dist.get_world_size()) < 2:
         return
-    _left["why"] = f"rank {int(dist.get_rank())}: {type(exc).__name__}: {exc}"[:300]
+    why = f"rank {int(dist.get_rank())}: {type(exc).__name__}: {exc}"[:300]
+    peer = _posted_failure(dist)
+    _left.update(why=why, peer=peer or "")
+    if peer is None and not isinstance(exc, GroupError):
+        try:
+            dist.distributed_c10d._get_default_store().set(FAILURE_KEY, why)
+        except Exception:  # noqa: BLE001 - a message only: the group ends all the same
+            pass
     try:
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - a broken group: the original error matters
         pass
+
+
+def _posted_failure(dist: Any) -> str | None:
+    """The failure another rank posted in the group's store before it left (``_leave``), or
+    ``None`` (none posted, or no store to read)."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        if store.check([FAILURE_KEY]):
+            return bytes(store.get(FAILURE_KEY)).decode(errors="replace")
+    except Exception:  # noqa: BLE001 - a message only
+        pass
+    return None
+
+
+def peer_failure() -> str | None:
+    """The failure another rank posted before this process left its group after an error
+    (``leave_on_failure``): its rank, type and message; ``None`` when this process has not
+    left a group, or no other rank had posted one (a killed rank posts nothing). ``gpinfer-run``
+    records an interruption that came after such a failure (``torchrun`` stops the other
+    workers with SIGTERM) as that failure."""
+    return _left.get("peer") or None
 
 
 def is_main() -> bool:
