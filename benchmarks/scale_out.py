@@ -1,5 +1,8 @@
-"""Issue 24 part 1: peak RSS and epoch time of sep and svi from a float32 memmap against the
-same data in memory.
+"""Issue 24 item 4: (1) peak RSS and epoch time of sep and svi from a float32 memmap against the
+same data in memory; (2) K = 1 and K = 2 gloo processes on the CPU; (3) a model of the step on
+K GPUs.
+
+Part 1 (``--part memory``, the default).
 
 Writes a synthetic float32 ``X [N, D]`` (3 classes) to ``--dir`` as ``.npy`` (in chunks, so the
 writer never holds it), then runs each case in a fresh subprocess so that its peak RSS
@@ -18,6 +21,84 @@ memory, memmap, memory, ...) with ``--repeats``; the file is deleted at the end 
 ``--keep``.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/scale_out.py --n 1000000 --d 20
+
+Part 2 (``--part groups``): sep and svi (Adam) fitted by K = 1 process and by K = 2 gloo ranks
+(``gpinfer.testing.ranks.launch_ranks``, one fresh interpreter per rank, one BLAS thread each;
+K = 1 is the one-process path, no group), on the same seeded float64 data (``--group-n`` x
+``--d``, 3 classes; ``--group-batch`` is the global batch, each rank takes its half). Each
+rank fits 1 epoch (its first calls' costs), then 1 and 1 + ``--epochs`` epochs: the epochs'
+cost is the difference of the last two, set-up and the end cancelling. Per case: the ranks'
+process CPU seconds summed and the slowest rank's wall seconds of those epochs, points per
+CPU second and per wall second, the CPU per rank per step, the time inside the all-reduces
+(``Group._sum``, wrapped), and the values and bytes all-reduced per step, counted and checked
+against the formula (the run raises otherwise): sep ``C M^2 + C M + C + 1`` (the tied-site sums
+and the failure flag) plus ``1 + P + 1`` (the objective, the gradient and the flag); svi
+``1 + P + 1``; ``P`` from the fit (sep's ``theta``; svi's kernel parameters, ``mu`` and the
+triangle of ``Lq``).
+
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/scale_out.py --part groups \
+        --group-n 40000 --group-batch 2000 --M 100 --epochs 4 --repeats 3
+
+Measured (s38, this command, interleaved K = 1, 2 per method, 3 rounds; medians; N 40 000,
+D 20, C 3, M 100, global batch 2000, 80 steps; 2 cores shared with other jobs, load 5.8-8.9):
+
+| | sep K=1 | sep K=2 | svi K=1 | svi K=2 |
+|---|---|---|---|---|
+| CPU per rank per step (ms) | 44.0 | 24.7 (0.56x) | 43.5 | 26.9 (0.62x) |
+| points per CPU second | 45 400 | 40 500 (0.89x) | 46 000 | 37 200 (0.81x) |
+| points per wall second | 17 900 | 17 700 (0.99x) | 20 300 | 19 700 (0.97x) |
+| values all-reduced per step | 0 | 30 304 + 6 011 = 36 315 | 0 | 15 461 |
+| bytes all-reduced per step (float64) | 0 | 290 520 | 0 | 123 688 |
+| CPU / wall inside the all-reduces per step (ms) | | 1.5-1.7 / 13-30 | | 0.9-1.0 / 8-20 |
+
+(sep ``P`` = 6009 = C (M D + 3); svi ``P`` = 15 459 = C (3 + M (M + 3) / 2): both counts equal the
+formula.) The step splits over the ranks: 0.56x / 0.62x CPU per rank, so the share of the step
+that scales with the batch is f = 2 (1 - 0.56) = 0.88 (sep) and 0.76 (svi); the rest (Kuu and
+its Cholesky, the KL, the M^3 site algebra, Adam, the all-reduce's own 1-1.7 ms) every rank
+does whole. On this machine two ranks give no more points per wall second: the other jobs hold
+the cores, and the all-reduce's wall time is mostly one rank waiting for the other to be
+scheduled (13-30 ms against 1-1.7 ms of CPU).
+
+Part 3, the model of the step on K GPUs (written, **not checked against a K = 2 GPU run**: no
+multi-GPU machine was available). One data-parallel sep step on ``K`` GPUs with NCCL:
+
+    T_K = T_1 ((1 - f) + f / K) + t_comm(K),
+    t_comm(K) = 2 (alpha + s) + S 2 (K - 1) / K / busbw,
+
+* ``T_1`` the measured one-GPU step; ``f`` its share that scales with the batch rows (each rank
+  evaluates ``B / K`` of them; everything else is repeated whole on every rank);
+* ``S`` the bytes all-reduced per step: the data ``C M^2 + P`` values (exactly
+  ``C M^2 + C M + C + 1`` and ``1 + P + 1``, part 2);
+* ``S 2 (K - 1) / K / busbw``: NCCL's bus bandwidth as nccl-tests define it
+  (``busbw = algbw 2 (K - 1) / K`` for all-reduce, nccl-tests ``doc/PERFORMANCE.md``);
+* ``alpha`` NCCL's latency per all-reduce (assumed 15 us within a node) and ``s`` the host read
+  of the failure flag after each of the two all-reduces (a device sync; assumed 20 us).
+
+Figures used (assumptions, stated): ``T_1`` = 48.9 ms, issue 25's MNIST-size sep step on an H100
+(D 784, C 10, M 200, B 1024, float32; GPyTorch's step 16.5 ms); ``P`` = C (M D + 3) = 1 568 030,
+so ``S`` = 402 011 + 1 568 032 = 1 970 043 values = 7.9 MB in float32 (15.8 MB in float64);
+busbw 200 GB/s on H100 SXM with NVLink-4/NVSwitch (nccl-tests reach 460-480 GB/s on 8 x H100
+SXM at large sizes; 8 MB messages are below that plateau, so half of it is assumed) and 30 GB/s
+over PCIe Gen5 without NVLink (35-45 GB/s measured at large sizes; figures from the nccl-tests
+reference table in Alaya NeW's "NCCL-tests in practice", 2026); ``f`` unknown on the GPU: 0.87
+is the share of the step's FLOPs that scale with B (``flop_models.sep_step_terms``: 4 M B D +
+7 M^2 B against 52/3 M^3 per class), an upper bound, since the H100 step is bound by ~2300
+launches and by the M^3 Cholesky / ``cholesky_inverse`` (6.8 + 5.8 ms of its GPU time, issue
+25), which do not shrink with B; 0.5 is a guess for that launch-bound step.
+
+| | t_comm NVLink | t_comm PCIe | T_K, f = 0.87 | T_K, f = 0.5 |
+|---|---|---|---|---|
+| K = 2, global batch 1024 | 0.11 ms | 0.33 ms | 27.7 ms (1.76x) | 36.8 ms (1.33x) |
+| K = 8, global batch 1024 | 0.14 ms | 0.53 ms | 11.8 ms (4.1x) | 27.6 ms (1.77x) |
+| K = 2, 1024 per GPU | 0.11 ms | 0.33 ms | 49.0 ms: 2.0x the points per second | |
+| K = 8, 1024 per GPU | 0.14 ms | 0.53 ms | 49.0 ms (49.4 on PCIe): 8.0x (7.9x) | |
+
+So the all-reduce is under 1 % of the step on NVLink and about 1 % over PCIe: data-parallel sep
+at this size is bound by the work each rank repeats, not by NCCL. At a fixed global batch the
+gain is capped by ``1 / (1 - f)``; at a fixed batch per GPU the points per second grow almost K
+times (2048 points per 49 ms on two H100s is 41 800 points/s, against 62 000 for GPyTorch's
+one-GPU step). Check on a multi-GPU machine: ``T_2`` of the MNIST-size step at B 1024 (global)
+and at 1024 per GPU, and ``f`` from one GPU at B 512 and 1024.
 """
 
 from __future__ import annotations
@@ -87,6 +168,134 @@ def run_case(method: str, mode: str, xp: str, yp: str, epochs: int, batch: int, 
             "epoch_s": epoch, "epochs": len(elapsed), "peak_rss_mb": peak_mb}
 
 
+# --------------------------------------------------------------------------------------------
+# part 2: K = 1 and K = 2 gloo processes on the CPU (--part groups)
+# --------------------------------------------------------------------------------------------
+
+#: one rank's fit: the same seeded data on every rank, collectives counted in Group._sum
+_RANK_FIT = """
+import time
+from gpinfer import GPClassifier
+from gpinfer.training import distributed
+count = {{"calls": 0, "values": 0, "bytes": 0, "cpu": 0.0, "wall": 0.0}}
+sizes = {{}}
+real = distributed.Group._sum
+def counting(self, dist, tensor):
+    n = int(tensor.numel())
+    count["calls"] += 1
+    count["values"] += n
+    count["bytes"] += n * int(tensor.element_size())
+    sizes[n] = sizes.get(n, 0) + 1
+    c, w = time.process_time(), time.perf_counter()
+    real(self, dist, tensor)
+    count["cpu"] += time.process_time() - c
+    count["wall"] += time.perf_counter() - w
+distributed.Group._sum = counting
+rng = np.random.default_rng(0)
+X = rng.normal(size=({n}, {d}))
+f = X @ rng.normal(size=({d}, 2)) + 0.5 * rng.normal(size=({n}, 2))
+y = np.where(f[:, 0] > 0.5, 2, (f[:, 1] > 0).astype(int))
+options = {{"inducing_init": "random"}}
+if {method!r} == "svi":  # adam; one reported iteration = one epoch
+    options.update(optimizer="adam", report_every=-(-{n} // {batch}))
+def fit(epochs):
+    model = GPClassifier(method={method!r}, M={M}, batch_size={batch}, max_iter=epochs,
+                         random_state=0, method_options=options, baseline_failure="warn")
+    before = dict(count)
+    c0, w0 = time.process_time(), time.perf_counter()
+    model.fit(X, y)
+    spent = [time.process_time() - c0, time.perf_counter() - w0]
+    return model, spent + [count[k] - before[k] for k in ("calls", "values", "bytes", "cpu",
+                                                           "wall")]
+# the epochs' cost: a fit of 1 + E epochs less one of 1 (set-up and the end cancel), after a
+# fit of 1 epoch that takes the first calls' costs (imports, caches)
+fit(1)
+model, short = fit(1)
+sizes.clear()
+model, long = fit(1 + {epochs})
+state = model.fit_result_.state
+if {method!r} == "sep":
+    P = state["theta"].size
+else:  # svi: kernel parameters (+ Z when learned: not by default), mu [L, M], Lq's triangle
+    L = state["mu"].shape[0]
+    P = sum(state[f"kernel_params_{{l}}"].size for l in range(L)) + L * {M} * ({M} + 3) // 2
+cpu, wall, calls, values, nbytes, comm_cpu, comm_wall = np.subtract(long, short)
+save(cpu=cpu, wall=wall, fit_cpu=long[0], P=P, calls=calls, values=values, bytes=nbytes,
+     comm_cpu=comm_cpu, comm_wall=comm_wall,
+     sizes=np.array(sorted(sizes.items()), dtype=np.int64).reshape(-1, 2))
+"""
+
+
+def expected_values(method: str, C: int, M: int, P: int) -> dict[int, int]:
+    """Values of each all-reduce of one step (``gpinfer.training.distributed``; the last value
+    of each is the failure flag): sep the tied-site sums ``C M^2 + C M + C + 1`` and the
+    objective ``1 + P + 1``; svi the ELBO ``1 + P + 1``."""
+    objective = 1 + P + 1
+    return {C * M * M + C * M + C + 1: 1, objective: 1} if method == "sep" else {objective: 1}
+
+
+def run_group_case(method: str, K: int, a: argparse.Namespace, folder: Path) -> dict:
+    """One fit as ``K`` gloo ranks (``K = 1``: one process, no group): the ranks' CPU and wall
+    seconds, the counted all-reduces per step, checked against ``expected_values``."""
+    from gpinfer.testing.ranks import launch_ranks
+
+    code = _RANK_FIT.format(n=a.group_n, d=a.d, method=method, M=a.M, batch=a.group_batch,
+                            epochs=a.epochs)
+    ended = launch_ranks(code, K, folder, timeout_s=1800)
+    if any(rc for rc, _ in ended):
+        raise RuntimeError(f"{method} K={K} failed:\n" + "\n".join(o[-3000:] for _, o in ended))
+    ranks = [dict(np.load(folder / f"rank{r}.npz")) for r in range(K)]
+    steps = a.epochs * -(-a.group_n // a.group_batch)
+    points = a.epochs * a.group_n
+    cpu = sum(float(r["cpu"]) for r in ranks)
+    wall = max(float(r["wall"]) for r in ranks)
+    P = int(ranks[0]["P"])
+    per_step = {int(n): int(c) / (steps + -(-a.group_n // a.group_batch))
+                for n, c in ranks[0]["sizes"]}  # counted over the fit of 1 + E epochs
+    if K > 1 and per_step != expected_values(method, 3, a.M, P):
+        raise RuntimeError(f"{method}: all-reduce sizes per step {per_step} differ from "
+                           f"{expected_values(method, 3, a.M, P)}")
+    return {"method": method, "K": K, "cpu_s": cpu, "wall_s": wall, "steps": steps,
+            "points_per_cpu_s": points / cpu, "points_per_wall_s": points / wall,
+            "cpu_per_rank_step_ms": 1e3 * cpu / K / steps,
+            "values_per_step": int(ranks[0]["values"]) / steps,
+            "bytes_per_step": int(ranks[0]["bytes"]) / steps, "P": P,
+            "comm_cpu_ms": 1e3 * max(float(r["comm_cpu"]) for r in ranks) / steps,
+            "comm_wall_ms": 1e3 * max(float(r["comm_wall"]) for r in ranks) / steps,
+            "fit_cpu_s": sum(float(r["fit_cpu"]) for r in ranks),
+            "load": os.getloadavg()[0]}
+
+
+def groups(a: argparse.Namespace) -> None:
+    """Part 2: sep and svi as K = 1 and K = 2 gloo processes, interleaved ``--repeats``
+    times; one line per case and the K = 2 / K = 1 ratios."""
+    print(f"# groups: N={a.group_n} D={a.d} C=3 M={a.M} global batch={a.group_batch} "
+          f"epochs={a.epochs} float64, load={os.getloadavg()[0]:.2f}", flush=True)
+    rows = []
+    for rep in range(a.repeats):
+        for method in a.methods.split(","):
+            for K in (1, 2):
+                row = run_group_case(method, K, a, Path(a.dir) / f"{method}{K}r{rep}")
+                rows.append(row)
+                print(f"{method:4s} K={K} epochs CPU {row['cpu_s']:6.2f} s wall "
+                      f"{row['wall_s']:6.2f} s points/CPU s {row['points_per_cpu_s']:7.0f} "
+                      f"points/wall s {row['points_per_wall_s']:7.0f} CPU/rank/step "
+                      f"{row['cpu_per_rank_step_ms']:6.2f} ms (in all-reduce: CPU "
+                      f"{row['comm_cpu_ms']:5.2f} wall {row['comm_wall_ms']:5.2f} ms) "
+                      f"all-reduced {row['values_per_step']:.0f} values = "
+                      f"{row['bytes_per_step']:.0f} B per step (P={row['P']}; whole fit CPU "
+                      f"{row['fit_cpu_s']:.2f} s) load {row['load']:.2f}", flush=True)
+    for method in a.methods.split(","):
+        one = [r for r in rows if r["method"] == method and r["K"] == 1]
+        two = [r for r in rows if r["method"] == method and r["K"] == 2]
+        med = {k: float(np.median([r[k] for r in two]) / np.median([r[k] for r in one]))
+               for k in ("points_per_cpu_s", "points_per_wall_s", "cpu_per_rank_step_ms")}
+        print(f"{method}: K=2 / K=1 points per CPU s {med['points_per_cpu_s']:.3f}, per wall s "
+              f"{med['points_per_wall_s']:.3f}, CPU per rank-step "
+              f"{med['cpu_per_rank_step_ms']:.3f} (share of the step that splits over the "
+              f"ranks f = 2 (1 - that) = {2 * (1 - med['cpu_per_rank_step_ms']):.2f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1_000_000)
@@ -100,7 +309,14 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp/gpinfer_scale_out")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--case", nargs=7, help=argparse.SUPPRESS)
+    ap.add_argument("--part", choices=("memory", "groups"), default="memory",
+                    help="memory: part 1 (memmap vs memory); groups: part 2 (K = 1, 2 ranks)")
+    ap.add_argument("--group-n", type=int, default=40_000, help="part 2: training points")
+    ap.add_argument("--group-batch", type=int, default=1000, help="part 2: global batch")
     a = ap.parse_args()
+    if a.part == "groups":
+        groups(a)
+        return
     if a.case:
         m, mode, xp, yp, epochs, batch, M = a.case
         print(json.dumps(run_case(m, mode, xp, yp, int(epochs), int(batch), int(M))))

@@ -40,6 +40,12 @@ class PluginLoadError(GPInferError, ImportError):
     entry: object = None
 
 
+class GroupError(GPInferError, RuntimeError):
+    """A data-parallel fit's process group (``gpinfer.training.distributed``) broke: another
+    rank ended (it raised, was interrupted or killed) or a collective timed out; or this
+    process left its group after such a failure and a fit asked for the group again."""
+
+
 class NumericalError(GPInferError, ArithmeticError):
     """Numerical trouble during training: failed Cholesky, non-finite objective, divergence.
 

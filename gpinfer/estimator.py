@@ -520,6 +520,13 @@ class _GPEstimatorBase:
 
     def _fit(self, X: Any, y: Any, sample_weight: Any, callback: FitCallback | None
              ) -> Array | None:
+        """``_fit_sequence``; in a process group an exception leaving it on this rank ends the
+        group first (``distributed.leave_on_failure``), so the other ranks raise at once."""
+        with distributed.leave_on_failure():
+            return self._fit_sequence(X, y, sample_weight, callback)
+
+    def _fit_sequence(self, X: Any, y: Any, sample_weight: Any,
+                      callback: FitCallback | None) -> Array | None:
         """The one fit sequence of both estimators: validate everything before training
         (inputs, targets, settings, method, weights, scaling, backend, compatibility, early
         stopping), build the method and its problem, fit (``_fit_problem``). Returns the

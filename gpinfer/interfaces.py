@@ -561,6 +561,12 @@ class Method(abc.ABC):
     #: and the core's ``initial_inducing``; ``gpinfer.data.source.host_rows``): the estimators
     #: then accept inputs out of core (a memmap, ``.npy`` shards, Parquet) for it
     supports_out_of_core: ClassVar[bool] = False
+    #: whether ``fit`` trains data-parallel in a ``torch.distributed`` process group (each rank
+    #: its part of every batch, the ranks' sums all-reduced: ``gpinfer.training.distributed``);
+    #: the estimators and ``gpinfer-run`` refuse the other methods in a group before training
+    #: (every rank would fit the whole model alone). Option-level limits (a method's own
+    #: settings that do not run in a group) stay the method's ``InputError``s
+    supports_process_group: ClassVar[bool] = False
     #: whether ``fit`` honours ``Problem.sample_weight`` (per-point weights of an objective
     #: that is a sum over points); other methods get ``None`` and the estimators reject weights
     #: other than 0/1 for them before training

@@ -31,6 +31,7 @@ __all__ = [
     "check_X_y",
     "check_inducing",
     "check_method_compatible",
+    "check_process_group",
     "check_sample_weight",
     "check_targets",
     "check_weight_support",
@@ -468,21 +469,23 @@ def check_method_compatible(
     """Check a problem against what ``method_cls`` declares, before training (the estimators'
     ``fit``; ``gpinfer-run`` before its MLflow run exists).
 
-    Checks, in order: the task (``"classification"`` / ``"regression"``), the number of classes
-    ``C`` (more than two needs ``method_cls.multiclass``), ``batch_size`` (a positive int, and
-    only for methods with ``supports_minibatch``), ``likelihood_name`` (``None`` skips this;
-    otherwise it must be in ``method_cls.likelihoods``, or ``likelihood``, the object of that
-    name, must have every capability of ``method_cls.likelihood_requirements``: a third party's
-    likelihood), then, with a resolved ``backend``, the method on it (``Method.backends``,
-    ``Method.float32``) and the likelihood's expectation rule on it, for methods whose training
-    evaluates one (``Method.expectation_likelihood`` with the method ``options``;
+    Checks, in order: the process group (``check_process_group``), the task (``"classification"`` /
+    ``"regression"``), the number of classes ``C`` (more than two needs ``method_cls.multiclass``),
+    ``batch_size`` (a positive int, and only for methods with ``supports_minibatch``),
+    ``likelihood_name`` (``None`` skips this; otherwise it must be in ``method_cls.likelihoods``, or
+    ``likelihood``, the object of that name, must have every capability of
+    ``method_cls.likelihood_requirements``: a third party's likelihood), then, with a resolved
+    ``backend``, the method on it (``Method.backends``, ``Method.float32``) and the likelihood's
+    expectation rule on it, for methods whose training evaluates one
+    (``Method.expectation_likelihood`` with the method ``options``;
     ``Likelihood.supported_backends``). The likelihood is ``likelihood``, else the one named
-    ``likelihood_name``, else the method's default for ``C`` classes. Each ``InputError``
-    names what would handle the problem: the installed methods (``registry.methods_supporting``)
-    and, for a rule, the likelihood's rules that run on the backend and the method's
-    likelihoods whose default rule does.
+    ``likelihood_name``, else the method's default for ``C`` classes. Each ``InputError`` names what
+    would handle the problem: the installed methods (``registry.methods_supporting``) and, for a
+    rule, the likelihood's rules that run on the backend and the method's likelihoods whose default
+    rule does.
     """
     name = method_cls.name or method_cls.__name__
+    check_process_group(method_cls, name)
     _check_task(method_cls, name, task, n_classes)
     if batch_size is not None:
         _check_batch_size(method_cls, name, batch_size)
@@ -557,6 +560,25 @@ def _check_likelihood(method_cls: type[Method], name: str, task: str,
             f"method {name!r} does not accept likelihood {likelihood_name!r} (it accepts: "
             f"{accepted}); for {likelihood_name!r} use one of: {alts}"
         )
+
+
+def check_process_group(method_cls: type[Method], name: str) -> None:
+    """``InputError`` when a ``torch.distributed`` process group of more than one rank is
+    active (``gpinfer.training.distributed.current``) and ``method_cls`` does not train in
+    one (``Method.supports_process_group``), naming the installed methods that do. Part of
+    ``check_method_compatible``; ``gpinfer-run`` also calls it alone, as soon as the group is
+    started (before its store is opened and its data are loaded)."""
+    from gpinfer.training import distributed
+
+    group = distributed.current()
+    if group is None or getattr(method_cls, "supports_process_group", False):
+        return
+    alts = _alternatives(lambda m: bool(getattr(m, "supports_process_group", False)))
+    raise InputError(
+        f"method {name!r} does not train data-parallel, but a process group of {group.size} "
+        f"ranks is active (torch.distributed, e.g. torchrun): every rank would fit the whole "
+        f"model alone; use one of the methods that train in a process group: {alts}; or run "
+        f"{name!r} in one process")
 
 
 def check_method_backend(method_cls: type[Method], name: str, backend: Backend) -> None:

@@ -1,15 +1,15 @@
 """Everything a run checks and loads before training (``prepare`` -> ``Prepared``); nothing
 is logged yet and no MLflow run exists.
 
-The plain settings (``gpinfer.experiment.settings``), the thread policy, the method and its
-options (optimizer included), the array backend's settings and the method on it
-(``gpinfer.validation.check_method_backend``), the kernel name, the output folder, the MLflow
-store; then the dataset, loaded and split with the run's seed, its targets checked
-for the task, the inputs (and a regression's targets) standardised on the training part, the
-problem checked against what the method declares (task, classes, mini-batches, likelihood, the
-method and its likelihood's expectation rule on the backend: the estimator's own check,
-``gpinfer.validation.check_method_compatible``; inducing points) and the kernel built. Every
-problem is a ``gpinfer.errors`` error naming it.
+The plain settings (``gpinfer.experiment.settings``), the thread policy, the method and its options
+(optimizer included), the array backend's settings and the method on it
+(``gpinfer.validation.check_method_backend``), the kernel name, under ``torchrun`` the process group
+and the method in it (``check_process_group``), the output folder, the MLflow store; then the
+dataset, loaded and split with the run's seed, its targets checked for the task, the inputs (and a
+regression's targets) standardised on the training part, the problem checked against what the method
+declares (task, classes, mini-batches, likelihood, the method and its likelihood's expectation rule
+on the backend: the estimator's own check, ``gpinfer.validation.check_method_compatible``; inducing
+points) and the kernel built. Every problem is a ``gpinfer.errors`` error naming it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from gpinfer.experiment.settings import Settings, as_mapping, config_to_dict, pa
 from gpinfer.interfaces import Method
 from gpinfer.threads import blas_threads
 from gpinfer.training import distributed
-from gpinfer.validation import check_method_backend
+from gpinfer.validation import check_method_backend, check_process_group
 
 if TYPE_CHECKING:
     from gpinfer.data import Standardizer
@@ -349,6 +349,7 @@ def prepare(
     # neither create the output folder nor open the MLflow store (the one guard: they record
     # nothing)
     distributed.init_from_env(distributed.env_timeout_s(), backend.device)
+    check_process_group(method_cls, s.method)  # a full-batch method in a group: before the store
     main = distributed.is_main()
     out_dir = Path(output_dir if output_dir is not None else _hydra_output_dir())
     if main:

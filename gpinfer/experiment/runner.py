@@ -29,10 +29,13 @@
    (``sep-waveform-rbf-s0-3fa2c1``).
 
 A run that raises ends FAILED (Ctrl-C or SIGTERM: KILLED) with what it had logged kept, and its
-``result.json`` records the status, the error and the last iteration reached. A fit no better
-than predicting the class frequencies (``gpinfer.fit_guard``) raises, and its run ends FAILED
-with the guard's ``fit_warnings``, ``train_nll`` and ``baseline_nll`` recorded; with
-``baseline_failure=warn`` the model is kept and evaluated, and the run still ends FAILED.
+``result.json`` records the status, the error and the last iteration reached. Under ``torchrun``
+a rank that fails, anywhere in its job, ends the process group (``distributed.leave_on_failure``;
+a killed rank's connections close), so rank 0 raises a ``GroupError`` at once and its run ends
+FAILED; a SIGTERM that comes while the failure is recorded waits until the run has ended.
+A fit no better than predicting the class frequencies (``gpinfer.fit_guard``) raises, and its
+run ends FAILED with the guard's ``fit_warnings``, ``train_nll`` and ``baseline_nll`` recorded;
+with ``baseline_failure=warn`` the model is kept and evaluated, and the run still ends FAILED.
 """
 
 from __future__ import annotations
@@ -45,13 +48,14 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeAlias, cast
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from gpinfer.errors import FitFailedError, NumericalError
+from gpinfer.errors import FitFailedError, GroupError, NumericalError
 from gpinfer.experiment import results as res
 from gpinfer.experiment import tracking
 from gpinfer.experiment.figures import TrainingCurve
@@ -238,25 +242,45 @@ class _Callback:
             )
 
 
+@dataclass
+class _Termination:
+    """SIGTERM during a run (``_sigterm_as_interrupt``): ``ending`` once the run's failure is
+    being recorded, ``pending`` when a SIGTERM came meanwhile."""
+
+    ending: bool = False
+    pending: bool = False
+
+
 @contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM (a cluster's or a launcher's stop) into KeyboardInterrupt while training."""
+def _sigterm_as_interrupt() -> Iterator[_Termination]:
+    """Turn SIGTERM (a cluster's, a launcher's or ``torchrun``'s stop) into KeyboardInterrupt
+    while the run works (its MLflow run then ends KILLED). Once the run's failure is being
+    recorded (``_Termination.ending``) a SIGTERM is only remembered, and sent again to this
+    process when the run has ended: the record is complete and the MLflow run is never left
+    RUNNING (``torchrun`` stops the other ranks with SIGTERM a tenth of a second after one
+    rank fails, while rank 0 records the failure the group raised: a ``GroupError``)."""
+    stop = _Termination()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield stop
         return
 
     def handler(signum: int, frame: Any) -> None:
+        if stop.ending:
+            stop.pending = True
+            return
         raise KeyboardInterrupt(f"signal {signum}")
 
     try:
         previous = signal.signal(signal.SIGTERM, handler)
     except (ValueError, OSError):  # not allowed here
-        yield
+        yield stop
         return
     try:
-        yield
+        yield stop
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if stop.pending:  # the stop asked for while the failure was recorded
+            signal.raise_signal(signal.SIGTERM)
 
 
 def _tags(p: Prepared) -> dict[str, str]:
@@ -486,25 +510,41 @@ def _write_config(p: Prepared) -> tuple[Path, str]:
 
 
 def _train(p: Prepared, estimator: Estimator, callback: _Callback, progress: ProgressBar,
-           result: dict[str, Any]) -> None:
+           result: dict[str, Any], stop: _Termination) -> None:
     """Fit, evaluate and publish inside the open MLflow run; on any exception (Ctrl-C and
-    SIGTERM included) record it in ``result.json`` and re-raise."""
+    SIGTERM included) record it in ``result.json`` (``stop.ending``: a SIGTERM meanwhile
+    waits until the run has ended) and re-raise."""
     figures: FigureJob | None = None
     callback.start = time.perf_counter()
     try:
         if p.settings.mlflow.get("log_plots", True):  # its matplotlib import overlaps the fit
             figures = FigureJob.spawn(p.out_dir)
             callback.start = time.perf_counter()
-        with _sigterm_as_interrupt(), progress:
+        with progress:
             estimator.fit(p.X_train, p.y_train, callback=callback)
         wall = time.perf_counter() - callback.start
         P_test = _record_fit(p, estimator, callback, result, wall)
         _close(p, estimator, callback, result, P_test, figures)
     except BaseException as exc:
+        stop.ending = True
         if figures is not None:  # a worker given nothing to draw exits
             figures.cancel()
-        _record_failure(p, callback, result, exc)
-        raise
+        failure = _group_failure(exc)
+        _record_failure(p, callback, result, failure)
+        if failure is exc:
+            raise
+        raise failure from exc
+
+
+def _group_failure(exc: BaseException) -> BaseException:
+    """``exc``, or for an interruption (``torchrun``'s SIGTERM) that came after another rank of
+    the process group had failed (``distributed.peer_failure``) a ``GroupError`` naming that
+    failure: the run ends FAILED with it, not KILLED."""
+    peer = distributed.peer_failure() if isinstance(exc, KeyboardInterrupt) else None
+    if peer is None:
+        return exc
+    return GroupError(f"stopped ({exc or 'interrupted'}) after another rank of the process "
+                      f"group failed: {peer}")
 
 
 def _record_fit(p: Prepared, estimator: Estimator, callback: _Callback,
@@ -580,6 +620,25 @@ def _record_failure(p: Prepared, callback: _Callback, result: dict[str, Any],
         pass
 
 
+def _run(p: Prepared, estimator: Estimator, progress_stream: TextIO | None) -> dict[str, Any]:
+    """The MLflow run of a prepared experiment (``prepare``; rank 0 of a process group):
+    fit, evaluate, publish; returns the ``result.json`` content. SIGTERM is a
+    ``KeyboardInterrupt`` until the run has ended (``_sigterm_as_interrupt``)."""
+    s = p.settings
+    progress = ProgressBar(s.iterations, f"{s.method}/{s.dataset} s{s.seed}",
+                           show=s.progress.get("bar", "auto"), stream=progress_stream)
+    callback = _Callback(p, progress)
+    config_path, run_name = _write_config(p)
+    result = _base_result(p)
+    _end_stale_runs(p.logger, progress_stream)
+    with _sigterm_as_interrupt() as stop, p.logger.run(run_name, tags=_tags(p),
+                                                        params=_params(p)):
+        result["mlflow_run_id"] = p.logger.run_id
+        p.logger.log_artifact(config_path)
+        _train(p, estimator, callback, progress, result, stop)
+    return result
+
+
 def run_experiment(
     cfg: DictConfig | Mapping[str, Any],
     *,
@@ -592,23 +651,16 @@ def run_experiment(
     ``output_dir``: the run folder (default: Hydra's output folder for this job). ``stream``
     receives the one-line summary (stdout), ``progress_stream`` the progress lines (stderr).
     """
-    p = prepare(cfg, output_dir)
-    s = p.settings
-    res.reset_peak_rss()
-    estimator = _make_estimator(p)
-    if p.store is None:  # a rank other than 0 of a process group: its part of the fit only
-        estimator.fit(p.X_train, p.y_train)
-        return {"status": tracking.FINISHED, "rank": distributed.current_rank()}
-    progress = ProgressBar(s.iterations, f"{s.method}/{s.dataset} s{s.seed}",
-                           show=s.progress.get("bar", "auto"), stream=progress_stream)
-    callback = _Callback(p, progress)
-    config_path, run_name = _write_config(p)
-    result = _base_result(p)
-    _end_stale_runs(p.logger, progress_stream)
-    with p.logger.run(run_name, tags=_tags(p), params=_params(p)):
-        result["mlflow_run_id"] = p.logger.run_id
-        p.logger.log_artifact(config_path)
-        _train(p, estimator, callback, progress, result)
+    # in a process group an exception on this rank ends the group: the others raise at once
+    # (rank 0 alone opens the store and the output folder: its checks are not the others')
+    with distributed.leave_on_failure(uniform_checks=False):
+        p = prepare(cfg, output_dir)
+        res.reset_peak_rss()
+        estimator = _make_estimator(p)
+        if p.store is None:  # a rank other than 0 of a process group: its part of the fit only
+            estimator.fit(p.X_train, p.y_train)
+            return {"status": tracking.FINISHED, "rank": distributed.current_rank()}
+        result = _run(p, estimator, progress_stream)
     line = res.summary_line(result)
     _log.info("%s", line)
     print(line, file=stream if stream is not None else sys.stdout, flush=True)

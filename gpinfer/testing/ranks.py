@@ -5,6 +5,8 @@ once, each after ``torch.distributed.init_process_group("gloo", init_method="fil
 with ``RANK`` and ``WORLD_SIZE`` set; the code writes its results with ``save(**arrays)``
 (``numpy.savez`` into the folder, one file per rank) and ``run_ranks`` returns them in rank
 order. A rank that fails (or runs past ``timeout_s``) fails the call with its output.
+``launch_ranks`` runs them alike and gives each rank's exit status and output (for a rank
+that is meant to fail or be killed).
 ``worst_rank_differences(source, folder)`` runs a source that builds a dict ``fits`` of arrays
 as ``K`` ranks and once in this process, and gives each array's largest relative difference.
 """
@@ -28,16 +30,22 @@ def save(**arrays):
     np.savez(os.path.join({folder!r}, f"rank{{RANK}}.npz"), **arrays)
 """
 
+# a rank whose group was ended by a failure (distributed.leave_on_failure) has none to close
+_EPILOGUE = "\nif dist.is_initialized():\n    dist.barrier()\n    dist.destroy_process_group()\n"
 
-def run_ranks(code: str, K: int, folder: Path, timeout_s: float = 120.0,
-              cwd: Path | None = None) -> list[dict[str, np.ndarray]]:
-    """``code`` run as ``K`` gloo ranks (see the module doc) in the folder ``cwd`` (``None``:
-    this one; the code imports from there); each rank's saved arrays, in rank order."""
+
+def launch_ranks(code: str, K: int, folder: Path, timeout_s: float = 120.0,
+                 cwd: Path | None = None, epilogue: str = "",
+                 collective_s: float | None = None) -> list[tuple[int, str]]:
+    """``code`` (then ``epilogue``) run as ``K`` gloo ranks at once (see the module doc; the
+    collective timeout is ``collective_s``, default ``timeout_s``); each rank's exit status
+    and output, in rank order (a rank past ``timeout_s`` is killed: status -9)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     init = f"file://{folder / 'rendezvous'}"
-    source = _PRELUDE.format(init=init, timeout=timeout_s, folder=str(folder)) + \
-        textwrap.dedent(code) + "\ndist.barrier()\ndist.destroy_process_group()\n"
+    timeout = timeout_s if collective_s is None else collective_s
+    source = _PRELUDE.format(init=init, timeout=timeout, folder=str(folder)) + \
+        textwrap.dedent(code) + epilogue
     procs = []
     for r in range(K):
         env = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(K),
@@ -45,20 +53,27 @@ def run_ranks(code: str, K: int, folder: Path, timeout_s: float = 120.0,
         procs.append(subprocess.Popen([sys.executable, "-c", source], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, cwd=cwd))
-    failed = []
-    for r, p in enumerate(procs):
+    ended = []
+    for p in procs:
         try:
             out, _ = p.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             p.kill()
             out, _ = p.communicate()
-            failed.append(f"rank {r} timed out:\n{out}")
-            continue
-        if p.returncode != 0:
-            failed.append(f"rank {r} exited {p.returncode}:\n{out}")
+            out += f"\n(killed after {timeout_s} s)"
+        ended.append((int(p.returncode), out))
+    return ended
+
+
+def run_ranks(code: str, K: int, folder: Path, timeout_s: float = 120.0,
+              cwd: Path | None = None) -> list[dict[str, np.ndarray]]:
+    """``code`` run as ``K`` gloo ranks (see the module doc) in the folder ``cwd`` (``None``:
+    this one; the code imports from there); each rank's saved arrays, in rank order."""
+    ended = launch_ranks(code, K, folder, timeout_s, cwd, _EPILOGUE)
+    failed = [f"rank {r} exited {rc}:\n{out}" for r, (rc, out) in enumerate(ended) if rc != 0]
     if failed:
         raise RuntimeError("\n".join(failed))
-    return [dict(np.load(folder / f"rank{r}.npz")) for r in range(K)]
+    return [dict(np.load(Path(folder) / f"rank{r}.npz")) for r in range(K)]
 
 
 def one_process(source: str) -> dict[str, np.ndarray]:

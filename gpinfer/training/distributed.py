@@ -14,6 +14,24 @@ one-process path. ``current`` never imports torch: a group can only be active wh
 ``torch.distributed`` is already imported (the numpy path stays free of torch).
 ``init_from_env`` starts the group that ``torchrun``'s environment describes (gloo on the CPU,
 nccl on CUDA) with a timeout on its collectives.
+
+A rank that fails ends the job on every rank, whatever failed and wherever:
+
+* a ``NumericalError`` in a rank's part of a step travels as the failure flag of the step's
+  collective (``attempt``, ``Group.agreed_sums``): every rank raises it at the same step and the
+  group stays usable;
+* any other exception that leaves a fit or a ``gpinfer-run`` job on one rank (its data reading,
+  a callback, ``KeyboardInterrupt``) passes ``leave_on_failure``, which ends this rank's part of
+  the group (``destroy_process_group``: its connections close) before it propagates, so the
+  other ranks' current or next collective raises a ``GroupError`` at once rather than after the
+  collective timeout; a process that left its group gets a ``GroupError`` from ``current``
+  until a new group is started;
+* a rank killed without cleanup (SIGKILL, out of memory) closes its connections too: gloo
+  raises "Connection closed by peer" in the others' collectives, which ``Group.all_reduce_sum``
+  turns into a ``GroupError``; a rank that hangs ends the others at the collective timeout.
+
+(With nccl a closed peer is not seen by the others: they end at the collective timeout. Only
+gloo was run here.)
 """
 
 from __future__ import annotations
@@ -21,14 +39,15 @@ from __future__ import annotations
 import datetime
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
 from gpinfer.backend import ops
-from gpinfer.errors import InputError, NumericalError
+from gpinfer.errors import GroupError, InputError, NumericalError
 from gpinfer.interfaces import Array
 
 T = TypeVar("T")
@@ -39,6 +58,15 @@ TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_TIMEOUT_S = 300.0
 #: the environment variable of ``gpinfer-run``'s collective timeout (s)
 TIMEOUT_ENV = "GPINFER_COLLECTIVE_TIMEOUT_S"
+#: attribute set on an error that every rank of the group raised at the same collective
+AGREED = "gpinfer_group_agreed"
+#: why this process left its group (``leave_on_failure``), until a new group is started
+_left: dict[str, str] = {}
+#: collectives this process has started (``Group._sum``)
+_collectives = [0]
+#: the key of the group's store (``torch.distributed``'s c10d store: ``torchrun``'s agent store,
+#: a file store, ...) under which the first rank that leaves after a failure posts why
+FAILURE_KEY = "gpinfer/failure"
 
 
 def _dist() -> Any:
@@ -49,18 +77,19 @@ def _dist() -> Any:
     return dist
 
 
-def attempt(compute: Callable[[], T]) -> tuple[T | None, NumericalError | None]:
+def attempt(compute: Callable[[], T]) -> tuple[T | None, Exception | None]:
     """``compute()``, this rank's part of a step, with its deferred checks
     (``ops.pending_checks``) read before the collective that follows: ``(result, None)``, or
-    ``(None, error)`` when it or a check raised a ``NumericalError`` (the caller then sends
-    zeros with the failure flag: ``Group.agreed_sums``)."""
+    ``(None, error)`` when it or a check raised (a ``NumericalError``, or any other
+    ``Exception``: the caller then sends zeros with the failure flags, ``Group.agreed_sums``,
+    and every rank raises at that collective)."""
     try:
         out = compute()
         pending = ops.pending_checks()
         if pending is not None:
             pending.flush()
         return out, None
-    except NumericalError as err:
+    except Exception as err:  # noqa: BLE001 - raised again on this rank by agreed_sums
         return None, err
 
 
@@ -95,32 +124,55 @@ class Group:
 
         if isinstance(buffer, np.ndarray):
             out = np.array(buffer, dtype=buffer.dtype, order="C", copy=True)
-            dist.all_reduce(torch.from_numpy(out), op=dist.ReduceOp.SUM)
+            self._sum(dist, torch.from_numpy(out))
             return out
         t = buffer.detach().clone().contiguous()
         if dist.get_backend() == "nccl" or t.device.type == "cpu":
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            self._sum(dist, t)
             return t
         host = t.cpu()  # gloo on a device tensor: through the host
-        dist.all_reduce(host, op=dist.ReduceOp.SUM)
+        self._sum(dist, host)
         return host.to(t.device)
 
-    def agreed_sums(self, parts: list[Array], failure: NumericalError | None) -> list[Array]:
+    def _sum(self, dist: Any, tensor: Any) -> None:
+        """``all_reduce`` (sum) of ``tensor`` in place; a ``GroupError`` when the collective
+        fails (another rank ended: its connections closed, or the timeout passed)."""
+        _collectives[0] += 1
+        try:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        except RuntimeError as err:  # torch.distributed's DistBackendError and gloo's errors
+            first = str(err).split(". ")[0][:300]
+            posted = _posted_failure(dist)
+            cause = f"the first failure: {posted}" if posted else (
+                "another rank ended (it raised, was interrupted or killed) or the collective "
+                f"timed out ({TIMEOUT_ENV})")
+            raise GroupError(f"rank {self.rank} of {self.size}: a collective of the process "
+                             f"group failed: {cause}; {first}") from err
+
+    def agreed_sums(self, parts: list[Array], failure: Exception | None) -> list[Array]:
         """The sums over the ranks of ``parts`` (arrays of one backend and dtype, any shapes),
-        in one ``all_reduce`` together with a failure flag, so that every rank reaches the same
-        decision: when some rank's part failed (``failure``: its ``NumericalError``; its parts
-        are then ignored and may be zeros), every rank raises a ``NumericalError`` (its own, or
-        one naming the other ranks), and no rank is left waiting in a collective. Returns the
-        summed arrays in ``parts``' shapes."""
+        in one ``all_reduce`` together with a failure flag (0; 1 for a ``NumericalError``;
+        ``size + 1`` for any other error, so the sum tells whether any was not numerical), so
+        that every rank reaches the same decision: when some rank's part failed (``failure``;
+        its parts are then ignored and may be zeros), every rank raises: the failed rank its
+        own error, the others a ``NumericalError`` naming the other ranks when every failure
+        was numerical (the failure policy then runs alike on every rank), else a
+        ``GroupError``. No rank is left waiting in a collective and the group stays usable.
+        Returns the summed arrays in ``parts``' shapes."""
         xp = ops.namespace(parts[0])
         flat = [xp.reshape(p, (-1,)) for p in parts]
-        flag = xp.zeros_like(flat[0][:1]) + (0.0 if failure is None else 1.0)
+        code = 0.0 if failure is None else (
+            1.0 if isinstance(failure, NumericalError) else self.size + 1.0)
+        flag = xp.zeros_like(flat[0][:1]) + code
         total = self.all_reduce_sum(xp.concat([*flat, flag]))
-        if float(total[-1]) > 0:
-            if failure is not None:
-                raise failure
-            raise NumericalError(f"a numerical failure on another rank of {self.size} "
-                                 f"(rank {self.rank} of the process group)")
+        flags = float(total[-1])
+        if flags > 0:
+            where = f"another rank of {self.size} (rank {self.rank} of the process group)"
+            error = failure if failure is not None else (
+                GroupError(f"an error on {where} in its part of the step") if flags > self.size
+                else NumericalError(f"a numerical failure on {where}"))
+            setattr(error, AGREED, True)  # every rank raises here: the group stays usable
+            raise error
         out, start = [], 0
         for p, f in zip(parts, flat):
             out.append(total[start:start + f.shape[0]].reshape(p.shape))
@@ -128,7 +180,7 @@ class Group:
         return out
 
     def agreed_mean(self, value: Any, grad: Array,
-                    failure: NumericalError | None = None) -> tuple[Any, Array]:
+                    failure: Exception | None = None) -> tuple[Any, Array]:
         """The means over the ranks of ``value`` (a host float, or a 0-d array of ``grad``'s
         backend) and ``grad [P]`` in one ``all_reduce`` (``agreed_sums``: a failure on any
         rank raises on every rank). A host value comes back as a float, a device one as a 0-d
@@ -146,12 +198,87 @@ class Group:
 
 def current() -> Group | None:
     """The active process group (``None``: none, or one process only; never imports
-    torch)."""
+    torch). ``GroupError`` when this process left its group after a failure
+    (``leave_on_failure``) and no new group was started: a fit would otherwise run alone on
+    this rank."""
     dist = _dist()
     if dist is None or not dist.is_initialized():
+        if _left:
+            raise GroupError(f"this process left its process group after a failure "
+                             f"({_left['why']}); start a new group "
+                             "(torch.distributed.init_process_group) or a new process")
         return None
+    _left.clear()
     size = int(dist.get_world_size())
     return Group(int(dist.get_rank()), size) if size > 1 else None
+
+
+@contextmanager
+def leave_on_failure(uniform_checks: bool = True) -> Iterator[None]:
+    """Around work that may meet the other ranks in collectives (a fit, a ``gpinfer-run``
+    job): an exception that leaves it on this rank (any, ``KeyboardInterrupt`` included) first
+    ends this rank's part of the active group (``torch.distributed.destroy_process_group``:
+    its connections close), so the other ranks' current or next collective raises a
+    ``GroupError`` at once instead of waiting for the collective timeout.
+
+    The group is kept for an error every rank raised at the same collective
+    (``Group.agreed_sums``) and, with ``uniform_checks``, for an ``InputError`` raised before
+    this rank's first collective inside the block: a check before training, which every rank
+    makes alike on the same data and settings (a rank given other data than the others fails
+    them at the collective timeout). ``uniform_checks=False`` where ranks check different things
+    (``gpinfer-run``: rank 0 alone opens the store and the output folder). Without a group:
+    nothing."""
+    start = _collectives[0]
+    try:
+        yield
+    except BaseException as exc:
+        checked = uniform_checks and isinstance(exc, InputError) and _collectives[0] == start
+        if not (checked or getattr(exc, AGREED, False)):
+            _leave(exc)
+        raise
+
+
+def _leave(exc: BaseException) -> None:
+    """Destroy the active group of two or more ranks (nothing without one), remembering
+    ``exc`` for ``current`` and another rank's posted failure for ``peer_failure``; the first
+    rank to leave posts ``exc`` in the group's store (``FAILURE_KEY``) for the others' error
+    messages."""
+    dist = _dist()
+    if dist is None or not dist.is_initialized() or int(dist.get_world_size()) < 2:
+        return
+    why = f"rank {int(dist.get_rank())}: {type(exc).__name__}: {exc}"[:300]
+    peer = _posted_failure(dist)
+    _left.update(why=why, peer=peer or "")
+    if peer is None and not isinstance(exc, GroupError):
+        try:
+            dist.distributed_c10d._get_default_store().set(FAILURE_KEY, why)
+        except Exception:  # noqa: BLE001 - a message only: the group ends all the same
+            pass
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - a broken group: the original error matters
+        pass
+
+
+def _posted_failure(dist: Any) -> str | None:
+    """The failure another rank posted in the group's store before it left (``_leave``), or
+    ``None`` (none posted, or no store to read)."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        if store.check([FAILURE_KEY]):
+            return bytes(store.get(FAILURE_KEY)).decode(errors="replace")
+    except Exception:  # noqa: BLE001 - a message only
+        pass
+    return None
+
+
+def peer_failure() -> str | None:
+    """The failure another rank posted before this process left its group after an error
+    (``leave_on_failure``): its rank, type and message; ``None`` when this process has not
+    left a group, or no other rank had posted one (a killed rank posts nothing). ``gpinfer-run``
+    records an interruption that came after such a failure (``torchrun`` stops the other
+    workers with SIGTERM) as that failure."""
+    return _left.get("peer") or None
 
 
 def is_main() -> bool:

@@ -35,3 +35,28 @@ def test_only_rank_zero_records_the_run(tmp_path: Path) -> None:
     assert list(out[1]["keys"]) == ["rank", "status"]
     runs = store_runs(uri)
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+
+
+def test_a_full_batch_method_is_refused_before_the_store(tmp_path: Path) -> None:
+    """``gpinfer-run`` with laplace in a process group: every rank's ``InputError`` names the
+    methods that train in a group, raised before the MLflow store is opened or the output
+    folder made (``prepare`` checks the method as soon as the group is started)."""
+    from gpinfer.testing.ranks import run_ranks
+
+    db = tmp_path / "mlflow.db"
+    out = run_ranks(f"""
+        from gpinfer.errors import InputError
+        from tests.experiment.helpers import store_cfg
+        from gpinfer.experiment.runner import run_experiment
+        cfg = store_cfg({f"sqlite:///{db}"!r}, "method=laplace", "iterations=5")
+        try:
+            run_experiment(cfg, output_dir={str(tmp_path)!r} + f"/rank{{RANK}}")
+            msg = "ran"
+        except InputError as e:
+            msg = str(e)
+        save(msg=np.array(msg))
+    """, 2, tmp_path / "ranks", cwd=REPO)
+    for o in out:
+        assert "method 'laplace' does not train data-parallel" in str(o["msg"])
+        assert "sep" in str(o["msg"]) and "svi" in str(o["msg"])
+    assert not db.exists() and not (tmp_path / "rank0").exists()

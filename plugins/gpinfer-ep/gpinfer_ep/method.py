@@ -200,13 +200,11 @@ class _SparseEPBase(Method):
         )
 
     def _check_group(self, problem: Problem, group: distributed.Group) -> None:
-        """``InputError`` for what is not data-parallel in a process group: ep (its per-point
-        sites), full-batch training, ``compile``, ``time_limit_s`` (the ranks would stop at
-        different steps) and a batch with fewer points than ranks."""
+        """``InputError`` for what of sep is not data-parallel in a process group (ep, whose
+        per-point sites are not, declares no ``supports_process_group``): full-batch training,
+        ``compile``, ``time_limit_s`` (the ranks would stop at different steps) and a batch
+        with fewer points than ranks."""
         where = "in a process group (torch.distributed)"
-        if self.name != "sep":
-            raise InputError(f"{self.name} is not available {where}: its per-point sites are "
-                             "not data-parallel; use sep or svi with a batch_size")
         if problem.batch_size is None:
             raise InputError(f"{self.name}: full-batch training is not available {where}; "
                              "give a batch_size")
@@ -348,6 +346,8 @@ class SEP(_SparseEPBase):
 
     name: ClassVar[str] = "sep"
     float32: ClassVar[bool] = True
+    #: data-parallel mini-batch fits (``_check_group``: the tied sites' sums all-reduced)
+    supports_process_group: ClassVar[bool] = True
     option_spec: ClassVar[dict[str, Option]] = {
         **_SparseEPBase.option_spec,
         "shared_inducing": flag(False, doc="one Z and one kernel shared by every class"),

@@ -60,8 +60,8 @@ def test_group_refuses_what_is_not_data_parallel(tmp_path):
     """, 2, tmp_path)
     for o in out:
         ep, pep, full, short, limit = o["msgs"]
-        assert "ep is not available in a process group" in ep
-        assert "pep is not available in a process group" in pep
+        assert "'ep' does not train data-parallel" in ep and "pep, sep" not in ep
+        assert "'pep' does not train data-parallel" in pep
         assert "full-batch" in full and "process group" in full
         assert "a batch of 1 points for 2 ranks" in short  # 40 = 3 * 13 + 1
         assert "time_limit_s" in limit and "process group" in limit

@@ -38,7 +38,6 @@ from gpinfer.optim import make_optimizer
 from gpinfer.options import Option, choice, custom, flag, integer, real
 from gpinfer.posterior import Posterior
 from gpinfer.reporting import IterationReporter
-from gpinfer.training import distributed
 from gpinfer.training.minibatch import (
     BatchSteps,
     MiniBatchSchedule,
@@ -145,10 +144,6 @@ class PowerEP(Method):
 
     # -- entry point -------------------------------------------------------------------------
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
-        if distributed.current() is not None:  # every rank would fit the whole model alone
-            raise InputError(f"{self.name} is not available in a process group "
-                             "(torch.distributed): its sites are not data-parallel; use sep "
-                             "or svi with a batch_size")
         X = np.asarray(problem.X, dtype=float)
         kernel = problem.kernel.copy()
         if self.options["init_lengthscale"] is not None:

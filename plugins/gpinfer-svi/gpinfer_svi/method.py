@@ -386,6 +386,8 @@ class SVI(Method):
     uses_inducing_points: ClassVar[bool] = True
     supports_minibatch: ClassVar[bool] = True
     supports_out_of_core: ClassVar[bool] = True
+    #: data-parallel stochastic fits (``_check_group``: the ELBO's gradient all-reduced)
+    supports_process_group: ClassVar[bool] = True
     #: the ELBO's data term is a sum over points: a weight multiplies a point's term
     supports_sample_weight: ClassVar[bool] = True
     likelihoods: ClassVar[tuple[str, ...]] = ("logit", "probit", "robustmax", "softmax")
