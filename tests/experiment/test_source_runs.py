@@ -181,9 +181,11 @@ def test_more_ranks_than_shards_is_refused(files: Path) -> None:
 
 def test_two_ranks_refuse_one_shard_and_fit_two(files: Path, tmp_path: Path,
                                                 store_uri: str) -> None:
-    """``torchrun --nproc-per-node 2`` on one .npy file: every rank raises the InputError
-    before any MLflow run (and ``GPClassifier.fit`` on it before training); on two shards the run is rank 0's, FINISHED, with the metrics of
-    one process (the ranks' parts of each global batch make the union batch)."""
+    """``torchrun --nproc-per-node 2``: ``GPClassifier.fit`` on one .npy shard raises the
+    InputError before training; on two shards the run is rank 0's, FINISHED, with the metrics of
+    one process (the ranks' parts of each global batch make the union batch); ``gpinfer-run`` on
+    one .npy file raises the InputError on every rank before any MLflow run (last: a refused job
+    ends the rank's part of the group, ``distributed.leave_on_failure``)."""
     pytest.importorskip("torch", reason="torch.distributed needs PyTorch")
     from gpinfer.testing.ranks import run_ranks
 
@@ -199,14 +201,9 @@ def test_two_ranks_refuse_one_shard_and_fit_two(files: Path, tmp_path: Path,
         from gpinfer.errors import InputError
         from gpinfer.experiment.runner import run_experiment
         run = {run!r}
-        try:
-            run_experiment(store_cfg({uri!r}, *run, "dataset.path={files / 'one' / 'X.npy'}"),
-                           output_dir={str(tmp_path)!r} + f"/one{{RANK}}")
-            refused = ""
-        except InputError as exc:
-            refused = str(exc)
         from gpinfer import GPClassifier
-        try:  # the estimator's own check, on a list of one shard
+        try:  # the estimator's own check, on a list of one shard (the group stays: every
+            # rank makes it alike, before any collective)
             GPClassifier(method="sep", M=8, batch_size=96, max_iter=1).fit(
                 [{str(files / 'one' / 'X.npy')!r}], np.load({str(files / 'one' / 'y.npy')!r}))
             fit_refused = ""
@@ -214,6 +211,12 @@ def test_two_ranks_refuse_one_shard_and_fit_two(files: Path, tmp_path: Path,
             fit_refused = str(exc)
         result = run_experiment(store_cfg({uri!r}, *run, "dataset.path={two}"),
                                 output_dir={str(tmp_path)!r} + f"/two{{RANK}}")
+        try:  # last: a refused gpinfer-run job ends this rank's part of the group
+            run_experiment(store_cfg({uri!r}, *run, "dataset.path={files / 'one' / 'X.npy'}"),
+                           output_dir={str(tmp_path)!r} + f"/one{{RANK}}")
+            refused = ""
+        except InputError as exc:
+            refused = str(exc)
         save(refused=refused, fit_refused=fit_refused, status=result["status"],
              nll=result.get("test_nll", float("nan")))
     """, 2, tmp_path / "ranks", cwd=REPO)
