@@ -717,7 +717,8 @@ def shared_matrix_gradients(one: StackedTerms, q: StackedGaussians, lik: Stacked
     summed factor: ``Y = sum_c (w_c a_c^T + B_c^-1 A diag(E_c))`` ``[M, n]`` gives
     ``sum_c X_c = Y - 2 A diag(sum_c b_c)`` and ``sum_c A X_c^T = A Y^T - 2 S`` with
     ``S = A diag(sum_c b_c) A^T``, so ``sum_c inner_c = (W^T W + sum_c B_c^-1 - C I) / 2
-    - sym(A Y^T) + S``; then one ``L^-T . L^-1`` and one ``L^-T .`` instead of ``C``.
+    - sym(A Y^T) + S``, where ``sym(A Y^T) - S = sym(A (Y - A diag(sum_c b_c))^T)`` is one
+    product; then one ``L^-T . L^-1`` and one ``L^-T .`` instead of ``C``.
     """
     A = one.A[0]  # [M, n]
     C = BiA.shape[0]
@@ -734,9 +735,9 @@ def shared_matrix_gradients(one: StackedTerms, q: StackedGaussians, lik: Stacked
     inner += q.B_inv_sum()
     ops.add_diagonal(inner, -float(C))  # the prior terms
     inner *= 0.5
+    Y -= AB  # sym(A Y^T) - S = sym(A (Y - A diag(b))^T): one product (S is symmetric)
     inner -= symmetrize(A @ ops.mT(Y))
-    inner += AB @ ops.mT(A)
-    ops.add_scaled_(Y, AB, -2.0)  # sum_c X_c
+    Y -= AB  # sum_c X_c = Y - 2 A diag(b)
     G_K = one.sandwich(inner[None])
     G_uf = one.unwhiten(Y[None], overwrite=True)
     return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b[None])
