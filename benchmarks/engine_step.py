@@ -180,7 +180,21 @@
    their masks). Measured 2026-12-05 (load 4.1): step 12.1 ms; update 5.0 (cavity moments
    2.2, site products 0.96, rebase 0.75, tilted slopes 0.34), log Z_q and gradients 5.3
    (q and cavity 4.0, summed gradients 0.78, tilted log Z 0.28), kernel terms 0.95, VJPs
-   0.49, optimiser 0.23.
+   0.49, optimiser 0.23. After s38-sepdig (the update cavity's ``R`` and ``z`` one ``trsm``
+   per class in place; the summed gradients' two ``[M, n] @ [n, M]`` products one), two
+   rounds interleaved with main (``--parts digits-phases,digits --epochs 4``, load 1.7-2.1):
+   step 9.85 / 10.06 ms (main 9.98 / 9.30: the rounds differ by more than the cuts); update
+   4.14 / 4.18 (cavity moments 1.79 / 1.80, site products 0.86 / 0.86, rebase 0.68 / 0.69,
+   tilted slopes 0.24 / 0.25), log Z_q and gradients 4.35 / 4.41 (q and cavity 3.45 / 3.47,
+   summed gradients 0.55 / 0.58 against main's 0.65 / 0.59, tilted log Z 0.19 / 0.20),
+   kernel terms 0.75 / 0.79, VJPs 0.37 / 0.40, optimiser 0.14 / 0.16. The step is now its
+   LAPACK/BLAS calls of order ``M = 100`` (3 Cholesky stacks 1.3 ms, 2 ``potri`` passes with
+   ``symv``/``symm`` 2.3, ``trsm`` 1.0, ``trmm`` 0.9, the site ``gemm`` 0.9, in-step
+   ``PhaseClock``). Measured and not kept: the rebase ``T^T P_c T`` as two ``trmm`` over all
+   classes on a ``[M, C, M]`` copy (0.73 ms in the step against 0.6 for the ``2 C`` calls:
+   OpenBLAS's ``trmm`` is no faster on the wide matrix), and the site products added into
+   ``keep * P_w`` by one ``gemm`` ``[C M, n] @ [n, M]`` with ``beta = 1`` (1.28 against
+   0.90 ms for ``A @ [n, C M]`` and the strided sum).
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/engine_step.py [--epochs 3]
         [--parts sep,floor,necessary,ops,compiled,digits,digits-phases] [--peers ~/peers-venv]

@@ -780,12 +780,15 @@ def checked_cholesky(K: Array, *also_finite: Array,
     return L if _read_checks(checks) else None
 
 
-def _trsm_stack(L: np.ndarray, B: np.ndarray, transpose: bool) -> np.ndarray:
+def _trsm_stack(L: np.ndarray, B: np.ndarray, transpose: bool, overwrite: bool = False
+                ) -> np.ndarray:
     """numpy stacks: one BLAS ``trsm`` per matrix, in place on the Fortran views of one
-    C-ordered copy of ``B`` (no per-matrix results). At ``M`` in the hundreds ``trsm`` costs
+    C-ordered copy of ``B`` (``overwrite``: of ``B`` itself where it is a writable C-ordered
+    array of ``L``'s dtype; no per-matrix results). At ``M`` in the hundreds ``trsm`` costs
     less than inverting ``L`` once and multiplying (OpenBLAS's ``trtri`` is slow), so stacks
     are solved, not inverted."""
-    out = B.copy()  # C-ordered [c, M, k]: out[c].T is the Fortran view BLAS solves in place
+    own = overwrite and B.flags.c_contiguous and B.flags.writeable and B.dtype == L.dtype
+    out = B if own else B.copy()  # C-ordered [c, M, k]: out[c].T the Fortran view solved
     trsm = strsm if B.dtype == np.float32 else dtrsm
     trans = 1 if transpose else 0
     for c in range(L.shape[0]):
@@ -797,12 +800,15 @@ def _trsm_stack(L: np.ndarray, B: np.ndarray, transpose: bool) -> np.ndarray:
 
 
 def solve_triangular(L: Array, B: Array, *, transpose: bool = False,
-                     L_T: Array | None = None, right: bool = False) -> Array:
+                     L_T: Array | None = None, right: bool = False,
+                     overwrite: bool = False) -> Array:
     """``L^-1 B`` (``L^-T B`` with ``transpose``) for lower-triangular ``L [..., M, M]`` and
     ``B [..., M, k]`` (a matrix, or a stack of them with the same leading axes); with
     ``right``, ``B L^-1`` (``B L^-T``) for ``B [..., k, M]`` (on a device one operator, no
     transposed views of ``B`` and of the result). ``L_T``: ``mT(L)`` where the caller keeps
-    it (a device then forms no transposed view per solve; numpy ignores it)."""
+    it (a device then forms no transposed view per solve; numpy ignores it). ``overwrite``:
+    the caller owns ``B`` and reads it no more (a numpy stack is then solved in place where
+    its layout allows: no copy)."""
     if not is_numpy(L):
         torch = _torch()
         if right:  # X L = B (X L^T = B): torch's left=False
@@ -820,7 +826,7 @@ def solve_triangular(L: Array, B: Array, *, transpose: bool = False,
                                        check_finite=False)
     shape = B.shape
     out = _trsm_stack(L.reshape((-1,) + L.shape[-2:]), B.reshape((-1,) + B.shape[-2:]),
-                      transpose)
+                      transpose, overwrite and not right)
     return out.reshape(shape)
 
 

@@ -99,13 +99,16 @@ def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
 
 
 def tri_solve_stack(L: Array, B: Array, *, transpose: bool = False,
-                    L_T: Array | None = None, right: bool = False) -> Array:
+                    L_T: Array | None = None, right: bool = False, overwrite: bool = False
+                    ) -> Array:
     """``L^-1 B`` (or ``L^-T B``) ``[C, M, k]`` for lower-triangular ``L [C, M, M]`` and
     ``B [C, M, k]`` (``gpinfer.backend.ops.solve_triangular``: on numpy one BLAS ``trsm`` per
     class on Fortran views, cheaper than inverting at ``M`` in the hundreds); ``right``:
     ``B L^-1`` (``B L^-T``) for ``B [C, k, M]``. ``L_T``: the transposed view of ``L`` where
-    the caller keeps one (see ``ops.solve_triangular``)."""
-    return ops.solve_triangular(L, B, transpose=transpose, L_T=L_T, right=right)
+    the caller keeps one (see ``ops.solve_triangular``); ``overwrite``: the caller owns ``B``
+    and reads it no more (numpy may solve in place on it)."""
+    return ops.solve_triangular(L, B, transpose=transpose, L_T=L_T, right=right,
+                                overwrite=overwrite)
 
 
 def cho_inverse_stack(LB: Array) -> Array:
@@ -456,8 +459,15 @@ def cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,
         finite_sums(P_w, h_w, iteration)
     g = StackedGaussians(P_w, h_w, scale, iteration=iteration, means=False,
                          finite=host)  # L_B, a h_w
-    R = tri_solve_stack(g.LB, A if A.ndim == 3 else xp.broadcast_to(A, (C, M, n)))
-    z = tri_solve_stack(g.LB, g.h_w[..., None])[..., 0]
+    if host:  # one solve of [A, a h_w] per class, in place on one array: R and z its views
+        Az = np.empty((C, M, n + 1), dtype=g.LB.dtype)
+        Az[..., :n] = A
+        Az[..., n] = g.h_w
+        Rz = tri_solve_stack(g.LB, Az, overwrite=True)
+        R, z = Rz[..., :n], Rz[..., n]
+    else:
+        R = tri_solve_stack(g.LB, A if A.ndim == 3 else xp.broadcast_to(A, (C, M, n)))
+        z = tri_solve_stack(g.LB, g.h_w[..., None])[..., 0]
     on_device = not ops.is_numpy(A)
     by_point = StackedGaussians._by_point
     return (by_point("cmn,cm", R, z, True, on_device), by_point("cmn,cmn", R, R, True, on_device))
@@ -707,7 +717,8 @@ def shared_matrix_gradients(one: StackedTerms, q: StackedGaussians, lik: Stacked
     summed factor: ``Y = sum_c (w_c a_c^T + B_c^-1 A diag(E_c))`` ``[M, n]`` gives
     ``sum_c X_c = Y - 2 A diag(sum_c b_c)`` and ``sum_c A X_c^T = A Y^T - 2 S`` with
     ``S = A diag(sum_c b_c) A^T``, so ``sum_c inner_c = (W^T W + sum_c B_c^-1 - C I) / 2
-    - sym(A Y^T) + S``; then one ``L^-T . L^-1`` and one ``L^-T .`` instead of ``C``.
+    - sym(A Y^T) + S``, where ``sym(A Y^T) - S = sym(A (Y - A diag(sum_c b_c))^T)`` is one
+    product; then one ``L^-T . L^-1`` and one ``L^-T .`` instead of ``C``.
     """
     A = one.A[0]  # [M, n]
     C = BiA.shape[0]
@@ -724,9 +735,9 @@ def shared_matrix_gradients(one: StackedTerms, q: StackedGaussians, lik: Stacked
     inner += q.B_inv_sum()
     ops.add_diagonal(inner, -float(C))  # the prior terms
     inner *= 0.5
+    Y -= AB  # sym(A Y^T) - S = sym(A (Y - A diag(b))^T): one product (S is symmetric)
     inner -= symmetrize(A @ ops.mT(Y))
-    inner += AB @ ops.mT(A)
-    ops.add_scaled_(Y, AB, -2.0)  # sum_c X_c
+    Y -= AB  # sum_c X_c = Y - 2 A diag(b)
     G_K = one.sandwich(inner[None])
     G_uf = one.unwhiten(Y[None], overwrite=True)
     return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b[None])

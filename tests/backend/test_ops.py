@@ -60,6 +60,34 @@ def test_cholesky_solves_and_inverse_against_dense_answers(to):
     np.testing.assert_allclose(Lh[0] @ x2, B[0], rtol=1e-10, atol=1e-12)
 
 
+def test_solve_triangular_overwrite_solves_in_place_where_it_can():
+    """numpy ``solve_triangular(overwrite=True)``: the same bits as a solve on a copy, in place
+    on a writable C-ordered stack (the caller's array is the result), on a copy otherwise (a
+    non-contiguous view or a read-only array is left as it was)."""
+    rng = np.random.default_rng(4)
+    L, _ = ops.cholesky(_spd_stack(rng, C=3, M=70))
+    B = rng.normal(size=(3, 70, 9))
+    for transpose in (False, True):
+        expected = ops.solve_triangular(L, B, transpose=transpose)
+        own = B.copy()
+        out = ops.solve_triangular(L, own, transpose=transpose, overwrite=True)
+        assert np.shares_memory(out, own)
+        np.testing.assert_array_equal(out, expected)
+        wide = np.concatenate([B, B], axis=-1)
+        view = wide[..., ::2]  # not C-contiguous: solved on a copy
+        before = wide.copy()
+        out = ops.solve_triangular(L, view, transpose=transpose, overwrite=True)
+        assert not np.shares_memory(out, wide)
+        np.testing.assert_array_equal(wide, before)
+        np.testing.assert_allclose(out, ops.solve_triangular(L, np.ascontiguousarray(view),
+                                                             transpose=transpose))
+        frozen = B.copy()
+        frozen.flags.writeable = False
+        out = ops.solve_triangular(L, frozen, transpose=transpose, overwrite=True)
+        assert not np.shares_memory(out, frozen)
+        np.testing.assert_array_equal(out, expected)
+
+
 @pytest.mark.parametrize("to", _namespaces())
 def test_cho_inverse_terms_are_what_the_inverses_give(to):
     """``cho_inverse_terms``: ``B_c^-1 v_c``, ``B_c^-1 X`` and ``sum_c B_c^-1`` without a

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from scipy.linalg import solve_triangular
 
+from gpinfer.backend import ops, resolve_backend
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels import RBF, White
@@ -14,6 +15,7 @@ from gpinfer.sites.inducing import WhitenedGaussian, class_terms, inducing_matri
 from gpinfer.sites.stacked import (
     StackedGaussians,
     as_stacked,
+    cavity_moments,
     cho_inverse_stack,
     scales,
     shared_paired,
@@ -281,3 +283,32 @@ def test_means_from_the_inverse_and_variances_by_point(scale, device):
     assert _host(v_p).shape == (N, C)
     np.testing.assert_allclose(_host(v_p), _host(v).T, rtol=1e-14)
     assert np.array_equal(_host(mu_p), _host(mu))
+
+
+@pytest.mark.parametrize("backend_name", ["numpy", "torch"])
+@pytest.mark.parametrize("shared", [False, True], ids=["per-class A", "shared A"])
+def test_cavity_moments_are_the_dense_cavity_projections(backend_name, shared):
+    """``cavity_moments``: ``mu = A^T B^-1 a h_w`` and ``v = diag(A^T B^-1 A)`` per class with
+    ``B = I + a P_w`` (dense inverses), for a per-class ``A [C, M, n]`` or one shared
+    ``[M, n]`` (numpy solves ``[A, a h_w]`` in place on one array); the sums are left as they
+    were."""
+    if backend_name == "torch":
+        pytest.importorskip("torch")
+    backend = resolve_backend(backend_name)
+    rng, _, _, _, P, h = _setup(3)
+    A = rng.normal(size=(M, N)) if shared else rng.normal(size=(C, M, N))
+    a = np.array([0.9, 0.75, 0.6])
+    P_before, h_before = P.copy(), h.copy()
+    to = backend.asarray
+    mu, v = cavity_moments(to(P), to(h), scales(to(P), tuple(a), (C,)), to(A))
+    mu, v = ops.to_host(mu), ops.to_host(v)
+    assert mu.shape == v.shape == (N, C)
+    for c in range(C):
+        Ac = A if shared else A[c]
+        B_inv = np.linalg.inv(np.eye(M) + a[c] * P[c])
+        np.testing.assert_allclose(mu[:, c], Ac.T @ B_inv @ (a[c] * h[c]), rtol=1e-10,
+                                   atol=1e-12)
+        np.testing.assert_allclose(v[:, c], np.einsum("mn,mk,kn->n", Ac, B_inv, Ac),
+                                   rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(P, P_before)
+    np.testing.assert_array_equal(h, h_before)

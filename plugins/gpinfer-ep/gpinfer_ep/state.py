@@ -283,6 +283,7 @@ class _USpaceSum:
         sites._to_u_space()  # the other of Lam, h: its whitened sums go
         setattr(sites, self.stored, value)
         sites._based, sites._u_stale = None, False
+        sites._whitened = None  # the sums whitened on the last terms are the old ones
 
 
 class TiedSites(_SiteSums):
@@ -300,6 +301,8 @@ class TiedSites(_SiteSums):
     own factor ``L'`` by ``T = L^-1 L'`` (``rebased``: three triangular products per class,
     where ``Lam = L^-T P_w L^-1`` and back take four); ``Lam``, ``h`` are formed only when read
     (the posterior, ``refine``'s state) and set by ``restore``; a snapshot holds the kept sums.
+    Formed on numpy, ``Lam`` and ``h`` are read-only (a write in place would be lost: set the
+    attribute instead); torch tensors cannot be marked so.
     """
 
     def __init__(self, y: Array, C: int, M: int, n_factors: Array | None = None,
@@ -333,10 +336,16 @@ class TiedSites(_SiteSums):
 
     def _to_u_space(self) -> None:
         """``Lam``, ``h`` from the whitened sums an update left (kept: the next step still
-        moves those)."""
+        moves those). On numpy the formed arrays are read-only: the state is the kept sums,
+        so a write in place such as ``sites.Lam[...] = x`` would be lost at the next step;
+        it raises instead (``ValueError``); set the attribute (``sites.Lam = x``) to replace
+        the sums. torch tensors have no such flag: there the write is lost silently."""
         if self._u_stale and self._based is not None:
             based, P_w, h_w = self._based
             self._Lam, self._h = based.to_u_space(P_w, h_w)
+            for formed in (self._Lam, self._h):
+                if ops.is_numpy(formed):
+                    formed.flags.writeable = False
             self._u_stale = False
 
     def _whitened_sums(self, terms: StackedTerms) -> tuple[Array, Array]:

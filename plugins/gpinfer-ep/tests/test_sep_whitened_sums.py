@@ -142,3 +142,29 @@ def test_setting_one_u_space_sum_keeps_the_other_current(shared):
     state.restore({"Lam": np.ones((C, M, M)), "h": np.ones((C, M))})  # over kept sums
     np.testing.assert_array_equal(state.Lam, np.ones((C, M, M)))
     assert state._based is None and not state._u_stale
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["per-class", "shared"])
+def test_formed_u_space_sums_are_read_only(shared):
+    """``Lam``, ``h`` formed from the kept whitened sums after an update are numpy arrays the
+    state does not read back (the next step moves the kept sums): a write in place raises
+    instead of being lost; setting the attribute still replaces the sums (the next update
+    starts from them)."""
+    backend = resolve_backend("numpy")
+    Xt, (state, other), hp = _states(backend, shared)
+    idx = np.arange(N)
+    terms = state.terms_at(hp.kernels, hp.Z, Xt)
+    state.update(terms, idx, 0.5)
+    with pytest.raises(ValueError, match="read-only"):
+        state.Lam[0, 0, 0] = 1.0
+    with pytest.raises(ValueError, match="read-only"):
+        state.h[...] = 0.0
+    Lam = np.array(state.Lam)  # writable copies, set as a whole: the state's sums now
+    Lam[:, 0, 0] += 1.0
+    state.Lam = Lam
+    assert state.Lam is Lam and state._based is None
+    other.Lam, other.h = Lam.copy(), np.array(state.h)
+    state.update(terms, idx, 0.5)
+    other.update(terms, idx, 0.5)
+    _close(state.Lam, other.Lam)
+    _close(state.h, other.h)
