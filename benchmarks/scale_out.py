@@ -23,7 +23,7 @@ memory, memmap, memory, ...) with ``--repeats``; the file is deleted at the end 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/scale_out.py --n 1000000 --d 20
 
 Part 2 (``--part groups``): sep and svi (Adam) fitted by K = 1 process and by K = 2 gloo ranks
-(``gpinfer.testing.ranks.launch_ranks``, one fresh interpreter per rank, one BLAS thread each;
+(``gpinfer.testing.ranks.run_ranks``, one fresh interpreter per rank, one BLAS thread each;
 K = 1 is the one-process path, no group), on the same seeded float64 data (``--group-n`` x
 ``--d``, 3 classes; ``--group-batch`` is the global batch, each rank takes its half). Each
 rank fits 1 epoch (its first calls' costs), then 1 and 1 + ``--epochs`` epochs: the epochs'
@@ -237,14 +237,11 @@ def expected_values(method: str, C: int, M: int, P: int) -> dict[int, int]:
 def run_group_case(method: str, K: int, a: argparse.Namespace, folder: Path) -> dict:
     """One fit as ``K`` gloo ranks (``K = 1``: one process, no group): the ranks' CPU and wall
     seconds, the counted all-reduces per step, checked against ``expected_values``."""
-    from gpinfer.testing.ranks import launch_ranks
+    from gpinfer.testing.ranks import run_ranks
 
     code = _RANK_FIT.format(n=a.group_n, d=a.d, method=method, M=a.M, batch=a.group_batch,
                             epochs=a.epochs)
-    ended = launch_ranks(code, K, folder, timeout_s=1800)
-    if any(rc for rc, _ in ended):
-        raise RuntimeError(f"{method} K={K} failed:\n" + "\n".join(o[-3000:] for _, o in ended))
-    ranks = [dict(np.load(folder / f"rank{r}.npz")) for r in range(K)]
+    ranks = run_ranks(code, K, folder, timeout_s=1800)  # a failed rank raises, with its output
     steps = a.epochs * -(-a.group_n // a.group_batch)
     points = a.epochs * a.group_n
     cpu = sum(float(r["cpu"]) for r in ranks)
