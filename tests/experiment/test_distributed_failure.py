@@ -182,28 +182,24 @@ def test_a_sigterm_after_another_ranks_failure_records_that_failure(tmp_path: Pa
     _one_failed_run(runs, error, tmp_path)
 
 
-def test_rank_zero_failing_ends_the_other_rank(tmp_path: Path) -> None:
-    codes, out, failed, runs = _job(tmp_path, RANK_0_CALLBACK)
+@pytest.mark.parametrize("script, failing, what, run_error", [
+    (RANK_0_CALLBACK, 0, "ValueError: the callback broke", "ValueError: the callback broke"),
+    (RANK_1_DATA, 1, "OSError: the disk went away", "GroupError: rank 0 of 2"),
+], ids=["rank 0's callback raises", "rank 1 fails before its fit"])
+def test_a_failing_rank_ends_the_other_and_rank_zeros_run(
+        tmp_path: Path, script: str, failing: int, what: str, run_error: str) -> None:
+    """The other rank raises a GroupError naming the first failure at once (well inside the
+    collective timeout), and rank 0's one run is FAILED."""
+    codes, out, failed, runs = _job(tmp_path, script)
+    other = 1 - failing
     assert codes == [0, 0]
-    assert str(out[0]["what"]) == "ValueError: the callback broke"
-    assert str(out[1]["what"]).startswith(
-        "GroupError: rank 1 of 2: a collective of the process group failed: the first "
-        "failure: rank 0: ValueError: the callback broke")
-    waited = float(out[1]["t"]) - failed
+    assert str(out[failing]["what"]) == what
+    assert str(out[other]["what"]).startswith(
+        f"GroupError: rank {other} of 2: a collective of the process group failed: the first "
+        f"failure: rank {failing}: {what}")
+    waited = float(out[other]["t"]) - failed
     assert waited < PROMPT_S < COLLECTIVE_S, waited
-    _one_failed_run(runs, "ValueError: the callback broke", tmp_path)
-
-
-def test_a_rank_failing_before_its_fit_ends_rank_zeros_run(tmp_path: Path) -> None:
-    codes, out, failed, runs = _job(tmp_path, RANK_1_DATA)
-    assert codes == [0, 0]
-    assert str(out[1]["what"]) == "OSError: the disk went away"
-    assert str(out[0]["what"]).startswith(
-        "GroupError: rank 0 of 2: a collective of the process group failed: the first "
-        "failure: rank 1: OSError: the disk went away")
-    waited = float(out[0]["t"]) - failed
-    assert waited < PROMPT_S < COLLECTIVE_S, waited
-    _one_failed_run(runs, "GroupError: rank 0 of 2", tmp_path)
+    _one_failed_run(runs, run_error, tmp_path)
 
 
 STOPPED_WHILE_RECORDING = """
