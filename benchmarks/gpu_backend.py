@@ -137,6 +137,7 @@ from threadpoolctl import threadpool_limits
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from engine_step import mnist_like  # noqa: E402 - MNIST-like pixels, D 784 and C 10
 from gpu_gpytorch_svgp import (  # noqa: E402 - shared with the peer (torch/numpy only)
     TrainingPeak,
     append_jsonl,
@@ -355,16 +356,6 @@ def run_satellite(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------
 # Operations per step
 # ------------------------------------------------------------------------------------------
-def mnist_like(n: int, D: int, C: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """MNIST-like random pixels ``X [n, D]`` in [0, 1] (80 % zeros) with labels ``y [n]``:
-    a fixed template per class plus noise."""
-    rng = np.random.default_rng(seed)
-    T = rng.uniform(size=(C, D)) ** 4
-    y = rng.integers(0, C, n)
-    X = np.clip(T[y] + 0.3 * rng.normal(size=(n, D)), 0, 1) * (rng.uniform(size=(n, D)) < 0.2)
-    return X, y
-
-
 def svi(M: int, D: int, batch: int, iters: int, every: int, settings: dict,
         seed: int = 0) -> GPClassifier:
     """svi, robust-max, Adam at 1e-3: ``iters`` reported iterations of ``every`` steps."""
@@ -405,7 +396,7 @@ def run_profile(args: argparse.Namespace) -> None:
     D, C = 784, 10
     M, B = (20, 256) if args.smoke else (args.M, args.batch_size)
     k = int(args.read_every)
-    X, y = mnist_like(4 * k * B, D, C)
+    X, y = mnist_like(n=4 * k * B)
     cuda = args.device.startswith("cuda")
     settings = torch_settings(args)
     sep_opts = {"adam_learning_rate": 1e-3, "compile": args.compile, "read_every": k}
@@ -423,7 +414,7 @@ def run_profile(args: argparse.Namespace) -> None:
                                ("svi-window", fit_svi, MiniBatchSchedule, "_group", 2, k))
              if case[0].split("-")[0] in methods]
     n_timed = args.timed_steps * B
-    Xt, yt = mnist_like(n_timed, D, C, seed=1)
+    Xt, yt = mnist_like(seed=1, n=n_timed)
     for name, fit, owner, target, first, per in cases:
         counts = profile_steps(fit, owner, target, first=first, steps=3 if per == 1 else 2,
                                cuda=cuda)

@@ -356,12 +356,11 @@ def main() -> None:
             mem = [r for r in rows if r["method"] == method and r["mode"] == "memory"]
             if not (mm and mem):
                 continue
-            ratio = np.median([r["fit_cpu_s"] for r in mm]) / np.median(
-                [r["fit_cpu_s"] for r in mem])
-            epochs = np.median([r["epoch_cpu_s"] for r in mm]) / np.median(
-                [r["epoch_cpu_s"] for r in mem])
-            print(f"{method}: memmap/memory epoch CPU (epochs 2..) ratio {epochs:.3f} (the "
-                  f"target's); fit CPU ratio {ratio:.3f}; peak RSS memmap "
+            ratio = {key: np.median([r[key] for r in mm]) / np.median([r[key] for r in mem])
+                     for key in ("epoch_cpu_s", "fit_cpu_s")}  # memmap / memory, medians
+            print(f"{method}: memmap/memory epoch CPU (epochs 2..) ratio "
+                  f"{ratio['epoch_cpu_s']:.3f} (the target's); fit CPU ratio "
+                  f"{ratio['fit_cpu_s']:.3f}; peak RSS memmap "
                   f"{max(r['peak_rss_mb'] for r in mm):.0f} MB vs memory "
                   f"{max(r['peak_rss_mb'] for r in mem):.0f} MB")
     finally:
