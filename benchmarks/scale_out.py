@@ -20,9 +20,10 @@ minus the first's start, per epoch: wall, start-up included), the *epoch CPU* (p
 epoch over epochs 2..E, from the callback: the issue's "epoch time", with ``--epochs`` >= 2) and
 the peak RSS. The whole fit's CPU ratio is not the epoch ratio: the in-memory case checks and
 copies all of X before training, which the memmap case streams (measured 2026-12-05 at 1e6 x 20,
-M 50, B 5000: fit-CPU ratios sep 0.76-0.90, svi 0.88-1.13, while the epochs ran at 1.11x, sep,
-and 1.40x, svi). The cases are interleaved (memmap,
-memory, memmap, memory, ...) with ``--repeats``; the file is deleted at the end unless
+M 50, B 5000: fit-CPU ratios sep 0.76-0.94, svi 0.88-1.13, while the epochs ran at 1.15x, sep,
+and 1.30x, svi, in this benchmark with ``--epochs 3``, load 0.9; a callback script timing epochs
+2..4 in two interleaved rounds, load 1-2.3, gave 1.11x and 1.40x). The cases are interleaved
+(memmap, memory, memmap, memory, ...) with ``--repeats``; the file is deleted at the end unless
 ``--keep``.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/scale_out.py --n 1000000 --d 20
