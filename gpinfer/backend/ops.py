@@ -826,7 +826,7 @@ def solve_triangular(L: Array, B: Array, *, transpose: bool = False,
                                        check_finite=False)
     shape = B.shape
     out = _trsm_stack(L.reshape((-1,) + L.shape[-2:]), B.reshape((-1,) + B.shape[-2:]),
-                      transpose, overwrite and not right)
+                      transpose, overwrite)
     return out.reshape(shape)
 
 

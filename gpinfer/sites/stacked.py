@@ -179,19 +179,20 @@ class StackedTerms:
         if self.L_inv is not None:  # symmetrised in place: the products' own array
             return ops.symmetrize_(ops.tri_matmul(
                 self.L_inv, self.unwhiten(S, overwrite=overwrite), right=True, overwrite=True))
-        T = tri_solve_stack(self.L, S, transpose=True, L_T=self.L_T)  # L^-T S
+        T = tri_solve_stack(self.L, S, transpose=True, L_T=self.L_T, overwrite=overwrite)
         if not ops.is_numpy(T):  # (L^-T S) L^-1: one solve from the right, no views
             return symmetrize(tri_solve_stack(self.L, T, right=True))
         # L^-T (L^-T S)^T, T^T a C-ordered copy (``_trsm_stack`` solves on its Fortran views)
         T_t = ops.copy(transpose(T))
-        return symmetrize(tri_solve_stack(self.L, T_t, transpose=True, L_T=self.L_T))
+        return symmetrize(tri_solve_stack(self.L, T_t, transpose=True, L_T=self.L_T,
+                                          overwrite=True))
 
     def unwhiten(self, X: Array, *, overwrite: bool = False) -> Array:
         """``L^-T X`` ``[C, M, k]`` (whitened-space gradients to ``u``-space); ``overwrite``:
         the caller owns ``X`` and reads it no more (it may be written in place)."""
         if self.L_inv is not None:
             return ops.tri_matmul(self.L_inv, X, transpose=True, overwrite=overwrite)
-        return tri_solve_stack(self.L, X, transpose=True, L_T=self.L_T)
+        return tri_solve_stack(self.L, X, transpose=True, L_T=self.L_T, overwrite=overwrite)
 
 
 def stacked_covariances(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Array
@@ -439,7 +440,7 @@ class StackedGaussians:
     def moments(self, L: Array) -> tuple[Array, Array]:
         """``(m [C, M], V [C, M, M])`` in ``u``-space given ``L [C, M, M] = chol(Kuu)``:
         ``m = L w``, ``V = L B^-1 L^T = T^T T`` with ``T = L_B^-1 L^T``."""
-        T = tri_solve_stack(self.LB, ops.copy(transpose(L)))
+        T = tri_solve_stack(self.LB, ops.copy(transpose(L)), overwrite=True)  # a fresh copy
         return (L @ self.w[..., None])[..., 0], transpose(T) @ T
 
 
