@@ -576,6 +576,7 @@ def as_stacked(terms: Sequence[ClassTerms] | StackedTerms) -> StackedTerms:
 # class's terms; beyond the kernel work (one Kuu, one Cholesky, one L^-1 Kuf) the shared A saves
 # products and solves per class: the classes' summed gradients (one sandwich), the cavity
 # projection by B^-1 and one product, the site precisions in one product, and whitened sums
+# read on the factor they were made on (``Frame``: one latent's prior term and directions) or
 # moved to the next step's factor (``rebased``) instead of a round trip through u-space.
 
 
