@@ -373,8 +373,8 @@ class TiedSites(_SiteSums):
             based, P_w, h_w = self._based
             self._frame = kept_frame(based, terms, self.frame_drift)
             if self._frame is None:
-                # not symmetrised: the update's Cholesky reads one triangle and its new sums
-                # are symmetrised (``_tied_sums``)
+                # not symmetrised: the update's Cholesky reads one triangle (and on a device
+                # its new sums are symmetrised: ``_tied_sums``)
                 P_w, h_w = rebased(based, terms).to_whitened(P_w, h_w, symmetric=False)
             self._whitened = (terms, P_w, h_w)
             return P_w, h_w, self._frame
@@ -535,7 +535,11 @@ def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     else:  # kept += A diag(rho tau) A^T in place (numpy: one gemm per class with beta = 1)
         ops.matmul_add_(kept, ops.scale_columns(A, ops.mT(rho_tau)), terms.A_T, 1.0)
         h_new = ops.einsum("cmn,nc->cm", A, nu)
-    P_w = ops.symmetrize_(kept)  # kept is this step's own array
+    # numpy: not symmetrised (a [C, M, M] pass less): the factorisations of B = I + a P (or
+    # Q + a P) read one triangle; a rebase's products and Lam's sandwich read both, which
+    # differ by round-off (scaled by ``keep`` each step). A device symmetrises (kept is this
+    # step's own array)
+    P_w = kept if ops.is_numpy(kept) else ops.symmetrize_(kept)
     h_next = keep[:, None] * h_w + rho * h_new
     change = ops.max_abs(h_next - h_w if frame is None else frame.to_step(h_next - h_w))
     return P_w, h_next, change
