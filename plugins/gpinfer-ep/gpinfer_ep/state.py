@@ -286,7 +286,7 @@ class _USpaceSum:
         sites._to_u_space()  # the other of Lam, h: its whitened sums go
         setattr(sites, self.stored, value)
         sites._based, sites._u_stale = None, False
-        sites._whitened = None  # the sums whitened on the last terms are the old ones
+        sites._whitened = sites._frame = None  # the sums on the last terms are the old ones
 
 
 class TiedSites(_SiteSums):
@@ -415,7 +415,7 @@ class TiedSites(_SiteSums):
         else:  # both replaced: nothing to form from the kept sums first
             self._based = None
             self.Lam, self.h = ops.copy(snap["Lam"]), ops.copy(snap["h"])
-        self._whitened = None
+        self._whitened = self._frame = None
 
     def _cavity_scales(self, ref: Array, paired: bool = False) -> Scales:
         """The cavity fractions ``1 - 1 / n_c`` ``[C]`` as ``Scales`` on ``ref``'s backend
