@@ -199,7 +199,7 @@
    After s39-digrebase (the shared sums read in the frame they were made in,
    ``gpinfer.sites.stacked.Frame``: ``U = L^-1 L_o``, ``Q = U^T U`` and ``U^T A`` of the one
    latent and three ``trmm`` moving the summed gradients' terms, where the rebase took ``2 C``
-   ``trmm``; moved only when ``||Q - I||_F > 0.5``, about every 18 steps here; the update's
+   ``trmm``; moved only when ``||Q - I||_F > 0.5``, 7 of 71 steps in 8 epochs here; the update's
    new sums not symmetrised on numpy), two rounds interleaved with main (this part with
    ``digits``, ``--epochs 4``, load 3.9-5.5): step 10.54 / 10.26 ms (main 10.80 / 11.13),
    digits' ``sep_shared`` 10.03 / 10.37 (main 10.24 / 11.54); update 4.02 / 3.91 (main
