@@ -196,6 +196,28 @@
    ``keep * P_w`` by one ``gemm`` ``[C M, n] @ [n, M]`` with ``beta = 1`` (1.28 against
    0.90 ms for ``A @ [n, C M]`` and the strided sum).
 
+   After s39-digrebase (the shared sums read in the frame they were made in,
+   ``gpinfer.sites.stacked.Frame``: ``U = L^-1 L_o``, ``Q = U^T U`` and ``U^T A`` of the one
+   latent and three ``trmm`` moving the summed gradients' terms, where the rebase took ``2 C``
+   ``trmm``; moved only when ``||Q - I||_F > 0.5``, 7 of 71 steps in 8 epochs here; the update's
+   new sums not symmetrised on numpy), two rounds interleaved with main (this part with
+   ``digits``, ``--epochs 4``, load 3.9-5.5): step 10.54 / 10.26 ms (main 10.80 / 11.13),
+   digits' ``sep_shared`` 10.03 / 10.37 (main 10.24 / 11.54); update 4.02 / 3.91 (main
+   4.47 / 4.62; the kept sums 0.30 / 0.29 against the rebase's 0.72 / 0.75), log Z_q and
+   gradients 4.87 / 4.77 (main 4.69 / 4.79; summed gradients 0.77 / 0.74 against 0.63 / 0.64:
+   the frame's three ``trmm``). In one process, fits alternating the frame off
+   (``FRAME_DRIFT = 0``: main's rebase every step) and on (load 3.5): update 4.29 / 4.15 /
+   4.05 -> 3.85 / 3.68 / 3.66 ms, log Z_q and gradients 4.34 / 4.42 / 4.26 -> 4.73 / 4.52 /
+   4.53, step 10.00 / 9.90 / 9.58 -> 10.08 / 9.53 / 9.53. Measured and not taken: ``Q`` by
+   LAPACK ``lauum`` (23 against 47 us); the per-class sums in frames (``U``, ``Q``, ``U^T A``
+   and the gradients' moves per class: 4.6 ms against the rebase's 1.5 at ``C = 10``,
+   ``M = 100``, ``n = 200``; 20.0 against 8.5 at ``M = 200``), so they keep the rebase;
+   ``B = Q + a P`` per class in cache (61 against 50 us for the stack). Left: the step is its
+   LAPACK/BLAS calls (the update's cavity ``potrf`` + ``trsm`` 1.9 ms, the evaluation's two
+   ``potrf`` and two ``potri`` passes 3.6, the site ``gemm`` 0.9); ``ops.symmetrize_`` (the
+   per-class sandwich's) would take 75 instead of 124 us at ``[10, 100, 100]`` with one
+   transposed copy per matrix (bit-identical).
+
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/engine_step.py [--epochs 3]
         [--parts sep,floor,necessary,ops,compiled,digits,digits-phases] [--peers ~/peers-venv]
 """
@@ -619,7 +641,8 @@ def digits_shared_phases(epochs: int) -> dict[str, object]:
               "  its cavity moments (chol, trsm)": (state, "cavity_moments"),
               "  its tilted slopes (argmax factors)": (state, "pair_slopes"),
               "  its site products A diag(tau_c) A^T": (state, "shared_site_products"),
-              "  its rebase of the sums (T = L^-1 L')": (state.TiedSites, "_whitened_sums"),
+              "  its kept sums (Frame, or rebased by T = L^-1 L')": (state.TiedSites,
+                                                                    "_kept_sums"),
               "log Z_q + matrix gradients": (SparseSites, "objective"),
               "  q and cavity (2 chol, 2 potri, B^-1 A)": (state, "shared_paired"),
               "  tilted log Z (argmax factors)": (state, "pair_log_z"),

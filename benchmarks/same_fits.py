@@ -1,9 +1,9 @@
 """Fits before and after a change of the kernel path: the same model to round-off (issue 25).
 
-Fits sep (mini-batch, isotropic and ARD; full batch), ep, svi (robust-max, mini-batch) on numpy
-and torch-CPU float64, and gfitc on numpy, on a 4-class digits subset, and saves their test
-probabilities (``save``) or compares them with saved ones (``compare``: the max relative
-difference per fit and overall; issue 25 asks for <= 1e-10).
+Fits sep (mini-batch, isotropic and ARD; full batch; both with ``shared_inducing``), ep, svi
+(robust-max, mini-batch) on numpy and torch-CPU float64, and gfitc on numpy, on a 4-class
+digits subset, and saves their test probabilities (``save``) or compares them with saved ones
+(``compare``: the max relative difference per fit and overall; issue 25 asks for <= 1e-10).
 
     # on the commit before the change (e.g. a `git archive` of it on PYTHONPATH):
     PYTHONPATH=OLD:OLD/plugins/gpinfer-ep:OLD/plugins/gpinfer-svi \
@@ -35,6 +35,11 @@ cases = {
                     kernel=make_kernel("rbf", X.shape[1], ard=True),
                     method_options={"adam_learning_rate": 0.01}),
     "sep_full": dict(method="sep", M=15, max_iter=4),
+    # one kernel and one Z for every class (``shared_inducing``), mini-batch and full batch
+    "sep_shared_mb": dict(method="sep", M=15, max_iter=6, batch_size=50,
+                          method_options={"adam_learning_rate": 0.01, "shared_inducing": True}),
+    "sep_shared_full": dict(method="sep", M=15, max_iter=4,
+                            method_options={"shared_inducing": True}),
     "ep": dict(method="ep", M=15, max_iter=4),
     "svi": dict(method="svi", M=15, max_iter=3, batch_size=50, likelihood="robustmax",
                 method_options={"optimizer": "adam", "optimizer_options": {"learning_rate": 0.01}}),

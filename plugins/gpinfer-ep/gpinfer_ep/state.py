@@ -52,7 +52,9 @@ from gpinfer.sites.inducing import (
     role_delta,
 )
 from gpinfer.sites.stacked import (
+    FRAME_DRIFT,
     Basis,
+    Frame,
     Scales,
     SharedTerms,
     StackedGaussians,
@@ -60,6 +62,7 @@ from gpinfer.sites.stacked import (
     as_stacked,
     basis,
     cavity_moments,
+    kept_frame,
     rebased,
     scales,
     shared_matrix_gradients,
@@ -283,7 +286,7 @@ class _USpaceSum:
         sites._to_u_space()  # the other of Lam, h: its whitened sums go
         setattr(sites, self.stored, value)
         sites._based, sites._u_stale = None, False
-        sites._whitened = None  # the sums whitened on the last terms are the old ones
+        sites._whitened = sites._frame = None  # the sums on the last terms are the old ones
 
 
 class TiedSites(_SiteSums):
@@ -299,7 +302,10 @@ class TiedSites(_SiteSums):
     further sweeps) that follow on the same terms, and with the factor they are whitened on
     (``_based``: a ``Basis``, no data-sized arrays) for the next step, which moves them to its
     own factor ``L'`` by ``T = L^-1 L'`` (``rebased``: three triangular products per class,
-    where ``Lam = L^-T P_w L^-1`` and back take four); ``Lam``, ``h`` are formed only when read
+    where ``Lam = L^-T P_w L^-1`` and back take four), or, shared by the classes on numpy,
+    reads them where they are (``gpinfer.sites.stacked.Frame``: the older factor's prior term
+    and directions, no products per class) until that frame drifts by ``frame_drift``
+    (``kept_frame``); ``Lam``, ``h`` are formed only when read
     (the posterior, ``refine``'s state) and set by ``restore``; a snapshot holds the kept sums.
     Formed on numpy, ``Lam`` and ``h`` are read-only (a write in place would be lost: set the
     attribute instead); torch tensors cannot be marked so.
@@ -319,6 +325,11 @@ class TiedSites(_SiteSums):
         #: rank's points of the global batch and sums the ranks' site contributions
         #: (``_group_sums``)
         self.group: Group | None = None
+        #: shared sums are read on the factor they were made on while its prior precision
+        #: ``Q`` stays this close to ``I`` (``kept_frame``; 0: moved every step)
+        self.frame_drift = FRAME_DRIFT
+        #: the ``Frame`` of the sums ``_whitened`` holds (``None``: on its terms' factor)
+        self._frame: Frame | None = None
 
     # -- the u-space sums, formed on first read after an update -----------------------------
     #: ``(basis, P_w [C, M, M], h_w [C, M])``: an update's whitened sums and the factor they
@@ -348,20 +359,34 @@ class TiedSites(_SiteSums):
                     formed.flags.writeable = False
             self._u_stale = False
 
-    def _whitened_sums(self, terms: StackedTerms) -> tuple[Array, Array]:
-        """As ``_SiteSums._whitened_sums``; after an update, its whitened sums moved from its
-        factor ``L`` to ``terms``' ``L'`` by ``T = L^-1 L'`` (``rebased``)."""
+    def _kept_sums(self, terms: StackedTerms) -> tuple[Array, Array, Frame | None]:
+        """``(P [C, M, M], h [C, M], frame)``: the sums a step on ``terms`` reads, formed once
+        per set of terms (an update leaves its new sums for the ``evaluate`` that follows).
+        After an update, its whitened sums where they are (``frame``: ``kept_frame``, shared
+        sums on numpy) or moved from its factor ``L`` to ``terms``' ``L'`` by ``T = L^-1 L'``
+        (``rebased``; ``frame`` ``None``)."""
         if self._whitened is not None and self._whitened[0] is terms:
-            return self._whitened[1], self._whitened[2]
+            return self._whitened[1], self._whitened[2], self._frame
+        self._frame = None
         if self._based is not None and (isinstance(terms, SharedTerms)
                                         == (self._based[0].classes is not None)):
             based, P_w, h_w = self._based
-            # not symmetrised: the update's Cholesky reads one triangle and its new sums are
-            # symmetrised (``_tied_sums``)
-            P_w, h_w = rebased(based, terms).to_whitened(P_w, h_w, symmetric=False)
+            self._frame = kept_frame(based, terms, self.frame_drift)
+            if self._frame is None:
+                # not symmetrised: the update's Cholesky reads one triangle (and on a device
+                # its new sums are symmetrised: ``_tied_sums``)
+                P_w, h_w = rebased(based, terms).to_whitened(P_w, h_w, symmetric=False)
             self._whitened = (terms, P_w, h_w)
-            return P_w, h_w
-        return super()._whitened_sums(terms)
+            return P_w, h_w, self._frame
+        return (*super()._whitened_sums(terms), None)
+
+    def _whitened_sums(self, terms: StackedTerms) -> tuple[Array, Array]:
+        """As ``_SiteSums._whitened_sums``: the sums on ``terms``' own factor (``_kept_sums``'
+        kept in a ``Frame`` moved there, not kept: for inspection and tests)."""
+        P, h, frame = self._kept_sums(terms)
+        if frame is None:
+            return P, h
+        return rebased(frame.basis, terms).to_whitened(P, h)
 
     def terms_at(self, kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Array,
                  iteration: int | None = None,
@@ -390,7 +415,7 @@ class TiedSites(_SiteSums):
         else:  # both replaced: nothing to form from the kept sums first
             self._based = None
             self.Lam, self.h = ops.copy(snap["Lam"]), ops.copy(snap["h"])
-        self._whitened = None
+        self._whitened = self._frame = None
 
     def _cavity_scales(self, ref: Array, paired: bool = False) -> Scales:
         """The cavity fractions ``1 - 1 / n_c`` ``[C]`` as ``Scales`` on ``ref``'s backend
@@ -432,14 +457,16 @@ class TiedSites(_SiteSums):
         the whitened site shift (a 0-d array, unread: see the module doc)."""
         terms = as_stacked(terms)
         labels = self._labels(idx, terms.A)
-        P_w, h_w = self._whitened_sums(terms)
+        P_w, h_w, frame = self._kept_sums(terms)
         if self.group is not None:
             P_w, h_next, change = _group_sums(self.group, terms, P_w, h_w,
-                                              self._cavity_scales(P_w), labels, rho, iteration)
+                                              self._cavity_scales(P_w), labels, rho, iteration,
+                                              frame)
         else:
             P_w, h_next, change = _tied_sums(
-                terms, P_w, h_w, self._cavity_scales(P_w), labels, rho, iteration)
-        self._based, self._u_stale = (basis(terms), P_w, h_next), True  # Lam, h when read
+                terms, P_w, h_w, self._cavity_scales(P_w), labels, rho, iteration, frame)
+        base = basis(terms) if frame is None else frame.basis  # where the new sums are
+        self._based, self._u_stale = (base, P_w, h_next), True  # Lam, h when read
         self._whitened = (terms, P_w, h_next)
         return change
 
@@ -450,21 +477,30 @@ class TiedSites(_SiteSums):
         gradient with the shared cavity (§2.7.3)."""
         terms = as_stacked(terms)
         labels = self._labels(idx, terms.A)
-        P_w, h_w = self._whitened_sums(terms)
+        P_w, h_w, frame = self._kept_sums(terms)
         return _tied_evaluate(terms, P_w, h_w, self._cavity_scales(P_w, paired=True), labels,
-                              scale, iteration)
+                              scale, iteration, frame)
+
+
+def _directions(terms: StackedTerms, frame: Frame | None) -> Array | None:
+    """The shared directions ``A [M, n]`` of ``terms`` (a ``frame``'s, ``Frame.A``), or
+    ``None`` for per-class terms."""
+    if frame is not None:
+        return frame.A
+    return terms.one.A[0] if isinstance(terms, SharedTerms) and terms.one is not None else None
 
 
 def _batch_sites(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
-                 labels: _BatchLabels, iteration: int | None) -> tuple[Array, Array]:
+                 labels: _BatchLabels, iteration: int | None, frame: Frame | None = None
+                 ) -> tuple[Array, Array]:
     """The tied update's new sites of the batch's points from the cavity of the whitened sums
-    ``P_w [C, M, M]``, ``h_w [C, M]``: ``(tau, nu)``, each ``[n, C]`` (checked finite:
-    deferred in the caller's context)."""
+    ``P_w [C, M, M]``, ``h_w [C, M]`` (kept in ``frame``: ``Frame``): ``(tau, nu)``, each
+    ``[n, C]`` (checked finite: deferred in the caller's context)."""
     _, mask, _, _, y_col = labels
-    one = terms.one if isinstance(terms, SharedTerms) else None
+    shared = _directions(terms, frame)
     # R = L_B^-1 A and z = L_B^-1 a h_w: no means w = B^-1 a h_w (the shared A: broadcast)
-    a, v = cavity_moments(P_w, h_w, fraction, terms.A if one is None else one.A[0],
-                          iteration)  # [n, C]
+    a, v = cavity_moments(P_w, h_w, fraction, terms.A if shared is None else shared,
+                          iteration, prior=None if frame is None else frame.Q)  # [n, C]
     vs = v + terms.s.T  # b = v + s for every role; the winners' is its gather (the same sums)
     a_y, v_y = at_label(a, y_col), at_label(v, y_col)
     t = pair_slopes(a_y, at_label(vs, y_col), a, vs, mask)
@@ -480,44 +516,50 @@ def _batch_sites(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
 
 @compilable
 def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
-               labels: _BatchLabels, rho: float, iteration: int | None
-               ) -> tuple[Array, Array, Array]:
+               labels: _BatchLabels, rho: float, iteration: int | None,
+               frame: Frame | None = None) -> tuple[Array, Array, Array]:
     """``TiedSites.update`` on device arrays (a compiled region of the step): from the
-    whitened sums ``P_w [C, M, M]``, ``h_w [C, M]`` and the cavity fractions (``Scales`` of
-    ``[C]``), the new whitened sums and the change: ``(P_w, h_w, change [])``."""
-    tau, nu = _batch_sites(terms, P_w, h_w, fraction, labels, iteration)
+    whitened sums ``P_w [C, M, M]``, ``h_w [C, M]`` (kept in ``frame``: ``Frame``, whose
+    directions the new sites then take) and the cavity fractions (``Scales`` of ``[C]``), the
+    new whitened sums and the change on the step's factor: ``(P_w, h_w, change [])``."""
+    tau, nu = _batch_sites(terms, P_w, h_w, fraction, labels, iteration, frame)
     counts, n_factors = labels.counts, labels.n_factors
-    one = terms.one if isinstance(terms, SharedTerms) else None
+    shared = _directions(terms, frame)
     keep = 1.0 - rho * counts / n_factors
     A = terms.A
     kept = ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w  # P_w stays (kept, snapshots)
     rho_tau = tau if rho == 1.0 else rho * tau  # rho in the sites ([n, C]; 1: exact as it is)
-    if one is not None:  # one product each for all, added in place
-        kept += shared_site_products(one.A[0], rho_tau)
-        h_new = ops.mT(one.A[0] @ nu)
+    if shared is not None:  # one product each for all, added in place
+        kept += shared_site_products(shared, rho_tau)
+        h_new = ops.mT(shared @ nu)
     else:  # kept += A diag(rho tau) A^T in place (numpy: one gemm per class with beta = 1)
         ops.matmul_add_(kept, ops.scale_columns(A, ops.mT(rho_tau)), terms.A_T, 1.0)
         h_new = ops.einsum("cmn,nc->cm", A, nu)
-    P_w = ops.symmetrize_(kept)  # kept is this step's own array
+    # numpy: not symmetrised (a [C, M, M] pass less): the factorisations of B = I + a P (or
+    # Q + a P) read one triangle; a rebase's products and Lam's sandwich read both, which
+    # differ by round-off (scaled by ``keep`` each step). A device symmetrises (kept is this
+    # step's own array)
+    P_w = kept if ops.is_numpy(kept) else ops.symmetrize_(kept)
     h_next = keep[:, None] * h_w + rho * h_new
-    change = ops.max_abs(h_next - h_w)
+    change = ops.max_abs(h_next - h_w if frame is None else frame.to_step(h_next - h_w))
     return P_w, h_next, change
 
 
 def _group_sums(group: Group, terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
-                labels: _BatchLabels, rho: float, iteration: int | None
-                ) -> tuple[Array, Array, Array]:
+                labels: _BatchLabels, rho: float, iteration: int | None,
+                frame: Frame | None = None) -> tuple[Array, Array, Array]:
     """``_tied_sums`` in a process ``group``: ``terms`` and ``labels`` are this rank's points
     of the global batch. Each rank forms its points' contributions ``A diag(tau) A^T``
     ``[C, M, M]``, ``A nu`` ``[C, M]`` and class counts ``[C]``; their sums over the ranks (one
     ``all_reduce``, with a failure flag: a failed check on any rank raises on every rank) are
     the union batch's, and every rank applies ``keep`` and ``rho`` to them alike, so the sums
-    stay equal on every rank. Returns ``(P_w, h_w, change [])``."""
+    stay equal on every rank (the ranks' factors are one, and so is their ``frame``).
+    Returns ``(P_w, h_w, change [])``."""
     def part() -> tuple[Array, Array, Array]:
-        tau, nu = _batch_sites(terms, P_w, h_w, fraction, labels, iteration)
-        one = terms.one if isinstance(terms, SharedTerms) else None
-        if one is not None:
-            return shared_site_products(one.A[0], tau), ops.mT(one.A[0] @ nu), labels.counts
+        tau, nu = _batch_sites(terms, P_w, h_w, fraction, labels, iteration, frame)
+        shared = _directions(terms, frame)
+        if shared is not None:
+            return shared_site_products(shared, tau), ops.mT(shared @ nu), labels.counts
         return (ops.scale_columns(terms.A, tau.T) @ terms.A_T,
                 ops.einsum("cmn,nc->cm", terms.A, nu), labels.counts)
 
@@ -528,15 +570,17 @@ def _group_sums(group: Group, terms: StackedTerms, P_w: Array, h_w: Array, fract
     keep = 1.0 - rho * counts / labels.n_factors
     P_next = symmetrize(ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w + rho * P_new)
     h_next = keep[:, None] * h_w + rho * h_new
-    return P_next, h_next, ops.max_abs(h_next - h_w)
+    return P_next, h_next, ops.max_abs(h_next - h_w if frame is None
+                                       else frame.to_step(h_next - h_w))
 
 
 @compilable
 def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
-                   labels: _BatchLabels, scale: float, iteration: int | None
-                   ) -> tuple[Scalar, StackedMatrixGradients]:
+                   labels: _BatchLabels, scale: float, iteration: int | None,
+                   frame: Frame | None = None) -> tuple[Scalar, StackedMatrixGradients]:
     """``TiedSites.evaluate`` on device arrays (a compiled region of the step); ``pair``:
-    the scales of ``q`` and of the cavity (``StackedGaussians.paired``)."""
+    the scales of ``q`` and of the cavity (``StackedGaussians.paired``); ``frame``: the
+    ``Frame`` the shared sums are kept in."""
     _, mask, n_b, _, y_col = labels
     # one kernel and Z for every class: B^-1 A of the shared A, which the summed gradients read
     # (``shared_paired``: on numpy from one pass over the classes, no stack of B^-1 kept); per
@@ -548,7 +592,8 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
         q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration, inverse=host)
         a, v, R = cav.project(terms.A, means_by_point=True, by_inverse=host)
     else:  # B_cav^-1 A in place of R
-        q, cav, lnr, (a, v, BiA) = shared_paired(P_w, h_w, pair, one.A[0], iteration)
+        q, cav, lnr, (a, v, BiA) = shared_paired(
+            P_w, h_w, pair, one.A[0] if frame is None else frame.A, iteration, frame=frame)
     vs = (v + terms.s).T
     t = pair_log_z(at_label(a, y_col), at_label(vs, y_col), a, vs, mask)
     xp = ops.namespace(lnr)
@@ -557,7 +602,7 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     a_sum = _slope_sums(t.g_win, mask, scale)
     b_sum = scale * aggregate(t.g_b, t.g_b, mask, win_masked=True)
     if one is not None:  # the classes' sums, [1, ...]
-        return value, shared_matrix_gradients(one, q, cav, BiA, a_sum.T, b_sum.T)
+        return value, shared_matrix_gradients(one, q, cav, BiA, a_sum.T, b_sum.T, frame=frame)
     return value, stacked_matrix_gradients(terms, q, cav, R, a_sum.T, b_sum.T,
                                            inverse_applied=host)
 

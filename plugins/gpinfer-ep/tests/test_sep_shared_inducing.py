@@ -129,15 +129,26 @@ def test_shared_sites_follow_moving_hyper_parameters_unread(backend_name):
                                atol=1e-11 * np.abs(expected[1]).max())
 
 
-def test_shared_gradient_is_exact_for_the_frozen_cavity_surrogate():
+@pytest.mark.parametrize("moved", [False, True], ids=["same", "moved-in-a-frame"])
+def test_shared_gradient_is_exact_for_the_frozen_cavity_surrogate(moved):
     """O6 on the shared model: the one kernel's parameters (noise included) and every
     coordinate of the one ``Z``, against central differences of the dense surrogate whose
-    classes all read that kernel and ``Z``."""
+    classes all read that kernel and ``Z``; ``moved``: the kernel and ``Z`` move after the
+    updates, and the gradient is that of the sums kept on the updates' factor
+    (``gpinfer.sites.stacked.Frame``: ``U Y_o``, ``U (.) U^T``)."""
     X, y, Xt, (state, hp), _ = _pair(resolve_backend("numpy"), seed=1)
+    state.frame_drift = np.inf  # kept, however far the factor moves
     idx = np.arange(N)
     for _ in range(4):
         state.update(_terms(state, hp, X), idx, 0.5)
+    if moved:
+        theta = hp.pack()
+        hp.unpack(theta + 0.1 * np.random.default_rng(2).standard_normal(theta.size))
     _, grads = state.evaluate(_terms(state, hp, X), idx)
+    frame = state._frame
+    assert frame is not None  # read in the updates' frame, U = L^-1 L_o
+    drift = np.linalg.norm(frame.Q - np.eye(M))
+    assert drift > 0.05 if moved else drift < 1e-12
     analytic = hp.gradient(X, grads)
     kernel = hp.kernels[0]
     Lam, h, cav = u_space_cavities(state, [kernel] * C, hp.Z * C, X)

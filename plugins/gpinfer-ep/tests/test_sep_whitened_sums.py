@@ -4,7 +4,9 @@ its terms and the next step moves them to its own factor ``L'`` by ``T = L^-1 L'
 and ``Z`` moving between steps this gives what the round trip through ``u``-space gives (the
 sums formed after every update and whitened again on the next terms), per class and with one
 kernel and ``Z`` shared, on numpy and torch; a snapshot (the kept sums themselves, no copy)
-restores the same sums, also after steps from it."""
+restores the same sums, also after steps from it. Shared sums on numpy are read where they are
+(``gpinfer.sites.stacked.Frame``) until the frame drifts: kept every step, moved every step, and
+the default (both) give the same steps."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from gpinfer_ep.state import TiedSites
 
 from gpinfer.backend import ops, resolve_backend
 from gpinfer.hyper import HyperParameters
+from gpinfer.sites.stacked import FRAME_DRIFT
 
 N, C, M = 12, 3, 4
 
@@ -41,13 +44,17 @@ def _states(backend, shared, n_points=N, m=M):
     return backend.asarray(X), states, hp
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["per-class", "shared"])
+@pytest.mark.parametrize(("shared", "drift"), [
+    (False, FRAME_DRIFT), (True, FRAME_DRIFT), (True, 0.0), (True, 0.2), (True, np.inf)],
+    ids=["per-class", "shared", "shared-moved", "shared-mixed", "shared-kept"])
 @pytest.mark.parametrize("backend_name", ["numpy", "torch"])
-def test_kept_whitened_sums_equal_the_u_space_round_trip(backend_name, shared):
+def test_kept_whitened_sums_equal_the_u_space_round_trip(backend_name, shared, drift):
     if backend_name == "torch":
         pytest.importorskip("torch")
     backend = resolve_backend(backend_name)
     Xt, (kept, trip), hp = _states(backend, shared)
+    kept.frame_drift = drift
+    framed = []  # per step: whether the kept sums were read in a frame (not moved)
     rng = np.random.default_rng(6)
     theta = _host(hp.pack())
     previous = None
@@ -61,6 +68,7 @@ def test_kept_whitened_sums_equal_the_u_space_round_trip(backend_name, shared):
             assert np.abs(_host(P_w) - previous).max() > 1e-3 * np.abs(previous).max()
         trip_terms = trip.terms_at(hp.kernels, hp.Z, Xb)
         _close(kept.update(terms, idx, 0.5), trip.update(trip_terms, idx, 0.5))
+        framed.append(kept._frame is not None)
         trip.Lam, trip.h = trip.Lam, trip.h  # formed in u-space: the next step whitens them
         v_k, g_k = kept.evaluate(terms, idx, scale=N / idx.size)
         v_t, g_t = trip.evaluate(trip_terms, idx, scale=N / idx.size)
@@ -72,6 +80,13 @@ def test_kept_whitened_sums_equal_the_u_space_round_trip(backend_name, shared):
             snaps = kept.snapshot(), trip.snapshot()
             expected = _host(trip.Lam), _host(trip.h)
     assert kept._based is not None and kept._u_stale  # nothing read the u-space sums
+    # frames: shared sums on numpy only, from the second step (the first has no kept sums)
+    if not shared or backend_name == "torch" or drift == 0.0:
+        assert not any(framed)
+    elif drift == np.inf:
+        assert framed == [False] + [True] * 5
+    elif drift == 0.2:  # these moves take Q 0.19-0.3 from I: kept, then moved, ...
+        assert framed[:3] == [False, True, False] and any(framed[3:])
     # what is kept across steps (and a snapshot holds) is the factor, no [C, M, n] array
     assert all(a is None or a.shape[-2:] == (M, M) for a in kept._based[0][:2])
     _close(kept.Lam, trip.Lam)
