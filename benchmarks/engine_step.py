@@ -196,8 +196,20 @@
    ``keep * P_w`` by one ``gemm`` ``[C M, n] @ [n, M]`` with ``beta = 1`` (1.28 against
    0.90 ms for ``A @ [n, C M]`` and the strided sum).
 
+10. ``--parts cross``: the stacked kernel path's cross product ``-2 As Xs^T`` ``[C, M, B]``
+    on numpy in both layouts (``As Xs^T`` over the ``C M`` rows, or ``Xs As^T`` ``[B, C M]``
+    transposed by the distances' first pass), forced, over ``M`` 50..400, ``B`` 50..1000,
+    ``D`` 32..784 (``C = 10``; median process CPU, the two alternating, 32 MB written between
+    calls): the data of ``gpinfer.kernels.stacked.transposed_cross``, which picks the
+    transposed form where ``D >= max(256, 2 B)``. Measured 2026-12-05 (s39-seppass, load
+    3.2-4.6, two runs of the 144 shapes): inside the rule 0.68-0.98 of the time where the
+    product costs 4 ms or more, at most 4 % more at smaller ones; outside it up to 2.3x
+    (``D = 32``, ``B = 1000``). At MNIST size 13.8 -> 11.6 and 17.4 -> 12.6 ms (the product
+    alone 13.2 -> 10.1 ms; the transposing pass 0.9 ms where the in-place one takes 0.45).
+
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/engine_step.py [--epochs 3]
-        [--parts sep,floor,necessary,ops,compiled,digits,digits-phases] [--peers ~/peers-venv]
+        [--parts sep,floor,necessary,ops,compiled,digits,digits-phases,cross]
+        [--peers ~/peers-venv]
 """
 
 from __future__ import annotations
@@ -656,6 +668,49 @@ def digits(epochs: int) -> dict[str, float]:
     return out
 
 
+def _always(value: bool) -> Callable[[int, int], bool]:
+    """A stand-in for ``transposed_cross`` that answers ``value`` at every shape."""
+    return lambda B_, D_: value
+
+
+def cross_layouts(Ms: tuple[int, ...] = (50, 100, 200, 400),
+                  Bs: tuple[int, ...] = (50, 100, 200, 256, 400, 1000),
+                  Ds: tuple[int, ...] = (32, 64, 128, 256, 512, 784)) -> dict[str, object]:
+    """Item 10: numpy's cross product ``-2 As Xs^T`` ``[C, M, B]`` of the stacked kernel path
+    (``gpinfer.kernels.stacked._host_cross``) in both layouts, forced, at each ``(M, B, D)``
+    (``C = 10``): median process-CPU ms of rounds alternating the two (32 MB written between
+    calls, as the step's other arrays evict these), the ratio transposed / rows and whether
+    ``transposed_cross`` picks the transposed form there."""
+    from gpinfer.kernels import stacked
+
+    rng = np.random.default_rng(0)
+    evict = np.empty(4_000_000)
+    rule = stacked.transposed_cross
+    rows: dict[str, object] = {}
+    try:
+        for M_ in Ms:
+            for B_ in Bs:
+                for D_ in Ds:
+                    As, Xs = rng.normal(size=(C, M_, D_)), rng.normal(size=(B_, D_))
+                    reps = max(3, min(15, int(3e9 / (C * M_ * B_ * D_))))
+                    times: dict[bool, list[float]] = {False: [], True: []}
+                    for r in range(reps):
+                        for transposed in ((False, True) if r % 2 == 0 else (True, False)):
+                            forced = _always(transposed)
+                            stacked.transposed_cross = forced  # type: ignore[assignment]
+                            evict.fill(1.0)
+                            t0 = time.process_time()
+                            stacked._host_cross(As, Xs)
+                            times[transposed].append(time.process_time() - t0)
+                    rows_ms, t_ms = (1e3 * float(np.median(times[k])) for k in (False, True))
+                    rows[f"M {M_} B {B_} D {D_}"] = {
+                        "rows_ms": round(rows_ms, 3), "transposed_ms": round(t_ms, 3),
+                        "ratio": round(t_ms / rows_ms, 2), "rule_transposed": rule(B_, D_)}
+    finally:
+        stacked.transposed_cross = rule
+    return rows
+
+
 def main() -> None:
     from flop_models import dgemm_rate
 
@@ -667,7 +722,8 @@ def main() -> None:
                     "one by one), necessary (the calls its maths needs, each in its fastest "
                     "way), ops (aten ops), digits, digits-phases (the shared sep step's "
                     "phases), "
-                    "compiled (torch-CPU step eager vs compile='default')")
+                    "compiled (torch-CPU step eager vs compile='default'), cross (the "
+                    "kernel path's cross product in both layouts over a grid of shapes)")
     ap.add_argument("--peers", default=None, help="side venv of ../shared/peers (GPflow ratio)")
     a = ap.parse_args()
     with threadpool_limits(limits=1):
@@ -689,6 +745,8 @@ def main() -> None:
             report["digits"] = digits(a.digits_epochs)
         if "digits-phases" in parts:
             report["digits_shared_sep_phases"] = digits_shared_phases(a.digits_epochs)
+        if "cross" in parts:
+            report["cross_product_layouts"] = cross_layouts()
     print(json.dumps(report, indent=1))
     if a.peers:
         peers = ROOT.parent / "shared" / "peers"

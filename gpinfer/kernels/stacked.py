@@ -152,6 +152,39 @@ def _gram(U: Array, V: Array) -> Array:
     return ops.einsum("cmd,cnd->cmn" if V.ndim == 3 else "cmd,nd->cmn", U, V)
 
 
+def transposed_cross(B: int, D: int) -> bool:
+    """Whether numpy forms the cross product of the ``C M`` scaled inducing rows and ``B``
+    batch rows of ``D`` inputs as ``Xs As^T`` ``[B, C M]`` (transposed by the distances'
+    first pass) rather than as ``As Xs^T`` ``[C M, B]``: where ``D >= max(256, 2 B)``.
+
+    OpenBLAS's ``gemm`` (one thread) is slower with the short ``B`` as the rows of its
+    output, more so the longer the products (``D``), while the transposing pass costs
+    ``C M B`` strided reads whatever ``D``. Product and first pass together, ``C = 10``, at
+    ``M`` 50..400, ``B`` 50..1000, ``D`` 32..784 (144 shapes, two runs,
+    ``benchmarks/engine_step.py --parts cross``, item 10): inside the rule the transposed
+    form takes 0.68-0.98 of the time where the product costs 4 ms or more (MNIST size,
+    ``M = B = 200``, ``D = 784``: 11.6 against 13.8 ms, 12.6 against 17.4), at most 4 % more
+    at smaller ones (run-to-run noise: 0.04 ms); outside it loses up to 2.3x (``D = 32``,
+    ``B = 1000``) or wins by at most 9 % (``B = 400``, ``D = 784``)."""
+    return D >= max(256, 2 * B)
+
+
+def _host_cross(As: np.ndarray, Xs: np.ndarray) -> np.ndarray:
+    """``-2 As Xs^T`` ``[C, M, B]`` (a new C-ordered array) for numpy's ``As [C, M, D]`` and
+    ``Xs [B, D]``: one product over the ``C M`` rows, in the layout ``transposed_cross``
+    picks (the same dot products either way: the same values up to the order OpenBLAS sums
+    them in, bit for bit at the shapes measured), then the exact product by ``-2``."""
+    C, M, D = As.shape
+    B = Xs.shape[0]
+    if not transposed_cross(B, D):
+        out = _rows_product(As, ops.mT(Xs))
+        out *= -2.0
+        return out
+    R = Xs @ ops.mT(np.reshape(As, (C * M, D)))  # [B, C M]
+    return np.multiply(np.reshape(R, (B, C, M)).transpose(1, 2, 0), -2.0,
+                       out=np.empty((C, M, B), dtype=R.dtype))
+
+
 class StackedCovariances:
     """The covariances of ``C`` latents at ``Z [C, M, D]`` and a batch ``X [B, D]``, and their
     VJPs, from one set of scaled inputs and distances (see the module docstring).
@@ -173,10 +206,14 @@ class StackedCovariances:
         self.d, self.Kuu, self.Kuf, self.Kff_diag = _forward(family, Z, X, self.natural)
 
     @staticmethod
-    def _sqdist(a2: Array, b2: Array, AB: Array) -> Array:
+    def _sqdist(a2: Array, b2: Array, AB: Array, doubled: bool = False) -> Array:
         """``r2 = a2 + b2 - 2 AB`` ``[C, Ma, Mb]`` (in place on ``AB``), clipped at 0, for
-        ``a2 [C, Ma, 1]`` and ``b2 [C, 1, Mb]``."""
-        ops.scale_add_(AB, -2.0, a2)  # -2 AB + a2, one operator on a device
+        ``a2 [C, Ma, 1]`` and ``b2 [C, 1, Mb]``; ``doubled``: ``AB`` holds ``-2 AB`` already
+        (``_host_cross``; the same values: the product by ``-2`` is exact)."""
+        if doubled:
+            AB += a2
+        else:
+            ops.scale_add_(AB, -2.0, a2)  # -2 AB + a2, one operator on a device
         AB += b2
         return ops.clip_below(AB, 0.0)
 
@@ -248,10 +285,11 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
         As, kept = A, None
     else:
         As, kept = A / ell, A  # (Z - shift) / ell^2: A . ((x - shift) / ell) = As . (x - shift)
-    cross = _gram(As, Xs)
+    cross = _gram(As, Xs) if Zs is None else _host_cross(As, Xs)
     del As
     Xs2 = Xs * Xs
-    r2_uf = StackedCovariances._sqdist(a2_col, _scaled_norms(Xs2, inv_ell2)[:, None, :], cross)
+    r2_uf = StackedCovariances._sqdist(a2_col, _scaled_norms(Xs2, inv_ell2)[:, None, :], cross,
+                                       doubled=Zs is not None)
     proto = st[0]
     vk = xp.reshape(var, (C, 1, 1)) if ops.is_numpy(Z) else None
     d = _Distances(kept, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, inv_ell, var,
