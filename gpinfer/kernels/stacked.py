@@ -319,9 +319,13 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
     # the square matrix first: the sums below run in this order
     pairs = [(dK, r2, g, square) for dK, r2, g, square in
              ((dKuu, d.r2_uu, d.g_uu, True), (dKuf, d.r2_uf, d.g_uf, False)) if dK is not None]
-    d_var = _variance_gradient(d, sum_ff, pairs)
     host = ops.is_numpy(cov.Z)  # numpy forms its products in place (``matmul_add_``)
-    sums = _weight_sums(cov, pairs, need_products=(ard or inputs) and not host)
+    # numpy, a kernel with dg/dr2 = c g (RBF): var's gradient from the weights' sums
+    per_g = cov.family.stationary[0].dg_dr2_per_g if host else None
+    d_var = _variance_gradient(d, sum_ff, pairs) if per_g is None else None
+    sums = _weight_sums(cov, pairs, need_products=(ard or inputs) and not host, per_g=per_g)
+    if per_g is not None:
+        d_var = _variance_from_totals(d, sum_ff, sums.total, per_g)
     if sums.rA is None or not (ard or inputs):
         d_ell = sums.d_ell
         g_Z = ops.zeros(cov.Z, tuple(cov.Z.shape)) if inputs else None
@@ -342,8 +346,9 @@ class _Sums(NamedTuple):
     matrices: ``rA = 2 r_uu + r_uf`` ``[C, M]`` (row sums, ``None`` without matrix
     gradients), ``GA = G_uu A`` and ``GB = G_uf Bx`` ``[C, M, D]`` (``None`` where its matrix
     has no gradient or no products are asked for), the weights ``G_uu [C, M, M]`` and
-    ``G_uf [C, M, B]`` (``None`` where its matrix has no gradient) and the isotropic
-    lengthscales' gradient ``d_ell [C, 1]`` (``None`` for ARD)."""
+    ``G_uf [C, M, B]`` (``None`` where its matrix has no gradient), the isotropic
+    lengthscales' gradient ``d_ell [C, 1]`` (``None`` for ARD) and, where asked for
+    (``per_g``), every weight of both matrices summed, ``total [C]`` (else ``None``)."""
 
     rA: Array | None
     GA: Array | None
@@ -351,6 +356,7 @@ class _Sums(NamedTuple):
     G_uu: Array | None
     G_uf: Array | None
     d_ell: Array | None
+    total: Array | None = None
 
 
 def _variance_gradient(d: _Distances, sum_ff: Array | None, pairs: list[Pair]
@@ -369,32 +375,55 @@ def _variance_gradient(d: _Distances, sum_ff: Array | None, pairs: list[Pair]
     return d_var
 
 
-def _weights(proto: Stationary, d: _Distances, pair: Pair) -> Array:
+def _variance_from_totals(d: _Distances, sum_ff: Array | None, total: Array | None,
+                          per_g: float) -> Array | None:
+    """``_variance_gradient`` of a kernel with ``dg/dr2 = per_g g`` (numpy): each matrix's
+    ``var sum(dK * g)`` is ``sum(G) / per_g`` (``G = dK var dg/dr2``, its symmetric part
+    summing alike), so the row sums of ``_weight_sums`` give it (``total [C]``) where an
+    ``einsum`` over each matrix and ``dK`` did (the same sums in another order: round-off)."""
+    d_var = None if sum_ff is None else d.var * sum_ff
+    if total is None:
+        return d_var
+    term = total / per_g
+    return term if d_var is None else d_var + term
+
+
+def _weights(proto: Stationary, d: _Distances, pair: Pair, per_g: float | None = None
+             ) -> Array:
     """``G = dK * var * dg/dr2`` ``[C, M, N]`` of one matrix, its symmetric part for the
     square one (both gradients see it only through that); on a device the products one
-    ``einsum`` operator and the symmetric part one more (``ops.symmetrize``)."""
+    ``einsum`` operator and the symmetric part one more (``ops.symmetrize``). ``per_g``
+    (numpy, ``dg/dr2 = per_g g``): ``g (per_g var)`` in one pass (the same values: ``per_g``
+    a power of two, its products exact)."""
     dK, r2, g, square = pair
-    G = proto._dg_dr2_from(r2, g)
     if d.vk is None:
-        G = ops.einsum("cmn,cmn,c->cmn", G, dK, d.var)
+        G = ops.einsum("cmn,cmn,c->cmn", proto._dg_dr2_from(r2, g), dK, d.var)
+    elif per_g is not None:
+        G = np.multiply(g, per_g * d.vk)
+        G *= dK
     else:
+        G = proto._dg_dr2_from(r2, g)
         G *= d.vk
         G *= dK
     return ops.symmetrize(G) if square else G
 
 
-def _weight_sums(cov: StackedCovariances, pairs: list[Pair], need_products: bool) -> _Sums:
+def _weight_sums(cov: StackedCovariances, pairs: list[Pair], need_products: bool,
+                 per_g: float | None = None) -> _Sums:
     """``_Sums`` of the matrices' weights ``G`` (``_weights``): row sums (``G_uu``'s counted
     twice, doubled where they are added: ``2 r_uu + r_uf`` in one operator), the isotropic
-    lengthscales' ``-2 sum G * r2`` and, with ``need_products``, ``G_uu A`` and ``G_uf Bx``."""
+    lengthscales' ``-2 sum G * r2``, with ``need_products`` ``G_uu A`` and ``G_uf Bx``, and
+    with ``per_g`` (numpy) the row sums summed (``total``)."""
     d = cov.d
     xp = ops.namespace(cov.Z)
     proto = cov.family.stationary[0]
-    rA = row_uu = GA = GB = G_uu = G_uf = d_ell = None
+    rA = row_uu = GA = GB = G_uu = G_uf = d_ell = total = None
     for pair in pairs:
         _, r2, _, square = pair
-        G = _weights(proto, d, pair)
+        G = _weights(proto, d, pair, per_g)
         row = xp.sum(G, axis=2)  # [C, M]
+        if per_g is not None:
+            total = xp.sum(row, axis=1) if total is None else total + xp.sum(row, axis=1)
         if square:
             row_uu, G_uu = row, G
         else:
@@ -414,7 +443,7 @@ def _weight_sums(cov: StackedCovariances, pairs: list[Pair], need_products: bool
                 GB = cov._batch_product(G)
     if rA is None and row_uu is not None:
         rA = 2.0 * row_uu
-    return _Sums(rA, GA, GB, G_uu, G_uf, d_ell)
+    return _Sums(rA, GA, GB, G_uu, G_uf, d_ell, total)
 
 
 def _host_lengthscales_and_inputs(d: _Distances, sums: _Sums, ard: bool, inputs: bool,
