@@ -173,6 +173,35 @@
    278 top-level aten ops per step (main 289.3): the snapshot holds the kept sums (no
    ``u``-space round trip and no copies per step), the cavity without ``w``.
 
+   The kernel side and the checks (s39-seppass, 2026-12-05, one thread, process CPU): the
+   cross product in the layout its shape favours (``transposed_cross``, item 10; the forward
+   alone, old and new alternating in one process, 32.9 -> 30.3 ms, bit-identical); the
+   VJP's ``var`` gradient from the weights' row sums (an RBF's ``dg/dr2 = -g/2``: no
+   ``einsum`` over each matrix and ``dK``) and its weights in one pass fewer per matrix
+   (30.2 -> 29.1 ms, gradients within 4.5e-15); ``ops.all_finite`` by a sum of squares
+   (the step's checks 1.7-2.2 -> 1.5-1.6 ms). Three interleaved rounds of ``--parts sep
+   --epochs 3`` (load 5.4-6.6): main 144.7 / 144.4 / 147.5 ms (2.67-2.74x), the branch
+   134.7 / 139.0 / 144.5 ms (2.44-2.58x); kernel terms 44.5-45.4 -> 40.6-42.9, VJPs
+   31.9-32.8 -> 29.2-32.1, rest 1.5-1.6 -> 0.9-1.2 ms. torch-CPU: 278 aten ops per step
+   (unchanged: the device path is untouched). Measured and not kept: the forward's two
+   divisions by ``ell`` over ``[C, M, D]`` as products with ``1 / ell`` (33.4 vs 32.6 ms:
+   the passes are bound by memory, not by the division); the VJP's products, sums and
+   scaling per class (25.7 -> 25.3 ms alone) or in column blocks that stay in L2 (31-35 ms:
+   ``gemm`` on narrow blocks is slower); ``exp`` in place and the weights symmetrised in
+   place (fresh arrays cost nothing extra in the steady step: glibc hands each freed
+   array's memory to the next, 31.3 vs 30.8 ms); ``a2`` added by the transposing pass and
+   ``-2`` folded into ``Xs`` (bit-identical, one ``[C, M, B]`` pass fewer: 30.7 vs 30.4 ms,
+   not measurable). Adam is at numpy's floor for its chain: 9.9 ms per update against
+   3.5-4.0 ms for three additions that move the same seven streams (caches flushed between
+   calls), the difference being the 13 element-wise operations per parameter (``sqrt``
+   and the division the costliest); the least any reordering needs is 12 (0.2-0.4 ms,
+   other roundings), pieces of 8k-64k entries 9.7-10.7 ms (16k, the one used, the best).
+   What stays above the floor of the necessary calls on the kernel side is numpy's one
+   pass per operation over ``[C, M, D]`` (the mean, ``A = Zs / ell`` and ``As``: 4-5 ms;
+   the VJP's two reductions against ``Zs`` and its scaling: 3-4 ms) and the passes over
+   ``[C, M, M]`` / ``[C, M, B]`` (distances, ``exp``, weights: about 3 ms): a fused
+   compiled kernel would take them, numpy cannot.
+
 9. ``--parts digits-phases``: where digits' shared sep step (the model of 6. that GPflow's
    SVGP is timed against) goes: process-CPU ms per step of its phases and of the shared
    path's main calls (``PhaseClock``: ``cProfile`` inflates this step's many small calls, e.g.
