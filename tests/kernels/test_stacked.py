@@ -64,6 +64,25 @@ def test_covariances_equal_the_per_latent_kernels(kind):
         np.testing.assert_allclose(cov.Kff_diag[c], k.K_diag(X), rtol=1e-14)
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+def test_both_layouts_of_the_cross_product_give_the_covariances(monkeypatch, transposed):
+    """numpy's cross product as ``As Xs^T`` or as ``(Xs As^T)^T`` (``transposed_cross``, chosen
+    by shape: forced here both ways) gives the per-latent ``Kuf`` and the distances' VJP."""
+    from gpinfer.kernels import stacked
+
+    monkeypatch.setattr(stacked, "transposed_cross", lambda B_, D_: transposed)
+    rng, Z, X = _data(2)
+    kernels = family("rbf-ard+white", rng)
+    cov = StackedKernels.of(kernels).covariances(Z, X)
+    dKuf = rng.normal(size=(C, M, B))
+    g_params, g_Z = cov.vjp(None, dKuf, None)
+    for c, k in enumerate(kernels):
+        np.testing.assert_allclose(cov.Kuf[c], k.K(Z[c], X), rtol=1e-12, atol=1e-14)
+        p_uf, z_uf = k.vjp(Z[c], X, dKuf[c])
+        np.testing.assert_allclose(g_params[c], p_uf, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(g_Z[c], z_uf, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("inputs", [True, False])
 def test_vjp_equals_the_per_latent_vjps(kind, inputs):
