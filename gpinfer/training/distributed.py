@@ -62,7 +62,7 @@ TIMEOUT_ENV = "GPINFER_COLLECTIVE_TIMEOUT_S"
 AGREED = "gpinfer_group_agreed"
 #: why this process left its group (``leave_on_failure``), until a new group is started
 _left: dict[str, str] = {}
-#: collectives this process has started (``Group._sum``)
+#: sums this process has started (``Group._sum``: the collectives of training steps)
 _collectives = [0]
 #: the key of the group's store (``torch.distributed``'s c10d store: ``torchrun``'s agent store,
 #: a file store, ...) under which the first rank that leaves after a failure posts why
@@ -135,11 +135,16 @@ class Group:
         return host.to(t.device)
 
     def _sum(self, dist: Any, tensor: Any) -> None:
-        """``all_reduce`` (sum) of ``tensor`` in place; a ``GroupError`` when the collective
-        fails (another rank ended: its connections closed, or the timeout passed)."""
+        """``all_reduce`` (sum) of ``tensor`` in place (``_collective``; counted in
+        ``_collectives``)."""
         _collectives[0] += 1
+        self._collective(dist, lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM))
+
+    def _collective(self, dist: Any, call: Callable[[], object]) -> None:
+        """``call()``, one collective of this rank; a ``GroupError`` when it fails (another
+        rank ended: its connections closed, or the timeout passed)."""
         try:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            call()
         except RuntimeError as err:  # torch.distributed's DistBackendError and gloo's errors
             first = str(err).split(". ")[0][:300]
             posted = _posted_failure(dist)
@@ -148,6 +153,31 @@ class Group:
                 f"timed out ({TIMEOUT_ENV})")
             raise GroupError(f"rank {self.rank} of {self.size}: a collective of the process "
                              f"group failed: {cause}; {first}") from err
+
+    def agree_checks(self, failure: Exception | None) -> None:
+        """The end of the checks before training, on every rank (one ``all_gather_object`` of
+        each rank's failure, ``None`` or its type and message): returns when no rank failed;
+        else every rank raises at this collective and the group stays usable: the failed rank
+        its own ``failure``, the others an ``InputError`` (a ``GroupError`` when some failure
+        was not an ``InputError``) naming each failed rank and its message. A rank given other
+        data or settings than the others thus ends them at once, not at the collective
+        timeout."""
+        dist = _dist()
+        note = None if failure is None else (
+            isinstance(failure, InputError), f"{type(failure).__name__}: {failure}"[:2000])
+        notes: list[Any] = [None] * self.size
+        self._collective(dist, lambda: dist.all_gather_object(notes, note))
+        failed = [(r, n) for r, n in enumerate(notes) if n is not None]
+        if not failed:
+            return
+        error = failure
+        if error is None:
+            kind = InputError if all(n[0] for _, n in failed) else GroupError
+            error = kind(f"the checks before training failed on another rank of the process "
+                         f"group (this is rank {self.rank} of {self.size}): "
+                         + "; ".join(f"rank {r}: {n[1]}" for r, n in failed))
+        setattr(error, AGREED, True)  # every rank raises here: the group stays usable
+        raise error
 
     def agreed_sums(self, parts: list[Array], failure: Exception | None) -> list[Array]:
         """The sums over the ranks of ``parts`` (arrays of one backend and dtype, any shapes),
@@ -214,6 +244,25 @@ def current() -> Group | None:
 
 
 @contextmanager
+def checks_agreed() -> Iterator[None]:
+    """Around the checks a fit makes before its first collective: in a process group of two or
+    more ranks, they end in one agreement (``Group.agree_checks``), so that an ``Exception``
+    raised by this rank's checks (an ``InputError`` for its own data, say) raises on every
+    rank at once, naming this rank and its message, and a rank whose checks passed learns of
+    the others' failures before training. Without a group: nothing."""
+    group = current()
+    if group is None:
+        yield
+        return
+    try:
+        yield
+    except Exception as exc:
+        group.agree_checks(exc)  # raises exc, marked agreed
+        raise
+    group.agree_checks(None)
+
+
+@contextmanager
 def leave_on_failure(uniform_checks: bool = True) -> Iterator[None]:
     """Around work that may meet the other ranks in collectives (a fit, a ``gpinfer-run``
     job): an exception that leaves it on this rank (any, ``KeyboardInterrupt`` included) first
@@ -222,10 +271,11 @@ def leave_on_failure(uniform_checks: bool = True) -> Iterator[None]:
     ``GroupError`` at once instead of waiting for the collective timeout.
 
     The group is kept for an error every rank raised at the same collective
-    (``Group.agreed_sums``) and, with ``uniform_checks``, for an ``InputError`` raised before
-    this rank's first collective inside the block: a check before training, which every rank
-    makes alike on the same data and settings (a rank given other data than the others fails
-    them at the collective timeout). ``uniform_checks=False`` where ranks check different things
+    (``Group.agreed_sums``, ``Group.agree_checks``: a fit's checks end in one agreement,
+    ``checks_agreed``, so one rank's refusal raises on every rank) and, with ``uniform_checks``,
+    for an ``InputError`` raised before this rank's first sum inside the block (a
+    method's refusal of its options, which every rank makes alike on the same settings).
+    ``uniform_checks=False`` where ranks check different things
     (``gpinfer-run``: rank 0 alone opens the store and the output folder). Without a group:
     nothing."""
     start = _collectives[0]
