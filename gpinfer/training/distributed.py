@@ -39,6 +39,7 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -67,6 +68,10 @@ _collectives = [0]
 #: the key of the group's store (``torch.distributed``'s c10d store: ``torchrun``'s agent store,
 #: a file store, ...) under which the first rank that leaves after a failure posts why
 FAILURE_KEY = "gpinfer/failure"
+#: the store of the group ``start_group`` started, and a weak reference to that group
+#: (``torch.distributed``'s ``group.WORLD``; a strong one would keep its connections open after
+#: ``destroy_process_group``): the failure post's store while that group is the active one
+_started: dict[str, Any] = {}
 
 
 def _dist() -> Any:
@@ -301,7 +306,7 @@ def _leave(exc: BaseException) -> None:
     _left.update(why=why, peer=peer or "")
     if peer is None and not isinstance(exc, GroupError):
         try:
-            dist.distributed_c10d._get_default_store().set(FAILURE_KEY, why)
+            _store(dist).set(FAILURE_KEY, why)
         except Exception:  # noqa: BLE001 - a message only: the group ends all the same
             pass
     try:
@@ -310,11 +315,23 @@ def _leave(exc: BaseException) -> None:
         pass
 
 
+def _store(dist: Any) -> Any:
+    """The active group's c10d store: the one ``start_group`` gave it (``gpinfer-run`` under
+    ``torchrun``, ``gpinfer.testing.ranks``), else, for a group the caller started with
+    ``torch.distributed.init_process_group``, the default group's store through torch's
+    private ``distributed_c10d._get_default_store`` (torch 2.13.0, checked: no public way to
+    reach the store of a group started without one; every use fails soft)."""
+    group = _started["group"]() if _started else None
+    if group is not None and group is dist.group.WORLD:
+        return _started["store"]
+    return dist.distributed_c10d._get_default_store()
+
+
 def _posted_failure(dist: Any) -> str | None:
     """The failure another rank posted in the group's store before it left (``_leave``), or
     ``None`` (none posted, or no store to read)."""
     try:
-        store = dist.distributed_c10d._get_default_store()
+        store = _store(dist)
         if store.check([FAILURE_KEY]):
             return bytes(store.get(FAILURE_KEY)).decode(errors="replace")
     except Exception:  # noqa: BLE001 - a message only
@@ -371,7 +388,25 @@ def init_from_env(timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "cpu") -> 
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        backend = "nccl" if device.startswith("cuda") else "gloo"
-        dist.init_process_group(backend=backend,
-                                timeout=datetime.timedelta(seconds=float(timeout_s)))
+        start_group("nccl" if device.startswith("cuda") else "gloo", "env://", timeout_s)
     return current()
+
+
+def start_group(backend: str, init_method: str, timeout_s: float, rank: int = -1,
+                world_size: int = -1) -> None:
+    """``torch.distributed.init_process_group(backend, init_method, ...)`` done with public
+    calls, keeping the store: the rendezvous of ``init_method`` (``env://``: ``torchrun``'s
+    environment and agent store; ``file://...``; ``rank``/``world_size`` -1: from the
+    method) gives the store, which the group gets under torch's own ``default_pg`` prefix (as
+    ``init_process_group`` does) and the failure post (``_leave``) under ``gpinfer``;
+    ``timeout_s`` on every collective and on the store."""
+    import torch.distributed as dist
+    from torch.distributed.rendezvous import rendezvous
+
+    timeout = datetime.timedelta(seconds=float(timeout_s))
+    store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    dist.init_process_group(backend=backend, store=dist.PrefixStore("default_pg", store),
+                            rank=rank, world_size=world_size, timeout=timeout)
+    _started.update(group=weakref.ref(dist.group.WORLD),
+                    store=dist.PrefixStore("gpinfer", store))
