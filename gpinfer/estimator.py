@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import numbers
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Self, cast
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Self, cast
 
 import numpy as np
 
@@ -530,7 +530,19 @@ class _GPEstimatorBase:
         """The one fit sequence of both estimators: validate everything before training
         (inputs, targets, settings, method, weights, scaling, backend, compatibility, early
         stopping), build the method and its problem, fit (``_fit_problem``). Returns the
-        classes ``[C]`` of a classifier (None for a regressor), which its ``fit`` keeps."""
+        classes ``[C]`` of a classifier (None for a regressor), which its ``fit`` keeps. In a
+        process group the checks end in one agreement of the ranks
+        (``distributed.checks_agreed``): one rank's failure raises on every rank."""
+        with distributed.checks_agreed():
+            c = self._checked_problem(X, y, sample_weight)
+        method, problem = c.first
+        with progress_callback(self.verbose, problem.max_iter, c.name, callback) as callback:
+            self._fit_problem(method, c.name, problem, callback, c.setup, (c.X, c.y), c.early)
+        return c.classes
+
+    def _checked_problem(self, X: Any, y: Any, sample_weight: Any) -> _Checked:
+        """``_fit_sequence``'s checks and set-up of the inputs ``X [N, D]``, targets ``y [N]``
+        and weights, up to the first method and problem (``_Checked``)."""
         self._set_feature_names(X)
         source, stats = self._fit_source(X), None
         if source is None:
@@ -562,10 +574,8 @@ class _GPEstimatorBase:
             backend=backend, options=self.method_options)
         early = self._early_stopping(y, n_classes, method_cls)
         setup = _ProblemSetup(self, method_cls, name, backend, X, y, n_classes, weights)
-        method, problem = setup(slice(None) if early is None else early[1][0][0])
-        with progress_callback(self.verbose, problem.max_iter, name, callback) as callback:
-            self._fit_problem(method, name, problem, callback, setup, (X, y), early)
-        return classes
+        first = setup(slice(None) if early is None else early[1][0][0])
+        return _Checked(name, X, y, early, setup, first, classes)
 
     def _refine_members(self, method: Method, method_name: str, setup: Setup,
                         averaged: FitResult, refine_iter: int) -> FitResult:
@@ -788,6 +798,21 @@ def _check_two_classes(classes: Array, y_index: Array) -> None:
             f"sample_weight leaves only class {classes[kept].tolist()[0]!r} with a positive "
             "weight; classification needs at least two classes of positive weight"
         )
+
+
+class _Checked(NamedTuple):
+    """A fit's checked set-up (``_checked_problem``): the method's name, the checked (scaled)
+    inputs ``X [N, D]`` and targets ``y [N]``, the early-stopping settings and splits (None:
+    none), the problem set-up, the first method and problem, the classes ``[C]`` (None for a
+    regressor)."""
+
+    name: str
+    X: Any
+    y: Array
+    early: tuple[EarlyStopping, list[tuple[Array, Array]]] | None
+    setup: Setup
+    first: tuple[Method, Problem]
+    classes: Array | None
 
 
 class _ProblemSetup:

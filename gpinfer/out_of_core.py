@@ -42,8 +42,9 @@ PREDICT_CHUNK = CHUNK_ROWS
 
 def checked_inputs(source: RowSource, y: Any) -> tuple[SourceRows, Array, ColumnStats]:
     """``X`` from ``source`` (unscaled, float64 per batch), the labels ``y [N]`` (1-D, in
-    memory) and the column statistics of ``X``, after the chunked check (``scan``);
-    ``InputError`` when ``y`` has another length."""
+    memory) and the column statistics of ``X``, after the chunked check (``scan``; the
+    source's own ``checked`` statistics where a caller already checked it); ``InputError``
+    when ``y`` has another length."""
     from gpinfer.validation import _labels_1d
 
     y = _labels_1d(y)
@@ -51,7 +52,7 @@ def checked_inputs(source: RowSource, y: Any) -> tuple[SourceRows, Array, Column
         raise InputError(
             f"X and y have inconsistent numbers of samples: X has {source.n_rows} rows, "
             f"y has {y.shape[0]} labels")
-    stats = scan(source, "X")
+    stats = scan(source, "X") if source.checked is None else source.checked
     return SourceRows(source), y, stats
 
 

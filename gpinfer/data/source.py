@@ -59,6 +59,10 @@ class RowSource:
     #: how many files the rows are stored in (``.npy`` shards, Parquet files); ``None`` for
     #: a source that is one array (a memmap, an ``ArraySource``)
     shard_count: int | None = None
+    #: the statistics of these rows (``ColumnStats``) set by a caller that has already checked
+    #: every value (``gpinfer-run``'s one pass over its file): ``fit`` takes them instead of
+    #: reading every row again (``gpinfer.out_of_core.checked_inputs``)
+    checked: ColumnStats | None = None
 
     @property
     def shape(self) -> tuple[int, int]:

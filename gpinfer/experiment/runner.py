@@ -42,13 +42,9 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeAlias, cast
 
@@ -56,8 +52,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from gpinfer.errors import FitFailedError, GroupError, NumericalError
+from gpinfer.experiment import interrupts, tracking
 from gpinfer.experiment import results as res
-from gpinfer.experiment import tracking
 from gpinfer.experiment.figures import TrainingCurve
 from gpinfer.experiment.prepare import Prepared, prepare
 from gpinfer.experiment.redact import redact_text, redact_uri, scrub_files, store_error
@@ -240,47 +236,6 @@ class _Callback:
                 f"the objective became {objective} during training", iteration=it,
                 quantity="objective",
             )
-
-
-@dataclass
-class _Termination:
-    """SIGTERM during a run (``_sigterm_as_interrupt``): ``ending`` once the run's failure is
-    being recorded, ``pending`` when a SIGTERM came meanwhile."""
-
-    ending: bool = False
-    pending: bool = False
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[_Termination]:
-    """Turn SIGTERM (a cluster's, a launcher's or ``torchrun``'s stop) into KeyboardInterrupt
-    while the run works (its MLflow run then ends KILLED). Once the run's failure is being
-    recorded (``_Termination.ending``) a SIGTERM is only remembered, and sent again to this
-    process when the run has ended: the record is complete and the MLflow run is never left
-    RUNNING (``torchrun`` stops the other ranks with SIGTERM a tenth of a second after one
-    rank fails, while rank 0 records the failure the group raised: a ``GroupError``)."""
-    stop = _Termination()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        if stop.ending:
-            stop.pending = True
-            return
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except (ValueError, OSError):  # not allowed here
-        yield stop
-        return
-    try:
-        yield stop
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if stop.pending:  # the stop asked for while the failure was recorded
-            signal.raise_signal(signal.SIGTERM)
 
 
 def _tags(p: Prepared) -> dict[str, str]:
@@ -510,9 +465,9 @@ def _write_config(p: Prepared) -> tuple[Path, str]:
 
 
 def _train(p: Prepared, estimator: Estimator, callback: _Callback, progress: ProgressBar,
-           result: dict[str, Any], stop: _Termination) -> None:
+           result: dict[str, Any]) -> None:
     """Fit, evaluate and publish inside the open MLflow run; on any exception (Ctrl-C and
-    SIGTERM included) record it in ``result.json`` (``stop.ending``: a SIGTERM meanwhile
+    SIGTERM included) record it in ``result.json`` (``interrupts.hold``: a stop meanwhile
     waits until the run has ended) and re-raise."""
     figures: FigureJob | None = None
     callback.start = time.perf_counter()
@@ -526,7 +481,7 @@ def _train(p: Prepared, estimator: Estimator, callback: _Callback, progress: Pro
         P_test = _record_fit(p, estimator, callback, result, wall)
         _close(p, estimator, callback, result, P_test, figures)
     except BaseException as exc:
-        stop.ending = True
+        interrupts.hold()
         if figures is not None:  # a worker given nothing to draw exits
             figures.cancel()
         failure = _group_failure(exc)
@@ -622,8 +577,9 @@ def _record_failure(p: Prepared, callback: _Callback, result: dict[str, Any],
 
 def _run(p: Prepared, estimator: Estimator, progress_stream: TextIO | None) -> dict[str, Any]:
     """The MLflow run of a prepared experiment (``prepare``; rank 0 of a process group):
-    fit, evaluate, publish; returns the ``result.json`` content. SIGTERM is a
-    ``KeyboardInterrupt`` until the run has ended (``_sigterm_as_interrupt``)."""
+    fit, evaluate, publish; returns the ``result.json`` content. SIGTERM, as SIGINT, is a
+    ``KeyboardInterrupt`` until the run's end is being recorded, and then waits until the run
+    has ended (``interrupts.run_stops``)."""
     s = p.settings
     progress = ProgressBar(s.iterations, f"{s.method}/{s.dataset} s{s.seed}",
                            show=s.progress.get("bar", "auto"), stream=progress_stream)
@@ -631,11 +587,10 @@ def _run(p: Prepared, estimator: Estimator, progress_stream: TextIO | None) -> d
     config_path, run_name = _write_config(p)
     result = _base_result(p)
     _end_stale_runs(p.logger, progress_stream)
-    with _sigterm_as_interrupt() as stop, p.logger.run(run_name, tags=_tags(p),
-                                                        params=_params(p)):
+    with interrupts.run_stops(), p.logger.run(run_name, tags=_tags(p), params=_params(p)):
         result["mlflow_run_id"] = p.logger.run_id
         p.logger.log_artifact(config_path)
-        _train(p, estimator, callback, progress, result, stop)
+        _train(p, estimator, callback, progress, result)
     return result
 
 

@@ -11,7 +11,9 @@ standardisation of the training part; ``X`` is never held in memory.
   column), gathering the training rows' column statistics; the standardisation is
   ``gpinfer.out_of_core.fitted_scaler`` of those (what ``GPClassifier`` fits on a source; the
   bits of ``Standardizer().fit`` on the training rows when the file has at most ``CHUNK_ROWS``
-  rows, round-off above), applied to each block read (``ScaledSource``).
+  rows, round-off above), applied to each block read (``ScaledSource``). The training part
+  carries that pass's result to the estimator (``RowSource.checked``, ``scaled_stats``), which
+  therefore reads the training rows only to train.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from gpinfer.data.splits import Split
 from gpinfer.errors import InputError
 
 if TYPE_CHECKING:
-    from gpinfer.data.source import RowSource
+    from gpinfer.data.source import ColumnStats, RowSource
     from gpinfer.data.source_files import SourceDataset
     from gpinfer.data.splits import Standardizer
     from gpinfer.experiment.settings import Settings
@@ -91,9 +93,29 @@ def standardise(ds: SourceDataset, split: SourceSplit, standardize: bool
         train[split.train_index] = True
         stats = scan(ds.X, "X", select=train)
     if not standardize:
+        split.X_train.checked = stats
         return split.X_train, split.X_test, None
     scaler = fitted_scaler(stats)
-    return ScaledSource(split.X_train, scaler), ScaledSource(split.X_test, scaler), scaler
+    X_train = ScaledSource(split.X_train, scaler)
+    X_train.checked = scaled_stats(stats, scaler)
+    return X_train, ScaledSource(split.X_test, scaler), scaler
+
+
+def scaled_stats(stats: ColumnStats, scaler: Standardizer) -> ColumnStats | None:
+    """The statistics of rows that ``stats`` describes once standardised by ``scaler``
+    (``ScaledSource``), handed to the estimator with them (``RowSource.checked``) so that it
+    does not read every training row again: ``n``, and ``minimum`` / ``maximum`` exactly (the
+    scaling is monotone), ``mean`` and ``m2`` to round-off (the run's estimator does not
+    standardise again: its kernel is an object, so it reads neither). ``None`` (the estimator
+    then checks the scaled rows itself) when a scaled extreme is not finite."""
+    from gpinfer.data.source import ColumnStats
+
+    mean, scale = scaler.mean_, scaler.scale_
+    low, high = (stats.minimum - mean) / scale, (stats.maximum - mean) / scale
+    if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
+        return None
+    return ColumnStats(stats.n, (stats.mean - mean) / scale, stats.m2 / (scale * scale), low,
+                       high)
 
 
 def first_rows(X: Any, rows: int) -> Array:

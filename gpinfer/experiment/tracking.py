@@ -514,14 +514,16 @@ class RunLogger:
         """Start a run and end it FINISHED, FAILED (exception) or KILLED (KeyboardInterrupt).
 
         On failure the error is recorded in the ``error`` tag; buffered metrics are flushed
-        before the status changes. Errors while closing never hide the original exception. A run
-        created by a ``start`` that then fails (a Ctrl-C while its params are sent) ends the same
-        way.
+        before the status changes; a stop (SIGINT, SIGTERM) meanwhile waits until the run has
+        ended (``interrupts.hold``, inside ``interrupts.run_stops``). Errors while closing never
+        hide the original exception. A run created by a ``start`` that then fails (a Ctrl-C
+        while its params are sent) ends the same way.
         """
         try:
             self.start(run_name, tags=tags, params=params)
             yield self
         except BaseException as exc:
+            interrupts.hold()  # a stop now waits until the run has ended (never left RUNNING)
             if self.run_id is None:  # no run was created
                 raise
             status = KILLED if isinstance(exc, KeyboardInterrupt | SystemExit) else FAILED

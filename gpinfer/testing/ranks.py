@@ -1,8 +1,9 @@
 """K processes in one gloo group for tests (no port: a ``file://`` rendezvous under a folder).
 
 ``run_ranks(code, K, folder)`` runs ``code`` (Python source) in ``K`` fresh interpreters at
-once, each after ``torch.distributed.init_process_group("gloo", init_method="file://...")``
-with ``RANK`` and ``WORLD_SIZE`` set; the code writes its results with ``save(**arrays)``
+once, each after ``gpinfer.training.distributed.start_group("gloo", "file://...")`` (the
+group ``init_process_group`` would start, its store kept for the failure post) with ``RANK``
+and ``WORLD_SIZE`` set; the code writes its results with ``save(**arrays)``
 (``numpy.savez`` into the folder, one file per rank) and ``run_ranks`` returns them in rank
 order. A rank that fails (or runs past ``timeout_s``) fails the call with its output.
 ``launch_ranks`` runs them alike and gives each rank's exit status and output (for a rank
@@ -22,10 +23,10 @@ from pathlib import Path
 import numpy as np
 
 _PRELUDE = """
-import datetime, os, numpy as np, torch.distributed as dist
+import os, numpy as np, torch.distributed as dist
+from gpinfer.training.distributed import start_group
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-dist.init_process_group("gloo", init_method={init!r}, rank=RANK, world_size=WORLD,
-                        timeout=datetime.timedelta(seconds={timeout}))
+start_group("gloo", {init!r}, {timeout}, rank=RANK, world_size=WORLD)
 def save(**arrays):
     np.savez(os.path.join({folder!r}, f"rank{{RANK}}.npz"), **arrays)
 """

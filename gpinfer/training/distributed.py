@@ -39,6 +39,7 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -62,11 +63,15 @@ TIMEOUT_ENV = "GPINFER_COLLECTIVE_TIMEOUT_S"
 AGREED = "gpinfer_group_agreed"
 #: why this process left its group (``leave_on_failure``), until a new group is started
 _left: dict[str, str] = {}
-#: collectives this process has started (``Group._sum``)
+#: sums this process has started (``Group._sum``: the collectives of training steps)
 _collectives = [0]
 #: the key of the group's store (``torch.distributed``'s c10d store: ``torchrun``'s agent store,
 #: a file store, ...) under which the first rank that leaves after a failure posts why
 FAILURE_KEY = "gpinfer/failure"
+#: the store of the group ``start_group`` started, and a weak reference to that group
+#: (``torch.distributed``'s ``group.WORLD``; a strong one would keep its connections open after
+#: ``destroy_process_group``): the failure post's store while that group is the active one
+_started: dict[str, Any] = {}
 
 
 def _dist() -> Any:
@@ -135,11 +140,16 @@ class Group:
         return host.to(t.device)
 
     def _sum(self, dist: Any, tensor: Any) -> None:
-        """``all_reduce`` (sum) of ``tensor`` in place; a ``GroupError`` when the collective
-        fails (another rank ended: its connections closed, or the timeout passed)."""
+        """``all_reduce`` (sum) of ``tensor`` in place (``_collective``; counted in
+        ``_collectives``)."""
         _collectives[0] += 1
+        self._collective(dist, lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM))
+
+    def _collective(self, dist: Any, call: Callable[[], object]) -> None:
+        """``call()``, one collective of this rank; a ``GroupError`` when it fails (another
+        rank ended: its connections closed, or the timeout passed)."""
         try:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            call()
         except RuntimeError as err:  # torch.distributed's DistBackendError and gloo's errors
             first = str(err).split(". ")[0][:300]
             posted = _posted_failure(dist)
@@ -148,6 +158,31 @@ class Group:
                 f"timed out ({TIMEOUT_ENV})")
             raise GroupError(f"rank {self.rank} of {self.size}: a collective of the process "
                              f"group failed: {cause}; {first}") from err
+
+    def agree_checks(self, failure: Exception | None) -> None:
+        """The end of the checks before training, on every rank (one ``all_gather_object`` of
+        each rank's failure, ``None`` or its type and message): returns when no rank failed;
+        else every rank raises at this collective and the group stays usable: the failed rank
+        its own ``failure``, the others an ``InputError`` (a ``GroupError`` when some failure
+        was not an ``InputError``) naming each failed rank and its message. A rank given other
+        data or settings than the others thus ends them at once, not at the collective
+        timeout."""
+        dist = _dist()
+        note = None if failure is None else (
+            isinstance(failure, InputError), f"{type(failure).__name__}: {failure}"[:2000])
+        notes: list[Any] = [None] * self.size
+        self._collective(dist, lambda: dist.all_gather_object(notes, note))
+        failed = [(r, n) for r, n in enumerate(notes) if n is not None]
+        if not failed:
+            return
+        error = failure
+        if error is None:
+            kind = InputError if all(n[0] for _, n in failed) else GroupError
+            error = kind(f"the checks before training failed on another rank of the process "
+                         f"group (this is rank {self.rank} of {self.size}): "
+                         + "; ".join(f"rank {r}: {n[1]}" for r, n in failed))
+        setattr(error, AGREED, True)  # every rank raises here: the group stays usable
+        raise error
 
     def agreed_sums(self, parts: list[Array], failure: Exception | None) -> list[Array]:
         """The sums over the ranks of ``parts`` (arrays of one backend and dtype, any shapes),
@@ -214,6 +249,25 @@ def current() -> Group | None:
 
 
 @contextmanager
+def checks_agreed() -> Iterator[None]:
+    """Around the checks a fit makes before its first collective: in a process group of two or
+    more ranks, they end in one agreement (``Group.agree_checks``), so that an ``Exception``
+    raised by this rank's checks (an ``InputError`` for its own data, say) raises on every
+    rank at once, naming this rank and its message, and a rank whose checks passed learns of
+    the others' failures before training. Without a group: nothing."""
+    group = current()
+    if group is None:
+        yield
+        return
+    try:
+        yield
+    except Exception as exc:
+        group.agree_checks(exc)  # raises exc, marked agreed
+        raise
+    group.agree_checks(None)
+
+
+@contextmanager
 def leave_on_failure(uniform_checks: bool = True) -> Iterator[None]:
     """Around work that may meet the other ranks in collectives (a fit, a ``gpinfer-run``
     job): an exception that leaves it on this rank (any, ``KeyboardInterrupt`` included) first
@@ -222,10 +276,11 @@ def leave_on_failure(uniform_checks: bool = True) -> Iterator[None]:
     ``GroupError`` at once instead of waiting for the collective timeout.
 
     The group is kept for an error every rank raised at the same collective
-    (``Group.agreed_sums``) and, with ``uniform_checks``, for an ``InputError`` raised before
-    this rank's first collective inside the block: a check before training, which every rank
-    makes alike on the same data and settings (a rank given other data than the others fails
-    them at the collective timeout). ``uniform_checks=False`` where ranks check different things
+    (``Group.agreed_sums``, ``Group.agree_checks``: a fit's checks end in one agreement,
+    ``checks_agreed``, so one rank's refusal raises on every rank) and, with ``uniform_checks``,
+    for an ``InputError`` raised before this rank's first sum inside the block (a
+    method's refusal of its options, which every rank makes alike on the same settings).
+    ``uniform_checks=False`` where ranks check different things
     (``gpinfer-run``: rank 0 alone opens the store and the output folder). Without a group:
     nothing."""
     start = _collectives[0]
@@ -251,7 +306,7 @@ def _leave(exc: BaseException) -> None:
     _left.update(why=why, peer=peer or "")
     if peer is None and not isinstance(exc, GroupError):
         try:
-            dist.distributed_c10d._get_default_store().set(FAILURE_KEY, why)
+            _store(dist).set(FAILURE_KEY, why)
         except Exception:  # noqa: BLE001 - a message only: the group ends all the same
             pass
     try:
@@ -260,11 +315,23 @@ def _leave(exc: BaseException) -> None:
         pass
 
 
+def _store(dist: Any) -> Any:
+    """The active group's c10d store: the one ``start_group`` gave it (``gpinfer-run`` under
+    ``torchrun``, ``gpinfer.testing.ranks``), else, for a group the caller started with
+    ``torch.distributed.init_process_group``, the default group's store through torch's
+    private ``distributed_c10d._get_default_store`` (torch 2.13.0, checked: no public way to
+    reach the store of a group started without one; every use fails soft)."""
+    group = _started["group"]() if _started else None
+    if group is not None and group is dist.group.WORLD:
+        return _started["store"]
+    return dist.distributed_c10d._get_default_store()
+
+
 def _posted_failure(dist: Any) -> str | None:
     """The failure another rank posted in the group's store before it left (``_leave``), or
     ``None`` (none posted, or no store to read)."""
     try:
-        store = dist.distributed_c10d._get_default_store()
+        store = _store(dist)
         if store.check([FAILURE_KEY]):
             return bytes(store.get(FAILURE_KEY)).decode(errors="replace")
     except Exception:  # noqa: BLE001 - a message only
@@ -321,7 +388,25 @@ def init_from_env(timeout_s: float = DEFAULT_TIMEOUT_S, device: str = "cpu") -> 
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        backend = "nccl" if device.startswith("cuda") else "gloo"
-        dist.init_process_group(backend=backend,
-                                timeout=datetime.timedelta(seconds=float(timeout_s)))
+        start_group("nccl" if device.startswith("cuda") else "gloo", "env://", timeout_s)
     return current()
+
+
+def start_group(backend: str, init_method: str, timeout_s: float, rank: int = -1,
+                world_size: int = -1) -> None:
+    """``torch.distributed.init_process_group(backend, init_method, ...)`` done with public
+    calls, keeping the store: the rendezvous of ``init_method`` (``env://``: ``torchrun``'s
+    environment and agent store; ``file://...``; ``rank``/``world_size`` -1: from the
+    method) gives the store, which the group gets under torch's own ``default_pg`` prefix (as
+    ``init_process_group`` does) and the failure post (``_leave``) under ``gpinfer``;
+    ``timeout_s`` on every collective and on the store."""
+    import torch.distributed as dist
+    from torch.distributed.rendezvous import rendezvous
+
+    timeout = datetime.timedelta(seconds=float(timeout_s))
+    store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    dist.init_process_group(backend=backend, store=dist.PrefixStore("default_pg", store),
+                            rank=rank, world_size=world_size, timeout=timeout)
+    _started.update(group=weakref.ref(dist.group.WORLD),
+                    store=dist.PrefixStore("gpinfer", store))

@@ -229,7 +229,7 @@ def test_a_sigterm_while_the_failure_is_recorded_waits_for_the_run_to_end(
         tmp_path: Path) -> None:
     """``torchrun`` stops the other ranks with SIGTERM right after one rank fails, while rank 0
     records the failure its group raised: the signal waits until the run has ended FAILED
-    (``runner._sigterm_as_interrupt``), then ends the process (before the mend the default
+    (``interrupts.run_stops``, ``interrupts.hold``), then ends the process (before the mend the default
     SIGTERM ended it inside the recording and left the run RUNNING)."""
     import subprocess
     import sys
@@ -245,3 +245,53 @@ def test_a_sigterm_while_the_failure_is_recorded_waits_for_the_run_to_end(
     assert runs[0].data.tags["error"] == "ValueError: a collective failed"
     saved = json.loads((tmp_path / "run" / "result.json").read_text())
     assert saved["status"] == "FAILED"
+
+
+STOPPED_WHILE_THE_START_IS_RECORDED = """
+import os, signal
+from tests.experiment.helpers import store_cfg
+from gpinfer.experiment import runner, tracking
+real_start, real_end = tracking.RunLogger.start, tracking.RunLogger.end
+def start(self, *args, **kwargs):
+    run_id = real_start(self, *args, **kwargs)
+    if {where!r} == "start":  # a first stop as the run's start ends: KILLED
+        os.kill(os.getpid(), signal.SIGTERM)
+    return run_id
+def upload(self, *args, **kwargs):  # the config artifact's upload
+    raise OSError("the artifact store went away")
+def end(self, *args, **kwargs):  # a (second) stop while the failure is recorded
+    os.kill(os.getpid(), signal.SIGTERM)
+    real_end(self, *args, **kwargs)
+tracking.RunLogger.start, tracking.RunLogger.end = start, end
+tracking.RunLogger.log_artifact = upload
+cfg = store_cfg({uri!r}, "method=svi", "method.likelihood=null", "M=5", "batch_size=64",
+                "iterations=20", "method.options.optimizer=adam")
+try:
+    runner.run_experiment(cfg, output_dir={out!r})
+except BaseException as e:
+    print("raised", type(e).__name__, flush=True)
+"""
+
+
+@pytest.mark.parametrize(("where", "status", "error"), [
+    ("start", "KILLED", "KeyboardInterrupt: signal 15"),
+    ("upload", "FAILED", "OSError: the artifact store went away")])
+def test_a_sigterm_while_a_failed_start_is_recorded_waits_for_the_run_to_end(
+        tmp_path: Path, where: str, status: str, error: str) -> None:
+    """A SIGTERM that comes while the end of a run that failed in its MLflow start (a first
+    SIGTERM) or in the config artifact's upload is recorded waits until the run has ended, then
+    ends the process (before the mend only the failures of training held it: the default-like
+    ``KeyboardInterrupt`` cut the record and left the run RUNNING)."""
+    import subprocess
+    import sys
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code = STOPPED_WHILE_THE_START_IS_RECORDED.format(uri=uri, out=str(tmp_path / "run"),
+                                                       where=where)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == -15, proc.stdout + proc.stderr  # the held SIGTERM
+    assert "raised" not in proc.stdout
+    runs = store_runs(uri)
+    assert [r.info.status for r in runs] == [status]
+    assert runs[0].data.tags["error"] == error

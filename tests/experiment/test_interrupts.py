@@ -77,3 +77,36 @@ def test_no_op_without_install() -> None:
         assert signal.getsignal(signal.SIGINT) is before
     interrupts.uninstall()
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_run_takes_sigterm_as_an_interrupt_and_gives_it_back() -> None:
+    """Inside ``run_stops`` a SIGTERM is a ``KeyboardInterrupt`` naming it, deferred in a store
+    call (``deferred``) until the call's end; afterwards the handler it had is back."""
+    before = signal.getsignal(signal.SIGTERM)
+    with interrupts.run_stops():
+        with pytest.raises(KeyboardInterrupt, match="signal 15"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            _spin()
+        reached = False
+        with pytest.raises(KeyboardInterrupt, match="signal 15"), interrupts.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            _spin()
+            reached = True  # the store call was not cut short
+        assert reached
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_stop_while_a_runs_end_is_recorded_acts_when_the_run_has_ended(installed) -> None:
+    """After ``hold`` a Ctrl-C is only remembered, ``release`` included (a store call's end),
+    and raised when the ``run_stops`` block ends."""
+    interrupts.release()
+    recorded = False
+    with pytest.raises(KeyboardInterrupt), interrupts.run_stops():
+        interrupts.hold()
+        _ctrl_c()
+        _spin()
+        with interrupts.deferred():  # a store call of the record: not cut short either
+            pass
+        recorded = True
+    assert recorded
+    interrupts.release()  # acted on once

@@ -104,6 +104,42 @@ def test_a_run_out_of_core_equals_the_run_in_memory(files: Path, tmp_path: Path,
     assert profile["features_stored_as"] == "float32"
 
 
+@pytest.mark.parametrize("standardize", ["true", "false"])
+def test_the_training_rows_are_checked_once(files: Path, tmp_path: Path, store_uri: str,
+                                            monkeypatch: pytest.MonkeyPatch,
+                                            standardize: str) -> None:
+    """The runner's one chunked pass over the file hands its result to the estimator
+    (``RowSource.checked``): the estimator reads no row to check them again (before the mend
+    it scanned every training row a second time), and the run's numbers are those of a run
+    whose estimator checks them itself."""
+    from gpinfer import out_of_core
+    from gpinfer.data.source import RowSource
+
+    scans: list[str] = []
+    real = out_of_core.scan
+
+    def counted(source, *args, **kwargs):
+        scans.append(source.describe())
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(out_of_core, "scan", counted)
+    data = (f"dataset.path='{files / 'one' / 'X.npy'}'", f"dataset.standardize={standardize}",
+            f"mlflow.experiment=once-{standardize}")
+    got = _run(store_uri, tmp_path / "once", *data)
+    assert scans == []
+    # the estimator's own check, as before: its scan of the training rows
+    monkeypatch.setattr(RowSource, "checked", property(lambda self: None,
+                                                       lambda self, value: None))
+    ref = _run(store_uri, tmp_path / "twice", *data)
+    assert len(scans) == 1
+    keys = (*COMPARED, "train_nll", "baseline_nll", "status")
+    assert {k: got[k] for k in keys} == {k: ref[k] for k in keys}
+    once, twice = (np.load(tmp_path / run / "state.npz") for run in ("once", "twice"))
+    assert sorted(once.files) == sorted(twice.files)
+    for key in once.files:  # the fitted state, bit for bit
+        np.testing.assert_array_equal(once[key], twice[key], err_msg=key)
+
+
 def test_the_files_own_test_part(files: Path, tmp_path: Path, store_uri: str) -> None:
     X, y = _data()
     index = np.searchsorted([1, 4, 7], y)

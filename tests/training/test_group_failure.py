@@ -13,14 +13,23 @@ import pytest
 pytest.importorskip("torch", reason="torch.distributed needs PyTorch (make test installs it)")
 
 COLLECTIVE_S = 60.0
+_EPILOGUE = "\nif dist.is_initialized():\n    dist.destroy_process_group()\n"
 
 
-def test_a_rank_interrupted_outside_a_step_ends_the_fit_on_every_rank(tmp_path):
+@pytest.mark.parametrize("private", ["kept", "gone"])
+def test_a_rank_interrupted_outside_a_step_ends_the_fit_on_every_rank(tmp_path, private):
+    """(``private="gone"``: torch's private ``_get_default_store`` raises; the failure is
+    posted and read all the same through the store ``start_group`` kept, as under
+    ``gpinfer-run``: before the mend the message was lost.)"""
     from gpinfer.testing.ranks import launch_ranks
 
     done = tmp_path / "rank0.done"
     ended = launch_ranks(f"""
         import time
+        if {private!r} == "gone":
+            def _private():
+                raise RuntimeError("no private store getter")
+            dist.distributed_c10d._get_default_store = _private
         from gpinfer.errors import GroupError
         from gpinfer.estimator import GPClassifier
         from gpinfer.training import distributed
@@ -90,4 +99,44 @@ def test_any_error_in_a_ranks_part_of_a_step_raises_on_every_rank(tmp_path):
     assert str(out[1]["msg"]) == "ValueError: a bug in rank 1's part"
     assert str(out[0]["msg"]).startswith("GroupError: an error on another rank of 2")
     for o in out:
+        np.testing.assert_array_equal(o["after"], [3.0, 3.0])
+
+
+def test_a_rank_refused_by_its_checks_ends_the_fit_on_every_rank(tmp_path):
+    """Rank 1 is given other data than rank 0 (a NaN in its row 7): its check refuses it with an
+    ``InputError`` before training, and the checks end in one agreement
+    (``distributed.checks_agreed``), so rank 0 raises an ``InputError`` naming rank 1 and its
+    message at once instead of entering training (before the mend rank 0 waited in its first
+    step's collective for the timeout, 60 s), and the group stays usable on both ranks."""
+    from gpinfer.testing.ranks import launch_ranks
+
+    ended = launch_ranks("""
+        import time
+        import torch
+        from gpinfer.estimator import GPClassifier
+        X = np.random.default_rng(0).normal(size=(200, 3)); y = (X[:, 0] > 0).astype(int)
+        if RANK == 1:
+            X[7, 2] = np.nan
+        est = GPClassifier(method="svi", M=5, batch_size=20, max_iter=100, random_state=0,
+                           method_options={"optimizer": "adam", "report_every": 1})
+        try:
+            est.fit(X, y)
+            what = "fitted"
+        except Exception as e:
+            what = f"{type(e).__name__}: {e}"
+        t = time.time()
+        after = np.full(2, RANK + 1.0)
+        dist.all_reduce(torch.from_numpy(after))
+        save(what=np.array(what), t=np.array(t), after=after)
+    """, 2, tmp_path, timeout_s=150, epilogue=_EPILOGUE, collective_s=COLLECTIVE_S)
+    assert [rc for rc, _ in ended] == [0, 0], ended
+    out = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(2)]
+    own = str(out[1]["what"])
+    assert own.startswith("InputError: ") and "row 7" in own, own
+    assert str(out[0]["what"]) == (
+        "InputError: the checks before training failed on another rank of the process group "
+        f"(this is rank 0 of 2): rank 1: {own}"), out[0]
+    waited = abs(float(out[0]["t"]) - float(out[1]["t"]))
+    assert waited < 30.0 < COLLECTIVE_S, waited
+    for o in out:  # the group stays usable: the sum of both ranks
         np.testing.assert_array_equal(o["after"], [3.0, 3.0])
