@@ -202,7 +202,9 @@ def _host_finite(a: Any) -> bool:
             and a.dtype in (np.float64, np.float32)
             and (a.flags.c_contiguous or a.flags.f_contiguous)):
         v = a.ravel(order="K")  # a view (contiguous)
-        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is decided below
+        # every flag ignored: an overflow is decided below, and tiny finite entries (squares
+        # underflowing) must not raise under a caller's ``np.errstate(under="raise")``
+        with np.errstate(all="ignore"):
             if np.isfinite(v @ v):
                 return True
     return bool(np.all(np.isfinite(a)))
