@@ -273,6 +273,11 @@ def test_large_host_arrays_are_finite_exactly_when_every_entry_is(dtype):
         assert ops.all_finite(tiny)
         tiny[0, 0, 0] = np.nan
         assert not ops.all_finite(tiny)
+    masked = np.ma.masked_array(A, mask=np.zeros(A.shape, dtype=bool))  # ndarray subclasses:
+    assert ops.all_finite(masked)  # the entrywise test (a masked NaN does not count)
+    masked[1, 2, 3] = np.nan
+    assert not ops.all_finite(masked)
+    assert ops.all_finite(np.ma.masked_invalid(masked))
 
 
 @pytest.mark.parametrize("to", _namespaces())
