@@ -177,7 +177,7 @@ def _host_cross(As: np.ndarray, Xs: np.ndarray) -> np.ndarray:
     C, M, D = As.shape
     B = Xs.shape[0]
     if not transposed_cross(B, D):
-        out = _rows_product(As, ops.mT(Xs))
+        out = _gram(As, Xs)  # numpy: one product over the C M rows
         out *= -2.0
         return out
     R = Xs @ ops.mT(np.reshape(As, (C * M, D)))  # [B, C M]
