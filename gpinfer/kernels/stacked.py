@@ -177,7 +177,7 @@ def _host_cross(As: np.ndarray, Xs: np.ndarray) -> np.ndarray:
     C, M, D = As.shape
     B = Xs.shape[0]
     if not transposed_cross(B, D):
-        out = _rows_product(As, ops.mT(Xs))
+        out = _gram(As, Xs)  # numpy: one product over the C M rows
         out *= -2.0
         return out
     R = Xs @ ops.mT(np.reshape(As, (C * M, D)))  # [B, C M]
@@ -322,10 +322,9 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
     host = ops.is_numpy(cov.Z)  # numpy forms its products in place (``matmul_add_``)
     # numpy, a kernel with dg/dr2 = c g (RBF): var's gradient from the weights' sums
     per_g = cov.family.stationary[0].dg_dr2_per_g if host else None
-    d_var = _variance_gradient(d, sum_ff, pairs) if per_g is None else None
     sums = _weight_sums(cov, pairs, need_products=(ard or inputs) and not host, per_g=per_g)
-    if per_g is not None:
-        d_var = _variance_from_totals(d, sum_ff, sums.total, per_g)
+    d_var = (_variance_gradient(d, sum_ff, pairs) if per_g is None
+             else _variance_from_totals(d, sum_ff, sums.total, per_g))
     if sums.rA is None or not (ard or inputs):
         d_ell = sums.d_ell
         g_Z = ops.zeros(cov.Z, tuple(cov.Z.shape)) if inputs else None

@@ -111,8 +111,9 @@ class Stationary(Kernel):
     """
 
     #: ``c`` where ``dg/dr2 = c g`` for every ``r2`` (a power of two, so products with it are
-    #: exact), else ``None``: the stacked path then takes ``var``'s gradient from the
-    #: weights' sums (``gpinfer.kernels.stacked``)
+    #: exact), else ``None``: ``_dg_dr2_from`` is then ``c g`` and the stacked path takes
+    #: ``var``'s gradient from the weights' sums (``gpinfer.kernels.stacked``). A subclass
+    #: that changes ``_g`` sets it again (``tests/kernels/test_kernels.py`` checks every one)
     dg_dr2_per_g: ClassVar[float | None] = None
 
     def __init__(self, lengthscale: float | Iterable[float] = 1.0, variance: float = 1.0):
@@ -136,8 +137,9 @@ class Stationary(Kernel):
 
     def _dg_dr2_from(self, r2: Array, g: Array) -> Array:
         """``d g / d r2`` as a new array, given ``g = g(r2)`` as well (a kernel whose
-        derivative follows from ``g`` saves its transcendental passes)."""
-        return self._dg_dr2(r2)
+        derivative follows from ``g``, ``dg_dr2_per_g``, saves its transcendental passes)."""
+        c = self.dg_dr2_per_g
+        return self._dg_dr2(r2) if c is None else c * g
 
     # -- natural values ----------------------------------------------------------------------
     @property
@@ -351,9 +353,6 @@ class RBF(Stationary):
 
     def _dg_dr2(self, r2: Array) -> Array:
         return -0.5 * ops.namespace(r2).exp(-0.5 * r2)
-
-    def _dg_dr2_from(self, r2: Array, g: Array) -> Array:
-        return -0.5 * g
 
     def K_from_sqdist(self, D: Array, scaled: bool = False, out: Array | None = None) -> Array:
         """``K`` from squared distances ``D [M, N]``: raw ones (isotropic lengthscale only),

@@ -268,6 +268,16 @@ def test_large_host_arrays_are_finite_exactly_when_every_entry_is(dtype):
         assert ops.all_finite(huge)
         huge[0, 0, 0] = np.inf
         assert not ops.all_finite(huge)
+    tiny = A * dtype(np.finfo(dtype).smallest_subnormal * 8)  # squares underflow to 0
+    with np.errstate(all="raise"):  # the sum of squares raises nothing for a caller
+        assert ops.all_finite(tiny)
+        tiny[0, 0, 0] = np.nan
+        assert not ops.all_finite(tiny)
+    masked = np.ma.masked_array(A, mask=np.zeros(A.shape, dtype=bool))  # ndarray subclasses:
+    assert ops.all_finite(masked)  # the entrywise test (a masked NaN does not count)
+    masked[1, 2, 3] = np.nan
+    assert not ops.all_finite(masked)
+    assert ops.all_finite(np.ma.masked_invalid(masked))
 
 
 @pytest.mark.parametrize("to", _namespaces())

@@ -276,6 +276,41 @@ def test_coincident_points_give_finite_gradients(cls, lengthscale, data):
     np.testing.assert_array_equal(k.grad_inputs(X, Z, E), np.zeros_like(X))
 
 
+def _stationary_classes() -> list[type]:
+    """Every concrete ``Stationary`` subclass the package defines (recursively)."""
+    from gpinfer.kernels.stationary import Stationary
+
+    out, todo = [], list(Stationary.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.__module__.startswith("gpinfer.") and not getattr(cls, "__abstractmethods__", None):
+            out.append(cls)
+    return out
+
+
+def test_every_stationary_kernel_has_its_own_derivative_shortcut():
+    """``dg_dr2_per_g`` (``dg/dr2 = c g``, the stacked path's ``var`` gradient and
+    ``_dg_dr2_from``) holds for every class that sets or inherits it, and ``_dg_dr2`` is the
+    derivative of ``_g`` (central differences) for every class: a Matern must not take RBF's
+    shortcut, a subclass changing ``_g`` must not inherit it."""
+    classes = _stationary_classes()
+    assert {RBF, Matern32, Matern52} <= set(classes)
+    r2 = np.linspace(0.05, 6.0, 40)[None, :]
+    h = 1e-6
+    for cls in classes:
+        k = cls(lengthscale=0.8, variance=1.3)
+        g, dg = k._g(r2), k._dg_dr2(r2)
+        fd = (k._g(r2 + h) - k._g(r2 - h)) / (2 * h)
+        np.testing.assert_allclose(dg, fd, rtol=1e-7, atol=1e-9, err_msg=cls.__name__)
+        np.testing.assert_allclose(k._dg_dr2_from(r2, g), dg, rtol=1e-14, err_msg=cls.__name__)
+        c = cls.dg_dr2_per_g
+        if c is not None:
+            np.testing.assert_allclose(c * g, dg, rtol=1e-14, err_msg=cls.__name__)
+    assert RBF.dg_dr2_per_g == -0.5
+    assert Matern32.dg_dr2_per_g is None and Matern52.dg_dr2_per_g is None
+
+
 # --------------------------------------------------------------------------------------------
 # make_kernel
 # --------------------------------------------------------------------------------------------
