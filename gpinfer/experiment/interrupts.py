@@ -166,8 +166,9 @@ def run_stops() -> Iterator[None]:
         held, _state.held = _state.held, set()
         _state.pending.discard(signal.SIGTERM)  # acted on: the run ended
         if signal.SIGTERM in held and previous is not None:
+            held.discard(signal.SIGTERM)
             signal.raise_signal(signal.SIGTERM)  # under the handler it had before
-        elif held:
+        if held:  # a Ctrl-C too, where that handler let the process go on (SIG_IGN, ...)
             raise _interrupt(min(held))
 
 
