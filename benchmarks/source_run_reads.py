@@ -7,8 +7,11 @@ runs ``gpinfer-run dataset=file dataset.path=X.npy method=sep`` (``--M``, ``--ba
 ``--iterations``; plots and model not logged) in a fresh interpreter per run, for each code
 under test, ``--rounds`` times interleaved: ``after`` is this checkout, ``before`` the
 ``gpinfer`` package at ``--before`` (a ``git archive`` of the older commit's ``gpinfer`` and
-``conf``; the child puts it first on ``sys.path`` and drops this venv's editable finder of
-``gpinfer``, which ``PYTHONPATH`` alone loses to; the plugins are this venv's). Each run
+``conf``; the child puts it first on ``sys.path``: ``PYTHONPATH`` alone loses to the
+``python -c`` child's first entry, its working folder, when that is this checkout, not to the
+venv's editable finder, which comes after the path entries; the plugins are this venv's, so
+the older commit must be one whose ``gpinfer`` they import: since the merge of s39-seppass,
+063f125's lacks ``gpinfer.sites.stacked.FRAME_DRIFT`` and ``sep`` fails to load). Each run
 reports its process CPU (``time.process_time`` at exit: all its threads), the bytes its
 ``.npy`` reads returned (``ShardSource.rows``, counted: up to the first iteration's callback,
 which includes that iteration's reads, and in all), and the run's ``result.json`` numbers,
@@ -38,10 +41,8 @@ import numpy as np
 
 CHILD = r"""
 import atexit, json, os, sys, time
-if os.environ.get("GPINFER_BEFORE"):  # the older package first: past the editable finder
+if os.environ.get("GPINFER_BEFORE"):  # the older package first: before the working folder
     sys.path.insert(0, os.environ["GPINFER_BEFORE"])
-    sys.meta_path = [f for f in sys.meta_path
-                     if "__editable___gpinfer_0_1_0_finder" not in getattr(f, "__module__", "")]
 import gpinfer
 print("gpinfer from", gpinfer.__file__, flush=True)
 from gpinfer.data import source

@@ -158,14 +158,17 @@ def run_stops() -> Iterator[None]:
     try:
         yield
     finally:
+        # SIGTERM's handler back first: a SIGTERM from here on cannot raise in this block
+        # and leave its own handler on SIGTERM after the run
+        previous = _give_back(signal.SIGTERM) if took else None
         _state.runs -= 1
         _state.holding = False
         held, _state.held = _state.held, set()
         _state.pending.discard(signal.SIGTERM)  # acted on: the run ended
-        previous = _give_back(signal.SIGTERM) if took else None
         if signal.SIGTERM in held and previous is not None:
+            held.discard(signal.SIGTERM)
             signal.raise_signal(signal.SIGTERM)  # under the handler it had before
-        elif held:
+        if held:  # a Ctrl-C too, where that handler let the process go on (SIG_IGN, ...)
             raise _interrupt(min(held))
 
 

@@ -68,6 +68,14 @@ if RANK == 1:  # killed without cleanup in its 5th step's collective
 
 HANG_RANK_1 = """
 from gpinfer.training.distributed import Group
+first, real_collective = os.path.join(folder, "rank0.collective"), Group._collective
+def met(self, *args, **kwargs):  # rank 1 enters its first collective only once rank 0 is in
+    if RANK == 0:  # its own: the 8 s timeout then measures the hang, not rank 0's set-up (its
+        open(first, "a").close()  # MLflow start, seconds on a loaded machine)
+    while not os.path.exists(first):
+        time.sleep(0.05)
+    return real_collective(self, *args, **kwargs)
+Group._collective = met
 if RANK == 1:  # hangs (alive, silent) for 30 s before its 5th step's collective
     calls, real = [0], Group.agreed_mean
     def hanging(self, *args, **kwargs):
@@ -157,7 +165,9 @@ def test_a_killed_rank_ends_the_job_and_rank_zero_records_failed(tmp_path: Path)
 def test_a_hanging_rank_ends_the_job_at_the_collective_timeout(tmp_path: Path) -> None:
     """A rank that neither fails nor dies: gloo's timeout (8 s here) raises in rank 0's
     collective, a ``GroupError`` naming the timeout, and the run ends FAILED; the hanging rank
-    then finds its group gone."""
+    then finds its group gone. (Rank 1 enters its first collective once rank 0 has reached
+    its own, ``HANG_RANK_1``: a timeout this short must not end rank 1's wait for rank 0's
+    set-up, as it did under load.)"""
     codes, out, failed, runs = _job(tmp_path, HANG_RANK_1, collective_s=8.0)
     assert codes == [0, 0]
     assert str(out[0]["what"]).startswith("GroupError: rank 0 of 2: a collective")

@@ -110,3 +110,21 @@ def test_a_stop_while_a_runs_end_is_recorded_acts_when_the_run_has_ended(install
         recorded = True
     assert recorded
     interrupts.release()  # acted on once
+
+
+def test_a_ctrl_c_held_with_a_sigterm_is_not_lost_when_sigterm_is_ignored(installed) -> None:
+    """A SIGTERM and a Ctrl-C while a run's end is recorded: the SIGTERM is sent again under
+    the handler it had before the run (here ``SIG_IGN``: the process goes on), and the Ctrl-C
+    still raises when the ``run_stops`` block ends."""
+    interrupts.release()
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with pytest.raises(KeyboardInterrupt), interrupts.run_stops():
+            interrupts.hold()
+            os.kill(os.getpid(), signal.SIGTERM)
+            _ctrl_c()
+            _spin()
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    interrupts.release()  # acted on once
