@@ -111,10 +111,11 @@ def tri_solve_stack(L: Array, B: Array, *, transpose: bool = False,
                                 overwrite=overwrite)
 
 
-def cho_inverse_stack(LB: Array) -> Array:
+def cho_inverse_stack(LB: Array, *, overwrite: bool = False) -> Array:
     """``(L_B L_B^T)^-1`` ``[C, M, M]`` from lower factors ``LB [C, M, M]`` (LAPACK ``potri``
-    on numpy)."""
-    out, failed = ops.cho_inverse(LB)
+    on numpy); ``overwrite``: the caller owns ``LB`` and reads it no more (numpy may invert it
+    in place: ``ops.cho_inverse``)."""
+    out, failed = ops.cho_inverse(LB, overwrite=overwrite)
     if failed:
         raise NumericalError("singular Cholesky factor", quantity="B")
     return out
@@ -286,13 +287,20 @@ class StackedGaussians:
     the same sums); numpy then factorises ``B`` without a second check. ``prior``: the prior
     precision ``Q [M, M]`` of the coordinates the sums are in, where they are not whitened on
     the step's own factor (``Frame``: ``B_c = Q + a_c P_w[c]``; ``None``: ``Q = I``).
+    ``consume`` (numpy, with ``inverse``): ``B^-1`` formed in place of the factors
+    (``ops.cho_inverse(overwrite=True)``: no ``[C, M, M]`` copy; their log-determinants taken
+    first, for ``log_norm_ratio``), for a caller that reads no ``LB`` afterwards (``LB`` then
+    raises ``ValueError``).
     """
+
+    _LB: Array | None
 
     def __init__(self, P_w: Array, h_w: Array, scale: Array | Scales | None = None, *,
                  iteration: int | None = None, inverse: bool = False, means: bool = True,
-                 finite: bool = False, prior: Array | None = None):
+                 finite: bool = False, prior: Array | None = None, consume: bool = False):
         self._make_h_w: Callable[[], Array] | None = None  # a view's (``_view``)
         self._B_inv_sum: Array | None = None
+        self._log_det: Array | None = None  # sum log diag(L_B) [...], where taken early
         if scale is None:  # a = 1: no product
             def make_B() -> Array:
                 return ops.plus_diagonal(P_w, 1.0) if prior is None else P_w + prior
@@ -316,6 +324,10 @@ class StackedGaussians:
                    else site_cholesky(make_B(), h_w, iteration))
         self._LB_T: Array | None = None  # formed on first use (``B_inv_vec``'s solve)
         self._B_inv: Array | None = None
+        if consume and inverse and ops.is_numpy(P_w):  # B^-1 in place of L_B, its log|.| kept
+            self._log_det = self._log_det_of(self.LB)
+            self._B_inv = cho_inverse_stack(self.LB, overwrite=True)
+            self._LB = None
         self.w: Array
         if not means:  # the caller sets ``w`` (``shared_paired``)
             return
@@ -328,7 +340,8 @@ class StackedGaussians:
 
     @classmethod
     def paired(cls, P_w: Array, h_w: Array, pair: Scales, *, iteration: int | None = None,
-               inverse: bool = False) -> tuple[StackedGaussians, StackedGaussians, Array]:
+               inverse: bool = False, consume: bool = False
+               ) -> tuple[StackedGaussians, StackedGaussians, Array]:
         """``(q, cav, log_norm_ratio [2, C])``: the Gaussians of the site sums ``P_w``,
         ``h_w`` with scale 1 (``q``) and with the cavity scales ``a [C]`` (``cav``), and
         their log-norm ratios (row 0: ``q``'s), from ``pair``, the ``Scales`` of
@@ -338,13 +351,15 @@ class StackedGaussians:
         (an evaluation reads ``q``'s in its gradients and, with a shared ``Z``, the cavity's)
         with the means one product with it (``inverse``: equal to round-off to the solves)
         and one log-norm ratio, and the two are views of it; on numpy two
-        ``StackedGaussians`` as before (``inverse``: both with it, see the class).
+        ``StackedGaussians`` as before (``inverse``: both with it, see the class; ``consume``:
+        both invert their factors in place, see the class).
         """
         if ops.is_numpy(P_w):  # one finiteness check for both
             finite_sums(P_w, h_w, iteration)
-            q = cls(P_w, h_w, iteration=iteration, inverse=inverse, finite=True)
+            q = cls(P_w, h_w, iteration=iteration, inverse=inverse, finite=True,
+                    consume=consume)
             cav = cls(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]), iteration=iteration,
-                      inverse=inverse, finite=True)
+                      inverse=inverse, finite=True, consume=consume)
             return q, cav, np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
         both = cls(P_w, h_w, pair, iteration=iteration, inverse=True)
         (LB_q, LB_cav), (w_q, w_cav) = ops.unbind(both.LB), ops.unbind(both.w)
@@ -361,8 +376,26 @@ class StackedGaussians:
         use."""
         out = cls.__new__(cls)
         out.LB, out.w, out._B_inv, out._LB_T, out._B_inv_sum = LB, w, B_inv, None, None
+        out._log_det = None
         out._h_w, out._make_h_w = (None, h_w) if callable(h_w) else (h_w, None)
         return out
+
+    @property
+    def LB(self) -> Array:
+        """The lower factors ``L_B [C, M, M]`` of ``B`` (``ValueError`` where ``consume``
+        inverted them in place)."""
+        if self._LB is None:
+            raise ValueError("StackedGaussians: the factors were inverted in place (consume)")
+        return self._LB
+
+    @LB.setter
+    def LB(self, value: Array) -> None:
+        self._LB = value
+
+    @staticmethod
+    def _log_det_of(LB: Array) -> Array:
+        """``sum_m log L_B[..., m, m]`` ``[...]`` (half of each ``log|B|``)."""
+        return ops.namespace(LB).sum(ops.namespace(LB).log(ops.diagonal(LB)), axis=-1)
 
     @property
     def h_w(self) -> Array:
@@ -431,8 +464,7 @@ class StackedGaussians:
 
     def log_norm_ratio(self) -> Array:
         """``G(q_c) - G(prior)`` per class ``[C]`` (spec ep-sep §2.6)."""
-        xp = ops.namespace(self.LB)
-        log_diag = xp.log(ops.diagonal(self.LB))
+        log_det = self._log_det_of(self.LB) if self._log_det is None else self._log_det
         spec = "cm,cm->c" if self.w.ndim == 2 else "acm,acm->ac"  # [C], or [2, C] (paired)
         # b - a, the same value as -a + b (one operator fewer on a device); on a device the
         # halving inside the einsum (a kept 0-d 0.5 operand: the same exact scaling)
@@ -441,7 +473,7 @@ class StackedGaussians:
         else:
             half = ops.constant(self.w, (0.5,), ())
             half_wh = ops.einsum(spec.replace("->", ",->"), self.w, self.h_w, half)
-        return half_wh - xp.sum(log_diag, axis=-1)
+        return half_wh - log_det
 
     def moments(self, L: Array) -> tuple[Array, Array]:
         """``(m [C, M], V [C, M, M])`` in ``u``-space given ``L [C, M, M] = chol(Kuu)``:

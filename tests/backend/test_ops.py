@@ -57,6 +57,17 @@ def test_cholesky_solves_and_inverse_against_dense_answers(to):
         singular = np.array(L)
         singular[1, 2, 2] = 0.0
         assert ops.cho_inverse(singular)[1]
+        # overwrite: the caller's own stack inverted in place, the same bits as from a copy
+        own = L_before.copy()
+        out, bad = ops.cho_inverse(own, overwrite=True)
+        assert out is own and not bad
+        np.testing.assert_array_equal(out, inv)
+        # a stack it cannot write into (a transposed view) is copied and left alone
+        view = np.swapaxes(np.swapaxes(L_before, 1, 2).copy(), 1, 2)
+        out, _ = ops.cho_inverse(view, overwrite=True)
+        assert not np.shares_memory(out, view)
+        np.testing.assert_array_equal(view, L_before)
+        np.testing.assert_array_equal(out, inv)
     # one 2-D factor as well
     x2 = ops.to_host(ops.solve_triangular(L[0], to(B[0])))
     np.testing.assert_allclose(Lh[0] @ x2, B[0], rtol=1e-10, atol=1e-12)

@@ -153,6 +153,28 @@ def test_shared_paired_is_paired_and_shared_project(device):
         np.testing.assert_allclose(host(a), host(b), rtol=1e-11, atol=1e-14)
 
 
+def test_consumed_factors_give_the_same_inverses_means_and_log_norm_ratios():
+    """``consume`` (numpy, with ``inverse``): ``B^-1`` formed in place of the factors gives
+    the bits of the Gaussians that keep them (inverses, means, log-norm ratios, projections),
+    and ``LB`` is then refused, not served as the overwritten stack."""
+    rng, X, kernels, Zs, P, h = _setup(5)
+    A = rng.normal(size=(C, M, N))
+    pair = scales(P, (1.0,) * C + (0.8, 0.9, 0.95), (2, C))
+    kept = StackedGaussians.paired(P, h, pair, inverse=True)
+    consumed = StackedGaussians.paired(P, h, pair, inverse=True, consume=True)
+    assert np.array_equal(kept[2], consumed[2])
+    for want, got in zip(kept[:2], consumed[:2]):
+        assert np.array_equal(got.B_inv(), want.B_inv())
+        assert np.array_equal(got.w, want.w)
+        assert np.array_equal(got.log_norm_ratio(), want.log_norm_ratio())
+        for a, b in zip(got.project(A, by_inverse=True), want.project(A, by_inverse=True)):
+            assert np.array_equal(a, b)
+        with pytest.raises(ValueError, match="inverted in place"):
+            got.LB
+        with pytest.raises(ValueError, match="inverted in place"):
+            got.project(A)  # R = L_B^-1 A needs the factors
+
+
 @pytest.mark.parametrize("device", [False, True])
 def test_paired_gaussians_equal_the_two_gaussians_bit_for_bit(device):
     """``StackedGaussians.paired`` (on a device one ``[2, C]`` stack with its ``B^-1``, its

@@ -585,11 +585,13 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     # one kernel and Z for every class: B^-1 A of the shared A, which the summed gradients read
     # (``shared_paired``: on numpy from one pass over the classes, no stack of B^-1 kept); per
     # class on numpy: B_cav^-1 A one product with the cavity's B^-1 (``by_inverse``: cheaper than
-    # two trsm), q's B^-1 read by the gradient anyway
+    # two trsm), q's B^-1 read by the gradient anyway, both formed in place of their factors
+    # (``consume``: nothing below reads L_B)
     one = terms.one if isinstance(terms, SharedTerms) else None
     if one is None:
         host = ops.is_numpy(P_w)
-        q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration, inverse=host)
+        q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration, inverse=host,
+                                              consume=host)
         a, v, R = cav.project(terms.A, means_by_point=True, by_inverse=host)
     else:  # B_cav^-1 A in place of R
         q, cav, lnr, (a, v, BiA) = shared_paired(
