@@ -170,7 +170,7 @@ def test_consumed_factors_give_the_same_inverses_means_and_log_norm_ratios():
         for a, b in zip(got.project(A, by_inverse=True), want.project(A, by_inverse=True)):
             assert np.array_equal(a, b)
         with pytest.raises(ValueError, match="inverted in place"):
-            got.LB
+            _ = got.LB
         with pytest.raises(ValueError, match="inverted in place"):
             got.project(A)  # R = L_B^-1 A needs the factors
 
