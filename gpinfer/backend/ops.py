@@ -1032,13 +1032,17 @@ def cho_inverse(LB: Array, *, overwrite: bool = False) -> tuple[Array, bool]:
     return (LB if own else out.reshape(LB.shape)), False
 
 
-def cho_inverse_terms(LB: Array, v: Array, X: Array | None = None, *, summed: bool = False
+def cho_inverse_terms(LB: Array, v: Array, X: Array | None = None, *, summed: bool = False,
+                      overwrite: bool = False
                       ) -> tuple[Array, Array | None, Array | None, bool]:
     """What a caller reads of ``B_c^-1 = (L_c L_c^T)^-1`` for lower factors ``LB [C, M, M]``
     without keeping the inverses: ``(w [C, M], Y [C, M, n] or None, S [M, M] or None,
-    failed)`` with ``w_c = B_c^-1 v_c`` (``v [C, M]``), ``Y_c = B_c^-1 X`` for one ``X [M, n]``
-    shared by every matrix (``None`` without ``X``) and ``S = sum_c B_c^-1`` (``summed``; else
-    ``None``); ``failed``: a singular factor.
+    failed)`` with ``w_c = B_c^-1 v_c`` (``v [C, M]``), ``Y_c = B_c^-1 X_c`` for one ``X [M, n]``
+    shared by every matrix or one ``X [C, M, n]`` per matrix (``None`` without ``X``) and
+    ``S = sum_c B_c^-1`` (``summed``; else ``None``); ``failed``: a singular factor.
+    ``overwrite``: the caller owns ``LB`` and reads it no more (numpy inverts a writable
+    C-ordered stack in place, one triangle per matrix: ``LB`` is then undefined; else
+    LAPACK's wrapper copies each matrix).
 
     On numpy one pass over the matrices: LAPACK ``potri`` (one triangle of ``B_c^-1``), then
     BLAS ``symv`` and ``symm`` on that triangle and ``S`` (C-ordered) summed in class order in
@@ -1053,6 +1057,7 @@ def cho_inverse_terms(LB: Array, v: Array, X: Array | None = None, *, summed: bo
         Y = None if X is None else namespace(LB).matmul(B_inv, X)
         return w, Y, (namespace(LB).sum(B_inv, axis=0) if summed else None), failed
     C, M = LB.shape[0], LB.shape[-1]
+    own = overwrite and LB.flags.c_contiguous and LB.flags.writeable
     single = LB.dtype == np.float32
     potri, symv, symm = (spotri, ssymv, ssymm) if single else (dpotri, dsymv, dsymm)
     w = np.empty((C, M), dtype=LB.dtype)
@@ -1061,12 +1066,14 @@ def cho_inverse_terms(LB: Array, v: Array, X: Array | None = None, *, summed: bo
     # C-ordered S read them transposed (10 sums at M = 100: 59 -> 28 us; M = 200: 311 -> 151)
     S = np.zeros((M, M), dtype=LB.dtype, order="F") if summed else None
     for c in range(C):
-        inv, info = potri(LB[c].T, lower=0)  # the upper triangle of B_c^-1 (Fortran order)
+        # the upper triangle of B_c^-1 (Fortran order; with ``own`` in LB[c]'s own memory)
+        inv, info = potri(LB[c].T, lower=0, overwrite_c=int(own))
         if info != 0:
             return w, Y, S, True
         w[c] = symv(1.0, inv, v[c], lower=0)
-        if Y is not None:  # (B^-1 X)^T = X^T B^-1 written into Y[c]'s Fortran view
-            res = symm(1.0, inv, mT(X), side=1, lower=0, beta=0.0, c=Y[c].T, overwrite_c=1)
+        if X is not None and Y is not None:  # (B^-1 X)^T = X^T B^-1 into Y[c]'s Fortran view
+            Xc = X[c] if X.ndim == 3 else X
+            res = symm(1.0, inv, mT(Xc), side=1, lower=0, beta=0.0, c=Y[c].T, overwrite_c=1)
             if not np.shares_memory(res, Y[c]):  # the wrapper copied (not expected)
                 Y[c] = res.T
         if S is not None:

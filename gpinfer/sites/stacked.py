@@ -340,8 +340,7 @@ class StackedGaussians:
 
     @classmethod
     def paired(cls, P_w: Array, h_w: Array, pair: Scales, *, iteration: int | None = None,
-               inverse: bool = False, consume: bool = False
-               ) -> tuple[StackedGaussians, StackedGaussians, Array]:
+               inverse: bool = False) -> tuple[StackedGaussians, StackedGaussians, Array]:
         """``(q, cav, log_norm_ratio [2, C])``: the Gaussians of the site sums ``P_w``,
         ``h_w`` with scale 1 (``q``) and with the cavity scales ``a [C]`` (``cav``), and
         their log-norm ratios (row 0: ``q``'s), from ``pair``, the ``Scales`` of
@@ -351,15 +350,13 @@ class StackedGaussians:
         (an evaluation reads ``q``'s in its gradients and, with a shared ``Z``, the cavity's)
         with the means one product with it (``inverse``: equal to round-off to the solves)
         and one log-norm ratio, and the two are views of it; on numpy two
-        ``StackedGaussians`` as before (``inverse``: both with it, see the class; ``consume``:
-        both invert their factors in place, see the class).
+        ``StackedGaussians`` as before (``inverse``: both with it, see the class).
         """
         if ops.is_numpy(P_w):  # one finiteness check for both
             finite_sums(P_w, h_w, iteration)
-            q = cls(P_w, h_w, iteration=iteration, inverse=inverse, finite=True,
-                    consume=consume)
+            q = cls(P_w, h_w, iteration=iteration, inverse=inverse, finite=True)
             cav = cls(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]), iteration=iteration,
-                      inverse=inverse, finite=True, consume=consume)
+                      inverse=inverse, finite=True)
             return q, cav, np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
         both = cls(P_w, h_w, pair, iteration=iteration, inverse=True)
         (LB_q, LB_cav), (w_q, w_cav) = ops.unbind(both.LB), ops.unbind(both.w)
@@ -480,6 +477,33 @@ class StackedGaussians:
         ``m = L w``, ``V = L B^-1 L^T = T^T T`` with ``T = L_B^-1 L^T``."""
         T = tri_solve_stack(self.LB, ops.copy(transpose(L)), overwrite=True)  # a fresh copy
         return (L @ self.w[..., None])[..., 0], transpose(T) @ T
+
+
+def paired_by_inverse(P_w: Array, h_w: Array, pair: Scales, A: Array,
+                      iteration: int | None = None
+                      ) -> tuple[StackedGaussians, StackedGaussians, Array,
+                                 tuple[Array, Array, Array]]:
+    """numpy's per-class evaluation: ``(q, cav, log_norm_ratio [2, C], (mu [n, C], v [C, n],
+    B_cav^-1 A [C, M, n]))``, what ``StackedGaussians.paired(P_w, h_w, pair, inverse=True)``
+    and ``cav.project(A, means_by_point=True, by_inverse=True)`` give for ``A [C, M, n]``,
+    with neither Gaussian's factors kept (``LB`` raises ``ValueError``): ``q``'s ``B^-1`` (a
+    stack, which the gradient reads) formed in place of them (``consume``), the cavity's
+    means and ``B^-1 A`` in one pass over the classes in place of its factors
+    (``ops.cho_inverse_terms(overwrite=True)``: ``potri``, then ``symv`` / ``symm`` on one
+    triangle while it is in cache; no stack of ``B_cav^-1``, no mirror; equal to round-off)."""
+    finite_sums(P_w, h_w, iteration)  # one finiteness check for both
+    q = StackedGaussians(P_w, h_w, iteration=iteration, inverse=True, finite=True, consume=True)
+    cav = StackedGaussians(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]),
+                           iteration=iteration, means=False, finite=True)
+    cav._log_det = StackedGaussians._log_det_of(cav.LB)
+    cav.w, BiA, _, failed = ops.cho_inverse_terms(cav.LB, cav.h_w, A, overwrite=True)
+    cav._LB = None  # inverted in place
+    if failed or BiA is None:
+        raise NumericalError("singular Cholesky factor", iteration=iteration, quantity="B")
+    lnr = np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
+    by_point = StackedGaussians._by_point
+    return q, cav, lnr, (by_point("cmn,cm", A, cav.w, True, False),
+                         by_point("cmn,cmn", A, BiA, False, False), BiA)
 
 
 def cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,

@@ -119,8 +119,17 @@ def test_cho_inverse_terms_are_what_the_inverses_give(to):
     np.testing.assert_allclose(ops.to_host(Y), np.linalg.solve(K, X), rtol=1e-10)
     w2, Y2, S2, _ = ops.cho_inverse_terms(L, to(v))
     assert Y2 is None and S2 is None and np.array_equal(ops.to_host(w2), ops.to_host(w))
+    # one X per matrix; overwrite: the caller's own factors inverted in place (same values)
+    Xc = rng.normal(size=(4, 7, 5))
+    own = ops.copy(L)
+    w3, Y3, S3, failed = ops.cho_inverse_terms(own, to(v), to(Xc), summed=True, overwrite=True)
+    assert not failed
+    assert np.array_equal(ops.to_host(w3), ops.to_host(w))
+    assert np.array_equal(ops.to_host(S3), ops.to_host(S))
+    np.testing.assert_allclose(ops.to_host(Y3), B_inv @ Xc, rtol=1e-12, atol=1e-15)
     if isinstance(L, np.ndarray):  # numpy reports a singular factor (a device never does)
         assert S.flags.c_contiguous  # summed in the inverses' order, handed back C-ordered
+        assert not np.array_equal(own, L)  # inverted in its own memory
         L[2, 3, 3] = 0.0
         assert ops.cho_inverse_terms(L, v, X)[3]
 
