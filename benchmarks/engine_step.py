@@ -202,6 +202,38 @@
    ``[C, M, M]`` / ``[C, M, B]`` (distances, ``exp``, weights: about 3 ms): a fused
    compiled kernel would take them, numpy cannot.
 
+   The site side, copies and mirrors (s39-sitepass, 2026-12-05, one thread, process CPU).
+   Per call site in the steady step (ops wrapped, epochs 2..3, load 4): the two ``potri``
+   9.4 ms with their copies and mirrors, six ``trmm`` 15.0 (three on copies: the rebase's
+   ``T = L^-1 L'`` and ``P T``, and ``L^-1 Kuf``), the sandwich's ``symmetrize_`` 0.66.
+   Cut: ``ops.symmetrize_`` one transposed copy per matrix, added and halved in cache (565
+   -> 365 us at ``[10, 200, 200]``, 120 -> 83 at ``[10, 100, 100]``, bit-identical);
+   ``ops.cho_inverse(overwrite=True)`` inverting the caller's own factors in place, the
+   per-class evaluation's ``q`` forming ``B^-1`` in place of its factors
+   (``StackedGaussians(consume=True)``, log-determinants taken first, bit-identical): the
+   two together, steps alternating old and new in one fit, log Z_q + gradients 32.0 ->
+   30.5 ms; the cavity's means and ``B^-1 A`` in one pass over the classes in place of its
+   factors (``paired_by_inverse``: ``ops.cho_inverse_terms`` with one ``X`` per class,
+   ``potri`` then ``symv`` / ``symm`` on one triangle in cache; no stack, no mirror; fits
+   within 3.4e-15): 30.9 -> 30.0 ms in one fit (alone at ``[10, 200, 200]``: 7.0 -> 6.6
+   ms; M = 100 1.62 -> 1.54; M = 50 0.37 -> 0.39); digits' ``sum_c B_c^-1`` summed in the
+   inverses' Fortran order (``cho_inverse_terms``: 59 -> 28 us at M = 100, bit-identical).
+   ``--parts sep --epochs 3``, processes alternating with main (5491e48), seven rounds,
+   load 1.9-5.3: main 123.8 / 130.8 / 130.9 / 131.9 / 126.7 / 131.3 / 121.8 ms, the branch
+   127.2 / 119.2 / 127.2 / 124.0 / 123.4 / 126.2 / 120.0 (2.33-2.46x the dgemm floor);
+   log Z_q + gradients 30.1 / 32.3 / 31.8 / 31.9 / 30.7 / 30.5 / 29.5 -> 29.4 / 27.8 / 29.7
+   / 28.1 / 28.3 / 28.7 / 27.9, the site update unchanged (18.4-20.3 vs 18.3-19.8).
+   digits (``--parts digits-phases,digits --epochs 4``, two rounds, load 3.5-4.6): shared
+   sep step 8.87 / 9.77 ms (main 9.75 / 9.72), q and cavity 3.18 / 3.48 (main 3.51 /
+   3.54). torch-CPU: 278 aten ops per step (unchanged). Left, and why: the three copies
+   under ``trmm`` are of arrays the caller does not own: the kept sums ``P`` (a snapshot
+   holds them), ``L'`` (the step's terms keep it), ``Kuf`` (``HyperParameters``'
+   covariances, cached per version and shared with the VJPs; consuming it would need an
+   ownership rule in the kernel module); ``q``'s mirror stays (its ``B^-1`` enters the
+   gradient's unsymmetrised sum as a full matrix). The update phase is its calls (the
+   rebase's three ``trmm`` 6.9 ms, the cavity's ``potrf`` and ``trsm`` 6.3, the site
+   ``gemm`` 3.2).
+
 9. ``--parts digits-phases``: where digits' shared sep step (the model of 6. that GPflow's
    SVGP is timed against) goes: process-CPU ms per step of its phases and of the shared
    path's main calls (``PhaseClock``: ``cProfile`` inflates this step's many small calls, e.g.

@@ -111,10 +111,11 @@ def tri_solve_stack(L: Array, B: Array, *, transpose: bool = False,
                                 overwrite=overwrite)
 
 
-def cho_inverse_stack(LB: Array) -> Array:
+def cho_inverse_stack(LB: Array, *, overwrite: bool = False) -> Array:
     """``(L_B L_B^T)^-1`` ``[C, M, M]`` from lower factors ``LB [C, M, M]`` (LAPACK ``potri``
-    on numpy)."""
-    out, failed = ops.cho_inverse(LB)
+    on numpy); ``overwrite``: the caller owns ``LB`` and reads it no more (numpy may invert it
+    in place: ``ops.cho_inverse``)."""
+    out, failed = ops.cho_inverse(LB, overwrite=overwrite)
     if failed:
         raise NumericalError("singular Cholesky factor", quantity="B")
     return out
@@ -286,13 +287,20 @@ class StackedGaussians:
     the same sums); numpy then factorises ``B`` without a second check. ``prior``: the prior
     precision ``Q [M, M]`` of the coordinates the sums are in, where they are not whitened on
     the step's own factor (``Frame``: ``B_c = Q + a_c P_w[c]``; ``None``: ``Q = I``).
+    ``consume`` (numpy, with ``inverse``): ``B^-1`` formed in place of the factors
+    (``ops.cho_inverse(overwrite=True)``: no ``[C, M, M]`` copy; their log-determinants taken
+    first, for ``log_norm_ratio``), for a caller that reads no ``LB`` afterwards (``LB`` then
+    raises ``ValueError``).
     """
+
+    _LB: Array | None
 
     def __init__(self, P_w: Array, h_w: Array, scale: Array | Scales | None = None, *,
                  iteration: int | None = None, inverse: bool = False, means: bool = True,
-                 finite: bool = False, prior: Array | None = None):
+                 finite: bool = False, prior: Array | None = None, consume: bool = False):
         self._make_h_w: Callable[[], Array] | None = None  # a view's (``_view``)
         self._B_inv_sum: Array | None = None
+        self._log_det: Array | None = None  # sum log diag(L_B) [...], where taken early
         if scale is None:  # a = 1: no product
             def make_B() -> Array:
                 return ops.plus_diagonal(P_w, 1.0) if prior is None else P_w + prior
@@ -316,6 +324,10 @@ class StackedGaussians:
                    else site_cholesky(make_B(), h_w, iteration))
         self._LB_T: Array | None = None  # formed on first use (``B_inv_vec``'s solve)
         self._B_inv: Array | None = None
+        if consume and inverse and ops.is_numpy(P_w):  # B^-1 in place of L_B, its log|.| kept
+            self._log_det = self._log_det_of(self.LB)
+            self._B_inv = cho_inverse_stack(self.LB, overwrite=True)
+            self._LB = None
         self.w: Array
         if not means:  # the caller sets ``w`` (``shared_paired``)
             return
@@ -361,8 +373,26 @@ class StackedGaussians:
         use."""
         out = cls.__new__(cls)
         out.LB, out.w, out._B_inv, out._LB_T, out._B_inv_sum = LB, w, B_inv, None, None
+        out._log_det = None
         out._h_w, out._make_h_w = (None, h_w) if callable(h_w) else (h_w, None)
         return out
+
+    @property
+    def LB(self) -> Array:
+        """The lower factors ``L_B [C, M, M]`` of ``B`` (``ValueError`` where ``consume``
+        inverted them in place)."""
+        if self._LB is None:
+            raise ValueError("StackedGaussians: the factors were inverted in place (consume)")
+        return self._LB
+
+    @LB.setter
+    def LB(self, value: Array) -> None:
+        self._LB = value
+
+    @staticmethod
+    def _log_det_of(LB: Array) -> Array:
+        """``sum_m log L_B[..., m, m]`` ``[...]`` (half of each ``log|B|``)."""
+        return ops.namespace(LB).sum(ops.namespace(LB).log(ops.diagonal(LB)), axis=-1)
 
     @property
     def h_w(self) -> Array:
@@ -431,8 +461,7 @@ class StackedGaussians:
 
     def log_norm_ratio(self) -> Array:
         """``G(q_c) - G(prior)`` per class ``[C]`` (spec ep-sep §2.6)."""
-        xp = ops.namespace(self.LB)
-        log_diag = xp.log(ops.diagonal(self.LB))
+        log_det = self._log_det_of(self.LB) if self._log_det is None else self._log_det
         spec = "cm,cm->c" if self.w.ndim == 2 else "acm,acm->ac"  # [C], or [2, C] (paired)
         # b - a, the same value as -a + b (one operator fewer on a device); on a device the
         # halving inside the einsum (a kept 0-d 0.5 operand: the same exact scaling)
@@ -441,13 +470,40 @@ class StackedGaussians:
         else:
             half = ops.constant(self.w, (0.5,), ())
             half_wh = ops.einsum(spec.replace("->", ",->"), self.w, self.h_w, half)
-        return half_wh - xp.sum(log_diag, axis=-1)
+        return half_wh - log_det
 
     def moments(self, L: Array) -> tuple[Array, Array]:
         """``(m [C, M], V [C, M, M])`` in ``u``-space given ``L [C, M, M] = chol(Kuu)``:
         ``m = L w``, ``V = L B^-1 L^T = T^T T`` with ``T = L_B^-1 L^T``."""
         T = tri_solve_stack(self.LB, ops.copy(transpose(L)), overwrite=True)  # a fresh copy
         return (L @ self.w[..., None])[..., 0], transpose(T) @ T
+
+
+def paired_by_inverse(P_w: Array, h_w: Array, pair: Scales, A: Array,
+                      iteration: int | None = None
+                      ) -> tuple[StackedGaussians, StackedGaussians, Array,
+                                 tuple[Array, Array, Array]]:
+    """numpy's per-class evaluation: ``(q, cav, log_norm_ratio [2, C], (mu [n, C], v [C, n],
+    B_cav^-1 A [C, M, n]))``, what ``StackedGaussians.paired(P_w, h_w, pair, inverse=True)``
+    and ``cav.project(A, means_by_point=True, by_inverse=True)`` give for ``A [C, M, n]``,
+    with neither Gaussian's factors kept (``LB`` raises ``ValueError``): ``q``'s ``B^-1`` (a
+    stack, which the gradient reads) formed in place of them (``consume``), the cavity's
+    means and ``B^-1 A`` in one pass over the classes in place of its factors
+    (``ops.cho_inverse_terms(overwrite=True)``: ``potri``, then ``symv`` / ``symm`` on one
+    triangle while it is in cache; no stack of ``B_cav^-1``, no mirror; equal to round-off)."""
+    finite_sums(P_w, h_w, iteration)  # one finiteness check for both
+    q = StackedGaussians(P_w, h_w, iteration=iteration, inverse=True, finite=True, consume=True)
+    cav = StackedGaussians(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]),
+                           iteration=iteration, means=False, finite=True)
+    cav._log_det = StackedGaussians._log_det_of(cav.LB)
+    cav.w, BiA, _, failed = ops.cho_inverse_terms(cav.LB, cav.h_w, A, overwrite=True)
+    cav._LB = None  # inverted in place
+    if failed or BiA is None:
+        raise NumericalError("singular Cholesky factor", iteration=iteration, quantity="B")
+    lnr = np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
+    by_point = StackedGaussians._by_point
+    return q, cav, lnr, (by_point("cmn,cm", A, cav.w, True, False),
+                         by_point("cmn,cmn", A, BiA, False, False), BiA)
 
 
 def cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,

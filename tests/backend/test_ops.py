@@ -57,6 +57,17 @@ def test_cholesky_solves_and_inverse_against_dense_answers(to):
         singular = np.array(L)
         singular[1, 2, 2] = 0.0
         assert ops.cho_inverse(singular)[1]
+        # overwrite: the caller's own stack inverted in place, the same bits as from a copy
+        own = L_before.copy()
+        out, bad = ops.cho_inverse(own, overwrite=True)
+        assert out is own and not bad
+        np.testing.assert_array_equal(out, inv)
+        # a stack it cannot write into (a transposed view) is copied and left alone
+        view = np.swapaxes(np.swapaxes(L_before, 1, 2).copy(), 1, 2)
+        out, _ = ops.cho_inverse(view, overwrite=True)
+        assert not np.shares_memory(out, view)
+        np.testing.assert_array_equal(view, L_before)
+        np.testing.assert_array_equal(out, inv)
     # one 2-D factor as well
     x2 = ops.to_host(ops.solve_triangular(L[0], to(B[0])))
     np.testing.assert_allclose(Lh[0] @ x2, B[0], rtol=1e-10, atol=1e-12)
@@ -108,7 +119,17 @@ def test_cho_inverse_terms_are_what_the_inverses_give(to):
     np.testing.assert_allclose(ops.to_host(Y), np.linalg.solve(K, X), rtol=1e-10)
     w2, Y2, S2, _ = ops.cho_inverse_terms(L, to(v))
     assert Y2 is None and S2 is None and np.array_equal(ops.to_host(w2), ops.to_host(w))
+    # one X per matrix; overwrite: the caller's own factors inverted in place (same values)
+    Xc = rng.normal(size=(4, 7, 5))
+    own = ops.copy(L)
+    w3, Y3, S3, failed = ops.cho_inverse_terms(own, to(v), to(Xc), summed=True, overwrite=True)
+    assert not failed
+    assert np.array_equal(ops.to_host(w3), ops.to_host(w))
+    assert np.array_equal(ops.to_host(S3), ops.to_host(S))
+    np.testing.assert_allclose(ops.to_host(Y3), B_inv @ Xc, rtol=1e-12, atol=1e-15)
     if isinstance(L, np.ndarray):  # numpy reports a singular factor (a device never does)
+        assert S.flags.c_contiguous  # summed in the inverses' order, handed back C-ordered
+        assert not np.array_equal(own, L)  # inverted in its own memory
         L[2, 3, 3] = 0.0
         assert ops.cho_inverse_terms(L, v, X)[3]
 

@@ -17,6 +17,7 @@ from gpinfer.sites.stacked import (
     as_stacked,
     cavity_moments,
     cho_inverse_stack,
+    paired_by_inverse,
     scales,
     shared_paired,
     shared_project,
@@ -151,6 +152,35 @@ def test_shared_paired_is_paired_and_shared_project(device):
         assert np.array_equal(q.B_inv_sum(), S0)
     for a, b in zip(moments, shared_project(cav0, A)):
         np.testing.assert_allclose(host(a), host(b), rtol=1e-11, atol=1e-14)
+
+
+def test_paired_by_inverse_is_paired_and_project_without_the_factors():
+    """``paired_by_inverse`` (numpy's per-class evaluation, both Gaussians inverted in place
+    of their factors) gives ``StackedGaussians.paired(inverse=True)`` and the cavity's
+    ``project(by_inverse=True)``: ``q``'s inverses, means and log-norm ratios bit for bit, the
+    cavity's (``symv`` / ``symm`` on one triangle) to round-off; ``LB`` is then refused, not
+    served as the overwritten stack."""
+    rng, X, kernels, Zs, P, h = _setup(5)
+    A = rng.normal(size=(C, M, N))
+    pair = scales(P, (1.0,) * C + (0.8, 0.9, 0.95), (2, C))
+    q0, cav0, lnr0 = StackedGaussians.paired(P, h, pair, inverse=True)
+    moments0 = cav0.project(A, means_by_point=True, by_inverse=True)
+    q, cav, lnr, moments = paired_by_inverse(P, h, pair, A)
+    assert np.array_equal(q.B_inv(), q0.B_inv()) and np.array_equal(q.w, q0.w)
+    assert np.array_equal(lnr[0], lnr0[0])
+    np.testing.assert_allclose(lnr[1], lnr0[1], rtol=1e-13)
+    np.testing.assert_allclose(cav.w, cav0.w, rtol=1e-12, atol=1e-14)
+    for a, b in zip(moments, moments0):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-14)
+    for g in (q, cav):
+        with pytest.raises(ValueError, match="inverted in place"):
+            _ = g.LB
+        with pytest.raises(ValueError, match="inverted in place"):
+            g.project(A)  # R = L_B^-1 A needs the factors
+    P[0, 0, 0] = np.nan
+    with pytest.raises(NumericalError):
+        paired_by_inverse(P, h, pair, A)
 
 
 @pytest.mark.parametrize("device", [False, True])

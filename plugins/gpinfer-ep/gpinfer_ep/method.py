@@ -404,7 +404,9 @@ def tied_sites_of(posterior: InducingPosterior, x: Array) -> dict[str, Array]:
     factor ``L [C, M, M]`` gives ``Kuu^-1``); all classes at once. ``NumericalError`` naming
     the class for a covariance ``S_c`` that is not positive definite."""
     L = np.asarray(ops.to_host(stacked_terms(posterior.kernels, posterior.Z, x).L), float)
-    S_inv, _ = ops.cho_inverse(stacked_cholesky(np.stack(posterior.S), "posterior covariance S"))
-    Kuu_inv, _ = ops.cho_inverse(L)
+    # both factors are this function's own (a fresh stack, the local terms' L): inverted in place
+    S_inv, _ = ops.cho_inverse(stacked_cholesky(np.stack(posterior.S), "posterior covariance S"),
+                               overwrite=True)
+    Kuu_inv, _ = ops.cho_inverse(L, overwrite=True)
     return {"Lam": symmetrize(S_inv - Kuu_inv),
             "h": np.einsum("cij,cj->ci", S_inv, np.stack(posterior.m))}

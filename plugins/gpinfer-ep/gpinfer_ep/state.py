@@ -63,6 +63,7 @@ from gpinfer.sites.stacked import (
     basis,
     cavity_moments,
     kept_frame,
+    paired_by_inverse,
     rebased,
     scales,
     shared_matrix_gradients,
@@ -585,12 +586,15 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     # one kernel and Z for every class: B^-1 A of the shared A, which the summed gradients read
     # (``shared_paired``: on numpy from one pass over the classes, no stack of B^-1 kept); per
     # class on numpy: B_cav^-1 A one product with the cavity's B^-1 (``by_inverse``: cheaper than
-    # two trsm), q's B^-1 read by the gradient anyway
+    # two trsm), q's B^-1 read by the gradient anyway, both in place of their factors
+    # (``paired_by_inverse``: nothing below reads L_B)
     one = terms.one if isinstance(terms, SharedTerms) else None
-    if one is None:
-        host = ops.is_numpy(P_w)
-        q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration, inverse=host)
-        a, v, R = cav.project(terms.A, means_by_point=True, by_inverse=host)
+    host = ops.is_numpy(P_w)
+    if one is None and host:
+        q, cav, lnr, (a, v, R) = paired_by_inverse(P_w, h_w, pair, terms.A, iteration)
+    elif one is None:
+        q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration)
+        a, v, R = cav.project(terms.A, means_by_point=True)
     else:  # B_cav^-1 A in place of R
         q, cav, lnr, (a, v, BiA) = shared_paired(
             P_w, h_w, pair, one.A[0] if frame is None else frame.A, iteration, frame=frame)
