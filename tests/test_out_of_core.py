@@ -51,14 +51,39 @@ def test_memmap_and_shards_fit_bit_identical_to_the_array_in_memory(tmp_path, me
         assert model.n_iter_ == ref.n_iter_
 
 
-def test_svi_memmap_fit_equals_the_in_memory_fit(tmp_path):
-    """svi's fixed-Z fast path caches [M, N] distances of all of X; out of core it takes the
-    generic kernel path (the same formulas, rounding apart)."""
-    X, y = _data()
-    P = GPClassifier(**_settings("svi")).fit(X, y).predict_proba(X)
+def test_svi_memmap_fit_takes_the_in_memory_path(tmp_path, monkeypatch):
+    """svi's fixed-Z path (``FixedInputCovariances``) runs out of core as in memory, each batch
+    read once for every latent. In memory it keeps the ``[M, N]`` distances while ``M N <=
+    DISTANCE_CACHE_MAX_ENTRIES``, out of core never: with that memo off (as at ``M N`` above
+    the limit) the fit of a float32 memmap equals the in-memory fit bit for bit, with it on
+    to rounding."""
+    from gpinfer_svi.method import VariationalState
+
+    import gpinfer.inducing as inducing
+    from gpinfer.data.source import SourceRows
+
+    X, y = _data(dtype=np.float32)
     mm = _memmap(tmp_path, X)
+    P = GPClassifier(**_settings("svi")).fit(X, y).predict_proba(X)
+    reads: list[int] = []
+    get = SourceRows.__getitem__
+    monkeypatch.setattr(SourceRows, "__getitem__",
+                        lambda self, rows: reads.append(1) or get(self, rows))
+    steps: list[tuple[int, bool]] = []
+    estimate = VariationalState.estimate
+
+    def counted(self, *args, **kwargs):
+        before = len(reads)
+        out = estimate(self, *args, **kwargs)
+        steps.append((len(reads) - before, self._fast))
+        return out
+
+    monkeypatch.setattr(VariationalState, "estimate", counted)
     Q = GPClassifier(**_settings("svi")).fit(mm, y).predict_proba(mm)
+    assert steps and set(steps) == {(1, True)}  # the fixed-Z path, one read per step
     np.testing.assert_allclose(Q, P, rtol=1e-10, atol=1e-13)
+    monkeypatch.setattr(inducing, "DISTANCE_CACHE_MAX_ENTRIES", 0)
+    np.testing.assert_array_equal(Q, GPClassifier(**_settings("svi")).fit(X, y).predict_proba(X))
 
 
 def test_float32_input_is_cast_per_batch_as_the_float32_array_is(tmp_path):

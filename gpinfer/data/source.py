@@ -375,6 +375,7 @@ class SourceRows:
         self.shape = (n, source.n_cols)
         #: the column statistics of these rows as given (before scaling), where known
         self.stats: ColumnStats | None = None
+        self._column_mean: Array | None = None  # ``column_mean``, once computed
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -412,6 +413,18 @@ class SourceRows:
         size = size or CHUNK_ROWS
         for start in range(0, self.shape[0], size):
             yield self[slice(start, min(start + size, self.shape[0]))]
+
+    def column_mean(self) -> Array:
+        """The column means ``[D]`` of these rows as they are read (scaled, float64), from one
+        pass over them in chunks of ``CHUNK_ROWS``: the chunks' column sums added, over ``N``;
+        ``X.mean(axis=0)`` of the rows in memory bit for bit when they fit in one chunk. Kept
+        after the first call (a fit's latents share it)."""
+        if self._column_mean is None:
+            total = np.zeros(self.shape[1])
+            for block in self.chunks():
+                total += block.sum(axis=0)
+            self._column_mean = total / self.shape[0]
+        return self._column_mean
 
     def __array__(self, *args: Any, **kwargs: Any) -> Array:
         raise InputError(
