@@ -3,6 +3,11 @@ row-indexable array give the fit of the same array in memory, without ever holdi
 
 from __future__ import annotations
 
+import platform
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -290,3 +295,31 @@ def test_a_method_that_cannot_stream_is_refused_before_any_row_is_read(tmp_path)
     with pytest.raises(InputError, match="batch_size must be a positive int or None"):
         GPClassifier(**_settings("sep", batch_size="64")).fit(_memmap(tmp_path, X[1:]), y[1:])
     assert rows.reads == []
+
+
+@pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
+                    reason="glibc's malloc thresholds")
+def test_the_primed_allocator_keeps_a_steps_temporaries_resident():
+    """After ``prime_allocator`` (as a streamed fit starts), blocks of 20 MB allocated and freed
+    again and again are served from the heap without new page faults; unprimed, glibc maps
+    them afresh each time (a fresh interpreter: this one's thresholds are already raised)."""
+    code = textwrap.dedent("""
+        import resource, sys
+        import numpy as np
+        from gpinfer.out_of_core import prime_allocator
+        if sys.argv[1] == "prime":
+            prime_allocator()
+        faults = []
+        for _ in range(4):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            a, b = np.ones((1250, 2000)), np.ones((1250, 2000))  # 20 MB each, written
+            del a, b
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        print(*faults)
+        """)
+    runs = {mode: [int(v) for v in subprocess.run(
+        [sys.executable, "-c", code, mode], capture_output=True, text=True, check=True
+    ).stdout.split()] for mode in ("prime", "plain")}
+    # primed, the heap keeps the pages between rounds; plain, 40 MB are mapped afresh each
+    # round (here about 1000 faults a round; fewer, larger ones with transparent huge pages)
+    assert max(runs["prime"][1:]) * 10 < min(runs["plain"][1:])
