@@ -37,14 +37,19 @@ epochs 2..E, memmap / memory):
   the batch reads (0.57 -> 0.39 s an epoch, ``RowSource.rows_as``).
 * 1e7, ``--epochs 2`` (epoch 2 alone), one round, load 2.1-3.7: svi 0.90x (105.9 / 118.0 s),
   sep 1.25x (83.8 / 67.2 s); peak RSS memmap 545 MB (svi) and 497 MB (sep), in memory 5.6 GB.
-  sep misses the 1.2x here (at 1e6 it meets it): not explained yet. The memmap's reads cost
-  about 4 s an epoch at 1e7 (0.40 s CPU per 200 batches of 5000 scattered rows, ~0.1 fault a
-  row; ``madvise(MADV_RANDOM)`` or larger pieces change nothing); the in-memory svi epoch is
-  the slower one at this size.
+  sep's 1.25x, checked from ``getrusage`` on sep's epoch 2 alone (load 1.4-3.4): in memory
+  62.0 s (61.7 user + 0.3 system), memmap 67.5 s (64.8 + 2.7, 1.1 million minor faults) with
+  the file in the page cache, 1.09x, and 74.5 s (66.6 + 8.0, 2.3 million minor and 59 major
+  faults) right after the in-memory fit (5.6 GB) had pushed part of the file out of the page
+  cache, 1.20x: the memmap's extra is the page faults of its reads, more of them when the
+  file is not all cached (in this benchmark the memmap case runs right after the in-memory
+  one of the other method). The reads alone cost 0.40 s CPU per 200 batches of 5000
+  scattered rows with the file cached (~0.1 fault a row; ``madvise(MADV_RANDOM)`` or larger
+  pieces between ``release_pages`` change nothing). The in-memory svi epoch is the slower
+  one at this size (not looked into).
 
-The cases are interleaved
-(memmap, memory, memmap, memory, ...) with ``--repeats``; the file is deleted at the end unless
-``--keep``.
+The cases are interleaved (memmap, memory, memmap, memory, ...) with ``--repeats``; the file
+is deleted at the end unless ``--keep``.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/scale_out.py --n 1000000 --d 20
 
