@@ -19,12 +19,37 @@ process CPU time, its wall time, the epoch time (the history's ``elapsed`` of th
 minus the first's start, per epoch: wall, start-up included), the *epoch CPU* (process CPU per
 epoch over epochs 2..E, from the callback: the issue's "epoch time", with ``--epochs`` >= 2) and
 the peak RSS. The whole fit's CPU ratio is not the epoch ratio: the in-memory case checks and
-copies all of X before training, which the memmap case streams (measured 2026-12-05 at 1e6 x 20,
-M 50, B 5000: fit-CPU ratios sep 0.76-0.94, svi 0.88-1.13, while the epochs ran at 1.15x, sep,
-and 1.30x, svi, in this benchmark with ``--epochs 3``, load 0.9; a callback script timing epochs
-2..4 in two interleaved rounds, load 1-2.3, gave 1.11x and 1.40x). The cases are interleaved
-(memmap, memory, memmap, memory, ...) with ``--repeats``; the file is deleted at the end unless
-``--keep``.
+copies all of X before training, which the memmap case streams.
+
+Measured (s39, 2026-12-05; D 20, M 50, B 5000; 2 cores shared with other jobs; epoch CPU over
+epochs 2..E, memmap / memory):
+
+* 1e6, ``--epochs 3``, two interleaved rounds, load 4.2-6.4: svi 1.07x and 1.15x (11.10 /
+  10.42 s, 10.25 / 8.94 s), sep 1.04x and 1.16x (7.98 / 7.69 s, 8.51 / 7.36 s). Before s39
+  svi ran at 1.30-1.40x (1.30x here at load 0.9, 1.40x in a callback script timing epochs 2..4).
+  Where it went, svi's epoch 2 from ``getrusage`` (two interleaved rounds, load 4.2-6.3):
+  before, memmap 10.1-10.7 s user + 2.3-3.3 s system CPU with 1.2-1.5 million minor page
+  faults, against 9.5 s + 0.0 s in memory; now 9.5-9.8 s + 0.35-0.40 s, 125 000 faults (the
+  memmap's rows, read after ``madvise(MADV_DONTNEED)``): 1.02x and 1.08x. The system CPU was
+  glibc's malloc giving a step's temporaries back to the system after every step and faulting
+  them in at the next (``gpinfer.out_of_core.prime_allocator``); the user CPU, the fixed-``Z``
+  kernel path the memmap fit did not take (``gpinfer.inducing.FixedInputCovariances``), and
+  the batch reads (0.57 -> 0.39 s an epoch, ``RowSource.rows_as``).
+* 1e7, ``--epochs 2`` (epoch 2 alone), one round, load 2.1-3.7: svi 0.90x (105.9 / 118.0 s),
+  sep 1.25x (83.8 / 67.2 s); peak RSS memmap 545 MB (svi) and 497 MB (sep), in memory 5.6 GB.
+  sep's 1.25x, checked from ``getrusage`` on sep's epoch 2 alone (load 1.4-3.4): in memory
+  62.0 s (61.7 user + 0.3 system), memmap 67.5 s (64.8 + 2.7, 1.1 million minor faults) with
+  the file in the page cache, 1.09x, and 74.5 s (66.6 + 8.0, 2.3 million minor and 59 major
+  faults) right after the in-memory fit (5.6 GB) had pushed part of the file out of the page
+  cache, 1.20x: the memmap's extra is the page faults of its reads, more of them when the
+  file is not all cached (in this benchmark the memmap case runs right after the in-memory
+  one of the other method). The reads alone cost 0.40 s CPU per 200 batches of 5000
+  scattered rows with the file cached (~0.1 fault a row; ``madvise(MADV_RANDOM)`` or larger
+  pieces between ``release_pages`` change nothing). The in-memory svi epoch is the slower
+  one at this size (not looked into).
+
+The cases are interleaved (memmap, memory, memmap, memory, ...) with ``--repeats``; the file
+is deleted at the end unless ``--keep``.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/scale_out.py --n 1000000 --d 20
 

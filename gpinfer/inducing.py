@@ -15,7 +15,7 @@ from typing import Any, cast
 import numpy as np
 from scipy.cluster.vq import kmeans2
 
-from gpinfer.data.source import KMEANS_SUBSET, host_rows, sample_rows
+from gpinfer.data.source import KMEANS_SUBSET, SourceRows, host_rows, sample_rows
 from gpinfer.errors import InputError
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.stationary import RBF, sqdist
@@ -128,20 +128,30 @@ class FixedInputCovariances:
     recomputing distances and exponentials in the kernel VJP; in the isotropic case it also
     takes the two sums its ``Kuf`` part needs (``Kuf_sums``, with ``last_distances``) instead
     of the ``[M, N]`` gradient. Any other kernel falls back to
-    ``kernel.K`` / ``kernel.grad_params`` (same results). ``cols`` selects a batch of columns.
+    ``kernel.K`` / ``kernel.grad_params`` (same results). ``cols`` selects a batch of columns;
+    ``rows``, where given, are ``X[cols]`` as the caller already read them (bit for bit the
+    rows the instance would gather: an out-of-core ``X`` is then read once per batch).
     ``share``: another instance built on the same ``Z`` and ``X`` whose distances are reused.
+
+    ``X`` may be a ``gpinfer.data.source.SourceRows`` (inputs out of core): the centring shift
+    is then its column mean from one pass in chunks (``SourceRows.column_mean``), no
+    ``[M, N]`` distances are cached (memory stays independent of ``N``) and the ARD path
+    centres each batch's rows as they are read; the formulas are the in-memory ones, so with
+    the same shift and no cache (``M N`` above ``DISTANCE_CACHE_MAX_ENTRIES``) the matrices
+    are the in-memory path's bit for bit.
     """
 
     _Zc: Array  # Z - shift (fast path)
-    _Xc: Array  # X - shift (ARD fast path)
+    _Xc: Array | None  # X - shift (ARD fast path; None out of core: centred per batch)
     _D_uu: Array  # raw squared distances of Z (isotropic fast path)
-    _shift: Array  # the mean of X (isotropic fast path)
+    _shift: Array  # the mean of X (fast path)
 
     def __init__(self, kernel: Kernel, Z: Array, X: Array,
                  share: FixedInputCovariances | None = None):
         from gpinfer.kernels.combination import Sum
 
-        self.kernel, self.Z, self.X = kernel, np.asarray(Z, float), np.asarray(X, float)
+        self.kernel, self.Z, self.X = kernel, np.asarray(Z, float), host_rows(X)
+        out_of_core = isinstance(self.X, SourceRows)
         parts = list(kernel.parts) if isinstance(kernel, Sum) else [kernel]
         # exact types: a subclass may change the formula the fast path relies on
         rbf = [i for i, p in enumerate(parts) if type(p) is RBF]
@@ -153,17 +163,19 @@ class FixedInputCovariances:
         self._D_fu: Array | None = None  # [N, M]: batch rows gather contiguously
         self.ard = self._rbf_part is not None and self._rbf_part.ard
         if self.ard:  # ARD: distances depend on every lengthscale; scaled inputs per call
-            shift = self.X.mean(axis=0)
-            self._Xc, self._Zc = self.X - shift, self.Z - shift
+            shift = _column_mean(self.X)
+            self._Xc = None if out_of_core else self.X - shift
+            self._Zc, self._shift = self.Z - shift, shift
         elif self.fast and share is not None and share.fast and not share.ard:
             self._Zc, self._D_uu, self._D_fu = share._Zc, share._D_uu, share._D_fu
             self._shift = share._shift
         elif self.fast:
-            shift = self.X.mean(axis=0)
+            shift = _column_mean(self.X)
             Zc = self.Z - shift
             self._Zc = Zc
             self._D_uu = sqdist(Zc)
-            if self.Z.shape[0] * self.X.shape[0] <= DISTANCE_CACHE_MAX_ENTRIES:
+            if not out_of_core and \
+                    self.Z.shape[0] * self.X.shape[0] <= DISTANCE_CACHE_MAX_ENTRIES:
                 self._D_fu = sqdist(self.X - shift, Zc)
             self._shift = shift
         #: the last ``(Kuu_rbf, Kuf_rbf, distances)``: raw ``D [M, N]``, or ARD ``(A, B)``
@@ -175,28 +187,34 @@ class FixedInputCovariances:
             raise ValueError("FixedInputCovariances: not an RBF (+ White) kernel")
         return self._rbf_part
 
-    def _dist_uf(self, cols: Array | None) -> Array:
+    def _rows(self, cols: Array | None, rows: Array | None) -> Array:
+        """``X[cols]`` (``cols`` None: all of ``X``): ``rows`` when the caller read them."""
+        if rows is not None:
+            return rows
+        return self.X if cols is None else self.X[cols]
+
+    def _dist_uf(self, cols: Array | None, rows: Array | None) -> Array:
         if self._D_fu is not None:
             return (self._D_fu if cols is None else self._D_fu[cols]).T
-        Xb = self.X if cols is None else self.X[cols]
-        return sqdist(self._Zc, Xb - self._shift)
+        return sqdist(self._Zc, self._rows(cols, rows) - self._shift)
 
-    def matrices(self, cols: Array | None = None, out: Array | None = None
-                 ) -> tuple[Array, Array, Array]:
-        """``(Kuu, Kuf, Kff_diag)`` at the kernel's current parameters (``cols``: a batch).
+    def matrices(self, cols: Array | None = None, out: Array | None = None,
+                 rows: Array | None = None) -> tuple[Array, Array, Array]:
+        """``(Kuu, Kuf, Kff_diag)`` at the kernel's current parameters (``cols``: a batch;
+        ``rows``: its rows ``X[cols]`` ``[B, D]`` where already read).
 
         ``out``: an ``[M, N]`` array that ``Kuf`` may be written into, used when it has the
         layout of the cached distances (``Kuf`` is then ``out``; check with ``is``).
         """
         if not self.fast:
-            Xb = self.X if cols is None else self.X[cols]
+            Xb = self._rows(cols, rows)
             k = self.kernel
             return k.K(self.Z), k.K(self.Z, Xb), k.K_diag(Xb)
         rbf = self._fast_rbf()
         if self.ard:
-            return self._matrices_ard(rbf, cols)
+            return self._matrices_ard(rbf, cols, rows)
         Kuu_se = rbf.K_from_sqdist(self._D_uu)
-        D_uf = self._dist_uf(cols)
+        D_uf = self._dist_uf(cols, rows)
         Kuf = rbf.K_from_sqdist(D_uf, out=out)
         noise = sum(p.variance for p in self._whites)
         Kuu = Kuu_se + noise * np.eye(self.Z.shape[0])
@@ -204,10 +222,15 @@ class FixedInputCovariances:
         self._last = (Kuu_se, Kuf, D_uf)
         return Kuu, Kuf, np.full(n, rbf.variance + noise)
 
-    def _matrices_ard(self, rbf: RBF, cols: Array | None) -> tuple[Array, Array, Array]:
+    def _matrices_ard(self, rbf: RBF, cols: Array | None, rows: Array | None
+                      ) -> tuple[Array, Array, Array]:
         ell = np.asarray(rbf.lengthscale, dtype=float)
         B = self._Zc / ell  # [M, D]
-        A = (self._Xc if cols is None else self._Xc[cols]) / ell  # [N, D]
+        if self._Xc is None:  # out of core: the batch centred as read (the same bits)
+            Xc = self._rows(cols, rows) - self._shift
+        else:
+            Xc = self._Xc if cols is None else self._Xc[cols]
+        A = Xc / ell  # [N, D]
         Kuu_se = rbf.K_from_sqdist(sqdist(B), scaled=True)
         Kuf = rbf.K_from_sqdist(sqdist(B, A), scaled=True)
         noise = sum(p.variance for p in self._whites)
@@ -238,10 +261,12 @@ class FixedInputCovariances:
 
     def kernel_gradient(self, Kuu: Array | None, Kuf: Array | None, Kff_diag: Array | None,
                         cols: Array | None = None,
-                        Kuf_sums: tuple[float, float] | None = None) -> Array:
+                        Kuf_sums: tuple[float, float] | None = None,
+                        rows: Array | None = None) -> Array:
         """Gradient wrt ``kernel.get_unconstrained()`` from matrix gradients ``dL/dKuu [M, M]``,
         ``dL/dKuf [M, N]`` (or its batch columns) and ``dL/dKff_diag [N]``, at the parameters
-        of the last ``matrices`` call.
+        of the last ``matrices`` call (``rows``: ``X[cols]`` where already read; only the
+        generic fallback reads rows here).
 
         ``Kuf_sums`` (only where ``contracts_kuf``; then pass ``Kuf=None``):
         ``(sum(dL/dKuf * Kuf), sum(dL/dKuf * Kuf * D))`` with ``Kuf`` and ``D`` of the last
@@ -250,7 +275,7 @@ class FixedInputCovariances:
         if Kuf_sums is not None and not self.contracts_kuf:
             raise ValueError("Kuf_sums needs the isotropic RBF fast path (contracts_kuf)")
         if not self.fast:
-            Xb = self.X if cols is None else self.X[cols]
+            Xb = self._rows(cols, rows)
             k, g = self.kernel, np.zeros(self.kernel.n_params)
             if Kuu is not None:
                 g += k.grad_params(self.Z, None, Kuu)
@@ -260,7 +285,7 @@ class FixedInputCovariances:
                 g += k.grad_params_diag(Xb, Kff_diag)
             return g
         if self._last is None:
-            self.matrices(cols)
+            self.matrices(cols, rows=rows)
         assert self._last is not None
         Kuu_se, Kuf_se, D_uf = self._last
         rbf = self._fast_rbf()
@@ -305,3 +330,9 @@ class FixedInputCovariances:
         if ard is not None:
             return rbf.ard_lengthscale_gradient(GK, *ard), float(np.sum(GK))
         return rbf.sqdist_gradient(float(np.sum(GK)), weighted())
+
+
+def _column_mean(X: Array | SourceRows) -> Array:
+    """The column means ``[D]`` of ``X``: ``X.mean(axis=0)``, or for inputs out of core one
+    pass in chunks (``SourceRows.column_mean``)."""
+    return X.column_mean() if isinstance(X, SourceRows) else X.mean(axis=0)

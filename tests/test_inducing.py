@@ -48,6 +48,36 @@ def test_fixed_input_covariances_match_kernel_and_vjp(kernel):
                                    parameter_gradient(hp, Xb, G), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("kernel", [
+    RBF(lengthscale=1.3, variance=0.7) + White(0.05),
+    RBF(lengthscale=[0.8, 1.7], variance=1.4),
+    Matern52(lengthscale=1.1, variance=1.0) + White(0.1),  # generic fallback
+])
+def test_fixed_input_covariances_out_of_core_equal_the_in_memory_ones(monkeypatch, kernel):
+    """On a ``SourceRows`` (X out of core) the covariances and gradients are the in-memory
+    path's bit for bit when that keeps no ``[M, N]`` distances (``M N`` above the limit; a
+    ``SourceRows`` never does), whether the caller gives the batch's rows (``rows``) or not."""
+    import gpinfer.inducing as inducing
+    from gpinfer.data.source import ArraySource, SourceRows
+
+    monkeypatch.setattr(inducing, "DISTANCE_CACHE_MAX_ENTRIES", 0)
+    rng = np.random.default_rng(5)
+    X, Z = rng.normal(size=(40, 2)) + 4.0, rng.normal(size=(6, 2)) + 4.0
+    rows = SourceRows(ArraySource(X.astype(np.float32)))
+    X32 = X.astype(np.float32).astype(np.float64)
+    ref, cov = FixedInputCovariances(kernel, Z, X32), FixedInputCovariances(kernel, Z, rows)
+    assert cov._D_fu is None and (rows._column_mean is not None) == cov.fast
+    cols = np.array([31, 2, 17, 5])
+    G = MatrixGradients(Kff_diag=rng.normal(size=4), Kuf=rng.normal(size=(6, 4)),
+                        Kuu=(lambda A: A + A.T)(rng.normal(size=(6, 6))))
+    for given in (None, rows[cols]):
+        for a, b in zip(cov.matrices(cols, rows=given), ref.matrices(cols)):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(
+            cov.kernel_gradient(G.Kuu, G.Kuf, G.Kff_diag, cols, rows=given),
+            ref.kernel_gradient(G.Kuu, G.Kuf, G.Kff_diag, cols))
+
+
 def test_contracted_kuf_gradient_equals_the_full_one():
     """Isotropic RBF: ``Kuf_sums = (sum(G K), sum(G K D))`` gives the same gradient as ``Kuf``."""
     rng = np.random.default_rng(3)

@@ -3,6 +3,11 @@ row-indexable array give the fit of the same array in memory, without ever holdi
 
 from __future__ import annotations
 
+import platform
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -51,14 +56,39 @@ def test_memmap_and_shards_fit_bit_identical_to_the_array_in_memory(tmp_path, me
         assert model.n_iter_ == ref.n_iter_
 
 
-def test_svi_memmap_fit_equals_the_in_memory_fit(tmp_path):
-    """svi's fixed-Z fast path caches [M, N] distances of all of X; out of core it takes the
-    generic kernel path (the same formulas, rounding apart)."""
-    X, y = _data()
-    P = GPClassifier(**_settings("svi")).fit(X, y).predict_proba(X)
+def test_svi_memmap_fit_takes_the_in_memory_path(tmp_path, monkeypatch):
+    """svi's fixed-Z path (``FixedInputCovariances``) runs out of core as in memory, each batch
+    read once for every latent. In memory it keeps the ``[M, N]`` distances while ``M N <=
+    DISTANCE_CACHE_MAX_ENTRIES``, out of core never: with that memo off (as at ``M N`` above
+    the limit) the fit of a float32 memmap equals the in-memory fit bit for bit, with it on
+    to rounding."""
+    from gpinfer_svi.method import VariationalState
+
+    import gpinfer.inducing as inducing
+    from gpinfer.data.source import SourceRows
+
+    X, y = _data(dtype=np.float32)
     mm = _memmap(tmp_path, X)
+    P = GPClassifier(**_settings("svi")).fit(X, y).predict_proba(X)
+    reads: list[int] = []
+    get = SourceRows.__getitem__
+    monkeypatch.setattr(SourceRows, "__getitem__",
+                        lambda self, rows: reads.append(1) or get(self, rows))
+    steps: list[tuple[int, bool]] = []
+    estimate = VariationalState.estimate
+
+    def counted(self, *args, **kwargs):
+        before = len(reads)
+        out = estimate(self, *args, **kwargs)
+        steps.append((len(reads) - before, self._fast))
+        return out
+
+    monkeypatch.setattr(VariationalState, "estimate", counted)
     Q = GPClassifier(**_settings("svi")).fit(mm, y).predict_proba(mm)
+    assert steps and set(steps) == {(1, True)}  # the fixed-Z path, one read per step
     np.testing.assert_allclose(Q, P, rtol=1e-10, atol=1e-13)
+    monkeypatch.setattr(inducing, "DISTANCE_CACHE_MAX_ENTRIES", 0)
+    np.testing.assert_array_equal(Q, GPClassifier(**_settings("svi")).fit(X, y).predict_proba(X))
 
 
 def test_float32_input_is_cast_per_batch_as_the_float32_array_is(tmp_path):
@@ -265,3 +295,31 @@ def test_a_method_that_cannot_stream_is_refused_before_any_row_is_read(tmp_path)
     with pytest.raises(InputError, match="batch_size must be a positive int or None"):
         GPClassifier(**_settings("sep", batch_size="64")).fit(_memmap(tmp_path, X[1:]), y[1:])
     assert rows.reads == []
+
+
+@pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
+                    reason="glibc's malloc thresholds")
+def test_the_primed_allocator_keeps_a_steps_temporaries_resident():
+    """After ``prime_allocator`` (as a streamed fit starts), blocks of 20 MB allocated and freed
+    again and again are served from the heap without new page faults; unprimed, glibc maps
+    them afresh each time (a fresh interpreter: this one's thresholds are already raised)."""
+    code = textwrap.dedent("""
+        import resource, sys
+        import numpy as np
+        from gpinfer.out_of_core import prime_allocator
+        if sys.argv[1] == "prime":
+            prime_allocator()
+        faults = []
+        for _ in range(4):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            a, b = np.ones((1250, 2000)), np.ones((1250, 2000))  # 20 MB each, written
+            del a, b
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        print(*faults)
+        """)
+    runs = {mode: [int(v) for v in subprocess.run(
+        [sys.executable, "-c", code, mode], capture_output=True, text=True, check=True
+    ).stdout.split()] for mode in ("prime", "plain")}
+    # primed, the heap keeps the pages between rounds; plain, 40 MB are mapped afresh each
+    # round (here about 1000 faults a round; fewer, larger ones with transparent huge pages)
+    assert max(runs["prime"][1:]) * 10 < min(runs["plain"][1:])

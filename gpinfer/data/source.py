@@ -73,6 +73,13 @@ class RowSource:
         source's dtype."""
         raise NotImplementedError
 
+    def rows_as(self, index: Array | slice, dtype: Any) -> Array:
+        """``rows(index)`` as a new C-ordered array ``[B, D]`` of ``dtype`` that the caller
+        owns (and may change in place): ``np.array(self.rows(index), dtype=dtype)``. A source
+        that can cast rows as it gathers them (``ArraySource``, ``ShardSource``) skips the
+        copy in its own dtype; the values are the same bits."""
+        return np.array(self.rows(index), dtype=dtype)
+
     def chunks(self, size: int | None = None) -> Iterator[tuple[int, Array]]:
         """``(start, rows [b, D])`` of consecutive blocks of at most ``size`` rows (None:
         ``CHUNK_ROWS``)."""
@@ -125,12 +132,15 @@ class ArraySource(RowSource):
         _check_size(self.n_rows, self.n_cols, name)
 
     def rows(self, index: Array | slice) -> Array:
+        return self.rows_as(index, self.dtype)
+
+    def rows_as(self, index: Array | slice, dtype: Any) -> Array:
         if isinstance(index, slice):
-            block = np.array(self.data[index])
+            block = np.array(self.data[index], dtype=dtype)
             release_pages(self.data)
             return block
-        return _gather(lambda idx: _read_mapped(self.data, idx),
-                       np.asarray(index, dtype=np.int64))
+        return _gather(lambda idx, out, at: _read_mapped(self.data, idx, out, at),
+                       np.asarray(index, dtype=np.int64), self.n_cols, dtype)
 
     def describe(self) -> str:
         return f"{type(self.data).__name__} of shape {self.shape}"
@@ -158,19 +168,23 @@ def release_pages(array: Any) -> None:
 MAPPED_PIECE = 256
 
 
-def _read_mapped(data: Any, index: Array) -> Array:
-    """``data[index]`` (sorted ``index``) as an array; for a memory map in pieces of
+def _read_mapped(data: Any, index: Array, out: Array, at: Array | None) -> None:
+    """Writes ``data[index]`` (sorted ``index [b]``) into the rows ``at [b]`` of ``out`` (None:
+    its first ``b`` rows in order), cast to ``out``'s dtype. A memory map is read through its
+    plain ``ndarray`` view (one copy, no ``numpy.memmap`` wrapper per read) in pieces of
     ``MAPPED_PIECE`` rows, each followed by ``release_pages``, so that the resident pages stay
-    bounded whatever the batch size (5000 scattered rows would map up to 320 MB at once)."""
-    if getattr(data, "_mmap", None) is None or index.size <= MAPPED_PIECE:
-        block = np.array(data[index])
+    bounded whatever the batch size (5000 scattered rows would map up to 320 MB at once); any
+    other array in one read."""
+    mapped = getattr(data, "_mmap", None) is not None
+    view = np.asarray(data) if mapped else data
+    step = MAPPED_PIECE if mapped else max(index.size, 1)
+    for lo in range(0, index.size, step):
+        part = view[index[lo:lo + step]]
+        if at is None:
+            out[lo:lo + part.shape[0]] = part
+        else:
+            out[at[lo:lo + step]] = part
         release_pages(data)
-        return block
-    parts = []
-    for lo in range(0, index.size, MAPPED_PIECE):
-        parts.append(np.array(data[index[lo:lo + MAPPED_PIECE]]))
-        release_pages(data)
-    return np.concatenate(parts)
 
 
 def slice_rows(index: slice, n: int) -> Array:
@@ -179,14 +193,17 @@ def slice_rows(index: slice, n: int) -> Array:
     return np.arange(*index.indices(n))
 
 
-def _gather(read: Any, index: Array) -> Array:
-    """``read(index)`` with the reads in increasing row order; rows returned in ``index``'s."""
+def _gather(read: Any, index: Array, n_cols: int, dtype: Any) -> Array:
+    """The rows at ``index [B]`` as a new ``[B, n_cols]`` array of ``dtype``, in ``index``'s
+    order, read in increasing row order: ``read(sorted_index, out, at)`` writes them into the
+    rows ``at`` of ``out`` (None: in order; else the sorting permutation, so that no sorted copy
+    is formed and unscrambled)."""
+    out = np.empty((index.size, n_cols), dtype=dtype)
     if index.size < 2 or bool(np.all(index[1:] >= index[:-1])):
-        return read(index)
+        read(index, out, None)
+        return out
     order = np.argsort(index, kind="stable")
-    block = read(index[order])
-    out = np.empty_like(block)
-    out[order] = block
+    read(index[order], out, order)
     return out
 
 
@@ -238,26 +255,30 @@ class ShardSource(RowSource):
         return a
 
     def rows(self, index: Array | slice) -> Array:
+        return self.rows_as(index, self.dtype)
+
+    def rows_as(self, index: Array | slice, dtype: Any) -> Array:
         if isinstance(index, slice):
             index = slice_rows(index, self.n_rows)
-        return _gather(self._read_sorted, np.asarray(index, dtype=np.int64))
+        return _gather(self._read_sorted, np.asarray(index, dtype=np.int64), self.n_cols,
+                       dtype)
 
-    def _read_sorted(self, index: Array) -> Array:
-        """Rows at a sorted ``index`` (consecutive rows of one shard read as one slice)."""
+    def _read_sorted(self, index: Array, out: Array, at: Array | None) -> None:
+        """Writes the rows at a sorted ``index`` into the rows ``at`` of ``out`` (None: in
+        order; consecutive rows of one shard read as one slice)."""
         if index.size and (index[0] < 0 or index[-1] >= self.n_rows):
             raise IndexError(f"row index out of range 0..{self.n_rows - 1}")
-        out = np.empty((index.size, self.n_cols), dtype=self.dtype)
         shard_of = np.searchsorted(self.offsets, index, side="right") - 1
         for k in np.unique(shard_of):
-            at = np.flatnonzero(shard_of == k)
-            local = index[at] - self.offsets[k]
+            mine = np.flatnonzero(shard_of == k)
+            local = index[mine] - self.offsets[k]
+            dest = mine if at is None else at[mine]
             if local[-1] - local[0] + 1 == local.size and (
                     local.size < 2 or bool(np.all(local[1:] > local[:-1]))):  # no repeats
-                out[at] = self.shards[k][local[0]:local[-1] + 1]
+                out[dest] = self.shards[k][local[0]:local[-1] + 1]
                 release_pages(self.shards[k])
             else:
-                out[at] = _read_mapped(self.shards[k], local)
-        return out
+                _read_mapped(self.shards[k], local, out, dest)
 
     def describe(self) -> str:
         return f"{len(self.paths)} .npy shard(s), {self.n_rows} rows x {self.n_cols} columns"
@@ -379,6 +400,7 @@ class SourceRows:
         self.shape = (n, source.n_cols)
         #: the column statistics of these rows as given (before scaling), where known
         self.stats: ColumnStats | None = None
+        self._column_mean: Array | None = None  # ``column_mean``, once computed
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -389,13 +411,14 @@ class SourceRows:
         rows = np.asarray(rows)
         if rows.dtype == bool:
             rows = np.flatnonzero(rows)
-        rows = rows.astype(np.int64).reshape(-1)
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         return rows if self.index is None else self.index[rows]
 
     def __getitem__(self, rows: Any) -> Array:
-        block = np.array(self.source.rows(self._global(rows)), dtype=np.float64)
-        if self.mean is not None:
-            block = (block - self.mean) / self.scale
+        block = self.source.rows_as(self._global(rows), np.float64)  # cast as gathered
+        if self.mean is not None:  # in place: the bits of (block - mean) / scale
+            block -= self.mean
+            block /= self.scale
         return block
 
     def subset(self, rows: Any) -> SourceRows:
@@ -416,6 +439,18 @@ class SourceRows:
         size = size or CHUNK_ROWS
         for start in range(0, self.shape[0], size):
             yield self[slice(start, min(start + size, self.shape[0]))]
+
+    def column_mean(self) -> Array:
+        """The column means ``[D]`` of these rows as they are read (scaled, float64), from one
+        pass over them in chunks of ``CHUNK_ROWS``: the chunks' column sums added, over ``N``;
+        ``X.mean(axis=0)`` of the rows in memory bit for bit when they fit in one chunk. Kept
+        after the first call (a fit's latents share it)."""
+        if self._column_mean is None:
+            total = np.zeros(self.shape[1])
+            for block in self.chunks():
+                total += block.sum(axis=0)
+            self._column_mean = total / self.shape[0]
+        return self._column_mean
 
     def __array__(self, *args: Any, **kwargs: Any) -> Array:
         raise InputError(

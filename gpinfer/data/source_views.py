@@ -4,7 +4,7 @@ each still read a block of rows at a time."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,9 +35,16 @@ class IndexedSource(RowSource):
         self.dtype, self.shard_count = source.dtype, source.shard_count
 
     def rows(self, index: Array | slice) -> Array:
+        return self.source.rows(self._source_rows(index))
+
+    def rows_as(self, index: Array | slice, dtype: Any) -> Array:
+        return self.source.rows_as(self._source_rows(index), dtype)
+
+    def _source_rows(self, index: Array | slice) -> Array:
+        """The source's row numbers (int64) of this view's rows ``index``."""
         if isinstance(index, slice):
             index = slice_rows(index, self.n_rows)
-        return self.source.rows(self.index[np.asarray(index, dtype=np.int64)].astype(np.int64))
+        return self.index[np.asarray(index, dtype=np.int64)].astype(np.int64)
 
     def describe(self) -> str:
         return f"{self.n_rows} rows of {self.source.describe()}"

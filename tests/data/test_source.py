@@ -44,6 +44,33 @@ def test_memmap_and_shards_give_the_rows_asked_in_their_order_and_dtype(tmp_path
         np.testing.assert_array_equal(got, X)
 
 
+def test_rows_cast_as_gathered_equal_the_rows_cast_after(tmp_path, monkeypatch):
+    """``rows_as``: a memmap's, shards' and an index view's rows gathered straight into float64
+    (in pieces of ``MAPPED_PIECE`` rows, unsorted, repeated) are ``X[index]`` cast after, in a
+    new array the caller owns; ``SourceRows`` scales them in place to the bits of ``(x - mean)
+    / scale``."""
+    import gpinfer.data.source as source_module
+    from gpinfer.data.source_views import IndexedSource
+
+    monkeypatch.setattr(source_module, "MAPPED_PIECE", 4)
+    X = np.random.default_rng(4).normal(size=(60, 3)).astype(np.float32)
+    index = np.random.default_rng(5).integers(0, 60, size=23)  # unsorted, with repeats
+    part = np.array([59, 2, 40, 7, 7, 31])
+    mean, scale = np.array([0.1, -0.3, 2.0]), np.array([1.5, 0.7, 3.0])
+    mm = _memmap(tmp_path, X)
+    for src in (as_source(mm), as_source(_shards(tmp_path, X, [9, 30, 31]))):
+        for idx in (index, np.sort(index), slice(3, 50)):
+            got = src.rows_as(idx, np.float64)
+            assert got.dtype == np.float64 and got.flags.c_contiguous and got.flags.writeable
+            np.testing.assert_array_equal(got, X[idx].astype(np.float64))
+        view = IndexedSource(src, part)
+        np.testing.assert_array_equal(view.rows_as(np.array([4, 0, 5]), np.float64),
+                                      X[part[[4, 0, 5]]].astype(np.float64))
+        rows = SourceRows(src, mean=mean, scale=scale)
+        np.testing.assert_array_equal(rows[index], (X[index].astype(np.float64) - mean) / scale)
+    np.testing.assert_array_equal(mm, X)  # the in-place scaling left the source alone
+
+
 def test_in_memory_input_is_no_source():
     assert as_source(np.zeros((3, 2))) is None
     assert as_source([[1.0, 2.0], [3.0, 4.0]]) is None

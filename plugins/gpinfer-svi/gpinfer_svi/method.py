@@ -43,7 +43,7 @@ import numpy as np
 
 from gpinfer.backend import ops
 from gpinfer.backend.choice import NUMPY, Backend
-from gpinfer.data.source import SourceRows, host_rows, median_input
+from gpinfer.data.source import host_rows, median_input
 from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.inducing import DEFAULT_M, INDUCING_INITS, FixedInputCovariances, initial_inducing
@@ -154,9 +154,8 @@ class VariationalState:
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self._X_full: Array | None = None  # X on the backend, for full-batch steps
         # fixed Z, only kernel parameters learned: cached distances and fused kernel VJPs (a
-        # numpy fast path; other backends, and X out of core, take the generic one)
+        # numpy fast path, in memory and out of core alike; other backends take the generic one)
         self._fast = (backend.is_numpy and hp.Z is not None and not self.shared
-                      and not isinstance(X, SourceRows)
                       and not any(hp.inducing_is_free(l) for l in range(self.L))
                       and bool(np.all(hp.kernel_entries("")))
                       and len({id(k) for k in hp.kernels}) == self.L)
@@ -235,8 +234,8 @@ class VariationalState:
         # per class: a list of [M, M] / [M, B] arrays, or one stacked [C, M, M] / [C, M, B] array
         Kuu: list[Array] | Array
         Kub: list[Array] | Array
-        if self._fast:
-            mats = [c.matrices(batch) for c in self._covs]
+        if self._fast:  # the batch's rows read once (Xb), for every latent
+            mats = [c.matrices(batch, rows=Xb) for c in self._covs]
             Kuu, Kub = [m[0] for m in mats], [m[1] for m in mats]
             Kdiag = np.stack([m[2] for m in mats])
         elif (cov := self.hp.covariances(Xb)) is not None:  # one batched kernel path
@@ -250,7 +249,8 @@ class VariationalState:
         est = uncollapsed_elbo(Kuu, Kub, Kdiag, mu, Lq, self._expectation(batch), scale,
                                with_dSigma=natural)
         if self._fast:
-            g_full = np.concatenate([c.kernel_gradient(G.Kuu, G.Kuf, G.Kff_diag, batch)
+            g_full = np.concatenate([c.kernel_gradient(G.Kuu, G.Kuf, G.Kff_diag, batch,
+                                                       rows=Xb)
                                      for c, G in zip(self._covs, est.matrix)])
             g_theta = g_full[self._theta_index]
         else:
