@@ -433,8 +433,9 @@ class StackedGaussians:
     def B_inv_sum(self) -> Array:
         """``sum_c B_c^-1`` ``[M, M]`` over the leading axis (of ``B_inv``, unless it was formed
         without it: ``shared_paired``)."""
-        if self._B_inv_sum is None:
-            self._B_inv_sum = ops.namespace(self.LB).sum(self.B_inv(), axis=0)
+        if self._B_inv_sum is None:  # (no read of LB: a consumed q has its B^-1)
+            B_inv = self.B_inv()
+            self._B_inv_sum = ops.namespace(B_inv).sum(B_inv, axis=0)
         return self._B_inv_sum
 
     def project(self, A: Array, *, means_by_point: bool = False,

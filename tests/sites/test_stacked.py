@@ -173,6 +173,8 @@ def test_paired_by_inverse_is_paired_and_project_without_the_factors():
     for a, b in zip(moments, moments0):
         assert a.shape == b.shape
         np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-14)
+    # q keeps its B^-1: its sum is served (only the factors are gone)
+    assert np.array_equal(q.B_inv_sum(), q0.B_inv_sum())
     for g in (q, cav):
         with pytest.raises(ValueError, match="inverted in place"):
             _ = g.LB
