@@ -180,6 +180,10 @@ def test_paired_by_inverse_is_paired_and_project_without_the_factors():
             _ = g.LB
         with pytest.raises(ValueError, match="inverted in place"):
             g.project(A)  # R = L_B^-1 A needs the factors
+    indefinite = np.array(P)
+    indefinite[1] = -3.0 * np.eye(M)  # B_1 = I + P_1 = -2 I: q's factorisation fails
+    with pytest.raises(NumericalError, match="not positive definite"):
+        paired_by_inverse(indefinite, h, pair, A)
     P[0, 0, 0] = np.nan
     with pytest.raises(NumericalError):
         paired_by_inverse(P, h, pair, A)
