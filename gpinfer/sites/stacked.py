@@ -325,9 +325,7 @@ class StackedGaussians:
         self._LB_T: Array | None = None  # formed on first use (``B_inv_vec``'s solve)
         self._B_inv: Array | None = None
         if consume and inverse and ops.is_numpy(P_w):  # B^-1 in place of L_B, its log|.| kept
-            self._log_det = self._log_det_of(self.LB)
-            self._B_inv = cho_inverse_stack(self.LB, overwrite=True)
-            self._LB = None
+            self._B_inv = cho_inverse_stack(self._consumed_factors(), overwrite=True)
         self.w: Array
         if not means:  # the caller sets ``w`` (``shared_paired``)
             return
@@ -389,6 +387,15 @@ class StackedGaussians:
     def LB(self, value: Array) -> None:
         self._LB = value
 
+    def _consumed_factors(self) -> Array:
+        """``L_B [C, M, M]`` handed over to a caller that inverts it in place: its
+        log-determinants kept first (for ``log_norm_ratio``), every later read of ``LB`` (and
+        of what needs it) then refused (``consume``, ``paired_by_inverse``)."""
+        LB = self.LB
+        self._log_det = self._log_det_of(LB)
+        self._LB = None
+        return LB
+
     @staticmethod
     def _log_det_of(LB: Array) -> Array:
         """``sum_m log L_B[..., m, m]`` ``[...]`` (half of each ``log|B|``)."""
@@ -426,8 +433,9 @@ class StackedGaussians:
     def B_inv_sum(self) -> Array:
         """``sum_c B_c^-1`` ``[M, M]`` over the leading axis (of ``B_inv``, unless it was formed
         without it: ``shared_paired``)."""
-        if self._B_inv_sum is None:
-            self._B_inv_sum = ops.namespace(self.LB).sum(self.B_inv(), axis=0)
+        if self._B_inv_sum is None:  # (no read of LB: a consumed q has its B^-1)
+            B_inv = self.B_inv()
+            self._B_inv_sum = ops.namespace(B_inv).sum(B_inv, axis=0)
         return self._B_inv_sum
 
     def project(self, A: Array, *, means_by_point: bool = False,
@@ -495,9 +503,8 @@ def paired_by_inverse(P_w: Array, h_w: Array, pair: Scales, A: Array,
     q = StackedGaussians(P_w, h_w, iteration=iteration, inverse=True, finite=True, consume=True)
     cav = StackedGaussians(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]),
                            iteration=iteration, means=False, finite=True)
-    cav._log_det = StackedGaussians._log_det_of(cav.LB)
-    cav.w, BiA, _, failed = ops.cho_inverse_terms(cav.LB, cav.h_w, A, overwrite=True)
-    cav._LB = None  # inverted in place
+    cav.w, BiA, _, failed = ops.cho_inverse_terms(cav._consumed_factors(), cav.h_w, A,
+                                                  overwrite=True)
     if failed or BiA is None:
         raise NumericalError("singular Cholesky factor", iteration=iteration, quantity="B")
     lnr = np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])

@@ -173,11 +173,17 @@ def test_paired_by_inverse_is_paired_and_project_without_the_factors():
     for a, b in zip(moments, moments0):
         assert a.shape == b.shape
         np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-14)
+    # q keeps its B^-1: its sum is served (only the factors are gone)
+    assert np.array_equal(q.B_inv_sum(), q0.B_inv_sum())
     for g in (q, cav):
         with pytest.raises(ValueError, match="inverted in place"):
             _ = g.LB
         with pytest.raises(ValueError, match="inverted in place"):
             g.project(A)  # R = L_B^-1 A needs the factors
+    indefinite = np.array(P)
+    indefinite[1] = -3.0 * np.eye(M)  # B_1 = I + P_1 = -2 I: q's factorisation fails
+    with pytest.raises(NumericalError, match="not positive definite"):
+        paired_by_inverse(indefinite, h, pair, A)
     P[0, 0, 0] = np.nan
     with pytest.raises(NumericalError):
         paired_by_inverse(P, h, pair, A)
