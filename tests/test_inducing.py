@@ -19,7 +19,7 @@ from gpinfer.inducing import (
     kmeans_inducing,
 )
 from gpinfer.interfaces import MatrixGradients
-from gpinfer.kernels import RBF, Matern52, White
+from gpinfer.kernels import RBF, Linear, Matern52, White
 
 
 @pytest.mark.parametrize("kernel", [
@@ -52,6 +52,7 @@ def test_fixed_input_covariances_match_kernel_and_vjp(kernel):
     RBF(lengthscale=1.3, variance=0.7) + White(0.05),
     RBF(lengthscale=[0.8, 1.7], variance=1.4),
     Matern52(lengthscale=1.1, variance=1.0) + White(0.1),  # generic fallback
+    Linear(variance=[0.6, 1.2]) + White(0.1),  # non-stationary: generic, never centred
 ])
 def test_fixed_input_covariances_out_of_core_equal_the_in_memory_ones(monkeypatch, kernel):
     """On a ``SourceRows`` (X out of core) the covariances and gradients are the in-memory

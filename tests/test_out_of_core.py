@@ -91,6 +91,27 @@ def test_svi_memmap_fit_takes_the_in_memory_path(tmp_path, monkeypatch):
     np.testing.assert_array_equal(Q, GPClassifier(**_settings("svi")).fit(X, y).predict_proba(X))
 
 
+def test_svi_ard_memmap_fit_equals_the_in_memory_fit(tmp_path, monkeypatch):
+    """ARD (no ``[M, N]`` memo in memory either): svi's fixed-Z path out of core centres each
+    batch as it is read by the column mean of one chunked pass; with the rows in one chunk the
+    memmap fit is the in-memory fit bit for bit."""
+    from gpinfer_svi.method import VariationalState
+
+    from gpinfer.kernels import RBF, White
+
+    X, y = _data(dtype=np.float32)
+    kernel = RBF(lengthscale=[1.0, 2.0, 1.5], variance=1.0) + White(0.01)
+    P = GPClassifier(**_settings("svi", kernel=kernel)).fit(X, y).predict_proba(X)
+    ard: list[bool] = []  # the fixed-Z path, on its ARD branch
+    estimate = VariationalState.estimate
+    monkeypatch.setattr(VariationalState, "estimate", lambda self, *a, **k: ard.append(
+        self._fast and all(c.ard for c in self._covs)) or estimate(self, *a, **k))
+    mm = _memmap(tmp_path, X)
+    Q = GPClassifier(**_settings("svi", kernel=kernel)).fit(mm, y).predict_proba(mm)
+    assert ard and all(ard)
+    np.testing.assert_array_equal(Q, P)
+
+
 def test_float32_input_is_cast_per_batch_as_the_float32_array_is(tmp_path):
     X, y = _data(dtype=np.float32)
     mm = _memmap(tmp_path, X)

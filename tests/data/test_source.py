@@ -71,6 +71,46 @@ def test_rows_cast_as_gathered_equal_the_rows_cast_after(tmp_path, monkeypatch):
     np.testing.assert_array_equal(mm, X)  # the in-place scaling left the source alone
 
 
+@pytest.mark.parametrize("dtype", ["<f2", ">f4", ">f8", "<i4", ">i8", "u1"])
+def test_rows_as_casts_any_stored_dtype_as_numpy_does(tmp_path, monkeypatch, dtype):
+    """``rows_as`` of float16, integer and big-endian ``.npy`` files (a memmap, shards, an
+    array in memory): ``X[index].astype(float64)`` in a native, C-ordered array, for unsorted
+    and repeated rows and a slice; ``rows`` keeps the stored dtype."""
+    import gpinfer.data.source as source_module
+
+    monkeypatch.setattr(source_module, "MAPPED_PIECE", 4)
+    rng = np.random.default_rng(6)
+    X = (rng.normal(size=(50, 3)) * 40).astype(dtype)
+    index = rng.integers(0, 50, size=30)
+    for src in (as_source(_memmap(tmp_path, X)), as_source(_shards(tmp_path, X, [17, 18])),
+                ArraySource(X.copy())):
+        for idx in (index, np.sort(index), slice(2, 40)):
+            got = src.rows_as(idx, np.float64)
+            assert got.dtype == np.float64 and got.dtype.isnative and got.flags.c_contiguous
+            np.testing.assert_array_equal(got, X[idx].astype(np.float64))
+            kept = src.rows(idx)
+            assert kept.dtype == X.dtype
+            np.testing.assert_array_equal(kept, X[idx])
+
+
+def test_column_mean_in_chunks_is_the_mean_of_the_rows_as_read(tmp_path, monkeypatch):
+    """``SourceRows.column_mean`` over several chunks (an index view, scaled): the mean of the
+    rows as they are read, to rounding; computed once and kept; a subset's its own."""
+    import gpinfer.data.source as source_module
+
+    monkeypatch.setattr(source_module, "CHUNK_ROWS", 7)
+    X = np.random.default_rng(7).normal(3.0, 2.0, size=(60, 3)).astype(np.float32)
+    index = np.random.default_rng(8).permutation(60)[:45]
+    mean, scale = np.array([2.0, 3.5, -1.0]), np.array([1.5, 0.5, 2.0])
+    rows = SourceRows(as_source(_memmap(tmp_path, X)), index, mean, scale)
+    expected = ((X[index].astype(np.float64) - mean) / scale).mean(axis=0)
+    np.testing.assert_allclose(rows.column_mean(), expected, rtol=1e-13, atol=1e-14)
+    assert rows.column_mean() is rows.column_mean()
+    part = rows.subset(np.arange(10))
+    np.testing.assert_allclose(part.column_mean(), rows[np.arange(10)].mean(axis=0),
+                               rtol=1e-13, atol=1e-14)
+
+
 def test_in_memory_input_is_no_source():
     assert as_source(np.zeros((3, 2))) is None
     assert as_source([[1.0, 2.0], [3.0, 4.0]]) is None
