@@ -62,7 +62,9 @@ epochs 2..E, memmap / memory):
   load 2.5-5.0): sep 132.4 / 135.5 ms a step unprimed, 132.9 / 135.7 primed, the whole
   process's minor faults 54 300 / 55 000 against 53 700 / 54 200 (the warm-up's); digits'
   sep step 23.5 / 22.2 ms against 21.0 / 21.8, svi 22.2 / 22.6 against 20.4 / 22.8, faults
-  112 800 either way: unchanged. Since then every fit primes (``GPClassifier.fit``).
+  112 800 either way: unchanged. Since then every fit primes (``GPClassifier.fit``); peak RSS
+  unchanged by it (memmap, ``--epochs 1``/``2``, before and after: svi 1e6 315.0 / 315.5 MB
+  against 315.0 / 315.2 MB; sep 1e7 545.5 MB against 545.5 MB, svi 1e7 545.5 MB after).
 
 The cases are interleaved (memmap, memory, memmap, memory, ...) with ``--repeats``; the file
 is deleted at the end unless ``--keep``.
