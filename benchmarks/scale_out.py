@@ -46,7 +46,25 @@ epochs 2..E, memmap / memory):
   one of the other method). The reads alone cost 0.40 s CPU per 200 batches of 5000
   scattered rows with the file cached (~0.1 fault a row; ``madvise(MADV_RANDOM)`` or larger
   pieces between ``release_pages`` change nothing). The in-memory svi epoch is the slower
-  one at this size (not looked into).
+  one at this size: its faults (next item).
+* Priming in memory (s39-prime; ``--modes memory,primed``: ``primed`` is the in-memory fit
+  after ``gpinfer.out_of_core.prime_allocator()``; ``getrusage`` over epochs 2..E, user and
+  system CPU and minor faults an epoch). 1e6, ``--epochs 3 --repeats 2``, load 2.6-5.1:
+  nothing to gain, the in-memory fits fault nothing in their epochs either way: sep 7.09 /
+  7.15 s unprimed (0.01-0.04 s system, 25-26 faults), 7.22 / 7.43 s primed (0.02-0.03 s,
+  26); svi 9.65 / 10.11 s (0.00-0.03 s, 1-122 faults), 9.77 / 9.47 s (0.01 s, 0); peak RSS
+  767.3-767.7 MB in all eight. At 1e7 (svi, in memory, ``report_every`` 100, reports 2..4 of
+  one fit, load 3.0-3.6) the unprimed fit pays them: 5.44 s user + 0.92 s system and 386 000
+  minor faults per 100 steps, primed 5.42 s + 0.02 s and 1 400 faults (6.36 -> 5.43 s,
+  0.85x): its set-up's freed blocks (``N``-sized, over 32 MiB) never lift glibc's threshold,
+  as at 1e6 some of them do. ``benchmarks/engine_step.py`` (MNIST-size sep step, ``--parts
+  sep --epochs 3``; digits, ``--parts digits --digits-epochs 4``; two interleaved rounds,
+  load 2.5-5.0): sep 132.4 / 135.5 ms a step unprimed, 132.9 / 135.7 primed, the whole
+  process's minor faults 54 300 / 55 000 against 53 700 / 54 200 (the warm-up's); digits'
+  sep step 23.5 / 22.2 ms against 21.0 / 21.8, svi 22.2 / 22.6 against 20.4 / 22.8, faults
+  112 800 either way: unchanged. Since then every fit primes (``GPClassifier.fit``); peak RSS
+  unchanged by it (memmap, ``--epochs 1``/``2``, before and after: svi 1e6 315.0 / 315.5 MB
+  against 315.0 / 315.2 MB; sep 1e7 545.5 MB against 545.5 MB, svi 1e7 545.5 MB after).
 
 The cases are interleaved (memmap, memory, memmap, memory, ...) with ``--repeats``; the file
 is deleted at the end unless ``--keep``.
@@ -184,23 +202,41 @@ def run_case(method: str, mode: str, xp: str, yp: str, epochs: int, batch: int, 
 
     y = np.load(yp)
     X = np.load(xp, mmap_mode="r") if mode == "memmap" else np.load(xp)
+    if mode == "primed":  # in memory, glibc's thresholds lifted first (as out of core)
+        from gpinfer.out_of_core import prime_allocator
+
+        prime_allocator()
     options: dict = {"inducing_init": "random"}
     if method == "svi":  # one reported iteration = one epoch (default: a tenth of one)
         options["report_every"] = len(y) // batch
     model = GPClassifier(method=method, M=M, batch_size=batch, max_iter=epochs,
                          random_state=0, method_options=options, baseline_failure="warn")
     marks: list[float] = []  # process CPU at the end of each epoch (one report per epoch)
+    usage: list[resource.struct_rusage] = []  # getrusage at the same points
+
+    def mark(info: object) -> None:
+        marks.append(time.process_time())
+        usage.append(resource.getrusage(resource.RUSAGE_SELF))
+
     c0, w0 = time.process_time(), time.perf_counter()
-    model.fit(X, y, callback=lambda info: marks.append(time.process_time()))
+    model.fit(X, y, callback=mark)
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     elapsed = [float(h["elapsed"]) for h in model.history_]
     epoch = elapsed[-1] / len(elapsed) if elapsed else float("nan")
     # the target's epoch time: CPU per epoch over epochs 2..E (the whole fit's CPU would count
     # the in-memory case's up-front check and copy of X, which the memmap case streams)
     epoch_cpu = (marks[-1] - marks[0]) / (len(marks) - 1) if len(marks) > 1 else float("nan")
+    # user and system CPU and minor page faults per epoch over epochs 2..E
+    per = max(len(usage) - 1, 1)
+    first, last = (usage[0], usage[-1]) if usage else (None, None)
+    nan = float("nan")
+    user = (last.ru_utime - first.ru_utime) / per if first and len(usage) > 1 else nan
+    system = (last.ru_stime - first.ru_stime) / per if first and len(usage) > 1 else nan
+    faults = (last.ru_minflt - first.ru_minflt) / per if first and len(usage) > 1 else nan
     peak_mb = peak_rss_mb()
     return {"method": method, "mode": mode, "fit_cpu_s": cpu, "fit_wall_s": wall,
-            "epoch_s": epoch, "epoch_cpu_s": epoch_cpu, "epochs": len(elapsed),
+            "epoch_s": epoch, "epoch_cpu_s": epoch_cpu, "epoch_user_s": user,
+            "epoch_sys_s": system, "epoch_minflt": faults, "epochs": len(elapsed),
             "peak_rss_mb": peak_mb}
 
 
@@ -375,11 +411,18 @@ def main() -> None:
                     print(f"{method:4s} {mode:7s} peak RSS {row['peak_rss_mb']:8.1f} MB  "
                           f"fit CPU {row['fit_cpu_s']:8.2f} s  wall {row['fit_wall_s']:8.2f} s  "
                           f"epoch {row['epoch_s']:8.2f} s  epoch CPU (2..) "
-                          f"{row['epoch_cpu_s']:7.2f} s  load {os.getloadavg()[0]:.2f}",
+                          f"{row['epoch_cpu_s']:7.2f} s (user {row['epoch_user_s']:.2f} sys "
+                          f"{row['epoch_sys_s']:.2f} minflt {row['epoch_minflt']:.0f})  "
+                          f"load {os.getloadavg()[0]:.2f}",
                           flush=True)
         for method in a.methods.split(","):
             mm = [r for r in rows if r["method"] == method and r["mode"] == "memmap"]
             mem = [r for r in rows if r["method"] == method and r["mode"] == "memory"]
+            primed = [r for r in rows if r["method"] == method and r["mode"] == "primed"]
+            if primed and mem:
+                ratio_p = (np.median([r["epoch_cpu_s"] for r in primed])
+                           / np.median([r["epoch_cpu_s"] for r in mem]))
+                print(f"{method}: primed/memory epoch CPU (epochs 2..) ratio {ratio_p:.3f}")
             if not (mm and mem):
                 continue
             ratio = {key: np.median([r[key] for r in mm]) / np.median([r[key] for r in mem])

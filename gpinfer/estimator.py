@@ -49,6 +49,7 @@ from gpinfer.out_of_core import (
     checked_inputs,
     fitted_scaler,
     predicted_chunks,
+    prime_allocator,
     scaled_rows,
     start_lengthscale,
     take_rows,
@@ -532,7 +533,10 @@ class _GPEstimatorBase:
         stopping), build the method and its problem, fit (``_fit_problem``). Returns the
         classes ``[C]`` of a classifier (None for a regressor), which its ``fit`` keeps. In a
         process group the checks end in one agreement of the ranks
-        (``distributed.checks_agreed``): one rank's failure raises on every rank."""
+        (``distributed.checks_agreed``): one rank's failure raises on every rank. Primes the C
+        allocator first (``gpinfer.out_of_core.prime_allocator``: a step's temporaries stay on
+        the heap instead of being faulted in afresh at every step)."""
+        prime_allocator()
         with distributed.checks_agreed():
             c = self._checked_problem(X, y, sample_weight)
         method, problem = c.first
@@ -1081,7 +1085,9 @@ class GPClassifierCore(_GPEstimatorBase):
         a ``.npy`` path or a list of them, a ``.parquet`` path, a ``gpinfer.data.source.
         RowSource``) for a method with ``supports_out_of_core`` (sep, ep, svi) and
         ``batch_size``: it is then checked in chunks and read by batches, never held whole
-        (``gpinfer.out_of_core``).
+        (``gpinfer.out_of_core``). Every fit first lifts glibc malloc's dynamic thresholds
+        (``gpinfer.out_of_core.prime_allocator``), so that a step's temporaries are reused
+        rather than faulted in afresh at every step; the values are unchanged.
         """
         classes = self._fit(X, y, sample_weight, callback)
         assert classes is not None  # a classifier's targets always have classes

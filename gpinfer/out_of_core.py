@@ -10,9 +10,10 @@ rows and k-means inducing inputs at most ``KMEANS_SUBSET`` (fixed subsamples dra
 ``predict_f`` work in chunks of ``PREDICT_CHUNK`` rows. Only methods that declare
 ``supports_out_of_core`` (sep, ep and svi in mini-batch mode) accept such inputs.
 
-``checked_inputs`` also primes the C allocator (``prime_allocator``): a streamed fit's steps
-allocate and free the same tens of MB of temporaries, which glibc's malloc would otherwise give
-back to the operating system after every step and fault in afresh at the next.
+Every fit, in memory or out of core, starts by priming the C allocator (``prime_allocator``,
+called by the estimators' fit): a fit's steps allocate and free the same tens of MB of
+temporaries, which glibc's malloc would otherwise give back to the operating system after
+every step and fault in afresh at the next.
 """
 
 from __future__ import annotations
@@ -56,11 +57,16 @@ def prime_allocator() -> None:
     steps. Unprimed, a process whose largest freed block is a step's own temporaries never
     lifts the threshold above them (a block of the threshold's size is still mapped), and its
     heap is trimmed after every step: svi on a 1e6 x 20 memmap (B 5000, M 50, C 3) took 1.6
-    million minor page faults an epoch, 3.0 s of system CPU against 9.7 s of user CPU, which
-    the in-memory fit, whose set-up frees larger blocks (copies of ``X``), did not pay. The
-    values computed are unchanged; other allocators, or thresholds fixed by the user
-    (``MALLOC_MMAP_THRESHOLD_``, which turns the dynamic threshold off), only see one unused
-    block come and go. Peak memory is unchanged (the block is never touched)."""
+    million minor page faults an epoch, 3.0 s of system CPU against 9.7 s of user CPU; in
+    memory the same fit at 1e6 paid nothing (a block its set-up frees lifts the threshold),
+    at 1e7 (the set-up's blocks over 32 MiB, which do not lift it) 0.92 s of
+    system CPU and 386 000 faults per 100 steps (``benchmarks/scale_out.py``). The threshold
+    only rises, so one call a process would do; the estimators call it at every fit (a
+    mapping made and unmade, or a heap block reused: microseconds). The values computed are
+    unchanged; other allocators, or thresholds fixed by the user (``MALLOC_MMAP_THRESHOLD_``,
+    ``MALLOC_TRIM_THRESHOLD_`` or ``mallopt``, which turn the dynamic thresholds off), only
+    see one unused block come and go. Peak memory is unchanged (the block is never
+    touched)."""
     block = np.empty(ALLOCATOR_PRIME_BYTES, dtype=np.uint8)
     del block
 
@@ -69,10 +75,8 @@ def checked_inputs(source: RowSource, y: Any) -> tuple[SourceRows, Array, Column
     """``X`` from ``source`` (unscaled, float64 per batch), the labels ``y [N]`` (1-D, in
     memory) and the column statistics of ``X``, after the chunked check (``scan``; the
     source's own ``checked`` statistics where a caller already checked it); ``InputError``
-    when ``y`` has another length. Primes the allocator first (``prime_allocator``)."""
+    when ``y`` has another length."""
     from gpinfer.validation import _labels_1d
-
-    prime_allocator()
 
     y = _labels_1d(y)
     if y.shape[0] != source.n_rows:

@@ -321,15 +321,21 @@ def test_a_method_that_cannot_stream_is_refused_before_any_row_is_read(tmp_path)
 @pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
                     reason="glibc's malloc thresholds")
 def test_the_primed_allocator_keeps_a_steps_temporaries_resident():
-    """After ``prime_allocator`` (as a streamed fit starts), blocks of 20 MB allocated and freed
-    again and again are served from the heap without new page faults; unprimed, glibc maps
-    them afresh each time (a fresh interpreter: this one's thresholds are already raised)."""
+    """After ``prime_allocator``, or after a small in-memory fit (every fit primes), blocks of
+    20 MB allocated and freed again and again are served from the heap without new page
+    faults; unprimed, glibc maps them afresh each time (a fresh interpreter: this one's
+    thresholds are already raised)."""
     code = textwrap.dedent("""
         import resource, sys
         import numpy as np
+        from gpinfer import GPClassifier
         from gpinfer.out_of_core import prime_allocator
         if sys.argv[1] == "prime":
             prime_allocator()
+        elif sys.argv[1] == "fit":  # its arrays are all far below the threshold
+            rng = np.random.default_rng(0)
+            X = rng.normal(size=(60, 2))
+            GPClassifier(method="sep", M=4, max_iter=1).fit(X, (X[:, 0] > 0).astype(int))
         faults = []
         for _ in range(4):
             before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -340,7 +346,8 @@ def test_the_primed_allocator_keeps_a_steps_temporaries_resident():
         """)
     runs = {mode: [int(v) for v in subprocess.run(
         [sys.executable, "-c", code, mode], capture_output=True, text=True, check=True
-    ).stdout.split()] for mode in ("prime", "plain")}
+    ).stdout.split()] for mode in ("prime", "fit", "plain")}
     # primed, the heap keeps the pages between rounds; plain, 40 MB are mapped afresh each
     # round (here about 1000 faults a round; fewer, larger ones with transparent huge pages)
     assert max(runs["prime"][1:]) * 10 < min(runs["plain"][1:])
+    assert max(runs["fit"][1:]) * 10 < min(runs["plain"][1:])
