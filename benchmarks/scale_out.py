@@ -32,7 +32,7 @@ epochs 2..E, memmap / memory):
   faults, against 9.5 s + 0.0 s in memory; now 9.5-9.8 s + 0.35-0.40 s, 125 000 faults (the
   memmap's rows, read after ``madvise(MADV_DONTNEED)``): 1.02x and 1.08x. The system CPU was
   glibc's malloc giving a step's temporaries back to the system after every step and faulting
-  them in at the next (``gpinfer.out_of_core.prime_allocator``); the user CPU, the fixed-``Z``
+  them in at the next (``gpinfer.allocator.prime_allocator``); the user CPU, the fixed-``Z``
   kernel path the memmap fit did not take (``gpinfer.inducing.FixedInputCovariances``), and
   the batch reads (0.57 -> 0.39 s an epoch, ``RowSource.rows_as``).
 * 1e7, ``--epochs 2`` (epoch 2 alone), one round, load 2.1-3.7: svi 0.90x (105.9 / 118.0 s),
@@ -48,7 +48,7 @@ epochs 2..E, memmap / memory):
   pieces between ``release_pages`` change nothing). The in-memory svi epoch is the slower
   one at this size: its faults (next item).
 * Priming in memory (s39-prime; ``--modes memory,primed``: ``primed`` is the in-memory fit
-  after ``gpinfer.out_of_core.prime_allocator()``; ``getrusage`` over epochs 2..E, user and
+  after ``gpinfer.allocator.prime_allocator()``; ``getrusage`` over epochs 2..E, user and
   system CPU and minor faults an epoch). 1e6, ``--epochs 3 --repeats 2``, load 2.6-5.1:
   nothing to gain, the in-memory fits fault nothing in their epochs either way: sep 7.09 /
   7.15 s unprimed (0.01-0.04 s system, 25-26 faults), 7.22 / 7.43 s primed (0.02-0.03 s,
@@ -203,7 +203,7 @@ def run_case(method: str, mode: str, xp: str, yp: str, epochs: int, batch: int, 
     y = np.load(yp)
     X = np.load(xp, mmap_mode="r") if mode == "memmap" else np.load(xp)
     if mode == "primed":  # in memory, glibc's thresholds lifted first (as out of core)
-        from gpinfer.out_of_core import prime_allocator
+        from gpinfer.allocator import prime_allocator
 
         prime_allocator()
     options: dict = {"inducing_init": "random"}
