@@ -229,12 +229,12 @@ def run_case(method: str, mode: str, xp: str, yp: str, epochs: int, batch: int, 
     # the in-memory case's up-front check and copy of X, which the memmap case streams)
     epoch_cpu = (marks[-1] - marks[0]) / (len(marks) - 1) if len(marks) > 1 else float("nan")
     # user and system CPU and minor page faults per epoch over epochs 2..E
-    per = max(len(usage) - 1, 1)
-    first, last = (usage[0], usage[-1]) if usage else (None, None)
-    nan = float("nan")
-    user = (last.ru_utime - first.ru_utime) / per if first and len(usage) > 1 else nan
-    system = (last.ru_stime - first.ru_stime) / per if first and len(usage) > 1 else nan
-    faults = (last.ru_minflt - first.ru_minflt) / per if first and len(usage) > 1 else nan
+    user = system = faults = float("nan")
+    if len(usage) > 1:
+        first, last, per = usage[0], usage[-1], len(usage) - 1
+        user = (last.ru_utime - first.ru_utime) / per
+        system = (last.ru_stime - first.ru_stime) / per
+        faults = (last.ru_minflt - first.ru_minflt) / per
     peak_mb = peak_rss_mb()
     return {"method": method, "mode": mode, "fit_cpu_s": cpu, "fit_wall_s": wall,
             "epoch_s": epoch, "epoch_cpu_s": epoch_cpu, "epoch_user_s": user,
