@@ -32,7 +32,7 @@ epochs 2..E, memmap / memory):
   faults, against 9.5 s + 0.0 s in memory; now 9.5-9.8 s + 0.35-0.40 s, 125 000 faults (the
   memmap's rows, read after ``madvise(MADV_DONTNEED)``): 1.02x and 1.08x. The system CPU was
   glibc's malloc giving a step's temporaries back to the system after every step and faulting
-  them in at the next (``gpinfer.out_of_core.prime_allocator``); the user CPU, the fixed-``Z``
+  them in at the next (``gpinfer.allocator.prime_allocator``); the user CPU, the fixed-``Z``
   kernel path the memmap fit did not take (``gpinfer.inducing.FixedInputCovariances``), and
   the batch reads (0.57 -> 0.39 s an epoch, ``RowSource.rows_as``).
 * 1e7, ``--epochs 2`` (epoch 2 alone), one round, load 2.1-3.7: svi 0.90x (105.9 / 118.0 s),
@@ -47,8 +47,10 @@ epochs 2..E, memmap / memory):
   scattered rows with the file cached (~0.1 fault a row; ``madvise(MADV_RANDOM)`` or larger
   pieces between ``release_pages`` change nothing). The in-memory svi epoch is the slower
   one at this size: its faults (next item).
-* Priming in memory (s39-prime; ``--modes memory,primed``: ``primed`` is the in-memory fit
-  after ``gpinfer.out_of_core.prime_allocator()``; ``getrusage`` over epochs 2..E, user and
+* Priming in memory (s39-prime, measured before every fit primed, then ``--modes
+  memory,primed``: ``primed`` the in-memory fit after ``gpinfer.allocator.prime_allocator()``;
+  now ``--modes unprimed,memory``: ``unprimed`` the in-memory fit with the estimator's priming
+  turned off, ``memory`` primed as every fit; ``getrusage`` over epochs 2..E, user and
   system CPU and minor faults an epoch). 1e6, ``--epochs 3 --repeats 2``, load 2.6-5.1:
   nothing to gain, the in-memory fits fault nothing in their epochs either way: sep 7.09 /
   7.15 s unprimed (0.01-0.04 s system, 25-26 faults), 7.22 / 7.43 s primed (0.02-0.03 s,
@@ -202,10 +204,10 @@ def run_case(method: str, mode: str, xp: str, yp: str, epochs: int, batch: int, 
 
     y = np.load(yp)
     X = np.load(xp, mmap_mode="r") if mode == "memmap" else np.load(xp)
-    if mode == "primed":  # in memory, glibc's thresholds lifted first (as out of core)
-        from gpinfer.out_of_core import prime_allocator
+    if mode == "unprimed":  # in memory, glibc's thresholds left as they are (every fit primes)
+        import gpinfer.estimator
 
-        prime_allocator()
+        gpinfer.estimator.prime_allocator = lambda: None
     options: dict = {"inducing_init": "random"}
     if method == "svi":  # one reported iteration = one epoch (default: a tenth of one)
         options["report_every"] = len(y) // batch
@@ -227,12 +229,12 @@ def run_case(method: str, mode: str, xp: str, yp: str, epochs: int, batch: int, 
     # the in-memory case's up-front check and copy of X, which the memmap case streams)
     epoch_cpu = (marks[-1] - marks[0]) / (len(marks) - 1) if len(marks) > 1 else float("nan")
     # user and system CPU and minor page faults per epoch over epochs 2..E
-    per = max(len(usage) - 1, 1)
-    first, last = (usage[0], usage[-1]) if usage else (None, None)
-    nan = float("nan")
-    user = (last.ru_utime - first.ru_utime) / per if first and len(usage) > 1 else nan
-    system = (last.ru_stime - first.ru_stime) / per if first and len(usage) > 1 else nan
-    faults = (last.ru_minflt - first.ru_minflt) / per if first and len(usage) > 1 else nan
+    user = system = faults = float("nan")
+    if len(usage) > 1:
+        first, last, per = usage[0], usage[-1], len(usage) - 1
+        user = (last.ru_utime - first.ru_utime) / per
+        system = (last.ru_stime - first.ru_stime) / per
+        faults = (last.ru_minflt - first.ru_minflt) / per
     peak_mb = peak_rss_mb()
     return {"method": method, "mode": mode, "fit_cpu_s": cpu, "fit_wall_s": wall,
             "epoch_s": epoch, "epoch_cpu_s": epoch_cpu, "epoch_user_s": user,
@@ -374,7 +376,8 @@ def main() -> None:
     ap.add_argument("--M", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--methods", default="sep,svi")
-    ap.add_argument("--modes", default="memmap,memory")
+    ap.add_argument("--modes", default="memmap,memory",
+                    help="memmap, memory, unprimed (in memory, the allocator not primed)")
     ap.add_argument("--dir", default="/tmp/gpinfer_scale_out")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--case", nargs=7, help=argparse.SUPPRESS)
@@ -408,7 +411,7 @@ def main() -> None:
                         raise RuntimeError(f"{method} {mode} failed:\n{out.stderr[-3000:]}")
                     row = json.loads(out.stdout.strip().splitlines()[-1])
                     rows.append(row)
-                    print(f"{method:4s} {mode:7s} peak RSS {row['peak_rss_mb']:8.1f} MB  "
+                    print(f"{method:4s} {mode:8s} peak RSS {row['peak_rss_mb']:8.1f} MB  "
                           f"fit CPU {row['fit_cpu_s']:8.2f} s  wall {row['fit_wall_s']:8.2f} s  "
                           f"epoch {row['epoch_s']:8.2f} s  epoch CPU (2..) "
                           f"{row['epoch_cpu_s']:7.2f} s (user {row['epoch_user_s']:.2f} sys "
@@ -418,11 +421,12 @@ def main() -> None:
         for method in a.methods.split(","):
             mm = [r for r in rows if r["method"] == method and r["mode"] == "memmap"]
             mem = [r for r in rows if r["method"] == method and r["mode"] == "memory"]
-            primed = [r for r in rows if r["method"] == method and r["mode"] == "primed"]
-            if primed and mem:
-                ratio_p = (np.median([r["epoch_cpu_s"] for r in primed])
-                           / np.median([r["epoch_cpu_s"] for r in mem]))
-                print(f"{method}: primed/memory epoch CPU (epochs 2..) ratio {ratio_p:.3f}")
+            unprimed = [r for r in rows if r["method"] == method and r["mode"] == "unprimed"]
+            if unprimed and mem:
+                ratio_p = (np.median([r["epoch_cpu_s"] for r in mem])
+                           / np.median([r["epoch_cpu_s"] for r in unprimed]))
+                print(f"{method}: memory (primed)/unprimed epoch CPU (epochs 2..) ratio "
+                      f"{ratio_p:.3f}")
             if not (mm and mem):
                 continue
             ratio = {key: np.median([r[key] for r in mm]) / np.median([r[key] for r in mem])

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Self, cast
 
 import numpy as np
 
+from gpinfer.allocator import prime_allocator
 from gpinfer.backend import ops
 from gpinfer.backend.choice import Backend, resolve_backend
 from gpinfer.data.limits import dense_limit_gb
@@ -49,7 +50,6 @@ from gpinfer.out_of_core import (
     checked_inputs,
     fitted_scaler,
     predicted_chunks,
-    prime_allocator,
     scaled_rows,
     start_lengthscale,
     take_rows,
@@ -534,7 +534,7 @@ class _GPEstimatorBase:
         classes ``[C]`` of a classifier (None for a regressor), which its ``fit`` keeps. In a
         process group the checks end in one agreement of the ranks
         (``distributed.checks_agreed``): one rank's failure raises on every rank. Primes the C
-        allocator first (``gpinfer.out_of_core.prime_allocator``: a step's temporaries stay on
+        allocator first (``gpinfer.allocator.prime_allocator``: a step's temporaries stay on
         the heap instead of being faulted in afresh at every step)."""
         prime_allocator()
         with distributed.checks_agreed():
@@ -1086,7 +1086,7 @@ class GPClassifierCore(_GPEstimatorBase):
         RowSource``) for a method with ``supports_out_of_core`` (sep, ep, svi) and
         ``batch_size``: it is then checked in chunks and read by batches, never held whole
         (``gpinfer.out_of_core``). Every fit first lifts glibc malloc's dynamic thresholds
-        (``gpinfer.out_of_core.prime_allocator``), so that a step's temporaries are reused
+        (``gpinfer.allocator.prime_allocator``), so that a step's temporaries are reused
         rather than faulted in afresh at every step; the values are unchanged.
         """
         classes = self._fit(X, y, sample_weight, callback)

@@ -329,7 +329,7 @@ def test_the_primed_allocator_keeps_a_steps_temporaries_resident():
         import resource, sys
         import numpy as np
         from gpinfer import GPClassifier
-        from gpinfer.out_of_core import prime_allocator
+        from gpinfer.allocator import prime_allocator
         if sys.argv[1] == "prime":
             prime_allocator()
         elif sys.argv[1] == "fit":  # its arrays are all far below the threshold
