@@ -62,8 +62,15 @@ class ScaledSource(RowSource):
         self.shard_count = source.shard_count
 
     def rows(self, index: Array | slice) -> Array:
-        block = np.asarray(self.source.rows(index), dtype=np.float64)
-        return (block - self.scaler.mean_) / self.scaler.scale_
+        block = self.source.rows_as(index, np.float64)  # a new array, cast as gathered
+        block -= self.scaler.mean_  # in place: the bits of (block - mean_) / scale_
+        block /= self.scaler.scale_
+        return block
+
+    def rows_as(self, index: Array | slice, dtype: Any) -> Array:
+        if np.dtype(dtype) == self.dtype:  # ``rows`` is already a new float64 array
+            return self.rows(index)
+        return super().rows_as(index, dtype)
 
     def describe(self) -> str:
         return f"standardised {self.source.describe()}"
