@@ -268,9 +268,10 @@ class _Head:
     float64 (``flatten``) and its full ``shape``."""
 
     def __init__(self, X: Any, values: int):
+        from gpinfer.experiment.source_data import first_rows
+
         self.shape = X.shape
-        self.rows = np.array(X.rows(slice(0, min(X.n_rows, -(-values // X.n_cols)))),
-                             dtype=np.float64)
+        self.rows = first_rows(X, -(-values // X.n_cols))
 
     def flatten(self) -> Array:
         return self.rows.flatten()
