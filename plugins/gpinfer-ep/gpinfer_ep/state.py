@@ -491,6 +491,13 @@ def _directions(terms: StackedTerms, frame: Frame | None) -> Array | None:
     return terms.one.A[0] if isinstance(terms, SharedTerms) and terms.one is not None else None
 
 
+def _site_change(h_next: Array, h_w: Array, frame: Frame | None) -> Array:
+    """``max |h_next - h_w|`` ``[]``, the update's change on the step's factor (sums kept in a
+    ``frame``: their change moved there, ``Frame.to_step``)."""
+    d = h_next - h_w
+    return ops.max_abs(d if frame is None else frame.to_step(d))
+
+
 def _batch_sites(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
                  labels: _BatchLabels, iteration: int | None, frame: Frame | None = None
                  ) -> tuple[Array, Array]:
@@ -542,8 +549,7 @@ def _tied_sums(terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
     # step's own array)
     P_w = kept if ops.is_numpy(kept) else ops.symmetrize_(kept)
     h_next = keep[:, None] * h_w + rho * h_new
-    change = ops.max_abs(h_next - h_w if frame is None else frame.to_step(h_next - h_w))
-    return P_w, h_next, change
+    return P_w, h_next, _site_change(h_next, h_w, frame)
 
 
 def _group_sums(group: Group, terms: StackedTerms, P_w: Array, h_w: Array, fraction: Scales,
@@ -571,8 +577,7 @@ def _group_sums(group: Group, terms: StackedTerms, P_w: Array, h_w: Array, fract
     keep = 1.0 - rho * counts / labels.n_factors
     P_next = symmetrize(ops.namespace(keep).reshape(keep, (-1, 1, 1)) * P_w + rho * P_new)
     h_next = keep[:, None] * h_w + rho * h_new
-    return P_next, h_next, ops.max_abs(h_next - h_w if frame is None
-                                       else frame.to_step(h_next - h_w))
+    return P_next, h_next, _site_change(h_next, h_w, frame)
 
 
 @compilable
