@@ -140,29 +140,170 @@ def phases(epochs: int, rounds: int, rate: float) -> dict[str, object]:
 
 
 
+def region_profiles(n: int = 1000, calls: int = 3, top: int = 10) -> dict[str, object]:
+    """The aten operators of the kernel side's two compiled regions (``stacked._forward``,
+    ``stacked._vjp``) on torch-CPU float64, eager and compiled: ``torch.profiler`` over
+    ``calls`` calls of each in epoch 2 of a fit (``n`` points), the ``top`` operators by self
+    CPU time (ms per call; the profiler's own cost included) and the operator count."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import gpinfer.kernels.stacked as stacked
+    from gpinfer.kernels import make_kernel
+
+    torch.set_num_threads(1)
+    X, y = mnist_like(n=n)
+    first = -(-n // B) + 1  # the first call of epoch 2
+    out: dict[str, object] = {}
+    for config in ("torch eager", "torch compiled"):
+        cfg = CONFIGS[config]
+        for region in ("_forward", "_vjp"):
+            original = getattr(stacked, region)
+            seen = {"calls": 0}
+            totals: dict[str, list[float]] = {}
+
+            def profiled(*args: Any, _f: Callable[..., Any] = original,
+                         _totals: dict[str, list[float]] = totals,
+                         _seen: dict[str, int] = seen, **kwargs: Any) -> Any:
+                _seen["calls"] += 1
+                if not first <= _seen["calls"] < first + calls:
+                    return _f(*args, **kwargs)
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    result = _f(*args, **kwargs)
+                for e in prof.key_averages():
+                    row = _totals.setdefault(e.key, [0.0, 0.0])
+                    row[0] += e.self_cpu_time_total / 1e3
+                    row[1] += e.count
+                return result
+
+            setattr(stacked, region, profiled)
+            try:
+                fit_steps(X, y, "sep", M, B, 2,
+                          {"adam_learning_rate": 1e-3, "compile": cfg["compile"]},
+                          kernel=make_kernel("rbf", D, ard=True), settings=cfg["settings"])
+            finally:
+                setattr(stacked, region, original)
+            ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])
+            out[f"{config}: {region}"] = {
+                "self_cpu_ms_per_call": round(sum(v[0] for v in totals.values()) / calls, 2),
+                "aten_ops_per_call": sum(v[1] for k, v in totals.items()
+                                         if k.startswith("aten::")) / calls,
+                "top": {k: f"{v[0] / calls:.2f} ms, {v[1] / calls:g}x" for k, v in ranked[:top]}}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. the dense calls on numpy (OpenBLAS, scipy's LAPACK) and on torch-CPU (MKL)
+
+
+def _call_thunks(a: dict[str, Any]) -> dict[str, Callable[[], object]]:
+    """The step's dense calls through ``gpinfer.backend.ops`` (numpy or torch by the arrays
+    of ``a``: ``engine_step._stand_ins``' names), and the kernel side's products."""
+    from gpinfer.backend import ops
+
+    Z, X, K, L, Linv, Kuf, G, W = (a[k] for k in ("Z", "X", "K", "L", "L_inv", "Kuf", "G",
+                                                   "W"))
+    Zr = Z.reshape(C * M, D)
+    return {
+        "cholesky [C,M,M] (x4 per step)": lambda: ops.cholesky(K),
+        "tri_inverse [C,M,M] (x1)": lambda: ops.tri_inverse(L),
+        "cho_inverse [C,M,M] (x2)": lambda: ops.cho_inverse(L),
+        "tri_matmul [C,M,M]x[C,M,M] (x5)": lambda: ops.tri_matmul(L, K, right=True),
+        "solve_triangular [C,M,M]\\[C,M,B] (x1)": lambda: ops.solve_triangular(L, Kuf),
+        "tri_matmul [C,M,M]x[C,M,B] (x2)": lambda: ops.tri_matmul(Linv, Kuf),
+        "gemm [C,M,M]x[C,M,B] (x1)": lambda: K @ Kuf,
+        "gemm [C,M,B]x[C,B,M] (x2)": lambda: Kuf @ ops.mT(G),
+        "Gram A A^T [C,M,D] (x1)": lambda: Z @ ops.mT(Z),
+        "cross [CM,D]x[D,B] (x1)": lambda: Zr @ X.T,
+        "VJP G_uu Zs, in place (x1)": lambda: ops.matmul_add_(W, K, Z, -2.0),
+        "VJP G_uf Xs, in place (x1)": lambda: ops.matmul_add_(W, G, X, -1.0),
+    }
+
+
+def dense_calls(repeats: int) -> dict[str, object]:
+    """Least process-CPU ms of ``repeats`` interleaved calls of ``_call_thunks`` on numpy and
+    on torch-CPU float64 (one thread each), the same stand-ins."""
+    import torch
+    from engine_step import _stand_ins
+
+    torch.set_num_threads(1)
+    a = _stand_ins()
+    ways = {"numpy": _call_thunks(a),
+            "torch": _call_thunks({k: torch.from_numpy(v.copy()) for k, v in a.items()})}
+    best = {way: {name: np.inf for name in thunks} for way, thunks in ways.items()}
+    for _ in range(repeats):
+        for name in ways["numpy"]:
+            for way in ways:
+                t0 = time.process_time()
+                ways[way][name]()
+                best[way][name] = min(best[way][name], time.process_time() - t0)
+    return {name: {"numpy_ms": round(1e3 * best["numpy"][name], 2),
+                   "torch_ms": round(1e3 * best["torch"][name], 2)}
+            for name in ways["numpy"]} | {"load_average": os.getloadavg()}
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. numba prototypes of the kernel side's element-wise work (the stacked RBF path)
 
 
+#: ``exp`` by Cody-Waite reduction ``x = n ln2 + r`` (``|r| <= ln2 / 2``, ``ln2`` in two parts)
+#: and Taylor to degree 13 (truncation below 1e-17), scaled by ``2^n`` from the exponent's
+#: bits: vectorisable by LLVM, where numba's ``np.exp`` is a scalar libm call per element
+#: (numba's SVML path needs an llvmlite built with it; the pip wheel is not)
+LOG2E, LN2_HI, LN2_LO = 1.4426950408889634, 6.93145751953125e-1, 1.42860682030941723212e-6
+TAYLOR = tuple(1.0 / float(np.prod(np.arange(1, k + 1))) for k in range(13, -1, -1))
+
+
 def _numba_kernels() -> dict[str, Callable[..., Any]] | None:
-    """The fused element-wise kernels (``@njit``, one thread, no fastmath: IEEE roundings),
-    or ``None`` where numba cannot be imported. Each reads and writes its ``[C, M, D]``,
-    ``[C, M, M]`` or ``[C, M, B]`` arrays once."""
+    """The fused element-wise kernels (``@njit``, one thread; ``fastmath`` only to contract
+    the ``exp`` polynomial's products and sums into FMA), or ``None`` where numba cannot be
+    imported. Each reads and writes its ``[C, M, D]``, ``[C, M, M]`` or ``[C, M, B]`` arrays
+    once; a row's ``exp`` runs on the row while it is in cache."""
     try:
         from numba import njit
     except ImportError:
         return None
+    c13, c12, c11, c10, c9, c8, c7, c6, c5, c4, c3, c2, c1, c0 = TAYLOR
+
+    @njit(cache=False, fastmath={"contract"})
+    def exp_row(x, scale, bits):  # pragma: no cover - compiled
+        """``x = scale exp(x)`` in place on a row ``x [L]`` (``bits [>= L]`` int64 scratch);
+        arguments below -708 give ``exp(-708) scale`` (the library's ``exp`` gives 0 or a
+        subnormal there: within 1e-307 of it)."""
+        L = x.shape[0]
+        f = bits.view(np.float64)
+        for j in range(L):
+            v = max(x[j], -708.0)
+            n = np.floor(v * LOG2E + 0.5)
+            r = (v - n * LN2_HI) - n * LN2_LO
+            p = c13 * r + c12
+            p = p * r + c11
+            p = p * r + c10
+            p = p * r + c9
+            p = p * r + c8
+            p = p * r + c7
+            p = p * r + c6
+            p = p * r + c5
+            p = p * r + c4
+            p = p * r + c3
+            p = p * r + c2
+            p = p * r + c1
+            x[j] = p * r + c0
+            bits[j] = (np.int64(n) + 1023) << 52
+        for j in range(L):
+            x[j] = (x[j] * f[j]) * scale
 
     @njit(cache=False)
-    def scale(Z, shift, ell, A, As):  # pragma: no cover - compiled
-        """``A = (Z - shift) / ell``, ``As = A / ell`` ``[C, M, D]``: one read of ``Z``."""
+    def scale(Z, shift, inv_ell, A, As):  # pragma: no cover - compiled
+        """``A = (Z - shift) / ell``, ``As = A / ell`` ``[C, M, D]`` (products with
+        ``inv_ell = 1 / ell`` ``[C, D]``): one read of ``Z``."""
         C_, M_, D_ = Z.shape
         for c in range(C_):
             for m in range(M_):
                 for d in range(D_):
-                    a = (Z[c, m, d] - shift[d]) / ell[c, d]
+                    a = (Z[c, m, d] - shift[d]) * inv_ell[c, d]
                     A[c, m, d] = a
-                    As[c, m, d] = a / ell[c, d]
+                    As[c, m, d] = a * inv_ell[c, d]
 
     @njit(cache=False)
     def batch(X, shift, Xs, Xs2):  # pragma: no cover - compiled
@@ -175,36 +316,33 @@ def _numba_kernels() -> dict[str, Callable[..., Any]] | None:
                 Xs2[b, d] = x * x
 
     @njit(cache=False)
-    def square(G, a2, var):  # pragma: no cover - compiled
-        """``Kuu = var exp(-r2 / 2)``, ``r2 = max(a2_m + a2_n - 2 G, 0)``, in place on the
-        Gram ``G [C, M, M]``: one triangle's ``exp``, mirrored; the diagonal ``var``."""
+    def square(G, a2, var, bits):  # pragma: no cover - compiled
+        """``Kuu = var exp(-r2 / 2)``, ``r2 = max(a2_m + a2_n - 2 G, 0)`` (0 on the
+        diagonal), in place on the Gram ``G [C, M, M]``, row by row."""
         C_, M_, _ = G.shape
         for c in range(C_):
-            v = var[c]
             for m in range(M_):
-                G[c, m, m] = v
-                for n in range(m + 1, M_):
-                    r2 = (-2.0 * G[c, m, n] + a2[c, m]) + a2[c, n]
-                    k = v * np.exp(-0.5 * max(r2, 0.0))
-                    G[c, m, n] = k
-                    G[c, n, m] = k
+                row = G[c, m]
+                am = a2[c, m]
+                for n in range(M_):
+                    row[n] = -0.5 * max((-2.0 * row[n] + am) + a2[c, n], 0.0)
+                row[m] = 0.0
+                exp_row(row, var[c], bits)
 
     @njit(cache=False)
-    def cross(R, a2, b2, var, K):  # pragma: no cover - compiled
+    def cross(R, a2, b2, var, K, bits):  # pragma: no cover - compiled
         """``Kuf [C, M, B] = var exp(-r2 / 2)``, ``r2 = max(a2_m + b2_b - 2 R, 0)`` from
-        ``R = As Xs^T`` ``[C M, B]`` (any strides: the transposed product's view), in tiles
-        of 32 x 32 (the transposing read in cache)."""
+        ``R = As Xs^T`` ``[C M, B]`` (any strides: the transposed product's view; one
+        class's columns of it stay in cache), row by row."""
         C_, M_, B_ = K.shape
-        T = 32
         for c in range(C_):
-            v = var[c]
-            for m0 in range(0, M_, T):
-                for b0 in range(0, B_, T):
-                    for m in range(m0, min(m0 + T, M_)):
-                        row = c * M_ + m
-                        for b in range(b0, min(b0 + T, B_)):
-                            r2 = (-2.0 * R[row, b] + a2[c, m]) + b2[c, b]
-                            K[c, m, b] = v * np.exp(-0.5 * max(r2, 0.0))
+            for m in range(M_):
+                row = K[c, m]
+                Rrow = R[c * M_ + m]
+                am = a2[c, m]
+                for b in range(B_):
+                    row[b] = -0.5 * max((-2.0 * Rrow[b] + am) + b2[c, b], 0.0)
+                exp_row(row, var[c], bits)
 
     @njit(cache=False)
     def weights_cross(K, dK, per_g, G, r, col, total):  # pragma: no cover - compiled
@@ -227,26 +365,26 @@ def _numba_kernels() -> dict[str, Callable[..., Any]] | None:
             total[c] = t
 
     @njit(cache=False)
-    def weights_square(K, dK, per_g, r_uf, H, total):  # pragma: no cover - compiled
+    def weights_square(K, dK, per_g, r_uf, H, total, row):  # pragma: no cover - compiled
         """``H = diag(rA) - 2 G`` ``[C, M, M]``, ``G`` the symmetric part of
         ``per_g K dK``, ``rA = 2 r_uu + r_uf`` (``r_uu`` its row sums); adds ``G``'s sum to
-        ``total [C]``. One triangle read with its mirror."""
+        ``total [C]`` (``row [M]`` scratch). In tiles of 32 x 32, each entry with its mirror's
+        tile in cache (both orders give the same sum: ``H`` exactly symmetric)."""
         C_, M_, _ = K.shape
-        row = np.empty(M_)
+        T = 32
         for c in range(C_):
             for m in range(M_):
                 row[m] = 0.0
-            for m in range(M_):
-                g = per_g * K[c, m, m] * dK[c, m, m]
-                row[m] += g
-                H[c, m, m] = -2.0 * g
-                for n in range(m + 1, M_):
-                    g = 0.5 * (per_g * K[c, m, n] * dK[c, m, n]
-                               + per_g * K[c, n, m] * dK[c, n, m])
-                    row[m] += g
-                    row[n] += g
-                    H[c, m, n] = -2.0 * g
-                    H[c, n, m] = -2.0 * g
+            for m0 in range(0, M_, T):
+                for n0 in range(0, M_, T):
+                    for m in range(m0, min(m0 + T, M_)):
+                        s = 0.0
+                        for n in range(n0, min(n0 + T, M_)):
+                            g = (0.5 * per_g) * (K[c, m, n] * dK[c, m, n]
+                                                 + K[c, n, m] * dK[c, n, m])
+                            H[c, m, n] = -2.0 * g
+                            s += g
+                        row[m] += s
             t = 0.0
             for m in range(M_):
                 H[c, m, m] += 2.0 * row[m] + r_uf[c, m]
@@ -269,8 +407,20 @@ def _numba_kernels() -> dict[str, Callable[..., Any]] | None:
                     acc[c, d] += A[c, m, d] * e * (w - P2[c, m, d])
                     gZ[c, m, d] = w * (2.0 / (e * e))
 
-    return {"scale": scale, "batch": batch, "square": square, "cross": cross,
-            "weights_cross": weights_cross, "weights_square": weights_square,
+    @njit(cache=False)
+    def adam(x, grad, m, v, beta1, beta2, eps, inv_bias2, step):  # pragma: no cover
+        """Adam's update of ``x``, ``m``, ``v`` ``[P]`` in place: the operations of
+        ``gpinfer.optim.adam._host_update`` in its order, in one pass."""
+        c1, c2 = 1.0 - beta1, 1.0 - beta2
+        for i in range(x.shape[0]):
+            g = grad[i]
+            mi = m[i] * beta1 + g * c1
+            vi = v[i] * beta2 + (g * g) * c2
+            m[i], v[i] = mi, vi
+            x[i] += (mi * step) / (np.sqrt(vi) * inv_bias2 + eps)
+
+    return {"exp_row": exp_row, "adam": adam, "scale": scale, "batch": batch, "square": square,
+            "cross": cross, "weights_cross": weights_cross, "weights_square": weights_square,
             "inputs": inputs}
 
 
@@ -278,11 +428,29 @@ class FusedRBF:
     """The stacked RBF path's forward and VJP (ARD, inputs' gradients) with the fused
     kernels of ``_numba_kernels`` between the library's BLAS products (the same products as
     ``gpinfer.kernels.stacked`` on numpy: the Gram ``A A^T``, the cross product in
-    ``transposed_cross``'s layout, ``H A`` and ``G_uf Xs``). ``ell [C, D]``, ``var [C]``."""
+    ``transposed_cross``'s layout, ``H A`` and ``G_uf Xs``). ``ell [C, D]``, ``var [C]``.
 
-    def __init__(self, k: dict[str, Callable[..., Any]], ell: np.ndarray, var: np.ndarray):
+    The outputs (``Kuu``, ``Kuf``, and the ``A`` the VJP reads) are new arrays per call, as
+    the library's; the intermediates (``As``, the cross product, the weights, ``G_uf Xs``)
+    live in buffers kept across calls (``workspace=False``: new arrays each call)."""
+
+    def __init__(self, k: dict[str, Callable[..., Any]], ell: np.ndarray, var: np.ndarray,
+                 workspace: bool = True):
         self.k, self.ell, self.var = k, ell, var
-        self.inv_ell2 = 1.0 / (ell * ell)
+        self.inv_ell = 1.0 / ell
+        self.inv_ell2 = self.inv_ell * self.inv_ell
+        self.bits = np.empty(1024, dtype=np.int64)
+        self.workspace = workspace
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def _buffer(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """A kept ``[shape]`` buffer (``workspace``) or a new array."""
+        if not self.workspace:
+            return np.empty(shape)
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape != shape:
+            buf = self._buffers[name] = np.empty(shape)
+        return buf
 
     def forward(self, Z: np.ndarray, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(Kuu [C, M, M], Kuf [C, M, B])`` at ``Z [C, M, D]``, ``X [B, D]``; keeps ``A``,
@@ -293,18 +461,21 @@ class FusedRBF:
         C_, M_, D_ = Z.shape
         B_ = X.shape[0]
         shift = np.mean(np.reshape(Z, (-1, D_)), axis=0)
-        A, As = np.empty_like(Z), np.empty_like(Z)
-        k["scale"](Z, shift, self.ell, A, As)
+        A, As = np.empty_like(Z), self._buffer("As", Z.shape)
+        k["scale"](Z, shift, self.inv_ell, A, As)
         Xs, Xs2 = np.empty_like(X), np.empty_like(X)
         k["batch"](X, shift, Xs, Xs2)
         Kuu = A @ np.swapaxes(A, 1, 2)  # the Gram (syrk), Kuu in place
         a2 = np.diagonal(Kuu, axis1=1, axis2=2).copy()
         Ar = np.reshape(As, (C_ * M_, D_))
-        R = (Xs @ Ar.T).T if transposed_cross(B_, D_) else Ar @ Xs.T  # [C M, B], any strides
+        if transposed_cross(B_, D_):
+            R = np.matmul(Xs, Ar.T, out=self._buffer("R", (B_, C_ * M_))).T  # [C M, B] view
+        else:
+            R = np.matmul(Ar, Xs.T, out=self._buffer("R", (C_ * M_, B_)))
         b2 = self.inv_ell2 @ Xs2.T  # [C, B]
-        k["square"](Kuu, a2, self.var)
+        k["square"](Kuu, a2, self.var, self.bits)
         Kuf = np.empty((C_, M_, B_))
-        k["cross"](R, a2, b2, self.var, Kuf)
+        k["cross"](R, a2, b2, self.var, Kuf, self.bits)
         self.A, self.Xs, self.Xs2 = A, Xs, Xs2
         return Kuu, Kuf
 
@@ -315,18 +486,19 @@ class FusedRBF:
         k = self.k
         C_, M_, B_ = Kuf.shape
         per_g = -0.5  # RBF: dg/dr2 = -g / 2
-        G_uf = np.empty_like(Kuf)
+        G_uf = self._buffer("G_uf", Kuf.shape)
         r_uf, c_uf, total = np.empty((C_, M_)), np.empty((C_, B_)), np.empty(C_)
         k["weights_cross"](Kuf, dKuf, per_g, G_uf, r_uf, c_uf, total)
-        H = np.empty_like(Kuu)
-        k["weights_square"](Kuu, dKuu, per_g, r_uf, H, total)
+        H = self._buffer("H", Kuu.shape)
+        k["weights_square"](Kuu, dKuu, per_g, r_uf, H, total, np.empty(M_))
         P1 = np.matmul(H, self.A, out=out_Z)
-        P2 = np.reshape(np.reshape(G_uf, (C_ * M_, B_)) @ self.Xs, P1.shape)
+        P2 = np.matmul(np.reshape(G_uf, (C_ * M_, B_)), self.Xs,
+                       out=self._buffer("P2", (C_ * M_, self.Xs.shape[1])))
         acc = np.empty((C_, self.ell.shape[1]))
-        k["inputs"](P1, P2, self.A, self.ell, out_Z, acc)
+        k["inputs"](P1, np.reshape(P2, P1.shape), self.A, self.ell, out_Z, acc)
         d_ell = acc
         d_ell += c_uf @ self.Xs2
-        d_ell /= self.ell * self.ell
+        d_ell *= self.inv_ell2
         d_ell *= -2.0
         d_var = self.var * dKff_diag.sum(axis=1) + total / per_g
         return np.concatenate([d_ell, d_var[:, None]], axis=1), out_Z
@@ -362,6 +534,41 @@ def _kernel_problem(seed: int = 3) -> dict[str, Any]:
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
     """``max |a - b| / max |b|``."""
     return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def _fused_adam(k: dict[str, Callable[..., Any]], repeats: int) -> dict[str, object]:
+    """The library's host Adam (``Adam.step_into``, 13 operations in cache-sized pieces)
+    against the numba one-pass update over the step's ``P`` parameters: equal bits (checked
+    after 3 updates from the same state) and medians of ``repeats`` interleaved CPU times."""
+    from gpinfer.optim.adam import Adam
+
+    P = C * M * D + C * (D + 1)
+    rng = np.random.default_rng(4)
+    x0, grads = rng.normal(size=P), rng.normal(size=(3, P))
+    lib, x_lib, x_fused = Adam(1e-3), x0.copy(), x0.copy()
+    lib.reset(x0)
+    m, v = np.zeros(P), np.zeros(P)
+
+    def fused_step(x: np.ndarray, g: np.ndarray, t: int) -> None:
+        inv_bias2 = 1.0 / np.sqrt(1.0 - lib.beta2**t)
+        k["adam"](x, g, m, v, lib.beta1, lib.beta2, lib.eps, inv_bias2,
+                  lib.learning_rate / (1.0 - lib.beta1**t))
+
+    for t, g in enumerate(grads, start=1):
+        lib.step_into(x_lib, g)
+        fused_step(x_fused, g, t)
+    assert np.array_equal(x_lib, x_fused) and np.array_equal(lib.m, m), "fused Adam differs"
+    times: dict[str, list[float]] = {"library": [], "fused": []}
+    for r in range(repeats):
+        for name in (("library", "fused") if r % 2 == 0 else ("fused", "library")):
+            t0 = time.process_time()
+            if name == "library":
+                lib.step_into(x_lib, grads[0])
+            else:
+                fused_step(x_fused, grads[0], 10)
+            times[name].append(time.process_time() - t0)
+    return {"equal_bits": True,
+            **{f"{n}_median_ms": round(1e3 * float(np.median(v_)), 2) for n, v_ in times.items()}}
 
 
 def fused(repeats: int) -> dict[str, object]:
@@ -439,7 +646,8 @@ def fused(repeats: int) -> dict[str, object]:
             f()
             times[name].append(time.process_time() - t)
     med = {name: round(1e3 * float(np.median(v)), 2) for name, v in times.items()}
-    return {"max_rel_error_vs_library": {k_: f"{v:.1e}" for k_, v in errors.items()},
+    return {"adam (P = C M D + C (D + 1))": _fused_adam(k, repeats),
+            "max_rel_error_vs_library": {k_: f"{v:.1e}" for k_, v in errors.items()},
             "numba_compile_s (first call, process CPU)": round(compile_s, 2),
             "median_cpu_ms": med,
             "element-wise part (variant - BLAS)": {
@@ -469,6 +677,10 @@ def main() -> None:
                                      "load_average": os.getloadavg()}
         if "phases" in parts:
             report["sep_mnist_size_phases"] = phases(a.epochs, a.rounds, rate)
+        if "profile" in parts:
+            report["kernel_regions_torch_profile"] = region_profiles()
+        if "calls" in parts:
+            report["dense_calls_numpy_vs_torch"] = dense_calls(a.repeats)
         if "fused" in parts:
             report["fused_kernel_side"] = fused(a.repeats)
         report["load_average_end"] = os.getloadavg()
