@@ -571,6 +571,59 @@ def _fused_adam(k: dict[str, Callable[..., Any]], repeats: int) -> dict[str, obj
             **{f"{n}_median_ms": round(1e3 * float(np.median(v_)), 2) for n, v_ in times.items()}}
 
 
+def _kernel_pieces(k: dict[str, Callable[..., Any]], p: dict[str, Any], proto: FusedRBF,
+                   repeats: int) -> dict[str, object]:
+    """Each fused kernel alone (median process-CPU ms of ``repeats``, interleaved, 32 MB
+    written between calls) with the bytes it must move (each array read or written once) and
+    the rate that implies, next to a plain copy of one ``[C, M, D]`` array (the one-thread
+    memory rate)."""
+    from gpinfer.kernels.stacked import transposed_cross
+
+    Z, X, ell, var = p["Z"], p["X"], p["ell"], p["var"]
+    Kuu, Kuf = proto.forward(Z, X)
+    shift = np.mean(np.reshape(Z, (-1, D)), axis=0)
+    A, As, Xs, Xs2 = np.empty_like(Z), np.empty_like(Z), np.empty_like(X), np.empty_like(X)
+    k["scale"](Z, shift, proto.inv_ell, A, As)
+    k["batch"](X, shift, Xs, Xs2)
+    Gram = A @ np.swapaxes(A, 1, 2)
+    a2 = np.diagonal(Gram, axis1=1, axis2=2).copy()
+    Ar = np.reshape(As, (C * M, D))
+    R = (Xs @ Ar.T).T if transposed_cross(B, D) else Ar @ Xs.T
+    b2 = proto.inv_ell2 @ Xs2.T
+    G, Kf, H = Gram.copy(), np.empty_like(Kuf), np.empty_like(Kuu)
+    r, col, total = np.empty((C, M)), np.empty((C, B)), np.zeros(C)
+    P1, P2, gZ, acc = np.matmul(Kuu, A), np.matmul(Kuf, np.broadcast_to(Xs, (C, B, D))), \
+        np.empty_like(Z), np.empty((C, D))
+    copy_dst, Wf = np.empty_like(Z), np.empty_like(Kuf)
+    CMD, CMM, CMB = 8 * C * M * D, 8 * C * M * M, 8 * C * M * B
+    pieces: dict[str, tuple[Callable[[], object], int]] = {
+        "copy [C,M,D] (memory rate)": (lambda: np.copyto(copy_dst, Z), 2 * CMD),
+        "mean of Z's rows (numpy)": (lambda: np.mean(np.reshape(Z, (-1, D)), axis=0), CMD),
+        "scale: Z -> A, As": (lambda: k["scale"](Z, shift, proto.inv_ell, A, As), 3 * CMD),
+        # in place on its previous output (the same work on other values: no copy timed)
+        "square: Gram -> Kuu (exp)": (lambda: k["square"](G, a2, var, proto.bits), 2 * CMM),
+        "cross: R -> Kuf (exp)": (lambda: k["cross"](R, a2, b2, var, Kf, proto.bits), 2 * CMB),
+        "weights_cross": (lambda: k["weights_cross"](Kuf, p["dKuf"], -0.5, Wf, r, col, total),
+                          3 * CMB),
+        "weights_square": (lambda: k["weights_square"](Kuu, p["dKuu"], -0.5, r, H, total,
+                                                       np.empty(M)), 3 * CMM),
+        "inputs: P1, P2, A -> g_Z": (lambda: k["inputs"](P1, P2, A, ell, gZ, acc), 4 * CMD),
+    }
+    evict = np.empty(4_000_000)
+    times: dict[str, list[float]] = {name: [] for name in pieces}
+    for _ in range(repeats):
+        for name, (f, _) in pieces.items():
+            evict.fill(1.0)
+            t0 = time.process_time()
+            f()
+            times[name].append(time.process_time() - t0)
+    out: dict[str, object] = {}
+    for name, (_, nbytes) in pieces.items():
+        t = float(np.median(times[name]))
+        out[name] = f"{1e3 * t:.2f} ms, {nbytes / 1e6:.1f} MB, {nbytes / t / 1e9:.1f} GB/s"
+    return out
+
+
 def fused(repeats: int) -> dict[str, object]:
     """The numba prototype against the library's numpy path: equality (max-norm relative
     error of ``Kuu``, ``Kuf``, the parameter and input gradients; asserted below 1e-12),
@@ -647,6 +700,7 @@ def fused(repeats: int) -> dict[str, object]:
             times[name].append(time.process_time() - t)
     med = {name: round(1e3 * float(np.median(v)), 2) for name, v in times.items()}
     return {"adam (P = C M D + C (D + 1))": _fused_adam(k, repeats),
+            "fused kernels alone": _kernel_pieces(k, p, proto, repeats),
             "max_rel_error_vs_library": {k_: f"{v:.1e}" for k_, v in errors.items()},
             "numba_compile_s (first call, process CPU)": round(compile_s, 2),
             "median_cpu_ms": med,
