@@ -142,10 +142,13 @@ def phases(epochs: int, rounds: int, rate: float) -> dict[str, object]:
 
 def region_profiles(n: int = 1000, calls: int = 3, top: int = 10) -> dict[str, object]:
     """The aten operators of the kernel side's two compiled regions (``stacked._forward``,
-    ``stacked._vjp``) on torch-CPU float64, eager and compiled: ``torch.profiler`` over
-    ``calls`` calls of each in epoch 2 of a fit (``n`` points), the ``top`` operators by self
-    CPU time (ms per call; the profiler's own cost included) and the operator count."""
+    ``stacked._vjp``) and of the site phases (``SparseSites.update``, ``.objective``) on
+    torch-CPU float64, eager and compiled: ``torch.profiler`` over ``calls`` calls of each
+    in epoch 2 of a fit (``n`` points), the ``top`` operators by self time (ms per call:
+    the profiler's wall clock, its own cost and the machine's load included: read the
+    shares) and the operator count."""
     import torch
+    from gpinfer_ep.method import SparseSites
     from torch.profiler import ProfilerActivity, profile
 
     import gpinfer.kernels.stacked as stacked
@@ -157,8 +160,9 @@ def region_profiles(n: int = 1000, calls: int = 3, top: int = 10) -> dict[str, o
     out: dict[str, object] = {}
     for config in ("torch eager", "torch compiled"):
         cfg = CONFIGS[config]
-        for region in ("_forward", "_vjp"):
-            original = getattr(stacked, region)
+        for owner, region in ((stacked, "_forward"), (stacked, "_vjp"), (SparseSites, "update"),
+                              (SparseSites, "objective")):
+            original = getattr(owner, region)
             seen = {"calls": 0}
             totals: dict[str, list[float]] = {}
 
@@ -176,13 +180,13 @@ def region_profiles(n: int = 1000, calls: int = 3, top: int = 10) -> dict[str, o
                     row[1] += e.count
                 return result
 
-            setattr(stacked, region, profiled)
+            setattr(owner, region, profiled)
             try:
                 fit_steps(X, y, "sep", M, B, 2,
                           {"adam_learning_rate": 1e-3, "compile": cfg["compile"]},
                           kernel=make_kernel("rbf", D, ard=True), settings=cfg["settings"])
             finally:
-                setattr(stacked, region, original)
+                setattr(owner, region, original)
             ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])
             out[f"{config}: {region}"] = {
                 "self_cpu_ms_per_call": round(sum(v[0] for v in totals.values()) / calls, 2),
