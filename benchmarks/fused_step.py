@@ -1,6 +1,65 @@
 """What fused element-wise kernels would take off the CPU SEP step (issue 25, a measurement).
 
-RESULT_PLACEHOLDER
+Result (s40-fused, 2026-12-05, one thread, process CPU; dgemm 76.2 GFLOP/s, dgemm floor
+54.4 ms). The step in three rounds of ``--parts phases --epochs 3 --rounds 3`` (load 4.0-5.9),
+medians of the rounds, ms per step:
+
+    phase                          numpy   torch eager   torch compiled
+    step                           128.1      172.8          140.5
+    kernel terms                    38.9       40.7           34.2
+      its forward (_forward)        30.0       33.4           26.9
+    site update                     20.5       21.6           20.0
+    log Z_q + matrix gradients      29.8       39.1           36.5
+    kernel VJPs                     28.2       53.7           34.1
+      its stacked VJP (_vjp)        27.9       51.9           32.1
+    Adam                             9.3        9.5            6.9
+    coordinates, rest                1.6        8.6            9.0
+
+Compiling cost 14.4 s CPU and 90 s wall in the warm-up epoch with an empty inductor cache
+(its C++ builds run in worker processes), 8.1 s / 19 s with a warm one. Inductor's fusion
+shrinks what eager torch spends on element-wise operators: the VJP -20 ms (eager issues 242
+aten operators per call; ``mul`` ~20 % and ``copy_`` 16-19 % of its profile), the forward
+-6.5, Adam -2.6; but the compiled kernel side is no cheaper than numpy's (forward -3, VJP
++4; in ``--parts profile``, whose wall times run long under load, the fused C++ graph is
+31-32 % of the compiled forward and 36-41 % of the compiled VJP, where numpy's element-wise
+part is 42-44 % and 22-25 % of its two). Where torch loses to numpy is not MKL's rate: per
+call (``--parts calls``, load 3.8-4, torch / numpy ms) MKL is equal or faster on ``potrf``
+(2.5 / 2.5), ``potri``-like ``cho_inverse`` (4.3 / 4.1), ``trsm`` (2.1 / 4.0), ``trtri``
+(2.1 / 3.2), the site gemms (2.4 / 3.3-3.5) and the cross product (8.8 / 11.9), slower on
+the Gram (9.0 / 7.0: no ``syrk``) and the in-place VJP products (12.2 / 10.2 and 10.6 / 9.2:
+``add_(X @ Y)``). It is the device path's formulation in log Z_q (+6.7 ms compiled): six
+``linalg_solve_triangular`` (24-36 % of that phase's profile; the device's ``cho_inverse``
+solves against the identity where numpy runs ``potri``), ``tril`` copies and
+norms; and 7-7.5 ms more Python and host bookkeeping per step (coordinates, rest).
+
+The numba prototype (``--parts fused``; ``@njit``, one thread, 2.1 s to compile; equal to
+the library's numpy path within 2.9e-16 (``Kuu``), 4.7e-16 (``Kuf``), 7.2e-16 (parameter
+gradients), 2.0e-15 (``g_Z``), relative in the max norm; two runs, load 4.0-4.3, medians
+of 15): the forward 29.4 / 30.8 -> 25.0 / 25.5 ms (its element-wise part, the time above
+its two BLAS products' 17.0-17.2 ms, 12.4 / 13.6 -> 8.0 / 8.4), the VJP 28.9 / 30.3 ->
+28.7 / 29.4 (element-wise 6.4 / 7.6 -> 6.2 / 6.8: no gain), Adam in one pass 10.6 / 10.2 ->
+6.6 / 5.8 ms (the same bits). Each fused kernel alone runs at the one-thread memory rate
+(a copy of ``[C, M, D]`` 13.7 GB/s): ``Z -> A, As`` 4.0 ms at 9.4 GB/s, the VJP's last pass
+over ``H A``, ``G_uf Xs``, ``A`` into ``g_Z`` 4.3 ms at 11.7 GB/s, the mean of ``Z``'s rows
+1.1-1.5 ms; the ``[C, M, M]`` / ``[C, M, B]`` passes with their ``exp`` (a vectorisable
+polynomial, 2x numpy's SIMD ``exp``: numba's own is a scalar libm call, 6x) 0.8-1.6 ms
+each. So fusion takes ~5 ms off the forward (the passes between the products: ``Zs``,
+``A``, ``As``, distances, ``exp``), nothing off the VJP (its element-wise work is already
+its ``[C, M, D]`` traffic: three arrays read, one written) and ~4 ms off Adam: the step
+these numbers imply is 128.1 - 4.4..5.3 - 0.1..0.9 - 4.0..4.3 = ~118-120 ms (2.16-2.20x;
+the kernel side alone ~122-124 ms, 2.24-2.27x), not the 15-20 ms less the last closing note
+expected. What is left of the kernel side's element-wise time (~14-15 ms fused) is
+memory traffic over ``[C, M, D]`` (12.5 MB per array: ~1 ms per array moved).
+
+The gap to 1.3x is LAPACK at order 200, not element-wise work. The floor of the necessary
+calls (``engine_step.py --parts necessary``, the same session, load 2.7-3.4) is 101.0 ms =
+1.89x: its LAPACK and triangular calls (four ``potrf``, ``trtri``, two ``potri``, seven
+``trmm``, one ``trsm``) take 40.9 ms where their FLOP at the dgemm rate take 11.4; the
+D-sized and site gemms 46.3 ms (34.6 at the dgemm rate); the memory-bound moves 13.8 (Adam
+9.5). Without any element-wise pass and with a free Adam the calls alone are 87 ms = 1.6x,
+above 1.3x (70.7 ms) by more than fusion could take; with the fused kernels and Adam the
+step would sit ~18 ms above that floor (Python ~1.6 ms, the kernel side's remaining
+``[C, M, D]`` passes, the site side's copies and symmetrisations).
 
 Parts (``--parts``, comma-separated):
 
@@ -12,21 +71,26 @@ Parts (``--parts``, comma-separated):
    epochs 2..E; ``--rounds`` rounds, the three in turn in one process (the compiled
    functions are compiled in the first round's warm-up epoch, whose CPU and wall time are
    reported apart: inductor compiles in worker processes, which the process clock misses).
-2. ``calls``: the step's dense calls on numpy (OpenBLAS, scipy's LAPACK) against torch-CPU
+2. ``profile``: ``torch.profiler`` of the kernel side's two regions and of the site update
+   and log Z_q phases on torch-CPU float64, eager and compiled (a fit of N 1000, three calls
+   each in epoch 2): the operators by self time (the profiler's wall clock) and their count.
+3. ``calls``: the step's dense calls on numpy (OpenBLAS, scipy's LAPACK) against torch-CPU
    (MKL), the same ``gpinfer.backend.ops`` calls on the same ``[C, M, M]``/``[C, M, B]``
    stand-ins: least process-CPU ms of interleaved repeats.
-3. ``fused``: numba prototypes (``@njit``, one thread) of the kernel side of the stacked RBF
+4. ``fused``: numba prototypes (``@njit``, one thread) of the kernel side of the stacked RBF
    path: the forward (shift, scale, ``Kuu``, ``Kuf``, ``exp``) and the VJP's element-wise
    parts around the same BLAS products, checked against the library's numpy path
    (``StackedCovariances`` and its ``vjp``) to 1e-12 relative, then both timed on one thread,
    interleaved (process CPU, medians), with the BLAS products alone (the kernel side's floor
-   of calls). Skipped, with a note, where numba cannot be imported: install it outside the
-   project (``.venv/bin/python -m pip install --target /tmp/numba-site --no-deps numba
-   llvmlite``) and put that folder on ``PYTHONPATH`` for the run.
+   of calls); each fused kernel alone with the bytes it moves; Adam's update in one pass
+   against the library's (the same bits, asserted). Skipped, with a note, where numba
+   cannot be imported: install it outside the project (``.venv/bin/python -m pip install
+   --target /tmp/numba-site --no-deps numba llvmlite``) and put that folder on
+   ``PYTHONPATH`` for the run.
 
     PYTHONPATH=/tmp/numba-site OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \\
-        .venv/bin/python benchmarks/fused_step.py [--parts phases,calls,fused] [--epochs 3]
-        [--rounds 2]
+        .venv/bin/python benchmarks/fused_step.py [--parts phases,profile,calls,fused]
+        [--epochs 3] [--rounds 2] [--repeats 15]
 """
 
 from __future__ import annotations
@@ -723,7 +787,8 @@ def main() -> None:
     from flop_models import dgemm_rate
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", default="phases,calls,fused")
+    ap.add_argument("--parts", default="phases,profile,calls,fused",
+                    help="comma-separated: phases, profile, calls, fused (see the docstring)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=15, help="timed calls per variant (fused)")
