@@ -2,18 +2,19 @@
 
 Result (s40-fused, 2026-12-05, one thread, process CPU; dgemm 76.2 GFLOP/s, dgemm floor
 54.4 ms). The step in three rounds of ``--parts phases --epochs 3 --rounds 3`` (load 4.0-5.9),
-medians of the rounds, ms per step:
+medians of the rounds, ms per step; the last column is numpy's with the numba prototypes'
+savings below (measured alone, two runs) taken off:
 
-    phase                          numpy   torch eager   torch compiled
-    step                           128.1      172.8          140.5
-    kernel terms                    38.9       40.7           34.2
-      its forward (_forward)        30.0       33.4           26.9
-    site update                     20.5       21.6           20.0
-    log Z_q + matrix gradients      29.8       39.1           36.5
-    kernel VJPs                     28.2       53.7           34.1
-      its stacked VJP (_vjp)        27.9       51.9           32.1
-    Adam                             9.3        9.5            6.9
-    coordinates, rest                1.6        8.6            9.0
+    phase                          numpy   torch eager   torch compiled   numpy + numba
+    step                           128.1      172.8          140.5         ~118-120
+    kernel terms                    38.9       40.7           34.2          ~34-34.5
+      its forward (_forward)        30.0       33.4           26.9          ~25-25.5
+    site update                     20.5       21.6           20.0          (20.5)
+    log Z_q + matrix gradients      29.8       39.1           36.5          (29.8)
+    kernel VJPs                     28.2       53.7           34.1          ~27.3-28.1
+      its stacked VJP (_vjp)        27.9       51.9           32.1          ~27-27.8
+    Adam                             9.3        9.5            6.9          ~5.0-5.3
+    coordinates, rest                1.6        8.6            9.0          (1.6)
 
 Compiling cost 14.4 s CPU and 90 s wall in the warm-up epoch with an empty inductor cache
 (its C++ builds run in worker processes), 8.1 s / 19 s with a warm one. Inductor's fusion
@@ -49,7 +50,11 @@ its ``[C, M, D]`` traffic: three arrays read, one written) and ~4 ms off Adam: t
 these numbers imply is 128.1 - 4.4..5.3 - 0.1..0.9 - 4.0..4.3 = ~118-120 ms (2.16-2.20x;
 the kernel side alone ~122-124 ms, 2.24-2.27x), not the 15-20 ms less the last closing note
 expected. What is left of the kernel side's element-wise time (~14-15 ms fused) is
-memory traffic over ``[C, M, D]`` (12.5 MB per array: ~1 ms per array moved).
+memory traffic over ``[C, M, D]`` (12.5 MB per array: ~1 ms per array moved). Measured
+and not taken: the cross product per class as ``A_c (Xs / ell_c)^T`` (no ``As`` written:
+13.4-14.5 ms against 12.3 for ``As`` and the one transposed product, load 5.4); a shift
+from the batch's mean instead of ``Z``'s rows would save the 1.1-1.5 ms read of ``Z``
+(the distances do not depend on it; roundings would move).
 
 The gap to 1.3x is LAPACK at order 200, not element-wise work. The floor of the necessary
 calls (``engine_step.py --parts necessary``, the same session, load 2.7-3.4) is 101.0 ms =
