@@ -7,8 +7,8 @@ savings below (measured alone, two runs) taken off:
 
     phase                          numpy   torch eager   torch compiled   numpy + numba
     step                           128.1      172.8          140.5         ~118-120
-    kernel terms                    38.9       40.7           34.2          ~34-34.5
-      its forward (_forward)        30.0       33.4           26.9          ~25-25.5
+    kernel terms                    38.9       40.7           34.2          ~33.6-34.5
+      its forward (_forward)        30.0       33.4           26.9          ~24.7-25.6
     site update                     20.5       21.6           20.0          (20.5)
     log Z_q + matrix gradients      29.8       39.1           36.5          (29.8)
     kernel VJPs                     28.2       53.7           34.1          ~27.3-28.1
