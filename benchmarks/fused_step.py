@@ -39,7 +39,9 @@ gradients), 2.0e-15 (``g_Z``), relative in the max norm; two runs, load 4.0-4.3,
 of 15): the forward 29.4 / 30.8 -> 25.0 / 25.5 ms (its element-wise part, the time above
 its two BLAS products' 17.0-17.2 ms, 12.4 / 13.6 -> 8.0 / 8.4), the VJP 28.9 / 30.3 ->
 28.7 / 29.4 (element-wise 6.4 / 7.6 -> 6.2 / 6.8: no gain), Adam in one pass 10.6 / 10.2 ->
-6.6 / 5.8 ms (the same bits). Each fused kernel alone runs at the one-thread memory rate
+6.6 / 5.8 ms (the same bits); the prototype's intermediates in buffers kept across calls
+or fresh each call: the same (forward 25.55 / 25.6, VJP 28.96 / 28.94 ms, load 5.6). Each
+fused kernel alone runs at the one-thread memory rate
 (a copy of ``[C, M, D]`` 13.7 GB/s): ``Z -> A, As`` 4.0 ms at 9.4 GB/s, the VJP's last pass
 over ``H A``, ``G_uf Xs``, ``A`` into ``g_Z`` 4.3 ms at 11.7 GB/s, the mean of ``Z``'s rows
 1.1-1.5 ms; the ``[C, M, M]`` / ``[C, M, B]`` passes with their ``exp`` (a vectorisable
