@@ -223,18 +223,22 @@ def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Arr
     ``kappa = k_diag(X) + jitter``, ``s`` floored at ``jitter`` (None: ``inducing_jitter`` of
     the inputs' dtype). ``covariances``: the kernels' batched covariances at ``(Zs, X)``
     already computed (``HyperParameters.covariances``, shared with the gradient's VJPs);
-    otherwise ``stacked_covariances``. The given covariances are left unchanged.
+    otherwise ``stacked_covariances``. Of the given covariances ``Kuf`` is taken over
+    (``StackedCovariances.take_Kuf``: ``A`` is solved in place of it on numpy, and the
+    covariances refuse a later ``Kuf`` read); ``Kuu`` and ``Kff_diag`` are left unchanged.
     """
     jitter = inducing_jitter(X) if jitter is None else jitter
     if covariances is not None:
-        Kuu, Kuf, Kff_diag = covariances.Kuu, covariances.Kuf, covariances.Kff_diag
+        Kuu, Kuf, Kff_diag = covariances.Kuu, covariances.take_Kuf(), covariances.Kff_diag
         Kuu = ops.plus_diagonal(Kuu, jitter)  # a new array: the shared covariances stay
     else:
         Kuu, Kuf, Kff_diag = stacked_covariances(kernels, Zs, X)
         ops.add_diagonal(Kuu, jitter)
     L = stacked_cholesky(Kuu, "Kuu", iteration)
     L_inv = ops.tri_inverse(L) if ops.prefers_tri_inverse(L) else None
-    A = tri_solve_stack(L, Kuf) if L_inv is None else ops.tri_matmul(L_inv, Kuf)
+    # Kuf is this function's own (taken over, or formed here): A in place of it
+    A = (tri_solve_stack(L, Kuf, overwrite=True) if L_inv is None
+         else ops.tri_matmul(L_inv, Kuf, overwrite=True))
     s = Kff_diag + jitter
     s -= ops.einsum("cmn,cmn->cn", A, A)
     return StackedTerms(L=L, A=A, s=ops.clip_below(s, jitter), L_inv=L_inv)

@@ -11,6 +11,7 @@ from gpinfer.backend import ops, resolve_backend
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels import RBF, White
+from gpinfer.kernels.stacked import StackedKernels
 from gpinfer.sites.inducing import WhitenedGaussian, class_terms, inducing_matrix_gradients
 from gpinfer.sites.stacked import (
     StackedGaussians,
@@ -83,6 +84,38 @@ def test_stacked_terms_equal_class_terms():
         np.testing.assert_allclose(stacked.L[c], ref.L, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(stacked.A[c], ref.A, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(stacked.s[c], ref.s, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_stacked_terms_take_kuf_over_from_shared_covariances(device):
+    """Given cached covariances, ``stacked_terms`` takes ``Kuf`` over (``A`` solved in its
+    place on numpy): the covariances refuse a later ``Kuf`` read, their ``Kuu``, ``Kff_diag``
+    and VJPs are those of fresh covariances, and a second ``stacked_terms`` on the same
+    covariances (a step prepared again) gets the same terms from a ``Kuf`` formed again."""
+    rng, X, kernels, Zs, _, _ = _setup()
+    X_, Z_ = _on(device, X, np.stack(Zs))
+    family = StackedKernels.of(kernels)
+    assert family is not None
+    cov = family.covariances(Z_, X_, version=1)
+    Kuf = cov.Kuf
+    Kuf_before, Kuu_before = _host(Kuf).copy(), _host(cov.Kuu).copy()
+    terms = stacked_terms(kernels, Z_, X_, covariances=cov)
+    with pytest.raises(RuntimeError, match="handed over"):
+        _ = cov.Kuf
+    if not device:  # solved in place: the taken array is A (nothing copied)
+        assert terms.A is Kuf
+    np.testing.assert_array_equal(_host(cov.Kuu), Kuu_before)  # shared: left unchanged
+    fresh = stacked_terms(kernels, Z_, X_)
+    for a, b in ((terms.L, fresh.L), (terms.A, fresh.A), (terms.s, fresh.s)):
+        np.testing.assert_array_equal(_host(a), _host(b))
+    again = stacked_terms(kernels, Z_, X_, covariances=cov)  # Kuf formed again, same values
+    np.testing.assert_array_equal(_host(again.A), _host(terms.A))
+    assert _host(again.A) is not _host(terms.A)
+    np.testing.assert_array_equal(_host(family.covariances(Z_, X_).Kuf), Kuf_before)
+    W = [_on(device, w)[0] for w in (rng.normal(size=(C, M, M)), rng.normal(size=(C, M, N)),
+                                     rng.normal(size=(C, N)))]
+    for got, ref in zip(cov.vjp(*W), family.covariances(Z_, X_).vjp(*W)):
+        np.testing.assert_array_equal(_host(got), _host(ref))
 
 
 @pytest.mark.parametrize("device", [False, True])
