@@ -331,7 +331,7 @@ class StackedGaussians:
         if consume and inverse and ops.is_numpy(P_w):  # B^-1 in place of L_B, its log|.| kept
             self._B_inv = cho_inverse_stack(self._consumed_factors(), overwrite=True)
         self.w: Array
-        if not means:  # the caller sets ``w`` (``shared_paired``)
+        if not means:  # the caller sets ``w`` (``_inverted_pair``)
             return
         if not inverse:
             self.w = self.B_inv_vec(self.h_w)
@@ -394,7 +394,7 @@ class StackedGaussians:
     def _consumed_factors(self) -> Array:
         """``L_B [C, M, M]`` handed over to a caller that inverts it in place: its
         log-determinants kept first (for ``log_norm_ratio``), every later read of ``LB`` (and
-        of what needs it) then refused (``consume``, ``paired_by_inverse``)."""
+        of what needs it) then refused (``consume``, ``_inverted_pair``)."""
         LB = self.LB
         self._log_det = self._log_det_of(LB)
         self._LB = None
@@ -497,24 +497,42 @@ def paired_by_inverse(P_w: Array, h_w: Array, pair: Scales, A: Array,
                                  tuple[Array, Array, Array]]:
     """numpy's per-class evaluation: ``(q, cav, log_norm_ratio [2, C], (mu [n, C], v [C, n],
     B_cav^-1 A [C, M, n]))``, what ``StackedGaussians.paired(P_w, h_w, pair, inverse=True)``
-    and ``cav.project(A, means_by_point=True, by_inverse=True)`` give for ``A [C, M, n]``,
-    with neither Gaussian's factors kept (``LB`` raises ``ValueError``): ``q``'s ``B^-1`` (a
-    stack, which the gradient reads) formed in place of them (``consume``), the cavity's
-    means and ``B^-1 A`` in one pass over the classes in place of its factors
-    (``ops.cho_inverse_terms(overwrite=True)``: ``potri``, then ``symv`` / ``symm`` on one
-    triangle while it is in cache; no stack of ``B_cav^-1``, no mirror; equal to round-off)."""
-    finite_sums(P_w, h_w, iteration)  # one finiteness check for both
-    q = StackedGaussians(P_w, h_w, iteration=iteration, inverse=True, finite=True, consume=True)
-    cav = StackedGaussians(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]),
-                           iteration=iteration, means=False, finite=True)
-    cav.w, BiA, _, failed = ops.cho_inverse_terms(cav._consumed_factors(), cav.h_w, A,
-                                                  overwrite=True)
-    if failed or BiA is None:
-        raise NumericalError("singular Cholesky factor", iteration=iteration, quantity="B")
-    lnr = np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
+    and the cavity's ``B^-1 A`` (one product with its ``B^-1``) give for ``A [C, M, n]``
+    (``_inverted_pair``: neither Gaussian's factors kept, ``q``'s ``B^-1`` a stack, which the
+    gradient reads)."""
+    q, cav, lnr, BiA = _inverted_pair(P_w, h_w, pair, A, iteration, q_stack=True)
     by_point = StackedGaussians._by_point
     return q, cav, lnr, (by_point("cmn,cm", A, cav.w, True, False),
                          by_point("cmn,cmn", A, BiA, False, False), BiA)
+
+
+def _inverted_pair(P_w: Array, h_w: Array, pair: Scales, A: Array, iteration: int | None, *,
+                   q_stack: bool, prior: Array | None = None
+                   ) -> tuple[StackedGaussians, StackedGaussians, Array, Array]:
+    """numpy: ``(q, cav, log_norm_ratio [2, C], B_cav^-1 A [C, M, n])`` of the site sums
+    ``P_w``, ``h_w`` (one finiteness check for both; ``pair`` as ``StackedGaussians.paired``'s,
+    ``prior`` as ``StackedGaussians``'), with both Gaussians inverted in place of their factors
+    (``LB`` of either then raises ``ValueError``; log-determinants taken first): the cavity's
+    means and ``B^-1 A`` for ``A [M, n]`` shared or ``[C, M, n]`` per class in one pass over
+    the classes (``ops.cho_inverse_terms(overwrite=True)``: ``potri``, then ``symv`` /
+    ``symm`` on one triangle while it is in cache; no stack of ``B^-1``, no mirror; equal to
+    round-off); ``q``'s ``B^-1`` a stack with ``q_stack`` (``consume``: the per-class gradient
+    reads it), else its means and ``sum_c B_c^-1`` from the same pass (``B_inv_sum``: what
+    the shared gradient reads; the same bits as summing the stack)."""
+    finite_sums(P_w, h_w, iteration)  # one finiteness check for both
+    q = StackedGaussians(P_w, h_w, iteration=iteration, inverse=q_stack, means=q_stack,
+                         finite=True, prior=prior, consume=q_stack)
+    cav = StackedGaussians(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]),
+                           iteration=iteration, means=False, finite=True, prior=prior)
+    q_failed = False
+    if not q_stack:
+        q.w, _, q._B_inv_sum, q_failed = ops.cho_inverse_terms(
+            q._consumed_factors(), q.h_w, summed=True, overwrite=True)
+    cav.w, BiA, _, cav_failed = ops.cho_inverse_terms(cav._consumed_factors(), cav.h_w, A,
+                                                      overwrite=True)
+    if q_failed or cav_failed or BiA is None:
+        raise NumericalError("singular Cholesky factor", iteration=iteration, quantity="B")
+    return q, cav, np.stack([q.log_norm_ratio(), cav.log_norm_ratio()]), BiA
 
 
 def cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,
@@ -830,10 +848,10 @@ def shared_paired(P_w: Array, h_w: Array, pair: Scales, A: Array,
     give, for the classes' summed gradients (``shared_matrix_gradients``, which read ``q``'s
     means and ``B_inv_sum`` and the cavity's means and ``B^-1 A``), ``A [M, n]`` shared.
 
-    On numpy neither Gaussian keeps a stack of ``B^-1``: one pass over the classes each
-    (``ops.cho_inverse_terms``: ``potri``, then ``symv`` / ``symm`` on one triangle) gives
-    ``q``'s means and ``sum_c B_c^-1`` (the same bits as summing the stack) and the cavity's
-    means and ``B^-1 A`` (equal to round-off). On a device as those two calls (one stack).
+    On numpy neither Gaussian keeps a stack of ``B^-1`` nor its factors (``_inverted_pair``):
+    one pass over the classes each, in place of the factors, gives ``q``'s means and
+    ``sum_c B_c^-1`` (the same bits as summing the stack) and the cavity's means and
+    ``B^-1 A`` (equal to round-off). On a device as those two calls (one stack).
 
     ``frame``: the sums are kept on an older factor (``Frame``, numpy): the Gaussians of
     ``B_o = Q + a P_w`` along ``A = frame.A``, their means ``w_o`` and ``B_o^-1 A_o`` in that
@@ -843,16 +861,8 @@ def shared_paired(P_w: Array, h_w: Array, pair: Scales, A: Array,
         assert frame is None  # ``kept_frame``: numpy only
         q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration, inverse=True)
         return q, cav, lnr, shared_project(cav, A)
-    finite_sums(P_w, h_w, iteration)  # one finiteness check for both
-    prior = None if frame is None else frame.Q
-    q = StackedGaussians(P_w, h_w, iteration=iteration, means=False, finite=True, prior=prior)
-    cav = StackedGaussians(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]),
-                           iteration=iteration, means=False, finite=True, prior=prior)
-    q.w, _, q._B_inv_sum, q_failed = ops.cho_inverse_terms(q.LB, q.h_w, summed=True)
-    cav.w, BiA, _, cav_failed = ops.cho_inverse_terms(cav.LB, cav.h_w, A)
-    if q_failed or cav_failed or BiA is None:
-        raise NumericalError("singular Cholesky factor", iteration=iteration, quantity="B")
-    lnr = np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
+    q, cav, lnr, BiA = _inverted_pair(P_w, h_w, pair, A, iteration, q_stack=False,
+                                      prior=None if frame is None else frame.Q)
     if frame is not None:
         lnr += frame.log_det
     return q, cav, lnr, _shared_moments(A, cav.w, BiA)

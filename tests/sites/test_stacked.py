@@ -161,9 +161,11 @@ def test_gaussians_equal_whitened_gaussians(scale, device):
 @pytest.mark.parametrize("device", [False, True])
 def test_shared_paired_is_paired_and_shared_project(device):
     """``shared_paired`` (the shared evaluation's Gaussians, on numpy without stacks of
-    ``B^-1``) gives ``StackedGaussians.paired(inverse=True)`` and ``shared_project`` of its
-    cavity: factors bit for bit, ``sum_c B_c^-1`` of ``q`` bit for bit on
-    numpy, means, log-norm ratios and projections to round-off."""
+    ``B^-1``, both inverted in place of their factors) gives
+    ``StackedGaussians.paired(inverse=True)`` and ``shared_project`` of its cavity: factors
+    bit for bit (on numpy their log-determinants, ``LB`` then refused, not served as the
+    overwritten stack), ``sum_c B_c^-1`` of ``q`` bit for bit on numpy, means, log-norm
+    ratios and projections to round-off."""
     rng, X, kernels, Zs, P, h = _setup(4)
     A = rng.normal(size=(M, N))
     frac = (0.8, 0.9, 0.95)
@@ -175,7 +177,12 @@ def test_shared_paired_is_paired_and_shared_project(device):
     q0, cav0, lnr0 = StackedGaussians.paired(P, h, pair, inverse=True)
     host = np.asarray
     for got, want in ((q, q0), (cav, cav0)):
-        assert np.array_equal(host(got.LB), host(want.LB))
+        if device:
+            assert np.array_equal(host(got.LB), host(want.LB))
+        else:
+            assert np.array_equal(got._log_det, StackedGaussians._log_det_of(want.LB))
+            with pytest.raises(ValueError, match="inverted in place"):
+                _ = got.LB
         np.testing.assert_allclose(host(got.w), host(want.w), rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(host(lnr), host(lnr0), rtol=1e-12)  # w . h: the means' round-off
     S0 = host(q0.B_inv()).sum(axis=0)
