@@ -10,10 +10,10 @@ class on views of the stacks, except the step's six with ``L``, which numpy does
 with ``L^-1`` (``StackedTerms.L_inv``, one ``trtri``); products with a triangular factor
 (``L^T Lam L``, ``L^-T S L^-1``, ``L^-1 Kuf``) run as ``trmm`` on numpy
 (``ops.tri_matmul``), and ``B^-1`` comes from LAPACK ``potri`` once per Gaussian. (SEP's
-evaluation takes the cavity's ``B^-1 A`` as one product with its ``B^-1`` on numpy,
-``StackedGaussians.project(by_inverse=True)``: at ``M = 200`` one ``potri`` and one ``gemm``
-cost less than the two ``trsm`` of ``[M, n]`` with ``L_B``; the update's cavity keeps its
-one ``trsm``, cheaper than ``trtri`` or ``potri`` and a product.) Results equal the
+evaluation on numpy takes the cavity's ``B^-1 A`` as one product with its ``B^-1``
+(``paired_by_inverse``: at ``M = 200`` one ``potri`` and one product cost less than the
+two ``trsm`` of ``[M, n]`` with ``L_B``); the update's cavity keeps its one ``trsm``,
+cheaper than ``trtri`` or ``potri`` and a product.) Results equal the
 per-class code of ``gpinfer.sites.inducing`` to round-off (tests/sites/test_stacked.py).
 
 The functions take arrays of any array-API namespace (numpy, or torch on a CPU or GPU:
@@ -341,25 +341,21 @@ class StackedGaussians:
             self.w = ops.einsum("...mk,...k->...m", self.B_inv(), self.h_w)
 
     @classmethod
-    def paired(cls, P_w: Array, h_w: Array, pair: Scales, *, iteration: int | None = None,
-               inverse: bool = False) -> tuple[StackedGaussians, StackedGaussians, Array]:
+    def paired(cls, P_w: Array, h_w: Array, pair: Scales, *, iteration: int | None = None
+               ) -> tuple[StackedGaussians, StackedGaussians, Array]:
         """``(q, cav, log_norm_ratio [2, C])``: the Gaussians of the site sums ``P_w``,
         ``h_w`` with scale 1 (``q``) and with the cavity scales ``a [C]`` (``cav``), and
         their log-norm ratios (row 0: ``q``'s), from ``pair``, the ``Scales`` of
         ``(1, ..., 1, a_1, ..., a_C)`` with leading axes ``[2, C]``.
 
-        On a device both live in one ``[2, C]`` stack: one Cholesky, one check, one ``B^-1``
-        (an evaluation reads ``q``'s in its gradients and, with a shared ``Z``, the cavity's)
+        Both live in one ``[2, C]`` stack: one Cholesky, one check, one ``B^-1`` (an
+        evaluation reads ``q``'s in its gradients and, with a shared ``Z``, the cavity's)
         with the means one product with it (``inverse``: equal to round-off to the solves)
-        and one log-norm ratio, and the two are views of it; on numpy two
-        ``StackedGaussians`` as before (``inverse``: both with it, see the class).
+        and one log-norm ratio, and the two are views of it: the evaluation's form on a
+        device. (numpy's evaluations invert in place of the factors instead, without stacks:
+        ``paired_by_inverse``, ``shared_paired``; the two separate ``StackedGaussians`` this
+        equals are the tests' oracle, tests/sites/test_stacked.py.)
         """
-        if ops.is_numpy(P_w):  # one finiteness check for both
-            finite_sums(P_w, h_w, iteration)
-            q = cls(P_w, h_w, iteration=iteration, inverse=inverse, finite=True)
-            cav = cls(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]), iteration=iteration,
-                      inverse=inverse, finite=True)
-            return q, cav, np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
         both = cls(P_w, h_w, pair, iteration=iteration, inverse=True)
         (LB_q, LB_cav), (w_q, w_cav) = ops.unbind(both.LB), ops.unbind(both.w)
         B_inv_q, B_inv_cav = ops.unbind(both.B_inv())
@@ -443,21 +439,14 @@ class StackedGaussians:
         return self._B_inv_sum
 
     def project(self, A: Array, *, means_by_point: bool = False,
-                variances_by_point: bool = False, by_inverse: bool = False
-                ) -> tuple[Array, Array, Array]:
+                variances_by_point: bool = False) -> tuple[Array, Array, Array]:
         """Means ``mu = A^T w [C, n]``, variances ``v = ||L_B^-1 a||^2 [C, n]`` and
         ``R = L_B^-1 A [C, M, n]`` along whitened directions ``A [C, M, n]``.
         ``means_by_point`` (``variances_by_point``): ``mu`` (``v``) as ``[n, C]``, the
         transposed view of the same values (on a device the einsum's own output: no transpose
-        operator). ``by_inverse``: ``B^-1 A`` in place of ``R``, one product with ``B_inv()``
-        and ``v = colsum(A * B^-1 A)`` (equal to round-off), for a caller that reads
-        ``B^-1 A`` (``stacked_matrix_gradients``): at ``M = 200`` one ``potri`` and one
-        ``gemm`` cost less than the two ``trsm`` of ``R`` and ``L_B^-T R``."""
+        operator). (numpy's evaluation takes ``B^-1 A`` in place of ``R``, from its pass of
+        ``potri``: ``paired_by_inverse``.)"""
         on_device = not ops.is_numpy(A)
-        if by_inverse:
-            BiA = self.B_inv() @ A
-            return (self._by_point("cmn,cm", A, self.w, means_by_point, on_device),
-                    self._by_point("cmn,cmn", A, BiA, variances_by_point, on_device), BiA)
         R = tri_solve_stack(self.LB, A)
         return (self._by_point("cmn,cm", A, self.w, means_by_point, on_device),
                 self._by_point("cmn,cmn", R, R, variances_by_point, on_device), R)
@@ -496,8 +485,8 @@ def paired_by_inverse(P_w: Array, h_w: Array, pair: Scales, A: Array,
                       ) -> tuple[StackedGaussians, StackedGaussians, Array,
                                  tuple[Array, Array, Array]]:
     """numpy's per-class evaluation: ``(q, cav, log_norm_ratio [2, C], (mu [n, C], v [C, n],
-    B_cav^-1 A [C, M, n]))``, what ``StackedGaussians.paired(P_w, h_w, pair, inverse=True)``
-    and the cavity's ``B^-1 A`` (one product with its ``B^-1``) give for ``A [C, M, n]``
+    B_cav^-1 A [C, M, n]))``, what ``StackedGaussians.paired(P_w, h_w, pair)`` and the
+    cavity's ``B^-1 A`` (one product with its ``B^-1``) give for ``A [C, M, n]``
     (``_inverted_pair``: neither Gaussian's factors kept, ``q``'s ``B^-1`` a stack, which the
     gradient reads)."""
     q, cav, lnr, BiA = _inverted_pair(P_w, h_w, pair, A, iteration, q_stack=True)
@@ -577,7 +566,7 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
 
     ``q``: the posteriors; ``lik``: the Gaussians held fixed in the likelihood term (EP: ``q``;
     SEP: the shared cavities) with ``R = L_B^-1 A [C, M, n]`` from ``lik.project`` (with
-    ``inverse_applied``: ``B_g^-1 A`` itself, ``lik.project(..., by_inverse=True)``, which
+    ``inverse_applied``: ``B_g^-1 A`` itself, from ``paired_by_inverse``, which
     numpy then consumes: written in place); ``a_sum``,
     ``b_sum``, ``e_sum`` ``[C, n]``: per-point sums, already multiplied by any mini-batch scale
     (``e_sum=None``: SEP's ``E = 2 B``). Returns the classes' gradients as stacks
@@ -844,7 +833,7 @@ def shared_paired(P_w: Array, h_w: Array, pair: Scales, A: Array,
                   iteration: int | None = None, *, frame: Frame | None = None
                   ) -> tuple[StackedGaussians, StackedGaussians, Array, tuple[Array, Array, Array]]:
     """``(q, cav, log_norm_ratio [2, C], (mu [n, C], v [C, n], B_cav^-1 A [C, M, n]))``: what
-    ``StackedGaussians.paired(P_w, h_w, pair, inverse=True)`` and ``shared_project(cav, A)``
+    ``StackedGaussians.paired(P_w, h_w, pair)`` and ``shared_project(cav, A)``
     give, for the classes' summed gradients (``shared_matrix_gradients``, which read ``q``'s
     means and ``B_inv_sum`` and the cavity's means and ``B^-1 A``), ``A [M, n]`` shared.
 
@@ -859,7 +848,7 @@ def shared_paired(P_w: Array, h_w: Array, pair: Scales, A: Array,
     """
     if not ops.is_numpy(P_w):
         assert frame is None  # ``kept_frame``: numpy only
-        q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration, inverse=True)
+        q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration)
         return q, cav, lnr, shared_project(cav, A)
     q, cav, lnr, BiA = _inverted_pair(P_w, h_w, pair, A, iteration, q_stack=False,
                                       prior=None if frame is None else frame.Q)
