@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple, cast
 
 import numpy as np
@@ -59,16 +60,21 @@ def symmetrize(X: Array) -> Array:
 
 
 def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
-                     unit: str = "class", first: int = 0) -> Array:
+                     unit: str = "class", first: int = 0,
+                     again: Callable[[], Array] | None = None) -> Array:
     """Lower Cholesky factors ``[C, M, M]`` of ``K [C, M, M]`` (or of one matrix ``[M, M]``).
 
     One stacked LAPACK call; a matrix that fails gets ``jittered_cholesky`` (jitter
     escalation, on the host: a rare path) on its own. ``NumericalError`` naming ``name`` and
     the matrix (``"<name> (<unit> <first + c>)"``) for non-finite entries or when even jitter
-    fails. On a device inside ``ops.deferred_checks(redo=True)`` (the training loop's step)
-    nothing is read: the factors are returned as they are and a failure (non-finite entries
-    or a matrix not positive definite) raises ``ops.RedoStep`` at the step's read; the loop
-    then redoes the step without ``redo``, which takes the path above.
+    fails. ``again``: the caller owns ``K``, reads it no more and can form it again (a
+    function returning the same values): numpy then factorises ``K`` in place (no copy;
+    ``K`` is undefined after, the factors may be its memory) and the rare path above, which
+    reads the matrices, works on ``again()``. On a device inside
+    ``ops.deferred_checks(redo=True)`` (the training loop's step) nothing is read: the
+    factors are returned as they are and a failure (non-finite entries or a matrix not
+    positive definite) raises ``ops.RedoStep`` at the step's read; the loop then redoes the
+    step without ``redo``, which takes the path above.
     """
     stack = K if K.ndim == 3 else K[None, ...]
 
@@ -81,9 +87,14 @@ def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
             f"{name}: Cholesky failed or non-finite (iteration {iteration}); redo the step "
             "with jitter escalation")))  # with ``error`` in a context: the factors, unread
         return unread if K.ndim == 3 else unread[0]
-    L = ops.checked_cholesky(stack)  # the usual case: finite and positive definite, one check
+    overwrite = again is not None and ops.is_numpy(K)
+    # the usual case: finite and positive definite, one check
+    L = ops.checked_cholesky(stack, overwrite=overwrite)
     if L is not None:
         return L if K.ndim == 3 else L[0]
+    if again is not None and overwrite:  # K may be overwritten: its values formed again
+        K = again()
+        stack = K if K.ndim == 3 else K[None, ...]
     if not ops.all_finite(K):
         bad = next(c for c in range(stack.shape[0]) if not ops.all_finite(stack[c]))
         raise NumericalError(f"{label(bad)} has non-finite entries; cannot factorise",
@@ -225,16 +236,22 @@ def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Arr
     already computed (``HyperParameters.covariances``, shared with the gradient's VJPs);
     otherwise ``stacked_covariances``. Of the given covariances ``Kuf`` is taken over
     (``StackedCovariances.take_Kuf``: ``A`` is solved in place of it on numpy, and the
-    covariances refuse a later ``Kuf`` read); ``Kuu`` and ``Kff_diag`` are left unchanged.
+    covariances refuse a later ``Kuf`` read); ``Kuu`` and ``Kff_diag`` are left unchanged
+    (``Kuu`` plus the jitter is a new array, factorised in place: ``stacked_cholesky``'s
+    ``again``).
     """
     jitter = inducing_jitter(X) if jitter is None else jitter
+    again: Callable[[], Array] | None = None
     if covariances is not None:
-        Kuu, Kuf, Kff_diag = covariances.Kuu, covariances.take_Kuf(), covariances.Kff_diag
-        Kuu = ops.plus_diagonal(Kuu, jitter)  # a new array: the shared covariances stay
+        Kuf, Kff_diag = covariances.take_Kuf(), covariances.Kff_diag
+        # a new array (the shared covariances stay), factorised in place: formed again from
+        # the shared Kuu where the rare jitter escalation needs its values
+        again = partial(ops.plus_diagonal, covariances.Kuu, jitter)
+        Kuu = again()
     else:
         Kuu, Kuf, Kff_diag = stacked_covariances(kernels, Zs, X)
         ops.add_diagonal(Kuu, jitter)
-    L = stacked_cholesky(Kuu, "Kuu", iteration)
+    L = stacked_cholesky(Kuu, "Kuu", iteration, again=again)
     L_inv = ops.tri_inverse(L) if ops.prefers_tri_inverse(L) else None
     # Kuf is this function's own (taken over, or formed here): A in place of it
     A = (tri_solve_stack(L, Kuf, overwrite=True) if L_inv is None

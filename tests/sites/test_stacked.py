@@ -90,6 +90,31 @@ def test_cholesky_escalates_jitter_per_class_and_names_the_failure():
         stacked_cholesky(K, "Kuu")
 
 
+def test_cholesky_in_place_with_again_equals_the_copying_path():
+    """``again`` (a caller that owns ``K`` and can form it again): numpy factorises ``K`` in
+    place (from order ``ops._POTRF_LOOP_FROM`` on: LAPACK per matrix; below, numpy's own
+    loop copies), the same factors bit for bit; where a matrix fails, the escalation works on
+    ``again()`` (``K`` itself is overwritten by then) and gives the copying path's factors."""
+    rng = np.random.default_rng(2)
+    m = ops._POTRF_LOOP_FROM
+    good = np.stack([a @ a.T + m * np.eye(m) for a in rng.normal(size=(C, m, m))])
+    K = good.copy()
+    L = stacked_cholesky(K, "K", again=good.copy)
+    assert np.shares_memory(L, K)  # in place: no copy
+    assert np.array_equal(L, stacked_cholesky(good, "K"))
+    bad = good.copy()
+    bad[1] = np.ones((m, m))  # class 1 singular: jitter escalation
+    calls = []
+
+    def again():
+        calls.append(1)
+        return bad.copy()
+
+    L = stacked_cholesky(bad.copy(), "K", again=again)
+    assert calls == [1]
+    assert np.array_equal(L, stacked_cholesky(bad, "K"))
+
+
 def _on(device: bool, *arrays):
     """``arrays`` as they are, or as torch-CPU tensors (a device's code path)."""
     if not device:
