@@ -229,10 +229,39 @@
    under ``trmm`` are of arrays the caller does not own: the kept sums ``P`` (a snapshot
    holds them), ``L'`` (the step's terms keep it), ``Kuf`` (``HyperParameters``'
    covariances, cached per version and shared with the VJPs; consuming it would need an
-   ownership rule in the kernel module); ``q``'s mirror stays (its ``B^-1`` enters the
+   ownership rule in the kernel module: s40, below); ``q``'s mirror stays (its ``B^-1`` enters the
    gradient's unsymmetrised sum as a full matrix). The update phase is its calls (the
    rebase's three ``trmm`` 6.9 ms, the cavity's ``potrf`` and ``trsm`` 6.3, the site
    ``gemm`` 3.2).
+
+   The hand-overs (s40-sepcpu, 2026-12-05, one thread, process CPU). ``Kuf`` is read by
+   nobody after ``stacked_terms`` (the VJPs work on the kept ``g_uf`` and distances; svi
+   reads it but forms no terms): the step's terms take it over
+   (``StackedCovariances.take_Kuf``; a later ``Kuf`` read raises, a second take forms it
+   again from ``g_uf``) and solve ``A = L^-1 Kuf`` in place (``trmm`` alone at
+   ``[10, 200, 200]``: 1.90 / 1.86 -> 1.63 / 1.66 ms); ``Kuu`` plus the jitter, already a
+   copy of the shared ``Kuu``, is factorised in place (``stacked_cholesky(again=)``: the
+   rare escalation forms it again), where ``potrf``'s stack copied it once more. Both
+   together, ``stacked_terms`` from cached covariances at MNIST size, main's and the
+   branch's alternating ABBA in one process (load 4.2-4.4, medians of 30): 9.00 / 8.99 ->
+   8.10 / 8.18 ms, bit-identical. digits' ``shared_paired`` inverts both Gaussians in place
+   of their factors (``potri``'s wrapper copied each matrix; ``_inverted_pair`` now serves
+   it and ``paired_by_inverse``): ABBA, 100 calls each, load 5.6-5.9: M = 100 4.58 / 4.72 /
+   4.75 -> 4.56 / 4.48 / 4.57 ms, M = 200 18.42 -> 18.22, bit-identical. ``--parts sep
+   --epochs 3``, processes alternating with main (6b36cd0), load 3.5-4.8: main 137.4 /
+   134.8 / 138.1 ms, the branch 135.0 / 138.6 / 137.3 (kernel terms 41.9 / 43.1 / 42.4 vs
+   42.3 / 41.7 / 40.8): the 0.8 ms are below the step's run-to-run noise at this load.
+   digits (``--parts digits-phases,digits --epochs 4``, two rounds, load 4.0-4.2): sep
+   21.46 / 20.45 -> 21.06 / 20.18 ms, shared sep 11.23 / 10.04 -> 9.85 / 9.64, its q and
+   cavity 3.58 / 3.60 -> 3.49 / 3.37. torch-CPU: 278 aten ops per step (unchanged; on a
+   device ``take_Kuf`` hands the array over and nothing is written in place).
+   ``StackedGaussians.paired``'s numpy branch (two Gaussians) and
+   ``project(by_inverse=True)`` had no library caller left: they are the tests' oracles
+   (``tests/sites/test_stacked.py``), ``paired`` is the one ``[2, C]`` stack everywhere.
+   Line-profiled (epochs 2..3, load 3.4), the rest of the step's copies are of arrays a
+   later reader or a snapshot holds: the update cavity's ``[A, a h_w]`` (``A`` is the
+   evaluation's), ``keep * P_w`` and the rebase's ``trmm`` operands (the kept sums, ``L'``),
+   ``L^-1`` (``L`` is kept), ``q``'s mirror.
 
 9. ``--parts digits-phases``: where digits' shared sep step (the model of 6. that GPflow's
    SVGP is timed against) goes: process-CPU ms per step of its phases and of the shared

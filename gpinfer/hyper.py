@@ -658,7 +658,8 @@ def _stacked_weights(cov: StackedCovariances, grads: Sequence[MatrixGradients], 
         parts = [getattr(G, name) for G in grads]
         if all(p is None for p in parts):
             return None
-        ref = cov.Kuu if name == "Kuu" else cov.Kuf if name == "Kuf" else cov.Kff_diag
+        # Kuf's shape from the kept g_uf (a caller may have taken Kuf over: take_Kuf)
+        ref = cov.Kuu if name == "Kuu" else cov.d.g_uf if name == "Kuf" else cov.Kff_diag
         return xp.stack([ops.zeros(ref, tuple(ref.shape[1:])) if p is None else p
                          for p in parts])
 

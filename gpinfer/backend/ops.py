@@ -790,16 +790,19 @@ def _potrf_stack(K: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, np
 
 
 def checked_cholesky(K: Array, *also_finite: Array,
-                     error: Callable[[], Exception] | None = None) -> Array | None:
+                     error: Callable[[], Exception] | None = None,
+                     overwrite: bool = False) -> Array | None:
     """Lower Cholesky factors of ``K [..., M, M]`` when ``K`` (and every array of
     ``also_finite``) is finite and every matrix is positive definite, else ``None`` (the
     caller then finds out which). On a device: one reduction and one sync for all of it; with
     ``error`` inside ``deferred_checks`` no sync: the factors are returned as they are and the
-    check raises ``error()`` when the pending checks are read."""
+    check raises ``error()`` when the pending checks are read. ``overwrite``: the caller owns
+    ``K`` and reads it no more (numpy factorises it in place, as ``cholesky``; after a
+    ``None`` for a matrix not positive definite ``K`` is undefined)."""
     if is_numpy(K):
         if not all_finite(K, *also_finite):
             return None
-        L, failed = cholesky(K)
+        L, failed = cholesky(K, overwrite=overwrite)
         return None if np.any(failed) else L
     L, info = _torch().linalg.cholesky_ex(K)
     # the largest status (0: every matrix factorised) and the arrays' largest magnitudes:

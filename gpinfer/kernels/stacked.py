@@ -193,6 +193,12 @@ class StackedCovariances:
     ``Kff_diag [C, B]``. Memory: a few ``[C, M, D]`` and ``[C, M, B]`` arrays and one
     ``[B, D]``, independent of the number of training points: the batch is shifted once and
     shared by every latent (no ``[C, B, D]`` array), its lengthscales enter through products.
+
+    Ownership of ``Kuf``: the VJPs never read it (they work on the kept distances and
+    ``g``), so a caller that turns it into something else (``L^-1 Kuf``) may take it over
+    with ``take_Kuf`` and write into it; the covariances then drop it and refuse a later
+    ``Kuf`` read (a ``RuntimeError``: a reader that came after the owner would see the
+    owner's values). ``Kuu`` and ``Kff_diag`` are shared: never written by a reader.
     """
 
     def __init__(self, family: StackedKernels, Z: Array, X: Array, theta: Array | None = None):
@@ -203,7 +209,30 @@ class StackedCovariances:
         #: every parameter in natural units ``[C, P]`` (all are logs), moved once
         self.natural = (ops.like(Z, np.exp(host)) if host is not None
                         else ops.namespace(theta).exp(theta))
-        self.d, self.Kuu, self.Kuf, self.Kff_diag = _forward(family, Z, X, self.natural)
+        self.d, self.Kuu, Kuf, self.Kff_diag = _forward(family, Z, X, self.natural)
+        #: ``Kuf`` until ``take_Kuf`` hands it over (then ``None``)
+        self._Kuf: Array | None = Kuf
+
+    @property
+    def Kuf(self) -> Array:
+        """``Kuf [C, M, B]``, shared (read it, never write it); refused (``RuntimeError``)
+        once ``take_Kuf`` has handed it over."""
+        if self._Kuf is None:
+            raise RuntimeError("Kuf was handed over (StackedCovariances.take_Kuf): its array "
+                               "holds its owner's values now; read Kuf before it is taken")
+        return self._Kuf
+
+    def take_Kuf(self) -> Array:
+        """``Kuf [C, M, B]`` handed over: the caller owns the array from now on and may write
+        into it (e.g. solve ``L^-1 Kuf`` in place); these covariances drop it (a later ``Kuf``
+        read is refused) and keep what their VJPs need. A later ``take_Kuf`` (the same
+        covariances reused, e.g. a step prepared again at the same version and batch) gets a
+        new array of the same values, formed again from the kept ``g_uf`` (``var g_uf``, the
+        forward's own operation: no noise term enters ``Kuf``)."""
+        Kuf, self._Kuf = self._Kuf, None
+        if Kuf is None:
+            Kuf = _times_variances(self.d.g_uf, self.d.var, self.d.vk)
+        return Kuf
 
     @staticmethod
     def _sqdist(a2: Array, b2: Array, AB: Array, doubled: bool = False) -> Array:

@@ -10,10 +10,10 @@ class on views of the stacks, except the step's six with ``L``, which numpy does
 with ``L^-1`` (``StackedTerms.L_inv``, one ``trtri``); products with a triangular factor
 (``L^T Lam L``, ``L^-T S L^-1``, ``L^-1 Kuf``) run as ``trmm`` on numpy
 (``ops.tri_matmul``), and ``B^-1`` comes from LAPACK ``potri`` once per Gaussian. (SEP's
-evaluation takes the cavity's ``B^-1 A`` as one product with its ``B^-1`` on numpy,
-``StackedGaussians.project(by_inverse=True)``: at ``M = 200`` one ``potri`` and one ``gemm``
-cost less than the two ``trsm`` of ``[M, n]`` with ``L_B``; the update's cavity keeps its
-one ``trsm``, cheaper than ``trtri`` or ``potri`` and a product.) Results equal the
+evaluation on numpy takes the cavity's ``B^-1 A`` as one product with its ``B^-1``
+(``paired_by_inverse``: at ``M = 200`` one ``potri`` and one product cost less than the
+two ``trsm`` of ``[M, n]`` with ``L_B``); the update's cavity keeps its one ``trsm``,
+cheaper than ``trtri`` or ``potri`` and a product.) Results equal the
 per-class code of ``gpinfer.sites.inducing`` to round-off (tests/sites/test_stacked.py).
 
 The functions take arrays of any array-API namespace (numpy, or torch on a CPU or GPU:
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple, cast
 
 import numpy as np
@@ -59,16 +60,21 @@ def symmetrize(X: Array) -> Array:
 
 
 def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
-                     unit: str = "class", first: int = 0) -> Array:
+                     unit: str = "class", first: int = 0,
+                     again: Callable[[], Array] | None = None) -> Array:
     """Lower Cholesky factors ``[C, M, M]`` of ``K [C, M, M]`` (or of one matrix ``[M, M]``).
 
     One stacked LAPACK call; a matrix that fails gets ``jittered_cholesky`` (jitter
     escalation, on the host: a rare path) on its own. ``NumericalError`` naming ``name`` and
     the matrix (``"<name> (<unit> <first + c>)"``) for non-finite entries or when even jitter
-    fails. On a device inside ``ops.deferred_checks(redo=True)`` (the training loop's step)
-    nothing is read: the factors are returned as they are and a failure (non-finite entries
-    or a matrix not positive definite) raises ``ops.RedoStep`` at the step's read; the loop
-    then redoes the step without ``redo``, which takes the path above.
+    fails. ``again``: the caller owns ``K``, reads it no more and can form it again (a
+    function returning the same values): numpy then factorises ``K`` in place (no copy;
+    ``K`` is undefined after, the factors may be its memory) and the rare path above, which
+    reads the matrices, works on ``again()``. On a device inside
+    ``ops.deferred_checks(redo=True)`` (the training loop's step) nothing is read: the
+    factors are returned as they are and a failure (non-finite entries or a matrix not
+    positive definite) raises ``ops.RedoStep`` at the step's read; the loop then redoes the
+    step without ``redo``, which takes the path above.
     """
     stack = K if K.ndim == 3 else K[None, ...]
 
@@ -81,9 +87,14 @@ def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
             f"{name}: Cholesky failed or non-finite (iteration {iteration}); redo the step "
             "with jitter escalation")))  # with ``error`` in a context: the factors, unread
         return unread if K.ndim == 3 else unread[0]
-    L = ops.checked_cholesky(stack)  # the usual case: finite and positive definite, one check
+    overwrite = again is not None and ops.is_numpy(K)
+    # the usual case: finite and positive definite, one check
+    L = ops.checked_cholesky(stack, overwrite=overwrite)
     if L is not None:
         return L if K.ndim == 3 else L[0]
+    if again is not None and overwrite:  # K may be overwritten: its values formed again
+        K = again()
+        stack = K if K.ndim == 3 else K[None, ...]
     if not ops.all_finite(K):
         bad = next(c for c in range(stack.shape[0]) if not ops.all_finite(stack[c]))
         raise NumericalError(f"{label(bad)} has non-finite entries; cannot factorise",
@@ -223,18 +234,28 @@ def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Arr
     ``kappa = k_diag(X) + jitter``, ``s`` floored at ``jitter`` (None: ``inducing_jitter`` of
     the inputs' dtype). ``covariances``: the kernels' batched covariances at ``(Zs, X)``
     already computed (``HyperParameters.covariances``, shared with the gradient's VJPs);
-    otherwise ``stacked_covariances``. The given covariances are left unchanged.
+    otherwise ``stacked_covariances``. Of the given covariances ``Kuf`` is taken over
+    (``StackedCovariances.take_Kuf``: ``A`` is solved in place of it on numpy, and the
+    covariances refuse a later ``Kuf`` read); ``Kuu`` and ``Kff_diag`` are left unchanged
+    (``Kuu`` plus the jitter is a new array, factorised in place: ``stacked_cholesky``'s
+    ``again``).
     """
     jitter = inducing_jitter(X) if jitter is None else jitter
+    again: Callable[[], Array] | None = None
     if covariances is not None:
-        Kuu, Kuf, Kff_diag = covariances.Kuu, covariances.Kuf, covariances.Kff_diag
-        Kuu = ops.plus_diagonal(Kuu, jitter)  # a new array: the shared covariances stay
+        Kuf, Kff_diag = covariances.take_Kuf(), covariances.Kff_diag
+        # a new array (the shared covariances stay), factorised in place: formed again from
+        # the shared Kuu where the rare jitter escalation needs its values
+        again = partial(ops.plus_diagonal, covariances.Kuu, jitter)
+        Kuu = again()
     else:
         Kuu, Kuf, Kff_diag = stacked_covariances(kernels, Zs, X)
         ops.add_diagonal(Kuu, jitter)
-    L = stacked_cholesky(Kuu, "Kuu", iteration)
+    L = stacked_cholesky(Kuu, "Kuu", iteration, again=again)
     L_inv = ops.tri_inverse(L) if ops.prefers_tri_inverse(L) else None
-    A = tri_solve_stack(L, Kuf) if L_inv is None else ops.tri_matmul(L_inv, Kuf)
+    # Kuf is this function's own (taken over, or formed here): A in place of it
+    A = (tri_solve_stack(L, Kuf, overwrite=True) if L_inv is None
+         else ops.tri_matmul(L_inv, Kuf, overwrite=True))
     s = Kff_diag + jitter
     s -= ops.einsum("cmn,cmn->cn", A, A)
     return StackedTerms(L=L, A=A, s=ops.clip_below(s, jitter), L_inv=L_inv)
@@ -327,7 +348,7 @@ class StackedGaussians:
         if consume and inverse and ops.is_numpy(P_w):  # B^-1 in place of L_B, its log|.| kept
             self._B_inv = cho_inverse_stack(self._consumed_factors(), overwrite=True)
         self.w: Array
-        if not means:  # the caller sets ``w`` (``shared_paired``)
+        if not means:  # the caller sets ``w`` (``_inverted_pair``)
             return
         if not inverse:
             self.w = self.B_inv_vec(self.h_w)
@@ -337,25 +358,21 @@ class StackedGaussians:
             self.w = ops.einsum("...mk,...k->...m", self.B_inv(), self.h_w)
 
     @classmethod
-    def paired(cls, P_w: Array, h_w: Array, pair: Scales, *, iteration: int | None = None,
-               inverse: bool = False) -> tuple[StackedGaussians, StackedGaussians, Array]:
+    def paired(cls, P_w: Array, h_w: Array, pair: Scales, *, iteration: int | None = None
+               ) -> tuple[StackedGaussians, StackedGaussians, Array]:
         """``(q, cav, log_norm_ratio [2, C])``: the Gaussians of the site sums ``P_w``,
         ``h_w`` with scale 1 (``q``) and with the cavity scales ``a [C]`` (``cav``), and
         their log-norm ratios (row 0: ``q``'s), from ``pair``, the ``Scales`` of
         ``(1, ..., 1, a_1, ..., a_C)`` with leading axes ``[2, C]``.
 
-        On a device both live in one ``[2, C]`` stack: one Cholesky, one check, one ``B^-1``
-        (an evaluation reads ``q``'s in its gradients and, with a shared ``Z``, the cavity's)
+        Both live in one ``[2, C]`` stack: one Cholesky, one check, one ``B^-1`` (an
+        evaluation reads ``q``'s in its gradients and, with a shared ``Z``, the cavity's)
         with the means one product with it (``inverse``: equal to round-off to the solves)
-        and one log-norm ratio, and the two are views of it; on numpy two
-        ``StackedGaussians`` as before (``inverse``: both with it, see the class).
+        and one log-norm ratio, and the two are views of it: the evaluation's form on a
+        device. (numpy's evaluations invert in place of the factors instead, without stacks:
+        ``paired_by_inverse``, ``shared_paired``; the two separate ``StackedGaussians`` this
+        equals are the tests' oracle, tests/sites/test_stacked.py.)
         """
-        if ops.is_numpy(P_w):  # one finiteness check for both
-            finite_sums(P_w, h_w, iteration)
-            q = cls(P_w, h_w, iteration=iteration, inverse=inverse, finite=True)
-            cav = cls(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]), iteration=iteration,
-                      inverse=inverse, finite=True)
-            return q, cav, np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
         both = cls(P_w, h_w, pair, iteration=iteration, inverse=True)
         (LB_q, LB_cav), (w_q, w_cav) = ops.unbind(both.LB), ops.unbind(both.w)
         B_inv_q, B_inv_cav = ops.unbind(both.B_inv())
@@ -390,7 +407,7 @@ class StackedGaussians:
     def _consumed_factors(self) -> Array:
         """``L_B [C, M, M]`` handed over to a caller that inverts it in place: its
         log-determinants kept first (for ``log_norm_ratio``), every later read of ``LB`` (and
-        of what needs it) then refused (``consume``, ``paired_by_inverse``)."""
+        of what needs it) then refused (``consume``, ``_inverted_pair``)."""
         LB = self.LB
         self._log_det = self._log_det_of(LB)
         self._LB = None
@@ -439,21 +456,14 @@ class StackedGaussians:
         return self._B_inv_sum
 
     def project(self, A: Array, *, means_by_point: bool = False,
-                variances_by_point: bool = False, by_inverse: bool = False
-                ) -> tuple[Array, Array, Array]:
+                variances_by_point: bool = False) -> tuple[Array, Array, Array]:
         """Means ``mu = A^T w [C, n]``, variances ``v = ||L_B^-1 a||^2 [C, n]`` and
         ``R = L_B^-1 A [C, M, n]`` along whitened directions ``A [C, M, n]``.
         ``means_by_point`` (``variances_by_point``): ``mu`` (``v``) as ``[n, C]``, the
         transposed view of the same values (on a device the einsum's own output: no transpose
-        operator). ``by_inverse``: ``B^-1 A`` in place of ``R``, one product with ``B_inv()``
-        and ``v = colsum(A * B^-1 A)`` (equal to round-off), for a caller that reads
-        ``B^-1 A`` (``stacked_matrix_gradients``): at ``M = 200`` one ``potri`` and one
-        ``gemm`` cost less than the two ``trsm`` of ``R`` and ``L_B^-T R``."""
+        operator). (numpy's evaluation takes ``B^-1 A`` in place of ``R``, from its pass of
+        ``potri``: ``paired_by_inverse``.)"""
         on_device = not ops.is_numpy(A)
-        if by_inverse:
-            BiA = self.B_inv() @ A
-            return (self._by_point("cmn,cm", A, self.w, means_by_point, on_device),
-                    self._by_point("cmn,cmn", A, BiA, variances_by_point, on_device), BiA)
         R = tri_solve_stack(self.LB, A)
         return (self._by_point("cmn,cm", A, self.w, means_by_point, on_device),
                 self._by_point("cmn,cmn", R, R, variances_by_point, on_device), R)
@@ -492,25 +502,43 @@ def paired_by_inverse(P_w: Array, h_w: Array, pair: Scales, A: Array,
                       ) -> tuple[StackedGaussians, StackedGaussians, Array,
                                  tuple[Array, Array, Array]]:
     """numpy's per-class evaluation: ``(q, cav, log_norm_ratio [2, C], (mu [n, C], v [C, n],
-    B_cav^-1 A [C, M, n]))``, what ``StackedGaussians.paired(P_w, h_w, pair, inverse=True)``
-    and ``cav.project(A, means_by_point=True, by_inverse=True)`` give for ``A [C, M, n]``,
-    with neither Gaussian's factors kept (``LB`` raises ``ValueError``): ``q``'s ``B^-1`` (a
-    stack, which the gradient reads) formed in place of them (``consume``), the cavity's
-    means and ``B^-1 A`` in one pass over the classes in place of its factors
-    (``ops.cho_inverse_terms(overwrite=True)``: ``potri``, then ``symv`` / ``symm`` on one
-    triangle while it is in cache; no stack of ``B_cav^-1``, no mirror; equal to round-off)."""
-    finite_sums(P_w, h_w, iteration)  # one finiteness check for both
-    q = StackedGaussians(P_w, h_w, iteration=iteration, inverse=True, finite=True, consume=True)
-    cav = StackedGaussians(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]),
-                           iteration=iteration, means=False, finite=True)
-    cav.w, BiA, _, failed = ops.cho_inverse_terms(cav._consumed_factors(), cav.h_w, A,
-                                                  overwrite=True)
-    if failed or BiA is None:
-        raise NumericalError("singular Cholesky factor", iteration=iteration, quantity="B")
-    lnr = np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
+    B_cav^-1 A [C, M, n]))``, what ``StackedGaussians.paired(P_w, h_w, pair)`` and the
+    cavity's ``B^-1 A`` (one product with its ``B^-1``) give for ``A [C, M, n]``
+    (``_inverted_pair``: neither Gaussian's factors kept, ``q``'s ``B^-1`` a stack, which the
+    gradient reads)."""
+    q, cav, lnr, BiA = _inverted_pair(P_w, h_w, pair, A, iteration, q_stack=True)
     by_point = StackedGaussians._by_point
     return q, cav, lnr, (by_point("cmn,cm", A, cav.w, True, False),
                          by_point("cmn,cmn", A, BiA, False, False), BiA)
+
+
+def _inverted_pair(P_w: Array, h_w: Array, pair: Scales, A: Array, iteration: int | None, *,
+                   q_stack: bool, prior: Array | None = None
+                   ) -> tuple[StackedGaussians, StackedGaussians, Array, Array]:
+    """numpy: ``(q, cav, log_norm_ratio [2, C], B_cav^-1 A [C, M, n])`` of the site sums
+    ``P_w``, ``h_w`` (one finiteness check for both; ``pair`` as ``StackedGaussians.paired``'s,
+    ``prior`` as ``StackedGaussians``'), with both Gaussians inverted in place of their factors
+    (``LB`` of either then raises ``ValueError``; log-determinants taken first): the cavity's
+    means and ``B^-1 A`` for ``A [M, n]`` shared or ``[C, M, n]`` per class in one pass over
+    the classes (``ops.cho_inverse_terms(overwrite=True)``: ``potri``, then ``symv`` /
+    ``symm`` on one triangle while it is in cache; no stack of ``B^-1``, no mirror; equal to
+    round-off); ``q``'s ``B^-1`` a stack with ``q_stack`` (``consume``: the per-class gradient
+    reads it), else its means and ``sum_c B_c^-1`` from the same pass (``B_inv_sum``: what
+    the shared gradient reads; the same bits as summing the stack)."""
+    finite_sums(P_w, h_w, iteration)  # one finiteness check for both
+    q = StackedGaussians(P_w, h_w, iteration=iteration, inverse=q_stack, means=q_stack,
+                         finite=True, prior=prior, consume=q_stack)
+    cav = StackedGaussians(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]),
+                           iteration=iteration, means=False, finite=True, prior=prior)
+    q_failed = False
+    if not q_stack:
+        q.w, _, q._B_inv_sum, q_failed = ops.cho_inverse_terms(
+            q._consumed_factors(), q.h_w, summed=True, overwrite=True)
+    cav.w, BiA, _, cav_failed = ops.cho_inverse_terms(cav._consumed_factors(), cav.h_w, A,
+                                                      overwrite=True)
+    if q_failed or cav_failed or BiA is None:
+        raise NumericalError("singular Cholesky factor", iteration=iteration, quantity="B")
+    return q, cav, np.stack([q.log_norm_ratio(), cav.log_norm_ratio()]), BiA
 
 
 def cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,
@@ -555,7 +583,7 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
 
     ``q``: the posteriors; ``lik``: the Gaussians held fixed in the likelihood term (EP: ``q``;
     SEP: the shared cavities) with ``R = L_B^-1 A [C, M, n]`` from ``lik.project`` (with
-    ``inverse_applied``: ``B_g^-1 A`` itself, ``lik.project(..., by_inverse=True)``, which
+    ``inverse_applied``: ``B_g^-1 A`` itself, from ``paired_by_inverse``, which
     numpy then consumes: written in place); ``a_sum``,
     ``b_sum``, ``e_sum`` ``[C, n]``: per-point sums, already multiplied by any mini-batch scale
     (``e_sum=None``: SEP's ``E = 2 B``). Returns the classes' gradients as stacks
@@ -822,14 +850,14 @@ def shared_paired(P_w: Array, h_w: Array, pair: Scales, A: Array,
                   iteration: int | None = None, *, frame: Frame | None = None
                   ) -> tuple[StackedGaussians, StackedGaussians, Array, tuple[Array, Array, Array]]:
     """``(q, cav, log_norm_ratio [2, C], (mu [n, C], v [C, n], B_cav^-1 A [C, M, n]))``: what
-    ``StackedGaussians.paired(P_w, h_w, pair, inverse=True)`` and ``shared_project(cav, A)``
+    ``StackedGaussians.paired(P_w, h_w, pair)`` and ``shared_project(cav, A)``
     give, for the classes' summed gradients (``shared_matrix_gradients``, which read ``q``'s
     means and ``B_inv_sum`` and the cavity's means and ``B^-1 A``), ``A [M, n]`` shared.
 
-    On numpy neither Gaussian keeps a stack of ``B^-1``: one pass over the classes each
-    (``ops.cho_inverse_terms``: ``potri``, then ``symv`` / ``symm`` on one triangle) gives
-    ``q``'s means and ``sum_c B_c^-1`` (the same bits as summing the stack) and the cavity's
-    means and ``B^-1 A`` (equal to round-off). On a device as those two calls (one stack).
+    On numpy neither Gaussian keeps a stack of ``B^-1`` nor its factors (``_inverted_pair``):
+    one pass over the classes each, in place of the factors, gives ``q``'s means and
+    ``sum_c B_c^-1`` (the same bits as summing the stack) and the cavity's means and
+    ``B^-1 A`` (equal to round-off). On a device as those two calls (one stack).
 
     ``frame``: the sums are kept on an older factor (``Frame``, numpy): the Gaussians of
     ``B_o = Q + a P_w`` along ``A = frame.A``, their means ``w_o`` and ``B_o^-1 A_o`` in that
@@ -837,18 +865,10 @@ def shared_paired(P_w: Array, h_w: Array, pair: Scales, A: Array,
     """
     if not ops.is_numpy(P_w):
         assert frame is None  # ``kept_frame``: numpy only
-        q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration, inverse=True)
+        q, cav, lnr = StackedGaussians.paired(P_w, h_w, pair, iteration=iteration)
         return q, cav, lnr, shared_project(cav, A)
-    finite_sums(P_w, h_w, iteration)  # one finiteness check for both
-    prior = None if frame is None else frame.Q
-    q = StackedGaussians(P_w, h_w, iteration=iteration, means=False, finite=True, prior=prior)
-    cav = StackedGaussians(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]),
-                           iteration=iteration, means=False, finite=True, prior=prior)
-    q.w, _, q._B_inv_sum, q_failed = ops.cho_inverse_terms(q.LB, q.h_w, summed=True)
-    cav.w, BiA, _, cav_failed = ops.cho_inverse_terms(cav.LB, cav.h_w, A)
-    if q_failed or cav_failed or BiA is None:
-        raise NumericalError("singular Cholesky factor", iteration=iteration, quantity="B")
-    lnr = np.stack([q.log_norm_ratio(), cav.log_norm_ratio()])
+    q, cav, lnr, BiA = _inverted_pair(P_w, h_w, pair, A, iteration, q_stack=False,
+                                      prior=None if frame is None else frame.Q)
     if frame is not None:
         lnr += frame.log_det
     return q, cav, lnr, _shared_moments(A, cav.w, BiA)

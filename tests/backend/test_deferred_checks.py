@@ -243,8 +243,8 @@ def test_a_failed_deferred_kuu_factorisation_redoes_the_step(monkeypatch, method
     reference = _fit(method, max_iter=3).predict_proba(_PROBE)
     original, seen = stacked.ops.checked_cholesky, {"deferred": 0, "failed": 0}
 
-    def failing_once(K, *also, error=None):
-        L = original(K, *also, error=error)
+    def failing_once(K, *also, error=None, **options):
+        L = original(K, *also, error=error, **options)
         if error is not None and isinstance(error(), ops.RedoStep):  # Kuu's, deferred
             seen["deferred"] += 1
             if seen["deferred"] == nth:  # a later step: report the factorisation failed

@@ -11,12 +11,15 @@ from gpinfer.backend import ops, resolve_backend
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels import RBF, White
+from gpinfer.kernels.stacked import StackedKernels
 from gpinfer.sites.inducing import WhitenedGaussian, class_terms, inducing_matrix_gradients
 from gpinfer.sites.stacked import (
+    Scales,
     StackedGaussians,
     as_stacked,
     cavity_moments,
     cho_inverse_stack,
+    finite_sums,
     paired_by_inverse,
     scales,
     shared_paired,
@@ -38,6 +41,30 @@ def _setup(seed: int = 0):
     P = np.stack([a @ a.T for a in rng.normal(size=(C, M, M))]) * 0.3
     h = rng.normal(size=(C, M))
     return rng, X, kernels, Zs, P, h
+
+
+def paired_reference(P_w, h_w, pair, *, inverse: bool = False):
+    """The oracle of ``StackedGaussians.paired`` and of numpy's evaluations
+    (``paired_by_inverse``, ``shared_paired``): ``(q, cav, log_norm_ratio [2, C])`` as two
+    ``StackedGaussians`` of the sums ``P_w [C, M, M]``, ``h_w [C, M]``, scale 1 and the cavity
+    scales of ``pair`` (row 1), checked finite once (the library's numpy branch of ``paired``
+    until s40, when no numpy caller was left)."""
+    finite_sums(P_w, h_w)
+    q = StackedGaussians(P_w, h_w, inverse=inverse, finite=True)
+    cav = StackedGaussians(P_w, h_w, Scales(pair.matrix[1], pair.vector[1]), inverse=inverse,
+                           finite=True)
+    lnr = ops.namespace(P_w).stack([q.log_norm_ratio(), cav.log_norm_ratio()])
+    return q, cav, lnr
+
+
+def project_by_inverse(g, A, *, means_by_point: bool = False):
+    """The oracle of numpy's cavity moments from ``B^-1`` (``paired_by_inverse``):
+    ``(mu [C, n] (``means_by_point``: ``[n, C]``), v = colsum(A * B^-1 A) [C, n],
+    B^-1 A [C, M, n])`` of ``g`` along ``A [C, M, n]`` by one product with ``g.B_inv()`` (the
+    library's ``project(by_inverse=True)`` until s40)."""
+    BiA = g.B_inv() @ A
+    mu = ops.einsum("cmn,cm->cn", A, g.w)
+    return (ops.mT(mu) if means_by_point else mu), ops.einsum("cmn,cmn->cn", A, BiA), BiA
 
 
 def test_triangular_solves_and_inverse_match_scipy():
@@ -63,6 +90,31 @@ def test_cholesky_escalates_jitter_per_class_and_names_the_failure():
         stacked_cholesky(K, "Kuu")
 
 
+def test_cholesky_in_place_with_again_equals_the_copying_path():
+    """``again`` (a caller that owns ``K`` and can form it again): numpy factorises ``K`` in
+    place (from order ``ops._POTRF_LOOP_FROM`` on: LAPACK per matrix; below, numpy's own
+    loop copies), the same factors bit for bit; where a matrix fails, the escalation works on
+    ``again()`` (``K`` itself is overwritten by then) and gives the copying path's factors."""
+    rng = np.random.default_rng(2)
+    m = ops._POTRF_LOOP_FROM
+    good = np.stack([a @ a.T + m * np.eye(m) for a in rng.normal(size=(C, m, m))])
+    K = good.copy()
+    L = stacked_cholesky(K, "K", again=good.copy)
+    assert np.shares_memory(L, K)  # in place: no copy
+    assert np.array_equal(L, stacked_cholesky(good, "K"))
+    bad = good.copy()
+    bad[1] = np.ones((m, m))  # class 1 singular: jitter escalation
+    calls = []
+
+    def again():
+        calls.append(1)
+        return bad.copy()
+
+    L = stacked_cholesky(bad.copy(), "K", again=again)
+    assert calls == [1]
+    assert np.array_equal(L, stacked_cholesky(bad, "K"))
+
+
 def _on(device: bool, *arrays):
     """``arrays`` as they are, or as torch-CPU tensors (a device's code path)."""
     if not device:
@@ -83,6 +135,38 @@ def test_stacked_terms_equal_class_terms():
         np.testing.assert_allclose(stacked.L[c], ref.L, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(stacked.A[c], ref.A, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(stacked.s[c], ref.s, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_stacked_terms_take_kuf_over_from_shared_covariances(device):
+    """Given cached covariances, ``stacked_terms`` takes ``Kuf`` over (``A`` solved in its
+    place on numpy): the covariances refuse a later ``Kuf`` read, their ``Kuu``, ``Kff_diag``
+    and VJPs are those of fresh covariances, and a second ``stacked_terms`` on the same
+    covariances (a step prepared again) gets the same terms from a ``Kuf`` formed again."""
+    rng, X, kernels, Zs, _, _ = _setup()
+    X_, Z_ = _on(device, X, np.stack(Zs))
+    family = StackedKernels.of(kernels)
+    assert family is not None
+    cov = family.covariances(Z_, X_, version=1)
+    Kuf = cov.Kuf
+    Kuf_before, Kuu_before = _host(Kuf).copy(), _host(cov.Kuu).copy()
+    terms = stacked_terms(kernels, Z_, X_, covariances=cov)
+    with pytest.raises(RuntimeError, match="handed over"):
+        _ = cov.Kuf
+    if not device:  # solved in place: the taken array is A (nothing copied)
+        assert terms.A is Kuf
+    np.testing.assert_array_equal(_host(cov.Kuu), Kuu_before)  # shared: left unchanged
+    fresh = stacked_terms(kernels, Z_, X_)
+    for a, b in ((terms.L, fresh.L), (terms.A, fresh.A), (terms.s, fresh.s)):
+        np.testing.assert_array_equal(_host(a), _host(b))
+    again = stacked_terms(kernels, Z_, X_, covariances=cov)  # Kuf formed again, same values
+    np.testing.assert_array_equal(_host(again.A), _host(terms.A))
+    assert _host(again.A) is not _host(terms.A)
+    np.testing.assert_array_equal(_host(family.covariances(Z_, X_).Kuf), Kuf_before)
+    W = [_on(device, w)[0] for w in (rng.normal(size=(C, M, M)), rng.normal(size=(C, M, N)),
+                                     rng.normal(size=(C, N)))]
+    for got, ref in zip(cov.vjp(*W), family.covariances(Z_, X_).vjp(*W)):
+        np.testing.assert_array_equal(_host(got), _host(ref))
 
 
 @pytest.mark.parametrize("device", [False, True])
@@ -128,9 +212,11 @@ def test_gaussians_equal_whitened_gaussians(scale, device):
 @pytest.mark.parametrize("device", [False, True])
 def test_shared_paired_is_paired_and_shared_project(device):
     """``shared_paired`` (the shared evaluation's Gaussians, on numpy without stacks of
-    ``B^-1``) gives ``StackedGaussians.paired(inverse=True)`` and ``shared_project`` of its
-    cavity: factors bit for bit, ``sum_c B_c^-1`` of ``q`` bit for bit on
-    numpy, means, log-norm ratios and projections to round-off."""
+    ``B^-1``, both inverted in place of their factors) gives the two Gaussians
+    (``paired_reference(inverse=True)``) and ``shared_project`` of its cavity: factors
+    bit for bit (on numpy their log-determinants, ``LB`` then refused, not served as the
+    overwritten stack), ``sum_c B_c^-1`` of ``q`` bit for bit on numpy, means, log-norm
+    ratios and projections to round-off."""
     rng, X, kernels, Zs, P, h = _setup(4)
     A = rng.normal(size=(M, N))
     frac = (0.8, 0.9, 0.95)
@@ -139,10 +225,15 @@ def test_shared_paired_is_paired_and_shared_project(device):
         A, P, h = (torch.as_tensor(a) for a in (A, P, h))
     pair = scales(P, (1.0,) * C + frac, (2, C))
     q, cav, lnr, moments = shared_paired(P, h, pair, A)
-    q0, cav0, lnr0 = StackedGaussians.paired(P, h, pair, inverse=True)
+    q0, cav0, lnr0 = paired_reference(P, h, pair, inverse=True)
     host = np.asarray
     for got, want in ((q, q0), (cav, cav0)):
-        assert np.array_equal(host(got.LB), host(want.LB))
+        if device:
+            assert np.array_equal(host(got.LB), host(want.LB))
+        else:
+            assert np.array_equal(got._log_det, StackedGaussians._log_det_of(want.LB))
+            with pytest.raises(ValueError, match="inverted in place"):
+                _ = got.LB
         np.testing.assert_allclose(host(got.w), host(want.w), rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(host(lnr), host(lnr0), rtol=1e-12)  # w . h: the means' round-off
     S0 = host(q0.B_inv()).sum(axis=0)
@@ -156,15 +247,15 @@ def test_shared_paired_is_paired_and_shared_project(device):
 
 def test_paired_by_inverse_is_paired_and_project_without_the_factors():
     """``paired_by_inverse`` (numpy's per-class evaluation, both Gaussians inverted in place
-    of their factors) gives ``StackedGaussians.paired(inverse=True)`` and the cavity's
-    ``project(by_inverse=True)``: ``q``'s inverses, means and log-norm ratios bit for bit, the
+    of their factors) gives the two Gaussians (``paired_reference(inverse=True)``) and the
+    cavity's ``project_by_inverse``: ``q``'s inverses, means and log-norm ratios bit for bit, the
     cavity's (``symv`` / ``symm`` on one triangle) to round-off; ``LB`` is then refused, not
     served as the overwritten stack."""
     rng, X, kernels, Zs, P, h = _setup(5)
     A = rng.normal(size=(C, M, N))
     pair = scales(P, (1.0,) * C + (0.8, 0.9, 0.95), (2, C))
-    q0, cav0, lnr0 = StackedGaussians.paired(P, h, pair, inverse=True)
-    moments0 = cav0.project(A, means_by_point=True, by_inverse=True)
+    q0, cav0, lnr0 = paired_reference(P, h, pair, inverse=True)
+    moments0 = project_by_inverse(cav0, A, means_by_point=True)
     q, cav, lnr, moments = paired_by_inverse(P, h, pair, A)
     assert np.array_equal(q.B_inv(), q0.B_inv()) and np.array_equal(q.w, q0.w)
     assert np.array_equal(lnr[0], lnr0[0])
@@ -191,10 +282,10 @@ def test_paired_by_inverse_is_paired_and_project_without_the_factors():
 
 @pytest.mark.parametrize("device", [False, True])
 def test_paired_gaussians_equal_the_two_gaussians_bit_for_bit(device):
-    """``StackedGaussians.paired`` (on a device one ``[2, C]`` stack with its ``B^-1``, its
-    halves views of it) gives ``q`` and the cavity exactly as two ``StackedGaussians`` (on a
-    device with ``inverse=True``) do: factors, means,
-    projections, ``B^-1``, log-norm ratios and the matrix gradients built on them."""
+    """``StackedGaussians.paired`` (one ``[2, C]`` stack with its ``B^-1``, its halves views
+    of it) gives ``q`` and the cavity exactly as two ``StackedGaussians`` with
+    ``inverse=True`` do (``paired_reference``): factors, means, projections, ``B^-1``,
+    log-norm ratios and the matrix gradients built on them."""
     rng, X, kernels, Zs, P, h = _setup(3)
     frac = (0.8, 0.9, 0.95)
     if device:
@@ -202,10 +293,10 @@ def test_paired_gaussians_equal_the_two_gaussians_bit_for_bit(device):
         X, P, h = (torch.as_tensor(a) for a in (X, P, h))
         Zs = [torch.as_tensor(z) for z in Zs]
     terms = stacked_terms(kernels, Zs, X)
-    q, cav, lnr = StackedGaussians.paired(P, h, scales(P, (1.0,) * C + frac, (2, C)))
-    # on a device paired forms B^-1 and the means from it (inverse=True), as one stack
-    q0 = StackedGaussians(P, h, inverse=device)
-    cav0 = StackedGaussians(P, h, scales(P, frac, (C,)), inverse=device)
+    pair = scales(P, (1.0,) * C + frac, (2, C))
+    q, cav, lnr = StackedGaussians.paired(P, h, pair)
+    # paired forms B^-1 and the means from it (inverse=True), as one stack
+    q0, cav0, _ = paired_reference(P, h, pair, inverse=True)
     same = np.array_equal
     for got, want in ((q, q0), (cav, cav0)):
         assert same(np.asarray(got.LB), np.asarray(want.LB))
@@ -229,7 +320,7 @@ def test_paired_gaussians_equal_the_two_gaussians_bit_for_bit(device):
 @pytest.mark.parametrize("device", [False, True])
 def test_sep_matrix_gradients_equal_the_per_class_gradients(device):
     """On numpy and on a device (sym(A X^T) + S_B one product A (X + A diag B)^T), from
-    ``R = L_B^-1 A`` and from ``B^-1 A`` (``project(by_inverse=True)``, numpy's evaluation)."""
+    ``R = L_B^-1 A`` and from ``B^-1 A`` (``project_by_inverse``, numpy's evaluation)."""
     rng, X, kernels, Zs, P, h = _setup()
     per_class = [class_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
     frac = np.array([0.8, 0.9, 0.95])
@@ -238,8 +329,8 @@ def test_sep_matrix_gradients_equal_the_per_class_gradients(device):
     terms = stacked_terms(kernels, Z_, X_)
     q, cav = StackedGaussians(P_, h_), StackedGaussians(P_, h_, frac)
     mu, v, R = cav.project(terms.A)
-    # B_cav^-1 A from the cavity's B^-1 (``by_inverse``) in place of R: the same gradients
-    mu_i, v_i, BiA = cav.project(terms.A, by_inverse=True)
+    # B_cav^-1 A from the cavity's B^-1 in place of R: the same gradients
+    mu_i, v_i, BiA = project_by_inverse(cav, terms.A)
     np.testing.assert_allclose(_host(mu_i), _host(mu), rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(_host(v_i), _host(v), rtol=1e-10, atol=1e-13)
     np.testing.assert_allclose(_host(BiA), _host(tri_solve_stack(cav.LB, R, transpose=True)),
@@ -299,7 +390,8 @@ def test_corrupted_sites_are_a_numerical_error():
 @pytest.mark.parametrize("scale", [None, np.array([0.5, 0.9, 0.99])])
 def test_means_from_the_inverse_and_variances_by_point(scale, device):
     """``inverse=True`` (``w`` one product with the ``B^-1`` formed at once) gives the solves'
-    means and ``B^-1`` to round-off, in ``paired`` too; the
+    means and ``B^-1`` to round-off, in ``paired`` too (against the two Gaussians by
+    solves); the
     variances by point are the transposed ones (the same values)."""
     _, X, kernels, Zs, P, h = _setup(5)
     X_, Z_, P_, h_ = _on(device, X, np.stack(Zs), P, h)
@@ -309,8 +401,7 @@ def test_means_from_the_inverse_and_variances_by_point(scale, device):
     np.testing.assert_allclose(_host(got.w), _host(want.w), rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(_host(got.B_inv()), _host(want.B_inv()), rtol=1e-12)
     pair = scales(P_, (1.0,) * C + (0.8, 0.9, 0.95), (2, C))
-    for a, b in zip(StackedGaussians.paired(P_, h_, pair, inverse=True),
-                    StackedGaussians.paired(P_, h_, pair)):
+    for a, b in zip(StackedGaussians.paired(P_, h_, pair), paired_reference(P_, h_, pair)):
         if isinstance(a, StackedGaussians):
             a, b = a.w, b.w
         np.testing.assert_allclose(_host(a), _host(b), rtol=1e-12, atol=1e-13)
