@@ -334,7 +334,7 @@ def gaussian_kl(h1: Array, A1: Array, h0: Array, A0: Array) -> Array:
     """``KL[N(h1, A1) || N(h0, A0)]`` for batches ``[B, C]`` / ``[B, C, C]``, ``[B]``."""
     L0, failed = ops.cholesky(A0)
     if np.any(failed):
-        raise cholesky_error("marginal covariance A0", nonfinite=not np.all(np.isfinite(A0)))
+        raise cholesky_error("marginal covariance A", nonfinite=not np.all(np.isfinite(A0)))
     C = h1.shape[1]
     X = ops.solve_triangular(L0, A1)  # L0^-1 A1
     Y = ops.solve_triangular(L0, np.swapaxes(X, 1, 2))  # L0^-1 A1 L0^-T (A1 symmetric)
