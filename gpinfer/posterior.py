@@ -14,12 +14,11 @@ from collections.abc import Sequence
 from functools import reduce
 
 import numpy as np
-from scipy.linalg import solve_triangular
 
 from gpinfer.backend import ops
 from gpinfer.interfaces import Likelihood
 from gpinfer.kernels.base import Kernel
-from gpinfer.numerics.cholesky import jittered_cholesky
+from gpinfer.numerics.cholesky import jittered_cholesky, tri_solve
 
 Array = np.ndarray
 
@@ -121,7 +120,7 @@ class DenseSitePosterior(Posterior):
     def predict_f(self, X: Array) -> tuple[Array, Array]:
         Ks = self.kernel.K(self.X_train, X)  # [N, N*]
         mean = Ks.T @ self.alpha
-        V = solve_triangular(self.L_B, self.sqrt_w[:, None] * Ks, lower=True)
+        V = tri_solve(self.L_B, self.sqrt_w[:, None] * Ks)
         var = self.kernel.K_diag(X) - np.sum(V * V, axis=0)
         return mean[:, None], np.maximum(var, 1e-300)[:, None]
 

@@ -26,7 +26,7 @@ from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array, MatrixGradients
 from gpinfer.kernels.base import Kernel
 from gpinfer.likelihoods.multiclass import argmax_factor_tilted
-from gpinfer.numerics.cholesky import jittered_cholesky, tri_solve
+from gpinfer.numerics.cholesky import cholesky_error, jittered_cholesky, tri_solve
 from gpinfer.numerics.gram import weighted_gram
 
 #: jitter added to ``Kuu`` and ``kappa`` (spec ep-sep §1.2, reference code)
@@ -87,10 +87,7 @@ def class_terms(
     factorised.
     """
     Kuu = kernel.K(Z) + jitter * np.eye(Z.shape[0])
-    try:
-        L = jittered_cholesky(Kuu, name="Kuu").L
-    except NumericalError as err:
-        raise NumericalError(str(err), iteration=iteration, quantity="Kuu") from err
+    L = jittered_cholesky(Kuu, name="Kuu", iteration=iteration).L
     A = tri_solve(L, kernel.K(Z, X))
     s = kernel.K_diag(X) + jitter - np.sum(A * A, axis=0)
     return ClassTerms(L=L, A=A, s=np.maximum(s, jitter))
@@ -119,8 +116,8 @@ def site_cholesky(Bm: Array, h_w: Array, iteration: int | None = None) -> Array:
     def failure() -> NumericalError:
         if not ops.all_finite(Bm, h_w):
             return NumericalError("site sums are not finite", iteration=iteration, quantity="B")
-        return NumericalError("B = I + L^T Lambda L is not positive definite (corrupted sites)",
-                              iteration=iteration, quantity="B")
+        return cholesky_error("B", iteration=iteration,
+                              detail=" (B = I + L^T Lambda L: corrupted sites)")
 
     LB = ops.checked_cholesky(Bm, h_w, error=failure)  # the usual case: one check
     if LB is None:

@@ -1,23 +1,14 @@
-"""Quadrature rules (exactness, vectorisation) and the jittered Cholesky helpers."""
+"""Quadrature rules (exactness, vectorisation)."""
 
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import pytest
 from scipy import integrate
 
-from gpinfer.errors import NumericalError
 from gpinfer.numerics import settings
-from gpinfer.numerics.cholesky import (
-    chol_inverse,
-    chol_solve,
-    jittered_cholesky,
-    log_det_from_chol,
-    tri_solve,
-)
 from gpinfer.numerics.quadrature import (
     chunk_slices,
     composite_gauss_legendre,
@@ -149,68 +140,6 @@ def test_shift_invariant_rule_reproduces_difference_moments():
     np.testing.assert_allclose((d01**2) @ w - (d01 @ w) ** 2, var[:, 0] + var[:, 1], rtol=1e-12)
     cov = (d01 * d12) @ w - (d01 @ w) * (d12 @ w)
     np.testing.assert_allclose(cov, -var[:, 1], rtol=1e-12)
-
-
-# --------------------------------------------------------------------------------------------
-# Cholesky with jitter (gpinfer/numerics/cholesky.py)
-# --------------------------------------------------------------------------------------------
-
-
-def _spd(n: int, seed: int = 0) -> np.ndarray:
-    A = np.random.default_rng(seed).normal(size=(n, n))
-    return A @ A.T + n * np.eye(n)
-
-
-def test_cholesky_without_jitter_on_spd_matrix():
-    A = _spd(6)
-    L, jitter = jittered_cholesky(A)
-    assert jitter == 0.0
-    np.testing.assert_allclose(L @ L.T, A, rtol=1e-12)
-    np.testing.assert_allclose(L, np.tril(L))
-
-
-def test_cholesky_jitter_escalation_is_recorded():
-    x = np.linspace(0, 1, 30)
-    K = np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2 / 10.0**2)  # numerically singular
-    L, jitter = jittered_cholesky(K, name="Kuu")
-    assert jitter > 0
-    rel = jitter / np.mean(np.diag(K))
-    ratio = math.log10(rel / settings.JITTER_START)
-    assert ratio == pytest.approx(round(ratio), abs=1e-9)  # start x 10^k
-    np.testing.assert_allclose(L @ L.T, K + jitter * np.eye(30), atol=1e-12)
-
-
-def test_cholesky_jitter_warning_on_request():
-    K = np.ones((5, 5))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        _, jitter = jittered_cholesky(K, name="ones", warn=True)
-    assert jitter > 0
-    assert any("ones" in str(w.message) for w in caught)
-
-
-def test_cholesky_errors_on_indefinite_and_nan():
-    A = np.diag([1.0, -1.0, 2.0])
-    with pytest.raises(NumericalError, match="not positive definite") as info:
-        jittered_cholesky(A, name="S")
-    assert info.value.quantity == "S"
-    B = _spd(3)
-    B[0, 1] = np.nan
-    with pytest.raises(NumericalError, match="non-finite"):
-        jittered_cholesky(B)
-    with pytest.raises(ValueError, match="square"):
-        jittered_cholesky(np.ones((2, 3)))
-
-
-def test_cholesky_solves_and_determinants():
-    A = _spd(5, seed=2)
-    b = np.random.default_rng(1).normal(size=(5, 2))
-    L, _ = jittered_cholesky(A)
-    np.testing.assert_allclose(chol_solve(L, b), np.linalg.solve(A, b), rtol=1e-10)
-    np.testing.assert_allclose(L @ tri_solve(L, b), b, rtol=1e-10)
-    np.testing.assert_allclose(L.T @ tri_solve(L, b, transpose=True), b, rtol=1e-10)
-    assert log_det_from_chol(L) == pytest.approx(np.linalg.slogdet(A)[1], rel=1e-12)
-    np.testing.assert_allclose(chol_inverse(L), np.linalg.inv(A), rtol=1e-10)
 
 
 def test_quad_reference_sanity():

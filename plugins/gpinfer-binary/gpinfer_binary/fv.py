@@ -22,14 +22,12 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import numpy as np
-from scipy.linalg import LinAlgError, cholesky
 from scipy.optimize import minimize
 
-from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array, Likelihood
 from gpinfer.kernels.base import Kernel
 from gpinfer.likelihoods.bernoulli import Bernoulli, as_bernoulli
-from gpinfer.numerics.cholesky import chol_inverse, log_det_from_chol
+from gpinfer.numerics.cholesky import chol_inverse, jittered_cholesky, log_det_from_chol
 from gpinfer.options import Option, integer, real
 from gpinfer.posterior import Posterior
 from gpinfer.sites.driver import DenseBinaryMethod, DenseSolution
@@ -54,18 +52,6 @@ class FactorialGaussianPosterior(Posterior):
 
     def state(self) -> dict[str, Array]:
         return {"alpha": self.alpha, "A": self.A}
-
-
-def ridge_cholesky(K: Array, ridge: float) -> tuple[Array, float]:
-    """Cholesky of ``K + ridge I``, the ridge multiplied by 10 until it succeeds."""
-    eye = np.eye(K.shape[0])
-    for _ in range(12):
-        try:
-            return cholesky(K + ridge * eye, lower=True, check_finite=False), ridge
-        except LinAlgError:
-            ridge *= 10.0
-    raise NumericalError(f"FV: K + ridge I is not positive definite (ridge {ridge:g})",
-                         quantity="K_r")
 
 
 class FVBound:
@@ -144,7 +130,9 @@ class FVMethod(DenseBinaryMethod):
     }
 
     def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any) -> DenseSolution:
-        L, ridge = ridge_cholesky(K, float(self.options["ridge"]))
+        ridge = float(self.options["ridge"])  # K + ridge I, the ridge tenfold (12 tries)
+        L, ridge = jittered_cholesky(K, name="K_r", bare=ridge == 0.0, start=ridge, scale=1.0,
+                                     factor=10.0, max_jitter=ridge * 1e11)
         bound = FVBound(L, y, as_bernoulli(likelihood, self.name))
         mu0 = np.zeros(y.shape[0]) if warm is None else warm
         tol = float(self.options["tol"])

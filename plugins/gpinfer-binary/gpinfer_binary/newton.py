@@ -39,10 +39,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg import LinAlgError, cho_factor, cho_solve
 
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array
+from gpinfer.numerics.cholesky import chol_solve, jittered_cholesky
 
 #: ``fun(x, derivatives)``: value, and with ``derivatives`` also gradient ``[P]`` and Hessian
 NewtonFunction = Callable[[Array, bool], tuple[float, Array | None, Array | None]]
@@ -108,7 +108,7 @@ def newton_maximize(
         done = gnorm <= tol or (converged is not None and converged(x))
         if done or step == max_steps:
             return NewtonResult(x, float(value), gnorm, step, done, shifted)
-        d, mu = _free_newton_step(H, g, free, name, step)
+        d, mu = _free_newton_step(H, g, free, step)
         preferred = _preferred_step(direction, x, g, value, fun, proj) if mu > 0 else None
         if preferred is not None:
             d, x_try = preferred
@@ -143,14 +143,13 @@ def _evaluate(fun: NewtonFunction, x: Array, fixed: FixedFunction | None, name: 
     return value, g, H, free, float(np.max(np.abs(g[free]), initial=0.0))
 
 
-def _free_newton_step(H: Array, g: Array, free: Array, name: str,
-                      step: int) -> tuple[Array, float]:
+def _free_newton_step(H: Array, g: Array, free: Array, step: int) -> tuple[Array, float]:
     """The (shifted) Newton step ``d [P]`` on the free coordinates (zero on the fixed ones) and
     its shift ``mu`` (``_shifted_newton_step``)."""
     if free.all():
-        return _shifted_newton_step(H, g, name, step)
+        return _shifted_newton_step(H, g, step)
     d = np.zeros_like(g)
-    d[free], mu = _shifted_newton_step(H[np.ix_(free, free)], g[free], name, step)
+    d[free], mu = _shifted_newton_step(H[np.ix_(free, free)], g[free], step)
     return d, mu
 
 
@@ -164,22 +163,15 @@ def _final_step(fun: NewtonFunction, proj: Callable[[Array], Array], x: Array, d
     return NewtonResult(found[0], found[1], gnorm, step + 1, True, shifted)
 
 
-def _shifted_newton_step(H: Array, g: Array, name: str, step: int) -> tuple[Array, float]:
-    """``d = -(H - mu D)^-1 g`` with the smallest ``mu`` in ``0, 1e-8, 4e-8, ...`` that works."""
+def _shifted_newton_step(H: Array, g: Array, step: int) -> tuple[Array, float]:
+    """``d = -(H - mu D)^-1 g`` with the smallest ``mu`` in ``0, 1e-8, 4e-8, ..., 1e12`` that
+    works (``NumericalError``, quantity ``"Hessian"``, at Newton step ``step`` when none does)."""
     H = 0.5 * (H + H.T)
     diag = np.abs(np.diag(H))
     diag = np.maximum(diag, 1e-12 * max(float(np.max(diag)), 1e-12))
-    mu = 0.0
-    while True:
-        try:
-            factor = cho_factor(-(H - np.diag(mu * diag)), lower=True, check_finite=False)
-            break
-        except LinAlgError:
-            mu = max(4.0 * mu, 1e-8)
-            if mu > 1e12:
-                raise NumericalError(f"{name}: Hessian could not be regularised",
-                                     iteration=step, quantity="Hessian") from None
-    return cho_solve(factor, g, check_finite=False), mu
+    L, mu = jittered_cholesky(-H, name="Hessian", start=1e-8, factor=4.0, max_jitter=1e12,
+                              scale=diag, iteration=step)  # -(H - mu D), mu = 0 first
+    return chol_solve(L, g), mu
 
 
 def _backtrack(

@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.linalg import solve_triangular
 
 from gpinfer.errors import InputError
 from gpinfer.kernels.base import Kernel
+from gpinfer.numerics.cholesky import tri_solve
 from gpinfer_ivm.criterion import FrozenSites
 from gpinfer_ivm.diagonal_softmax import DiagonalTiltedCache
 from gpinfer_ivm.gaussian_cubature import AUTO_PRODUCT_NODES, RULES, softmax_tilted
@@ -164,7 +164,7 @@ class BaselineRepresentation:
                 for k, row in enumerate(st.L_rows):
                     L[k, : k + 1] = row
                 Ks = self.kernels[c].K(self.X[st.I], Xs)
-                m = solve_triangular(L, np.sqrt(np.array(st.pi))[:, None] * Ks, lower=True)
+                m = tri_solve(L, np.sqrt(np.array(st.pi))[:, None] * Ks)
                 h[:, c] = m.T @ np.array(st.eta)
                 var = var - np.sum(m * m, axis=0)
             A[:, c, c] = np.clip(var, VAR_FLOOR * prior, prior)  # round-off: see include()

@@ -14,9 +14,9 @@ roll back (negative updates can break down by round-off).
 from __future__ import annotations
 
 import numpy as np
-from scipy.linalg import solve_triangular
 
 from gpinfer.errors import NumericalError
+from gpinfer.numerics.cholesky import tri_solve
 
 Array = np.ndarray
 
@@ -24,7 +24,7 @@ Array = np.ndarray
 def cholext(L: Array, s: Array, sigma: float) -> tuple[Array, float]:
     """New last row ``(l [d], lam)`` of the factor of ``[[S, s], [s^T, sigma]]``; ``O(d^2)``."""
     d = L.shape[0]
-    l = solve_triangular(L, s, lower=True, check_finite=False) if d else np.zeros(0)
+    l = tri_solve(L, s) if d else np.zeros(0)
     rad = float(sigma - l @ l)
     if not np.isfinite(rad) or rad <= 0.0:
         raise NumericalError(
@@ -48,7 +48,7 @@ def chollrup(
     d = L.shape[0]
     if d == 0:
         return L.copy(), None if X is None else X.copy()
-    p = solve_triangular(L, r, lower=True, check_finite=False)
+    p = tri_solve(L, r)
     t = 1.0 + sign * np.cumsum(p * p)
     t_prev = np.concatenate([[1.0], t[:-1]])
     if np.any(~np.isfinite(t)) or np.any(t <= 0.0):

@@ -28,20 +28,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.linalg import solve_triangular
 
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels.base import Kernel
-from gpinfer.numerics.cholesky import jittered_cholesky
+from gpinfer.numerics.cholesky import jittered_cholesky, tri_solve
 from gpinfer_ivm.diagonal_softmax import diagonal_softmax_expected_log_prob
 from gpinfer_ivm.gaussian_cubature import SoftmaxExpectation, softmax_expected_log_prob
 
 Array = np.ndarray
-
-
-def _tri(L: Array, B: Array, trans: bool = False) -> Array:
-    return solve_triangular(L, B, lower=True, trans=1 if trans else 0, check_finite=False)
 
 
 def _sym(X: Array) -> Array:
@@ -116,7 +111,7 @@ def class_factors(kernels: Sequence[Kernel], X: Array, sites: FrozenSites) -> Cl
         sD = np.sqrt(sites.pi[c])
         E = np.eye(d) + sD[:, None] * K_nI[I] * sD[None, :]
         L = jittered_cholesky(E, name=f"E (class {c})").L
-        B = _tri(L, np.diag(sD))
+        B = tri_solve(L, np.diag(sD))
         P = B.T @ B
         out.K_nI.append(K_nI)
         out.K_I.append(K_nI[I])
@@ -126,7 +121,7 @@ def class_factors(kernels: Sequence[Kernel], X: Array, sites: FrozenSites) -> Cl
         out.M.append(B @ K_nI.T)
         out.Mt.append(K_nI @ P)
         out.logdet_E += 2.0 * float(np.sum(np.log(np.diag(L))))
-        Linv = _tri(L, np.eye(d))
+        Linv = tri_solve(L, np.eye(d))
         out.tr_Einv += float(np.sum(Linv * Linv))
     return out
 
@@ -149,9 +144,9 @@ def couple(f: ClassFactors, sites: FrozenSites) -> Coupling:
         return Coupling([sites.b[c] - PKb[c] for c in range(C)])
     H: Array = sum(f.P[1:], f.P[0])  # left to right, as sum(f.P)
     LH = jittered_cholesky(H, name="H").L
-    z = _tri(LH, _tri(LH, sum(PKb)), trans=True)
+    z = tri_solve(LH, tri_solve(LH, sum(PKb)), transpose=True)
     gamma = [sites.b[c] - PKb[c] + f.P[c] @ z for c in range(C)]
-    Qr = [_tri(LH, f.B[c].T @ f.M[c]).T for c in range(C)]  # Q_c^T [n, d]
+    Qr = [tri_solve(LH, f.B[c].T @ f.M[c]).T for c in range(C)]  # Q_c^T [n, d]
     return Coupling(gamma, LH, Qr)
 
 
@@ -176,13 +171,13 @@ def kl_term(f: ClassFactors, cp: Coupling, sites: FrozenSites) -> tuple[float, l
     C = len(f.P)
     hI = [f.K_I[c] @ cp.gamma[c] for c in range(C)]
     quad = sum(float(cp.gamma[c] @ hI[c]) for c in range(C))
-    Pt = [(_tri(f.L[c], f.B[c], trans=True)).T @ _tri(f.L[c], f.B[c], trans=True)
+    Pt = [(tri_solve(f.L[c], f.B[c], transpose=True)).T @ tri_solve(f.L[c], f.B[c], transpose=True)
           for c in range(C)]
     if cp.LH is not None:
         LH = cp.LH
         d = sites.I[0].size
         alpha = sum(sites.pi)
-        HiHt = _tri(LH, _tri(LH, sum(Pt)), trans=True)
+        HiHt = tri_solve(LH, tri_solve(LH, sum(Pt)), transpose=True)
         g2 = 0.5 * (
             f.logdet_E - np.sum(np.log(alpha)) + 2.0 * np.sum(np.log(np.diag(LH))) + f.tr_Einv
             + d - np.trace(HiHt) - C * d + quad
@@ -201,9 +196,9 @@ def matrix_gradients(f: ClassFactors, cp: Coupling, hI: list[Array], Pt: list[Ar
     if cp.LH is not None:
         LH, Qr = cp.LH, cp.Qr
         assert Qr is not None
-        Hinv = lambda M: _tri(LH, _tri(LH, M), trans=True)  # noqa: E731
+        Hinv = lambda M: tri_solve(LH, tri_solve(LH, M), transpose=True)  # noqa: E731
         Ht = sum(Pt)
-        U = [_tri(LH, f.P[c]) for c in range(C)]
+        U = [tri_solve(LH, f.P[c]) for c in range(C)]
         R = [sum(Gt[:, c, e][:, None] * Qr[e] for e in range(C)) for c in range(C)]
         S = sum(Qr[c].T @ R[c] for c in range(C))
         e5 = sum(Qr[c].T @ cvec[:, c] for c in range(C))

@@ -51,7 +51,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from gpinfer.backend import ops
 from gpinfer.errors import NumericalError
+from gpinfer.numerics.cholesky import cholesky_error, jittered_cholesky, tri_solve
 from gpinfer.numerics.quadrature import (
     checked_gaussians,
     chunk_slices,
@@ -102,7 +104,8 @@ def sobol_rule(dim: int, n_points: int = SOBOL_POINTS) -> tuple[Array, Array]:
     half = ndtri(np.clip(u, 1e-12, 1.0 - 1e-12))
     nodes = np.concatenate([half, -half])
     second = nodes.T @ nodes / nodes.shape[0]
-    nodes = np.linalg.solve(np.linalg.cholesky(second), nodes.T).T
+    nodes = tri_solve(jittered_cholesky(second, name="Sobol second moment", max_jitter=0.0).L,
+                      nodes.T).T
     weights = np.full(nodes.shape[0], 1.0 / nodes.shape[0])
     nodes.setflags(write=False)
     weights.setflags(write=False)
@@ -329,11 +332,13 @@ def softmax_expected_log_prob(
 
 def gaussian_kl(h1: Array, A1: Array, h0: Array, A0: Array) -> Array:
     """``KL[N(h1, A1) || N(h0, A0)]`` for batches ``[B, C]`` / ``[B, C, C]``, ``[B]``."""
-    L0 = np.linalg.cholesky(A0)
+    L0, failed = ops.cholesky(A0)
+    if np.any(failed):
+        raise cholesky_error("marginal covariance A", nonfinite=not np.all(np.isfinite(A0)))
     C = h1.shape[1]
-    X = np.linalg.solve(L0, A1)  # L0^-1 A1
-    Y = np.linalg.solve(L0, np.swapaxes(X, 1, 2))  # L0^-1 A1 L0^-T (A1 symmetric)
-    z = np.linalg.solve(L0, (h1 - h0)[:, :, None])[:, :, 0]
+    X = ops.solve_triangular(L0, A1)  # L0^-1 A1
+    Y = ops.solve_triangular(L0, np.swapaxes(X, 1, 2))  # L0^-1 A1 L0^-T (A1 symmetric)
+    z = ops.solve_triangular(L0, (h1 - h0)[:, :, None])[:, :, 0]
     sign, logdet1 = np.linalg.slogdet(A1)
     if np.any(sign <= 0):
         raise NumericalError("tilted covariance is not positive definite", quantity="kl")

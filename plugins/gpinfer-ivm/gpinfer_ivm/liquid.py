@@ -26,11 +26,11 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.linalg import solve_triangular
 from scipy.linalg.blas import dgemm
-from scipy.linalg.lapack import dgesv, dpotrf, dtrtrs
+from scipy.linalg.lapack import dgesv
 
-from gpinfer.numerics.cholesky import jittered_cholesky
+from gpinfer.errors import NumericalError
+from gpinfer.numerics.cholesky import jittered_cholesky, tri_solve
 from gpinfer_ivm.projection import site_precision, site_sqrt
 from gpinfer_ivm.solid import SolidRepresentation
 
@@ -84,9 +84,12 @@ class EPRepresentation:
         # (V^T G) V: G is symmetric, so this is (V^T (V^T G)^T)^T, one batched matmul again
         VtGV = self._Vt(np.ascontiguousarray(VtG.T)).T
         self.LB = jittered_cholesky(np.eye(k * C) + VtGV, name="I + V^T G V").L
-        self.N = solve_triangular(self.LB, VtG, lower=True, check_finite=False)
+        self.N = tri_solve(self.LB, VtG)
         self.b_tilde = self.G @ self.b.reshape(-1) + self.h_f
-        self.theta = solve_triangular(self.LB, self._Vt(self.b_tilde), lower=True)
+        if not np.all(np.isfinite(self.b_tilde)):
+            raise NumericalError("the liquid sites' mean b~ = G b + h^f is not finite",
+                                 quantity="b~")
+        self.theta = tri_solve(self.LB, self._Vt(self.b_tilde))
         self.stale = False
 
     def _moments(self) -> None:
@@ -119,9 +122,7 @@ class EPRepresentation:
             self.rebuild()
         B, C = idx.size, self.C
         g = self.solid.cross_covariances(self.liquid, idx).reshape(self.k * C, B, C)
-        Nt = solve_triangular(
-            self.LB, self._Vt(g.reshape(self.k * C, B * C)), lower=True, check_finite=False
-        ).reshape(self.k * C, B, C)
+        Nt = tri_solve(self.LB, self._Vt(g.reshape(self.k * C, B * C))).reshape(self.k * C, B, C)
         Ntb = np.ascontiguousarray(np.swapaxes(Nt, 0, 1))  # [B, kC, C]
         A = A - np.swapaxes(Ntb, 1, 2) @ Ntb
         h = h + np.tensordot(self.b.reshape(-1), g, axes=1) - np.tensordot(self.theta, Nt, axes=1)
@@ -134,14 +135,13 @@ class EPRepresentation:
         AV = A @ Vi
         W = -(Vi.T @ AV)
         W.flat[:: self.C + 1] += 1.0  # I - V^T A V (the same sums, without np.eye)
-        # LAPACK directly (the same potrf/trtrs scipy.linalg calls, without its wrappers: the
-        # cavity runs once per site update, C x C)
-        LW, info = dpotrf(W, lower=1, clean=1)
-        if info != 0:
+        try:  # no jitter: a W that is not positive definite is an improper cavity
+            LW = jittered_cholesky(W, name="I - V^T A V", max_jitter=0.0).L
+        except NumericalError:
             return None
         z = h - A @ self.b[a]
         rhs = np.concatenate([AV.T, (Vi.T @ z)[:, None]], axis=1)
-        T = dtrtrs(LW, rhs, lower=1)[0]  # LW^-1 [V^T A, V^T z]
+        T = tri_solve(LW, rhs)  # LW^-1 [V^T A, V^T z]
         Lam = A + T[:, :-1].T @ T[:, :-1]
         h_cav = z + T[:, :-1].T @ T[:, -1]
         return h_cav, 0.5 * (Lam + Lam.T)

@@ -25,12 +25,11 @@ from collections.abc import Callable
 from typing import Literal, NamedTuple
 
 import numpy as np
-from scipy.linalg import solve_triangular
 from scipy.linalg.lapack import dgesv, dpotrf, dsyevd
 from scipy.optimize import minimize
 
 from gpinfer.errors import NumericalError
-from gpinfer.numerics.cholesky import jittered_cholesky
+from gpinfer.numerics.cholesky import cholesky_error, jittered_cholesky, tri_solve
 
 #: the two ways of solving the restricted projection (module docstring)
 ProjectionAlgorithm = Literal["newton", "direct", "double_loop"]
@@ -102,12 +101,12 @@ def _terms(t: Array, A: Array) -> _Terms:
     pi = np.exp(t)
     S = np.sqrt(pi)
     Ls = jittered_cholesky(np.eye(t.size) + S[:, None] * A * S[None, :], name="I + S A S").L
-    R = solve_triangular(Ls, S[:, None] * A, lower=True, check_finite=False)
+    R = tri_solve(Ls, S[:, None] * A)
     Qbar = A - R.T @ R
     v = Qbar @ x
     mu = float(x @ v)
     # s = 1 - alpha mu = x~^T E^-1 x~ (x~ = sqrt(pi / alpha), E = I + S A S): no cancellation
-    e = solve_triangular(Ls, np.sqrt(x), lower=True, check_finite=False)
+    e = tri_solve(Ls, np.sqrt(x))
     s = float(e @ e)
     logdet = -2.0 * float(np.sum(np.log(np.diag(Ls)))) - np.log(s)
     diag_term = -np.diag(Qbar) - (alpha / s) * v * v - (mu / s) + (2.0 / s) * v
@@ -161,11 +160,13 @@ def _local(t: Array, A: Array, A_hat: Array) -> _Local:
     E = SA * S[None, :]
     E.flat[:: C + 1] += 1.0  # I + S A S, eigenvalues >= 1 (the same sums as np.eye(C) + S A S)
     # LAPACK directly (potrf, gesv: what numpy.linalg's cholesky and solve call), without
-    # numpy.linalg's per-call wrapping; the solve stays LU (more accurate here than the
+    # numpy.linalg's per-call wrapping (its failure reported as jittered_cholesky's, no
+    # jitter: E's eigenvalues are >= 1); the solve stays LU (more accurate here than the
     # Cholesky factor's, which Newton's stopping tests at pi ~ 1e5 notice)
     L, info = dpotrf(E, lower=1, clean=1)
     if info != 0:
-        raise np.linalg.LinAlgError(f"I + S A S is not positive definite (potrf info {info})")
+        raise cholesky_error("I + S A S", detail=f" (potrf info {info})",
+                             nonfinite=not np.all(np.isfinite(E)))
     rhs = np.concatenate([SA, np.sqrt(x)[:, None]], axis=1)
     Z, info = dgesv(E, rhs)[2:]
     if info != 0:

@@ -32,21 +32,16 @@ from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
-from scipy.linalg import solve_triangular
 
 from gpinfer.errors import NumericalError
 from gpinfer.kernels.base import Kernel
-from gpinfer.numerics.cholesky import jittered_cholesky
+from gpinfer.numerics.cholesky import jittered_cholesky, tri_solve
 from gpinfer_ivm.cholupdate import cholext, chollrup
 
 Array = np.ndarray
 
 StubUpdate = Literal["lazy", "drag", "resolve"]
 STUB_UPDATES = ("lazy", "drag", "resolve")
-
-
-def _tri(L: Array, B: Array, trans: bool = False) -> Array:
-    return solve_triangular(L, B, lower=True, trans=1 if trans else 0, check_finite=False)
 
 
 class SolidRepresentation:
@@ -139,7 +134,7 @@ class SolidRepresentation:
         LH = self.LH[:d, :d]
         Xd: Array | None
         if self.stub_update == "drag" and d:
-            p = _tri(LH, r_c.T)  # [d, C], old factor
+            p = tri_solve(LH, r_c.T)  # [d, C], old factor
             X0 = (self._stubs()[:, :d] + p.T[:, :, None] * mu[:, None, :]).transpose(1, 0, 2)
             Xd = X0.reshape(d, C * self.n)
             for c in range(C):
@@ -188,7 +183,7 @@ class SolidRepresentation:
         BtM = np.concatenate(
             [self.Bm[c, :d, :d].T @ self.M[c, :d][:, idx] for c in range(self.C)], axis=1
         )  # [d, C len]
-        return _tri(self.LH[:d, :d], BtM).reshape(d, self.C, idx.size).transpose(1, 0, 2)
+        return tri_solve(self.LH[:d, :d], BtM).reshape(d, self.C, idx.size).transpose(1, 0, 2)
 
     def _resolve_Q(self) -> None:
         """``Q_c = L_H^-1 B_c^T M_c`` by one BLAS-3 triangular solve (all classes at once)."""
@@ -196,7 +191,8 @@ class SolidRepresentation:
         BtM = np.concatenate(
             [self.Bm[c, :d, :d].T @ self.M[c, :d] for c in range(C)], axis=1
         )  # [d, C n]
-        self._stubs()[:, :d] = _tri(self.LH[:d, :d], BtM).reshape(d, C, self.n).transpose(1, 0, 2)
+        stubs = tri_solve(self.LH[:d, :d], BtM)  # [d, C n]
+        self._stubs()[:, :d] = stubs.reshape(d, C, self.n).transpose(1, 0, 2)
 
     # -- block mode (spec §2.4 last paragraph) --------------------------------------------------
     @classmethod
@@ -217,7 +213,7 @@ class SolidRepresentation:
             Kc = rep.K_active(c)[I]
             E = np.eye(d) + sD[:, None] * Kc * sD[None, :]
             Lc = jittered_cholesky(E, name=f"E (class {c})").L
-            Bc = _tri(Lc, np.diag(sD))
+            Bc = tri_solve(Lc, np.diag(sD))
             rep.L[c, :d, :d], rep.Bm[c, :d, :d] = Lc, Bc
             rep.M[c, :d] = Bc @ rep.K_active(c).T
             H += Bc.T @ Bc
@@ -235,7 +231,7 @@ class SolidRepresentation:
         bI = self.b[:d].T  # [C, d]
         PKb = np.stack([Pc[c] @ (self.K_active(c)[self.active] @ bI[c]) for c in range(C)])
         LH = self.LH[:d, :d]
-        z = _tri(LH, _tri(LH, PKb.sum(axis=0)), trans=True)  # H^-1 sum_c P_c K_c b_c
+        z = tri_solve(LH, tri_solve(LH, PKb.sum(axis=0)), transpose=True)  # H^-1 sum_c P_c K_c b_c
         return np.stack([bI[c] - PKb[c] + Pc[c] @ z for c in range(C)])
 
     def means(self, idx: Array | None = None, gamma: Array | None = None) -> Array:
@@ -257,9 +253,9 @@ class SolidRepresentation:
         idx = np.arange(self.n) if idx is None else np.asarray(idx)
         I = self.active
         vbar = self.b[:d].mean(axis=1)
-        eta1 = [_tri(self.L[c, :d, :d], (self.b[:d, c] - vbar) / np.sqrt(self.pi[:d, c]))
+        eta1 = [tri_solve(self.L[c, :d, :d], (self.b[:d, c] - vbar) / np.sqrt(self.pi[:d, c]))
                 for c in range(C)]  # fmt: skip
-        eta2 = _tri(self.LH[:d, :d], sum(self.Bm[c, :d, :d].T @ eta1[c] for c in range(C)))
+        eta2 = tri_solve(self.LH[:d, :d], sum(self.Bm[c, :d, :d].T @ eta1[c] for c in range(C)))
         QI, Qj = self.q_stubs(I), self.q_stubs(idx)
         eta4 = sum(QI[c] @ vbar for c in range(C))
         h = np.empty((idx.size, C))
@@ -315,7 +311,7 @@ class SolidRepresentation:
             k = Ks[self.kern_of[c]]
             B = self.Bm[c, :d, :d]
             m = B @ k
-            Qs[c] = _tri(LH, B.T @ m) if d else m
+            Qs[c] = tri_solve(LH, B.T @ m) if d else m
             h[:, c] = k.T @ gam[c]
             A[:, c, c] = self.kernels[c].K_diag(Xs) - np.sum(m * m, axis=0)
         A += np.einsum("cdj,edj->jce", Qs, Qs)
@@ -329,7 +325,7 @@ class SolidRepresentation:
         out = np.zeros((C * d, C * d))
         for c in range(C):
             for e in range(C):
-                blk = -Pc[c] @ _tri(LH, _tri(LH, Pc[e]), trans=True)
+                blk = -Pc[c] @ tri_solve(LH, tri_solve(LH, Pc[e]), transpose=True)
                 if c == e:
                     blk = blk + Pc[c]
                 out[c * d : (c + 1) * d, e * d : (e + 1) * d] = blk

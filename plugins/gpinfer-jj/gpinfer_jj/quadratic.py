@@ -25,7 +25,7 @@ from scipy.special import expit, log_expit
 
 from gpinfer.interfaces import Array, MatrixGradients
 from gpinfer.numerics import settings
-from gpinfer.numerics.cholesky import chol_solve, jittered_cholesky, solve_rows, tri_solve
+from gpinfer.numerics.cholesky import chol_solve, jittered_cholesky, tri_solve
 from gpinfer.numerics.quadrature import LogSigmoid, chunk_slices
 
 #: below this |xi| the JJ lambda and lambda' use their Taylor series (spec §2.8)
@@ -123,7 +123,7 @@ class InducingFactors:
         for rows in row_blocks(N, M):  # R = L_K^-1 Kuf and ||r_i||^2, one cached block at a time
             block = self.R_rows[rows]
             np.copyto(block, Kfu[rows])
-            solve_rows(L_K, block)
+            tri_solve(L_K, block, right=True, transpose=True, overwrite=True)  # in place
             np.einsum("nm,nm->n", block, block, out=rr[rows])
         self.R = self.R_rows.T
         self.Kt = np.maximum(self.Kff_diag - rr, 0.0)
@@ -262,7 +262,7 @@ class CollapsedBound:
             if quad is not None and V is not None:  # ||L_C^-1 r_i||^2
                 v = V[:n]
                 np.copyto(v, block)
-                solve_rows(L_C, v)
+                tri_solve(L_C, v, right=True, transpose=True, overwrite=True)
                 np.einsum("nm,nm->n", v, v, out=quad[rows])
             if W is not None:  # E = Kuf * W: t = E^T a, F += E Gamma R^T
                 e = E[:n]

@@ -20,6 +20,7 @@ import numpy as np
 from scipy.special import logsumexp
 
 from gpinfer.interfaces import Array
+from gpinfer.numerics.cholesky import tri_solve
 
 #: ``loglik(F [N, R]) -> (log p(y|F) [R], d/dF [N, R])``
 LogLik = Callable[[Array], tuple[Array, Array]]
@@ -211,7 +212,7 @@ def sample_posterior(loglik: LogLik, start: GaussianStart, F0: Array, n_samples:
                      thin: int = 1) -> tuple[Array, float]:
     """HMC at ``tau = 1`` from states ``F0 [N, R]``; ``n_samples`` per chain ``[N, R*S]``."""
     hmc = HMC(loglik, start, n_leapfrog, rng)
-    x = hmc.state(np.linalg.solve(start.L, F0 - start.m0[:, None]), F0)
+    x = hmc.state(tri_solve(start.L, F0 - start.m0[:, None]), F0)
     kept, acc = [], []
     for i in range(n_samples * thin):
         x, a = hmc.step(x, 1.0, eps)

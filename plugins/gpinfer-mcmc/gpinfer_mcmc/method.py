@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
-from scipy.linalg import solve_triangular
 from scipy.special import logsumexp
 
 from gpinfer.errors import InputError
@@ -33,7 +32,7 @@ from gpinfer.interfaces import (
 )
 from gpinfer.kernels.base import Kernel
 from gpinfer.likelihoods.base import ScalarLikelihood
-from gpinfer.numerics.cholesky import chol_solve, jittered_cholesky
+from gpinfer.numerics.cholesky import chol_solve, jittered_cholesky, tri_solve
 from gpinfer.options import Option, choice, integer, real
 from gpinfer.posterior import Posterior
 from gpinfer.reporting import IterationReporter
@@ -109,7 +108,7 @@ class MCMCPosterior(Posterior):
 
     def _parts(self, X: Array) -> tuple[Array, Array]:
         Ks = self.kernel.K(self.X, X)
-        V = solve_triangular(self.L_K, Ks, lower=True)
+        V = tri_solve(self.L_K, Ks)
         var = np.maximum(self.kernel.K_diag(X) - np.sum(V * V, axis=0), 1e-300)
         return Ks.T @ self.A, var  # [N*, S'], [N*]
 

@@ -21,13 +21,12 @@ from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
-from scipy.linalg import cho_solve
 from scipy.linalg.blas import dsyrk
 
 from gpinfer.errors import InputError
 from gpinfer.interfaces import Array, MatrixGradients
-from gpinfer.numerics.cholesky import chol_inverse, tri_solve
-from gpinfer_pep.rank_one import InducingGeometry, cholesky_or_raise
+from gpinfer.numerics.cholesky import chol_inverse, chol_solve, jittered_cholesky, tri_solve
+from gpinfer_pep.rank_one import InducingGeometry
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -116,12 +115,12 @@ class BlockNoise(Noise):
             H = K - Ab.T @ Ab
             H = 0.5 * (H + H.T)
             self.H.append(H)
-            self.chol.append(cholesky_or_raise(np.eye(len(idx)) + (a / s2) * H,
-                                               "I + alpha H_b / s2"))
+            self.chol.append(jittered_cholesky(np.eye(len(idx)) + (a / s2) * H,
+                                               name="I + alpha H_b / s2", max_jitter=0.0).L)
         self.n = sum(len(b) for b in blocks)
 
     def _solve_block(self, j: int, V: Array) -> Array:
-        return cho_solve((self.chol[j], True), V, check_finite=False) / self.s2
+        return chol_solve(self.chol[j], V) / self.s2
 
     def right_solve(self, A: Array) -> Array:
         out = np.empty_like(A)
@@ -225,7 +224,7 @@ def collapsed_pep(
         noise = BlockNoise(blocks, Kbb, A, s2, alpha)
     Ad = noise.right_solve(A)
     B = np.eye(M) + noise.gram(A, Ad)
-    L_B = cholesky_or_raise(B, "B = I + A Delta^-1 A^T")
+    L_B = jittered_cholesky(B, name="B = I + A Delta^-1 A^T", max_jitter=0.0).L
     Ay = Ad @ y
     # B >= I is well conditioned, so its explicit inverse is safe and turns the O(N M^2)
     # solves below into matrix products

@@ -20,7 +20,6 @@ from functools import cached_property
 from typing import cast
 
 import numpy as np
-from scipy.linalg import LinAlgError, cholesky
 
 from gpinfer.errors import InputError, NumericalError
 from gpinfer.interfaces import (
@@ -31,7 +30,7 @@ from gpinfer.interfaces import (
     SiteState,
 )
 from gpinfer.kernels.base import Kernel
-from gpinfer.numerics.cholesky import tri_solve
+from gpinfer.numerics.cholesky import jittered_cholesky, tri_solve
 from gpinfer.posterior import Posterior
 from gpinfer.training.inner import InnerRun, InnerSchedule, SweepPolicy, Watcher
 from gpinfer_pep.power_tilted import check_alpha, scaled_tilted
@@ -52,14 +51,6 @@ def step_ratio(previous: Array, step: Array) -> float:
     (0 for a zero ``previous``)."""
     n0 = float(previous @ previous)
     return float(previous @ step) / n0 if n0 > 0.0 else 0.0
-
-
-def cholesky_or_raise(A: Array, name: str) -> Array:
-    """Lower Cholesky factor of ``A``; ``NumericalError`` naming ``name`` if it is not PD."""
-    try:
-        return cholesky(A, lower=True, check_finite=True)
-    except (LinAlgError, ValueError) as err:
-        raise NumericalError(f"Cholesky of {name} failed: {err}", quantity=name) from err
 
 
 # --------------------------------------------------------------------------------------------
@@ -89,7 +80,7 @@ class InducingGeometry:
     def build(cls, Kuu: Array, Kuf: Array, kdiag: Array, jitter: float) -> InducingGeometry:
         """Factorise ``Kuu + jitter I`` (``jitter`` absolute, a constant for the gradients)."""
         M = Kuu.shape[0]
-        L = cholesky_or_raise(Kuu + jitter * np.eye(M), "Kuu")
+        L = jittered_cholesky(Kuu + jitter * np.eye(M), name="Kuu", max_jitter=0.0).L
         A = tri_solve(L, Kuf)
         h = np.maximum(kdiag - np.einsum("ij,ij->j", A, A), 0.0)
         return cls(Kuu, Kuf, kdiag, L, A, h, jitter)
@@ -264,7 +255,7 @@ class RankOnePEPSites(SiteState):
         self._factor()
 
     def _factor(self) -> None:
-        self.L_B = cholesky_or_raise(self._B, "B = I + A diag(tau) A^T")
+        self.L_B = jittered_cholesky(self._B, name="B = I + A diag(tau) A^T", max_jitter=0.0).L
         self.c = tri_solve(self.L_B, self._Anu)
         self.gamma = tri_solve(self.geometry.L, tri_solve(self.L_B, self.c, transpose=True),
                                transpose=True)

@@ -1,0 +1,175 @@
+"""The one Cholesky (``jittered_cholesky``, ``cholesky_error``) and the one host triangular
+solve (``tri_solve``) of ``gpinfer/numerics/cholesky.py``, and what reuses the factor."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from scipy.linalg import cholesky, solve_triangular
+
+from gpinfer.errors import NumericalError
+from gpinfer.numerics import settings
+from gpinfer.numerics.cholesky import (
+    chol_inverse,
+    chol_solve,
+    cholesky_error,
+    jittered_cholesky,
+    log_det_from_chol,
+    tri_solve,
+)
+
+
+def _spd(n: int, seed: int = 0) -> np.ndarray:
+    A = np.random.default_rng(seed).normal(size=(n, n))
+    return A @ A.T + n * np.eye(n)
+
+
+def test_cholesky_without_jitter_on_spd_matrix():
+    A = _spd(6)
+    L, jitter = jittered_cholesky(A)
+    assert jitter == 0.0
+    np.testing.assert_allclose(L @ L.T, A, rtol=1e-12)
+    np.testing.assert_allclose(L, np.tril(L))
+
+
+def test_cholesky_jitter_escalation_is_recorded():
+    x = np.linspace(0, 1, 30)
+    K = np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2 / 10.0**2)  # numerically singular
+    L, jitter = jittered_cholesky(K, name="Kuu")
+    assert jitter > 0
+    rel = jitter / np.mean(np.diag(K))
+    ratio = math.log10(rel / settings.JITTER_START)
+    assert ratio == pytest.approx(round(ratio), abs=1e-9)  # start x 10^k
+    np.testing.assert_allclose(L @ L.T, K + jitter * np.eye(30), atol=1e-12)
+
+
+def test_cholesky_jitter_warning_on_request():
+    K = np.ones((5, 5))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, jitter = jittered_cholesky(K, name="ones", warn=True)
+    assert jitter > 0
+    assert any("ones" in str(w.message) for w in caught)
+
+
+def test_cholesky_errors_on_indefinite_and_nan():
+    A = np.diag([1.0, -1.0, 2.0])
+    with pytest.raises(NumericalError, match="not positive definite") as info:
+        jittered_cholesky(A, name="S")
+    assert info.value.quantity == "S"
+    B = _spd(3)
+    B[0, 1] = np.nan
+    with pytest.raises(NumericalError, match="non-finite"):
+        jittered_cholesky(B)
+    with pytest.raises(ValueError, match="square"):
+        jittered_cholesky(np.ones((2, 3)))
+
+
+def test_cholesky_solves_and_determinants():
+    A = _spd(5, seed=2)
+    b = np.random.default_rng(1).normal(size=(5, 2))
+    L, _ = jittered_cholesky(A)
+    np.testing.assert_allclose(chol_solve(L, b), np.linalg.solve(A, b), rtol=1e-10)
+    np.testing.assert_allclose(L @ tri_solve(L, b), b, rtol=1e-10)
+    np.testing.assert_allclose(L.T @ tri_solve(L, b, transpose=True), b, rtol=1e-10)
+    assert log_det_from_chol(L) == pytest.approx(np.linalg.slogdet(A)[1], rel=1e-12)
+    np.testing.assert_allclose(chol_inverse(L), np.linalg.inv(A), rtol=1e-10)
+
+
+def test_cholesky_is_scipys_factor_bit_for_bit():
+    """``potrf`` called directly is the call ``scipy.linalg.cholesky`` makes: the same bits,
+    for C- and Fortran-ordered input."""
+    A = _spd(7, seed=3)
+    for M in (A, np.asfortranarray(A)):
+        assert np.array_equal(jittered_cholesky(M).L, cholesky(M, lower=True))
+    assert jittered_cholesky(np.zeros((0, 0))).L.shape == (0, 0)
+
+
+def test_cholesky_failure_carries_iteration_and_no_jitter_option():
+    A = np.diag([1.0, 1e-30, -1.0])
+    with pytest.raises(NumericalError, match="not positive definite") as info:
+        jittered_cholesky(A, name="B", iteration=7)
+    assert (info.value.quantity, info.value.iteration) == ("B", 7)
+    assert "iteration 7" in str(info.value) and "even with jitter" in str(info.value)
+    singular = np.diag([1.0, 0.0])  # one jitter step would do; max_jitter=0 allows none
+    with pytest.raises(NumericalError, match="not positive definite") as info:
+        jittered_cholesky(singular, name="W", max_jitter=0.0)
+    assert "jitter" not in str(info.value)
+    assert jittered_cholesky(singular, name="W").jitter > 0
+    err = cholesky_error("E", iteration=2, nonfinite=True)
+    assert (err.quantity, err.iteration) == ("E", 2) and "non-finite" in str(err)
+
+
+def test_cholesky_absolute_jitter_without_the_bare_try():
+    """``bare=False, scale=1``: ``K + r I`` for ``r = start, 10 start, ...`` (fv's ridge)."""
+    K = np.ones((4, 4))  # singular: needs a ridge, and gets the first one tried
+    L, ridge = jittered_cholesky(K, bare=False, start=1e-6, scale=1.0, max_jitter=1e5)
+    assert ridge == 1e-6
+    np.testing.assert_array_equal(L, cholesky(K + 1e-6 * np.eye(4), lower=True))
+    A = _spd(4)  # positive definite, yet bare=False still adds the first ridge
+    assert jittered_cholesky(A, bare=False, start=1e-3, scale=1.0, max_jitter=1.0).jitter == 1e-3
+    with pytest.raises(ValueError, match="start > 0"):
+        jittered_cholesky(K, bare=False, start=0.0, scale=1.0, max_jitter=1.0)
+
+
+def test_cholesky_shift_along_a_diagonal():
+    """A vector ``scale`` ``d``: ``A + r diag(d)`` (newton's Levenberg-Marquardt shift), ``r``
+    growing by ``factor`` from ``start``; the jitter returned is ``r``."""
+    d = np.array([1.0, 4.0, 0.5])
+    A = np.diag([1.0, -1.0, 2.0])  # needs r d_2 > 1: r = 1e-8 4^k, the first above 1/4
+    L, r = jittered_cholesky(A, start=1e-8, factor=4.0, max_jitter=1e12, scale=d)
+    k = math.ceil(math.log(0.25 / 1e-8, 4))
+    assert r == pytest.approx(1e-8 * 4.0**k, rel=1e-12)
+    np.testing.assert_allclose(L @ L.T, A + r * np.diag(d), rtol=1e-12)
+
+
+@pytest.mark.parametrize("order", ["C", "F", "view"])
+@pytest.mark.parametrize("shape", [(6,), (6, 3), "F"])
+def test_tri_solve_is_scipys_solve_bit_for_bit(order, shape):
+    """``trtrs`` called directly, dispatched as ``scipy.linalg.solve_triangular`` does: the
+    same bits for every layout of ``L`` and ``B``, both ``transpose`` settings."""
+    rng = np.random.default_rng(5)
+    big = np.linalg.cholesky(_spd(8, seed=4))
+    L = {"C": big[:6, :6].copy(), "F": np.asfortranarray(big[:6, :6]), "view": big[:6, :6]}[order]
+    B = rng.normal(size=(3, 6)).T if shape == "F" else rng.normal(size=shape)
+    for t in (False, True):
+        want = solve_triangular(L, B, lower=True, trans=int(t), check_finite=False)
+        assert np.array_equal(tri_solve(L, B, transpose=t), want)
+    np.testing.assert_allclose(tri_solve(L, B.T if B.ndim == 2 else B[None], right=True),
+                               (B.T if B.ndim == 2 else B[None]) @ np.linalg.inv(L), rtol=1e-10)
+
+
+def test_tri_solve_rows_in_place_and_zero_diagonal():
+    rng = np.random.default_rng(6)
+    L = np.asfortranarray(np.linalg.cholesky(_spd(5, seed=6)))
+    B = rng.normal(size=(4, 5))
+    want = B @ np.linalg.inv(L).T
+    out = tri_solve(L, B, right=True, transpose=True, overwrite=True)  # B <- B L^-T
+    assert out is B
+    np.testing.assert_allclose(B, want, rtol=1e-10)
+    Bc = rng.normal(size=(4, 5))  # not overwritten without ``overwrite``: a new array
+    kept = Bc.copy()
+    np.testing.assert_allclose(tri_solve(L, Bc, right=True, transpose=True),
+                               Bc @ np.linalg.inv(L).T, rtol=1e-10)
+    np.testing.assert_array_equal(Bc, kept)
+    Z = np.tril(np.ones((3, 3)))
+    Z[1, 1] = 0.0
+    with pytest.raises(NumericalError, match="zero on the factor's diagonal"):
+        tri_solve(Z, np.ones(3))
+
+
+def test_solve_rows_is_a_deprecated_alias():
+    import gpinfer.numerics.cholesky as chol
+
+    L = np.linalg.cholesky(_spd(4, seed=8))
+    B = np.random.default_rng(8).normal(size=(3, 4))
+    want = B @ np.linalg.inv(L).T
+    with pytest.warns(DeprecationWarning, match="tri_solve"):
+        solve_rows = chol.solve_rows
+    solve_rows(L, B)
+    np.testing.assert_allclose(B, want, rtol=1e-10)
+    with pytest.raises(AttributeError):
+        chol.no_such_name  # noqa: B018
