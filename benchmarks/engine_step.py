@@ -199,8 +199,11 @@
    What stays above the floor of the necessary calls on the kernel side is numpy's one
    pass per operation over ``[C, M, D]`` (the mean, ``A = Zs / ell`` and ``As``: 4-5 ms;
    the VJP's two reductions against ``Zs`` and its scaling: 3-4 ms) and the passes over
-   ``[C, M, M]`` / ``[C, M, B]`` (distances, ``exp``, weights: about 3 ms): a fused
-   compiled kernel would take them, numpy cannot.
+   ``[C, M, M]`` / ``[C, M, B]`` (distances, ``exp``, weights: about 3 ms). s40-fused
+   measured what a fused compiled kernel takes (``benchmarks/fused_step.py``: numba
+   prototypes, equal to 2e-15): ~5 ms off the forward, nothing off the VJP (its element-wise
+   work is already its ``[C, M, D]`` traffic), ~4 ms off Adam; a step of ~118-120 ms
+   (2.16-2.20x), ~18 ms above the necessary calls' floor, which stays the bound.
 
    The site side, copies and mirrors (s39-sitepass, 2026-12-05, one thread, process CPU).
    Per call site in the steady step (ops wrapped, epochs 2..3, load 4): the two ``potri``
