@@ -278,7 +278,10 @@ class HyperParameters:
     def covariances(self, X: Array) -> StackedCovariances | None:
         """The latents' ``Kuu``, ``Kuf`` at ``X [B, D]`` and ``Kff_diag``, with everything
         their VJPs share (``gpinfer.kernels.stacked``), computed once per ``version`` and
-        batch object ``X``; ``None`` without a batched path."""
+        batch object ``X``; ``None`` without a batched path. Shared by every caller at this
+        version and batch: read them, never write them; ``Kuf`` may have been taken over
+        (``StackedCovariances.take_Kuf``, e.g. by ``stacked_terms`` given these covariances):
+        a ``Kuf`` read then raises ``RuntimeError``, and ``take_Kuf`` forms it again."""
         if self.stacked is None:
             return None
         return self.stacked.covariances(self.inducing_stack(), X, self.version,

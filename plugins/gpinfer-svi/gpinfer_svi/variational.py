@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -204,8 +205,12 @@ def _block_marginals(Kuu: Sequence[Array] | Array, Kub: Sequence[Array] | Array,
     means, var = ops.empty(mu, (B, mu.shape[0])), ops.empty(mu, (B, mu.shape[0]))
     forward = []
     for sl in blocks:
-        L_K = stacked_cholesky(_stack(part(Kuu, sl), mu), "Kuu", unit="latent",
-                               first=sl.start)
+        Kuu_b = part(Kuu, sl)
+        # several matrices are stacked here: a new array, ours to factorise in place (formed
+        # again on the rare jitter path); a caller's stack, or one matrix's view, is theirs
+        ours = isinstance(Kuu_b, list | tuple) and len(Kuu_b) > 1
+        L_K = stacked_cholesky(_stack(Kuu_b, mu), "Kuu", unit="latent", first=sl.start,
+                               again=partial(_stack, Kuu_b, mu) if ours else None)
         Rb = ops.solve_triangular(L_K, _stack(part(Kub, sl), mu))  # [l, M, B]
         A = ops.solve_triangular(L_K, Rb, transpose=True)  # Kuu^-1 Kub
         mu_b = part(mu, sl)

@@ -278,3 +278,51 @@ def test_without_dSigma_the_same_estimate(shared):
     for g_lean, g_full in zip(lean.matrix, full.matrix):
         for f in ("Kuu", "Kuf", "Kff_diag"):
             np.testing.assert_array_equal(getattr(g_lean, f), getattr(g_full, f))
+
+
+def test_kuu_factorised_in_place_only_where_stacked_here(monkeypatch):
+    """``L`` matrices ``Kuu`` given as a list are stacked per block, a new array factorised in
+    place (``stacked_cholesky``'s ``again``, from order ``ops._POTRF_LOOP_FROM`` on); a
+    caller's stack, or a block of one matrix (a view of it), is left as it was; the estimate
+    is the same bit for bit either way."""
+    import gpinfer_svi.variational as variational
+
+    from gpinfer.backend import ops
+    from gpinfer.likelihoods import RobustMax
+
+    rng = np.random.default_rng(4)
+    C, M, B = 3, ops._POTRF_LOOP_FROM, 8
+    X = rng.normal(size=(B, 2))
+    kerns = [RBF(lengthscale=0.8 + 0.2 * c, variance=1.2) + White(1e-2) for c in range(C)]
+    Zs = [rng.normal(size=(M, 2)) for _ in range(C)]
+    Kuu = [k.K(Z) for k, Z in zip(kerns, Zs)]
+    Kub = np.stack([k.K(Z, X) for k, Z in zip(kerns, Zs)])
+    Kd = np.stack([k.K_diag(X) for k in kerns])
+    mu = rng.normal(size=(C, M))
+    Lq = np.tril(rng.normal(size=(C, M, M)) * 0.1) + np.eye(M)
+    ex = likelihood_expectation(RobustMax(1e-3), rng.integers(0, C, B))
+    kept = [K.copy() for K in Kuu]
+    stack = np.stack(Kuu)
+    seen = []
+    original = variational.stacked_cholesky
+
+    def spy(K, *args, again=None, **options):
+        seen.append(again is not None)
+        return original(K, *args, again=again, **options)
+
+    monkeypatch.setattr(variational, "stacked_cholesky", spy)
+    from_list = uncollapsed_elbo(Kuu, Kub, Kd, mu, Lq, ex, 2.0)
+    from_stack = uncollapsed_elbo(stack, Kub, Kd, mu, Lq, ex, 2.0)
+    assert seen == [True, False]  # one block of all three: the list's stack is ours
+    for K, ref in zip(Kuu, kept):
+        np.testing.assert_array_equal(K, ref)
+    np.testing.assert_array_equal(stack, np.stack(kept))
+    for f in ("value", "kl", "dmu", "dLq", "dSigma"):
+        np.testing.assert_array_equal(getattr(from_list, f), getattr(from_stack, f))
+    monkeypatch.setattr(variational, "HOST_LATENT_BLOCK_FLOATS", M * B)  # one latent a block
+    seen.clear()
+    per_block = uncollapsed_elbo(Kuu, Kub, Kd, mu, Lq, ex, 2.0)
+    assert seen == [False] * C  # a block of one matrix: a view of the caller's
+    for K, ref in zip(Kuu, kept):
+        np.testing.assert_array_equal(K, ref)
+    assert per_block.value == pytest.approx(from_list.value, rel=1e-12)
