@@ -367,7 +367,7 @@ class StackedGaussians:
 
         Both live in one ``[2, C]`` stack: one Cholesky, one check, one ``B^-1`` (an
         evaluation reads ``q``'s in its gradients and, with a shared ``Z``, the cavity's)
-        with the means one product with it (``inverse``: equal to round-off to the solves)
+        with the means one product with it (equal to round-off to the solves)
         and one log-norm ratio, and the two are views of it: the evaluation's form on a
         device. (numpy's evaluations invert in place of the factors instead, without stacks:
         ``paired_by_inverse``, ``shared_paired``; the two separate ``StackedGaussians`` this

@@ -590,7 +590,7 @@ def _tied_evaluate(terms: StackedTerms, P_w: Array, h_w: Array, pair: Scales,
     _, mask, n_b, _, y_col = labels
     # one kernel and Z for every class: B^-1 A of the shared A, which the summed gradients read
     # (``shared_paired``: on numpy from one pass over the classes, no stack of B^-1 kept); per
-    # class on numpy: B_cav^-1 A one product with the cavity's B^-1 (``by_inverse``: cheaper than
+    # class on numpy: B_cav^-1 A one product with the cavity's B^-1 (cheaper than
     # two trsm), q's B^-1 read by the gradient anyway, both in place of their factors
     # (``paired_by_inverse``: nothing below reads L_B)
     one = terms.one if isinstance(terms, SharedTerms) else None
