@@ -142,6 +142,24 @@ def test_tri_solve_is_scipys_solve_bit_for_bit(order, shape):
                                (B.T if B.ndim == 2 else B[None]) @ np.linalg.inv(L), rtol=1e-10)
 
 
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_tri_solve_right_on_stacks_and_torch(transpose, overwrite):
+    """``right`` dispatches stacks and torch arrays as the left solve does (to
+    ``ops.solve_triangular``): ``B L^-1`` (``B L^-T``) per matrix of the stack."""
+    rng = np.random.default_rng(8)
+    L = np.stack([np.linalg.cholesky(_spd(5, seed=s)) for s in (1, 2)])  # [2, 5, 5]
+    B = rng.normal(size=(2, 4, 5))
+    want = np.stack([B[i] @ np.linalg.inv(L[i].T if transpose else L[i]) for i in range(2)])
+    np.testing.assert_allclose(tri_solve(L, B.copy(), right=True, transpose=transpose,
+                                         overwrite=overwrite), want, rtol=1e-10)
+    torch = pytest.importorskip("torch")
+    for Lt, Bt, w in ((L, B, want), (L[0], B[0], want[0])):
+        got = tri_solve(torch.tensor(Lt), torch.tensor(Bt), right=True, transpose=transpose,
+                        overwrite=overwrite)
+        np.testing.assert_allclose(got.numpy(), w, rtol=1e-10)
+
+
 def test_tri_solve_rows_in_place_and_zero_diagonal():
     rng = np.random.default_rng(6)
     L = np.asfortranarray(np.linalg.cholesky(_spd(5, seed=6)))
