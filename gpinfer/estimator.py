@@ -780,7 +780,8 @@ class _GPEstimatorBase:
 
     def predict_f(self, X: Any) -> tuple[Array, Array]:
         """Latent predictive means and variances at ``X [N*, D]``, each ``[N*, L]`` (numpy;
-        computed on the fit's device where it is usable)."""
+        computed on the fit's device where it is usable); a ``NumericalError`` naming the rows
+        where they are not finite (``_finite_latents``)."""
         chunks = self._predicted(X, lambda rows: tuple(
             ops.to_host(a) for a in self.posterior_.predict_f(rows)))
         if chunks is not None:
