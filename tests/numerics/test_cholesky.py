@@ -88,6 +88,23 @@ def test_cholesky_is_scipys_factor_bit_for_bit():
     assert jittered_cholesky(np.zeros((0, 0))).L.shape == (0, 0)
 
 
+def test_cholesky_other_layouts_and_the_callers_array_untouched():
+    """float32, a strided view, Fortran order and ``1 x 1``: scipy's factor of the float64
+    values (the result is float64, as before ``potrf`` was called directly); the caller's array
+    is never written, on the bare try or on the jitter steps."""
+    big = _spd(10, seed=9)
+    for M in (big[:6, :6].astype(np.float32), big[::2, ::2], np.asfortranarray(big[:4, :4]),
+              np.array([[2.5]])):
+        kept = M.copy()
+        L = jittered_cholesky(M).L
+        assert L.dtype == np.float64
+        assert np.array_equal(L, cholesky(M.astype(np.float64), lower=True))
+        assert np.array_equal(M, kept)
+    ones = np.ones((4, 4))  # singular: factorised on the jitter steps only
+    assert jittered_cholesky(ones).jitter > 0
+    assert np.array_equal(ones, np.ones((4, 4)))
+
+
 def test_cholesky_failure_carries_iteration_and_no_jitter_option():
     A = np.diag([1.0, 1e-30, -1.0])
     with pytest.raises(NumericalError, match="not positive definite") as info:
