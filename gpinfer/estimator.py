@@ -29,7 +29,7 @@ from gpinfer.backend import ops
 from gpinfer.backend.choice import Backend, resolve_backend
 from gpinfer.data.limits import dense_limit_gb
 from gpinfer.data.source import ColumnStats, RowSource, SourceRows, as_source, sample_rows
-from gpinfer.errors import InputError
+from gpinfer.errors import InputError, NumericalError
 from gpinfer.fit_guard import (
     BestIterate,
     check_against_baseline,
@@ -780,15 +780,32 @@ class _GPEstimatorBase:
 
     def predict_f(self, X: Any) -> tuple[Array, Array]:
         """Latent predictive means and variances at ``X [N*, D]``, each ``[N*, L]`` (numpy;
-        computed on the fit's device where it is usable)."""
+        computed on the fit's device where it is usable); a ``NumericalError`` naming the rows
+        where they are not finite (``_finite_latents``)."""
         chunks = self._predicted(X, lambda rows: tuple(
             ops.to_host(a) for a in self.posterior_.predict_f(rows)))
         if chunks is not None:
-            return (np.concatenate([c[0] for c in chunks]),
-                    np.concatenate([c[1] for c in chunks]))
+            return _finite_latents(np.concatenate([c[0] for c in chunks]),
+                                   np.concatenate([c[1] for c in chunks]))
         X = self._validate_for_predict(X)
         mean, var = self.posterior_.predict_f(self._on_fit_device(X))
-        return ops.to_host(mean), ops.to_host(var)
+        return _finite_latents(ops.to_host(mean), ops.to_host(var))
+
+
+def _finite_latents(mean: Array, var: Array) -> tuple[Array, Array]:
+    """``predict_f``'s host ``mean [N*, L]`` and ``var [N*, L]``; a ``NumericalError`` where
+    one is NaN or infinite. The inputs were checked finite, but a finite input far outside the
+    training data's scale can overflow the kernel (e.g. a linear kernel's ``x^T x``, or
+    ``inf - inf`` in a variance): a silent NaN without this check (``predict_proba``'s is the
+    likelihood's input check)."""
+    finite = np.isfinite(mean) & np.isfinite(var)
+    if not finite.all():
+        rows = np.flatnonzero(~finite.reshape(finite.shape[0], -1).all(axis=1))
+        raise NumericalError(
+            f"the latent predictions at {rows.size} row(s) of X are not finite (first at row "
+            f"{rows[0]}): the kernel overflowed, inputs far outside the training data's scale?",
+            quantity="predict_f")
+    return mean, var
 
 
 

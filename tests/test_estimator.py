@@ -23,7 +23,7 @@ from sklearn.utils.estimator_checks import check_estimator
 
 import gpinfer
 from gpinfer import likelihoods, registry
-from gpinfer.errors import InputError, UnknownNameError
+from gpinfer.errors import InputError, NumericalError, UnknownNameError
 from gpinfer.estimator import GPClassifier
 from gpinfer.interfaces import FitResult, IterationInfo, Likelihood, Method, Problem
 from gpinfer.kernels import make_kernel
@@ -384,6 +384,18 @@ def test_not_fitted(fake_plugins, data):
     for call in (est.predict, est.predict_proba, est.predict_f, est.predict_log_proba):
         with pytest.raises(NotFittedError):
             call(X)
+
+
+def test_predict_f_of_an_overflowing_kernel_is_a_numerical_error(data):
+    """A finite input far outside the training data's scale overflows a linear kernel: the
+    latent variance is ``inf - inf``; ``predict_f`` raises rather than return NaN."""
+    X, y = data
+    est = GPClassifier(method="kl", kernel=make_kernel("linear", 2), max_iter=2,
+                       random_state=0).fit(X, y)
+    assert np.all(np.isfinite(np.hstack(est.predict_f(X))))
+    with pytest.raises(NumericalError, match="not finite \\(first at row 1\\)") as info:
+        est.predict_f(np.array([[0.1, 0.2], [1e200, 0.0]]))
+    assert info.value.quantity == "predict_f"
 
 
 def test_wrong_feature_count_at_predict(fake_plugins, data):

@@ -127,9 +127,10 @@ def tri_solve(L: Array, B: Array, *, transpose: bool = False, right: bool = Fals
               overwrite: bool = False) -> Array:
     """The one triangular solve of host code, lower-triangular ``L [M, M]``: ``L^-1 B``
     (``L^-T B`` with ``transpose``) for ``B [M, k]`` or ``[M]``; with ``right``, ``B L^-1``
-    (``B L^-T``) for ``B [n, M]``. ``overwrite``: the caller owns ``B`` and reads it no more
-    (``B L^-T`` of a C-ordered ``B`` is then one BLAS ``trsm`` in place on its Fortran view
-    and returns ``B`` itself; pass ``L`` Fortran-ordered to avoid a copy of it per call).
+    (``B L^-T``) for ``B [n, M]`` (a stack ``[..., n, M]`` with ``L [..., M, M]``).
+    ``overwrite``: the caller owns ``B`` and reads it no more (``B L^-T`` of a C-ordered
+    ``B [n, M]`` is then one BLAS ``trsm`` in place on its Fortran view and returns ``B``
+    itself; pass ``L`` Fortran-ordered to avoid a copy of it per call).
 
     float64 numpy matrices: LAPACK ``trtrs``, the call ``scipy.linalg.solve_triangular`` makes
     (the same bits) without its per-call checks (at ``[4, 4]`` 1.5 us against its 7.3 us);
@@ -138,13 +139,15 @@ def tri_solve(L: Array, B: Array, *, transpose: bool = False, right: bool = Fals
     array-API code. No finiteness check: the factor's (``jittered_cholesky``) is the
     caller's."""
     if right:
-        if transpose and overwrite and B.ndim == 2 and B.flags.c_contiguous:
+        if (transpose and overwrite and type(B) is np.ndarray and B.ndim == 2
+                and B.flags.c_contiguous):
             if B.size:
                 out = dtrsm(1.0, L, B.T, side=0, lower=1, overwrite_b=1)
                 if not np.shares_memory(out, B):  # the wrapper had to copy (not expected)
                     B[...] = out.T
             return B
-        return tri_solve(L, B.T, transpose=not transpose).T  # B L^-1 = (L^-T B^T)^T
+        # B L^-1 = (L^-T B^T)^T, the last two axes swapped (stacks and device arrays too)
+        return ops.mT(tri_solve(L, ops.mT(B), transpose=not transpose))
     if not (type(L) is np.ndarray and type(B) is np.ndarray and L.ndim == 2
             and L.dtype == np.float64 and B.dtype == np.float64 and B.size):
         return cast(Array, ops.solve_triangular(L, B, transpose=transpose, overwrite=overwrite))

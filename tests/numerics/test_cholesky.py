@@ -88,6 +88,23 @@ def test_cholesky_is_scipys_factor_bit_for_bit():
     assert jittered_cholesky(np.zeros((0, 0))).L.shape == (0, 0)
 
 
+def test_cholesky_other_layouts_and_the_callers_array_untouched():
+    """float32, a strided view, Fortran order and ``1 x 1``: scipy's factor of the float64
+    values (the result is float64, as before ``potrf`` was called directly); the caller's array
+    is never written, on the bare try or on the jitter steps."""
+    big = _spd(10, seed=9)
+    for M in (big[:6, :6].astype(np.float32), big[::2, ::2], np.asfortranarray(big[:4, :4]),
+              np.array([[2.5]])):
+        kept = M.copy()
+        L = jittered_cholesky(M).L
+        assert L.dtype == np.float64
+        assert np.array_equal(L, cholesky(M.astype(np.float64), lower=True))
+        assert np.array_equal(M, kept)
+    ones = np.ones((4, 4))  # singular: factorised on the jitter steps only
+    assert jittered_cholesky(ones).jitter > 0
+    assert np.array_equal(ones, np.ones((4, 4)))
+
+
 def test_cholesky_failure_carries_iteration_and_no_jitter_option():
     A = np.diag([1.0, 1e-30, -1.0])
     with pytest.raises(NumericalError, match="not positive definite") as info:
@@ -140,6 +157,24 @@ def test_tri_solve_is_scipys_solve_bit_for_bit(order, shape):
         assert np.array_equal(tri_solve(L, B, transpose=t), want)
     np.testing.assert_allclose(tri_solve(L, B.T if B.ndim == 2 else B[None], right=True),
                                (B.T if B.ndim == 2 else B[None]) @ np.linalg.inv(L), rtol=1e-10)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_tri_solve_right_on_stacks_and_torch(transpose, overwrite):
+    """``right`` dispatches stacks and torch arrays as the left solve does (to
+    ``ops.solve_triangular``): ``B L^-1`` (``B L^-T``) per matrix of the stack."""
+    rng = np.random.default_rng(8)
+    L = np.stack([np.linalg.cholesky(_spd(5, seed=s)) for s in (1, 2)])  # [2, 5, 5]
+    B = rng.normal(size=(2, 4, 5))
+    want = np.stack([B[i] @ np.linalg.inv(L[i].T if transpose else L[i]) for i in range(2)])
+    np.testing.assert_allclose(tri_solve(L, B.copy(), right=True, transpose=transpose,
+                                         overwrite=overwrite), want, rtol=1e-10)
+    torch = pytest.importorskip("torch")
+    for Lt, Bt, w in ((L, B, want), (L[0], B[0], want[0])):
+        got = tri_solve(torch.tensor(Lt), torch.tensor(Bt), right=True, transpose=transpose,
+                        overwrite=overwrite)
+        np.testing.assert_allclose(got.numpy(), w, rtol=1e-10)
 
 
 def test_tri_solve_rows_in_place_and_zero_diagonal():
