@@ -38,6 +38,18 @@ majority class. Findings per (case, method), one JSON line each in ``--out``:
         --cases 40 --first-seed 4000 --out outputs/stress_hunt.jsonl
     .venv/bin/python benchmarks/stress_hunt.py --seeds 4017 --methods svi  # replay one case
 
+Session s40 (``--first-seed 5000 --cpu-budget 1150``: 39 cases x 22 methods = 858 fits, 1180
+CPU s, load 3-6 on the shared 2-core machine): no crash, non-finite or unnormalised
+probability, vague ``NumericalError`` or warning storm; every failure a ``FitFailedError``
+naming its cause (most on 95/5 and 99/1 sets where logistic regression does not beat the
+majority rule either), one IVM-baseline fit over ``FIT_TIMEOUT`` (26 CPU s at load 5). Found
+and triaged (the report of s40): vi-robustmax's mini-batch refusal named svi (fixed); ivm with
+``M = 30`` on D >= 100 collapses to the constant model
+(``tests/test_stress_findings.py``, xfail); ``grid_robustness``'s length-scale axis was void
+for the methods with a median heuristic (fixed); the argmax predictive's rows sum to one only
+to ~1e-4 where one class's latent variance is ~1e10 times another's (seed 4001, gfitc;
+beyond spec O15's 1e6, the estimator normalises).
+
 Shapes: ``X [N, D]``, ``y [N]`` (integer labels ``0..C-1``).
 """
 
