@@ -2,9 +2,10 @@
 node of a G x G grid of (log length-scale, log amplitude) in [-3, 5]^2 (issue 16).
 
 Each node fits ``GPClassifier(method, kernel=RBF(exp(log_ell), exp(2 log_sf)),
-optimize=False)`` on overlapping Gaussian blobs (``gpinfer.testing.make_suite_data``: N points
-in 2-D, two classes for every method and three for the multi-class ones) and classifies the
-outcome:
+optimize=False)`` (with ``lengthscale_init="kernel"`` for the methods whose median heuristic
+would otherwise replace the node's length-scale: ``node_options``) on overlapping Gaussian
+blobs (``gpinfer.testing.make_suite_data``: N points in 2-D, two classes for every method and
+three for the multi-class ones) and classifies the outcome:
 
 * ``ok``: finite evidence, predictive probabilities finite, in [0, 1] and summing to one;
 * ``numerical``: a ``gpinfer.errors.NumericalError`` (the one acceptable failure: clear, named);
@@ -65,6 +66,17 @@ def classify(est, X: np.ndarray) -> str:
     return "ok"
 
 
+def node_options(method: str) -> dict:
+    """The method options of every node: ``BUDGETS``' and, for the methods with a median
+    heuristic (``lengthscale_init``, default ``"median"``: it replaces the kernel's
+    length-scale), ``lengthscale_init="kernel"`` so that the node's length-scale is the one
+    fitted (without it the length-scale axis of the grid is void for those methods)."""
+    options = dict(BUDGETS.get(method, {}))
+    if "lengthscale_init" in registry.load_method(method).default_options:
+        options["lengthscale_init"] = "kernel"
+    return options
+
+
 def run_cell(method: str, n_classes: int, grid: int, n: int, seed: int) -> dict:
     """Every grid node for one method and number of classes; counts and the failing nodes."""
     from gpinfer.estimator import GPClassifier
@@ -72,6 +84,7 @@ def run_cell(method: str, n_classes: int, grid: int, n: int, seed: int) -> dict:
     from gpinfer.testing.method_suite import make_suite_data
 
     X, y = make_suite_data(n_classes, n=n, seed=seed)
+    options = node_options(method)
     axis = np.linspace(LOW, HIGH, grid)
     counts = dict.fromkeys(OUTCOMES, 0)
     failures = []
@@ -80,7 +93,7 @@ def run_cell(method: str, n_classes: int, grid: int, n: int, seed: int) -> dict:
         for log_sf in axis:
             kernel = RBF(lengthscale=float(np.exp(log_ell)), variance=float(np.exp(2 * log_sf)))
             est = GPClassifier(method=method, kernel=kernel, optimize=False, max_iter=MAX_ITER,
-                               random_state=seed, method_options=BUDGETS.get(method))
+                               random_state=seed, method_options=options or None)
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")

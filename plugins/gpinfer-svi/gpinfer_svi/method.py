@@ -513,7 +513,10 @@ class SVI(Method):
                 raise InputError("svi with L-BFGS-B is not available in a process group "
                                  "(torch.distributed); use adam or adadelta")
             if problem.batch_size is not None:
-                raise InputError("svi with L-BFGS-B needs full-batch training (batch_size=None)")
+                raise InputError(
+                    f"{self.name or 'svi'} with L-BFGS-B (optimizer={name!r}) needs full-batch "
+                    f"training: leave batch_size unset (got batch_size={problem.batch_size}), or "
+                    "for mini-batches set method_options={'optimizer': 'adadelta'} (or 'adam')")
             x, value, n_iter, extra_state = self._fit_lbfgs(problem, state, x, rep, opt_options)
         else:
             x, value, n_iter = self._fit_stochastic(problem, state, x, rep, name, opt_options)

@@ -56,3 +56,19 @@ def test_preset_fits_few_points_per_class_without_M():
     assert est.score(X, y) > 0.85 and est.n_iter_ <= 30
     P = est.predict_proba(X)
     np.testing.assert_allclose(P.sum(axis=1), 1.0, atol=1e-12)
+
+
+def test_batch_size_refusal_names_the_preset_and_the_way_out():
+    """Stress hunt s40, case seed 4002 (``benchmarks/stress_hunt.py``): ``batch_size`` with the
+    preset's L-BFGS-B was refused as "svi with L-BFGS-B ...", naming neither the method the user
+    chose nor the option that allows mini-batches."""
+    import pytest
+
+    from gpinfer.errors import InputError
+
+    X, y = make_suite_data(3, n=30)
+    with pytest.raises(InputError, match=r"vi-robustmax with L-BFGS-B .*batch_size=8.*adadelta"):
+        GPClassifier(method="vi-robustmax", M=4, max_iter=2, batch_size=8).fit(X, y)
+    est = GPClassifier(method="vi-robustmax", M=4, max_iter=2, batch_size=8,
+                       method_options={"optimizer": "adadelta"}).fit(X, y)
+    assert np.all(np.isfinite(est.predict_proba(X)))

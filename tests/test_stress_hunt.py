@@ -1,0 +1,60 @@
+"""``benchmarks/stress_hunt.py``: a case replays from its seed, its data carry every class in
+the training part, and the judge flags what it should (no fitting: fast)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _hunt():
+    spec = importlib.util.spec_from_file_location("stress_hunt", ROOT / "benchmarks" /
+                                                  "stress_hunt.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["stress_hunt"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_case_replays_from_its_seed_and_trains_on_every_class():
+    hunt = _hunt()
+    for seed in (4001, 5003, 5006, 5016):
+        case = hunt.draw_case(seed)
+        assert case == hunt.draw_case(seed)
+        X, y, Xt, yt = hunt.make_data(case)
+        X2, y2, Xt2, yt2 = hunt.make_data(case)
+        np.testing.assert_array_equal(X, X2)
+        np.testing.assert_array_equal(yt, yt2)
+        assert X.shape[0] == y.shape[0] and Xt.shape[0] == yt.shape[0]
+        assert X.shape[1] == Xt.shape[1]
+        assert np.bincount(y, minlength=case.c).min() >= 2, case.label()
+        assert set(np.unique(yt)) <= set(np.unique(y))
+
+
+def test_the_judge_flags_unnormalised_rows_and_poor_fits():
+    hunt = _hunt()
+
+    class Fitted:
+        classes_ = np.array([0, 1, 2])
+
+    yt = np.array([0, 1, 2, 2])
+    P = np.full((4, 3), 1.0 / 3.0)
+    row = {"ref_err": 0.1, "maj_err": 0.5, "kinds": []}
+    hunt.judge(row, Fitted(), P, P, yt)
+    assert row["kinds"] == ["poor"]  # every row predicted class 0: err 0.75
+    raw = P.copy()
+    raw[0, 0] += 1e-4
+    row = {"ref_err": 0.6, "maj_err": 0.6, "kinds": []}
+    hunt.judge(row, Fitted(), P, raw, yt)
+    assert row["kinds"] == ["raw-sum"]
+    bad = P.copy()
+    bad[1, 1] = np.nan
+    row = {"ref_err": 0.6, "maj_err": 0.6, "kinds": []}
+    hunt.judge(row, Fitted(), bad, P, yt)
+    assert row["kinds"] == ["nonfinite"]
