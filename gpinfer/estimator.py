@@ -325,6 +325,7 @@ class _GPEstimatorBase:
             rng=self._rng(),
             **({} if backend is None else {"backend": backend}),
             sample_weight=sample_weight,
+            kernel_given=isinstance(self.kernel, Kernel),
         )
 
     def _weighted_rows(
