@@ -3,9 +3,9 @@ node of a G x G grid of (log length-scale, log amplitude) in [-3, 5]^2 (issue 16
 
 Each node fits ``GPClassifier(method, kernel=RBF(exp(log_ell), exp(2 log_sf)),
 optimize=False)`` (with ``lengthscale_init="kernel"`` for the methods with a median
-heuristic, whose default ``"auto"`` now keeps such a kernel too: ``node_options``) on overlapping Gaussian
-blobs (``gpinfer.testing.make_suite_data``: N points in 2-D, two classes for every method and
-three for the multi-class ones) and classifies the outcome:
+heuristic, whose default ``"auto"`` now keeps such a kernel too: ``node_options``) on
+overlapping Gaussian blobs (``gpinfer.testing.make_suite_data``: N points in 2-D, two classes
+for every method and three for the multi-class ones) and classifies the outcome:
 
 * ``ok``: finite evidence, predictive probabilities finite, in [0, 1] and summing to one;
 * ``numerical``: a ``gpinfer.errors.NumericalError`` (the one acceptable failure: clear, named);

@@ -88,16 +88,15 @@ class _SparseEPBase(Method):
     (spec P10; True: the noise is on ``diag Kuu`` and in ``kappa``; False: in ``kappa``, i.e. the
     FITC variances, only, via ``LatentNoise``), ``lengthscale_init``
     (``"median"``: spec §2.11 heuristic; ``"kernel"``: keep; ``"auto"``, the default: keep a
-    ``Kernel`` object held fixed, else the median, ``gpinfer.kernel_start``), ``patience`` (iterations below
-    the best log Z_q before the best state is restored and the damping and steps are halved),
-    ``time_limit_s`` (stop after this much training time; the callback's time, where test
-    metrics are computed, is not counted, nor is it in ``elapsed``), ``n_jobs`` (threads for the
-    per-class kernel VJPs, ``gpinfer.parallel``: same results; one BLAS thread meanwhile),
-    ``read_every`` (mini-batch on a device: the loss and checks read once per ``k`` steps, the
-    same fit with fewer host syncs: ``gpinfer.training.loop``), ``compile`` (torch:
-    ``"default"`` runs the step's tensor regions ``torch.compile``d, ``"reduce-overhead"`` adds
-    CUDA graphs on a GPU; a compiled mini-batch fit drops each epoch's last short batch:
-    ``gpinfer.backend.compile``).
+    ``Kernel`` object held fixed, else the median, ``gpinfer.kernel_start``), ``patience``
+    (iterations below the best log Z_q before the best state is restored and the damping and
+    steps are halved), ``time_limit_s`` (stop after this much training time; the callback's time,
+    where test metrics are computed, is not counted, nor is it in ``elapsed``), ``n_jobs`` (threads
+    for the per-class kernel VJPs, ``gpinfer.parallel``: same results; one BLAS thread meanwhile),
+    ``read_every`` (mini-batch on a device: the loss and checks read once per ``k`` steps, the same
+    fit with fewer host syncs: ``gpinfer.training.loop``), ``compile`` (torch: ``"default"`` runs
+    the step's tensor regions ``torch.compile``d, ``"reduce-overhead"`` adds CUDA graphs on a GPU; a
+    compiled mini-batch fit drops each epoch's last short batch: ``gpinfer.backend.compile``).
     """
 
     tasks: ClassVar[tuple[str, ...]] = ("classification",)

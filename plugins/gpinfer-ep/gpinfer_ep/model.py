@@ -10,8 +10,8 @@ from gpinfer.data.source import median_input
 from gpinfer.errors import InputError
 from gpinfer.inducing import initial_inducing as core_initial_inducing
 from gpinfer.interfaces import Array, Problem
-from gpinfer.kernels.base import Kernel
 from gpinfer.kernel_start import start_kernel
+from gpinfer.kernels.base import Kernel
 from gpinfer.likelihoods.multiclass import ArgmaxNoise
 from gpinfer.parallel import map_latents
 from gpinfer.sites.inducing import ClassTerms, class_terms

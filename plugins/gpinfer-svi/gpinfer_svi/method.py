@@ -57,8 +57,8 @@ from gpinfer.interfaces import (
     Scalar,
     StochasticOptimizer,
 )
-from gpinfer.kernels.base import Kernel
 from gpinfer.kernel_start import lengthscale_init_option, start_kernel
+from gpinfer.kernels.base import Kernel
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.optim import LBFGSB, make_optimizer
 from gpinfer.options import Option, bounds, choice, flag, integer, mapping, real
@@ -364,8 +364,9 @@ class SVI(Method):
     white-noise variance added to the kernel when it has none, default ``1e-2``, which keeps
     ``Kuu`` well-conditioned; ``None``: none, the paper's), ``lengthscale_init`` (``"kernel"``
     or ``"median"``: squared length-scale = median pairwise distance; ``"auto"``, the default:
-    ``"kernel"`` for a ``Kernel`` object held fixed, else ``"median"``), ``hyper_bounds`` (``None`` or
-    ``(low, high)``: L-BFGS-B box on the log kernel parameters; ``q(u)`` and ``Z`` unbounded).
+    ``"kernel"`` for a ``Kernel`` object held fixed, else ``"median"``), ``hyper_bounds``
+    (``None`` or ``(low, high)``: L-BFGS-B box on the log kernel parameters; ``q(u)`` and ``Z``
+    unbounded).
     """
 
     #: the objective, log p(y) of discrete labels or a bound on it, is never positive
