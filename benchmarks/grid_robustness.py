@@ -2,10 +2,10 @@
 node of a G x G grid of (log length-scale, log amplitude) in [-3, 5]^2 (issue 16).
 
 Each node fits ``GPClassifier(method, kernel=RBF(exp(log_ell), exp(2 log_sf)),
-optimize=False)`` (with ``lengthscale_init="kernel"`` for the methods whose median heuristic
-would otherwise replace the node's length-scale: ``node_options``) on overlapping Gaussian
-blobs (``gpinfer.testing.make_suite_data``: N points in 2-D, two classes for every method and
-three for the multi-class ones) and classifies the outcome:
+optimize=False)`` (with ``lengthscale_init="kernel"`` for the methods with a median
+heuristic, whose default ``"auto"`` now keeps such a kernel too: ``node_options``) on
+overlapping Gaussian blobs (``gpinfer.testing.make_suite_data``: N points in 2-D, two classes
+for every method and three for the multi-class ones) and classifies the outcome:
 
 * ``ok``: finite evidence, predictive probabilities finite, in [0, 1] and summing to one;
 * ``numerical``: a ``gpinfer.errors.NumericalError`` (the one acceptable failure: clear, named);
@@ -68,9 +68,9 @@ def classify(est, X: np.ndarray) -> str:
 
 def node_options(method: str) -> dict:
     """The method options of every node: ``BUDGETS``' and, for the methods with a median
-    heuristic (``lengthscale_init``, default ``"median"``: it replaces the kernel's
-    length-scale), ``lengthscale_init="kernel"`` so that the node's length-scale is the one
-    fitted (without it the length-scale axis of the grid is void for those methods)."""
+    heuristic, ``lengthscale_init="kernel"`` so that the node's length-scale is the one
+    fitted whatever the default (``"median"`` until s40-median, whose ``"auto"`` keeps a
+    ``Kernel`` object held fixed: without it, the grid's length-scale axis was void)."""
     options = dict(BUDGETS.get(method, {}))
     if "lengthscale_init" in registry.load_method(method).default_options:
         options["lengthscale_init"] = "kernel"

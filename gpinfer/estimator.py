@@ -325,6 +325,7 @@ class _GPEstimatorBase:
             rng=self._rng(),
             **({} if backend is None else {"backend": backend}),
             sample_weight=sample_weight,
+            kernel_given=isinstance(self.kernel, Kernel),
         )
 
     def _weighted_rows(
@@ -886,7 +887,13 @@ class GPClassifierCore(_GPEstimatorBase):
         inducing inputs. Only for methods with inducing points; ``None`` = method default.
     kernel : str or Kernel
         A kernel name (built with ``make_kernel(name, input_dim=D, ard=False)``) or a ``Kernel``
-        object, which is copied and never modified.
+        object, which is copied and never modified. The methods with a median heuristic (ep,
+        sep, gfitc, svi, vi-robustmax, the vi-jj family; option ``lengthscale_init``, default
+        ``"auto"``) start a named kernel, or one whose parameters are optimised
+        (``optimize=True``), at squared length-scale = the median pairwise distance; a
+        ``Kernel`` object with ``optimize=False`` is fitted as given, its length-scales kept
+        (scikit-learn's ``optimizer=None``). ``method_options={"lengthscale_init": "median"}``
+        or ``"kernel"`` forces either (``gpinfer.kernel_start``).
     likelihood : None, str or Likelihood
         ``None`` picks the first entry of the method's ``likelihoods`` that suits the number of
         classes (binary or multi-class); a name is built with ``make_likelihood``; an object is
@@ -980,8 +987,9 @@ class GPClassifierCore(_GPEstimatorBase):
         scales of its non-constant columns are far from the kernel's or from one another.
         A named kernel on standardised inputs starts at length-scale ``sqrt(max(D', 2) / 2)``
         (``D'`` non-constant features: 1 up to two features), so that two typical points have
-        prior correlation ``e^-2`` whatever the number of features (methods with a median
-        heuristic, ``lengthscale_init="median"``, still apply theirs).
+        prior correlation ``e^-2`` whatever the number of features (the methods with a median
+        heuristic, ep, sep, gfitc, svi, vi-robustmax and the vi-jj family, still apply theirs:
+        their ``lengthscale_init="auto"``, under ``kernel`` below).
     backend : None, "numpy" or "torch"
         Array backend of the training hot path (``gpinfer.backend``). ``None`` (default):
         numpy, or torch when ``device`` is a GPU. ``"torch"`` only for the methods that declare

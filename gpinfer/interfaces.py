@@ -453,6 +453,10 @@ class Problem:
     * ``inducing``: ``None`` (method default or no inducing points), an ``int`` count ``M``, or an
       array ``[M, D]`` of initial inducing inputs.
     * ``optimize``: False keeps kernel parameters and inducing inputs fixed.
+    * ``kernel_given``: True when the caller gave ``kernel`` as a ``Kernel`` object (its
+      parameters are meant), False when it was built from a name (its length-scale a
+      placeholder); with ``optimize`` False, the ``lengthscale_init="auto"`` of the methods
+      with a median heuristic keeps such a kernel as given (``gpinfer.kernel_start``).
     * ``max_iter``: outer iterations (hyper-parameter steps, or sweeps when ``optimize`` is False).
     * ``batch_size``: ``None`` for batch training, else the mini-batch size.
     * ``rng``: the run's random generator (seeded from ``seed``).
@@ -477,6 +481,7 @@ class Problem:
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
     backend: Backend = NUMPY
     sample_weight: Array | None = None
+    kernel_given: bool = False
 
     @property
     def n(self) -> int:

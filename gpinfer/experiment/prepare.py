@@ -29,6 +29,7 @@ from gpinfer.experiment import tracking
 from gpinfer.experiment.redact import redact_uri
 from gpinfer.experiment.settings import Settings, as_mapping, config_to_dict, parse_settings
 from gpinfer.interfaces import Method
+from gpinfer.kernel_start import resolve_lengthscale_init
 from gpinfer.threads import blas_threads
 from gpinfer.training import distributed
 from gpinfer.validation import check_method_backend, check_process_group
@@ -107,7 +108,8 @@ def _hydra_output_dir() -> Path:
 
 
 def _check_method(s: Settings) -> tuple[type[Method], dict[str, Any], bool]:
-    """Load the method class and build its options (optimizer included when it declares one)."""
+    """Load the method class and build its options (optimizer included when it declares one;
+    ``lengthscale_init`` resolved for the run's named kernel: ``"auto"`` is ``"median"``)."""
     from gpinfer import registry
 
     method_cls = registry.load_method(s.method)
@@ -124,6 +126,10 @@ def _check_method(s: Settings) -> tuple[type[Method], dict[str, Any], bool]:
         raise InputError(f"method.options: {exc}") from exc
     if applied and options["optimizer"] is not None:  # None: the method chooses
         _check_optimizer(str(options["optimizer"]), options.get("optimizer_options") or {})
+    if "lengthscale_init" in declared:  # the run's kernel is named: its length-scale a placeholder
+        options["lengthscale_init"] = resolve_lengthscale_init(
+            str(options.get("lengthscale_init", declared["lengthscale_init"])),
+            kernel_given=False, optimize=bool(s.optimize), owner=f"method.options of {s.method}")
     return method_cls, options, applied
 
 

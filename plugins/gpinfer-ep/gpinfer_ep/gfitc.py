@@ -31,8 +31,8 @@ from gpinfer.interfaces import (
     Problem,
     SiteState,
 )
+from gpinfer.kernel_start import lengthscale_init_option
 from gpinfer.kernels.base import Kernel
-from gpinfer.kernels.initialisation import LENGTHSCALE_INITS
 from gpinfer.numerics.cholesky import tri_solve
 from gpinfer.numerics.gram import weighted_gram
 from gpinfer.optim.lbfgs import LBFGSB
@@ -192,7 +192,7 @@ class GFITC(Method):
         "ep_tol": real(1e-3, "(0, inf)", doc="EP convergence tolerance per evaluation"),
         "ep_max_sweeps": integer(1000, "[1, inf)"),
         "noise": real(1.0, "(0, inf)", none=True, doc="white noise added to the kernel"),
-        "lengthscale_init": choice("median", LENGTHSCALE_INITS),
+        "lengthscale_init": lengthscale_init_option(),
         "inducing_init": choice("random", INDUCING_INITS,
                                 doc="random: M training inputs per class (the paper's)"),
     }

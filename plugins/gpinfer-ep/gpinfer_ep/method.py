@@ -58,7 +58,7 @@ from gpinfer.interfaces import (
     Scalar,
     SiteApproximation,
 )
-from gpinfer.kernels.initialisation import LENGTHSCALE_INITS
+from gpinfer.kernel_start import lengthscale_init_option
 from gpinfer.options import Option, choice, flag, integer, real
 from gpinfer.parallel import blas_threads_for, check_n_jobs
 from gpinfer.posterior import InducingPosterior
@@ -87,16 +87,16 @@ class _SparseEPBase(Method):
     (white-noise variance added to the kernel if it has none; None: none), ``noise_in_Kuu``
     (spec P10; True: the noise is on ``diag Kuu`` and in ``kappa``; False: in ``kappa``, i.e. the
     FITC variances, only, via ``LatentNoise``), ``lengthscale_init``
-    (``"median"``: spec §2.11 heuristic; ``"kernel"``: keep), ``patience`` (iterations below
-    the best log Z_q before the best state is restored and the damping and steps are halved),
-    ``time_limit_s`` (stop after this much training time; the callback's time, where test
-    metrics are computed, is not counted, nor is it in ``elapsed``), ``n_jobs`` (threads for the
-    per-class kernel VJPs, ``gpinfer.parallel``: same results; one BLAS thread meanwhile),
-    ``read_every`` (mini-batch on a device: the loss and checks read once per ``k`` steps, the
-    same fit with fewer host syncs: ``gpinfer.training.loop``), ``compile`` (torch:
-    ``"default"`` runs the step's tensor regions ``torch.compile``d, ``"reduce-overhead"`` adds
-    CUDA graphs on a GPU; a compiled mini-batch fit drops each epoch's last short batch:
-    ``gpinfer.backend.compile``).
+    (``"median"``: spec §2.11 heuristic; ``"kernel"``: keep; ``"auto"``, the default: keep a
+    ``Kernel`` object held fixed, else the median, ``gpinfer.kernel_start``), ``patience``
+    (iterations below the best log Z_q before the best state is restored and the damping and
+    steps are halved), ``time_limit_s`` (stop after this much training time; the callback's time,
+    where test metrics are computed, is not counted, nor is it in ``elapsed``), ``n_jobs`` (threads
+    for the per-class kernel VJPs, ``gpinfer.parallel``: same results; one BLAS thread meanwhile),
+    ``read_every`` (mini-batch on a device: the loss and checks read once per ``k`` steps, the same
+    fit with fewer host syncs: ``gpinfer.training.loop``), ``compile`` (torch: ``"default"`` runs
+    the step's tensor regions ``torch.compile``d, ``"reduce-overhead"`` adds CUDA graphs on a GPU; a
+    compiled mini-batch fit drops each epoch's last short batch: ``gpinfer.backend.compile``).
     """
 
     tasks: ClassVar[tuple[str, ...]] = ("classification",)
@@ -115,7 +115,7 @@ class _SparseEPBase(Method):
         "outer_max_sweeps": integer(1000, "[1, inf)"),
         "noise": real(1.0, "(0, inf)", none=True, doc="white noise added to the kernel"),
         "noise_in_Kuu": flag(True, doc="spec P10"),
-        "lengthscale_init": choice("median", LENGTHSCALE_INITS),
+        "lengthscale_init": lengthscale_init_option(),
         "inducing_init": choice("random", INDUCING_INITS,
                                 doc="random: M training inputs per class (the paper's)"),
         "patience": integer(20, "[1, inf)", doc="iterations below the best before a restore"),

@@ -10,8 +10,8 @@ from gpinfer.data.source import median_input
 from gpinfer.errors import InputError
 from gpinfer.inducing import initial_inducing as core_initial_inducing
 from gpinfer.interfaces import Array, Problem
+from gpinfer.kernel_start import start_kernel
 from gpinfer.kernels.base import Kernel
-from gpinfer.kernels.initialisation import prepare_kernel
 from gpinfer.likelihoods.multiclass import ArgmaxNoise
 from gpinfer.parallel import map_latents
 from gpinfer.sites.inducing import ClassTerms, class_terms
@@ -31,8 +31,9 @@ def check_likelihood(problem: Problem, method: str) -> None:
 def class_kernels(problem: Problem, noise: float | None, lengthscale_init: str,
                   noise_in_Kuu: bool = True) -> list[Kernel]:
     """One kernel per class: the problem's kernel (+ ``White(noise)`` when it has none), with
-    stationary length-scales set by the median heuristic when ``lengthscale_init == "median"``
-    (the median distance is assigned to the *squared* length-scale, spec P18).
+    stationary length-scales set by the median heuristic when ``lengthscale_init`` resolves to
+    ``"median"`` (the median distance is assigned to the *squared* length-scale, spec P18;
+    ``"auto"``: ``gpinfer.kernel_start``).
 
     ``noise_in_Kuu`` (spec P10): True puts the white noise on ``diag Kuu`` and in ``kappa``;
     False turns every ``White`` term (the added one or the problem's own) into ``LatentNoise``,
@@ -40,8 +41,8 @@ def class_kernels(problem: Problem, noise: float | None, lengthscale_init: str,
     """
     if not isinstance(noise_in_Kuu, bool | np.bool_):
         raise InputError(f"noise_in_Kuu must be true or false, got {noise_in_Kuu!r}")
-    base = prepare_kernel(problem.kernel, median_input(problem.X), noise, lengthscale_init,
-                          owner="ep/sep/gfitc")
+    base = start_kernel(problem, median_input(problem.X), noise, lengthscale_init,
+                        owner="ep/sep/gfitc")
     if not noise_in_Kuu:
         base = latent_noise(base)
     return [base.copy() for _ in range(problem.n_classes)]

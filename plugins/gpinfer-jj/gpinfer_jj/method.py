@@ -34,7 +34,7 @@ from gpinfer.interfaces import (
     Problem,
     ValueAndGrad,
 )
-from gpinfer.kernels.initialisation import prepare_kernel
+from gpinfer.kernel_start import lengthscale_init_option, start_kernel
 from gpinfer.numerics.cholesky import tri_solve
 from gpinfer.optim import LBFGSB
 from gpinfer.options import Option, bounds, choice, flag, integer, real
@@ -72,7 +72,9 @@ class _CollapsedVI(Method):
     fraction of each Newton step of Stage 1, then halved until the MAP objective rises),
     ``lengthscale_init`` (``"median"``: squared length-scale = median pairwise distance, as
     ep/sep/gfitc/svi, so that the start suits any number of features; ``"kernel"``: the
-    kernel's own, as the paper protocol's sqrt(D)).
+    kernel's own, as the paper protocol's sqrt(D); ``"auto"``, the default: ``"kernel"`` for
+    a ``Kernel`` object held fixed (``optimize=False``), else ``"median"``,
+    ``gpinfer.kernel_start``).
     """
 
     #: the objective, log p(y) of discrete labels or a bound on it, is never positive
@@ -97,7 +99,7 @@ class _CollapsedVI(Method):
         "default_M": integer(DEFAULT_M, "[1, inf)", doc="M when the run leaves it null"),
         "xi_lower": real(1e-3, "(0, inf)", doc="lower bound on xi when optimised"),
         "damping": real(1.0, "(0, 1]", doc="Taylor: first trial fraction of each Newton step"),
-        "lengthscale_init": choice("median", ("median", "kernel")),
+        "lengthscale_init": lengthscale_init_option(),
     }
 
     #: one vocabulary with pep/fitc/vfe (``docs/options.md``)
@@ -110,8 +112,8 @@ class _CollapsedVI(Method):
             raise InputError(f"{self.name} does not support mini-batches (batch_size=None)")
         X = np.asarray(problem.X, dtype=float)
         Z = inducing_inputs(problem.inducing, X, problem.rng, int(self.options["default_M"]))
-        kernel = prepare_kernel(problem.kernel, X, None, str(self.options["lengthscale_init"]),
-                                owner=self.name)
+        kernel = start_kernel(problem, X, None, str(self.options["lengthscale_init"]),
+                              owner=self.name)
         hp = HyperParameters(kernel, Z=Z, optimize=problem.optimize,
                              optimize_inducing=bool(self.options["learn_inducing"]))
         return CollapsedObjective(self.kind, X, s, kernel, Z, problem.likelihood, hp), hp

@@ -57,8 +57,8 @@ from gpinfer.interfaces import (
     Scalar,
     StochasticOptimizer,
 )
+from gpinfer.kernel_start import lengthscale_init_option, start_kernel
 from gpinfer.kernels.base import Kernel
-from gpinfer.kernels.initialisation import LENGTHSCALE_INITS, prepare_kernel
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.optim import LBFGSB, make_optimizer
 from gpinfer.options import Option, bounds, choice, flag, integer, mapping, real
@@ -363,8 +363,10 @@ class SVI(Method):
     huge when ``Kuu`` is ill-conditioned, so that small problems under-train), ``noise`` (a
     white-noise variance added to the kernel when it has none, default ``1e-2``, which keeps
     ``Kuu`` well-conditioned; ``None``: none, the paper's), ``lengthscale_init`` (``"kernel"``
-    or ``"median"``: squared length-scale = median pairwise distance), ``hyper_bounds`` (``None`` or
-    ``(low, high)``: L-BFGS-B box on the log kernel parameters; ``q(u)`` and ``Z`` unbounded).
+    or ``"median"``: squared length-scale = median pairwise distance; ``"auto"``, the default:
+    ``"kernel"`` for a ``Kernel`` object held fixed, else ``"median"``), ``hyper_bounds``
+    (``None`` or ``(low, high)``: L-BFGS-B box on the log kernel parameters; ``q(u)`` and ``Z``
+    unbounded).
     """
 
     #: the objective, log p(y) of discrete labels or a bound on it, is never positive
@@ -411,7 +413,7 @@ class SVI(Method):
         "inducing_init": choice("kmeans", INDUCING_INITS),
         "init_q": choice("prior", INITS_Q, doc="q(u) starts at the prior (identity: Sigma = I)"),
         "noise": real(1e-2, "(0, inf)", none=True, doc="white noise added to the kernel"),
-        "lengthscale_init": choice("median", LENGTHSCALE_INITS),
+        "lengthscale_init": lengthscale_init_option(),
         "hyper_bounds": bounds(None, none=True, doc="L-BFGS-B box on the log kernel parameters"),
     }
 
@@ -443,8 +445,8 @@ class SVI(Method):
         for key, allowed in (("inducing_init", INDUCING_INITS), ("init_q", INITS_Q)):
             if o[key] not in allowed:
                 raise InputError(f"svi: {key} must be one of {allowed}, got {o[key]!r}")
-        kernel = prepare_kernel(problem.kernel, median_input(X), o["noise"],
-                                str(o["lengthscale_init"]), owner="svi")
+        kernel = start_kernel(problem, median_input(X), o["noise"], str(o["lengthscale_init"]),
+                              owner="svi")
         n_own = 1 if o["shared_inducing"] else n_latent  # latents with their own kernel and Z
         Zs = initial_inducing(problem.inducing, X, problem.rng, n_own,
                               init=o["inducing_init"], default=int(o["default_M"]), owner="svi")

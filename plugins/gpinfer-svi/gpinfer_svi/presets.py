@@ -3,7 +3,8 @@
 ``vi-robustmax``: the robust-max VI baseline of Villacampa-Calvo & Hernandez-Lobato (2017),
 spec ep-sep §3.2 / §2.11: ``RobustMax(epsilon=1e-3)``, batch L-BFGS-B on the full ELBO over
 ``q(u_c)``, ``Z_c`` and the log kernel parameters bounded to ``[-10, 10]``; white noise 1 added
-to the kernel, squared length-scale = median distance, ``M`` distinct training inputs drawn per
+to the kernel, squared length-scale = median distance (``lengthscale_init="auto"``: but for a
+``Kernel`` object held fixed, which is kept), ``M`` distinct training inputs drawn per
 class (at most ``N``), ``q(u)`` = prior. ``GPClassifier(method="vi-robustmax")`` and
 ``gpinfer-run method=vi-robustmax`` use it; every svi option can still be overridden.
 """
@@ -22,7 +23,7 @@ VI_ROBUSTMAX_DEFAULTS = {
     "inducing_init": "random",
     "init_q": "prior",
     "noise": 1.0,
-    "lengthscale_init": "median",
+    "lengthscale_init": "auto",
     "learn_inducing": True,
     "hyper_bounds": (-10.0, 10.0),
 }

@@ -1,0 +1,38 @@
+"""``gpinfer-run``'s kernel is named (the kernel group's length-scale 1 is a placeholder), so
+``lengthscale_init="auto"`` is the median heuristic there even with ``optimize=false``
+(``gpinfer.kernel_start``), as before ``"auto"``: the run's estimator, fitted on the run's
+rows, starts from the median and keeps it."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpinfer.experiment.runner import _make_estimator, prepare
+from gpinfer.kernels.initialisation import leaf_kernels, median_distance
+from gpinfer.kernels.stationary import Stationary
+
+from .helpers import require_plugin, store_cfg
+
+
+@pytest.mark.parametrize("method", ["vi-robustmax", "vi-jj"])
+def test_a_run_with_a_named_kernel_keeps_the_median(tmp_path: Path, store_uri: str,
+                                                     method: str) -> None:
+    require_plugin(method)
+    binary = ("dataset.keep_classes=[0,1]",) if method == "vi-jj" else ()
+    p = prepare(store_cfg(store_uri, f"method={method}", "dataset=iris", "optimize=false",
+                          "iterations=2", "kernel.lengthscale=2.0", *binary), tmp_path / "run")
+    assert p.method_options["lengthscale_init"] == "median"
+    est = _make_estimator(p)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(p.X_train, p.y_train)
+    kernels = getattr(est.posterior_, "kernels", None) or [est.kernel_]
+    median = np.sqrt(median_distance(p.X_train, np.random.default_rng(0)))
+    parts = [q for k in kernels for q in leaf_kernels(k) if isinstance(q, Stationary)]
+    assert parts
+    for part in parts:
+        np.testing.assert_allclose(np.exp(part.get_unconstrained()[0]), median, rtol=1e-12)
