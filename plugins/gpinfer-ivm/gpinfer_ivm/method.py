@@ -66,6 +66,9 @@ DEFAULT_L = 25
 TRUST_RADIUS = float(np.log(10.0))
 #: bounds of every unconstrained hyper-parameter during learning
 THETA_BOUND = 8.0
+#: learning "ended at a flat kernel" when its best ``G`` is within this fraction of
+#: ``1 + |G|`` of the constant model's (``constant_model_criterion``) or above it
+FLAT_TOL = 1e-3
 
 #: the fit's per-iteration reporter: ``report(objective, posterior builder, **extras)``
 Report = Callable[..., None]
@@ -258,6 +261,7 @@ class _ActiveSetMethod(Method):
         assert best is not None
         _, theta, rep, sites, b_best = best
         space.unpack(theta)  # the kept representation refers to the kernels at this theta
+        _flat_warning(self.name, best[0], y, problem.n_classes, kernels, self._d_final(problem))
         return rep, sites, b_best
 
     def _round_settings(self, problem: Problem) -> tuple[int, int, float]:
@@ -328,6 +332,34 @@ class _LearnedParameters:
 def _stop_warning(name: str, r: int, mode: str, err: Exception) -> None:
     warnings.warn(f"{name}: hyper-parameter learning stopped in round {r} ({mode} mode): {err}; "
                   "keeping the best major step so far", RuntimeWarning, stacklevel=3)  # fmt: skip
+
+
+def constant_model_criterion(y: Array, n_classes: int) -> float:
+    """``G`` of the constant model (kernel variance -> 0, ``G2 -> 0``) at its best intercepts:
+    ``-sum_c n_c log(n_c / n)`` for the labels ``y [n]`` (``n log C`` for balanced classes)."""
+    counts = np.bincount(y, minlength=n_classes).astype(float)
+    counts = counts[counts > 0]
+    return float(-np.sum(counts * np.log(counts / counts.sum())))
+
+
+def _flat_warning(name: str, best: float, y: Array, n_classes: int, kernels: list[Kernel],
+                  d_final: int) -> None:
+    """Warn when learning kept a major step whose ``G`` does not beat the constant model's
+    (``FLAT_TOL`` relative): ``G`` charges every one of the ``n`` points the variance its
+    marginal keeps, and with few active points (``d_final``) far apart (many features) most
+    keep nearly the prior's, so the criterion's best kernel is the flat one (the classes'
+    frequencies everywhere), not a defect of the optimiser."""
+    flat = constant_model_criterion(y, n_classes)
+    if best < flat - FLAT_TOL * (1.0 + abs(flat)):
+        return
+    kernel = ", ".join(dict.fromkeys(repr(k) for k in kernels))
+    warnings.warn(
+        f"{name}: hyper-parameter learning ended at a flat kernel ({kernel}): no kernel it "
+        f"visited made the criterion G beat the constant model's {flat:.6g} (best {best:.6g}). "
+        f"G charges all n={y.shape[0]} training points, and with M={d_final} active points "
+        "most keep nearly their prior variance, so G prefers predicting the class frequencies. "
+        "Pass a larger M (default min(n, 150)) or fix the kernel (optimize=False)",
+        RuntimeWarning, stacklevel=3)
 
 
 class IVM(_ActiveSetMethod):
