@@ -67,8 +67,9 @@ TRUST_RADIUS = float(np.log(10.0))
 #: bounds of every unconstrained hyper-parameter during learning
 THETA_BOUND = 8.0
 #: learning "ended at a flat kernel" when its best ``G`` is within this fraction of
-#: ``1 + |G|`` of the constant model's (``constant_model_criterion``) or above it
-FLAT_TOL = 1e-3
+#: ``1 + |G|`` of the constant model's (``constant_model_criterion``, at its best intercepts and
+#: at the kept ones)
+FLAT_TOL = 1e-2
 
 #: the fit's per-iteration reporter: ``report(objective, posterior builder, **extras)``
 Report = Callable[..., None]
@@ -261,7 +262,7 @@ class _ActiveSetMethod(Method):
         assert best is not None
         _, theta, rep, sites, b_best = best
         space.unpack(theta)  # the kept representation refers to the kernels at this theta
-        _flat_warning(self.name, best[0], y, problem.n_classes, kernels, self._d_final(problem))
+        _flat_warning(self.name, best[0], y, b_best, kernels, self._d_final(problem))
         return rep, sites, b_best
 
     def _round_settings(self, problem: Problem) -> tuple[int, int, float]:
@@ -334,31 +335,38 @@ def _stop_warning(name: str, r: int, mode: str, err: Exception) -> None:
                   "keeping the best major step so far", RuntimeWarning, stacklevel=3)  # fmt: skip
 
 
-def constant_model_criterion(y: Array, n_classes: int) -> float:
-    """``G`` of the constant model (kernel variance -> 0, ``G2 -> 0``) at its best intercepts:
-    ``-sum_c n_c log(n_c / n)`` for the labels ``y [n]`` (``n log C`` for balanced classes)."""
-    counts = np.bincount(y, minlength=n_classes).astype(float)
-    counts = counts[counts > 0]
-    return float(-np.sum(counts * np.log(counts / counts.sum())))
+def constant_model_criterion(y: Array, beta: Array | None = None) -> float:
+    """``G`` of the constant model (kernel variance -> 0, so ``G2 -> 0``) on the labels
+    ``y [n]``: ``-sum_i log softmax(beta)_{y_i}`` at the intercepts ``beta [C]``, or (``None``)
+    at its best ones, ``-sum_c n_c log(n_c / n)`` (``n log C`` for balanced classes)."""
+    if beta is None:
+        counts = np.bincount(y).astype(float)
+        counts = counts[counts > 0]
+        return float(-np.sum(counts * np.log(counts / counts.sum())))
+    log_p = beta - np.logaddexp.reduce(beta)
+    return float(-np.sum(log_p[y]))
 
 
-def _flat_warning(name: str, best: float, y: Array, n_classes: int, kernels: list[Kernel],
+def _flat_warning(name: str, best: float, y: Array, beta: Array, kernels: list[Kernel],
                   d_final: int) -> None:
-    """Warn when learning kept a major step whose ``G`` does not beat the constant model's
-    (``FLAT_TOL`` relative): ``G`` charges every one of the ``n`` points the variance its
-    marginal keeps, and with few active points (``d_final``) far apart (many features) most
-    keep nearly the prior's, so the criterion's best kernel is the flat one (the classes'
-    frequencies everywhere), not a defect of the optimiser."""
-    flat = constant_model_criterion(y, n_classes)
-    if best < flat - FLAT_TOL * (1.0 + abs(flat)):
+    """Warn when the kept major step's ``best = G`` is the constant model's: within
+    ``FLAT_TOL * (1 + G)`` of both its best value and its value at the kept intercepts
+    ``beta [C]`` (a step that only failed to beat it, e.g. a stop at the start, is no flat
+    kernel). ``G`` charges every one of the ``n`` points the variance its marginal keeps; with
+    few active points (``d_final``) far apart (many features) most keep nearly the prior's, and
+    the criterion's best kernel is the flat one."""
+    flat = constant_model_criterion(y)
+    tol = FLAT_TOL * (1.0 + abs(flat))
+    if best < flat - tol or best > constant_model_criterion(y, beta) + tol:
         return
     kernel = ", ".join(dict.fromkeys(repr(k) for k in kernels))
     warnings.warn(
-        f"{name}: hyper-parameter learning ended at a flat kernel ({kernel}): no kernel it "
-        f"visited made the criterion G beat the constant model's {flat:.6g} (best {best:.6g}). "
-        f"G charges all n={y.shape[0]} training points, and with M={d_final} active points "
-        "most keep nearly their prior variance, so G prefers predicting the class frequencies. "
-        "Pass a larger M (default min(n, 150)) or fix the kernel (optimize=False)",
+        f"{name}: hyper-parameter learning ended at a flat kernel ({kernel}): no major step's "
+        f"criterion G beat the constant model's {flat:.6g} by {FLAT_TOL:.0%} (best {best:.6g}), "
+        f"so the model predicts the class frequencies. G charges all n={y.shape[0]} training "
+        f"points and only M={d_final} are active: where the others keep nearly their prior "
+        "variance (few active points, many features) G prefers the flat kernel. Pass a larger M "
+        "(default min(n, 150)) or fix the kernel (optimize=False)",
         RuntimeWarning, stacklevel=3)
 
 
