@@ -58,7 +58,7 @@ def test_ivm_criterion_with_30_active_points_in_100_dimensions_prefers_the_flat_
     vanishing variance reaches. With ``M = 86`` the same kernels beat it by > 10 nats."""
     X, y = _separable_blobs(86, 100, seed=0)
     Xs = _standardised(X)
-    flat = constant_model_criterion(y, 3)
+    flat = constant_model_criterion(y)
     start, est = _major_criterion(Xs, y, 30, np.sqrt(50.0), 1.0)
     assert start > flat + 5.0
     assert np.mean(est.predict(Xs) != y) < 0.05  # the start kernel itself classifies well
@@ -71,7 +71,9 @@ def test_ivm_criterion_with_30_active_points_in_100_dimensions_prefers_the_flat_
     with warnings.catch_warnings():  # the guard's warning: this model is the constant one
         warnings.simplefilter("ignore", ConvergenceWarning)
         tiny, _ = _major_criterion(Xs, y, 30, np.sqrt(50.0), 1e-4)
-    assert flat <= tiny < flat + 0.1  # intercepts 0 here: n log 3 >= the constant model's
+    at_zero = constant_model_criterion(y, np.zeros(3))  # intercepts 0 here
+    assert at_zero == pytest.approx(86 * np.log(3.0), rel=1e-12) and flat < at_zero
+    assert flat <= tiny < at_zero + 0.05
 
 
 def test_ivm_criterion_gradient_at_the_collapsing_start_points_to_a_smaller_variance():
