@@ -66,6 +66,10 @@ DEFAULT_L = 25
 TRUST_RADIUS = float(np.log(10.0))
 #: bounds of every unconstrained hyper-parameter during learning
 THETA_BOUND = 8.0
+#: learning "ended at a flat kernel" when its best ``G`` is within this fraction of
+#: ``1 + |G|`` of the constant model's (``constant_model_criterion``, at its best intercepts and
+#: at the kept ones)
+FLAT_TOL = 1e-2
 
 #: the fit's per-iteration reporter: ``report(objective, posterior builder, **extras)``
 Report = Callable[..., None]
@@ -258,6 +262,7 @@ class _ActiveSetMethod(Method):
         assert best is not None
         _, theta, rep, sites, b_best = best
         space.unpack(theta)  # the kept representation refers to the kernels at this theta
+        _flat_warning(self.name, best[0], y, b_best, kernels, self._d_final(problem))
         return rep, sites, b_best
 
     def _round_settings(self, problem: Problem) -> tuple[int, int, float]:
@@ -328,6 +333,41 @@ class _LearnedParameters:
 def _stop_warning(name: str, r: int, mode: str, err: Exception) -> None:
     warnings.warn(f"{name}: hyper-parameter learning stopped in round {r} ({mode} mode): {err}; "
                   "keeping the best major step so far", RuntimeWarning, stacklevel=3)  # fmt: skip
+
+
+def constant_model_criterion(y: Array, beta: Array | None = None) -> float:
+    """``G`` of the constant model (kernel variance -> 0, so ``G2 -> 0``) on the labels
+    ``y [n]``: ``-sum_i log softmax(beta)_{y_i}`` at the intercepts ``beta [C]``, or (``None``)
+    at its best ones, ``-sum_c n_c log(n_c / n)`` (``n log C`` for balanced classes)."""
+    if beta is None:
+        counts = np.bincount(y).astype(float)
+        counts = counts[counts > 0]
+        return float(-np.sum(counts * np.log(counts / counts.sum())))
+    log_p = beta - np.logaddexp.reduce(beta)
+    return float(-np.sum(log_p[y]))
+
+
+def _flat_warning(name: str, best: float, y: Array, beta: Array, kernels: list[Kernel],
+                  d_final: int) -> None:
+    """Warn when the kept major step's ``best = G`` is the constant model's: within
+    ``FLAT_TOL * (1 + G)`` of both its best value and its value at the kept intercepts
+    ``beta [C]`` (a step that only failed to beat it, e.g. a stop at the start, is no flat
+    kernel). ``G`` charges every one of the ``n`` points the variance its marginal keeps; with
+    few active points (``d_final``) far apart (many features) most keep nearly the prior's, and
+    the criterion's best kernel is the flat one."""
+    flat = constant_model_criterion(y)
+    tol = FLAT_TOL * (1.0 + abs(flat))
+    if best < flat - tol or best > constant_model_criterion(y, beta) + tol:
+        return
+    kernel = ", ".join(dict.fromkeys(repr(k) for k in kernels))
+    warnings.warn(
+        f"{name}: hyper-parameter learning ended at a flat kernel ({kernel}): no major step's "
+        f"criterion G beat the constant model's {flat:.6g} by {FLAT_TOL:.0%} (best {best:.6g}), "
+        f"so the model predicts the class frequencies. G charges all n={y.shape[0]} training "
+        f"points and only M={d_final} are active: where the others keep nearly their prior "
+        "variance (few active points, many features) G prefers the flat kernel. Pass a larger M "
+        "(default min(n, 150)) or fix the kernel (optimize=False)",
+        RuntimeWarning, stacklevel=3)
 
 
 class IVM(_ActiveSetMethod):
