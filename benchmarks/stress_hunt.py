@@ -44,8 +44,9 @@ probability, vague ``NumericalError`` or warning storm; every failure a ``FitFai
 naming its cause (most on 95/5 and 99/1 sets where logistic regression does not beat the
 majority rule either), one IVM-baseline fit over ``FIT_TIMEOUT`` (26 CPU s at load 5). Found
 and triaged (the report of s40): vi-robustmax's mini-batch refusal named svi (fixed); ivm with
-``M = 30`` on D >= 100 collapses to the constant model
-(``tests/test_stress_findings.py``, xfail); ``grid_robustness``'s length-scale axis was void
+``M = 30`` on D >= 100 collapses to the constant model (s40-ivmflat: the criterion's own
+optimum at that M, shown in ``tests/test_stress_findings.py``; ivm now warns with the way out);
+``grid_robustness``'s length-scale axis was void
 for the methods with a median heuristic (fixed); the argmax predictive's rows sum to one only
 to ~1e-4 where one class's latent variance is ~1e10 times another's (seed 4001, gfitc;
 beyond spec O15's 1e6, the estimator normalises).
