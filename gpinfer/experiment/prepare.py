@@ -324,6 +324,32 @@ def _check_problem(s: Settings, method_cls: type[Method], options: Mapping[str, 
     return None if inducing is None else int(inducing)
 
 
+def _check_fit_rows(s: Settings, method_cls: type[Method], task: str, y: Array,
+                    n_classes: int) -> None:
+    """The rows each fit of the run trains on, checked before any MLflow run (the fit would
+    find them only inside it): the early-stopping splits of the training targets ``y [N]``
+    (class indices; real targets for a regression) as the estimator draws them
+    (``validation_splits``: ``InputError`` for more folds than rows, a class too small to
+    split), and ``batch_size`` no larger than the fewest rows a fit trains on (all ``N``, or
+    a fold's or the hold-out's rest)."""
+    from gpinfer.training.early_stopping import validation_splits
+
+    rows, es = int(y.shape[0]), s.early_stopping
+    if es is not None:
+        es = es.resolved(method_cls.early_stopping_rule, classifier=task != "regression")
+        # the sizes, not the rows drawn, decide: any generator gives the estimator's sizes
+        splits = validation_splits(y, es, np.random.default_rng(0), n_classes)
+        rows = min(int(train.size) for train, _ in splits)
+    if s.batch_size is not None and s.batch_size > rows:
+        fits = ("" if es is None else
+                " (early stopping trains on the rows it does not hold out for validation)")
+        raise InputError(
+            f"batch_size={s.batch_size} is larger than the {rows} training rows a fit of "
+            f"{s.method!r} on dataset {s.dataset!r} trains on{fits}; use batch_size <= {rows}, "
+            "or leave batch_size unset for full-batch training"
+        )
+
+
 def _check_streaming(s: Settings, method_cls: type[Method], split: Split) -> None:
     """A dataset read out of core needs a method that trains from it in mini-batches
     (``gpinfer.out_of_core.check_out_of_core``: the ``InputError`` names those methods) and,
@@ -364,6 +390,8 @@ def prepare(
     X_train, X_test, y_train, st, y_shift, y_scale = _standardise(s, ds, split, t.y_train)
     n, d = X_train.shape
     M_count = _check_problem(s, method_cls, options, backend, ds.task, t.n_classes, n, d)
+    _check_fit_rows(s, method_cls, ds.task, np.searchsorted(t.classes, y_train)
+                    if ds.task == "classification" else np.asarray(y_train), t.n_classes)
     return Prepared(
         settings=s, out_dir=out_dir, method_cls=method_cls, X_train=X_train, y_train=y_train,
         X_test=X_test, y_test_index=t.y_test, classes=t.classes, n_classes=t.n_classes,

@@ -1,0 +1,42 @@
+"""Configurations that ``benchmarks/config_hunt.py`` found refused only inside their MLflow run
+(s40): each is now refused before any MLflow run exists, with the key named."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpinfer.errors import InputError
+from gpinfer.experiment.runner import run_experiment
+
+from .helpers import compose_cfg, store_runs
+
+
+@pytest.mark.parametrize(
+    "overrides, pattern",
+    [
+        # iris: 150 rows, test_fraction 0.1 -> 135 training rows
+        (["method=svi", "dataset=iris", "batch_size=1000"],
+         r"batch_size=1000 is larger than the 135 training rows a fit of 'svi' on dataset "
+         r"'iris' trains on; use batch_size <= 135"),
+        # 0.2 of 135 is a hold-out under 200 points: round(1 / 0.2) = 5 folds of 27 rows, each
+        # fit on the other 108
+        (["method=svi", "dataset=iris", "batch_size=130", "validation_fraction=0.2"],
+         r"batch_size=130 is larger than the 108 training rows .*early stopping"),
+        (["method=laplace", "dataset=breast_cancer", "validation_fraction=0.2",
+          "validation_folds=1000"],
+         r"validation_folds=1000 exceeds the 512 training points"),
+        # a binary subset (keep_classes: 100 rows, 90 for training), the count after the
+        # dataset's own filters
+        (["method=laplace", "dataset=iris", "dataset.keep_classes=[0,1]",
+          "validation_fraction=0.2", "validation_folds=100"],
+         r"validation_folds=100 exceeds the 90 training points"),
+    ],
+    ids=["batch-over-N", "batch-over-fold-rows", "folds-over-N", "folds-over-N-binary-iris"],
+)
+def test_fit_rows_refused_before_any_mlflow_run(tmp_path, store_uri, overrides, pattern):
+    before = len(store_runs(store_uri))
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "iterations=2", *overrides)
+    with pytest.raises(InputError, match=pattern):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert len(store_runs(store_uri)) == before  # no run, not even a FAILED one
+    assert not (tmp_path / "run" / "result.json").exists()
