@@ -210,18 +210,30 @@ def _check_classes(s: Settings, split: Split) -> tuple[Array, int, Array]:
     return classes, n_classes, y_test_index
 
 
-def _check_likelihood_task(s: Settings, task: str) -> None:
-    """A named likelihood must suit the dataset's task (probit on a regression set, say)."""
+def _check_likelihood_task(s: Settings, method_cls: type[Method], task: str,
+                           n_classes: int) -> None:
+    """A named likelihood must suit the dataset's task (probit on a regression set, say) and,
+    for more than two classes, be a multi-class one (probit on waveform, say; the message
+    names ``method_cls``'s multi-class likelihoods)."""
     if s.likelihood is None:
         return
     from gpinfer.likelihoods import make_likelihood
 
-    lik_task = make_likelihood(s.likelihood).task
+    likelihood = make_likelihood(s.likelihood)
+    lik_task = likelihood.task
     if lik_task != task:
         raise InputError(
             f"method.likelihood={s.likelihood} is for {lik_task} but dataset {s.dataset!r} is "
             f"a {task} dataset; use method.likelihood="
             f"{'gaussian' if task == 'regression' else 'null'} (or null: the method's default)"
+        )
+    if task == "classification" and n_classes > 2 and not likelihood.multiclass:
+        multi = [name for name in method_cls.likelihoods if make_likelihood(name).multiclass]
+        raise InputError(
+            f"method.likelihood={s.likelihood} is binary but dataset {s.dataset!r} has "
+            f"{n_classes} classes; use method.likelihood=null (the method's default)"
+            + (f" or one of method {s.method}'s multi-class likelihoods: {', '.join(multi)}"
+               if multi else "")
         )
 
 
@@ -316,7 +328,7 @@ def _check_problem(s: Settings, method_cls: type[Method], options: Mapping[str, 
     ``backend``; returns the inducing-point count (None: the method chooses, or none)."""
     from gpinfer.validation import check_inducing, check_method_compatible
 
-    _check_likelihood_task(s, task)
+    _check_likelihood_task(s, method_cls, task, n_classes)
     check_method_compatible(method_cls, n_classes, task, s.batch_size,
                             s.likelihood or ("gaussian" if task == "regression" else None),
                             backend=backend, options=options)

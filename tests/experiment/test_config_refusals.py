@@ -40,3 +40,16 @@ def test_fit_rows_refused_before_any_mlflow_run(tmp_path, store_uri, overrides, 
         run_experiment(cfg, output_dir=tmp_path / "run")
     assert len(store_runs(store_uri)) == before  # no run, not even a FAILED one
     assert not (tmp_path / "run" / "result.json").exists()
+
+
+def test_binary_likelihood_on_multiclass_data_refused_before_any_mlflow_run(tmp_path, store_uri):
+    # svi declares probit (for binary data); iris has three classes: the estimator refused it
+    # only inside the run (a FAILED run), the runner now before it
+    before = len(store_runs(store_uri))
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=svi", "dataset=iris",
+                      "method.likelihood=probit", "iterations=2")
+    with pytest.raises(InputError, match=r"method.likelihood=probit is binary but dataset 'iris' "
+                                         r"has 3 classes; .* multi-class likelihoods: robustmax, "
+                                         r"softmax"):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert len(store_runs(store_uri)) == before
