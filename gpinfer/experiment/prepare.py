@@ -107,7 +107,10 @@ def _hydra_output_dir() -> Path:
 
 
 def _check_method(s: Settings) -> tuple[type[Method], dict[str, Any], bool]:
-    """Load the method class and build its options (optimizer included when it declares one)."""
+    """Load the method class and build its options (optimizer included when it declares one);
+    returns the class, the options and whether the optimizer group is the one the method runs
+    (the run's ``optimizer.applied`` tag: false for a method without an ``optimizer`` option,
+    or whose ``method.options.optimizer`` names another one or null, the method's choice)."""
     from gpinfer import registry
 
     method_cls = registry.load_method(s.method)
@@ -124,7 +127,7 @@ def _check_method(s: Settings) -> tuple[type[Method], dict[str, Any], bool]:
         raise InputError(f"method.options: {exc}") from exc
     if applied and options["optimizer"] is not None:  # None: the method chooses
         _check_optimizer(str(options["optimizer"]), options.get("optimizer_options") or {})
-    return method_cls, options, applied
+    return method_cls, options, applied and options["optimizer"] == s.optimizer
 
 
 def _check_optimizer(name: str, options: Mapping[str, Any]) -> None:

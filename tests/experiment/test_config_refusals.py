@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from gpinfer.errors import InputError
 from gpinfer.experiment.runner import run_experiment
@@ -53,3 +54,38 @@ def test_binary_likelihood_on_multiclass_data_refused_before_any_mlflow_run(tmp_
                                          r"softmax"):
         run_experiment(cfg, output_dir=tmp_path / "run")
     assert len(store_runs(store_uri)) == before
+
+
+def test_optimizer_group_reaches_methods_whose_config_named_lbfgs(tmp_path, store_uri):
+    # vb's config named lbfgs in method.options: optimizer=adam was dropped (the fit ran L-BFGS)
+    # while the run's tags said optimizer adam, applied; its options were never checked
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=vb", "dataset=iris",
+                      "dataset.keep_classes=[0,1]", "optimizer=adam",
+                      "optimizer.options.learning_rate=-0.1", "iterations=1")
+    before = len(store_runs(store_uri))
+    with pytest.raises(InputError, match=r"optimizer 'adam'.*learning_rate"):
+        run_experiment(cfg, output_dir=tmp_path / "bad")
+    assert len(store_runs(store_uri)) == before
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=vb", "dataset=iris",
+                      "dataset.keep_classes=[0,1]", "optimizer=adadelta", "iterations=1")
+    result = run_experiment(cfg, output_dir=tmp_path / "run")
+    run = MlflowClient(store_uri).get_run(result["mlflow_run_id"])
+    assert run.data.params["method.options.optimizer"] == "adadelta"
+    assert run.data.params["method.options.optimizer_options.rho"] == "0.9"
+    assert run.data.tags["optimizer"] == "adadelta"
+    assert run.data.tags["optimizer.applied"] == "true"
+
+
+@pytest.mark.parametrize("overrides", [
+    ["method=svi", "optimizer=adam"],  # null: svi chooses its own (lbfgs or adadelta)
+    ["method=vb", "optimizer=adam", "method.options.optimizer=lbfgs",
+     "method.options.optimizer_options=null"],  # the method's own option wins
+], ids=["svi-chooses", "method-option-wins"])
+def test_optimizer_applied_tag_says_false_when_the_group_is_not_what_runs(
+        tmp_path, store_uri, overrides):
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "dataset=iris",
+                      "dataset.keep_classes=[0,1]", "iterations=1", *overrides)
+    result = run_experiment(cfg, output_dir=tmp_path / "run")
+    run = MlflowClient(store_uri).get_run(result["mlflow_run_id"])
+    assert run.data.tags["optimizer"] == "adam"
+    assert run.data.tags["optimizer.applied"] == "false"
