@@ -89,3 +89,25 @@ def test_optimizer_applied_tag_says_false_when_the_group_is_not_what_runs(
     run = MlflowClient(store_uri).get_run(result["mlflow_run_id"])
     assert run.data.tags["optimizer"] == "adam"
     assert run.data.tags["optimizer.applied"] == "false"
+
+
+@pytest.mark.parametrize("override, pattern", [
+    ("dataset.features=abc", r"features must be a list of column indices .*got 'abc'"),
+    ("dataset.features=[0,1.5]", r"features must be a list .*got \[0, 1.5\]"),
+    ("dataset.keep_classes=1", r"keep_classes must be a list of class indices .*got 1"),
+], ids=["features-str", "features-float", "keep-classes-scalar"])
+def test_index_lists_of_the_wrong_type_are_input_errors(tmp_path, store_uri, override, pattern):
+    # were a ValueError / TypeError from int(), shown to the user as a traceback
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=laplace",
+                      "dataset=breast_cancer", override)
+    with pytest.raises(InputError, match=pattern):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+
+
+def test_csv_label_column_name_is_an_input_error(tmp_path, store_uri):
+    path = tmp_path / "data.csv"
+    path.write_text("a,b,label\n" + "".join(f"{i},{i % 3},{i % 2}\n" for i in range(20)))
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=laplace", "dataset=file",
+                      f"dataset.path='{path}'", "+dataset.options.label_column=label")
+    with pytest.raises(InputError, match=r"label_column must be a column index .*got 'label'"):
+        run_experiment(cfg, output_dir=tmp_path / "run")
