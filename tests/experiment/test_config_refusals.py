@@ -111,3 +111,24 @@ def test_csv_label_column_name_is_an_input_error(tmp_path, store_uri):
                       f"dataset.path='{path}'", "+dataset.options.label_column=label")
     with pytest.raises(InputError, match=r"label_column must be a column index .*got 'label'"):
         run_experiment(cfg, output_dir=tmp_path / "run")
+
+
+@pytest.mark.parametrize("override, pattern", [
+    # read with bool(): "maybe" ran as true
+    ("kernel.ard=maybe", r"kernel.ard must be true or false; got 'maybe'"),
+    ("dataset.standardize=maybe", r"dataset.standardize must be true or false"),
+    ("dataset.stratify=1", r"dataset.stratify must be true or false; got 1"),
+    ("mlflow.log_model=maybe", r"mlflow.log_model must be true or false"),
+    # a ValueError (a traceback) from the progress bar / int()
+    ("progress.bar=sometimes", r"progress.bar must be true, false or auto; got 'sometimes'"),
+    ("mlflow.flush_every=often", r"mlflow.flush_every must be an integer; got 'often'"),
+    ("mlflow.flush_every=2.5", r"mlflow.flush_every must be an integer; got 2.5"),
+    ("mlflow.flush_interval_s=soon", r"mlflow.flush_interval_s must be a number"),
+], ids=["ard", "standardize", "stratify", "log_model", "bar", "flush-str", "flush-float",
+        "interval-str"])
+def test_switches_and_buffer_settings_refused_naming_the_key(tmp_path, store_uri, override,
+                                                             pattern):
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=laplace",
+                      "dataset=breast_cancer", override)
+    with pytest.raises(InputError, match=pattern):
+        run_experiment(cfg, output_dir=tmp_path / "run")
