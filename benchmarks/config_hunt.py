@@ -148,7 +148,8 @@ def hostile_cases(tmp: Path) -> list[Case]:
     lap = ["method=laplace", *DATA["waveform-bin"]]
     vb = ["method=vb", *DATA["synthetic2d-bin"]]
     csv = tmp / "data.csv"
-    csv.write_text("a,b,y\n" + "".join(f"{i % 7},{(i * 3) % 5},{i % 2}\n" for i in range(60)))
+    csv.write_text("a,b,y\n" + "".join(f"{i % 7},{(i * 3) % 5},{int(i % 7 > 3)}\n"
+                                        for i in range(60)))
     H = [
         ("M>N", [*sep, "M=100000"], "refuse", "M"),
         ("M=0", [*sep, "M=0"], "refuse", "M"),
@@ -318,6 +319,8 @@ def _store_runs(uri: str) -> list[dict[str, Any]]:
     out = []
     for exp in client.search_experiments():
         for run in client.search_runs([exp.experiment_id], max_results=1000):
+            if (run.info.run_name or "").startswith("report-"):
+                continue  # a sweep's report (gpinfer.experiment.report), not a job's run
             out.append({"run_id": run.info.run_id, "status": run.info.status,
                         "metrics": dict(run.data.metrics), "tags": {
                             k: v for k, v in run.data.tags.items()

@@ -158,3 +158,19 @@ def test_svi_bad_optimizer_option_refused_before_any_mlflow_run(tmp_path, store_
     with pytest.raises(InputError):
         run_experiment(cfg, output_dir=tmp_path / "run")
     assert len(store_runs(store_uri)) == before
+
+
+@pytest.mark.parametrize("override, pattern", [
+    ("+optimizer.options.maxfun=-3", r"maxfun must be an integer >= 1 or None; got -3"),
+    ("+optimizer.options.ftol=tight", r"ftol must be a number >= 0; got 'tight'"),
+], ids=["maxfun-negative", "ftol-str"])
+def test_bad_lbfgs_settings_refused_before_any_mlflow_run(tmp_path, store_uri, override,
+                                                          pattern):
+    # were passed to scipy as they were: a negative maxfun ran (and stopped at once), a string
+    # failed inside the fit
+    before = len(store_runs(store_uri))
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=laplace",
+                      "dataset=breast_cancer", override)
+    with pytest.raises(InputError, match=pattern):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert len(store_runs(store_uri)) == before
