@@ -398,6 +398,8 @@ def run_case(c: Case, root: Path, timeout: float) -> Outcome:
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "OPENBLAS_NUM_THREADS": "1",
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CI": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
+    if SHARED_BINARY:  # --shared-data: the loaders find the .npz files there
+        env["GPINFER_DATA_DIR"] = str(SHARED_DATA)
     dirs = ([f"hydra.sweep.dir={work}/multirun"] if c.multirun
             else [f"hydra.run.dir={work}/run"])
     argv = [str(GPINFER_RUN), *(["-m"] if c.multirun else []), *BASE, *c.args, *dirs]
