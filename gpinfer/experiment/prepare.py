@@ -139,7 +139,9 @@ def _check_optimizer(name: str, options: Mapping[str, Any]) -> None:
     try:
         make_optimizer(name, **dict(options))
     except (TypeError, ValueError) as exc:
-        raise InputError(f"optimizer {name!r}: {exc}") from exc
+        prefix = f"optimizer {name!r}"  # once: the optimisers' own messages may start with it
+        text = str(exc)
+        raise InputError(text if text.startswith(prefix) else f"{prefix}: {text}") from exc
 
 
 def _check_kernel_name(name: str) -> None:
