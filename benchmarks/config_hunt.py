@@ -436,6 +436,17 @@ def run_case(c: Case, root: Path, timeout: float) -> Outcome:
         check_metrics(o, work, stdout)
         if o.metrics_match is False:
             o.problems.append("metrics differ: " + o.mismatch)
+    # a fit that failed numerically (the fit guard, a NumericalError) can only be known in
+    # its run: a FAILED run with the error recorded is the standard, not a late refusal
+    fit_failed = o.rc not in (0, None) and bool(o.runs) and not c.multirun and any(
+        f"{kind}:" in o.error_line for kind in ("FitFailedError", "NumericalError"))
+    if fit_failed:
+        o.verdict = "fit-failed"
+        if any(r["status"] != "FAILED" for r in o.runs):
+            o.problems.append("a failed fit whose run is not FAILED")
+        if c.expect == "run":
+            o.problems.append("expected to run")
+        return o
     refused = o.rc not in (0, None) and not any(r["status"] == "FINISHED" for r in o.runs)
     if c.key is not None and o.rc not in (0, None):
         o.names_key = c.key.lower() in (stderr + stdout).lower()
@@ -513,11 +524,11 @@ def print_table(outcomes: list[Outcome]) -> None:
     for o in outcomes:
         table.setdefault(o.family, Counter())[o.verdict] += 1
         table[o.family]["with problems"] += bool(o.problems)
-    print("\nfamily   cases  ran  refused  failed-mixed  timeout  with-problems")
+    print("\nfamily   cases  ran  refused  fit-failed  failed-mixed  timeout  with-problems")
     for fam, cnt in table.items():
         total = sum(v for k, v in cnt.items() if k != "with problems")
-        print(f"{fam:8} {total:5} {cnt['ran']:4} {cnt['refused']:8} {cnt['failed-mixed']:13} "
-              f"{cnt['timeout']:8} {cnt['with problems']:14}")
+        print(f"{fam:8} {total:5} {cnt['ran']:4} {cnt['refused']:8} {cnt['fit-failed']:11} "
+              f"{cnt['failed-mixed']:13} {cnt['timeout']:8} {cnt['with problems']:14}")
     print(f"load {os.getloadavg()[0]:.1f}")
 
 
