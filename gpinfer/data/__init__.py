@@ -8,6 +8,7 @@ as ``<data_dir>/<name>.npz`` (dashes and underscores interchangeable, case-insen
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -149,11 +150,12 @@ def select(
     n_max: int | None = None,
     seed: int = 0,
 ) -> Dataset:
-    """A new ``Dataset`` restricted to some classes, columns and at most ``n_max`` training rows."""
+    """A new ``Dataset`` restricted to some classes, columns and at most ``n_max`` training rows
+    (``keep_classes`` and ``features``: lists of integer indices, ``InputError`` otherwise)."""
     if keep_classes is not None:
-        ds = _keep_classes(ds, [int(c) for c in keep_classes])
+        ds = _keep_classes(ds, _indices(ds, keep_classes, "keep_classes", "class indices"))
     if features is not None:
-        ds = _keep_features(ds, [int(j) for j in features])
+        ds = _keep_features(ds, _indices(ds, features, "features", "column indices"))
     if n_max is not None:
         if not isinstance(n_max, int | np.integer) or n_max < 1:
             raise InputError(
@@ -163,6 +165,19 @@ def select(
             rows = np.sort(np.random.default_rng(seed).choice(ds.n, size=int(n_max), replace=False))
             ds = replace(ds, X=ds.X[rows], y=ds.y[rows], extras={})
     return ds
+
+
+def _indices(ds: Dataset, values: object, key: str, what: str) -> list[int]:
+    """``values`` as a list of ints (``InputError`` naming ``key`` for a string, a scalar, a
+    bool or a float, which ``int()`` would misread or truncate)."""
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence | np.ndarray) or any(
+        isinstance(v, bool | np.bool_) or not isinstance(v, numbers.Integral) for v in values
+    ):
+        raise InputError(
+            f"dataset {ds.name!r}: {key} must be a list of {what} (integers), e.g. "
+            f"{key}=[0,1]; got {values!r}"
+        )
+    return [int(v) for v in values]
 
 
 def _keep_classes(ds: Dataset, keep: list[int]) -> Dataset:

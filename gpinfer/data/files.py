@@ -225,6 +225,11 @@ def load_csv(
             f"{str(p)!r}: expected at least 2 columns (features and a label), found {width}; "
             "set delimiter= if the file uses an unusual separator"
         )
+    if isinstance(label_column, bool) or not isinstance(label_column, int | np.integer):
+        raise InputError(
+            f"{str(p)!r}: label_column must be a column index (an integer; -1: the last "
+            f"column), not a column name; got {label_column!r}"
+        )
     if not -width <= label_column < width:
         raise InputError(
             f"{str(p)!r}: label_column {label_column} out of range for {width} columns"

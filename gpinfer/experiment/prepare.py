@@ -109,7 +109,10 @@ def _hydra_output_dir() -> Path:
 
 def _check_method(s: Settings) -> tuple[type[Method], dict[str, Any], bool]:
     """Load the method class and build its options (optimizer included when it declares one;
-    ``lengthscale_init`` resolved for the run's named kernel: ``"auto"`` is ``"median"``)."""
+    ``lengthscale_init`` resolved for the run's named kernel: ``"auto"`` is ``"median"``);
+    returns the class, the options and whether the optimizer group is the one the method runs
+    (the run's ``optimizer.applied`` tag: false for a method without an ``optimizer`` option,
+    or whose ``method.options.optimizer`` names another one or null, the method's choice)."""
     from gpinfer import registry
 
     method_cls = registry.load_method(s.method)
@@ -130,7 +133,7 @@ def _check_method(s: Settings) -> tuple[type[Method], dict[str, Any], bool]:
         options["lengthscale_init"] = resolve_lengthscale_init(
             str(options.get("lengthscale_init", declared["lengthscale_init"])),
             kernel_given=False, optimize=bool(s.optimize), owner=f"method.options of {s.method}")
-    return method_cls, options, applied
+    return method_cls, options, applied and options["optimizer"] == s.optimizer
 
 
 def _check_optimizer(name: str, options: Mapping[str, Any]) -> None:
@@ -142,7 +145,9 @@ def _check_optimizer(name: str, options: Mapping[str, Any]) -> None:
     try:
         make_optimizer(name, **dict(options))
     except (TypeError, ValueError) as exc:
-        raise InputError(f"optimizer {name!r}: {exc}") from exc
+        prefix = f"optimizer {name!r}"  # once: the optimisers' own messages may start with it
+        text = str(exc)
+        raise InputError(text if text.startswith(prefix) else f"{prefix}: {text}") from exc
 
 
 def _check_kernel_name(name: str) -> None:
@@ -216,18 +221,30 @@ def _check_classes(s: Settings, split: Split) -> tuple[Array, int, Array]:
     return classes, n_classes, y_test_index
 
 
-def _check_likelihood_task(s: Settings, task: str) -> None:
-    """A named likelihood must suit the dataset's task (probit on a regression set, say)."""
+def _check_likelihood_task(s: Settings, method_cls: type[Method], task: str,
+                           n_classes: int) -> None:
+    """A named likelihood must suit the dataset's task (probit on a regression set, say) and,
+    for more than two classes, be a multi-class one (probit on waveform, say; the message
+    names ``method_cls``'s multi-class likelihoods)."""
     if s.likelihood is None:
         return
     from gpinfer.likelihoods import make_likelihood
 
-    lik_task = make_likelihood(s.likelihood).task
+    likelihood = make_likelihood(s.likelihood)
+    lik_task = likelihood.task
     if lik_task != task:
         raise InputError(
             f"method.likelihood={s.likelihood} is for {lik_task} but dataset {s.dataset!r} is "
             f"a {task} dataset; use method.likelihood="
             f"{'gaussian' if task == 'regression' else 'null'} (or null: the method's default)"
+        )
+    if task == "classification" and n_classes > 2 and not likelihood.multiclass:
+        multi = [name for name in method_cls.likelihoods if make_likelihood(name).multiclass]
+        raise InputError(
+            f"method.likelihood={s.likelihood} is binary but dataset {s.dataset!r} has "
+            f"{n_classes} classes; use method.likelihood=null (the method's default)"
+            + (f" or one of method {s.method}'s multi-class likelihoods: {', '.join(multi)}"
+               if multi else "")
         )
 
 
@@ -322,12 +339,38 @@ def _check_problem(s: Settings, method_cls: type[Method], options: Mapping[str, 
     ``backend``; returns the inducing-point count (None: the method chooses, or none)."""
     from gpinfer.validation import check_inducing, check_method_compatible
 
-    _check_likelihood_task(s, task)
+    _check_likelihood_task(s, method_cls, task, n_classes)
     check_method_compatible(method_cls, n_classes, task, s.batch_size,
                             s.likelihood or ("gaussian" if task == "regression" else None),
                             backend=backend, options=options)
     inducing = check_inducing(s.M, n, d, s.method, bool(method_cls.uses_inducing_points))
     return None if inducing is None else int(inducing)
+
+
+def _check_fit_rows(s: Settings, method_cls: type[Method], task: str, y: Array,
+                    n_classes: int) -> None:
+    """The rows each fit of the run trains on, checked before any MLflow run (the fit would
+    find them only inside it): the early-stopping splits of the training targets ``y [N]``
+    (class indices; real targets for a regression) as the estimator draws them
+    (``validation_splits``: ``InputError`` for more folds than rows, a class too small to
+    split), and ``batch_size`` no larger than the fewest rows a fit trains on (all ``N``, or
+    a fold's or the hold-out's rest)."""
+    from gpinfer.training.early_stopping import validation_splits
+
+    rows, es = int(y.shape[0]), s.early_stopping
+    if es is not None:
+        es = es.resolved(method_cls.early_stopping_rule, classifier=task != "regression")
+        # the sizes, not the rows drawn, decide: any generator gives the estimator's sizes
+        splits = validation_splits(y, es, np.random.default_rng(0), n_classes)
+        rows = min(int(train.size) for train, _ in splits)
+    if s.batch_size is not None and s.batch_size > rows:
+        fits = ("" if es is None else
+                " (early stopping trains on the rows it does not hold out for validation)")
+        raise InputError(
+            f"batch_size={s.batch_size} is larger than the {rows} training rows a fit of "
+            f"{s.method!r} on dataset {s.dataset!r} trains on{fits}; use batch_size <= {rows}, "
+            "or leave batch_size unset for full-batch training"
+        )
 
 
 def _check_streaming(s: Settings, method_cls: type[Method], split: Split) -> None:
@@ -370,6 +413,8 @@ def prepare(
     X_train, X_test, y_train, st, y_shift, y_scale = _standardise(s, ds, split, t.y_train)
     n, d = X_train.shape
     M_count = _check_problem(s, method_cls, options, backend, ds.task, t.n_classes, n, d)
+    _check_fit_rows(s, method_cls, ds.task, np.searchsorted(t.classes, y_train)
+                    if ds.task == "classification" else np.asarray(y_train), t.n_classes)
     return Prepared(
         settings=s, out_dir=out_dir, method_cls=method_cls, X_train=X_train, y_train=y_train,
         X_test=X_test, y_test_index=t.y_test, classes=t.classes, n_classes=t.n_classes,

@@ -154,6 +154,35 @@ def _check_plain(conf: Mapping[str, Any], method: Mapping[str, Any],
         )
 
 
+#: switches that must be true or false (a string such as "maybe" was read as true)
+_SWITCHES = (("kernel", "ard"), ("dataset", "standardize"), ("dataset", "stratify"),
+             ("mlflow", "log_model"), ("mlflow", "log_datasets"), ("mlflow", "log_plots"))
+
+
+def _check_switches(conf: Mapping[str, Any]) -> None:
+    """The true/false settings (``_SWITCHES``), ``progress.bar`` (true, false or auto) and the
+    MLflow buffer's ``flush_every`` (an integer >= 1) and ``flush_interval_s`` (a number >= 0):
+    ``InputError`` naming the key otherwise (they were read with ``bool()`` / ``int()``, so a
+    string ran as true or failed with a traceback)."""
+    for group, key in _SWITCHES:
+        node = conf.get(group)
+        value = node.get(key) if isinstance(node, Mapping) else None
+        if value is not None and not isinstance(value, bool):
+            raise InputError(f"{group}.{key} must be true or false; got {value!r}")
+    progress = conf.get("progress")
+    bar = progress.get("bar", "auto") if isinstance(progress, Mapping) else "auto"
+    if not isinstance(bar, bool) and not (isinstance(bar, str) and bar.lower() == "auto"):
+        raise InputError(f"progress.bar must be true, false or auto; got {bar!r}")
+    mlflow = conf.get("mlflow")
+    if isinstance(mlflow, Mapping):
+        _int(mlflow.get("flush_every", 100), "mlflow.flush_every", minimum=1)
+        interval = mlflow.get("flush_interval_s", 2.0)
+        if (isinstance(interval, bool) or not isinstance(interval, numbers.Real)
+                or not float(interval) >= 0.0):
+            raise InputError(f"mlflow.flush_interval_s must be a number of seconds >= 0; got "
+                             f"{interval!r}")
+
+
 def _early_stopping_settings(conf: Mapping[str, Any]) -> EarlyStopping | None:
     """The early-stopping keys of the config (``EarlyStopping.from_settings``)."""
     return EarlyStopping.from_settings(conf.get("validation_fraction"),
@@ -174,6 +203,7 @@ def parse_settings(conf: Mapping[str, Any]) -> Settings:
     kernel = _group(conf, "kernel")
     optimizer = _group(conf, "optimizer")
     _check_plain(conf, method, dataset)
+    _check_switches(conf)
     return Settings(
         method=str(method["name"]),
         likelihood=method.get("likelihood"),

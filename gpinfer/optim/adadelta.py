@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpinfer.backend import ops
+from gpinfer.errors import InputError
 from gpinfer.interfaces import Array
 from gpinfer.optim.stochastic import StochasticAscent, zeros_like_vector
 
@@ -30,8 +31,12 @@ class AdaDelta(StochasticAscent):
         learning_rate: float = 1.0,
         momentum: float = 0.0,
     ):
-        if not 0 <= rho < 1 or eps <= 0 or learning_rate <= 0 or not 0 <= momentum < 1:
-            raise ValueError(
+        try:  # a string (a config's typo) is as bad as a value out of range
+            bad = bool(not 0 <= rho < 1 or eps <= 0 or learning_rate <= 0 or not 0 <= momentum < 1)
+        except TypeError:
+            bad = True
+        if bad:  # an InputError (a ValueError): one line from gpinfer-run, not a traceback
+            raise InputError(
                 "AdaDelta needs 0 <= rho < 1, eps > 0, learning_rate > 0 and 0 <= momentum < 1; "
                 f"got {rho}, {eps}, {learning_rate}, {momentum}"
             )

@@ -10,6 +10,7 @@ import numpy as np
 from gpinfer.backend import ops
 from gpinfer.backend.compile import active as compile_active
 from gpinfer.backend.compile import compilable
+from gpinfer.errors import InputError
 from gpinfer.interfaces import Array
 from gpinfer.optim.stochastic import StochasticAscent, as_vector, zeros_like_vector
 
@@ -33,8 +34,12 @@ class Adam(StochasticAscent):
         beta2: float = 0.999,
         eps: float = 1e-8,
     ):
-        if learning_rate <= 0 or not 0 <= beta1 < 1 or not 0 <= beta2 < 1 or eps <= 0:
-            raise ValueError(
+        try:  # a string (a config's typo) is as bad as a value out of range
+            bad = bool(learning_rate <= 0 or not 0 <= beta1 < 1 or not 0 <= beta2 < 1 or eps <= 0)
+        except TypeError:
+            bad = True
+        if bad:  # an InputError (a ValueError): one line from gpinfer-run, not a traceback
+            raise InputError(
                 "Adam needs learning_rate > 0, 0 <= beta1, beta2 < 1 and eps > 0; got "
                 f"{learning_rate}, {beta1}, {beta2}, {eps}"
             )

@@ -9,6 +9,7 @@ live, and numpy and torch follow the same optimiser path (to round-off in float6
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from numbers import Real
 from typing import Any
@@ -133,6 +134,7 @@ class LBFGSB(Optimizer):
         maxls: int = 20,
         stop_on_trial_failure: bool = False,
     ):
+        _check_settings(ftol=ftol, gtol=gtol, maxfun=maxfun, maxcor=maxcor, maxls=maxls)
         self.bounds = bounds
         self.ftol = ftol
         self.gtol = gtol
@@ -171,6 +173,24 @@ class LBFGSB(Optimizer):
         if self.maxfun is not None:
             options["maxfun"] = int(self.maxfun)
         return options
+
+
+def _check_settings(**settings: object) -> None:
+    """``InputError`` naming the L-BFGS-B setting that is not what scipy needs: ``ftol`` and
+    ``gtol`` numbers >= 0, ``maxcor``, ``maxls`` and ``maxfun`` (or None) integers >= 1 (scipy
+    reads a negative ``maxfun`` as "stop at once" and a string fails inside the fit)."""
+    for key, value in settings.items():
+        if key in ("ftol", "gtol"):
+            ok = (not isinstance(value, bool) and isinstance(value, numbers.Real)
+                  and float(value) >= 0.0)
+            what = "a number >= 0"
+        else:
+            ok = (value is None and key == "maxfun") or (
+                not isinstance(value, bool) and isinstance(value, numbers.Integral)
+                and int(value) >= 1)
+            what = "an integer >= 1" + (" or None" if key == "maxfun" else "")
+        if not ok:
+            raise InputError(f"optimizer 'lbfgs': {key} must be {what}; got {value!r}")
 
 
 class _Run:

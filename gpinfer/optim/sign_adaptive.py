@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpinfer.backend import ops
+from gpinfer.errors import InputError
 from gpinfer.interfaces import Array
 from gpinfer.optim.stochastic import StochasticAscent, as_vector, zeros_like_vector
 
@@ -25,8 +26,12 @@ class SignAdaptiveAscent(StochasticAscent):
         decrease: float = 0.5,
         max_step: float = 1.0,
     ):
-        if learning_rate <= 0 or increase < 1 or not 0 < decrease < 1 or max_step <= 0:
-            raise ValueError(
+        try:  # a string (a config's typo) is as bad as a value out of range
+            bad = bool(learning_rate <= 0 or increase < 1 or not 0 < decrease < 1 or max_step <= 0)
+        except TypeError:
+            bad = True
+        if bad:  # an InputError (a ValueError): one line from gpinfer-run, not a traceback
+            raise InputError(
                 "SignAdaptiveAscent needs learning_rate > 0, increase >= 1, 0 < decrease < 1 "
                 f"and max_step > 0; got {learning_rate}, {increase}, {decrease}, {max_step}"
             )

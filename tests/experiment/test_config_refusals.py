@@ -1,0 +1,176 @@
+"""Configurations that ``benchmarks/config_hunt.py`` found refused only inside their MLflow run
+(s40): each is now refused before any MLflow run exists, with the key named."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from gpinfer.errors import InputError
+from gpinfer.experiment.runner import run_experiment
+
+from .helpers import compose_cfg, store_runs
+
+
+@pytest.mark.parametrize(
+    "overrides, pattern",
+    [
+        # iris: 150 rows, test_fraction 0.1 -> 135 training rows
+        (["method=svi", "dataset=iris", "batch_size=1000"],
+         r"batch_size=1000 is larger than the 135 training rows a fit of 'svi' on dataset "
+         r"'iris' trains on; use batch_size <= 135"),
+        # 0.2 of 135 is a hold-out under 200 points: round(1 / 0.2) = 5 folds of 27 rows, each
+        # fit on the other 108
+        (["method=svi", "dataset=iris", "batch_size=130", "validation_fraction=0.2"],
+         r"batch_size=130 is larger than the 108 training rows .*early stopping"),
+        (["method=laplace", "dataset=breast_cancer", "validation_fraction=0.2",
+          "validation_folds=1000"],
+         r"validation_folds=1000 exceeds the 512 training points"),
+        # a binary subset (keep_classes: 100 rows, 90 for training), the count after the
+        # dataset's own filters
+        (["method=laplace", "dataset=iris", "dataset.keep_classes=[0,1]",
+          "validation_fraction=0.2", "validation_folds=100"],
+         r"validation_folds=100 exceeds the 90 training points"),
+    ],
+    ids=["batch-over-N", "batch-over-fold-rows", "folds-over-N", "folds-over-N-binary-iris"],
+)
+def test_fit_rows_refused_before_any_mlflow_run(tmp_path, store_uri, overrides, pattern):
+    before = len(store_runs(store_uri))
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "iterations=2", *overrides)
+    with pytest.raises(InputError, match=pattern):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert len(store_runs(store_uri)) == before  # no run, not even a FAILED one
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
+def test_binary_likelihood_on_multiclass_data_refused_before_any_mlflow_run(tmp_path, store_uri):
+    # svi declares probit (for binary data); iris has three classes: the estimator refused it
+    # only inside the run (a FAILED run), the runner now before it
+    before = len(store_runs(store_uri))
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=svi", "dataset=iris",
+                      "method.likelihood=probit", "iterations=2")
+    with pytest.raises(InputError, match=r"method.likelihood=probit is binary but dataset 'iris' "
+                                         r"has 3 classes; .* multi-class likelihoods: robustmax, "
+                                         r"softmax"):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert len(store_runs(store_uri)) == before
+
+
+def test_optimizer_group_reaches_methods_whose_config_named_lbfgs(tmp_path, store_uri):
+    # vb's config named lbfgs in method.options: optimizer=adam was dropped (the fit ran L-BFGS)
+    # while the run's tags said optimizer adam, applied; its options were never checked
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=vb", "dataset=iris",
+                      "dataset.keep_classes=[0,1]", "optimizer=adam",
+                      "optimizer.options.learning_rate=-0.1", "iterations=1")
+    before = len(store_runs(store_uri))
+    with pytest.raises(InputError, match=r"optimizer 'adam'.*learning_rate"):
+        run_experiment(cfg, output_dir=tmp_path / "bad")
+    assert len(store_runs(store_uri)) == before
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=vb", "dataset=iris",
+                      "dataset.keep_classes=[0,1]", "optimizer=adadelta", "iterations=1")
+    result = run_experiment(cfg, output_dir=tmp_path / "run")
+    run = MlflowClient(store_uri).get_run(result["mlflow_run_id"])
+    assert run.data.params["method.options.optimizer"] == "adadelta"
+    assert run.data.params["method.options.optimizer_options.rho"] == "0.9"
+    assert run.data.tags["optimizer"] == "adadelta"
+    assert run.data.tags["optimizer.applied"] == "true"
+
+
+@pytest.mark.parametrize("overrides", [
+    ["method=svi", "optimizer=adam"],  # null: svi chooses its own (lbfgs or adadelta)
+    ["method=vb", "optimizer=adam", "method.options.optimizer=lbfgs",
+     "method.options.optimizer_options=null"],  # the method's own option wins
+], ids=["svi-chooses", "method-option-wins"])
+def test_optimizer_applied_tag_says_false_when_the_group_is_not_what_runs(
+        tmp_path, store_uri, overrides):
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "dataset=iris",
+                      "dataset.keep_classes=[0,1]", "iterations=1", *overrides)
+    result = run_experiment(cfg, output_dir=tmp_path / "run")
+    run = MlflowClient(store_uri).get_run(result["mlflow_run_id"])
+    assert run.data.tags["optimizer"] == "adam"
+    assert run.data.tags["optimizer.applied"] == "false"
+
+
+@pytest.mark.parametrize("override, pattern", [
+    ("dataset.features=abc", r"features must be a list of column indices .*got 'abc'"),
+    ("dataset.features=[0,1.5]", r"features must be a list .*got \[0, 1.5\]"),
+    ("dataset.keep_classes=1", r"keep_classes must be a list of class indices .*got 1"),
+], ids=["features-str", "features-float", "keep-classes-scalar"])
+def test_index_lists_of_the_wrong_type_are_input_errors(tmp_path, store_uri, override, pattern):
+    # were a ValueError / TypeError from int(), shown to the user as a traceback
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=laplace",
+                      "dataset=breast_cancer", override)
+    with pytest.raises(InputError, match=pattern):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+
+
+def test_csv_label_column_name_is_an_input_error(tmp_path, store_uri):
+    path = tmp_path / "data.csv"
+    path.write_text("a,b,label\n" + "".join(f"{i},{i % 3},{i % 2}\n" for i in range(20)))
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=laplace", "dataset=file",
+                      f"dataset.path='{path}'", "+dataset.options.label_column=label")
+    with pytest.raises(InputError, match=r"label_column must be a column index .*got 'label'"):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+
+
+@pytest.mark.parametrize("override, pattern", [
+    # read with bool(): "maybe" ran as true
+    ("kernel.ard=maybe", r"kernel.ard must be true or false; got 'maybe'"),
+    ("dataset.standardize=maybe", r"dataset.standardize must be true or false"),
+    ("dataset.stratify=1", r"dataset.stratify must be true or false; got 1"),
+    ("mlflow.log_model=maybe", r"mlflow.log_model must be true or false"),
+    # a ValueError (a traceback) from the progress bar / int()
+    ("progress.bar=sometimes", r"progress.bar must be true, false or auto; got 'sometimes'"),
+    ("mlflow.flush_every=often", r"mlflow.flush_every must be an integer; got 'often'"),
+    ("mlflow.flush_every=2.5", r"mlflow.flush_every must be an integer; got 2.5"),
+    ("mlflow.flush_interval_s=soon", r"mlflow.flush_interval_s must be a number"),
+], ids=["ard", "standardize", "stratify", "log_model", "bar", "flush-str", "flush-float",
+        "interval-str"])
+def test_switches_and_buffer_settings_refused_naming_the_key(tmp_path, store_uri, override,
+                                                             pattern):
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=laplace",
+                      "dataset=breast_cancer", override)
+    with pytest.raises(InputError, match=pattern):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+
+
+_SVI_BAD_STEP = ("method=svi", "dataset=iris", "batch_size=50", "iterations=1",
+                 "method.options.optimizer_options={learning_rate:-1}")
+
+
+def test_svi_bad_optimizer_option_is_one_line_input_error(tmp_path, store_uri):
+    # svi's optimizer null: it picks adadelta for mini-batches inside fit; AdaDelta's ValueError
+    # was shown as a traceback. Now an InputError (one line); the run ends FAILED, recorded
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", *_SVI_BAD_STEP)
+    with pytest.raises(InputError, match=r"AdaDelta needs .*learning_rate > 0"):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert (tmp_path / "run" / "result.json").exists()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "svi (plugin code) checks optimizer_options against the optimizer it picks (optimizer: "
+    "null -> adadelta for mini-batches) only inside fit, so the refusal comes after the MLflow "
+    "run started (a FAILED run); the plugin's constructor or a Method hook naming the optimizer "
+    "it will use would let prepare check it first"))
+def test_svi_bad_optimizer_option_refused_before_any_mlflow_run(tmp_path, store_uri):
+    before = len(store_runs(store_uri))
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", *_SVI_BAD_STEP)
+    with pytest.raises(InputError):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert len(store_runs(store_uri)) == before
+
+
+@pytest.mark.parametrize("override, pattern", [
+    ("+optimizer.options.maxfun=-3", r"maxfun must be an integer >= 1 or None; got -3"),
+    ("+optimizer.options.ftol=tight", r"ftol must be a number >= 0; got 'tight'"),
+], ids=["maxfun-negative", "ftol-str"])
+def test_bad_lbfgs_settings_refused_before_any_mlflow_run(tmp_path, store_uri, override,
+                                                          pattern):
+    # were passed to scipy as they were: a negative maxfun ran (and stopped at once), a string
+    # failed inside the fit
+    before = len(store_runs(store_uri))
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=laplace",
+                      "dataset=breast_cancer", override)
+    with pytest.raises(InputError, match=pattern):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert len(store_runs(store_uri)) == before
