@@ -200,11 +200,14 @@ def bounds(default: Any, range: str | None = None, *, none: bool = False,
 
 
 def mapping(default: Any = None, *, none: bool = True, doc: str = "") -> Option:
-    """A mapping of keyword options (e.g. an optimiser's), checked by whoever consumes it."""
+    """A mapping of keyword options (e.g. an optimiser's), checked by whoever consumes it;
+    where ``None`` is allowed an empty mapping is ``None`` (no options: a Hydra group's
+    ``options: {}`` and the code's default are the same setting)."""
 
     def check(v: Any) -> tuple[bool, Any]:
-        ok = isinstance(v, Mapping)
-        return ok, dict(v) if ok else None
+        if not isinstance(v, Mapping):
+            return False, None
+        return True, (dict(v) or None) if none else dict(v)
 
     return Option(default, "a mapping (key: value)", check, none, doc)
 

@@ -147,6 +147,21 @@ def _yaml_configs() -> list[Path]:
     return sorted(CONF_METHOD.glob("*.yaml"))
 
 
+def _with_default_groups(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with the ``${optimizer.name}`` / ``${optimizer.options}`` interpolations of a
+    method config resolved against the default optimizer group (``conf/config.yaml``'s), as
+    Hydra composes a run without overrides."""
+    from omegaconf import OmegaConf
+
+    defaults = yaml.safe_load((CONF_METHOD.parent / "config.yaml").read_text())["defaults"]
+    group = next(d["optimizer"] for d in defaults if isinstance(d, dict) and "optimizer" in d)
+    optimizer = yaml.safe_load((CONF_METHOD.parent / "optimizer" / f"{group}.yaml").read_text())
+    composed = OmegaConf.create({"optimizer": optimizer, "options": options})
+    resolved = OmegaConf.to_container(composed, resolve=True)
+    assert isinstance(resolved, dict)
+    return dict(resolved["options"])
+
+
 @pytest.mark.parametrize("path", _yaml_configs(), ids=lambda p: p.stem)
 def test_hydra_method_config_matches_the_declaration(path):
     """Each ``conf/method/<name>.yaml`` names the registered method ``<name>``, and every option
@@ -154,7 +169,7 @@ def test_hydra_method_config_matches_the_declaration(path):
     conf = yaml.safe_load(path.read_text())
     assert conf["name"] == path.stem, f"{path.name} configures {conf['name']!r}"
     cls = registry.load_method(conf["name"])
-    options = conf.get("options") or {}
+    options = _with_default_groups(conf.get("options") or {})
     undeclared = sorted(set(options) - set(cls.option_spec))
     assert not undeclared, f"{path.name}: options {undeclared} are not declared by {cls.name}"
     for key, value in options.items():
