@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpinfer.errors import InputError, NumericalError
+from gpinfer.fit_guard import classification_baseline_nll
 from gpinfer.hyper import HyperParameters
 from gpinfer.interfaces import Array, FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
@@ -338,11 +339,11 @@ def _stop_warning(name: str, r: int, mode: str, err: Exception) -> None:
 def constant_model_criterion(y: Array, beta: Array | None = None) -> float:
     """``G`` of the constant model (kernel variance -> 0, so ``G2 -> 0``) on the labels
     ``y [n]``: ``-sum_i log softmax(beta)_{y_i}`` at the intercepts ``beta [C]``, or (``None``)
-    at its best ones, ``-sum_c n_c log(n_c / n)`` (``n log C`` for balanced classes)."""
+    at its best ones, ``-sum_c n_c log(n_c / n)`` (``n log C`` for balanced classes): ``n`` times
+    the fit guard's class-frequency baseline."""
     if beta is None:
-        counts = np.bincount(y).astype(float)
-        counts = counts[counts > 0]
-        return float(-np.sum(counts * np.log(counts / counts.sum())))
+        n = y.shape[0]
+        return n * classification_baseline_nll(y, int(y.max()) + 1, np.arange(n))
     log_p = beta - np.logaddexp.reduce(beta)
     return float(-np.sum(log_p[y]))
 
