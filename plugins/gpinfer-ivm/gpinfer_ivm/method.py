@@ -351,10 +351,10 @@ def constant_model_criterion(y: Array, beta: Array | None = None) -> float:
 
 def _flat_warning(name: str, best: float, y: Array, beta: Array, kernels: list[Kernel],
                   d_final: int, per_class: bool) -> None:
-    """Warn when the kept major step's ``best = G`` is the constant model's: within ``FLAT_TOL *
-    (1 + |G_0|)`` of its best value ``G_0`` or of its value at the kept intercepts ``beta [C]``
-    (with learned intercepts the two agree; with fixed ones a vanishing variance reaches the
-    second, a kernel constant over the inputs the first). A ``G`` between them (fixed
+    """Warn when the kept major step's ``best = G`` is the constant model's ``G_0``: within
+    ``FLAT_TOL * (1 + |G_0|)`` of its best value or of its value at the kept intercepts
+    ``beta [C]`` (with learned intercepts the two agree; with fixed ones a vanishing variance
+    reaches the second, a kernel constant over the inputs the first). A ``G`` between them (fixed
     intercepts, a kernel that beats the constant model at them) or above both (e.g. a stop at
     the start) is no flat kernel. ``G`` charges every one of the ``n`` points the variance its
     marginal keeps; with few active points (``d_final``, ``per_class``: each class's budget) far
@@ -362,8 +362,7 @@ def _flat_warning(name: str, best: float, y: Array, beta: Array, kernels: list[K
     flat one."""
     flat = constant_model_criterion(y)
     kept = constant_model_criterion(y, beta)
-    tol = FLAT_TOL * (1.0 + abs(flat))
-    if min(abs(best - flat), abs(best - kept)) > tol:
+    if all(abs(best - g0) > FLAT_TOL * (1.0 + abs(g0)) for g0 in (flat, kept)):
         return
     kernel = ", ".join(dict.fromkeys(repr(k) for k in kernels))
     active = (f"each class has only M={d_final} active" if per_class else
