@@ -60,7 +60,7 @@ from the batch's mean instead of ``Z``'s rows would save the 1.1-1.5 ms read of 
 
 The gap to 1.3x is LAPACK at order 200, not element-wise work. The floor of the necessary
 calls (``engine_step.py --parts necessary``, the same session, load 2.7-3.4) is 101.0 ms =
-1.89x: its LAPACK and triangular calls (four ``potrf``, ``trtri``, two ``potri``, seven
+1.86x: its LAPACK and triangular calls (four ``potrf``, ``trtri``, two ``potri``, seven
 ``trmm``, one ``trsm``) take 40.9 ms where their FLOP at the dgemm rate take 11.4; the
 D-sized and site gemms 46.3 ms (34.6 at the dgemm rate); the memory-bound moves 13.8 (Adam
 9.5). Without any element-wise pass and with a free Adam the calls alone are 87 ms = 1.6x,

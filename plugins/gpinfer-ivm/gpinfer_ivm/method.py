@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpinfer.errors import InputError, NumericalError
+from gpinfer.fit_guard import classification_baseline_nll
 from gpinfer.hyper import HyperParameters
 from gpinfer.interfaces import Array, FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
@@ -67,8 +68,8 @@ TRUST_RADIUS = float(np.log(10.0))
 #: bounds of every unconstrained hyper-parameter during learning
 THETA_BOUND = 8.0
 #: learning "ended at a flat kernel" when its best ``G`` is within this fraction of
-#: ``1 + |G|`` of the constant model's (``constant_model_criterion``, at its best intercepts and
-#: at the kept ones)
+#: ``1 + |G_0|`` of the constant model's (``constant_model_criterion``: ``G_0`` at its best
+#: intercepts, or at the kept ones)
 FLAT_TOL = 1e-2
 
 #: the fit's per-iteration reporter: ``report(objective, posterior builder, **extras)``
@@ -262,7 +263,8 @@ class _ActiveSetMethod(Method):
         assert best is not None
         _, theta, rep, sites, b_best = best
         space.unpack(theta)  # the kept representation refers to the kernels at this theta
-        _flat_warning(self.name, best[0], y, b_best, kernels, self._d_final(problem))
+        _flat_warning(self.name, best[0], y, b_best, kernels, self._d_final(problem),
+                      not self.coupled)
         return rep, sites, b_best
 
     def _round_settings(self, problem: Problem) -> tuple[int, int, float]:
@@ -338,35 +340,41 @@ def _stop_warning(name: str, r: int, mode: str, err: Exception) -> None:
 def constant_model_criterion(y: Array, beta: Array | None = None) -> float:
     """``G`` of the constant model (kernel variance -> 0, so ``G2 -> 0``) on the labels
     ``y [n]``: ``-sum_i log softmax(beta)_{y_i}`` at the intercepts ``beta [C]``, or (``None``)
-    at its best ones, ``-sum_c n_c log(n_c / n)`` (``n log C`` for balanced classes)."""
+    at its best ones, ``-sum_c n_c log(n_c / n)`` (``n log C`` for balanced classes): ``n`` times
+    the fit guard's class-frequency baseline."""
     if beta is None:
-        counts = np.bincount(y).astype(float)
-        counts = counts[counts > 0]
-        return float(-np.sum(counts * np.log(counts / counts.sum())))
+        n = y.shape[0]
+        return n * classification_baseline_nll(y, int(y.max()) + 1, np.arange(n))
     log_p = beta - np.logaddexp.reduce(beta)
     return float(-np.sum(log_p[y]))
 
 
 def _flat_warning(name: str, best: float, y: Array, beta: Array, kernels: list[Kernel],
-                  d_final: int) -> None:
-    """Warn when the kept major step's ``best = G`` is the constant model's: within
-    ``FLAT_TOL * (1 + G)`` of both its best value and its value at the kept intercepts
-    ``beta [C]`` (a step that only failed to beat it, e.g. a stop at the start, is no flat
-    kernel). ``G`` charges every one of the ``n`` points the variance its marginal keeps; with
-    few active points (``d_final``) far apart (many features) most keep nearly the prior's, and
-    the criterion's best kernel is the flat one."""
+                  d_final: int, per_class: bool) -> None:
+    """Warn when the kept major step's ``best = G`` is the constant model's ``G_0``: within
+    ``FLAT_TOL * (1 + |G_0|)`` of its best value or of its value at the kept intercepts
+    ``beta [C]`` (with learned intercepts the two agree; with fixed ones a vanishing variance
+    reaches the second, a kernel constant over the inputs the first). A ``G`` between them (fixed
+    intercepts, a kernel that beats the constant model at them) or above both (e.g. a stop at
+    the start) is no flat kernel. ``G`` charges every one of the ``n`` points the variance its
+    marginal keeps; with few active points (``d_final``, ``per_class``: each class's budget) far
+    apart (many features) most keep nearly the prior's, and the criterion's best kernel is the
+    flat one."""
     flat = constant_model_criterion(y)
-    tol = FLAT_TOL * (1.0 + abs(flat))
-    if best < flat - tol or best > constant_model_criterion(y, beta) + tol:
+    kept = constant_model_criterion(y, beta)
+    if all(abs(best - g0) > FLAT_TOL * (1.0 + abs(g0)) for g0 in (flat, kept)):
         return
     kernel = ", ".join(dict.fromkeys(repr(k) for k in kernels))
+    active = (f"each class has only M={d_final} active" if per_class else
+              f"only M={d_final} are active")
     warnings.warn(
-        f"{name}: hyper-parameter learning ended at a flat kernel ({kernel}): no major step's "
-        f"criterion G beat the constant model's {flat:.6g} by {FLAT_TOL:.0%} (best {best:.6g}), "
-        f"so the model predicts the class frequencies. G charges all n={y.shape[0]} training "
-        f"points and only M={d_final} are active: where the others keep nearly their prior "
-        "variance (few active points, many features) G prefers the flat kernel. Pass a larger M "
-        "(default min(n, 150)) or fix the kernel (optimize=False)",
+        f"{name}: hyper-parameter learning ended at a flat kernel ({kernel}): the best major "
+        f"step's criterion G {best:.6g} is the constant model's (at its best intercepts "
+        f"{flat:.6g}, at the kept ones {kept:.6g}, within {FLAT_TOL:.0%}), so the model predicts "
+        f"the same class probabilities everywhere. G charges all n={y.shape[0]} training points "
+        f"and {active}: where the others keep nearly their prior variance (few active points, "
+        f"many features) G prefers the flat kernel. Pass a larger M (now {d_final}"
+        f"{' per class' if per_class else ''}) or fix the kernel (optimize=False)",
         RuntimeWarning, stacklevel=3)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from gpinfer_ivm.criterion import FrozenSites, criterion
@@ -123,6 +125,32 @@ def test_unlimited_minor_steps_collapse_the_variance(method):
         with pytest.warns(RuntimeWarning, match="ended at a flat kernel.*larger M"):
             est.fit(X, y)
     assert est.fit_result_.kernel.variance < 1e-2
+
+
+def test_flat_warning_names_the_constant_model_at_the_best_or_the_kept_intercepts_only():
+    """Imbalanced labels (300 / 25 / 25) with the intercepts held at 0: the constant model's
+    ``G`` is 178.2 at its best intercepts and 384.5 at 0. ``ivm`` with ``M = 30`` on such
+    waveform data (``learn_intercepts=False``) keeps ``G = 232.9`` at variance 179 and
+    length-scale 46, 0.93 accurate where the majority is 0.86, and passes the guard: a ``G``
+    between the two is no flat kernel. At either value (a vanishing variance at the fixed
+    intercepts; a kernel constant over the inputs) it is; above both (a stop at the start) not.
+    ``ivm-baseline``'s ``M`` is a per-class budget."""
+    from gpinfer_ivm.method import _flat_warning, constant_model_criterion
+
+    y = np.repeat([0, 1, 2], [300, 25, 25])
+    beta = np.zeros(3)
+    flat, kept = constant_model_criterion(y), constant_model_criterion(y, beta)
+    assert flat == pytest.approx(178.198, abs=1e-3) and kept == pytest.approx(350 * np.log(3))
+    kernels = [RBF(lengthscale=1.0)] * 3
+    for best in (232.9, kept + 5.0, flat - 2.0):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _flat_warning("ivm", best, y, beta, kernels, 30, False)
+    for best in (flat + 1.5, kept - 3.5, kept):
+        with pytest.warns(RuntimeWarning, match=r"flat kernel.*only M=30 are active.*now 30\)"):
+            _flat_warning("ivm", best, y, beta, kernels, 30, False)
+    with pytest.warns(RuntimeWarning, match=r"each class has only M=30 active.*now 30 per class"):
+        _flat_warning("ivm-baseline", kept, y, beta, kernels, 30, True)
 
 
 def test_method_rejects_liquid_larger_than_active_set():
