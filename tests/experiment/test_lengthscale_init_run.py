@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpinfer.experiment.runner import _make_estimator, prepare
+from gpinfer.experiment.runner import _make_estimator, _params, prepare
 from gpinfer.kernels.initialisation import leaf_kernels, median_distance
 from gpinfer.kernels.stationary import Stationary
 
@@ -26,6 +26,8 @@ def test_a_run_with_a_named_kernel_keeps_the_median(tmp_path: Path, store_uri: s
     p = prepare(store_cfg(store_uri, f"method={method}", "dataset=iris", "optimize=false",
                           "iterations=2", "kernel.lengthscale=2.0", *binary), tmp_path / "run")
     assert p.method_options["lengthscale_init"] == "median"
+    assert p.config["method"]["options"]["lengthscale_init"] == "auto"
+    assert _params(p)["method.options.lengthscale_init"] == "median"  # MLflow: what ran
     est = _make_estimator(p)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
