@@ -359,14 +359,15 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def load_rows(path: str) -> list[dict[str, Any]]:
-    """The rows of an ``--out`` file, ``poor`` and ``raw-sum`` judged again by this version."""
-    rows = [json.loads(line) for line in open(path)]
+    """The rows of an ``--out`` file, ``poor`` judged again by this version (``is_poor`` reads
+    the row's errors); the other findings as recorded (the probabilities they were judged on
+    are not kept: ``unnormalised`` and ``raw-sum`` cannot be told apart again)."""
+    with open(path) as f:
+        rows = [json.loads(line) for line in f]
     for r in rows:
-        r["kinds"] = [k for k in r["kinds"] if k not in ("poor", "unnormalised", "raw-sum")]
+        r["kinds"] = [k for k in r["kinds"] if k != "poor"]
         if "err" in r and is_poor(r):
             r["kinds"].append("poor")
-        if r.get("raw_sum_dev", 0.0) > 1e-6:
-            r["kinds"].append("raw-sum")
     return rows
 
 

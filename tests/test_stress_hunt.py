@@ -58,3 +58,23 @@ def test_the_judge_flags_unnormalised_rows_and_poor_fits():
     row = {"ref_err": 0.6, "maj_err": 0.6, "kinds": []}
     hunt.judge(row, Fitted(), bad, P, yt)
     assert row["kinds"] == ["nonfinite"]
+
+
+def test_summarise_judges_poor_again_and_keeps_the_recorded_findings(tmp_path):
+    """``--summarise`` (``load_rows``) re-judges ``poor`` from the row's errors; an
+    ``unnormalised`` row (the estimator's own rows) stays one, even when the posterior's rows
+    were off too (``raw_sum_dev``): it used to become ``raw-sum``."""
+    import json
+
+    hunt = _hunt()
+    rows = [{"kinds": ["unnormalised"], "raw_sum_dev": 1e-3, "err": 0.3, "ref_err": 0.3,
+             "maj_err": 0.5},
+            {"kinds": ["raw-sum"], "raw_sum_dev": 0.0, "err": 0.3, "ref_err": 0.3,
+             "maj_err": 0.5},
+            {"kinds": ["poor"], "err": 0.42, "ref_err": 0.25, "maj_err": 0.7},
+            {"kinds": [], "err": 0.75, "ref_err": 0.1, "maj_err": 0.5},
+            {"kinds": ["fit-failed"], "ref_err": 0.1, "maj_err": 0.5}]
+    path = tmp_path / "hunt.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [r["kinds"] for r in hunt.load_rows(str(path))] == [
+        ["unnormalised"], ["raw-sum"], [], ["poor"], ["fit-failed"]]

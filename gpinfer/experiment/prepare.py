@@ -14,6 +14,7 @@ points) and the kernel built. Every problem is a ``gpinfer.errors`` error naming
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,10 +131,30 @@ def _check_method(s: Settings) -> tuple[type[Method], dict[str, Any], bool]:
     if applied and options["optimizer"] is not None:  # None: the method chooses
         _check_optimizer(str(options["optimizer"]), options.get("optimizer_options") or {})
     if "lengthscale_init" in declared:  # the run's kernel is named: its length-scale a placeholder
+        given = str(options.get("lengthscale_init", declared["lengthscale_init"]))
+        optimize = bool(method_cls.optimize_by_default if s.optimize is None else s.optimize)
         options["lengthscale_init"] = resolve_lengthscale_init(
-            str(options.get("lengthscale_init", declared["lengthscale_init"])),
-            kernel_given=False, optimize=bool(s.optimize), owner=f"method.options of {s.method}")
+            given, kernel_given=False, optimize=optimize, owner=f"method.options of {s.method}")
+        if given == "auto" and not optimize:
+            _warn_median_replaces(s)
     return method_cls, options, applied and options["optimizer"] == s.optimizer
+
+
+def _warn_median_replaces(s: Settings) -> None:
+    """gpinfer-run's trap: with fixed hyper-parameters, a ``kernel.lengthscale`` moved off the
+    kernel groups' 1.0 is still replaced by the median heuristic (``lengthscale_init="auto"``
+    is ``"median"`` for the run's named kernel): a ``UserWarning`` naming the way to keep it."""
+    value = s.kernel_cfg.get("lengthscale")
+    try:
+        if value is None or np.all(np.asarray(value, dtype=float) == 1.0):
+            return
+    except (TypeError, ValueError):  # not a number: the kernel's build names it
+        return
+    warnings.warn(
+        f"gpinfer-run: kernel.lengthscale={value} is replaced by the median heuristic with "
+        f"optimize=false ({s.method}'s lengthscale_init='auto' is 'median' for the run's "
+        "kernel): method.options.lengthscale_init=kernel keeps it (=median: the median, "
+        "without this warning)", UserWarning, stacklevel=2)
 
 
 def _check_optimizer(name: str, options: Mapping[str, Any]) -> None:

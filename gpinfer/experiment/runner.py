@@ -305,6 +305,8 @@ def _params(p: Prepared) -> dict[str, str]:
         params.update({"early_stopping.refit": str(es.refit).lower(),
                        "early_stopping.refine_iter": str(es.refine_iter)})
     params.update(p.backend.params())  # as resolved: numpy/cpu/float64 when left unset
+    if "lengthscale_init" in p.method_options:  # as resolved: "auto" is "median" (prepare)
+        params["method.options.lengthscale_init"] = str(p.method_options["lengthscale_init"])
     if not isinstance(p.X_train, np.ndarray):  # read out of core: the dtype of the files
         from gpinfer.experiment.model_logging import stored_dtype
 

@@ -512,8 +512,10 @@ class SVI(Method):
         extra_state: dict[str, Array] = {}
         if name in ("lbfgs", "l-bfgs-b", "lbfgsb"):
             if distributed.current() is not None:
-                raise InputError("svi with L-BFGS-B is not available in a process group "
-                                 "(torch.distributed); use adam or adadelta")
+                raise InputError(
+                    f"{self.name or 'svi'} with L-BFGS-B (optimizer={name!r}) is not available "
+                    "in a process group (torch.distributed): set method_options={'optimizer': "
+                    "'adadelta'} (or 'adam')")
             if problem.batch_size is not None:
                 raise InputError(
                     f"{self.name or 'svi'} with L-BFGS-B (optimizer={name!r}) needs full-batch "

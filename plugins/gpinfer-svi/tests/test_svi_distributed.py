@@ -58,6 +58,7 @@ def test_group_refuses_natural_gradients_lbfgs_and_short_batches(tmp_path):
         ngd, lbfgs, short = o["msgs"]
         assert "natural_gradient" in ngd and "process group" in ngd
         assert "L-BFGS-B" in lbfgs and "process group" in lbfgs
+        assert lbfgs.startswith("svi with L-BFGS-B (optimizer='lbfgs')") and "adadelta" in lbfgs
         assert "a batch of 1 points for 2 ranks" in short  # 40 = 3 * 13 + 1
 
 
