@@ -148,8 +148,11 @@ def tri_solve(L: Array, B: Array, *, transpose: bool = False, right: bool = Fals
             return B
         # B L^-1 = (L^-T B^T)^T, the last two axes swapped (stacks and device arrays too)
         return ops.mT(tri_solve(L, ops.mT(B), transpose=not transpose))
+    # (shapes checked here: LAPACK reports a mismatch as info < 0 and returns B unsolved;
+    # scipy's ``ValueError`` names it)
     if not (type(L) is np.ndarray and type(B) is np.ndarray and L.ndim == 2
-            and L.dtype == np.float64 and B.dtype == np.float64 and B.size):
+            and L.dtype == np.float64 and B.dtype == np.float64 and B.size and B.ndim <= 2
+            and L.shape[0] == L.shape[1] == B.shape[0]):
         return cast(Array, ops.solve_triangular(L, B, transpose=transpose, overwrite=overwrite))
     if L.flags.f_contiguous:
         X, info = dtrtrs(L, B, lower=1, trans=int(transpose), overwrite_b=int(overwrite))

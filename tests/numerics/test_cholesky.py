@@ -196,6 +196,18 @@ def test_tri_solve_rows_in_place_and_zero_diagonal():
         tri_solve(Z, np.ones(3))
 
 
+@pytest.mark.parametrize("shape", [(2, 2), (2,), (4, 2), (4,)])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_tri_solve_refuses_mismatched_shapes(shape, order):
+    """A ``B`` whose rows do not match ``L [3, 3]`` is a ``ValueError`` (scipy's), not LAPACK's
+    ``info < 0`` with ``B`` returned unsolved (or its first 3 rows solved)."""
+    L = np.array(np.linalg.cholesky(_spd(3, seed=9)), order=order)
+    with pytest.raises(ValueError, match="incompatible"):
+        tri_solve(L, np.ones(shape))
+    with pytest.raises(ValueError):
+        tri_solve(np.ones((3, 2)), np.ones(3))  # L not square
+
+
 def test_solve_rows_is_a_deprecated_alias():
     import gpinfer.numerics.cholesky as chol
 
