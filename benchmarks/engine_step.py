@@ -260,7 +260,8 @@
    device ``take_Kuf`` hands the array over and nothing is written in place).
    ``StackedGaussians.paired``'s numpy branch (two Gaussians) and
    ``project(by_inverse=True)`` had no library caller left: they are the tests' oracles
-   (``tests/sites/test_stacked.py``), ``paired`` is the one ``[2, C]`` stack everywhere.
+   (``tests/sites/test_stacked.py``: ``paired_reference``, ``project_by_inverse``),
+   ``paired`` is the one ``[2, C]`` stack everywhere.
    Line-profiled (epochs 2..3, load 3.4), the rest of the step's copies are of arrays a
    later reader or a snapshot holds: the update cavity's ``[A, a h_w]`` (``A`` is the
    evaluation's), ``keep * P_w`` and the rebase's ``trmm`` operands (the kept sums, ``L'``),
@@ -647,7 +648,7 @@ def necessary_floor(rate: float, repeats: int = 7) -> dict[str, object]:
 def _inverse_or_solve(repeats: int, M_: int = M, B_: int = B, C_: int = C) -> dict[str, float]:
     """The evaluation's ``B_cav^-1 A`` ``[C, M, B]`` from the cavity factor ``L_B``: CPU ms of
     two ``trsm`` (``R = L_B^-1 A``, then ``L_B^-T R``), of one ``trtri`` and two ``trmm``, and
-    of ``potri`` and one ``gemm`` (numpy's choice: ``StackedGaussians.project(by_inverse=True)``)
+    of ``potri`` and one ``gemm`` (numpy's choice: ``gpinfer.sites.stacked.paired_by_inverse``)
     (least of ``repeats``, interleaved; ``_stand_ins``' ``L`` and ``Kuf``)."""
     from gpinfer.backend import ops
 

@@ -1,7 +1,8 @@
 """Failures found by the randomized stress hunt (``benchmarks/stress_hunt.py``, session s40) in
-modules another helper owned that session: each a minimal reproduction, marked
-``xfail(strict=True)`` with its cause until the owner fixes it (then the mark must go), or,
-where the finding is what the method's objective prefers, a test of that behaviour.
+modules another helper owned that session. The one here, ivm's collapse with ``M = 30`` in 100
+features, is what the method's criterion prefers: tests of that behaviour and of the warning
+that names it. A new finding goes here as a minimal reproduction marked ``xfail(strict=True)``
+with its cause until the owner fixes it (then the mark goes).
 
 Shapes: ``X [N, D]``, ``y [N]``.
 """

@@ -78,3 +78,20 @@ def test_summarise_judges_poor_again_and_keeps_the_recorded_findings(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert [r["kinds"] for r in hunt.load_rows(str(path))] == [
         ["unnormalised"], ["raw-sum"], [], ["poor"], ["fit-failed"]]
+
+
+def test_error_kinds_names_each_failure_the_most_specific_way():
+    """A fit guard's refusal is ``fit-failed`` (``!`` where the data carried signal), not the
+    ``numerical`` of its base class; a ``NumericalError`` naming no number is ``vague``."""
+    from gpinfer.errors import FitFailedError, GPInferError, InputError, NumericalError
+
+    hunt = _hunt()
+    kinds = hunt.error_kinds
+    assert kinds(hunt._Timeout("fit exceeded 90 s"), False) == ["timeout"]
+    assert kinds(InputError("M=0"), True) == ["input"]
+    assert kinds(FitFailedError("no better"), False) == ["fit-failed"]
+    assert kinds(FitFailedError("no better"), True) == ["fit-failed!"]
+    assert kinds(NumericalError("Kuu: jitter 1e-2"), False) == ["numerical"]
+    assert kinds(NumericalError("Kuu failed"), False) == ["numerical", "vague"]
+    assert kinds(GPInferError("other"), False) == ["gpinfer-error"]
+    assert kinds(ValueError("bad"), False) == ["crash"]

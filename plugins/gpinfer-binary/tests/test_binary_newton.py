@@ -103,3 +103,14 @@ def test_non_finite_objective_is_a_numerical_error():
 
     with pytest.raises(NumericalError, match="non-finite"):
         newton_maximize(fun, np.zeros(1), name="probe")
+
+
+def test_hessian_no_shift_regularises_is_a_numerical_error_naming_it():
+    """``H = [[0, 1], [1, 0]]``: its diagonal (the shift's scale) is zero, so no shift up to
+    ``mu = 1e12`` makes ``-(H - mu D)`` positive definite."""
+    def fun(x, derivatives):
+        return 0.0, np.array([1.0, 0.0]), np.array([[0.0, 1.0], [1.0, 0.0]])
+
+    with pytest.raises(NumericalError, match="Cholesky of Hessian failed") as info:
+        newton_maximize(fun, np.zeros(2), name="probe")
+    assert info.value.quantity == "Hessian" and info.value.iteration == 0
