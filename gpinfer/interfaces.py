@@ -660,7 +660,7 @@ class Method(abc.ABC):
         MLflow run, so that a bad name or option is refused first. ``None``: nothing to check.
         The default is the ``optimizer`` option of a method that declares one (``None`` leaves
         the choice to ``fit``); a method that picks its optimiser for the problem's shape names
-        it here."""
+        it here, and raises ``InputError`` where none of its optimisers can run."""
         return options.get("optimizer") if "optimizer" in cls.default_options else None
 
     def __init__(self, **options: Any):

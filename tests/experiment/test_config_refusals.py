@@ -142,7 +142,10 @@ def test_switches_and_buffer_settings_refused_naming_the_key(tmp_path, store_uri
     # a full batch: L-BFGS-B, which takes no learning rate
     (["method.options.optimizer_options={learning_rate:0.1}"],
      r"^optimizer 'lbfgs' got unknown option\(s\) \['learning_rate'\]"),
-], ids=["minibatch-adadelta", "full-batch-lbfgs"])
+    # L-BFGS-B named for mini-batches: svi's refusal, from its optimizer_for
+    (["batch_size=50", "method.options.optimizer=lbfgs"],
+     r"^svi with L-BFGS-B \(optimizer='lbfgs'\) needs full-batch training"),
+], ids=["minibatch-adadelta", "full-batch-lbfgs", "lbfgs-on-minibatches"])
 def test_svi_bad_optimizer_option_refused_before_any_mlflow_run(tmp_path, store_uri, overrides,
                                                                  pattern):
     # the optimiser svi runs for the run's batch size (SVI.optimizer_for) is built in prepare

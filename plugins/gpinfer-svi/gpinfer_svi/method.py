@@ -428,24 +428,25 @@ class SVI(Method):
     def optimizer_for(cls, options: Mapping[str, Any], batch_size: int | None) -> str:
         """The ``optimizer`` option, or for ``None`` the same default on every backend (the
         same call gives the same model): L-BFGS-B for full batches (``batch_size`` ``None``),
-        AdaDelta for mini-batches (``Method.optimizer_for``)."""
-        return options.get("optimizer") or ("lbfgs" if batch_size is None else "adadelta")
+        AdaDelta for mini-batches (``Method.optimizer_for``); ``InputError`` for L-BFGS-B on
+        mini-batches."""
+        name = options.get("optimizer") or ("lbfgs" if batch_size is None else "adadelta")
+        if name == "lbfgs" and batch_size is not None:
+            raise InputError(
+                f"{cls.name} with L-BFGS-B (optimizer={name!r}) needs full-batch training: leave "
+                f"batch_size unset (got batch_size={batch_size}), or for mini-batches set "
+                "method_options={'optimizer': 'adadelta'} (or 'adam')")
+        return name
 
     def _check_optimizer(self, problem: Problem) -> str:
         """The optimiser's name (``optimizer_for``), built once with ``optimizer_options`` so that
         a bad option (or L-BFGS-B where it cannot run) is an ``InputError`` before any set-up."""
         name = self.optimizer_for(self.options, problem.batch_size)
-        if name in ("lbfgs", "l-bfgs-b", "lbfgsb"):
-            if distributed.current() is not None:
-                raise InputError(
-                    f"{self.name or 'svi'} with L-BFGS-B (optimizer={name!r}) is not available "
-                    "in a process group (torch.distributed): set method_options={'optimizer': "
-                    "'adadelta'} (or 'adam')")
-            if problem.batch_size is not None:
-                raise InputError(
-                    f"{self.name or 'svi'} with L-BFGS-B (optimizer={name!r}) needs full-batch "
-                    f"training: leave batch_size unset (got batch_size={problem.batch_size}), or "
-                    "for mini-batches set method_options={'optimizer': 'adadelta'} (or 'adam')")
+        if name == "lbfgs" and distributed.current() is not None:
+            raise InputError(
+                f"{self.name or 'svi'} with L-BFGS-B (optimizer={name!r}) is not available in a "
+                "process group (torch.distributed): set method_options={'optimizer': "
+                "'adadelta'} (or 'adam')")
         make_optimizer(name, **dict(self.options["optimizer_options"] or {}))
         return name
 
@@ -535,7 +536,7 @@ class SVI(Method):
         rep = IterationReporter(callback, self.name, self.options["time_budget_s"])
         opt_options = dict(self.options["optimizer_options"] or {})
         extra_state: dict[str, Array] = {}
-        if name in ("lbfgs", "l-bfgs-b", "lbfgsb"):
+        if name == "lbfgs":
             x, value, n_iter, extra_state = self._fit_lbfgs(problem, state, x, rep, opt_options)
         else:
             x, value, n_iter = self._fit_stochastic(problem, state, x, rep, name, opt_options)
