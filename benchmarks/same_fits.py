@@ -1,9 +1,11 @@
 """Fits before and after a change of the kernel path: the same model to round-off (issue 25).
 
 Fits sep (mini-batch, isotropic and ARD; full batch; both with ``shared_inducing``), ep, svi
-(robust-max, mini-batch) on numpy and torch-CPU float64, and gfitc on numpy, on a 4-class
+(robust-max, mini-batch: Adam, and the default optimisers, AdaDelta for mini-batches and L-BFGS-B
+for a full batch) on numpy and torch-CPU float64, and gfitc on numpy, on a 4-class
 digits subset, and saves their test probabilities (``save``) or compares them with saved ones
 (``compare``: the max relative difference per fit and overall; issue 25 asks for <= 1e-10).
+An optional third argument runs only the fits whose name starts with it (e.g. ``svi``).
 
     # on the commit before the change (e.g. a `git archive` of it on PYTHONPATH):
     PYTHONPATH=OLD:OLD/plugins/gpinfer-ep:OLD/plugins/gpinfer-svi \
@@ -21,6 +23,7 @@ from gpinfer.estimator import GPClassifier
 from gpinfer.kernels import make_kernel
 
 mode, path = sys.argv[1], sys.argv[2]
+only = sys.argv[3] if len(sys.argv) > 3 else ""
 X, y = load_digits(return_X_y=True)
 rng = np.random.default_rng(0)
 idx = rng.permutation(X.shape[0])[:400]
@@ -43,10 +46,13 @@ cases = {
     "ep": dict(method="ep", M=15, max_iter=4),
     "svi": dict(method="svi", M=15, max_iter=3, batch_size=50, likelihood="robustmax",
                 method_options={"optimizer": "adam", "optimizer_options": {"learning_rate": 0.01}}),
+    # optimizer None: the method's choice for the problem's shape (SVI.optimizer_for)
+    "svi_adadelta": dict(method="svi", M=15, max_iter=3, batch_size=50, likelihood="robustmax"),
+    "svi_lbfgs": dict(method="svi", M=15, max_iter=4, likelihood="robustmax"),
     "gfitc": dict(method="gfitc", M=15, max_iter=4),
 }
 out = {}
-for name, kw in cases.items():
+for name, kw in ((k, v) for k, v in cases.items() if k.startswith(only)):
     for be in ("numpy", "torch"):
         settings = {} if be == "numpy" else dict(backend="torch", device="cpu", dtype="float64")
         if name == "gfitc" and be == "torch":

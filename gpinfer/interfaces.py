@@ -652,6 +652,17 @@ class Method(abc.ABC):
         does not declare (``Likelihood.supported_backends``)."""
         return None
 
+    @classmethod
+    def optimizer_for(cls, options: Mapping[str, Any], batch_size: int | None) -> str | None:
+        """The optimiser (a ``gpinfer.optim.make_optimizer`` name) that ``fit`` runs, with the
+        method's ``options["optimizer_options"]``, for these ``options`` on mini-batches of
+        ``batch_size`` points (``None``: full batch); ``gpinfer-run`` builds it once before its
+        MLflow run, so that a bad name or option is refused first. ``None``: nothing to check.
+        The default is the ``optimizer`` option of a method that declares one (``None`` leaves
+        the choice to ``fit``); a method that picks its optimiser for the problem's shape names
+        it here, and raises ``InputError`` where none of its optimisers can run."""
+        return options.get("optimizer") if "optimizer" in cls.default_options else None
+
     def __init__(self, **options: Any):
         options = _apply_renames(self.name or type(self).__name__, self.renamed_options, options)
         unknown = sorted(set(options) - set(self.default_options))

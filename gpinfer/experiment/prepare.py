@@ -109,7 +109,8 @@ def _hydra_output_dir() -> Path:
 
 
 def _check_method(s: Settings) -> tuple[type[Method], dict[str, Any], bool]:
-    """Load the method class and build its options (optimizer included when it declares one;
+    """Load the method class and build its options (optimizer included when it declares one,
+    and the optimiser it runs for the run's ``batch_size``, ``Method.optimizer_for``, built once;
     ``lengthscale_init`` resolved for the run's named kernel: ``"auto"`` is ``"median"``);
     returns the class, the options and whether the optimizer group is the one the method runs
     (the run's ``optimizer.applied`` tag: false for a method without an ``optimizer`` option,
@@ -128,8 +129,9 @@ def _check_method(s: Settings) -> tuple[type[Method], dict[str, Any], bool]:
         method_cls(**options)
     except (TypeError, ValueError) as exc:
         raise InputError(f"method.options: {exc}") from exc
-    if applied and options["optimizer"] is not None:  # None: the method chooses
-        _check_optimizer(str(options["optimizer"]), options.get("optimizer_options") or {})
+    runs = method_cls.optimizer_for(options, s.batch_size)  # the method's choice for null
+    if runs is not None:
+        _check_optimizer(str(runs), options.get("optimizer_options") or {})
     if "lengthscale_init" in declared:  # the run's kernel is named: its length-scale a placeholder
         given = str(options.get("lengthscale_init", declared["lengthscale_init"]))
         optimize = bool(method_cls.optimize_by_default if s.optimize is None else s.optimize)

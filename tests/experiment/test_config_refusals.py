@@ -134,28 +134,25 @@ def test_switches_and_buffer_settings_refused_naming_the_key(tmp_path, store_uri
         run_experiment(cfg, output_dir=tmp_path / "run")
 
 
-_SVI_BAD_STEP = ("method=svi", "dataset=iris", "batch_size=50", "iterations=1",
-                 "method.options.optimizer_options={learning_rate:-1}")
-
-
-def test_svi_bad_optimizer_option_is_one_line_input_error(tmp_path, store_uri):
-    # svi's optimizer null: it picks adadelta for mini-batches inside fit; AdaDelta's ValueError
-    # was shown as a traceback. Now an InputError (one line); the run ends FAILED, recorded
-    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", *_SVI_BAD_STEP)
-    with pytest.raises(InputError, match=r"AdaDelta needs .*learning_rate > 0"):
-        run_experiment(cfg, output_dir=tmp_path / "run")
-    assert (tmp_path / "run" / "result.json").exists()
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "svi (plugin code) checks optimizer_options against the optimizer it picks (optimizer: "
-    "null -> adadelta for mini-batches) only inside fit, so the refusal comes after the MLflow "
-    "run started (a FAILED run); the plugin's constructor or a Method hook naming the optimizer "
-    "it will use would let prepare check it first"))
-def test_svi_bad_optimizer_option_refused_before_any_mlflow_run(tmp_path, store_uri):
+@pytest.mark.parametrize("overrides, pattern", [
+    # mini-batches: svi's optimizer null runs AdaDelta, whose ValueError was a traceback, then
+    # an InputError inside a FAILED MLflow run
+    (["batch_size=50", "method.options.optimizer_options={learning_rate:-1}"],
+     r"^optimizer 'adadelta': AdaDelta needs .*learning_rate > 0"),
+    # a full batch: L-BFGS-B, which takes no learning rate
+    (["method.options.optimizer_options={learning_rate:0.1}"],
+     r"^optimizer 'lbfgs' got unknown option\(s\) \['learning_rate'\]"),
+    # L-BFGS-B named for mini-batches: svi's refusal, from its optimizer_for
+    (["batch_size=50", "method.options.optimizer=lbfgs"],
+     r"^svi with L-BFGS-B \(optimizer='lbfgs'\) needs full-batch training"),
+], ids=["minibatch-adadelta", "full-batch-lbfgs", "lbfgs-on-minibatches"])
+def test_svi_bad_optimizer_option_refused_before_any_mlflow_run(tmp_path, store_uri, overrides,
+                                                                 pattern):
+    # the optimiser svi runs for the run's batch size (SVI.optimizer_for) is built in prepare
     before = len(store_runs(store_uri))
-    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", *_SVI_BAD_STEP)
-    with pytest.raises(InputError):
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=svi", "dataset=iris",
+                      "iterations=1", *overrides)
+    with pytest.raises(InputError, match=pattern):
         run_experiment(cfg, output_dir=tmp_path / "run")
     assert len(store_runs(store_uri)) == before
 

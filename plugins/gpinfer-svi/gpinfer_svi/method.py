@@ -424,6 +424,32 @@ class SVI(Method):
         the deprecated options (``Method.expectation_likelihood``)."""
         return legacy_expectation(likelihood, options, warn=False)
 
+    @classmethod
+    def optimizer_for(cls, options: Mapping[str, Any], batch_size: int | None) -> str:
+        """The ``optimizer`` option, or for ``None`` the same default on every backend (the
+        same call gives the same model): L-BFGS-B for full batches (``batch_size`` ``None``),
+        AdaDelta for mini-batches (``Method.optimizer_for``); ``InputError`` for L-BFGS-B on
+        mini-batches."""
+        name = options.get("optimizer") or ("lbfgs" if batch_size is None else "adadelta")
+        if name == "lbfgs" and batch_size is not None:
+            raise InputError(
+                f"{cls.name} with L-BFGS-B (optimizer={name!r}) needs full-batch training: leave "
+                f"batch_size unset (got batch_size={batch_size}), or for mini-batches set "
+                "method_options={'optimizer': 'adadelta'} (or 'adam')")
+        return name
+
+    def _check_optimizer(self, problem: Problem) -> str:
+        """The optimiser's name (``optimizer_for``), built once with ``optimizer_options`` so that
+        a bad option (or L-BFGS-B where it cannot run) is an ``InputError`` before any set-up."""
+        name = self.optimizer_for(self.options, problem.batch_size)
+        if name == "lbfgs" and distributed.current() is not None:
+            raise InputError(
+                f"{self.name or 'svi'} with L-BFGS-B (optimizer={name!r}) is not available in a "
+                "process group (torch.distributed): set method_options={'optimizer': "
+                "'adadelta'} (or 'adam')")
+        make_optimizer(name, **dict(self.options["optimizer_options"] or {}))
+        return name
+
     def _data(self, problem: Problem) -> tuple[Likelihood, Array, Array, int]:
         """The likelihood (with the deprecated options' rule), ``X [N, D]``, the labels
         ``y [N]`` as svi reads them (class indices; 0/1 for a binary likelihood) and the
@@ -471,8 +497,9 @@ class SVI(Method):
         return {"batch": b / n, "per_datum": 1.0 / n, "full": 1.0}[self.options["scale"]]
 
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
+        name = self._check_optimizer(problem)
         state, x = self._setup(problem)
-        return self._train(problem, state, x, callback)
+        return self._train(problem, state, x, name, callback)
 
     def refine(self, problem: Problem, fitted: FitResult,
                callback: FitCallback | None = None) -> FitResult:
@@ -481,6 +508,7 @@ class SVI(Method):
         ``mu [L, M]`` and ``Lq [L, M, M]``; without them, its posterior's means and the
         Cholesky factors of its covariances) (``Method.refine``)."""
         post = fitted.posterior
+        name = self._check_optimizer(problem)
         if not isinstance(post, InducingPosterior):
             raise InputError("svi.refine needs a fit of svi (an InducingPosterior); got "
                              f"{type(post).__name__}")
@@ -498,29 +526,17 @@ class SVI(Method):
                                                         unit="latent")
         x = state.pack(backend.asarray(np.asarray(mu, dtype=float)),
                        backend.asarray(np.asarray(Lq, dtype=float)))
-        return self._train(problem, state, x, callback)
+        return self._train(problem, state, x, name, callback)
 
-    def _train(self, problem: Problem, state: VariationalState, x: Array,
+    def _train(self, problem: Problem, state: VariationalState, x: Array, name: str,
                callback: FitCallback | None) -> FitResult:
-        """The fit from the packed start ``x`` (``VariationalState.pack``): every entry that
-        ``state.hp`` leaves free and ``q(u)``."""
-        # the same default on every backend: the same call gives the same model
-        name = self.options["optimizer"] or ("lbfgs" if problem.batch_size is None
-                                             else "adadelta")
+        """The fit with the optimiser ``name`` (``_check_optimizer``) from the packed start
+        ``x`` (``VariationalState.pack``): every entry that ``state.hp`` leaves free and
+        ``q(u)``."""
         rep = IterationReporter(callback, self.name, self.options["time_budget_s"])
         opt_options = dict(self.options["optimizer_options"] or {})
         extra_state: dict[str, Array] = {}
-        if name in ("lbfgs", "l-bfgs-b", "lbfgsb"):
-            if distributed.current() is not None:
-                raise InputError(
-                    f"{self.name or 'svi'} with L-BFGS-B (optimizer={name!r}) is not available "
-                    "in a process group (torch.distributed): set method_options={'optimizer': "
-                    "'adadelta'} (or 'adam')")
-            if problem.batch_size is not None:
-                raise InputError(
-                    f"{self.name or 'svi'} with L-BFGS-B (optimizer={name!r}) needs full-batch "
-                    f"training: leave batch_size unset (got batch_size={problem.batch_size}), or "
-                    "for mini-batches set method_options={'optimizer': 'adadelta'} (or 'adam')")
+        if name == "lbfgs":
             x, value, n_iter, extra_state = self._fit_lbfgs(problem, state, x, rep, opt_options)
         else:
             x, value, n_iter = self._fit_stochastic(problem, state, x, rep, name, opt_options)

@@ -11,6 +11,7 @@ from gpinfer_svi.variational import (
 )
 
 from gpinfer.errors import InputError
+from gpinfer.estimator import GPClassifier
 from gpinfer.hyper import HyperParameters
 from gpinfer.interfaces import FitResult, Problem
 from gpinfer.kernels import RBF, White
@@ -91,6 +92,41 @@ def test_bad_input_and_options():
         SVI(optimizer="lbfgs").fit(_problem(batch=10))
     with pytest.raises(InputError, match="scale"):
         SVI(scale="nope").fit(_problem())
+
+
+def test_optimizer_for_names_the_optimizer_fit_runs():
+    # optimizer None: L-BFGS-B for a full batch (its result in the state), AdaDelta for
+    # mini-batches; a named one is run as named
+    assert SVI.optimizer_for({"optimizer": None}, None) == "lbfgs"
+    assert SVI.optimizer_for({"optimizer": None}, 10) == "adadelta"
+    assert SVI.optimizer_for({"optimizer": "adam"}, None) == "adam"
+    assert "lbfgs_success" in SVI().fit(_problem(max_iter=2)).state
+    assert "lbfgs_success" not in SVI().fit(_problem(batch=20, max_iter=1)).state
+
+
+@pytest.mark.parametrize("options, batch, pattern", [
+    ({"learning_rate": -1}, 10, r"AdaDelta needs .*learning_rate > 0"),  # the mini-batch default
+    ({"nope": 1}, None, r"optimizer 'lbfgs' got unknown option\(s\) \['nope'\]"),  # full batch
+    ({"learning_rate": 0.1}, None, r"optimizer 'lbfgs' got unknown option"),  # AdaDelta's key
+], ids=["adadelta-negative-rate", "lbfgs-unknown-key", "adadelta-key-to-lbfgs"])
+def test_bad_optimizer_options_refused_before_any_set_up(monkeypatch, options, batch, pattern):
+    # optimizer None: the optimiser svi picks for the problem's shape is built first, in fit and
+    # refine alike, before K-means or any ELBO (and from the estimator, before training)
+    def no_set_up(*args, **kwargs):
+        raise AssertionError("set-up reached")
+
+    monkeypatch.setattr(SVI, "_setup", no_set_up)
+    monkeypatch.setattr(SVI, "_data", no_set_up)
+    with pytest.raises(InputError, match=pattern):
+        SVI(optimizer_options=options).fit(_problem(batch=batch))
+    with pytest.raises(InputError, match=pattern):
+        SVI(optimizer_options=options).refine(_problem(batch=batch), FitResult(
+            posterior=None, log_evidence=0.0, kernel=None, n_iter=0))
+    p = _problem(batch=batch)
+    est = GPClassifier(method="svi", M=8, batch_size=batch, random_state=0,
+                       method_options={"optimizer_options": options})
+    with pytest.raises(InputError, match=pattern):
+        est.fit(p.X, p.y)
 
 
 def test_minibatch_training_improves_and_reports_epochs():
