@@ -418,22 +418,28 @@ def fit_steps(X, y, method: str, M_: int, batch: int, epochs: int, options: dict
     return {"step_cpu_s": per_step, "epochs_timed": len(marks) - 1, "model": est}
 
 
-def sep_mnist_size(epochs: int, rate: float) -> dict[str, object]:
+def sep_step_phases() -> dict[str, tuple[object, str]]:
+    """The SEP step's phases for ``PhaseClock``: name -> (owner, method), in step order."""
     from gpinfer_ep.method import SparseSites
 
     from gpinfer.hyper import HyperParameters
-    from gpinfer.kernels import make_kernel
     from gpinfer.optim.adam import Adam
     from gpinfer.training.loop import TrainingLoop
 
+    return {"kernel terms (Kuu, Kuf, chol, A)": (SparseSites, "prepare"),
+            "site update": (SparseSites, "update"),
+            "log Z_q + matrix gradients": (SparseSites, "objective"),
+            "kernel VJPs (hp.gradient)": (HyperParameters, "gradient"),
+            "Adam step": (Adam, "step_into"),
+            "optimiser coordinates, pack/unpack": (TrainingLoop, "_ascend"),
+            "one step, all of it": (TrainingLoop, "_step")}
+
+
+def sep_mnist_size(epochs: int, rate: float) -> dict[str, object]:
+    from gpinfer.kernels import make_kernel
+
     X, y = mnist_like()
-    phases = {"kernel terms (Kuu, Kuf, chol, A)": (SparseSites, "prepare"),
-              "site update": (SparseSites, "update"),
-              "log Z_q + matrix gradients": (SparseSites, "objective"),
-              "kernel VJPs (hp.gradient)": (HyperParameters, "gradient"),
-              "Adam step": (Adam, "step_into"),
-              "optimiser coordinates, pack/unpack": (TrainingLoop, "_ascend"),
-              "one step, all of it": (TrainingLoop, "_step")}
+    phases = sep_step_phases()
     with PhaseClock(phases) as clock:
         out = fit_steps(X, y, "sep", M, B, epochs, {"adam_learning_rate": 1e-3},
                         kernel=make_kernel("rbf", D, ard=True), after_warm_up=clock.spent.clear)

@@ -126,6 +126,7 @@ from engine_step import (  # noqa: E402 - the benchmark folder on the path first
     PhaseClock,
     fit_steps,
     mnist_like,
+    sep_step_phases,
     step_flops,
 )
 
@@ -140,23 +141,20 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def _phase_targets() -> dict[str, tuple[object, str]]:
-    """``engine_step.sep_mnist_size``'s phases, and the kernel side's compiled regions."""
-    from gpinfer_ep.method import SparseSites
-
+    """``engine_step.sep_step_phases``, with the kernel side's compiled regions after their
+    phases."""
     import gpinfer.kernels.stacked as stacked
-    from gpinfer.hyper import HyperParameters
-    from gpinfer.optim.adam import Adam
-    from gpinfer.training.loop import TrainingLoop
 
-    return {"kernel terms (Kuu, Kuf, chol, A)": (SparseSites, "prepare"),
-            "  its kernel forward (stacked._forward)": (stacked, "_forward"),
-            "site update": (SparseSites, "update"),
-            "log Z_q + matrix gradients": (SparseSites, "objective"),
-            "kernel VJPs (hp.gradient)": (HyperParameters, "gradient"),
-            "  its stacked VJP (stacked._vjp)": (stacked, "_vjp"),
-            "Adam step": (Adam, "step_into"),
-            "optimiser coordinates, pack/unpack": (TrainingLoop, "_ascend"),
-            "one step, all of it": (TrainingLoop, "_step")}
+    regions = {"kernel terms (Kuu, Kuf, chol, A)":
+               ("  its kernel forward (stacked._forward)", (stacked, "_forward")),
+               "kernel VJPs (hp.gradient)": ("  its stacked VJP (stacked._vjp)", (stacked, "_vjp"))}
+    out: dict[str, tuple[object, str]] = {}
+    for name, target in sep_step_phases().items():
+        out[name] = target
+        if name in regions:
+            sub, where = regions[name]
+            out[sub] = where
+    return out
 
 
 def step_phases(config: str, epochs: int, X: np.ndarray, y: np.ndarray) -> dict[str, object]:
