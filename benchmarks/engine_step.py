@@ -435,6 +435,19 @@ def sep_step_phases() -> dict[str, tuple[object, str]]:
             "one step, all of it": (TrainingLoop, "_step")}
 
 
+def sep_step_split(spent: dict[str, float], n_steps: int) -> dict[str, float]:
+    """Seconds per step of ``sep_step_phases``' phases from a ``PhaseClock``'s ``spent`` over
+    ``n_steps`` steps: the optimiser's coordinates without Adam (``_ascend`` holds the Adam
+    step), and the rest of the step without its four phases (``_step`` holds them)."""
+    split = {k: v / n_steps for k, v in spent.items()}
+    split["optimiser coordinates, pack/unpack"] -= split["Adam step"]
+    inner = ("kernel terms (Kuu, Kuf, chol, A)", "site update", "log Z_q + matrix gradients",
+             "kernel VJPs (hp.gradient)")
+    split["rest of the step (Python, checks)"] = (split.pop("one step, all of it")
+                                                  - sum(split[k] for k in inner))
+    return split
+
+
 def sep_mnist_size(epochs: int, rate: float) -> dict[str, object]:
     from gpinfer.kernels import make_kernel
 
@@ -444,13 +457,7 @@ def sep_mnist_size(epochs: int, rate: float) -> dict[str, object]:
         out = fit_steps(X, y, "sep", M, B, epochs, {"adam_learning_rate": 1e-3},
                         kernel=make_kernel("rbf", D, ard=True), after_warm_up=clock.spent.clear)
     n_steps = (epochs - 1) * -(-N // B)  # epochs 2..: the clock restarted after epoch 1
-    split = {k: v / n_steps for k, v in clock.spent.items()}
-    # _ascend contains the Adam step; _step contains everything but _ascend
-    split["optimiser coordinates, pack/unpack"] -= split["Adam step"]
-    inner = ("kernel terms (Kuu, Kuf, chol, A)", "site update", "log Z_q + matrix gradients",
-             "kernel VJPs (hp.gradient)")
-    split["rest of the step (Python, checks)"] = (split.pop("one step, all of it")
-                                                  - sum(split[k] for k in inner))
+    split = sep_step_split(clock.spent, n_steps)
     floor = step_flops() / rate
     return {"step_cpu_ms": 1e3 * out["step_cpu_s"], "floor_ms": 1e3 * floor,
             "ratio_to_floor": out["step_cpu_s"] / floor,

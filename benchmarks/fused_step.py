@@ -127,6 +127,7 @@ from engine_step import (  # noqa: E402 - the benchmark folder on the path first
     fit_steps,
     mnist_like,
     sep_step_phases,
+    sep_step_split,
     step_flops,
 )
 
@@ -180,12 +181,7 @@ def step_phases(config: str, epochs: int, X: np.ndarray, y: np.ndarray) -> dict[
                         kernel=make_kernel("rbf", D, ard=True), settings=cfg["settings"],
                         after_warm_up=after_warm_up)
     n_steps = (epochs - 1) * -(-X.shape[0] // B)
-    split = {k: v / n_steps for k, v in clock.spent.items()}
-    split["optimiser coordinates, pack/unpack"] -= split["Adam step"]
-    inner = ("kernel terms (Kuu, Kuf, chol, A)", "site update", "log Z_q + matrix gradients",
-             "kernel VJPs (hp.gradient)")
-    split["rest of the step (Python, checks)"] = (split.pop("one step, all of it")
-                                                  - sum(split[k] for k in inner))
+    split = sep_step_split(clock.spent, n_steps)
     step = float(out["step_cpu_s"])
     return {"step_cpu_ms": round(1e3 * step, 1),
             "warm_up_epoch_cpu_s": round(warm["cpu"] - cpu0, 2),
