@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -110,6 +110,13 @@ class DenseBinaryMethod(FullGPBinaryMethod):
                             doc="hyper-parameter optimiser (grid: optimizer_options.axes)"),
         "optimizer_options": mapping(doc="keyword options of the optimiser"),
     }
+
+    @classmethod
+    def optimizer_for(cls, options: Mapping[str, Any], batch_size: int | None) -> str | None:
+        """The ``optimizer`` option, but ``None`` for ``"grid"``: the grid search is not one of
+        ``make_optimizer``'s, and ``_optimizer`` checks its ``axes`` (``Method.optimizer_for``)."""
+        name = super().optimizer_for(options, batch_size)
+        return None if name == "grid" else name
 
     @abc.abstractmethod
     def solve(self, K: Array, y: Array, likelihood: Likelihood, warm: Any) -> DenseSolution:

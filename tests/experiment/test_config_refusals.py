@@ -171,3 +171,14 @@ def test_bad_lbfgs_settings_refused_before_any_mlflow_run(tmp_path, store_uri, o
     with pytest.raises(InputError, match=pattern):
         run_experiment(cfg, output_dir=tmp_path / "run")
     assert len(store_runs(store_uri)) == before
+
+
+def test_dense_grid_optimizer_not_refused_by_prepare(tmp_path, store_uri):
+    # conf/method/tap.yaml's "or grid (optimizer_options.axes)": the grid search is not one of
+    # make_optimizer's, so prepare's check refused it (UnknownNameError) before any run; the
+    # dense methods' optimizer_for leaves it to fit, which checks its axes
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=tap", "dataset=breast_cancer",
+                      "method.options.optimizer=grid",
+                      "method.options.optimizer_options={axes:[[0.0],[0.0]]}")
+    run_experiment(cfg, output_dir=tmp_path / "run")
+    assert (tmp_path / "run" / "result.json").exists()
