@@ -44,8 +44,8 @@ from gpinfer.kernels.stacked import (
     StackedKernels,
     StackedMatrixGradients,
 )
-from gpinfer.numerics.cholesky import jittered_cholesky
-from gpinfer.sites.inducing import ClassTerms, inducing_jitter, site_cholesky
+from gpinfer.numerics.cholesky import jittered_cholesky, tri_solve
+from gpinfer.sites.inducing import inducing_jitter, site_cholesky
 
 
 def transpose(X: Array) -> Array:
@@ -134,12 +134,16 @@ def cho_inverse_stack(LB: Array, *, overwrite: bool = False) -> Array:
 
 @dataclass
 class StackedTerms:
-    """Kernel quantities of every class at inputs ``X [n, D]``.
+    """The inducing-space geometry: kernel quantities of every latent at inputs ``X [n, D]``.
 
     ``L [C, M, M]``: chol of ``Kuu`` (noise + jitter on the diagonal); ``A [C, M, n]``: whitened
     cross-covariances ``L^-1 Kuf``; ``s [C, n]``: FITC variances; ``L_inv``: ``L^-1`` where
     the backend solves a step's several systems with ``L`` by products
     (``ops.prefers_tri_inverse``), else ``None`` (one triangular solve each).
+
+    The methods take any leading axes: one latent's terms are the same class over
+    ``L [M, M]``, ``A [M, n]``, ``s [n]`` (``latent(c)``: views of latent ``c``;
+    ``latent_terms`` builds one, ``stack`` stacks several).
     """
 
     L: Array
@@ -168,6 +172,25 @@ class StackedTerms:
             self._A_T = transpose(self.A)
         return self._A_T
 
+    def latent(self, c: int) -> StackedTerms:
+        """Latent ``c``'s terms: ``L [M, M]``, ``A [M, n]``, ``s [n]`` (views)."""
+        return StackedTerms(L=self.L[c], A=self.A[c], s=self.s[c],
+                            L_inv=None if self.L_inv is None else self.L_inv[c])
+
+    def latents(self) -> list[StackedTerms]:
+        """``latent(c)`` for every latent ``c`` (views)."""
+        return [self.latent(c) for c in range(self.L.shape[0])]
+
+    @classmethod
+    def stack(cls, latents: Sequence[StackedTerms]) -> StackedTerms:
+        """One latent's terms each (``L [M, M]``, ``A [M, n]``, ``s [n]``) stacked over the
+        latents (``L_inv`` where every latent has one)."""
+        xp = ops.namespace(latents[0].L)
+        invs = [t.L_inv for t in latents]
+        return cls(L=xp.stack([t.L for t in latents]), A=xp.stack([t.A for t in latents]),
+                   s=xp.stack([t.s for t in latents]),
+                   L_inv=None if any(i is None for i in invs) else xp.stack(invs))
+
     def to_whitened(self, Lam: Array, h: Array, *, symmetric: bool = True
                     ) -> tuple[Array, Array]:
         """``(L^T Lam L [C, M, M], L^T h [C, M])`` from ``u``-space site sums (two triangular
@@ -176,8 +199,8 @@ class StackedTerms:
         LamL = ops.tri_matmul(self.L, Lam, right=True)
         LtLamL = ops.tri_matmul(self.L, LamL, transpose=True, overwrite=True, T_T=self.L_T)
         # (L^T h)^T = h^T L: on a device one einsum (the same batched product, no views)
-        hL = ((h[:, None, :] @ self.L)[:, 0, :] if ops.is_numpy(h)
-              else ops.einsum("cm,cmk->ck", h, self.L))
+        hL = ((h[..., None, :] @ self.L)[..., 0, :] if ops.is_numpy(h)
+              else ops.einsum("cm,cmk->ck" if h.ndim == 2 else "m,mk->k", h, self.L))
         return (symmetrize(LtLamL) if symmetric else LtLamL), hL
 
     def to_u_space(self, P_w: Array, h_w: Array) -> tuple[Array, Array]:
@@ -230,7 +253,7 @@ def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Arr
     """``StackedTerms`` of the class kernels with inducing inputs ``Zs[c] [M, D]`` (or one
     stack ``[C, M, D]``) at ``X [n, D]`` (arrays of one namespace).
 
-    As ``gpinfer.sites.inducing.class_terms`` for every class: ``Kuu = k(Z) + jitter I``,
+    As ``latent_terms`` for every class: ``Kuu = k(Z) + jitter I``,
     ``kappa = k_diag(X) + jitter``, ``s`` floored at ``jitter`` (None: ``inducing_jitter`` of
     the inputs' dtype). ``covariances``: the kernels' batched covariances at ``(Zs, X)``
     already computed (``HyperParameters.covariances``, shared with the gradient's VJPs);
@@ -259,6 +282,23 @@ def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Arr
     s = Kff_diag + jitter
     s -= ops.einsum("cmn,cmn->cn", A, A)
     return StackedTerms(L=L, A=A, s=ops.clip_below(s, jitter), L_inv=L_inv)
+
+
+def latent_terms(kernel: Kernel, Z: Array, X: Array, *, jitter: float | None = None,
+                 iteration: int | None = None) -> StackedTerms:
+    """One latent's ``StackedTerms`` (``L [M, M]``, ``A [M, n]``, ``s [n]``) of ``kernel``
+    with inducing inputs ``Z [M, D]`` at ``X [n, D]`` (numpy; gfitc's per-class terms).
+
+    ``Kuu = kernel.K(Z) + jitter I`` (a ``White`` term adds its noise there); ``Kuf`` never gets
+    noise; ``kappa = kernel.K_diag(X) + jitter``; ``s`` floored at ``jitter`` (None:
+    ``inducing_jitter`` of ``X``'s dtype). ``NumericalError`` if ``Kuu`` cannot be factorised.
+    """
+    jitter = inducing_jitter(X) if jitter is None else jitter
+    Kuu = kernel.K(Z) + jitter * np.eye(Z.shape[0])
+    L = jittered_cholesky(Kuu, name="Kuu", iteration=iteration).L
+    A = tri_solve(L, kernel.K(Z, X))
+    s = kernel.K_diag(X) + jitter - np.sum(A * A, axis=0)
+    return StackedTerms(L=L, A=A, s=np.maximum(s, jitter))
 
 
 class Scales(NamedTuple):
@@ -579,7 +619,8 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
                              R: Array, a_sum: Array, b_sum: Array, e_sum: Array | None = None,
                              *, inverse_applied: bool = False) -> StackedMatrixGradients:
     """``dlogZ_q / d(Kuu, Kuf, diag Kff)`` of every class:
-    ``gpinfer.sites.inducing.inducing_matrix_gradients`` on stacks.
+    the per-class gradients of spec ep-sep §2.7 (the oracle ``tests/sites/class_gradients.py``)
+    on stacks.
 
     ``q``: the posteriors; ``lik``: the Gaussians held fixed in the likelihood term (EP: ``q``;
     SEP: the shared cavities) with ``R = L_B^-1 A [C, M, n]`` from ``lik.project`` (with
@@ -651,15 +692,6 @@ def _numpy_cross(A: Array, AB: Array, w: Array, R: Array, a_sum: Array, b_sum: A
     cross = A @ ops.mT(X)  # sym(A X^T) - S_B = sym(A Y^T), Y = X + AB (G_K is symmetrised)
     X -= AB
     return X, cross
-
-
-def as_stacked(terms: Sequence[ClassTerms] | StackedTerms) -> StackedTerms:
-    """``terms`` as ``StackedTerms`` (per-class ``ClassTerms`` are stacked)."""
-    if isinstance(terms, StackedTerms):
-        return terms
-    xp = ops.namespace(terms[0].L)
-    return StackedTerms(L=xp.stack([t.L for t in terms]), A=xp.stack([t.A for t in terms]),
-                        s=xp.stack([t.s for t in terms]))
 
 
 # -- one kernel and one Z shared by every class (sep's ``shared_inducing``) ----------------------
