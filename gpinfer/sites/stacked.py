@@ -150,12 +150,29 @@ class StackedTerms:
     A: Array
     s: Array
     L_inv: Array | None = None
+    #: the kernel matrices at ``(Z, X)`` where a use keeps them (``None`` where not):
+    #: ``Kuu [C, M, M]`` as given (without the jitter ``L`` may carry), ``Kuf [C, M, n]``,
+    #: ``Kff_diag [C, n]``
+    Kuu: Array | None = field(default=None, repr=False, compare=False)
+    Kuf: Array | None = field(default=None, repr=False, compare=False)
+    Kff_diag: Array | None = field(default=None, repr=False, compare=False)
     #: ``transpose(L)``, formed on first use (``L_T``) and kept: one view for every ``L^-T``
     #: solve of the step (an operator each on a device)
     _L_T: Array | None = field(default=None, init=False, repr=False, compare=False)
 
     #: ``transpose(A)``, formed on first use (``A_T``) and kept, as ``L_T``
     _A_T: Array | None = field(default=None, init=False, repr=False, compare=False)
+
+    #: ``W = L^-T A``, formed on first use (``W``) and kept
+    _W: Array | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def W(self) -> Array:
+        """The ``u``-space directions ``W = Kuu^-1 Kuf = L^-T A`` ``[C, M, n]`` (formed on
+        first use, kept)."""
+        if self._W is None:
+            self._W = tri_solve(self.L, self.A, transpose=True)
+        return self._W
 
     @property
     def L_T(self) -> Array:
@@ -173,9 +190,13 @@ class StackedTerms:
         return self._A_T
 
     def latent(self, c: int) -> StackedTerms:
-        """Latent ``c``'s terms: ``L [M, M]``, ``A [M, n]``, ``s [n]`` (views)."""
-        return StackedTerms(L=self.L[c], A=self.A[c], s=self.s[c],
-                            L_inv=None if self.L_inv is None else self.L_inv[c])
+        """Latent ``c``'s terms: ``L [M, M]``, ``A [M, n]``, ``s [n]`` (views; the kept
+        kernel matrices too)."""
+        def row(a: Array | None) -> Array | None:
+            return None if a is None else a[c]
+
+        return StackedTerms(L=self.L[c], A=self.A[c], s=self.s[c], L_inv=row(self.L_inv),
+                            Kuu=row(self.Kuu), Kuf=row(self.Kuf), Kff_diag=row(self.Kff_diag))
 
     def latents(self) -> list[StackedTerms]:
         """``latent(c)`` for every latent ``c`` (views)."""
