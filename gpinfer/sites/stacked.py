@@ -132,7 +132,7 @@ def cho_inverse_stack(LB: Array, *, overwrite: bool = False) -> Array:
     return out
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a use may key caches by its geometry (arrays do not compare)
 class StackedTerms:
     """The inducing-space geometry: kernel quantities of every latent at inputs ``X [n, D]``.
 
@@ -201,6 +201,13 @@ class StackedTerms:
     def latents(self) -> list[StackedTerms]:
         """``latent(c)`` for every latent ``c`` (views)."""
         return [self.latent(c) for c in range(self.L.shape[0])]
+
+    def release(self) -> None:
+        """Make the data-sized arrays unusable (``A``, a kept ``Kuf`` and their views): a use
+        that reuses their memory for other numbers calls this first, and any later read of
+        them fails (``TypeError``, ``AttributeError``)."""
+        self.A = self.Kuf = None  # type: ignore[assignment]
+        self._A_T = self._W = None
 
     @classmethod
     def stack(cls, latents: Sequence[StackedTerms]) -> StackedTerms:
@@ -724,7 +731,7 @@ def _numpy_cross(A: Array, AB: Array, w: Array, R: Array, a_sum: Array, b_sum: A
 # moved to the next step's factor (``rebased``) instead of a round trip through u-space.
 
 
-@dataclass
+@dataclass(eq=False)
 class SharedTerms(StackedTerms):
     """``StackedTerms`` of ``C`` classes sharing one kernel and one ``Z``: ``L``, ``A``, ``s``
     and ``L_inv`` are read-only broadcast views ``[C, ...]`` of ``one``'s ``[1, ...]`` arrays

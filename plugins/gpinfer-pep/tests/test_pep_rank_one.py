@@ -127,6 +127,7 @@ def test_geometry_is_the_inducing_geometry_and_the_old_name_is_deprecated():
     ``A``, ``s`` and ``W = L^-T A``, its kernel matrices kept); ``InducingGeometry.build`` and
     ``.from_kernel`` work one more release with a ``DeprecationWarning``."""
     import gpinfer_pep.rank_one as rank_one
+
     from gpinfer.sites.stacked import StackedTerms
 
     rng = np.random.default_rng(3)
