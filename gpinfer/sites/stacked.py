@@ -212,7 +212,8 @@ class StackedTerms:
     @classmethod
     def stack(cls, latents: Sequence[StackedTerms]) -> StackedTerms:
         """One latent's terms each (``L [M, M]``, ``A [M, n]``, ``s [n]``) stacked over the
-        latents (``L_inv`` where every latent has one)."""
+        latents (``L_inv`` where every latent has one; kept kernel matrices are not
+        stacked)."""
         xp = ops.namespace(latents[0].L)
         invs = [t.L_inv for t in latents]
         return cls(L=xp.stack([t.L for t in latents]), A=xp.stack([t.A for t in latents]),
