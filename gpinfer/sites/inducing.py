@@ -18,9 +18,7 @@ stored at ``lose[i, k]``; entries with ``k == y_i`` are zero (``mask[i, k]`` is 
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -28,6 +26,7 @@ from gpinfer.backend import ops
 from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array
 from gpinfer.likelihoods.multiclass import argmax_factor_tilted
+from gpinfer.moved import renamed
 from gpinfer.numerics.cholesky import cholesky_error, tri_solve
 
 #: jitter added to ``Kuu`` and ``kappa`` (spec ep-sep §1.2, reference code)
@@ -269,17 +268,6 @@ def new_role_site(g: Array, gamma: Array, a: Array, v: Array) -> tuple[Array, Ar
 # Names that moved (one release): the per-class terms are the one geometry's single-latent view
 # --------------------------------------------------------------------------------------------
 
-#: old name -> (module, new name)
-_RENAMED = {"ClassTerms": ("gpinfer.sites.stacked", "StackedTerms"),
-            "class_terms": ("gpinfer.sites.stacked", "latent_terms")}
-
-
-def __getattr__(name: str) -> Any:
-    """``ClassTerms`` and ``class_terms`` for one more release, with a ``DeprecationWarning``
-    naming their successors (``StackedTerms`` over one latent, ``latent_terms``)."""
-    if name not in _RENAMED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, new = _RENAMED[name]
-    warnings.warn(f"{__name__}.{name} is {module}.{new} (one inducing geometry); the old name "
-                  "works for one more release", DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(module), new)
+if not TYPE_CHECKING:  # at run time only: mypy keeps checking the imports from here
+    __getattr__ = renamed(__name__, {"ClassTerms": "gpinfer.sites.stacked:StackedTerms",
+                                     "class_terms": "gpinfer.sites.stacked:latent_terms"})

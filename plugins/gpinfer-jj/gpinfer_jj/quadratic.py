@@ -16,15 +16,15 @@ Labels are signs ``s [N]`` in ``{-1, +1}``. Shapes: ``M`` inducing points, ``N``
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from functools import cached_property
-from typing import Any, NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import numpy as np
 from scipy.special import expit, log_expit
 
 from gpinfer.interfaces import Array, MatrixGradients
+from gpinfer.moved import renamed
 from gpinfer.numerics import settings
 from gpinfer.numerics.cholesky import chol_solve, jittered_cholesky, tri_solve
 from gpinfer.numerics.quadrature import LogSigmoid, chunk_slices
@@ -369,14 +369,8 @@ def gaussian_kl(L_K: Array, mu: Array, Sigma: Array) -> float:
     return float(0.5 * (np.sum(P * P) + nu @ nu - M + logdet))
 
 
-def __getattr__(name: str) -> Any:
-    """``InducingFactors(Kuu, Kuf, Kff_diag, work)`` for one more release, with a
-    ``DeprecationWarning``: it is ``inducing_factors``, which returns the one inducing geometry
-    (``gpinfer.sites.stacked.StackedTerms``: ``L_K`` is ``L``, ``R`` is ``A``, ``R_rows`` is
-    ``A_T``, ``Kt`` is ``s``; ``marginals(factors, mu, Sigma)``)."""
-    if name != "InducingFactors":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(f"{__name__}.InducingFactors is inducing_factors (the one inducing geometry, "
-                  "StackedTerms); the old name works for one more release", DeprecationWarning,
-                  stacklevel=2)
-    return inducing_factors
+if not TYPE_CHECKING:  # at run time only: mypy keeps checking the imports from here
+    # ``InducingFactors(Kuu, Kuf, Kff_diag, work)`` is ``inducing_factors``, the one inducing
+    # geometry (``StackedTerms``: ``L_K`` is ``L``, ``R`` is ``A``, ``R_rows`` is ``A_T``,
+    # ``Kt`` is ``s``; ``marginals(factors, mu, Sigma)``)
+    __getattr__ = renamed(__name__, {"InducingFactors": f"{__name__}:inducing_factors"})

@@ -17,7 +17,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from gpinfer.interfaces import (
     SiteState,
 )
 from gpinfer.kernels.base import Kernel
+from gpinfer.moved import renamed
 from gpinfer.numerics.cholesky import jittered_cholesky, tri_solve
 from gpinfer.posterior import Posterior
 from gpinfer.sites.stacked import StackedTerms
@@ -80,20 +81,15 @@ def kernel_geometry(kernel: Kernel, Z: Array, X: Array, rel_jitter: float) -> St
     return matrix_geometry(Kuu, kernel.K(Z, X), kernel.K_diag(X), jitter)
 
 
-#: the old spelling, one more release: ``InducingGeometry.build`` / ``.from_kernel``
+#: ``InducingGeometry`` for one more release: its ``build`` and ``from_kernel``
+#: (the geometry is ``gpinfer.sites.stacked.StackedTerms``)
 _OLD_GEOMETRY = SimpleNamespace(build=matrix_geometry, from_kernel=kernel_geometry)
 
 
-def __getattr__(name: str) -> Any:
-    """``InducingGeometry`` (its ``build`` and ``from_kernel``) for one more release, with a
-    ``DeprecationWarning``: the geometry is ``gpinfer.sites.stacked.StackedTerms``."""
-    if name != "InducingGeometry":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(f"{__name__}.InducingGeometry is gone: the geometry is "
-                  "gpinfer.sites.stacked.StackedTerms, built by matrix_geometry (was .build) "
-                  "and kernel_geometry (was .from_kernel); the old name works for one more "
-                  "release", DeprecationWarning, stacklevel=2)
-    return _OLD_GEOMETRY
+if not TYPE_CHECKING:  # at run time only: mypy keeps checking the imports from here
+    __getattr__ = renamed(__name__, {"InducingGeometry": f"{__name__}:_OLD_GEOMETRY"},
+                          hint=" (InducingGeometry.build is matrix_geometry, .from_kernel is "
+                               "kernel_geometry, returning gpinfer.sites.stacked.StackedTerms)")
 
 
 class WhitenedInducingPosterior(Posterior):
