@@ -464,11 +464,11 @@ def pep_evaluation_terms(N: int, M: int, D: int, sweeps: float, *,
     N, M, D, S = float(N), float(M), float(D), float(sweeps)
     vjp = 2 * M * N * D if learn_inducing else 0.0
     return [
-        Term("geometry: Kuf distances 2 M N D", f"{_R1}:InducingGeometry.from_kernel",
+        Term("geometry: Kuf distances 2 M N D", f"{_R1}:kernel_geometry",
              2 * M * N * D, 2 * M * N * D),
-        Term("geometry: chol(Kuu + jitter): M^3/3", f"{_R1}:InducingGeometry.build",
+        Term("geometry: chol(Kuu + jitter): M^3/3", f"{_R1}:matrix_geometry",
              M**3 / 3, M**3 / 3),
-        Term("geometry: A = L^-1 Kuf: M^2 N", f"{_R1}:InducingGeometry.build", M**2 * N,
+        Term("geometry: A = L^-1 Kuf: M^2 N", f"{_R1}:matrix_geometry", M**2 * N,
              M**2 * N),
         Term("set_geometry: B = I + A diag(tau) A^T: syrk M^2 N (coded as a general GEMM "
              "(A * tau) @ A.T, 2 M^2 N) + chol(B) M^3/3", f"{_R1}:RankOnePEPSites._rebuild",
@@ -482,7 +482,7 @@ def pep_evaluation_terms(N: int, M: int, D: int, sweeps: float, *,
              M**2 * N, M**2 * N),
         Term("energy: P = L^-T L_B^-T C: 2 M^2 N", f"{_R1}:RankOnePEPSites.cavity(with_P=True)",
              2 * M**2 * N, 2 * M**2 * N),
-        Term("energy: W = L^-T A: M^2 N", f"{_R1}:InducingGeometry.W", M**2 * N, M**2 * N),
+        Term("energy: W = L^-T A: M^2 N", f"{_STACKED}:StackedTerms.W", M**2 * N, M**2 * N),
         Term("energy: G = (-Xi d1 + W dv - 2 Zeta dv) W^T: one GEMM 2 M^2 N (coded as three "
              "GEMMs with the same right factor W^T, 6 M^2 N)", f"{_R1}:RankOnePEPSites.energy",
              2 * M**2 * N, 6 * M**2 * N),
@@ -511,7 +511,7 @@ def pep_iteration_flops(N: int, M: int, D: int, nfev: float, sweeps: float | Non
 
     Per evaluation with ``S`` sweeps (rank_one.py):
 
-    * geometry (``InducingGeometry.from_kernel``/``build``): distances ``2 M N D``,
+    * geometry (``kernel_geometry``/``matrix_geometry``): distances ``2 M N D``,
       ``chol(Kuu)`` ``M^3/3``, ``A = L^-1 Kuf`` ``M^2 N``;
     * ``set_geometry`` -> ``_rebuild``: ``B = I + A diag(tau) A^T`` ``M^2 N`` (syrk; coded as a
       general GEMM, ``2 M^2 N``) + ``chol(B)`` ``M^3/3``;

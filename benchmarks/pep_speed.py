@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 from gpinfer_pep.collapsed import collapsed_pep
-from gpinfer_pep.rank_one import InducingGeometry, RankOnePEPSites
+from gpinfer_pep.rank_one import RankOnePEPSites, kernel_geometry
 from threadpoolctl import threadpool_limits
 from timing import best_of
 
@@ -36,13 +36,13 @@ def regression(alpha: float = 0.5) -> None:
     lik = Gaussian(0.01)
     hp = HyperParameters(kern, lik, Z)
     a = np.full(N, alpha)
-    geo = InducingGeometry.from_kernel(kern, Z, X, 1e-8)
+    geo = kernel_geometry(kern, Z, X, 1e-8)
 
     def matrix_level():
         collapsed_pep(geo, y, lik.variance, a)
 
     def end_to_end():
-        g = InducingGeometry.from_kernel(kern, hp.Z[0], X, 1e-8)
+        g = kernel_geometry(kern, hp.Z[0], X, 1e-8)
         res = collapsed_pep(g, y, lik.variance, a)
         parameter_gradient(hp, X, res.grads)
 
@@ -61,14 +61,14 @@ def classification(n_sweeps: int, alpha: float = 0.5) -> None:
     Z = X[rng.choice(N, M, replace=False)]
     hp = HyperParameters(kern, None, Z)
     sites = RankOnePEPSites(BernoulliProbit(), y, alpha, schedule="parallel", damping=0.5)
-    sites.set_geometry(InducingGeometry.from_kernel(kern, Z, X, 1e-8), kern, Z)
+    sites.set_geometry(kernel_geometry(kern, Z, X, 1e-8), kern, Z)
     batches = [rng.choice(N, B, replace=False) for _ in range(20)]
     state = {"i": 0}
 
     def step():
         batch = batches[state["i"] % len(batches)]
         state["i"] += 1
-        sites.set_geometry(InducingGeometry.from_kernel(kern, hp.Z[0], X, 1e-8), kern, hp.Z[0])
+        sites.set_geometry(kernel_geometry(kern, hp.Z[0], X, 1e-8), kern, hp.Z[0])
         for _ in range(n_sweeps):
             sites.sweep(batch)
         out = sites.energy(batch)

@@ -18,7 +18,7 @@ from scipy.cluster.vq import kmeans2
 from gpinfer.data.source import KMEANS_SUBSET, SourceRows, host_rows, sample_rows
 from gpinfer.errors import InputError
 from gpinfer.kernels.base import Kernel
-from gpinfer.kernels.stationary import RBF, sqdist
+from gpinfer.kernels.stationary import RBF, Stationary, sqdist
 from gpinfer.kernels.white import White
 
 Array = np.ndarray
@@ -119,7 +119,8 @@ DISTANCE_CACHE_MAX_ENTRIES = 30_000_000
 class FixedInputCovariances:
     """``Kuu [M, M]``, ``Kuf [M, N]``, ``Kff_diag [N]`` of one kernel at fixed ``Z`` and ``X``.
 
-    Fast path for an ``RBF``, alone or summed with ``White`` parts (the spec §4.1 kernel):
+    Fast path for an ``RBF``, alone or summed with ``White`` parts (the spec §4.1 kernel; as the
+    kernels declare it: ``Stationary.sqdist_form``, ``White.on_square``):
     isotropic, the raw squared distances are computed once and each call costs one ``exp`` over
     ``[M, N]``; with ARD lengthscales, one ``[M, N, D]`` product per call. The formulas are the
     kernel's own (``RBF.K_from_sqdist``, ``sqdist_gradient``, ``ard_lengthscale_gradient``);
@@ -153,9 +154,11 @@ class FixedInputCovariances:
         self.kernel, self.Z, self.X = kernel, np.asarray(Z, float), host_rows(X)
         out_of_core = isinstance(self.X, SourceRows)
         parts = list(kernel.parts) if isinstance(kernel, Sum) else [kernel]
-        # exact types: a subclass may change the formula the fast path relies on
-        rbf = [i for i, p in enumerate(parts) if type(p) is RBF]
-        self._whites = [p for p in parts if type(p) is White]
+        # the kernels' own declarations: the squared-distance form (``Stationary.sqdist_form``:
+        # RBF, not a subclass that changes ``_g``) and noise on the square matrix too
+        # (``White.on_square``: not a noise on ``Kff_diag`` alone)
+        rbf = [i for i, p in enumerate(parts) if isinstance(p, Stationary) and p.sqdist_form]
+        self._whites = [p for p in parts if isinstance(p, White) and p.on_square]
         self.fast = len(rbf) == 1 and len(rbf) + len(self._whites) == len(parts)
         self._parts = parts
         self._rbf = rbf[0] if self.fast else -1  # the RBF's index among the parts

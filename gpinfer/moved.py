@@ -46,3 +46,22 @@ def moved_to(old: str, new: str) -> Callable[[str], Any]:
         return getattr(module, name)
 
     return __getattr__
+
+
+def renamed(module: str, names: dict[str, str], hint: str = "") -> Callable[[str], Any]:
+    """The module ``__getattr__`` of a live module ``module`` some of whose names were
+    replaced: ``names`` maps each old name to its successor ``"package.module:name"``, imported
+    lazily with a ``DeprecationWarning`` that names it (one release); any other name is an
+    ``AttributeError``; ``hint`` ends the warning (how to spell the calls now). Install it at
+    run time only (``if not TYPE_CHECKING:``), so that mypy
+    keeps checking the imports from ``module``."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        home, new = names[name].split(":")
+        warnings.warn(f"{module}.{name} is {home}.{new} now{hint}; the old name works for one "
+                      "more release", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(home), new)
+
+    return __getattr__

@@ -22,6 +22,43 @@ from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels import RBF, Linear, Matern52, White
 
 
+class _WiderRBF(RBF):
+    """An RBF subclass that changes ``_g`` (and so declares no squared-distance form)."""
+
+    dg_dr2_per_g = -0.25
+    sqdist_form = False
+
+    def _g(self, r2):
+        return np.exp(-0.25 * r2)
+
+    def _dg_dr2(self, r2):
+        return -0.25 * np.exp(-0.25 * r2)
+
+
+class _DiagonalNoise(White):
+    """A white part on ``Kff_diag`` only (as ep's ``LatentNoise``)."""
+
+    on_square = False
+
+
+@pytest.mark.parametrize(("kernel", "fast"), [
+    (RBF(lengthscale=1.3) + White(0.05), True),
+    (_WiderRBF(lengthscale=1.3) + White(0.05), False),
+    (RBF(lengthscale=1.3) + _DiagonalNoise(0.05), False),
+])
+def test_fixed_input_fast_path_follows_the_kernels_declarations(kernel, fast):
+    """The fast path is chosen by the kernels' own declarations (``Stationary.sqdist_form``,
+    ``White.on_square``), not by their exact types; either path gives the kernel's matrices."""
+    rng = np.random.default_rng(2)
+    X, Z = rng.normal(size=(12, 2)), rng.normal(size=(4, 2))
+    cov = FixedInputCovariances(kernel, Z, X)
+    assert cov.fast is fast
+    Kuu, Kuf, Kd = cov.matrices()
+    np.testing.assert_allclose(Kuu, kernel.K(Z), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(Kuf, kernel.K(Z, X), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(Kd, kernel.K_diag(X), rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.parametrize("kernel", [
     RBF(lengthscale=1.3, variance=0.7) + White(0.05),
     RBF(lengthscale=[0.8, 1.7], variance=1.4),

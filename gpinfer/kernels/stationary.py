@@ -115,6 +115,11 @@ class Stationary(Kernel):
     #: ``var``'s gradient from the weights' sums (``gpinfer.kernels.stacked``). A subclass
     #: that changes ``_g`` sets it again (``tests/kernels/test_kernels.py`` checks every one)
     dg_dr2_per_g: ClassVar[float | None] = None
+    #: whether the class gives its matrices from squared distances with ``K_from_sqdist``,
+    #: ``sqdist_gradient`` and ``ard_lengthscale_gradient`` (``RBF``'s form: the cached-distance
+    #: path at fixed inputs, ``gpinfer.inducing.FixedInputCovariances``, takes only such a
+    #: kernel). A subclass that changes ``_g`` sets it again (``tests/kernels/test_kernels.py``)
+    sqdist_form: ClassVar[bool] = False
 
     def __init__(self, lengthscale: float | Iterable[float] = 1.0, variance: float = 1.0):
         owner = type(self).__name__
@@ -347,6 +352,7 @@ class RBF(Stationary):
     """
 
     dg_dr2_per_g: ClassVar[float | None] = -0.5
+    sqdist_form: ClassVar[bool] = True
 
     def _g(self, r2: Array) -> Array:
         return ops.namespace(r2).exp(-0.5 * r2)

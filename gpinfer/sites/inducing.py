@@ -1,6 +1,8 @@
 """Site algebra in inducing space for pairwise-probit multi-class EP / SEP (spec ep-sep §2).
 
-Shared by the sparse EP, SEP and (for the role-site bookkeeping) GFITC plugins.
+Shared by the sparse EP, SEP and (for the role-site bookkeeping) GFITC plugins; the kernel
+quantities of a class (``L``, ``A``, ``s``) are the inducing geometry of ``gpinfer.sites.stacked``
+(``StackedTerms``, one latent: ``latent_terms``).
 
 Symbols (spec ep-sep §1.3-1.5): per class ``c`` the inducing covariance ``K = Kuu = L L^T``
 ``[M, M]``, whitened cross-covariance ``A = L^-1 Kuf`` ``[M, n]`` (columns ``a_i``), directions
@@ -16,18 +18,16 @@ stored at ``lose[i, k]``; entries with ``k == y_i`` are zero (``mask[i, k]`` is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from gpinfer.backend import ops
 from gpinfer.errors import NumericalError
-from gpinfer.interfaces import Array, MatrixGradients
-from gpinfer.kernels.base import Kernel
+from gpinfer.interfaces import Array
 from gpinfer.likelihoods.multiclass import argmax_factor_tilted
-from gpinfer.numerics.cholesky import cholesky_error, jittered_cholesky, tri_solve
-from gpinfer.numerics.gram import weighted_gram
+from gpinfer.moved import renamed
+from gpinfer.numerics.cholesky import cholesky_error, tri_solve
 
 #: jitter added to ``Kuu`` and ``kappa`` (spec ep-sep §1.2, reference code)
 INDUCING_JITTER = 1e-10
@@ -38,59 +38,6 @@ INDUCING_JITTER_FLOAT32 = 1e-6
 def inducing_jitter(X: Array) -> float:
     """The jitter for kernel matrices of ``X``'s floating dtype (float64 or float32)."""
     return INDUCING_JITTER_FLOAT32 if str(X.dtype).endswith("float32") else INDUCING_JITTER
-
-
-# --------------------------------------------------------------------------------------------
-# Kernel quantities of one class (spec §1.3)
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ClassTerms:
-    """Kernel quantities of one class at a set of inputs ``X [n, D]``.
-
-    ``L [M, M]`` chol of ``Kuu`` (noise + jitter on the diagonal), ``A [M, n]`` whitened
-    cross-covariance, ``s [n]`` FITC conditional variances (noise included).
-    """
-
-    L: Array
-    A: Array
-    s: Array
-
-    def directions(self, A: Array | None = None) -> Array:
-        """``u``-space directions ``Upsilon = L^-T A`` ``[M, n]``."""
-        return tri_solve(self.L, self.A if A is None else A, transpose=True)
-
-    def to_whitened(self, Lam: Array, h: Array) -> tuple[Array, Array]:
-        """``(L^T Lam L [M, M], L^T h [M])`` from ``u``-space site sums."""
-        P = self.L.T @ Lam @ self.L
-        return 0.5 * (P + P.T), self.L.T @ h
-
-    def to_u_space(self, P_w: Array, h_w: Array) -> tuple[Array, Array]:
-        """Inverse of ``to_whitened``: ``(L^-T P_w L^-1, L^-T h_w)``."""
-        T = tri_solve(self.L, tri_solve(self.L, P_w, transpose=True).T, transpose=True)
-        return 0.5 * (T + T.T), tri_solve(self.L, h_w, transpose=True)
-
-
-def class_terms(
-    kernel: Kernel,
-    Z: Array,
-    X: Array,
-    *,
-    jitter: float = INDUCING_JITTER,
-    iteration: int | None = None,
-) -> ClassTerms:
-    """``ClassTerms`` of ``kernel`` with inducing inputs ``Z [M, D]`` at ``X [n, D]``.
-
-    ``Kuu = kernel.K(Z) + jitter I`` (a ``White`` term adds its noise there); ``Kuf`` never gets
-    noise; ``kappa = kernel.K_diag(X) + jitter``. ``NumericalError`` if ``Kuu`` cannot be
-    factorised.
-    """
-    Kuu = kernel.K(Z) + jitter * np.eye(Z.shape[0])
-    L = jittered_cholesky(Kuu, name="Kuu", iteration=iteration).L
-    A = tri_solve(L, kernel.K(Z, X))
-    s = kernel.K_diag(X) + jitter - np.sum(A * A, axis=0)
-    return ClassTerms(L=L, A=A, s=np.maximum(s, jitter))
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,42 +265,9 @@ def new_role_site(g: Array, gamma: Array, a: Array, v: Array) -> tuple[Array, Ar
 
 
 # --------------------------------------------------------------------------------------------
-# Matrix gradients of log Z_q (spec §2.7.1-2.7.3)
+# Names that moved (one release): the per-class terms are the one geometry's single-latent view
 # --------------------------------------------------------------------------------------------
 
-
-def inducing_matrix_gradients(
-    terms: ClassTerms,
-    q: WhitenedGaussian,
-    lik: WhitenedGaussian,
-    R: Array,
-    a_sum: Array,
-    b_sum: Array,
-    e_sum: Array | None = None,
-) -> MatrixGradients:
-    """``dlogZ_q / d(Kuu, Kuf, diag Kff)`` of one class from aggregated likelihood terms.
-
-    ``q``: the posterior (prior term, §2.7.1); ``lik``: the Gaussian whose mean and covariance
-    are held fixed in the likelihood term (EP: ``q``; SEP: the shared cavity) and
-    ``R = lik.project(terms.A).R`` (``L_B^-1 A``, reused); ``a_sum``,
-    ``b_sum``, ``e_sum`` ``[n]``: per-point sums ``A_i``, ``B_i`` and ``E_i`` (EP §2.7.2;
-    SEP uses ``E = 2 B``, which ``e_sum=None`` stands for), already multiplied by any
-    mini-batch scale. In whitened form ``G_uf = L^-T X`` with
-    ``X = w_g A_sum^T + B_g^-1 A diag(E) - 2 A diag(B)`` and
-    ``G_K = L^-T [-(I - B^-1 - w w^T)/2 - sym(A X^T) - A diag(B) A^T] L^-1``, where
-    ``A X^T = (A A_sum) w_g^T + S_E B_g^-1 - 2 S_B`` with ``S_B = A diag(B) A^T`` and
-    ``S_E = A diag(E) A^T`` (so only symmetric ``O(M^2 n)`` products are formed).
-    """
-    L, A = terms.L, terms.A
-    M = L.shape[0]
-    e_vec = 2.0 * b_sum if e_sum is None else e_sum
-    BgA_E = tri_solve(lik.LB, R * e_vec, transpose=True)  # B_g^-1 A diag(E), [M, n]
-    X = np.outer(lik.w, a_sum) + BgA_E - 2.0 * A * b_sum
-    S_B = weighted_gram(A, b_sum)
-    S_E = 2.0 * S_B if e_sum is None else weighted_gram(A, e_sum)
-    AX = np.outer(A @ a_sum, lik.w) + lik.B_inv(S_E).T - 2.0 * S_B  # A X^T, [M, M]
-    prior = -0.5 * (np.eye(M) - q.B_inv(np.eye(M)) - np.outer(q.w, q.w))
-    inner = prior - 0.5 * (AX + AX.T) - S_B
-    G_K = tri_solve(L, tri_solve(L, inner, transpose=True).T, transpose=True)
-    G_uf = tri_solve(L, X, transpose=True)
-    return MatrixGradients(Kuu=0.5 * (G_K + G_K.T), Kuf=G_uf, Kff_diag=np.array(b_sum, float))
+if not TYPE_CHECKING:  # at run time only: mypy keeps checking the imports from here
+    __getattr__ = renamed(__name__, {"ClassTerms": "gpinfer.sites.stacked:StackedTerms",
+                                     "class_terms": "gpinfer.sites.stacked:latent_terms"})

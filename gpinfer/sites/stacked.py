@@ -44,8 +44,8 @@ from gpinfer.kernels.stacked import (
     StackedKernels,
     StackedMatrixGradients,
 )
-from gpinfer.numerics.cholesky import jittered_cholesky
-from gpinfer.sites.inducing import ClassTerms, inducing_jitter, site_cholesky
+from gpinfer.numerics.cholesky import jittered_cholesky, tri_solve
+from gpinfer.sites.inducing import inducing_jitter, site_cholesky
 
 
 def transpose(X: Array) -> Array:
@@ -132,26 +132,47 @@ def cho_inverse_stack(LB: Array, *, overwrite: bool = False) -> Array:
     return out
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a use may key caches by its geometry (arrays do not compare)
 class StackedTerms:
-    """Kernel quantities of every class at inputs ``X [n, D]``.
+    """The inducing-space geometry: kernel quantities of every latent at inputs ``X [n, D]``.
 
     ``L [C, M, M]``: chol of ``Kuu`` (noise + jitter on the diagonal); ``A [C, M, n]``: whitened
     cross-covariances ``L^-1 Kuf``; ``s [C, n]``: FITC variances; ``L_inv``: ``L^-1`` where
     the backend solves a step's several systems with ``L`` by products
     (``ops.prefers_tri_inverse``), else ``None`` (one triangular solve each).
+
+    The methods take any leading axes: one latent's terms are the same class over
+    ``L [M, M]``, ``A [M, n]``, ``s [n]`` (``latent(c)``: views of latent ``c``;
+    ``latent_terms`` builds one, ``stack`` stacks several).
     """
 
     L: Array
     A: Array
     s: Array
     L_inv: Array | None = None
+    #: the kernel matrices at ``(Z, X)`` where a use keeps them (``None`` where not):
+    #: ``Kuu [C, M, M]`` as given (without the jitter ``L`` may carry), ``Kuf [C, M, n]``,
+    #: ``Kff_diag [C, n]``
+    Kuu: Array | None = field(default=None, repr=False, compare=False)
+    Kuf: Array | None = field(default=None, repr=False, compare=False)
+    Kff_diag: Array | None = field(default=None, repr=False, compare=False)
     #: ``transpose(L)``, formed on first use (``L_T``) and kept: one view for every ``L^-T``
     #: solve of the step (an operator each on a device)
     _L_T: Array | None = field(default=None, init=False, repr=False, compare=False)
 
     #: ``transpose(A)``, formed on first use (``A_T``) and kept, as ``L_T``
     _A_T: Array | None = field(default=None, init=False, repr=False, compare=False)
+
+    #: ``W = L^-T A``, formed on first use (``W``) and kept
+    _W: Array | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def W(self) -> Array:
+        """The ``u``-space directions ``W = Kuu^-1 Kuf = L^-T A`` ``[C, M, n]`` (formed on
+        first use, kept)."""
+        if self._W is None:
+            self._W = tri_solve(self.L, self.A, transpose=True)
+        return self._W
 
     @property
     def L_T(self) -> Array:
@@ -168,6 +189,37 @@ class StackedTerms:
             self._A_T = transpose(self.A)
         return self._A_T
 
+    def latent(self, c: int) -> StackedTerms:
+        """Latent ``c``'s terms: ``L [M, M]``, ``A [M, n]``, ``s [n]`` (views; the kept
+        kernel matrices too)."""
+        def row(a: Array | None) -> Array | None:
+            return None if a is None else a[c]
+
+        return StackedTerms(L=self.L[c], A=self.A[c], s=self.s[c], L_inv=row(self.L_inv),
+                            Kuu=row(self.Kuu), Kuf=row(self.Kuf), Kff_diag=row(self.Kff_diag))
+
+    def latents(self) -> list[StackedTerms]:
+        """``latent(c)`` for every latent ``c`` (views)."""
+        return [self.latent(c) for c in range(self.L.shape[0])]
+
+    def release(self) -> None:
+        """Make the data-sized arrays unusable (``A``, a kept ``Kuf`` and their views): a use
+        that reuses their memory for other numbers calls this first, and any later read of
+        them fails (``TypeError``, ``AttributeError``)."""
+        self.A = self.Kuf = None  # type: ignore[assignment]
+        self._A_T = self._W = None
+
+    @classmethod
+    def stack(cls, latents: Sequence[StackedTerms]) -> StackedTerms:
+        """One latent's terms each (``L [M, M]``, ``A [M, n]``, ``s [n]``) stacked over the
+        latents (``L_inv`` where every latent has one; kept kernel matrices are not
+        stacked)."""
+        xp = ops.namespace(latents[0].L)
+        invs = [t.L_inv for t in latents]
+        return cls(L=xp.stack([t.L for t in latents]), A=xp.stack([t.A for t in latents]),
+                   s=xp.stack([t.s for t in latents]),
+                   L_inv=None if any(i is None for i in invs) else xp.stack(invs))
+
     def to_whitened(self, Lam: Array, h: Array, *, symmetric: bool = True
                     ) -> tuple[Array, Array]:
         """``(L^T Lam L [C, M, M], L^T h [C, M])`` from ``u``-space site sums (two triangular
@@ -176,8 +228,8 @@ class StackedTerms:
         LamL = ops.tri_matmul(self.L, Lam, right=True)
         LtLamL = ops.tri_matmul(self.L, LamL, transpose=True, overwrite=True, T_T=self.L_T)
         # (L^T h)^T = h^T L: on a device one einsum (the same batched product, no views)
-        hL = ((h[:, None, :] @ self.L)[:, 0, :] if ops.is_numpy(h)
-              else ops.einsum("cm,cmk->ck", h, self.L))
+        hL = ((h[..., None, :] @ self.L)[..., 0, :] if ops.is_numpy(h)
+              else ops.einsum("cm,cmk->ck" if h.ndim == 2 else "m,mk->k", h, self.L))
         return (symmetrize(LtLamL) if symmetric else LtLamL), hL
 
     def to_u_space(self, P_w: Array, h_w: Array) -> tuple[Array, Array]:
@@ -230,7 +282,7 @@ def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Arr
     """``StackedTerms`` of the class kernels with inducing inputs ``Zs[c] [M, D]`` (or one
     stack ``[C, M, D]``) at ``X [n, D]`` (arrays of one namespace).
 
-    As ``gpinfer.sites.inducing.class_terms`` for every class: ``Kuu = k(Z) + jitter I``,
+    As ``latent_terms`` for every class: ``Kuu = k(Z) + jitter I``,
     ``kappa = k_diag(X) + jitter``, ``s`` floored at ``jitter`` (None: ``inducing_jitter`` of
     the inputs' dtype). ``covariances``: the kernels' batched covariances at ``(Zs, X)``
     already computed (``HyperParameters.covariances``, shared with the gradient's VJPs);
@@ -259,6 +311,23 @@ def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Arr
     s = Kff_diag + jitter
     s -= ops.einsum("cmn,cmn->cn", A, A)
     return StackedTerms(L=L, A=A, s=ops.clip_below(s, jitter), L_inv=L_inv)
+
+
+def latent_terms(kernel: Kernel, Z: Array, X: Array, *, jitter: float | None = None,
+                 iteration: int | None = None) -> StackedTerms:
+    """One latent's ``StackedTerms`` (``L [M, M]``, ``A [M, n]``, ``s [n]``) of ``kernel``
+    with inducing inputs ``Z [M, D]`` at ``X [n, D]`` (numpy; gfitc's per-class terms).
+
+    ``Kuu = kernel.K(Z) + jitter I`` (a ``White`` term adds its noise there); ``Kuf`` never gets
+    noise; ``kappa = kernel.K_diag(X) + jitter``; ``s`` floored at ``jitter`` (None:
+    ``inducing_jitter`` of ``X``'s dtype). ``NumericalError`` if ``Kuu`` cannot be factorised.
+    """
+    jitter = inducing_jitter(X) if jitter is None else jitter
+    Kuu = kernel.K(Z) + jitter * np.eye(Z.shape[0])
+    L = jittered_cholesky(Kuu, name="Kuu", iteration=iteration).L
+    A = tri_solve(L, kernel.K(Z, X))
+    s = kernel.K_diag(X) + jitter - np.sum(A * A, axis=0)
+    return StackedTerms(L=L, A=A, s=np.maximum(s, jitter))
 
 
 class Scales(NamedTuple):
@@ -579,7 +648,8 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
                              R: Array, a_sum: Array, b_sum: Array, e_sum: Array | None = None,
                              *, inverse_applied: bool = False) -> StackedMatrixGradients:
     """``dlogZ_q / d(Kuu, Kuf, diag Kff)`` of every class:
-    ``gpinfer.sites.inducing.inducing_matrix_gradients`` on stacks.
+    the per-class gradients of spec ep-sep §2.7 (the oracle ``tests/sites/class_gradients.py``)
+    on stacks.
 
     ``q``: the posteriors; ``lik``: the Gaussians held fixed in the likelihood term (EP: ``q``;
     SEP: the shared cavities) with ``R = L_B^-1 A [C, M, n]`` from ``lik.project`` (with
@@ -653,15 +723,6 @@ def _numpy_cross(A: Array, AB: Array, w: Array, R: Array, a_sum: Array, b_sum: A
     return X, cross
 
 
-def as_stacked(terms: Sequence[ClassTerms] | StackedTerms) -> StackedTerms:
-    """``terms`` as ``StackedTerms`` (per-class ``ClassTerms`` are stacked)."""
-    if isinstance(terms, StackedTerms):
-        return terms
-    xp = ops.namespace(terms[0].L)
-    return StackedTerms(L=xp.stack([t.L for t in terms]), A=xp.stack([t.A for t in terms]),
-                        s=xp.stack([t.s for t in terms]))
-
-
 # -- one kernel and one Z shared by every class (sep's ``shared_inducing``) ----------------------
 # New functions only: the per-class algebra above runs unchanged on broadcast views of the one
 # class's terms; beyond the kernel work (one Kuu, one Cholesky, one L^-1 Kuf) the shared A saves
@@ -671,7 +732,7 @@ def as_stacked(terms: Sequence[ClassTerms] | StackedTerms) -> StackedTerms:
 # moved to the next step's factor (``rebased``) instead of a round trip through u-space.
 
 
-@dataclass
+@dataclass(eq=False)
 class SharedTerms(StackedTerms):
     """``StackedTerms`` of ``C`` classes sharing one kernel and one ``Z``: ``L``, ``A``, ``s``
     and ``L_inv`` are read-only broadcast views ``[C, ...]`` of ``one``'s ``[1, ...]`` arrays

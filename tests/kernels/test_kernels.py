@@ -311,6 +311,21 @@ def test_every_stationary_kernel_has_its_own_derivative_shortcut():
     assert Matern32.dg_dr2_per_g is None and Matern52.dg_dr2_per_g is None
 
 
+def test_squared_distance_form_is_declared_where_it_holds():
+    """``sqdist_form`` (the cached-distance path's declaration) holds for every class that
+    sets or inherits it: ``K_from_sqdist`` of raw squared distances is ``K``; RBF declares it,
+    the Materns do not."""
+    rng = np.random.default_rng(5)
+    X, Z = rng.normal(size=(6, 2)), rng.normal(size=(4, 2))
+    D = np.sum((Z[:, None, :] - X[None, :, :]) ** 2, axis=-1)
+    for cls in _stationary_classes():
+        if cls.sqdist_form:
+            k = cls(lengthscale=0.8, variance=1.3)
+            np.testing.assert_allclose(k.K_from_sqdist(D), k.K(Z, X), rtol=1e-13,
+                                       err_msg=cls.__name__)
+    assert RBF.sqdist_form and not Matern32.sqdist_form and not Matern52.sqdist_form
+
+
 # --------------------------------------------------------------------------------------------
 # make_kernel
 # --------------------------------------------------------------------------------------------

@@ -12,14 +12,15 @@ from gpinfer.errors import NumericalError
 from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels import RBF, White
 from gpinfer.kernels.stacked import StackedKernels
-from gpinfer.sites.inducing import WhitenedGaussian, class_terms, inducing_matrix_gradients
+from gpinfer.sites.inducing import WhitenedGaussian
 from gpinfer.sites.stacked import (
     Scales,
     StackedGaussians,
-    as_stacked,
+    StackedTerms,
     cavity_moments,
     cho_inverse_stack,
     finite_sums,
+    latent_terms,
     paired_by_inverse,
     scales,
     shared_paired,
@@ -29,6 +30,7 @@ from gpinfer.sites.stacked import (
     stacked_terms,
     tri_solve_stack,
 )
+from tests.sites.class_gradients import inducing_matrix_gradients
 
 C, M, N, D = 3, 6, 9, 2
 
@@ -127,11 +129,11 @@ def _host(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def test_stacked_terms_equal_class_terms():
+def test_stacked_terms_equal_latent_terms():
     _, X, kernels, Zs, _, _ = _setup()
     stacked = stacked_terms(kernels, Zs, X)
     for c in range(C):
-        ref = class_terms(kernels[c], Zs[c], X)
+        ref = latent_terms(kernels[c], Zs[c], X)
         np.testing.assert_allclose(stacked.L[c], ref.L, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(stacked.A[c], ref.A, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(stacked.s[c], ref.s, rtol=1e-10, atol=1e-12)
@@ -173,7 +175,7 @@ def test_stacked_terms_take_kuf_over_from_shared_covariances(device):
 def test_whitening_round_trip_and_per_class_equality(device):
     """On numpy and on a device (its sandwich's second solve from the right)."""
     _, X, kernels, Zs, P, h = _setup()
-    per_class = [class_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
+    per_class = [latent_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
     X_, Z_, P_, h_ = _on(device, X, np.stack(Zs), P, h)
     terms = stacked_terms(kernels, Z_, X_)
     Lam, hu = (_host(a) for a in terms.to_u_space(P_, h_))
@@ -181,8 +183,9 @@ def test_whitening_round_trip_and_per_class_equality(device):
     P_back, h_back = (_host(a) for a in terms.to_whitened(*_on(device, Lam, hu)))
     np.testing.assert_allclose(P_back, P, rtol=1e-9, atol=1e-10)
     np.testing.assert_allclose(h_back, h, rtol=1e-9, atol=1e-10)
-    for c in range(C):
-        Lam_c, h_c = per_class[c].to_u_space(P[c], h[c])
+    for c in range(C):  # the spec's dense per-class products: L^-T P_w L^-1, L^-T h_w
+        L_inv = solve_triangular(per_class[c].L, np.eye(M), lower=True)
+        Lam_c, h_c = L_inv.T @ P[c] @ L_inv, L_inv.T @ h[c]
         np.testing.assert_allclose(Lam[c], Lam_c, rtol=1e-9, atol=1e-10)
         np.testing.assert_allclose(hu[c], h_c, rtol=1e-9, atol=1e-10)
 
@@ -322,7 +325,7 @@ def test_sep_matrix_gradients_equal_the_per_class_gradients(device):
     """On numpy and on a device (sym(A X^T) + S_B one product A (X + A diag B)^T), from
     ``R = L_B^-1 A`` and from ``B^-1 A`` (``project_by_inverse``, numpy's evaluation)."""
     rng, X, kernels, Zs, P, h = _setup()
-    per_class = [class_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
+    per_class = [latent_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
     frac = np.array([0.8, 0.9, 0.95])
     a_sum, b_sum = rng.normal(size=(C, N)), rng.normal(size=(C, N))
     X_, Z_, P_, h_, a_, b_ = _on(device, X, np.stack(Zs), P, h, a_sum, b_sum)
@@ -353,7 +356,7 @@ def test_sep_matrix_gradients_equal_the_per_class_gradients(device):
 @pytest.mark.parametrize("device", [False, True])
 def test_ep_matrix_gradients_equal_the_per_class_gradients(device):
     rng, X, kernels, Zs, P, h = _setup(4)
-    per_class = [class_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
+    per_class = [latent_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
     a_sum, b_sum, e_sum = (rng.normal(size=(C, N)) for _ in range(3))
     X_, Z_, P_, h_, a_, b_, e_ = _on(device, X, np.stack(Zs), P, h, a_sum, b_sum, e_sum)
     terms = stacked_terms(kernels, Z_, X_)
@@ -370,12 +373,58 @@ def test_ep_matrix_gradients_equal_the_per_class_gradients(device):
         np.testing.assert_allclose(grads[c].Kuf, ref.Kuf, rtol=1e-8, atol=1e-10)
 
 
-def test_as_stacked_stacks_class_terms():
+def test_stack_of_latent_terms_and_latent_views():
+    """``StackedTerms.stack`` of one latent's terms each and ``latent(c)`` invert each other
+    (views: the same bits)."""
     _, X, kernels, Zs, _, _ = _setup()
-    per_class = [class_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
-    stacked = as_stacked(per_class)
-    assert as_stacked(stacked) is stacked
-    np.testing.assert_array_equal(stacked.A[2], per_class[2].A)
+    per_class = [latent_terms(k, Z, X) for k, Z in zip(kernels, Zs)]
+    stacked = StackedTerms.stack(per_class)
+    assert stacked.L.shape == (C, M, M) and stacked.L_inv is None
+    for c in range(C):
+        view = stacked.latent(c)
+        for a, b in ((view.L, per_class[c].L), (view.A, per_class[c].A),
+                     (view.s, per_class[c].s)):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_single_latent_view_runs_the_stacked_maps(device):
+    """The geometry's maps over one latent's 2-D arrays equal the stacked maps' row ``c``:
+    ``to_whitened``, ``to_u_space``, ``sandwich`` and ``unwhiten`` take any leading axes (numpy,
+    with and without ``L^-1``, and a device)."""
+    _, X, kernels, Zs, P, h = _setup()
+    X_, Z_, P_, h_ = _on(device, X, np.stack(Zs), P, h)
+    terms = stacked_terms(kernels, Z_, X_)
+    variants = [terms]
+    if not device:  # numpy: both the L^-1 products and the triangular solves
+        variants.append(StackedTerms(L=terms.L, A=terms.A, s=terms.s,
+                                     L_inv=None if terms.L_inv is not None
+                                     else ops.tri_inverse(terms.L)))
+    for t in variants:
+        Lam, hu = t.to_u_space(P_, h_)
+        P_w, h_w = t.to_whitened(Lam, hu)
+        S = t.sandwich(P_)
+        V = t.unwhiten(ops.mT(P_))
+        for c in range(C):
+            one = t.latent(c)
+            Lam_c, hu_c = one.to_u_space(P_[c], h_[c])
+            P_c, h_c = one.to_whitened(Lam_c, hu_c)
+            for got, ref in ((Lam_c, Lam[c]), (hu_c, hu[c]), (P_c, P_w[c]), (h_c, h_w[c]),
+                             (one.sandwich(P_[c]), S[c]), (one.unwhiten(ops.mT(P_[c])), V[c])):
+                assert tuple(got.shape) == tuple(ref.shape)
+                np.testing.assert_allclose(_host(got), _host(ref), rtol=1e-10, atol=1e-12)
+
+
+def test_class_terms_name_is_deprecated_for_latent_terms():
+    """The old per-class names work one more release, with a ``DeprecationWarning``."""
+    import gpinfer.sites.inducing as inducing
+
+    with pytest.warns(DeprecationWarning, match="latent_terms"):
+        assert inducing.class_terms is latent_terms
+    with pytest.warns(DeprecationWarning, match="StackedTerms"):
+        assert inducing.ClassTerms is StackedTerms
+    with pytest.raises(AttributeError):
+        _ = inducing.no_such_name
 
 
 def test_corrupted_sites_are_a_numerical_error():

@@ -14,7 +14,7 @@ every evaluation (``maxiter = max_iter``). Batch only.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, ClassVar, cast
 
 import numpy as np
@@ -40,7 +40,6 @@ from gpinfer.options import Option, choice, integer, real
 from gpinfer.posterior import InducingPosterior
 from gpinfer.reporting import IterationReporter
 from gpinfer.sites.inducing import (
-    ClassTerms,
     WhitenedGaussian,
     aggregate,
     at_label,
@@ -50,6 +49,7 @@ from gpinfer.sites.inducing import (
     remove_site,
     role_delta,
 )
+from gpinfer.sites.stacked import StackedTerms
 from gpinfer.training.inner import InnerSchedule
 from gpinfer.training.outer import OuterSchedule
 from gpinfer_ep.model import all_terms, check_likelihood, class_kernels, initial_inducing
@@ -76,7 +76,7 @@ class FITCSites(SiteState):
         self.failures = 0  # failed sweeps (restored, damping halved), reported as a metric
         # the class terms the sweeps use, held only during ``run`` (the reports deep-copy the
         # sites: kept, the terms' [M, N] matrices would be copied into every report)
-        self.terms: Sequence[ClassTerms] = ()
+        self.terms: StackedTerms | None = None
 
     def snapshot(self) -> tuple[Array, ...]:
         return tuple(a.copy() for a in (self.W1, self.W2, self.L1, self.L2))
@@ -88,12 +88,13 @@ class FITCSites(SiteState):
         return (aggregate(self.W1, self.L1, self.mask),
                 aggregate(self.W2, self.L2, self.mask))
 
-    def marginals(self, terms: Sequence[ClassTerms]
+    def marginals(self, terms: StackedTerms
                   ) -> tuple[Array, Array, list[tuple[Any, ...]]]:
-        """``(mu, Sigma [N, C], [(q_c, den_c, d_c, nu'_c)])`` of the current sites."""
+        """``(mu, Sigma [N, C], [(q_c, den_c, d_c, nu'_c)])`` of the current sites (``terms``:
+        the classes' geometry at the training inputs, read one class at a time)."""
         tau, nu = self.tau_nu()
         mus, sigmas, parts = [], [], []
-        for c, t in enumerate(terms):
+        for c, t in enumerate(terms.latents()):
             den = 1.0 + tau[:, c] * t.s
             d, nup = tau[:, c] / den, nu[:, c] / den
             q = WhitenedGaussian(weighted_gram(t.A, d), t.A @ nup)
@@ -103,7 +104,7 @@ class FITCSites(SiteState):
             parts.append((q, den, d, nup, p))
         return np.stack(mus, 1), np.stack(sigmas, 1), parts
 
-    def sweep(self, terms: Sequence[ClassTerms], rho: float) -> float:
+    def sweep(self, terms: StackedTerms, rho: float) -> float:
         """One damped parallel EP sweep on the Heaviside factors; returns max |site change|."""
         mu, S, _ = self.marginals(terms)
         y, mask = self.y, self.mask
@@ -122,9 +123,10 @@ class FITCSites(SiteState):
 
     def update(self, damping: float, iteration: int) -> float:
         """One damped sweep with the ``terms`` of the current ``run``."""
+        assert self.terms is not None  # set by ``run``
         return self.sweep(self.terms, damping)
 
-    def run(self, terms: Sequence[ClassTerms], tol: float, max_sweeps: int,
+    def run(self, terms: StackedTerms, tol: float, max_sweeps: int,
             rho0: float = 0.5, decay: float = 0.99) -> int:
         """EP to convergence (largest site change ``< tol``) on the engine's inner site
         schedule, damping ``rho0`` decaying by ``decay`` per sweep; a failed sweep is restored
@@ -135,11 +137,11 @@ class FITCSites(SiteState):
             run = InnerSchedule(tol=tol, max_updates=max_sweeps, damping=rho0, decay=decay,
                                 strict=True, max_failures=MAX_SWEEP_FAILURES).run(self)
         finally:
-            self.terms = ()
+            self.terms = None
         self.failures += run.failures
         return run.updates
 
-    def evidence(self, terms: Sequence[ClassTerms]) -> tuple[float, list[MatrixGradients]]:
+    def evidence(self, terms: StackedTerms) -> tuple[float, list[MatrixGradients]]:
         """``log Z^GFITC`` and its gradient at convergence (sites fixed), spec §3.1."""
         mu, S, parts = self.marginals(terms)
         y, mask = self.y, self.mask
@@ -151,7 +153,7 @@ class FITCSites(SiteState):
                   + role_delta(mu, S, self.L1, self.L2, cav_l.d))
         value = float(np.sum(np.where(mask, t.log_z + deltas, 0.0)))
         grads = []
-        for c, (term, (q, den, d, nup, p)) in enumerate(zip(terms, parts)):
+        for c, (term, (q, den, d, nup, p)) in enumerate(zip(terms.latents(), parts)):
             value += (-0.5 * np.sum(np.log(den)) - np.sum(np.log(np.diag(q.LB)))
                       + 0.5 * nu[:, c] @ mu[:, c])
             alpha = nup - d * p.mu
@@ -166,10 +168,10 @@ class FITCSites(SiteState):
                                          Kff_diag=g))
         return value, grads
 
-    def posterior_moments(self, terms: Sequence[ClassTerms]) -> list[tuple[Array, Array]]:
+    def posterior_moments(self, terms: StackedTerms) -> list[tuple[Array, Array]]:
         """``(m_c, S_c)`` over ``u_c`` with the same predictions as spec §3.1."""
         _, _, parts = self.marginals(terms)
-        return [q.moments(t.L) for t, (q, *_rest) in zip(terms, parts)]
+        return [q.moments(t.L) for t, (q, *_rest) in zip(terms.latents(), parts)]
 
 
 class GFITC(Method):

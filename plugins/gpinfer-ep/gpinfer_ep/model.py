@@ -14,7 +14,7 @@ from gpinfer.kernel_start import start_kernel
 from gpinfer.kernels.base import Kernel
 from gpinfer.likelihoods.multiclass import ArgmaxNoise
 from gpinfer.parallel import map_latents
-from gpinfer.sites.inducing import ClassTerms, class_terms
+from gpinfer.sites.stacked import StackedTerms, latent_terms
 from gpinfer_ep.noise import latent_noise
 
 
@@ -61,7 +61,10 @@ def initial_inducing(problem: Problem, method: str, init: str = "random",
 
 
 def all_terms(kernels: Sequence[Kernel], Zs: Sequence[Array], X: Array,
-              iteration: int | None = None, n_jobs: int = 1) -> list[ClassTerms]:
-    """``ClassTerms`` of every class at ``X [n, D]`` (classes on ``n_jobs`` threads)."""
-    return map_latents(lambda kZ: class_terms(kZ[0], kZ[1], X, iteration=iteration),
-                       list(zip(kernels, Zs)), n_jobs)
+              iteration: int | None = None, n_jobs: int = 1) -> StackedTerms:
+    """The inducing geometry of every class at ``X [n, D]``, each class's terms formed on its
+    own (``latent_terms``, classes on ``n_jobs`` threads) and stacked (``L [C, M, M]``,
+    ``A [C, M, n]``, ``s [C, n]``)."""
+    return StackedTerms.stack(map_latents(
+        lambda kZ: latent_terms(kZ[0], kZ[1], X, iteration=iteration),
+        list(zip(kernels, Zs)), n_jobs))

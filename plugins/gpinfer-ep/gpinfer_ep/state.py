@@ -1,8 +1,8 @@
 """Site states of sparse multi-class EP (rank-one sites) and SEP (tied sites); spec ep-sep §2.
 
 Both expose the same operations on a set of points ``idx`` (all of them in batch mode), given
-the classes' kernel quantities at ``X[idx]`` (``terms_at``: ``StackedTerms``; a list of
-per-class ``ClassTerms`` is stacked on entry):
+the classes' kernel quantities at ``X[idx]`` (``terms_at``: ``StackedTerms``, the inducing
+geometry stacked over the classes):
 
 * ``update(terms, idx, rho)``: parallel damped moment matching of the points' factors;
 * ``evaluate(terms, idx, scale)``: ``log Z_q`` (data terms times ``scale = N / |batch|``)
@@ -39,7 +39,6 @@ from gpinfer.interfaces import Array, Scalar
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.stacked import StackedCovariances, StackedMatrixGradients
 from gpinfer.sites.inducing import (
-    ClassTerms,
     WhitenedGaussian,
     aggregate,
     at_label,
@@ -59,7 +58,6 @@ from gpinfer.sites.stacked import (
     SharedTerms,
     StackedGaussians,
     StackedTerms,
-    as_stacked,
     basis,
     cavity_moments,
     kept_frame,
@@ -124,13 +122,13 @@ class _SiteSums:
         the gradient's VJPs)."""
         return stacked_terms(kernels, Zs, X, iteration=iteration, covariances=covariances)
 
-    def gaussians(self, terms: Sequence[ClassTerms], factor: Array | None = None,
+    def gaussians(self, terms: StackedTerms, factor: Array | None = None,
                   iteration: int | None = None) -> list[WhitenedGaussian]:
-        """``q_c`` per class from per-class host terms (or, with ``factor [C]``, the Gaussians
-        with scaled site sums): for inspection and tests on numpy states; training and the
-        posterior use the stacked algebra."""
+        """``q_c`` per class from host terms, read one class at a time (``latent(c)``; or,
+        with ``factor [C]``, the Gaussians with scaled site sums): for inspection and tests on
+        numpy states; training and the posterior use the stacked algebra."""
         out = []
-        for c, t in enumerate(terms):
+        for c, t in enumerate(terms.latents()):
             P_w, h_w = t.to_whitened(self.Lam[c], self.h[c])
             a = 1.0 if factor is None else float(factor[c])
             out.append(WhitenedGaussian(a * P_w, a * h_w, iteration=iteration))
@@ -163,8 +161,8 @@ class RankOneSites(_SiteSums):
 
     ``W1, W2 [N, C]`` winner-role scalars (column = loser class), ``L1, L2 [N, C]`` loser-role
     scalars, ``U [C, M, N]`` the ``u``-space direction each point's sites were refined with.
-    Memory ``O(N M C)``. The algebra is class-batched (``gpinfer.sites.stacked``); ``terms``
-    may be ``StackedTerms`` or a list of per-class ``ClassTerms``.
+    Memory ``O(N M C)``. The algebra is class-batched (``gpinfer.sites.stacked``: ``terms``
+    is ``StackedTerms``).
     """
 
     def __init__(self, y: Array, C: int, M: int, backend: Backend = NUMPY):
@@ -179,18 +177,17 @@ class RankOneSites(_SiteSums):
         P_w, h_w = self._whitened_sums(terms)
         return StackedGaussians(P_w, h_w, iteration=iteration)
 
-    def _batch_view(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array,
+    def _batch_view(self, terms: StackedTerms, idx: Array,
                     iteration: int | None
                     ) -> tuple[StackedTerms, Array, Array, Array, StackedGaussians]:
         """What a step on the points ``idx [n]`` reads: the stacked terms, ``idx`` and its labels
         ``y [n]`` on the backend, the label mask ``[n, C]`` (``factor_mask``) and the posterior."""
-        terms = as_stacked(terms)
         ii = ops.index_like(terms.A, idx)
         y = ops.index_like(terms.A, self.y[idx])
         mask = factor_mask(y, terms.A.shape[0])
         return terms, ii, y, mask, self._posterior(terms, iteration)
 
-    def update(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array, rho: float,
+    def update(self, terms: StackedTerms, idx: Array, rho: float,
                iteration: int | None = None) -> Scalar:
         """Damped parallel update of the factors of points ``idx``; returns max |site change|
         (a 0-d array, unread)."""
@@ -243,7 +240,7 @@ class RankOneSites(_SiteSums):
         self.h = ops.einsum("cmn,cn->cm", self.U, nu)
         self._whitened = None
 
-    def evaluate(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array,
+    def evaluate(self, terms: StackedTerms, idx: Array,
                  scale: float = 1.0,
                  iteration: int | None = None) -> tuple[Scalar, StackedMatrixGradients]:
         """EP ``log Z_q`` (§2.6, a 0-d array, unread) and its gradient (§2.7.2); directions of
@@ -297,8 +294,8 @@ class TiedSites(_SiteSums):
     set (spec §1.4, P11; default from ``y``). For streamed data pass ``y`` of the current batch
     positions and ``n_factors`` explicitly.
 
-    The algebra is class-batched (``gpinfer.sites.stacked``): ``terms`` may be a
-    ``StackedTerms`` or a list of per-class ``ClassTerms`` (stacked on entry). The sums are kept
+    The algebra is class-batched (``gpinfer.sites.stacked``: ``terms`` is ``StackedTerms``).
+    The sums are kept
     whitened: an update leaves its new ``L^T Lam L``, ``L^T h`` for the ``evaluate`` (or
     further sweeps) that follow on the same terms, and with the factor they are whitened on
     (``_based``: a ``Basis``, no data-sized arrays) for the next step, which moves them to its
@@ -452,11 +449,10 @@ class TiedSites(_SiteSums):
         self._batch = (np.array(idx, copy=True), self.y, labels)
         return labels
 
-    def update(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array, rho: float,
+    def update(self, terms: StackedTerms, idx: Array, rho: float,
                iteration: int | None = None) -> Scalar:
         """Tied damped update from the points ``idx`` (spec §2.5.3); returns the max change of
         the whitened site shift (a 0-d array, unread: see the module doc)."""
-        terms = as_stacked(terms)
         labels = self._labels(idx, terms.A)
         P_w, h_w, frame = self._kept_sums(terms)
         if self.group is not None:
@@ -471,12 +467,11 @@ class TiedSites(_SiteSums):
         self._whitened = (terms, P_w, h_next)
         return change
 
-    def evaluate(self, terms: Sequence[ClassTerms] | StackedTerms, idx: Array,
+    def evaluate(self, terms: StackedTerms, idx: Array,
                  scale: float = 1.0,
                  iteration: int | None = None) -> tuple[Scalar, StackedMatrixGradients]:
         """SEP ``log Z_q`` (§2.6, a 0-d array, unread: see the module doc) and the paper's
         gradient with the shared cavity (§2.7.3)."""
-        terms = as_stacked(terms)
         labels = self._labels(idx, terms.A)
         P_w, h_w, frame = self._kept_sums(terms)
         return _tied_evaluate(terms, P_w, h_w, self._cavity_scales(P_w, paired=True), labels,

@@ -20,7 +20,8 @@ from gpinfer.kernels import RBF, White
 from gpinfer.kernels.combination import Product, Sum
 from gpinfer.likelihoods.multiclass import ArgmaxNoise
 from gpinfer.posterior import InducingPosterior
-from gpinfer.sites.inducing import INDUCING_JITTER, ClassTerms, class_terms
+from gpinfer.sites.inducing import INDUCING_JITTER
+from gpinfer.sites.stacked import StackedTerms, latent_terms
 from gpinfer.testing import assert_gradient_close
 from gpinfer.testing.method_suite import make_suite_data
 
@@ -154,12 +155,12 @@ def dense_proba(mean, var):
 
 
 def _sparse_posterior(state, kernels, Zs, terms):
-    m, S = zip(*(q.moments(t.L) for q, t in zip(state.gaussians(terms), terms)))
+    m, S = zip(*(q.moments(t.L) for q, t in zip(state.gaussians(terms), terms.latents())))
     return InducingPosterior(ArgmaxNoise(), kernels, Zs, list(m), list(S))
 
 
 def _run_sparse(state, terms, rho=0.5, tol=1e-12, max_sweeps=3000):
-    idx = np.arange(terms[0].A.shape[1])
+    idx = np.arange(terms.A.shape[-1])
     for _ in range(max_sweeps):
         if state.update(terms, idx, rho) < tol:
             return state
@@ -193,7 +194,7 @@ def test_latent_noise_kernel_is_diagonal_only():
                           noise.grad_params_diag(X, dK[0]), noise.get_unconstrained(),
                           eps=1e-6, rtol=1e-7, atol=1e-10, name="LatentNoise K_diag VJP")
     # at Z = X: Kuu has no noise, the FITC variances are the noise (+ O(jitter))
-    t = class_terms(k, X, X)
+    t = latent_terms(k, X, X)
     np.testing.assert_allclose(t.L @ t.L.T, RBF(lengthscale=0.7).K(X) + INDUCING_JITTER * np.eye(5),
                                atol=1e-14)
     np.testing.assert_allclose(t.s, 0.3, rtol=1e-7)
@@ -254,18 +255,18 @@ def test_o11b_same_jittered_matrix_gives_dense_ep_to_rounding():
     X, y, kernels = _setup()
     N, C = X.shape[0], 3
     K = [_noise_free(k).K(X) + INDUCING_JITTER * np.eye(N) for k in kernels]
-    terms = []
+    latents = []
     for c, Kc in enumerate(K):
         L = np.linalg.cholesky(Kc)
         A = solve_triangular(L, Kc, lower=True)
-        terms.append(ClassTerms(L=L, A=A, s=np.diag(Kc) + SIGMA0[c] - np.sum(A * A, axis=0)))
-    np.testing.assert_allclose(np.stack([t.s for t in terms], 1), np.tile(SIGMA0, (N, 1)),
-                               atol=1e-14)
+        latents.append(StackedTerms(L=L, A=A, s=np.diag(Kc) + SIGMA0[c] - np.sum(A * A, axis=0)))
+    terms = StackedTerms.stack(latents)
+    np.testing.assert_allclose(terms.s.T, np.tile(SIGMA0, (N, 1)), atol=1e-14)
     state = _run_sparse(RankOneSites(y, C, N), terms)
     np.testing.assert_allclose(state.U, np.broadcast_to(np.eye(N), (C, N, N)), atol=1e-12)
     dense = DenseEP(K, y, SIGMA0).run()
     _assert_same_sites(state, dense, rtol=1e-9, atol=1e-11)
-    for c, (q, t) in enumerate(zip(state.gaussians(terms), terms)):
+    for c, (q, t) in enumerate(zip(state.gaussians(terms), terms.latents())):
         m, V = q.moments(t.L)
         m_d, V_d = dense.q(c)
         np.testing.assert_allclose(m, m_d, atol=1e-11)
@@ -275,7 +276,7 @@ def test_o11b_same_jittered_matrix_gives_dense_ep_to_rounding():
 
 
 def test_o11b_plugin_kernels_give_dense_ep_to_jitter():
-    """Through ``class_terms`` with ``RBF + LatentNoise``: ``Kuf`` lacks the jitter that ``Kuu``
+    """Through ``latent_terms`` with ``RBF + LatentNoise``: ``Kuf`` lacks the jitter that ``Kuu``
     has, so directions and ``s`` are off by O(jitter * ||K^-1||); log Z_q, sites and predictive
     probabilities then agree to that order. With the noise on Kuu (White) they do not."""
     X, y, kernels = _setup()

@@ -76,7 +76,7 @@ def test_ep_equals_gfitc_at_M_equals_N_without_noise():
     assert v_ep == pytest.approx(v_gf, rel=1e-5)
     mS = gf.posterior_moments(terms)
     post_gf = InducingPosterior(ArgmaxNoise(), kernels, Zs, [a for a, _ in mS], [b for _, b in mS])
-    m_ep = [q.moments(t.L) for q, t in zip(ep.gaussians(terms), terms)]
+    m_ep = [q.moments(t.L) for q, t in zip(ep.gaussians(terms), terms.latents())]
     post_ep = InducingPosterior(ArgmaxNoise(), kernels, Zs, [a for a, _ in m_ep],
                                 [b for _, b in m_ep])
     Xs = rng.standard_normal((7, 2))

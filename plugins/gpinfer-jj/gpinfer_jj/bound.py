@@ -4,8 +4,9 @@ Spec jj-taylor-svi §2.6-2.8. ``CollapsedObjective`` owns the data, the signs, t
 inducing inputs (through ``gpinfer.hyper.HyperParameters``) and gives ``F`` with its gradient
 with respect to ``theta [P]`` and, for the hybrid/full variants, ``xi [N]``.
 
-Cost at large ``N`` (``O(N M^2)`` per evaluation): the factors ``L_K, R = L_K^-1 Kuf`` are kept
-for the last kernel parameters (``xi`` moves at every hybrid evaluation, they only with
+Cost at large ``N`` (``O(N M^2)`` per evaluation): the factors ``L_K, R = L_K^-1 Kuf`` (the
+inducing geometry ``StackedTerms``: ``L``, ``A``; ``quadratic.inducing_factors``) are kept for the
+last kernel parameters (``xi`` moves at every hybrid evaluation, they only with
 ``theta``) and the last bound for the last ``xi``, so that Stage 1, the first L-BFGS-B
 evaluation and ``q(u)`` after Stage 2 reuse them; the ``[N, M]`` arrays are recycled; for the
 isotropic RBF (+ White) kernel the ``Kuf`` part of the kernel VJP is two contractions of
@@ -23,11 +24,13 @@ from gpinfer.interfaces import Array, Likelihood, SiteState
 from gpinfer.kernels.base import Kernel
 from gpinfer.likelihoods.bernoulli import as_bernoulli
 from gpinfer.posterior import InducingPosterior
+from gpinfer.sites.stacked import StackedTerms
 from gpinfer_jj.quadratic import (
     CollapsedBound,
-    InducingFactors,
     QuadraticCoefficients,
+    inducing_factors,
     jj_coefficients,
+    release,
     taylor_coefficients,
 )
 
@@ -39,7 +42,7 @@ class _WorkArrays:
 
     A new array of that size costs the kernel's page zeroing (about a quarter of the triangular
     solve that fills it) at every ``theta``. Ownership is explicit: ``CollapsedObjective``
-    gives the arrays of the factorisation it replaces back only after ``InducingFactors.release``
+    gives the arrays of the factorisation it replaces back only after ``quadratic.release``
     has made that factorisation unusable, so a factors object or bound kept from earlier kernel
     parameters fails loudly if used, instead of reading memory that now holds other numbers.
     """
@@ -86,7 +89,7 @@ class CollapsedObjective:
         # the factors of the last kernel parameters and Z, and the last bound built on them:
         # xi moves at every hybrid evaluation but the kernel matrices, L_K and R only with theta,
         # and Stage 1, the first L-BFGS-B evaluation and q(u) after Stage 2 revisit a point
-        self._factors: InducingFactors | None = None
+        self._factors: StackedTerms | None = None
         self._factors_key: tuple[bytes, bytes] | None = None
         self._bound: CollapsedBound | None = None
         self._bound_xi: Array | None = None
@@ -110,14 +113,14 @@ class CollapsedObjective:
         return (np.asarray(self.kernel.get_unconstrained(), dtype=float).tobytes(),
                 np.asarray(self.Z, dtype=float).tobytes())
 
-    def factors(self) -> InducingFactors:
+    def factors(self) -> StackedTerms:
         """Kernel matrices and their factorisation at the current hyper-parameters (the last
         ones are kept: computed again only when the kernel parameters or ``Z`` changed)."""
         key = self._parameters_key()
         if self._factors is not None and key == self._factors_key:
             return self._factors
         if self._factors is not None:  # its arrays are reused below: no use of it from now on
-            self._factors.release()
+            release(self._factors)
             self._work.give(self._buffers)
         self._factors = self._bound = self._bound_xi = None
         kuf_rows, r_rows = self._work.take(), self._work.take()
@@ -127,11 +130,11 @@ class CollapsedObjective:
         else:
             matrices = (self.kernel.K(self.Z), self.kernel.K(self.Z, self.X),
                         self.kernel.K_diag(self.X))
-        fac = InducingFactors(*matrices, work=r_rows)
+        fac = inducing_factors(*matrices, work=r_rows)
         self._factors, self._factors_key, self._buffers = fac, key, (kuf_rows, r_rows)
         return fac
 
-    def bound(self, xi: Array, factors: InducingFactors | None = None) -> CollapsedBound:
+    def bound(self, xi: Array, factors: StackedTerms | None = None) -> CollapsedBound:
         """The bound at ``xi`` (the last one is kept and returned again for the same ``xi`` and
         factors)."""
         fac = self.factors() if factors is None else factors
@@ -188,7 +191,7 @@ class XiSites(SiteState):
     ``mean, var [N]``: the marginals the first round starts from; ``factors``: the bound's
     factors at the current ``theta``. After a run: ``xi`` and ``bound`` (the last round's)."""
 
-    def __init__(self, objective: CollapsedObjective, factors: InducingFactors, mean: Array,
+    def __init__(self, objective: CollapsedObjective, factors: StackedTerms, mean: Array,
                  var: Array):
         self.objective, self.factors = objective, factors
         self.mean, self.var = mean, var

@@ -43,7 +43,7 @@ from gpinfer.reporting import IterationReporter, binary_signs
 from gpinfer.training.inner import InnerSchedule
 from gpinfer.training.outer import OuterReport, OuterSchedule
 from gpinfer_jj.bound import CollapsedObjective, XiSites
-from gpinfer_jj.quadratic import CollapsedBound
+from gpinfer_jj.quadratic import CollapsedBound, marginals
 from gpinfer_jj.taylor import (
     GUARD_SLACK,
     TRUST_RADIUS,
@@ -199,8 +199,8 @@ class _CollapsedVI(Method):
         carried = obj.bound(xi, fac) if self.options["carry"] == "xi" and xi is not None else None
         if obj.kind == "taylor":  # the Newton rounds need the means only
             if carried is None:
-                nu = tri_solve(fac.L_K, mu)
-                mean = fac.R.T @ nu
+                nu = tri_solve(fac.L, mu)
+                mean = fac.A_T @ nu
             else:
                 nu, mean = carried.whitened_mean, carried.m_hat
             taylor = MapObjective(obj.s, obj.link)
@@ -208,7 +208,7 @@ class _CollapsedVI(Method):
                                  taylor.point(nu, mean), n_upd, float(self.options["damping"]))
         # S2_hat before m_hat: the pass over R that gives the variances gives the means too
         if carried is None:
-            mean, var = fac.marginals(mu, Sigma)
+            mean, var = marginals(fac, mu, Sigma)
         else:
             var, mean = carried.S2_hat, carried.m_hat
         sites = XiSites(obj, fac, mean, var)

@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import weakref
 from functools import cached_property
-from typing import NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import numpy as np
 from scipy.special import expit, log_expit
 
 from gpinfer.interfaces import Array, MatrixGradients
+from gpinfer.moved import renamed
 from gpinfer.numerics import settings
 from gpinfer.numerics.cholesky import chol_solve, jittered_cholesky, tri_solve
 from gpinfer.numerics.quadrature import LogSigmoid, chunk_slices
+from gpinfer.sites.stacked import StackedTerms
 
 #: below this |xi| the JJ lambda and lambda' use their Taylor series (spec §2.8)
 JJ_SERIES_CUT = 1e-3
@@ -97,71 +99,72 @@ def taylor_coefficients(xi: Array, s: Array, link: LogSigmoid) -> QuadraticCoeff
     )
 
 
-class InducingFactors:
-    """Factorisations shared by every bound at fixed kernel matrices (spec §2.10 steps 1-2).
+#: the closed-form bound last built on each geometry (``CollapsedBound`` sets it): ``marginals``
+#: of that bound's ``q(u)`` are its ``m_hat, S2_hat``, without another pass over the data
+_CLOSED_FORM: weakref.WeakKeyDictionary[StackedTerms, weakref.ref[CollapsedBound]] = (
+    weakref.WeakKeyDictionary())
 
-    ``Kuu [M, M]``, ``Kuf [M, N]``, ``Kff_diag [N]``. ``L_K = chol(Kuu)`` (jitter only when
-    needed), ``R = L_K^-1 Kuf [M, N]``, ``Kt = Kff_diag - ||r_i||^2 [N]`` (round-off clipped at 0).
 
-    ``R`` is stored row-major by data point: ``R_rows = R.T [N, M]`` is C-contiguous (``R`` is its
+def inducing_factors(Kuu: Array, Kuf: Array, Kff_diag: Array, work: Array | None = None
+                     ) -> StackedTerms:
+    """The inducing geometry shared by every bound at fixed kernel matrices (spec §2.10 steps
+    1-2), one latent: ``Kuu [M, M]``, ``Kuf [M, N]``, ``Kff_diag [N]`` (kept on it),
+    ``L = chol(Kuu)`` (jitter only when needed), ``A = R = L^-1 Kuf [M, N]`` and
+    ``s = Kt = Kff_diag - ||r_i||^2 [N]`` (round-off clipped at 0).
+
+    ``R`` is stored row-major by data point: ``A_T = R.T [N, M]`` is C-contiguous (``A`` is its
     transposed view), so that blocks of data points are contiguous for the blocked passes.
-    ``work``: a C-contiguous float ``[N, M]`` array to hold ``R_rows`` (else a new one).
+    ``work``: a C-contiguous float ``[N, M]`` array to hold ``A_T`` (else a new one).
     """
+    Kuu = np.asarray(Kuu, dtype=float)
+    Kuf = np.asarray(Kuf, dtype=float)
+    Kff_diag = np.asarray(Kff_diag, dtype=float)
+    L = jittered_cholesky(Kuu, name="Kuu").L
+    M, N = Kuf.shape
+    Kfu = Kuf.T
+    usable = (work is not None and work.shape == (N, M) and work.dtype == np.float64
+              and work.flags.c_contiguous and not np.shares_memory(work, Kuf))
+    R_rows: Array = cast(Array, work) if usable else np.empty((N, M))
+    rr = np.empty(N)
+    L_F = np.asfortranarray(L)  # BLAS layout once, not per block
+    for rows in row_blocks(N, M):  # R = L^-1 Kuf and ||r_i||^2, one cached block at a time
+        block = R_rows[rows]
+        np.copyto(block, Kfu[rows])
+        tri_solve(L_F, block, right=True, transpose=True, overwrite=True)  # in place
+        np.einsum("nm,nm->n", block, block, out=rr[rows])
+    return StackedTerms(L=L, A=R_rows.T, s=np.maximum(Kff_diag - rr, 0.0), Kuu=Kuu, Kuf=Kuf,
+                        Kff_diag=Kff_diag)
 
-    def __init__(self, Kuu: Array, Kuf: Array, Kff_diag: Array, work: Array | None = None):
-        self.Kuu = np.asarray(Kuu, dtype=float)
-        self.Kuf = np.asarray(Kuf, dtype=float)
-        self.Kff_diag = np.asarray(Kff_diag, dtype=float)
-        self.L_K = jittered_cholesky(self.Kuu, name="Kuu").L
-        M, N = self.Kuf.shape
-        Kfu = self.Kuf.T
-        usable = (work is not None and work.shape == (N, M) and work.dtype == np.float64
-                  and work.flags.c_contiguous and not np.shares_memory(work, self.Kuf))
-        self.R_rows: Array = cast(Array, work) if usable else np.empty((N, M))
-        rr = np.empty(N)
-        L_K = np.asfortranarray(self.L_K)  # BLAS layout once, not per block
-        for rows in row_blocks(N, M):  # R = L_K^-1 Kuf and ||r_i||^2, one cached block at a time
-            block = self.R_rows[rows]
-            np.copyto(block, Kfu[rows])
-            tri_solve(L_K, block, right=True, transpose=True, overwrite=True)  # in place
-            np.einsum("nm,nm->n", block, block, out=rr[rows])
-        self.R = self.R_rows.T
-        self.Kt = np.maximum(self.Kff_diag - rr, 0.0)
-        self._closed_form: weakref.ref | None = None  # the last bound built on these factors
 
-    @property
-    def M(self) -> int:
-        return self.Kuu.shape[0]
+def release(factors: StackedTerms) -> None:
+    """Make ``factors`` unusable: their ``[N, M]`` arrays are about to hold the factors of
+    other kernel parameters (``gpinfer_jj.bound``); any later use fails."""
+    _CLOSED_FORM.pop(factors, None)
+    factors.release()
 
-    @property
-    def N(self) -> int:
-        return self.Kff_diag.shape[0]
 
-    def release(self) -> None:
-        """Make these factors unusable: their ``[N, M]`` arrays are about to hold the factors of
-        other kernel parameters (``gpinfer_jj.bound``); any later use raises ``TypeError``."""
-        self.Kuf = self.R = self.R_rows = None  # type: ignore[assignment]
-        self._closed_form = None
+def marginals(factors: StackedTerms, mu: Array, Sigma: Array) -> tuple[Array, Array]:
+    """Means and variances ``[N]`` of ``q(f_i)`` for any ``q(u) = N(mu, Sigma)`` (§2.10.7).
 
-    def marginals(self, mu: Array, Sigma: Array) -> tuple[Array, Array]:
-        """Means and variances ``[N]`` of ``q(f_i)`` for any ``q(u) = N(mu, Sigma)`` (§2.10.7).
-
-        When ``(mu, Sigma)`` is the closed-form ``q(u)`` of the last bound built on these factors
-        (as in Alg. 1, whose Stage 1 starts from the previous ``q(u)``), its ``m_hat, S2_hat``
-        are returned: the same marginals without another ``O(N M^2)`` pass.
-        """
-        b = self._closed_form() if self._closed_form is not None else None
-        if b is not None and b.is_closed_form(mu, Sigma):
-            return b.m_hat, b.S2_hat
-        nu = tri_solve(self.L_K, mu)
-        Mw = tri_solve(self.L_K, tri_solve(self.L_K, Sigma).T)  # L_K^-1 Sigma L_K^-T
-        mean = self.R_rows @ nu
-        quad = np.empty(self.N)
-        for rows in row_blocks(self.N, self.M):
-            block = self.R_rows[rows]
-            np.einsum("nm,nm->n", block, block @ Mw.T, out=quad[rows])
-        var = self.Kt + quad
-        return mean, np.maximum(var, 0.0)
+    When ``(mu, Sigma)`` is the closed-form ``q(u)`` of the last bound built on ``factors``
+    (as in Alg. 1, whose Stage 1 starts from the previous ``q(u)``), its ``m_hat, S2_hat``
+    are returned: the same marginals without another ``O(N M^2)`` pass.
+    """
+    last = _CLOSED_FORM.get(factors)
+    b = last() if last is not None else None
+    if b is not None and b.is_closed_form(mu, Sigma):
+        return b.m_hat, b.S2_hat
+    L, R_rows = factors.L, factors.A_T
+    N, M = R_rows.shape
+    nu = tri_solve(L, mu)
+    Mw = tri_solve(L, tri_solve(L, Sigma).T)  # L^-1 Sigma L^-T
+    mean = R_rows @ nu
+    quad = np.empty(N)
+    for rows in row_blocks(N, M):
+        block = R_rows[rows]
+        np.einsum("nm,nm->n", block, block @ Mw.T, out=quad[rows])
+    var = factors.s + quad
+    return mean, np.maximum(var, 0.0)
 
 
 class CollapsedBound:
@@ -174,11 +177,11 @@ class CollapsedBound:
     without forming the ``[M, N]`` matrix (for kernels whose VJP needs only those).
     """
 
-    def __init__(self, factors: InducingFactors, coef: QuadraticCoefficients):
+    def __init__(self, factors: StackedTerms, coef: QuadraticCoefficients):
         self.factors = factors
         self.coef = coef
-        R_rows, gamma = factors.R_rows, coef.gamma
-        M, N = factors.M, factors.N
+        R_rows, gamma = factors.A_T, coef.gamma
+        N, M = R_rows.shape
         w = np.sqrt(2.0 * gamma)
         # A = 2 R Gamma R^T = Rg Rg^T with Rg = R sqrt(2 gamma): one symmetric rank-k update per
         # block of rows (syrk), the scaled block never leaves the cache
@@ -201,16 +204,16 @@ class CollapsedBound:
             np.sum(coef.c)
             + 0.5 * self.rho @ self.rho
             - np.sum(np.log(np.diag(self.L_C)))
-            - gamma @ factors.Kt
+            - gamma @ factors.s
         )
         self._v = tri_solve(self.L_C, self.rho, transpose=True)  # L_C^-T rho
-        factors._closed_form = weakref.ref(self)
+        _CLOSED_FORM[factors] = weakref.ref(self)
 
     # -- closed-form q(u) and its marginals ---------------------------------------------------
     @cached_property
     def a(self) -> Array:
         """``a = B^-1 Kmn beta = Kmm^-1 mu_hat``, ``[M]``."""
-        return tri_solve(self.factors.L_K, self._v, transpose=True)
+        return tri_solve(self.factors.L, self._v, transpose=True)
 
     @property
     def whitened_mean(self) -> Array:
@@ -219,17 +222,17 @@ class CollapsedBound:
 
     @cached_property
     def mu_hat(self) -> Array:
-        return self.factors.L_K @ self._v
+        return self.factors.L @ self._v
 
     @cached_property
     def Sigma_hat(self) -> Array:
         """``L_K C^-1 L_K^T``, ``[M, M]``."""
-        W = tri_solve(self.L_C, self.factors.L_K.T)  # L_C^-1 L_K^T
+        W = tri_solve(self.L_C, self.factors.L.T)  # L_C^-1 L_K^T
         return W.T @ W
 
     @cached_property
     def m_hat(self) -> Array:
-        return self.factors.R_rows @ self._v
+        return self.factors.A_T @ self._v
 
     @cached_property
     def S2_hat(self) -> Array:
@@ -242,7 +245,7 @@ class CollapsedBound:
         """One blocked pass over the data rows: with ``marginals``, ``m_hat`` and ``S2_hat``
         (those not known yet, stored); with ``W [M, N]``, returns ``kuf_contraction(W)``."""
         fac = self.factors
-        R_rows = fac.R_rows
+        R_rows = fac.A_T
         N, M = R_rows.shape
         blocks = row_blocks(N, M)
         nb = min(N, blocks[0].stop)
@@ -252,6 +255,7 @@ class CollapsedBound:
         V = np.empty((nb, M)) if quad is not None else None
         L_C = np.asfortranarray(self.L_C)
         if W is not None:
+            assert fac.Kuf is not None  # kept by ``inducing_factors``
             Kfu, Wfu = fac.Kuf.T, np.asarray(W, dtype=float).T
             a, gamma = self.a, self.coef.gamma
             E, t, F = np.empty((nb, M)), np.empty(N), np.zeros((M, M))
@@ -273,7 +277,7 @@ class CollapsedBound:
         if mean is not None:
             self.__dict__["m_hat"] = mean
         if quad is not None:
-            self.__dict__["S2_hat"] = fac.Kt + quad
+            self.__dict__["S2_hat"] = fac.s + quad
         if W is None:
             return None
         return float(np.sum(self._P * F)) + float(t @ self._b)
@@ -281,7 +285,7 @@ class CollapsedBound:
     def kl(self) -> float:
         """``KL(q(u) || p(u))`` of the closed-form ``q(u) = (mu_hat, Sigma_hat)``, whitened:
         ``1/2 [tr(C^-1) + |L_K^-1 mu_hat|^2 - M + log|C|]`` (``O(M^3)``, no pass over the data)."""
-        M = self.factors.M
+        M = self.factors.L.shape[0]
         return float(0.5 * (np.trace(self._C_inv) + self._v @ self._v - M)
                      + np.sum(np.log(np.diag(self.L_C))))
 
@@ -295,13 +299,13 @@ class CollapsedBound:
     # -- gradients ---------------------------------------------------------------------------
     @cached_property
     def _C_inv(self) -> Array:
-        return chol_solve(self.L_C, np.eye(self.factors.M))
+        return chol_solve(self.L_C, np.eye(self.factors.L.shape[0]))
 
     @cached_property
     def _P(self) -> Array:
         """``P = 2 L_K^-T (I - C^-1)``: ``dF/dKuf = P (R Gamma) + a b^T``."""
-        M = self.factors.M
-        return 2.0 * tri_solve(self.factors.L_K, np.eye(M) - self._C_inv, transpose=True)
+        M = self.factors.L.shape[0]
+        return 2.0 * tri_solve(self.factors.L, np.eye(M) - self._C_inv, transpose=True)
 
     @cached_property
     def _b(self) -> Array:
@@ -310,8 +314,8 @@ class CollapsedBound:
 
     def kuu_gradient(self) -> Array:
         """``dF/dKuu [M, M]`` (symmetric)."""
-        L_K = self.factors.L_K
-        M = self.factors.M
+        L_K = self.factors.L
+        M = L_K.shape[0]
         W = np.eye(M) - 0.5 * (self.C + self._C_inv)
         Y = tri_solve(L_K, W, transpose=True)  # L_K^-T W
         G_uu = -0.5 * np.outer(self.a, self.a) + tri_solve(L_K, Y.T, transpose=True).T
@@ -320,7 +324,7 @@ class CollapsedBound:
     def matrix_gradients(self) -> MatrixGradients:
         """``dF/dKuu`` (symmetric), ``dF/dKuf``, ``dF/dKff_diag = -gamma`` (spec §2.10 step 6)."""
         gamma = self.coef.gamma
-        G_uf = self._P @ (self.factors.R * gamma)
+        G_uf = self._P @ (self.factors.A * gamma)
         G_uf += np.outer(self.a, self._b)
         return MatrixGradients(Kff_diag=-gamma.copy(), Kuu=self.kuu_gradient(), Kuf=G_uf)
 
@@ -334,7 +338,7 @@ class CollapsedBound:
         also gives ``S2_hat`` (and ``m_hat``) when they are not known yet.
         """
         if W is None:
-            M = self.factors.M
+            M = self.factors.L.shape[0]
             return float(np.sum((np.eye(M) - self._C_inv) * self._A) + self.m_hat @ self._b)
         value = self._data_pass(W, marginals)
         assert value is not None  # a pass with W returns the contraction
@@ -347,12 +351,12 @@ class CollapsedBound:
         return c.dc + c.dbeta * self.m_hat - c.dgamma * (self.m_hat**2 + S2_hat)
 
 
-def site_elbo(factors: InducingFactors, coef: QuadraticCoefficients, mu: Array,
+def site_elbo(factors: StackedTerms, coef: QuadraticCoefficients, mu: Array,
               Sigma: Array) -> float:
     """The site ELBO ``J(mu, Sigma, xi)`` of spec §2.4 for any ``q(u)``: sites minus KL."""
-    mean, var = factors.marginals(mu, Sigma)
+    mean, var = marginals(factors, mu, Sigma)
     data = np.sum(coef.c + coef.beta * mean - coef.gamma * (mean**2 + var))
-    return float(data - gaussian_kl(factors.L_K, mu, Sigma))
+    return float(data - gaussian_kl(factors.L, mu, Sigma))
 
 
 def gaussian_kl(L_K: Array, mu: Array, Sigma: Array) -> float:
@@ -363,3 +367,10 @@ def gaussian_kl(L_K: Array, mu: Array, Sigma: Array) -> float:
     nu = tri_solve(L_K, mu)
     logdet = 2.0 * np.sum(np.log(np.diag(L_K))) - 2.0 * np.sum(np.log(np.diag(L_S)))
     return float(0.5 * (np.sum(P * P) + nu @ nu - M + logdet))
+
+
+if not TYPE_CHECKING:  # at run time only: mypy keeps checking the imports from here
+    # ``InducingFactors(Kuu, Kuf, Kff_diag, work)`` is ``inducing_factors``, the one inducing
+    # geometry (``StackedTerms``: ``L_K`` is ``L``, ``R`` is ``A``, ``R_rows`` is ``A_T``,
+    # ``Kt`` is ``s``; ``marginals(factors, mu, Sigma)``)
+    __getattr__ = renamed(__name__, {"InducingFactors": f"{__name__}:inducing_factors"})

@@ -33,7 +33,8 @@ import numpy as np
 
 from gpinfer.interfaces import Array, Likelihood
 from gpinfer.numerics.quadrature import LogSigmoid
-from gpinfer_jj.quadratic import CollapsedBound, InducingFactors
+from gpinfer.sites.stacked import StackedTerms
+from gpinfer_jj.quadratic import CollapsedBound
 
 #: sufficient-ascent fraction of the Armijo test
 ARMIJO_FRACTION = 1e-4
@@ -83,7 +84,7 @@ class MapObjective:
 
 def newton_rounds(
     map_objective: MapObjective,
-    factors: InducingFactors,
+    factors: StackedTerms,
     bound: Callable[[Array], CollapsedBound],
     start: MapPoint,
     n_rounds: int,
@@ -119,7 +120,7 @@ def newton_rounds(
             halvings += 1
         full = accepted is not None and step == 1.0
         point = accepted if accepted is not None else point
-    mu = b.mu_hat if full else factors.L_K @ point.nu
+    mu = b.mu_hat if full else factors.L @ point.nu
     return Stage1Result(mu, b.Sigma_hat, xi, b.value, halvings, point)
 
 

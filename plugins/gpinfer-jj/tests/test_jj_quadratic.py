@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from gpinfer_jj.quadratic import (
     CollapsedBound,
-    InducingFactors,
+    inducing_factors,
     jj_coefficients,
     jj_lambda,
+    marginals,
     site_elbo,
     taylor_coefficients,
 )
@@ -80,7 +81,7 @@ def _exact_elbo(Kuu, Kuf, Kd, s, mu, Sigma):
 
 def test_t2_jj_elbo_below_exact_elbo_and_optimal_xi():
     X, Z, s, k, Kuu, Kuf, Kd = _problem_matrices()
-    fac = InducingFactors(Kuu, Kuf, Kd)
+    fac = inducing_factors(Kuu, Kuf, Kd)
     for _ in range(5):
         mu = RNG.normal(size=Z.shape[0])
         A = RNG.normal(size=(Z.shape[0],) * 2) * 0.3
@@ -89,7 +90,7 @@ def test_t2_jj_elbo_below_exact_elbo_and_optimal_xi():
         J = site_elbo(fac, jj_coefficients(xi, s), mu, Sigma)
         assert J <= _exact_elbo(Kuu, Kuf, Kd, s, mu, Sigma) + 1e-8
         # optimal xi^2 = m^2 + S^2 for fixed q; perturbing it lowers J
-        mean, var = fac.marginals(mu, Sigma)
+        mean, var = marginals(fac, mu, Sigma)
         xi_opt = np.sqrt(mean**2 + var)
         J_opt = site_elbo(fac, jj_coefficients(xi_opt, s), mu, Sigma)
         assert J_opt >= J
@@ -100,7 +101,7 @@ def test_t2_jj_elbo_below_exact_elbo_and_optimal_xi():
 
 def test_t10_exact_elbo_at_vi_jj_posterior_above_bound():
     X, Z, s, k, Kuu, Kuf, Kd = _problem_matrices()
-    fac = InducingFactors(Kuu, Kuf, Kd)
+    fac = inducing_factors(Kuu, Kuf, Kd)
     for _ in range(3):
         b = CollapsedBound(fac, jj_coefficients(RNG.uniform(0.1, 3, X.shape[0]), s))
         assert _exact_elbo(Kuu, Kuf, Kd, s, b.mu_hat, b.Sigma_hat) >= b.value - 1e-10
@@ -109,7 +110,7 @@ def test_t10_exact_elbo_at_vi_jj_posterior_above_bound():
 @pytest.mark.parametrize("kind", ["jj", "taylor"])
 def test_t3_closed_form_is_the_maximiser(kind):
     X, Z, s, k, Kuu, Kuf, Kd = _problem_matrices()
-    fac = InducingFactors(Kuu, Kuf, Kd)
+    fac = inducing_factors(Kuu, Kuf, Kd)
     coef = _coef(kind, RNG.uniform(-2, 2, X.shape[0]), s)
     b = CollapsedBound(fac, coef)
     mu, Sigma = b.mu_hat, b.Sigma_hat
@@ -166,21 +167,21 @@ def test_t4_taylor_matches_log_likelihood_to_second_order():
 def test_t5_matrix_gradients(kind):
     X, Z, s, k, Kuu, Kuf, Kd = _problem_matrices(n=12, m=4)
     coef = _coef(kind, RNG.uniform(-2, 2, X.shape[0]), s)
-    G = CollapsedBound(InducingFactors(Kuu, Kuf, Kd), coef).matrix_gradients()
+    G = CollapsedBound(inducing_factors(Kuu, Kuf, Kd), coef).matrix_gradients()
 
     def f_uu(K):
-        return CollapsedBound(InducingFactors(0.5 * (K + K.T), Kuf, Kd), coef).value
+        return CollapsedBound(inducing_factors(0.5 * (K + K.T), Kuf, Kd), coef).value
 
     assert_gradient_close(f_uu, G.Kuu, Kuu, rtol=1e-5, atol=1e-7, name="dF/dKuu")
-    assert_gradient_close(lambda K: CollapsedBound(InducingFactors(Kuu, K, Kd), coef).value,
+    assert_gradient_close(lambda K: CollapsedBound(inducing_factors(Kuu, K, Kd), coef).value,
                           G.Kuf, Kuf, rtol=1e-5, atol=1e-7, name="dF/dKuf")
-    assert_gradient_close(lambda K: CollapsedBound(InducingFactors(Kuu, Kuf, K), coef).value,
+    assert_gradient_close(lambda K: CollapsedBound(inducing_factors(Kuu, Kuf, K), coef).value,
                           G.Kff_diag, Kd, rtol=1e-5, atol=1e-7, name="dF/dKff_diag")
 
 
 def test_t5_xi_gradient_including_series_branch_and_large_xi():
     X, Z, s, k, Kuu, Kuf, Kd = _problem_matrices(n=20, m=5)
-    fac = InducingFactors(Kuu, Kuf, Kd)
+    fac = inducing_factors(Kuu, Kuf, Kd)
     xi = RNG.uniform(0.1, 3, X.shape[0])
     xi[:3] = [2e-4, -5e-4, 9e-4]
     xi[3] = 50.0
@@ -194,7 +195,7 @@ def test_t5_xi_gradient_including_series_branch_and_large_xi():
 def test_t6_pseudo_data_identity(kind):
     X, Z, s, k, Kuu, Kuf, Kd = _problem_matrices(n=30, m=6)
     coef = _coef(kind, RNG.uniform(-2, 2, X.shape[0]), s)
-    F = CollapsedBound(InducingFactors(Kuu, Kuf, Kd), coef).value
+    F = CollapsedBound(inducing_factors(Kuu, Kuf, Kd), coef).value
     t = coef.beta / (2 * coef.gamma)
     D = 1 / (2 * coef.gamma)
     Q = Kuf.T @ np.linalg.solve(Kuu, Kuf)
@@ -215,8 +216,8 @@ def _full_matrices(n=10, seed=3):
 def test_t7_m_equals_n_matches_dense_gibbs_mackay_and_t9_monotone():
     K, s = _full_matrices()
     n = s.size
-    fac = InducingFactors(K, K, np.diag(K).copy())
-    mean, var = fac.marginals(np.zeros(n), np.eye(n))
+    fac = inducing_factors(K, K, np.diag(K).copy())
+    mean, var = marginals(fac, np.zeros(n), np.eye(n))
     values = []
     for _ in range(120):
         b = CollapsedBound(fac, jj_coefficients(np.sqrt(mean**2 + var), s))
@@ -244,7 +245,7 @@ def test_t7_m_equals_n_matches_dense_gibbs_mackay_and_t9_monotone():
     # T9: even in xi, invariant to permuting data points
     perm = np.random.default_rng(0).permutation(n)
     flipped = CollapsedBound(fac, jj_coefficients(-xi, s)).value
-    permuted = CollapsedBound(InducingFactors(K, K[:, perm], np.diag(K)[perm]),
+    permuted = CollapsedBound(inducing_factors(K, K[:, perm], np.diag(K)[perm]),
                               jj_coefficients(xi[perm], s[perm])).value
     assert flipped == pytest.approx(b.value, abs=1e-10)
     assert permuted == pytest.approx(b.value, abs=1e-10)
@@ -253,7 +254,7 @@ def test_t7_m_equals_n_matches_dense_gibbs_mackay_and_t9_monotone():
 def test_t8_taylor_m_equals_n_is_laplace():
     K, s = _full_matrices()
     n = s.size
-    fac = InducingFactors(K, K, np.diag(K).copy())
+    fac = inducing_factors(K, K, np.diag(K).copy())
     xi = np.zeros(n)
     for _ in range(50):
         xi = CollapsedBound(fac, taylor_coefficients(xi, s, LOGISTIC)).m_hat
@@ -278,7 +279,7 @@ def test_t14_edge_cases():
     assert lam[0] == 0.125 and dlam[0] == 0.0
     assert np.all(np.isfinite(lam)) and np.all(np.isfinite(dlam))
     with pytest.raises(NumericalError, match="Kuu"):
-        InducingFactors(np.full((3, 3), np.nan), np.zeros((3, 4)), np.ones(4))
+        inducing_factors(np.full((3, 3), np.nan), np.zeros((3, 4)), np.ones(4))
 
 
 @pytest.mark.parametrize("kind", ["jj", "taylor"])
@@ -288,6 +289,32 @@ def test_closed_form_kl_matches_dense_kl(kind):
     from gpinfer_jj.quadratic import gaussian_kl
 
     X, Z, s, k, Kuu, Kuf, Kd = _problem_matrices()
-    fac = InducingFactors(Kuu, Kuf, Kd)
+    fac = inducing_factors(Kuu, Kuf, Kd)
     b = CollapsedBound(fac, _coef(kind, RNG.uniform(-2, 2, X.shape[0]), s))
-    assert b.kl() == pytest.approx(gaussian_kl(fac.L_K, b.mu_hat, b.Sigma_hat), rel=1e-10)
+    assert b.kl() == pytest.approx(gaussian_kl(fac.L, b.mu_hat, b.Sigma_hat), rel=1e-10)
+
+
+def test_factors_are_the_inducing_geometry_and_release_makes_them_unusable():
+    """jj's factors are the one inducing geometry over one latent (``L``, ``A = L^-1 Kuf``
+    stored row-major in ``work``, ``s = Kt``); ``release`` drops the data-sized arrays and the
+    closed-form link (a later read fails); ``InducingFactors`` works one release, deprecated."""
+    import gpinfer_jj.quadratic as quadratic
+
+    from gpinfer.sites.stacked import StackedTerms
+
+    _, _, s, _, Kuu, Kuf, Kd = _problem_matrices(12, 5)
+    work = np.empty((12, 5))
+    fac = inducing_factors(Kuu, Kuf, Kd, work=work)
+    assert isinstance(fac, StackedTerms) and np.shares_memory(fac.A_T, work)
+    assert fac.A_T.flags.c_contiguous and fac.A_T.shape == (12, 5)  # row-major, in ``work``
+    np.testing.assert_allclose(fac.L @ fac.A, Kuf, atol=1e-12)
+    np.testing.assert_allclose(fac.s, np.maximum(Kd - np.sum(fac.A**2, axis=0), 0.0))
+    b = CollapsedBound(fac, jj_coefficients(np.ones(12), s))
+    mean, var = marginals(fac, b.mu_hat, b.Sigma_hat)  # the bound's own q(u): its marginals
+    assert mean is b.m_hat and var is b.S2_hat
+    quadratic.release(fac)
+    assert fac.A is None and fac.Kuf is None
+    with pytest.raises((TypeError, AttributeError)):
+        marginals(fac, b.mu_hat, b.Sigma_hat)
+    with pytest.warns(DeprecationWarning, match="inducing_factors"):
+        assert quadratic.InducingFactors is inducing_factors

@@ -22,7 +22,7 @@ from gpinfer_jj.bound import CollapsedObjective
 from gpinfer_jj.method import ViJJHybrid, ViTaylor
 from gpinfer_jj.quadratic import (
     CollapsedBound,
-    InducingFactors,
+    inducing_factors,
     jj_coefficients,
     site_elbo,
     taylor_coefficients,
@@ -90,7 +90,7 @@ def test_elbo_of_q_matches_the_uncollapsed_elbo(taylor_objective):
                               reason="the svi plugin's uncollapsed ELBO is the oracle")
     obj, _, xi = taylor_objective
     rows = slice(0, 300)
-    fac = InducingFactors(obj.factors().Kuu, obj.factors().Kuf[:, rows],
+    fac = inducing_factors(obj.factors().Kuu, obj.factors().Kuf[:, rows],
                           obj.factors().Kff_diag[rows])
     b = CollapsedBound(fac, taylor_coefficients(xi[rows], obj.s[rows], LOGISTIC))
     labels = (obj.s[rows] > 0).astype(np.int64)

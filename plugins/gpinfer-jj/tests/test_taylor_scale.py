@@ -46,15 +46,15 @@ def carried_mode():
 
 def _map_value(obj: CollapsedObjective, taylor: MapObjective, mu: np.ndarray) -> float:
     fac = obj.factors()
-    nu = tri_solve(fac.L_K, mu)
-    return taylor.point(nu, fac.R.T @ nu).value
+    nu = tri_solve(fac.L, mu)
+    return taylor.point(nu, fac.A_T @ nu).value
 
 
 def test_the_paper_rule_diverges_from_the_carried_mode(carried_mode):
     """The failure this guards against (so the next test can fail): undamped rounds go wrong."""
     obj, taylor, mode = carried_mode
     fac = obj.factors()
-    xi = fac.R.T @ tri_solve(fac.L_K, mode.mu)
+    xi = fac.A_T @ tri_solve(fac.L, mode.mu)
     values, bounds = [_map_value(obj, taylor, mode.mu)], []
     for _ in range(3):
         b = CollapsedBound(fac, taylor_coefficients(xi, obj.s, LOGISTIC))

@@ -26,7 +26,7 @@ from scipy.linalg.blas import dsyrk
 from gpinfer.errors import InputError
 from gpinfer.interfaces import Array, MatrixGradients
 from gpinfer.numerics.cholesky import chol_inverse, chol_solve, jittered_cholesky, tri_solve
-from gpinfer_pep.rank_one import InducingGeometry
+from gpinfer.sites.stacked import StackedTerms
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -201,7 +201,7 @@ class CollapsedResult:
 
 
 def collapsed_pep(
-    geo: InducingGeometry,
+    geo: StackedTerms,
     y: Array,
     s2: float,
     alpha: Array,
@@ -217,7 +217,7 @@ def collapsed_pep(
     A, L = geo.A, geo.L
     M, N = A.shape
     if blocks is None:
-        noise: Noise = DiagonalNoise(geo.h, s2, alpha)
+        noise: Noise = DiagonalNoise(geo.s, s2, alpha)
     else:
         if Kbb is None:
             raise InputError("collapsed PEP with blocks needs Kbb, the kernel block of each")

@@ -38,6 +38,7 @@ from gpinfer.optim import make_optimizer
 from gpinfer.options import Option, choice, custom, flag, integer, real
 from gpinfer.posterior import Posterior
 from gpinfer.reporting import IterationReporter
+from gpinfer.sites.stacked import StackedTerms
 from gpinfer.training.minibatch import (
     BatchSteps,
     MiniBatchSchedule,
@@ -52,9 +53,9 @@ from gpinfer_pep.power_tilted import QUADRATURES
 from gpinfer_pep.rank_one import (
     SCHEDULES,
     SITE_STEPS,
-    InducingGeometry,
     RankOnePEPSites,
     WhitenedInducingPosterior,
+    kernel_geometry,
 )
 
 #: box bounds on the unconstrained (log) parameters, to keep L-BFGS-B line searches sane
@@ -229,9 +230,9 @@ class _Fit:
     def bounds(self) -> list[tuple[float | None, float | None]]:
         return self.hp.bounds(kernel=_LOG_BOUNDS, likelihood=_LOG_BOUNDS)
 
-    def geometry(self, X: Array | None = None) -> InducingGeometry:
-        return InducingGeometry.from_kernel(self.kernel, self.Z, self.X if X is None else X,
-                                            float(self.opt["jitter"]))
+    def geometry(self, X: Array | None = None) -> StackedTerms:
+        return kernel_geometry(self.kernel, self.Z, self.X if X is None else X,
+                               float(self.opt["jitter"]))
 
     def report(self, it: int, value: float, posterior: Callable[[], Posterior] | None,
                extra: dict[str, float]) -> bool:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from functools import cached_property
-from typing import cast
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -30,8 +30,10 @@ from gpinfer.interfaces import (
     SiteState,
 )
 from gpinfer.kernels.base import Kernel
+from gpinfer.moved import renamed
 from gpinfer.numerics.cholesky import jittered_cholesky, tri_solve
 from gpinfer.posterior import Posterior
+from gpinfer.sites.stacked import StackedTerms
 from gpinfer.training.inner import InnerRun, InnerSchedule, SweepPolicy, Watcher
 from gpinfer_pep.power_tilted import check_alpha, scaled_tilted
 
@@ -58,40 +60,36 @@ def step_ratio(previous: Array, step: Array) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
-class InducingGeometry:
-    """``L = chol(Kuu + jitter I) [M, M]``, ``A = L^-1 Kuf [M, N]``, ``W = Kuu^-1 Kuf [M, N]``,
-    ``h = max(kdiag - colsum(A^2), 0) [N]`` (the conditional variances ``Var[f_n | u]``)."""
+def matrix_geometry(Kuu: Array, Kuf: Array, kdiag: Array, jitter: float) -> StackedTerms:
+    """The inducing geometry of one latent from its kernel matrices ``Kuu [M, M]``,
+    ``Kuf [M, N]``, ``kdiag [N]`` (kept on it: the sequential schedule reads ``Kuf``):
+    ``L = chol(Kuu + jitter I)`` (``jitter`` absolute, a constant for the gradients),
+    ``A = L^-1 Kuf``, ``s = max(kdiag - colsum(A^2), 0)`` (the conditional variances
+    ``Var[f_n | u]``, written ``h`` in the spec) and ``W = Kuu^-1 Kuf = L^-T A`` on first use."""
+    M = Kuu.shape[0]
+    L = jittered_cholesky(Kuu + jitter * np.eye(M), name="Kuu", max_jitter=0.0).L
+    A = tri_solve(L, Kuf)
+    h = np.maximum(kdiag - np.einsum("ij,ij->j", A, A), 0.0)
+    return StackedTerms(L=L, A=A, s=h, Kuu=Kuu, Kuf=Kuf, Kff_diag=kdiag)
 
-    Kuu: Array
-    Kuf: Array
-    kdiag: Array
-    L: Array
-    A: Array
-    h: Array
-    jitter: float
 
-    @cached_property
-    def W(self) -> Array:
-        """``W = Kuu^-1 Kuf = L^-T A``, ``[M, N]`` (computed on first use)."""
-        return tri_solve(self.L, self.A, transpose=True)
+def kernel_geometry(kernel: Kernel, Z: Array, X: Array, rel_jitter: float) -> StackedTerms:
+    """``matrix_geometry`` of the kernel matrices at ``Z [M, D]``, ``X [N, D]``; jitter
+    ``rel_jitter * mean diag Kuu``."""
+    Kuu = kernel.K(Z)
+    jitter = rel_jitter * float(np.mean(np.diag(Kuu)))
+    return matrix_geometry(Kuu, kernel.K(Z, X), kernel.K_diag(X), jitter)
 
-    @classmethod
-    def build(cls, Kuu: Array, Kuf: Array, kdiag: Array, jitter: float) -> InducingGeometry:
-        """Factorise ``Kuu + jitter I`` (``jitter`` absolute, a constant for the gradients)."""
-        M = Kuu.shape[0]
-        L = jittered_cholesky(Kuu + jitter * np.eye(M), name="Kuu", max_jitter=0.0).L
-        A = tri_solve(L, Kuf)
-        h = np.maximum(kdiag - np.einsum("ij,ij->j", A, A), 0.0)
-        return cls(Kuu, Kuf, kdiag, L, A, h, jitter)
 
-    @classmethod
-    def from_kernel(cls, kernel: Kernel, Z: Array, X: Array, rel_jitter: float
-                    ) -> InducingGeometry:
-        """Kernel matrices at ``Z [M, D]``, ``X [N, D]``; jitter ``rel_jitter * mean diag Kuu``."""
-        Kuu = kernel.K(Z)
-        jitter = rel_jitter * float(np.mean(np.diag(Kuu)))
-        return cls.build(Kuu, kernel.K(Z, X), kernel.K_diag(X), jitter)
+#: ``InducingGeometry`` for one more release: its ``build`` and ``from_kernel``
+#: (the geometry is ``gpinfer.sites.stacked.StackedTerms``)
+_OLD_GEOMETRY = SimpleNamespace(build=matrix_geometry, from_kernel=kernel_geometry)
+
+
+if not TYPE_CHECKING:  # at run time only: mypy keeps checking the imports from here
+    __getattr__ = renamed(__name__, {"InducingGeometry": f"{__name__}:_OLD_GEOMETRY"},
+                          hint=" (InducingGeometry.build is matrix_geometry, .from_kernel is "
+                               "kernel_geometry, returning gpinfer.sites.stacked.StackedTerms)")
 
 
 class WhitenedInducingPosterior(Posterior):
@@ -218,7 +216,7 @@ class RankOnePEPSites(SiteState):
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self.tau = np.zeros(n)
         self.nu = np.zeros(n)
-        self.geo: InducingGeometry | None = None
+        self.geo: StackedTerms | None = None
         self.kernel: Kernel | None = None
         self.Z: Array | None = None
         self.last_change = np.inf
@@ -231,13 +229,14 @@ class RankOnePEPSites(SiteState):
         return self.tau.size
 
     @property
-    def geometry(self) -> InducingGeometry:
-        """The kernel matrices installed by ``set_geometry``."""
+    def geometry(self) -> StackedTerms:
+        """The inducing geometry installed by ``set_geometry`` (one latent: ``L [M, M]``,
+        ``A [M, N]``, ``s [N]``)."""
         if self.geo is None:
             raise RuntimeError("set_geometry before using the sites")
         return self.geo
 
-    def set_geometry(self, geo: InducingGeometry, kernel: Kernel | None = None,
+    def set_geometry(self, geo: StackedTerms, kernel: Kernel | None = None,
                      Z: Array | None = None) -> None:
         """Install new kernel matrices (and, for prediction, the kernel and ``Z``)."""
         if geo.A.shape[1] != self.n:
@@ -275,7 +274,7 @@ class RankOnePEPSites(SiteState):
     def marginals(self, idx: Array | None = None) -> tuple[Array, Array]:
         """Posterior mean and variance of ``f_n`` at training points ``idx`` (``[B]`` each)."""
         cav = self.cavity(np.arange(self.n) if idx is None else np.asarray(idx))
-        return cav.mq, cav.sq + self.geometry.h[cav.idx]
+        return cav.mq, cav.sq + self.geometry.s[cav.idx]
 
     # -- deletion ----------------------------------------------------------------------------
     def cavity(self, idx: Array, with_P: bool = False) -> Cavity:
@@ -289,7 +288,7 @@ class RankOnePEPSites(SiteState):
         with np.errstate(divide="ignore", invalid="ignore"):
             sbar = sq / den
             mbar = (mq - a * nu * sq) / den
-        vbar = sbar + geo.h[idx]
+        vbar = sbar + geo.s[idx]
         P = None
         if with_P:
             P = tri_solve(geo.L, tri_solve(self.L_B, C, transpose=True), transpose=True)
@@ -365,10 +364,12 @@ class RankOnePEPSites(SiteState):
 
     def _sequential(self, idx: Array, rho: float) -> None:
         geo = self.geometry
+        Kuf = geo.Kuf
+        assert Kuf is not None  # kept by ``matrix_geometry``
         beta = self.beta()
         gamma = self.gamma.copy()
         for n in self.rng.permutation(idx):
-            k, w = geo.Kuf[:, n], geo.W[:, n]
+            k, w = Kuf[:, n], geo.W[:, n]
             p = w - beta @ k
             sq, mq = float(k @ p), float(k @ gamma)
             a, tau, nu = self.alpha[n], self.tau[n], self.nu[n]
@@ -376,7 +377,7 @@ class RankOnePEPSites(SiteState):
             sbar = sq / den if den > 0 else -1.0
             cav = Cavity(np.array([n]), np.array([sq]), np.array([mq]), np.array([den]),
                          np.array([sbar]), np.array([(mq - a * nu * sq) / den]),
-                         np.array([sbar + geo.h[n]]), p[:, None])
+                         np.array([sbar + geo.s[n]]), p[:, None])
             tau_new, nu_new, ok = self._targets(cav)
             if not ok[0]:
                 continue

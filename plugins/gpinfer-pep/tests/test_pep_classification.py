@@ -11,7 +11,7 @@ from _pep_dense import (  # noqa: F401  (single_thread is an autouse fixture)
     single_thread,
     standard_ep_probit,
 )
-from gpinfer_pep.rank_one import InducingGeometry, RankOnePEPSites
+from gpinfer_pep.rank_one import RankOnePEPSites, matrix_geometry
 
 from gpinfer import GPClassifier
 from gpinfer.errors import InputError, NumericalError
@@ -25,7 +25,7 @@ def _sites(kern, X, y, Z, alpha, jitter=0.0, lik=PROBIT, **kw):
     kw.setdefault("site_step", "full")
     kw.setdefault("damping", 1.0 if kw.get("schedule") == "sequential" else 0.7)
     sites = RankOnePEPSites(lik, y, alpha, **kw)
-    geo = InducingGeometry.build(kern.K(Z), kern.K(Z, X), kern.K_diag(X), jitter)
+    geo = matrix_geometry(kern.K(Z), kern.K(Z, X), kern.K_diag(X), jitter)
     sites.set_geometry(geo, kern, Z)
     return sites
 
@@ -77,7 +77,7 @@ def _energy_fn(kern, X, y, Z, alpha, tol=1e-12):
     def value_grad(theta, converge=True):
         hp.unpack(theta)
         Zc = hp.Z[0]
-        sites.set_geometry(InducingGeometry.build(kern.K(Zc), kern.K(Zc, X), kern.K_diag(X),
+        sites.set_geometry(matrix_geometry(kern.K(Zc), kern.K(Zc, X), kern.K_diag(X),
                                                   0.0), kern, Zc)
         if converge:
             sites.run(5000, tol=tol)

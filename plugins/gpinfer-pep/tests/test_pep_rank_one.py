@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpinfer_pep.rank_one import InducingGeometry, RankOnePEPSites
+from gpinfer_pep.rank_one import RankOnePEPSites, kernel_geometry, matrix_geometry
 
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.kernels import RBF
@@ -28,7 +28,7 @@ def _problem(n=20, m=6, seed=0):
 
 def _sites(kern, X, y, Z, alpha, jitter=0.0, **kw):
     sites = RankOnePEPSites(PROBIT, y, alpha, **kw)
-    sites.set_geometry(InducingGeometry.build(kern.K(Z), kern.K(Z, X), kern.K_diag(X), jitter),
+    sites.set_geometry(matrix_geometry(kern.K(Z), kern.K(Z, X), kern.K_diag(X), jitter),
                        kern, Z)
     return sites
 
@@ -102,7 +102,7 @@ def test_vfe_parallel_sweeps_converge_on_duplicated_rows(copies):
     steps keep reversing converges, to the fixed point (one undamped update moves no site)."""
     kern, X, y, Z = _duplicated_rows(copies)
     sites = RankOnePEPSites(PROBIT, y, 0.0, site_step="full", damping=0.5)
-    sites.set_geometry(InducingGeometry.from_kernel(kern, Z, X, 1e-8))
+    sites.set_geometry(kernel_geometry(kern, Z, X, 1e-8))
     assert sites.run(500, tol=1e-9) < 500 and sites.converged
     assert sites.damping == 0.5  # a cut lasts one run
     assert (sites.damping_cuts > 0) == (copies == 2)
@@ -118,5 +118,33 @@ def test_converging_sweeps_keep_their_damping(alpha):
     so their paths (and every protocol number) are those of the fixed damping."""
     kern, X, y, Z = _duplicated_rows(2)
     sites = RankOnePEPSites(PROBIT, y, alpha, site_step="full", damping=0.5)
-    sites.set_geometry(InducingGeometry.from_kernel(kern, Z, X, 1e-8))
+    sites.set_geometry(kernel_geometry(kern, Z, X, 1e-8))
     assert sites.run(500) < 500 and sites.damping_cuts == 0
+
+
+def test_geometry_is_the_inducing_geometry_and_the_old_name_is_deprecated():
+    """pep's geometry is the one inducing geometry over one latent (``StackedTerms``: ``L``,
+    ``A``, ``s`` and ``W = L^-T A``, its kernel matrices kept); ``InducingGeometry.build`` and
+    ``.from_kernel`` work one more release with a ``DeprecationWarning``."""
+    import gpinfer_pep.rank_one as rank_one
+
+    from gpinfer.sites.stacked import StackedTerms
+
+    rng = np.random.default_rng(3)
+    X, Z = rng.normal(size=(9, 2)), rng.normal(size=(4, 2))
+    kern = RBF(lengthscale=0.8, variance=1.2)
+    geo = kernel_geometry(kern, Z, X, 1e-8)
+    assert isinstance(geo, StackedTerms) and geo.Kuf is not None
+    jitter = 1e-8 * float(np.mean(np.diag(kern.K(Z))))
+    np.testing.assert_allclose(geo.L @ geo.L.T, kern.K(Z) + jitter * np.eye(4), atol=1e-12)
+    np.testing.assert_allclose(geo.L @ geo.A, kern.K(Z, X), atol=1e-12)
+    np.testing.assert_allclose(geo.W, np.linalg.solve(kern.K(Z) + jitter * np.eye(4),
+                                                      kern.K(Z, X)), rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(geo.s, kern.K_diag(X) - np.sum(geo.A**2, axis=0), atol=1e-12)
+    with pytest.warns(DeprecationWarning, match="matrix_geometry"):
+        old = rank_one.InducingGeometry
+    np.testing.assert_array_equal(old.from_kernel(kern, Z, X, 1e-8).A, geo.A)
+    np.testing.assert_array_equal(old.build(kern.K(Z), kern.K(Z, X), kern.K_diag(X), jitter).L,
+                                  geo.L)
+    with pytest.raises(AttributeError):
+        _ = rank_one.NoSuchName

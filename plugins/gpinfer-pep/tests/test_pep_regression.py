@@ -18,7 +18,7 @@ from _pep_dense import (  # noqa: F401  (single_thread is an autouse fixture)
     titsias_bound,
 )
 from gpinfer_pep.collapsed import check_partition, collapsed_pep
-from gpinfer_pep.rank_one import InducingGeometry, RankOnePEPSites
+from gpinfer_pep.rank_one import RankOnePEPSites, matrix_geometry
 
 from gpinfer import GPRegressor
 from gpinfer.errors import InputError
@@ -30,7 +30,7 @@ S2 = 0.05
 
 
 def _collapsed(kern, X, y, Z, alpha, s2=S2, blocks=None, jitter=0.0, **kw):
-    geo = InducingGeometry.build(kern.K(Z), kern.K(Z, X), kern.K_diag(X), jitter)
+    geo = matrix_geometry(kern.K(Z), kern.K(Z, X), kern.K_diag(X), jitter)
     a = np.full(len(y) if blocks is None else len(blocks), alpha) if np.isscalar(alpha) else alpha
     Kbb = None if blocks is None else [kern.K(X[b]) for b in blocks]
     return collapsed_pep(geo, y, s2, a, blocks, Kbb, **kw)
@@ -119,10 +119,10 @@ def test_matrix_gradients_finite_differences(alpha):  # oracle 7 (collapsed)
     base = (kern.K(Z), kern.K(Z, X), kern.K_diag(X), S2)
 
     def F(Kuu, Kuf, kd, s2):
-        return collapsed_pep(InducingGeometry.build(Kuu, Kuf, kd, 0.0), y, s2, a,
+        return collapsed_pep(matrix_geometry(Kuu, Kuf, kd, 0.0), y, s2, a,
                              with_gradients=False).value
 
-    res = collapsed_pep(InducingGeometry.build(*base[:3], 0.0), y, S2, a)
+    res = collapsed_pep(matrix_geometry(*base[:3], 0.0), y, S2, a)
     pairs = _directional(F, res.grads, base, rng)
     np.testing.assert_allclose(pairs[:, 1], pairs[:, 0], rtol=1e-6)
 
@@ -141,11 +141,11 @@ def test_block_gradients_finite_differences():  # oracle 7 (blocks)
     EF = rng.normal(size=Kuf.shape)
 
     def F(t, ds2=0.0):
-        geo = InducingGeometry.build(Kuu + t * EU, Kuf + t * EF, kern.K_diag(X), 0.0)
+        geo = matrix_geometry(Kuu + t * EU, Kuf + t * EF, kern.K_diag(X), 0.0)
         Kb = [K + t * E for K, E in zip(Kbb, Es)]
         return collapsed_pep(geo, y, S2 * np.exp(ds2), a, blocks, Kb, with_gradients=False).value
 
-    res = collapsed_pep(InducingGeometry.build(Kuu, Kuf, kern.K_diag(X), 0.0), y, S2, a,
+    res = collapsed_pep(matrix_geometry(Kuu, Kuf, kern.K_diag(X), 0.0), y, S2, a,
                         blocks, Kbb)
     ana = (np.sum(res.grads.Kuu * EU) + np.sum(res.grads.Kuf * EF)
            + sum(np.sum(R * E) for R, E in zip(res.block_grads, Es)))
@@ -167,7 +167,7 @@ def test_parameter_gradient_through_kernel_vjp(blocks):  # oracle 7: theta, Z an
 
     def value_grad(theta):
         hp.unpack(theta)
-        geo = InducingGeometry.build(kern.K(hp.Z[0]), kern.K(hp.Z[0], X), kern.K_diag(X), 0.0)
+        geo = matrix_geometry(kern.K(hp.Z[0]), kern.K(hp.Z[0], X), kern.K_diag(X), 0.0)
         Kbb = None if parts is None else [kern.K(X[b]) for b in parts]
         res = collapsed_pep(geo, y, lik.variance, alpha, parts, Kbb)
         g = parameter_gradient(hp, X, res.grads)
@@ -182,12 +182,12 @@ def test_parameter_gradient_through_kernel_vjp(blocks):  # oracle 7: theta, Z an
 
 def test_iterative_gaussian_pep_equals_closed_form():  # oracle 5
     kern, X, y, Z = problem()
-    geo = InducingGeometry.build(kern.K(Z), kern.K(Z, X), kern.K_diag(X), 0.0)
+    geo = matrix_geometry(kern.K(Z), kern.K(Z, X), kern.K_diag(X), 0.0)
     lik = Gaussian(S2)
     for alpha in (0.3, 1.0):
         sites = RankOnePEPSites(lik, y, alpha, schedule="sequential", damping=1.0)
         sites.set_geometry(geo)
-        tau_star = 1.0 / (S2 + alpha * geo.h)
+        tau_star = 1.0 / (S2 + alpha * geo.s)
         sites.update()
         if alpha == 1.0:  # one sequential sweep from tau = 0 is exact
             np.testing.assert_allclose(sites.tau, tau_star, rtol=1e-10)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from _pep_dense import single_thread  # noqa: F401  (autouse fixture)
-from gpinfer_pep.rank_one import InducingGeometry, RankOnePEPSites
+from gpinfer_pep.rank_one import RankOnePEPSites, matrix_geometry
 
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.kernels import make_kernel
@@ -28,7 +28,7 @@ class _PEPSuite(MethodTestSuite):
 
         def value_grad(theta):
             hp.unpack(theta)
-            sites.set_geometry(InducingGeometry.build(kern.K(Z), kern.K(Z, X), kern.K_diag(X),
+            sites.set_geometry(matrix_geometry(kern.K(Z), kern.K(Z, X), kern.K_diag(X),
                                                       1e-8))
             sites.run(5000, tol=1e-12)
             out = sites.energy()

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from gpinfer_jj.quadratic import (
     CollapsedBound,
-    InducingFactors,
+    inducing_factors,
     jj_coefficients,
+    marginals,
     taylor_coefficients,
 )
 from gpinfer_svi.variational import (
@@ -81,7 +82,7 @@ def test_natural_gradient_unit_step_lands_on_closed_form_optimum(kind):
     Kuu, Kuf, Kdiag, s = _matrices()
     xi = np.abs(np.random.default_rng(4).normal(size=s.size)) + 0.3
     coef = jj_coefficients(xi, s) if kind == "jj" else taylor_coefficients(xi, s, LOGISTIC)
-    closed = CollapsedBound(InducingFactors(Kuu, Kuf, Kdiag), coef)
+    closed = CollapsedBound(inducing_factors(Kuu, Kuf, Kdiag), coef)
     rng = np.random.default_rng(5)
     M = Kuu.shape[0]
     mu, Lq = rng.normal(size=M), np.tril(rng.normal(size=(M, M)) * 0.3) + 2.0 * np.eye(M)
@@ -129,8 +130,8 @@ def _converged_svi(K, s, steps=200, step=0.7):
 
 
 def _jj_converged(K, s):
-    fac = InducingFactors(K, K, np.diag(K).copy())
-    mean, var = fac.marginals(np.zeros(s.size), np.eye(s.size))
+    fac = inducing_factors(K, K, np.diag(K).copy())
+    mean, var = marginals(fac, np.zeros(s.size), np.eye(s.size))
     for _ in range(200):
         b = CollapsedBound(fac, jj_coefficients(np.sqrt(mean**2 + var), s))
         mean, var = b.m_hat, b.S2_hat
