@@ -169,7 +169,8 @@ class _SparseEPBase(Method):
         # on a device the kernel parameters stay there between steps (SparseSites.posterior
         # and the end of the fit write them into ``kernels``: hp.sync_host)
         hp = HyperParameters(kernels, Z=[backend.asarray(z) for z in Zs],
-                             optimize=problem.optimize and start is None, device_kernels=True)
+                             optimize=problem.optimize and start is None,
+                             device_kernels=not backend.is_numpy)
         n_jobs = check_n_jobs(o["n_jobs"], f"{self.name} option n_jobs")
         state = self.make_state(y, problem.n_classes, Zs[0].shape[0], backend)
         if shared:
