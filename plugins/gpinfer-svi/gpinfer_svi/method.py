@@ -57,8 +57,8 @@ from gpinfer.interfaces import (
     Scalar,
     StochasticOptimizer,
 )
-from gpinfer.kernel_start import lengthscale_init_option, start_kernel
 from gpinfer.kernels.base import Kernel
+from gpinfer.kernels.initialisation import lengthscale_init_option, start_kernel
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.optim import LBFGSB, make_optimizer
 from gpinfer.options import Option, bounds, choice, flag, integer, mapping, real
