@@ -217,6 +217,39 @@ def piecewise_or_whole(mask_of: Callable[..., Array], f_in: Callable[..., Array]
     return piecewise(mask_of(*args), f_in, f_out, *args)
 
 
+def masked_entries(mask: Array, x: Array, fill: float) -> Array:
+    """The entries of ``x`` (shaped like ``mask``) that ``set_masked`` writes from: a numpy
+    array (not 0-d) those where ``mask`` only, ``x[mask]``; otherwise every entry,
+    ``where(mask, x, fill)`` (``fill`` keeps the unused ones finite: no select of a NaN, no
+    NaN in a gradient)."""
+    if is_numpy(x) and x.ndim > 0:
+        return x[mask]
+    return namespace(x).where(mask, x, fill)
+
+
+def set_masked(mask: Array, out: Array, values: Array) -> Array:
+    """``out`` with ``values`` (a function of ``masked_entries(mask, ...)``) where ``mask``: a
+    numpy array (not 0-d, which the caller owns) in place, ``out[mask] = values``, and
+    returned; otherwise a new ``where(mask, values, out)``."""
+    if is_numpy(out) and out.ndim > 0:
+        out[mask] = values
+        return out
+    return namespace(out).where(mask, values, out)
+
+
+def polyval(coefs: tuple[float, ...], z: Array) -> Array:
+    """``sum_n coefs[n] z^n`` elementwise: numpy by Horner's rule (a pass per term over the
+    entries), a device as one product of the powers of ``z`` with the coefficients (a few
+    operators whatever the number of terms; the same sum to round-off)."""
+    if is_numpy(z):
+        out = coefs[-1] + 0.0 * z
+        for b in coefs[-2::-1]:
+            out = out * z + b
+        return out
+    powers = z[..., None] ** constant(z, tuple(float(n) for n in range(len(coefs))))
+    return powers @ constant(z, coefs)
+
+
 def rows_matmul(X: Array, Y: Array) -> Array:
     """``X @ Y`` ``[C, M, N]`` for ``X [C, M, K]`` and ``Y [K, N]`` as one product over the
     ``C M`` rows: numpy reshapes to one ``gemm``; torch's ``matmul`` folds the leading axes
