@@ -15,7 +15,15 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
   (``multiply_into``, ``sqrt_into``, ``clip_below``, ``fill_diagonal``) where a temporary of
   millions of entries would cost a pass over memory;
 * moving values: ``like`` (host values onto an array's namespace, device and dtype),
-  ``to_host``, ``scalar``, ``all_finite``;
+  ``to_host``, ``scalar``, ``all_finite``, ``as_float`` (host values as float64 numpy, a
+  backend array as it is), ``is_host_buffer`` / ``host_out`` (a host vector numpy writes a
+  result into; none on a device), ``maybe_any`` (a host test without a device sync);
+* one operation, each namespace's form: ``rows_matmul`` / ``matmul_t`` / ``mean_rows`` /
+  ``trace`` / ``scaled_inner`` (numpy's reshaped ``gemm`` and views, a device's one
+  ``einsum``), ``polyval`` (Horner on numpy, one product of powers on a device),
+  ``masked_entries`` / ``set_masked`` (numpy on the masked entries only, in place; a device
+  on every entry with a select), ``piecewise_or_whole`` (numpy's two formulas on their
+  entries, a device's one formula valid everywhere);
 * checks without a device sync each: inside ``deferred_checks()`` the checks of
   ``require_positive``, ``require_finite`` and ``checked_cholesky(..., error=...)`` on device
   arrays are collected as 0-d values, each with the host test it must pass (one reduction per
