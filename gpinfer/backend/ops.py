@@ -275,8 +275,11 @@ def matmul_t(U: Array, V: Array) -> Array:
     ``C M`` rows); a device: one ``einsum`` operator (no view)."""
     if is_numpy(U):
         return rows_matmul(U, mT(V)) if U.ndim == 3 and V.ndim == 2 else U @ mT(V)
-    spec = {(3, 3): "cmd,cnd->cmn", (3, 2): "cmd,nd->cmn", (2, 2): "md,nd->mn"}
-    return _torch().einsum(spec[U.ndim, V.ndim], U, V)
+    return _torch().einsum(_MATMUL_T_SPECS[U.ndim, V.ndim], U, V)
+
+
+#: ``matmul_t``'s ``einsum`` by the operands' numbers of axes
+_MATMUL_T_SPECS = {(3, 3): "cmd,cnd->cmn", (3, 2): "cmd,nd->cmn", (2, 2): "md,nd->mn"}
 
 
 def mean_rows(X: Array) -> Array:
