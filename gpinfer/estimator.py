@@ -893,7 +893,7 @@ class GPClassifierCore(_GPEstimatorBase):
         (``optimize=True``), at squared length-scale = the median pairwise distance; a
         ``Kernel`` object with ``optimize=False`` is fitted as given, its length-scales kept
         (scikit-learn's ``optimizer=None``). ``method_options={"lengthscale_init": "median"}``
-        or ``"kernel"`` forces either (``gpinfer.kernel_start``).
+        or ``"kernel"`` forces either (``gpinfer.kernels.initialisation``).
     likelihood : None, str or Likelihood
         ``None`` picks the first entry of the method's ``likelihoods`` that suits the number of
         classes (binary or multi-class); a name is built with ``make_likelihood``; an object is

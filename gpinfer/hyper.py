@@ -213,8 +213,9 @@ class HyperParameters:
     def kernels(self) -> list[Kernel]:
         """The kernels, one per latent, with their current parameters.
 
-        With ``device_kernels=True`` on a device (and one stacked kernel path) ``unpack``
-        leaves the kernel parameters on the device, where the stacked covariances read them:
+        With ``device_kernels=True`` (a caller whose arrays live on a device asks for it) and
+        one stacked kernel path ``unpack`` leaves the kernel parameters in ``theta``'s
+        namespace, where the stacked covariances read them:
         a step reads nothing back to the host. They are written into the kernel objects when
         someone asks for them here or calls ``sync_host`` (one read); an owner that holds the
         kernel objects itself calls ``sync_host`` before it reads them."""
@@ -233,10 +234,11 @@ class HyperParameters:
         self._host_stale = False
 
     def _keep_kernels(self, full: Array, view: bool = False) -> bool:
-        """On a device with ``device_kernels``: keep the kernel entries of ``full [n_entries]``
-        there instead of writing them into the kernel objects (True when kept); ``view``: as
-        a view of ``full`` (an array handed over, never written again) instead of a copy."""
-        if (not self._defer_kernels or ops.is_numpy(full) or not self._kernel_stop
+        """With ``device_kernels`` (a caller on a device asks for it): keep the kernel entries
+        of ``full [n_entries]`` there instead of writing them into the kernel objects (True
+        when kept); ``view``: as a view of ``full`` (an array handed over, never written
+        again) instead of a copy."""
+        if (not self._defer_kernels or not self._kernel_stop
                 or full.shape[0] < self._kernel_stop):  # a free prefix without every kernel
             return False
         kept = full[: self._kernel_stop]
@@ -303,9 +305,8 @@ class HyperParameters:
     def _as_inducing(self, Z: Array | Sequence[Array] | None) -> list[Array] | None:
         if Z is None:
             return None
-        given: list[Any] = [Z] if ops.is_array(Z) and Z.ndim == 2 else list(Z)  # type: ignore[union-attr]
-        Zs: list[Array] = [ops.copy(z) if ops.is_array(z) and not ops.is_numpy(z)
-                           else np.array(z, dtype=float) for z in given]
+        given: list[Any] = [Z] if getattr(Z, "ndim", None) == 2 else list(Z)
+        Zs: list[Array] = [ops.copy(ops.as_float(z)) for z in given]
         if len(Zs) != self.n_latent:
             raise ValueError(f"got {len(Zs)} inducing-input arrays for {self.n_latent} latents")
         for l, z in enumerate(Zs):
@@ -443,11 +444,9 @@ class HyperParameters:
         ``owned=True``: the caller hands ``theta`` over (it neither reads nor writes it again),
         so the inducing inputs may be views of it instead of a copy (``P`` can be millions)."""
         # a float64 host vector is used as it is (not a converted copy): ``pack(reuse=)`` may
-        # return it
-        given = theta if (isinstance(theta, np.ndarray) and theta.ndim == 1
-                          and theta.dtype == np.float64) else None
-        if ops.is_numpy(theta) or not ops.is_array(theta):
-            theta = np.asarray(theta, dtype=float).reshape(-1)
+        # write into it and return it
+        given = theta if ops.is_host_buffer(theta, ndim=1) else None
+        theta = ops.as_float(theta)
         xp = ops.namespace(theta)
         theta = xp.reshape(theta, (-1,))
         if theta.shape[0] != self.size:
@@ -469,7 +468,7 @@ class HyperParameters:
                              and given is not None else None)
         # the latents' Z as views of their stack (one operation on a device)
         Z_views = None if Z_stack is None else (
-            list(Z_stack) if ops.is_numpy(Z_stack) else list(Z_stack.unbind(0)))  # type: ignore[attr-defined]
+            list(ops.unbind(Z_stack)))
         for block, free in zip(self._blocks, self._block_free):
             if not free or (block.kind == "kernel" and kept):
                 continue
@@ -574,7 +573,7 @@ def parameter_gradient(
     gradient is formed in one host vector: stacked matrix gradients, every entry free, each
     latent's kernel and then each latent's ``Z``); its values are overwritten.
     """
-    X_ref = X if ops.is_array(X) else np.asarray(X, dtype=float)
+    X_ref = ops.as_float(X)  # a backend array as it is
     if isinstance(grads, StackedMatrixGradients) and hp.stacked is not None:
         if len(grads) != hp.n_latent:
             raise ValueError(f"got {len(grads)} MatrixGradients for {hp.n_latent} latents")
@@ -683,14 +682,9 @@ def _vector_for_inputs(hp: HyperParameters, X: Array, grads: Sequence[MatrixGrad
     vector of that length, else a new one; its values to be overwritten) whose ``Z`` blocks
     the VJP writes ``g_Z`` into (``_inducing_view``): on numpy, stacked gradients, every
     entry free and the usual layout (no concatenation of ``C M D`` entries); else ``None``."""
-    into = (ops.is_numpy(X) and need_Z and hp._all_free
-            and isinstance(grads, StackedMatrixGradients) and _usual_layout(hp, kinds))
-    if not into:
-        return None
-    if (isinstance(out, np.ndarray) and out.shape == (hp.n_entries,)
-            and out.dtype == np.float64 and out.flags.c_contiguous and out.flags.writeable):
-        return out
-    return np.empty(hp.n_entries)
+    into = (need_Z and hp._all_free and isinstance(grads, StackedMatrixGradients)
+            and _usual_layout(hp, kinds))
+    return ops.host_out(X, out, (hp.n_entries,)) if into else None
 
 
 def _inducing_span(hp: HyperParameters) -> tuple[int, int]:

@@ -456,7 +456,7 @@ class Problem:
     * ``kernel_given``: True when the caller gave ``kernel`` as a ``Kernel`` object (its
       parameters are meant), False when it was built from a name (its length-scale a
       placeholder); with ``optimize`` False, the ``lengthscale_init="auto"`` of the methods
-      with a median heuristic keeps such a kernel as given (``gpinfer.kernel_start``).
+      with a median heuristic keeps such a kernel as given (``gpinfer.kernels.initialisation``).
     * ``max_iter``: outer iterations (hyper-parameter steps, or sweeps when ``optimize`` is False).
     * ``batch_size``: ``None`` for batch training, else the mini-batch size.
     * ``rng``: the run's random generator (seeded from ``seed``).

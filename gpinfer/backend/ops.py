@@ -15,7 +15,15 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
   (``multiply_into``, ``sqrt_into``, ``clip_below``, ``fill_diagonal``) where a temporary of
   millions of entries would cost a pass over memory;
 * moving values: ``like`` (host values onto an array's namespace, device and dtype),
-  ``to_host``, ``scalar``, ``all_finite``;
+  ``to_host``, ``scalar``, ``all_finite``, ``as_float`` (host values as float64 numpy, a
+  backend array as it is), ``is_host_buffer`` / ``host_out`` (a host vector numpy writes a
+  result into; none on a device), ``maybe_any`` (a host test without a device sync);
+* one operation, each namespace's form: ``rows_matmul`` / ``matmul_t`` / ``mean_rows`` /
+  ``trace`` / ``scaled_inner`` (numpy's reshaped ``gemm`` and views, a device's one
+  ``einsum``), ``polyval`` (Horner on numpy, one product of powers on a device),
+  ``masked_entries`` / ``set_masked`` (numpy on the masked entries only, in place; a device
+  on every entry with a select), ``piecewise_or_whole`` (numpy's two formulas on their
+  entries, a device's one formula valid everywhere);
 * checks without a device sync each: inside ``deferred_checks()`` the checks of
   ``require_positive``, ``require_finite`` and ``checked_cholesky(..., error=...)`` on device
   arrays are collected as 0-d values, each with the host test it must pass (one reduction per
@@ -169,6 +177,135 @@ def to_host(x: Array) -> np.ndarray:
 def scalar(x: Array) -> float:
     """A 0-d array (or one-element array) as a Python float."""
     return float(x) if is_numpy(x) else float(x.item())
+
+
+# -- host values and per-namespace forms (kernels, hyper-parameters, numerics) -----------------
+
+
+def as_float(x: Any) -> Array:
+    """``x`` as a floating array: an array of another namespace (a torch tensor) as it is; host
+    values (numpy arrays and scalars, Python numbers, nested sequences) as a float64 numpy
+    array (numpy's ``TypeError`` / ``ValueError`` for values that are not numbers)."""
+    if is_numpy(x) or not is_array(x):
+        return np.asarray(x, dtype=float)
+    return x
+
+
+def maybe_any(mask: Array) -> bool:
+    """Whether ``mask`` may hold a True entry, decided without a device sync: numpy reads it
+    (False when none is True); on a device always True (the caller's masked form runs)."""
+    return bool(np.any(mask)) if is_numpy(mask) else True
+
+
+def is_host_buffer(x: Any, ndim: int | None = None) -> bool:
+    """Whether ``x`` is a C-contiguous, writable float64 numpy array (of ``ndim`` axes where
+    given): a host buffer a result may be written into, or a caller's vector used as it is."""
+    return (type(x) is np.ndarray and x.dtype == np.float64 and x.flags.c_contiguous
+            and x.flags.writeable and (ndim is None or x.ndim == ndim))
+
+
+def host_out(ref: Array, out: Any, shape: tuple[int, ...]) -> np.ndarray | None:
+    """A float64 host array of ``shape`` for a result over ``ref``'s namespace that numpy
+    writes in place: ``out`` when it is such a buffer (``is_host_buffer``) of that shape (its
+    values to be overwritten), else a new one; ``None`` on a device (its results stay
+    there)."""
+    if not is_numpy(ref):
+        return None
+    return out if is_host_buffer(out) and out.shape == shape else np.empty(shape)
+
+
+def piecewise_or_whole(mask_of: Callable[..., Array], f_in: Callable[..., Array],
+                       f_out: Callable[..., Array], whole: Callable[..., Array],
+                       *args: Array) -> Array:
+    """numpy: ``piecewise(mask_of(*args), f_in, f_out, *args)`` (each function on its own
+    entries only); other namespaces: ``whole(*args)`` on every entry (one formula valid
+    everywhere: no mask and no select on a device)."""
+    if not is_numpy(args[0]):
+        return whole(*args)
+    return piecewise(mask_of(*args), f_in, f_out, *args)
+
+
+def masked_entries(mask: Array, x: Array, fill: float) -> Array:
+    """The entries of ``x`` (shaped like ``mask``) that ``set_masked`` writes from: a numpy
+    array (not 0-d) those where ``mask`` only, ``x[mask]``; otherwise every entry,
+    ``where(mask, x, fill)`` (``fill`` keeps the unused ones finite: no select of a NaN, no
+    NaN in a gradient)."""
+    if is_numpy(x) and x.ndim > 0:
+        return x[mask]
+    return namespace(x).where(mask, x, fill)
+
+
+def set_masked(mask: Array, out: Array, values: Array) -> Array:
+    """``out`` with ``values`` (a function of ``masked_entries(mask, ...)``) where ``mask``: a
+    numpy array (not 0-d, which the caller owns) in place, ``out[mask] = values``, and
+    returned; otherwise a new ``where(mask, values, out)``."""
+    if is_numpy(out) and out.ndim > 0:
+        out[mask] = values
+        return out
+    return namespace(out).where(mask, values, out)
+
+
+def polyval(coefs: tuple[float, ...], z: Array) -> Array:
+    """``sum_n coefs[n] z^n`` elementwise: numpy by Horner's rule (a pass per term over the
+    entries), a device as one product of the powers of ``z`` with the coefficients (a few
+    operators whatever the number of terms; the same sum to round-off)."""
+    if is_numpy(z):
+        out = coefs[-1] + 0.0 * z
+        for b in coefs[-2::-1]:
+            out = out * z + b
+        return out
+    powers = z[..., None] ** constant(z, tuple(float(n) for n in range(len(coefs))))
+    return powers @ constant(z, coefs)
+
+
+def rows_matmul(X: Array, Y: Array) -> Array:
+    """``X @ Y`` ``[C, M, N]`` for ``X [C, M, K]`` and ``Y [K, N]`` as one product over the
+    ``C M`` rows: numpy reshapes to one ``gemm``; torch's ``matmul`` folds the leading axes
+    itself (the same ``gemm``, without two reshape operators)."""
+    if not is_numpy(X):
+        return X @ Y
+    C, M, K = X.shape
+    return np.reshape(np.reshape(X, (C * M, K)) @ Y, (C, M, Y.shape[1]))
+
+
+def matmul_t(U: Array, V: Array) -> Array:
+    """``U V^T`` over the last two axes: ``[C, M, N]`` for ``U [C, M, D]`` and ``V [C, N, D]``
+    or ``[N, D]`` (shared by every matrix), ``[M, N]`` for ``U [M, D]``, ``V [N, D]``. numpy:
+    ``@`` with the transposed view (``rows_matmul`` for a shared ``V``: one product over the
+    ``C M`` rows); a device: one ``einsum`` operator (no view)."""
+    if is_numpy(U):
+        return rows_matmul(U, mT(V)) if U.ndim == 3 and V.ndim == 2 else U @ mT(V)
+    return _torch().einsum(_MATMUL_T_SPECS[U.ndim, V.ndim], U, V)
+
+
+#: ``matmul_t``'s ``einsum`` by the operands' numbers of axes
+_MATMUL_T_SPECS = {(3, 3): "cmd,cnd->cmn", (3, 2): "cmd,nd->cmn", (2, 2): "md,nd->mn"}
+
+
+def mean_rows(X: Array) -> Array:
+    """The mean ``[D]`` of the rows of ``X [..., D]`` over every leading axis (torch: one
+    reduction over those axes, the same sum as over the reshaped rows; numpy: the reshaped
+    rows)."""
+    if not is_numpy(X):
+        return X.mean(dim=tuple(range(X.ndim - 1)))
+    return np.mean(np.reshape(X, (-1, X.shape[-1])), axis=0)
+
+
+def trace(X: Array) -> Array:
+    """The traces ``[C]`` of ``X [C, M, M]`` (on a device one ``einsum`` operator; numpy the
+    sums of the diagonal views)."""
+    if is_numpy(X):
+        return np.sum(diagonal(X), axis=1)
+    return _torch().einsum("cmm->c", X)
+
+
+def scaled_inner(A: Array, B: Array, v: Array) -> Array:
+    """``v[c] sum_mn A[c, m, n] B[c, m, n]`` ``[C]`` for ``A``, ``B`` ``[C, M, N]`` and ``v``
+    ``[C]`` (numpy: the sums, then the product by ``v``; a device: one ``einsum`` operator)."""
+    if is_numpy(A):
+        return v * np.einsum("cmn,cmn->c", A, B)
+    return _torch().einsum("cmn,cmn,c->c", A, B, v)
+
 
 
 def all_finite(*arrays: Array) -> bool:
@@ -608,10 +745,10 @@ def fill_diagonal(X: Array, value: float) -> Array:
 
 
 def state_token(x: Array) -> Any:
-    """What identifies the values of ``x`` cheaply for memoisation: ``None`` for numpy (compare
-    values), ``(id, version)`` for a torch tensor (its version counter moves on every in-place
-    change)."""
-    return None if is_numpy(x) else (id(x), x._version)
+    """What identifies the values of ``x`` cheaply for memoisation: ``None`` for host values
+    (numpy, Python numbers and sequences: compare values), ``(id, version)`` for a torch
+    tensor (its version counter moves on every in-place change)."""
+    return None if is_numpy(x) or not is_array(x) else (id(x), x._version)
 
 
 def piecewise(mask: Array, f_in: Any, f_out: Any, *args: Array) -> Array:

@@ -30,7 +30,7 @@ from gpinfer.experiment import tracking
 from gpinfer.experiment.redact import redact_uri
 from gpinfer.experiment.settings import Settings, as_mapping, config_to_dict, parse_settings
 from gpinfer.interfaces import Method
-from gpinfer.kernel_start import resolve_lengthscale_init
+from gpinfer.kernels.initialisation import resolve_lengthscale_init
 from gpinfer.threads import blas_threads
 from gpinfer.training import distributed
 from gpinfer.validation import check_method_backend, check_process_group

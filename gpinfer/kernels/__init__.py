@@ -16,6 +16,7 @@ import numpy as np
 
 from gpinfer.errors import InputError, PluginLoadError
 from gpinfer.kernels.base import Kernel
+from gpinfer.kernels.checks import float_values
 from gpinfer.kernels.combination import Product, Sum
 from gpinfer.kernels.linear import Linear
 from gpinfer.kernels.stationary import RBF, Matern32, Matern52, Stationary
@@ -46,12 +47,10 @@ _BUILTIN: dict[str, tuple[type[Kernel], str | None]] = {
 
 def _config_value(value: Any) -> Any:
     """Turn list-like config values (lists, tuples, OmegaConf ``ListConfig``) into float arrays."""
-    if isinstance(value, str | bytes | numbers.Number | np.ndarray) or not isinstance(
-        value, Iterable
-    ):
+    if isinstance(value, str | bytes | numbers.Number) or not isinstance(value, Iterable):
         return value
     try:
-        return np.asarray(list(value), dtype=float)
+        return float_values(value)
     except (TypeError, ValueError):
         raise InputError(f"kernel parameter value {value!r} is not a list of numbers") from None
 

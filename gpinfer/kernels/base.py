@@ -61,18 +61,15 @@ def _recording(init: Callable[..., None]) -> Callable[..., None]:
 
 def _short(value: Any) -> str:
     """``repr`` of a parameter value with floats at ``REPR_DIGITS`` significant digits."""
-    if isinstance(value, np.ndarray) and value.ndim == 0:
-        value = value.item()
-    if isinstance(value, bool | np.bool_) or not isinstance(
-        value, numbers.Real | np.ndarray | list | tuple
-    ):
+    if callable(getattr(value, "tolist", None)):  # arrays and numpy scalars: Python values
+        value = value.tolist()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real | list | tuple):
         return repr(value)
     if isinstance(value, numbers.Integral):
         return repr(int(value))
     if isinstance(value, numbers.Real):
         return repr(float(f"{float(value):.{REPR_DIGITS}g}"))
-    items = ", ".join(_short(v) for v in (value.tolist() if isinstance(value, np.ndarray)
-                                          else value))
+    items = ", ".join(_short(v) for v in value)
     return f"({items},)" if isinstance(value, tuple) and len(value) == 1 else (
         f"({items})" if isinstance(value, tuple) else f"[{items}]")
 

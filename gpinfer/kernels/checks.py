@@ -6,7 +6,7 @@ import contextlib
 import contextvars
 import numbers
 from collections.abc import Iterable, Iterator
-from typing import cast
+from typing import Any
 
 import numpy as np
 
@@ -15,23 +15,30 @@ from gpinfer.errors import InputError, NonFiniteError
 from gpinfer.kernels.base import Array
 
 
+def float_values(value: Any) -> np.ndarray:
+    """A user's number, array or sequence (list, tuple, OmegaConf ``ListConfig``) or other
+    iterable of numbers (a set, a generator: its items in their order) as a float64 array;
+    numpy's ``TypeError`` / ``ValueError`` for anything else (ragged or not numbers)."""
+    try:
+        return np.asarray(value, dtype=float)
+    except TypeError:  # an iterable numpy does not read as a sequence
+        if not isinstance(value, Iterable) or isinstance(value, str | bytes):
+            raise
+        return np.asarray(list(value), dtype=float)
+
+
 def natural_values(value: object, name: str, owner: str) -> Array:
     """A positive, finite natural parameter as a float array: shape ``()`` or ``[D]``.
 
     Accepts a number, a sequence (lists, tuples, OmegaConf ``ListConfig``) or an array.
     Raises ``InputError`` naming ``owner`` and ``name`` otherwise.
     """
-    if isinstance(value, str | bytes) or not isinstance(
-        value, numbers.Real | np.ndarray | Iterable
-    ):
+    if isinstance(value, str | bytes) or not isinstance(value, numbers.Real | Iterable):
         raise InputError(
             f"{owner} {name} must be a positive number or a list of them, got {value!r}"
         )
     try:
-        if isinstance(value, numbers.Real | np.ndarray):
-            arr = np.asarray(value, dtype=float)
-        else:
-            arr = np.asarray(list(value), dtype=float)
+        arr = float_values(value)
     except (TypeError, ValueError):
         raise InputError(
             f"{owner} {name} must be a positive number or a list of them, got {value!r}"
@@ -67,14 +74,10 @@ def checked_inputs() -> Iterator[None]:
 def as_inputs(X: object, name: str = "X") -> Array:
     """A finite float input array ``[N, D]`` (host values as float64 numpy; an array of another
     array-API namespace, a torch tensor, as it is); ``InputError`` naming ``name`` otherwise."""
-    arr: Array
-    if ops.is_array(X) and not ops.is_numpy(X):
-        arr = cast(Array, X)  # a backend array (typed as the numpy one it stands in for)
-    else:
-        try:
-            arr = np.asarray(X, dtype=float)
-        except (TypeError, ValueError):
-            raise InputError(f"{name} must be a numeric array [N, D]") from None
+    try:
+        arr: Array = ops.as_float(X)  # a backend array as it is
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a numeric array [N, D]") from None
     if arr.ndim != 2:
         raise InputError(f"{name} must be a 2-D array [N, D], got shape {tuple(arr.shape)}")
     if not _VALUES_CHECKED.get() and not ops.all_finite(arr):
@@ -104,8 +107,7 @@ def input_pair(
 
 def matrix_gradient(dK: object, shape: tuple[int, ...], name: str = "dK") -> Array:
     """Check that the incoming gradient ``dK`` has the ``shape`` of the matrix it belongs to."""
-    arr = (cast(Array, dK) if ops.is_array(dK) and not ops.is_numpy(dK)
-           else np.asarray(dK, dtype=float))
+    arr = ops.as_float(dK)
     if tuple(arr.shape) != shape:
         raise InputError(
             f"{name} must have shape {shape} (that of the kernel matrix), got {tuple(arr.shape)}"

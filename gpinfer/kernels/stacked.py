@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast, overload
+from typing import NamedTuple, overload
 
 import numpy as np
 
@@ -99,33 +99,13 @@ class _Distances:
     Zs: Array | None = None
 
 
-def _rows_product(X: Array, Y: Array) -> Array:
-    """``X @ Y`` ``[C, M, N]`` for ``X [C, M, K]`` and ``Y [K, N]`` as one product over the
-    ``C M`` rows: numpy reshapes to one ``gemm``; torch's ``matmul`` folds the leading axes
-    itself (the same ``gemm``, without two reshape operators)."""
-    if not ops.is_numpy(X):
-        return X @ Y
-    C, M, K = X.shape
-    return np.reshape(np.reshape(X, (C * M, K)) @ Y, (C, M, Y.shape[1]))
-
-
-def _mean_rows(Z: Array) -> Array:
-    """The mean ``[D]`` of the rows of ``Z [C, M, D]`` (torch: one reduction over the two
-    leading axes, the same sum as over the reshaped rows; numpy: the reshaped rows)."""
-    if not ops.is_numpy(Z):
-        return cast(Any, Z).mean(dim=(0, 1))
-    return np.mean(np.reshape(Z, (-1, Z.shape[2])), axis=0)
-
-
 def _scaled_norms(X2: Array, inv: Array) -> Array:
     """``sum_d X2[b, d] / ell[c, 0, d]^2`` ``[C, B]`` for squared inputs ``X2 [B, D]`` and
     inverse squared lengthscales ``inv = 1 / ell^2`` ``[C, D]`` (ARD) or ``[C, 1]``
     (isotropic); on a device one ``einsum`` operator for ARD (no transposed view)."""
     if inv.shape[1] == 1:
         return inv * ops.namespace(X2).sum(X2, axis=1)[None, :]
-    if not ops.is_numpy(X2):
-        return ops.einsum("cd,bd->cb", inv, X2)
-    return inv @ ops.mT(X2)
+    return ops.matmul_t(inv, X2)
 
 
 def _twice_over_ell(X: Array, d: _Distances) -> Array:
@@ -141,15 +121,6 @@ def _times_variances(g: Array, var: Array, vk: Array | None) -> Array:
     """``var[c] g[c]`` ``[C, M, N]`` for ``g [C, M, N]``, ``var [C]`` (numpy: ``vk * g`` with
     ``vk = var [C, 1, 1]``; on a device one ``einsum`` operator, no reshaped view)."""
     return ops.einsum("cmn,c->cmn", g, var) if vk is None else vk * g
-
-
-def _gram(U: Array, V: Array) -> Array:
-    """``U V^T`` ``[C, M, N]`` for ``U [C, M, D]`` and ``V [C, N, D]`` or ``[N, D]`` (shared by
-    every latent): numpy as ``_rows_product`` / ``@`` with the transposed view, a device as one
-    ``einsum`` operator (no view)."""
-    if ops.is_numpy(U):
-        return U @ ops.mT(V) if V.ndim == 3 else _rows_product(U, ops.mT(V))
-    return ops.einsum("cmd,cnd->cmn" if V.ndim == 3 else "cmd,nd->cmn", U, V)
 
 
 def transposed_cross(B: int, D: int) -> bool:
@@ -177,7 +148,7 @@ def _host_cross(As: np.ndarray, Xs: np.ndarray) -> np.ndarray:
     C, M, D = As.shape
     B = Xs.shape[0]
     if not transposed_cross(B, D):
-        out = _gram(As, Xs)  # numpy: one product over the C M rows
+        out = ops.matmul_t(As, Xs)  # numpy: one product over the C M rows
         out *= -2.0
         return out
     R = Xs @ ops.mT(np.reshape(As, (C * M, D)))  # [B, C M]
@@ -250,7 +221,7 @@ class StackedCovariances:
         """``G Bx`` ``[C, M, D]`` for ``G [C, M, B]``, ``Bx = (X - shift) / ell`` the scaled
         batch of each latent: one product with the shared shifted batch, then the scales."""
         d = self.d
-        out = _rows_product(G, d.Xs)
+        out = ops.rows_matmul(G, d.Xs)
         out /= d.ell
         return out
 
@@ -285,27 +256,29 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     start, stop = family.offsets[family.stationary_index]
     ell_rows = natural[:, start : stop - 1]  # [C, D']
     ell = ell_rows[:, None, :]
-    if ops.is_numpy(Z):  # numpy divides by the lengthscales (its roundings, kept)
-        inv_ell, ell2 = None, ell_rows * ell_rows
-        inv_ell2 = ops.reciprocal(ell2)
-    else:  # a device's g_Z multiplies by their inverses
-        inv_ell, ell2 = ops.reciprocal(ell_rows), None
-        inv_ell2 = inv_ell * inv_ell
     var = natural[:, stop - 1]
     # one shift for every latent and the batch (distances do not change)
-    shift = _mean_rows(Z)
+    shift = ops.mean_rows(Z)
     Xs = X - shift
     Zs: Array | None = None
+    # the one choice of form (two algorithms, each with its own roundings; the rest of the
+    # forward and the VJP follow it through ``Zs``): numpy divides by the lengthscales, keeps
+    # ``Zs`` and forms its products in place; a device multiplies by their inverses and
+    # fuses its operators
     if ops.is_numpy(Z):  # A from Zs = Z - shift, kept for the VJP; |a|^2 the Gram's diagonal
+        inv_ell, ell2 = None, ell_rows * ell_rows
+        inv_ell2 = ops.reciprocal(ell2)
         Zs = Z - shift
         A = Zs / ell
-        G_AA = _gram(A, A)
+        G_AA = ops.matmul_t(A, A)
         a2 = ops.copy(ops.diagonal(G_AA))
-    else:
+    else:  # a device's g_Z multiplies by the inverse lengthscales
+        inv_ell, ell2 = ops.reciprocal(ell_rows), None
+        inv_ell2 = inv_ell * inv_ell
         A = Z - shift
         A /= ell
         a2 = ops.einsum("cmd,cmd->cm", A, A)
-        G_AA = _gram(A, A)
+        G_AA = ops.matmul_t(A, A)
     a2_col = a2[:, :, None]  # [C, M, 1], shared by both distances
     r2_uu = StackedCovariances._sqdist(a2_col, a2[:, None, :], G_AA)
     ops.fill_diagonal(r2_uu, 0.0)
@@ -314,13 +287,13 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
         As, kept = A, None
     else:
         As, kept = A / ell, A  # (Z - shift) / ell^2: A . ((x - shift) / ell) = As . (x - shift)
-    cross = _gram(As, Xs) if Zs is None else _host_cross(As, Xs)
+    cross = ops.matmul_t(As, Xs) if Zs is None else _host_cross(As, Xs)
     del As
     Xs2 = Xs * Xs
     r2_uf = StackedCovariances._sqdist(a2_col, _scaled_norms(Xs2, inv_ell2)[:, None, :], cross,
                                        doubled=Zs is not None)
     proto = st[0]
-    vk = xp.reshape(var, (C, 1, 1)) if ops.is_numpy(Z) else None
+    vk = xp.reshape(var, (C, 1, 1)) if Zs is not None else None
     d = _Distances(kept, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, inv_ell, var,
                    Xs2, ell2, inv_ell2, vk, Zs)
     Kuu = _times_variances(d.g_uu, var, vk)
@@ -348,7 +321,7 @@ def _vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
     # the square matrix first: the sums below run in this order
     pairs = [(dK, r2, g, square) for dK, r2, g, square in
              ((dKuu, d.r2_uu, d.g_uu, True), (dKuf, d.r2_uf, d.g_uf, False)) if dK is not None]
-    host = ops.is_numpy(cov.Z)  # numpy forms its products in place (``matmul_add_``)
+    host = d.Zs is not None  # numpy's form: products in place (``matmul_add_``)
     # numpy, a kernel with dg/dr2 = c g (RBF): var's gradient from the weights' sums
     per_g = cov.family.stationary[0].dg_dr2_per_g if host else None
     sums = _weight_sums(cov, pairs, need_products=(ard or inputs) and not host, per_g=per_g)
@@ -394,8 +367,7 @@ def _variance_gradient(d: _Distances, sum_ff: Array | None, pairs: list[Pair]
     on a device each matrix's term one ``einsum`` operator with ``var``."""
     d_var = None if sum_ff is None else d.var * sum_ff
     for dK, _, g, _ in pairs:
-        term = (d.var * ops.einsum("cmn,cmn->c", dK, g) if ops.is_numpy(dK)
-                else ops.einsum("cmn,cmn,c->c", dK, g, d.var))
+        term = ops.scaled_inner(dK, g, d.var)
         if d_var is None:
             d_var = term
         else:
@@ -594,8 +566,7 @@ def _parameter_gradients(cov: StackedCovariances, d_ell: Array | None, d_var: Ar
         noise = cov.natural[:, fam.offsets[index][0]]
         total = sum_ff
         if dKuu is not None and fam.noise_on_square[index]:
-            on_diag = (xp.sum(ops.diagonal(dKuu), axis=1) if ops.is_numpy(dKuu)
-                       else ops.einsum("cmm->c", dKuu))  # the traces: one operator
+            on_diag = ops.trace(dKuu)
             total = on_diag if total is None else total + on_diag
         columns.append(ops.zeros(cov.Z, (C,)) if total is None else noise * total)
     close_columns()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable
-from typing import ClassVar, NamedTuple, cast
+from typing import Any, ClassVar, NamedTuple, cast
 
 import numpy as np
 
@@ -90,17 +90,16 @@ class _Distances(NamedTuple):
     #: version, numpy arrays by value)
     tokens: tuple = (None, None)
 
-    def matches(self, X: Array, X2: object | None) -> bool:
+    def matches(self, X: Array, X2: Any) -> bool:
         if (ops.state_token(X), None if X2 is None else ops.state_token(X2)) != self.tokens:
             return False
         if self.tokens[0] is not None:  # backend arrays: the same objects, unchanged
             return X is self.X and X2 is self.X2
-        if X.shape != self.X.shape or not np.array_equal(X, self.X):
+        if np.shape(X) != self.X.shape or not np.array_equal(X, self.X):
             return False
         if X2 is None or self.X2 is None:
             return X2 is None and self.X2 is None
-        return (isinstance(X2, np.ndarray) and X2.shape == self.X2.shape
-                and np.array_equal(X2, self.X2))
+        return np.shape(X2) == self.X2.shape and np.array_equal(X2, self.X2)
 
 
 class Stationary(Kernel):
@@ -218,16 +217,16 @@ class Stationary(Kernel):
         slot = X2 is None
         memo = self.__dict__.setdefault("_memo", {})
         hit = memo.get(slot)  # one read: another thread may replace the entry meanwhile
-        if (hit is not None and ops.is_array(X) and hit.matches(X, X2)
+        if (hit is not None and hit.matches(X, X2)
                 and np.array_equal(hit.log_lengthscale, self._log_lengthscale)):
             return hit
         A, B = self._scaled(X, X2)
         r2 = self._r2(A, B)
         X_, X2_ = cast(Array, X), cast("Array | None", X2)  # checked by _scaled above
-        if not ops.is_numpy(A):  # backend arrays: remembered by identity and version
+        tokens = (ops.state_token(X_), None if X2_ is None else ops.state_token(X2_))
+        if tokens[0] is not None:  # backend arrays: remembered by identity and version
             entry = _Distances(X_, X2_, self._log_lengthscale.copy(), A, B, r2, self._g(r2),
-                               (ops.state_token(X_), None if X2_ is None
-                                else ops.state_token(X2_)))
+                               tokens)
             memo[slot] = entry
             return entry
         kept = np.size(X_) + (0 if X2_ is None else np.size(X2_)) + 2 * r2.size

@@ -22,8 +22,6 @@ import math
 from fractions import Fraction
 from typing import Any
 
-import numpy as np
-
 from gpinfer.backend import ops
 from gpinfer.numerics import settings
 
@@ -56,21 +54,15 @@ def _mills_series_coefficients(n_terms: int) -> tuple[float, ...]:
 _MILLS_C = _mills_series_coefficients(settings.PROBIT_ASYMPTOTIC_TERMS)
 
 
-def _float(t: Array) -> Array:
-    """``t`` as a floating array: host values (scalars, lists, numpy) as float64 numpy arrays,
-    backend arrays (torch tensors) as they are."""
-    return np.asarray(t, dtype=float) if ops.is_numpy(t) or not hasattr(t, "shape") else t
-
-
 def log_phi(t: Array) -> Array:
     """``log N(t | 0, 1)``, any shape."""
-    t = _float(t)
+    t = ops.as_float(t)
     return -0.5 * t * t - LOG_SQRT_2PI
 
 
 def log_Phi(t: Array) -> Array:
     """``log Phi(t)``, accurate for ``t << 0`` (``~ -t^2/2``) and ``t >> 0`` (``~ -phi(t)``)."""
-    return ops.log_ndtr(_float(t))
+    return ops.log_ndtr(ops.as_float(t))
 
 
 def inv_mills(t: Array, log_Phi_t: Array | None = None) -> Array:
@@ -78,21 +70,23 @@ def inv_mills(t: Array, log_Phi_t: Array | None = None) -> Array:
 
     ``log_Phi_t``: ``log Phi(t)`` when the caller has it already (used for ``t >= 0``).
     """
-    t = _float(t)
+    t = ops.as_float(t)
     xp = ops.namespace(t)
 
     def left(x: Array, *_: Array) -> Array:
         # erfcx(x) = exp(x^2) erfc(x): Phi(t) = erfcx(-t/sqrt2) exp(-t^2/2) / 2 for every t
         return _SQRT_2_OVER_PI / ops.erfcx(x * -_SQRT_HALF)
 
-    if not ops.is_numpy(t):  # a device evaluates every entry anyway: one formula, no select
-        return left(t)
-
     def right(x: Array, log_cdf: Array | None = None) -> Array:
         return xp.exp(log_phi(x) - (ops.log_ndtr(x) if log_cdf is None else log_cdf))
 
-    args = (t,) if log_Phi_t is None else (t, _float(log_Phi_t))
-    return ops.piecewise(t < 0, left, right, *args)
+    def negative(x: Array, *_: Array) -> Array:
+        return x < 0
+
+    # numpy: each formula on its own entries; a device evaluates every entry anyway: the
+    # first formula alone (valid everywhere), no mask and no select
+    args = (t,) if log_Phi_t is None else (t, ops.as_float(log_Phi_t))
+    return ops.piecewise_or_whole(negative, left, right, left, *args)
 
 
 def _series_coefficients(derivative: int) -> tuple[float, ...]:
@@ -110,14 +104,11 @@ _SERIES_B = tuple(_series_coefficients(k) for k in range(4))
 
 
 def _asymptotic(x: Array, derivative: int) -> Array:
-    """``d^k/dx^k`` of the series ``r(-x) = sum_n c_n x^(1-2n)`` for large ``x > 0`` (Horner in
-    ``x^-2``)."""
-    z = 1.0 / (x * x)
-    coefs = _SERIES_B[derivative]
-    out = coefs[-1] + 0.0 * z
-    for b in coefs[-2::-1]:
-        out = out * z + b
-    return out * x ** (1 - derivative)
+    """``d^k/dx^k`` of the series ``r(-x) = sum_n c_n x^(1-2n)`` for large ``x > 0``: a
+    polynomial in ``x^-2`` (``ops.polyval``: Horner's rule on numpy, one product of its powers
+    on a device) times ``x^(1-k)``."""
+    out = ops.polyval(_SERIES_B[derivative], ops.reciprocal(x * x))
+    return out if derivative == 1 else out * x ** (1 - derivative)
 
 
 def probit_curvature(t: Array) -> Array:
@@ -140,8 +131,7 @@ def log_Phi_derivatives(t: Array, order: int = 4) -> tuple[Array, ...]:
     """
     if not 0 <= order <= 4:
         raise ValueError(f"order must be in 0..4, got {order}")
-    t = _float(t)
-    xp = ops.namespace(t)
+    t = ops.as_float(t)
     out: list[Array] = [log_Phi(t)]
     if order == 0:
         return tuple(out)
@@ -158,44 +148,28 @@ def log_Phi_derivatives(t: Array, order: int = 4) -> tuple[Array, ...]:
     if order >= 4:
         out.append(r1 * bracket + r * ((1.0 + r1) * (t + 2.0 * r) + q * (1.0 + 2.0 * r1)))
     far = t < -settings.PROBIT_ASYMPTOTIC_CUT
-    if ops.is_numpy(far) and not bool(np.any(far)):  # on a device: no sync, the series below
+    if not ops.maybe_any(far):  # on a device: no sync, the series below
         return tuple(out)
-    # with x = -t: d^k psi / dt^k = (-1)^(k-1) d^(k-1) r(-x) / dx^(k-1)
-    if ops.is_numpy(t) and t.ndim > 0:  # the series on the far entries only (the same values)
-        x = -t[far]
-        for k in range(2, order + 1):
-            out[k][far] = (-1.0) ** (k - 1) * _asymptotic(x, k - 1)
-        return tuple(out)
-    x = xp.where(far, -t, 1.0)  # the series only where it is used (no 1/0 elsewhere)
+    # with x = -t: d^k psi / dt^k = (-1)^(k-1) d^(k-1) r(-x) / dx^(k-1); numpy (not 0-d): the
+    # series on the far entries only, written in place; else on every entry, selected
+    x = ops.masked_entries(far, -t, 1.0)  # (1 elsewhere: no 1/0)
     for k in range(2, order + 1):
-        out[k] = xp.where(far, (-1.0) ** (k - 1) * _asymptotic_powers(x, k - 1), out[k])
+        out[k] = ops.set_masked(far, out[k], (-1.0) ** (k - 1) * _asymptotic(x, k - 1))
     return tuple(out)
 
 
 def log_Phi_curvature(t: Array) -> tuple[Array, Array, Array]:
     """``(psi, r, gamma)``: ``log Phi(t)``, ``r = psi'`` and the curvature
-    ``gamma = -psi''``, the values of ``log_Phi_derivatives(t, 2)`` (its third negated). On a
-    device ``gamma`` is formed as ``r (t + r)`` and, below ``-PROBIT_ASYMPTOTIC_CUT``, as the
-    series in ``t^-2`` directly (even in ``t``: no sign flips of ``t`` or of the result), the
-    same values with four operators fewer."""
-    t = _float(t)
-    if ops.is_numpy(t):
-        psi, r, r1 = log_Phi_derivatives(t, 2)
-        return psi, r, -r1
-    xp = ops.namespace(t)
-    r = inv_mills(t)
+    ``gamma = -psi''``, the values of ``log_Phi_derivatives(t, 2)`` (its third negated):
+    ``gamma`` is formed as ``r (t + r)`` and, below ``-PROBIT_ASYMPTOTIC_CUT``, as the series
+    in ``t^-2`` directly (even in ``t``: no sign flips of ``t`` or of the result; on a device
+    four operators fewer)."""
+    t = ops.as_float(t)
+    psi = log_Phi(t)
+    r = inv_mills(t, psi)
+    gamma = r * (t + r)
     far = t < -settings.PROBIT_ASYMPTOTIC_CUT
-    x = xp.where(far, t, 1.0)  # the series only where it is used (no 1/0 elsewhere)
-    gamma = xp.where(far, _asymptotic_powers(x, 1), r * (t + r))
-    return log_Phi(t), r, gamma
-
-
-def _asymptotic_powers(x: Array, derivative: int) -> Array:
-    """``_asymptotic`` as one product of the powers of ``x^-2`` with the coefficients (a few
-    array operations instead of one pair per term: for device arrays, evaluated on every
-    entry; the same sum to round-off)."""
-    coefs = _SERIES_B[derivative]
-    z = ops.reciprocal(x * x)  # 1 / x^2 (one operator on a device: the same value)
-    powers = z[..., None] ** ops.constant(x, tuple(float(n) for n in range(len(coefs))))
-    out = powers @ ops.constant(x, coefs)
-    return out if derivative == 1 else out * x ** (1 - derivative)
+    if not ops.maybe_any(far):  # on a device: no sync, the series below
+        return psi, r, gamma
+    x = ops.masked_entries(far, t, 1.0)  # (1 elsewhere: no 1/0)
+    return psi, r, ops.set_masked(far, gamma, _asymptotic(x, 1))

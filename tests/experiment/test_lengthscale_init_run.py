@@ -1,6 +1,6 @@
 """``gpinfer-run``'s kernel is named (the kernel group's length-scale 1 is a placeholder), so
 ``lengthscale_init="auto"`` is the median heuristic there even with ``optimize=false``
-(``gpinfer.kernel_start``), as before ``"auto"``: the run's estimator, fitted on the run's
+(``gpinfer.kernels.initialisation``), as before ``"auto"``: the run's estimator, fitted on the run's
 rows, starts from the median and keeps it; a ``kernel.lengthscale`` set off 1.0 with
 ``optimize=false`` is lost so, with a warning naming ``lengthscale_init=kernel``."""
 

@@ -294,16 +294,19 @@ def test_the_gradient_is_written_into_a_vector_given_for_it():
         np.testing.assert_array_equal(unfit, before)
 
 
+@pytest.mark.parametrize("on_torch", [True, False], ids=["torch", "numpy"])
 @pytest.mark.parametrize("tied", [False, True])
-def test_device_kernels_stay_on_the_device_until_asked_for(tied):
+def test_device_kernels_stay_on_the_device_until_asked_for(tied, on_torch):
     """``device_kernels=True`` on torch: ``unpack`` reads nothing back (the kernel objects
     lag), the stacked covariances, ``pack`` and ``describe`` use the device values, and
     ``kernels`` / ``sync_host`` / ``touch`` write them into the kernel objects; every value
-    equals the immediate path's."""
+    equals the immediate path's. The methods ask for it on a device only; asked for on numpy
+    it defers the kernel objects' writes alike (the same values)."""
     torch = pytest.importorskip("torch")
     from gpinfer.backend import ops
 
-    Z = [torch.as_tensor(RNG.standard_normal((M, D))) for _ in range(2)]
+    to = torch.as_tensor if on_torch else np.asarray
+    Z = [to(RNG.standard_normal((M, D))) for _ in range(2)]
 
     def build(device_kernels: bool) -> HyperParameters:
         shared = RBF([0.8, 1.3], 1.7)
@@ -317,7 +320,7 @@ def test_device_kernels_stay_on_the_device_until_asked_for(tied):
     try:
         ops.to_host = lambda x: reads.append(1) or original(x)  # type: ignore[assignment]
         lazy.unpack(theta)
-        Xt = torch.as_tensor(X)
+        Xt = to(X)
         cov = lazy.covariances(Xt)
         packed = lazy.pack()
         assert not reads  # nothing read back

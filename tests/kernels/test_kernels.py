@@ -532,3 +532,17 @@ def test_distance_memo_keeps_no_large_inputs(monkeypatch, data):
     big = np.vstack([X2, X2])
     np.testing.assert_array_equal(k.K(X, big), RBF(lengthscale=[0.7, 1.2, 2.0]).K(X, big))
     assert k.__dict__["_memo"][False].X2.shape == X2.shape  # the large pair was not kept
+
+
+def test_nested_lists_reach_the_remembered_distances_by_value():
+    """``Stationary._distances`` remembers the last inputs by value (``ops.state_token`` is
+    ``None`` for host values, lists included): lists and arrays of the same values give the same
+    matrices, on a hit as on a miss, and other values a new one."""
+    k = RBF(lengthscale=0.7)
+    X = [[0.0, 1.0], [2.0, 3.0], [0.5, -1.0]]
+    first = k.K(X)
+    assert np.array_equal(k.K(np.array(X)), first)
+    assert np.array_equal(k.K(X), first)
+    moved = [[0.0, 1.0], [2.0, 3.0], [0.5, -2.0]]
+    assert not np.array_equal(k.K(moved), first)
+    assert np.array_equal(k.K(moved), k.K(np.array(moved)))

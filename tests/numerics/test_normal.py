@@ -157,3 +157,18 @@ def test_log_Phi_curvature_equals_the_derivatives_it_stands_for(device):
         want = np.asarray(want)
         assert np.array_equal(got, want)
     assert np.all(np.asarray(gamma) >= 0)  # 0 where r underflows (t > 37)
+
+
+def test_a_scalar_beyond_the_cut_gets_the_bits_of_an_array_entry():
+    """A 0-d ``t`` below ``-PROBIT_ASYMPTOTIC_CUT`` takes the series of an array's entries (one
+    ``_asymptotic``: ``ops.polyval``); it took the device's form of the series (the powers of
+    ``t^-2`` times the coefficients) and differed by an ulp (2.2e-16 relative at ``t = -25``)."""
+    cut = settings.PROBIT_ASYMPTOTIC_CUT
+    ts = np.array([-cut * 1.05, -25.0, -40.0, -1e3])
+    vector = log_Phi_derivatives(ts, 4)
+    curvature = log_Phi_curvature(ts)[2]
+    for i, t in enumerate(ts):
+        scalar = log_Phi_derivatives(float(t), 4)
+        for k in range(5):
+            assert float(scalar[k]) == vector[k][i], (k, t)
+        assert float(log_Phi_curvature(float(t))[2]) == curvature[i]

@@ -31,8 +31,8 @@ from gpinfer.interfaces import (
     Problem,
     SiteState,
 )
-from gpinfer.kernel_start import lengthscale_init_option
 from gpinfer.kernels.base import Kernel
+from gpinfer.kernels.initialisation import lengthscale_init_option
 from gpinfer.numerics.cholesky import tri_solve
 from gpinfer.numerics.gram import weighted_gram
 from gpinfer.optim.lbfgs import LBFGSB

@@ -58,7 +58,7 @@ from gpinfer.interfaces import (
     Scalar,
     SiteApproximation,
 )
-from gpinfer.kernel_start import lengthscale_init_option
+from gpinfer.kernels.initialisation import lengthscale_init_option
 from gpinfer.options import Option, choice, flag, integer, real
 from gpinfer.parallel import blas_threads_for, check_n_jobs
 from gpinfer.posterior import InducingPosterior
@@ -88,7 +88,7 @@ class _SparseEPBase(Method):
     (spec P10; True: the noise is on ``diag Kuu`` and in ``kappa``; False: in ``kappa``, i.e. the
     FITC variances, only, via ``LatentNoise``), ``lengthscale_init``
     (``"median"``: spec §2.11 heuristic; ``"kernel"``: keep; ``"auto"``, the default: keep a
-    ``Kernel`` object held fixed, else the median, ``gpinfer.kernel_start``), ``patience``
+    ``Kernel`` object held fixed, else the median, ``gpinfer.kernels.initialisation``), ``patience``
     (iterations below the best log Z_q before the best state is restored and the damping and
     steps are halved), ``time_limit_s`` (stop after this much training time; the callback's time,
     where test metrics are computed, is not counted, nor is it in ``elapsed``), ``n_jobs`` (threads
@@ -169,7 +169,8 @@ class _SparseEPBase(Method):
         # on a device the kernel parameters stay there between steps (SparseSites.posterior
         # and the end of the fit write them into ``kernels``: hp.sync_host)
         hp = HyperParameters(kernels, Z=[backend.asarray(z) for z in Zs],
-                             optimize=problem.optimize and start is None, device_kernels=True)
+                             optimize=problem.optimize and start is None,
+                             device_kernels=not backend.is_numpy)
         n_jobs = check_n_jobs(o["n_jobs"], f"{self.name} option n_jobs")
         state = self.make_state(y, problem.n_classes, Zs[0].shape[0], backend)
         if shared:

@@ -10,8 +10,8 @@ from gpinfer.data.source import median_input
 from gpinfer.errors import InputError
 from gpinfer.inducing import initial_inducing as core_initial_inducing
 from gpinfer.interfaces import Array, Problem
-from gpinfer.kernel_start import start_kernel
 from gpinfer.kernels.base import Kernel
+from gpinfer.kernels.initialisation import start_kernel
 from gpinfer.likelihoods.multiclass import ArgmaxNoise
 from gpinfer.parallel import map_latents
 from gpinfer.sites.stacked import StackedTerms, latent_terms
@@ -33,7 +33,7 @@ def class_kernels(problem: Problem, noise: float | None, lengthscale_init: str,
     """One kernel per class: the problem's kernel (+ ``White(noise)`` when it has none), with
     stationary length-scales set by the median heuristic when ``lengthscale_init`` resolves to
     ``"median"`` (the median distance is assigned to the *squared* length-scale, spec P18;
-    ``"auto"``: ``gpinfer.kernel_start``).
+    ``"auto"``: ``gpinfer.kernels.initialisation``).
 
     ``noise_in_Kuu`` (spec P10): True puts the white noise on ``diag Kuu`` and in ``kappa``;
     False turns every ``White`` term (the added one or the problem's own) into ``LatentNoise``,

@@ -34,7 +34,7 @@ from gpinfer.interfaces import (
     Problem,
     ValueAndGrad,
 )
-from gpinfer.kernel_start import lengthscale_init_option, start_kernel
+from gpinfer.kernels.initialisation import lengthscale_init_option, start_kernel
 from gpinfer.numerics.cholesky import tri_solve
 from gpinfer.optim import LBFGSB
 from gpinfer.options import Option, bounds, choice, flag, integer, real
@@ -74,7 +74,7 @@ class _CollapsedVI(Method):
     ep/sep/gfitc/svi, so that the start suits any number of features; ``"kernel"``: the
     kernel's own, as the paper protocol's sqrt(D); ``"auto"``, the default: ``"kernel"`` for
     a ``Kernel`` object held fixed (``optimize=False``), else ``"median"``,
-    ``gpinfer.kernel_start``).
+    ``gpinfer.kernels.initialisation``).
     """
 
     #: the objective, log p(y) of discrete labels or a bound on it, is never positive

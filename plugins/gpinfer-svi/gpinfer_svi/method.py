@@ -57,8 +57,8 @@ from gpinfer.interfaces import (
     Scalar,
     StochasticOptimizer,
 )
-from gpinfer.kernel_start import lengthscale_init_option, start_kernel
 from gpinfer.kernels.base import Kernel
+from gpinfer.kernels.initialisation import lengthscale_init_option, start_kernel
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.optim import LBFGSB, make_optimizer
 from gpinfer.options import Option, bounds, choice, flag, integer, mapping, real
@@ -487,7 +487,7 @@ class SVI(Method):
         hp = HyperParameters(kernels, Z=[backend.asarray(Z) for Z in Zs],
                              optimize=problem.optimize,
                              optimize_inducing=bool(o["learn_inducing"]),
-                             device_kernels=True)  # read back by ``hp.kernels`` only
+                             device_kernels=not backend.is_numpy)  # read back by ``hp.kernels``
         state = VariationalState(X, y, lik, hp, n_latent, M, problem.rng, backend,
                                  problem.sample_weight)
         x0 = state.pack(backend.asarray(np.zeros((n_latent, M))), backend.asarray(Lq0))

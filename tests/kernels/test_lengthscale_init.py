@@ -1,4 +1,4 @@
-"""``lengthscale_init="auto"`` (``gpinfer.kernel_start``): a ``Kernel`` object held fixed
+"""``lengthscale_init="auto"`` (``gpinfer.kernels.initialisation``): a ``Kernel`` object held fixed
 (``optimize=False``) is fitted as given, as scikit-learn's ``optimizer=None`` keeps its kernel,
 by each of the 9 methods with a median heuristic; a named kernel, or one whose
 hyper-parameters are optimised, still starts from the median (the paper protocols' start).
@@ -14,8 +14,12 @@ import pytest
 from gpinfer.errors import InputError
 from gpinfer.estimator import GPClassifier
 from gpinfer.interfaces import Problem
-from gpinfer.kernel_start import resolve_lengthscale_init, start_kernel
-from gpinfer.kernels.initialisation import leaf_kernels, median_distance
+from gpinfer.kernels.initialisation import (
+    leaf_kernels,
+    median_distance,
+    resolve_lengthscale_init,
+    start_kernel,
+)
 from gpinfer.kernels.stationary import RBF, Stationary
 from gpinfer.likelihoods.multiclass import ArgmaxNoise
 from gpinfer.testing.method_suite import make_suite_data
