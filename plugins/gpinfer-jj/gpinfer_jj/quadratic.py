@@ -375,5 +375,5 @@ if not TYPE_CHECKING:  # at run time only: mypy keeps checking the imports from 
     __getattr__ = renamed(__name__, {"InducingFactors": f"{__name__}:inducing_factors"},
                           hint=" (a gpinfer.sites.stacked.StackedTerms: L_K is L, R is A, "
                                "R_rows is A_T, Kt is s, M and N are A.shape; "
-                               "factors.marginals(mu, Sigma) is marginals(factors, mu, Sigma), "
-                               "factors.release() is release(factors))")
+                               "factors.marginals(mu, Sigma) is marginals(factors, mu, Sigma); "
+                               "release(factors) also drops the closed-form link)")
