@@ -66,7 +66,9 @@ def all_terms(kernels: Sequence[Kernel], Zs: Sequence[Array], X: Array,
     own (``latent_terms``, classes on ``n_jobs`` threads) and stacked (``L [C, M, M]``,
     ``A [C, M, n]``, ``s [C, n]``): each class's ``A`` is copied into the stack as soon as it is
     formed, so that the ``[M, n]`` arrays are not held twice."""
-    A = np.empty((len(kernels), Zs[0].shape[0], X.shape[0]))
+    # each A[c] column-major, as the triangular solve gives it (and as stacking kept it): the
+    # per-class products that read it then give the same bits
+    A = np.empty((len(kernels), X.shape[0], Zs[0].shape[0])).transpose(0, 2, 1)
 
     def one(c: int) -> tuple[Array, Array]:
         t = latent_terms(kernels[c], Zs[c], X, iteration=iteration)
