@@ -21,6 +21,8 @@ from typing import Any
 #: ``tests/test_moved.py`` checks each
 MOVED: dict[str, tuple[str, str]] = {}
 
+_MISSING = object()
+
 
 def moved_to(old: str, new: str) -> Callable[[str], Any]:
     """The module ``__getattr__`` of stub ``old``: a name is imported from ``new`` (its home in
@@ -38,12 +40,13 @@ def moved_to(old: str, new: str) -> Callable[[str], Any]:
         except ImportError as exc:
             raise ImportError(f"{old} moved to {new}, which ships with the plugin {plugin!r}: "
                               f"install it (pip install -e plugins/{plugin})") from exc
-        if not hasattr(module, name):
+        value = getattr(module, name, _MISSING)  # once: a name ``renamed`` there warns itself
+        if value is _MISSING:
             raise AttributeError(f"module {old!r} (moved to {new!r}) has no attribute {name!r}")
         warnings.warn(f"{old} moved to {new} (plugin {plugin!r}): import {name!r} from {new}; "
                       "the old path works for one more release", DeprecationWarning,
                       stacklevel=2)
-        return getattr(module, name)
+        return value
 
     return __getattr__
 

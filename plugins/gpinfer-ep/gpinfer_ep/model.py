@@ -64,7 +64,16 @@ def all_terms(kernels: Sequence[Kernel], Zs: Sequence[Array], X: Array,
               iteration: int | None = None, n_jobs: int = 1) -> StackedTerms:
     """The inducing geometry of every class at ``X [n, D]``, each class's terms formed on its
     own (``latent_terms``, classes on ``n_jobs`` threads) and stacked (``L [C, M, M]``,
-    ``A [C, M, n]``, ``s [C, n]``)."""
-    return StackedTerms.stack(map_latents(
-        lambda kZ: latent_terms(kZ[0], kZ[1], X, iteration=iteration),
-        list(zip(kernels, Zs)), n_jobs))
+    ``A [C, M, n]``, ``s [C, n]``): each class's ``A`` is copied into the stack as soon as it is
+    formed, so that the ``[M, n]`` arrays are not held twice."""
+    # each A[c] column-major, as the triangular solve gives it (and as stacking kept it): the
+    # per-class products that read it then give the same bits
+    A = np.empty((len(kernels), X.shape[0], Zs[0].shape[0])).transpose(0, 2, 1)
+
+    def one(c: int) -> tuple[Array, Array]:
+        t = latent_terms(kernels[c], Zs[c], X, iteration=iteration)
+        A[c] = t.A
+        return t.L, t.s
+
+    Ls, ss = zip(*map_latents(one, range(len(kernels)), n_jobs))
+    return StackedTerms(L=np.stack(Ls), A=A, s=np.stack(ss))

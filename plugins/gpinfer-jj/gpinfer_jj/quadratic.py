@@ -370,7 +370,10 @@ def gaussian_kl(L_K: Array, mu: Array, Sigma: Array) -> float:
 
 
 if not TYPE_CHECKING:  # at run time only: mypy keeps checking the imports from here
-    # ``InducingFactors(Kuu, Kuf, Kff_diag, work)`` is ``inducing_factors``, the one inducing
-    # geometry (``StackedTerms``: ``L_K`` is ``L``, ``R`` is ``A``, ``R_rows`` is ``A_T``,
-    # ``Kt`` is ``s``; ``marginals(factors, mu, Sigma)``)
-    __getattr__ = renamed(__name__, {"InducingFactors": f"{__name__}:inducing_factors"})
+    # ``InducingFactors(Kuu, Kuf, Kff_diag, work)`` is ``inducing_factors``; what it returns is
+    # the one inducing geometry, whose attributes the warning names (the old ones are gone)
+    __getattr__ = renamed(__name__, {"InducingFactors": f"{__name__}:inducing_factors"},
+                          hint=" (a gpinfer.sites.stacked.StackedTerms: L_K is L, R is A, "
+                               "R_rows is A_T, Kt is s, M and N are A.shape; "
+                               "factors.marginals(mu, Sigma) is marginals(factors, mu, Sigma); "
+                               "release(factors) also drops the closed-form link)")

@@ -89,7 +89,8 @@ _OLD_GEOMETRY = SimpleNamespace(build=matrix_geometry, from_kernel=kernel_geomet
 if not TYPE_CHECKING:  # at run time only: mypy keeps checking the imports from here
     __getattr__ = renamed(__name__, {"InducingGeometry": f"{__name__}:_OLD_GEOMETRY"},
                           hint=" (InducingGeometry.build is matrix_geometry, .from_kernel is "
-                               "kernel_geometry, returning gpinfer.sites.stacked.StackedTerms)")
+                               "kernel_geometry, returning gpinfer.sites.stacked.StackedTerms: "
+                               "h is s, kdiag is Kff_diag; the jitter is not kept)")
 
 
 class WhitenedInducingPosterior(Posterior):
