@@ -17,6 +17,7 @@ stored at ``lose[i, k]``; entries with ``k == y_i`` are zero (``mask[i, k]`` is 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -26,7 +27,7 @@ from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array, MatrixGradients
 from gpinfer.kernels.base import Kernel
 from gpinfer.likelihoods.multiclass import argmax_factor_tilted
-from gpinfer.numerics.cholesky import cholesky_error, jittered_cholesky, tri_solve
+from gpinfer.numerics.cholesky import jittered_cholesky, tri_solve
 from gpinfer.numerics.gram import weighted_gram
 
 #: jitter added to ``Kuu`` and ``kappa`` (spec ep-sep §1.2, reference code)
@@ -107,22 +108,13 @@ class Projections(NamedTuple):
     R: Array
 
 
-def site_cholesky(Bm: Array, h_w: Array, iteration: int | None = None) -> Array:
-    """Lower Cholesky factor of ``B = I + P_w`` ``[M, M]`` (or a stack ``[C, M, M]``), checked
-    together with the whitened shift ``h_w``: ``NumericalError`` (quantity ``"B"``) when either is
-    not finite or ``B`` is not positive definite (corrupted sites); inside
-    ``ops.deferred_checks`` on a device the check is read with the others."""
-
-    def failure() -> NumericalError:
-        if not ops.all_finite(Bm, h_w):
-            return NumericalError("site sums are not finite", iteration=iteration, quantity="B")
-        return cholesky_error("B", iteration=iteration,
-                              detail=" (B = I + L^T Lambda L: corrupted sites)")
-
-    LB = ops.checked_cholesky(Bm, h_w, error=failure)  # the usual case: one check
-    if LB is None:
-        raise failure()
-    return LB
+#: the lower Cholesky factor of ``B = I + P_w`` ``[M, M]`` (or a stack ``[C, M, M]``), checked
+#: together with the whitened shift ``h_w`` (``site_factor(B, h_w, iteration=...).L``): no
+#: jitter, ``NumericalError`` (quantity ``"B"``) when either is not finite or ``B`` is not
+#: positive definite (corrupted sites); inside ``ops.deferred_checks`` on a device the check
+#: is read with the others (``jittered_cholesky``'s)
+site_factor = partial(jittered_cholesky, name="B", max_jitter=0.0, inputs="site sums",
+                      detail=" (B = I + L^T Lambda L: corrupted sites)")
 
 
 class WhitenedGaussian:
@@ -133,7 +125,7 @@ class WhitenedGaussian:
 
     def __init__(self, P_w: Array, h_w: Array, *, iteration: int | None = None):
         M = h_w.shape[0]
-        self.LB = site_cholesky(np.eye(M) + P_w, h_w, iteration)
+        self.LB = site_factor(np.eye(M) + P_w, h_w, iteration=iteration).L
         self.h_w = h_w
         self.w = tri_solve(self.LB, tri_solve(self.LB, h_w), transpose=True)
 

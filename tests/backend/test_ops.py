@@ -238,19 +238,22 @@ def test_moving_values_keeps_namespace_device_and_dtype():
 
 
 @pytest.mark.parametrize("to", _namespaces())
-def test_checked_cholesky_says_none_for_non_finite_or_indefinite_stacks(to):
+def test_checked_cholesky_says_failed_for_non_finite_or_indefinite_stacks(to):
     rng = np.random.default_rng(3)
     K = _spd_stack(rng)
-    L = ops.checked_cholesky(to(K), to(np.ones(4)))
+    L, failed = ops.cholesky(to(K), to(np.ones(4)), check=True)
+    assert failed.shape == () and not failed
     Lh = ops.to_host(L)
     np.testing.assert_allclose(Lh @ np.swapaxes(Lh, 1, 2), K, rtol=1e-12, atol=1e-12)
     bad = K.copy()
     bad[1, 0, 0] = -100.0  # matrix 1 indefinite
-    assert ops.checked_cholesky(to(bad)) is None
+    assert ops.cholesky(to(bad), check=True)[1]
     nan = K.copy()
     nan[2, 1, 1] = np.nan
-    assert ops.checked_cholesky(to(nan)) is None
-    assert ops.checked_cholesky(to(K), to(np.array([1.0, np.inf]))) is None
+    assert ops.cholesky(to(nan), check=True)[1]
+    assert ops.cholesky(to(K), to(np.array([1.0, np.inf])), check=True)[1]
+    assert ops.cholesky(to(K[0]), check=True)[1].shape == ()  # one matrix
+    assert ops.cholesky(to(bad[1]), check=True)[1]
 
 
 @pytest.mark.parametrize("to", _namespaces())
