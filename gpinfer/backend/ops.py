@@ -867,6 +867,45 @@ def solve_triangular(L: Array, B: Array, *, transpose: bool = False,
     return X
 
 
+def vecmat(v: Array, A: Array) -> Array:
+    """``v^T A`` ``[..., k]`` for ``v [..., M]`` and ``A [..., M, k]`` (one stack each, the
+    same leading axes): numpy's batched ``@`` of the row vectors, a device's one einsum (no
+    views)."""
+    if is_numpy(v):
+        return (v[..., None, :] @ A)[..., 0, :]
+    lead = "abcdefgh"[:v.ndim - 1]
+    return _torch().einsum(f"{lead}m,{lead}mk->{lead}k", v, A)
+
+
+def matvec(A: Array, v: Array) -> Array:
+    """``A v`` ``[..., M]`` for ``A [..., M, k]`` and ``v [..., k]`` (one stack each, the same
+    leading axes): numpy's batched ``@`` of the column vectors, a device's one einsum (no
+    views)."""
+    if is_numpy(v):
+        return (A @ v[..., None])[..., 0]
+    return _torch().einsum("...mk,...k->...m", A, v)
+
+
+def einsum_transposed(spec: str, *operands: Array) -> Array:
+    """The einsum of ``spec`` (a two-axis output ``ab``) as its transpose ``[b, a]``: a
+    device's einsum writes it so (one operator, no transposed view); numpy's is the
+    transposed view of the spec's own einsum (its roundings, its layout)."""
+    if is_numpy(operands[0]):
+        return mT(np.einsum(spec, *operands))
+    inputs, out = spec.split("->")
+    return _torch().einsum(f"{inputs}->{out[::-1]}", *operands)
+
+
+def scaled_einsum(alpha: float, spec: str, *operands: Array) -> Array:
+    """``alpha * einsum(spec, ...)`` for a power of two ``alpha`` (an exact scaling): numpy
+    scales the einsum's result; a device takes ``alpha`` inside the einsum as a kept 0-d
+    operand (one operator, the same values)."""
+    if is_numpy(operands[0]):
+        return alpha * np.einsum(spec, *operands)
+    inputs, out = spec.split("->")
+    return _torch().einsum(f"{inputs},->{out}", *operands, constant(operands[0], (alpha,), ()))
+
+
 def tri_matmul(T: Array, X: Array, *, transpose: bool = False, right: bool = False,
                overwrite: bool = False, T_T: Array | None = None) -> Array:
     """``op(T) X`` (``X op(T)`` with ``right``), ``op(T) = T^T`` with ``transpose``, for

@@ -112,9 +112,7 @@ class StackedTerms:
         symmetrised (for a caller that symmetrises what it makes of them)."""
         LamL = ops.tri_matmul(self.L, Lam, right=True)
         LtLamL = ops.tri_matmul(self.L, LamL, transpose=True, overwrite=True, T_T=self.L_T)
-        # (L^T h)^T = h^T L: on a device one einsum (the same batched product, no views)
-        hL = ((h[:, None, :] @ self.L)[:, 0, :] if ops.is_numpy(h)
-              else ops.einsum("cm,cmk->ck", h, self.L))
+        hL = ops.vecmat(h, self.L)  # (L^T h)^T = h^T L
         return (symmetrize(LtLamL) if symmetric else LtLamL), hL
 
     def to_u_space(self, P_w: Array, h_w: Array) -> tuple[Array, Array]:
@@ -129,12 +127,9 @@ class StackedTerms:
             return ops.symmetrize_(ops.tri_matmul(
                 self.L_inv, self.unwhiten(S, overwrite=overwrite), right=True, overwrite=True))
         T = ops.solve_triangular(self.L, S, transpose=True, L_T=self.L_T, overwrite=overwrite)
-        if not ops.is_numpy(T):  # (L^-T S) L^-1: one solve from the right, no views
-            return symmetrize(ops.solve_triangular(self.L, T, right=True))
-        # L^-T (L^-T S)^T, T^T a C-ordered copy (solved on its Fortran views)
-        T_t = ops.copy(transpose(T))
-        return symmetrize(ops.solve_triangular(self.L, T_t, transpose=True, L_T=self.L_T,
-                                          overwrite=True))
+        # (L^-T S) L^-1: one solve from the right (numpy: L^-T T^T on a C-ordered copy of T^T,
+        # transposed back; the symmetrised values are the same either way)
+        return symmetrize(ops.solve_triangular(self.L, T, right=True))
 
     def unwhiten(self, X: Array, *, overwrite: bool = False) -> Array:
         """``L^-T X`` ``[C, M, k]`` (whitened-space gradients to ``u``-space); ``overwrite``:
@@ -153,7 +148,7 @@ def stacked_covariances(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, 
     family = StackedKernels.of(kernels)
     xp = ops.namespace(X)
     if family is not None:
-        Z = cast(Array, Zs) if ops.is_array(Zs) else xp.stack(list(Zs))
+        Z = xp.stack(list(Zs)) if isinstance(Zs, list | tuple) else cast(Array, Zs)
         cov = family.covariances(Z, X)
         return cov.Kuu, cov.Kuf, cov.Kff_diag
     return (xp.stack([k.K(Z) for k, Z in zip(kernels, Zs)]),
@@ -257,8 +252,7 @@ class StackedGaussians:
             if isinstance(scale, Scales):
                 a_matrix, a_vector = scale
             else:
-                a = (scale if ops.is_array(scale) and not ops.is_numpy(scale)
-                     else ops.like(P_w, scale))
+                a = ops.like(P_w, scale)  # (a device's own array: itself)
                 a_matrix, a_vector = ops.namespace(a).reshape(a, (-1, 1, 1)), a[:, None]
 
             def make_B() -> Array:
@@ -273,17 +267,15 @@ class StackedGaussians:
                               finite=finite).L
         self._LB_T: Array | None = None  # formed on first use (``B_inv_vec``'s solve)
         self._B_inv: Array | None = None
-        if consume and inverse and ops.is_numpy(P_w):  # B^-1 in place of L_B, its log|.| kept
+        if consume and inverse:  # B^-1 in place of L_B, its log|.| kept
             self._B_inv = cho_inverse_stack(self._consumed_factors(), overwrite=True)
         self.w: Array
         if not means:  # the caller sets ``w`` (``_inverted_pair``)
             return
         if not inverse:
             self.w = self.B_inv_vec(self.h_w)
-        elif ops.is_numpy(P_w):
-            self.w = (self.B_inv() @ self.h_w[..., None])[..., 0]
-        else:  # one einsum, no column view
-            self.w = ops.einsum("...mk,...k->...m", self.B_inv(), self.h_w)
+        else:
+            self.w = ops.matvec(self.B_inv(), self.h_w)
 
     @classmethod
     def paired(cls, P_w: Array, h_w: Array, pair: Scales, *, iteration: int | None = None
@@ -391,32 +383,24 @@ class StackedGaussians:
         transposed view of the same values (on a device the einsum's own output: no transpose
         operator). (numpy's evaluation takes ``B^-1 A`` in place of ``R``, from its pass of
         ``potri``: ``paired_by_inverse``.)"""
-        on_device = not ops.is_numpy(A)
         R = ops.solve_triangular(self.LB, A)
-        return (self._by_point("cmn,cm", A, self.w, means_by_point, on_device),
-                self._by_point("cmn,cmn", R, R, variances_by_point, on_device), R)
+        return (self._by_point("cmn,cm", A, self.w, means_by_point),
+                self._by_point("cmn,cmn", R, R, variances_by_point), R)
 
     @staticmethod
-    def _by_point(spec: str, x: Array, y: Array, by_point: bool, on_device: bool) -> Array:
-        """The einsum ``spec -> cn`` of ``x``, ``y``; ``by_point``: as ``[n, C]`` (a device's
-        einsum writes it so; numpy's transposed view)."""
-        if by_point and on_device:
-            return ops.einsum(spec + "->nc", x, y)
-        out = ops.einsum(spec + "->cn", x, y)
-        return ops.mT(out) if by_point else out
+    def _by_point(spec: str, x: Array, y: Array, by_point: bool) -> Array:
+        """The einsum ``spec -> cn`` of ``x``, ``y``; ``by_point``: as ``[n, C]``
+        (``ops.einsum_transposed``)."""
+        if by_point:
+            return ops.einsum_transposed(spec + "->cn", x, y)
+        return ops.einsum(spec + "->cn", x, y)
 
     def log_norm_ratio(self) -> Array:
         """``G(q_c) - G(prior)`` per class ``[C]`` (spec ep-sep §2.6)."""
         log_det = self._log_det_of(self.LB) if self._log_det is None else self._log_det
         spec = "cm,cm->c" if self.w.ndim == 2 else "acm,acm->ac"  # [C], or [2, C] (paired)
-        # b - a, the same value as -a + b (one operator fewer on a device); on a device the
-        # halving inside the einsum (a kept 0-d 0.5 operand: the same exact scaling)
-        if ops.is_numpy(self.w):
-            half_wh = 0.5 * ops.einsum(spec, self.w, self.h_w)
-        else:
-            half = ops.constant(self.w, (0.5,), ())
-            half_wh = ops.einsum(spec.replace("->", ",->"), self.w, self.h_w, half)
-        return half_wh - log_det
+        # b - a, the same value as -a + b (one operator fewer on a device)
+        return ops.scaled_einsum(0.5, spec, self.w, self.h_w) - log_det
 
     def moments(self, L: Array) -> tuple[Array, Array]:
         """``(m [C, M], V [C, M, M])`` in ``u``-space given ``L [C, M, M] = chol(Kuu)``:
@@ -436,8 +420,8 @@ def paired_by_inverse(P_w: Array, h_w: Array, pair: Scales, A: Array,
     gradient reads)."""
     q, cav, lnr, BiA = _inverted_pair(P_w, h_w, pair, A, iteration, q_stack=True)
     by_point = StackedGaussians._by_point
-    return q, cav, lnr, (by_point("cmn,cm", A, cav.w, True, False),
-                         by_point("cmn,cmn", A, BiA, False, False), BiA)
+    return q, cav, lnr, (by_point("cmn,cm", A, cav.w, True),
+                         by_point("cmn,cmn", A, BiA, False), BiA)
 
 
 def _inverted_pair(P_w: Array, h_w: Array, pair: Scales, A: Array, iteration: int | None, *,
@@ -497,9 +481,8 @@ def cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,
     else:
         R = ops.solve_triangular(g.LB, A if A.ndim == 3 else xp.broadcast_to(A, (C, M, n)))
         z = ops.solve_triangular(g.LB, g.h_w[..., None])[..., 0]
-    on_device = not ops.is_numpy(A)
     by_point = StackedGaussians._by_point
-    return (by_point("cmn,cm", R, z, True, on_device), by_point("cmn,cmn", R, R, True, on_device))
+    return by_point("cmn,cm", R, z, True), by_point("cmn,cmn", R, R, True)
 
 
 @compilable
@@ -727,10 +710,11 @@ class Frame(NamedTuple):
 def kept_frame(old: Basis, new: StackedTerms, drift: float = FRAME_DRIFT) -> Frame | None:
     """The ``Frame`` in which the step of ``new`` (``SharedTerms``) reads shared sums whitened
     on ``old``'s factor, or ``None`` where they are to be moved (``rebased``): per-class sums
-    (``U`` would be ``C`` products), a device (no ``L^-1`` kept, and reading the drift would
-    be a sync), or ``||Q - I||_F > drift`` (``FRAME_DRIFT``)."""
+    (``U`` would be ``C`` products), no ``L^-1`` kept (``ops.prefers_tri_inverse``: not on a
+    device, where reading the drift would also be a sync), or ``||Q - I||_F > drift``
+    (``FRAME_DRIFT``)."""
     if (old.classes is None or not isinstance(new, SharedTerms) or new.one is None
-            or new.one.L_inv is None or not ops.is_numpy(new.A)):
+            or new.one.L_inv is None):
         return None
     U = ops.tri_matmul(new.one.L_inv[0], old.L[0])  # L^-1 L_o
     Q = ops.symmetrize_(ops.tri_matmul(U, U, transpose=True))
