@@ -737,12 +737,12 @@ def copy(X: Array) -> Array:
 
 
 def cholesky(K: Array, *also_finite: Array, overwrite: bool = False, check: bool = False,
-             error: Callable[[], Exception] | None = None) -> tuple[Array, np.ndarray]:
+             error: Callable[[], Exception] | None = None) -> tuple[Array, np.ndarray | bool]:
     """Lower Cholesky factors of ``K [..., M, M]`` and a host bool array ``failed [...]``
     (True where a matrix is not positive definite; its factor is then undefined): the one
     factorisation (``jittered_cholesky`` adds the jitter escalation and the errors).
-    ``check``: ``K`` and every array of ``also_finite`` checked finite too, ``failed`` one host
-    bool ``[]`` for all of it (the caller then finds out which): on a device one reduction and
+    ``check``: ``K`` and every array of ``also_finite`` checked finite too, ``failed`` one
+    Python bool for all of it (the caller then finds out which): on a device one reduction and
     one sync; with ``error`` inside ``deferred_checks`` (or while tracing) none: ``failed`` is
     False and the check raises ``error()`` when the pending checks are read (numpy checks at
     once). ``overwrite``: the caller owns ``K`` and reads it no more (numpy's stacks are then
@@ -753,30 +753,33 @@ def cholesky(K: Array, *also_finite: Array, overwrite: bool = False, check: bool
     ``potrf`` per matrix in place on the Fortran views of one C-ordered copy (``U^T U`` of
     ``K^T = K``: ``U^T = L`` in C order; a non-finite diagonal reported failed); smaller
     stacks by numpy's own loop."""
-    batch = K.shape[:-2]
     if not is_numpy(K):
         L, info = _torch().linalg.cholesky_ex(K)
         if not check:
-            return L, to_host(info > 0).reshape(batch)
+            return L, to_host(info > 0).reshape(K.shape[:-2])
         # the largest status (0: every matrix factorised) and the arrays' largest magnitudes:
         # two reductions, tested on the host
         checks = [(info.max(), _zero), *_finite_checks((K, *also_finite))]
         if error is not None and (tracing() or pending_checks() is not None):
             _require_all(checks, error)
-            return L, np.zeros((), dtype=bool)
-        return L, np.array(not _read_checks(checks))
-    if check and not all_finite(K, *also_finite):
-        return K, np.ones((), dtype=bool)
-    if K.ndim == 2 and K.dtype == np.float64 and K.size:
+            return L, False
+        return L, not _read_checks(checks)
+    if K.ndim == 2 and K.dtype == np.float64 and K.size:  # (its own tests: a few us each)
+        if check and not (np.isfinite(K).all()
+                          and (not also_finite or all_finite(*also_finite))):
+            return K, True
         L, info = dpotrf(K, lower=1, clean=1)
-        return L, np.array(info != 0)
+        return L, (info != 0) if check else _FAILED[info != 0]
+    if check and not all_finite(K, *also_finite):
+        return K, True
+    batch = K.shape[:-2]
     small = K.ndim == 2 or K.shape[-1] < _POTRF_LOOP_FROM
     if small:  # numpy's own loop; where it stops, one call per matrix finds which failed
         try:
-            return np.linalg.cholesky(K), np.zeros(() if check else batch, dtype=bool)
+            return np.linalg.cholesky(K), False if check else np.zeros(batch, dtype=bool)
         except np.linalg.LinAlgError:
             if check:
-                return K, np.ones((), dtype=bool)
+                return K, True
     own = (not small and overwrite and K.flags.c_contiguous and K.flags.writeable
            and K.dtype in (np.float32, np.float64))
     flat = (K.reshape((-1,) + K.shape[-2:]) if own
@@ -795,8 +798,11 @@ def cholesky(K: Array, *also_finite: Array, overwrite: bool = False, check: bool
             flat[c] = res.T
         failed[c] = info != 0
     failed |= ~np.isfinite(np.diagonal(flat, axis1=-2, axis2=-1)).all(axis=-1)
-    return flat.reshape(K.shape), (np.array(failed.any()) if check else failed.reshape(batch))
+    return flat.reshape(K.shape), bool(failed.any()) if check else failed.reshape(batch)
 
+
+#: ``cholesky``'s failure mask of one matrix (read-only 0-d arrays, made once), by its value
+_FAILED = {flag: np.broadcast_to(np.array(flag), ()) for flag in (False, True)}
 
 #: from this order on, numpy stacks are factorised by one LAPACK ``potrf`` per matrix in place
 #: (``cholesky``): at ``[10, 200, 200]`` on one thread 2.2 ms against 3.4 ms for

@@ -105,14 +105,15 @@ def jittered_cholesky(
         raise InputError(f"{name} must be square, got shape {tuple(A.shape)}")
     if A.shape[-1] == 0:
         return CholeskyResult(ops.zeros(A, tuple(A.shape)), 0.0)
-    named = _Named(name, part, first, inputs, detail, iteration)
     if bare:
         L, failed = ops.cholesky(A, *also_finite, check=not finite, overwrite=again is not None,
-                                 error=named.deferred(A, also_finite, max_jitter))
-        if not failed.any():
+                                 error=_deferred(A, also_finite, max_jitter, lambda: _Named(
+                                     name, part, first, inputs, detail, iteration)))
+        if not (failed if not finite else np.any(failed)):  # (checked: one bool)
             return CholeskyResult(L, 0.0)
         if again is not None:  # A may be overwritten: its values formed again
             A = again()
+    named = _Named(name, part, first, inputs, detail, iteration)
     if (err := named.failure(A, also_finite, locate=True)) is not None or max_jitter <= 0:
         raise err or cholesky_error(name, iteration=iteration, detail=detail)
     if not (start > 0 and factor > 1):
@@ -150,20 +151,25 @@ class _Named(NamedTuple):
         return cholesky_error(self.label(A, bad[0]), iteration=self.iteration, nonfinite=True,
                               quantity=self.name)
 
-    def deferred(self, A: Array, also_finite: tuple[Array, ...], max_jitter: float
-                 ) -> Callable[[], Exception] | None:
-        """The error of the first factorisation where a device may defer its check
-        (``ops.cholesky``'s ``error``): without jitter the failure's (diagnosed when read);
-        with jitter, inside ``deferred_checks(redo=True)``, ``RedoStep``; else ``None``
-        (read at once: the escalation needs the answer)."""
-        if max_jitter <= 0:
-            return lambda: self.failure(A, also_finite) or cholesky_error(
-                self.name, iteration=self.iteration, detail=self.detail)
-        checks = ops.pending_checks()
-        if checks is None or not checks.redo:
-            return None
-        return lambda: ops.RedoStep(f"{self.name}: Cholesky failed or non-finite (iteration "
-                                    f"{self.iteration}); redo the step with jitter escalation")
+
+
+def _deferred(A: Array, also_finite: tuple[Array, ...], max_jitter: float,
+              named: Callable[[], _Named]) -> Callable[[], Exception] | None:
+    """The error of ``jittered_cholesky``'s first factorisation where a device may defer its
+    check (``ops.cholesky``'s ``error``; ``named()`` its naming): without jitter the
+    failure's (diagnosed when read); with jitter, inside ``deferred_checks(redo=True)``,
+    ``RedoStep``; else ``None`` (read at once: the escalation needs the answer)."""
+    if max_jitter <= 0:
+        def failure() -> Exception:
+            how = named()
+            return how.failure(A, also_finite) or cholesky_error(
+                how.name, iteration=how.iteration, detail=how.detail)
+        return failure
+    checks = ops.pending_checks()
+    if checks is None or not checks.redo:
+        return None
+    return lambda: ops.RedoStep(f"{named().name}: Cholesky failed or non-finite (iteration "
+                                f"{named().iteration}); redo the step with jitter escalation")
 
 
 def _escalated(A: Array, named: _Named, jitter: Jitter, bare: bool) -> CholeskyResult:
@@ -171,7 +177,8 @@ def _escalated(A: Array, named: _Named, jitter: Jitter, bare: bool) -> CholeskyR
     (or ``bare=False``): a stack's failed matrices one by one, on the host, each named (its
     ``NumericalError`` with the iteration and quantity ``name``)."""
     if A.ndim > 2:
-        L, failed = ops.cholesky(A)
+        L, mask = ops.cholesky(A)
+        failed = np.asarray(mask)
         if not bare:
             failed = np.ones(failed.shape, dtype=bool)
         largest = 0.0
@@ -188,16 +195,16 @@ def _escalated(A: Array, named: _Named, jitter: Jitter, bare: bool) -> CholeskyR
         return CholeskyResult(L, largest)
     H = np.asarray(ops.to_host(A), dtype=float)
     if bare:  # (a stack's matrix, or a device's: not tried on the host yet)
-        L, failed = ops.cholesky(H)
-        if not failed:
+        L, stopped = ops.cholesky(H)
+        if not stopped:
             return CholeskyResult(ops.like(A, L), 0.0)
     unit = (float(np.mean(np.abs(np.diag(H)))) or 1.0) if jitter.scale is None else jitter.scale
     along = np.ndim(unit) > 0  # a shift along a diagonal: the jitter reported is r itself
     rel = jitter.start
     while rel <= jitter.max_jitter * (1 + 1e-12):
         shift = rel * unit
-        L, failed = ops.cholesky(_plus_diagonal(H, shift))
-        if failed:
+        L, stopped = ops.cholesky(_plus_diagonal(H, shift))
+        if stopped:
             rel *= jitter.factor
             continue
         used = rel if along else float(shift)
