@@ -17,6 +17,7 @@ from gpinfer.sites.inducing import WhitenedGaussian, class_terms, inducing_matri
 from gpinfer.sites.stacked import (
     Scales,
     StackedGaussians,
+    StackedTerms,
     as_stacked,
     cavity_moments,
     cho_inverse_stack,
@@ -149,6 +150,17 @@ def test_whitening_round_trip_and_per_class_equality(device):
         Lam_c, h_c = per_class[c].to_u_space(P[c], h[c])
         np.testing.assert_allclose(Lam[c], Lam_c, rtol=1e-9, atol=1e-10)
         np.testing.assert_allclose(hu[c], h_c, rtol=1e-9, atol=1e-10)
+
+
+def test_numpy_sandwich_by_solves_equals_the_one_by_the_inverse():
+    """numpy terms without ``L^-1`` (``as_stacked``'s): ``L^-T S L^-1`` by two solves (the
+    second from the right, as on a device), symmetric bit for bit, equal to the products with
+    ``L^-1`` to round-off."""
+    _, X, kernels, Zs, P, _ = _setup()
+    terms = stacked_terms(kernels, np.stack(Zs), X)
+    by_solves = StackedTerms(L=terms.L, A=terms.A, s=terms.s).sandwich(P)
+    np.testing.assert_array_equal(by_solves, np.swapaxes(by_solves, 1, 2))
+    np.testing.assert_allclose(by_solves, terms.sandwich(P), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("device", [False, True])
