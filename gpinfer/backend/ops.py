@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -1178,3 +1179,21 @@ def logsumexp(x: Array, axis: int) -> Array:
     if is_numpy(x):
         return special.logsumexp(x, axis=axis)
     return _torch().logsumexp(x, dim=axis)
+
+
+def __getattr__(name: str) -> Any:
+    """``checked_cholesky(K, *also_finite, error=None, overwrite=False)`` (the factors, or
+    ``None`` on a failure), deprecated for ``cholesky(K, *also_finite, check=True, ...)``
+    (the factors and one bool): works for one more release."""
+    if name != "checked_cholesky":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn("gpinfer.backend.ops.checked_cholesky is deprecated: use cholesky(K, ..., "
+                  "check=True), which answers (L, failed); the old name works for one more "
+                  "release", DeprecationWarning, stacklevel=2)
+
+    def old(K: Array, *also_finite: Array, error: Callable[[], Exception] | None = None,
+            overwrite: bool = False) -> Array | None:
+        L, failed = cholesky(K, *also_finite, check=True, error=error, overwrite=overwrite)
+        return None if failed else L
+
+    return old

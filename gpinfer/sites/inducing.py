@@ -16,9 +16,10 @@ stored at ``lose[i, k]``; entries with ``k == y_i`` are zero (``mask[i, k]`` is 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -349,3 +350,14 @@ def inducing_matrix_gradients(
     G_K = tri_solve(L, tri_solve(L, inner, transpose=True).T, transpose=True)
     G_uf = tri_solve(L, X, transpose=True)
     return MatrixGradients(Kuu=0.5 * (G_K + G_K.T), Kuf=G_uf, Kff_diag=np.array(b_sum, float))
+
+
+def __getattr__(name: str) -> Any:
+    """``site_cholesky(Bm, h_w, iteration)``, deprecated for ``site_factor(Bm, h_w,
+    iteration=...).L`` (``jittered_cholesky`` without jitter): works for one more release."""
+    if name != "site_cholesky":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn("gpinfer.sites.inducing.site_cholesky is deprecated: use site_factor(Bm, h_w, "
+                  "iteration=...).L; the old name works for one more release",
+                  DeprecationWarning, stacklevel=2)
+    return lambda Bm, h_w, iteration=None: site_factor(Bm, h_w, iteration=iteration).L

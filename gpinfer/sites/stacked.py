@@ -27,10 +27,11 @@ class (1 for ``q``, the cavity fraction for SEP's cavity), ``w = B^-1 a h_w``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -832,3 +833,23 @@ def shared_matrix_gradients(one: StackedTerms, q: StackedGaussians, lik: Stacked
     G_K = one.sandwich(inner[None])
     G_uf = one.unwhiten(Y[None], overwrite=True)
     return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b[None])
+
+
+def __getattr__(name: str) -> Any:
+    """``stacked_cholesky`` and ``tri_solve_stack``, deprecated for
+    ``gpinfer.numerics.cholesky.jittered_cholesky(K, name=..., part=...).L`` and
+    ``gpinfer.backend.ops.solve_triangular`` (issue 23: one Cholesky, one triangular solve):
+    they work for one more release."""
+    new: Any
+    if name == "tri_solve_stack":
+        new, use = ops.solve_triangular, "gpinfer.backend.ops.solve_triangular"
+    elif name == "stacked_cholesky":
+        new = (lambda K, label, iteration=None, *, unit="class", first=0, again=None:
+               jittered_cholesky(K, name=label, iteration=iteration, part=unit, first=first,
+                                 again=again).L)
+        use = "gpinfer.numerics.cholesky.jittered_cholesky(K, name=..., part=...).L"
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"gpinfer.sites.stacked.{name} is deprecated: use {use}; the old name works "
+                  "for one more release", DeprecationWarning, stacklevel=2)
+    return new

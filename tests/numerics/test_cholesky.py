@@ -287,3 +287,29 @@ def test_the_solve_names_a_zero_on_the_diagonal_and_tri_solve_is_the_ops_solve()
     with pytest.raises(NumericalError, match="zero on the factor's diagonal") as info:
         tri_solve(L, np.ones(2))
     assert info.value.quantity == "triangular factor"
+
+
+def test_the_old_names_work_one_more_release_with_a_warning():
+    """``stacked_cholesky``, ``tri_solve_stack``, ``site_cholesky`` and
+    ``ops.checked_cholesky``, merged into ``jittered_cholesky``, ``ops.solve_triangular`` and
+    ``ops.cholesky``: the same results, each with a ``DeprecationWarning`` naming its
+    successor."""
+    import gpinfer.sites.inducing as inducing
+    import gpinfer.sites.stacked as stacked
+
+    K = np.stack([_spd(4, seed=1), np.ones((4, 4))])
+    B = np.random.default_rng(0).normal(size=(2, 4, 3))
+    with pytest.warns(DeprecationWarning, match="jittered_cholesky"):
+        L = stacked.stacked_cholesky(K, "Kuu", unit="latent")
+    np.testing.assert_array_equal(L, jittered_cholesky(K, name="Kuu").L)
+    with pytest.warns(DeprecationWarning, match="ops.solve_triangular"):
+        assert stacked.tri_solve_stack is ops.solve_triangular
+    with pytest.warns(DeprecationWarning, match="site_factor"):
+        LB = inducing.site_cholesky(K[:1], B[:1, :, 0])
+    np.testing.assert_array_equal(LB, ops.cholesky(K[:1])[0])
+    with pytest.warns(DeprecationWarning, match="check=True"):
+        assert ops.checked_cholesky(K) is None
+    with pytest.warns(DeprecationWarning):
+        np.testing.assert_array_equal(ops.checked_cholesky(K[:1]), LB)
+    with pytest.raises(AttributeError):
+        stacked.no_such_name  # noqa: B018
