@@ -1,5 +1,7 @@
-"""The one Cholesky (``jittered_cholesky``, ``cholesky_error``) and the one host triangular
-solve (``tri_solve``) of ``gpinfer/numerics/cholesky.py``, and what reuses the factor."""
+"""The one Cholesky (``jittered_cholesky``: matrices and stacks, numpy and torch;
+``cholesky_error``) and the one triangular solve (``tri_solve``, which is
+``gpinfer.backend.ops.solve_triangular``) of ``gpinfer/numerics/cholesky.py``, and what reuses
+the factor."""
 
 from __future__ import annotations
 
