@@ -243,7 +243,7 @@
    (``StackedCovariances.take_Kuf``; a later ``Kuf`` read raises, a second take forms it
    again from ``g_uf``) and solve ``A = L^-1 Kuf`` in place (``trmm`` alone at
    ``[10, 200, 200]``: 1.90 / 1.86 -> 1.63 / 1.66 ms); ``Kuu`` plus the jitter, already a
-   copy of the shared ``Kuu``, is factorised in place (``stacked_cholesky(again=)``: the
+   copy of the shared ``Kuu``, is factorised in place (``jittered_cholesky(again=)``: the
    rare escalation forms it again), where ``potrf``'s stack copied it once more. Both
    together, ``stacked_terms`` from cached covariances at MNIST size, main's and the
    branch's alternating ABBA in one process (load 4.2-4.4, medians of 30): 9.00 / 8.99 ->

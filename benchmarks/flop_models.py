@@ -133,9 +133,9 @@ def _class_terms(B: float, M: float, D: float) -> list[Term]:
     return [
         Term("Kuf = k(Z, Xb): distances 2 M B D", f"{_STACKED}:stacked_terms -> "
              "gpinfer/kernels/stacked.py:StackedCovariances", 2 * M * B * D, 2 * M * B * D),
-        Term("chol(Kuu): M^3/3", f"{_STACKED}:stacked_terms (stacked_cholesky)",
+        Term("chol(Kuu): M^3/3", f"{_STACKED}:stacked_terms (jittered_cholesky)",
              M**3 / 3, M**3 / 3),
-        Term("A = L^-1 Kuf: M^2 B", f"{_STACKED}:stacked_terms (tri_solve_stack)", M**2 * B,
+        Term("A = L^-1 Kuf: M^2 B", f"{_STACKED}:stacked_terms (ops.solve_triangular)", M**2 * B,
              M**2 * B),
     ]
 

@@ -8,7 +8,7 @@ optimiser's scalars as arguments). Each is marked ``@compilable``: inside ``comp
 runs the function's ``torch.compile``d form (one per function and mode, fixed shapes:
 ``dynamic=False``), elsewhere the function itself. What stays eager between the regions is
 host bookkeeping (batch indices, labels). The checks a region meets (``ops.require_positive``,
-``require_finite``, ``checked_cholesky(error=)``) are collected while it runs and handed to
+``require_finite``, ``cholesky(check=True, error=)``) are collected while it runs and handed to
 the step's ``deferred_checks`` context after it, in order (``ops.hand_over_traced_checks``).
 
 Modes (``COMPILE_MODES``): ``none`` (eager, the default), ``default`` (inductor: fused

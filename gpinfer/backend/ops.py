@@ -25,7 +25,7 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
   on every entry with a select), ``piecewise_or_whole`` (numpy's two formulas on their
   entries, a device's one formula valid everywhere);
 * checks without a device sync each: inside ``deferred_checks()`` the checks of
-  ``require_positive``, ``require_finite`` and ``checked_cholesky(..., error=...)`` on device
+  ``require_positive``, ``require_finite`` and ``cholesky(..., check=True, error=...)`` on device
   arrays are collected as 0-d values, each with the host test it must pass (one reduction per
   check, no flag formed on the device), and read in one transfer with the values the caller
   needs (``DeferredChecks.flush``), which raises the first failed check's error; on numpy,
@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -50,7 +51,9 @@ import numpy as np
 from scipy import special
 from scipy.linalg import solve_triangular as _scipy_solve_triangular
 from scipy.linalg.blas import dgemm, dsymm, dsymv, dtrmm, dtrsm, sgemm, ssymm, ssymv, strmm, strsm
-from scipy.linalg.lapack import dpotrf, dpotri, dtrtri, spotrf, spotri, strtri
+from scipy.linalg.lapack import dpotrf, dpotri, dtrtri, dtrtrs, spotrf, spotri, strtri
+
+from gpinfer.errors import NumericalError
 
 Array = Any
 _NUMPY = array_api_compat.array_namespace(np.zeros(0))
@@ -871,134 +874,177 @@ def copy(X: Array) -> Array:
 # -- linear algebra -----------------------------------------------------------------------------
 
 
-def cholesky(K: Array, *, overwrite: bool = False) -> tuple[Array, np.ndarray]:
+def cholesky(K: Array, *also_finite: Array, overwrite: bool = False, check: bool = False,
+             error: Callable[[], Exception] | None = None) -> tuple[Array, np.ndarray | bool]:
     """Lower Cholesky factors of ``K [..., M, M]`` and a host bool array ``failed [...]``
-    (True where a matrix is not positive definite; its factor is then undefined).
-    ``overwrite``: the caller owns ``K`` and reads it no more (numpy's stacks are then
-    factorised in place where the layout allows: no copy; ``K`` is undefined after)."""
-    batch = K.shape[:-2]
+    (True where a matrix is not positive definite; its factor is then undefined): the one
+    factorisation (``jittered_cholesky`` adds the jitter escalation and the errors).
+    ``check``: ``K`` and every array of ``also_finite`` checked finite too, ``failed`` one
+    Python bool for all of it (the caller then finds out which): on a device one reduction and
+    one sync; with ``error`` inside ``deferred_checks`` (or while tracing) none: ``failed`` is
+    False and the check raises ``error()`` when the pending checks are read (numpy checks at
+    once). ``overwrite``: the caller owns ``K`` and reads it no more (numpy's stacks are then
+    factorised in place where the layout allows; ``K`` is undefined after).
+
+    numpy: a float64 matrix by LAPACK ``potrf`` without ``scipy.linalg.cholesky``'s checks (0.7
+    against 4.6 us at ``[3, 3]``); stacks of order ``_POTRF_LOOP_FROM`` on by one ``potrf``
+    per matrix in place on the Fortran views of one C-ordered copy (``U^T U`` of ``K^T = K``:
+    ``U^T = L``; a non-finite diagonal failed); smaller stacks by numpy's own loop."""
     if not is_numpy(K):
         L, info = _torch().linalg.cholesky_ex(K)
-        return L, to_host(info > 0).reshape(batch)
-    if K.ndim > 2 and K.shape[-1] >= _POTRF_LOOP_FROM:
-        return _potrf_stack(K, overwrite)
-    try:
-        return np.linalg.cholesky(K), np.zeros(batch, dtype=bool)
-    except np.linalg.LinAlgError:
-        pass
-    flat = K.reshape((-1,) + K.shape[-2:])
-    L = np.zeros_like(flat)
-    failed = np.zeros(flat.shape[0], dtype=bool)
-    for c in range(flat.shape[0]):
+        if not check:
+            return L, to_host(info > 0).reshape(K.shape[:-2])
+        # the largest status (0: all factorised), the largest magnitudes: read on the host
+        checks = [(info.max(), _zero), *_finite_checks((K, *also_finite))]
+        if error is not None and (tracing() or pending_checks() is not None):
+            _require_all(checks, error)
+            return L, False
+        return L, not _read_checks(checks)
+    if K.ndim == 2 and K.dtype == np.float64 and K.size:  # (its own tests: a few us each)
+        if check and not (np.isfinite(K).all()
+                          and (not also_finite or all_finite(*also_finite))):
+            return K, True
+        L, info = dpotrf(K, lower=1, clean=1)
+        return L, (info != 0) if check else _FAILED[info != 0]
+    if check and not all_finite(K, *also_finite):
+        return K, True
+    small = K.ndim == 2 or K.shape[-1] < _POTRF_LOOP_FROM
+    if small:  # numpy's own loop; where it stops, one call per matrix finds which failed
         try:
-            L[c] = np.linalg.cholesky(flat[c])
+            return np.linalg.cholesky(K), False if check else np.zeros(K.shape[:-2], bool)
         except np.linalg.LinAlgError:
-            failed[c] = True
-    return L.reshape(K.shape), failed.reshape(batch)
-
-
-#: from this order on, numpy stacks are factorised by one LAPACK ``potrf`` per matrix in place
-#: (``_potrf_stack``): at ``[10, 200, 200]`` on one thread 2.2 ms against 3.4 ms for
-#: ``np.linalg.cholesky`` (its copies in and out around each call); below, numpy's own loop
-#: (many small matrices, e.g. ``[200, 9, 9]``: a Python call per matrix would cost more)
-_POTRF_LOOP_FROM = 64
-
-
-def _potrf_stack(K: np.ndarray, overwrite: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """``cholesky`` of a numpy stack ``K [..., M, M]``: one C-ordered copy (with
-    ``overwrite``, ``K`` itself when it is a writable C-ordered float array), factorised in
-    place by one ``potrf`` per matrix on its Fortran view (``U^T U`` of ``K^T = K``:
-    ``U^T = L`` in C order; the other triangle zeroed by LAPACK's wrapper). A matrix whose
-    factorisation stops (not positive definite) or whose factor has a non-finite diagonal
-    is reported failed."""
-    own = (overwrite and K.flags.c_contiguous and K.flags.writeable
+            if check:
+                return K, True
+    own = (not small and overwrite and K.flags.c_contiguous and K.flags.writeable
            and K.dtype in (np.float32, np.float64))
     flat = (K.reshape((-1,) + K.shape[-2:]) if own
             else np.array(K.reshape((-1,) + K.shape[-2:]), order="C", copy=True))
     potrf = spotrf if flat.dtype == np.float32 else dpotrf
     failed = np.zeros(flat.shape[0], dtype=bool)
     for c in range(flat.shape[0]):
+        if small:
+            try:
+                flat[c] = np.linalg.cholesky(flat[c])
+            except np.linalg.LinAlgError:
+                failed[c] = True
+            continue
         res, info = potrf(flat[c].T, lower=0, overwrite_a=1, clean=1)
         if not np.shares_memory(res, flat[c]):  # the wrapper copied (not expected)
             flat[c] = res.T
         failed[c] = info != 0
     failed |= ~np.isfinite(np.diagonal(flat, axis1=-2, axis2=-1)).all(axis=-1)
-    return flat.reshape(K.shape), failed.reshape(K.shape[:-2])
+    return flat.reshape(K.shape), bool(failed.any()) if check else failed.reshape(K.shape[:-2])
 
 
-def checked_cholesky(K: Array, *also_finite: Array,
-                     error: Callable[[], Exception] | None = None,
-                     overwrite: bool = False) -> Array | None:
-    """Lower Cholesky factors of ``K [..., M, M]`` when ``K`` (and every array of
-    ``also_finite``) is finite and every matrix is positive definite, else ``None`` (the
-    caller then finds out which). On a device: one reduction and one sync for all of it; with
-    ``error`` inside ``deferred_checks`` no sync: the factors are returned as they are and the
-    check raises ``error()`` when the pending checks are read. ``overwrite``: the caller owns
-    ``K`` and reads it no more (numpy factorises it in place, as ``cholesky``; after a
-    ``None`` for a matrix not positive definite ``K`` is undefined)."""
-    if is_numpy(K):
-        if not all_finite(K, *also_finite):
-            return None
-        L, failed = cholesky(K, overwrite=overwrite)
-        return None if np.any(failed) else L
-    L, info = _torch().linalg.cholesky_ex(K)
-    # the largest status (0: every matrix factorised) and the arrays' largest magnitudes:
-    # two reductions, tested on the host
-    checks = [(info.max(), _zero), *_finite_checks((K, *also_finite))]
-    if error is not None and (tracing() or pending_checks() is not None):
-        _require_all(checks, error)
-        return L
-    return L if _read_checks(checks) else None
+#: ``cholesky``'s failure mask of one matrix (read-only 0-d arrays, made once), by its value
+_FAILED = {flag: np.broadcast_to(np.array(flag), ()) for flag in (False, True)}
 
-
-def _trsm_stack(L: np.ndarray, B: np.ndarray, transpose: bool, overwrite: bool = False
-                ) -> np.ndarray:
-    """numpy stacks: one BLAS ``trsm`` per matrix, in place on the Fortran views of one
-    C-ordered copy of ``B`` (``overwrite``: of ``B`` itself where it is a writable C-ordered
-    array of ``L``'s dtype; no per-matrix results). At ``M`` in the hundreds ``trsm`` costs
-    less than inverting ``L`` once and multiplying (OpenBLAS's ``trtri`` is slow), so stacks
-    are solved, not inverted."""
-    own = overwrite and B.flags.c_contiguous and B.flags.writeable and B.dtype == L.dtype
-    out = B if own else B.copy()  # C-ordered [c, M, k]: out[c].T the Fortran view solved
-    trsm = strsm if B.dtype == np.float32 else dtrsm
-    trans = 1 if transpose else 0
-    for c in range(L.shape[0]):
-        # X^T L^T = B^T (or X^T L = B^T) on the row-major views: side right, upper U = L^T
-        res = trsm(1.0, L[c].T, out[c].T, side=1, lower=0, trans_a=trans, overwrite_b=1)
-        if not np.shares_memory(res, out[c]):  # the wrapper copied (not expected)
-            out[c] = res.T
-    return out
+#: from this order on, numpy stacks are factorised by one LAPACK ``potrf`` per matrix in place
+#: (``cholesky``): at ``[10, 200, 200]`` on one thread 2.2 ms against 3.4 ms for
+#: ``np.linalg.cholesky`` (its copies in and out around each call); below, numpy's own loop
+#: (many small matrices, e.g. ``[200, 9, 9]``: a Python call per matrix would cost more)
+_POTRF_LOOP_FROM = 64
 
 
 def solve_triangular(L: Array, B: Array, *, transpose: bool = False,
                      L_T: Array | None = None, right: bool = False,
                      overwrite: bool = False) -> Array:
     """``L^-1 B`` (``L^-T B`` with ``transpose``) for lower-triangular ``L [..., M, M]`` and
-    ``B [..., M, k]`` (a matrix, or a stack of them with the same leading axes); with
-    ``right``, ``B L^-1`` (``B L^-T``) for ``B [..., k, M]`` (on a device one operator, no
-    transposed views of ``B`` and of the result). ``L_T``: ``mT(L)`` where the caller keeps
-    it (a device then forms no transposed view per solve; numpy ignores it). ``overwrite``:
-    the caller owns ``B`` and reads it no more (a numpy stack is then solved in place where
-    its layout allows: no copy)."""
+    ``B [..., M, k]`` (stacks with the same leading axes; ``[M]`` for one matrix); ``right``:
+    ``B L^-1`` (``B L^-T``) for ``B [..., k, M]`` (a device: one operator, no transposed
+    views): the one triangular solve. ``L_T``: ``mT(L)`` where the caller keeps it (a device
+    forms no view per solve). ``overwrite``: the caller owns ``B`` and reads it no more (numpy
+    may solve in place on it). No finiteness check (the factor's is the caller's).
+
+    numpy: a float64 matrix by LAPACK ``trtrs`` (``scipy.linalg.solve_triangular``'s call,
+    the same bits, without its checks: 1.5 against 7.3 us at ``[4, 4]``), ``NumericalError``
+    for a zero on ``L``'s diagonal; ``B L^-T`` of a C-ordered float64 ``B [k, M]`` with
+    ``overwrite`` one BLAS ``trsm`` on its Fortran view, returning ``B`` (a Fortran-ordered
+    ``L`` is not copied); stacks by one ``trsm`` per matrix in place on the Fortran views of
+    one C-ordered copy of ``B`` (``overwrite``: ``B`` itself where it is a writable C-ordered
+    array of ``L``'s dtype; at ``M`` in the hundreds cheaper than inverting ``L``: OpenBLAS's
+    ``trtri`` is slow); other dtypes and shapes by scipy (its ``ValueError`` names a shape
+    mismatch)."""
     if not is_numpy(L):
         torch = _torch()
-        if right:  # X L = B (X L^T = B): torch's left=False
-            if transpose:
-                return torch.linalg.solve_triangular(L.mT if L_T is None else L_T, B,
-                                                     upper=True, left=False)
-            return torch.linalg.solve_triangular(L, B, upper=False, left=False)
-        if transpose:
-            return torch.linalg.solve_triangular(L.mT if L_T is None else L_T, B, upper=True)
-        return torch.linalg.solve_triangular(L, B, upper=False)
-    if right:  # B L^-1 = (L^-T B^T)^T
-        return mT(solve_triangular(L, np.ascontiguousarray(mT(B)), transpose=not transpose))
-    if L.ndim == 2:
+        if transpose:  # L^T: the caller's view, or one formed here
+            return torch.linalg.solve_triangular(L.mT if L_T is None else L_T, B, upper=True,
+                                                 left=not right)
+        return torch.linalg.solve_triangular(L, B, upper=False, left=not right)
+    if right:
+        if (transpose and overwrite and L.ndim == B.ndim == 2 and B.flags.c_contiguous
+                and B.flags.writeable and B.dtype == np.float64):
+            if B.size:  # B L^-T: (L^-1 B^T)^T, solved on B's Fortran view
+                res = dtrsm(1.0, L, B.T, side=0, lower=1, overwrite_b=1)
+                if not np.shares_memory(res, B):  # the wrapper had to copy (not expected)
+                    B[...] = res.T
+            return B
+        # B L^-1 = (L^-T B^T)^T, the last two axes swapped
+        return mT(solve_triangular(L, mT(B), transpose=not transpose))
+    if L.ndim > 2:  # C-ordered [c, M, k]: out[c].T the Fortran view solved in place
+        Lf, Bf = L.reshape((-1,) + L.shape[-2:]), B.reshape((-1,) + B.shape[-2:])
+        own = overwrite and Bf.flags.c_contiguous and Bf.flags.writeable and Bf.dtype == L.dtype
+        out = Bf if own else Bf.copy()
+        trsm = strsm if out.dtype == np.float32 else dtrsm
+        for c in range(Lf.shape[0]):
+            # X^T L^T = B^T (or X^T L = B^T) on the row-major views: side right, upper L^T
+            res = trsm(1.0, Lf[c].T, out[c].T, side=1, lower=0, trans_a=int(transpose),
+                       overwrite_b=1)
+            if not np.shares_memory(res, out[c]):  # the wrapper copied (not expected)
+                out[c] = res.T
+        return out.reshape(B.shape)
+    # (shapes checked here: LAPACK reports a mismatch as info < 0 and returns B unsolved)
+    if not (L.dtype == np.float64 and B.dtype == np.float64 and B.size and B.ndim <= 2
+            and L.shape[0] == L.shape[1] == B.shape[0]):
         return _scipy_solve_triangular(L, B, lower=True, trans=1 if transpose else 0,
                                        check_finite=False)
-    shape = B.shape
-    out = _trsm_stack(L.reshape((-1,) + L.shape[-2:]), B.reshape((-1,) + B.shape[-2:]),
-                      transpose, overwrite)
-    return out.reshape(shape)
+    if L.flags.f_contiguous:
+        X, info = dtrtrs(L, B, lower=1, trans=int(transpose), overwrite_b=int(overwrite))
+    else:  # C order: L^T is the Fortran-ordered upper factor (scipy's dispatch)
+        X, info = dtrtrs(L.T, B, lower=0, trans=int(not transpose), overwrite_b=int(overwrite))
+    if info > 0:
+        raise NumericalError(f"triangular solve: zero on the factor's diagonal (row {info - 1})",
+                             quantity="triangular factor")
+    return X
+
+
+def vecmat(v: Array, A: Array) -> Array:
+    """``v^T A`` ``[..., k]`` for ``v [..., M]`` and ``A [..., M, k]`` (one stack each, the
+    same leading axes): numpy's batched ``@`` of the row vectors, a device's one einsum (no
+    views)."""
+    if is_numpy(v):
+        return (v[..., None, :] @ A)[..., 0, :]
+    lead = "abcdefgh"[:v.ndim - 1]
+    return _torch().einsum(f"{lead}m,{lead}mk->{lead}k", v, A)
+
+
+def matvec(A: Array, v: Array) -> Array:
+    """``A v`` ``[..., M]`` for ``A [..., M, k]`` and ``v [..., k]`` (one stack each, the same
+    leading axes): numpy's batched ``@`` of the column vectors, a device's one einsum (no
+    views)."""
+    if is_numpy(v):
+        return (A @ v[..., None])[..., 0]
+    return _torch().einsum("...mk,...k->...m", A, v)
+
+
+def einsum_transposed(spec: str, *operands: Array) -> Array:
+    """The einsum of ``spec`` (a two-axis output ``ab``) as its transpose ``[b, a]``: a
+    device's einsum writes it so (one operator, no transposed view); numpy's is the
+    transposed view of the spec's own einsum (its roundings, its layout)."""
+    if is_numpy(operands[0]):
+        return mT(np.einsum(spec, *operands))
+    inputs, out = spec.split("->")
+    return _torch().einsum(f"{inputs}->{out[::-1]}", *operands)
+
+
+def scaled_einsum(alpha: float, spec: str, *operands: Array) -> Array:
+    """``alpha * einsum(spec, ...)`` for a power of two ``alpha`` (an exact scaling): numpy
+    scales the einsum's result; a device takes ``alpha`` inside the einsum as a kept 0-d
+    operand (one operator, the same values)."""
+    if is_numpy(operands[0]):
+        return alpha * np.einsum(spec, *operands)
+    inputs, out = spec.split("->")
+    return _torch().einsum(f"{inputs},->{out}", *operands, constant(operands[0], (alpha,), ()))
 
 
 def tri_matmul(T: Array, X: Array, *, transpose: bool = False, right: bool = False,
@@ -1270,3 +1316,21 @@ def logsumexp(x: Array, axis: int) -> Array:
     if is_numpy(x):
         return special.logsumexp(x, axis=axis)
     return _torch().logsumexp(x, dim=axis)
+
+
+def __getattr__(name: str) -> Any:
+    """``checked_cholesky(K, *also_finite, error=None, overwrite=False)`` (the factors, or
+    ``None`` on a failure), deprecated for ``cholesky(K, *also_finite, check=True, ...)``
+    (the factors and one bool): works for one more release."""
+    if name != "checked_cholesky":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn("gpinfer.backend.ops.checked_cholesky is deprecated: use cholesky(K, ..., "
+                  "check=True), which answers (L, failed); the old name works for one more "
+                  "release", DeprecationWarning, stacklevel=2)
+
+    def old(K: Array, *also_finite: Array, error: Callable[[], Exception] | None = None,
+            overwrite: bool = False) -> Array | None:
+        L, failed = cholesky(K, *also_finite, check=True, error=error, overwrite=overwrite)
+        return None if failed else L
+
+    return old

@@ -18,7 +18,9 @@ stored at ``lose[i, k]``; entries with ``k == y_i`` are zero (``mask[i, k]`` is 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+import warnings
+from functools import partial
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -27,7 +29,7 @@ from gpinfer.errors import NumericalError
 from gpinfer.interfaces import Array
 from gpinfer.likelihoods.multiclass import argmax_factor_tilted
 from gpinfer.moved import renamed
-from gpinfer.numerics.cholesky import cholesky_error, tri_solve
+from gpinfer.numerics.cholesky import jittered_cholesky, tri_solve
 
 #: jitter added to ``Kuu`` and ``kappa`` (spec ep-sep §1.2, reference code)
 INDUCING_JITTER = 1e-10
@@ -54,22 +56,13 @@ class Projections(NamedTuple):
     R: Array
 
 
-def site_cholesky(Bm: Array, h_w: Array, iteration: int | None = None) -> Array:
-    """Lower Cholesky factor of ``B = I + P_w`` ``[M, M]`` (or a stack ``[C, M, M]``), checked
-    together with the whitened shift ``h_w``: ``NumericalError`` (quantity ``"B"``) when either is
-    not finite or ``B`` is not positive definite (corrupted sites); inside
-    ``ops.deferred_checks`` on a device the check is read with the others."""
-
-    def failure() -> NumericalError:
-        if not ops.all_finite(Bm, h_w):
-            return NumericalError("site sums are not finite", iteration=iteration, quantity="B")
-        return cholesky_error("B", iteration=iteration,
-                              detail=" (B = I + L^T Lambda L: corrupted sites)")
-
-    LB = ops.checked_cholesky(Bm, h_w, error=failure)  # the usual case: one check
-    if LB is None:
-        raise failure()
-    return LB
+#: the lower Cholesky factor of ``B = I + P_w`` ``[M, M]`` (or a stack ``[C, M, M]``), checked
+#: together with the whitened shift ``h_w`` (``site_factor(B, h_w, iteration=...).L``): no
+#: jitter, ``NumericalError`` (quantity ``"B"``) when either is not finite or ``B`` is not
+#: positive definite (corrupted sites); inside ``ops.deferred_checks`` on a device the check
+#: is read with the others (``jittered_cholesky``'s)
+site_factor = partial(jittered_cholesky, name="B", max_jitter=0.0, inputs="site sums",
+                      detail=" (B = I + L^T Lambda L: corrupted sites)")
 
 
 class WhitenedGaussian:
@@ -80,7 +73,7 @@ class WhitenedGaussian:
 
     def __init__(self, P_w: Array, h_w: Array, *, iteration: int | None = None):
         M = h_w.shape[0]
-        self.LB = site_cholesky(np.eye(M) + P_w, h_w, iteration)
+        self.LB = site_factor(np.eye(M) + P_w, h_w, iteration=iteration).L
         self.h_w = h_w
         self.w = tri_solve(self.LB, tri_solve(self.LB, h_w), transpose=True)
 
@@ -269,5 +262,16 @@ def new_role_site(g: Array, gamma: Array, a: Array, v: Array) -> tuple[Array, Ar
 # --------------------------------------------------------------------------------------------
 
 if not TYPE_CHECKING:  # at run time only: mypy keeps checking the imports from here
-    __getattr__ = renamed(__name__, {"ClassTerms": "gpinfer.sites.stacked:StackedTerms",
-                                     "class_terms": "gpinfer.sites.stacked:latent_terms"})
+    _renamed = renamed(__name__, {"ClassTerms": "gpinfer.sites.stacked:StackedTerms",
+                                  "class_terms": "gpinfer.sites.stacked:latent_terms"})
+
+    def __getattr__(name: str) -> Any:
+        """The deprecated names, for one more release: ``ClassTerms`` and ``class_terms``
+        (``gpinfer.moved.renamed``), and ``site_cholesky(Bm, h_w, iteration)`` for
+        ``site_factor(Bm, h_w, iteration=...).L`` (``jittered_cholesky`` without jitter)."""
+        if name != "site_cholesky":
+            return _renamed(name)
+        warnings.warn("gpinfer.sites.inducing.site_cholesky is deprecated: use site_factor(Bm, "
+                      "h_w, iteration=...).L; the old name works for one more release",
+                      DeprecationWarning, stacklevel=2)
+        return lambda Bm, h_w, iteration=None: site_factor(Bm, h_w, iteration=iteration).L

@@ -27,10 +27,11 @@ class (1 for ``q``, the cavity fraction for SEP's cavity), ``w = B^-1 a h_w``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -45,7 +46,7 @@ from gpinfer.kernels.stacked import (
     StackedMatrixGradients,
 )
 from gpinfer.numerics.cholesky import jittered_cholesky, tri_solve
-from gpinfer.sites.inducing import inducing_jitter, site_cholesky
+from gpinfer.sites.inducing import inducing_jitter, site_factor
 
 
 def transpose(X: Array) -> Array:
@@ -57,69 +58,6 @@ def symmetrize(X: Array) -> Array:
     """``(X + X^T) / 2`` over the last two axes, ``X [..., M, M]`` (``ops.symmetrize``: on a
     device one operator)."""
     return ops.symmetrize(X)
-
-
-def stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
-                     unit: str = "class", first: int = 0,
-                     again: Callable[[], Array] | None = None) -> Array:
-    """Lower Cholesky factors ``[C, M, M]`` of ``K [C, M, M]`` (or of one matrix ``[M, M]``).
-
-    One stacked LAPACK call; a matrix that fails gets ``jittered_cholesky`` (jitter
-    escalation, on the host: a rare path) on its own. ``NumericalError`` naming ``name`` and
-    the matrix (``"<name> (<unit> <first + c>)"``) for non-finite entries or when even jitter
-    fails. ``again``: the caller owns ``K``, reads it no more and can form it again (a
-    function returning the same values): numpy then factorises ``K`` in place (no copy;
-    ``K`` is undefined after, the factors may be its memory) and the rare path above, which
-    reads the matrices, works on ``again()``. On a device inside
-    ``ops.deferred_checks(redo=True)`` (the training loop's step) nothing is read: the
-    factors are returned as they are and a failure (non-finite entries or a matrix not
-    positive definite) raises ``ops.RedoStep`` at the step's read; the loop then redoes the
-    step without ``redo``, which takes the path above.
-    """
-    stack = K if K.ndim == 3 else K[None, ...]
-
-    def label(c: int) -> str:
-        return f"{name} ({unit} {first + c})" if K.ndim == 3 else name
-
-    checks = None if ops.is_numpy(K) else ops.pending_checks()
-    if checks is not None and checks.redo:
-        unread = cast(Array, ops.checked_cholesky(stack, error=lambda: ops.RedoStep(
-            f"{name}: Cholesky failed or non-finite (iteration {iteration}); redo the step "
-            "with jitter escalation")))  # with ``error`` in a context: the factors, unread
-        return unread if K.ndim == 3 else unread[0]
-    overwrite = again is not None and ops.is_numpy(K)
-    # the usual case: finite and positive definite, one check
-    L = ops.checked_cholesky(stack, overwrite=overwrite)
-    if L is not None:
-        return L if K.ndim == 3 else L[0]
-    if again is not None and overwrite:  # K may be overwritten: its values formed again
-        K = again()
-        stack = K if K.ndim == 3 else K[None, ...]
-    if not ops.all_finite(K):
-        bad = next(c for c in range(stack.shape[0]) if not ops.all_finite(stack[c]))
-        raise NumericalError(f"{label(bad)} has non-finite entries; cannot factorise",
-                             iteration=iteration, quantity=name)
-    L, failed = ops.cholesky(stack)
-    for c in np.flatnonzero(failed):
-        try:
-            Lc = jittered_cholesky(ops.to_host(stack[c]).astype(float), name=label(int(c))).L
-        except NumericalError as err:
-            raise NumericalError(str(err), iteration=iteration, quantity=name) from err
-        L[int(c)] = ops.like(K, Lc)
-    return L if K.ndim == 3 else L[0]
-
-
-def tri_solve_stack(L: Array, B: Array, *, transpose: bool = False,
-                    L_T: Array | None = None, right: bool = False, overwrite: bool = False
-                    ) -> Array:
-    """``L^-1 B`` (or ``L^-T B``) ``[C, M, k]`` for lower-triangular ``L [C, M, M]`` and
-    ``B [C, M, k]`` (``gpinfer.backend.ops.solve_triangular``: on numpy one BLAS ``trsm`` per
-    class on Fortran views, cheaper than inverting at ``M`` in the hundreds); ``right``:
-    ``B L^-1`` (``B L^-T``) for ``B [C, k, M]``. ``L_T``: the transposed view of ``L`` where
-    the caller keeps one (see ``ops.solve_triangular``); ``overwrite``: the caller owns ``B``
-    and reads it no more (numpy may solve in place on it)."""
-    return ops.solve_triangular(L, B, transpose=transpose, L_T=L_T, right=right,
-                                overwrite=overwrite)
 
 
 def cho_inverse_stack(LB: Array, *, overwrite: bool = False) -> Array:
@@ -227,9 +165,7 @@ class StackedTerms:
         symmetrised (for a caller that symmetrises what it makes of them)."""
         LamL = ops.tri_matmul(self.L, Lam, right=True)
         LtLamL = ops.tri_matmul(self.L, LamL, transpose=True, overwrite=True, T_T=self.L_T)
-        # (L^T h)^T = h^T L: on a device one einsum (the same batched product, no views)
-        hL = ((h[..., None, :] @ self.L)[..., 0, :] if ops.is_numpy(h)
-              else ops.einsum("cm,cmk->ck" if h.ndim == 2 else "m,mk->k", h, self.L))
+        hL = ops.vecmat(h, self.L)  # (L^T h)^T = h^T L
         return (symmetrize(LtLamL) if symmetric else LtLamL), hL
 
     def to_u_space(self, P_w: Array, h_w: Array) -> tuple[Array, Array]:
@@ -243,20 +179,17 @@ class StackedTerms:
         if self.L_inv is not None:  # symmetrised in place: the products' own array
             return ops.symmetrize_(ops.tri_matmul(
                 self.L_inv, self.unwhiten(S, overwrite=overwrite), right=True, overwrite=True))
-        T = tri_solve_stack(self.L, S, transpose=True, L_T=self.L_T, overwrite=overwrite)
-        if not ops.is_numpy(T):  # (L^-T S) L^-1: one solve from the right, no views
-            return symmetrize(tri_solve_stack(self.L, T, right=True))
-        # L^-T (L^-T S)^T, T^T a C-ordered copy (``_trsm_stack`` solves on its Fortran views)
-        T_t = ops.copy(transpose(T))
-        return symmetrize(tri_solve_stack(self.L, T_t, transpose=True, L_T=self.L_T,
-                                          overwrite=True))
+        T = ops.solve_triangular(self.L, S, transpose=True, L_T=self.L_T, overwrite=overwrite)
+        # (L^-T S) L^-1: one solve from the right (numpy: L^-T T^T on a C-ordered copy of T^T,
+        # transposed back; the symmetrised values are the same either way)
+        return symmetrize(ops.solve_triangular(self.L, T, right=True))
 
     def unwhiten(self, X: Array, *, overwrite: bool = False) -> Array:
         """``L^-T X`` ``[C, M, k]`` (whitened-space gradients to ``u``-space); ``overwrite``:
         the caller owns ``X`` and reads it no more (it may be written in place)."""
         if self.L_inv is not None:
             return ops.tri_matmul(self.L_inv, X, transpose=True, overwrite=overwrite)
-        return tri_solve_stack(self.L, X, transpose=True, L_T=self.L_T, overwrite=overwrite)
+        return ops.solve_triangular(self.L, X, transpose=True, L_T=self.L_T, overwrite=overwrite)
 
 
 def stacked_covariances(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Array
@@ -268,7 +201,7 @@ def stacked_covariances(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, 
     family = StackedKernels.of(kernels)
     xp = ops.namespace(X)
     if family is not None:
-        Z = cast(Array, Zs) if ops.is_array(Zs) else xp.stack(list(Zs))
+        Z = xp.stack(list(Zs)) if isinstance(Zs, list | tuple) else cast(Array, Zs)
         cov = family.covariances(Z, X)
         return cov.Kuu, cov.Kuf, cov.Kff_diag
     return (xp.stack([k.K(Z) for k, Z in zip(kernels, Zs)]),
@@ -289,7 +222,7 @@ def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Arr
     otherwise ``stacked_covariances``. Of the given covariances ``Kuf`` is taken over
     (``StackedCovariances.take_Kuf``: ``A`` is solved in place of it on numpy, and the
     covariances refuse a later ``Kuf`` read); ``Kuu`` and ``Kff_diag`` are left unchanged
-    (``Kuu`` plus the jitter is a new array, factorised in place: ``stacked_cholesky``'s
+    (``Kuu`` plus the jitter is a new array, factorised in place: ``jittered_cholesky``'s
     ``again``).
     """
     jitter = inducing_jitter(X) if jitter is None else jitter
@@ -303,10 +236,10 @@ def stacked_terms(kernels: Sequence[Kernel], Zs: Sequence[Array] | Array, X: Arr
     else:
         Kuu, Kuf, Kff_diag = stacked_covariances(kernels, Zs, X)
         ops.add_diagonal(Kuu, jitter)
-    L = stacked_cholesky(Kuu, "Kuu", iteration, again=again)
+    L = jittered_cholesky(Kuu, name="Kuu", iteration=iteration, again=again).L
     L_inv = ops.tri_inverse(L) if ops.prefers_tri_inverse(L) else None
     # Kuf is this function's own (taken over, or formed here): A in place of it
-    A = (tri_solve_stack(L, Kuf, overwrite=True) if L_inv is None
+    A = (ops.solve_triangular(L, Kuf, overwrite=True) if L_inv is None
          else ops.tri_matmul(L_inv, Kuf, overwrite=True))
     s = Kff_diag + jitter
     s -= ops.einsum("cmn,cmn->cn", A, A)
@@ -346,21 +279,11 @@ def scales(ref: Array, values: tuple[float, ...], lead: tuple[int, ...]) -> Scal
 
 
 def finite_sums(P_w: Array, h_w: Array, iteration: int | None = None) -> None:
-    """``NumericalError`` (quantity ``"B"``, ``site_cholesky``'s) unless the whitened sums
+    """``NumericalError`` (quantity ``"B"``, ``site_factor``'s) unless the whitened sums
     ``P_w [C, M, M]``, ``h_w [C, M]`` are finite: one check for every ``StackedGaussians`` of
     them (``B = I + a P_w`` is finite for a finite ``a`` in ``[0, 1]`` when ``P_w`` is)."""
     if not ops.all_finite(P_w, h_w):
         raise NumericalError("site sums are not finite", iteration=iteration, quantity="B")
-
-
-def _unchecked_cholesky(make_B: Callable[[], Array], h_w: Array, iteration: int | None
-                        ) -> Array:
-    """``site_cholesky`` of numpy ``B = make_B() [C, M, M]`` (a new array) whose sums the
-    caller checked finite (``finite_sums``): one stacked factorisation in place on it, no
-    copy and no second check (a failed one goes through ``site_cholesky`` of a new ``B`` for
-    its error)."""
-    LB, failed = ops.cholesky(make_B(), overwrite=True)
-    return site_cholesky(make_B(), h_w, iteration) if np.any(failed) else LB
 
 
 class StackedGaussians:
@@ -399,8 +322,7 @@ class StackedGaussians:
             if isinstance(scale, Scales):
                 a_matrix, a_vector = scale
             else:
-                a = (scale if ops.is_array(scale) and not ops.is_numpy(scale)
-                     else ops.like(P_w, scale))
+                a = ops.like(P_w, scale)  # (a device's own array: itself)
                 a_matrix, a_vector = ops.namespace(a).reshape(a, (-1, 1, 1)), a[:, None]
 
             def make_B() -> Array:
@@ -410,21 +332,20 @@ class StackedGaussians:
                 B += prior
                 return B
             self._h_w = a_vector * h_w
-        self.LB = (_unchecked_cholesky(make_B, h_w, iteration) if finite and ops.is_numpy(P_w)
-                   else site_cholesky(make_B(), h_w, iteration))
+        # a new B, factorised in place (formed again where a failure is diagnosed)
+        self.LB = site_factor(make_B(), h_w, iteration=iteration, again=make_B,
+                              finite=finite).L
         self._LB_T: Array | None = None  # formed on first use (``B_inv_vec``'s solve)
         self._B_inv: Array | None = None
-        if consume and inverse and ops.is_numpy(P_w):  # B^-1 in place of L_B, its log|.| kept
+        if consume and inverse:  # B^-1 in place of L_B, its log|.| kept
             self._B_inv = cho_inverse_stack(self._consumed_factors(), overwrite=True)
         self.w: Array
         if not means:  # the caller sets ``w`` (``_inverted_pair``)
             return
         if not inverse:
             self.w = self.B_inv_vec(self.h_w)
-        elif ops.is_numpy(P_w):
-            self.w = (self.B_inv() @ self.h_w[..., None])[..., 0]
-        else:  # one einsum, no column view
-            self.w = ops.einsum("...mk,...k->...m", self.B_inv(), self.h_w)
+        else:
+            self.w = ops.matvec(self.B_inv(), self.h_w)
 
     @classmethod
     def paired(cls, P_w: Array, h_w: Array, pair: Scales, *, iteration: int | None = None
@@ -507,8 +428,8 @@ class StackedGaussians:
     def B_inv_vec(self, v: Array) -> Array:
         """``B^-1 v`` ``[C, M]`` for ``v [C, M]`` (two triangular solves: a device's
         ``cholesky_solve`` reads its LAPACK status on the host, a sync)."""
-        half = tri_solve_stack(self.LB, v[..., None])
-        return tri_solve_stack(self.LB, half, transpose=True, L_T=self.LB_T)[..., 0]
+        half = ops.solve_triangular(self.LB, v[..., None])
+        return ops.solve_triangular(self.LB, half, transpose=True, L_T=self.LB_T)[..., 0]
 
     def B_inv(self) -> Array:
         """``B^-1`` ``[C, M, M]`` (computed once)."""
@@ -532,37 +453,29 @@ class StackedGaussians:
         transposed view of the same values (on a device the einsum's own output: no transpose
         operator). (numpy's evaluation takes ``B^-1 A`` in place of ``R``, from its pass of
         ``potri``: ``paired_by_inverse``.)"""
-        on_device = not ops.is_numpy(A)
-        R = tri_solve_stack(self.LB, A)
-        return (self._by_point("cmn,cm", A, self.w, means_by_point, on_device),
-                self._by_point("cmn,cmn", R, R, variances_by_point, on_device), R)
+        R = ops.solve_triangular(self.LB, A)
+        return (self._by_point("cmn,cm", A, self.w, means_by_point),
+                self._by_point("cmn,cmn", R, R, variances_by_point), R)
 
     @staticmethod
-    def _by_point(spec: str, x: Array, y: Array, by_point: bool, on_device: bool) -> Array:
-        """The einsum ``spec -> cn`` of ``x``, ``y``; ``by_point``: as ``[n, C]`` (a device's
-        einsum writes it so; numpy's transposed view)."""
-        if by_point and on_device:
-            return ops.einsum(spec + "->nc", x, y)
-        out = ops.einsum(spec + "->cn", x, y)
-        return ops.mT(out) if by_point else out
+    def _by_point(spec: str, x: Array, y: Array, by_point: bool) -> Array:
+        """The einsum ``spec -> cn`` of ``x``, ``y``; ``by_point``: as ``[n, C]``
+        (``ops.einsum_transposed``)."""
+        if by_point:
+            return ops.einsum_transposed(spec + "->cn", x, y)
+        return ops.einsum(spec + "->cn", x, y)
 
     def log_norm_ratio(self) -> Array:
         """``G(q_c) - G(prior)`` per class ``[C]`` (spec ep-sep §2.6)."""
         log_det = self._log_det_of(self.LB) if self._log_det is None else self._log_det
         spec = "cm,cm->c" if self.w.ndim == 2 else "acm,acm->ac"  # [C], or [2, C] (paired)
-        # b - a, the same value as -a + b (one operator fewer on a device); on a device the
-        # halving inside the einsum (a kept 0-d 0.5 operand: the same exact scaling)
-        if ops.is_numpy(self.w):
-            half_wh = 0.5 * ops.einsum(spec, self.w, self.h_w)
-        else:
-            half = ops.constant(self.w, (0.5,), ())
-            half_wh = ops.einsum(spec.replace("->", ",->"), self.w, self.h_w, half)
-        return half_wh - log_det
+        # b - a, the same value as -a + b (one operator fewer on a device)
+        return ops.scaled_einsum(0.5, spec, self.w, self.h_w) - log_det
 
     def moments(self, L: Array) -> tuple[Array, Array]:
         """``(m [C, M], V [C, M, M])`` in ``u``-space given ``L [C, M, M] = chol(Kuu)``:
         ``m = L w``, ``V = L B^-1 L^T = T^T T`` with ``T = L_B^-1 L^T``."""
-        T = tri_solve_stack(self.LB, ops.copy(transpose(L)), overwrite=True)  # a fresh copy
+        T = ops.solve_triangular(self.LB, ops.copy(transpose(L)), overwrite=True)  # a fresh copy
         return (L @ self.w[..., None])[..., 0], transpose(T) @ T
 
 
@@ -577,8 +490,8 @@ def paired_by_inverse(P_w: Array, h_w: Array, pair: Scales, A: Array,
     gradient reads)."""
     q, cav, lnr, BiA = _inverted_pair(P_w, h_w, pair, A, iteration, q_stack=True)
     by_point = StackedGaussians._by_point
-    return q, cav, lnr, (by_point("cmn,cm", A, cav.w, True, False),
-                         by_point("cmn,cmn", A, BiA, False, False), BiA)
+    return q, cav, lnr, (by_point("cmn,cm", A, cav.w, True),
+                         by_point("cmn,cmn", A, BiA, False), BiA)
 
 
 def _inverted_pair(P_w: Array, h_w: Array, pair: Scales, A: Array, iteration: int | None, *,
@@ -633,14 +546,13 @@ def cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,
         Az = np.empty((C, M, n + 1), dtype=g.LB.dtype)
         Az[..., :n] = A
         Az[..., n] = g.h_w
-        Rz = tri_solve_stack(g.LB, Az, overwrite=True)
+        Rz = ops.solve_triangular(g.LB, Az, overwrite=True)
         R, z = Rz[..., :n], Rz[..., n]
     else:
-        R = tri_solve_stack(g.LB, A if A.ndim == 3 else xp.broadcast_to(A, (C, M, n)))
-        z = tri_solve_stack(g.LB, g.h_w[..., None])[..., 0]
-    on_device = not ops.is_numpy(A)
+        R = ops.solve_triangular(g.LB, A if A.ndim == 3 else xp.broadcast_to(A, (C, M, n)))
+        z = ops.solve_triangular(g.LB, g.h_w[..., None])[..., 0]
     by_point = StackedGaussians._by_point
-    return (by_point("cmn,cm", R, z, True, on_device), by_point("cmn,cmn", R, R, True, on_device))
+    return by_point("cmn,cm", R, z, True), by_point("cmn,cmn", R, R, True)
 
 
 @compilable
@@ -668,8 +580,9 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     """
     A = terms.A
     AB = ops.scale_columns(A, b_sum)  # A diag(B), [C, M, n]
+    BiA = R if inverse_applied else ops.solve_triangular(lik.LB, R, transpose=True, L_T=lik.LB_T)
     if ops.is_numpy(A):
-        X, cross = _numpy_cross(A, AB, lik.w, R, a_sum, b_sum, e_sum, inverse_applied, lik)
+        X, cross = _numpy_cross(A, AB, lik.w, BiA, a_sum, b_sum, e_sum)
         # inner on the product's own array (read no more): -2 cross + B^-1 + w w^T (a rank-one
         # gemm, no outer product formed), less the prior, halved: no [C, M, M] temporaries
         inner = ops.scale_add_(cross, -2.0, q.B_inv())
@@ -677,7 +590,6 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
         ops.add_diagonal(inner, -1.0)  # the prior term
         inner *= 0.5
     else:
-        BiA = R if inverse_applied else tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)
         # the sums below run in place, in the order of the formulas; the outer and
         # column-scaled products are one operator each on a device (ops.outer, ...). SEP's
         # E = 2 B enters as an exact factor 2 of the products with diag(B) (the same values as
@@ -704,16 +616,14 @@ def stacked_matrix_gradients(terms: StackedTerms, q: StackedGaussians, lik: Stac
     return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b_sum)
 
 
-def _numpy_cross(A: Array, AB: Array, w: Array, R: Array, a_sum: Array, b_sum: Array,
-                 e_sum: Array | None, inverse_applied: bool, lik: StackedGaussians
-                 ) -> tuple[Array, Array]:
+def _numpy_cross(A: Array, AB: Array, w: Array, BiA: Array, a_sum: Array, b_sum: Array,
+                 e_sum: Array | None) -> tuple[Array, Array]:
     """numpy's ``(X [C, M, n], A (X + A diag B)^T [C, M, M])`` of
     ``stacked_matrix_gradients``, in place on arrays it owns: ``X = B_g^-1 A diag(E)`` on
-    ``B_g^-1 A`` itself (with ``inverse_applied`` the caller's, read no more; SEP's
+    ``BiA = B_g^-1 A`` itself (read no more; SEP's
     ``E = 2 B`` an exact factor 2), ``+ w a_sum^T`` one rank-one ``gemm`` per class into it (no
     outer product formed), then ``X - A diag(B)`` for the cross product and ``X - 2 A diag(B)``
     (no ``[C, M, n]`` temporaries)."""
-    BiA = R if inverse_applied else tri_solve_stack(lik.LB, R, transpose=True, L_T=lik.LB_T)
     X = BiA
     X *= (2.0 * b_sum if e_sum is None else e_sum)[..., None, :]
     ops.matmul_add_(X, w[..., :, None], a_sum[..., None, :], 1.0)
@@ -802,7 +712,7 @@ def _factor_ratio(old: Basis, L_new: Array) -> Array:
     """``L^-1 L'`` ``[..., M, M]`` for ``old``'s factor ``L`` and ``L_new = L'``."""
     if old.L_inv is not None:
         return ops.tri_matmul(old.L_inv, L_new)
-    return tri_solve_stack(old.L, L_new)
+    return ops.solve_triangular(old.L, L_new)
 
 
 #: how far a kept frame's prior precision ``Q`` may drift from ``I`` (Frobenius norm) before
@@ -862,10 +772,11 @@ class Frame(NamedTuple):
 def kept_frame(old: Basis, new: StackedTerms, drift: float = FRAME_DRIFT) -> Frame | None:
     """The ``Frame`` in which the step of ``new`` (``SharedTerms``) reads shared sums whitened
     on ``old``'s factor, or ``None`` where they are to be moved (``rebased``): per-class sums
-    (``U`` would be ``C`` products), a device (no ``L^-1`` kept, and reading the drift would
-    be a sync), or ``||Q - I||_F > drift`` (``FRAME_DRIFT``)."""
+    (``U`` would be ``C`` products), no ``L^-1`` kept (``ops.prefers_tri_inverse``: not on a
+    device, where reading the drift would also be a sync), or ``||Q - I||_F > drift``
+    (``FRAME_DRIFT``)."""
     if (old.classes is None or not isinstance(new, SharedTerms) or new.one is None
-            or new.one.L_inv is None or not ops.is_numpy(new.A)):
+            or new.one.L_inv is None):
         return None
     U = ops.tri_matmul(new.one.L_inv[0], old.L[0])  # L^-1 L_o
     Q = ops.symmetrize_(ops.tri_matmul(U, U, transpose=True))
@@ -983,3 +894,23 @@ def shared_matrix_gradients(one: StackedTerms, q: StackedGaussians, lik: Stacked
     G_K = one.sandwich(inner[None])
     G_uf = one.unwhiten(Y[None], overwrite=True)
     return StackedMatrixGradients(Kuu=G_K, Kuf=G_uf, Kff_diag=b[None])
+
+
+def __getattr__(name: str) -> Any:
+    """``stacked_cholesky`` and ``tri_solve_stack``, deprecated for
+    ``gpinfer.numerics.cholesky.jittered_cholesky(K, name=..., part=...).L`` and
+    ``gpinfer.backend.ops.solve_triangular`` (issue 23: one Cholesky, one triangular solve):
+    they work for one more release."""
+    new: Any
+    if name == "tri_solve_stack":
+        new, use = ops.solve_triangular, "gpinfer.backend.ops.solve_triangular"
+    elif name == "stacked_cholesky":
+        new = (lambda K, label, iteration=None, *, unit="class", first=0, again=None:
+               jittered_cholesky(K, name=label, iteration=iteration, part=unit, first=first,
+                                 again=again).L)
+        use = "gpinfer.numerics.cholesky.jittered_cholesky(K, name=..., part=...).L"
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"gpinfer.sites.stacked.{name} is deprecated: use {use}; the old name works "
+                  "for one more release", DeprecationWarning, stacklevel=2)
+    return new

@@ -238,19 +238,22 @@ def test_moving_values_keeps_namespace_device_and_dtype():
 
 
 @pytest.mark.parametrize("to", _namespaces())
-def test_checked_cholesky_says_none_for_non_finite_or_indefinite_stacks(to):
+def test_checked_cholesky_says_failed_for_non_finite_or_indefinite_stacks(to):
     rng = np.random.default_rng(3)
     K = _spd_stack(rng)
-    L = ops.checked_cholesky(to(K), to(np.ones(4)))
+    L, failed = ops.cholesky(to(K), to(np.ones(4)), check=True)
+    assert failed is False
     Lh = ops.to_host(L)
     np.testing.assert_allclose(Lh @ np.swapaxes(Lh, 1, 2), K, rtol=1e-12, atol=1e-12)
     bad = K.copy()
     bad[1, 0, 0] = -100.0  # matrix 1 indefinite
-    assert ops.checked_cholesky(to(bad)) is None
+    assert ops.cholesky(to(bad), check=True)[1]
     nan = K.copy()
     nan[2, 1, 1] = np.nan
-    assert ops.checked_cholesky(to(nan)) is None
-    assert ops.checked_cholesky(to(K), to(np.array([1.0, np.inf]))) is None
+    assert ops.cholesky(to(nan), check=True)[1]
+    assert ops.cholesky(to(K), to(np.array([1.0, np.inf])), check=True)[1]
+    assert ops.cholesky(to(K[0]), check=True)[1] is False  # one matrix
+    assert ops.cholesky(to(bad[1]), check=True)[1]
 
 
 @pytest.mark.parametrize("to", _namespaces())
@@ -454,3 +457,24 @@ def test_symmetrize_in_place_gives_symmetrize_s_values():
     assert not np.shares_memory(out, X)
     np.testing.assert_array_equal(out, ops.symmetrize(view))
     np.testing.assert_array_equal(view, np.swapaxes(X, -1, -2))
+
+
+@pytest.mark.parametrize("to", _namespaces())
+def test_batched_vector_products_and_einsum_forms(to):
+    """``vecmat``, ``matvec``: the batched row / column products (numpy's ``@`` bit for bit);
+    ``einsum_transposed``: the spec's einsum as ``[b, a]``; ``scaled_einsum``: ``alpha`` times
+    the einsum (an exact power of two)."""
+    rng = np.random.default_rng(7)
+    A, v, u = rng.normal(size=(3, 4, 5)), rng.normal(size=(3, 4)), rng.normal(size=(3, 5))
+    row = ops.to_host(ops.vecmat(to(v), to(A)))
+    np.testing.assert_allclose(row, np.einsum("cm,cmk->ck", v, A), rtol=1e-13)
+    col = ops.to_host(ops.matvec(to(A), to(u)))
+    np.testing.assert_allclose(col, np.einsum("cmk,ck->cm", A, u), rtol=1e-13)
+    if to is np.asarray:
+        assert np.array_equal(row, (v[:, None, :] @ A)[:, 0, :])
+        assert np.array_equal(col, (A @ u[..., None])[..., 0])
+    out = ops.to_host(ops.einsum_transposed("cmn,cm->cn", to(A), to(v)))
+    assert out.shape == (5, 3)
+    np.testing.assert_allclose(out, np.einsum("cmn,cm->nc", A, v), rtol=1e-13)
+    half = ops.to_host(ops.scaled_einsum(0.5, "cm,cm->c", to(v), to(v)))
+    np.testing.assert_allclose(half, 0.5 * np.sum(v * v, axis=1), rtol=1e-13)

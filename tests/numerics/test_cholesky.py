@@ -1,5 +1,7 @@
-"""The one Cholesky (``jittered_cholesky``, ``cholesky_error``) and the one host triangular
-solve (``tri_solve``) of ``gpinfer/numerics/cholesky.py``, and what reuses the factor."""
+"""The one Cholesky (``jittered_cholesky``: matrices and stacks, numpy and torch;
+``cholesky_error``) and the one triangular solve (``tri_solve``, which is
+``gpinfer.backend.ops.solve_triangular``) of ``gpinfer/numerics/cholesky.py``, and what reuses
+the factor."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import numpy as np
 import pytest
 from scipy.linalg import cholesky, solve_triangular
 
+from gpinfer.backend import ops
 from gpinfer.errors import NumericalError
 from gpinfer.numerics import settings
 from gpinfer.numerics.cholesky import (
@@ -89,17 +92,21 @@ def test_cholesky_is_scipys_factor_bit_for_bit():
 
 
 def test_cholesky_other_layouts_and_the_callers_array_untouched():
-    """float32, a strided view, Fortran order and ``1 x 1``: scipy's factor of the float64
-    values (the result is float64, as before ``potrf`` was called directly); the caller's array
-    is never written, on the bare try or on the jitter steps."""
+    """A strided view, Fortran order and ``1 x 1``: scipy's factor; float32: numpy's factor
+    in float32 (the input's dtype, as ``ops.cholesky`` keeps it on every backend); the
+    caller's array is never written, on the bare try or on the jitter steps."""
     big = _spd(10, seed=9)
     for M in (big[:6, :6].astype(np.float32), big[::2, ::2], np.asfortranarray(big[:4, :4]),
               np.array([[2.5]])):
         kept = M.copy()
         L = jittered_cholesky(M).L
-        assert L.dtype == np.float64
-        assert np.array_equal(L, cholesky(M.astype(np.float64), lower=True))
+        assert L.dtype == M.dtype
+        expected = (np.linalg.cholesky(M) if M.dtype == np.float32
+                    else cholesky(M, lower=True))
+        assert np.array_equal(L, expected)
         assert np.array_equal(M, kept)
+    jittered = jittered_cholesky(np.ones((4, 4), dtype=np.float32))  # on the host's float64
+    assert jittered.L.dtype == np.float32 and jittered.jitter > 0
     ones = np.ones((4, 4))  # singular: factorised on the jitter steps only
     assert jittered_cholesky(ones).jitter > 0
     assert np.array_equal(ones, np.ones((4, 4)))
@@ -220,3 +227,91 @@ def test_solve_rows_is_a_deprecated_alias():
     np.testing.assert_allclose(B, want, rtol=1e-10)
     with pytest.raises(AttributeError):
         chol.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize("device", [False, True], ids=["numpy", "torch-cpu"])
+def test_stacks_escalate_per_matrix_and_name_the_failure(device):
+    """A stack (numpy or torch): one factorisation, a failed matrix escalated on its own (the
+    others' factors as the stack's factorisation gives them, the escalated one the
+    single-matrix escalation's), the largest jitter reported; a non-finite matrix named with
+    its position (``part``, ``first``), quantity ``name``, the iteration kept; without jitter
+    the not-positive-definite error with ``detail``, and ``also_finite`` checked
+    (``inputs``)."""
+    torch = pytest.importorskip("torch") if device else None
+    to = torch.as_tensor if device else np.asarray
+    K = np.stack([_spd(4, seed=1), np.ones((4, 4)), _spd(4, seed=2)])  # matrix 1 singular
+    L, jitter = jittered_cholesky(to(K), name="Kuu")
+    Lh = ops.to_host(L)
+    single = jittered_cholesky(np.ones((4, 4)))
+    np.testing.assert_array_equal(Lh[1], single.L)
+    assert jitter == single.jitter > 0
+    np.testing.assert_allclose(Lh[[0, 2]] @ np.swapaxes(Lh[[0, 2]], 1, 2), K[[0, 2]],
+                               rtol=1e-12)
+    bad = K.copy()
+    bad[2, 0, 0] = np.nan
+    with pytest.raises(NumericalError, match=r"Kuu \(latent 7\) has non-finite") as info:
+        jittered_cholesky(to(bad), name="Kuu", part="latent", first=5, iteration=3)
+    assert (info.value.quantity, info.value.iteration) == ("Kuu", 3)
+    with pytest.raises(NumericalError, match=r"B failed \(why\); the matrix is not") as info:
+        jittered_cholesky(to(K), name="B", max_jitter=0.0, detail=" (why)")
+    assert info.value.quantity == "B"
+    with pytest.raises(NumericalError, match="sums are not finite"):
+        jittered_cholesky(to(K[[0, 2]]), to(np.array([np.inf])), name="B", inputs="sums")
+    with pytest.raises(ValueError, match="square"):
+        jittered_cholesky(to(np.ones((2, 2, 3))))
+
+
+def test_stack_again_formed_where_the_in_place_factorisation_failed():
+    """``again`` (a caller that owns the stack): numpy factorises it in place (from order
+    ``ops._POTRF_LOOP_FROM`` on, no copy); where a matrix fails, the escalation works on
+    ``again()`` and gives the copying path's factors, bit for bit."""
+    m = ops._POTRF_LOOP_FROM
+    good = np.stack([_spd(m, seed=s) for s in range(3)])
+    K = good.copy()
+    L = jittered_cholesky(K, again=good.copy).L
+    assert np.shares_memory(L, K) and np.array_equal(L, jittered_cholesky(good).L)
+    bad = good.copy()
+    bad[1] = np.ones((m, m))
+    calls = []
+
+    def again():
+        calls.append(1)
+        return bad.copy()
+
+    assert np.array_equal(jittered_cholesky(bad.copy(), again=again).L,
+                          jittered_cholesky(bad).L)
+    assert calls == [1]
+
+
+def test_the_solve_names_a_zero_on_the_diagonal_and_tri_solve_is_the_ops_solve():
+    assert tri_solve is ops.solve_triangular
+    L = np.array([[1.0, 0.0], [2.0, 0.0]])
+    with pytest.raises(NumericalError, match="zero on the factor's diagonal") as info:
+        tri_solve(L, np.ones(2))
+    assert info.value.quantity == "triangular factor"
+
+
+def test_the_old_names_work_one_more_release_with_a_warning():
+    """``stacked_cholesky``, ``tri_solve_stack``, ``site_cholesky`` and
+    ``ops.checked_cholesky``, merged into ``jittered_cholesky``, ``ops.solve_triangular`` and
+    ``ops.cholesky``: the same results, each with a ``DeprecationWarning`` naming its
+    successor."""
+    import gpinfer.sites.inducing as inducing
+    import gpinfer.sites.stacked as stacked
+
+    K = np.stack([_spd(4, seed=1), np.ones((4, 4))])
+    B = np.random.default_rng(0).normal(size=(2, 4, 3))
+    with pytest.warns(DeprecationWarning, match="jittered_cholesky"):
+        L = stacked.stacked_cholesky(K, "Kuu", unit="latent")
+    np.testing.assert_array_equal(L, jittered_cholesky(K, name="Kuu").L)
+    with pytest.warns(DeprecationWarning, match="ops.solve_triangular"):
+        assert stacked.tri_solve_stack is ops.solve_triangular
+    with pytest.warns(DeprecationWarning, match="site_factor"):
+        LB = inducing.site_cholesky(K[:1], B[:1, :, 0])
+    np.testing.assert_array_equal(LB, ops.cholesky(K[:1])[0])
+    with pytest.warns(DeprecationWarning, match="check=True"):
+        assert ops.checked_cholesky(K) is None
+    with pytest.warns(DeprecationWarning):
+        np.testing.assert_array_equal(ops.checked_cholesky(K[:1]), LB)
+    with pytest.raises(AttributeError):
+        stacked.no_such_name  # noqa: B018

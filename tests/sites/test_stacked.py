@@ -12,6 +12,7 @@ from gpinfer.errors import NumericalError
 from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels import RBF, White
 from gpinfer.kernels.stacked import StackedKernels
+from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.sites.inducing import WhitenedGaussian
 from gpinfer.sites.stacked import (
     Scales,
@@ -25,10 +26,8 @@ from gpinfer.sites.stacked import (
     scales,
     shared_paired,
     shared_project,
-    stacked_cholesky,
     stacked_matrix_gradients,
     stacked_terms,
-    tri_solve_stack,
 )
 from tests.sites.class_gradients import inducing_matrix_gradients
 
@@ -72,49 +71,14 @@ def project_by_inverse(g, A, *, means_by_point: bool = False):
 def test_triangular_solves_and_inverse_match_scipy():
     rng = np.random.default_rng(1)
     K = np.stack([a @ a.T + M * np.eye(M) for a in rng.normal(size=(C, M, M))])
-    L = stacked_cholesky(K, "K")
+    L = jittered_cholesky(K, name="K").L
     B = rng.normal(size=(C, M, 4))
     for transpose in (False, True):
         ref = np.stack([solve_triangular(L[c], B[c], lower=True, trans=int(transpose))
                         for c in range(C)])
-        np.testing.assert_allclose(tri_solve_stack(L, B, transpose=transpose), ref, rtol=1e-12,
+        np.testing.assert_allclose(ops.solve_triangular(L, B, transpose=transpose), ref, rtol=1e-12,
                                    atol=1e-13)
     np.testing.assert_allclose(cho_inverse_stack(L), np.linalg.inv(K), rtol=1e-10, atol=1e-14)
-
-
-def test_cholesky_escalates_jitter_per_class_and_names_the_failure():
-    K = np.stack([np.eye(M), np.ones((M, M)), np.eye(M)])  # class 1 is singular
-    L = stacked_cholesky(K, "Kuu")
-    np.testing.assert_allclose(L[0], np.eye(M))
-    assert np.all(np.isfinite(L[1])) and np.all(np.diag(L[1]) > 0)
-    K[2, 0, 0] = np.nan
-    with pytest.raises(NumericalError, match="Kuu"):
-        stacked_cholesky(K, "Kuu")
-
-
-def test_cholesky_in_place_with_again_equals_the_copying_path():
-    """``again`` (a caller that owns ``K`` and can form it again): numpy factorises ``K`` in
-    place (from order ``ops._POTRF_LOOP_FROM`` on: LAPACK per matrix; below, numpy's own
-    loop copies), the same factors bit for bit; where a matrix fails, the escalation works on
-    ``again()`` (``K`` itself is overwritten by then) and gives the copying path's factors."""
-    rng = np.random.default_rng(2)
-    m = ops._POTRF_LOOP_FROM
-    good = np.stack([a @ a.T + m * np.eye(m) for a in rng.normal(size=(C, m, m))])
-    K = good.copy()
-    L = stacked_cholesky(K, "K", again=good.copy)
-    assert np.shares_memory(L, K)  # in place: no copy
-    assert np.array_equal(L, stacked_cholesky(good, "K"))
-    bad = good.copy()
-    bad[1] = np.ones((m, m))  # class 1 singular: jitter escalation
-    calls = []
-
-    def again():
-        calls.append(1)
-        return bad.copy()
-
-    L = stacked_cholesky(bad.copy(), "K", again=again)
-    assert calls == [1]
-    assert np.array_equal(L, stacked_cholesky(bad, "K"))
 
 
 def _on(device: bool, *arrays):
@@ -188,6 +152,17 @@ def test_whitening_round_trip_and_per_class_equality(device):
         Lam_c, h_c = L_inv.T @ P[c] @ L_inv, L_inv.T @ h[c]
         np.testing.assert_allclose(Lam[c], Lam_c, rtol=1e-9, atol=1e-10)
         np.testing.assert_allclose(hu[c], h_c, rtol=1e-9, atol=1e-10)
+
+
+def test_numpy_sandwich_by_solves_equals_the_one_by_the_inverse():
+    """numpy terms without ``L^-1`` (``latent_terms``' and gfitc's stacks): ``L^-T S L^-1`` by
+    two solves (the second from the right, as on a device), symmetric bit for bit, equal to the
+    products with ``L^-1`` to round-off."""
+    _, X, kernels, Zs, P, _ = _setup()
+    terms = stacked_terms(kernels, np.stack(Zs), X)
+    by_solves = StackedTerms(L=terms.L, A=terms.A, s=terms.s).sandwich(P)
+    np.testing.assert_array_equal(by_solves, np.swapaxes(by_solves, 1, 2))
+    np.testing.assert_allclose(by_solves, terms.sandwich(P), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("device", [False, True])
@@ -336,7 +311,7 @@ def test_sep_matrix_gradients_equal_the_per_class_gradients(device):
     mu_i, v_i, BiA = project_by_inverse(cav, terms.A)
     np.testing.assert_allclose(_host(mu_i), _host(mu), rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(_host(v_i), _host(v), rtol=1e-10, atol=1e-13)
-    np.testing.assert_allclose(_host(BiA), _host(tri_solve_stack(cav.LB, R, transpose=True)),
+    np.testing.assert_allclose(_host(BiA), _host(ops.solve_triangular(cav.LB, R, transpose=True)),
                                rtol=1e-10, atol=1e-12)
     for applied, arg in ((False, R), (True, BiA)):
         stacked = stacked_matrix_gradients(terms, q, cav, arg, a_, b_, inverse_applied=applied)

@@ -59,13 +59,13 @@ from gpinfer.interfaces import (
     SiteApproximation,
 )
 from gpinfer.kernels.initialisation import lengthscale_init_option
+from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.options import Option, choice, flag, integer, real
 from gpinfer.parallel import blas_threads_for, check_n_jobs
 from gpinfer.posterior import InducingPosterior
 from gpinfer.sites.stacked import (
     StackedGaussians,
     StackedTerms,
-    stacked_cholesky,
     stacked_terms,
     symmetrize,
 )
@@ -406,8 +406,8 @@ def tied_sites_of(posterior: InducingPosterior, x: Array) -> dict[str, Array]:
     the class for a covariance ``S_c`` that is not positive definite."""
     L = np.asarray(ops.to_host(stacked_terms(posterior.kernels, posterior.Z, x).L), float)
     # both factors are this function's own (a fresh stack, the local terms' L): inverted in place
-    S_inv, _ = ops.cho_inverse(stacked_cholesky(np.stack(posterior.S), "posterior covariance S"),
-                               overwrite=True)
+    S_inv, _ = ops.cho_inverse(jittered_cholesky(np.stack(posterior.S),
+                                                 name="posterior covariance S").L, overwrite=True)
     Kuu_inv, _ = ops.cho_inverse(L, overwrite=True)
     return {"Lam": symmetrize(S_inv - Kuu_inv),
             "h": np.einsum("cij,cj->ci", S_inv, np.stack(posterior.m))}

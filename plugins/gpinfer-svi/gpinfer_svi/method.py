@@ -64,7 +64,6 @@ from gpinfer.optim import LBFGSB, make_optimizer
 from gpinfer.options import Option, bounds, choice, flag, integer, mapping, real
 from gpinfer.posterior import InducingPosterior
 from gpinfer.reporting import IterationReporter, binary_signs
-from gpinfer.sites.stacked import stacked_cholesky
 from gpinfer.training import distributed
 from gpinfer.training.minibatch import (
     BatchSteps,
@@ -522,8 +521,8 @@ class SVI(Method):
         if "mu" in fitted.state:  # the fit's own parameters
             mu, Lq = fitted.state["mu"], fitted.state["Lq"]
         else:  # a posterior alone (an iterate): Lq from S
-            mu, Lq = np.stack(post.m), stacked_cholesky(np.stack(post.S), "posterior covariance S",
-                                                        unit="latent")
+            mu, Lq = np.stack(post.m), jittered_cholesky(
+                np.stack(post.S), name="posterior covariance S", part="latent").L
         x = state.pack(backend.asarray(np.asarray(mu, dtype=float)),
                        backend.asarray(np.asarray(Lq, dtype=float)))
         return self._train(problem, state, x, name, callback)

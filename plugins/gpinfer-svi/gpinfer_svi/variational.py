@@ -29,8 +29,9 @@ from gpinfer.backend import ops
 from gpinfer.interfaces import Likelihood, MatrixGradients, Scalar
 from gpinfer.kernels.stacked import StackedMatrixGradients
 from gpinfer.numerics import settings
+from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.numerics.quadrature import chunk_slices
-from gpinfer.sites.stacked import stacked_cholesky, symmetrize
+from gpinfer.sites.stacked import symmetrize
 
 Array = Any
 
@@ -209,8 +210,8 @@ def _block_marginals(Kuu: Sequence[Array] | Array, Kub: Sequence[Array] | Array,
         # several matrices are stacked here: a new array, ours to factorise in place (formed
         # again on the rare jitter path); a caller's stack, or one matrix's view, is theirs
         ours = isinstance(Kuu_b, list | tuple) and len(Kuu_b) > 1
-        L_K = stacked_cholesky(_stack(Kuu_b, mu), "Kuu", unit="latent", first=sl.start,
-                               again=partial(_stack, Kuu_b, mu) if ours else None)
+        L_K = jittered_cholesky(_stack(Kuu_b, mu), name="Kuu", part="latent", first=sl.start,
+                                again=partial(_stack, Kuu_b, mu) if ours else None).L
         Rb = ops.solve_triangular(L_K, _stack(part(Kub, sl), mu))  # [l, M, B]
         A = ops.solve_triangular(L_K, Rb, transpose=True)  # Kuu^-1 Kub
         mu_b = part(mu, sl)
@@ -295,7 +296,7 @@ def shared_uncollapsed_elbo(Kuu: Array, Kub: Array, Kdiag: Array, mu: Array, Lq:
     """
     xp = ops.namespace(mu)
     n_lat, M = mu.shape
-    L_K = stacked_cholesky(Kuu, "Kuu")
+    L_K = jittered_cholesky(Kuu, name="Kuu").L
     # its six solves: by L_K^-1 formed once and products on numpy (ops.prefers_tri_inverse)
     L_inv = ops.tri_inverse(L_K) if ops.prefers_tri_inverse(L_K) else None
 
@@ -409,5 +410,5 @@ def natural_gradient_step(mu: Array, Lq: Array, dmu: Array, dSigma: Array, step:
     mu_new = ops.solve_triangular(L_lam, ops.solve_triangular(L_lam, theta1[:, None]),
                                   transpose=True)[:, 0]
     # Sigma' = Lambda'^-1 = L_lam^-T L_lam^-1; its lower Cholesky factor
-    Lq_new = stacked_cholesky(_inverse_from_factor(L_lam), "natural-gradient Sigma")
+    Lq_new = jittered_cholesky(_inverse_from_factor(L_lam), name="natural-gradient Sigma").L
     return mu_new, Lq_new

@@ -283,7 +283,7 @@ def test_without_dSigma_the_same_estimate(shared):
 
 def test_kuu_factorised_in_place_only_where_stacked_here(monkeypatch):
     """``L`` matrices ``Kuu`` given as a list are stacked per block, a new array factorised in
-    place (``stacked_cholesky``'s ``again``, from order ``ops._POTRF_LOOP_FROM`` on); a
+    place (``jittered_cholesky``'s ``again``, from order ``ops._POTRF_LOOP_FROM`` on); a
     caller's stack, or a block of one matrix (a view of it), is left as it was; the estimate
     is the same bit for bit either way."""
     import gpinfer_svi.variational as variational
@@ -305,13 +305,13 @@ def test_kuu_factorised_in_place_only_where_stacked_here(monkeypatch):
     kept = [K.copy() for K in Kuu]
     stack = np.stack(Kuu)
     seen = []
-    original = variational.stacked_cholesky
+    original = variational.jittered_cholesky
 
     def spy(K, *args, again=None, **options):
         seen.append(again is not None)
         return original(K, *args, again=again, **options)
 
-    monkeypatch.setattr(variational, "stacked_cholesky", spy)
+    monkeypatch.setattr(variational, "jittered_cholesky", spy)
     from_list = uncollapsed_elbo(Kuu, Kub, Kd, mu, Lq, ex, 2.0)
     from_stack = uncollapsed_elbo(stack, Kub, Kd, mu, Lq, ex, 2.0)
     assert seen == [True, False]  # one block of all three: the list's stack is ours
