@@ -69,6 +69,7 @@ from gpinfer.training.early_stopping import (
     validation_splits,
 )
 from gpinfer.validation import (
+    check_features_vary,
     check_inducing,
     check_method_compatible,
     check_sample_weight,
@@ -570,6 +571,10 @@ class _GPEstimatorBase:
             weights = None
         if classes is not None:
             _check_two_classes(classes, y)
+        if stats is None:
+            check_features_vary(X.min(axis=0), X.max(axis=0), X.shape[0])
+        else:
+            check_features_vary(stats.minimum, stats.maximum, stats.n)
         X = self._scale_inputs(X, weights) if stats is None else self._scale_source(X, stats)
         backend = self._resolve_backend()
         check_method_compatible(

@@ -370,6 +370,22 @@ def _check_problem(s: Settings, method_cls: type[Method], options: Mapping[str, 
     return None if inducing is None else int(inducing)
 
 
+def _check_features_vary(s: Settings, X_train: Any) -> None:
+    """``InputError`` when every feature of the training inputs ``X_train [n, d]`` (an array,
+    or rows read out of core with their chunked statistics, ``RowSource.checked``) is constant
+    (``gpinfer.validation.check_features_vary``), before any MLflow run: the estimator would
+    find it only inside the run."""
+    from gpinfer.validation import check_features_vary
+
+    stats = getattr(X_train, "checked", None)
+    if stats is not None:
+        check_features_vary(stats.minimum, stats.maximum, stats.n,
+                            f"dataset {s.dataset!r}'s training inputs")
+    elif hasattr(X_train, "min"):
+        check_features_vary(X_train.min(axis=0), X_train.max(axis=0), X_train.shape[0],
+                            f"dataset {s.dataset!r}'s training inputs")
+
+
 def _check_fit_rows(s: Settings, method_cls: type[Method], task: str, y: Array,
                     n_classes: int) -> None:
     """The rows each fit of the run trains on, checked before any MLflow run (the fit would
@@ -435,6 +451,7 @@ def prepare(
     t = _targets(s, split, ds.task, backend)
     X_train, X_test, y_train, st, y_shift, y_scale = _standardise(s, ds, split, t.y_train)
     n, d = X_train.shape
+    _check_features_vary(s, X_train)
     M_count = _check_problem(s, method_cls, options, backend, ds.task, t.n_classes, n, d)
     _check_fit_rows(s, method_cls, ds.task, np.searchsorted(t.classes, y_train)
                     if ds.task == "classification" else np.asarray(y_train), t.n_classes)

@@ -43,6 +43,19 @@ def test_fit_rows_refused_before_any_mlflow_run(tmp_path, store_uri, overrides, 
     assert not (tmp_path / "run" / "result.json").exists()
 
 
+def test_all_constant_features_refused_before_any_mlflow_run(tmp_path, store_uri):
+    # digits' pixels 0, 32 and 39 are 0 in every image: the kernel saw one point, and the run
+    # ended FAILED with a FitFailedError after training
+    before = len(store_runs(store_uri))
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=laplace", "dataset=digits",
+                      "dataset.keep_classes=[0,1]", "dataset.features=[0,32,39]",
+                      "iterations=2")
+    with pytest.raises(InputError, match=r"dataset 'digits'.s training inputs: every one of "
+                                         r"its 3 feature\(s\) is constant"):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert len(store_runs(store_uri)) == before
+
+
 def test_binary_likelihood_on_multiclass_data_refused_before_any_mlflow_run(tmp_path, store_uri):
     # svi declares probit (for binary data); iris has three classes: the estimator refused it
     # only inside the run (a FAILED run), the runner now before it
