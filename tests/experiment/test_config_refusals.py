@@ -43,6 +43,38 @@ def test_fit_rows_refused_before_any_mlflow_run(tmp_path, store_uri, overrides, 
     assert not (tmp_path / "run" / "result.json").exists()
 
 
+@pytest.mark.parametrize("override, pattern", [
+    ("mlflow.experiment=''", r"^mlflow.experiment must be the name of an MLflow experiment "
+                             r"\(null: gpinfer\); got ''$"),
+    ("mlflow.experiment='  '", r"^mlflow.experiment must be .*; got '  '$"),
+    # a typo of a real key added with +: ran with iterations=2, the key ignored
+    ("+iteration=5", r"^unknown configuration key iteration; did you mean iterations\? "
+                     r"\(gpinfer-run reads the top-level keys .*: M, backend, .*iterations"),
+    ("+mlflow.experimnt=x", r"^unknown configuration key mlflow.experimnt; did you mean "
+                            r"mlflow.experiment\?"),
+    ("+progess.bar=false", r"^unknown configuration key progess; did you mean progress\?"),
+], ids=["experiment-empty", "experiment-blank", "top-level-typo", "mlflow-typo",
+        "group-typo"])
+def test_unknown_keys_and_an_empty_experiment_refused_before_any_mlflow_run(
+        tmp_path, store_uri, override, pattern):
+    before = len(store_runs(store_uri))
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=laplace", "dataset=iris",
+                      "dataset.keep_classes=[0,1]", "iterations=2", override)
+    with pytest.raises(InputError, match=pattern):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert len(store_runs(store_uri)) == before
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_protocol_of_gpinfer_run_composes_with_known_keys_only():
+    # the protocols' own top-level keys (protocol, and the settings they override) are known
+    from gpinfer.experiment.settings import config_to_dict, parse_settings
+
+    for name in ("bui2017_classification", "izmailov2017", "seeger2004_mnist",
+                 "villacampa2017_uci"):
+        parse_settings(config_to_dict(compose_cfg(f"+experiment={name}")))
+
+
 def test_all_constant_features_refused_before_any_mlflow_run(tmp_path, store_uri):
     # digits' pixels 0, 32 and 39 are 0 in every image: the kernel saw one point, and the run
     # ended FAILED with a FitFailedError after training
