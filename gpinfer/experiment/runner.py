@@ -29,7 +29,9 @@
    (``sep-waveform-rbf-s0-3fa2c1``).
 
 A run that raises ends FAILED (Ctrl-C or SIGTERM: KILLED) with what it had logged kept, and its
-``result.json`` records the status, the error and the last iteration reached. Under ``torchrun``
+``result.json`` records the status, the error and the last iteration reached; its final numbers
+that exist by then (``n_iter``, ``train_time_s``, ``peak_rss_mb``, the fit guard's) are MLflow
+metrics too, as a finished run's are. Under ``torchrun``
 a rank that fails, anywhere in its job, ends the process group (``distributed.leave_on_failure``;
 a killed rank's connections close), so rank 0 raises a ``GroupError`` at once and its run ends
 FAILED; a SIGTERM that comes while the failure is recorded waits until the run has ended.
@@ -557,8 +559,10 @@ def _close(p: Prepared, estimator: Estimator, callback: _Callback, result: dict[
 def _record_failure(p: Prepared, callback: _Callback, result: dict[str, Any],
                     exc: BaseException) -> None:
     """A run that raised: KILLED (Ctrl-C, SIGTERM) or FAILED with the error, the last
-    iteration reached and the fit guard's report where there is one, into ``result.json``
-    (never hiding ``exc``)."""
+    iteration reached and the fit guard's report where there is one, into ``result.json`` and,
+    as a finished run's are, its final numbers that exist (``n_iter``, ``train_time_s``,
+    ``peak_rss_mb``; the guard's ``train_nll`` and ``baseline_nll``) into MLflow, where those
+    not logged yet go (never hiding ``exc``)."""
     interrupted = isinstance(exc, KeyboardInterrupt)
     if isinstance(exc, FitFailedError) and exc.result is not None:
         _record_fit_report(p.logger, result, exc.result)
@@ -570,6 +574,13 @@ def _record_failure(p: Prepared, callback: _Callback, result: dict[str, Any],
         train_time_s=time.perf_counter() - callback.start - callback.overhead_s,
         peak_rss_mb=res.peak_rss_mb(),
     )
+    try:
+        logged = p.logger.logged_keys  # a failure after log_final (in _close) has them already
+        p.logger.log_final({key: result[key] for key in FINAL_METRICS
+                            if result.get(key) is not None and key not in logged},
+                           step=callback.last_iteration)
+    except Exception:  # never hide the original error
+        pass
     try:
         res.write_result(p.out_dir, result)
         p.logger.log_artifact(p.out_dir / res.RESULT_FILE)
