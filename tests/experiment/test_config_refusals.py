@@ -136,6 +136,38 @@ def test_optimizer_applied_tag_says_false_when_the_group_is_not_what_runs(
     assert run.data.tags["optimizer.applied"] == "false"
 
 
+@pytest.mark.parametrize("overrides, key", [
+    (["optimizer=adam", "optimizer.options.learning_rate=0.5", "batch_size=20"],
+     "learning_rate=0.5"),
+    (["+optimizer.options.maxfun=2"], "maxfun=2"),
+], ids=["adam-learning-rate", "lbfgs-maxfun"])
+def test_optimizer_group_options_pep_drops_are_refused_before_any_mlflow_run(
+        tmp_path, store_uri, overrides, key):
+    # pep/fitc/vfe take the group's optimiser name but not its options: a fit with
+    # learning_rate=0.5 equalled the one with 0.01 while the run logged 0.5, applied
+    before = len(store_runs(store_uri))
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=pep", "dataset=iris",
+                      "dataset.keep_classes=[0,1]", "iterations=1", *overrides)
+    with pytest.raises(InputError, match=rf"^optimizer.options.{key} would not reach method "
+                                         r"'pep': pep takes the optimizer group's name only"):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert len(store_runs(store_uri)) == before
+
+
+@pytest.mark.parametrize("overrides, tag, applied", [
+    (["optimizer=adam", "batch_size=20"], "adam", "false"),  # Adam, at pep's learning_rate
+    (["batch_size=20"], "lbfgs", "false"),  # mini-batches: pep runs Adam
+    ([], "lbfgs", "true"),  # L-BFGS-B, and the group has no options to drop
+], ids=["adam-group-options-not-taken", "minibatch-runs-adam", "full-batch-lbfgs"])
+def test_pep_optimizer_applied_tag_is_true_only_for_what_runs(tmp_path, store_uri, overrides,
+                                                              tag, applied):
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=pep", "dataset=iris",
+                      "dataset.keep_classes=[0,1]", "iterations=1", *overrides)
+    result = run_experiment(cfg, output_dir=tmp_path / "run")
+    run = MlflowClient(store_uri).get_run(result["mlflow_run_id"])
+    assert (run.data.tags["optimizer"], run.data.tags["optimizer.applied"]) == (tag, applied)
+
+
 @pytest.mark.parametrize("override, pattern", [
     ("dataset.features=abc", r"features must be a list of column indices .*got 'abc'"),
     ("dataset.features=[0,1.5]", r"features must be a list .*got \[0, 1.5\]"),
