@@ -661,7 +661,7 @@ class _GPEstimatorBase:
             result = check_against_baseline(
                 result, method_name, problem.X, problem.y, problem.n_classes, self._rng(),
                 check_baseline_failure(self.baseline_failure),
-                problem.sample_weight)
+                problem.sample_weight, type(method).baseline_measure)
         self.n_features_in_ = problem.X.shape[1]
         self.backend_ = problem.backend
         self.method_ = method

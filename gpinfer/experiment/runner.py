@@ -87,7 +87,8 @@ _log = logging.getLogger("gpinfer.run")
 #: the run's final numbers: result.json's keys and MLflow metrics of the same names, each logged
 #: once (``RunLogger.log_final``), so that MLflow's value of the key is the reported number
 FINAL_METRICS = ("test_error", "test_rmse", "test_nll", "log_evidence", "train_time_s", "n_iter",
-                 "peak_rss_mb", "train_nll", "baseline_nll", "stopped_early",
+                 "peak_rss_mb", "train_nll", "baseline_nll", "train_error", "baseline_error",
+                 "stopped_early",
                  "best_val_iteration", "best_validation_score")
 #: prefix of the test metrics computed every ``eval_every`` iterations (``eval/test_error``, ...):
 #: the history of the test metrics, kept apart from the final numbers
@@ -530,9 +531,13 @@ def _record_fit(p: Prepared, estimator: Estimator, callback: _Callback,
         result["best_validation_score"] = float(estimator.best_validation_score_)
     if WORSE_THAN_BASELINE in fit_report.warnings:  # kept (baseline_failure=warn)
         what = "a constant Gaussian" if p.task == "regression" else "the class frequencies"
+        key = "nll"
+        if "baseline_error" in result:  # judged by error (Method.baseline_measure)
+            what, key = "the majority class", "error"
         result.update(status=tracking.FAILED, error=(
-            f"training NLL {result['train_nll']:.4g} is no better than predicting {what} "
-            f"({result['baseline_nll']:.4g}); the model was kept (baseline_failure=warn)"))
+            f"training {key.upper() if key == 'nll' else key} {result['train_' + key]:.4g} is "
+            f"no better than predicting {what} ({result['baseline_' + key]:.4g}); the model "
+            "was kept (baseline_failure=warn)"))
     return P_test
 
 
