@@ -69,6 +69,7 @@ from gpinfer.training.early_stopping import (
     validation_splits,
 )
 from gpinfer.validation import (
+    check_features_vary,
     check_inducing,
     check_method_compatible,
     check_sample_weight,
@@ -570,6 +571,10 @@ class _GPEstimatorBase:
             weights = None
         if classes is not None:
             _check_two_classes(classes, y)
+        if stats is None:
+            check_features_vary(X.min(axis=0), X.max(axis=0), X.shape[0])
+        else:
+            check_features_vary(stats.minimum, stats.maximum, stats.n)
         X = self._scale_inputs(X, weights) if stats is None else self._scale_source(X, stats)
         backend = self._resolve_backend()
         check_method_compatible(
@@ -656,7 +661,7 @@ class _GPEstimatorBase:
             result = check_against_baseline(
                 result, method_name, problem.X, problem.y, problem.n_classes, self._rng(),
                 check_baseline_failure(self.baseline_failure),
-                problem.sample_weight)
+                problem.sample_weight, type(method).baseline_measure)
         self.n_features_in_ = problem.X.shape[1]
         self.backend_ = problem.backend
         self.method_ = method

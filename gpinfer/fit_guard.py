@@ -28,7 +28,9 @@ Four checks, run by the estimators around any method's ``fit``:
    objective trace; ``baseline_failure="warn"`` (an estimator parameter and Hydra key) makes it
    a ``ConvergenceWarning`` and keeps the model. A model that learned nothing (for instance a
    kernel whose length-scale is far below the inputs' distances, so that every prediction is
-   the prior's) ties with the baseline on balanced classes and fails too.
+   the prior's) ties with the baseline on balanced classes and fails too. A classifier whose
+   probabilities are bounded by construction (``Method.baseline_measure = "error"``: lr) is
+   judged by its training error against predicting the majority class instead.
 
 Each finding is a code in ``FitResult.warnings`` (``RESTORED_BEST``, ``WORSE_THAN_BASELINE``,
 ``CONSTANT_PREDICTIONS``, ``SINGLE_CLASS_PREDICTIONS``) and its numbers are in
@@ -49,7 +51,14 @@ import numpy as np
 
 from gpinfer.backend import ops
 from gpinfer.errors import FitFailedError, InputError, NonFiniteError, NumericalError
-from gpinfer.interfaces import Array, FitCallback, FitResult, IterationInfo, Method
+from gpinfer.interfaces import (
+    Array,
+    BaselineMeasure,
+    FitCallback,
+    FitResult,
+    IterationInfo,
+    Method,
+)
 from gpinfer.posterior import Posterior, class_columns
 
 #: warning code: the final iterate was far below the best and the best one was restored
@@ -303,6 +312,25 @@ def classification_baseline_nll(y: Array, n_classes: int, rows: Array,
         return float(np.mean(nll) if weights is None else np.average(nll, weights=weights[rows]))
 
 
+def classification_error(posterior: Posterior, X: Array, y: Array, n_classes: int,
+                         weights: Array | None = None) -> float:
+    """The posterior's error rate on ``X [n, D]``, ``y [n]`` (class indices): the share of
+    rows whose most probable class is not ``y``; ``weights [n]``: a weighted share."""
+    P = np.asarray(ops.to_host(class_columns(posterior.predict_proba(X), n_classes)),
+                   dtype=float)
+    wrong = (np.argmax(P, axis=1) != y).astype(float)
+    return float(np.mean(wrong) if weights is None else np.average(wrong, weights=weights))
+
+
+def majority_error(y: Array, n_classes: int, rows: Array, weights: Array | None = None
+                   ) -> float:
+    """Error rate on ``y[rows]`` of predicting the most frequent class of all of ``y [N]``
+    (class indices); ``weights [N]``: the weighted majority and a weighted share."""
+    majority = int(np.argmax(np.bincount(y, weights=weights, minlength=n_classes)))
+    wrong = (y[rows] != majority).astype(float)
+    return float(np.mean(wrong) if weights is None else np.average(wrong, weights=weights[rows]))
+
+
 def regression_baseline_nll(y: Array, rows: Array, weights: Array | None = None) -> float:
     """NLL on ``y[rows]`` of a Gaussian with the mean and variance of all of ``y``;
     ``weights [N]``: weighted moments and a weighted mean."""
@@ -383,7 +411,8 @@ def prediction_flags(posterior: Posterior, X: Array, y: Array, n_classes: int,
 def check_against_baseline(result: FitResult, method: str, X: Array, y: Array,
                            n_classes: int, rng: np.random.Generator,
                            on_failure: BaselineFailure = "raise",
-                           sample_weight: Array | None = None) -> FitResult:
+                           sample_weight: Array | None = None,
+                           measure: BaselineMeasure = "nll") -> FitResult:
     """Check the fitted ``result.posterior`` at the training data ``X [N, D]``, ``y [N]``
     (class indices, or real targets when ``n_classes`` is 0): finite and non-degenerate
     predictions (``prediction_flags``), and a training NLL better than the baseline predictor.
@@ -393,7 +422,10 @@ def check_against_baseline(result: FitResult, method: str, X: Array, y: Array,
     predictions of a fit that beats it warn. Codes go to ``result.warnings``.
     ``sample_weight [N]`` (the fit's ``Problem.sample_weight``): both NLLs (and the class
     frequencies or the Gaussian's moments) are weighted, so that a row of weight ``k`` is
-    judged as the row repeated ``k`` times.
+    judged as the row repeated ``k`` times. ``measure`` (the method's ``baseline_measure``):
+    ``"error"`` judges a classifier by its training error against the majority class's
+    (``train_error``, ``baseline_error`` in the diagnostics) instead of by the NLLs, which are
+    recorded all the same.
     """
     rows = check_subset(X.shape[0], NLL_CHECK_POINTS, rng)
     w = (None if sample_weight is None
@@ -411,14 +443,26 @@ def check_against_baseline(result: FitResult, method: str, X: Array, y: Array,
             quantity="training NLL")
     result.diagnostics.update(train_nll=train_nll, baseline_nll=baseline)
     result.warnings.extend(flags)
-    failed = not train_nll < baseline - BASELINE_TOLERANCE * abs(baseline)
+    # the measure judged (lower is better) and the baseline's
+    what = "the class frequencies" if n_classes else "a constant Gaussian"
+    judged, fitted, reference = f"training NLL {train_nll:.4g}", train_nll, baseline
+    if n_classes and measure == "error":
+        y_int = np.asarray(y, dtype=np.int64)
+        fitted = classification_error(result.posterior, X[rows], y_int[rows], n_classes,
+                                      None if w is None else w[rows])
+        reference = majority_error(y_int, n_classes, rows, w)
+        result.diagnostics.update(train_error=fitted, baseline_error=reference)
+        what = "the majority class"
+        judged = (f"training error {fitted:.4g} (judged by error: {method}'s class "
+                  f"probabilities are bounded by its construction; its training NLL "
+                  f"{train_nll:.4g}, the class frequencies' {baseline:.4g})")
+    failed = not fitted < reference - BASELINE_TOLERANCE * abs(reference)
     if not failed and not flags:
         return result
-    what = "the class frequencies" if n_classes else "a constant Gaussian"
     kernel = _kernel_summary(result.kernel)
-    story = (f"{method}: the fitted model's training NLL {train_nll:.4g} is "
+    story = (f"{method}: the fitted model's {judged} is "
              + ("no better than" if failed else "better than")
-             + f" predicting {what} ({baseline:.4g})"
+             + f" predicting {what} ({reference:.4g})"
              + (f"; {degenerate}" if degenerate else "")
              + f". Trace: {trace_summary(result.history)}"
              + (f"; kernel: {kernel}" if kernel else ""))

@@ -509,6 +509,9 @@ class IterationInfo:
 #: what a method's reported objective is (``Method.objective_kind``)
 ObjectiveKind = Literal["bound", "estimate", "surrogate"]
 OBJECTIVE_KINDS: tuple[ObjectiveKind, ...] = ("bound", "estimate", "surrogate")
+#: what the fit guard compares with the class-frequency predictor (``Method.baseline_measure``)
+BaselineMeasure = Literal["nll", "error"]
+BASELINE_MEASURES: tuple[BaselineMeasure, ...] = ("nll", "error")
 
 #: called once per iteration; returning ``True`` asks the method to stop after this iteration
 #: (``None`` or ``False``: go on)
@@ -606,6 +609,14 @@ class Method(abc.ABC):
     #: estimate by their objective, and those of a surrogate by their training NLL on a fixed
     #: subsample, never by the surrogate (``gpinfer.fit_guard``)
     objective_kind: ClassVar[ObjectiveKind] = "estimate"
+    #: what the fit guard's "no better than knowing nothing" compares for a classifier
+    #: (``BASELINE_MEASURES``): ``"nll"``, the training NLL against predicting the class
+    #: frequencies; ``"error"``, the training error rate against predicting the majority class,
+    #: for a method whose class probabilities are bounded by its construction rather than fitted
+    #: (lr squashes regression on +-1 targets: about Phi(1) = 0.84 at most, so its NLL cannot
+    #: reach the frequencies' on a 95/5 data set however well it classifies). Both NLLs are
+    #: recorded either way (``gpinfer.fit_guard.check_against_baseline``)
+    baseline_measure: ClassVar[BaselineMeasure] = "nll"
     #: whether the reported objectives are one quantity that training maximises, so that the fit
     #: guard may restore the best reported iterate when training ends far below it
     restore_best_iterate: ClassVar[bool] = True
@@ -633,6 +644,11 @@ class Method(abc.ABC):
             raise TypeError(
                 f"{cls.__qualname__}.objective_kind must be one of {list(OBJECTIVE_KINDS)}; "
                 f"got {cls.objective_kind!r}"
+            )
+        if cls.baseline_measure not in BASELINE_MEASURES:
+            raise TypeError(
+                f"{cls.__qualname__}.baseline_measure must be one of {list(BASELINE_MEASURES)}; "
+                f"got {cls.baseline_measure!r}"
             )
         _check_early_stopping_rule(cls)
         if "option_spec" in cls.__dict__:

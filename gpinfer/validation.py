@@ -29,6 +29,7 @@ Array = np.ndarray
 __all__ = [
     "check_X",
     "check_X_y",
+    "check_features_vary",
     "check_inducing",
     "check_method_compatible",
     "check_process_group",
@@ -246,6 +247,26 @@ def check_X_y(X: Any, y: Any) -> tuple[Array, Array]:
             f"y has {y.shape[0]} labels"
         )
     return X, y
+
+
+def check_features_vary(minimum: Array, maximum: Array, n: int, name: str = "X") -> None:
+    """``InputError`` when every feature of an input matrix ``X [N, D]`` of ``n >= 2`` rows is
+    constant, told by its column minima and maxima ``[D]``.
+
+    Every kernel reads the inputs only through the rows' values (a ``White`` term reads none
+    and predicts nothing at new inputs for any ``X``), so such rows are one point to it: the
+    model can only learn a constant, and the fit guard would refuse it after training. A
+    constant feature beside one that varies is fine (as in scikit-learn and GPflow).
+    """
+    if n < 2 or bool(np.any(np.asarray(minimum) != np.asarray(maximum))):
+        return
+    d = int(np.size(minimum))
+    raise InputError(
+        f"{name}: every one of its {d} feature(s) is constant over its {n} rows (each column "
+        "holds a single value), so the kernel sees all the rows as one point and no model can "
+        "tell them apart; at least one feature must vary (a constant feature beside varying "
+        "ones is fine): check the data and the columns selected"
+    )
 
 
 def _non_finite_entries(values: Array, noun: str) -> str:

@@ -441,6 +441,8 @@ def _with(X, row, col, value):
         ({}, lambda X, y: (X, np.zeros_like(y)), InputError, "at least two classes"),
         ({}, lambda X, y: (X, None), InputError, "target y is None"),
         ({}, lambda X, y: (X, y + 0.5), InputError, "Unknown label type"),
+        ({}, lambda X, y: (np.ones_like(X), y), InputError,
+         "every one of its 2 feature.s. is constant over its 40 rows"),
         ({"method": "fakesparse", "M": 0}, None, InputError, "positive number"),
         ({"method": "fakesparse", "M": -2}, None, InputError, "positive number"),
         ({"method": "fakesparse", "M": 41}, None, InputError, "exceeds .* N=40"),
@@ -468,6 +470,34 @@ def test_bad_input_rejected_before_training(no_training, data, params, make_xy, 
     with pytest.raises(error, match=match):
         est.fit(X, y)
     assert not hasattr(est, "classes_")
+
+
+def test_a_constant_feature_beside_a_varying_one_is_accepted(fake_plugins, data):
+    X, y = data
+    X = _with(X, slice(None), 0, 3.0)  # column 0 constant, column 1 varies
+    assert GPClassifier(method="fake").fit(X, y).classes_.tolist() == [0, 1]
+
+
+def test_all_constant_inputs_refused_before_training_where_they_are_known(no_training, data,
+                                                                           tmp_path):
+    """Every feature constant: the kernel sees one point (was a FitFailedError after
+    training): refused for the rows of positive weight, for inputs out of core (from the
+    chunked statistics) and by the regressor."""
+    from gpinfer.regressor import GPRegressor
+
+    X, y = data
+    X = _with(X, slice(None), slice(None), 2.0)
+    X[0] = [5.0, -1.0]  # the one row that varies has weight 0: dropped
+    weight = np.r_[0.0, np.ones(len(y) - 1)]
+    with pytest.raises(InputError, match="every one of its 2 feature.s. is constant over "
+                                         "its 39 rows"):
+        GPClassifier(method="fake").fit(X, y, sample_weight=weight)
+    np.save(tmp_path / "X.npy", X[1:])
+    with pytest.raises(InputError, match="is constant over its 39 rows"):
+        GPClassifier(method="sep", batch_size=8).fit(  # out of core: sep streams
+            np.load(tmp_path / "X.npy", mmap_mode="r"), y[1:])
+    with pytest.raises(InputError, match="is constant over its 39 rows"):
+        GPRegressor(max_iter=1).fit(X[1:], np.linspace(0.0, 1.0, len(y) - 1))
 
 
 def test_unknown_method_name_suggests_near_names(no_training, data):

@@ -202,6 +202,28 @@ def test_objective_kind_is_declared_from_a_closed_set():
         type("Odd", (Scripted,), {"objective_kind": "heuristic"})
 
 
+def test_baseline_measure_is_declared_from_a_closed_set():
+    with pytest.raises(TypeError, match=r"baseline_measure must be one of \['nll', 'error'\]"):
+        type("Odd", (Scripted,), {"baseline_measure": "auc"})
+
+
+def test_majority_error_and_classification_error_weigh_rows():
+    from types import SimpleNamespace
+
+    from gpinfer.fit_guard import classification_error, majority_error
+
+    y = np.array([0, 0, 0, 1, 1])
+    rows = np.arange(5)
+    assert majority_error(y, 2, rows) == pytest.approx(0.4)
+    # weight 4 on the last row: class 1 is the majority (5 of 8), class 0 rows are wrong
+    w = np.array([1.0, 1.0, 1.0, 1.0, 4.0])
+    assert majority_error(y, 2, rows, w) == pytest.approx(3.0 / 8.0)
+    P = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7], [0.6, 0.4]])
+    post = SimpleNamespace(predict_proba=lambda X: P)  # wrong at rows 1 and 4
+    assert classification_error(post, np.zeros((5, 1)), y, 2) == pytest.approx(0.4)
+    assert classification_error(post, np.zeros((5, 1)), y, 2, w) == pytest.approx(5.0 / 8.0)
+
+
 class NaNPosterior(LinearPosterior):
     def predict_f(self, X):
         f, v = super().predict_f(X)

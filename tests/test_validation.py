@@ -14,6 +14,7 @@ from gpinfer.interfaces import Method
 from gpinfer.likelihoods import BernoulliProbit, RobustMax, Softmax
 from gpinfer.validation import (
     check_binary_labels,
+    check_features_vary,
     check_inducing,
     check_method_compatible,
     check_targets,
@@ -25,6 +26,16 @@ from gpinfer.validation import (
 # --------------------------------------------------------------------------------------------
 # check_X / check_X_y
 # --------------------------------------------------------------------------------------------
+
+
+def test_check_features_vary_refuses_only_every_feature_constant():
+    X = np.ones((5, 3))
+    with pytest.raises(InputError, match=r"^X: every one of its 3 feature\(s\) is constant "
+                                         r"over its 5 rows"):
+        check_features_vary(X.min(axis=0), X.max(axis=0), 5)
+    X[2, 1] = 1.5  # one feature varies, at one row: fine
+    check_features_vary(X.min(axis=0), X.max(axis=0), 5)
+    check_features_vary(np.ones(3), np.ones(3), 1)  # a single row: no pair to tell apart
 
 
 def test_check_X_returns_float64_copy():

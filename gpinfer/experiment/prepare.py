@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from gpinfer.backend.choice import NUMPY, Backend, resolve_backend
 from gpinfer.errors import InputError
 from gpinfer.experiment import results as res
 from gpinfer.experiment import tracking
+from gpinfer.experiment.config_paths import core_conf_dir
 from gpinfer.experiment.redact import redact_uri
 from gpinfer.experiment.settings import Settings, as_mapping, config_to_dict, parse_settings
 from gpinfer.interfaces import Method
@@ -114,7 +115,10 @@ def _check_method(s: Settings) -> tuple[type[Method], dict[str, Any], bool]:
     ``lengthscale_init`` resolved for the run's named kernel: ``"auto"`` is ``"median"``);
     returns the class, the options and whether the optimizer group is the one the method runs
     (the run's ``optimizer.applied`` tag: false for a method without an ``optimizer`` option,
-    or whose ``method.options.optimizer`` names another one or null, the method's choice)."""
+    or whose ``method.options.optimizer`` names another one or null, the method's choice, or
+    that runs another for the run's ``batch_size`` (``optimizer_for``), or without the
+    group's options, ``_group_options_reach``; group options set off the group's file that
+    would not reach the method are an ``InputError``, ``_check_group_options_kept``)."""
     from gpinfer import registry
 
     method_cls = registry.load_method(s.method)
@@ -132,6 +136,9 @@ def _check_method(s: Settings) -> tuple[type[Method], dict[str, Any], bool]:
     runs = method_cls.optimizer_for(options, s.batch_size)  # the method's choice for null
     if runs is not None:
         _check_optimizer(str(runs), options.get("optimizer_options") or {})
+    reach = _group_options_reach(s, options)
+    if not reach:
+        _check_group_options_kept(s, "optimizer_options" in declared)
     if "lengthscale_init" in declared:  # the run's kernel is named: its length-scale a placeholder
         given = str(options.get("lengthscale_init", declared["lengthscale_init"]))
         optimize = bool(method_cls.optimize_by_default if s.optimize is None else s.optimize)
@@ -139,7 +146,39 @@ def _check_method(s: Settings) -> tuple[type[Method], dict[str, Any], bool]:
             given, kernel_given=False, optimize=optimize, owner=f"method.options of {s.method}")
         if given == "auto" and not optimize:
             _warn_median_replaces(s)
-    return method_cls, options, applied and options["optimizer"] == s.optimizer
+    return method_cls, options, (applied and options["optimizer"] == s.optimizer
+                                 and runs == s.optimizer and reach)
+
+
+def _group_options_reach(s: Settings, options: Mapping[str, Any]) -> bool:
+    """Whether the method runs with the optimizer group's options: the group has none, or
+    the method's ``optimizer_options`` are they (a method that does not declare that option,
+    pep/fitc/vfe, takes the group's name only)."""
+    return not s.optimizer_options or dict(options.get("optimizer_options") or {}) == dict(
+        s.optimizer_options)
+
+
+def _check_group_options_kept(s: Settings, takes_options: bool) -> None:
+    """``InputError`` naming the first of the optimizer group's options that the run sets off
+    the group's own file (``conf/optimizer/<name>.yaml``) when the method does not run with
+    them (``_group_options_reach``): they were dropped while the run logged them as params
+    (and tagged ``optimizer.applied`` true). Left at the group's own values they are only
+    the group's record, and the tag says false."""
+    path = core_conf_dir() / "optimizer" / f"{s.optimizer}.yaml"
+    if not path.is_file():  # a plugin's optimizer group: its defaults are not known here
+        return
+    own = OmegaConf.to_container(OmegaConf.load(path)).get("options") or {}  # type: ignore[union-attr]
+    changed = [key for key, value in s.optimizer_options.items()
+               if key not in own or own[key] != value]
+    if not changed:
+        return
+    key = changed[0]
+    why = (f"the method's method.options.optimizer_options are not the group's (set "
+           f"method.options.optimizer_options.{key} instead)" if takes_options else
+           f"{s.method} takes the optimizer group's name only, not its options (its own "
+           f"settings are in method.options: conf/method/{s.method}.yaml)")
+    raise InputError(f"optimizer.options.{key}={s.optimizer_options[key]!r} would not reach "
+                     f"method {s.method!r}: {why}")
 
 
 def _warn_median_replaces(s: Settings) -> None:
@@ -370,6 +409,22 @@ def _check_problem(s: Settings, method_cls: type[Method], options: Mapping[str, 
     return None if inducing is None else int(inducing)
 
 
+def _check_features_vary(s: Settings, X_train: Any) -> None:
+    """``InputError`` when every feature of the training inputs ``X_train [n, d]`` (an array,
+    or rows read out of core with their chunked statistics, ``RowSource.checked``) is constant
+    (``gpinfer.validation.check_features_vary``), before any MLflow run: the estimator would
+    find it only inside the run."""
+    from gpinfer.validation import check_features_vary
+
+    stats = getattr(X_train, "checked", None)
+    if stats is not None:
+        check_features_vary(stats.minimum, stats.maximum, stats.n,
+                            f"dataset {s.dataset!r}'s training inputs")
+    elif hasattr(X_train, "min"):
+        check_features_vary(X_train.min(axis=0), X_train.max(axis=0), X_train.shape[0],
+                            f"dataset {s.dataset!r}'s training inputs")
+
+
 def _check_fit_rows(s: Settings, method_cls: type[Method], task: str, y: Array,
                     n_classes: int) -> None:
     """The rows each fit of the run trains on, checked before any MLflow run (the fit would
@@ -435,6 +490,7 @@ def prepare(
     t = _targets(s, split, ds.task, backend)
     X_train, X_test, y_train, st, y_shift, y_scale = _standardise(s, ds, split, t.y_train)
     n, d = X_train.shape
+    _check_features_vary(s, X_train)
     M_count = _check_problem(s, method_cls, options, backend, ds.task, t.n_classes, n, d)
     _check_fit_rows(s, method_cls, ds.task, np.searchsorted(t.classes, y_train)
                     if ds.task == "classification" else np.asarray(y_train), t.n_classes)

@@ -29,7 +29,9 @@
    (``sep-waveform-rbf-s0-3fa2c1``).
 
 A run that raises ends FAILED (Ctrl-C or SIGTERM: KILLED) with what it had logged kept, and its
-``result.json`` records the status, the error and the last iteration reached. Under ``torchrun``
+``result.json`` records the status, the error and the last iteration reached; its final numbers
+that exist by then (``n_iter``, ``train_time_s``, ``peak_rss_mb``, the fit guard's) are MLflow
+metrics too, as a finished run's are. Under ``torchrun``
 a rank that fails, anywhere in its job, ends the process group (``distributed.leave_on_failure``;
 a killed rank's connections close), so rank 0 raises a ``GroupError`` at once and its run ends
 FAILED; a SIGTERM that comes while the failure is recorded waits until the run has ended.
@@ -85,7 +87,8 @@ _log = logging.getLogger("gpinfer.run")
 #: the run's final numbers: result.json's keys and MLflow metrics of the same names, each logged
 #: once (``RunLogger.log_final``), so that MLflow's value of the key is the reported number
 FINAL_METRICS = ("test_error", "test_rmse", "test_nll", "log_evidence", "train_time_s", "n_iter",
-                 "peak_rss_mb", "train_nll", "baseline_nll", "stopped_early",
+                 "peak_rss_mb", "train_nll", "baseline_nll", "train_error", "baseline_error",
+                 "stopped_early",
                  "best_val_iteration", "best_validation_score")
 #: prefix of the test metrics computed every ``eval_every`` iterations (``eval/test_error``, ...):
 #: the history of the test metrics, kept apart from the final numbers
@@ -528,9 +531,13 @@ def _record_fit(p: Prepared, estimator: Estimator, callback: _Callback,
         result["best_validation_score"] = float(estimator.best_validation_score_)
     if WORSE_THAN_BASELINE in fit_report.warnings:  # kept (baseline_failure=warn)
         what = "a constant Gaussian" if p.task == "regression" else "the class frequencies"
+        key = "nll"
+        if "baseline_error" in result:  # judged by error (Method.baseline_measure)
+            what, key = "the majority class", "error"
         result.update(status=tracking.FAILED, error=(
-            f"training NLL {result['train_nll']:.4g} is no better than predicting {what} "
-            f"({result['baseline_nll']:.4g}); the model was kept (baseline_failure=warn)"))
+            f"training {key.upper() if key == 'nll' else key} {result['train_' + key]:.4g} is "
+            f"no better than predicting {what} ({result['baseline_' + key]:.4g}); the model "
+            "was kept (baseline_failure=warn)"))
     return P_test
 
 
@@ -557,8 +564,10 @@ def _close(p: Prepared, estimator: Estimator, callback: _Callback, result: dict[
 def _record_failure(p: Prepared, callback: _Callback, result: dict[str, Any],
                     exc: BaseException) -> None:
     """A run that raised: KILLED (Ctrl-C, SIGTERM) or FAILED with the error, the last
-    iteration reached and the fit guard's report where there is one, into ``result.json``
-    (never hiding ``exc``)."""
+    iteration reached and the fit guard's report where there is one, into ``result.json`` and,
+    as a finished run's are, its final numbers that exist (``n_iter``, ``train_time_s``,
+    ``peak_rss_mb``; the guard's ``train_nll`` and ``baseline_nll``) into MLflow, where those
+    not logged yet go (never hiding ``exc``)."""
     interrupted = isinstance(exc, KeyboardInterrupt)
     if isinstance(exc, FitFailedError) and exc.result is not None:
         _record_fit_report(p.logger, result, exc.result)
@@ -570,6 +579,13 @@ def _record_failure(p: Prepared, callback: _Callback, result: dict[str, Any],
         train_time_s=time.perf_counter() - callback.start - callback.overhead_s,
         peak_rss_mb=res.peak_rss_mb(),
     )
+    try:
+        logged = p.logger.logged_keys  # a failure after log_final (in _close) has them already
+        p.logger.log_final({key: result[key] for key in FINAL_METRICS
+                            if result.get(key) is not None and key not in logged},
+                           step=callback.last_iteration)
+    except Exception:  # never hide the original error
+        pass
     try:
         res.write_result(p.out_dir, result)
         p.logger.log_artifact(p.out_dir / res.RESULT_FILE)

@@ -8,6 +8,7 @@ the key, before anything is loaded (``gpinfer.experiment.prepare`` does the rest
 
 from __future__ import annotations
 
+import functools
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from gpinfer.errors import InputError
+from gpinfer.experiment.config_paths import CONFIG_NAME, core_conf_dir
 from gpinfer.fit_guard import check_baseline_failure
 from gpinfer.training.early_stopping import EarlyStopping
 
@@ -183,6 +185,66 @@ def _check_switches(conf: Mapping[str, Any]) -> None:
                              f"{interval!r}")
 
 
+#: top-level keys a run's config may hold besides ``conf/config.yaml``'s own: a paper
+#: protocol's notice (``conf/experiment/*.yaml``, ``gpinfer.experiment.protocols``)
+_EXTRA_TOP_KEYS = ("protocol",)
+#: the plain nodes of ``conf/config.yaml`` whose keys are checked as the top level's are
+_PLAIN_NODES = ("mlflow", "progress")
+
+
+@functools.cache
+def _known_keys() -> dict[str, frozenset[str]]:
+    """The keys ``conf/config.yaml`` declares: its top level (its own settings, its config
+    groups and ``_EXTRA_TOP_KEYS``) under ``""``, and each of ``_PLAIN_NODES``' under its
+    name. Read once from the core's config (``config_paths.core_conf_dir``), so that a key
+    added there is known here."""
+    base = OmegaConf.to_container(OmegaConf.load(core_conf_dir() / f"{CONFIG_NAME}.yaml"))
+    assert isinstance(base, dict)
+    groups = {str(key) for entry in base.get("defaults", []) if isinstance(entry, dict)
+              for key in entry if not str(key).startswith("override ")}
+    top = {str(key) for key in base if key not in ("defaults", "hydra")}
+    known = {"": frozenset(top | groups | set(_EXTRA_TOP_KEYS))}
+    for node in _PLAIN_NODES:
+        known[node] = frozenset(str(key) for key in base.get(node) or {})
+    return known
+
+
+def _check_known_keys(conf: Mapping[str, Any]) -> None:
+    """``InputError`` for a key of the config's top level, or of its ``mlflow`` or
+    ``progress`` node, that ``conf/config.yaml`` does not declare (a typo added with
+    ``+key=value`` ran silently with the key ignored), naming the nearest known key."""
+    from gpinfer.registry import nearest
+
+    known = _known_keys()
+    nodes: list[tuple[str, Mapping[str, Any]]] = [("", conf)]
+    nodes += [(name, conf[name]) for name in _PLAIN_NODES if isinstance(conf.get(name), Mapping)]
+    for where, node in nodes:
+        unknown = sorted(str(key) for key in set(node) - known[where])
+        if not unknown:
+            continue
+        names = sorted(known[where])
+        prefix = f"{where}." if where else ""
+        close = nearest(unknown[0], names, n=1)
+        hint = f"; did you mean {prefix}{close[0]}?" if close else ""
+        raise InputError(
+            f"unknown configuration key {prefix}{unknown[0]}{hint} (gpinfer-run reads "
+            f"{'the top-level keys' if not where else f'the keys of {where}'} that "
+            f"conf/config.yaml declares: {', '.join(names)}"
+            f"{'; method options go under method.options' if not where else ''})"
+            + (f"; unknown too: {', '.join(prefix + key for key in unknown[1:])}"
+               if len(unknown) > 1 else ""))
+
+
+def _check_experiment_name(conf: Mapping[str, Any]) -> None:
+    """``mlflow.experiment``: null (``gpinfer``) or a name that is not blank; ``InputError``
+    naming the key otherwise (an empty name ran under the default experiment silently)."""
+    mlflow = conf.get("mlflow")
+    name = mlflow.get("experiment") if isinstance(mlflow, Mapping) else None
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise InputError(f"mlflow.experiment must be the name of an MLflow experiment (null: "
+                         f"gpinfer); got {name!r}")
+
+
 def _early_stopping_settings(conf: Mapping[str, Any]) -> EarlyStopping | None:
     """The early-stopping keys of the config (``EarlyStopping.from_settings``)."""
     return EarlyStopping.from_settings(conf.get("validation_fraction"),
@@ -202,8 +264,10 @@ def parse_settings(conf: Mapping[str, Any]) -> Settings:
     dataset = _group(conf, "dataset")
     kernel = _group(conf, "kernel")
     optimizer = _group(conf, "optimizer")
+    _check_known_keys(conf)
     _check_plain(conf, method, dataset)
     _check_switches(conf)
+    _check_experiment_name(conf)
     return Settings(
         method=str(method["name"]),
         likelihood=method.get("likelihood"),

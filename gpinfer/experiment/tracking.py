@@ -425,6 +425,11 @@ class RunLogger:
         for i in range(0, len(items), _BATCH_TAGS):
             self.client.log_batch(self._require_run(), tags=items[i : i + _BATCH_TAGS])
 
+    @property
+    def logged_keys(self) -> frozenset[str]:
+        """The metric keys this run has logged (or buffered): per-iteration and final."""
+        return frozenset(self._history_keys | self._final_keys)
+
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """Buffer ``metrics`` at ``step``; sends a batch when the buffer or the clock says so.
 

@@ -43,6 +43,51 @@ def test_fit_rows_refused_before_any_mlflow_run(tmp_path, store_uri, overrides, 
     assert not (tmp_path / "run" / "result.json").exists()
 
 
+@pytest.mark.parametrize("override, pattern", [
+    ("mlflow.experiment=''", r"^mlflow.experiment must be the name of an MLflow experiment "
+                             r"\(null: gpinfer\); got ''$"),
+    ("mlflow.experiment='  '", r"^mlflow.experiment must be .*; got '  '$"),
+    # a typo of a real key added with +: ran with iterations=2, the key ignored
+    ("+iteration=5", r"^unknown configuration key iteration; did you mean iterations\? "
+                     r"\(gpinfer-run reads the top-level keys .*: M, backend, .*iterations"),
+    ("+mlflow.experimnt=x", r"^unknown configuration key mlflow.experimnt; did you mean "
+                            r"mlflow.experiment\?"),
+    ("+progess.bar=false", r"^unknown configuration key progess; did you mean progress\?"),
+], ids=["experiment-empty", "experiment-blank", "top-level-typo", "mlflow-typo",
+        "group-typo"])
+def test_unknown_keys_and_an_empty_experiment_refused_before_any_mlflow_run(
+        tmp_path, store_uri, override, pattern):
+    before = len(store_runs(store_uri))
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=laplace", "dataset=iris",
+                      "dataset.keep_classes=[0,1]", "iterations=2", override)
+    with pytest.raises(InputError, match=pattern):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert len(store_runs(store_uri)) == before
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_protocol_of_gpinfer_run_composes_with_known_keys_only():
+    # the protocols' own top-level keys (protocol, and the settings they override) are known
+    from gpinfer.experiment.settings import config_to_dict, parse_settings
+
+    for name in ("bui2017_classification", "izmailov2017", "seeger2004_mnist",
+                 "villacampa2017_uci"):
+        parse_settings(config_to_dict(compose_cfg(f"+experiment={name}")))
+
+
+def test_all_constant_features_refused_before_any_mlflow_run(tmp_path, store_uri):
+    # digits' pixels 0, 32 and 39 are 0 in every image: the kernel saw one point, and the run
+    # ended FAILED with a FitFailedError after training
+    before = len(store_runs(store_uri))
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=laplace", "dataset=digits",
+                      "dataset.keep_classes=[0,1]", "dataset.features=[0,32,39]",
+                      "iterations=2")
+    with pytest.raises(InputError, match=r"dataset 'digits'.s training inputs: every one of "
+                                         r"its 3 feature\(s\) is constant"):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert len(store_runs(store_uri)) == before
+
+
 def test_binary_likelihood_on_multiclass_data_refused_before_any_mlflow_run(tmp_path, store_uri):
     # svi declares probit (for binary data); iris has three classes: the estimator refused it
     # only inside the run (a FAILED run), the runner now before it
@@ -89,6 +134,38 @@ def test_optimizer_applied_tag_says_false_when_the_group_is_not_what_runs(
     run = MlflowClient(store_uri).get_run(result["mlflow_run_id"])
     assert run.data.tags["optimizer"] == "adam"
     assert run.data.tags["optimizer.applied"] == "false"
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["optimizer=adam", "optimizer.options.learning_rate=0.5", "batch_size=20"],
+     "learning_rate=0.5"),
+    (["+optimizer.options.maxfun=2"], "maxfun=2"),
+], ids=["adam-learning-rate", "lbfgs-maxfun"])
+def test_optimizer_group_options_pep_drops_are_refused_before_any_mlflow_run(
+        tmp_path, store_uri, overrides, key):
+    # pep/fitc/vfe take the group's optimiser name but not its options: a fit with
+    # learning_rate=0.5 equalled the one with 0.01 while the run logged 0.5, applied
+    before = len(store_runs(store_uri))
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=pep", "dataset=iris",
+                      "dataset.keep_classes=[0,1]", "iterations=1", *overrides)
+    with pytest.raises(InputError, match=rf"^optimizer.options.{key} would not reach method "
+                                         r"'pep': pep takes the optimizer group's name only"):
+        run_experiment(cfg, output_dir=tmp_path / "run")
+    assert len(store_runs(store_uri)) == before
+
+
+@pytest.mark.parametrize("overrides, tag, applied", [
+    (["optimizer=adam", "batch_size=20"], "adam", "false"),  # Adam, at pep's learning_rate
+    (["batch_size=20"], "lbfgs", "false"),  # mini-batches: pep runs Adam
+    ([], "lbfgs", "true"),  # L-BFGS-B, and the group has no options to drop
+], ids=["adam-group-options-not-taken", "minibatch-runs-adam", "full-batch-lbfgs"])
+def test_pep_optimizer_applied_tag_is_true_only_for_what_runs(tmp_path, store_uri, overrides,
+                                                              tag, applied):
+    cfg = compose_cfg(f"mlflow.tracking_uri='{store_uri}'", "method=pep", "dataset=iris",
+                      "dataset.keep_classes=[0,1]", "iterations=1", *overrides)
+    result = run_experiment(cfg, output_dir=tmp_path / "run")
+    run = MlflowClient(store_uri).get_run(result["mlflow_run_id"])
+    assert (run.data.tags["optimizer"], run.data.tags["optimizer.applied"]) == (tag, applied)
 
 
 @pytest.mark.parametrize("override, pattern", [

@@ -121,6 +121,9 @@ def test_a_fit_worse_than_the_class_frequencies_fails_the_run(tmp_path: Path, st
     assert run.info.status == "FAILED"
     assert run.data.tags["fit_warnings"] == "no_better_than_baseline"
     assert "Trace: 1 iteration(s)" in run.data.tags["error"]
+    # what result.json records of the failed fit is in MLflow too (it was in result.json only)
+    for key in ("n_iter", "train_nll", "baseline_nll", "train_time_s", "peak_rss_mb"):
+        assert run.data.metrics[key] == pytest.approx(saved[key], rel=1e-12), key
 
 
 def test_baseline_failure_warn_keeps_the_model_and_still_fails_the_run(
@@ -163,6 +166,11 @@ def test_numerical_error_fails_the_run_and_keeps_its_history(tmp_path: Path, sto
     assert run.info.status == "FAILED"
     assert "iteration 3" in run.data.tags["error"] and run.data.tags["error_iteration"] == "3"
     assert _steps(client, run.info.run_id, "objective") == [1, 2]
+    # the iterations it ran, its time and memory, as result.json has them (were not in MLflow)
+    assert run.data.metrics["n_iter"] == 2
+    for key in ("train_time_s", "peak_rss_mb"):
+        assert run.data.metrics[key] == pytest.approx(saved[key], rel=1e-12), key
+    assert "test_nll" not in run.data.metrics  # never evaluated: no number made up
     assert "config.yaml" in {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
@@ -177,6 +185,7 @@ def test_ctrl_c_ends_the_run_killed_with_its_metrics(tmp_path: Path, store_uri: 
     run = client.get_run(saved["mlflow_run_id"])
     assert run.info.status == "KILLED"
     assert _steps(client, run.info.run_id, "objective") == [1, 2]
+    assert run.data.metrics["n_iter"] == saved["n_iter"] == 2
 
 
 def test_non_finite_objective_names_iteration_and_quantity(tmp_path: Path, store_uri: str) -> None:

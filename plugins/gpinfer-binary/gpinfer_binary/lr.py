@@ -20,7 +20,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from gpinfer.errors import InputError
-from gpinfer.interfaces import Array, Likelihood
+from gpinfer.interfaces import Array, BaselineMeasure, Likelihood
 from gpinfer.options import Option, bounds, real
 from gpinfer.sites.dense import DiagonalSiteAlgebra
 from gpinfer.sites.driver import DenseBinaryMethod, DenseSolution
@@ -105,6 +105,10 @@ class LabelRegressionMethod(DenseBinaryMethod):
     """
 
     name: ClassVar[str] = "lr"
+    #: its probabilities squash a regression on +-1 targets (at most about Phi(1) = 0.84 with
+    #: noise sigma_n >= 0.5): the fit guard judges it by its training error, not its NLL
+    #: (``Method.baseline_measure``)
+    baseline_measure: ClassVar[BaselineMeasure] = "error"
     option_spec: ClassVar[dict[str, Option]] = {
         **DenseBinaryMethod.driver_options,
         "noise": real(None, "(0, inf)", none=True, doc="fixed sigma_n (None: chosen in bounds)"),

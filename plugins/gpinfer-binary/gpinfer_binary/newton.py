@@ -108,7 +108,7 @@ def newton_maximize(
         done = gnorm <= tol or (converged is not None and converged(x))
         if done or step == max_steps:
             return NewtonResult(x, float(value), gnorm, step, done, shifted)
-        d, mu = _free_newton_step(H, g, free, step)
+        d, mu = _free_newton_step(H, g, free, step, name)
         preferred = _preferred_step(direction, x, g, value, fun, proj) if mu > 0 else None
         if preferred is not None:
             d, x_try = preferred
@@ -143,13 +143,20 @@ def _evaluate(fun: NewtonFunction, x: Array, fixed: FixedFunction | None, name: 
     return value, g, H, free, float(np.max(np.abs(g[free]), initial=0.0))
 
 
-def _free_newton_step(H: Array, g: Array, free: Array, step: int) -> tuple[Array, float]:
+def _free_newton_step(H: Array, g: Array, free: Array, step: int, name: str
+                      ) -> tuple[Array, float]:
     """The (shifted) Newton step ``d [P]`` on the free coordinates (zero on the fixed ones) and
-    its shift ``mu`` (``_shifted_newton_step``)."""
-    if free.all():
-        return _shifted_newton_step(H, g, step)
-    d = np.zeros_like(g)
-    d[free], mu = _shifted_newton_step(H[np.ix_(free, free)], g[free], step)
+    its shift ``mu`` (``_shifted_newton_step``; its ``NumericalError`` starts with ``name``,
+    the solver's, as every error of ``newton_maximize`` does)."""
+    try:
+        if free.all():
+            return _shifted_newton_step(H, g, step)
+        d = np.zeros_like(g)
+        d[free], mu = _shifted_newton_step(H[np.ix_(free, free)], g[free], step)
+    except NumericalError as exc:
+        named = NumericalError(f"{name}: {exc}")  # exc's text ends with its iteration, quantity
+        named.iteration, named.quantity = exc.iteration, exc.quantity
+        raise named from exc
     return d, mu
 
 

@@ -122,7 +122,7 @@ class VBMethod(NewtonBoundMethod):
         project = (lambda s: np.abs(s)) if link == "logit" else None
         res = newton_maximize(objective, warm, tol=self.options["tol"],
                               max_steps=self.options["max_newton"], project=project,
-                              name="VB Newton")
+                              name=f"{self.name} Newton")
         _, alg, alpha, _ = objective.parts(res.x)
         jensen = jensen_bound(likelihood, y, alg, alpha)
         return DenseSolution(

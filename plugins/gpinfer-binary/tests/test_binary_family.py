@@ -285,6 +285,42 @@ def test_lr_noise_path_equals_the_cholesky_jensen_bound(lik):
         assert path(s2) == pytest.approx(label_regression(K, y, L, s2).jensen, abs=1e-9)
 
 
+def _imbalanced(signal: bool, n: int = 200, minority: int = 10):
+    """95/5 labels on 2-D inputs; the minority's inputs shifted by 2 (``signal``) or not."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, 2))
+    y = np.zeros(n, dtype=np.int64)
+    y[:minority] = 1
+    if signal:
+        X[:minority] += 2.0
+    return X, y
+
+
+def test_lr_on_imbalanced_data_is_judged_by_its_error_not_its_bounded_nll():
+    """lr's probabilities squash a regression on +-1 targets (at most about Phi(1) = 0.84):
+    on 95/5 data its training NLL cannot reach the class frequencies' (0.199) even where it
+    classifies better than the majority class, and the fit guard failed it (FitFailedError).
+    It is judged by its training error against the majority class's."""
+    from gpinfer import GPClassifier
+
+    clf = GPClassifier(method="lr").fit(*_imbalanced(signal=True))
+    d = clf.fit_result_.diagnostics
+    assert d["train_nll"] > d["baseline_nll"]  # the bounded NLL: would have failed
+    assert d["train_error"] < d["baseline_error"] == pytest.approx(0.05)
+    assert np.max(clf.predict_proba(_imbalanced(signal=True)[0])) < 0.9  # bounded
+    assert "no_better_than_baseline" not in clf.fit_warnings_
+
+
+def test_lr_that_learned_nothing_still_fails_the_fit_guard():
+    from gpinfer import GPClassifier
+    from gpinfer.errors import FitFailedError
+
+    with pytest.raises(FitFailedError, match=r"^lr: the fitted model's training error 0.05 "
+                                             r"\(judged by error: .*\) is no better than "
+                                             r"predicting the majority class \(0.05\)"):
+        GPClassifier(method="lr").fit(*_imbalanced(signal=False))
+
+
 GRADIENT_CASES = [
     (DenseEP(tol=1e-12), 1e-4), (KLMethod(tol=1e-11), 1e-5), (VBMethod(tol=1e-11), 1e-5),
     (FVMethod(tol=1e-12), 1e-4), (LabelRegressionMethod(noise=0.9), 1e-5), (TAPMethod(), 1e-4),

@@ -111,6 +111,39 @@ def test_hessian_no_shift_regularises_is_a_numerical_error_naming_it():
     def fun(x, derivatives):
         return 0.0, np.array([1.0, 0.0]), np.array([[0.0, 1.0], [1.0, 0.0]])
 
-    with pytest.raises(NumericalError, match="Cholesky of Hessian failed") as info:
+    with pytest.raises(NumericalError, match=r"^probe: Cholesky of Hessian failed .*not positive "
+                                             r"definite \(iteration 0, quantity 'Hessian'\)$"
+                       ) as info:
         newton_maximize(fun, np.zeros(2), name="probe")
     assert info.value.quantity == "Hessian" and info.value.iteration == 0
+
+
+def test_non_finite_hessian_is_a_numerical_error_naming_the_solver_and_quantity():
+    def fun(x, derivatives):
+        return 0.0, np.array([1.0, 0.0]), np.array([[np.nan, 1.0], [1.0, -1.0]])
+
+    with pytest.raises(NumericalError, match=r"^probe: Hessian has non-finite entries; cannot "
+                                             r"factorise \(iteration 0, quantity 'Hessian'\)$"):
+        newton_maximize(fun, np.zeros(2), name="probe")
+
+
+@pytest.mark.parametrize("method", ["vb", "kl"])
+def test_the_methods_newton_errors_name_the_method(method, monkeypatch):
+    # a Hessian that no shift regularises, in the method's own Newton solve: the error names
+    # the method (it named neither method nor solver)
+    import gpinfer_binary.newton as newton
+
+    from gpinfer import registry
+    from gpinfer.kernels import make_kernel
+    from gpinfer.likelihoods import make_likelihood
+
+    def fail(*args, **kwargs):
+        raise NumericalError("Cholesky of Hessian failed", iteration=0, quantity="Hessian")
+
+    monkeypatch.setattr(newton, "jittered_cholesky", fail)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(12, 2))
+    y = (X[:, 0] > 0).astype(np.int64)
+    K = make_kernel("rbf", 2).K(X)
+    with pytest.raises(NumericalError, match=rf"^{method} Newton: Cholesky of Hessian failed"):
+        registry.load_method(method)().solve(K, y, make_likelihood("probit"), None)

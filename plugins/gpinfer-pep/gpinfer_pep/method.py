@@ -11,8 +11,8 @@ one Adam step on the batch energy, spec §2.10).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
-from typing import ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -143,6 +143,14 @@ class PowerEP(Method):
     def alpha(self) -> float:
         return float(self.fixed_alpha if self.fixed_alpha is not None else self.options["alpha"])
 
+    @classmethod
+    def optimizer_for(cls, options: Mapping[str, Any], batch_size: int | None) -> str:
+        """The optimiser ``fit`` runs (``Method.optimizer_for``): the ``optimizer`` option; for
+        ``None`` L-BFGS-B on a full batch, and on mini-batches (``batch_size`` set), where
+        L-BFGS-B cannot run, Adam for ``None`` and ``"lbfgs"`` alike."""
+        name = str(options.get("optimizer") or "lbfgs")
+        return "adam" if batch_size is not None and name == "lbfgs" else name
+
     # -- entry point -------------------------------------------------------------------------
     def fit(self, problem: Problem, callback: FitCallback | None = None) -> FitResult:
         X = np.asarray(problem.X, dtype=float)
@@ -246,8 +254,8 @@ class _Fit:
         if theta0.size == 0:
             fun(theta0)
             return 0, True
-        name = str(self.opt["optimizer"] or "lbfgs").lower()
-        if name in ("lbfgs", "lbfgsb", "l-bfgs-b"):
+        name = self.method.optimizer_for(self.opt, None)
+        if name == "lbfgs":
             opt = make_optimizer("lbfgs", bounds=self.bounds(), maxfun=int(self.opt["max_fun"]))
             label = "L-BFGS-B"
         else:
@@ -419,8 +427,7 @@ class _Classification(_Fit):
         o, n = self.opt, self.X.shape[0]
         n_steps = int(self.problem.max_iter) if o["epochs"] is None else \
             int(o["epochs"]) * int(np.ceil(n / batch_size))
-        name = str(o["optimizer"] or "adam").lower()
-        name = "adam" if name.startswith("lbfgs") or name == "l-bfgs-b" else name  # no batches
+        name = self.method.optimizer_for(o, batch_size)  # L-BFGS-B takes no mini-batches
         adam = make_optimizer(name, learning_rate=float(o["learning_rate"]))
         if not isinstance(adam, StochasticOptimizer):
             raise InputError(f"{self.method.name}: mini-batches need a stochastic optimiser "

@@ -241,3 +241,17 @@ def test_fit_on_duplicated_rows_converges_every_evaluation(method, recwarn):
     assert not stuck, stuck
     assert max(h["sweeps"] for h in est.history_) < 500
     assert np.mean(est.predict(X) == y) > 0.8
+
+
+def test_optimizer_for_names_the_optimiser_fit_runs():
+    # gpinfer-run tags optimizer.applied from it: with mini-batches fit ran Adam for the
+    # default optimizer=lbfgs group while the run said lbfgs, applied
+    from gpinfer_pep.method import FITC, VFE, PowerEP
+
+    for cls in (PowerEP, FITC, VFE):
+        assert cls.optimizer_for({"optimizer": None}, None) == "lbfgs"
+        assert cls.optimizer_for({"optimizer": "lbfgs"}, None) == "lbfgs"
+        assert cls.optimizer_for({"optimizer": None}, 20) == "adam"
+        assert cls.optimizer_for({"optimizer": "lbfgs"}, 20) == "adam"
+        assert cls.optimizer_for({"optimizer": "adadelta"}, 20) == "adadelta"
+        assert cls.optimizer_for({"optimizer": "adam"}, None) == "adam"
