@@ -304,6 +304,11 @@ def test_the_old_names_work_one_more_release_with_a_warning():
     with pytest.warns(DeprecationWarning, match="jittered_cholesky"):
         L = stacked.stacked_cholesky(K, "Kuu", unit="latent")
     np.testing.assert_array_equal(L, jittered_cholesky(K, name="Kuu").L)
+    with (pytest.warns(DeprecationWarning),
+          pytest.raises(NumericalError, match=r"Kuu \(latent 3\)") as err):
+        stacked.stacked_cholesky(np.stack([K[0], K[0] * np.nan]), name="Kuu", iteration=7,
+                                 unit="latent", first=2)  # the old keywords, the old naming
+    assert (err.value.quantity, err.value.iteration) == ("Kuu", 7)
     with pytest.warns(DeprecationWarning, match="ops.solve_triangular"):
         assert stacked.tri_solve_stack is ops.solve_triangular
     with pytest.warns(DeprecationWarning, match="site_factor"):
