@@ -49,6 +49,21 @@ def test_cholesky_jitter_escalation_is_recorded():
     np.testing.assert_allclose(L @ L.T, K + jitter * np.eye(30), atol=1e-12)
 
 
+def test_cholesky_escalation_factorises_the_failed_matrix_once(monkeypatch):
+    """A float64 matrix that fails as it is goes on to the jitter: the escalation does not
+    factorise it a second time (one ``potrf`` per try, as before the merge)."""
+    tried: list[float] = []
+    factorise = ops.cholesky
+
+    def counted(K, *args, **kwargs):
+        tried.append(float(K[0, 0]))
+        return factorise(K, *args, **kwargs)
+
+    monkeypatch.setattr(ops, "cholesky", counted)
+    L, jitter = jittered_cholesky(np.ones((2, 2)), name="K")
+    assert jitter == settings.JITTER_START and tried == [1.0, 1.0 + jitter]
+
+
 def test_cholesky_jitter_warning_on_request():
     K = np.ones((5, 5))
     with warnings.catch_warnings(record=True) as caught:
