@@ -105,10 +105,11 @@ def jittered_cholesky(
         raise InputError(f"{name} must be square, got shape {tuple(A.shape)}")
     if A.shape[-1] == 0:
         return CholeskyResult(ops.zeros(A, tuple(A.shape)), 0.0)
-    if bare:
+    if bare:  # (numpy checks at once: no deferred error to form)
+        error = None if ops.is_numpy(A) else _deferred(A, also_finite, max_jitter, lambda: _Named(
+            name, part, first, inputs, detail, iteration))
         L, failed = ops.cholesky(A, *also_finite, check=not finite, overwrite=again is not None,
-                                 error=_deferred(A, also_finite, max_jitter, lambda: _Named(
-                                     name, part, first, inputs, detail, iteration)))
+                                 error=error)
         if not (failed if not finite else np.any(failed)):  # (checked: one bool)
             return CholeskyResult(L, 0.0)
         if again is not None:  # A may be overwritten: its values formed again
