@@ -1014,8 +1014,7 @@ def vecmat(v: Array, A: Array) -> Array:
     views)."""
     if is_numpy(v):
         return (v[..., None, :] @ A)[..., 0, :]
-    lead = "abcdefgh"[:v.ndim - 1]
-    return _torch().einsum(f"{lead}m,{lead}mk->{lead}k", v, A)
+    return _torch().einsum("...m,...mk->...k", v, A)
 
 
 def matvec(A: Array, v: Array) -> Array:

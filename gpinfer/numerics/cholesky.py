@@ -105,10 +105,11 @@ def jittered_cholesky(
         raise InputError(f"{name} must be square, got shape {tuple(A.shape)}")
     if A.shape[-1] == 0:
         return CholeskyResult(ops.zeros(A, tuple(A.shape)), 0.0)
-    if bare:
+    if bare:  # (numpy checks at once: no deferred error to form)
+        error = None if ops.is_numpy(A) else _deferred(A, also_finite, max_jitter, lambda: _Named(
+            name, part, first, inputs, detail, iteration))
         L, failed = ops.cholesky(A, *also_finite, check=not finite, overwrite=again is not None,
-                                 error=_deferred(A, also_finite, max_jitter, lambda: _Named(
-                                     name, part, first, inputs, detail, iteration)))
+                                 error=error)
         if not (failed if not finite else np.any(failed)):  # (checked: one bool)
             return CholeskyResult(L, 0.0)
         if again is not None:  # A may be overwritten: its values formed again
@@ -119,7 +120,9 @@ def jittered_cholesky(
     if not (start > 0 and factor > 1):
         raise InputError(f"{name}: jitter escalation needs start > 0 and factor > 1, got "
                          f"start {start:g}, factor {factor:g}")
-    return _escalated(A, named, Jitter(start, max_jitter, factor, scale, warn), bare)
+    # a float64 numpy matrix failed as it is on the host's own factorisation: not tried again
+    tried = A.ndim == 2 and ops.is_numpy(A) and A.dtype == np.float64
+    return _escalated(A, named, Jitter(start, max_jitter, factor, scale, warn), bare and not tried)
 
 
 class _Named(NamedTuple):
@@ -194,7 +197,7 @@ def _escalated(A: Array, named: _Named, jitter: Jitter, bare: bool) -> CholeskyR
             largest = max(largest, used)
         return CholeskyResult(L, largest)
     H = np.asarray(ops.to_host(A), dtype=float)
-    if bare:  # (a stack's matrix, or a device's: not tried on the host yet)
+    if bare:  # (a stack's matrix, a device's or another dtype's: not tried on the host yet)
         L, stopped = ops.cholesky(H)
         if not stopped:
             return CholeskyResult(ops.like(A, L), 0.0)

@@ -905,12 +905,19 @@ def __getattr__(name: str) -> Any:
     if name == "tri_solve_stack":
         new, use = ops.solve_triangular, "gpinfer.backend.ops.solve_triangular"
     elif name == "stacked_cholesky":
-        new = (lambda K, label, iteration=None, *, unit="class", first=0, again=None:
-               jittered_cholesky(K, name=label, iteration=iteration, part=unit, first=first,
-                                 again=again).L)
+        new = _stacked_cholesky
         use = "gpinfer.numerics.cholesky.jittered_cholesky(K, name=..., part=...).L"
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     warnings.warn(f"gpinfer.sites.stacked.{name} is deprecated: use {use}; the old name works "
                   "for one more release", DeprecationWarning, stacklevel=2)
     return new
+
+
+def _stacked_cholesky(K: Array, name: str, iteration: int | None = None, *,
+                      unit: str = "class", first: int = 0,
+                      again: Callable[[], Array] | None = None) -> Array:
+    """The deprecated ``stacked_cholesky``, its old signature (``name`` by position or by
+    keyword): ``jittered_cholesky(K, name=name, part=unit, ...).L``."""
+    return jittered_cholesky(K, name=name, iteration=iteration, part=unit, first=first,
+                             again=again).L

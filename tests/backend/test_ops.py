@@ -470,6 +470,8 @@ def test_batched_vector_products_and_einsum_forms(to):
     np.testing.assert_allclose(row, np.einsum("cm,cmk->ck", v, A), rtol=1e-13)
     col = ops.to_host(ops.matvec(to(A), to(u)))
     np.testing.assert_allclose(col, np.einsum("cmk,ck->cm", A, u), rtol=1e-13)
+    lead2 = ops.to_host(ops.vecmat(to(v.reshape(3, 1, 4)), to(A.reshape(3, 1, 4, 5))))
+    np.testing.assert_array_equal(lead2[:, 0], row)  # any leading axes
     if to is np.asarray:
         assert np.array_equal(row, (v[:, None, :] @ A)[:, 0, :])
         assert np.array_equal(col, (A @ u[..., None])[..., 0])

@@ -49,6 +49,21 @@ def test_cholesky_jitter_escalation_is_recorded():
     np.testing.assert_allclose(L @ L.T, K + jitter * np.eye(30), atol=1e-12)
 
 
+def test_cholesky_escalation_factorises_the_failed_matrix_once(monkeypatch):
+    """A float64 matrix that fails as it is goes on to the jitter: the escalation does not
+    factorise it a second time (one ``potrf`` per try, as before the merge)."""
+    tried: list[float] = []
+    factorise = ops.cholesky
+
+    def counted(K, *args, **kwargs):
+        tried.append(float(K[0, 0]))
+        return factorise(K, *args, **kwargs)
+
+    monkeypatch.setattr(ops, "cholesky", counted)
+    L, jitter = jittered_cholesky(np.ones((2, 2)), name="K")
+    assert jitter == settings.JITTER_START and tried == [1.0, 1.0 + jitter]
+
+
 def test_cholesky_jitter_warning_on_request():
     K = np.ones((5, 5))
     with warnings.catch_warnings(record=True) as caught:
@@ -304,6 +319,11 @@ def test_the_old_names_work_one_more_release_with_a_warning():
     with pytest.warns(DeprecationWarning, match="jittered_cholesky"):
         L = stacked.stacked_cholesky(K, "Kuu", unit="latent")
     np.testing.assert_array_equal(L, jittered_cholesky(K, name="Kuu").L)
+    with (pytest.warns(DeprecationWarning),
+          pytest.raises(NumericalError, match=r"Kuu \(latent 3\)") as err):
+        stacked.stacked_cholesky(np.stack([K[0], K[0] * np.nan]), name="Kuu", iteration=7,
+                                 unit="latent", first=2)  # the old keywords, the old naming
+    assert (err.value.quantity, err.value.iteration) == ("Kuu", 7)
     with pytest.warns(DeprecationWarning, match="ops.solve_triangular"):
         assert stacked.tri_solve_stack is ops.solve_triangular
     with pytest.warns(DeprecationWarning, match="site_factor"):
