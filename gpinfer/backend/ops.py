@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -74,6 +75,13 @@ def _torch() -> Any:
     return torch
 
 
+def _is_tensor(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor (the backend arrays; no import of torch where none is
+    loaded: then there is none)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
 def like(ref: Array, values: Any) -> Array:
     """Host ``values`` (array or scalar) as an array of ``ref``'s namespace, device and
     floating dtype."""
@@ -89,10 +97,72 @@ def like(ref: Array, values: Any) -> Array:
 
 
 def index_like(ref: Array, idx: Any) -> Array:
-    """Host integer ``idx`` as an int64 array on ``ref``'s namespace and device."""
+    """Integer ``idx`` as an index array of ``ref``'s namespace: host values as int64 on its
+    device; an index array already of a backend namespace (torch labels) as it is."""
     if is_numpy(ref):
         return np.asarray(idx, dtype=np.int64)
+    if _is_tensor(idx):
+        return idx
     return _torch().as_tensor(np.asarray(idx, dtype=np.int64), device=ref.device)
+
+
+def class_counts(y: Array, C: int) -> Array:
+    """How many labels ``y [n]`` (ints ``0..C-1``) hold each class, float64 ``[C]`` on ``y``'s
+    namespace and device (numpy: ``bincount``; a device: one comparison against ``0..C-1``
+    and a sum, no sync)."""
+    if is_numpy(y):
+        return np.bincount(y, minlength=C).astype(float)
+    xp = namespace(y)
+    return xp.sum(xp.astype(y[:, None] == arange(y, C), xp.float64), axis=0)
+
+
+def as_array(x: Any, dtype: Any = float) -> Array:
+    """``x`` as an array: an array of a backend namespace (a torch tensor) as it is; host
+    values (a numpy array, a scalar, a sequence) as a numpy array of ``dtype`` (no copy where
+    ``x`` already is one)."""
+    return x if _is_tensor(x) else np.asarray(x, dtype=dtype)
+
+
+def flat(x: Any, copy: bool = False) -> Array:
+    """``x`` as a flat vector ``[P]``: host values as a fresh float64 numpy copy; an array of
+    a backend namespace reshaped on its device (a view where it can be; ``copy``: a fresh
+    array, as on the host)."""
+    if not _is_tensor(x):
+        return np.array(x, dtype=float).reshape(-1)
+    out = x.reshape(-1)
+    return out.clone() if copy else out
+
+
+def zeros_vector(x: Any) -> Array:
+    """Zeros ``[P]`` where ``x`` (``P`` entries) lives: float64 numpy for host values, else on
+    ``x``'s namespace, device and dtype."""
+    ref = as_array(x)
+    return zeros(ref, (math.prod(ref.shape),))
+
+
+def out_buffer(x: Array) -> Array | None:
+    """``x`` to be written again by the next result of the same shape (an ``out=``): a host
+    array (no fresh pages per call); ``None`` for a device array (its allocator reuses
+    memory; a write into ``x`` would add a copy)."""
+    return x if is_numpy(x) else None
+
+
+def checks_for(x: Array) -> DeferredChecks | None:
+    """The open ``deferred_checks`` context that a check of ``x`` joins: ``None`` for host
+    values (their checks run at once) and outside such a context."""
+    return None if is_numpy(x) else pending_checks()
+
+
+def torch_view(x: Array) -> Any:
+    """``x`` as a torch tensor sharing its memory (a numpy array: ``torch.from_numpy``; a
+    tensor: itself, detached), e.g. for a collective of ``torch.distributed`` in place."""
+    torch = _torch()
+    return x.detach() if isinstance(x, torch.Tensor) else torch.from_numpy(x)
+
+
+def backend_name(x: Array) -> str:
+    """The name of ``x``'s array library: ``"numpy"`` for host values, else ``"torch"``."""
+    return "torch" if _is_tensor(x) else "numpy"
 
 
 def _kept(cache: dict[Any, Any], key: Any, make: Callable[[], Any], limit: int = 64) -> Any:
