@@ -12,7 +12,7 @@ from gpinfer.backend.compile import active as compile_active
 from gpinfer.backend.compile import compilable
 from gpinfer.errors import InputError
 from gpinfer.interfaces import Array
-from gpinfer.optim.stochastic import StochasticAscent, as_vector, zeros_like_vector
+from gpinfer.optim.stochastic import StochasticAscent
 
 #: entries per piece of a host update (six float64 arrays of it stay in a core's cache)
 _HOST_PIECE = 16384
@@ -52,16 +52,13 @@ class Adam(StochasticAscent):
     def reset(self, x0: Array) -> None:
         """Zero moments ``[P]`` where ``x0`` lives (host, or its backend device)."""
         self.t = 0
-        self.m = zeros_like_vector(x0)
-        self.v = zeros_like_vector(x0)
-        # scratch: P can be millions, so no temporaries (and no fresh pages) per step; on the
-        # host one piece of it (the update runs piece by piece), on a device the whole vector
-        if ops.is_numpy(self.m):
-            self._work = np.zeros(min(int(self.m.shape[0]), _HOST_PIECE))
-            self._delta = np.zeros_like(self._work)
-        else:
-            self._work = zeros_like_vector(x0)
-            self._delta = zeros_like_vector(x0)
+        self.m = ops.zeros_vector(x0)
+        self.v = ops.zeros_vector(x0)
+        # scratch [P]: P can be millions, so no temporaries (and no fresh pages) per step; the
+        # host update runs piece by piece in the first ``_HOST_PIECE`` entries of it only (the
+        # zero pages of the rest are never touched, so never backed by memory)
+        self._work = ops.zeros_vector(x0)
+        self._delta = ops.zeros_vector(x0)
 
     def snapshot(self) -> tuple[int, Array, Array]:
         """``(t, m, v)``: copies of the moments (``restore`` brings them back)."""
@@ -77,10 +74,7 @@ class Adam(StochasticAscent):
         self.v[...] = v
 
     def step(self, x: Array, grad: Array) -> Array:
-        grad = as_vector(grad) if not ops.is_array(grad) else grad
-        on_device = ops.is_array(x) and not ops.is_numpy(x)
-        x_new = ops.copy(as_vector(x)) if on_device else as_vector(x)  # host: float64 copy
-        return self.step_into(x_new, grad)
+        return self.step_into(ops.flat(x, copy=True), ops.as_array(grad))
 
     def step_into(self, x: Array, grad: Array) -> Array:
         """``step`` written into ``x [P]`` (an array the caller owns; returned), the same
