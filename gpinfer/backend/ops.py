@@ -116,6 +116,33 @@ def class_counts(y: Array, C: int) -> Array:
     return xp.sum(xp.astype(y[:, None] == arange(y, C), xp.float64), axis=0)
 
 
+def converge_rows(step: Callable[..., tuple[Array, ...]], fixed: tuple[Array, ...],
+                  state: tuple[Array, ...], max_iter: int) -> tuple[Array, ...]:
+    """A row-wise iteration: ``(*state, done) = step(*fixed, *state)`` on arrays ``[B, ...]``
+    (``done [B]``: the rows that have converged), at most ``max_iter`` steps; returns the
+    final ``state``. On numpy a row stops at its own convergence: each step runs on the rows
+    still moving only (gathered, and written back into ``state``'s arrays in place); on a
+    device every row steps until all have converged (no data-dependent shapes; one read of
+    ``done`` per step)."""
+    if not is_numpy(state[0]):
+        xp = namespace(*state)
+        for _ in range(max_iter):
+            out = step(*fixed, *state)
+            state = out[:-1]
+            if bool(xp.all(out[-1])):
+                break
+        return state
+    moving = np.arange(state[0].shape[0])  # rows still iterating
+    for _ in range(max_iter):
+        *new, done = step(*(a[moving] for a in fixed), *(s[moving] for s in state))
+        for s, value in zip(state, new):
+            s[moving] = value
+        moving = moving[~done]
+        if moving.size == 0:
+            break
+    return state
+
+
 def as_array(x: Any, dtype: Any = float) -> Array:
     """``x`` as an array: an array of a backend namespace (a torch tensor) as it is; host
     values (a numpy array, a scalar, a sequence) as a numpy array of ``dtype`` (no copy where

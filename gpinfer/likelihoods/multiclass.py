@@ -159,19 +159,8 @@ def _argmax_mode(d: Array, rho: Array) -> Array:
     lo = ops.zeros(d, (d.shape[0],))
     hi = xp.sum(rho * inv_mills(d), axis=1)
     t = xp.zeros_like(lo)
-    moving = np.arange(d.shape[0]) if ops.is_numpy(d) else None  # rows still iterating
-    for _ in range(settings.ENGINE_MODE_ITERATIONS):
-        if moving is None:
-            t, lo, hi, done = _mode_step(d, rho, t, lo, hi)
-            if bool(xp.all(done)):
-                break
-            continue
-        t[moving], lo[moving], hi[moving], done = _mode_step(
-            d[moving], rho[moving], t[moving], lo[moving], hi[moving])
-        moving = moving[~done]
-        if moving.size == 0:
-            break
-    return t
+    return ops.converge_rows(_mode_step, (d, rho), (t, lo, hi),
+                             settings.ENGINE_MODE_ITERATIONS)[0]
 
 
 def _mode_step(d: Array, rho: Array, t: Array, lo: Array, hi: Array
