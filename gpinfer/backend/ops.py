@@ -143,6 +143,12 @@ def converge_rows(step: Callable[..., tuple[Array, ...]], fixed: tuple[Array, ..
     return state
 
 
+def floored(x: Array, low: float) -> Array:
+    """``max(x, low)`` elementwise as a new array (numpy's ufunc; torch's ``clamp``: one
+    operator, where the array API's ``clip`` costs numpy a wrapper's checks)."""
+    return np.maximum(x, low) if is_numpy(x) else x.clamp(min=low)
+
+
 def as_array(x: Any, dtype: Any = float) -> Array:
     """``x`` as an array: an array of a backend namespace (a torch tensor) as it is; host
     values (a numpy array, a scalar, a sequence) as a numpy array of ``dtype`` (no copy where
@@ -441,8 +447,13 @@ def _require(flag: Array, error: Callable[[], Exception], test: Test = _true) ->
 
 
 def require(flag: Array, error: Callable[[], Exception]) -> None:
-    """Raise ``error()`` unless the 0-d bool device array ``flag`` holds (deferred inside
-    ``deferred_checks``, collected while tracing, else read at once)."""
+    """Raise ``error()`` unless ``flag`` holds: a host flag (a numpy or Python bool) at once;
+    a 0-d bool device array deferred inside ``deferred_checks``, collected while tracing, else
+    read at once."""
+    if is_numpy(flag):
+        if not flag:
+            raise error()
+        return
     _require(flag, error)
 
 
