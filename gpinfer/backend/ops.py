@@ -15,7 +15,12 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
   (``multiply_into``, ``sqrt_into``, ``clip_below``, ``fill_diagonal``) where a temporary of
   millions of entries would cost a pass over memory;
 * moving values: ``like`` (host values onto an array's namespace, device and dtype),
-  ``to_host``, ``scalar``, ``all_finite``;
+  ``index_like`` (host or backend labels as an index of the namespace), ``as_array`` /
+  ``flat`` / ``zeros_vector`` (host values as float64 numpy, backend arrays where they
+  live), ``to_host``, ``scalar``, ``all_finite``, ``torch_view``; numpy's fast paths behind
+  one name each (``class_counts``, ``converge_rows``: a row-wise iteration that compacts
+  converged rows on the host, ``out_buffer``, ``floored``), so that backend-neutral code
+  never tests which library a value belongs to;
 * checks without a device sync each: inside ``deferred_checks()`` the checks of
   ``require_positive``, ``require_finite`` and ``checked_cholesky(..., error=...)`` on device
   arrays are collected as 0-d values, each with the host test it must pass (one reduction per
