@@ -155,10 +155,15 @@ def floored(x: Array, low: float) -> Array:
 
 
 def as_array(x: Any, dtype: Any = float) -> Array:
-    """``x`` as an array: an array of a backend namespace (a torch tensor) as it is; host
-    values (a numpy array, a scalar, a sequence) as a numpy array of ``dtype`` (no copy where
-    ``x`` already is one)."""
-    return x if _is_tensor(x) else np.asarray(x, dtype=dtype)
+    """``x`` as an array: host values (a numpy array, a scalar, a sequence) as a numpy array
+    of ``dtype`` (no copy where ``x`` already is one); an array of a backend namespace (a
+    torch tensor) where it lives, as it is (``dtype=float``: a tensor of integers or booleans
+    as float64)."""
+    if not _is_tensor(x):
+        return np.asarray(x, dtype=dtype)
+    if dtype is float and not x.is_floating_point():
+        return x.to(_torch().float64)
+    return x
 
 
 def flat(x: Any, copy: bool = False) -> Array:
@@ -511,7 +516,8 @@ def require_finite(error: Callable[[], Exception], *arrays: Array) -> None:
     device = [a for a in arrays if not is_numpy(a)]
     if not all_finite(*host):
         raise error()
-    _require_all(_finite_checks(device), error)
+    if device:  # (host values alone: no context to look up)
+        _require_all(_finite_checks(device), error)
 
 
 def _read_checks(checks: list[tuple[Array, Test]]) -> bool:

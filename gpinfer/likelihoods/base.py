@@ -50,16 +50,13 @@ def require_rule_backend(likelihood: Likelihood, mean: Array, n_classes: int | N
 
 
 def _finite_array(x: Array, name: str) -> Array:
-    """``x`` as a finite floating array (host values: float64 numpy; a backend array on its
-    namespace and device, integers as float64). Its finiteness is checked on a device inside
-    ``ops.deferred_checks`` (a training step) with the step's read, else at once."""
+    """``x`` as a finite floating array (``ops.as_array``: host values as float64 numpy; a
+    backend array on its device, integers as float64). Its finiteness is checked on a device
+    inside ``ops.deferred_checks`` (a training step) with the step's read, else at once."""
     try:
         arr = ops.as_array(x)
     except (TypeError, ValueError) as exc:
         raise InputError(f"{name} must be numeric, got {type(x).__name__}") from exc
-    xp = ops.namespace(arr)
-    if not xp.isdtype(arr.dtype, "real floating"):
-        arr = xp.astype(arr, xp.float64)
     ops.require_finite(lambda: NonFiniteError(f"{name} contains NaN or infinite values",
                                               quantity=name), arr)
     return arr

@@ -467,6 +467,8 @@ def test_host_values_reach_the_namespace_and_backend_arrays_stay():
     host = ops.as_array([1, 2])
     assert isinstance(host, np.ndarray) and host.dtype == np.float64
     assert ops.as_array(ref) is ref and ops.as_array(np.float32(2.0)).dtype == np.float64
+    assert ops.as_array(torch.tensor([1, 2])).dtype == torch.float64  # integers as floats
+    assert ops.as_array(torch.tensor([1, 2]), dtype=None).dtype == torch.int64
     x = np.arange(4.0).reshape(2, 2)
     v = ops.flat(x)
     v[0] = 9.0
