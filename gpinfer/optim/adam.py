@@ -54,11 +54,18 @@ class Adam(StochasticAscent):
         self.t = 0
         self.m = ops.zeros_vector(x0)
         self.v = ops.zeros_vector(x0)
-        # scratch [P]: P can be millions, so no temporaries (and no fresh pages) per step; the
-        # host update runs piece by piece in the first ``_HOST_PIECE`` entries of it only (the
-        # zero pages of the rest are never touched, so never backed by memory)
-        self._work = ops.zeros_vector(x0)
-        self._delta = ops.zeros_vector(x0)
+        # scratch, made by the first step (``_scratch``): P can be millions, so no
+        # temporaries (and no fresh pages) per step
+        self._work: Array | None = None
+        self._delta: Array | None = None
+
+    def _scratch(self, n: int) -> tuple[Array, Array]:
+        """The update's two scratch vectors of ``n`` entries where the moments live (made
+        once after each ``reset``: one piece of the vector on the host, whose update runs
+        piece by piece, the whole vector on a device)."""
+        if self._work is None or self._delta is None:
+            self._work, self._delta = ops.zeros(self.m, (n,)), ops.zeros(self.m, (n,))
+        return self._work, self._delta
 
     def snapshot(self) -> tuple[int, Array, Array]:
         """``(t, m, v)``: copies of the moments (``restore`` brings them back)."""
@@ -85,9 +92,11 @@ class Adam(StochasticAscent):
         self.t += 1
         inv_bias2 = 1.0 / math.sqrt(1.0 - self.beta2**self.t)
         step: float | Array = self.learning_rate / (1.0 - self.beta1**self.t)
-        if ops.is_numpy(grad):
-            _host_update(x, grad, self.m, self.v, self._work, self._delta, self.beta1,
-                         self.beta2, self.eps, inv_bias2, float(step))
+        P = int(grad.shape[0])
+        if ops.is_numpy(grad):  # numpy's update in cache-sized pieces, its own rounding
+            work, delta = self._scratch(min(P, _HOST_PIECE))
+            _host_update(x, grad, self.m, self.v, work, delta, self.beta1, self.beta2,
+                         self.eps, inv_bias2, float(step))
             return x
         # the device update's scalars: x += step' m / (sqrt(v) + eps') with
         # step' = step / inv_bias2 and eps' = eps / inv_bias2 (the same quotient)
@@ -95,8 +104,9 @@ class Adam(StochasticAscent):
         if compile_active():  # inputs of the compiled graph, not constants (one per step)
             scalars = ops.like(x, np.array([shift, scaled_step]))
             shift, scaled_step = scalars[0], scalars[1]
-        _adam_update(x, grad, self.m, self.v, self._work, self._delta, self.beta1, self.beta2,
-                     shift, scaled_step)
+        work, delta = self._scratch(P)
+        _adam_update(x, grad, self.m, self.v, work, delta, self.beta1, self.beta2, shift,
+                     scaled_step)
         return x
 
 
