@@ -88,7 +88,7 @@ def initial_inducing(spec: int | Array | None, X: Array, rng: np.random.Generato
     if init not in INDUCING_INITS:
         raise InputError(f"{owner}: inducing_init must be one of {list(INDUCING_INITS)}, "
                          f"got {init!r}")
-    if isinstance(spec, np.ndarray):
+    if spec is not None and np.ndim(spec) > 0:  # an array [M, D] (a count is a scalar)
         Z = np.asarray(spec, dtype=float)
         if Z.ndim != 2 or Z.shape[1] != d or not 1 <= Z.shape[0] <= n:
             raise InputError(

@@ -158,7 +158,7 @@ class InducingPosterior(Posterior):
         self._Luu = [jittered_cholesky(k.K(z)).L for k, z in zip(self.kernels, self.Z)]
 
     def predict_f(self, X: Array) -> tuple[Array, Array]:
-        X = X if ops.is_array(X) and not ops.is_numpy(X) else np.asarray(X, dtype=float)
+        X = ops.as_array(X)
         xp = ops.namespace(X)
         floor = 1e-300 if str(X.dtype).endswith("float64") else 1e-30  # variances > 0
         means, variances = [], []

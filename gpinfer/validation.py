@@ -151,7 +151,7 @@ def feature_names(X: Any) -> Array | None:
     names: ``None``, as scikit-learn does.
     """
     columns = getattr(X, "columns", None)
-    if columns is None or isinstance(X, np.ndarray):
+    if columns is None:
         return None
     names = list(columns)
     if all(isinstance(name, numbers.Integral) for name in names) and names == list(

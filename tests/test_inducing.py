@@ -190,6 +190,9 @@ def test_kmeans_centres_are_shared_and_arrays_are_copied():
     np.testing.assert_array_equal(Zs[1], given)
     Zs[1][0, 0] = 99.0
     assert given[0, 0] != 99.0
+    # any array-like [M, D] is an array of inputs (a nested list too), not a count
+    Zs = initial_inducing(given.tolist(), X, np.random.default_rng(2), n_latent=1)
+    np.testing.assert_array_equal(Zs[0], given)
 
 
 @pytest.mark.parametrize("spec,match", [(81, "1..N=80"), (0, "1..N=80"), (2.5, "1..N=80"),

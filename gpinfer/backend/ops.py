@@ -15,15 +15,20 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
   (``multiply_into``, ``sqrt_into``, ``clip_below``, ``fill_diagonal``) where a temporary of
   millions of entries would cost a pass over memory;
 * moving values: ``like`` (host values onto an array's namespace, device and dtype),
-  ``to_host``, ``scalar``, ``all_finite``, ``as_float`` (host values as float64 numpy, a
-  backend array as it is), ``is_host_buffer`` / ``host_out`` (a host vector numpy writes a
-  result into; none on a device), ``maybe_any`` (a host test without a device sync);
-* one operation, each namespace's form: ``rows_matmul`` / ``matmul_t`` / ``mean_rows`` /
-  ``trace`` / ``scaled_inner`` (numpy's reshaped ``gemm`` and views, a device's one
-  ``einsum``), ``polyval`` (Horner on numpy, one product of powers on a device),
-  ``masked_entries`` / ``set_masked`` (numpy on the masked entries only, in place; a device
-  on every entry with a select), ``piecewise_or_whole`` (numpy's two formulas on their
-  entries, a device's one formula valid everywhere);
+  ``index_like`` (host or backend labels as an index of the namespace), ``as_float`` /
+  ``as_array`` / ``flat`` / ``zeros_vector`` (host values as float64 numpy, backend arrays
+  where they live), ``to_host``, ``scalar``, ``all_finite``, ``torch_view``,
+  ``is_host_buffer`` / ``host_out`` (a host vector numpy writes a result into; none on a
+  device), ``maybe_any`` (a host test without a device sync);
+* one operation, each namespace's form, so that backend-neutral code never tests which
+  library a value belongs to: ``rows_matmul`` / ``matmul_t`` / ``mean_rows`` / ``trace`` /
+  ``scaled_inner`` (numpy's reshaped ``gemm`` and views, a device's one ``einsum``),
+  ``polyval`` (Horner on numpy, one product of powers on a device), ``masked_entries`` /
+  ``set_masked`` (numpy on the masked entries only, in place; a device on every entry with a
+  select), ``piecewise_or_whole`` (numpy's two formulas on their entries, a device's one
+  formula valid everywhere); numpy's fast paths behind one name each (``class_counts``,
+  ``converge_rows``: a row-wise iteration that compacts converged rows on the host,
+  ``out_buffer``, ``floored``);
 * checks without a device sync each: inside ``deferred_checks()`` the checks of
   ``require_positive``, ``require_finite`` and ``cholesky(..., check=True, error=...)`` on device
   arrays are collected as 0-d values, each with the host test it must pass (one reduction per
@@ -42,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -85,6 +91,13 @@ def _torch() -> Any:
     return torch
 
 
+def _is_tensor(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor (the backend arrays; no import of torch where none is
+    loaded: then there is none)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
 def like(ref: Array, values: Any) -> Array:
     """Host ``values`` (array or scalar) as an array of ``ref``'s namespace, device and
     floating dtype."""
@@ -100,10 +113,110 @@ def like(ref: Array, values: Any) -> Array:
 
 
 def index_like(ref: Array, idx: Any) -> Array:
-    """Host integer ``idx`` as an int64 array on ``ref``'s namespace and device."""
+    """Integer ``idx`` as an index array of ``ref``'s namespace: host values as int64 on its
+    device; an index array already of a backend namespace (torch labels) as it is."""
     if is_numpy(ref):
         return np.asarray(idx, dtype=np.int64)
+    if _is_tensor(idx):
+        return idx
     return _torch().as_tensor(np.asarray(idx, dtype=np.int64), device=ref.device)
+
+
+def class_counts(y: Array, C: int) -> Array:
+    """How many labels ``y [n]`` (ints ``0..C-1``) hold each class, float64 ``[C]`` on ``y``'s
+    namespace and device (numpy: ``bincount``; a device: one comparison against ``0..C-1``
+    and a sum, no sync)."""
+    if is_numpy(y):
+        return np.bincount(y, minlength=C).astype(float)
+    xp = namespace(y)
+    return xp.sum(xp.astype(y[:, None] == arange(y, C), xp.float64), axis=0)
+
+
+def converge_rows(step: Callable[..., tuple[Array, ...]], fixed: tuple[Array, ...],
+                  state: tuple[Array, ...], max_iter: int) -> tuple[Array, ...]:
+    """A row-wise iteration: ``(*state, done) = step(*fixed, *state)`` on arrays ``[B, ...]``
+    (``done [B]``: the rows that have converged), at most ``max_iter`` steps; returns the
+    final ``state``. On numpy a row stops at its own convergence: each step runs on the rows
+    still moving only (gathered, and written back into ``state``'s arrays in place); on a
+    device every row steps until all have converged (no data-dependent shapes; one read of
+    ``done`` per step)."""
+    if not is_numpy(state[0]):
+        xp = namespace(*state)
+        for _ in range(max_iter):
+            out = step(*fixed, *state)
+            state = out[:-1]
+            if bool(xp.all(out[-1])):
+                break
+        return state
+    moving = np.arange(state[0].shape[0])  # rows still iterating
+    for _ in range(max_iter):
+        *new, done = step(*(a[moving] for a in fixed), *(s[moving] for s in state))
+        for s, value in zip(state, new):
+            s[moving] = value
+        moving = moving[~done]
+        if moving.size == 0:
+            break
+    return state
+
+
+def floored(x: Array, low: float) -> Array:
+    """``max(x, low)`` elementwise as a new array (numpy's ufunc; torch's ``clamp``: one
+    operator, where the array API's ``clip`` costs numpy a wrapper's checks)."""
+    return np.maximum(x, low) if is_numpy(x) else x.clamp(min=low)
+
+
+def as_array(x: Any, dtype: Any = float) -> Array:
+    """``x`` as an array: host values (a numpy array, a scalar, a sequence) as a numpy array
+    of ``dtype`` (no copy where ``x`` already is one); an array of a backend namespace (a
+    torch tensor) where it lives, as it is (``dtype=float``: a tensor of integers or booleans
+    as float64)."""
+    if not _is_tensor(x):
+        return np.asarray(x, dtype=dtype)
+    if dtype is float and not x.is_floating_point():
+        return x.to(_torch().float64)
+    return x
+
+
+def flat(x: Any, copy: bool = False) -> Array:
+    """``x`` as a flat vector ``[P]``: host values as a fresh float64 numpy copy; an array of
+    a backend namespace reshaped on its device (a view where it can be; ``copy``: a fresh
+    array, as on the host)."""
+    if not _is_tensor(x):
+        return np.array(x, dtype=float).reshape(-1)
+    out = x.reshape(-1)
+    return out.clone() if copy else out
+
+
+def zeros_vector(x: Any) -> Array:
+    """Zeros ``[P]`` where ``x`` (``P`` entries) lives: float64 numpy for host values, else on
+    ``x``'s namespace, device and dtype."""
+    ref = as_array(x)
+    return zeros(ref, (math.prod(ref.shape),))
+
+
+def out_buffer(x: Array) -> Array | None:
+    """``x`` to be written again by the next result of the same shape (an ``out=``): a host
+    array (no fresh pages per call); ``None`` for a device array (its allocator reuses
+    memory; a write into ``x`` would add a copy)."""
+    return x if is_numpy(x) else None
+
+
+def checks_for(x: Array) -> DeferredChecks | None:
+    """The open ``deferred_checks`` context that a check of ``x`` joins: ``None`` for host
+    values (their checks run at once) and outside such a context."""
+    return None if is_numpy(x) else pending_checks()
+
+
+def torch_view(x: Array) -> Any:
+    """``x`` as a torch tensor sharing its memory (a numpy array: ``torch.from_numpy``; a
+    tensor: itself, detached), e.g. for a collective of ``torch.distributed`` in place."""
+    torch = _torch()
+    return x.detach() if isinstance(x, torch.Tensor) else torch.from_numpy(x)
+
+
+def backend_name(x: Array) -> str:
+    """The name of ``x``'s array library: ``"numpy"`` for host values, else ``"torch"``."""
+    return "torch" if _is_tensor(x) else "numpy"
 
 
 def _kept(cache: dict[Any, Any], key: Any, make: Callable[[], Any], limit: int = 64) -> Any:
@@ -484,8 +597,13 @@ def _require(flag: Array, error: Callable[[], Exception], test: Test = _true) ->
 
 
 def require(flag: Array, error: Callable[[], Exception]) -> None:
-    """Raise ``error()`` unless the 0-d bool device array ``flag`` holds (deferred inside
-    ``deferred_checks``, collected while tracing, else read at once)."""
+    """Raise ``error()`` unless ``flag`` holds: a host flag (a numpy or Python bool) at once;
+    a 0-d bool device array deferred inside ``deferred_checks``, collected while tracing, else
+    read at once."""
+    if is_numpy(flag):
+        if not flag:
+            raise error()
+        return
     _require(flag, error)
 
 
@@ -538,7 +656,8 @@ def require_finite(error: Callable[[], Exception], *arrays: Array) -> None:
     device = [a for a in arrays if not is_numpy(a)]
     if not all_finite(*host):
         raise error()
-    _require_all(_finite_checks(device), error)
+    if device:  # (host values alone: no context to look up)
+        _require_all(_finite_checks(device), error)
 
 
 def _read_checks(checks: list[tuple[Array, Test]]) -> bool:

@@ -167,11 +167,16 @@ def select(
     return ds
 
 
-def _indices(ds: Dataset, values: object, key: str, what: str) -> list[int]:
+def _indices(ds: Dataset, values: Any, key: str, what: str) -> list[int]:
     """``values`` as a list of ints (``InputError`` naming ``key`` for a string, a scalar, a
     bool or a float, which ``int()`` would misread or truncate)."""
-    if isinstance(values, str | bytes) or not isinstance(values, Sequence | np.ndarray) or any(
-        isinstance(v, bool | np.bool_) or not isinstance(v, numbers.Integral) for v in values
+    try:  # one dimension: a list, tuple or array (a string, a scalar or a set has none)
+        flat = np.ndim(values) == 1
+    except ValueError:  # ragged nesting
+        flat = False
+    if not flat or any(
+        isinstance(v, bool | np.bool_) or not isinstance(v, numbers.Integral)
+        for v in values
     ):
         raise InputError(
             f"dataset {ds.name!r}: {key} must be a list of {what} (integers), e.g. "

@@ -128,8 +128,8 @@ def open_memmap_dataset(path_X_npy: str | Path, path_y_npy: str | Path) -> tuple
             raise InputError(
                 f"open_memmap_dataset: {str(p)!r} is not a .npy array file (np.save): {exc}"
             ) from exc
-        if not isinstance(a, np.ndarray):
-            a.close()  # an .npz archive
+        if isinstance(a, np.lib.npyio.NpzFile):  # an archive, not one array
+            a.close()
             raise InputError(
                 f"open_memmap_dataset: {str(p)!r} is an .npz archive; memory maps need one "
                 ".npy file per array (np.save)"

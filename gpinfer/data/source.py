@@ -244,7 +244,7 @@ class ShardSource(RowSource):
         except (ValueError, OSError) as exc:
             raise InputError(f"{self.name}: shard {k} ({str(path)!r}) is not a .npy array file "
                              f"(np.save): {exc}") from exc
-        if not isinstance(a, np.ndarray):
+        if isinstance(a, np.lib.npyio.NpzFile):  # an archive, not one array
             a.close()
             raise InputError(f"{self.name}: shard {k} ({str(path)!r}) is an .npz archive; give "
                              "one .npy file per shard")

@@ -310,7 +310,9 @@ def _params(p: Prepared) -> dict[str, str]:
     params.update(p.backend.params())  # as resolved: numpy/cpu/float64 when left unset
     if "lengthscale_init" in p.method_options:  # as resolved: "auto" is "median" (prepare)
         params["method.options.lengthscale_init"] = str(p.method_options["lengthscale_init"])
-    if not isinstance(p.X_train, np.ndarray):  # read out of core: the dtype of the files
+    from gpinfer.data.source import RowSource
+
+    if isinstance(p.X_train, RowSource):  # read out of core: the dtype of the files
         from gpinfer.experiment.model_logging import stored_dtype
 
         params["data.stored_dtype"] = stored_dtype(p.X_train)

@@ -16,7 +16,6 @@ import abc
 from collections.abc import Callable
 from typing import ClassVar
 
-import array_api_compat
 import numpy as np
 
 from gpinfer.backend import ops
@@ -43,35 +42,23 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 
-def _is_backend_array(x: object) -> bool:
-    """Whether ``x`` is an array of a non-numpy array-API namespace (a torch tensor): the
-    checks below then run on its namespace and device (``gpinfer.backend``)."""
-    return not ops.is_numpy(x) and array_api_compat.is_array_api_obj(x)
-
-
 def require_rule_backend(likelihood: Likelihood, mean: Array, n_classes: int | None) -> None:
     """The last guard of ``variational_expectations`` (the check before training refuses the
-    same earlier): ``likelihood.require_backend`` for a ``mean`` on the torch backend (numpy
-    runs every rule: ``Likelihood.expectation_backends``)."""
-    if _is_backend_array(mean):
-        likelihood.require_backend("torch", n_classes)
+    same earlier): ``likelihood.require_backend`` for ``mean``'s backend (numpy runs every
+    rule: ``Likelihood.expectation_backends``)."""
+    likelihood.require_backend(ops.backend_name(mean), n_classes)
 
 
 def _finite_array(x: Array, name: str) -> Array:
-    if _is_backend_array(x):
-        xp = ops.namespace(x)
-        if not xp.isdtype(x.dtype, "real floating"):
-            x = xp.astype(x, xp.float64)
-        # deferred inside ``ops.deferred_checks`` (a training step): no read here
-        ops.require_finite(lambda: NonFiniteError(f"{name} contains NaN or infinite values",
-                                                  quantity=name), x)
-        return x
+    """``x`` as a finite floating array (``ops.as_array``: host values as float64 numpy; a
+    backend array on its device, integers as float64). Its finiteness is checked on a device
+    inside ``ops.deferred_checks`` (a training step) with the step's read, else at once."""
     try:
-        arr = np.asarray(x, dtype=float)
+        arr = ops.as_array(x)
     except (TypeError, ValueError) as exc:
         raise InputError(f"{name} must be numeric, got {type(x).__name__}") from exc
-    if not np.all(np.isfinite(arr)):
-        raise NonFiniteError(f"{name} contains NaN or infinite values", quantity=name)
+    ops.require_finite(lambda: NonFiniteError(f"{name} contains NaN or infinite values",
+                                              quantity=name), arr)
     return arr
 
 
@@ -80,9 +67,9 @@ def check_latent(F: Array, name: str, ndim: int, n_latent: int | None = None) ->
     arr = _finite_array(F, name)
     if arr.ndim != ndim:
         want = "[N]" if ndim == 1 else "[N, C]"
-        raise InputError(f"{name} must have shape {want}, got shape {arr.shape}")
+        raise InputError(f"{name} must have shape {want}, got shape {tuple(arr.shape)}")
     if ndim == 2 and n_latent is not None and arr.shape[1] != n_latent:
-        raise InputError(f"{name} must have {n_latent} columns, got shape {arr.shape}")
+        raise InputError(f"{name} must have {n_latent} columns, got shape {tuple(arr.shape)}")
     return arr
 
 
@@ -94,56 +81,30 @@ def check_mean_var(mean: Array, var: Array, ndim: int) -> tuple[Array, Array]:
     mean = check_latent(mean, "mean", ndim)
     var = check_latent(var, "var", ndim)
     if mean.shape != var.shape:
-        raise InputError(f"mean and var must have the same shape, got {mean.shape} and {var.shape}")
-    if _is_backend_array(var):
-        xp = ops.namespace(var)
-        ops.require(xp.all(var >= 0), lambda: InputError(  # deferred in a training step
-            f"var must be non-negative, got minimum {ops.scalar(xp.min(var)):.3g}"))
-        return mean, xp.clip(var, min=settings.VARIANCE_FLOOR)
-    if np.any(var < 0):
-        raise InputError(f"var must be non-negative, got minimum {var.min():.3g}")
-    return mean, np.maximum(var, settings.VARIANCE_FLOOR)
+        raise InputError(f"mean and var must have the same shape, got {tuple(mean.shape)} and "
+                         f"{tuple(var.shape)}")
+    xp = ops.namespace(var)
+    ops.require(xp.all(var >= 0), lambda: InputError(  # on a device: deferred in a step
+        f"var must be non-negative, got minimum {ops.scalar(xp.min(var)):.3g}"))
+    return mean, ops.floored(var, settings.VARIANCE_FLOOR)
 
 
 def check_labels(y: Array, n_classes: int, n: int) -> Array:
-    """Class indices ``0..n_classes-1`` as an int array ``[n]``; clear errors otherwise.
-
-    Backend labels (a torch integer tensor: ``Backend.as_index``) are checked on their device
-    and returned there as int64.
-    """
-    if _is_backend_array(y):
-        return _check_backend_labels(y, n_classes, n)
-    arr = np.asarray(y)
+    """Class indices ``0..n_classes-1`` as an int64 array ``[n]`` of ``y``'s namespace (host
+    labels: numpy; backend labels, a torch integer tensor of ``Backend.as_index``, on their
+    device); clear errors otherwise. On a device the range check is read with a training
+    step's values (``ops.deferred_checks``), else at once."""
+    arr = ops.as_array(y, dtype=None)
+    xp = ops.namespace(arr)
     if arr.ndim != 1 or arr.shape[0] != n:
-        raise InputError(f"y must have shape [{n}] to match the latent values, got {arr.shape}")
-    if arr.size and not np.issubdtype(arr.dtype, np.number):
-        raise InputError(f"labels must be integer class indices, got dtype {arr.dtype}")
-    if arr.size and np.issubdtype(arr.dtype, np.floating):
-        if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
-            raise InputError("labels must be integer class indices 0..C-1, got non-integer values")
-    labels = arr.astype(np.int64)
-    if labels.size and (labels.min() < 0 or labels.max() >= n_classes):
-        bad = labels[(labels < 0) | (labels >= n_classes)][:5]
-        hint = " (sign labels -1/+1 must be mapped to 0/1)" if np.any(bad == -1) else ""
-        raise InputError(
-            f"labels must be class indices in 0..{n_classes - 1}, got {bad.tolist()}{hint}"
-        )
-    return labels
-
-
-def _check_backend_labels(y: Array, n_classes: int, n: int) -> Array:
-    """``check_labels`` for labels on a backend (one device sync for the range check, none
-    inside ``ops.deferred_checks``: read with the step's values)."""
-    xp = ops.namespace(y)
-    if y.ndim != 1 or y.shape[0] != n:
         raise InputError(f"y must have shape [{n}] to match the latent values, got "
-                         f"{tuple(y.shape)}")
-    if xp.isdtype(y.dtype, "real floating"):
-        if not ops.all_finite(y) or bool(xp.any(y != xp.round(y))):
+                         f"{tuple(arr.shape)}")
+    if xp.isdtype(arr.dtype, "real floating"):
+        if not ops.all_finite(arr) or bool(xp.any(arr != xp.round(arr))):
             raise InputError("labels must be integer class indices 0..C-1, got non-integer values")
-    elif not xp.isdtype(y.dtype, "integral"):
-        raise InputError(f"labels must be integer class indices, got dtype {y.dtype}")
-    labels = xp.astype(y, xp.int64)
+    elif arr.size and not xp.isdtype(arr.dtype, "integral"):
+        raise InputError(f"labels must be integer class indices, got dtype {arr.dtype}")
+    labels = xp.astype(arr, xp.int64)
 
     def out_of_range() -> InputError:
         bad = ops.to_host(labels)
@@ -152,7 +113,7 @@ def _check_backend_labels(y: Array, n_classes: int, n: int) -> Array:
         return InputError(
             f"labels must be class indices in 0..{n_classes - 1}, got {bad.tolist()}{hint}")
 
-    if n:  # deferred inside ``ops.deferred_checks`` (a training step)
+    if n:
         ops.require(xp.all((labels >= 0) & (labels < n_classes)), out_of_range)
     return labels
 
@@ -296,8 +257,7 @@ class ScalarLikelihood(Likelihood):
         mean, var = check_mean_var(mean, var, 1)
         require_rule_backend(self, mean, None)
         targets = self._targets(y, mean.shape[0])
-        if _is_backend_array(mean):
-            targets = ops.like(mean, targets)
+        targets = ops.like(mean, targets)
         return self._variational_expectations(targets, mean, var, rng)
 
     def predict_proba(self, mean: Array, var: Array) -> Array:

@@ -54,8 +54,7 @@ class LogisticLink(LogSigmoid):
 
     def derivatives(self, t: Array, order: int) -> tuple[Array, ...]:
         """Any array-API namespace (host values become float64 numpy arrays)."""
-        if ops.is_numpy(t) or not hasattr(t, "shape"):
-            t = np.asarray(t, dtype=float)
+        t = ops.as_array(t)
         xp = ops.namespace(t)
         # one exponential: e = exp(-|t|), r = 1/(1+e); psi = min(t, 0) - log1p(e) (no
         # overflow), sigma(-t) = e r (t >= 0) or r (t < 0), p (1 - p) = e r^2 for both signs

@@ -112,10 +112,7 @@ def argmax_factor_tilted(a_y: Array, a_k: Array, b_y: Array, b_k: Array, *,
     ``slope_b=False``: ``dlogz_db`` is ``None`` (a site update reads none: three operators
     fewer on a device).
     """
-    if all(ops.is_numpy(v) or not hasattr(v, "shape") for v in (a_y, a_k, b_y, b_k)):
-        a_y, a_k, b_y, b_k = np.broadcast_arrays(
-            *(np.asarray(v, dtype=float) for v in (a_y, a_k, b_y, b_k))
-        )
+    a_y, a_k, b_y, b_k = (ops.as_array(v) for v in (a_y, a_k, b_y, b_k))  # outputs broadcast
     xp = ops.namespace(a_y, a_k, b_y, b_k)
     z = b_y + b_k
     ops.require_positive(z, lambda: InputError(  # finite and > 0: one check, no sync when deferred
@@ -162,19 +159,8 @@ def _argmax_mode(d: Array, rho: Array) -> Array:
     lo = ops.zeros(d, (d.shape[0],))
     hi = xp.sum(rho * inv_mills(d), axis=1)
     t = xp.zeros_like(lo)
-    moving = np.arange(d.shape[0]) if ops.is_numpy(d) else None  # rows still iterating
-    for _ in range(settings.ENGINE_MODE_ITERATIONS):
-        if moving is None:
-            t, lo, hi, done = _mode_step(d, rho, t, lo, hi)
-            if bool(xp.all(done)):
-                break
-            continue
-        t[moving], lo[moving], hi[moving], done = _mode_step(
-            d[moving], rho[moving], t[moving], lo[moving], hi[moving])
-        moving = moving[~done]
-        if moving.size == 0:
-            break
-    return t
+    return ops.converge_rows(_mode_step, (d, rho), (t, lo, hi),
+                             settings.ENGINE_MODE_ITERATIONS)[0]
 
 
 def _mode_step(d: Array, rho: Array, t: Array, lo: Array, hi: Array
@@ -338,7 +324,7 @@ def label_contrasts(mean: Array, var: Array, y: Array) -> LabelContrasts:
     xp = ops.namespace(mean)
     B, C = mean.shape
     rows = ops.index_like(mean, np.arange(B))
-    y = ops.index_like(mean, y) if ops.is_numpy(y) else y
+    y = ops.index_like(mean, y)
     sd = xp.sqrt(var)
     others = xp.ones((B, C), dtype=xp.bool, device=array_api_compat.device(mean))
     others[rows, y] = False
@@ -353,10 +339,9 @@ def _argmax_plan(mean: Array, var: Array, y: Array
     """The quadrature plan shared by ``argmax_probability`` and ``argmax_log_probability``:
     the row indices, the label contrasts, and per refinement level (its rows on the host, on
     ``mean``'s device, its step and the rows' node centres)."""
-    if ops.is_numpy(mean) or not ops.is_array(mean):
-        mean, var = np.asarray(mean, dtype=float), np.asarray(var, dtype=float)
+    mean, var = ops.as_array(mean), ops.as_array(var)
     xp = ops.namespace(mean, var)
-    y = ops.index_like(mean, y) if ops.is_numpy(y) or not ops.is_array(y) else y
+    y = ops.index_like(mean, y)
     rows = ops.index_like(mean, np.arange(mean.shape[0]))
     contrasts = label_contrasts(mean, var, y)
     with np.errstate(divide="ignore"):  # the refinement level of each row, on the host
@@ -845,7 +830,7 @@ class Softmax(MulticlassLikelihood):
         xp = ops.namespace(mean)
         B, C = mean.shape
         rows = ops.index_like(mean, np.arange(B))
-        y = ops.index_like(mean, y) if ops.is_numpy(y) else y
+        y = ops.index_like(mean, y)
         sd = xp.sqrt(var)
         eps = ops.like(mean, rng.standard_normal((B, int(self.mc_samples), C)))
         F = mean[:, None, :] + sd[:, None, :] * eps
@@ -866,7 +851,7 @@ class Softmax(MulticlassLikelihood):
         B, Q, C = F.shape
         p, lse = _softmax(F)
         rows = ops.index_like(F, np.arange(B))
-        y = ops.index_like(F, y) if ops.is_numpy(y) else y
+        y = ops.index_like(F, y)
         onehot = ops.zeros(F, (B, 1, C))
         onehot[rows, 0, y] = 1.0
         log_p = F[rows, :, y]  # [B, Q]

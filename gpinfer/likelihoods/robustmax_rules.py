@@ -229,7 +229,7 @@ def argmax_probability_abs(
     B, C = mean.shape
     rows = ops.arange(mean, B)  # on a device: made once and kept
     others, sd_y, sd_o, d, rho = label_contrasts(mean, var, y)
-    y = ops.index_like(mean, y) if ops.is_numpy(y) else y
+    y = ops.index_like(mean, y)
     _, steps = step_levels(rho, constant)
     nodes = window_nodes(d, rho, steps, window, negligible_z)
     # the one host read (on a device one sync): the node counts set the groups and shapes
@@ -289,7 +289,7 @@ def argmax_probability_gh(mean: Array, var: Array, y: Array, n_nodes: int
     """
     xp = ops.namespace(mean)
     x, w = (ops.constant(mean, tuple(v.tolist())) for v in gauss_hermite(int(n_nodes)))
-    y = ops.index_like(mean, y) if ops.is_numpy(y) else y
+    y = ops.index_like(mean, y)
     B, C = mean.shape
     rows = ops.arange(mean, B)
     sd = xp.sqrt(var)

@@ -7,7 +7,7 @@ import numpy as np
 from gpinfer.backend import ops
 from gpinfer.errors import InputError
 from gpinfer.interfaces import Array
-from gpinfer.optim.stochastic import StochasticAscent, zeros_like_vector
+from gpinfer.optim.stochastic import StochasticAscent
 
 
 class AdaDelta(StochasticAscent):
@@ -48,9 +48,9 @@ class AdaDelta(StochasticAscent):
 
     def reset(self, x0: Array) -> None:
         # the state lives where x0 lives (numpy, or a torch device: gpinfer.backend)
-        self.G = zeros_like_vector(x0)
-        self.S = zeros_like_vector(x0)
-        self.delta = zeros_like_vector(x0)
+        self.G = ops.zeros_vector(x0)
+        self.S = ops.zeros_vector(x0)
+        self.delta = ops.zeros_vector(x0)
 
     def lookahead(self, x: Array) -> Array:
         if self.momentum == 0.0 or tuple(self.delta.shape) != tuple(np.shape(x)):

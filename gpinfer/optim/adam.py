@@ -12,7 +12,7 @@ from gpinfer.backend.compile import active as compile_active
 from gpinfer.backend.compile import compilable
 from gpinfer.errors import InputError
 from gpinfer.interfaces import Array
-from gpinfer.optim.stochastic import StochasticAscent, as_vector, zeros_like_vector
+from gpinfer.optim.stochastic import StochasticAscent
 
 #: entries per piece of a host update (six float64 arrays of it stay in a core's cache)
 _HOST_PIECE = 16384
@@ -52,16 +52,20 @@ class Adam(StochasticAscent):
     def reset(self, x0: Array) -> None:
         """Zero moments ``[P]`` where ``x0`` lives (host, or its backend device)."""
         self.t = 0
-        self.m = zeros_like_vector(x0)
-        self.v = zeros_like_vector(x0)
-        # scratch: P can be millions, so no temporaries (and no fresh pages) per step; on the
-        # host one piece of it (the update runs piece by piece), on a device the whole vector
-        if ops.is_numpy(self.m):
-            self._work = np.zeros(min(int(self.m.shape[0]), _HOST_PIECE))
-            self._delta = np.zeros_like(self._work)
-        else:
-            self._work = zeros_like_vector(x0)
-            self._delta = zeros_like_vector(x0)
+        self.m = ops.zeros_vector(x0)
+        self.v = ops.zeros_vector(x0)
+        # scratch, made by the first step (``_scratch``): P can be millions, so no
+        # temporaries (and no fresh pages) per step
+        self._work: Array | None = None
+        self._delta: Array | None = None
+
+    def _scratch(self, n: int) -> tuple[Array, Array]:
+        """The update's two scratch vectors of ``n`` entries where the moments live (made
+        once after each ``reset``: one piece of the vector on the host, whose update runs
+        piece by piece, the whole vector on a device)."""
+        if self._work is None or self._delta is None:
+            self._work, self._delta = ops.zeros(self.m, (n,)), ops.zeros(self.m, (n,))
+        return self._work, self._delta
 
     def snapshot(self) -> tuple[int, Array, Array]:
         """``(t, m, v)``: copies of the moments (``restore`` brings them back)."""
@@ -77,10 +81,7 @@ class Adam(StochasticAscent):
         self.v[...] = v
 
     def step(self, x: Array, grad: Array) -> Array:
-        grad = as_vector(grad) if not ops.is_array(grad) else grad
-        on_device = ops.is_array(x) and not ops.is_numpy(x)
-        x_new = ops.copy(as_vector(x)) if on_device else as_vector(x)  # host: float64 copy
-        return self.step_into(x_new, grad)
+        return self.step_into(ops.flat(x, copy=True), ops.as_array(grad))
 
     def step_into(self, x: Array, grad: Array) -> Array:
         """``step`` written into ``x [P]`` (an array the caller owns; returned), the same
@@ -91,9 +92,11 @@ class Adam(StochasticAscent):
         self.t += 1
         inv_bias2 = 1.0 / math.sqrt(1.0 - self.beta2**self.t)
         step: float | Array = self.learning_rate / (1.0 - self.beta1**self.t)
-        if ops.is_numpy(grad):
-            _host_update(x, grad, self.m, self.v, self._work, self._delta, self.beta1,
-                         self.beta2, self.eps, inv_bias2, float(step))
+        P = int(grad.shape[0])
+        if ops.is_numpy(grad):  # numpy's update in cache-sized pieces, its own rounding
+            work, delta = self._scratch(min(P, _HOST_PIECE))
+            _host_update(x, grad, self.m, self.v, work, delta, self.beta1, self.beta2,
+                         self.eps, inv_bias2, float(step))
             return x
         # the device update's scalars: x += step' m / (sqrt(v) + eps') with
         # step' = step / inv_bias2 and eps' = eps / inv_bias2 (the same quotient)
@@ -101,8 +104,9 @@ class Adam(StochasticAscent):
         if compile_active():  # inputs of the compiled graph, not constants (one per step)
             scalars = ops.like(x, np.array([shift, scaled_step]))
             shift, scaled_step = scalars[0], scalars[1]
-        _adam_update(x, grad, self.m, self.v, self._work, self._delta, self.beta1, self.beta2,
-                     shift, scaled_step)
+        work, delta = self._scratch(P)
+        _adam_update(x, grad, self.m, self.v, work, delta, self.beta1, self.beta2, shift,
+                     scaled_step)
         return x
 
 

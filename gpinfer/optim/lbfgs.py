@@ -87,9 +87,8 @@ def _caller_space(x0: Array) -> Callable[[Array], Array]:
     """The map from L-BFGS-B's host float64 vectors ``[P]`` to the caller's space: a fresh
     host float64 copy for a numpy ``x0``, else an array on ``x0``'s backend, device and
     dtype."""
-    if ops.is_numpy(x0) or not ops.is_array(x0):
-        return lambda x: np.array(x, dtype=float)
-    return lambda x: ops.like(x0, np.ascontiguousarray(x, dtype=float))
+    ref = ops.as_array(x0)
+    return lambda x: ops.like(ref, np.array(x, dtype=float))
 
 
 class LBFGSB(Optimizer):
@@ -146,7 +145,7 @@ class LBFGSB(Optimizer):
     def maximize(self, fun: ValueAndGrad, x0: Array, max_iter: int,
                  callback: IterationCallback | None = None) -> OptimizationResult:
         run = _Run(fun, callback, _caller_space(x0))
-        x0 = np.array(ops.to_host(x0) if ops.is_array(x0) else x0, dtype=float).reshape(-1)
+        x0 = np.array(ops.to_host(ops.as_array(x0)), dtype=float).reshape(-1)
         bounds = expand_bounds(self.bounds, x0.size)
         if max_iter < 1 or x0.size == 0:
             return run.no_iterations(x0)

@@ -13,7 +13,7 @@ import numpy as np
 from gpinfer.backend import ops
 from gpinfer.errors import InputError
 from gpinfer.interfaces import Array
-from gpinfer.optim.stochastic import StochasticAscent, as_vector, zeros_like_vector
+from gpinfer.optim.stochastic import StochasticAscent
 
 
 class SignAdaptiveAscent(StochasticAscent):
@@ -43,7 +43,7 @@ class SignAdaptiveAscent(StochasticAscent):
 
     def reset(self, x0: Array) -> None:
         """Every step at ``learning_rate``, ``[P]`` where ``x0`` lives."""
-        self.steps = zeros_like_vector(x0) + float(self.learning_rate)
+        self.steps = ops.zeros_vector(x0) + float(self.learning_rate)
         self.last_grad: Array | None = None
 
     def halve(self) -> None:
@@ -51,7 +51,7 @@ class SignAdaptiveAscent(StochasticAscent):
         self.steps *= 0.5
 
     def step(self, x: Array, grad: Array) -> Array:
-        grad = as_vector(grad) if not ops.is_array(grad) else grad
+        grad = ops.as_array(grad)
         if tuple(self.steps.shape) != tuple(grad.shape) or type(self.steps) is not type(grad):
             self.reset(grad)
         xp = ops.namespace(grad)
@@ -62,5 +62,4 @@ class SignAdaptiveAscent(StochasticAscent):
                 self.steps * self.decrease,
             )
         self.last_grad = ops.copy(grad)
-        x = np.asarray(x, dtype=float) if not ops.is_array(x) else x
-        return x + self.steps * grad
+        return ops.as_array(x) + self.steps * grad

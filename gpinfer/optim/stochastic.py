@@ -6,8 +6,6 @@ The optimisers step on arrays of any array-API namespace (numpy, or torch on a C
 
 from __future__ import annotations
 
-import numpy as np
-
 from gpinfer.backend import ops
 from gpinfer.interfaces import (
     Array,
@@ -17,21 +15,6 @@ from gpinfer.interfaces import (
     ValueAndGrad,
 )
 from gpinfer.optim.lbfgs import STOPPED_BY_CALLBACK, check_finite
-
-
-def as_vector(x: Array) -> Array:
-    """``x`` as a flat float vector: a copy of host values (float64 numpy); a backend array
-    (torch) reshaped on its device."""
-    if ops.is_array(x) and not ops.is_numpy(x):
-        return ops.namespace(x).reshape(x, (-1,))
-    return np.array(x, dtype=float).reshape(-1)
-
-
-def zeros_like_vector(x: Array) -> Array:
-    """Zeros ``[P]`` where ``x [P]`` lives (host float64 for host values)."""
-    if ops.is_array(x) and not ops.is_numpy(x):
-        return ops.zeros(x, (x.shape[0],))
-    return np.zeros(np.size(x))
 
 
 class StochasticAscent(StochasticOptimizer):
@@ -47,7 +30,7 @@ class StochasticAscent(StochasticOptimizer):
 
         ``value`` is the objective at the point where the step's gradient was taken.
         """
-        x = as_vector(x0)
+        x = ops.flat(x0)
         self.reset(x)
         value = float("nan")
         message = "maximum number of iterations reached"
@@ -56,7 +39,7 @@ class StochasticAscent(StochasticOptimizer):
             x_eval = self.lookahead(x)
             value, grad = fun(ops.copy(x_eval))
             value = float(value)
-            grad = as_vector(grad)
+            grad = ops.flat(grad)
             check_finite(value, grad, it)
             x = self.step(x_eval, grad)
             if callback is not None and callback(it, ops.copy(x), value):

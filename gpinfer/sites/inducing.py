@@ -139,11 +139,7 @@ def aggregate(win: Array, lose: Array, mask: Array, *, win_masked: bool = False)
 def factor_counts(y: Array, C: int) -> Array:
     """``n_c = (n - n_c^y) + (C - 1) n_c^y`` ``[C]``: factors touching each class (spec §1.4)
     (float64 on the host for host labels, else on ``y``'s namespace)."""
-    if ops.is_numpy(y):
-        counts = np.bincount(y, minlength=C).astype(float)
-    else:
-        xp = ops.namespace(y)
-        counts = xp.sum(xp.astype(~factor_mask(y, C), xp.float64), axis=0)
+    counts = ops.class_counts(y, C)
     return (y.shape[0] - counts) + (C - 1) * counts
 
 

@@ -122,22 +122,17 @@ class Group:
     def all_reduce_sum(self, buffer: Array) -> Array:
         """The element-wise sum over the ranks of the flat ``buffer [P]`` (a numpy array or a
         torch tensor; one collective). Returns an array of ``buffer``'s kind, shape and dtype
-        (a numpy buffer is summed through a torch view of a copy; a tensor in place on a
-        copy)."""
+        (summed in place on a copy, through a torch view of it)."""
         dist = _dist()
-        import torch  # a group is active: torch is imported
-
-        if isinstance(buffer, np.ndarray):
-            out = np.array(buffer, dtype=buffer.dtype, order="C", copy=True)
-            self._sum(dist, torch.from_numpy(out))
-            return out
-        t = buffer.detach().clone().contiguous()
+        out = ops.copy(buffer)
+        t = ops.torch_view(out)
         if dist.get_backend() == "nccl" or t.device.type == "cpu":
             self._sum(dist, t)
-            return t
+            return out
         host = t.cpu()  # gloo on a device tensor: through the host
         self._sum(dist, host)
-        return host.to(t.device)
+        t.copy_(host)
+        return out
 
     def _sum(self, dist: Any, tensor: Any) -> None:
         """``all_reduce`` (sum) of ``tensor`` in place (``_collective``; counted in
@@ -218,17 +213,12 @@ class Group:
                     failure: Exception | None = None) -> tuple[Any, Array]:
         """The means over the ranks of ``value`` (a host float, or a 0-d array of ``grad``'s
         backend) and ``grad [P]`` in one ``all_reduce`` (``agreed_sums``: a failure on any
-        rank raises on every rank). A host value comes back as a float, a device one as a 0-d
-        array."""
-        if ops.is_numpy(grad):
-            head = np.array([float(value)], dtype=grad.dtype)
-        else:
-            xp = ops.namespace(grad)
-            # asarray: a failed rank's value is the host 0.0 (``TrainingLoop._group_objective``)
-            head = xp.reshape(xp.asarray(value, dtype=grad.dtype, device=grad.device), (1,))
+        rank raises on every rank). A host value comes back as a float (numpy's ``float64``),
+        a device one as a 0-d array."""
+        # like: a failed rank's value is the host 0.0 (``TrainingLoop._group_objective``)
+        head = ops.namespace(grad).reshape(ops.like(grad, value), (1,))
         total_value, total_grad = self.agreed_sums([head, grad], failure)
-        mean = total_value[0] / self.size
-        return (float(mean) if isinstance(grad, np.ndarray) else mean), total_grad / self.size
+        return total_value[0] / self.size, total_grad / self.size
 
 
 def current() -> Group | None:

@@ -255,8 +255,8 @@ class TrainingLoop:
         with ops.deferred_checks(redo) as checks:  # on a device: one read, at the step's end
             unread, grad, unread_change = self._unread_step(batch, rho, checks)
             value, change = checks.flush(unread, unread_change)
-        if self._on_device is None:
-            self._on_device = not ops.is_numpy(grad)
+            if self._on_device is None:  # the step's checks wait for its read (a device)
+                self._on_device = ops.checks_for(grad) is not None
         return value, grad, change
 
     def _unread_step(self, batch: Array, rho: float, checks: ops.DeferredChecks | None
@@ -287,7 +287,7 @@ class TrainingLoop:
             X_batch = self.sites.batch_inputs()
             grad = self.hp.gradient(self.X[batch] if X_batch is None else X_batch,
                                     out.gradients, self.n_jobs, out=self._grad)
-            self._grad = grad if ops.is_numpy(grad) else None
+            self._grad = ops.out_buffer(grad)
             value = out.value
         ops.require_finite(lambda: NumericalError(
             "non-finite objective or gradient", iteration=it, quantity="objective"),

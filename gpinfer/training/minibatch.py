@@ -54,7 +54,7 @@ def check_step(value: Scalar, grad: Array, index: int, where: str) -> None:
     optimiser step: inside ``ops.deferred_checks`` on a device, left for the window's read
     (``ops.require_finite``); else at once, naming the entries (``NumericalError`` naming step
     ``index`` and ``where``)."""
-    if ops.is_numpy(grad) or ops.pending_checks() is None:
+    if ops.checks_for(grad) is None:
         check_finite(ops.scalar(value), grad, index, where)
     else:
         ops.require_finite(lambda: NumericalError(

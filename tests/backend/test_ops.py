@@ -480,3 +480,69 @@ def test_batched_vector_products_and_einsum_forms(to):
     np.testing.assert_allclose(out, np.einsum("cmn,cm->nc", A, v), rtol=1e-13)
     half = ops.to_host(ops.scaled_einsum(0.5, "cm,cm->c", to(v), to(v)))
     np.testing.assert_allclose(half, 0.5 * np.sum(v * v, axis=1), rtol=1e-13)
+
+
+def test_host_values_reach_the_namespace_and_backend_arrays_stay():
+    """``index_like`` takes labels already on the namespace as they are; ``as_array``,
+    ``flat`` and ``zeros_vector`` turn host values into float64 numpy and leave a tensor
+    where it lives (``flat(copy=True)``: a fresh array on both)."""
+    ref = torch.zeros(2, dtype=torch.float32)
+    labels = torch.tensor([1, 0])
+    assert ops.index_like(ref, labels) is labels
+    assert ops.index_like(np.zeros(2), [1, 0]).dtype == np.int64
+    host = ops.as_array([1, 2])
+    assert isinstance(host, np.ndarray) and host.dtype == np.float64
+    assert ops.as_array(ref) is ref and ops.as_array(np.float32(2.0)).dtype == np.float64
+    assert ops.as_array(torch.tensor([1, 2])).dtype == torch.float64  # integers as floats
+    assert ops.as_array(torch.tensor([1, 2]), dtype=None).dtype == torch.int64
+    x = np.arange(4.0).reshape(2, 2)
+    v = ops.flat(x)
+    v[0] = 9.0
+    assert v.shape == (4,) and x[0, 0] == 0.0  # a copy of host values
+    t = torch.arange(4.0).reshape(2, 2)
+    assert ops.flat(t).data_ptr() == t.data_ptr()  # a view on the device
+    c = ops.flat(t, copy=True)
+    assert c.data_ptr() != t.data_ptr() and c.tolist() == [0.0, 1.0, 2.0, 3.0]
+    z = ops.zeros_vector(torch.ones(3, dtype=torch.float32))
+    assert z.dtype == torch.float32 and z.shape == (3,)
+    assert ops.zeros_vector([1, 2, 3]).dtype == np.float64
+    assert ops.backend_name(t) == "torch" and ops.backend_name([1.0]) == "numpy"
+
+
+@pytest.mark.parametrize("to", _namespaces())
+def test_class_counts_floored_and_torch_view(to):
+    y = np.array([2, 0, 2, 2, 1, 0])
+    counts = ops.class_counts(ops.index_like(to(np.zeros(1)), y), 4)
+    assert ops.to_host(counts).tolist() == [2.0, 1.0, 3.0, 0.0]
+    x = to(np.array([-1.0, 0.5, 2.0]))
+    out = ops.floored(x, 1.0)
+    assert ops.to_host(out).tolist() == [1.0, 1.0, 2.0]
+    assert ops.to_host(x).tolist() == [-1.0, 0.5, 2.0]  # a new array
+    view = ops.torch_view(x)
+    view += 1.0  # the same memory
+    assert ops.to_host(x).tolist() == [0.0, 1.5, 3.0]
+
+
+def _halving_step(target, t, moves):
+    """``t`` halfway to ``target`` per step, done where within 1e-3; ``moves`` counts each
+    row's steps."""
+    new = 0.5 * (t + target)
+    return new, moves + 1.0, abs(new - target) <= 1e-3
+
+
+@pytest.mark.parametrize("to", _namespaces())
+def test_converge_rows_stops_each_row_on_numpy_and_all_at_once_on_a_device(to):
+    target = to(np.array([0.0, 1.0, 64.0]))
+    t, moves = ops.converge_rows(_halving_step, (target,),
+                                 (to(np.zeros(3)), to(np.zeros(3))), 50)
+    np.testing.assert_allclose(ops.to_host(t), [0.0, 1.0, 64.0], atol=1e-3)
+    # numpy: each row stops at its own convergence; a device: every row until the last
+    expected = [1.0, 10.0, 16.0] if ops.is_numpy(t) else [16.0, 16.0, 16.0]
+    assert ops.to_host(moves).tolist() == expected
+
+
+def test_require_tests_a_host_flag_at_once_even_inside_deferred_checks():
+    with pytest.raises(ValueError, match="host flag"):
+        with ops.deferred_checks():
+            ops.require(np.bool_(False), lambda: ValueError("host flag"))
+            raise AssertionError("not reached: the host flag raises at once")

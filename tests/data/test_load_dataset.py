@@ -81,3 +81,10 @@ def test_features_and_n_max(data_home: Path):
     assert select(full, n_max=100).n == 30  # n_max above N keeps everything
     with pytest.raises(InputError, match="features"):
         load_dataset("my_set", features=[9])
+    # a list, tuple or 1-D integer array is a list of indices; a ragged nesting, a set, a
+    # string, a scalar or floats are InputErrors naming the key
+    assert load_dataset("my_set", features=np.array([2, 0])).X.shape == (30, 2)
+    assert load_dataset("my_set", features=(2, 0)).X.shape == (30, 2)
+    for bad in ([[0], [1, 2]], {0, 1}, "01", 1, [0.0, 1.0], [True]):
+        with pytest.raises(InputError, match="features must be a list"):
+            load_dataset("my_set", features=bad)

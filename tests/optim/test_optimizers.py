@@ -7,6 +7,7 @@ import pytest
 
 from gpinfer.errors import InputError, NumericalError, UnknownNameError
 from gpinfer.optim import LBFGSB, OPTIMIZERS, AdaDelta, Adam, make_optimizer
+from gpinfer.optim.adam import _HOST_PIECE
 
 A = np.array([[3.0, 0.5, 0.0], [0.5, 2.0, 0.3], [0.0, 0.3, 1.0]])
 X_STAR = np.array([1.0, -2.0, 0.5])
@@ -267,6 +268,8 @@ def test_adam_host_pieces_give_the_bits_of_whole_vector_operations():
         ref_x = ref_x + (m * (0.02 / (1.0 - 0.9**t))) / den
         x = opt.step_into(x, g)
         np.testing.assert_array_equal(x, ref_x)
+    # the host's scratch is one piece (what a copy of the optimiser, svi's kept state, copies)
+    assert opt._work is not None and opt._work.shape == (_HOST_PIECE,)
 
 
 @pytest.mark.parametrize("scalars_as_arrays", [False, True])
