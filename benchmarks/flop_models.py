@@ -344,7 +344,8 @@ def ep_iteration_flops(N: int, B: int, M: int, C: int, D: int, n_latent: int, *,
 # --------------------------------------------------------------------------------------------
 
 _VAR = "plugins/gpinfer-svi/gpinfer_svi/variational.py"
-#: ``gpinfer.kernels.fixed.DISTANCE_CACHE_MAX_ENTRIES``: svi caches the ``[M, N]`` distances up to this
+#: ``gpinfer.kernels.fixed.DISTANCE_CACHE_MAX_ENTRIES``: svi caches the ``[M, N]`` distances up
+#: to this
 SVI_DISTANCE_CACHE_MAX_ENTRIES = 30_000_000
 
 

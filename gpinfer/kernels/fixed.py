@@ -35,8 +35,8 @@ import numpy as np
 
 from gpinfer.data.source import SourceRows, host_rows
 from gpinfer.kernels.base import Array, Kernel
-from gpinfer.kernels.combination import Sum
-from gpinfer.kernels.stationary import RBF, Stationary, sqdist
+from gpinfer.kernels.stacked import StackedKernels
+from gpinfer.kernels.stationary import RBF, sqdist
 from gpinfer.kernels.white import White
 
 #: cache the raw ``[M, N]`` squared distances when ``M * N`` is at most this (8 bytes each)
@@ -155,16 +155,20 @@ class FixedCovariances:
     def __init__(self, kernel: Kernel, inputs: FixedInputs):
         self.kernel, self.inputs = kernel, inputs
         self.Z, self.X = inputs.Z, inputs.X
-        parts = list(kernel.parts) if isinstance(kernel, Sum) else [kernel]
-        # the kernels' own declarations: the squared-distance form (``Stationary.sqdist_form``:
-        # RBF, not a subclass that changes ``_g``) and noise on the square matrix too
-        # (``White.on_square``: not a noise on ``Kff_diag`` alone)
-        rbf = [i for i, p in enumerate(parts) if isinstance(p, Stationary) and p.sqdist_form]
-        self._whites = [p for p in parts if isinstance(p, White) and p.on_square]
-        self.fast = len(rbf) == 1 and len(rbf) + len(self._whites) == len(parts)
-        self._parts = parts
-        self._rbf = rbf[0] if self.fast else -1  # the RBF's index among the parts
-        self._rbf_part: RBF | None = cast(RBF, parts[rbf[0]]) if self.fast else None
+        # the batched kernels' reading of the parts (one stationary part, ``White``-type
+        # noise), and the kernels' own declarations: the squared-distance form
+        # (``Stationary.sqdist_form``: RBF, not a subclass that changes ``_g``) and noise on
+        # the square matrix too (``White.on_square``: not a noise on ``Kff_diag`` alone)
+        family = StackedKernels.of([kernel])
+        if family is not None and not (family.stationary[0].sqdist_form and all(
+                family.noise_on_square[i] for i, _ in family.noise_parts())):
+            family = None  # batched alike, but not in the squared-distance form
+        self.fast = family is not None
+        self._parts = [] if family is None else [p[0] for p in family.parts]
+        self._whites: list[White] = ([] if family is None
+                                     else [p[0] for _, p in family.noise_parts()])
+        self._rbf = -1 if family is None else family.stationary_index  # the RBF among the parts
+        self._rbf_part = None if family is None else cast(RBF, family.stationary[0])
         self.ard = self._rbf_part is not None and self._rbf_part.ard
         if self.fast:  # the caches this kernel reads, formed now (not inside the first step)
             _ = (inputs.Zc, inputs.Xc) if self.ard else (inputs.D_uu, inputs.D_fu)
