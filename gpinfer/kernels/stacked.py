@@ -19,6 +19,10 @@ latents, so no ``[C, B, D]`` array is formed), and the scaled inputs, squared di
 ``StackedKernels.of(kernels)`` returns ``None`` for latents with different kernel families (or
 kernels this module does not batch: ``Linear``, products); those keep the per-latent path.
 
+Inputs declared fixed (``Z`` not learned: svi and the vi-jj family) take the fixed-input mode
+``gpinfer.kernels.fixed`` instead: it reads a kernel's parts with ``StackedKernels.of`` and keeps
+the raw squared distances of ``Z`` and ``X`` (or the centred inputs, ARD) for every call.
+
 Results equal the per-latent ``Kernel.K`` / ``Kernel.vjp`` to round-off
 (``tests/kernels/test_stacked.py``). Arrays may be numpy or torch (``gpinfer.backend``);
 parameters stay host floats and are moved once per evaluation.
