@@ -344,7 +344,8 @@ def ep_iteration_flops(N: int, B: int, M: int, C: int, D: int, n_latent: int, *,
 # --------------------------------------------------------------------------------------------
 
 _VAR = "plugins/gpinfer-svi/gpinfer_svi/variational.py"
-#: ``gpinfer.inducing.DISTANCE_CACHE_MAX_ENTRIES``: svi caches the ``[M, N]`` distances up to this
+#: ``gpinfer.kernels.fixed.DISTANCE_CACHE_MAX_ENTRIES``: svi caches the ``[M, N]`` distances up
+#: to this
 SVI_DISTANCE_CACHE_MAX_ENTRIES = 30_000_000
 
 
@@ -353,13 +354,13 @@ def svi_step_terms(B: int, M: int, D: int, n_latent: int, *, learn_inducing: boo
                    natural_gradient: bool = False) -> list[Term]:
     """Itemised ``svi_step_flops`` (every term already multiplied by ``n_latent``)."""
     B, M, D = float(B), float(M), float(D)
-    generic = learn_inducing  # fast path (FixedInputCovariances) only with Z fixed
+    generic = learn_inducing  # fast path (gpinfer.kernels.fixed) only with Z fixed
     kern = 2 * M * B * D if (generic or ard or not distances_cached) else 0.0
     vjp = 2 * M * B * D if (generic or ard) else 0.0
     per = [
         Term("Kub: distances 2 M B D (0 on the default fast path: isotropic RBF, Z fixed, "
              "[N, M] distances cached once at set-up)",
-             "gpinfer/inducing.py:FixedInputCovariances.matrices (generic: kernel.K)", kern, kern),
+             "gpinfer/kernels/fixed.py:FixedCovariances.matrices (generic: kernel.K)", kern, kern),
         Term("chol(Kuu): M^3/3", f"{_VAR}:uncollapsed_elbo", M**3 / 3, M**3 / 3),
         Term("Rb = L_K^-1 Kub: M^2 B", f"{_VAR}:uncollapsed_elbo", M**2 * B, M**2 * B),
         Term("A = L_K^-T Rb: M^2 B", f"{_VAR}:uncollapsed_elbo", M**2 * B, M**2 * B),
@@ -386,7 +387,7 @@ def svi_step_terms(B: int, M: int, D: int, n_latent: int, *, learn_inducing: boo
              2 * M**3 / 3 if natural_gradient else 0.0, 2 * M**3 if natural_gradient else 0.0),
         Term("kernel VJP: 2 M B D with learned Z (G @ Xb) or ARD (H @ A); 0 on the isotropic "
              "fast path (element-wise)",
-             "gpinfer/inducing.py:FixedInputCovariances.kernel_gradient / gpinfer/hyper.py",
+             "gpinfer/kernels/fixed.py:FixedCovariances.kernel_gradient / gpinfer/hyper.py",
              vjp, vjp),
     ]
     if natural_gradient:
@@ -411,7 +412,7 @@ def svi_step_flops(B: int, M: int, D: int, n_latent: int, *, learn_inducing: boo
     O(P)). ``n_latent`` = 1 for logit/probit, ``C`` for robust-max/softmax.
 
     Per latent, with the defaults (isotropic RBF, inducing inputs fixed -> the fast path of
-    ``gpinfer/inducing.py:FixedInputCovariances``, distances cached once when ``M N <= 3e7``):
+    ``gpinfer/kernels/fixed.py:FixedCovariances``, distances cached once when ``M N <= 3e7``):
 
     * forward (``uncollapsed_elbo``): ``chol(Kuu)`` ``M^3/3``, ``Rb = L_K^-1 Kub`` ``M^2 B``,
       ``A = L_K^-T Rb`` ``M^2 B``, ``Lq^T A`` ``M^2 B`` (triangular; coded as a GEMM

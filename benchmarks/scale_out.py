@@ -33,7 +33,7 @@ epochs 2..E, memmap / memory):
   memmap's rows, read after ``madvise(MADV_DONTNEED)``): 1.02x and 1.08x. The system CPU was
   glibc's malloc giving a step's temporaries back to the system after every step and faulting
   them in at the next (``gpinfer.allocator.prime_allocator``); the user CPU, the fixed-``Z``
-  kernel path the memmap fit did not take (``gpinfer.inducing.FixedInputCovariances``), and
+  kernel path the memmap fit did not take (``gpinfer.kernels.fixed``), and
   the batch reads (0.57 -> 0.39 s an epoch, ``RowSource.rows_as``).
 * 1e7, ``--epochs 2`` (epoch 2 alone), one round, load 2.1-3.7: svi 0.90x (105.9 / 118.0 s),
   sep 1.25x (83.8 / 67.2 s); peak RSS memmap 545 MB (svi) and 497 MB (sep), in memory 5.6 GB.

@@ -57,14 +57,14 @@ def test_memmap_and_shards_fit_bit_identical_to_the_array_in_memory(tmp_path, me
 
 
 def test_svi_memmap_fit_takes_the_in_memory_path(tmp_path, monkeypatch):
-    """svi's fixed-Z path (``FixedInputCovariances``) runs out of core as in memory, each batch
+    """svi's fixed-Z path (``gpinfer.kernels.fixed``) runs out of core as in memory, each batch
     read once for every latent. In memory it keeps the ``[M, N]`` distances while ``M N <=
     DISTANCE_CACHE_MAX_ENTRIES``, out of core never: with that memo off (as at ``M N`` above
     the limit) the fit of a float32 memmap equals the in-memory fit bit for bit, with it on
     to rounding."""
     from gpinfer_svi.method import VariationalState
 
-    import gpinfer.inducing as inducing
+    import gpinfer.kernels.fixed as fixed
     from gpinfer.data.source import SourceRows
 
     X, y = _data(dtype=np.float32)
@@ -87,7 +87,7 @@ def test_svi_memmap_fit_takes_the_in_memory_path(tmp_path, monkeypatch):
     Q = GPClassifier(**_settings("svi")).fit(mm, y).predict_proba(mm)
     assert steps and set(steps) == {(1, True)}  # the fixed-Z path, one read per step
     np.testing.assert_allclose(Q, P, rtol=1e-10, atol=1e-13)
-    monkeypatch.setattr(inducing, "DISTANCE_CACHE_MAX_ENTRIES", 0)
+    monkeypatch.setattr(fixed, "DISTANCE_CACHE_MAX_ENTRIES", 0)
     np.testing.assert_array_equal(Q, GPClassifier(**_settings("svi")).fit(X, y).predict_proba(X))
 
 

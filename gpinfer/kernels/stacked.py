@@ -19,6 +19,10 @@ latents, so no ``[C, B, D]`` array is formed), and the scaled inputs, squared di
 ``StackedKernels.of(kernels)`` returns ``None`` for latents with different kernel families (or
 kernels this module does not batch: ``Linear``, products); those keep the per-latent path.
 
+Inputs declared fixed (``Z`` not learned: svi and the vi-jj family) take the fixed-input mode
+``gpinfer.kernels.fixed`` instead: it reads a kernel's parts with ``StackedKernels.of`` and keeps
+the raw squared distances of ``Z`` and ``X`` (or the centred inputs, ARD) for every call.
+
 Results equal the per-latent ``Kernel.K`` / ``Kernel.vjp`` to round-off
 (``tests/kernels/test_stacked.py``). Arrays may be numpy or torch (``gpinfer.backend``);
 parameters stay host floats and are moved once per evaluation.
@@ -250,7 +254,6 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     """``(distances, Kuu [C, M, M], Kuf [C, M, B], Kff_diag [C, B])`` of ``family`` at
     ``Z [C, M, D]``, ``X [B, D]`` with parameters ``natural [C, P]`` (device arrays only: a
     compiled region of the step)."""
-    st = family.stationary
     xp = ops.namespace(Z)
     C, M, D = Z.shape
     start, stop = family.offsets[family.stationary_index]
@@ -292,7 +295,7 @@ def _forward(family: StackedKernels, Z: Array, X: Array, natural: Array
     Xs2 = Xs * Xs
     r2_uf = StackedCovariances._sqdist(a2_col, _scaled_norms(Xs2, inv_ell2)[:, None, :], cross,
                                        doubled=Zs is not None)
-    proto = st[0]
+    proto = family.stationary[0]
     vk = xp.reshape(var, (C, 1, 1)) if Zs is not None else None
     d = _Distances(kept, Xs, r2_uu, proto._g(r2_uu), r2_uf, proto._g(r2_uf), ell, inv_ell, var,
                    Xs2, ell2, inv_ell2, vk, Zs)

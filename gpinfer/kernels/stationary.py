@@ -116,7 +116,7 @@ class Stationary(Kernel):
     dg_dr2_per_g: ClassVar[float | None] = None
     #: whether the class gives its matrices from squared distances with ``K_from_sqdist``,
     #: ``sqdist_gradient`` and ``ard_lengthscale_gradient`` (``RBF``'s form: the cached-distance
-    #: path at fixed inputs, ``gpinfer.inducing.FixedInputCovariances``, takes only such a
+    #: path at fixed inputs, ``gpinfer.kernels.fixed``, takes only such a
     #: kernel). A subclass that changes ``_g`` sets it again (``tests/kernels/test_kernels.py``)
     sqdist_form: ClassVar[bool] = False
 
@@ -345,7 +345,7 @@ class RBF(Stationary):
     """Squared exponential: ``k = variance * exp(-r2 / 2)``.
 
     Besides the ``Stationary`` interface, the squared-distance form that cached-distance fast
-    paths use (``gpinfer.inducing.FixedInputCovariances``): ``K_from_sqdist`` (one ``exp`` over
+    paths use (``gpinfer.kernels.fixed``): ``K_from_sqdist`` (one ``exp`` over
     precomputed distances), ``sqdist_gradient`` and ``ard_lengthscale_gradient`` (the parameter
     gradients from contractions of a matrix gradient with ``K``).
     """

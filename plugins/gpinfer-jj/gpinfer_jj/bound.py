@@ -19,9 +19,9 @@ import numpy as np
 
 from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters, parameter_gradient
-from gpinfer.inducing import FixedInputCovariances
 from gpinfer.interfaces import Array, Likelihood, SiteState
 from gpinfer.kernels.base import Kernel
+from gpinfer.kernels.fixed import fixed_covariances
 from gpinfer.likelihoods.bernoulli import as_bernoulli
 from gpinfer.posterior import InducingPosterior
 from gpinfer.sites.stacked import StackedTerms
@@ -85,7 +85,7 @@ class CollapsedObjective:
         self._fast = (hp.n_latent == 1 and not hp.inducing_is_free(0)
                       and free <= set(kernel_names))
         self._kernel_free = np.array([n in free for n in kernel_names], dtype=bool)
-        self._cov = FixedInputCovariances(kernel, Z, X) if self._fast else None
+        self._cov = fixed_covariances([kernel], [Z], X)[0] if self._fast else None
         # the factors of the last kernel parameters and Z, and the last bound built on them:
         # xi moves at every hybrid evaluation but the kernel matrices, L_K and R only with theta,
         # and Stage 1, the first L-BFGS-B evaluation and q(u) after Stage 2 revisit a point

@@ -46,7 +46,7 @@ from gpinfer.backend.choice import NUMPY, Backend
 from gpinfer.data.source import host_rows, median_input
 from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters, parameter_gradient
-from gpinfer.inducing import DEFAULT_M, INDUCING_INITS, FixedInputCovariances, initial_inducing
+from gpinfer.inducing import DEFAULT_M, INDUCING_INITS, initial_inducing
 from gpinfer.interfaces import (
     Array,
     FitCallback,
@@ -58,6 +58,7 @@ from gpinfer.interfaces import (
     StochasticOptimizer,
 )
 from gpinfer.kernels.base import Kernel
+from gpinfer.kernels.fixed import FixedCovariances, fixed_covariances
 from gpinfer.kernels.initialisation import lengthscale_init_option, start_kernel
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.optim import LBFGSB, make_optimizer
@@ -158,14 +159,11 @@ class VariationalState:
                       and not any(hp.inducing_is_free(l) for l in range(self.L))
                       and bool(np.all(hp.kernel_entries("")))
                       and len({id(k) for k in hp.kernels}) == self.L)
-        self._covs: list[FixedInputCovariances] = []
+        self._covs: list[FixedCovariances] = []
         if self._fast:
             names = hp.names  # kernel parameters only (few)
-            for k, Z in zip(hp.kernels, self.Zs):
-                first = self._covs[0] if self._covs else None
-                share = first if first is not None and first.Z.shape == Z.shape and \
-                    np.array_equal(first.Z, Z) else None  # distances reused only for the same Z
-                self._covs.append(FixedInputCovariances(k, Z, X, share=share))
+            # latents with equal Z share one distance cache
+            self._covs = fixed_covariances(hp.kernels, self.Zs, X)
             prefix = ["kernel"] if self.L == 1 else [f"kernel[{l}]" for l in range(self.L)]
             full = [f"{p}.{q}" for p, k in zip(prefix, hp.kernels) for q in k.param_names]
             self._theta_index = np.array([full.index(n) for n in names], dtype=np.int64)

@@ -42,7 +42,7 @@ def _state(lik, n=30, M=5, C=1, seed=0, learn_Z=False):
 @pytest.mark.parametrize("learn_Z", [True, False])
 @pytest.mark.parametrize("lik", [BernoulliLogit(), BernoulliProbit()])
 def test_t5_svi_gradients_binary(lik, learn_Z):
-    """``learn_Z=False`` runs the cached-distance kernel path (``FixedInputCovariances``)."""
+    """``learn_Z=False`` runs the cached-distance kernel path (``gpinfer.kernels.fixed``)."""
     st, x = _state(lik, learn_Z=learn_Z)
     assert st._fast is not learn_Z
     batch = np.arange(0, 30, 3)
