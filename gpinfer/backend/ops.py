@@ -1003,7 +1003,7 @@ def cholesky(K: Array, *also_finite: Array, overwrite: bool = False, check: bool
             _require_all(checks, error)
             return L, False
         return L, not _read_checks(checks)
-    if K.ndim == 2 and K.dtype == np.float64 and K.size:  # (its own tests: a few us each)
+    if potrf_matrix(K):  # (its own tests: a few us each)
         if check and not (np.isfinite(K).all()
                           and (not also_finite or all_finite(*also_finite))):
             return K, True
@@ -1037,6 +1037,13 @@ def cholesky(K: Array, *also_finite: Array, overwrite: bool = False, check: bool
         failed[c] = info != 0
     failed |= ~np.isfinite(np.diagonal(flat, axis1=-2, axis2=-1)).all(axis=-1)
     return flat.reshape(K.shape), bool(failed.any()) if check else failed.reshape(K.shape[:-2])
+
+
+def potrf_matrix(K: Array) -> bool:
+    """Whether ``cholesky`` factorises ``K`` as one matrix by the host's LAPACK ``potrf`` on
+    ``K`` itself (a non-empty float64 numpy ``[M, M]``): the answer a host retry of ``K`` (a
+    copy in float64) would give again."""
+    return K.ndim == 2 and is_numpy(K) and K.dtype == np.float64 and K.size > 0
 
 
 #: ``cholesky``'s failure mask of one matrix (read-only 0-d arrays, made once), by its value
