@@ -3,7 +3,8 @@
 Every function takes arrays of one namespace and returns arrays of it (on the same device):
 
 * linear algebra on stacks ``[..., M, M]``: ``cholesky`` (with a per-matrix failure report
-  instead of an exception), ``solve_triangular`` (lower factors, optionally transposed),
+  instead of an exception), ``solve_triangular`` (lower factors, optionally transposed;
+  ``solve_triangular_with``: a stack and a vector, one solve per factor on numpy),
   ``cho_inverse``; numpy keeps its tuned paths (one BLAS ``trsm`` / LAPACK ``potri`` per
   matrix on Fortran views), torch calls its batched kernels;
 * special functions: ``log_ndtr``, ``ndtr``, ``expit``, ``log_expit``, ``erfcx``,
@@ -1116,6 +1117,22 @@ def solve_triangular(L: Array, B: Array, *, transpose: bool = False,
         raise NumericalError(f"triangular solve: zero on the factor's diagonal (row {info - 1})",
                              quantity="triangular factor")
     return X
+
+
+def solve_triangular_with(L: Array, A: Array, v: Array) -> tuple[Array, Array]:
+    """``(L^-1 A [C, M, n], L^-1 v [C, M])`` for lower factors ``L [C, M, M]``, ``A [C, M, n]``
+    (or ``[M, n]``, the same for every factor) and ``v [C, M]``: numpy one solve of ``[A, v]``
+    per factor, in place on one new array (both results views of it); a device two batched
+    solves."""
+    C, M, n = L.shape[0], A.shape[-2], A.shape[-1]
+    if not is_numpy(L):
+        R = solve_triangular(L, A if A.ndim == 3 else namespace(A).broadcast_to(A, (C, M, n)))
+        return R, solve_triangular(L, v[..., None])[..., 0]
+    Av = np.empty((C, M, n + 1), dtype=L.dtype)
+    Av[..., :n] = A
+    Av[..., n] = v
+    Rz = solve_triangular(L, Av, overwrite=True)
+    return Rz[..., :n], Rz[..., n]
 
 
 def vecmat(v: Array, A: Array) -> Array:
