@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -435,42 +435,75 @@ def check_against_baseline(result: FitResult, method: str, X: Array, y: Array,
     else:
         baseline = regression_baseline_nll(np.asarray(y, dtype=float), rows, w)
     flags, degenerate = prediction_flags(result.posterior, X[rows], y[rows], n_classes, method)
-    train_nll = mean_nll(result.posterior, X[rows], y[rows], None if w is None else w[rows])
+    train_nll = _training_nll(result, method, X[rows], y[rows], None if w is None else w[rows])
+    result.diagnostics.update(train_nll=train_nll, baseline_nll=baseline)
+    result.warnings.extend(flags)
+    judged = _judged(result, method, X, y, n_classes, rows, w, measure, (train_nll, baseline))
+    failed = not judged.fitted < judged.reference - BASELINE_TOLERANCE * abs(judged.reference)
+    if failed or flags:
+        _report(result, method, judged, degenerate, failed, on_failure)
+    return result
+
+
+def _training_nll(result: FitResult, method: str, X: Array, y: Array, w: Array | None) -> float:
+    """The fitted model's mean NLL at ``X [n, D]``, ``y [n]`` (weights ``w [n]``);
+    ``NumericalError`` where it is not finite (the predictions were checked finite)."""
+    train_nll = mean_nll(result.posterior, X, y, w)
     if not np.isfinite(train_nll):
         raise NumericalError(
             f"{method}: the fitted model's training NLL is {train_nll} though its predictions "
             "are finite: a predictive probability underflowed (look at the kernel parameters)",
             quantity="training NLL")
-    result.diagnostics.update(train_nll=train_nll, baseline_nll=baseline)
-    result.warnings.extend(flags)
-    # the measure judged (lower is better) and the baseline's
-    what = "the class frequencies" if n_classes else "a constant Gaussian"
-    judged, fitted, reference = f"training NLL {train_nll:.4g}", train_nll, baseline
-    if n_classes and measure == "error":
-        y_int = np.asarray(y, dtype=np.int64)
-        fitted = classification_error(result.posterior, X[rows], y_int[rows], n_classes,
-                                      None if w is None else w[rows])
-        reference = majority_error(y_int, n_classes, rows, w)
-        result.diagnostics.update(train_error=fitted, baseline_error=reference)
-        what = "the majority class"
-        judged = (f"training error {fitted:.4g} (judged by error: {method}'s class "
-                  f"probabilities are bounded by its construction; its training NLL "
-                  f"{train_nll:.4g}, the class frequencies' {baseline:.4g})")
-    failed = not fitted < reference - BASELINE_TOLERANCE * abs(reference)
-    if not failed and not flags:
-        return result
+    return train_nll
+
+
+class _Judged(NamedTuple):
+    """The measure ``check_against_baseline`` judges (lower is better): how it is named in the
+    message, the fit's value, the baseline's value and what the baseline predicts."""
+
+    judged: str
+    fitted: float
+    reference: float
+    what: str
+
+
+def _judged(result: FitResult, method: str, X: Array, y: Array, n_classes: int, rows: Array,
+            w: Array | None, measure: BaselineMeasure, nlls: tuple[float, float]) -> _Judged:
+    """The training NLL against the baseline's (``nlls``: both), or for a classifier judged
+    by ``measure="error"`` its training error at ``X[rows]`` against the majority class's
+    (recorded in ``result.diagnostics``); ``w [N]`` the weights or ``None``."""
+    train_nll, baseline = nlls
+    if not (n_classes and measure == "error"):
+        what = "the class frequencies" if n_classes else "a constant Gaussian"
+        return _Judged(f"training NLL {train_nll:.4g}", train_nll, baseline, what)
+    y_int = np.asarray(y, dtype=np.int64)
+    fitted = classification_error(result.posterior, X[rows], y_int[rows], n_classes,
+                                  None if w is None else w[rows])
+    reference = majority_error(y_int, n_classes, rows, w)
+    result.diagnostics.update(train_error=fitted, baseline_error=reference)
+    judged = (f"training error {fitted:.4g} (judged by error: {method}'s class "
+              f"probabilities are bounded by its construction; its training NLL "
+              f"{train_nll:.4g}, the class frequencies' {baseline:.4g})")
+    return _Judged(judged, fitted, reference, "the majority class")
+
+
+def _report(result: FitResult, method: str, judged: _Judged, degenerate: str, failed: bool,
+            on_failure: BaselineFailure) -> None:
+    """``check_against_baseline``'s verdict on a fit that ``failed`` against the baseline or
+    made ``degenerate`` predictions: a warning, or ``FitFailedError`` for a failed fit with
+    ``on_failure="raise"`` (``WORSE_THAN_BASELINE`` added to ``result.warnings``)."""
     kernel = _kernel_summary(result.kernel)
-    story = (f"{method}: the fitted model's {judged} is "
+    story = (f"{method}: the fitted model's {judged.judged} is "
              + ("no better than" if failed else "better than")
-             + f" predicting {what} ({reference:.4g})"
+             + f" predicting {judged.what} ({judged.reference:.4g})"
              + (f"; {degenerate}" if degenerate else "")
              + f". Trace: {trace_summary(result.history)}"
              + (f"; kernel: {kernel}" if kernel else ""))
-    if not failed:
+    if not failed:  # (stacklevel 4: the caller of check_against_baseline's caller)
         warnings.warn(f"{story}. The model may have learned little (look at the kernel "
                       "parameters and the scaling of the inputs)", _convergence_warning(),
-                      stacklevel=3)
-        return result
+                      stacklevel=4)
+        return
     result.warnings.append(WORSE_THAN_BASELINE)
     advice = ("look at the objective trace, the kernel parameters and the scaling of the inputs "
               "(standardize=True)")
@@ -479,5 +512,4 @@ def check_against_baseline(result: FitResult, method: str, X: Array, y: Array,
             f"{story}. The fit has failed: {advice}; baseline_failure='warn' keeps such a model "
             "with a warning", result=result, quantity="training NLL")
     warnings.warn(f"{story}. The fit has failed ({advice}); kept because "
-                  "baseline_failure='warn'", _convergence_warning(), stacklevel=3)
-    return result
+                  "baseline_failure='warn'", _convergence_warning(), stacklevel=4)

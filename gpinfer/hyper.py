@@ -306,7 +306,7 @@ class HyperParameters:
         if Z is None:
             return None
         given: list[Any] = [Z] if getattr(Z, "ndim", None) == 2 else list(Z)
-        Zs: list[Array] = [ops.copy(ops.as_float(z)) for z in given]
+        Zs: list[Array] = [ops.copy(ops.as_array(z)) for z in given]
         if len(Zs) != self.n_latent:
             raise ValueError(f"got {len(Zs)} inducing-input arrays for {self.n_latent} latents")
         for l, z in enumerate(Zs):
@@ -446,7 +446,7 @@ class HyperParameters:
         # a float64 host vector is used as it is (not a converted copy): ``pack(reuse=)`` may
         # write into it and return it
         given = theta if ops.is_host_buffer(theta, ndim=1) else None
-        theta = ops.as_float(theta)
+        theta = ops.as_array(theta)
         xp = ops.namespace(theta)
         theta = xp.reshape(theta, (-1,))
         if theta.shape[0] != self.size:
@@ -573,7 +573,7 @@ def parameter_gradient(
     gradient is formed in one host vector: stacked matrix gradients, every entry free, each
     latent's kernel and then each latent's ``Z``); its values are overwritten.
     """
-    X_ref = ops.as_float(X)  # a backend array as it is
+    X_ref = ops.as_array(X)  # a backend array as it is
     if isinstance(grads, StackedMatrixGradients) and hp.stacked is not None:
         if len(grads) != hp.n_latent:
             raise ValueError(f"got {len(grads)} MatrixGradients for {hp.n_latent} latents")

@@ -23,6 +23,7 @@ STUBS = {
     "gpinfer.sites.variational": ("gpinfer_svi.variational", "uncollapsed_elbo"),
     "gpinfer.numerics.gaussian_cubature": ("gpinfer_ivm.gaussian_cubature", "softmax_tilted"),
     "gpinfer.numerics.cholupdate": ("gpinfer_ivm.cholupdate", "chollrup"),
+    "gpinfer.numerics.gram": ("gpinfer_ep.gram", "weighted_gram"),
     "gpinfer.numerics.diagonal_softmax": ("gpinfer_ivm.diagonal_softmax",
                                           "diagonal_softmax_tilted"),
 }

@@ -3,7 +3,8 @@
 Every function takes arrays of one namespace and returns arrays of it (on the same device):
 
 * linear algebra on stacks ``[..., M, M]``: ``cholesky`` (with a per-matrix failure report
-  instead of an exception), ``solve_triangular`` (lower factors, optionally transposed),
+  instead of an exception), ``solve_triangular`` (lower factors, optionally transposed;
+  ``solve_triangular_with``: a stack and a vector, one solve per factor on numpy),
   ``cho_inverse``; numpy keeps its tuned paths (one BLAS ``trsm`` / LAPACK ``potri`` per
   matrix on Fortran views), torch calls its batched kernels;
 * special functions: ``log_ndtr``, ``ndtr``, ``expit``, ``log_expit``, ``erfcx``,
@@ -15,9 +16,9 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
   (``multiply_into``, ``sqrt_into``, ``clip_below``, ``fill_diagonal``) where a temporary of
   millions of entries would cost a pass over memory;
 * moving values: ``like`` (host values onto an array's namespace, device and dtype),
-  ``index_like`` (host or backend labels as an index of the namespace), ``as_float`` /
-  ``as_array`` / ``flat`` / ``zeros_vector`` (host values as float64 numpy, backend arrays
-  where they live), ``to_host``, ``scalar``, ``all_finite``, ``torch_view``,
+  ``index_like`` (host or backend labels as an index of the namespace), ``as_array`` /
+  ``flat`` / ``zeros_vector`` (host values as float64 numpy, backend arrays where they live),
+  ``to_host``, ``scalar``, ``all_finite``, ``torch_view``,
   ``is_host_buffer`` / ``host_out`` (a host vector numpy writes a result into; none on a
   device), ``maybe_any`` (a host test without a device sync);
 * one operation, each namespace's form, so that backend-neutral code never tests which
@@ -28,7 +29,7 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
   select), ``piecewise_or_whole`` (numpy's two formulas on their entries, a device's one
   formula valid everywhere); numpy's fast paths behind one name each (``class_counts``,
   ``converge_rows``: a row-wise iteration that compacts converged rows on the host,
-  ``out_buffer``, ``floored``);
+  ``floored``);
 * checks without a device sync each: inside ``deferred_checks()`` the checks of
   ``require_positive``, ``require_finite`` and ``cholesky(..., check=True, error=...)`` on device
   arrays are collected as 0-d values, each with the host test it must pass (one reduction per
@@ -194,13 +195,6 @@ def zeros_vector(x: Any) -> Array:
     return zeros(ref, (math.prod(ref.shape),))
 
 
-def out_buffer(x: Array) -> Array | None:
-    """``x`` to be written again by the next result of the same shape (an ``out=``): a host
-    array (no fresh pages per call); ``None`` for a device array (its allocator reuses
-    memory; a write into ``x`` would add a copy)."""
-    return x if is_numpy(x) else None
-
-
 def checks_for(x: Array) -> DeferredChecks | None:
     """The open ``deferred_checks`` context that a check of ``x`` joins: ``None`` for host
     values (their checks run at once) and outside such a context."""
@@ -296,15 +290,6 @@ def scalar(x: Array) -> float:
 
 
 # -- host values and per-namespace forms (kernels, hyper-parameters, numerics) -----------------
-
-
-def as_float(x: Any) -> Array:
-    """``x`` as a floating array: an array of another namespace (a torch tensor) as it is; host
-    values (numpy arrays and scalars, Python numbers, nested sequences) as a float64 numpy
-    array (numpy's ``TypeError`` / ``ValueError`` for values that are not numbers)."""
-    if is_numpy(x) or not is_array(x):
-        return np.asarray(x, dtype=float)
-    return x
 
 
 def maybe_any(mask: Array) -> bool:
@@ -1019,7 +1004,7 @@ def cholesky(K: Array, *also_finite: Array, overwrite: bool = False, check: bool
             _require_all(checks, error)
             return L, False
         return L, not _read_checks(checks)
-    if K.ndim == 2 and K.dtype == np.float64 and K.size:  # (its own tests: a few us each)
+    if potrf_matrix(K):  # (its own tests: a few us each)
         if check and not (np.isfinite(K).all()
                           and (not also_finite or all_finite(*also_finite))):
             return K, True
@@ -1053,6 +1038,13 @@ def cholesky(K: Array, *also_finite: Array, overwrite: bool = False, check: bool
         failed[c] = info != 0
     failed |= ~np.isfinite(np.diagonal(flat, axis1=-2, axis2=-1)).all(axis=-1)
     return flat.reshape(K.shape), bool(failed.any()) if check else failed.reshape(K.shape[:-2])
+
+
+def potrf_matrix(K: Array) -> bool:
+    """Whether ``cholesky`` factorises ``K`` as one matrix by the host's LAPACK ``potrf`` on
+    ``K`` itself (a non-empty float64 numpy ``[M, M]``): the answer a host retry of ``K`` (a
+    copy in float64) would give again."""
+    return K.ndim == 2 and is_numpy(K) and K.dtype == np.float64 and K.size > 0
 
 
 #: ``cholesky``'s failure mask of one matrix (read-only 0-d arrays, made once), by its value
@@ -1125,6 +1117,22 @@ def solve_triangular(L: Array, B: Array, *, transpose: bool = False,
         raise NumericalError(f"triangular solve: zero on the factor's diagonal (row {info - 1})",
                              quantity="triangular factor")
     return X
+
+
+def solve_triangular_with(L: Array, A: Array, v: Array) -> tuple[Array, Array]:
+    """``(L^-1 A [C, M, n], L^-1 v [C, M])`` for lower factors ``L [C, M, M]``, ``A [C, M, n]``
+    (or ``[M, n]``, the same for every factor) and ``v [C, M]``: numpy one solve of ``[A, v]``
+    per factor, in place on one new array (both results views of it); a device two batched
+    solves."""
+    C, M, n = L.shape[0], A.shape[-2], A.shape[-1]
+    if not is_numpy(L):
+        R = solve_triangular(L, A if A.ndim == 3 else namespace(A).broadcast_to(A, (C, M, n)))
+        return R, solve_triangular(L, v[..., None])[..., 0]
+    Av = np.empty((C, M, n + 1), dtype=L.dtype)
+    Av[..., :n] = A
+    Av[..., n] = v
+    Rz = solve_triangular(L, Av, overwrite=True)
+    return Rz[..., :n], Rz[..., n]
 
 
 def vecmat(v: Array, A: Array) -> Array:
@@ -1437,9 +1445,14 @@ def logsumexp(x: Array, axis: int) -> Array:
 
 
 def __getattr__(name: str) -> Any:
-    """``checked_cholesky(K, *also_finite, error=None, overwrite=False)`` (the factors, or
-    ``None`` on a failure), deprecated for ``cholesky(K, *also_finite, check=True, ...)``
-    (the factors and one bool): works for one more release."""
+    """``as_float``, deprecated for ``as_array``; ``checked_cholesky(K, *also_finite,
+    error=None, overwrite=False)`` (the factors, or ``None`` on a failure), deprecated for
+    ``cholesky(K, *also_finite, check=True, ...)`` (the factors and one bool): each works for
+    one more release."""
+    if name == "as_float":  # a twin of as_array, added and merged in one session
+        warnings.warn("gpinfer.backend.ops.as_float is deprecated: use as_array",
+                      DeprecationWarning, stacklevel=2)
+        return as_array
     if name != "checked_cholesky":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     warnings.warn("gpinfer.backend.ops.checked_cholesky is deprecated: use cholesky(K, ..., "

@@ -75,7 +75,7 @@ def as_inputs(X: object, name: str = "X") -> Array:
     """A finite float input array ``[N, D]`` (host values as float64 numpy; an array of another
     array-API namespace, a torch tensor, as it is); ``InputError`` naming ``name`` otherwise."""
     try:
-        arr: Array = ops.as_float(X)  # a backend array as it is
+        arr: Array = ops.as_array(X)  # a backend array as it is
     except (TypeError, ValueError):
         raise InputError(f"{name} must be a numeric array [N, D]") from None
     if arr.ndim != 2:
@@ -107,7 +107,7 @@ def input_pair(
 
 def matrix_gradient(dK: object, shape: tuple[int, ...], name: str = "dK") -> Array:
     """Check that the incoming gradient ``dK`` has the ``shape`` of the matrix it belongs to."""
-    arr = ops.as_float(dK)
+    arr = ops.as_array(dK)
     if tuple(arr.shape) != shape:
         raise InputError(
             f"{name} must have shape {shape} (that of the kernel matrix), got {tuple(arr.shape)}"

@@ -105,8 +105,8 @@ def jittered_cholesky(
         raise InputError(f"{name} must be square, got shape {tuple(A.shape)}")
     if A.shape[-1] == 0:
         return CholeskyResult(ops.zeros(A, tuple(A.shape)), 0.0)
-    if bare:  # (numpy checks at once: no deferred error to form)
-        error = None if ops.is_numpy(A) else _deferred(A, also_finite, max_jitter, lambda: _Named(
+    if bare:  # (``error`` is read only by a device's deferred check: numpy checks at once)
+        error = _deferred(A, also_finite, max_jitter, lambda: _Named(
             name, part, first, inputs, detail, iteration))
         L, failed = ops.cholesky(A, *also_finite, check=not finite, overwrite=again is not None,
                                  error=error)
@@ -121,7 +121,7 @@ def jittered_cholesky(
         raise InputError(f"{name}: jitter escalation needs start > 0 and factor > 1, got "
                          f"start {start:g}, factor {factor:g}")
     # a float64 numpy matrix failed as it is on the host's own factorisation: not tried again
-    tried = A.ndim == 2 and ops.is_numpy(A) and A.dtype == np.float64
+    tried = ops.potrf_matrix(A)
     return _escalated(A, named, Jitter(start, max_jitter, factor, scale, warn), bare and not tried)
 
 

@@ -56,13 +56,13 @@ _MILLS_C = _mills_series_coefficients(settings.PROBIT_ASYMPTOTIC_TERMS)
 
 def log_phi(t: Array) -> Array:
     """``log N(t | 0, 1)``, any shape."""
-    t = ops.as_float(t)
+    t = ops.as_array(t)
     return -0.5 * t * t - LOG_SQRT_2PI
 
 
 def log_Phi(t: Array) -> Array:
     """``log Phi(t)``, accurate for ``t << 0`` (``~ -t^2/2``) and ``t >> 0`` (``~ -phi(t)``)."""
-    return ops.log_ndtr(ops.as_float(t))
+    return ops.log_ndtr(ops.as_array(t))
 
 
 def inv_mills(t: Array, log_Phi_t: Array | None = None) -> Array:
@@ -70,7 +70,7 @@ def inv_mills(t: Array, log_Phi_t: Array | None = None) -> Array:
 
     ``log_Phi_t``: ``log Phi(t)`` when the caller has it already (used for ``t >= 0``).
     """
-    t = ops.as_float(t)
+    t = ops.as_array(t)
     xp = ops.namespace(t)
 
     def left(x: Array, *_: Array) -> Array:
@@ -85,7 +85,7 @@ def inv_mills(t: Array, log_Phi_t: Array | None = None) -> Array:
 
     # numpy: each formula on its own entries; a device evaluates every entry anyway: the
     # first formula alone (valid everywhere), no mask and no select
-    args = (t,) if log_Phi_t is None else (t, ops.as_float(log_Phi_t))
+    args = (t,) if log_Phi_t is None else (t, ops.as_array(log_Phi_t))
     return ops.piecewise_or_whole(negative, left, right, left, *args)
 
 
@@ -131,7 +131,7 @@ def log_Phi_derivatives(t: Array, order: int = 4) -> tuple[Array, ...]:
     """
     if not 0 <= order <= 4:
         raise ValueError(f"order must be in 0..4, got {order}")
-    t = ops.as_float(t)
+    t = ops.as_array(t)
     out: list[Array] = [log_Phi(t)]
     if order == 0:
         return tuple(out)
@@ -164,7 +164,7 @@ def log_Phi_curvature(t: Array) -> tuple[Array, Array, Array]:
     ``gamma`` is formed as ``r (t + r)`` and, below ``-PROBIT_ASYMPTOTIC_CUT``, as the series
     in ``t^-2`` directly (even in ``t``: no sign flips of ``t`` or of the result; on a device
     four operators fewer)."""
-    t = ops.as_float(t)
+    t = ops.as_array(t)
     psi = log_Phi(t)
     r = inv_mills(t, psi)
     gamma = r * (t + r)

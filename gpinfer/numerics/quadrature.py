@@ -454,7 +454,7 @@ def shift_invariant_rule(mean: Any, var: Any, order: int | None = None) -> tuple
     ``mean``, ``var`` may be arrays of another array-API namespace (torch: ``gpinfer.backend``);
     ``F`` and ``w`` are then arrays of it.
     """
-    mean, var = ops.as_float(mean), ops.as_float(var)  # host values as float64 numpy
+    mean, var = ops.as_array(mean), ops.as_array(var)  # host values as float64 numpy
     C = mean.shape[1]
     order = multiclass_gh_order(C) if order is None else order
     U = ops.like(mean, ones_complement_basis(C))

@@ -535,22 +535,9 @@ def cavity_moments(P_w: Array, h_w: Array, scale: Scales, A: Array,
     class) and ``mu = A^T w``. (The site update's cavity: it reads no ``w`` and no ``B^-1``.)
     ``prior``: as ``StackedGaussians``' (sums kept on an older factor: ``Frame``, with ``A``
     its directions ``Frame.A``)."""
-    xp = ops.namespace(A)
-    C, M, n = P_w.shape[0], A.shape[-2], A.shape[-1]
-    host = ops.is_numpy(P_w)
-    if host:  # checked once, factorised in place (``finite``)
-        finite_sums(P_w, h_w, iteration)
-    g = StackedGaussians(P_w, h_w, scale, iteration=iteration, means=False,
-                         finite=host, prior=prior)  # L_B, a h_w
-    if host:  # one solve of [A, a h_w] per class, in place on one array: R and z its views
-        Az = np.empty((C, M, n + 1), dtype=g.LB.dtype)
-        Az[..., :n] = A
-        Az[..., n] = g.h_w
-        Rz = ops.solve_triangular(g.LB, Az, overwrite=True)
-        R, z = Rz[..., :n], Rz[..., n]
-    else:
-        R = ops.solve_triangular(g.LB, A if A.ndim == 3 else xp.broadcast_to(A, (C, M, n)))
-        z = ops.solve_triangular(g.LB, g.h_w[..., None])[..., 0]
+    # L_B (the sums checked finite with B: "site sums are not finite"), a h_w
+    g = StackedGaussians(P_w, h_w, scale, iteration=iteration, means=False, prior=prior)
+    R, z = ops.solve_triangular_with(g.LB, A, g.h_w)  # numpy: one solve of [A, a h_w]
     by_point = StackedGaussians._by_point
     return by_point("cmn,cm", R, z, True), by_point("cmn,cmn", R, R, True)
 

@@ -287,7 +287,7 @@ class TrainingLoop:
             X_batch = self.sites.batch_inputs()
             grad = self.hp.gradient(self.X[batch] if X_batch is None else X_batch,
                                     out.gradients, self.n_jobs, out=self._grad)
-            self._grad = ops.out_buffer(grad)
+            self._grad = grad  # the next step's out: hp.gradient writes a host buffer only
             value = out.value
         ops.require_finite(lambda: NumericalError(
             "non-finite objective or gradient", iteration=it, quantity="objective"),

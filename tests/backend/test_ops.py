@@ -73,6 +73,23 @@ def test_cholesky_solves_and_inverse_against_dense_answers(to):
     np.testing.assert_allclose(Lh[0] @ x2, B[0], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("to", _namespaces())
+@pytest.mark.parametrize("shared", [False, True])
+def test_solve_triangular_with_solves_a_stack_and_a_vector_by_each_factor(to, shared):
+    """``solve_triangular_with(L, A, v)``: ``L^-1 A`` (``A`` per factor or one shared) and
+    ``L^-1 v``, against a dense inverse of each factor, on numpy and torch."""
+    rng = np.random.default_rng(7)
+    L, _ = ops.cholesky(_spd_stack(rng, C=3, M=6))
+    A = rng.normal(size=(6, 5) if shared else (3, 6, 5))
+    v = rng.normal(size=(3, 6))
+    R, z = ops.solve_triangular_with(to(L), to(A), to(v))
+    inv = np.linalg.inv(L)
+    np.testing.assert_allclose(ops.to_host(R), inv @ A, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ops.to_host(z), np.einsum("cij,cj->ci", inv, v), rtol=1e-10,
+                               atol=1e-12)
+    assert tuple(R.shape) == (3, 6, 5) and tuple(z.shape) == (3, 6)
+
+
 def test_solve_triangular_overwrite_solves_in_place_where_it_can():
     """numpy ``solve_triangular(overwrite=True)``: the same bits as a solve on a copy, in place
     on a writable C-ordered stack (the caller's array is the result), on a copy otherwise (a

@@ -34,7 +34,6 @@ from gpinfer.interfaces import (
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.initialisation import lengthscale_init_option
 from gpinfer.numerics.cholesky import tri_solve
-from gpinfer.numerics.gram import weighted_gram
 from gpinfer.optim.lbfgs import LBFGSB
 from gpinfer.options import Option, choice, integer, real
 from gpinfer.posterior import InducingPosterior
@@ -52,6 +51,7 @@ from gpinfer.sites.inducing import (
 from gpinfer.sites.stacked import StackedTerms
 from gpinfer.training.inner import InnerSchedule
 from gpinfer.training.outer import OuterSchedule
+from gpinfer_ep.gram import weighted_gram
 from gpinfer_ep.model import all_terms, check_likelihood, class_kernels, initial_inducing
 
 #: GFITC's initial site precision (spec §2.11)

@@ -2,8 +2,7 @@
 
 import numpy as np
 import pytest
-
-from gpinfer.numerics.gram import weighted_gram
+from gpinfer_ep.gram import weighted_gram
 
 
 @pytest.mark.parametrize("signs", ["mixed", "positive", "negative", "zero"])
