@@ -48,7 +48,7 @@ def test_modes_the_backend_cannot_honour_are_refused_with_the_fallback():
 def test_the_option_is_checked_before_training():
     from gpinfer.estimator import GPClassifier
 
-    X, y = np.zeros((8, 2)), np.arange(8) % 2
+    X, y = np.arange(16.0).reshape(8, 2), np.arange(8) % 2  # features that vary
     with pytest.raises(InputError, match="reduce-overhead"):
         GPClassifier(method="sep", M=2, max_iter=1, batch_size=4, backend="torch",
                      device="cpu", method_options={"compile": "reduce-overhead"}).fit(X, y)
