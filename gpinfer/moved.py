@@ -55,7 +55,9 @@ def renamed(module: str, names: dict[str, str], hint: str = "") -> Callable[[str
     """The module ``__getattr__`` of a live module ``module`` some of whose names were
     replaced: ``names`` maps each old name to its successor ``"package.module:name"``, imported
     lazily with a ``DeprecationWarning`` that names it (one release); any other name is an
-    ``AttributeError``; ``hint`` ends the warning (how to spell the calls now). Install it at
+    ``AttributeError``; ``hint`` ends the warning (how to spell the calls now). A private
+    successor (``_name``: a shim that keeps the old calls working) is not named: the warning
+    says the old name is deprecated and ``hint`` gives the new spelling. Install it at
     run time only (``if not TYPE_CHECKING:``), so that mypy
     keeps checking the imports from ``module``."""
 
@@ -63,7 +65,8 @@ def renamed(module: str, names: dict[str, str], hint: str = "") -> Callable[[str
         if name not in names:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         home, new = names[name].split(":")
-        warnings.warn(f"{module}.{name} is {home}.{new} now{hint}; the old name works for one "
+        now = "deprecated" if new.startswith("_") else f"{home}.{new} now"
+        warnings.warn(f"{module}.{name} is {now}{hint}; the old name works for one "
                       "more release", DeprecationWarning, stacklevel=2)
         return getattr(importlib.import_module(home), new)
 
