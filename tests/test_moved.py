@@ -79,3 +79,16 @@ def test_renamed_names_a_public_successor_and_never_a_private_shim():
     assert "gpinfer.some.Shim is deprecated (use moved_to)" in message and "_MISSING" not in message
     with pytest.raises(AttributeError, match="no attribute 'Other'"):
         getattr_("Other")
+
+
+@pytest.mark.parametrize("old, name", [("gpinfer.sites.inducing", "ClassTerms"),
+                                       ("gpinfer.sites.rank_one", "InducingGeometry")])
+def test_renamed_warns_at_the_users_line(old, name):
+    """A renamed name's warning is reported at the line that reads it, not inside the module's
+    own ``__getattr__`` or a ``moved_to`` stub (the default filters show a
+    ``DeprecationWarning`` only where the user's code is)."""
+    pytest.importorskip("gpinfer_pep")
+    module = importlib.import_module(old)
+    with pytest.warns(DeprecationWarning) as record:
+        getattr(module, name)
+    assert record and {Path(w.filename) for w in record} == {Path(__file__)}
