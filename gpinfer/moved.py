@@ -13,8 +13,10 @@ still works for one release, importing ``X`` lazily from the plugin's module wit
 from __future__ import annotations
 
 import importlib
+import sys
 import warnings
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 #: every stub left in the core: old module -> (new module, the distribution that ships it);
@@ -55,7 +57,9 @@ def renamed(module: str, names: dict[str, str], hint: str = "") -> Callable[[str
     """The module ``__getattr__`` of a live module ``module`` some of whose names were
     replaced: ``names`` maps each old name to its successor ``"package.module:name"``, imported
     lazily with a ``DeprecationWarning`` that names it (one release); any other name is an
-    ``AttributeError``; ``hint`` ends the warning (how to spell the calls now). Install it at
+    ``AttributeError``; ``hint`` ends the warning (how to spell the calls now). A private
+    successor (``_name``: a shim that keeps the old calls working) is not named: the warning
+    says the old name is deprecated and ``hint`` gives the new spelling. Install it at
     run time only (``if not TYPE_CHECKING:``), so that mypy
     keeps checking the imports from ``module``."""
 
@@ -63,8 +67,23 @@ def renamed(module: str, names: dict[str, str], hint: str = "") -> Callable[[str
         if name not in names:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
         home, new = names[name].split(":")
-        warnings.warn(f"{module}.{name} is {home}.{new} now{hint}; the old name works for one "
-                      "more release", DeprecationWarning, stacklevel=2)
+        now = "deprecated" if new.startswith("_") else f"{home}.{new} now"
+        # reported at the user's line, past ``module``'s own ``__getattr__`` around this one
+        # and a ``moved_to`` stub's lookup (the default filters show it only there)
+        inside = {__file__, getattr(sys.modules.get(module), "__file__", None)}
+        warnings.warn(f"{module}.{name} is {now}{hint}; the old name works for one "
+                      "more release", DeprecationWarning, stacklevel=_level_outside(inside))
         return getattr(importlib.import_module(home), new)
 
     return __getattr__
+
+
+def _level_outside(files: set[str | None]) -> int:
+    """The ``stacklevel`` of a ``warnings.warn`` in the caller (a module ``__getattr__``)
+    that reports the first frame above it whose file is none of ``files`` (at least its own
+    caller's: ``stacklevel=2``)."""
+    frame: FrameType | None = sys._getframe(2)
+    level = 2
+    while frame is not None and frame.f_code.co_filename in files:
+        frame, level = frame.f_back, level + 1
+    return level

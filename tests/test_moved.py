@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import gpinfer
-from gpinfer.moved import MOVED, moved_to
+from gpinfer.moved import MOVED, moved_to, renamed
 
 #: how a stub's module ``__getattr__`` is spelled (at the start of a line)
 STUB_LINE = re.compile(r"^__getattr__ = moved_to\(", re.MULTILINE)
@@ -64,3 +64,31 @@ def test_missing_plugin_is_named(monkeypatch):
     monkeypatch.delitem(MOVED, "gpinfer.sites.nosuch")
     with pytest.raises(ImportError, match="plugin 'gpinfer-nosuch'"):
         getattr_("anything")
+
+
+def test_renamed_names_a_public_successor_and_never_a_private_shim():
+    """``renamed``: the warning names a public successor; a private one (a shim keeping the old
+    calls) is not offered as the new spelling, the hint is."""
+    getattr_ = renamed("gpinfer.some", {"Old": "gpinfer.moved:moved_to",
+                                        "Shim": "gpinfer.moved:_MISSING"}, hint=" (use moved_to)")
+    with pytest.warns(DeprecationWarning, match=r"gpinfer.some.Old is gpinfer.moved.moved_to now"):
+        assert getattr_("Old") is moved_to
+    with pytest.warns(DeprecationWarning) as record:
+        getattr_("Shim")
+    message = str(record[0].message)
+    assert "gpinfer.some.Shim is deprecated (use moved_to)" in message and "_MISSING" not in message
+    with pytest.raises(AttributeError, match="no attribute 'Other'"):
+        getattr_("Other")
+
+
+@pytest.mark.parametrize("old, name", [("gpinfer.sites.inducing", "ClassTerms"),
+                                       ("gpinfer.sites.rank_one", "InducingGeometry")])
+def test_renamed_warns_at_the_users_line(old, name):
+    """A renamed name's warning is reported at the line that reads it, not inside the module's
+    own ``__getattr__`` or a ``moved_to`` stub (the default filters show a
+    ``DeprecationWarning`` only where the user's code is)."""
+    pytest.importorskip("gpinfer_pep")
+    module = importlib.import_module(old)
+    with pytest.warns(DeprecationWarning) as record:
+        getattr(module, name)
+    assert record and {Path(w.filename) for w in record} == {Path(__file__)}
