@@ -317,8 +317,9 @@ class _FixedDistances:
 
 def _cross_like(D_uf: Array, C: int, out: Array | None) -> Array:
     """An ``[C, M, B]`` array whose slices have the layout of ``D_uf [M, B]`` (``out[None]``
-    for one latent, where given)."""
-    if out is not None and C == 1:
+    for one latent, where given with that layout: else unused, as ``scaled_exp``'s)."""
+    if (out is not None and C == 1 and out.shape == D_uf.shape and out.strides == D_uf.strides
+            and out.dtype == D_uf.dtype):
         return out[None]
     if D_uf.flags.f_contiguous and not D_uf.flags.c_contiguous:
         return np.empty((C, D_uf.shape[1], D_uf.shape[0])).transpose(0, 2, 1)

@@ -242,3 +242,19 @@ def test_fixed_mode_refuses_what_it_cannot_serve():
         cov.take_Kuf()
     with pytest.raises(ValueError, match="at_fixed_inputs"):
         iso.covariances(Z[None], X).vjp_fixed(None, None, None)
+
+
+def test_kuf_is_written_into_out_only_in_the_distances_layout():
+    """``matrices(out=)``: ``Kuf`` is a view of ``out`` where ``out`` has the layout of the
+    cached distances (``[N, M]`` rows transposed), else a new array of the same values."""
+    rng = np.random.default_rng(6)
+    X, Z = rng.normal(size=(20, 2)), rng.normal(size=(4, 2))
+    cov = _one(RBF(lengthscale=0.8) + White(0.1), Z, X)
+    ref = cov.matrices()[1].copy()
+    rows_out, plain_out = np.zeros((20, 4)), np.zeros((4, 20))
+    Kuf = cov.matrices(out=rows_out.T)[1]
+    assert np.shares_memory(Kuf, rows_out)
+    np.testing.assert_array_equal(Kuf, ref)
+    Kuf = cov.matrices(out=plain_out)[1]
+    assert not np.shares_memory(Kuf, plain_out) and not plain_out.any()
+    np.testing.assert_array_equal(Kuf, ref)
