@@ -296,8 +296,11 @@ class StackedCovariances:
         ``out_Z``: on numpy a C-contiguous ``[C, M, D]`` array the caller owns (a view of its
         gradient vector) that ``g_Z`` is written into and returned as, where the matrices
         have gradients (no copy of ``C M D`` entries afterwards); other backends ignore it.
-        A compiled region of the step (``gpinfer.backend.compile``).
+        A compiled region of the step (``gpinfer.backend.compile``). Covariances at fixed
+        inputs (``at_fixed_inputs``) take ``vjp_fixed`` instead.
         """
+        if self.fixed is not None:
+            raise ValueError("covariances at fixed inputs have no input gradients: vjp_fixed")
         return _vjp(self, dKuu, dKuf, dKff_diag, inputs, out_Z)
 
 

@@ -221,8 +221,8 @@ def test_fixed_mode_of_several_latents_equals_each_latent(lengthscales):
 
 def test_fixed_mode_refuses_what_it_cannot_serve():
     """The fixed-input mode refuses a kernel off the squared-distance form, ``Kuf_sums`` with
-    ARD lengthscales and a second hand-over of ``Kuf`` (its VJP reads it); ``vjp_fixed`` is
-    refused on covariances of moving inputs."""
+    ARD lengthscales, the VJP of moving inputs and a second hand-over of ``Kuf`` (its VJP reads
+    it); ``vjp_fixed`` is refused on covariances of moving inputs."""
     rng = np.random.default_rng(4)
     X, Z = rng.normal(size=(9, 2)), rng.normal(size=(3, 2))
     inputs = FixedInputs(Z, X)
@@ -237,6 +237,8 @@ def test_fixed_mode_refuses_what_it_cannot_serve():
     iso = StackedKernels.of([RBF()])
     assert iso is not None
     cov = iso.fixed_covariances(inputs)
+    with pytest.raises(ValueError, match="vjp_fixed"):
+        cov.vjp(None, None, None)
     cov.take_Kuf()
     with pytest.raises(RuntimeError, match="handed over"):
         cov.take_Kuf()
