@@ -19,25 +19,26 @@ as it is read; with the same shift and no cache the matrices are the in-memory p
 bit.
 
 The fast path is taken by the kernels' own declarations: one ``Stationary`` part with
-``sqdist_form`` (``RBF``), alone or summed with ``White`` parts with ``on_square``. Its formulas
+``sqdist_form`` (``RBF``), alone or summed with ``White`` parts with ``on_square``
+(``StackedKernels.cached_distance_form``). It is the fixed-input mode of the batched kernels,
+``gpinfer.kernels.stacked.StackedCovariances.at_fixed_inputs`` / ``vjp_fixed``, whose formulas
 are the kernel's (``RBF.K_from_sqdist``, ``sqdist_gradient``, ``ard_lengthscale_gradient``);
-any other kernel falls back to ``kernel.K`` / ``kernel.grad_params`` (same results). The
-batched covariances of moving inputs are ``gpinfer.kernels.stacked.StackedCovariances``; at
-fixed inputs this mode is 5-7x faster at ``N = 2e5`` (``docs/design.md``).
+any other kernel falls back to ``kernel.K`` / ``kernel.grad_params`` (same results). At fixed
+inputs this mode is 5-7x faster at ``N = 2e5`` than the batched covariances of moving inputs
+(``docs/design.md``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from gpinfer.data.source import SourceRows, host_rows
 from gpinfer.kernels.base import Array, Kernel
-from gpinfer.kernels.stacked import StackedKernels
-from gpinfer.kernels.stationary import RBF, sqdist
-from gpinfer.kernels.white import White
+from gpinfer.kernels.stacked import StackedCovariances, StackedKernels
+from gpinfer.kernels.stationary import sqdist
 
 #: cache the raw ``[M, N]`` squared distances when ``M * N`` is at most this (8 bytes each)
 DISTANCE_CACHE_MAX_ENTRIES = 30_000_000
@@ -144,7 +145,9 @@ class FixedCovariances:
     """``Kuu [M, M]``, ``Kuf [M, N]``, ``Kff_diag [N]`` of one kernel at ``FixedInputs``, and
     their gradients wrt the kernel's parameters (see the module docstring).
 
-    Keeps the last matrices: ``kernel_gradient`` reuses them instead of recomputing distances
+    The fast path is the batched kernels' fixed-input mode for this one latent
+    (``StackedKernels.fixed_covariances``, ``StackedCovariances.vjp_fixed``); the last
+    covariances are kept: ``kernel_gradient`` reuses them instead of recomputing distances
     and exponentials in the kernel VJP; in the isotropic case it also takes the two sums its
     ``Kuf`` part needs (``Kuf_sums``, with ``last_distances``) instead of the ``[M, N]``
     gradient. ``cols`` selects a batch of columns; ``rows``, where given, are ``X[cols]`` as
@@ -160,66 +163,36 @@ class FixedCovariances:
         # (``Stationary.sqdist_form``: RBF, not a subclass that changes ``_g``) and noise on
         # the square matrix too (``White.on_square``: not a noise on ``Kff_diag`` alone)
         family = StackedKernels.of([kernel])
-        if family is not None and not (family.stationary[0].sqdist_form and all(
-                family.noise_on_square[i] for i, _ in family.noise_parts())):
+        if family is not None and not family.cached_distance_form:
             family = None  # batched alike, but not in the squared-distance form
+        self._family = family
         self.fast = family is not None
-        self._parts = [] if family is None else [p[0] for p in family.parts]
-        self._whites: list[White] = ([] if family is None
-                                     else [p[0] for _, p in family.noise_parts()])
-        self._rbf = -1 if family is None else family.stationary_index  # the RBF among the parts
-        self._rbf_part = None if family is None else cast(RBF, family.stationary[0])
-        self.ard = self._rbf_part is not None and self._rbf_part.ard
+        self.ard = family is not None and family.stationary[0].ard
         if self.fast:  # the caches this kernel reads, formed now (not inside the first step)
             _ = (inputs.Zc, inputs.Xc) if self.ard else (inputs.D_uu, inputs.D_fu)
-        #: the last ``(Kuu_rbf, Kuf_rbf, distances)``: raw ``D [M, N]``, or ARD ``(A, B)``
-        self._last: tuple[Array, Array, Any] | None = None
-
-    def _fast_rbf(self) -> RBF:
-        """The RBF part of the fast path."""
-        if self._rbf_part is None:
-            raise ValueError("FixedCovariances: not an RBF (+ White) kernel")
-        return self._rbf_part
+        #: the last covariances of the fast path (the batched kernels' fixed-input mode)
+        self._stacked: StackedCovariances | None = None
 
     def matrices(self, cols: Array | None = None, out: Array | None = None,
                  rows: Array | None = None) -> tuple[Array, Array, Array]:
         """``(Kuu, Kuf, Kff_diag)`` at the kernel's current parameters (``cols``: a batch;
         ``rows``: its rows ``X[cols]`` ``[B, D]`` where already read).
 
-        ``out``: an ``[M, N]`` array that ``Kuf`` may be written into, used when it has the
-        layout of the cached distances (``Kuf`` is then ``out``; check with ``is``).
+        ``out``: an ``[M, N]`` array that ``Kuf`` may be written into, used on the isotropic
+        fast path when it has the layout of the cached distances (``Kuf`` is then a view of
+        ``out``: check with ``np.shares_memory``).
         """
-        if not self.fast:
+        if self._family is None:
             Xb = self.inputs.rows(cols, rows)
             k = self.kernel
             return k.K(self.Z), k.K(self.Z, Xb), k.K_diag(Xb)
-        rbf = self._fast_rbf()
-        if self.ard:
-            return self._matrices_ard(rbf, cols, rows)
-        Kuu_se = rbf.K_from_sqdist(self.inputs.D_uu)
-        D_uf = self.inputs.dist_uf(cols, rows)
-        Kuf = rbf.K_from_sqdist(D_uf, out=out)
-        noise = sum(p.variance for p in self._whites)
-        Kuu = Kuu_se + noise * np.eye(self.Z.shape[0])
-        n = self.X.shape[0] if cols is None else len(cols)
-        self._last = (Kuu_se, Kuf, D_uf)
-        return Kuu, Kuf, np.full(n, rbf.variance + noise)
-
-    def _matrices_ard(self, rbf: RBF, cols: Array | None, rows: Array | None
-                      ) -> tuple[Array, Array, Array]:
-        ell = np.asarray(rbf.lengthscale, dtype=float)
-        B = self.inputs.Zc / ell  # [M, D]
-        A = self.inputs.centred(cols, rows) / ell  # [N, D]
-        Kuu_se = rbf.K_from_sqdist(sqdist(B), scaled=True)
-        Kuf = rbf.K_from_sqdist(sqdist(B, A), scaled=True)
-        noise = sum(p.variance for p in self._whites)
-        self._last = (Kuu_se, Kuf, (A, B))
-        return Kuu_se + noise * np.eye(B.shape[0]), Kuf, np.full(A.shape[0], rbf.variance + noise)
+        cov = self._stacked = self._family.fixed_covariances(self.inputs, cols, rows, out)
+        return cov.Kuu[0], cov.Kuf[0], cov.Kff_diag[0]
 
     def release(self) -> None:
         """Drop the matrices kept from the last call (before computing new ones, so that their
         arrays can be freed or reused first)."""
-        self._last = None
+        self._stacked = None
 
     @property
     def contracts_kuf(self) -> bool:
@@ -233,10 +206,11 @@ class FixedCovariances:
         (isotropic fast path)."""
         if not self.contracts_kuf:
             raise ValueError("last_distances needs the isotropic RBF fast path (contracts_kuf)")
-        if self._last is None:
+        if self._stacked is None:
             self.matrices()
-        assert self._last is not None
-        return self._last[2]
+        kept = None if self._stacked is None else self._stacked.fixed
+        assert kept is not None and kept.D_uf is not None  # the isotropic fast path's
+        return kept.D_uf
 
     def kernel_gradient(self, Kuu: Array | None, Kuf: Array | None, Kff_diag: Array | None,
                         cols: Array | None = None,
@@ -255,35 +229,12 @@ class FixedCovariances:
             raise ValueError("Kuf_sums needs the isotropic RBF fast path (contracts_kuf)")
         if not self.fast:
             return self._generic_gradient(Kuu, Kuf, Kff_diag, self.inputs.rows(cols, rows))
-        if self._last is None:
+        if self._stacked is None:
             self.matrices(cols, rows=rows)
-        assert self._last is not None
-        Kuu_se, Kuf_se, D_uf = self._last
-        rbf = self._fast_rbf()
-        g_ell: float | Array = 0.0
-        g_var = g_noise = 0.0
-        if Kuu is not None:
-            GK = Kuu * Kuu_se
-            d_ell, d_var = self._rbf_gradient(
-                rbf, GK, (D_uf[1], D_uf[1]) if self.ard else None,
-                lambda: float(np.sum(GK * self.inputs.D_uu)))
-            g_var += d_var
-            g_ell = g_ell + d_ell
-            g_noise += float(np.trace(Kuu))
-        if Kuf is not None:
-            GK = Kuf * Kuf_se
-            d_ell, d_var = self._rbf_gradient(
-                rbf, GK, D_uf if self.ard else None,
-                lambda: float(np.einsum("ij,ij->", GK, D_uf)))
-            g_var += d_var
-            g_ell = g_ell + d_ell
-        if Kuf_sums is not None:  # isotropic: the two contractions, formed by the caller
-            d_ell, d_var = rbf.sqdist_gradient(float(Kuf_sums[0]), float(Kuf_sums[1]))
-            g_var += d_var
-            g_ell = g_ell + d_ell
-        s_diag = 0.0 if Kff_diag is None else float(np.sum(Kff_diag))
-        return self._in_parameter_order(rbf, g_ell, g_var + rbf.variance * s_diag,
-                                        g_noise + s_diag)
+        assert self._stacked is not None
+        Kuu_c, Kuf_c, Kff_c = (None if G is None else G[None] for G in (Kuu, Kuf, Kff_diag))
+        sums = None if Kuf_sums is None else np.array([Kuf_sums], dtype=float)
+        return self._stacked.vjp_fixed(Kuu_c, Kuf_c, Kff_c, Kuf_sums=sums)[0]
 
     def _generic_gradient(self, Kuu: Array | None, Kuf: Array | None, Kff_diag: Array | None,
                           Xb: Array) -> Array:
@@ -297,27 +248,3 @@ class FixedCovariances:
         if Kff_diag is not None:
             g += k.grad_params_diag(Xb, Kff_diag)
         return g
-
-    def _in_parameter_order(self, rbf: RBF, g_ell: float | Array, g_var: float,
-                            g_noise: float) -> Array:
-        """The fast path's gradient ``[P]`` in the kernel's parameter order: the RBF's
-        ``d/dlog lengthscale`` (one or ``D``) and ``d/dlog variance``, each ``White``'s
-        ``variance * g_noise``."""
-        out: list[float] = []
-        for i, p in enumerate(self._parts):
-            if i == self._rbf:
-                out += [*np.atleast_1d(g_ell), g_var]
-            else:  # White: d/dlog(variance)
-                out.append(cast(White, p).variance * g_noise)
-        return np.array(out)
-
-    @staticmethod
-    def _rbf_gradient(rbf: RBF, GK: Array, ard: tuple[Array, Array] | None,
-                      weighted: Callable[[], float]) -> tuple[float | Array, float]:
-        """One block's ``(d/dlog lengthscale(s), d/dlog variance)`` of the RBF part from
-        ``GK = G * K_se`` (``[M, M]`` or ``[M, B]``): ARD from the block's per-dimension
-        inputs ``ard`` (``ard_lengthscale_gradient``), isotropic from ``sum(GK)`` and
-        ``weighted() = sum(GK * D)`` (``sqdist_gradient``)."""
-        if ard is not None:
-            return rbf.ard_lengthscale_gradient(GK, *ard), float(np.sum(GK))
-        return rbf.sqdist_gradient(float(np.sum(GK)), weighted())

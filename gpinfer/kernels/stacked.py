@@ -19,9 +19,14 @@ latents, so no ``[C, B, D]`` array is formed), and the scaled inputs, squared di
 ``StackedKernels.of(kernels)`` returns ``None`` for latents with different kernel families (or
 kernels this module does not batch: ``Linear``, products); those keep the per-latent path.
 
-Inputs declared fixed (``Z`` not learned: svi and the vi-jj family) take the fixed-input mode
-``gpinfer.kernels.fixed`` instead: it reads a kernel's parts with ``StackedKernels.of`` and keeps
-the raw squared distances of ``Z`` and ``X`` (or the centred inputs, ARD) for every call.
+Inputs declared fixed (``Z`` not learned: svi and the vi-jj family) take the fixed-input mode:
+``StackedKernels.fixed_covariances`` builds ``StackedCovariances`` of latents that share one
+``gpinfer.kernels.fixed.FixedInputs`` (squared-distance kernels on numpy) from what is kept
+there: isotropic, the raw squared distances, each matrix one pass
+``var * exp(D * (-0.5 / ell^2))``, and a VJP (``vjp_fixed``) with no row sums or input
+products, ``sum(dK * K)`` and ``sum(dK * K * D)`` per matrix; ARD, the centred inputs, scaled
+per latent, and ``RBF.ard_lengthscale_gradient``. ``gpinfer.kernels.fixed.FixedCovariances``
+(one latent) reads its fast path from it.
 
 Results equal the per-latent ``Kernel.K`` / ``Kernel.vjp`` to round-off
 (``tests/kernels/test_stacked.py``). Arrays may be numpy or torch (``gpinfer.backend``);
@@ -32,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, overload
+from typing import TYPE_CHECKING, NamedTuple, cast, overload
 
 import numpy as np
 
@@ -41,8 +46,11 @@ from gpinfer.backend.compile import compilable
 from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels.base import Array, Kernel
 from gpinfer.kernels.combination import Sum
-from gpinfer.kernels.stationary import Stationary
+from gpinfer.kernels.stationary import RBF, Stationary, sqdist
 from gpinfer.kernels.white import White
+
+if TYPE_CHECKING:
+    from gpinfer.kernels.fixed import FixedInputs
 
 
 def _parts(kernel: Kernel) -> list[Kernel]:
@@ -185,6 +193,8 @@ class StackedCovariances:
         self.natural = (ops.like(Z, np.exp(host)) if host is not None
                         else ops.namespace(theta).exp(theta))
         self.d, self.Kuu, Kuf, self.Kff_diag = _forward(family, Z, X, self.natural)
+        #: the fixed-input mode's distances (``at_fixed_inputs``; ``None`` here)
+        self.fixed: _FixedDistances | None = None
         #: ``Kuf`` until ``take_Kuf`` hands it over (then ``None``)
         self._Kuf: Array | None = Kuf
 
@@ -205,9 +215,52 @@ class StackedCovariances:
         new array of the same values, formed again from the kept ``g_uf`` (``var g_uf``, the
         forward's own operation: no noise term enters ``Kuf``)."""
         Kuf, self._Kuf = self._Kuf, None
+        if Kuf is None and self.fixed is not None:
+            raise RuntimeError("Kuf at fixed inputs was handed over already: its VJP reads it, "
+                               "so it is handed over once")
         if Kuf is None:
             Kuf = _times_variances(self.d.g_uf, self.d.var, self.d.vk)
         return Kuf
+
+    @classmethod
+    def at_fixed_inputs(cls, family: StackedKernels, inputs: FixedInputs,
+                        cols: Array | None = None, rows: Array | None = None,
+                        out: Array | None = None) -> StackedCovariances:
+        """The fixed-input mode (``StackedKernels.fixed_covariances``): the covariances of the
+        ``C`` latents of ``family`` at the inducing inputs ``inputs.Z [M, D]`` they share and
+        the columns ``cols`` of ``inputs.X`` (``None``: all ``N``; ``rows``: ``X[cols]``
+        ``[B, D]`` where already read), from ``inputs``' raw squared distances (ARD: from
+        its centred inputs, scaled per latent). ``Kuf`` ``[C, M, B]`` has the layout of those
+        distances; ``out`` (one isotropic latent): an ``[M, B]`` array of that layout that
+        ``Kuf[0]`` is written into (a view of it). ``Z`` is
+        ``inputs.Z`` broadcast to ``[C, M, D]``, ``X`` the whole ``inputs.X``. The VJP is
+        ``vjp_fixed``; ``Kuf`` is handed over at most once (``take_Kuf``: the VJP reads it)."""
+        if not family.cached_distance_form:
+            raise ValueError("the fixed-input mode needs a squared-distance kernel "
+                             "(StackedKernels.cached_distance_form)")
+        self = cls.__new__(cls)
+        C = len(family.kernels)
+        self.family, self.X = family, inputs.X
+        self.Z = np.broadcast_to(inputs.Z, (C, *inputs.Z.shape))
+        self.theta = family.theta()
+        self.natural = np.exp(self.theta)
+        self.fixed, self.Kuu, self._Kuf, self.Kff_diag = _fixed_forward(
+            family, inputs, cols, rows, out)
+        return self
+
+    def vjp_fixed(self, dKuu: Array | None, dKuf: Array | None, dKff_diag: Array | None,
+                  Kuf_sums: Array | None = None) -> Array:
+        """The parameter gradients ``[C, P]`` at fixed inputs (``at_fixed_inputs``) of
+        ``sum(dKuu * Kuu) + sum(dKuf * Kuf) + sum(dKff_diag * Kff_diag)`` (``[C, M, M]``,
+        ``[C, M, B]``, ``[C, B]``; ``None`` is zero): per matrix ``sum(dK * K_se)`` and
+        ``sum(dK * K_se * D)`` (``RBF.sqdist_gradient``). ``Kuf_sums [C, 2]`` (with
+        ``dKuf=None``): each latent's ``(sum(dKuf * Kuf), sum(dKuf * Kuf * D))``, contracted by
+        the caller with ``Kuf`` and the distances ``fixed.D_uf`` (isotropic only)."""
+        if self.fixed is None:
+            raise ValueError("vjp_fixed needs covariances at fixed inputs (at_fixed_inputs)")
+        if Kuf_sums is not None and self.fixed.scaled is not None:
+            raise ValueError("Kuf_sums needs an isotropic lengthscale (raw distances)")
+        return _fixed_vjp(self, dKuu, dKuf, dKff_diag, Kuf_sums)
 
     @staticmethod
     def _sqdist(a2: Array, b2: Array, AB: Array, doubled: bool = False) -> Array:
@@ -243,9 +296,142 @@ class StackedCovariances:
         ``out_Z``: on numpy a C-contiguous ``[C, M, D]`` array the caller owns (a view of its
         gradient vector) that ``g_Z`` is written into and returned as, where the matrices
         have gradients (no copy of ``C M D`` entries afterwards); other backends ignore it.
-        A compiled region of the step (``gpinfer.backend.compile``).
+        A compiled region of the step (``gpinfer.backend.compile``). Covariances at fixed
+        inputs (``at_fixed_inputs``) take ``vjp_fixed`` instead.
         """
+        if self.fixed is not None:
+            raise ValueError("covariances at fixed inputs have no input gradients: vjp_fixed")
         return _vjp(self, dKuu, dKuf, dKff_diag, inputs, out_Z)
+
+
+@dataclass
+class _FixedDistances:
+    """What the fixed-input mode keeps for its VJP: each latent's stationary part alone,
+    ``Kuu_se [C, M, M]`` (``Kuu`` without its noise); isotropic, the raw squared distances
+    ``D_uu [M, M]`` and ``D_uf [M, B]`` (shared by the latents: ``FixedInputs``' cache); ARD,
+    each latent's scaled inputs ``(A [B, D], Bz [M, D])``, the centred batch and inducing
+    inputs divided by its lengthscales (``None`` where isotropic)."""
+
+    Kuu_se: Array
+    D_uu: Array | None
+    D_uf: Array | None
+    scaled: list[tuple[Array, Array]] | None
+
+
+def _cross_like(D_uf: Array, C: int, out: Array | None) -> Array:
+    """An ``[C, M, B]`` array whose slices have the layout of ``D_uf [M, B]`` (``out[None]``
+    for one latent, where given with that layout: else unused, as ``scaled_exp``'s)."""
+    if (out is not None and C == 1 and out.shape == D_uf.shape and out.strides == D_uf.strides
+            and out.dtype == D_uf.dtype):
+        return out[None]
+    if D_uf.flags.f_contiguous and not D_uf.flags.c_contiguous:
+        return np.empty((C, D_uf.shape[1], D_uf.shape[0])).transpose(0, 2, 1)
+    return np.empty((C, *D_uf.shape))
+
+
+def _exp_into(rbf: RBF, D: Array, scaled: bool, target: Array) -> None:
+    """``target = rbf.K_from_sqdist(D, scaled)``, written in place where the layouts agree."""
+    K = rbf.K_from_sqdist(D, scaled, out=target)
+    if not np.shares_memory(K, target):
+        target[...] = K
+
+
+def _fixed_distances(rbf: RBF, inputs: FixedInputs, cols: Array | None, rows: Array | None
+                     ) -> tuple[Array, Array, tuple[Array, Array] | None]:
+    """``(D_uu [M, M], D_uf [M, B], scaled)`` of one latent: isotropic, the raw distances of
+    ``inputs`` (``scaled`` None); ARD, those of its scaled inputs ``(A, Bz)``."""
+    if not rbf.ard:
+        return inputs.D_uu, inputs.dist_uf(cols, rows), None
+    ell = np.asarray(rbf.lengthscale, dtype=float)
+    Bz = inputs.Zc / ell  # [M, D]
+    A = inputs.centred(cols, rows) / ell  # [B, D]
+    return sqdist(Bz), sqdist(Bz, A), (A, Bz)
+
+
+def _noise_variance(family: StackedKernels, c: int) -> float:
+    """The summed variances of latent ``c``'s ``White``-type parts (0.0 without)."""
+    return sum(parts[c].variance for _, parts in family.noise_parts())
+
+
+def _fixed_forward(family: StackedKernels, inputs: FixedInputs, cols: Array | None,
+                   rows: Array | None, out: Array | None
+                   ) -> tuple[_FixedDistances, Array, Array, Array]:
+    """``(kept, Kuu [C, M, M], Kuf [C, M, B], Kff_diag [C, B])`` of the fixed-input mode:
+    per latent the kernel's one pass ``var * exp(D * (-0.5 / ell^2))`` over the raw squared
+    distances (``RBF.K_from_sqdist``; ARD: ``var * exp(-D / 2)`` over those of the scaled
+    inputs), into arrays of the distances' layout (``out``: isotropic, one latent)."""
+    C, M = len(family.kernels), inputs.Z.shape[0]
+    Kuu_se, Kuu = np.empty((C, M, M)), np.empty((C, M, M))
+    ard = family.stationary[0].ard
+    scaled: list[tuple[Array, Array]] | None = [] if ard else None
+    eye = np.eye(M)
+    for c, part in enumerate(family.stationary):
+        rbf = cast(RBF, part)
+        D_uu, D_uf, AB = _fixed_distances(rbf, inputs, cols, rows)
+        if c == 0:
+            Kuf = _cross_like(D_uf, C, None if ard else out)
+            Kff_diag = np.empty((C, D_uf.shape[1]))
+        if scaled is not None and AB is not None:
+            scaled.append(AB)
+        _exp_into(rbf, D_uu, ard, Kuu_se[c])
+        _exp_into(rbf, D_uf, ard, Kuf[c])
+        noise = _noise_variance(family, c)
+        np.add(Kuu_se[c], noise * eye, out=Kuu[c])
+        Kff_diag[c] = rbf.variance + noise
+    kept = _FixedDistances(Kuu_se, None if ard else D_uu, None if ard else D_uf, scaled)
+    return kept, Kuu, Kuf, Kff_diag
+
+
+def _fixed_blocks(kept: _FixedDistances, c: int, rbf: RBF, dK: Array, K: Array, square: bool
+                  ) -> tuple[float | Array, float]:
+    """One matrix's ``(d/dlog ell, d/dlog var)`` of latent ``c`` from ``GK = dK * K_se``:
+    isotropic ``sqdist_gradient(sum(GK), sum(GK * D))`` (the square block by a product, the
+    cross block by one contraction: no ``[M, B]`` product), ARD
+    ``ard_lengthscale_gradient`` of the scaled inputs."""
+    GK = dK * K
+    if kept.scaled is not None:
+        A, Bz = kept.scaled[c]
+        return rbf.ard_lengthscale_gradient(GK, Bz if square else A, Bz), float(np.sum(GK))
+    if square:
+        assert kept.D_uu is not None
+        return rbf.sqdist_gradient(float(np.sum(GK)), float(np.sum(GK * kept.D_uu)))
+    assert kept.D_uf is not None
+    return rbf.sqdist_gradient(float(np.sum(GK)), float(np.einsum("ij,ij->", GK, kept.D_uf)))
+
+
+def _fixed_vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
+               dKff_diag: Array | None, Kuf_sums: Array | None) -> Array:
+    """``StackedCovariances.vjp_fixed``: ``[C, P]``, each latent's gradient in its kernel's
+    parameter order (the RBF's ``d/dlog ell`` (one or ``D``), ``d/dlog var``; each noise
+    part's ``var_noise (trace(dKuu) + sum(dKff_diag))``)."""
+    fam, kept = cov.family, cov.fixed
+    assert kept is not None
+    out = np.empty((len(fam.kernels), fam.offsets[-1][1]))
+    for c, part in enumerate(fam.stationary):
+        rbf = cast(RBF, part)
+        g_ell: float | Array = 0.0
+        g_var = g_noise = 0.0
+        blocks = [] if dKuu is None else [(dKuu[c], kept.Kuu_se[c], True)]
+        if dKuf is not None:
+            blocks.append((dKuf[c], cov.Kuf[c], False))
+        for dK, K, square in blocks:
+            d_ell, d_var = _fixed_blocks(kept, c, rbf, dK, K, square)
+            g_var += d_var
+            g_ell = g_ell + d_ell
+        if dKuu is not None:
+            g_noise += float(np.trace(dKuu[c]))
+        if Kuf_sums is not None:  # isotropic: the two contractions, formed by the caller
+            d_ell, d_var = rbf.sqdist_gradient(float(Kuf_sums[c][0]), float(Kuf_sums[c][1]))
+            g_var += d_var
+            g_ell = g_ell + d_ell
+        s_diag = 0.0 if dKff_diag is None else float(np.sum(dKff_diag[c]))
+        for index, (start, stop) in enumerate(fam.offsets):
+            if index == fam.stationary_index:
+                out[c, start : stop - 1] = g_ell
+                out[c, stop - 1] = g_var + rbf.variance * s_diag
+            else:  # a noise part: d/dlog(variance)
+                out[c, start] = fam.parts[index][c].variance * (g_noise + s_diag)
+    return out
 
 
 @compilable
@@ -639,6 +825,23 @@ class StackedKernels:
     def noise_parts(self) -> list[tuple[int, list[White]]]:
         """``(position, parts over the latents)`` of the ``White``-type parts."""
         return [(i, p) for i, p in enumerate(self.parts) if i != self.stationary_index]
+
+    @property
+    def cached_distance_form(self) -> bool:
+        """Whether the fixed-input mode's cached distances serve these kernels: the
+        stationary part gives its matrices from squared distances (``Stationary.sqdist_form``,
+        ``RBF``) and every noise part sits on the square matrix too (``White.on_square``)."""
+        return self.stationary[0].sqdist_form and all(
+            self.noise_on_square[i] for i, _ in self.noise_parts())
+
+    def fixed_covariances(self, inputs: FixedInputs, cols: Array | None = None,
+                          rows: Array | None = None, out: Array | None = None
+                          ) -> StackedCovariances:
+        """``StackedCovariances.at_fixed_inputs`` of these kernels (latents sharing
+        ``inputs``, isotropic and ``cached_distance_form``): ``Kuu [C, M, M]``,
+        ``Kuf [C, M, B]``, ``Kff_diag [C, B]`` at the columns ``cols`` (``None``: all) of the
+        fixed ``X``, and ``vjp_fixed``."""
+        return StackedCovariances.at_fixed_inputs(self, inputs, cols, rows, out)
 
     def covariances(self, Z: Array, X: Array, version: object = None,
                     theta: Array | None = None) -> StackedCovariances:

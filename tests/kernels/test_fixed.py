@@ -15,6 +15,7 @@ from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels import RBF, Linear, Matern52, White
 from gpinfer.kernels.fixed import FixedCovariances, FixedInputs, fixed_covariances
+from gpinfer.kernels.stacked import StackedKernels
 
 
 def _one(kernel, Z, X):
@@ -184,3 +185,78 @@ def test_old_name_warns_and_builds_the_same_covariances():
     assert second.inputs is first.inputs
     for a, b in zip(second.matrices(), _one(RBF(lengthscale=2.0), Z, X).matrices()):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("lengthscales", [(0.8, 1.5), ([0.7, 1.3], [1.6, 0.9])])
+def test_fixed_mode_of_several_latents_equals_each_latent(lengthscales):
+    """``StackedKernels.fixed_covariances``: latents sharing one ``FixedInputs`` (isotropic or
+    ARD, parameters of their own) give each kernel's matrices and the core's VJPs, and each
+    latent's row is the one-latent ``FixedCovariances``' bit for bit (the same passes)."""
+    rng = np.random.default_rng(8)
+    X, Z = rng.normal(size=(30, 2)) + 3.0, rng.normal(size=(5, 2)) + 3.0
+    kernels = [RBF(lengthscale=lengthscales[0], variance=0.7) + White(0.05),
+               RBF(lengthscale=lengthscales[1], variance=1.6) + White(0.2)]
+    family = StackedKernels.of(kernels)
+    assert family is not None and family.cached_distance_form
+    inputs = FixedInputs(Z, X)
+    cols = np.array([3, 17, 4, 29, 0, 11])
+    cov = family.fixed_covariances(inputs, cols)
+    G = MatrixGradients(Kuu=(lambda A: A + np.swapaxes(A, 1, 2))(rng.normal(size=(2, 5, 5))),
+                        Kuf=rng.normal(size=(2, 5, 6)), Kff_diag=rng.normal(size=(2, 6)))
+    grads = cov.vjp_fixed(G.Kuu, G.Kuf, G.Kff_diag)
+    for c, k in enumerate(kernels):
+        np.testing.assert_allclose(cov.Kuu[c], k.K(Z), atol=1e-14)
+        np.testing.assert_allclose(cov.Kuf[c], k.K(Z, X[cols]), atol=1e-14)
+        np.testing.assert_allclose(cov.Kff_diag[c], k.K_diag(X[cols]), atol=1e-14)
+        Gc = MatrixGradients(Kuu=G.Kuu[c], Kuf=G.Kuf[c], Kff_diag=G.Kff_diag[c])
+        hp = HyperParameters(k, Z=Z, optimize_inducing=False)
+        np.testing.assert_allclose(grads[c], parameter_gradient(hp, X[cols], Gc),
+                                   rtol=1e-12, atol=1e-12)
+        one = FixedCovariances(k, inputs)
+        for a, b in zip(one.matrices(cols), (cov.Kuu[c], cov.Kuf[c], cov.Kff_diag[c])):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(one.kernel_gradient(Gc.Kuu, Gc.Kuf, Gc.Kff_diag, cols),
+                                      grads[c])
+
+
+def test_fixed_mode_refuses_what_it_cannot_serve():
+    """The fixed-input mode refuses a kernel off the squared-distance form, ``Kuf_sums`` with
+    ARD lengthscales, the VJP of moving inputs and a second hand-over of ``Kuf`` (its VJP reads
+    it); ``vjp_fixed`` is refused on covariances of moving inputs."""
+    rng = np.random.default_rng(4)
+    X, Z = rng.normal(size=(9, 2)), rng.normal(size=(3, 2))
+    inputs = FixedInputs(Z, X)
+    matern = StackedKernels.of([Matern52()])
+    assert matern is not None and not matern.cached_distance_form
+    with pytest.raises(ValueError, match="squared-distance"):
+        matern.fixed_covariances(inputs)
+    ard = StackedKernels.of([RBF(lengthscale=[1.0, 2.0])])
+    assert ard is not None
+    with pytest.raises(ValueError, match="isotropic"):
+        ard.fixed_covariances(inputs).vjp_fixed(None, None, None, Kuf_sums=np.ones((1, 2)))
+    iso = StackedKernels.of([RBF()])
+    assert iso is not None
+    cov = iso.fixed_covariances(inputs)
+    with pytest.raises(ValueError, match="vjp_fixed"):
+        cov.vjp(None, None, None)
+    cov.take_Kuf()
+    with pytest.raises(RuntimeError, match="handed over"):
+        cov.take_Kuf()
+    with pytest.raises(ValueError, match="at_fixed_inputs"):
+        iso.covariances(Z[None], X).vjp_fixed(None, None, None)
+
+
+def test_kuf_is_written_into_out_only_in_the_distances_layout():
+    """``matrices(out=)``: ``Kuf`` is a view of ``out`` where ``out`` has the layout of the
+    cached distances (``[N, M]`` rows transposed), else a new array of the same values."""
+    rng = np.random.default_rng(6)
+    X, Z = rng.normal(size=(20, 2)), rng.normal(size=(4, 2))
+    cov = _one(RBF(lengthscale=0.8) + White(0.1), Z, X)
+    ref = cov.matrices()[1].copy()
+    rows_out, plain_out = np.zeros((20, 4)), np.zeros((4, 20))
+    Kuf = cov.matrices(out=rows_out.T)[1]
+    assert np.shares_memory(Kuf, rows_out)
+    np.testing.assert_array_equal(Kuf, ref)
+    Kuf = cov.matrices(out=plain_out)[1]
+    assert not np.shares_memory(Kuf, plain_out) and not plain_out.any()
+    np.testing.assert_array_equal(Kuf, ref)
