@@ -8,6 +8,11 @@ JITTER_START = 1e-10
 JITTER_MAX = 1e-2
 #: factor between successive jitter attempts
 JITTER_FACTOR = 10.0
+#: jitter added to the inducing covariances ``Kuu`` and to ``kappa`` (spec ep-sep §1.2, the
+#: reference code): the sparse families' ``gpinfer.sites.inducing.inducing_jitter``
+INDUCING_JITTER = 1e-10
+#: the same in single precision, where 1e-10 is below round-off (float32 eps is 1.2e-7)
+INDUCING_JITTER_FLOAT32 = 1e-6
 #: box on the unconstrained (log) kernel and likelihood parameters of full-batch L-BFGS-B fits
 #: (e^-14 .. e^12, i.e. 8e-7 .. 1.6e5): keeps line searches sane and stops the evidence's climb
 #: towards an infinite signal variance on separable data (pep, fitc, vfe; the dense driver uses

@@ -30,15 +30,12 @@ from gpinfer.interfaces import Array
 from gpinfer.likelihoods.multiclass import argmax_factor_tilted
 from gpinfer.moved import renamed
 from gpinfer.numerics.cholesky import jittered_cholesky, tri_solve
-
-#: jitter added to ``Kuu`` and ``kappa`` (spec ep-sep §1.2, reference code)
-INDUCING_JITTER = 1e-10
-#: the same in single precision, where 1e-10 is below round-off (float32 eps is 1.2e-7)
-INDUCING_JITTER_FLOAT32 = 1e-6
+from gpinfer.numerics.settings import INDUCING_JITTER, INDUCING_JITTER_FLOAT32
 
 
 def inducing_jitter(X: Array) -> float:
-    """The jitter for kernel matrices of ``X``'s floating dtype (float64 or float32)."""
+    """The jitter for kernel matrices of ``X``'s floating dtype (float64 or float32):
+    ``settings.INDUCING_JITTER`` or ``INDUCING_JITTER_FLOAT32``."""
     return INDUCING_JITTER_FLOAT32 if str(X.dtype).endswith("float32") else INDUCING_JITTER
 
 
