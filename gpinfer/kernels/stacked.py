@@ -177,8 +177,8 @@ class StackedCovariances:
     ``[B, D]``, independent of the number of training points: the batch is shifted once and
     shared by every latent (no ``[C, B, D]`` array), its lengthscales enter through products.
 
-    Ownership of ``Kuf``: the VJPs never read it (they work on the kept distances and
-    ``g``), so a caller that turns it into something else (``L^-1 Kuf``) may take it over
+    Ownership of ``Kuf``: the VJPs of moving inputs never read it (they work on the kept
+    distances and ``g``; at fixed inputs ``vjp_fixed`` does read it), so a caller that turns it into something else (``L^-1 Kuf``) may take it over
     with ``take_Kuf`` and write into it; the covariances then drop it and refuse a later
     ``Kuf`` read (a ``RuntimeError``: a reader that came after the owner would see the
     owner's values). ``Kuu`` and ``Kff_diag`` are shared: never written by a reader.
@@ -234,7 +234,8 @@ class StackedCovariances:
         distances; ``out`` (one isotropic latent): an ``[M, B]`` array of that layout that
         ``Kuf[0]`` is written into (a view of it). ``Z`` is
         ``inputs.Z`` broadcast to ``[C, M, D]``, ``X`` the whole ``inputs.X``. The VJP is
-        ``vjp_fixed``; ``Kuf`` is handed over at most once (``take_Kuf``: the VJP reads it)."""
+        ``vjp_fixed``, which reads ``Kuf`` for a ``dKuf``: ``take_Kuf`` hands it over at most
+        once, and only where no such VJP follows (a ``Kuf`` read is refused after it)."""
         if not family.cached_distance_form:
             raise ValueError("the fixed-input mode needs a squared-distance kernel "
                              "(StackedKernels.cached_distance_form)")
