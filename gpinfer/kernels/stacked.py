@@ -238,7 +238,8 @@ class StackedCovariances:
         once, and only where no such VJP follows (a ``Kuf`` read is refused after it)."""
         if not family.cached_distance_form:
             raise ValueError("the fixed-input mode needs a squared-distance kernel "
-                             "(StackedKernels.cached_distance_form)")
+                             "(Stationary.sqdist_form) whose noise parts sit on the square "
+                             "matrix too (White.on_square): StackedKernels.cached_distance_form")
         self = cls.__new__(cls)
         C = len(family.kernels)
         self.family, self.X = family, inputs.X

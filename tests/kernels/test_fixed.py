@@ -230,6 +230,10 @@ def test_fixed_mode_refuses_what_it_cannot_serve():
     assert matern is not None and not matern.cached_distance_form
     with pytest.raises(ValueError, match="squared-distance"):
         matern.fixed_covariances(inputs)
+    diagonal = StackedKernels.of([RBF() + _DiagonalNoise(0.1)])
+    assert diagonal is not None and not diagonal.cached_distance_form
+    with pytest.raises(ValueError, match="on_square"):
+        diagonal.fixed_covariances(inputs)
     ard = StackedKernels.of([RBF(lengthscale=[1.0, 2.0])])
     assert ard is not None
     with pytest.raises(ValueError, match="isotropic"):
