@@ -178,10 +178,11 @@ class StackedCovariances:
     shared by every latent (no ``[C, B, D]`` array), its lengthscales enter through products.
 
     Ownership of ``Kuf``: the VJPs of moving inputs never read it (they work on the kept
-    distances and ``g``; at fixed inputs ``vjp_fixed`` does read it), so a caller that turns it into something else (``L^-1 Kuf``) may take it over
-    with ``take_Kuf`` and write into it; the covariances then drop it and refuse a later
-    ``Kuf`` read (a ``RuntimeError``: a reader that came after the owner would see the
-    owner's values). ``Kuu`` and ``Kff_diag`` are shared: never written by a reader.
+    distances and ``g``; at fixed inputs ``vjp_fixed`` does read it), so a caller that turns
+    it into something else (``L^-1 Kuf``) may take it over with ``take_Kuf`` and write into
+    it; the covariances then drop it and refuse a later ``Kuf`` read (a ``RuntimeError``: a
+    reader that came after the owner would see the owner's values). ``Kuu`` and ``Kff_diag``
+    are shared: never written by a reader.
     """
 
     def __init__(self, family: StackedKernels, Z: Array, X: Array, theta: Array | None = None):
