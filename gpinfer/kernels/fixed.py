@@ -208,9 +208,10 @@ class FixedCovariances:
             raise ValueError("last_distances needs the isotropic RBF fast path (contracts_kuf)")
         if self._stacked is None:
             self.matrices()
-        kept = None if self._stacked is None else self._stacked.fixed
-        assert kept is not None and kept.D_uf is not None  # the isotropic fast path's
-        return kept.D_uf
+        assert self._stacked is not None and self._stacked.fixed is not None
+        D_uf = self._stacked.fixed.D_uf
+        assert D_uf is not None  # the isotropic fast path's
+        return D_uf
 
     def kernel_gradient(self, Kuu: Array | None, Kuf: Array | None, Kff_diag: Array | None,
                         cols: Array | None = None,

@@ -177,11 +177,12 @@ class StackedCovariances:
     ``[B, D]``, independent of the number of training points: the batch is shifted once and
     shared by every latent (no ``[C, B, D]`` array), its lengthscales enter through products.
 
-    Ownership of ``Kuf``: the VJPs never read it (they work on the kept distances and
-    ``g``), so a caller that turns it into something else (``L^-1 Kuf``) may take it over
-    with ``take_Kuf`` and write into it; the covariances then drop it and refuse a later
-    ``Kuf`` read (a ``RuntimeError``: a reader that came after the owner would see the
-    owner's values). ``Kuu`` and ``Kff_diag`` are shared: never written by a reader.
+    Ownership of ``Kuf``: the VJPs of moving inputs never read it (they work on the kept
+    distances and ``g``; at fixed inputs ``vjp_fixed`` does read it), so a caller that turns
+    it into something else (``L^-1 Kuf``) may take it over with ``take_Kuf`` and write into
+    it; the covariances then drop it and refuse a later ``Kuf`` read (a ``RuntimeError``: a
+    reader that came after the owner would see the owner's values). ``Kuu`` and ``Kff_diag``
+    are shared: never written by a reader.
     """
 
     def __init__(self, family: StackedKernels, Z: Array, X: Array, theta: Array | None = None):
@@ -234,10 +235,12 @@ class StackedCovariances:
         distances; ``out`` (one isotropic latent): an ``[M, B]`` array of that layout that
         ``Kuf[0]`` is written into (a view of it). ``Z`` is
         ``inputs.Z`` broadcast to ``[C, M, D]``, ``X`` the whole ``inputs.X``. The VJP is
-        ``vjp_fixed``; ``Kuf`` is handed over at most once (``take_Kuf``: the VJP reads it)."""
+        ``vjp_fixed``, which reads ``Kuf`` for a ``dKuf``: ``take_Kuf`` hands it over at most
+        once, and only where no such VJP follows (a ``Kuf`` read is refused after it)."""
         if not family.cached_distance_form:
             raise ValueError("the fixed-input mode needs a squared-distance kernel "
-                             "(StackedKernels.cached_distance_form)")
+                             "(Stationary.sqdist_form) whose noise parts sit on the square "
+                             "matrix too (White.on_square): StackedKernels.cached_distance_form")
         self = cls.__new__(cls)
         C = len(family.kernels)
         self.family, self.X = family, inputs.X
@@ -336,16 +339,14 @@ def _exp_into(rbf: RBF, D: Array, scaled: bool, target: Array) -> None:
         target[...] = K
 
 
-def _fixed_distances(rbf: RBF, inputs: FixedInputs, cols: Array | None, rows: Array | None
-                     ) -> tuple[Array, Array, tuple[Array, Array] | None]:
-    """``(D_uu [M, M], D_uf [M, B], scaled)`` of one latent: isotropic, the raw distances of
-    ``inputs`` (``scaled`` None); ARD, those of its scaled inputs ``(A, Bz)``."""
-    if not rbf.ard:
-        return inputs.D_uu, inputs.dist_uf(cols, rows), None
+def _scaled_distances(rbf: RBF, Zc: Array, Xc: Array) -> tuple[Array, Array, Array, Array]:
+    """``(D_uu [M, M], D_uf [M, B], A [B, D], Bz [M, D])`` of one ARD latent: the squared
+    distances of its scaled inputs, ``Bz = Zc / ell`` and ``A = Xc / ell`` (the centred
+    inducing inputs and batch)."""
     ell = np.asarray(rbf.lengthscale, dtype=float)
-    Bz = inputs.Zc / ell  # [M, D]
-    A = inputs.centred(cols, rows) / ell  # [B, D]
-    return sqdist(Bz), sqdist(Bz, A), (A, Bz)
+    Bz = Zc / ell  # [M, D]
+    A = Xc / ell  # [B, D]
+    return sqdist(Bz), sqdist(Bz, A), A, Bz
 
 
 def _noise_variance(family: StackedKernels, c: int) -> float:
@@ -363,22 +364,27 @@ def _fixed_forward(family: StackedKernels, inputs: FixedInputs, cols: Array | No
     C, M = len(family.kernels), inputs.Z.shape[0]
     Kuu_se, Kuu = np.empty((C, M, M)), np.empty((C, M, M))
     ard = family.stationary[0].ard
-    scaled: list[tuple[Array, Array]] | None = [] if ard else None
+    scaled: list[tuple[Array, Array]] = []
+    if ard:  # the batch centred once (a gather, or out of core a subtraction), scaled per latent
+        Xc = inputs.centred(cols, rows)
+    else:  # the raw distances, one read for every latent
+        D_uu, D_uf = inputs.D_uu, inputs.dist_uf(cols, rows)
     eye = np.eye(M)
     for c, part in enumerate(family.stationary):
         rbf = cast(RBF, part)
-        D_uu, D_uf, AB = _fixed_distances(rbf, inputs, cols, rows)
+        if ard:
+            D_uu, D_uf, A, Bz = _scaled_distances(rbf, inputs.Zc, Xc)
+            scaled.append((A, Bz))
         if c == 0:
             Kuf = _cross_like(D_uf, C, None if ard else out)
             Kff_diag = np.empty((C, D_uf.shape[1]))
-        if scaled is not None and AB is not None:
-            scaled.append(AB)
         _exp_into(rbf, D_uu, ard, Kuu_se[c])
         _exp_into(rbf, D_uf, ard, Kuf[c])
         noise = _noise_variance(family, c)
         np.add(Kuu_se[c], noise * eye, out=Kuu[c])
         Kff_diag[c] = rbf.variance + noise
-    kept = _FixedDistances(Kuu_se, None if ard else D_uu, None if ard else D_uf, scaled)
+    kept = (_FixedDistances(Kuu_se, None, None, scaled) if ard
+            else _FixedDistances(Kuu_se, D_uu, D_uf, None))
     return kept, Kuu, Kuf, Kff_diag
 
 

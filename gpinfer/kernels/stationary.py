@@ -102,6 +102,10 @@ class _Distances(NamedTuple):
         return np.shape(X2) == self.X2.shape and np.array_equal(X2, self.X2)
 
 
+#: the squared-distance form's methods (``Stationary.sqdist_form``; ``RBF``'s)
+_SQDIST_METHODS = ("K_from_sqdist", "sqdist_gradient", "ard_lengthscale_gradient")
+
+
 class Stationary(Kernel):
     """``k(x, x') = variance * g(r2)`` with isotropic (scalar) or ARD (``[D]``) lengthscales.
 
@@ -112,13 +116,29 @@ class Stationary(Kernel):
     #: ``c`` where ``dg/dr2 = c g`` for every ``r2`` (a power of two, so products with it are
     #: exact), else ``None``: ``_dg_dr2_from`` is then ``c g`` and the stacked path takes
     #: ``var``'s gradient from the weights' sums (``gpinfer.kernels.stacked``). A subclass
-    #: that changes ``_g`` sets it again (``tests/kernels/test_kernels.py`` checks every one)
+    #: that changes ``_g`` without setting it again gets ``None`` (``__init_subclass__``: the
+    #: general ``_dg_dr2``); ``tests/kernels/test_kernels.py`` checks every declared one
     dg_dr2_per_g: ClassVar[float | None] = None
-    #: whether the class gives its matrices from squared distances with ``K_from_sqdist``,
-    #: ``sqdist_gradient`` and ``ard_lengthscale_gradient`` (``RBF``'s form: the cached-distance
-    #: path at fixed inputs, ``gpinfer.kernels.fixed``, takes only such a
-    #: kernel). A subclass that changes ``_g`` sets it again (``tests/kernels/test_kernels.py``)
+    #: whether the class gives its matrices from squared distances with its own
+    #: ``K_from_sqdist``, ``sqdist_gradient`` and ``ard_lengthscale_gradient`` (``RBF``'s form:
+    #: the cached-distance path at fixed inputs, ``gpinfer.kernels.fixed``, takes only such a
+    #: kernel). A subclass that changes ``_g`` without setting it again gets ``False``
+    #: (``__init_subclass__``: RBF's formulas are not its own); declaring it without the three
+    #: methods is a ``TypeError`` at class creation
     sqdist_form: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        if "_g" in own:  # a new g: the inherited shortcuts no longer hold unless declared again
+            if "dg_dr2_per_g" not in own:
+                cls.dg_dr2_per_g = None
+            if "sqdist_form" not in own:
+                cls.sqdist_form = False
+        missing = [name for name in _SQDIST_METHODS if not callable(getattr(cls, name, None))]
+        if cls.sqdist_form and missing:
+            raise TypeError(f"{cls.__name__} declares sqdist_form (the cached-distance path at "
+                            f"fixed inputs) without {', '.join(missing)}")
 
     def __init__(self, lengthscale: float | Iterable[float] = 1.0, variance: float = 1.0):
         owner = type(self).__name__

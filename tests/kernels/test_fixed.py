@@ -129,6 +129,21 @@ def test_contracted_kuf_gradient_equals_the_full_one():
                                rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("kernel", [RBF(lengthscale=[0.9, 1.4]), Matern52(lengthscale=0.9)])
+def test_kuf_sums_and_distances_are_refused_off_the_isotropic_fast_path(kernel):
+    """ARD and kernels off the fast path contract no ``Kuf``: ``Kuf_sums`` and
+    ``last_distances`` are refused with a ``ValueError`` naming ``contracts_kuf``."""
+    rng = np.random.default_rng(9)
+    X, Z = rng.normal(size=(10, 2)), rng.normal(size=(3, 2))
+    cov = _one(kernel, Z, X)
+    assert not cov.contracts_kuf
+    cov.matrices()
+    with pytest.raises(ValueError, match="isotropic RBF fast path.*contracts_kuf"):
+        cov.kernel_gradient(np.eye(3), None, None, Kuf_sums=(1.0, 1.0))
+    with pytest.raises(ValueError, match="isotropic RBF fast path.*contracts_kuf"):
+        cov.last_distances()
+
+
 
 
 def test_latents_with_equal_inducing_inputs_share_one_cache():
@@ -230,6 +245,10 @@ def test_fixed_mode_refuses_what_it_cannot_serve():
     assert matern is not None and not matern.cached_distance_form
     with pytest.raises(ValueError, match="squared-distance"):
         matern.fixed_covariances(inputs)
+    diagonal = StackedKernels.of([RBF() + _DiagonalNoise(0.1)])
+    assert diagonal is not None and not diagonal.cached_distance_form
+    with pytest.raises(ValueError, match="on_square"):
+        diagonal.fixed_covariances(inputs)
     ard = StackedKernels.of([RBF(lengthscale=[1.0, 2.0])])
     assert ard is not None
     with pytest.raises(ValueError, match="isotropic"):

@@ -326,6 +326,30 @@ def test_squared_distance_form_is_declared_where_it_holds():
     assert RBF.sqdist_form and not Matern32.sqdist_form and not Matern52.sqdist_form
 
 
+def test_a_new_g_drops_the_inherited_shortcuts_and_a_bare_declaration_is_refused():
+    """A subclass that changes ``_g`` without declaring again gets no inherited ``sqdist_form``
+    or ``dg_dr2_per_g`` (RBF's formulas are not its own, so the fixed-input path falls back to
+    ``K``); one that declares ``sqdist_form`` without the squared-distance methods is refused
+    at class creation, naming them."""
+
+    class Wider(RBF):
+        def _g(self, r2):
+            return np.exp(-0.25 * r2)
+
+        def _dg_dr2(self, r2):
+            return -0.25 * np.exp(-0.25 * r2)
+
+    class Declared(Wider):
+        sqdist_form = True  # an explicit declaration is kept
+
+    assert not Wider.sqdist_form and Wider.dg_dr2_per_g is None
+    assert Declared.sqdist_form and Declared.dg_dr2_per_g is None
+    with pytest.raises(TypeError, match="sqdist_form.*K_from_sqdist"):
+
+        class _Bare(Matern32):
+            sqdist_form = True
+
+
 # --------------------------------------------------------------------------------------------
 # make_kernel
 # --------------------------------------------------------------------------------------------
