@@ -533,13 +533,13 @@ def _record_fit(p: Prepared, estimator: Estimator, callback: _Callback,
         result["best_validation_score"] = float(estimator.best_validation_score_)
     if WORSE_THAN_BASELINE in fit_report.warnings:  # kept (baseline_failure=warn)
         what = "a constant Gaussian" if p.task == "regression" else "the class frequencies"
-        key = "nll"
+        label, key = "NLL", "nll"
         if "baseline_error" in result:  # judged by error (Method.baseline_measure)
-            what, key = "the majority class", "error"
+            what, label, key = "the majority class", "error", "error"
         result.update(status=tracking.FAILED, error=(
-            f"training {key.upper() if key == 'nll' else key} {result['train_' + key]:.4g} is "
-            f"no better than predicting {what} ({result['baseline_' + key]:.4g}); the model "
-            "was kept (baseline_failure=warn)"))
+            f"training {label} {result['train_' + key]:.4g} is no better than predicting "
+            f"{what} ({result['baseline_' + key]:.4g}); the model was kept "
+            "(baseline_failure=warn)"))
     return P_test
 
 
