@@ -533,13 +533,13 @@ def _record_fit(p: Prepared, estimator: Estimator, callback: _Callback,
         result["best_validation_score"] = float(estimator.best_validation_score_)
     if WORSE_THAN_BASELINE in fit_report.warnings:  # kept (baseline_failure=warn)
         what = "a constant Gaussian" if p.task == "regression" else "the class frequencies"
-        key = "nll"
+        label, key = "NLL", "nll"
         if "baseline_error" in result:  # judged by error (Method.baseline_measure)
-            what, key = "the majority class", "error"
+            what, label, key = "the majority class", "error", "error"
         result.update(status=tracking.FAILED, error=(
-            f"training {key.upper() if key == 'nll' else key} {result['train_' + key]:.4g} is "
-            f"no better than predicting {what} ({result['baseline_' + key]:.4g}); the model "
-            "was kept (baseline_failure=warn)"))
+            f"training {label} {result['train_' + key]:.4g} is no better than predicting "
+            f"{what} ({result['baseline_' + key]:.4g}); the model was kept "
+            "(baseline_failure=warn)"))
     return P_test
 
 
@@ -569,18 +569,20 @@ def _record_failure(p: Prepared, callback: _Callback, result: dict[str, Any],
     iteration reached and the fit guard's report where there is one, into ``result.json`` and,
     as a finished run's are, its final numbers that exist (``n_iter``, ``train_time_s``,
     ``peak_rss_mb``; the guard's ``train_nll`` and ``baseline_nll``) into MLflow, where those
-    not logged yet go (never hiding ``exc``)."""
+    not logged yet go (never hiding ``exc``). A failure after the fit ended keeps the fit's
+    numbers (``_record_fit``), which ``_close`` may have logged already."""
     interrupted = isinstance(exc, KeyboardInterrupt)
     if isinstance(exc, FitFailedError) and exc.result is not None:
         _record_fit_report(p.logger, result, exc.result)
     result.update(
         status=tracking.KILLED if interrupted else tracking.FAILED,
         error=f"{type(exc).__name__}: {exc}",
-        n_iter=callback.last_iteration,
         error_iteration=getattr(exc, "iteration", None),
-        train_time_s=time.perf_counter() - callback.start - callback.overhead_s,
-        peak_rss_mb=res.peak_rss_mb(),
     )
+    if result["train_time_s"] is None:  # the fit did not end (else its numbers are kept)
+        result.update(n_iter=callback.last_iteration,
+                      train_time_s=time.perf_counter() - callback.start - callback.overhead_s,
+                      peak_rss_mb=res.peak_rss_mb())
     try:
         logged = p.logger.logged_keys  # a failure after log_final (in _close) has them already
         p.logger.log_final({key: result[key] for key in FINAL_METRICS

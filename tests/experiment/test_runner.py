@@ -174,6 +174,29 @@ def test_numerical_error_fails_the_run_and_keeps_its_history(tmp_path: Path, sto
     assert "config.yaml" in {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
+def test_a_failure_after_the_final_numbers_keeps_them_in_result_json(
+    tmp_path: Path, store_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that fails after its final numbers went to MLflow (here in publishing) keeps the
+    fit's numbers in result.json too: not the time and memory up to the failure."""
+    from gpinfer.experiment import runner
+
+    def broken_publish(*args: object, **kwargs: object) -> float:
+        raise RuntimeError("publishing failed")
+
+    monkeypatch.setattr(runner, "_publish", broken_publish)
+    out = tmp_path / "run"
+    cfg = store_cfg(store_uri, "method.name=toygp", "iterations=4")
+    with pytest.raises(RuntimeError, match="publishing failed"):
+        run_experiment(cfg, output_dir=out)
+    saved = json.loads((out / "result.json").read_text())
+    assert saved["status"] == "FAILED" and "publishing failed" in saved["error"]
+    run = MlflowClient(store_uri).get_run(saved["mlflow_run_id"])
+    assert run.info.status == "FAILED"
+    for key in ("n_iter", "train_time_s", "peak_rss_mb", "test_error", "test_nll"):
+        assert run.data.metrics[key] == pytest.approx(saved[key], rel=1e-12), key
+
+
 def test_ctrl_c_ends_the_run_killed_with_its_metrics(tmp_path: Path, store_uri: str) -> None:
     out = tmp_path / "run"
     cfg = store_cfg(store_uri, "method.name=toygp", "+method.options.interrupt_at=3")
