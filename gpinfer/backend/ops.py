@@ -18,7 +18,8 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
 * moving values: ``like`` (host values onto an array's namespace, device and dtype),
   ``index_like`` (host or backend labels as an index of the namespace), ``as_array`` /
   ``flat`` / ``zeros_vector`` (host values as float64 numpy, backend arrays where they live),
-  ``to_host``, ``scalar``, ``all_finite``, ``torch_view``,
+  ``holds_like`` (kept state that takes a value in place), ``to_host``, ``scalar``,
+  ``all_finite``, ``torch_view``,
   ``is_host_buffer`` / ``host_out`` (a host vector numpy writes a result into; none on a
   device), ``maybe_any`` (a host test without a device sync);
 * one operation, each namespace's form, so that backend-neutral code never tests which
@@ -193,6 +194,14 @@ def zeros_vector(x: Any) -> Array:
     ``x``'s namespace, device and dtype."""
     ref = as_array(x)
     return zeros(ref, (math.prod(ref.shape),))
+
+
+def holds_like(kept: Any, ref: Any) -> bool:
+    """Whether ``kept`` (state an optimiser or a loop keeps between calls) is an array of
+    ``ref``'s library and shape, so that it takes ``ref``'s values in place; else the caller
+    makes its state anew where ``ref`` lives (``ref`` host values or an array of any namespace;
+    ``kept`` may be None)."""
+    return type(kept) is type(ref) and tuple(kept.shape) == tuple(ref.shape)
 
 
 def checks_for(x: Array) -> DeferredChecks | None:

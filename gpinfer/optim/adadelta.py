@@ -59,7 +59,7 @@ class AdaDelta(StochasticAscent):
 
     def step(self, x: Array, grad: Array) -> Array:
         """One step from the look-ahead point ``x`` (where ``grad`` was taken)."""
-        if tuple(self.G.shape) != tuple(np.shape(grad)) or type(self.G) is not type(grad):
+        if not ops.holds_like(self.G, grad):
             self.reset(grad)
         xp = ops.namespace(grad)
         self.G = self.rho * self.G + (1.0 - self.rho) * grad * grad

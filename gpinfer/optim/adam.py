@@ -74,7 +74,7 @@ class Adam(StochasticAscent):
     def restore(self, snap: tuple[int, Array, Array]) -> None:
         """The state of ``snap`` (from ``snapshot``), written into the moments in place."""
         t, m, v = snap
-        if tuple(self.m.shape) != tuple(m.shape) or type(self.m) is not type(m):
+        if not ops.holds_like(self.m, m):
             self.reset(m)
         self.t = t
         self.m[...] = m
@@ -87,7 +87,7 @@ class Adam(StochasticAscent):
         """``step`` written into ``x [P]`` (an array the caller owns; returned), the same
         values to the last bit; ``grad [P]`` is read only. On the host the vector is updated
         in cache-sized pieces (each entry sees the same operations: memory is read once)."""
-        if tuple(self.m.shape) != tuple(grad.shape) or type(self.m) is not type(grad):
+        if not ops.holds_like(self.m, grad):
             self.reset(grad)
         self.t += 1
         inv_bias2 = 1.0 / math.sqrt(1.0 - self.beta2**self.t)

@@ -52,7 +52,7 @@ class SignAdaptiveAscent(StochasticAscent):
 
     def step(self, x: Array, grad: Array) -> Array:
         grad = ops.as_array(grad)
-        if tuple(self.steps.shape) != tuple(grad.shape) or type(self.steps) is not type(grad):
+        if not ops.holds_like(self.steps, grad):
             self.reset(grad)
         xp = ops.namespace(grad)
         if self.last_grad is not None:

@@ -193,7 +193,7 @@ class TrainingLoop:
     # -- one step ----------------------------------------------------------------------------
     def _coordinates(self, theta: Array) -> Array:
         """``coordinates [P]`` where ``theta`` lives (moved to a backend device once)."""
-        if type(self._coord_on) is not type(theta):
+        if not ops.holds_like(self._coord_on, theta):
             self._coord_on = ops.like(theta, self.coord)
             self._coord_part = None
         return self._coord_on

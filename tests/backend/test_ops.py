@@ -526,6 +526,18 @@ def test_host_values_reach_the_namespace_and_backend_arrays_stay():
     assert ops.backend_name(t) == "torch" and ops.backend_name([1.0]) == "numpy"
 
 
+def test_holds_like_takes_state_of_the_same_library_and_shape_only():
+    """``holds_like``: kept state takes a value in place only when it is an array of the
+    value's library and shape (a move to a device, a new length or no state: made anew)."""
+    host = np.zeros(3)
+    assert ops.holds_like(host, np.ones(3))
+    assert not ops.holds_like(host, np.ones(4))
+    assert not ops.holds_like(host, torch.ones(3, dtype=torch.float64))
+    assert not ops.holds_like(torch.zeros(3), np.ones(3))
+    assert not ops.holds_like(None, np.ones(3))
+    assert not ops.holds_like(host, [0.0, 0.0, 0.0])  # host values: made anew as an array
+
+
 @pytest.mark.parametrize("to", _namespaces())
 def test_class_counts_floored_and_torch_view(to):
     y = np.array([2, 0, 2, 2, 1, 0])
