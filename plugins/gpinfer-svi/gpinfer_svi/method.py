@@ -60,6 +60,7 @@ from gpinfer.interfaces import (
 from gpinfer.kernels.base import Kernel
 from gpinfer.kernels.fixed import FixedGroup, fixed_gradient, fixed_groups, fixed_matrices
 from gpinfer.kernels.initialisation import lengthscale_init_option, start_kernel
+from gpinfer.kernels.stacked import StackedCovariances
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.optim import LBFGSB, make_optimizer
 from gpinfer.options import Option, bounds, choice, flag, integer, mapping, real
@@ -160,6 +161,8 @@ class VariationalState:
                       and bool(np.all(hp.kernel_entries("")))
                       and len({id(k) for k in hp.kernels}) == self.L)
         self._groups: list[FixedGroup] = []
+        #: the last step's covariances, one per group (kept until the next step's are formed)
+        self._last: list[StackedCovariances | None] = []
         if self._fast:
             names = hp.names  # kernel parameters only (few)
             # latents with equal Z share one distance cache and one batched computation
@@ -233,6 +236,7 @@ class VariationalState:
         Kub: list[Array] | Array
         if self._fast:  # the batch's rows read once (Xb), for every latent
             covs, Kuu, Kub, Kdiag = fixed_matrices(self._groups, self.hp.kernels, batch, Xb)
+            self._last = covs
         elif (cov := self.hp.covariances(Xb)) is not None:  # one batched kernel path
             Kuu, Kub, Kdiag = cov.Kuu, cov.Kuf, cov.Kff_diag  # reused by hp.gradient's VJP
         else:
