@@ -360,7 +360,7 @@ def svi_step_terms(B: int, M: int, D: int, n_latent: int, *, learn_inducing: boo
     per = [
         Term("Kub: distances 2 M B D (0 on the default fast path: isotropic RBF, Z fixed, "
              "[N, M] distances cached once at set-up)",
-             "gpinfer/kernels/stacked.py:_fixed_forward (FixedCovariances.matrices; generic: "
+             "gpinfer/kernels/stacked.py:_fixed_forward (fixed.py:fixed_matrices; generic: "
              "kernel.K)", kern, kern),
         Term("chol(Kuu): M^3/3", f"{_VAR}:uncollapsed_elbo", M**3 / 3, M**3 / 3),
         Term("Rb = L_K^-1 Kub: M^2 B", f"{_VAR}:uncollapsed_elbo", M**2 * B, M**2 * B),
@@ -388,7 +388,7 @@ def svi_step_terms(B: int, M: int, D: int, n_latent: int, *, learn_inducing: boo
              2 * M**3 / 3 if natural_gradient else 0.0, 2 * M**3 if natural_gradient else 0.0),
         Term("kernel VJP: 2 M B D with learned Z (G @ Xb) or ARD (H @ A); 0 on the isotropic "
              "fast path (element-wise)",
-             "gpinfer/kernels/stacked.py:_fixed_vjp (FixedCovariances.kernel_gradient) / "
+             "gpinfer/kernels/stacked.py:_fixed_vjp (fixed.py:fixed_gradient) / "
              "gpinfer/hyper.py",
              vjp, vjp),
     ]
@@ -414,7 +414,7 @@ def svi_step_flops(B: int, M: int, D: int, n_latent: int, *, learn_inducing: boo
     O(P)). ``n_latent`` = 1 for logit/probit, ``C`` for robust-max/softmax.
 
     Per latent, with the defaults (isotropic RBF, inducing inputs fixed -> the fast path of
-    ``gpinfer/kernels/fixed.py:FixedCovariances``, the fixed-input mode of
+    ``gpinfer/kernels/fixed.py:fixed_matrices``, the fixed-input mode of
     ``gpinfer/kernels/stacked.py``, distances cached once when ``M N <= 3e7``):
 
     * forward (``uncollapsed_elbo``): ``chol(Kuu)`` ``M^3/3``, ``Rb = L_K^-1 Kub`` ``M^2 B``,

@@ -9,6 +9,7 @@ inputs or K-means centres, spec jj-taylor-svi §4.4; one default ``M``, one rule
 from __future__ import annotations
 
 import numbers
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,7 +18,7 @@ from scipy.cluster.vq import kmeans2
 from gpinfer.data.source import KMEANS_SUBSET, host_rows, sample_rows
 from gpinfer.errors import InputError
 from gpinfer.kernels.base import Kernel
-from gpinfer.kernels.fixed import FixedCovariances, FixedInputs
+from gpinfer.kernels.fixed import FixedInputs, fast_family, generic_gradient, generic_matrices
 from gpinfer.moved import renamed
 
 Array = np.ndarray
@@ -113,11 +114,52 @@ def initial_inducing(spec: int | Array | None, X: Array, rng: np.random.Generato
 
 
 def _fixed_input_covariances(kernel: Kernel, Z: Array, X: Array,
-                             share: FixedCovariances | None = None) -> FixedCovariances:
-    """``FixedInputCovariances(kernel, Z, X, share)`` for one more release: the kernels'
-    ``FixedCovariances`` at ``FixedInputs(Z, X)`` (``share``'s where it holds ``Z``)."""
+                             share: SimpleNamespace | None = None) -> SimpleNamespace:
+    """``FixedInputCovariances(kernel, Z, X, share)`` for one more release: one latent's
+    covariances at ``FixedInputs(Z, X)`` (``share``'s where it holds ``Z``), a thin object over
+    the fixed-input mode (``StackedKernels.fixed_covariances`` with ``C = 1``) or the generic
+    functions, with the old calls: ``matrices(cols, out, rows)`` (``Kuu [M, M]``,
+    ``Kuf [M, B]``, ``Kff_diag [B]``), ``kernel_gradient(Kuu, Kuf, Kff_diag, cols, Kuf_sums,
+    rows)`` (``[P]``), ``release()``, ``contracts_kuf``, ``last_distances()``."""
     inputs = share.inputs if share is not None and share.inputs.holds(Z) else FixedInputs(Z, X)
-    return FixedCovariances(kernel, inputs)
+    family = fast_family([kernel])
+    ard = family is not None and family.stationary[0].ard
+    if family is not None:
+        inputs.prepare(ard)
+    me = SimpleNamespace(kernel=kernel, inputs=inputs, Z=inputs.Z, X=inputs.X, last=None,
+                         fast=family is not None, contracts_kuf=family is not None and not ard)
+
+    def matrices(cols: Array | None = None, out: Array | None = None,
+                 rows: Array | None = None) -> tuple[Array, Array, Array]:
+        if family is None:
+            return generic_matrices(kernel, inputs.Z, inputs.rows(cols, rows))
+        cov = me.last = family.fixed_covariances(inputs, cols, rows, out)
+        return cov.Kuu[0], cov.Kuf[0], cov.Kff_diag[0]
+
+    def kernel_gradient(Kuu: Array | None, Kuf: Array | None, Kff_diag: Array | None,
+                        cols: Array | None = None, Kuf_sums: tuple[float, float] | None = None,
+                        rows: Array | None = None) -> Array:
+        if Kuf_sums is not None and not me.contracts_kuf:
+            raise ValueError("Kuf_sums needs the isotropic RBF fast path (contracts_kuf)")
+        if family is None:
+            return generic_gradient(kernel, inputs.Z, inputs.rows(cols, rows), Kuu, Kuf,
+                                    Kff_diag)
+        if me.last is None:
+            matrices(cols, rows=rows)
+        sums = None if Kuf_sums is None else np.array([Kuf_sums], dtype=float)
+        return me.last.vjp_fixed(*(None if G is None else [G] for G in (Kuu, Kuf, Kff_diag)),
+                                 Kuf_sums=sums)[0]
+
+    def last_distances() -> Array:
+        if not me.contracts_kuf:
+            raise ValueError("last_distances needs the isotropic RBF fast path (contracts_kuf)")
+        if me.last is None:
+            matrices()
+        return me.last.fixed.D_uf
+
+    me.matrices, me.kernel_gradient, me.last_distances = matrices, kernel_gradient, last_distances
+    me.release = lambda: setattr(me, "last", None)
+    return me
 
 
 if not TYPE_CHECKING:  # at run time only: mypy keeps checking the imports from here
@@ -126,4 +168,4 @@ if not TYPE_CHECKING:  # at run time only: mypy keeps checking the imports from 
                    "DISTANCE_CACHE_MAX_ENTRIES":
                        "gpinfer.kernels.fixed:DISTANCE_CACHE_MAX_ENTRIES"},
         hint=" (build the covariances of every latent with "
-             "gpinfer.kernels.fixed.fixed_covariances(kernels, Zs, X))")
+             "gpinfer.kernels.fixed.fixed_groups / fixed_matrices / fixed_gradient)")

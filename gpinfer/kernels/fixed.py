@@ -2,9 +2,11 @@
 ``X [N, D]`` declared fixed once, only kernel parameters learned (svi and the vi-jj family
 with ``Z`` fixed; numpy).
 
-``fixed_covariances(kernels, Zs, X)`` builds one ``FixedCovariances`` per latent; latents with
-equal inducing inputs share one ``FixedInputs``, the cache of everything that depends on the
-inputs alone:
+``fixed_groups(kernels, Zs, X)`` groups the latents: those with equal inducing inputs share one
+``FixedInputs``, the cache of everything that depends on the inputs alone, and where their
+kernels are of one family one ``StackedKernels``; ``fixed_matrices`` gives every latent's
+matrices (one ``StackedCovariances`` per group), ``fixed_gradient`` their kernel gradients
+(one ``vjp_fixed`` per group over the latents' own gradient arrays). The cache holds:
 
 - the centring shift (the column mean of ``X``) and ``Z - shift``;
 - isotropic squared-distance kernels: the raw squared distances ``[M, M]`` and, in memory while
@@ -23,19 +25,20 @@ The fast path is taken by the kernels' own declarations: one ``Stationary`` part
 (``StackedKernels.cached_distance_form``). It is the fixed-input mode of the batched kernels,
 ``gpinfer.kernels.stacked.StackedCovariances.at_fixed_inputs`` / ``vjp_fixed``, whose formulas
 are the kernel's (``RBF.K_from_sqdist``, ``sqdist_gradient``, ``ard_lengthscale_gradient``);
-any other kernel falls back to ``kernel.K`` / ``kernel.grad_params`` (same results). At fixed
-inputs this mode is 5-7x faster at ``N = 2e5`` than the batched covariances of moving inputs
-(``docs/design.md``).
+any other kernel falls back to the functions ``generic_matrices`` / ``generic_gradient``
+(``kernel.K`` / ``kernel.grad_params``, same results). At fixed inputs this mode is 5-7x
+faster at ``N = 2e5`` than the batched covariances of moving inputs (``docs/design.md``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from gpinfer.data.source import SourceRows, host_rows
+from gpinfer.interfaces import MatrixGradients
 from gpinfer.kernels.base import Array, Kernel
 from gpinfer.kernels.stacked import StackedCovariances, StackedKernels
 from gpinfer.kernels.stationary import sqdist
@@ -102,6 +105,11 @@ class FixedInputs:
         """``X - shift`` ``[N, D]`` (``None`` out of core)."""
         return self._keep("Xc", lambda: None if self.out_of_core else self.X - self.shift)
 
+    def prepare(self, ard: bool) -> None:
+        """Form now the caches the fixed-input mode reads (ARD: ``Zc``, ``Xc``; isotropic:
+        ``D_uu``, ``D_fu``), not inside a first step."""
+        _ = (self.Zc, self.Xc) if ard else (self.D_uu, self.D_fu)
+
     def rows(self, cols: Array | None, rows: Array | None) -> Array:
         """``X[cols]`` ``[B, D]`` (``cols`` None: all of ``X``): ``rows`` when the caller read
         them."""
@@ -125,127 +133,127 @@ class FixedInputs:
         return Xc if cols is None else Xc[cols]
 
 
-def fixed_covariances(kernels: Sequence[Kernel], Zs: Sequence[Array], X: Array | SourceRows
-                      ) -> list[FixedCovariances]:
-    """One ``FixedCovariances`` per latent (``kernels[l]`` at ``Zs[l] [M_l, D]`` and ``X``);
-    latents with equal inducing inputs share one ``FixedInputs`` (one distance cache), all of
-    them one shift."""
+#: latents ``ls`` (indices) at one ``FixedInputs``, with their batched kernels in the
+#: cached-distance form (``StackedKernels``; ``None``: one latent off the fast path, whose
+#: kernel gives its own matrices and gradient: ``generic_matrices`` / ``generic_gradient``)
+FixedGroup = tuple[list[int], FixedInputs, StackedKernels | None]
+
+
+def fast_family(kernels: Sequence[Kernel]) -> StackedKernels | None:
+    """The batched kernels of ``kernels`` when the fixed-input mode serves them (one family
+    in the squared-distance form, ``StackedKernels.cached_distance_form``), else ``None``."""
+    family = StackedKernels.of(kernels)
+    return family if family is not None and family.cached_distance_form else None
+
+
+def fixed_groups(kernels: Sequence[Kernel], Zs: Sequence[Array], X: Array | SourceRows
+                 ) -> list[FixedGroup]:
+    """The latents (``kernels[l]`` at ``Zs[l] [M_l, D]`` and ``X``) in groups for the
+    fixed-input mode: latents with equal inducing inputs share one ``FixedInputs`` (one
+    distance cache; all of them one shift) and, where their kernels batch in the
+    squared-distance form with an isotropic lengthscale, one ``StackedKernels`` (one
+    ``StackedCovariances`` per call: one gather of the batch's distances for all of them);
+    otherwise each latent is a group of its own (its kernel batched alone, or ``None``: the
+    generic functions). ARD latents stay alone: their distances are their own (scaled per
+    latent), and one group would form each latent's next to all ``C`` cross matrices (one
+    ``[M, B]`` array more at the peak than one latent at a time). The caches the fast groups
+    read are formed here, not in a first step."""
     shared: list[FixedInputs] = []
-    out: list[FixedCovariances] = []
-    for kernel, Z in zip(kernels, Zs):
-        inputs = next((s for s in shared if s.holds(Z)), None)
-        if inputs is None:
-            inputs = FixedInputs(Z, X, same_X=shared[0] if shared else None)
-            shared.append(inputs)
-        out.append(FixedCovariances(kernel, inputs))
-    return out
+    members: list[list[int]] = []
+    for l, Z in enumerate(Zs):
+        at = next((i for i, s in enumerate(shared) if s.holds(Z)), None)
+        if at is None:
+            shared.append(FixedInputs(Z, X, same_X=shared[0] if shared else None))
+            members.append([])
+            at = len(shared) - 1
+        members[at].append(l)
+    groups: list[FixedGroup] = []
+    for inputs, ls in zip(shared, members):
+        family = fast_family([kernels[l] for l in ls])
+        if len(ls) > 1 and (family is None or family.stationary[0].ard):
+            groups.extend(([l], inputs, fast_family([kernels[l]])) for l in ls)
+        else:
+            groups.append((ls, inputs, family))
+    for _, inputs, family in groups:
+        if family is not None:
+            inputs.prepare(family.stationary[0].ard)
+    return groups
 
 
-class FixedCovariances:
-    """``Kuu [M, M]``, ``Kuf [M, N]``, ``Kff_diag [N]`` of one kernel at ``FixedInputs``, and
-    their gradients wrt the kernel's parameters (see the module docstring).
+def generic_matrices(kernel: Kernel, Z: Array, Xb: Array) -> tuple[Array, Array, Array]:
+    """``(Kuu [M, M], Kuf [M, B], Kff_diag [B])`` of a kernel off the fast path at ``Z`` and
+    the batch rows ``Xb [B, D]`` (``kernel.K``)."""
+    return kernel.K(Z), kernel.K(Z, Xb), kernel.K_diag(Xb)
 
-    The fast path is the batched kernels' fixed-input mode for this one latent
-    (``StackedKernels.fixed_covariances``, ``StackedCovariances.vjp_fixed``); the last
-    covariances are kept: ``kernel_gradient`` reuses them instead of recomputing distances
-    and exponentials in the kernel VJP; in the isotropic case it also takes the two sums its
-    ``Kuf`` part needs (``Kuf_sums``, with ``last_distances``) instead of the ``[M, N]``
-    gradient. ``cols`` selects a batch of columns; ``rows``, where given, are ``X[cols]`` as
-    the caller already read them (bit for bit the rows the instance would gather: an
-    out-of-core ``X`` is then read once per batch).
-    """
 
-    def __init__(self, kernel: Kernel, inputs: FixedInputs):
-        self.kernel, self.inputs = kernel, inputs
-        self.Z, self.X = inputs.Z, inputs.X
-        # the batched kernels' reading of the parts (one stationary part, ``White``-type
-        # noise), and the kernels' own declarations: the squared-distance form
-        # (``Stationary.sqdist_form``: RBF, not a subclass that changes ``_g``) and noise on
-        # the square matrix too (``White.on_square``: not a noise on ``Kff_diag`` alone)
-        family = StackedKernels.of([kernel])
-        if family is not None and not family.cached_distance_form:
-            family = None  # batched alike, but not in the squared-distance form
-        self._family = family
-        self.fast = family is not None
-        self.ard = family is not None and family.stationary[0].ard
-        if self.fast:  # the caches this kernel reads, formed now (not inside the first step)
-            _ = (inputs.Zc, inputs.Xc) if self.ard else (inputs.D_uu, inputs.D_fu)
-        #: the last covariances of the fast path (the batched kernels' fixed-input mode)
-        self._stacked: StackedCovariances | None = None
+def generic_gradient(kernel: Kernel, Z: Array, Xb: Array, Kuu: Array | None,
+                     Kuf: Array | None, Kff_diag: Array | None) -> Array:
+    """The gradient ``[P]`` wrt ``kernel.get_unconstrained()`` of a kernel off the fast path
+    from ``dL/dKuu [M, M]``, ``dL/dKuf [M, B]``, ``dL/dKff_diag [B]`` at ``Z`` and the batch
+    rows ``Xb [B, D]`` (``kernel.grad_params``; ``None`` is zero)."""
+    g = np.zeros(kernel.n_params)
+    if Kuu is not None:
+        g += kernel.grad_params(Z, None, Kuu)
+    if Kuf is not None:
+        g += kernel.grad_params(Z, Xb, Kuf)
+    if Kff_diag is not None:
+        g += kernel.grad_params_diag(Xb, Kff_diag)
+    return g
 
-    def matrices(self, cols: Array | None = None, out: Array | None = None,
-                 rows: Array | None = None) -> tuple[Array, Array, Array]:
-        """``(Kuu, Kuf, Kff_diag)`` at the kernel's current parameters (``cols``: a batch;
-        ``rows``: its rows ``X[cols]`` ``[B, D]`` where already read).
 
-        ``out``: an ``[M, N]`` array that ``Kuf`` may be written into, used on the isotropic
-        fast path when it has the layout of the cached distances (``Kuf`` is then a view of
-        ``out``: check with ``np.shares_memory``).
-        """
-        if self._family is None:
-            Xb = self.inputs.rows(cols, rows)
-            k = self.kernel
-            return k.K(self.Z), k.K(self.Z, Xb), k.K_diag(Xb)
-        cov = self._stacked = self._family.fixed_covariances(self.inputs, cols, rows, out)
-        return cov.Kuu[0], cov.Kuf[0], cov.Kff_diag[0]
+def fixed_matrices(groups: Sequence[FixedGroup], kernels: Sequence[Kernel],
+                   cols: Array | None = None, rows: Array | None = None
+                   ) -> tuple[list[StackedCovariances | None], list[Array], list[Array], Array]:
+    """Every latent's covariances at the columns ``cols`` of the fixed ``X`` (``None``: all;
+    ``rows``: ``X[cols]`` ``[B, D]`` where already read): ``(covs, Kuu, Kuf, Kff_diag)``,
+    one ``StackedCovariances`` per group (``None`` for a generic one; kept for
+    ``fixed_gradient``), per latent ``Kuu [M, M]`` and ``Kuf [M, B]`` (views of the group's
+    ``[C, ...]`` arrays), and ``Kff_diag [L, B]``."""
+    L = sum(len(g[0]) for g in groups)
+    Kuu: list[Array] = [np.empty(0)] * L
+    Kuf: list[Array] = [np.empty(0)] * L
+    diag: list[Array] = [np.empty(0)] * L
+    covs: list[StackedCovariances | None] = []
+    for ls, inputs, family in groups:
+        if family is None:
+            l = ls[0]
+            Kuu[l], Kuf[l], diag[l] = generic_matrices(kernels[l], inputs.Z,
+                                                       inputs.rows(cols, rows))
+            covs.append(None)
+            continue
+        cov = family.fixed_covariances(inputs, cols, rows)
+        covs.append(cov)
+        for i, l in enumerate(ls):
+            Kuu[l], Kuf[l], diag[l] = cov.Kuu[i], cov.Kuf[i], cov.Kff_diag[i]
+    return covs, Kuu, Kuf, np.stack(diag)
 
-    def release(self) -> None:
-        """Drop the matrices kept from the last call (before computing new ones, so that their
-        arrays can be freed or reused first)."""
-        self._stacked = None
 
-    @property
-    def contracts_kuf(self) -> bool:
-        """Whether ``kernel_gradient`` accepts ``Kuf_sums`` (isotropic fast path): its ``Kuf``
-        part needs only ``sum(G * Kuf_rbf)`` and ``sum(G * Kuf_rbf * D)``, ``D`` the squared
-        distances of ``last_distances()``."""
-        return self.fast and not self.ard
+def _arrays(per_latent: list[Array | None]) -> list[Array] | None:
+    """The latents' gradient arrays of one matrix, ``None`` when no latent has one (zero)."""
+    if all(a is None for a in per_latent):
+        return None
+    if any(a is None for a in per_latent):
+        raise ValueError("matrix gradients given for some latents of a group, not all")
+    return cast(list[Array], per_latent)
 
-    def last_distances(self) -> Array:
-        """Squared distances ``D [M, N]`` (or the batch's) of the last ``matrices`` call
-        (isotropic fast path)."""
-        if not self.contracts_kuf:
-            raise ValueError("last_distances needs the isotropic RBF fast path (contracts_kuf)")
-        if self._stacked is None:
-            self.matrices()
-        assert self._stacked is not None and self._stacked.fixed is not None
-        D_uf = self._stacked.fixed.D_uf
-        assert D_uf is not None  # the isotropic fast path's
-        return D_uf
 
-    def kernel_gradient(self, Kuu: Array | None, Kuf: Array | None, Kff_diag: Array | None,
-                        cols: Array | None = None,
-                        Kuf_sums: tuple[float, float] | None = None,
-                        rows: Array | None = None) -> Array:
-        """Gradient ``[P]`` wrt ``kernel.get_unconstrained()`` from matrix gradients
-        ``dL/dKuu [M, M]``, ``dL/dKuf [M, N]`` (or its batch columns) and
-        ``dL/dKff_diag [N]``, at the parameters of the last ``matrices`` call (``rows``:
-        ``X[cols]`` where already read; only the generic fallback reads rows here).
-
-        ``Kuf_sums`` (only where ``contracts_kuf``; then pass ``Kuf=None``):
-        ``(sum(dL/dKuf * Kuf), sum(dL/dKuf * Kuf * D))`` with ``Kuf`` and ``D`` of the last
-        ``matrices`` call, for a ``Kuf`` gradient that is cheaper to contract than to form.
-        """
-        if Kuf_sums is not None and not self.contracts_kuf:
-            raise ValueError("Kuf_sums needs the isotropic RBF fast path (contracts_kuf)")
-        if not self.fast:
-            return self._generic_gradient(Kuu, Kuf, Kff_diag, self.inputs.rows(cols, rows))
-        if self._stacked is None:
-            self.matrices(cols, rows=rows)
-        assert self._stacked is not None
-        Kuu_c, Kuf_c, Kff_c = (None if G is None else G[None] for G in (Kuu, Kuf, Kff_diag))
-        sums = None if Kuf_sums is None else np.array([Kuf_sums], dtype=float)
-        return self._stacked.vjp_fixed(Kuu_c, Kuf_c, Kff_c, Kuf_sums=sums)[0]
-
-    def _generic_gradient(self, Kuu: Array | None, Kuf: Array | None, Kff_diag: Array | None,
-                          Xb: Array) -> Array:
-        """``kernel_gradient`` of a kernel off the fast path (``kernel.grad_params``), at the
-        batch rows ``Xb [B, D]``."""
-        k, g = self.kernel, np.zeros(self.kernel.n_params)
-        if Kuu is not None:
-            g += k.grad_params(self.Z, None, Kuu)
-        if Kuf is not None:
-            g += k.grad_params(self.Z, Xb, Kuf)
-        if Kff_diag is not None:
-            g += k.grad_params_diag(Xb, Kff_diag)
-        return g
+def fixed_gradient(groups: Sequence[FixedGroup], covs: Sequence[StackedCovariances | None],
+                   kernels: Sequence[Kernel], grads: Sequence[MatrixGradients],
+                   cols: Array | None = None, rows: Array | None = None) -> Array:
+    """Every latent's kernel gradient, concatenated in latent order (each in its kernel's
+    unconstrained order), from its matrix gradients ``grads[l]`` (``[M, M]``, ``[M, B]``,
+    ``[B]``) at the covariances ``covs`` of ``fixed_matrices`` (same ``cols`` / ``rows``):
+    one ``vjp_fixed`` per group over the latents' own arrays (no stacked copy)."""
+    out: list[Array] = [np.empty(0)] * len(kernels)
+    for (ls, inputs, _), cov in zip(groups, covs):
+        if cov is None:
+            G = grads[ls[0]]
+            out[ls[0]] = generic_gradient(kernels[ls[0]], inputs.Z, inputs.rows(cols, rows),
+                                          G.Kuu, G.Kuf, G.Kff_diag)
+            continue
+        dKuu, dKuf, dKff = (_arrays([getattr(grads[l], name) for l in ls])
+                            for name in ("Kuu", "Kuf", "Kff_diag"))
+        g = cov.vjp_fixed(dKuu, dKuf, dKff)
+        for i, l in enumerate(ls):
+            out[l] = g[i]
+    return np.concatenate(out)

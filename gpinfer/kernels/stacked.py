@@ -25,8 +25,9 @@ Inputs declared fixed (``Z`` not learned: svi and the vi-jj family) take the fix
 there: isotropic, the raw squared distances, each matrix one pass
 ``var * exp(D * (-0.5 / ell^2))``, and a VJP (``vjp_fixed``) with no row sums or input
 products, ``sum(dK * K)`` and ``sum(dK * K * D)`` per matrix; ARD, the centred inputs, scaled
-per latent, and ``RBF.ard_lengthscale_gradient``. ``gpinfer.kernels.fixed.FixedCovariances``
-(one latent) reads its fast path from it.
+per latent, and ``RBF.ard_lengthscale_gradient``. ``gpinfer.kernels.fixed.fixed_groups`` /
+``fixed_matrices`` / ``fixed_gradient`` give svi and the vi-jj family one of these per group of
+latents (``vjp_fixed`` over each latent's own gradient arrays).
 
 Results equal the per-latent ``Kernel.K`` / ``Kernel.vjp`` to round-off
 (``tests/kernels/test_stacked.py``). Arrays may be numpy or torch (``gpinfer.backend``);
@@ -251,11 +252,14 @@ class StackedCovariances:
             family, inputs, cols, rows, out)
         return self
 
-    def vjp_fixed(self, dKuu: Array | None, dKuf: Array | None, dKff_diag: Array | None,
+    def vjp_fixed(self, dKuu: Array | Sequence[Array] | None,
+                  dKuf: Array | Sequence[Array] | None,
+                  dKff_diag: Array | Sequence[Array] | None,
                   Kuf_sums: Array | None = None) -> Array:
         """The parameter gradients ``[C, P]`` at fixed inputs (``at_fixed_inputs``) of
         ``sum(dKuu * Kuu) + sum(dKuf * Kuf) + sum(dKff_diag * Kff_diag)`` (``[C, M, M]``,
-        ``[C, M, B]``, ``[C, B]``; ``None`` is zero): per matrix ``sum(dK * K_se)`` and
+        ``[C, M, B]``, ``[C, B]``, or a sequence of each latent's array: no stacked copy;
+        ``None`` is zero): per matrix ``sum(dK * K_se)`` and
         ``sum(dK * K_se * D)`` (``RBF.sqdist_gradient``). ``Kuf_sums [C, 2]`` (with
         ``dKuf=None``): each latent's ``(sum(dKuf * Kuf), sum(dKuf * Kuf * D))``, contracted by
         the caller with ``Kuf`` and the distances ``fixed.D_uf`` (isotropic only)."""
@@ -383,6 +387,8 @@ def _fixed_forward(family: StackedKernels, inputs: FixedInputs, cols: Array | No
         noise = _noise_variance(family, c)
         np.add(Kuu_se[c], noise * eye, out=Kuu[c])
         Kff_diag[c] = rbf.variance + noise
+        if ard:  # this latent's own distances, freed before the next latent's are formed
+            del D_uu, D_uf
     kept = (_FixedDistances(Kuu_se, None, None, scaled) if ard
             else _FixedDistances(Kuu_se, D_uu, D_uf, None))
     return kept, Kuu, Kuf, Kff_diag
@@ -405,8 +411,9 @@ def _fixed_blocks(kept: _FixedDistances, c: int, rbf: RBF, dK: Array, K: Array, 
     return rbf.sqdist_gradient(float(np.sum(GK)), float(np.einsum("ij,ij->", GK, kept.D_uf)))
 
 
-def _fixed_vjp(cov: StackedCovariances, dKuu: Array | None, dKuf: Array | None,
-               dKff_diag: Array | None, Kuf_sums: Array | None) -> Array:
+def _fixed_vjp(cov: StackedCovariances, dKuu: Array | Sequence[Array] | None,
+               dKuf: Array | Sequence[Array] | None,
+               dKff_diag: Array | Sequence[Array] | None, Kuf_sums: Array | None) -> Array:
     """``StackedCovariances.vjp_fixed``: ``[C, P]``, each latent's gradient in its kernel's
     parameter order (the RBF's ``d/dlog ell`` (one or ``D``), ``d/dlog var``; each noise
     part's ``var_noise (trace(dKuu) + sum(dKff_diag))``)."""

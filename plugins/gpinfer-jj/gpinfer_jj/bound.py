@@ -21,7 +21,8 @@ from gpinfer.errors import InputError
 from gpinfer.hyper import HyperParameters, parameter_gradient
 from gpinfer.interfaces import Array, Likelihood, SiteState
 from gpinfer.kernels.base import Kernel
-from gpinfer.kernels.fixed import fixed_covariances
+from gpinfer.kernels.fixed import FixedInputs, fixed_groups, generic_gradient, generic_matrices
+from gpinfer.kernels.stacked import StackedCovariances, StackedKernels
 from gpinfer.likelihoods.bernoulli import as_bernoulli
 from gpinfer.posterior import InducingPosterior
 from gpinfer.sites.stacked import StackedTerms
@@ -85,7 +86,12 @@ class CollapsedObjective:
         self._fast = (hp.n_latent == 1 and not hp.inducing_is_free(0)
                       and free <= set(kernel_names))
         self._kernel_free = np.array([n in free for n in kernel_names], dtype=bool)
-        self._cov = fixed_covariances([kernel], [Z], X)[0] if self._fast else None
+        # the one latent's cached inputs and batched kernels (``None``: off the fast path)
+        group = fixed_groups([kernel], [Z], X)[0] if self._fast else None
+        self._inputs: FixedInputs | None = None if group is None else group[1]
+        self._family: StackedKernels | None = None if group is None else group[2]
+        #: the covariances of the last factors (the fixed-input mode; read by the VJP)
+        self._cov: StackedCovariances | None = None
         # the factors of the last kernel parameters and Z, and the last bound built on them:
         # xi moves at every hybrid evaluation but the kernel matrices, L_K and R only with theta,
         # and Stage 1, the first L-BFGS-B evaluation and q(u) after Stage 2 revisit a point
@@ -124,12 +130,15 @@ class CollapsedObjective:
             self._work.give(self._buffers)
         self._factors = self._bound = self._bound_xi = None
         kuf_rows, r_rows = self._work.take(), self._work.take()
-        if self._cov is not None:
-            self._cov.release()
-            matrices = self._cov.matrices(out=kuf_rows.T)
+        self._cov = None  # released first: its arrays freed before new ones are formed
+        if self._family is not None:
+            assert self._inputs is not None
+            cov = self._cov = self._family.fixed_covariances(self._inputs, out=kuf_rows.T)
+            matrices = (cov.Kuu[0], cov.Kuf[0], cov.Kff_diag[0])
         else:
-            matrices = (self.kernel.K(self.Z), self.kernel.K(self.Z, self.X),
-                        self.kernel.K_diag(self.X))
+            inputs = self._inputs
+            matrices = generic_matrices(self.kernel, *((self.Z, self.X) if inputs is None
+                                                       else (inputs.Z, inputs.X)))
         fac = inducing_factors(*matrices, work=r_rows)
         self._factors, self._factors_key, self._buffers = fac, key, (kuf_rows, r_rows)
         return fac
@@ -157,16 +166,23 @@ class CollapsedObjective:
         self.n_eval += 1
         self.hp.unpack(theta)
         b = self.bound(xi)
-        if self._cov is not None and self._cov.contracts_kuf:
+        cov = self._cov
+        D_uf = None if cov is None or cov.fixed is None else cov.fixed.D_uf
+        if cov is not None and D_uf is not None:
             # the isotropic RBF VJP needs two contractions of dF/dKuf, not the [M, N] matrix;
             # the pass over the data that gives the one with the distances also gives S2_hat
-            s_ell = b.kuf_contraction(self._cov.last_distances(), marginals=with_xi)
+            s_ell = b.kuf_contraction(D_uf, marginals=with_xi)
             s_var = b.kuf_contraction(None)
-            grad = self._cov.kernel_gradient(b.kuu_gradient(), None, -b.coef.gamma,
-                                             Kuf_sums=(s_var, s_ell))[self._kernel_free]
-        elif self._cov is not None:
+            grad = cov.vjp_fixed([b.kuu_gradient()], None, [-b.coef.gamma],
+                                 Kuf_sums=np.array([[s_var, s_ell]]))[0][self._kernel_free]
+        elif cov is not None:
             G = b.matrix_gradients()
-            grad = self._cov.kernel_gradient(G.Kuu, G.Kuf, G.Kff_diag)[self._kernel_free]
+            dKuu, dKuf, dKff = (None if a is None else [a] for a in (G.Kuu, G.Kuf, G.Kff_diag))
+            grad = cov.vjp_fixed(dKuu, dKuf, dKff)[0][self._kernel_free]
+        elif self._inputs is not None:
+            G = b.matrix_gradients()
+            grad = generic_gradient(self.kernel, self._inputs.Z, self._inputs.X, G.Kuu, G.Kuf,
+                                    G.Kff_diag)[self._kernel_free]
         else:
             grad = parameter_gradient(self.hp, self.X, b.matrix_gradients())
         xi_grad = b.xi_gradient() if with_xi else None

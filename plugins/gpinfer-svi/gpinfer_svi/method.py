@@ -58,8 +58,9 @@ from gpinfer.interfaces import (
     StochasticOptimizer,
 )
 from gpinfer.kernels.base import Kernel
-from gpinfer.kernels.fixed import FixedCovariances, fixed_covariances
+from gpinfer.kernels.fixed import FixedGroup, fixed_gradient, fixed_groups, fixed_matrices
 from gpinfer.kernels.initialisation import lengthscale_init_option, start_kernel
+from gpinfer.kernels.stacked import StackedCovariances
 from gpinfer.numerics.cholesky import jittered_cholesky
 from gpinfer.optim import LBFGSB, make_optimizer
 from gpinfer.options import Option, bounds, choice, flag, integer, mapping, real
@@ -159,11 +160,13 @@ class VariationalState:
                       and not any(hp.inducing_is_free(l) for l in range(self.L))
                       and bool(np.all(hp.kernel_entries("")))
                       and len({id(k) for k in hp.kernels}) == self.L)
-        self._covs: list[FixedCovariances] = []
+        self._groups: list[FixedGroup] = []
+        #: the last step's covariances, one per group (kept until the next step's are formed)
+        self._last: list[StackedCovariances | None] = []
         if self._fast:
             names = hp.names  # kernel parameters only (few)
-            # latents with equal Z share one distance cache
-            self._covs = fixed_covariances(hp.kernels, self.Zs, X)
+            # latents with equal Z share one distance cache and one batched computation
+            self._groups = fixed_groups(hp.kernels, self.Zs, X)
             prefix = ["kernel"] if self.L == 1 else [f"kernel[{l}]" for l in range(self.L)]
             full = [f"{p}.{q}" for p, k in zip(prefix, hp.kernels) for q in k.param_names]
             self._theta_index = np.array([full.index(n) for n in names], dtype=np.int64)
@@ -232,9 +235,8 @@ class VariationalState:
         Kuu: list[Array] | Array
         Kub: list[Array] | Array
         if self._fast:  # the batch's rows read once (Xb), for every latent
-            mats = [c.matrices(batch, rows=Xb) for c in self._covs]
-            Kuu, Kub = [m[0] for m in mats], [m[1] for m in mats]
-            Kdiag = np.stack([m[2] for m in mats])
+            covs, Kuu, Kub, Kdiag = fixed_matrices(self._groups, self.hp.kernels, batch, Xb)
+            self._last = covs
         elif (cov := self.hp.covariances(Xb)) is not None:  # one batched kernel path
             Kuu, Kub, Kdiag = cov.Kuu, cov.Kuf, cov.Kff_diag  # reused by hp.gradient's VJP
         else:
@@ -246,9 +248,7 @@ class VariationalState:
         est = uncollapsed_elbo(Kuu, Kub, Kdiag, mu, Lq, self._expectation(batch), scale,
                                with_dSigma=natural)
         if self._fast:
-            g_full = np.concatenate([c.kernel_gradient(G.Kuu, G.Kuf, G.Kff_diag, batch,
-                                                       rows=Xb)
-                                     for c, G in zip(self._covs, est.matrix)])
+            g_full = fixed_gradient(self._groups, covs, self.hp.kernels, est.matrix, batch, Xb)
             g_theta = g_full[self._theta_index]
         else:
             g_theta = parameter_gradient(self.hp, Xb, est.matrix)
