@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 #: first jitter added to the diagonal (relative to the mean diagonal) when a Cholesky fails
 JITTER_START = 1e-10
 #: largest relative jitter tried before giving up
@@ -18,6 +20,11 @@ INDUCING_JITTER_FLOAT32 = 1e-6
 #: towards an infinite signal variance on separable data (pep, fitc, vfe; the dense driver uses
 #: the upper end only, see ``gpinfer.sites.driver``)
 LOG_PARAMETER_BOUNDS = (-14.0, 12.0)
+#: the vi-jj family's default box on the log kernel parameters (its ``bounds`` option; spec
+#: jj-taylor-svi §4.2, widened): 1e-4 .. 1e6
+VI_LOG_PARAMETER_BOUNDS = (float(np.log(1e-4)), float(np.log(1e6)))
+#: IVM's box on every unconstrained hyper-parameter during learning (+-8: e^-8 .. e^8)
+IVM_LOG_PARAMETER_BOUND = 8.0
 #: default number of Gauss-Hermite nodes for expectations under moderate variances
 GAUSS_HERMITE_POINTS = 40
 

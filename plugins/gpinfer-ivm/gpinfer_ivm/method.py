@@ -35,6 +35,7 @@ from gpinfer.fit_guard import classification_baseline_nll
 from gpinfer.hyper import HyperParameters
 from gpinfer.interfaces import Array, FitCallback, FitResult, Likelihood, Method, Problem
 from gpinfer.kernels.base import Kernel
+from gpinfer.numerics import settings
 from gpinfer.optim import make_optimizer
 from gpinfer.options import Option, choice, custom, flag, integer, real
 from gpinfer.posterior import Posterior
@@ -65,8 +66,8 @@ DEFAULT_L = 25
 #: frozen sites make the criterion prefer a vanishing signal variance (G -> n log C, the class
 #: frequencies), a plateau the later rounds cannot leave (issue 27)
 TRUST_RADIUS = float(np.log(10.0))
-#: bounds of every unconstrained hyper-parameter during learning
-THETA_BOUND = 8.0
+#: bounds of every unconstrained hyper-parameter during learning (``gpinfer.numerics.settings``)
+THETA_BOUND = settings.IVM_LOG_PARAMETER_BOUND
 #: learning "ended at a flat kernel" when its best ``G`` is within this fraction of
 #: ``1 + |G_0|`` of the constant model's (``constant_model_criterion``: ``G_0`` at its best
 #: intercepts, or at the kept ones)

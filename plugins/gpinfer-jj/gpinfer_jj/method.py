@@ -35,6 +35,7 @@ from gpinfer.interfaces import (
     ValueAndGrad,
 )
 from gpinfer.kernels.initialisation import lengthscale_init_option, start_kernel
+from gpinfer.numerics import settings
 from gpinfer.numerics.cholesky import tri_solve
 from gpinfer.optim import LBFGSB
 from gpinfer.options import Option, bounds, choice, flag, integer, real
@@ -55,8 +56,9 @@ from gpinfer_jj.taylor import (
     newton_rounds,
 )
 
-#: default bounds on the kernel's unconstrained (log) parameters (spec §4.2, widened)
-LOG_PARAM_BOUNDS = (float(np.log(1e-4)), float(np.log(1e6)))
+#: default bounds on the kernel's unconstrained (log) parameters (spec §4.2, widened; the table
+#: ``gpinfer.numerics.settings``)
+LOG_PARAM_BOUNDS = settings.VI_LOG_PARAMETER_BOUNDS
 
 
 class _CollapsedVI(Method):
