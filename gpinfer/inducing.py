@@ -120,14 +120,16 @@ def _fixed_input_covariances(kernel: Kernel, Z: Array, X: Array,
     the fixed-input mode (``StackedKernels.fixed_covariances`` with ``C = 1``) or the generic
     functions, with the old calls: ``matrices(cols, out, rows)`` (``Kuu [M, M]``,
     ``Kuf [M, B]``, ``Kff_diag [B]``), ``kernel_gradient(Kuu, Kuf, Kff_diag, cols, Kuf_sums,
-    rows)`` (``[P]``), ``release()``, ``contracts_kuf``, ``last_distances()``."""
+    rows)`` (``[P]``), ``release()``, ``fast``, ``ard``, ``contracts_kuf``,
+    ``last_distances()``."""
     inputs = share.inputs if share is not None and share.inputs.holds(Z) else FixedInputs(Z, X)
     family = fast_family([kernel])
     ard = family is not None and family.stationary[0].ard
     if family is not None:
         inputs.prepare(ard)
     me = SimpleNamespace(kernel=kernel, inputs=inputs, Z=inputs.Z, X=inputs.X, last=None,
-                         fast=family is not None, contracts_kuf=family is not None and not ard)
+                         fast=family is not None, ard=ard,
+                         contracts_kuf=family is not None and not ard)
 
     def matrices(cols: Array | None = None, out: Array | None = None,
                  rows: Array | None = None) -> tuple[Array, Array, Array]:

@@ -233,6 +233,7 @@ def test_old_name_warns_and_builds_the_same_covariances():
         first = old(RBF(), Z, X)
         second = old(RBF(lengthscale=2.0), Z.copy(), X, share=first)
     assert second.inputs is first.inputs
+    assert second.fast and not second.ard and second.contracts_kuf  # the old attributes
     one = _one(RBF(lengthscale=2.0), Z, X)
     covs, mats = _matrices(one)
     for a, b in zip(second.matrices(), mats):

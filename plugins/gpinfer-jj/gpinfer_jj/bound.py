@@ -135,10 +135,8 @@ class CollapsedObjective:
             assert self._inputs is not None
             cov = self._cov = self._family.fixed_covariances(self._inputs, out=kuf_rows.T)
             matrices = (cov.Kuu[0], cov.Kuf[0], cov.Kff_diag[0])
-        else:
-            inputs = self._inputs
-            matrices = generic_matrices(self.kernel, *((self.Z, self.X) if inputs is None
-                                                       else (inputs.Z, inputs.X)))
+        else:  # the kernel's own matrices (``Z`` equal to the cached inputs' where fixed)
+            matrices = generic_matrices(self.kernel, self.Z, self.X)
         fac = inducing_factors(*matrices, work=r_rows)
         self._factors, self._factors_key, self._buffers = fac, key, (kuf_rows, r_rows)
         return fac
