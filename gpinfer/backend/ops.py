@@ -25,13 +25,16 @@ Every function takes arrays of one namespace and returns arrays of it (on the sa
 * one operation, each namespace's form, so that backend-neutral code never tests which
   library a value belongs to: ``rows_matmul`` / ``matmul_t`` / ``mean_rows`` / ``trace`` /
   ``scaled_inner`` (numpy's reshaped ``gemm`` and views, a device's one ``einsum``),
-  ``polyval`` (Horner on numpy, one product of powers on a device), ``masked_entries`` /
+  ``vecmat`` / ``matvec`` (batched row / column products: numpy's ``@``, a device's one
+  ``einsum``), ``einsum_transposed``, ``scaled_einsum``, ``polyval`` (Horner on numpy, one
+  product of powers on a device), ``masked_entries`` /
   ``set_masked`` (numpy on the masked entries only, in place; a device on every entry with a
   select), ``piecewise_or_whole`` (numpy's two formulas on their entries, a device's one
   formula valid everywhere); numpy's fast paths behind one name each (``class_counts``,
   ``converge_rows``: a row-wise iteration that compacts converged rows on the host,
-  ``floored``);
-* checks without a device sync each: inside ``deferred_checks()`` the checks of
+  ``floored``, ``potrf_matrix``);
+* checks without a device sync each (``checks_for``: the open context a check joins): inside
+  ``deferred_checks()`` the checks of
   ``require_positive``, ``require_finite`` and ``cholesky(..., check=True, error=...)`` on device
   arrays are collected as 0-d values, each with the host test it must pass (one reduction per
   check, no flag formed on the device), and read in one transfer with the values the caller
