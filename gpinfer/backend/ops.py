@@ -1457,14 +1457,9 @@ def logsumexp(x: Array, axis: int) -> Array:
 
 
 def __getattr__(name: str) -> Any:
-    """``as_float``, deprecated for ``as_array``; ``checked_cholesky(K, *also_finite,
-    error=None, overwrite=False)`` (the factors, or ``None`` on a failure), deprecated for
-    ``cholesky(K, *also_finite, check=True, ...)`` (the factors and one bool): each works for
-    one more release."""
-    if name == "as_float":  # a twin of as_array, added and merged in one session
-        warnings.warn("gpinfer.backend.ops.as_float is deprecated: use as_array",
-                      DeprecationWarning, stacklevel=2)
-        return as_array
+    """``checked_cholesky(K, *also_finite, error=None, overwrite=False)`` (the factors, or
+    ``None`` on a failure), deprecated for ``cholesky(K, *also_finite, check=True, ...)`` (the
+    factors and one bool): works for one more release."""
     if name != "checked_cholesky":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     warnings.warn("gpinfer.backend.ops.checked_cholesky is deprecated: use cholesky(K, ..., "

@@ -28,8 +28,6 @@ def test_host_values_become_float64_numpy_and_backend_arrays_stay():
     assert ops.as_array(2).shape == ()
     with pytest.raises(ValueError):
         ops.as_array(["a"])
-    with pytest.warns(DeprecationWarning, match="as_float is deprecated: use as_array"):
-        assert ops.as_float is ops.as_array  # the twin's old name, for one release
 
 
 def test_maybe_any_reads_a_host_mask_and_never_a_device_one():
