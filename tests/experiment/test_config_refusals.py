@@ -72,7 +72,14 @@ def test_every_protocol_of_gpinfer_run_composes_with_known_keys_only():
 
     for name in ("bui2017_classification", "izmailov2017", "seeger2004_mnist",
                  "villacampa2017_uci"):
-        parse_settings(config_to_dict(compose_cfg(f"+experiment={name}")))
+        conf = config_to_dict(compose_cfg(f"+experiment={name}"))
+        assert "protocol" in conf  # a top-level key the protocol adds, beside conf/config.yaml's
+        settings = parse_settings(conf)
+        assert settings.method == conf["method"]["name"]
+        assert settings.dataset == conf["dataset"]["name"]
+        # the same protocol with a key nobody declares is refused, naming it
+        with pytest.raises(InputError, match="unknown configuration key protocoll"):
+            parse_settings(config_to_dict(compose_cfg(f"+experiment={name}", "+protocoll=1")))
 
 
 def test_all_constant_features_refused_before_any_mlflow_run(tmp_path, store_uri):
